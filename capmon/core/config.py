@@ -1,0 +1,404 @@
+"""config.toml -> frozen, validated dataclasses.
+
+Every error names the file, the key (``models[1].max_tokens``) and what was
+expected; an unknown key is refused with the closest valid name. Secrets never
+live in the file: an endpoint's key names the environment variable that holds it,
+and a missing variable is reported when the config is resolved at start.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import sys
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+from capmon.core.exceptions import ConfigError
+
+# The key the bundled simulator accepts. Not a secret: it only opens a loopback
+# simulator, and it is used only for endpoints marked ``simulated = true``.
+SIMULATOR_DEMO_KEY = "sk-capmon-sim-demo"
+
+
+def _f(default: Any = dataclasses.MISSING, *, doc: str = "", min: float | None = None, max: float | None = None,
+       choices: Sequence[str] | None = None, factory: Any = dataclasses.MISSING) -> Any:
+    meta = {"doc": doc, "min": min, "max": max, "choices": choices}
+    if factory is not dataclasses.MISSING:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass(frozen=True)
+class ClientConfig:
+    attempt_timeout: float = _f(60.0, min=0.001, doc="seconds one attempt may take")
+    connect_timeout: float = _f(10.0, min=0.001, doc="seconds to open a connection")
+    deadline: float = _f(900.0, min=0.001, doc="seconds a request may take, waits included")
+    max_attempts: int = _f(50, min=1, doc="attempts per request across all models")
+    retry_budget: float = _f(0.2, min=0.0, max=10.0, doc="transient retries allowed per first attempt")
+    max_connections: int = _f(256, min=1)
+
+
+@dataclass(frozen=True)
+class BackoffConfig:
+    base: float = _f(0.5, min=0.0)
+    cap: float = _f(30.0, min=0.0)
+    transient_cap: float = _f(5.0, min=0.0)
+    hint_spread: float = _f(0.5, min=0.0, max=10.0, doc="a hint h waits U(h, h * (1 + spread))")
+    max_hint: float = _f(3600.0, min=0.0, doc="hints longer than this are treated as quota resets")
+
+
+@dataclass(frozen=True)
+class BreakerConfig:
+    failure_threshold: int = _f(3, min=1, doc="consecutive capacity failures that trip the breaker")
+    failure_ratio: float = _f(0.5, min=0.0, max=1.0)
+    ratio_window: float = _f(60.0, min=1.0)
+    ratio_min_requests: int = _f(20, min=1)
+    cooldown: float = _f(300.0, min=0.0)
+    cooldown_multiplier: float = _f(2.0, min=1.0)
+    cooldown_max: float = _f(1800.0, min=0.0)
+    half_open_probes: int = _f(1, min=1)
+    ramp_start: float = _f(0.1, min=0.0, max=1.0, doc="share of traffic admitted when the ramp starts")
+    ramp_duration: float = _f(60.0, min=0.0, doc="seconds from ramp_start to full traffic")
+
+
+@dataclass(frozen=True)
+class LimiterConfig:
+    initial: int = _f(8, min=1)
+    min: int = _f(1, min=1)
+    max: int = _f(64, min=1)
+    decrease: float = _f(0.5, min=0.01, max=0.99, doc="multiplicative decrease on capacity / rate-limit errors")
+
+
+@dataclass(frozen=True)
+class KeyConfig:
+    env: str = _f(doc="name of the environment variable that holds the key")
+    alias: str = _f("", doc="how the key is shown; defaults to the variable name")
+
+
+@dataclass(frozen=True)
+class EndpointConfig:
+    name: str = _f()
+    base_url: str = _f()
+    keys: tuple[KeyConfig, ...] = _f(factory=tuple)
+    simulated: bool = _f(False, doc="served by the bundled simulator: a missing key uses its demo key")
+    headers: Mapping[str, str] = _f(factory=dict)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str = _f()
+    api_model: str = _f("", doc="the model name sent to the provider; defaults to name")
+    endpoints: tuple[str, ...] = _f(factory=tuple)
+    context_window: int = _f(128_000, min=1)
+    max_tokens: int = _f(1024, min=1, doc="requests ask for at most this many tokens")
+    rpm: int = _f(0, min=0, doc="requests per minute, 0 for no bucket")
+    tpm: int = _f(0, min=0, doc="tokens per minute, 0 for no bucket")
+    max_concurrency: int = _f(0, min=0, doc="cap on the adaptive limit, 0 for the [limiter] max")
+
+    @property
+    def wire_name(self) -> str:
+        return self.api_model or self.name
+
+
+@dataclass(frozen=True)
+class SimulatorConfig:
+    enabled: bool = _f(True)
+    listen: str = _f("127.0.0.1:8089")
+    scenario: str = _f("demo", doc="a bundled scenario name or a path to a scenario TOML")
+
+
+@dataclass(frozen=True)
+class DashboardConfig:
+    refresh: float = _f(0.33, min=0.05, max=10.0, doc="seconds between table refreshes")
+    probe_interval: float = _f(5.0, min=0.1)
+    demo_items: int = _f(2000, min=0)
+
+
+@dataclass(frozen=True)
+class Config:
+    models: tuple[ModelConfig, ...] = _f(factory=tuple)
+    endpoints: tuple[EndpointConfig, ...] = _f(factory=tuple)
+    client: ClientConfig = _f(factory=ClientConfig)
+    backoff: BackoffConfig = _f(factory=BackoffConfig)
+    breaker: BreakerConfig = _f(factory=BreakerConfig)
+    limiter: LimiterConfig = _f(factory=LimiterConfig)
+    simulator: SimulatorConfig = _f(factory=SimulatorConfig)
+    dashboard: DashboardConfig = _f(factory=DashboardConfig)
+    path: str = field(default="<defaults>", compare=False)
+
+    def model(self, name: str) -> ModelConfig:
+        for m in self.models:
+            if m.name == name:
+                return m
+        raise KeyError(name)
+
+    def endpoint(self, name: str) -> EndpointConfig:
+        for e in self.endpoints:
+            if e.name == name:
+                return e
+        raise KeyError(name)
+
+
+# ---------------------------------------------------------------- loading
+
+_TYPE_WORDS = {int: "a whole number", float: "a number", str: "a string", bool: "true or false"}
+
+
+def _describe(tp: Any) -> str:
+    if tp in _TYPE_WORDS:
+        return _TYPE_WORDS[tp]
+    if dataclasses.is_dataclass(tp):
+        return "a table"
+    origin = typing.get_origin(tp)
+    if origin in (tuple, list):
+        return f"a list of {_describe(typing.get_args(tp)[0]).removeprefix('a ')}s"
+    if origin in (Mapping, dict) or tp is Mapping:
+        return "a table of strings"
+    return str(tp)
+
+
+def _got(value: Any) -> str:
+    text = repr(value)
+    if len(text) > 60:
+        text = text[:57] + "..."
+    return f"{text} ({type(value).__name__})"
+
+
+class _Loader:
+    def __init__(self, file: str) -> None:
+        self.file = file
+
+    def fail(self, key: str, message: str) -> ConfigError:
+        return ConfigError(self.file, key, message)
+
+    def value(self, tp: Any, raw: Any, key: str, meta: Mapping[str, Any]) -> Any:
+        if dataclasses.is_dataclass(tp):
+            return self.table(tp, raw, key)
+        origin = typing.get_origin(tp)
+        if origin is tuple:
+            (inner, *_rest) = typing.get_args(tp)
+            if not isinstance(raw, list):
+                raise self.fail(key, f"expected {_describe(tp)}, got {_got(raw)}")
+            return tuple(self.value(inner, item, f"{key}[{i}]", {}) for i, item in enumerate(raw))
+        if origin in (Mapping, dict) or origin is typing.get_origin(Mapping[str, str]):
+            if not isinstance(raw, dict):
+                raise self.fail(key, f"expected {_describe(tp)}, got {_got(raw)}")
+            for k, v in raw.items():
+                if not isinstance(v, str):
+                    raise self.fail(f"{key}.{k}", f"expected a string, got {_got(v)}")
+            return dict(raw)
+        if tp is bool:
+            if not isinstance(raw, bool):
+                raise self.fail(key, f"expected true or false, got {_got(raw)}")
+            return raw
+        if tp is int:
+            if isinstance(raw, bool) or not isinstance(raw, int):
+                raise self.fail(key, f"expected a whole number, got {_got(raw)}")
+            value: Any = raw
+        elif tp is float:
+            if isinstance(raw, bool) or not isinstance(raw, (int, float)):
+                raise self.fail(key, f"expected a number, got {_got(raw)}")
+            value = float(raw)
+            if value != value or value in (float("inf"), float("-inf")):
+                raise self.fail(key, f"expected a finite number, got {_got(raw)}")
+        elif tp is str:
+            if not isinstance(raw, str):
+                raise self.fail(key, f"expected a string, got {_got(raw)}")
+            value = raw
+            choices = meta.get("choices")
+            if choices and value not in choices:
+                raise self.fail(key, f"expected one of {', '.join(choices)}, got {value!r}")
+            return value
+        else:  # pragma: no cover - a schema bug, not a user error
+            raise TypeError(f"unsupported config type {tp!r}")
+        lo, hi = meta.get("min"), meta.get("max")
+        if lo is not None and value < lo:
+            raise self.fail(key, f"expected {_describe(tp)} >= {lo:g}, got {raw!r}")
+        if hi is not None and value > hi:
+            raise self.fail(key, f"expected {_describe(tp)} <= {hi:g}, got {raw!r}")
+        return value
+
+    def table(self, cls: Any, raw: Any, key: str) -> Any:
+        if not isinstance(raw, dict):
+            raise self.fail(key, f"expected a table, got {_got(raw)}")
+        hints = typing.get_type_hints(cls)
+        fields = {f.name: f for f in dataclasses.fields(cls) if f.name != "path"}
+        for name in raw:
+            if name not in fields:
+                where = f"{key}.{name}" if key else str(name)
+                close = difflib.get_close_matches(str(name), list(fields), n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else f"; valid keys: {', '.join(fields)}"
+                raise self.fail(where, f"unknown key{hint}")
+        kwargs: dict[str, Any] = {}
+        for name, f in fields.items():
+            where = f"{key}.{name}" if key else name
+            if name not in raw:
+                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                    raise self.fail(where, f"missing; expected {_describe(hints[name])}")
+                continue
+            kwargs[name] = self.value(hints[name], raw[name], where, f.metadata)
+        return cls(**kwargs)
+
+
+def _check(cfg: Config, file: str) -> Config:
+    def fail(key: str, message: str) -> ConfigError:
+        return ConfigError(file, key, message)
+
+    if not cfg.models:
+        raise fail("models", "expected at least one [[models]] table")
+    if not cfg.endpoints:
+        raise fail("endpoints", "expected at least one [[endpoints]] table")
+    seen: set[str] = set()
+    for i, e in enumerate(cfg.endpoints):
+        if not e.name:
+            raise fail(f"endpoints[{i}].name", "expected a non-empty name")
+        if e.name in seen:
+            raise fail(f"endpoints[{i}].name", f"duplicate endpoint name {e.name!r}")
+        seen.add(e.name)
+        if not e.base_url.startswith(("http://", "https://")):
+            raise fail(f"endpoints[{i}].base_url", f"expected an http:// or https:// URL, got {e.base_url!r}")
+        if not e.keys:
+            raise fail(f"endpoints[{i}].keys", "expected at least one key, e.g. keys = [{ env = \"OPENAI_API_KEY\" }]")
+        aliases: set[str] = set()
+        for j, k in enumerate(e.keys):
+            if not k.env or not k.env.replace("_", "").isalnum():
+                raise fail(f"endpoints[{i}].keys[{j}].env", f"expected an environment variable name, got {k.env!r}")
+            alias = k.alias or k.env
+            if alias in aliases:
+                raise fail(f"endpoints[{i}].keys[{j}].alias", f"duplicate key alias {alias!r}")
+            aliases.add(alias)
+    names: set[str] = set()
+    for i, m in enumerate(cfg.models):
+        if not m.name:
+            raise fail(f"models[{i}].name", "expected a non-empty name")
+        if m.name in names:
+            raise fail(f"models[{i}].name", f"duplicate model name {m.name!r}")
+        names.add(m.name)
+        if not m.endpoints:
+            raise fail(f"models[{i}].endpoints", f"expected a list of endpoint names from: {', '.join(sorted(seen))}")
+        for j, ep in enumerate(m.endpoints):
+            if ep not in seen:
+                close = difflib.get_close_matches(ep, list(seen), n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else f"; known: {', '.join(sorted(seen))}"
+                raise fail(f"models[{i}].endpoints[{j}]", f"no endpoint named {ep!r}{hint}")
+        if m.max_tokens > m.context_window:
+            raise fail(f"models[{i}].max_tokens", f"expected at most context_window ({m.context_window}), got {m.max_tokens}")
+    if cfg.limiter.min > cfg.limiter.max:
+        raise fail("limiter.min", f"expected at most limiter.max ({cfg.limiter.max}), got {cfg.limiter.min}")
+    if not cfg.limiter.min <= cfg.limiter.initial <= cfg.limiter.max:
+        raise fail("limiter.initial", f"expected between limiter.min and limiter.max, got {cfg.limiter.initial}")
+    host, sep, port = cfg.simulator.listen.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise fail("simulator.listen", f"expected HOST:PORT such as 127.0.0.1:8089, got {cfg.simulator.listen!r}")
+    return cfg
+
+
+def parse_config(text: str, file: str = "<string>") -> Config:
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(file, "", f"not valid TOML: {e}") from None
+    cfg = _Loader(file).table(Config, raw, "")
+    cfg = dataclasses.replace(cfg, path=file)
+    return _check(cfg, file)
+
+
+def load_config(path: str | os.PathLike[str]) -> Config:
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(str(p), "", "no such file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(str(p), "", f"cannot read: {e}") from None
+    return parse_config(text, str(p))
+
+
+def bundled_config_path() -> Path:
+    return Path(__file__).resolve().parent.parent / "default_config.toml"
+
+
+def user_config_path() -> Path:
+    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return Path(base) / "capmon" / "config.toml"
+
+
+def find_config(explicit: str | None = None, environ: Mapping[str, str] | None = None, cwd: Path | None = None) -> Path:
+    """``--config``, then ``CAPMON_CONFIG``, then ./config.toml, then the user config
+    dir, then the bundled default (the simulator demo)."""
+    env = os.environ if environ is None else environ
+    if explicit:
+        return Path(explicit)
+    if env.get("CAPMON_CONFIG"):
+        return Path(env["CAPMON_CONFIG"])
+    local = (cwd or Path.cwd()) / "config.toml"
+    if local.is_file():
+        return local
+    user = user_config_path()
+    if user.is_file():
+        return user
+    return bundled_config_path()
+
+
+# ---------------------------------------------------------------- secrets
+
+
+class Secret:
+    """An API key. Its repr and str never show the value."""
+
+    __slots__ = ("_value", "alias")
+
+    def __init__(self, value: str, alias: str) -> None:
+        self._value = value
+        self.alias = alias
+
+    def reveal(self) -> str:
+        return self._value
+
+    def __repr__(self) -> str:
+        return f"Secret(alias={self.alias!r})"
+
+    __str__ = __repr__
+
+    def __reduce__(self) -> Any:  # never pickled with its value
+        raise TypeError("a Secret cannot be pickled")
+
+
+@dataclass(frozen=True)
+class ResolvedKey:
+    endpoint: str
+    alias: str
+    env: str
+    secret: Secret = field(repr=False, compare=False)
+
+
+def resolve_keys(cfg: Config, environ: Mapping[str, str] | None = None) -> dict[tuple[str, str], ResolvedKey]:
+    """Read every key from its environment variable, at start, so that a missing
+    variable is reported now and not at the first request."""
+    env = os.environ if environ is None else environ
+    out: dict[tuple[str, str], ResolvedKey] = {}
+    missing: list[str] = []
+    for i, e in enumerate(cfg.endpoints):
+        for j, k in enumerate(e.keys):
+            alias = k.alias or k.env
+            value = env.get(k.env, "")
+            if not value:
+                if e.simulated:
+                    value = SIMULATOR_DEMO_KEY
+                else:
+                    missing.append(f"endpoints[{i}].keys[{j}].env: environment variable {k.env} is not set")
+                    continue
+            out[(e.name, alias)] = ResolvedKey(e.name, alias, k.env, Secret(value, alias))
+    if missing:
+        raise ConfigError(cfg.path, missing[0].split(":")[0], "; ".join(m.split(": ", 1)[1] for m in missing))
+    return out

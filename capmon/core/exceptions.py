@@ -1,0 +1,54 @@
+"""capmon's one exception hierarchy.
+
+Every error capmon raises on purpose is a :class:`CapmonError`. Messages never
+contain an API key: keys are only ever referred to by their alias.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Sequence
+
+if TYPE_CHECKING:
+    from capmon.core.errors import Failure
+    from capmon.core.result import Attempt
+
+
+class CapmonError(Exception):
+    """Base of every error capmon raises on purpose."""
+
+
+class ConfigError(CapmonError):
+    """A config file is wrong. Names the file, the key and what was expected."""
+
+    def __init__(self, file: str, key: str, message: str) -> None:
+        self.file = file
+        self.key = key
+        self.detail = message
+        where = f"{file}: {key}" if key else file
+        super().__init__(f"{where}: {message}")
+
+
+class RequestFailed(CapmonError):
+    """A request ended without an answer, for a reason retrying will not fix
+    (auth, quota, bad request, too large for every model, budget or deadline spent)."""
+
+    def __init__(self, failure: "Failure", attempts: Sequence["Attempt"] = (), message: str | None = None) -> None:
+        self.failure = failure
+        self.attempts = tuple(attempts)
+        super().__init__(message or f"{failure.kind.value}: {failure.reason}")
+
+    @property
+    def kind(self) -> str:
+        return self.failure.kind.value
+
+
+class DeadlineExceeded(RequestFailed):
+    """The request's overall deadline passed before any model answered."""
+
+
+class BatchError(CapmonError):
+    """A batch job cannot start or go on (bad input file, locked database, ...)."""
+
+
+class SimulatorError(CapmonError):
+    """The simulated provider cannot start (port taken by something else, bad scenario)."""

@@ -1,0 +1,64 @@
+"""What goes into and comes out of the FallbackClient."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from capmon.core.errors import Kind
+
+
+@dataclass(frozen=True, slots=True)
+class ChatRequest:
+    """One OpenAI chat-completions request, before routing.
+
+    ``model`` (optional) is the model to try first; the rest of the preference
+    list still serves as fallbacks. A model pinned by hand wins over it.
+    """
+
+    messages: tuple[Mapping[str, Any], ...]
+    model: str | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    item_id: str | None = None  # for events and audit: which batch item this is
+    job: str | None = None
+
+    @staticmethod
+    def of(messages: Any, **kw: Any) -> "ChatRequest":
+        if isinstance(messages, str):
+            messages = [{"role": "user", "content": messages}]
+        return ChatRequest(messages=tuple(messages), **kw)
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    number: int
+    model: str
+    target: str
+    endpoint: str
+    key_alias: str
+    started: float  # wall clock
+    status: int | None
+    kind: Kind | None  # None: the attempt succeeded
+    reason: str
+    hint: float | None  # server hint, seconds
+    wait: float  # how long the client waited after this attempt before the next one
+    latency: float
+    decision: str  # ok | retry | fallback | park | fail
+
+
+@dataclass(frozen=True, slots=True)
+class ChatResult:
+    model: str  # the model that served it (config name)
+    endpoint: str
+    target: str
+    content: str
+    response: Mapping[str, Any]
+    attempts: tuple[Attempt, ...]
+    latency: float  # from the call to the answer, waits included
+    usage: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def fell_back(self) -> bool:
+        return len({a.model for a in self.attempts}) > 1
