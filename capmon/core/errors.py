@@ -6,8 +6,21 @@ body that is not JSON is still classified. See DESIGN.md for the table of kinds.
 
 from __future__ import annotations
 
+import asyncio
 import enum
+import html
+import http
+import json
+import re
+import socket
+import ssl
 from dataclasses import dataclass
+from typing import Any, Mapping
+
+import httpx
+
+from capmon.core.clock import default_clock
+from capmon.core.hints import hint_from
 
 
 class Kind(str, enum.Enum):
@@ -31,3 +44,390 @@ class Failure:
     @property
     def retryable(self) -> bool:
         return self.kind in (Kind.CAPACITY, Kind.RATE_LIMITED, Kind.TRANSIENT)
+
+
+# --- classification -------------------------------------------------------------------
+
+# A 429 that says "wait an hour or more" is a quota that resets later, not a rate limit
+# worth retrying on this key now.
+_QUOTA_HINT = 3600.0
+_REASON_MESSAGE_CHARS = 200
+_SCAN_CHARS = 65536  # enough for any provider error; caps regex work on huge bodies
+
+# Signals are matched against the error's code / type / status strings and its message,
+# lower-cased, with URLs removed (OpenAI's rate-limit text links to ".../account/billing").
+_AUTH = re.compile(
+    r"invalid_api_key|invalid api key|incorrect api key|api key not valid|api_key_invalid|invalid x-api-key"
+    r"|authentication_error|permission_error|permission_denied|unauthenticated|invalid_authentication"
+)
+_TOO_LARGE = re.compile(
+    r"context_length_exceeded|context.length|maximum context|context window|prompt is too long"
+    r"|request too large|request_too_large|string_above_max_length|input is too long"
+    r"|exceeds the maximum number of tokens"
+)
+_QUOTA = re.compile(
+    r"insufficient_quota|exceeded your current quota|spend(?:ing)? limit|usage limit|credit balance"
+    r"|insufficient (?:credits|balance|funds)|out of credits|billing.hard.limit|billing_not_active"
+    r"|plan and billing|billing details|enable billing|billing (?:is )?not (?:enabled|active)"
+    r"|per ?day|\((?:rpd|tpd)\)|daily (?:limit|quota)"
+)
+_CAPACITY = re.compile(
+    r"overloaded|at capacity|over capacity|out of capacity|no capacity|insufficient capacity"
+    r"|capacity constraint|capacity.exceeded|slow.down|high demand"
+)
+_RATE = re.compile(r"rate.limit|ratelimit|too many requests|too_many_requests|resource_exhausted")
+# Gemini's per-minute 429 also says "exceeded your current quota ... billing details";
+# only a per-day quota or a zero limit (model not in the plan) is a real quota.
+_GEMINI_QUOTA = re.compile(r"per ?day|limit: 0\b")
+_URL = re.compile(r"https?://\S+")
+_HTML = re.compile(r"<\s*(?:!doctype|html|head|body|title)\b", re.IGNORECASE)
+# HTML is taken apart with patterns that cannot run past the next "<", so a page of
+# junk costs linear time, not quadratic.
+_HTML_TAG = re.compile(r"<[^<>]*>")
+_HTML_ELEMENT = re.compile(r"<(title|script|style)\b[^<>]*>", re.IGNORECASE)
+_HTML_CLOSE = {name: re.compile(rf"</{name}[^<>]*>", re.IGNORECASE) for name in ("title", "script", "style")}
+_SPACE = re.compile(r"\s+")
+# Providers sometimes echo a key back; none may reach a log, event or screen.
+_SECRET = re.compile(
+    r"(?:sk|pk|rk)-[A-Za-z0-9_\-]{16,}|AIza[0-9A-Za-z_\-]{20,}|(?i:bearer)\s+[A-Za-z0-9._~+/\-]{12,}=*"
+    r"|(?i:(?:api[_-]?key|key)=)[^&\s\"']{8,}"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class _Body:
+    """What a response body says, whatever its shape."""
+
+    message: str  # provider message or a text snippet; "" when there is none
+    code: str | None  # provider code for Failure.code
+    signals: str  # lower-cased codes + message, URLs removed: what the patterns read
+    json: object | None  # parsed JSON (None if not JSON)
+    gemini_exhausted: bool  # Gemini status RESOURCE_EXHAUSTED
+    error_object: bool  # JSON with an error object (or an error string)
+    html: bool
+
+
+def _trim(text: str, limit: int = _REASON_MESSAGE_CHARS) -> str:
+    text = _SPACE.sub(" ", text).strip()
+    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
+
+
+def _redact(text: str) -> str:
+    return _SECRET.sub("[redacted]", text)
+
+
+def _decode(body: object) -> tuple[str, object | None]:
+    """(text, parsed JSON or None). Accepts bytes, str, or an already-parsed object."""
+    if body is None:
+        return "", None
+    if isinstance(body, (bytes, bytearray, memoryview)):
+        text = bytes(body[:_SCAN_CHARS]).decode("utf-8", errors="replace")
+    elif isinstance(body, str):
+        text = body[:_SCAN_CHARS]
+    else:  # a caller that already parsed the JSON
+        return "", body
+    stripped = text.strip()
+    if stripped[:1] in ("{", "["):
+        try:
+            return text, json.loads(stripped)
+        except Exception:  # JSONDecodeError, RecursionError on deep nesting, ...
+            pass
+    return text, None
+
+
+def _first_str(mapping: Mapping[str, Any], *keys: str, skip_numeric: bool = False) -> str | None:
+    for key in keys:
+        value = mapping.get(key)
+        if isinstance(value, str) and value.strip():
+            if skip_numeric and value.strip().isdigit():
+                continue  # Azure's "429" says nothing the status does not
+            return value.strip()
+    return None
+
+
+def _detail_strings(error: Mapping[str, Any]) -> list[str]:
+    """Gemini's ErrorInfo reasons and QuotaFailure quota ids / metrics."""
+    out: list[str] = []
+    details = error.get("details")
+    if not isinstance(details, list):
+        return out
+    for detail in details[:16]:
+        if not isinstance(detail, Mapping):
+            continue
+        reason = detail.get("reason")
+        if isinstance(reason, str):
+            out.append(reason)
+        violations = detail.get("violations")
+        if isinstance(violations, list):
+            for violation in violations[:16]:
+                if isinstance(violation, Mapping):
+                    out.extend(v for k in ("quotaId", "quotaMetric") if isinstance(v := violation.get(k), str))
+    return out
+
+
+def _json_error(parsed: object) -> tuple[Mapping[str, Any] | None, str | None]:
+    """(error object, message) from the provider shapes capmon knows."""
+    candidates = parsed[:4] if isinstance(parsed, list) else [parsed]
+    for item in candidates:
+        if not isinstance(item, Mapping):
+            continue
+        error = item.get("error")
+        if isinstance(error, Mapping):
+            return error, _first_str(error, "message", "msg", "detail")
+        if isinstance(error, str) and error.strip():  # {"error": "Model is overloaded"}
+            return item, error.strip()
+        detail = item.get("detail")
+        if isinstance(detail, list) and detail and isinstance(detail[0], Mapping):  # FastAPI 422
+            detail = detail[0].get("msg")
+        message = _first_str(item, "message", "Message") or (detail.strip() if isinstance(detail, str) else None)
+        if message:
+            # Mistral and others put the error fields at the top level.
+            flat = any(isinstance(item.get(k), str) for k in ("code", "type", "status"))
+            return (item if flat else None), message
+    return None, None
+
+
+def _html_parts(page: str) -> tuple[str, str]:
+    """(title, visible text) of an HTML page; script and style contents are dropped."""
+    title, visible, pos = "", [], 0
+    while match := _HTML_ELEMENT.search(page, pos):
+        visible.append(page[pos : match.start()])
+        name = match.group(1).lower()
+        close = _HTML_CLOSE[name].search(page, match.end())
+        if name == "title" and not title:
+            title = page[match.end() : close.start() if close else len(page)]
+        pos = close.end() if close else len(page)  # an unclosed element runs to the end
+    visible.append(page[pos:])
+    return title, " ".join(visible)
+
+
+def _html_text(text: str) -> str:
+    """An HTML error page as "502 Bad Gateway (nginx)": its title, plus the rest if short."""
+    raw_title, raw_rest = _html_parts(text[:16384])
+    title = _trim(html.unescape(_HTML_TAG.sub(" ", raw_title)), 120)
+    rest = _trim(html.unescape(_HTML_TAG.sub(" ", raw_rest)), 10_000)
+    if not title:
+        return _trim(rest)
+    rest = _trim(rest.replace(title, " "), 10_000)
+    return f"{title} ({rest})" if rest and len(rest) <= 40 else title
+
+
+def _read_body(body: object) -> _Body:
+    text, parsed = _decode(body)
+    error, message = _json_error(parsed) if parsed is not None else (None, None)
+    codes: list[str] = []
+    code = None
+    if error is not None:
+        code = _first_str(error, "code", "type", "status", skip_numeric=True)
+        code = None if code == "error" else code  # a top-level {"type": "error"} names nothing
+        codes = [c for k in ("code", "type", "status") if isinstance(c := error.get(k), str)]
+        codes += _detail_strings(error)
+    is_html = parsed is None and bool(_HTML.search(text[:2048]))
+    error_object = error is not None or message is not None
+    if message is None:
+        message = (_html_text(text) or "HTML page without text") if is_html else _trim(text, 10_000)
+    lowered = _URL.sub(" ", " ".join([*codes, message[:_SCAN_CHARS]]).lower())
+    return _Body(
+        message=message,
+        code=code,
+        signals=lowered,
+        json=parsed,
+        gemini_exhausted=any(c.upper() == "RESOURCE_EXHAUSTED" for c in codes),
+        error_object=error_object,
+        html=is_html,
+    )
+
+
+def _kind(status: int, body: _Body, hint: float | None) -> Kind | None:
+    """The kind the body, code and headers point to; None when only the status is left to go by."""
+    signals = body.signals
+    if status in (401, 403) or _AUTH.search(signals):
+        return Kind.AUTH
+    if status == 413 or _TOO_LARGE.search(signals):
+        return Kind.TOO_LARGE
+    if body.gemini_exhausted:
+        if _GEMINI_QUOTA.search(signals) or (hint is not None and hint >= _QUOTA_HINT):
+            return Kind.QUOTA
+        return Kind.RATE_LIMITED
+    if status == 402 or _QUOTA.search(signals):
+        return Kind.QUOTA
+    if status in (503, 529) or _CAPACITY.search(signals):
+        return Kind.CAPACITY
+    if status == 429 and hint is not None and hint >= _QUOTA_HINT:
+        return Kind.QUOTA
+    if status == 429 or _RATE.search(signals):
+        return Kind.RATE_LIMITED
+    return None
+
+
+def _status_kind(status: int) -> Kind:
+    if status >= 500 or status == 408:
+        return Kind.TRANSIENT
+    return Kind.BAD_REQUEST
+
+
+def _phrase(status: int) -> str:
+    try:
+        return f"{status} {http.HTTPStatus(status).phrase}"
+    except ValueError:
+        return str(status)
+
+
+def _reason(status: int, body: _Body, *, unread: bool = False) -> str:
+    message = _redact(_trim(body.message))
+    if not message:
+        return f"{_phrase(status)} ({'body not read' if unread else 'empty body'})"
+    if body.code:
+        return f"{status} {_trim(_redact(body.code), 60)}: {message}"
+    # An HTML title usually names the status already ("502 Bad Gateway", "host | 524: ...").
+    if message.startswith(str(status)) or (body.html and str(status) in message[:80]):
+        return message
+    return f"{status} {message}" if body.html else f"{status}: {message}"
+
+
+def _success_body(body: _Body) -> bool:
+    return isinstance(body.json, Mapping) and "choices" in body.json
+
+
+def _broken_2xx(status: int, body: _Body, hint: float | None) -> Failure:
+    # A gateway may wrap a provider error in a 200; its content still says what happened.
+    if body.error_object:
+        kind = _kind(status, body, hint) or Kind.TRANSIENT
+        what = f"{_trim(_redact(body.code), 60)}: " if body.code else ""
+        return Failure(kind, f"{status} with an error body: {what}{_redact(_trim(body.message))}", status, body.code, hint)
+    if body.json is not None:
+        what = "JSON without choices"
+    elif not body.message:
+        what = "empty"
+    else:
+        what = f"not JSON: {_redact(_trim(body.message, 80))}"
+    return Failure(Kind.TRANSIENT, f"{status} with a broken body ({what})", status, None, hint)
+
+
+def _classify_response(
+    status: int,
+    headers: Mapping[str, str] | httpx.Headers | None,
+    body: bytes | str | None,
+    *,
+    now: float,
+    streaming: bool,
+) -> Failure | None:
+    if 200 <= status < 300 and streaming:
+        return None  # the stream's own events are checked by whoever reads them
+    parsed = _read_body(body)
+    if 200 <= status < 300 and _success_body(parsed):
+        return None
+    hint = hint_from(headers, parsed.json, parsed.message, now=now)
+    if 200 <= status < 300:
+        return _broken_2xx(status, parsed, hint)
+    kind = _kind(status, parsed, hint) or _status_kind(status)
+    reason = _reason(status, parsed, unread=streaming and body is None)
+    return Failure(kind, reason, status, parsed.code, hint)
+
+
+def classify_response(
+    status: int,
+    headers: Mapping[str, str] | httpx.Headers | None,
+    body: bytes | str | None,
+    *,
+    now: float | None = None,
+    streaming: bool = False,
+) -> Failure | None:
+    """None for a success, else the :class:`Failure` the response describes. Never raises.
+
+    ``now`` is wall-clock epoch seconds, for HTTP-date and reset-timestamp hints.
+    """
+    try:
+        code = int(status)
+    except Exception:
+        code = 0
+    try:
+        when = default_clock().wall() if now is None else float(now)
+        return _classify_response(code, headers, body, now=when, streaming=streaming)
+    except Exception as exc:  # a classifier bug must not take down the request path
+        return Failure(Kind.TRANSIENT, f"{code} unclassifiable response ({type(exc).__name__})", code)
+
+
+# --- exceptions -----------------------------------------------------------------------
+
+_TIMEOUTS: tuple[tuple[type[BaseException], str], ...] = (
+    (httpx.ConnectTimeout, "timeout: connect"),
+    (httpx.ReadTimeout, "timeout: read"),
+    (httpx.WriteTimeout, "timeout: write"),
+    (httpx.PoolTimeout, "timeout: waiting for a pooled connection"),
+    (httpx.TimeoutException, "timeout"),
+)
+# Most specific first: several of these subclass each other (TimeoutError is an OSError,
+# ConnectionResetError a ConnectionError).
+_EXCEPTIONS: tuple[tuple[type[BaseException], str], ...] = (
+    (httpx.ConnectError, "connection failed"),
+    (httpx.ReadError, "connection error while reading"),
+    (httpx.WriteError, "connection error while writing"),
+    (httpx.RemoteProtocolError, "protocol error"),
+    (httpx.ProxyError, "proxy error"),
+    (httpx.NetworkError, "network error"),
+    (httpx.DecodingError, "could not decode the response body"),
+    (httpx.TransportError, "transport error"),
+    (asyncio.TimeoutError, "timeout"),
+    (ConnectionResetError, "connection reset"),
+    (ConnectionRefusedError, "connection refused"),
+    (ConnectionAbortedError, "connection aborted"),
+    (BrokenPipeError, "broken pipe"),
+    (ConnectionError, "connection error"),
+    (socket.gaierror, "DNS lookup failed"),
+    (ssl.SSLError, "TLS error"),
+    (OSError, "OS error"),
+    (json.JSONDecodeError, "invalid JSON in the response"),
+)
+
+
+def _exception_text(exc: BaseException) -> str:
+    try:
+        text = str(exc)
+    except Exception:  # a broken __str__ must not break classification
+        return ""
+    return _redact(_trim(text, 160))
+
+
+def classify_exception(exc: BaseException) -> Failure:
+    """Every exception is a TRANSIENT failure with a readable reason. Never raises.
+
+    The reason names the failure and the exception's own message, never the request:
+    its headers carry API keys and its URL may (Gemini's ``?key=``).
+    """
+    try:
+        if isinstance(exc, httpx.HTTPStatusError):
+            # raise_for_status(): the response says more than the exception.
+            failure = classify(exc.response)
+            if failure is not None:
+                return failure
+        label = next((text for cls, text in _TIMEOUTS if isinstance(exc, cls)), None)
+        if label is None:
+            label = next((text for cls, text in _EXCEPTIONS if isinstance(exc, cls)), None)
+        detail = _exception_text(exc)
+        if label is None:
+            label = "timeout" if "timeout" in type(exc).__name__.lower() else type(exc).__name__
+            return Failure(Kind.TRANSIENT, f"{label}: {detail}" if detail else label)
+        name = type(exc).__name__
+        return Failure(Kind.TRANSIENT, f"{label} ({name}: {detail})" if detail else f"{label} ({name})")
+    except Exception:
+        return Failure(Kind.TRANSIENT, "unclassifiable exception")
+
+
+def classify(obj: httpx.Response | BaseException, *, now: float | None = None) -> Failure | None:
+    """Classify a response (None for a success) or an exception. Never raises.
+
+    A response whose body has not been read is classified from status and headers.
+    """
+    if isinstance(obj, BaseException):
+        return classify_exception(obj)
+    if isinstance(obj, httpx.Response):
+        try:
+            body: bytes | None = obj.content
+            streaming = False
+        except httpx.ResponseNotRead:
+            body, streaming = None, True
+        except Exception:
+            body, streaming = None, True
+        return classify_response(obj.status_code, obj.headers, body, now=now, streaming=streaming)
+    return Failure(Kind.TRANSIENT, f"cannot classify a {type(obj).__name__}")

@@ -1,0 +1,161 @@
+"""capmon's command line: the dashboard, batch jobs, the simulator, reports, status.
+
+Each command imports what it needs when it runs, so ``capmon sim`` never loads
+Textual and ``capmon batch`` works on a machine with no terminal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Callable, Sequence
+
+from capmon import __version__
+
+# Exit codes, documented in the README.
+EXIT_OK = 0
+EXIT_FAILED_ITEMS = 1  # a batch finished but some items failed (not for capacity reasons)
+EXIT_USAGE = 2  # bad arguments, bad config, bad input file
+EXIT_INTERRUPTED = 130
+
+
+def _add_config(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", metavar="PATH", help="config file (default: $CAPMON_CONFIG, ./config.toml, the user config, the bundled demo)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="capmon",
+        description="Keep LLM API work running when models are at capacity. With no command: the live dashboard.",
+    )
+    parser.add_argument("--version", action="version", version=f"capmon {__version__}")
+    _add_config(parser)
+    parser.add_argument("--refresh", type=float, metavar="SECONDS", help="seconds between table refreshes (default from config: 0.33)")
+    parser.add_argument("--readonly", action="store_true", help="hide manual trip / reset / pin")
+    parser.add_argument("--job", metavar="INPUT.jsonl", help="run this batch file as the traffic worker instead of the demo job")
+    parser.add_argument("--attach", metavar="JOB", help="show a job started with `capmon batch run` (by name)")
+    parser.add_argument("--no-traffic", action="store_true", help="probes only: run no traffic worker")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    sim = sub.add_parser("sim", help="serve the simulated provider")
+    sim.add_argument("--listen", default="127.0.0.1:8089", metavar="HOST:PORT")
+    sim.add_argument("--scenario", default="demo", metavar="NAME|PATH", help="bundled: demo, steady, peak-hours, outage, brownout")
+    sim.add_argument("--list", action="store_true", help="list the bundled scenarios and exit")
+
+    status = sub.add_parser("status", help="print the client's snapshot without the dashboard")
+    _add_config(status)
+    status.add_argument("--once", action="store_true", help="print one snapshot and exit")
+    status.add_argument("--json", action="store_true", help="as JSON")
+    status.add_argument("--probe", action="store_true", help="probe every model once before printing")
+
+    batch = sub.add_parser("batch", help="durable batch jobs")
+    bsub = batch.add_subparsers(dest="batch_command", metavar="ACTION", required=True)
+    run = bsub.add_parser("run", help="run (or resume) a JSONL batch")
+    _add_config(run)
+    run.add_argument("input", metavar="INPUT.jsonl")
+    run.add_argument("--out", metavar="OUT.jsonl", help="write results here when the job finishes")
+    run.add_argument("--job", metavar="NAME", help="job name (default: the input file's stem)")
+    run.add_argument("--concurrency", type=int, metavar="N", default=16)
+    run.add_argument("--rate", type=float, metavar="R", help="at most R items started per second")
+    run.add_argument("--window", metavar="HH:MM-HH:MM", help="send only inside this daily window (local time)")
+    run.add_argument("--db", metavar="PATH", help="job database (default: $CAPMON_DB or the user data dir)")
+    run.add_argument("--no-progress", action="store_true", help="no progress bar")
+    resume = bsub.add_parser("resume", help="go on with a stopped job")
+    _add_config(resume)
+    resume.add_argument("job", metavar="JOB")
+    resume.add_argument("--out", metavar="OUT.jsonl")
+    resume.add_argument("--concurrency", type=int, metavar="N")
+    resume.add_argument("--rate", type=float, metavar="R")
+    resume.add_argument("--window", metavar="HH:MM-HH:MM")
+    resume.add_argument("--db", metavar="PATH")
+    resume.add_argument("--no-progress", action="store_true")
+    export = bsub.add_parser("export", help="write a job's results in input order")
+    export.add_argument("job", metavar="JOB")
+    export.add_argument("--out", metavar="OUT.jsonl", required=True)
+    export.add_argument("--db", metavar="PATH")
+    lst = bsub.add_parser("list", help="list jobs")
+    lst.add_argument("--db", metavar="PATH")
+    show = bsub.add_parser("show", help="one job's state")
+    show.add_argument("job", metavar="JOB")
+    show.add_argument("--db", metavar="PATH")
+
+    report = sub.add_parser("report", help="what happened in a job: models, errors, fallbacks, latency")
+    report.add_argument("job", metavar="JOB")
+    report.add_argument("--db", metavar="PATH")
+    fmt = report.add_mutually_exclusive_group()
+    fmt.add_argument("--json", action="store_true")
+    fmt.add_argument("--csv", action="store_true")
+    report.add_argument("--advice", action="store_true", help="say what to change, from the audit trail")
+    report.add_argument("--item", metavar="ID", help="one item: every attempt, and why it fell back")
+    return parser
+
+
+def _run_sim(args: argparse.Namespace) -> int:
+    from capmon.sim.scenario import bundled_scenarios
+    from capmon.sim.server import serve
+
+    if args.list:
+        print("\n".join(bundled_scenarios()))
+        return EXIT_OK
+    serve(args.listen, args.scenario)
+    return EXIT_OK
+
+
+def _run_status(args: argparse.Namespace) -> int:
+    from capmon.status import run_status
+
+    return run_status(args)
+
+
+def _run_batch(args: argparse.Namespace) -> int:
+    from capmon.batch.commands import run_batch_command
+
+    return run_batch_command(args)
+
+
+def _run_report(args: argparse.Namespace) -> int:
+    from capmon.report import run_report
+
+    return run_report(args)
+
+
+def _run_dashboard(args: argparse.Namespace) -> int:
+    if not sys.stdout.isatty():
+        # Not a terminal (a pipe, a file, CI): print the snapshot instead of drawing.
+        from capmon.status import run_status
+
+        args.once, args.json, args.probe = True, False, True
+        return run_status(args)
+    from capmon.tui.app import run_dashboard
+
+    return run_dashboard(args)
+
+
+COMMANDS: dict[str | None, Callable[[argparse.Namespace], int]] = {
+    None: _run_dashboard,
+    "sim": _run_sim,
+    "status": _run_status,
+    "batch": _run_batch,
+    "report": _run_report,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from capmon.core.exceptions import CapmonError
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except CapmonError as e:
+        print(f"capmon: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:  # `capmon status --json | head`
+        sys.stderr.close()
+        return EXIT_OK
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,129 @@
+"""Rolling per-target windows: requests, ok, 429, 503, other, latency.
+
+Counts live in one-second buckets (a ring of five minutes), so recording is O(1)
+and any window up to five minutes is a sum over its buckets. Latencies are kept
+as a bounded sample per bucket, enough for p50 / p99 on a dashboard.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+HORIZON = 300  # seconds kept: the longest window
+WINDOWS = (10, 60, 300)
+_SAMPLES_PER_BUCKET = 64
+
+
+@dataclass(frozen=True, slots=True)
+class WindowStats:
+    seconds: int
+    requests: int
+    ok: int
+    rate_limited: int  # 429s
+    capacity: int  # 503 / 529 and other capacity answers
+    other: int
+    p50: float | None
+    p99: float | None
+
+    @property
+    def errors(self) -> int:
+        return self.rate_limited + self.capacity + self.other
+
+    @property
+    def error_share(self) -> float:
+        return self.errors / self.requests if self.requests else 0.0
+
+    def per_minute(self, count: int) -> float:
+        return count * 60.0 / self.seconds
+
+    @property
+    def per_second(self) -> float:
+        return self.requests / self.seconds
+
+
+class _Bucket:
+    __slots__ = ("second", "requests", "ok", "rate_limited", "capacity", "other", "latencies", "seen")
+
+    def __init__(self, second: int) -> None:
+        self.second = second
+        self.requests = self.ok = self.rate_limited = self.capacity = self.other = 0
+        self.latencies: list[float] = []
+        self.seen = 0
+
+
+class RollingStats:
+    def __init__(self, rng: random.Random | None = None) -> None:
+        self._buckets: list[_Bucket | None] = [None] * HORIZON
+        self._rng = rng or random.Random(0)
+        self.total_requests = 0
+
+    def _bucket(self, now: float) -> _Bucket:
+        second = int(now)
+        i = second % HORIZON
+        b = self._buckets[i]
+        if b is None or b.second != second:
+            b = self._buckets[i] = _Bucket(second)
+        return b
+
+    def record(self, now: float, outcome: str, latency: float | None = None) -> None:
+        """``outcome``: ok | rate_limited | capacity | other."""
+        b = self._bucket(now)
+        b.requests += 1
+        self.total_requests += 1
+        if outcome == "ok":
+            b.ok += 1
+        elif outcome == "rate_limited":
+            b.rate_limited += 1
+        elif outcome == "capacity":
+            b.capacity += 1
+        else:
+            b.other += 1
+        if latency is not None and outcome == "ok":
+            # Reservoir sampling keeps the per-bucket cost bounded under heavy load.
+            b.seen += 1
+            if len(b.latencies) < _SAMPLES_PER_BUCKET:
+                b.latencies.append(latency)
+            else:
+                j = self._rng.randrange(b.seen)
+                if j < _SAMPLES_PER_BUCKET:
+                    b.latencies[j] = latency
+
+    def _live(self, now: float, seconds: int) -> list[_Bucket]:
+        lo = int(now) - seconds + 1
+        return [b for b in self._buckets if b is not None and lo <= b.second <= int(now)]
+
+    def window(self, now: float, seconds: int) -> WindowStats:
+        live = self._live(now, seconds)
+        lat = sorted(x for b in live for x in b.latencies)
+        return WindowStats(
+            seconds=seconds,
+            requests=sum(b.requests for b in live),
+            ok=sum(b.ok for b in live),
+            rate_limited=sum(b.rate_limited for b in live),
+            capacity=sum(b.capacity for b in live),
+            other=sum(b.other for b in live),
+            p50=_percentile(lat, 0.50),
+            p99=_percentile(lat, 0.99),
+        )
+
+    def windows(self, now: float) -> tuple[WindowStats, ...]:
+        return tuple(self.window(now, s) for s in WINDOWS)
+
+    def spark(self, now: float, seconds: int = 120, points: int = 24) -> tuple[int, ...]:
+        """429 + 503 counts in ``points`` equal slices of the last ``seconds``, oldest first."""
+        width = max(1, seconds // points)
+        start = int(now) - width * points + 1
+        out = [0] * points
+        for b in self._live(now, width * points):
+            k = (b.second - start) // width
+            if 0 <= k < points:
+                out[k] += b.rate_limited + b.capacity
+        return tuple(out)
+
+
+def _percentile(sorted_values: list[float], q: float) -> float | None:
+    if not sorted_values:
+        return None
+    k = min(len(sorted_values) - 1, max(0, round(q * (len(sorted_values) - 1))))
+    return sorted_values[k]

@@ -1,0 +1,246 @@
+"""Run the simulator over HTTP with uvicorn: blocking for the CLI, or as a task in the
+running event loop for the dashboard and for tests.
+
+The listening socket is bound here, not by uvicorn, so a taken port is a clear
+:class:`SimulatorError` (uvicorn would ``sys.exit``) and port 0 tells us the port it got.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import sys
+from dataclasses import dataclass, field
+from typing import AsyncIterator, Iterator
+
+import httpx
+import uvicorn
+from uvicorn.config import LOGGING_CONFIG
+from starlette.applications import Starlette
+
+from capmon.core.clock import Clock, default_clock
+from capmon.core.config import SIMULATOR_DEMO_KEY
+from capmon.core.exceptions import SimulatorError
+from capmon.sim.app import SIM_HEADER, create_app, simulator_of
+from capmon.sim.faults import ConnectionDropped
+from capmon.sim.model import Simulator
+from capmon.sim.scenario import Scenario, load_scenario
+
+START_TIMEOUT = 10.0  # seconds for uvicorn to start serving on a bound socket
+GRACEFUL_SHUTDOWN = 1.0  # seconds open streams get on exit before they are cut
+
+
+@dataclass(frozen=True)
+class SimHandle:
+    """A simulator serving on ``host:port`` in this process's event loop."""
+
+    host: str
+    port: int
+    app: Starlette
+    server: uvicorn.Server = field(repr=False)
+    task: "asyncio.Task[None]" = field(repr=False)
+
+    @property
+    def origin(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        return f"{self.origin}/v1"
+
+    @property
+    def admin_url(self) -> str:
+        return f"{self.origin}/admin"
+
+    @property
+    def listen(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @property
+    def simulator(self) -> Simulator:
+        return simulator_of(self.app)
+
+    async def stop(self, timeout: float = 5.0) -> None:
+        """Stop serving; open requests get ``GRACEFUL_SHUTDOWN`` seconds, then are cut."""
+        if self.task.done():
+            return
+        self.server.should_exit = True
+        try:
+            await asyncio.wait_for(asyncio.shield(self.task), timeout)
+        except asyncio.TimeoutError:
+            self.server.force_exit = True
+            self.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self.task
+
+
+class _EmbeddedServer(uvicorn.Server):
+    """uvicorn as a guest in someone else's event loop: it must not take over the process's
+    signal handlers (the host app owns Ctrl+C)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+class _HideDeliberateDrops(logging.Filter):
+    """Not errors, so not logged as such: a ``reset`` fault dropping a connection on purpose,
+    and requests still open (streams, hung faults) being cut when the simulator stops."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, (ConnectionDropped, asyncio.CancelledError)):
+            return False
+        return not str(record.msg).startswith("Cancel %s running task(s)")
+
+
+def _quiet_deliberate_drops() -> None:
+    logger = logging.getLogger("uvicorn.error")
+    if not any(isinstance(f, _HideDeliberateDrops) for f in logger.filters):
+        logger.addFilter(_HideDeliberateDrops())
+
+
+def parse_listen(listen: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[::1]:8089`` for IPv6) -> (host, port)."""
+    host, sep, port = listen.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise SimulatorError(f"expected HOST:PORT such as 127.0.0.1:8089, got {listen!r}")
+    return host, int(port)
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(1024)
+        sock.setblocking(False)
+    except OSError as e:
+        sock.close()
+        raise SimulatorError(f"the simulator cannot listen on {host}:{port}: {e.strerror or e}") from None
+    return sock
+
+
+def _as_scenario(scenario: Scenario | str | os.PathLike[str]) -> Scenario:
+    return scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
+
+
+def _config(app: Starlette, *, embedded: bool, access_log: bool = False) -> uvicorn.Config:
+    return uvicorn.Config(
+        app,
+        lifespan="off",
+        access_log=access_log,
+        log_level="warning",
+        # Embedded, leave logging config to the host app (uvicorn's dictConfig would replace it).
+        log_config=None if embedded else LOGGING_CONFIG,
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN,
+        # Streams and hung requests must not keep a stopping simulator alive.
+        timeout_keep_alive=5,
+    )
+
+
+async def start_simulator(scenario: Scenario | str | os.PathLike[str] = "demo", host: str = "127.0.0.1",
+                          port: int = 0, *, clock: Clock | None = None) -> SimHandle:
+    """Start serving in the running event loop; call ``await handle.stop()`` when done."""
+    app = create_app(_as_scenario(scenario), clock=clock)
+    sock = _bind(host, port)
+    bound_port = sock.getsockname()[1]
+    _quiet_deliberate_drops()
+    server = _EmbeddedServer(_config(app, embedded=True))
+    task = asyncio.create_task(server.serve(sockets=[sock]), name=f"capmon-sim:{bound_port}")
+    waited, step = 0.0, 0.005
+    wait_clock = default_clock()
+    while not server.started:
+        if task.done():
+            sock.close()
+            error = task.exception() if not task.cancelled() else None
+            raise SimulatorError(f"the simulator on {host}:{bound_port} did not start: {error!r}")
+        if waited > START_TIMEOUT:
+            server.should_exit = True
+            task.cancel()
+            sock.close()
+            raise SimulatorError(f"the simulator on {host}:{bound_port} did not start within {START_TIMEOUT:g}s")
+        await wait_clock.sleep(step)
+        waited += step
+    simulator_of(app).start()  # schedules count from when it listens
+    return SimHandle(host, bound_port, app, server, task)
+
+
+@contextlib.asynccontextmanager
+async def running_simulator(scenario: Scenario | str | os.PathLike[str] = "demo", host: str = "127.0.0.1",
+                            port: int = 0, *, clock: Clock | None = None) -> AsyncIterator[SimHandle]:
+    """``async with running_simulator("demo") as sim: httpx.get(sim.base_url + "/models")``"""
+    handle = await start_simulator(scenario, host, port, clock=clock)
+    try:
+        yield handle
+    finally:
+        await handle.stop()
+
+
+async def probe(host: str, port: int, timeout: float = 1.0) -> bool | None:
+    """True: a capmon simulator answers there. None: nothing listens. False: something else does."""
+    origin = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+    try:
+        async with httpx.AsyncClient(timeout=timeout, trust_env=False) as client:
+            r = await client.get(f"{origin}/v1/models", headers={"Authorization": f"Bearer {SIMULATOR_DEMO_KEY}"})
+    except httpx.ConnectError:
+        return None
+    except httpx.HTTPError:
+        return False
+    return SIM_HEADER in r.headers
+
+
+async def ensure_simulator(listen: str, scenario: Scenario | str | os.PathLike[str] = "demo", *,
+                           clock: Clock | None = None) -> SimHandle | None:
+    """Reuse a simulator already listening at ``listen`` (returns None: nothing to stop), or
+    start one in this event loop (returns its handle: ``await handle.stop()`` on exit).
+    Raises SimulatorError when the address is taken by something else."""
+    host, port = parse_listen(listen)
+    found = await probe(host, port)
+    if found:
+        return None
+    if found is False:
+        raise SimulatorError(f"{listen} is taken by something that is not a capmon simulator; "
+                             f"choose another [simulator] listen address")
+    return await start_simulator(scenario, host, port, clock=clock)
+
+
+def serve(listen: str = "127.0.0.1:8089", scenario: Scenario | str | os.PathLike[str] = "demo", *,
+          access_log: bool = False) -> None:
+    """Serve until Ctrl+C (for ``capmon sim``). Raises SimulatorError / ConfigError."""
+    host, port = parse_listen(listen)
+    scn = _as_scenario(scenario)
+    app = create_app(scn)
+    sock = _bind(host, port)
+    _quiet_deliberate_drops()
+    server = uvicorn.Server(_config(app, embedded=False, access_log=access_log))
+
+    async def announce() -> None:
+        while not server.started:
+            await default_clock().sleep(0.005)
+        simulator_of(app).start()
+        h = f"[{host}]" if ":" in host else host
+        origin = f"http://{h}:{sock.getsockname()[1]}"
+        print(f"capmon simulator: scenario {scn.name!r} listening on {origin}/v1 "
+              f"(key {SIMULATOR_DEMO_KEY}; admin {origin}/admin; Ctrl+C to stop)", flush=True)
+
+    async def main() -> None:
+        watcher = asyncio.create_task(announce())
+        try:
+            await server.serve(sockets=[sock])
+        finally:
+            watcher.cancel()
+
+    try:
+        asyncio.run(main())
+    except KeyboardInterrupt:  # uvicorn re-raises the Ctrl+C it handled gracefully
+        pass
+    finally:
+        sock.close()
+    print("capmon simulator: stopped", file=sys.stderr, flush=True)
