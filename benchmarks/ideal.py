@@ -1,0 +1,126 @@
+"""The yardstick: how fast a perfect client could finish N items on a scenario.
+
+The ideal client knows every model's capacity in advance (slots over time, service
+times) and is never rejected. It runs the same number of workers as the peers and is
+a greedy list scheduler that prefers the first model:
+
+* whenever a worker is free and an item is left, the item goes to the most preferred
+  model that has a free slot *now*; it spills to the next model only when every model
+  before it is full; when no model has a free slot the worker waits for the next slot
+  to free or the next schedule phase to add slots;
+* a request takes the model's mean service time at the moment it is admitted,
+  ``(base_latency + per_token * answer_tokens) * latency_factor`` (the simulator's noise
+  is symmetric around 1, so the mean is exact on average);
+* a schedule phase that removes slots does not cut requests already running (the
+  simulator does not either): it only refuses new ones.
+
+In a phase where capacity does not change this is the closed form
+
+    c_1 = min(S_1, W),  c_i = min(S_i, W - (c_1 + ... + c_{i-1}))
+    X   = sum_i c_i / T_i                      (items per second)
+    makespan ~= N / X,  preferred share = (c_1 / T_1) / X
+
+with ``W`` workers, ``S_i`` slots and ``T_i`` mean service time of the i-th model in
+preference order; across phases X changes at each phase boundary and the makespan is
+where the integral of X reaches N, plus the last requests' tail. The event simulation
+below computes exactly that, tail included.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+from capmon.sim.scenario import ModelSpec, Scenario
+
+
+@dataclass(frozen=True)
+class Ideal:
+    makespan: float  # seconds from the first request to the last answer
+    served: dict[str, int]  # items per model
+    preferred: str
+
+    @property
+    def preferred_share(self) -> float:
+        total = sum(self.served.values())
+        return self.served.get(self.preferred, 0) / total if total else 0.0
+
+
+def _phase_at(spec: ModelSpec, t: float, repeat: float):
+    if not spec.schedule:
+        return None
+    tt = t % repeat if repeat > 0 else t
+    found = None
+    for p in spec.schedule:
+        if p.at > tt:
+            break
+        found = p
+    return found
+
+
+def slots_at(spec: ModelSpec, t: float, repeat: float) -> int:
+    p = _phase_at(spec, t, repeat)
+    return spec.slots if p is None or p.slots is None else p.slots
+
+
+def service_time(spec: ModelSpec, t: float, repeat: float) -> float:
+    p = _phase_at(spec, t, repeat)
+    factor = 1.0 if p is None or p.latency_factor is None else p.latency_factor
+    return (spec.base_latency + spec.per_token * spec.answer_tokens) * factor
+
+
+def _boundaries(scn: Scenario, start: float, horizon: float) -> list[float]:
+    """Phase start times (scenario clock) in (start, start + horizon]."""
+    out: set[float] = set()
+    for m in scn.models:
+        for p in m.schedule:
+            if scn.repeat > 0:
+                k = int(start // scn.repeat)
+                while k * scn.repeat + p.at <= start + horizon:
+                    t = k * scn.repeat + p.at
+                    if t > start:
+                        out.add(t)
+                    k += 1
+            elif start < p.at <= start + horizon:
+                out.add(p.at)
+    return sorted(out)
+
+
+def ideal(scn: Scenario, items: int, workers: int, offset: float = 0.0) -> Ideal:
+    """The perfect greedy schedule of ``items`` over ``workers``; ``offset`` is the
+    scenario clock (seconds since the simulator started) when the first item is sent."""
+    models = scn.models
+    repeat = scn.repeat
+    in_flight = {m.name: 0 for m in models}
+    served = {m.name: 0 for m in models}
+    done: list[tuple[float, str]] = []  # heap of (finish time, model)
+    boundaries = _boundaries(scn, offset, 3600.0)
+    t = offset
+    left = items
+    busy = 0
+    finished_at = offset
+    while left > 0 or done:
+        # Dispatch everything that can start now.
+        while left > 0 and busy < workers:
+            for m in models:
+                if in_flight[m.name] < slots_at(m, t, repeat):
+                    in_flight[m.name] += 1
+                    served[m.name] += 1
+                    busy += 1
+                    left -= 1
+                    heapq.heappush(done, (t + service_time(m, t, repeat), m.name))
+                    break
+            else:
+                break  # every model is full: wait for an event
+        next_done = done[0][0] if done else None
+        next_phase = next((b for b in boundaries if b > t), None)
+        if next_done is None and next_phase is None:
+            raise ValueError(f"scenario {scn.name!r} never has capacity for the remaining {left} items")
+        if next_done is not None and (next_phase is None or next_done <= next_phase):
+            t, name = heapq.heappop(done)
+            in_flight[name] -= 1
+            busy -= 1
+            finished_at = t
+        else:
+            t = next_phase  # type: ignore[assignment]
+    return Ideal(makespan=finished_at - offset, served=served, preferred=models[0].name)
