@@ -64,6 +64,7 @@ class AdaptiveLimiter:
         # decrease: their overloads describe the old limit, so they do not count.
         self._before_decrease = 0
         self.decreases = 0
+        self._slow_start = True
 
     # ------------------------------------------------------------ reading
 
@@ -130,8 +131,13 @@ class AdaptiveLimiter:
             if fut in self._room_waiters:
                 self._room_waiters.remove(fut)
 
-    def release(self, outcome: Outcome | str) -> None:
-        """Free a slot and adapt the limit to how the request ended."""
+    def release(self, outcome: Outcome | str) -> bool:
+        """Free a slot and adapt the limit to how the request ended.
+
+        Returns True when an overload was taken as news (the limit decreased), False
+        for an echo of one already acted on: the router counts only news toward the
+        breaker, so a model that is merely full is not mistaken for one that is down.
+        """
         if self._in_flight <= 0:
             raise RuntimeError("release() without a matching acquire()")
         try:
@@ -147,14 +153,21 @@ class AdaptiveLimiter:
             # Only grow a limit that is being used: a limit that grew while traffic
             # was light would take several overloads to come back down.
             if busy >= self._limit / 2:
-                self._limit = min(float(self.max), self._limit + 1.0 / self._limit)
-        elif kind is Outcome.OVERLOAD and not old_request:
+                # Slow start (as TCP): until the first overload the limit doubles every
+                # round trip, so a model with room is found in a few round trips.
+                step = 1.0 if self._slow_start else 1.0 / self._limit
+                self._limit = min(float(self.max), self._limit + step)
+        news = False
+        if kind is Outcome.OVERLOAD and not old_request:
             self._limit = max(float(self.min), self._limit * self.decrease)
             self._before_decrease = self._in_flight
             self.decreases += 1
+            self._slow_start = False
+            news = True
         self._wake()
         if kind is None:
             raise ValueError(f"unknown outcome {outcome!r}; expected ok, overload or neutral")
+        return news
 
     def _wake(self) -> None:
         while self._waiters and self._in_flight < int(self._limit):

@@ -426,12 +426,15 @@ class FallbackClient:
             if not fut.done():
                 fut.cancel()
 
-    def _wake_one(self) -> None:
-        while self._waiters:
+    def _wake_one(self, target: Target | None = None) -> None:
+        """Wake as many waiting requests as ``target`` has room for (at least one): a
+        limit that just grew has more than the one slot that was freed."""
+        n = 1 if target is None else max(1, int(target.limiter.limit) - target.limiter.in_flight)
+        while self._waiters and n > 0:
             fut = self._waiters.popleft()
             if not fut.done():
                 fut.set_result(None)
-                return
+                n -= 1
 
     def _wake_all(self) -> None:
         while self._waiters:
@@ -526,7 +529,7 @@ class FallbackClient:
         if failure is None:
             t.breaker.on_success(admission)
             t.limiter.release("ok")
-            self._wake_one()
+            self._wake_one(t)
             attempt = self._record(state, t, number, started_wall, status, None, "", None, 0.0, latency, "ok")
             self.succeeded += 1
             usage = response_json.get("usage", {}) if isinstance(response_json, dict) else {}
@@ -584,8 +587,13 @@ class FallbackClient:
                       attempt=number, kind=kind.value, status=status, reason=failure.reason, hint=failure.retry_after)
         hint = failure.retry_after
         if kind is Kind.CAPACITY:
-            t.breaker.on_failure(admission, capacity=True, hint=hint)
-            t.limiter.release("overload")
+            # Rejections of requests sent before the limiter last backed off are echoes
+            # of a model that is full, not news of one that is down.
+            news = t.limiter.release("overload")
+            if news or getattr(admission, "probe", False):
+                t.breaker.on_failure(admission, capacity=True, hint=hint)
+            else:
+                t.breaker.release(admission)
         elif kind is Kind.RATE_LIMITED:
             t.breaker.release(admission)
             t.limiter.release("overload")

@@ -40,8 +40,25 @@ def test_max_limit_caps_the_config_max() -> None:
     assert (tiny.min, tiny.max, tiny.limit) == (1, 1, 1.0)
 
 
-def test_additive_increase_is_one_per_round_trip_of_successes() -> None:
+def test_slow_start_doubles_the_limit_each_round_trip_until_the_first_overload() -> None:
     lim = limiter(initial=4)
+    fill(lim)
+    for _ in range(4):  # one round trip of successes
+        lim.release("ok")
+        lim.try_acquire()
+    assert lim.limit == 8.0
+    fill(lim)
+    lim.release("overload")
+    assert lim.limit == 4.0  # from now on: additive increase
+
+
+def test_additive_increase_is_one_per_round_trip_of_successes() -> None:
+    lim = limiter(initial=8)
+    fill(lim)
+    lim.release("overload")  # leaves slow start: limit 4, three echoes still in flight
+    for _ in range(7):
+        lim.release("neutral")
+    assert lim.limit == 4.0 and lim.in_flight == 0
     fill(lim)
     for _ in range(4):  # one round trip: every slot completes once and is reused
         lim.release("ok")

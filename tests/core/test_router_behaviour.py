@@ -171,3 +171,38 @@ answer_tokens = 40
         result = await client.chat("tell me")
     assert len(pieces) > 3 and len("".join(pieces).split()) >= 20
     assert result.model == "flagship" and len(result.content.split()) >= 20
+
+
+def _sim_config(slots: dict[str, int], latency: float = 0.5) -> tuple[object, object]:
+    import httpx
+
+    models = "".join(f"""
+[[models]]
+name = "sim-{name}"
+slots = {n}
+base_latency = {latency}
+per_token = 0.0
+noise = 0.0
+dialect = "openai-503"
+""" for name, n in slots.items())
+    app = create_app(parse_scenario('name = "t"\n' + models))
+    cfg = three_models("http://sim/v1")
+    cfg = cfg.__class__(**{**cfg.__dict__, "models": tuple(m.__class__(**{**m.__dict__, "api_model": f"sim-{m.name}"}) for m in cfg.models)})
+    return cfg, httpx.ASGITransport(app=app)
+
+
+async def test_a_model_that_is_merely_full_is_not_tripped_the_limiter_queues_instead() -> None:
+    cfg, transport = _sim_config({"flagship": 4, "medium": 4, "small": 64})
+    env = {"TEST_KEY_A": "sk-capmon-sim-demo"}
+    async with FallbackClient(cfg, environ=env, transport=transport) as client:
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        results = await asyncio.gather(*(client.chat(f"item {i}") for i in range(200)))
+        wall = loop.time() - t0
+        snap = client.snapshot()
+    assert all(t.state == "closed" for t in snap.targets), [(t.model, t.state) for t in snap.targets]
+    served = {m: sum(r.model == m for r in results) for m in ("flagship", "medium", "small")}
+    # The flagship was kept busy: near its capacity of 4 slots x 2 answers a second.
+    assert served["flagship"] >= 0.7 * wall * 8, (served, wall)
+    rejected = sum(1 for r in results for a in r.attempts if a.kind is not None)
+    assert rejected / len(results) < 0.15  # the limiter learns the slots; few doomed requests

@@ -1,0 +1,96 @@
+"""Peer (e): capmon's FallbackClient, with ``benchmarks/capmon-bench.toml``.
+
+``ctx.options["capmon_set"]`` (from ``--capmon-set section.key=value``) overrides config
+values, for trying limiter and breaker settings without editing the file. Besides the
+answer it records what capmon's event bus says: failed attempts per model and kind,
+fallbacks, retries, breaker transitions, and each limiter's final limit.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from capmon.core import events as ev
+from capmon.core.config import Config, parse_config
+from capmon.core.result import ChatRequest
+from capmon.core.router import FallbackClient
+
+from benchmarks.peers.base import Item, PeerContext
+
+CONFIG = Path(__file__).resolve().parent.parent / "capmon-bench.toml"
+
+
+def _coerce(old: Any, raw: str) -> Any:
+    if isinstance(old, bool):
+        return raw.lower() in ("1", "true", "yes")
+    if isinstance(old, int):
+        return int(raw)
+    if isinstance(old, float):
+        return float(raw)
+    return raw
+
+
+def bench_config(base_url: str, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    text = CONFIG.read_text(encoding="utf-8").replace("http://SIMULATOR/v1", base_url)
+    cfg = parse_config(text, str(CONFIG))
+    for o in overrides:
+        key, _, raw = o.partition("=")
+        section, _, name = key.strip().partition(".")
+        sub = getattr(cfg, section)
+        sub = dataclasses.replace(sub, **{name: _coerce(getattr(sub, name), raw.strip())})
+        cfg = dataclasses.replace(cfg, **{section: sub})
+    return cfg
+
+
+class CapmonPeer:
+    def __init__(self, ctx: PeerContext) -> None:
+        self.ctx = ctx
+        self.overrides = list(ctx.options.get("capmon_set", []))
+        self.config = bench_config(ctx.base_url, self.overrides)
+        self.bus = ev.EventBus(history=10)
+        self.failed: collections.Counter[str] = collections.Counter()
+        self.breaker: list[str] = []
+        self.fellback = 0
+        self.retries = 0
+        self.bus.subscribe(self._on_event)
+        self.client = FallbackClient(self.config, environ={}, bus=self.bus)
+
+    def _on_event(self, e: ev.Event) -> None:
+        if isinstance(e, ev.AttemptFailed):
+            self.failed[f"{e.model}:{e.kind}:{e.status}"] += 1
+        elif isinstance(e, ev.BreakerChanged):
+            self.breaker.append(f"{e.at:.2f} {e.model} {e.old}->{e.new} ({e.reason})")
+        elif isinstance(e, ev.FellBack):
+            self.fellback += 1
+        elif isinstance(e, ev.RetryScheduled):
+            self.retries += 1
+
+    async def __aenter__(self) -> "CapmonPeer":
+        self.t0 = self.client.clock.now()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.client.aclose()
+
+    async def call(self, item: Item) -> str:
+        r = await self.client.chat(ChatRequest.of(item.messages, item_id=str(item.index)))
+        return r.model
+
+    def extra(self) -> dict[str, Any]:
+        limits = {t.model.name: {"limit": round(t.limiter.limit, 2), "decreases": t.limiter.decreases,
+                                 "breaker": t.breaker.state.value} for t in self.client.targets}
+        return {
+            "config_overrides": self.overrides,
+            "attempts_failed": dict(sorted(self.failed.items())),
+            "fell_back": self.fellback,
+            "retry_waits": self.retries,
+            "breaker": [f"t+{float(s.split(' ', 1)[0]) - self.t0:.2f}s {s.split(' ', 1)[1]}" for s in self.breaker],
+            "limiters": limits,
+        }
+
+
+def make(ctx: PeerContext) -> CapmonPeer:
+    return CapmonPeer(ctx)

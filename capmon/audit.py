@@ -1,0 +1,219 @@
+"""Every attempt, persisted: which model and key answered (or refused) what, and why
+the client did what it did next.
+
+The client calls an observer after every attempt (``client.add_observer``). The
+observer only appends a tuple to a buffer, so the client never waits on SQLite; the
+buffer is written in batches, either by :meth:`AuditLog.flush` (on its own, or from
+:meth:`AuditLog.run` every ``interval`` seconds) or by a batch runner that writes it
+in the same transaction as the results it belongs with.
+
+Keys are never stored, only their alias; anything in a provider's message that looks
+like a key is masked before it is kept.
+"""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+from capmon.core.clock import Clock, default_clock
+from capmon.core.result import Attempt, ChatRequest
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS attempts (
+    job TEXT,              -- ChatRequest.job, NULL for requests outside a job
+    item TEXT,             -- ChatRequest.item_id
+    at REAL NOT NULL,      -- wall time the attempt started
+    attempt INTEGER NOT NULL,  -- 1, 2, ... counted over the item's whole life (parks included)
+    model TEXT,
+    endpoint TEXT,
+    key_alias TEXT,        -- never the key
+    status INTEGER,        -- HTTP status, NULL when no response came (timeout, reset)
+    kind TEXT,             -- failure kind, NULL when the attempt succeeded
+    hint REAL,             -- the server's retry hint, seconds
+    wait REAL,             -- how long the client (or the runner, for a park) waited after it
+    latency REAL,
+    decision TEXT NOT NULL,  -- ok | retry | fallback | park | fail
+    reason TEXT NOT NULL DEFAULT ''
+);
+CREATE INDEX IF NOT EXISTS attempts_by_item ON attempts(job, item);
+"""
+
+COLUMNS = ("job", "item", "at", "attempt", "model", "endpoint", "key_alias", "status", "kind", "hint", "wait",
+           "latency", "decision", "reason")
+INSERT = f"INSERT INTO attempts ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})"
+
+# A buffer that is never written (a database gone read-only, a flush loop not started)
+# must not grow without bound: past this many rows the oldest are dropped and counted.
+MAX_BUFFER = 200_000
+
+# Bearer-style secrets: sk-..., key-..., long opaque tokens. Providers usually mask
+# keys in their messages already; this is the second belt.
+_SECRET = re.compile(r"\b(?:sk|rk|pk|key)-[A-Za-z0-9_\-]{12,}|\bAIza[0-9A-Za-z_\-]{20,}|\b[A-Za-z0-9]{40,}\b")
+
+Row = tuple[Any, ...]
+
+
+def ensure_schema(conn: sqlite3.Connection) -> None:
+    conn.executescript(SCHEMA)
+
+
+def mask_secrets(text: str) -> str:
+    return _SECRET.sub(lambda m: m.group(0)[:6] + "****", text) if text else text
+
+
+@dataclass(frozen=True, slots=True)
+class AuditRow:
+    """One attempt as stored (what ``capmon report`` reads back)."""
+
+    job: str | None
+    item: str | None
+    at: float
+    attempt: int
+    model: str | None
+    endpoint: str | None
+    key_alias: str | None
+    status: int | None
+    kind: str | None
+    hint: float | None
+    wait: float | None
+    latency: float | None
+    decision: str
+    reason: str
+
+    @staticmethod
+    def of(row: Sequence[Any]) -> "AuditRow":
+        return AuditRow(*row)
+
+
+def attempt_row(request: ChatRequest, attempt: Attempt, number: int | None = None) -> Row:
+    return (
+        request.job, request.item_id, attempt.started, attempt.number if number is None else number, attempt.model,
+        attempt.endpoint, attempt.key_alias, attempt.status, attempt.kind.value if attempt.kind is not None else None,
+        attempt.hint, attempt.wait, attempt.latency, attempt.decision, mask_secrets(attempt.reason),
+    )
+
+
+class AuditLog:
+    """A buffer of attempt rows and the way to write them.
+
+    ``AuditLog(path)`` writes to its own connection on :meth:`flush`;
+    ``AuditLog(None)`` only buffers, and its owner writes :meth:`drain`'s rows with
+    :func:`write_rows` (the batch runner does, in its result transactions).
+    """
+
+    def __init__(self, path: Path | None = None, *, clock: Clock | None = None,
+                 numbering: Callable[[ChatRequest, Attempt], int | None] | None = None,
+                 accept: Callable[[ChatRequest], bool] | None = None) -> None:
+        self.path = Path(path) if path is not None else None
+        self.clock = clock or default_clock()
+        self._numbering = numbering
+        self._accept = accept
+        self._rows: list[Row] = []
+        self._conn: sqlite3.Connection | None = None
+        self.recorded = 0
+        self.written = 0
+        self.dropped = 0
+
+    # ------------------------------------------------------------ recording
+
+    def observe(self, request: ChatRequest, attempt: Attempt) -> None:
+        """The client observer: cheap, never raises into the client's path on bad data."""
+        if self._accept is not None and not self._accept(request):
+            return
+        number = self._numbering(request, attempt) if self._numbering is not None else None
+        self.add(attempt_row(request, attempt, number))
+
+    def attach(self, client: Any) -> Callable[[], None]:
+        """Observe every attempt of ``client`` (a FallbackClient); returns the detach function."""
+        return client.add_observer(self.observe)
+
+    def add(self, row: Row) -> None:
+        self._rows.append(row)
+        self.recorded += 1
+        if len(self._rows) > MAX_BUFFER:
+            drop = len(self._rows) - MAX_BUFFER
+            del self._rows[:drop]
+            self.dropped += drop
+
+    def park(self, *, job: str, item: str, attempt: int, model: str | None, endpoint: str | None,
+             key_alias: str | None, status: int | None, kind: str | None, hint: float | None, wait: float,
+             reason: str) -> None:
+        """A row for the runner's own decision: the item was parked and comes back after ``wait``."""
+        self.add((job, item, self.clock.wall(), attempt, model, endpoint, key_alias, status, kind, hint, wait, None,
+                  "park", mask_secrets(reason)))
+
+    @property
+    def pending(self) -> int:
+        return len(self._rows)
+
+    def drain(self) -> list[Row]:
+        rows, self._rows = self._rows, []
+        return rows
+
+    def requeue(self, rows: list[Row]) -> None:
+        """Put back rows a failed write did not store (they go first, in order)."""
+        self._rows[:0] = rows
+
+    # ------------------------------------------------------------ writing on its own
+
+    def _connection(self) -> sqlite3.Connection:
+        if self.path is None:
+            raise RuntimeError("AuditLog(None) only buffers: write drain() with write_rows()")
+        if self._conn is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            conn = sqlite3.connect(self.path, timeout=5.0, isolation_level=None)
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            ensure_schema(conn)
+            self._conn = conn
+        return self._conn
+
+    def flush(self) -> int:
+        """Write what is buffered in one transaction; returns how many rows."""
+        rows = self.drain()
+        if not rows:
+            return 0
+        conn = self._connection()
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            write_rows(conn, rows)
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            self.requeue(rows)
+            raise
+        self.written += len(rows)
+        return len(rows)
+
+    async def run(self, interval: float = 0.5) -> None:
+        """Flush every ``interval`` seconds until cancelled, then once more."""
+        try:
+            while True:
+                await self.clock.sleep(interval)
+                self.flush()
+        finally:
+            self.flush()
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+
+def write_rows(conn: sqlite3.Connection, rows: Iterable[Row]) -> None:
+    conn.executemany(INSERT, rows)
+
+
+def read_attempts(conn: sqlite3.Connection, job: str, item: str | None = None) -> list[AuditRow]:
+    """Attempts of a job (or of one of its items) in the order they were written."""
+    sql = f"SELECT {', '.join(COLUMNS)} FROM attempts WHERE job = ?"
+    args: tuple[Any, ...] = (job,)
+    if item is not None:
+        sql += " AND item = ?"
+        args += (item,)
+    return [AuditRow.of(r) for r in conn.execute(sql + " ORDER BY rowid", args)]

@@ -1,0 +1,1 @@
+"""The capmon dashboard (Textual). The core never imports this package."""

@@ -1,0 +1,154 @@
+"""The models table: one row per target, in preference order."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rich.text import Text
+from textual.coordinate import Coordinate
+from textual.widgets import DataTable
+
+from capmon.core.snapshot import EngineSnapshot, TargetSnapshot
+from capmon.tui import format as fmt
+
+
+@dataclass(frozen=True)
+class Column:
+    key: str
+    label: str
+    width: int
+    right: bool = False
+
+
+# Fixed widths: auto-sized columns would re-measure and jitter on every refresh.
+COLUMNS: tuple[Column, ...] = (
+    Column("model", "model", 12),
+    Column("state", "breaker", 18),
+    Column("fails", "fails", 5, right=True),
+    Column("cooldown", "cool-down", 9, right=True),
+    Column("slots", "in/lim", 7, right=True),
+    Column("rps", "req/s", 6, right=True),
+    Column("r429", "429/m", 5, right=True),
+    Column("r503", "503/m", 5, right=True),
+    Column("err", "err%", 4, right=True),
+    Column("p50", "p50", 6, right=True),
+    Column("p99", "p99", 6, right=True),
+    Column("last", "last", 4, right=True),
+    Column("probe", "probe", 6, right=True),
+    Column("spark", "429+503, 2 min", 24),
+    Column("key", "key", 10),
+)
+
+
+def matches(t: TargetSnapshot, needle: str) -> bool:
+    needle = needle.strip().lower()
+    return not needle or needle in t.model.lower() or needle in t.target.lower()
+
+
+def _right(text: Text | str) -> Text:
+    t = text if isinstance(text, Text) else Text(text)
+    t.justify = "right"
+    return t
+
+
+class ModelsTable(DataTable[Text]):
+    """Rows keyed by target id; cells are updated in place, only when they change."""
+
+    DEFAULT_CSS = """
+    ModelsTable {
+        height: auto;
+        max-height: 16;
+        border: round $primary 60%;
+        border-title-color: $text;
+        border-title-style: bold;
+    }
+    ModelsTable:focus {
+        border: round $primary;
+    }
+    """
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id, cursor_type="row", zebra_stripes=False, show_row_labels=False)
+        self.border_title = "Models (preference order)"
+        self._keys: list[str] = []
+        self._cells: dict[tuple[str, str], str] = {}  # what each cell shows now, to skip no-op updates
+
+    def on_mount(self) -> None:
+        for c in COLUMNS:
+            self.add_column(_right(c.label) if c.right else Text(c.label), key=c.key, width=c.width)
+
+    @property
+    def selected_target(self) -> str | None:
+        if not self.row_count:
+            return None
+        row_key, _ = self.coordinate_to_cell_key(Coordinate(self.cursor_row, 0))
+        return row_key.value
+
+    def select_target(self, target: str) -> None:
+        if target in self._keys:
+            self.move_cursor(row=self._keys.index(target))
+
+    def show(self, snap: EngineSnapshot, needle: str = "") -> None:
+        rows = [t for t in snap.targets if matches(t, needle)]
+        keys = [t.target for t in rows]
+        if keys != self._keys:
+            self._rebuild(snap, rows)
+            return
+        for t in rows:
+            for key, value in self._row(t, snap).items():
+                if self._cells.get((t.target, key)) != value.markup:
+                    self._cells[(t.target, key)] = value.markup
+                    self.update_cell(t.target, key, value)
+        self.border_subtitle = self._subtitle(snap, len(rows))
+
+    def _rebuild(self, snap: EngineSnapshot, rows: list[TargetSnapshot]) -> None:
+        selected = self.selected_target
+        self.clear()
+        self._cells.clear()
+        self._keys = [t.target for t in rows]
+        for t in rows:
+            cells = self._row(t, snap)
+            for key, value in cells.items():
+                self._cells[(t.target, key)] = value.markup
+            self.add_row(*cells.values(), key=t.target)
+        if selected is not None:
+            self.select_target(selected)
+        self.border_subtitle = self._subtitle(snap, len(rows))
+
+    @staticmethod
+    def _subtitle(snap: EngineSnapshot, shown: int) -> str:
+        hidden = len(snap.targets) - shown
+        return f"{hidden} hidden by the filter" if hidden else ""
+
+    @staticmethod
+    def _label(t: TargetSnapshot, snap: EngineSnapshot) -> Text:
+        # Several keys or endpoints for one model: show which target the row is.
+        shared = sum(1 for o in snap.targets if o.model == t.model) > 1
+        name = f"{t.model}/{t.key_alias}" if shared else t.model
+        if snap.pinned == t.model:
+            return Text(f"▸ {name}", style="bold reverse")
+        return Text(f"  {name}")
+
+    def _row(self, t: TargetSnapshot, snap: EngineSnapshot) -> dict[str, Text]:
+        now = snap.now
+        w10 = t.window(10)
+        w60 = t.window(60)
+        top = max((max(o.spark, default=0) for o in snap.targets), default=0)
+        fails = Text(str(t.consecutive_failures), style="bold red" if t.consecutive_failures else "dim")
+        return {
+            "model": self._label(t, snap),
+            "state": fmt.state_text(t),
+            "fails": _right(fails),
+            "cooldown": _right(fmt.cooldown_text(t, now)),
+            "slots": _right(f"{t.in_flight}/{t.limit:.0f}"),
+            "rps": _right(f"{w10.per_second:.1f}"),
+            "r429": _right(fmt.count(w60.per_minute(w60.rate_limited))),
+            "r503": _right(fmt.count(w60.per_minute(w60.capacity), warn="red")),
+            "err": _right(fmt.error_share(w60.error_share)),
+            "p50": _right(fmt.latency(w60.p50)),
+            "p99": _right(fmt.latency(w60.p99)),
+            "last": _right(fmt.last_status(t)),
+            "probe": _right(fmt.latency(t.probe_latency)),
+            "spark": fmt.spark(t.spark, top),
+            "key": fmt.key_text(t, now),
+        }
