@@ -106,11 +106,11 @@ async def run_peer(peer: Peer, ctx: PeerContext, time_limit: float) -> dict[str,
             started = picked.get(it.index)
             results[it.index] = ItemResult(it.index, False, (now - started) if started else 0.0, None,
                                            "not finished within the time limit")
-    # The wall time that matters is when the last item finished, not when we noticed.
-    ok_ends = [r for r in results.values() if r.ok]
-    last_answer = max((picked[r.index] + r.latency - t0 for r in ok_ends), default=wall)
+    # The wall time that matters is when the last item was settled (answered, or given up
+    # by the peer), not when this loop noticed.
+    last = max((picked[r.index] + r.latency - t0 for r in results.values() if r.index in picked), default=wall)
     return {
-        "wall": last_answer if not timed_out else wall,
+        "wall": last if not timed_out else wall,
         "wall_total": wall,
         "timed_out": timed_out,
         "cpu": cpu,

@@ -206,3 +206,32 @@ async def test_a_model_that_is_merely_full_is_not_tripped_the_limiter_queues_ins
     assert served["flagship"] >= 0.7 * wall * 8, (served, wall)
     rejected = sum(1 for r in results for a in r.attempts if a.kind is not None)
     assert rejected / len(results) < 0.15  # the limiter learns the slots; few doomed requests
+
+
+async def test_a_hung_attempt_is_cut_by_the_per_attempt_timeout_and_retried() -> None:
+    script = Script()
+    script.set("flagship", lambda n, body: Reply(200, {}, delay=3600) if n == 1 else ok("flagship"))
+    async with serve(script) as url:
+        cfg = three_models(url, extra="[client]\nattempt_timeout = 5.0")
+        async with FallbackClient(cfg, environ=ENV) as client:
+            loop = asyncio.get_running_loop()
+            t0 = loop.time()
+            result = await client.chat("hi")
+            assert loop.time() - t0 < 15
+    assert result.attempts[0].kind is Kind.TRANSIENT and "timeout" in result.attempts[0].reason
+    assert result.model == "flagship"
+
+
+async def test_an_rpm_bucket_paces_requests_instead_of_sending_them_to_be_rejected() -> None:
+    script = Script()
+    async with serve(script) as url:
+        cfg = three_models(url)
+        cfg = cfg.__class__(**{**cfg.__dict__, "models": (cfg.models[0].__class__(**{**cfg.models[0].__dict__, "rpm": 60}),)})
+        async with FallbackClient(cfg, environ=ENV) as client:
+            loop = asyncio.get_running_loop()
+            t0 = loop.time()
+            await asyncio.gather(*(client.chat(f"{i}") for i in range(70)))
+            elapsed = loop.time() - t0
+    # The bucket starts full (60) and refills at one a second: the last ten wait ~10 s.
+    assert 8.0 <= elapsed <= 15.0
+    assert script.served() == 70

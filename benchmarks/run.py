@@ -1,0 +1,299 @@
+"""Side-by-side runs of capmon and its peers against the simulated provider.
+
+    python -m benchmarks.run [--items N] [--workers W] [--scenario NAME ...] [--peers NAME ...]
+                             [--capmon-set section.key=value ...] [--json FILE] [--details]
+
+For every scenario and every peer, in turn:
+
+1. the peer starts in its own process (``python -m benchmarks.peers``), imports and
+   builds its client, and says READY;
+2. a fresh simulator starts in another process (``python -m capmon.sim``), so every
+   peer meets the same schedule from t = 0 with fresh counters, slots and penalties;
+3. the peer runs N items with W workers and writes what it saw to a JSON file;
+4. the runner reads the simulator's ``/admin/stats`` (the ground truth for requests,
+   rejections and penalties) and stops it.
+
+Client and simulator are separate processes, so on a 2-core machine each has a core
+and the simulator's CPU is never charged to (or taken from) the client. The runner
+itself only waits.
+
+Then it prints one table per scenario. Columns:
+
+* completed: items answered (of N);
+* wall: seconds from the first request to the last answer;
+* wall/ideal: against the makespan of a perfect client (see benchmarks/ideal.py);
+* req/item: requests the simulator received, divided by N;
+* rejected: requests refused (capacity and rate-limit answers, penalties included);
+* penalised: requests refused because the key was being punished for hammering;
+* pref share: share of completed items served by the preferred (first) model, and
+  that share over the ideal's;
+* p50 / p99: per-item latency (a worker picking the item up to its answer), completed items;
+* cpu: the client process's CPU seconds during the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from capmon.sim.scenario import Scenario, load_scenario
+
+from benchmarks.ideal import Ideal, ideal
+from benchmarks.peers import DESCRIPTIONS, PEERS
+
+HERE = Path(__file__).resolve().parent
+SCENARIOS = ["outage", "underprovisioned", "saturated", "retry_after"]
+
+
+# ---------------------------------------------------------------- processes
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _get_json(url: str, timeout: float = 5.0) -> Any:
+    with urllib.request.urlopen(url, timeout=timeout) as r:  # noqa: S310 - loopback only
+        return json.loads(r.read())
+
+
+def _wait_up(origin: str, proc: subprocess.Popen, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the simulator exited with {proc.returncode}")
+        try:
+            _get_json(origin + "/admin/stats", timeout=0.5)
+            return
+        except OSError:
+            time.sleep(0.01)
+    raise RuntimeError("the simulator did not start in time")
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def litellm_available() -> bool:
+    try:
+        import importlib.util
+
+        return importlib.util.find_spec("litellm") is not None
+    except Exception:
+        return False
+
+
+def run_one(scn_path: Path, scn: Scenario, peer: str, items: int, workers: int, time_limit: float,
+            options: dict[str, Any], log_dir: Path) -> dict[str, Any]:
+    port = _free_port()
+    origin = f"http://127.0.0.1:{port}"
+    out = log_dir / f"{scn.name}-{peer}.json"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    peer_cmd = [sys.executable, "-m", "benchmarks.peers", peer, "--base-url", origin + "/v1",
+                "--models", ",".join(m.name for m in scn.models), "--workers", str(workers),
+                "--items", str(items), "--time-limit", str(time_limit), "--options", json.dumps(options),
+                "--out", str(out), "--wait-for-go"]
+    peer_log = open(log_dir / f"{scn.name}-{peer}.stderr", "w")
+    p = subprocess.Popen(peer_cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=peer_log, text=True,
+                         cwd=HERE.parent, env=env)
+    sim = None
+    try:
+        line = p.stdout.readline().strip() if p.stdout else ""
+        if line != "READY":
+            p.wait(30)
+            raise RuntimeError(f"peer {peer} did not start (exit {p.returncode}); see {peer_log.name}")
+        sim_log = open(log_dir / f"{scn.name}-{peer}.sim.log", "w")
+        sim = subprocess.Popen([sys.executable, "-m", "capmon.sim", "--listen", f"127.0.0.1:{port}",
+                                "--scenario", str(scn_path)], stdout=sim_log, stderr=subprocess.STDOUT,
+                               cwd=HERE.parent, env=env)
+        _wait_up(origin, sim)
+        offset = _get_json(origin + "/admin/stats")["elapsed"]
+        assert p.stdin is not None
+        p.stdin.write("GO\n")
+        p.stdin.flush()
+        p.wait(time_limit + 120)
+        if p.returncode != 0:
+            raise RuntimeError(f"peer {peer} failed (exit {p.returncode}); see {peer_log.name}")
+        stats = _get_json(origin + "/admin/stats")
+    finally:
+        _stop(p)
+        if sim is not None:
+            _stop(sim)
+        peer_log.close()
+    result = json.loads(out.read_text())
+    result["sim"] = stats
+    result["offset"] = offset
+    return result
+
+
+# ---------------------------------------------------------------- figures
+
+
+def _pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    k = max(0, min(len(s) - 1, int(round(q * (len(s) - 1)))))
+    return s[k]
+
+
+def figures(result: dict[str, Any], scn: Scenario, items: int, workers: int) -> dict[str, Any]:
+    rows = result["items"]
+    ok = [r for r in rows if r["ok"]]
+    preferred = scn.models[0].name
+    best = ideal(scn, items, workers, offset=result["offset"])
+    totals = result["sim"]["totals"]
+    rejected = totals["rejected"]["capacity"] + totals["rejected"]["rate_limited"]
+    share = sum(1 for r in ok if r["model"] == preferred) / len(ok) if ok else 0.0
+    lat = [r["latency"] for r in ok]
+    errors: dict[str, int] = {}
+    for r in rows:
+        if not r["ok"]:
+            key = (r["error"] or "?").split(":")[0]
+            errors[key] = errors.get(key, 0) + 1
+    return {
+        "completed": len(ok),
+        "wall": result["wall"],
+        "timed_out": result["timed_out"],
+        "ideal": best.makespan,
+        "wall_ideal": result["wall"] / best.makespan,
+        "req_item": totals["requests"] / items,
+        "requests": totals["requests"],
+        "rejected": rejected,
+        "penalised": totals["penalised"],
+        "share": share,
+        "ideal_share": best.preferred_share,
+        "share_ratio": share / best.preferred_share if best.preferred_share else float("nan"),
+        "p50": _pct(lat, 0.50),
+        "p99": _pct(lat, 0.99),
+        "cpu": result["cpu"],
+        "errors": errors,
+        "served": {m.name: sum(1 for r in ok if r["model"] == m.name) for m in scn.models},
+        "sim_models": {name: {"requests": m["requests"], "completed": m["completed"],
+                              "capacity": m["rejected"]["capacity"], "rate_limited": m["rejected"]["rate_limited"],
+                              "penalised": m["penalised"]} for name, m in result["sim"]["models"].items()},
+    }
+
+
+def table(scn: Scenario, rows: list[tuple[str, dict[str, Any]]], best: Ideal, items: int) -> str:
+    head = ("| peer | completed | wall s | wall/ideal | req/item | rejected | penalised | pref share (/ideal) "
+            "| p50 s | p99 s | client cpu s |")
+    sep = "|" + "---|" * 11
+    out = [head, sep,
+           f"| *ideal* | {items} | {best.makespan:.2f} | 1.00 | 1.00 | 0 | 0 | {best.preferred_share:.2f} (1.00) "
+           f"| | | |"]
+    for name, f in rows:
+        completed = f"{f['completed']}" + (" (timed out)" if f["timed_out"] else "")
+        out.append(
+            f"| {name} | {completed} | {f['wall']:.2f} | {f['wall_ideal']:.2f} | {f['req_item']:.2f} "
+            f"| {f['rejected']} | {f['penalised']} | {f['share']:.2f} ({f['share_ratio']:.2f}) "
+            f"| {f['p50']:.2f} | {f['p99']:.2f} | {f['cpu']:.1f} |")
+    return "\n".join(out)
+
+
+def details(scn: Scenario, peer: str, f: dict[str, Any], result: dict[str, Any]) -> str:
+    lines = [f"- **{peer}**: served {f['served']}"]
+    if f["errors"]:
+        lines.append(f"  - failed items by error: {f['errors']}")
+    sim = ", ".join(f"{m}: {v['requests']} req / {v['completed']} ok / {v['capacity']} capacity / "
+                    f"{v['rate_limited']} rate-limited ({v['penalised']} penalised)" for m, v in f["sim_models"].items())
+    lines.append(f"  - simulator: {sim}")
+    extra = result.get("extra") or {}
+    for k, v in extra.items():
+        if k == "breaker" and isinstance(v, list):
+            shown = v if len(v) <= 12 else v[:6] + [f"... {len(v) - 12} more ..."] + v[-6:]
+            lines.append(f"  - breaker transitions ({len(v)}): " + "; ".join(shown))
+        else:
+            lines.append(f"  - {k}: {v}")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- main
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--items", type=int, default=400)
+    ap.add_argument("--workers", type=int, default=32)
+    ap.add_argument("--scenario", nargs="+", default=SCENARIOS,
+                    help=f"names in benchmarks/scenarios ({', '.join(SCENARIOS)}) or paths")
+    ap.add_argument("--peers", nargs="+", default=list(PEERS), choices=list(PEERS))
+    ap.add_argument("--capmon-set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                    help="override a value of benchmarks/capmon-bench.toml (repeatable)")
+    ap.add_argument("--time-limit", type=float, default=None,
+                    help="seconds per peer run (default: 5 x the ideal, at least 60)")
+    ap.add_argument("--json", help="write every raw result here")
+    ap.add_argument("--details", action="store_true", help="print per-peer diagnostics under each table")
+    args = ap.parse_args(argv)
+
+    peers = list(args.peers)
+    skipped: list[str] = []
+    if "litellm" in peers and not litellm_available():
+        peers.remove("litellm")
+        skipped.append("litellm (not installed: `pip install -e '.[bench]'`)")
+
+    command = "python -m benchmarks.run " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+    print(f"<!-- {command} -->")
+    print(f"machine: {os.cpu_count()} cores, Python {platform.python_version()}, {platform.machine()}; "
+          f"{args.items} items, {args.workers} workers per peer")
+    if skipped:
+        print("skipped: " + "; ".join(skipped))
+    print()
+    raw: dict[str, Any] = {"command": command, "items": args.items, "workers": args.workers, "scenarios": {}}
+    log_dir = Path(tempfile.mkdtemp(prefix="capmon-bench-"))
+    options = {"capmon_set": args.capmon_set}
+    t_start = time.monotonic()
+    for name in args.scenario:
+        path = Path(name) if name.endswith(".toml") else HERE / "scenarios" / f"{name}.toml"
+        scn = load_scenario(str(path))
+        best = ideal(scn, args.items, args.workers)
+        limit = args.time_limit or max(60.0, 5 * best.makespan)
+        rows: list[tuple[str, dict[str, Any]]] = []
+        notes: list[str] = []
+        raw["scenarios"][scn.name] = {}
+        for peer in peers:
+            try:
+                result = run_one(path, scn, peer, args.items, args.workers, limit, options, log_dir)
+            except Exception as e:  # one broken peer must not lose the others' figures
+                notes.append(f"- {peer}: did not run: {e}")
+                continue
+            f = figures(result, scn, args.items, args.workers)
+            rows.append((peer, f))
+            raw["scenarios"][scn.name][peer] = {"figures": f, "result": {k: v for k, v in result.items() if k != "items"}}
+            if args.details:
+                notes.append(details(scn, peer, f, result))
+        print(f"### {scn.name}: {scn.description}\n")
+        print(table(scn, rows, best, args.items))
+        print()
+        if notes:
+            print("\n".join(notes))
+            print()
+        sys.stdout.flush()
+    print(f"<!-- total {time.monotonic() - t_start:.0f} s; logs in {log_dir} -->")
+    if args.json:
+        Path(args.json).write_text(json.dumps(raw, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

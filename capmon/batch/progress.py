@@ -1,0 +1,128 @@
+"""Batch progress: the event the runner publishes, and the one-line view on a terminal.
+
+Plain text and ``\\r`` only (no Rich, no Textual): ``capmon batch`` must work, and be
+importable, on a machine without the dashboard's dependencies.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import shutil
+import sys
+from dataclasses import dataclass
+from typing import TextIO
+
+from capmon.core.events import BatchProgress
+
+
+@dataclass(frozen=True, slots=True)
+class JobProgress(BatchProgress):
+    """:class:`BatchProgress` plus what a waiting job is waiting for. It is still a
+    BatchProgress, so subscribers that only know the core event see it as one."""
+
+    opens_at: float | None = None  # wall time the --window opens, while state is waiting-window
+    message: str = ""  # why a job halted or stopped
+
+
+def fmt_duration(seconds: float | None) -> str:
+    if seconds is None or seconds != seconds or seconds < 0:
+        return "-"
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def fmt_clock(wall: float) -> str:
+    """A wall time as local HH:MM (with the date when it is not today)."""
+    t = dt.datetime.fromtimestamp(wall)
+    return t.strftime("%H:%M") if t.date() == dt.date.today() else t.strftime("%a %H:%M")
+
+
+def _bar(share: float, width: int) -> str:
+    filled = int(round(share * width))
+    return "#" * filled + "-" * (width - filled)
+
+
+def render(p: BatchProgress, width: int = 100) -> str:
+    """One line, at most ``width`` characters: the parts that matter most survive."""
+    total = p.total
+    finished = p.done + p.failed
+    head = p.job
+    if p.state == "paused":
+        head += " PAUSED"
+    elif p.state not in ("running", "finished"):
+        head += f" {p.state}"
+    if total:
+        share = finished / total if total else 0.0
+        count = f"{share:4.0%} {finished}/{total}"
+    else:
+        share, count = 0.0, f"{finished}/?"
+    counts = f"done {p.done}  failed {p.failed}  parked {p.parked}"
+    if p.in_flight:
+        counts += f"  in flight {p.in_flight}"
+    models = "  ".join(f"{m} {n}" for m, n in p.per_model)
+    if p.state == "waiting-window":
+        opens = getattr(p, "opens_at", None)
+        speed = f"window opens {fmt_clock(opens)} (in {fmt_duration(opens - p.wall)})" if opens else "waiting for the window"
+    elif p.state == "finished":
+        speed = "finished"
+    else:
+        speed = f"{p.rate:.1f}/s  ETA {fmt_duration(p.eta)}"
+    message = getattr(p, "message", "")
+
+    def line(bar_width: int, with_models: bool) -> str:
+        parts = [head]
+        parts.append(f"[{_bar(share, bar_width)}] {count}" if bar_width else count)
+        parts.append(counts)
+        if with_models and models:
+            parts.append(models)
+        parts.append(speed)
+        if message and p.state in ("halted", "stopped"):
+            parts.append(message)
+        return " | ".join(parts)
+
+    for bar_width, with_models in ((20, True), (10, True), (10, False), (0, False)):
+        text = line(bar_width, with_models)
+        if len(text) <= width:
+            return text
+    return text[: max(0, width - 1)] + "…" if width > 1 else ""
+
+
+class ProgressLine:
+    """Redraws one line on a terminal with ``\\r``; does nothing when the stream is not a
+    terminal (a log file must not fill with carriage returns)."""
+
+    def __init__(self, stream: TextIO | None = None, *, enabled: bool | None = None, width: int | None = None) -> None:
+        self.stream = stream if stream is not None else sys.stderr
+        if enabled is None:
+            isatty = getattr(self.stream, "isatty", None)
+            enabled = bool(isatty and isatty())
+        self.enabled = enabled
+        self._width = width
+        self._shown = 0
+
+    def width(self) -> int:
+        if self._width is not None:
+            return self._width
+        return max(20, shutil.get_terminal_size((100, 20)).columns - 1)
+
+    def update(self, p: BatchProgress) -> None:
+        if not self.enabled:
+            return
+        text = render(p, self.width())
+        pad = max(0, self._shown - len(text))
+        self.stream.write("\r" + text + " " * pad)
+        self.stream.flush()
+        self._shown = len(text)
+
+    def clear(self) -> None:
+        """End the line, so what is printed next starts on its own line."""
+        if self.enabled and self._shown:
+            self.stream.write("\n")
+            self.stream.flush()
+            self._shown = 0

@@ -1,0 +1,536 @@
+"""The job database: SQLite in WAL mode, one file for every job and its audit trail.
+
+Durability: results are written in transactions of a few hundred rows (every
+~100 ms), each committed before the item is counted as done. WAL with
+``synchronous=NORMAL`` makes a commit survive the process being killed at any moment
+(the WAL is written before COMMIT returns; only the fsync is deferred to checkpoints),
+which is what a batch job must survive; only an OS crash or power cut can roll back the
+last few commits, and then those items are simply sent again on resume. ``FULL`` would
+fsync on every commit (10-100x the cost on most disks) to protect against that.
+
+Memory stays flat: inserts and updates are ``executemany`` over chunks, pending items
+are read a page at a time, and exports stream from a cursor.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import sqlite3
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Mapping, Sequence
+
+from capmon import audit
+from capmon.core.clock import default_clock
+from capmon.core.events import BatchProgress
+from capmon.core.exceptions import BatchError
+
+SCHEMA_VERSION = 1
+BUSY_TIMEOUT = 5.0  # seconds to wait for another writer before saying the database is locked
+STALE_AFTER = 30.0  # a runner on another host that has not committed for this long is gone
+
+PENDING, IN_FLIGHT, DONE, FAILED, PARKED = "pending", "in_flight", "done", "failed", "parked"
+ITEM_STATES = (PENDING, IN_FLIGHT, DONE, FAILED, PARKED)
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    id INTEGER PRIMARY KEY,
+    name TEXT NOT NULL UNIQUE,
+    created REAL NOT NULL,
+    updated REAL NOT NULL,
+    input_path TEXT,
+    input_size INTEGER,
+    input_fingerprint TEXT,
+    ingest_offset INTEGER NOT NULL DEFAULT 0,  -- bytes of the input already stored
+    ingest_line INTEGER NOT NULL DEFAULT 0,    -- last line number already stored
+    total INTEGER NOT NULL DEFAULT 0,
+    state TEXT NOT NULL,   -- ingesting | ready | running | paused | waiting-window | stopped | halted | finished
+    message TEXT NOT NULL DEFAULT '',
+    settings TEXT NOT NULL DEFAULT '{}',  -- concurrency, rate, window of the last run (JSON)
+    counters TEXT NOT NULL DEFAULT '{}',  -- progress, written in the same transaction as the items it counts
+    owner TEXT,            -- host:pid:token of the runner holding the job, NULL when none
+    heartbeat REAL         -- wall time of the owner's last commit
+);
+CREATE TABLE IF NOT EXISTS items (
+    key INTEGER PRIMARY KEY,  -- increases in input order within a job
+    job_id INTEGER NOT NULL,
+    line INTEGER NOT NULL,
+    id TEXT NOT NULL,
+    state TEXT NOT NULL,
+    messages TEXT,            -- JSON
+    req_model TEXT,
+    req_max_tokens INTEGER,
+    temperature REAL,
+    metadata TEXT,            -- JSON, NULL when none
+    attempts INTEGER NOT NULL DEFAULT 0,
+    parks INTEGER NOT NULL DEFAULT 0,
+    not_before REAL,          -- wall time a parked item comes back
+    first_model TEXT,         -- the model of the item's very first attempt
+    model TEXT,               -- the model that served it
+    endpoint TEXT,
+    content TEXT,
+    fell_back INTEGER,
+    max_tokens INTEGER,       -- max_tokens sent to the model that served it
+    prompt_tokens INTEGER,
+    completion_tokens INTEGER,
+    latency REAL,
+    error_kind TEXT,
+    error_message TEXT,
+    updated REAL
+);
+CREATE INDEX IF NOT EXISTS items_by_state ON items(job_id, state);
+CREATE INDEX IF NOT EXISTS items_by_id ON items(job_id, id);
+"""
+
+# This process's runners, by lease token: a lease with our pid and a token not in here
+# was left by a runner of ours that is gone.
+_ACTIVE_TOKENS: set[str] = set()
+
+
+def default_db_path(environ: Mapping[str, str] | None = None) -> Path:
+    """$CAPMON_DB, else $XDG_DATA_HOME/capmon/jobs.db (~/.local/share/capmon/jobs.db)."""
+    env = os.environ if environ is None else environ
+    if env.get("CAPMON_DB"):
+        return Path(env["CAPMON_DB"]).expanduser()
+    base = env.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
+    return Path(base) / "capmon" / "jobs.db"
+
+
+# ---------------------------------------------------------------- rows
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    id: int
+    name: str
+    created: float
+    updated: float
+    input_path: str | None
+    input_size: int | None
+    input_fingerprint: str | None
+    ingest_offset: int
+    ingest_line: int
+    total: int
+    state: str
+    message: str
+    settings: dict[str, Any] = field(compare=False)
+    counters: dict[str, Any] = field(compare=False)
+    owner: str | None
+    heartbeat: float | None
+
+    _COLUMNS = ("id, name, created, updated, input_path, input_size, input_fingerprint, ingest_offset, ingest_line, "
+                "total, state, message, settings, counters, owner, heartbeat")
+
+    @staticmethod
+    def of(row: Sequence[Any]) -> "JobInfo":
+        values = list(row)
+        values[12] = _loads(values[12])
+        values[13] = _loads(values[13])
+        return JobInfo(*values)
+
+    @property
+    def ingested(self) -> bool:
+        return self.state != "ingesting"
+
+
+@dataclass(frozen=True, slots=True)
+class StoredItem:
+    """An item as the runner needs it to send."""
+
+    key: int
+    line: int
+    id: str
+    messages_json: str
+    model: str | None
+    max_tokens: int | None
+    temperature: float | None
+    attempts: int
+    parks: int
+    not_before: float | None
+    first_model: str | None
+
+    COLUMNS = "key, line, id, messages, req_model, req_max_tokens, temperature, attempts, parks, not_before, first_model"
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What became of an item: written in one UPDATE."""
+
+    key: int
+    state: str  # done | failed | parked | pending
+    attempts: int
+    parks: int = 0
+    not_before: float | None = None
+    first_model: str | None = None
+    model: str | None = None
+    endpoint: str | None = None
+    content: str | None = None
+    fell_back: bool | None = None
+    max_tokens: int | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    latency: float | None = None
+    error_kind: str | None = None
+    error_message: str | None = None
+
+
+_OUTCOME_SQL = ("UPDATE items SET state=?, attempts=?, parks=?, not_before=?, first_model=?, model=?, endpoint=?, "
+                "content=?, fell_back=?, max_tokens=?, prompt_tokens=?, completion_tokens=?, latency=?, error_kind=?, "
+                "error_message=?, updated=? WHERE key=?")
+
+
+def _outcome_args(o: Outcome, now: float) -> tuple[Any, ...]:
+    return (o.state, o.attempts, o.parks, o.not_before, o.first_model, o.model, o.endpoint, o.content,
+            None if o.fell_back is None else int(o.fell_back), o.max_tokens, o.prompt_tokens, o.completion_tokens,
+            o.latency, o.error_kind, o.error_message, now, o.key)
+
+
+@dataclass(frozen=True, slots=True)
+class ResultRecord:
+    """One item as exported."""
+
+    key: int
+    line: int
+    id: str
+    state: str
+    metadata_json: str | None
+    attempts: int
+    model: str | None
+    content: str | None
+    fell_back: bool
+    error_kind: str | None
+    error_message: str | None
+
+
+def _loads(text: str | None) -> dict[str, Any]:
+    try:
+        value = json.loads(text) if text else {}
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), sort_keys=True)
+
+
+# ---------------------------------------------------------------- leases
+
+
+def new_owner() -> str:
+    token = uuid.uuid4().hex[:12]
+    return f"{socket.gethostname()}:{os.getpid()}:{token}"
+
+
+def owner_alive(owner: str | None, heartbeat: float | None, now_wall: float) -> bool:
+    """Whether the runner named by a lease may still be running."""
+    if not owner:
+        return False
+    host, _, rest = owner.partition(":")
+    pid_text, _, token = rest.partition(":")
+    if host != socket.gethostname():
+        return heartbeat is not None and now_wall - heartbeat < STALE_AFTER
+    try:
+        pid = int(pid_text)
+    except ValueError:
+        return False
+    if pid == os.getpid():
+        return token in _ACTIVE_TOKENS
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process with that pid: alive, but not ours to judge
+        return True
+    return True
+
+
+# ---------------------------------------------------------------- the store
+
+
+class JobStore:
+    """One connection to the job database. Not thread-safe: use it from one thread
+    (the event loop's)."""
+
+    def __init__(self, path: Path | str, *, readonly: bool = False, timeout: float | None = None) -> None:
+        self.path = Path(path)
+        self.readonly = readonly
+        wait = BUSY_TIMEOUT if timeout is None else timeout
+        with self._errors("open"):
+            if readonly:
+                if not self.path.exists():
+                    raise BatchError(f"{self.path}: no job database here (run `capmon batch run` first, or pass --db)")
+                self.conn = sqlite3.connect(self.path.absolute().as_uri() + "?mode=ro", uri=True, timeout=wait,
+                                            isolation_level=None)
+                self._check_version()
+            else:
+                try:
+                    self.path.parent.mkdir(parents=True, exist_ok=True)
+                except OSError as e:
+                    raise BatchError(f"{self.path}: cannot create the job database's folder: {e.strerror or e}") from None
+                self.conn = sqlite3.connect(self.path, timeout=wait, isolation_level=None)
+                mode = self.conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+                if str(mode).lower() != "wal":
+                    raise BatchError(f"{self.path}: cannot switch the job database to WAL mode (got {mode})")
+                self.conn.execute("PRAGMA synchronous=NORMAL")
+                self._check_version()
+                self.conn.executescript(SCHEMA)
+                audit.ensure_schema(self.conn)
+                self.conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+
+    # ------------------------------------------------------------ errors
+
+    @contextlib.contextmanager
+    def _errors(self, doing: str) -> Iterator[None]:
+        try:
+            yield
+        except sqlite3.OperationalError as e:
+            text = str(e)
+            if "locked" in text or "busy" in text:
+                raise BatchError(f"{self.path}: the job database is locked by another process "
+                                 f"(another capmon batch run, or a tool holding it open); try again when it is done") from None
+            if "readonly" in text or "read-only" in text:
+                raise BatchError(f"{self.path}: the job database is read-only ({text}); pass --db to use another") from None
+            if "unable to open" in text:
+                raise BatchError(f"{self.path}: cannot open the job database ({text})") from None
+            raise BatchError(f"{self.path}: {doing} failed: {text}") from None
+        except sqlite3.DatabaseError as e:
+            raise BatchError(f"{self.path}: not a capmon job database, or it is corrupt ({e}); "
+                             f"move it away or pass --db to use another") from None
+
+    def _check_version(self) -> None:
+        version = self.conn.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise BatchError(f"{self.path}: made by a newer capmon (schema {version}, this one reads {SCHEMA_VERSION})")
+        if version == 0:
+            tables = {r[0] for r in self.conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+            if tables and not {"jobs", "items"} <= tables:
+                raise BatchError(f"{self.path}: not a capmon job database (it has tables {', '.join(sorted(tables))}); "
+                                 f"pass --db to use another file")
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def __enter__(self) -> "JobStore":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @contextlib.contextmanager
+    def transaction(self, doing: str = "write") -> Iterator[sqlite3.Connection]:
+        with self._errors(doing):
+            self.conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield self.conn
+            except BaseException:
+                self.conn.execute("ROLLBACK")
+                raise
+            self.conn.execute("COMMIT")
+
+    # ------------------------------------------------------------ jobs
+
+    def job(self, name: str) -> JobInfo | None:
+        with self._errors("reading the job"):
+            row = self.conn.execute(f"SELECT {JobInfo._COLUMNS} FROM jobs WHERE name = ?", (name,)).fetchone()
+        return JobInfo.of(row) if row else None
+
+    def require(self, name: str) -> JobInfo:
+        job = self.job(name)
+        if job is None:
+            known = [j.name for j in self.jobs()]
+            hint = f"; jobs: {', '.join(known[:10])}" if known else ""
+            raise BatchError(f"no job named {name!r} in {self.path}{hint}")
+        return job
+
+    def jobs(self) -> list[JobInfo]:
+        with self._errors("listing jobs"):
+            rows = self.conn.execute(f"SELECT {JobInfo._COLUMNS} FROM jobs ORDER BY created, id").fetchall()
+        return [JobInfo.of(r) for r in rows]
+
+    def create_job(self, name: str, *, input_path: str, input_size: int, fingerprint: str, settings: Mapping[str, Any],
+                   now: float) -> JobInfo:
+        with self.transaction("creating the job") as c:
+            c.execute("INSERT INTO jobs (name, created, updated, input_path, input_size, input_fingerprint, state, "
+                      "settings) VALUES (?, ?, ?, ?, ?, ?, 'ingesting', ?)",
+                      (name, now, now, input_path, input_size, fingerprint, _dumps(dict(settings))))
+        return self.require(name)
+
+    def delete_job(self, job_id: int) -> None:
+        with self.transaction("deleting the job") as c:
+            name = c.execute("SELECT name FROM jobs WHERE id = ?", (job_id,)).fetchone()
+            c.execute("DELETE FROM items WHERE job_id = ?", (job_id,))
+            c.execute("DELETE FROM jobs WHERE id = ?", (job_id,))
+            if name:
+                c.execute("DELETE FROM attempts WHERE job = ?", (name[0],))
+
+    def ingest_chunk(self, job_id: int, rows: Sequence[tuple[Any, ...]], *, offset: int, line: int, now: float) -> None:
+        """Store a chunk of items and how far the input has been read, atomically, so an
+        ingest cut short goes on from exactly there. ``rows``: (line, id, state, messages,
+        model, max_tokens, temperature, metadata, error_kind, error_message)."""
+        with self.transaction("storing items") as c:
+            c.executemany(
+                "INSERT INTO items (job_id, line, id, state, messages, req_model, req_max_tokens, temperature, metadata, "
+                f"error_kind, error_message, updated) VALUES ({int(job_id)}, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, {float(now)!r})", rows)
+            c.execute("UPDATE jobs SET ingest_offset = ?, ingest_line = ?, total = total + ?, updated = ? WHERE id = ?",
+                      (offset, line, len(rows), now, job_id))
+
+    def duplicate_ids(self, job_id: int, limit: int = 5) -> list[tuple[str, list[int]]]:
+        with self._errors("checking ids"):
+            rows = self.conn.execute(
+                "SELECT id, group_concat(line) FROM (SELECT id, line FROM items WHERE job_id = ? AND id IN "
+                "(SELECT id FROM items WHERE job_id = ? GROUP BY id HAVING count(*) > 1) ORDER BY key) "
+                "GROUP BY id ORDER BY min(line) LIMIT ?", (job_id, job_id, limit)).fetchall()
+        return [(r[0], [int(x) for x in str(r[1]).split(",")]) for r in rows]
+
+    def duplicate_count(self, job_id: int) -> int:
+        with self._errors("checking ids"):
+            return int(self.conn.execute(
+                "SELECT count(*) FROM (SELECT id FROM items WHERE job_id = ? GROUP BY id HAVING count(*) > 1)",
+                (job_id,)).fetchone()[0])
+
+    def set_job(self, job_id: int, **fields: Any) -> None:
+        allowed = {"state", "message", "settings", "counters", "owner", "heartbeat", "updated"}
+        bad = set(fields) - allowed
+        if bad:
+            raise ValueError(f"unknown job fields {bad}")
+        values = [(_dumps(v) if k in ("settings", "counters") else v) for k, v in fields.items()]
+        with self.transaction("updating the job") as c:
+            c.execute(f"UPDATE jobs SET {', '.join(f'{k} = ?' for k in fields)} WHERE id = ?", (*values, job_id))
+
+    def claim(self, job_id: int, owner: str, now: float) -> None:
+        """Take the job's lease, or raise BatchError when a live runner holds it."""
+        with self.transaction("claiming the job") as c:
+            held, beat, name = c.execute("SELECT owner, heartbeat, name FROM jobs WHERE id = ?", (job_id,)).fetchone()
+            if held and held != owner and owner_alive(held, beat, now):
+                host, _, rest = held.partition(":")
+                raise BatchError(f"job {name!r} is being run by another process (pid {rest.partition(':')[0]} on {host}); "
+                                 f"stop it first, or use another --job name")
+            c.execute("UPDATE jobs SET owner = ?, heartbeat = ? WHERE id = ?", (owner, now, job_id))
+        _ACTIVE_TOKENS.add(owner.rsplit(":", 1)[-1])
+
+    def release(self, job_id: int, owner: str, **fields: Any) -> None:
+        _ACTIVE_TOKENS.discard(owner.rsplit(":", 1)[-1])
+        self.set_job(job_id, owner=None, **fields)
+
+    # ------------------------------------------------------------ items
+
+    def requeue_in_flight(self, job_id: int) -> int:
+        """Items a crashed runner left in flight were never answered (or their answer was
+        never committed): they go back to pending."""
+        with self.transaction("requeueing items") as c:
+            return c.execute("UPDATE items SET state = 'pending' WHERE job_id = ? AND state = 'in_flight'",
+                             (job_id,)).rowcount
+
+    def counts(self, job_id: int) -> dict[str, int]:
+        with self._errors("counting items"):
+            rows = self.conn.execute("SELECT state, count(*) FROM items WHERE job_id = ? GROUP BY state", (job_id,))
+            out = {s: 0 for s in ITEM_STATES}
+            out.update({r[0]: int(r[1]) for r in rows})
+        return out
+
+    def served_by_model(self, job_id: int) -> dict[str, int]:
+        with self._errors("counting items"):
+            rows = self.conn.execute("SELECT model, count(*) FROM items WHERE job_id = ? AND state = 'done' "
+                                     "GROUP BY model ORDER BY count(*) DESC", (job_id,))
+            return {str(r[0]): int(r[1]) for r in rows}
+
+    def failure_kinds(self, job_id: int) -> dict[str, int]:
+        with self._errors("counting failures"):
+            rows = self.conn.execute("SELECT error_kind, count(*) FROM items WHERE job_id = ? AND state = 'failed' "
+                                     "GROUP BY error_kind ORDER BY count(*) DESC", (job_id,))
+            return {str(r[0]): int(r[1]) for r in rows}
+
+    def failed_items(self, job_id: int, limit: int = 10) -> list[tuple[int, str, str, str]]:
+        """(line, id, kind, message) of the first failed items, in input order."""
+        with self._errors("reading failures"):
+            return [tuple(r) for r in self.conn.execute(  # type: ignore[misc]
+                "SELECT line, id, error_kind, error_message FROM items WHERE job_id = ? AND state = 'failed' "
+                "ORDER BY key LIMIT ?", (job_id, limit))]
+
+    def pending_page(self, job_id: int, after_key: int, limit: int) -> list[StoredItem]:
+        with self._errors("reading items"):
+            rows = self.conn.execute(
+                f"SELECT {StoredItem.COLUMNS} FROM items WHERE job_id = ? AND state = 'pending' AND key > ? "
+                "ORDER BY key LIMIT ?", (job_id, after_key, limit)).fetchall()
+        return [StoredItem(*r) for r in rows]
+
+    def parked(self, job_id: int) -> list[StoredItem]:
+        with self._errors("reading items"):
+            rows = self.conn.execute(f"SELECT {StoredItem.COLUMNS} FROM items WHERE job_id = ? AND state = 'parked' "
+                                     "ORDER BY key", (job_id,)).fetchall()
+        return [StoredItem(*r) for r in rows]
+
+    def commit(self, job_id: int, *, started: Sequence[int], outcomes: Sequence[Outcome],
+               audit_rows: Sequence[audit.Row], job_fields: Mapping[str, Any], now: float) -> None:
+        """One transaction: items now in flight, outcomes, their audit rows, and the job's
+        counters (so another process always reads counters that match the items)."""
+        values = [(_dumps(v) if k in ("settings", "counters") else v) for k, v in job_fields.items()]
+        with self.transaction("saving results") as c:
+            if started:
+                c.executemany(f"UPDATE items SET state = 'in_flight', updated = {float(now)!r} WHERE key = ?",
+                              [(k,) for k in started])
+            if outcomes:
+                c.executemany(_OUTCOME_SQL, [_outcome_args(o, now) for o in outcomes])
+            if audit_rows:
+                audit.write_rows(c, audit_rows)
+            if job_fields:
+                c.execute(f"UPDATE jobs SET {', '.join(f'{k} = ?' for k in job_fields)}, updated = ? WHERE id = ?",
+                          (*values, now, job_id))
+
+    def results(self, job_id: int) -> Iterator[ResultRecord]:
+        """Every item in input order, streamed."""
+        with self._errors("reading results"):
+            cur = self.conn.execute(
+                "SELECT key, line, id, state, metadata, attempts, model, content, fell_back, error_kind, error_message "
+                "FROM items WHERE job_id = ? ORDER BY key", (job_id,))
+            for r in cur:
+                yield ResultRecord(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], bool(r[8]), r[9], r[10])
+
+    def item(self, job_id: int, item_id: str) -> dict[str, Any] | None:
+        with self._errors("reading the item"):
+            cur = self.conn.execute("SELECT * FROM items WHERE job_id = ? AND id = ? ORDER BY key LIMIT 1", (job_id, item_id))
+            row = cur.fetchone()
+            return None if row is None else dict(zip([d[0] for d in cur.description], row))
+
+
+# ---------------------------------------------------------------- progress from outside
+
+
+def job_state(job: JobInfo, now_wall: float) -> str:
+    """The state to show: a job whose runner is gone is ``stopped``, whatever it last wrote."""
+    if job.state in ("running", "paused", "waiting-window") and not owner_alive(job.owner, job.heartbeat, now_wall):
+        return "stopped"
+    return job.state
+
+
+def progress_of(job: JobInfo, now: float, now_wall: float) -> BatchProgress:
+    from capmon.batch.progress import JobProgress
+
+    c = job.counters
+    state = job_state(job, now_wall)
+    live = state in ("running", "paused", "waiting-window")
+    return JobProgress(
+        at=now, wall=now_wall, job=job.name, total=job.total if job.ingested else None,
+        done=int(c.get("done", 0)), failed=int(c.get("failed", 0)), parked=int(c.get("parked", 0)),
+        pending=int(c.get("pending", max(0, job.total - int(c.get("done", 0)) - int(c.get("failed", 0))))),
+        in_flight=int(c.get("in_flight", 0)) if live else 0,
+        per_model=tuple((str(k), int(v)) for k, v in (c.get("per_model") or {}).items()),
+        rate=float(c.get("rate", 0.0)) if live else 0.0, eta=c.get("eta") if live else None, state=state,
+        opens_at=c.get("opens_at") if state == "waiting-window" else None, message=job.message,
+    )
+
+
+def read_progress(db_path: Path, job: str) -> BatchProgress:
+    """A job's progress, read-only, from any process (the dashboard's ``--attach``)."""
+    clock = default_clock()
+    store = JobStore(db_path, readonly=True)
+    try:
+        info = store.require(job)
+    finally:
+        store.close()
+    return progress_of(info, clock.now(), clock.wall())

@@ -1,0 +1,53 @@
+"""The top line: what is watched, routing, totals, the clock, and the paused mark."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.widgets import Static
+
+from capmon.core.snapshot import EngineSnapshot
+from capmon.tui import format as fmt
+
+
+class StatusBar(Static):
+    DEFAULT_CSS = """
+    StatusBar {
+        dock: top;
+        height: 1;
+        background: $panel;
+        color: $foreground;
+        padding: 0 1;
+    }
+    StatusBar.-paused {
+        background: $warning 40%;
+    }
+    """
+
+    def show(self, snap: EngineSnapshot | None, *, description: str, paused: bool, readonly: bool,
+             needle: str) -> None:
+        self.set_class(paused, "-paused")
+        line = Text()
+        line.append("capmon", style="bold")
+        line.append(f"  {description}", style="dim")
+        if snap is not None:
+            line.append("  │  routing: ", style="dim")
+            if snap.pinned:
+                line.append(f"▸ pinned {snap.pinned} (manual)", style="bold reverse cyan")
+            else:
+                line.append("automatic", style="bold green")
+            line.append("  │  ", style="dim")
+            line.append(f"{snap.in_flight} in flight · {snap.queued} queued · "
+                        f"{snap.succeeded:,} ok · {snap.failed:,} failed")
+        if needle:
+            line.append("  │  ", style="dim")
+            line.append(f"filter: {needle}", style="bold magenta")
+        if readonly:
+            line.append("  │  ", style="dim")
+            line.append("READ-ONLY", style="bold white on blue")
+        if paused:
+            line.append("  │  ", style="dim")
+            line.append(" ⏸ PAUSED: display frozen, p resumes ", style="bold black on yellow")
+        if snap is not None:
+            line.append("  │  ", style="dim")
+            line.append(fmt.clock_time(snap.wall), style="bold")
+        self.update(line)

@@ -1,0 +1,86 @@
+"""The command line as a user meets it: `capmon sim`, `capmon status`, bad configs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from tests.support.scripted import free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+CAPMON = [sys.executable, "-m", "capmon.cli"]
+
+
+def _config(tmp_path: Path, port: int, scenario: str = "steady") -> Path:
+    text = (ROOT / "config.toml").read_text().replace("127.0.0.1:8089", f"127.0.0.1:{port}")
+    path = tmp_path / "config.toml"
+    path.write_text(text.replace('scenario = "demo"', f'scenario = "{scenario}"'))
+    return path
+
+
+def test_capmon_sim_answers_within_two_seconds_of_start() -> None:
+    port = free_port()
+    started = time.monotonic()
+    proc = subprocess.Popen([*CAPMON, "sim", "--listen", f"127.0.0.1:{port}", "--scenario", "steady"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        answered = None
+        while time.monotonic() - started < 10:
+            try:
+                r = httpx.get(f"http://127.0.0.1:{port}/v1/models", headers={"Authorization": "Bearer sk-capmon-sim-demo"}, timeout=1)
+                if r.status_code == 200:
+                    answered = time.monotonic() - started
+                    break
+            except httpx.TransportError:
+                time.sleep(0.02)
+        assert answered is not None and answered < 2.0, answered
+        assert [m["id"] for m in r.json()["data"]] == ["sim-flagship", "sim-medium", "sim-small"]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def test_capmon_sim_lists_its_scenarios() -> None:
+    out = subprocess.run([*CAPMON, "sim", "--list"], capture_output=True, text=True, check=True)
+    assert {"demo", "steady", "peak-hours", "outage", "brownout"} <= set(out.stdout.split())
+
+
+def test_status_prints_a_snapshot_as_json_with_the_embedded_simulator(tmp_path: Path) -> None:
+    cfg = _config(tmp_path, free_port())
+    out = subprocess.run([*CAPMON, "status", "--once", "--json", "--probe", "--config", str(cfg)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    snap = json.loads(out.stdout)
+    assert [t["model"] for t in snap["targets"]] == ["flagship", "medium", "small"]
+    assert all(t["last_status"] == 200 and t["state"] == "closed" for t in snap["targets"])
+
+
+def test_bare_capmon_prints_the_status_when_stdout_is_not_a_terminal(tmp_path: Path) -> None:
+    cfg = _config(tmp_path, free_port())
+    out = subprocess.run([*CAPMON, "--config", str(cfg)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "flagship@sim/sim-key" in out.stdout and "closed" in out.stdout
+
+
+def test_a_wrong_config_exits_2_naming_the_file_and_key(tmp_path: Path) -> None:
+    cfg = tmp_path / "bad.toml"
+    cfg.write_text((ROOT / "config.toml").read_text().replace("failure_threshold = 3", "failure_threshold = \"three\""))
+    out = subprocess.run([*CAPMON, "status", "--once", "--config", str(cfg)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    assert f"{cfg}: breaker.failure_threshold: expected a whole number" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_a_missing_key_variable_is_reported_at_start(tmp_path: Path) -> None:
+    cfg = tmp_path / "real.toml"
+    cfg.write_text((ROOT / "config.toml").read_text().replace("simulated = true", "simulated = false"))
+    env = {k: v for k, v in os.environ.items() if k != "CAPMON_SIM_API_KEY"}
+    out = subprocess.run([*CAPMON, "status", "--once", "--config", str(cfg)], capture_output=True, text=True, timeout=60, env=env)
+    assert out.returncode == 2
+    assert "endpoints[0].keys[0].env" in out.stderr and "CAPMON_SIM_API_KEY is not set" in out.stderr
