@@ -327,11 +327,11 @@ def test_demo_flagship_goes_out_and_comes_back() -> None:
     sim = Simulator(load_scenario("demo"), clock)
     sim.start()
     assert sim.state("sim-flagship").slots == 6
-    clock.advance(25)
+    clock.advance(15)
     assert sim.state("sim-flagship").slots == 0
-    clock.advance(25)
+    clock.advance(20)
     assert sim.state("sim-flagship").slots == 6
-    clock.advance(100)  # 150 s -> 30 s into the second loop
+    clock.advance(100)  # 135 s -> 15 s into the second loop
     assert sim.state("sim-flagship").slots == 0
 
 
