@@ -94,6 +94,44 @@ def _stop(proc: subprocess.Popen) -> None:
             proc.wait()
 
 
+class _Sampler:
+    """Polls /admin/stats a few times a second while a peer runs, to tell how full each
+    model was kept (mean in-flight / slots). Cheap for the simulator: a small JSON."""
+
+    def __init__(self, origin: str, period: float = 0.2) -> None:
+        import threading
+
+        self.origin = origin
+        self.period = period
+        self.samples: list[dict[str, tuple[int, int]]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period):
+            try:
+                stats = _get_json(self.origin + "/admin/stats", timeout=1.0)
+            except (OSError, ValueError):
+                continue
+            self.samples.append({n: (m["in_flight"], m["slots"]) for n, m in stats["models"].items()})
+
+    def stop(self) -> dict[str, float]:
+        self._stop.set()
+        self._thread.join(2.0)
+        # Only while work was going on: from the first sample with anything in flight to the last.
+        busy = [i for i, s in enumerate(self.samples) if any(f for f, _ in s.values())]
+        window = self.samples[busy[0]: busy[-1] + 1] if busy else []
+        out: dict[str, float] = {}
+        for name in (window[0] if window else {}):
+            used = sum(s[name][0] for s in window)
+            slots = sum(s[name][1] for s in window)
+            out[name] = round(used / slots, 3) if slots else float("nan")
+        return out
+
+
 def litellm_available() -> bool:
     try:
         import importlib.util
@@ -128,10 +166,15 @@ def run_one(scn_path: Path, scn: Scenario, peer: str, items: int, workers: int, 
                                cwd=HERE.parent, env=env)
         _wait_up(origin, sim)
         offset = _get_json(origin + "/admin/stats")["elapsed"]
+        sampler = _Sampler(origin)
         assert p.stdin is not None
         p.stdin.write("GO\n")
         p.stdin.flush()
-        p.wait(time_limit + 120)
+        sampler.start()
+        try:
+            p.wait(time_limit + 120)
+        finally:
+            utilisation = sampler.stop()
         if p.returncode != 0:
             raise RuntimeError(f"peer {peer} failed (exit {p.returncode}); see {peer_log.name}")
         stats = _get_json(origin + "/admin/stats")
@@ -143,6 +186,7 @@ def run_one(scn_path: Path, scn: Scenario, peer: str, items: int, workers: int, 
     result = json.loads(out.read_text())
     result["sim"] = stats
     result["offset"] = offset
+    result["utilisation"] = utilisation
     return result
 
 
@@ -188,6 +232,7 @@ def figures(result: dict[str, Any], scn: Scenario, items: int, workers: int) -> 
         "p99": _pct(lat, 0.99),
         "cpu": result["cpu"],
         "errors": errors,
+        "utilisation": result.get("utilisation", {}),
         "served": {m.name: sum(1 for r in ok if r["model"] == m.name) for m in scn.models},
         "sim_models": {name: {"requests": m["requests"], "completed": m["completed"],
                               "capacity": m["rejected"]["capacity"], "rate_limited": m["rejected"]["rate_limited"],
@@ -218,6 +263,8 @@ def details(scn: Scenario, peer: str, f: dict[str, Any], result: dict[str, Any])
     sim = ", ".join(f"{m}: {v['requests']} req / {v['completed']} ok / {v['capacity']} capacity / "
                     f"{v['rate_limited']} rate-limited ({v['penalised']} penalised)" for m, v in f["sim_models"].items())
     lines.append(f"  - simulator: {sim}")
+    if f.get("utilisation"):
+        lines.append("  - slots in use (mean, while busy): " + ", ".join(f"{m} {u:.0%}" for m, u in f["utilisation"].items()))
     extra = result.get("extra") or {}
     for k, v in extra.items():
         if k == "breaker" and isinstance(v, list):
@@ -240,6 +287,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--peers", nargs="+", default=list(PEERS), choices=list(PEERS))
     ap.add_argument("--capmon-set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                     help="override a value of benchmarks/capmon-bench.toml (repeatable)")
+    ap.add_argument("--capmon-whatif", action="append", default=[], metavar="FILE",
+                    help="a benchmarks/whatif/*.py file that patches capmon's core in the capmon peer's "
+                         "process (repeatable): measures a proposed change without editing capmon/")
     ap.add_argument("--time-limit", type=float, default=None,
                     help="seconds per peer run (default: 5 x the ideal, at least 60)")
     ap.add_argument("--json", help="write every raw result here")
@@ -261,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     raw: dict[str, Any] = {"command": command, "items": args.items, "workers": args.workers, "scenarios": {}}
     log_dir = Path(tempfile.mkdtemp(prefix="capmon-bench-"))
-    options = {"capmon_set": args.capmon_set}
+    options = {"capmon_set": args.capmon_set, "capmon_whatif": [str(Path(p).resolve()) for p in args.capmon_whatif]}
     t_start = time.monotonic()
     for name in args.scenario:
         path = Path(name) if name.endswith(".toml") else HERE / "scenarios" / f"{name}.toml"

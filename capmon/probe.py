@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 from capmon.core.clock import Clock
 from capmon.core.router import FallbackClient, ProbeResult
@@ -58,10 +58,16 @@ class ProbeWorker:
     def target_ids(self) -> list[str]:
         return [t.id for t in self.client.targets]
 
+    def _target(self, target_id: str) -> Any:
+        for t in self.client.targets:
+            if t.id == target_id:
+                return t
+        raise KeyError(f"no target {target_id!r}")
+
     def next_delay(self, target_id: str) -> float:
         """Seconds until this target's next probe: the interval, or sooner when its
         cool-down ends first, so a half-open breaker is probed as soon as it may be."""
-        t = next(t for t in self.client.targets if t.id == target_id)
+        t = self._target(target_id)
         delay = self.interval
         until = t.breaker.next_admit_at()
         if until is not None:
@@ -69,7 +75,17 @@ class ProbeWorker:
         return delay
 
     async def probe_once(self, target_id: str) -> ProbeResult:
-        result = await self.client.probe(target_id)
+        t = self._target(target_id)
+        # A probe takes a slot of the target's concurrency limit like any request: sent
+        # on top of a full model it would only earn a self-inflicted "overloaded" that
+        # the breaker counts. A model at its limit is being measured by traffic anyway.
+        if not t.limiter.try_acquire():
+            result = ProbeResult(target_id, None, None, None, None, "skipped: at its concurrency limit")
+        else:
+            try:
+                result = await self.client.probe(target_id)
+            finally:
+                t.limiter.release("neutral")
         if result.ok is not None:
             self.sent += 1
         self.last[target_id] = ProbeRecord(self.clock.now(), result)

@@ -45,9 +45,19 @@ def bench_config(base_url: str, overrides: list[str] | tuple[str, ...] = ()) -> 
     return cfg
 
 
+def apply_whatif(paths: list[str]) -> None:
+    """Run each file (``benchmarks/whatif/*.py``): it monkeypatches capmon's core in this
+    process only, to measure a proposed core change without editing capmon/."""
+    for path in paths:
+        code = Path(path).read_text(encoding="utf-8")
+        exec(compile(code, path, "exec"), {"__name__": "whatif", "__file__": path})  # noqa: S102
+
+
 class CapmonPeer:
     def __init__(self, ctx: PeerContext) -> None:
         self.ctx = ctx
+        self.whatif = [str(Path(p).resolve()) for p in ctx.options.get("capmon_whatif", [])]
+        apply_whatif(self.whatif)
         self.overrides = list(ctx.options.get("capmon_set", []))
         self.config = bench_config(ctx.base_url, self.overrides)
         self.bus = ev.EventBus(history=10)
@@ -84,6 +94,7 @@ class CapmonPeer:
                                  "breaker": t.breaker.state.value} for t in self.client.targets}
         return {
             "config_overrides": self.overrides,
+            "whatif": [Path(p).stem for p in self.whatif],
             "attempts_failed": dict(sorted(self.failed.items())),
             "fell_back": self.fellback,
             "retry_waits": self.retries,

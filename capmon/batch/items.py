@@ -172,13 +172,3 @@ def read_lines(path: Path, offset: int = 0, first_line: int = 1) -> Iterator[Raw
                 yield RawLine(number, pos, data)
             number += 1
 
-
-def count_lines(path: Path) -> int:
-    """Lines in ``path`` (a final line without a newline counts), read in blocks."""
-    n = 0
-    last = b"\n"
-    with open(path, "rb") as f:
-        while block := f.read(1 << 20):
-            n += block.count(b"\n")
-            last = block[-1:]
-    return n + (last != b"\n")

@@ -18,7 +18,14 @@ from capmon.core.events import BatchProgress
 @dataclass(frozen=True, slots=True)
 class JobProgress(BatchProgress):
     """:class:`BatchProgress` plus what a waiting job is waiting for. It is still a
-    BatchProgress, so subscribers that only know the core event see it as one."""
+    BatchProgress, so subscribers that only know the core event see it as one.
+
+    ``state`` is one of: starting, ingesting (reading the input), running, paused,
+    waiting-window, finished, stopped (cancelled, or its process is gone), halted (a
+    key or a quota stopped it; ``message`` says what to fix). ``done`` and ``failed``
+    count committed results only; ``in_flight`` counts items sent whose result is not
+    committed yet (at the provider, or answered and being saved: at most ~0.1 s).
+    """
 
     opens_at: float | None = None  # wall time the --window opens, while state is waiting-window
     message: str = ""  # why a job halted or stopped
@@ -90,7 +97,7 @@ def render(p: BatchProgress, width: int = 100) -> str:
         text = line(bar_width, with_models)
         if len(text) <= width:
             return text
-    return text[: max(0, width - 1)] + "…" if width > 1 else ""
+    return text[: max(0, width - 3)] + "..." if width > 3 else ""
 
 
 class ProgressLine:

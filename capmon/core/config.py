@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
+import re
 import sys
 import types
 import typing
@@ -167,6 +168,26 @@ def _describe(tp: Any) -> str:
     return str(tp)
 
 
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def key_text(name: object) -> str:
+    """A key as TOML writes it: bare when it can be, quoted otherwise (``""``, ``"my key"``),
+    so an error about an empty or odd key still names it."""
+    text = str(name)
+    if _BARE_KEY.fullmatch(text):
+        return text
+    out = []
+    for ch in text:
+        if ch in '"\\':
+            out.append("\\" + ch)
+        elif not ch.isprintable():
+            out.append(f"\\u{ord(ch):04X}" if ord(ch) <= 0xFFFF else f"\\U{ord(ch):08X}")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
+
+
 def _got(value: Any) -> str:
     text = repr(value)
     if len(text) > 60:
@@ -195,7 +216,7 @@ class _Loader:
                 raise self.fail(key, f"expected {_describe(tp)}, got {_got(raw)}")
             for k, v in raw.items():
                 if not isinstance(v, str):
-                    raise self.fail(f"{key}.{k}", f"expected a string, got {_got(v)}")
+                    raise self.fail(f"{key}.{key_text(k)}", f"expected a string, got {_got(v)}")
             return dict(raw)
         if tp is bool:
             if not isinstance(raw, bool):
@@ -235,7 +256,7 @@ class _Loader:
         fields = {f.name: f for f in dataclasses.fields(cls) if f.name != "path"}
         for name in raw:
             if name not in fields:
-                where = f"{key}.{name}" if key else str(name)
+                where = f"{key}.{key_text(name)}" if key else key_text(name)
                 close = difflib.get_close_matches(str(name), list(fields), n=1)
                 hint = f"; did you mean {close[0]!r}?" if close else f"; valid keys: {', '.join(fields)}"
                 raise self.fail(where, f"unknown key{hint}")

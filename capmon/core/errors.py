@@ -108,6 +108,10 @@ class _Body:
 
 
 def _trim(text: str, limit: int = _REASON_MESSAGE_CHARS) -> str:
+    if not text.isascii():
+        # A JSON "\ud800" escape decodes to a lone surrogate, which no log, terminal or
+        # database can encode: replace it here, where every reason passes.
+        text = text.encode("utf-8", "replace").decode("utf-8")
     text = _SPACE.sub(" ", text).strip()
     return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
 
@@ -117,20 +121,25 @@ def _redact(text: str) -> str:
 
 
 def _decode(body: object) -> tuple[str, object | None]:
-    """(text, parsed JSON or None). Accepts bytes, str, or an already-parsed object."""
+    """(text, parsed JSON or None). Accepts bytes, str, or an already-parsed object.
+
+    The text is cut to ``_SCAN_CHARS`` for the patterns, but JSON is parsed whole
+    (linear work): an answer longer than the cut is still an answer.
+    """
     if body is None:
         return "", None
     if isinstance(body, (bytes, bytearray, memoryview)):
-        text = bytes(body[:_SCAN_CHARS]).decode("utf-8", errors="replace")
+        whole: bytes | str = bytes(body)
+        text = whole[:_SCAN_CHARS].decode("utf-8", errors="replace")
     elif isinstance(body, str):
+        whole = body
         text = body[:_SCAN_CHARS]
     else:  # a caller that already parsed the JSON
         return "", body
-    stripped = text.strip()
-    if stripped[:1] in ("{", "["):
+    if text.lstrip("\ufeff \t\r\n")[:1] in ("{", "["):
         try:
-            return text, json.loads(stripped)
-        except Exception:  # JSONDecodeError, RecursionError on deep nesting, ...
+            return text, json.loads(whole)
+        except Exception:  # JSONDecodeError, UnicodeDecodeError, RecursionError on deep nesting, ...
             pass
     return text, None
 
@@ -204,8 +213,9 @@ def _html_parts(page: str) -> tuple[str, str]:
 def _html_text(text: str) -> str:
     """An HTML error page as "502 Bad Gateway (nginx)": its title, plus the rest if short."""
     raw_title, raw_rest = _html_parts(text[:16384])
-    title = _trim(html.unescape(_HTML_TAG.sub(" ", raw_title)), 120)
-    rest = _trim(html.unescape(_HTML_TAG.sub(" ", raw_rest)), 10_000)
+    # Redact before trimming: a cut can leave a key too short for the pattern to know it.
+    title = _trim(_redact(html.unescape(_HTML_TAG.sub(" ", raw_title))), 120)
+    rest = _trim(_redact(html.unescape(_HTML_TAG.sub(" ", raw_rest))), 10_000)
     if not title:
         return _trim(rest)
     rest = _trim(rest.replace(title, " "), 10_000)
@@ -225,7 +235,9 @@ def _read_body(body: object) -> _Body:
     is_html = parsed is None and bool(_HTML.search(text[:2048]))
     error_object = error is not None or message is not None
     if message is None:
-        message = (_html_text(text) or "HTML page without text") if is_html else _trim(text, 10_000)
+        message = (_html_text(text) or "HTML page without text") if is_html else _trim(_redact(text), 10_000)
+    else:
+        message = _redact(message)
     lowered = _URL.sub(" ", " ".join([*codes, message[:_SCAN_CHARS]]).lower())
     return _Body(
         message=message,
@@ -274,7 +286,7 @@ def _phrase(status: int) -> str:
 
 
 def _reason(status: int, body: _Body, *, unread: bool = False) -> str:
-    message = _redact(_trim(body.message))
+    message = _trim(_redact(body.message))
     if not message:
         return f"{_phrase(status)} ({'body not read' if unread else 'empty body'})"
     if body.code:
@@ -286,7 +298,8 @@ def _reason(status: int, body: _Body, *, unread: bool = False) -> str:
 
 
 def _success_body(body: _Body) -> bool:
-    return isinstance(body.json, Mapping) and "choices" in body.json
+    # No choices (missing, null, []) is no answer: a 200 with a broken body.
+    return isinstance(body.json, Mapping) and isinstance(body.json.get("choices"), list) and bool(body.json["choices"])
 
 
 def _broken_2xx(status: int, body: _Body, hint: float | None) -> Failure:
@@ -294,13 +307,13 @@ def _broken_2xx(status: int, body: _Body, hint: float | None) -> Failure:
     if body.error_object:
         kind = _kind(status, body, hint) or Kind.TRANSIENT
         what = f"{_trim(_redact(body.code), 60)}: " if body.code else ""
-        return Failure(kind, f"{status} with an error body: {what}{_redact(_trim(body.message))}", status, body.code, hint)
+        return Failure(kind, f"{status} with an error body: {what}{_trim(_redact(body.message))}", status, body.code, hint)
     if body.json is not None:
         what = "JSON without choices"
     elif not body.message:
         what = "empty"
     else:
-        what = f"not JSON: {_redact(_trim(body.message, 80))}"
+        what = f"not JSON: {_trim(_redact(body.message), 80)}"
     return Failure(Kind.TRANSIENT, f"{status} with a broken body ({what})", status, None, hint)
 
 
@@ -381,16 +394,25 @@ _EXCEPTIONS: tuple[tuple[type[BaseException], str], ...] = (
 )
 
 
+# Failures where the connection was never made: the request provably never reached the
+# server, so it did no work there, and the endpoint (not the model) is what is down.
+CONNECT_FAILED = "connect_failed"
+_CONNECT_FAILURES: tuple[type[BaseException], ...] = (httpx.ConnectError, httpx.ConnectTimeout, ConnectionRefusedError)
+
+
 def _exception_text(exc: BaseException) -> str:
     try:
         text = str(exc)
     except Exception:  # a broken __str__ must not break classification
         return ""
-    return _redact(_trim(text, 160))
+    return _trim(_redact(text), 160)
 
 
 def classify_exception(exc: BaseException) -> Failure:
     """Every exception is a TRANSIENT failure with a readable reason. Never raises.
+
+    A connection that was never made (refused, connect timeout) has ``code`` set to
+    :data:`CONNECT_FAILED`: the request did not reach the server.
 
     The reason names the failure and the exception's own message, never the request:
     its headers carry API keys and its URL may (Gemini's ``?key=``).
@@ -409,7 +431,8 @@ def classify_exception(exc: BaseException) -> Failure:
             label = "timeout" if "timeout" in type(exc).__name__.lower() else type(exc).__name__
             return Failure(Kind.TRANSIENT, f"{label}: {detail}" if detail else label)
         name = type(exc).__name__
-        return Failure(Kind.TRANSIENT, f"{label} ({name}: {detail})" if detail else f"{label} ({name})")
+        code = CONNECT_FAILED if isinstance(exc, _CONNECT_FAILURES) else None
+        return Failure(Kind.TRANSIENT, f"{label} ({name}: {detail})" if detail else f"{label} ({name})", code=code)
     except Exception:
         return Failure(Kind.TRANSIENT, "unclassifiable exception")
 

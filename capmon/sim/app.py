@@ -219,7 +219,7 @@ async def chat_completions(request: Request) -> Response:
         return _wire(dialects.invalid_api_key(token))
     try:
         body = json.loads(await request.body())
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: deeply nested JSON
         sim.bad_request(alias)
         return _wire(dialects.bad_request(
             "We could not parse the JSON body of your request. (HINT: This likely means you aren't using your "
@@ -317,7 +317,7 @@ async def _admin_body(request: Request) -> Any:
         return {}
     try:
         return json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):
         raise _BadRequest("the body must be JSON") from None
 
 

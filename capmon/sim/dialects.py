@@ -49,6 +49,9 @@ def _json(status: int, payload: Any, headers: Mapping[str, str] | None = None) -
     return WireError(status, json.dumps(payload).encode(), "application/json", dict(headers or {}))
 
 
+_MAX_HINT = 365 * 86_400.0
+
+
 def format_duration(seconds: float) -> str:
     """OpenAI's ``x-ratelimit-reset-*`` style: ``20ms``, ``1.5s``, ``6m0s``."""
     if seconds < 1:
@@ -77,6 +80,8 @@ def openai_error(status: int, message: str, *, type: str, code: str | None, para
 def capacity_rejection(dialect: str, *, model: str, slots: int, hint: float | None) -> WireError:
     """The answer to a request that found no free slot on ``model``."""
     headers: dict[str, str] = {}
+    if hint is not None:
+        hint = min(max(0.0, float(hint)), _MAX_HINT)  # keep every rendering finite
     if dialect == OPENAI_429:
         headers = {"x-ratelimit-limit-requests": str(max(slots, 0)), "x-ratelimit-remaining-requests": "0"}
         message = (f"Rate limit reached for {model} in organization org-capmon-sim on requests per min (RPM): "

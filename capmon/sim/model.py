@@ -20,7 +20,7 @@ from typing import Any, Union
 from capmon.core.clock import Clock, default_clock
 from capmon.sim.dialects import DIALECTS
 from capmon.sim.faults import FaultInjector, FaultMode
-from capmon.sim.scenario import ANY_KEY, ModelSpec, Phase, Scenario
+from capmon.sim.scenario import ANY_KEY, MAX_HINT, MAX_LATENCY_FACTOR, ModelSpec, Phase, Scenario
 
 # Per-key counters are kept for at most this many keys; beyond it (only possible with
 # keys = ["*"]) new keys share one bucket so a key-spraying client cannot grow memory.
@@ -244,12 +244,15 @@ class Simulator:
                 raise ValueError(f"slots must be a whole number >= 0, got {slots!r}")
             changes["slots"] = slots
         if latency_factor is not UNSET:
-            if isinstance(latency_factor, bool) or not isinstance(latency_factor, (int, float)) or not latency_factor > 0:
-                raise ValueError(f"latency_factor must be a number > 0, got {latency_factor!r}")
+            if (isinstance(latency_factor, bool) or not isinstance(latency_factor, (int, float))
+                    or not 0 < latency_factor <= MAX_LATENCY_FACTOR):
+                raise ValueError(f"latency_factor must be a number > 0 and <= {MAX_LATENCY_FACTOR:g}, "
+                                 f"got {latency_factor!r}")
             changes["latency_factor"] = float(latency_factor)
         if hint is not UNSET:
-            if hint is not None and (isinstance(hint, bool) or not isinstance(hint, (int, float)) or not hint >= 0):
-                raise ValueError(f"hint must be a number >= 0 or null (no hint), got {hint!r}")
+            if hint is not None and (isinstance(hint, bool) or not isinstance(hint, (int, float))
+                                     or not 0 <= hint <= MAX_HINT):
+                raise ValueError(f"hint must be a number from 0 to {MAX_HINT:g} or null (no hint), got {hint!r}")
             changes["hint"] = None if hint is None else float(hint)
         if dialect is not UNSET:
             if dialect not in DIALECTS:

@@ -20,7 +20,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from capmon.core.config import SIMULATOR_DEMO_KEY
+from capmon.core.config import SIMULATOR_DEMO_KEY, key_text
 from capmon.core.exceptions import ConfigError
 from capmon.sim.dialects import DIALECTS, OPENAI_503
 
@@ -29,6 +29,13 @@ SCENARIO_DIR = Path(__file__).resolve().parent / "scenarios"
 # The demo key first; the numbered ones let a config try "another key" against the simulator.
 DEFAULT_KEYS: tuple[str, ...] = (SIMULATOR_DEMO_KEY, "sk-capmon-sim-1", "sk-capmon-sim-2", "sk-capmon-sim-3")
 ANY_KEY = "*"
+
+# Upper bounds that keep every computed time finite (a latency of 1e308 times a factor
+# is infinity, and a request that sleeps forever is a fault, not a scenario).
+MAX_LATENCY = 86_400.0  # seconds to the first token
+MAX_PER_TOKEN = 60.0
+MAX_LATENCY_FACTOR = 1000.0
+MAX_HINT = 365 * 86_400.0  # the client ignores longer hints anyway
 
 
 @dataclass(frozen=True)
@@ -137,7 +144,7 @@ class _Reader:
             if name not in allowed:
                 close = difflib.get_close_matches(str(name), allowed, n=1)
                 hint = f"; did you mean {close[0]!r}?" if close else f"; valid keys: {', '.join(allowed)}"
-                raise self.fail(f"{key}.{name}" if key else str(name), f"unknown key{hint}")
+                raise self.fail(f"{key}.{key_text(name)}" if key else key_text(name), f"unknown key{hint}")
 
     def table(self, raw: Any, key: str) -> dict[str, Any]:
         if not isinstance(raw, dict):
@@ -237,13 +244,13 @@ class _Reader:
         return ModelSpec(
             name=self.string(t["name"], f"{key}.name", nonempty=True),
             slots=self.integer(t.get("slots", d.slots), f"{key}.slots", lo=0),
-            base_latency=self.number(t.get("base_latency", d.base_latency), f"{key}.base_latency", lo=0.0),
-            per_token=self.number(t.get("per_token", d.per_token), f"{key}.per_token", lo=0.0),
+            base_latency=self.number(t.get("base_latency", d.base_latency), f"{key}.base_latency", lo=0.0, hi=MAX_LATENCY),
+            per_token=self.number(t.get("per_token", d.per_token), f"{key}.per_token", lo=0.0, hi=MAX_PER_TOKEN),
             noise=self.number(t.get("noise", d.noise), f"{key}.noise", lo=0.0, hi=1.0),
             answer_tokens=self.integer(t.get("answer_tokens", d.answer_tokens), f"{key}.answer_tokens", lo=1),
             context_window=self.integer(t.get("context_window", d.context_window), f"{key}.context_window", lo=1),
             dialect=self.string(t.get("dialect", d.dialect), f"{key}.dialect", choices=DIALECTS),
-            hint=None if hint is None else self.number(hint, f"{key}.hint", lo=0.0),
+            hint=None if hint is None else self.number(hint, f"{key}.hint", lo=0.0, hi=MAX_HINT),
             schedule=schedule,
         )
 
@@ -256,7 +263,7 @@ class _Reader:
             at=self.number(t["at"], f"{key}.at", lo=0.0),
             slots=None if "slots" not in t else self.integer(t["slots"], f"{key}.slots", lo=0),
             latency_factor=None if "latency_factor" not in t else self.number(
-                t["latency_factor"], f"{key}.latency_factor", above=0.0),
+                t["latency_factor"], f"{key}.latency_factor", above=0.0, hi=MAX_LATENCY_FACTOR),
             dialect=None if "dialect" not in t else self.string(t["dialect"], f"{key}.dialect", choices=DIALECTS),
-            hint=None if "hint" not in t else self.number(t["hint"], f"{key}.hint", lo=0.0),
+            hint=None if "hint" not in t else self.number(t["hint"], f"{key}.hint", lo=0.0, hi=MAX_HINT),
         )

@@ -24,6 +24,7 @@ class Toast:
     message: str
     severity: str  # information | warning | error
     title: str = ""
+    timeout: float | None = None  # seconds on screen; None: Textual's default
 
 
 @dataclass
@@ -39,49 +40,71 @@ class EventDigester:
         self.max_toasts = max_toasts
         self.toast_every = toast_every  # seconds between two toasts about the same target
         self._last_toast: dict[str, float] = {}
+        # (from, to, second) -> [count, first wall time, reason], until the second is over.
+        self._fallbacks: dict[tuple[str, str, int], list] = {}
 
     @staticmethod
     def wants(event: ev.Event) -> bool:
         return isinstance(event, LOGGED)
 
-    def digest(self, events: list[ev.Event]) -> Digest:
+    @property
+    def holding(self) -> bool:
+        """Fallback counts wait for their second to end."""
+        return bool(self._fallbacks)
+
+    def digest(self, events: list[ev.Event], *, toasts: bool = True, now_wall: float | None = None) -> Digest:
+        """Lines and toasts for ``events``. Fallbacks are counted per second and model
+        pair and written once their second is over (``now_wall``; None writes them all
+        now), so a second of fallbacks is one line even across several digests.
+        ``toasts=False``: old events (a catch-up on open) go to the log only."""
         out = Digest()
-        # (from, to, second) -> [count, first wall, reason]; dicts keep insertion order.
-        fallbacks: dict[tuple[str, str, int], list] = {}
-        entries: list[tuple[float, Text | tuple[str, str, int]]] = []
+        entries: list[tuple[float, int, Text]] = []
         for e in events:
             if isinstance(e, ev.FellBack):
                 k = (e.from_model, e.to_model, int(e.wall))
-                if k not in fallbacks:
-                    fallbacks[k] = [0, e.wall, e.reason]
-                    entries.append((e.wall, k))
-                fallbacks[k][0] += 1
-            elif isinstance(e, ev.BreakerChanged):
-                entries.append((e.wall, fmt.breaker_line(e)))
-                self._breaker_toast(e, out)
-            elif isinstance(e, ev.KeyParked):
-                entries.append((e.wall, fmt.key_line(e)))
-                self._toast(out, e.target, e.at, Toast(f"key {e.key_alias} of {e.target}: {e.kind}", "warning", "Key parked"))
-            elif isinstance(e, ev.ModelPinned):
-                entries.append((e.wall, fmt.pin_line(e)))
-            elif isinstance(e, ev.Notice):
-                entries.append((e.wall, fmt.notice_line(e)))
-                if e.level == "error":
-                    self._toast(out, f"notice:{e.message}", e.at, Toast(e.message, "error", "Error"))
-        for wall, entry in entries:
-            if isinstance(entry, tuple):
-                n, _, reason = fallbacks[entry]
-                entry = fmt.fallback_line(entry[0], entry[1], n, reason)
+                if k not in self._fallbacks:
+                    self._fallbacks[k] = [0, e.wall, e.reason]
+                self._fallbacks[k][0] += 1
+                continue
+            line = self._line(e, out)
+            if line is not None:
+                entries.append((e.wall, len(entries), line))
+        for k in list(self._fallbacks):
+            if now_wall is None or k[2] < int(now_wall):
+                n, wall, reason = self._fallbacks.pop(k)
+                entries.append((wall, len(entries), fmt.fallback_line(k[0], k[1], n, reason)))
+        entries.sort(key=lambda entry: entry[:2])
+        for wall, _, line in entries:
             if len(out.lines) < self.max_lines:
-                out.lines.append((wall, entry))
+                out.lines.append((wall, line))
             else:
                 out.left_out += 1
+        if not toasts:
+            out.toasts.clear()
         return out
+
+    def _line(self, e: ev.Event, out: Digest) -> Text | None:
+        if isinstance(e, ev.BreakerChanged):
+            self._breaker_toast(e, out)
+            return fmt.breaker_line(e)
+        if isinstance(e, ev.KeyParked):
+            model = e.target.split("@")[0]
+            what = "disabled" if e.until is None else "parked"
+            self._toast(out, e.target, e.at, Toast(f"{model} / {e.key_alias}: {fmt.short(e.reason or e.kind, 80)}",
+                                                   "warning", f"Key {what} ({e.kind})"))
+            return fmt.key_line(e)
+        if isinstance(e, ev.ModelPinned):
+            return fmt.pin_line(e)
+        if isinstance(e, ev.Notice):
+            if e.level == "error":
+                self._toast(out, f"notice:{e.message}", e.at, Toast(e.message, "error", "Error"))
+            return fmt.notice_line(e)
+        return None
 
     def _breaker_toast(self, e: ev.BreakerChanged, out: Digest) -> None:
         if e.new == "open":
             cool = f"; cool-down {fmt.duration(e.cooldown_until - e.at)}" if e.cooldown_until is not None else ""
-            self._toast(out, e.target, e.at, Toast(f"{e.model}: {e.reason}{cool}", "warning", "Breaker tripped"))
+            self._toast(out, e.target, e.at, Toast(f"{e.model}: {e.reason}{cool}", "warning", "Breaker tripped", timeout=10.0))
         elif e.new == "forced-open":
             # A person did this: always confirm it, never throttled.
             self._toast(out, None, e.at, Toast(f"{e.model} takes no traffic until reset", "warning", "Tripped by hand"))

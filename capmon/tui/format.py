@@ -158,7 +158,7 @@ def fallback_line(from_model: str, to_model: str, n: int, reason: str) -> Text:
     line.append(" → ")
     line.append(to_model, style="bold")
     if reason:
-        line.append(f" ({_short(reason, 60)})", style="dim")
+        line.append(f" ({short(reason, 60)})", style="dim")
     return line
 
 
@@ -168,7 +168,7 @@ def key_line(e: ev.KeyParked) -> Text:
     line.append("⚷ ", style="yellow")
     line.append(f"key {e.key_alias} of {e.target} {what}")
     if e.reason:
-        line.append(f": {_short(e.reason, 60)}", style="dim")
+        line.append(f": {short(e.reason, 60)}", style="dim")
     return line
 
 
@@ -183,6 +183,6 @@ def notice_line(e: ev.Notice) -> Text:
     return Text(f"• {e.message}", style=style)
 
 
-def _short(text: str, n: int) -> str:
+def short(text: str, n: int) -> str:
     text = " ".join(text.split())
     return text if len(text) <= n else text[: n - 1] + "…"

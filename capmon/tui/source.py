@@ -17,7 +17,7 @@ from typing import Any, Awaitable, Callable, Mapping, Protocol, Sequence, runtim
 
 from capmon.core.clock import Clock, default_clock
 from capmon.core.config import Config
-from capmon.core.events import BatchProgress, EventBus
+from capmon.core.events import BatchProgress, EventBus, Notice
 from capmon.core.exceptions import CapmonError
 from capmon.core.snapshot import EngineSnapshot
 from capmon.probe import ProbeWorker
@@ -97,7 +97,9 @@ class LiveSource:
         if job_input is not None and attach is not None:
             raise CapmonError("--job and --attach cannot be used together")
         self.config = config
-        self.readonly = readonly
+        # Attached to a job in another process: its breakers and its client live there,
+        # so trip / reset / pin here would only steer this dashboard's probes. Off.
+        self.readonly = readonly or attach is not None
         self.clock: Clock = default_clock()
         self.bus = EventBus()
         self.models = [m.name for m in config.models]
@@ -134,6 +136,9 @@ class LiveSource:
             self.probes = ProbeWorker(client, self.config.dashboard.probe_interval)
             if self._attach is not None:
                 self.traffic = AttachedJob(self._attach, self._db_path)
+                self.bus.publish(Notice(at=self.clock.now(), wall=self.clock.wall(), level="info", message=(
+                    f"attached to job {self._attach}: its progress comes from the job database; the models table "
+                    f"shows this dashboard's own probes (the job's client runs in its own process)")))
             elif not self._traffic_enabled:
                 self.traffic = NoTraffic("--no-traffic: probes only")
             elif self._job_input is not None:

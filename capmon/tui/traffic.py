@@ -77,9 +77,11 @@ class RunnerTraffic:
     runs = True
 
     def __init__(self, name: str, make_runner: Callable[[int], Any], *, repeat: bool = False,
-                 client: Any = None, clock: Clock | None = None) -> None:
+                 client: Any = None, clock: Clock | None = None,
+                 announce: Callable[[int], str] | None = None) -> None:
         self.name = name
         self._make_runner = make_runner
+        self._announce = announce
         self._repeat = repeat
         self._client = client
         self._clock = clock or (client.clock if client is not None else default_clock())
@@ -98,7 +100,12 @@ class RunnerTraffic:
             path = write_demo_input(workdir / f"{job}.jsonl", items, seed=round_ - 1)
             return make(client, workdir / "demo.db", job, input_path=path, concurrency=DEMO_CONCURRENCY)
 
-        return cls("demo job", make_runner, repeat=True, client=client)
+        def announce(round_: int) -> str:
+            models = len(getattr(client, "targets", ())) or "the"
+            return (f"demo round {round_}: {items:,} generated items through {models} targets, "
+                    f"{DEMO_CONCURRENCY} at a time (a throw-away job, not in your job list)")
+
+        return cls("demo job", make_runner, repeat=True, client=client, announce=announce)
 
     @classmethod
     def for_job(cls, client: Any, input_path: Path, db_path: Path | None = None,
@@ -112,7 +119,8 @@ class RunnerTraffic:
         def make_runner(round_: int) -> Any:
             return make(client, db, job, input_path=input_path, concurrency=JOB_CONCURRENCY)
 
-        return cls(f"job {job}", make_runner, client=client)
+        return cls(f"job {job}", make_runner, client=client,
+                   announce=lambda _: f"job {job}: running {input_path.name} ({db})")
 
     @property
     def paused(self) -> bool:
@@ -134,14 +142,17 @@ class RunnerTraffic:
     async def run(self) -> Any:
         while True:
             self.rounds += 1
+            if self.rounds > 1:
+                # The finished round stays on screen a moment before the next replaces it.
+                await self._clock.sleep(DEMO_PAUSE_BETWEEN_ROUNDS)
             self.runner = self._make_runner(self.rounds)
             if self._want_paused:
                 self.runner.pause()
+            if self._announce is not None:
+                self._notice(self._announce(self.rounds))
             summary = await self.runner.run()
             if not self._repeat:
                 return summary
-            self._notice(f"{self.name} round {self.rounds} finished; the next starts in {DEMO_PAUSE_BETWEEN_ROUNDS:g}s")
-            await self._clock.sleep(DEMO_PAUSE_BETWEEN_ROUNDS)
 
     def _notice(self, message: str) -> None:
         if self._client is not None:

@@ -69,7 +69,7 @@ class ModelSwitchScreen(ModalScreen[ModelChoice | None]):
 
     def _options(self, pinned: str | None) -> list[Option]:
         auto = Text("⇄ Automatic routing", style="bold")
-        auto.append("  (preference order, breakers decide)", style="dim")
+        auto.append("  preference order", style="dim")
         if pinned is None:
             auto.append("  ← now", style="bold green")
         options = [Option(auto, id=AUTOMATIC)]

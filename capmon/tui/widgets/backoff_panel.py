@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
-from rich.table import Table
 from rich.text import Text
 from textual.widgets import Static
 
-from capmon.core.snapshot import EngineSnapshot
+from capmon.core.snapshot import EngineSnapshot, WaitingRetry
 from capmon.tui import format as fmt
+
+# Column widths; the reason takes what is left. Plain Text lines rather than a Rich
+# Table: this panel redraws on every refresh, and a Table costs several times more.
+ITEM, MODEL, TRY, IN = 12, 10, 6, 7
+
+
+def _cell(text: str, width: int, *, right: bool = False) -> str:
+    text = text if len(text) <= width else text[: width - 1] + "…"
+    return text.rjust(width) if right else text.ljust(width)
 
 
 class BackoffPanel(Static):
@@ -25,31 +33,44 @@ class BackoffPanel(Static):
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
         self.border_title = "Retries waiting"
+        self._snap: EngineSnapshot | None = None
+
+    def on_resize(self) -> None:
+        # Column widths follow the panel's width: lay the last snapshot out again.
+        if self._snap is not None:
+            self.show(self._snap)
 
     def show(self, snap: EngineSnapshot) -> None:
+        self._snap = snap
         waiting = snap.waiting
         self.border_title = f"Retries waiting ({len(waiting)})"
         self.border_subtitle = f"{snap.queued} queued for a free model" if snap.queued else ""
         if not waiting:
-            self.update(Text("No retry is waiting: every request is in flight or done.", style="dim"))
+            # A fixed-size panel: redraw it without re-laying out the screen.
+            self.update(Text("No retry is waiting: every request is in flight or done.", style="dim"), layout=False)
             return
-        # Rows that fit: the panel's height minus borders and the header line.
-        room = max(1, self.size.height - 1) if self.size.height else 8
+        width = self.content_size.width or 80
+        reason_width = max(10, width - ITEM - MODEL - TRY - IN - 4)
+        room = max(1, self.content_size.height - 1) if self.content_size.height else 8
         shown = waiting if len(waiting) <= room else waiting[: room - 1]
-        table = Table(box=None, expand=True, show_edge=False, pad_edge=False, header_style="bold")
-        table.add_column("item", no_wrap=True, ratio=2, overflow="ellipsis")
-        table.add_column("model", no_wrap=True, ratio=1, overflow="ellipsis")
-        table.add_column("try", justify="right", no_wrap=True)
-        table.add_column("reason", no_wrap=True, ratio=4, overflow="ellipsis")
-        table.add_column("in", justify="right", no_wrap=True, min_width=5)
+        out = Text(no_wrap=True, overflow="crop")
+        out.append(f"{_cell('item', ITEM)} {_cell('model', MODEL)} {_cell('try', TRY, right=True)} "
+                   f"{_cell('reason', reason_width)} {_cell('in', IN, right=True)}", style="bold")
         for w in shown:
-            table.add_row(
-                w.item_id or f"#{w.request_id}",
-                Text(w.model, style="bold") if w.model else Text("any", style="italic dim"),
-                f"{w.attempt}/{w.max_attempts}",
-                Text(" ".join(w.reason.split()), style="dim"),
-                Text(fmt.duration(w.deadline - snap.now), style="bold yellow"),
-            )
+            out.append("\n")
+            self._line(out, w, snap.now, reason_width)
         if len(shown) < len(waiting):
-            table.add_row(Text(f"… {len(waiting) - len(shown)} more", style="dim"), "", "", "", "")
-        self.update(table)
+            out.append(f"\n… {len(waiting) - len(shown)} more", style="dim")
+        self.update(out, layout=False)
+
+    @staticmethod
+    def _line(out: Text, w: WaitingRetry, now: float, reason_width: int) -> None:
+        out.append(_cell(w.item_id or f"#{w.request_id}", ITEM) + " ")
+        if w.model:
+            out.append(_cell(w.model, MODEL), style="bold")
+        else:
+            out.append(_cell("any", MODEL), style="italic dim")
+        out.append(" " + _cell(f"{w.attempt}/{w.max_attempts}", TRY, right=True) + " ")
+        out.append(_cell(" ".join(w.reason.split()), reason_width), style="dim")
+        out.append(" ")
+        out.append(_cell(fmt.duration(w.deadline - now), IN, right=True), style="bold yellow")

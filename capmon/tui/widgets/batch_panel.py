@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Vertical
@@ -31,7 +30,7 @@ class BatchPanel(Vertical):
         width: 1fr;
     }
     BatchPanel #batch-counts {
-        height: auto;
+        height: 2;
     }
     BatchPanel #batch-models {
         height: auto;
@@ -43,7 +42,7 @@ class BatchPanel(Vertical):
         super().__init__(id=id)
         self.border_title = "Batch"
         self._last: BatchProgress | None = None
-        self._why_none = "no batch"
+        self._model_rows = -1
 
     def compose(self) -> ComposeResult:
         # The bar's own ETA reads real time: ours comes from the batch layer instead.
@@ -59,39 +58,54 @@ class BatchPanel(Vertical):
             self.border_title = "Batch"
             self.border_subtitle = ""
             bar.update(total=1, progress=0)
-            counts.update(Text(why_none, style="dim"))
-            models.update("")
+            counts.update(Text(why_none, style="dim"), layout=False)
+            self._show_models(models, "", 0)
             return
         state = Text(progress.state, style=STATE_STYLE.get(progress.state, ""))
         self.border_title = f"Batch: {progress.job} · {progress.state}"
         if progress.state == "paused":
             self.border_subtitle = "b: resume" if can_pause else "paused elsewhere"
+        elif progress.state in ("running", "waiting-window"):
+            self.border_subtitle = "b: pause" if can_pause else ""
         else:
-            self.border_subtitle = "b: pause" if can_pause else "read-only"
+            self.border_subtitle = ""
         total = progress.total if progress.total is not None else progress.done + progress.failed + progress.pending
         bar.update(total=max(1, total), progress=progress.done + progress.failed)
 
-        grid = Table.grid(padding=(0, 2))
-        for _ in range(4):
-            grid.add_column()
-        grid.add_row(_kv("done", progress.done, "green"), _kv("failed", progress.failed, "red"),
-                     _kv("parked", progress.parked, "yellow"), _kv("pending", progress.pending, ""))
         eta = fmt.duration(progress.eta) if progress.eta is not None else "-"
-        grid.add_row(_kv("in flight", progress.in_flight, ""), Text.assemble(("rate ", "dim"), f"{progress.rate:.1f}/s"),
-                     Text.assemble(("ETA ", "dim"), eta), Text.assemble(("state ", "dim"), state))
-        counts.update(grid)
-
+        # Two fixed lines of fixed-width fields (cheaper to redraw than a Rich Table).
+        counts.update(Text.assemble(
+            _kv("done", progress.done, "green", 14), _kv("failed", progress.failed, "red", 12),
+            _kv("parked", progress.parked, "yellow", 12), _kv("pending", progress.pending, "", 16), "\n",
+            _kv("in flight", progress.in_flight, "", 14), _field("rate", f"{progress.rate:.1f}/s", "", 12),
+            _field("ETA", eta, "", 12), ("state ", "dim"), state,
+            no_wrap=True,
+        ), layout=False)
+        message = getattr(progress, "message", "")  # the batch layer's word on a halt or a wait
         served = sum(n for _, n in progress.per_model) or 1
-        split = Table.grid(padding=(0, 1))
-        split.add_column(no_wrap=True)
-        split.add_column(justify="right", no_wrap=True)
-        split.add_column(no_wrap=True)
-        for model, n in progress.per_model:
-            width = 20
-            filled = round(n / served * width)
-            split.add_row(model, str(n), Text("█" * filled, style="cyan") + Text("░" * (width - filled), style="dim"))
-        models.update(split if progress.per_model else Text("no item served yet", style="dim"))
+        name_width = max((len(m) for m, _ in progress.per_model), default=0)
+        split = Text(no_wrap=True)
+        for i, (model, n) in enumerate(progress.per_model):
+            filled = round(n / served * 20)
+            split.append(("\n" if i else "") + f"{model.ljust(name_width)} {n:>6,} ")
+            split.append("█" * filled, style="cyan")
+            split.append("░" * (20 - filled), style="dim")
+        lines = len(progress.per_model)
+        if message:
+            split.append(("\n" if lines else "") + fmt.short(message, 120), style="italic")
+            lines += 1
+        self._show_models(models, split if lines else Text("no item served yet", style="dim"), lines)
+
+    def _show_models(self, widget: Static, content: object, rows: int) -> None:
+        # Re-lay out only when the number of model lines changes, not on every refresh.
+        widget.update(content, layout=rows != self._model_rows)  # type: ignore[arg-type]
+        self._model_rows = rows
 
 
-def _kv(label: str, value: int, style: str) -> Text:
-    return Text.assemble((f"{label} ", "dim"), (f"{value:,}", style if value else ""))
+def _kv(label: str, value: int, style: str, width: int) -> Text:
+    return _field(label, f"{value:,}", style if value else "", width)
+
+
+def _field(label: str, value: str, style: str, width: int) -> Text:
+    pad = max(1, width - len(label) - 1 - len(value))
+    return Text.assemble((f"{label} ", "dim"), (value, style), " " * pad)

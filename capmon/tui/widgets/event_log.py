@@ -21,6 +21,7 @@ class EventLog(RichLog):
         height: 1fr;
         min-height: 5;
         padding: 0 1;
+        overflow-y: auto;
         scrollbar-size-vertical: 1;
     }
     """

@@ -14,7 +14,9 @@ from textual.widgets import Input, Label
 class FilterBar(Horizontal):
     DEFAULT_CSS = """
     FilterBar {
+        layer: overlay;
         dock: bottom;
+        margin-bottom: 1;  /* above the footer, over the event log */
         height: 3;
         display: none;
         padding: 0 1;

@@ -22,12 +22,12 @@ class Column:
 
 # Fixed widths: auto-sized columns would re-measure and jitter on every refresh.
 COLUMNS: tuple[Column, ...] = (
-    Column("model", "model", 12),
+    Column("model", "model", 16),
     Column("state", "breaker", 18),
     Column("fails", "fails", 5, right=True),
-    Column("cooldown", "cool-down", 9, right=True),
-    Column("slots", "in/lim", 7, right=True),
-    Column("rps", "req/s", 6, right=True),
+    Column("cooldown", "cooldown", 8, right=True),
+    Column("slots", "in/lim", 6, right=True),
+    Column("rps", "req/s", 5, right=True),
     Column("r429", "429/m", 5, right=True),
     Column("r503", "503/m", 5, right=True),
     Column("err", "err%", 4, right=True),
@@ -38,6 +38,10 @@ COLUMNS: tuple[Column, ...] = (
     Column("spark", "429+503, 2 min", 24),
     Column("key", "key", 10),
 )
+
+
+SPARK_FLOOR = 10
+MODEL_WIDTH = COLUMNS[0].width - 2  # the pin mark takes two cells
 
 
 def matches(t: TargetSnapshot, needle: str) -> bool:
@@ -68,7 +72,9 @@ class ModelsTable(DataTable[Text]):
     """
 
     def __init__(self, *, id: str | None = None) -> None:
-        super().__init__(id=id, cursor_type="row", zebra_stripes=False, show_row_labels=False)
+        # Renderable foreground on the cursor row: the selected row keeps its state colours.
+        super().__init__(id=id, cursor_type="row", zebra_stripes=False, show_row_labels=False,
+                         cursor_foreground_priority="renderable")
         self.border_title = "Models (preference order)"
         self._keys: list[str] = []
         self._cells: dict[tuple[str, str], str] = {}  # what each cell shows now, to skip no-op updates
@@ -125,6 +131,8 @@ class ModelsTable(DataTable[Text]):
         # Several keys or endpoints for one model: show which target the row is.
         shared = sum(1 for o in snap.targets if o.model == t.model) > 1
         name = f"{t.model}/{t.key_alias}" if shared else t.model
+        if len(name) > MODEL_WIDTH:
+            name = name[: MODEL_WIDTH - 1] + "…"
         if snap.pinned == t.model:
             return Text(f"▸ {name}", style="bold reverse")
         return Text(f"  {name}")
@@ -133,7 +141,9 @@ class ModelsTable(DataTable[Text]):
         now = snap.now
         w10 = t.window(10)
         w60 = t.window(60)
-        top = max((max(o.spark, default=0) for o in snap.targets), default=0)
+        # One scale for all rows so they compare by eye; a floor so that one stray 429
+        # does not draw a full bar.
+        top = max(SPARK_FLOOR, max((max(o.spark, default=0) for o in snap.targets), default=0))
         fails = Text(str(t.consecutive_failures), style="bold red" if t.consecutive_failures else "dim")
         return {
             "model": self._label(t, snap),

@@ -50,4 +50,4 @@ class StatusBar(Static):
         if snap is not None:
             line.append("  │  ", style="dim")
             line.append(fmt.clock_time(snap.wall), style="bold")
-        self.update(line)
+        self.update(line, layout=False)  # one line, always: no re-layout of the screen

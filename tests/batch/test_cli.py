@@ -1,0 +1,122 @@
+"""`capmon batch ...` and `capmon report` as a user runs them (in-process, real time, embedded simulator)."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from capmon.cli import main
+from tests.batch.helpers import item, write_items, write_jsonl
+from tests.support.scripted import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+
+SCENARIO = """
+name = "cli-fast"
+keys = ["*"]
+[[models]]
+name = "sim-flagship"
+slots = 64
+base_latency = 0.005
+per_token = 0.0
+noise = 0.0
+answer_tokens = 10
+[[models]]
+name = "sim-medium"
+slots = 64
+base_latency = 0.005
+per_token = 0.0
+answer_tokens = 10
+[[models]]
+name = "sim-small"
+slots = 64
+base_latency = 0.005
+per_token = 0.0
+answer_tokens = 10
+"""
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> dict[str, Path]:
+    (tmp_path / "fast.toml").write_text(SCENARIO)
+    text = (ROOT / "config.toml").read_text().replace("127.0.0.1:8089", f"127.0.0.1:{free_port()}")
+    (tmp_path / "config.toml").write_text(text.replace('scenario = "demo"', 'scenario = "fast.toml"'))
+    return {"config": tmp_path / "config.toml", "db": tmp_path / "jobs.db", "dir": tmp_path}
+
+
+def batch(env: dict[str, Path], *argv: str) -> int:
+    return main(["batch", *argv, "--db", str(env["db"]), *(["--config", str(env["config"])] if argv[0] in ("run", "resume") else [])])
+
+
+def test_run_exports_when_finished_and_running_again_sends_nothing(env: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    src = write_items(env["dir"] / "nightly.jsonl", 40, metadata={"k": 1})
+    out = env["dir"] / "out.jsonl"
+    assert batch(env, "run", str(src), "--out", str(out), "--concurrency", "8", "--no-progress") == 0
+    err = capsys.readouterr().err
+    assert "job 'nightly' finished: 40 items, 40 done, 0 failed" in err and "exported 40 records" in err
+    records = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [r["id"] for r in records] == [f"it-{i:04d}" for i in range(1, 41)]
+    assert all(r["model"] == "flagship" and r["content"] and r["metadata"] == {"k": 1} for r in records)
+
+    assert batch(env, "run", str(src), "--no-progress") == 0  # the same command again: a resume
+    assert "40 done, 0 failed" in (err := capsys.readouterr().err) and "0 sent" in err
+
+    assert batch(env, "list") == 0
+    listing = capsys.readouterr().out.splitlines()
+    assert listing[0].split() == ["name", "created", "total", "done", "failed", "parked", "state"]
+    assert listing[1].split()[0] == "nightly" and listing[1].split()[-5:] == ["40", "40", "0", "0", "finished"]
+    assert batch(env, "show", "nightly") == 0
+    shown = capsys.readouterr().out
+    assert "40 total: 40 done, 0 failed, 0 parked, 0 pending" in shown and "served by  flagship 40" in shown
+
+    again = env["dir"] / "again.jsonl"
+    assert batch(env, "export", "nightly", "--out", str(again)) == 0
+    assert again.read_text() == out.read_text()
+    assert main(["report", "nightly", "--db", str(env["db"]), "--advice"]) == 0
+    assert "flagship" in capsys.readouterr().out
+
+
+def test_failed_items_exit_1_and_name_their_lines(env: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    src = write_jsonl(env["dir"] / "mixed.jsonl", [item(1), "{oops", item(3)])
+    assert batch(env, "run", str(src), "--no-progress") == 1
+    err = capsys.readouterr().err
+    assert "2 done, 1 failed" in err and "line 2 (line-2): bad_input: not valid JSON" in err
+
+
+@pytest.mark.parametrize("rows, expected", [
+    ([item("a"), item("b"), item("a")], "duplicate ids: 'a' on lines 1, 3"),
+    ([], "is empty"),
+])
+def test_bad_input_files_exit_2_before_anything_is_sent(env: dict[str, Path], capsys: pytest.CaptureFixture[str],
+                                                         rows: list, expected: str) -> None:
+    src = write_jsonl(env["dir"] / "bad.jsonl", rows)
+    assert batch(env, "run", str(src), "--no-progress") == 2
+    assert expected in capsys.readouterr().err
+    assert sqlite3.connect(env["db"]).execute("SELECT count(*) FROM items").fetchone() == (0,)
+
+
+def test_an_unwritable_output_is_refused_before_anything_is_read_or_sent(env: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    src = write_items(env["dir"] / "in.jsonl", 3)
+    assert batch(env, "run", str(src), "--out", str(env["dir"] / "nope" / "out.jsonl")) == 2
+    err = capsys.readouterr().err
+    assert "--out" in err and "the folder" in err and "does not exist" in err
+    assert not env["db"].exists()
+
+
+def test_a_corrupt_database_and_an_unknown_job_exit_2(env: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    env["db"].write_bytes(b"garbage" * 1000)
+    assert batch(env, "run", str(write_items(env["dir"] / "in.jsonl", 3))) == 2
+    assert "not a capmon job database, or it is corrupt" in capsys.readouterr().err
+    env["db"].unlink()
+    assert batch(env, "resume", "ghost") == 2
+    assert "no job database here" in capsys.readouterr().err
+
+
+def test_a_missing_input_and_a_bad_window_exit_2(env: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    assert batch(env, "run", str(env["dir"] / "missing.jsonl")) == 2
+    assert "no such file" in capsys.readouterr().err
+    assert batch(env, "run", str(write_items(env["dir"] / "in.jsonl", 1)), "--window", "late") == 2
+    assert "--window" in capsys.readouterr().err

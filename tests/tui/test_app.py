@@ -1,0 +1,417 @@
+"""Pilot tests: keys, modals, the palette, pause, filter, read-only, batch control."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import AsyncIterator
+
+import pytest
+from textual.command import CommandInput, CommandList
+from textual.pilot import Pilot
+
+from capmon.core import events as ev
+from capmon.core.exceptions import CapmonError
+from capmon.tui.app import CapmonApp
+from capmon.tui.screens import ConfirmScreen, HelpScreen, ModelSwitchScreen
+from capmon.tui.source import ReadOnlyError, WorkerSpec
+from tests.tui.conftest import SIZE
+from tests.tui.fakes import FakeSource, outage, steady, trip_event
+from tests.tui.screen_text import screen_text
+
+
+@contextlib.asynccontextmanager
+async def running(source: FakeSource, **kw: object) -> AsyncIterator[tuple[CapmonApp, Pilot]]:
+    kw.setdefault("drain_every", 0.0)  # drain each burst at once: no waiting in tests
+    app = CapmonApp(source, **kw)  # type: ignore[arg-type]
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await settle(app, pilot)
+        yield app, pilot
+
+
+async def settle(app: CapmonApp, pilot: Pilot) -> None:
+    while not app.started:
+        await pilot.pause(0.01)
+    await pilot.pause()
+    app.drain_events(flush=True)
+    await pilot.pause()
+
+
+def row_states(app: CapmonApp) -> dict[str, str]:
+    return {str(row.value): app.table.get_cell(row, "state").plain for row in app.table.rows}
+
+
+# ---------------------------------------------------------------- what shows
+
+
+async def test_rows_for_every_target_in_preference_order_and_the_batch() -> None:
+    async with running(steady()) as (app, pilot):
+        assert [str(k.value) for k in app.table.rows] == ["flagship@sim/sim-key", "medium@sim/sim-key", "small@sim/sim-key"]
+        text = screen_text(app)
+        assert "● closed" in text and "Batch: demo · running" in text and "done 648" in text
+        assert "routing: automatic" in text
+
+
+async def test_the_outage_shows_the_countdown_retries_fallbacks_and_a_toast() -> None:
+    source = outage()
+    async with running(source) as (app, pilot):
+        source.flush_pending()
+        await settle(app, pilot)
+        text = screen_text(app)
+        assert "○ open" in text and "14s" in text  # cool-down from the deadline and the clock
+        assert "Retries waiting (6)" in text and "item-00310" in text and "1.9s" in text
+        assert "37 fallbacks flagship → medium" in text
+        assert "parked 59m" in text
+        assert any(n.title == "Breaker tripped" for n in app._notifications)
+
+
+async def test_countdowns_follow_the_clock_not_a_sleeping_widget() -> None:
+    source = outage()
+    async with running(source) as (app, pilot):
+        assert app.table.get_cell("flagship@sim/sim-key", "cooldown").plain == "14s"
+        source.clock.advance(5.0)
+        app.refresh_view()
+        await pilot.pause()
+        assert app.table.get_cell("flagship@sim/sim-key", "cooldown").plain == "9.2s"
+        assert "4.6s" in screen_text(app)  # the 9.6 s retry, 5 s later
+
+
+# ---------------------------------------------------------------- trip, reset, force close
+
+
+async def test_trip_asks_first_and_trips_the_selected_row_on_yes() -> None:
+    source = steady()
+    async with running(source) as (app, pilot):
+        await pilot.press("down", "t")
+        assert isinstance(app.screen, ConfirmScreen)
+        assert "Trip medium?" in screen_text(app)
+        await pilot.press("y")
+        await settle(app, pilot)
+        assert source.calls == [("trip", "medium@sim/sim-key")]
+        assert row_states(app)["medium@sim/sim-key"] == "✋ open (manual)"
+        assert any(n.title == "Tripped by hand" for n in app._notifications)
+        assert "tripped by hand" in screen_text(app)
+
+
+@pytest.mark.parametrize("cancel", ["n", "escape"])
+async def test_a_cancelled_trip_changes_nothing(cancel: str) -> None:
+    source = steady()
+    async with running(source) as (app, pilot):
+        await pilot.press("t", cancel)
+        await pilot.pause()
+        assert not isinstance(app.screen, ConfirmScreen)
+        assert source.calls == []
+        assert row_states(app)["flagship@sim/sim-key"] == "● closed"
+
+
+async def test_the_confirmation_buttons_work_with_the_mouse() -> None:
+    source = steady()
+    async with running(source) as (app, pilot):
+        await pilot.press("t")
+        await pilot.click("#yes")
+        await pilot.pause()
+        assert source.calls == [("trip", "flagship@sim/sim-key")]
+
+
+async def test_a_click_selects_the_row_that_t_then_trips() -> None:
+    source = steady()
+    async with running(source) as (app, pilot):
+        await pilot.click("ModelsTable", offset=(4, 4))  # border, header, flagship, medium, small
+        await pilot.press("t", "y")
+        await pilot.pause()
+        assert source.calls == [("trip", "small@sim/sim-key")]
+
+
+async def test_reset_closes_the_selected_breaker_at_once() -> None:
+    source = outage()
+    async with running(source) as (app, pilot):
+        assert row_states(app)["flagship@sim/sim-key"] == "○ open"
+        await pilot.press("r")
+        await pilot.pause()
+        assert source.calls == [("reset", "flagship@sim/sim-key")]
+        assert row_states(app)["flagship@sim/sim-key"] == "● closed"
+
+
+async def test_force_close_asks_then_shows_a_manual_state() -> None:
+    source = outage()
+    async with running(source) as (app, pilot):
+        await pilot.press("c")
+        assert isinstance(app.screen, ConfirmScreen)
+        await pilot.press("y")
+        await pilot.pause()
+        assert row_states(app)["flagship@sim/sim-key"] == "✋ closed (manual)"
+
+
+async def test_a_second_confirmation_cannot_open_on_top_of_the_first() -> None:
+    async with running(steady()) as (app, pilot):
+        await pilot.press("t", "t", "m")
+        assert isinstance(app.screen, ConfirmScreen)
+        assert len(app.screen_stack) == 2
+
+
+# ---------------------------------------------------------------- pin and unpin
+
+
+async def test_pin_from_the_model_switch_and_back_to_automatic() -> None:
+    source = steady()
+    async with running(source) as (app, pilot):
+        await pilot.press("m")
+        assert isinstance(app.screen, ModelSwitchScreen)
+        await pilot.press("down", "down", "enter")  # automatic, flagship, [medium]
+        await settle(app, pilot)
+        assert source.pinned == "medium"
+        text = screen_text(app)
+        assert "pinned medium (manual)" in text and "▸ medium" in text
+        assert "pinned medium: traffic goes there first" in text
+
+        await pilot.press("m")
+        await pilot.press("home", "enter")
+        await settle(app, pilot)
+        assert source.pinned is None
+        assert source.calls == [("pin", "medium"), ("pin", None)]
+        assert "automatic routing (unpinned)" in screen_text(app)
+
+
+async def test_escape_leaves_the_model_switch_without_a_change() -> None:
+    source = steady()
+    async with running(source) as (app, pilot):
+        await pilot.press("m", "down", "escape")
+        await pilot.pause()
+        assert source.calls == [] and not isinstance(app.screen, ModelSwitchScreen)
+
+
+async def palette(app: CapmonApp, pilot: Pilot, query: str) -> str:
+    """Open the palette, search (one Input change, not a key per letter), return what it lists."""
+    await pilot.press("ctrl+p")
+    app.screen.query_one(CommandInput).value = query
+    for _ in range(100):  # the palette searches in the background
+        await pilot.pause(0.02)
+        if app.screen.query_one(CommandList).option_count:
+            break
+    return screen_text(app)
+
+
+async def test_pin_and_unpin_from_the_command_palette() -> None:
+    source = steady()
+    async with running(source) as (app, pilot):
+        assert "Pin model: small" in await palette(app, pilot, "Pin model: small")
+        await pilot.press("enter")
+        await settle(app, pilot)
+        assert source.pinned == "small"
+
+        await palette(app, pilot, "Automatic routing")
+        await pilot.press("enter")
+        await settle(app, pilot)
+        assert source.pinned is None
+        assert source.calls == [("pin", "small"), ("pin", None)]
+
+
+async def test_the_a_key_goes_back_to_automatic() -> None:
+    source = steady()
+    source.pinned = "small"
+    async with running(source) as (app, pilot):
+        await pilot.press("a")
+        assert source.pinned is None
+
+
+# ---------------------------------------------------------------- view: pause, filter, help
+
+
+async def test_pause_freezes_the_screen_while_data_keeps_coming() -> None:
+    source = outage()
+    async with running(source, refresh=0.1) as (app, pilot):
+        await pilot.press("p")
+        assert app.paused and "PAUSED" in screen_text(app)
+        before = app.table.get_cell("flagship@sim/sim-key", "cooldown").plain
+        source.clock.advance(3.0)
+        source.emit(ev.Notice, level="info", message="arrived while paused")
+        await pilot.pause(0.2)
+        app.drain_events(flush=True)
+        await pilot.pause()
+        assert app.table.get_cell("flagship@sim/sim-key", "cooldown").plain == before
+        assert "arrived while paused" not in screen_text(app)
+
+        await pilot.press("p")
+        await pilot.pause()
+        assert not app.paused and "PAUSED" not in screen_text(app)
+        assert app.table.get_cell("flagship@sim/sim-key", "cooldown").plain == "11s"
+        assert "arrived while paused" in screen_text(app)
+
+
+async def test_filter_narrows_the_rows_and_escape_clears_it() -> None:
+    async with running(outage()) as (app, pilot):
+        await pilot.press("slash")
+        await pilot.press(*"med")
+        await pilot.pause()
+        assert app.table.row_count == 2 and app.needle == "med"
+        assert "filter: med" in screen_text(app)
+        await pilot.press("enter")
+        assert app.focused is app.table  # keys act on rows again
+        assert app.table.row_count == 2
+
+        await pilot.press("slash", "escape")
+        await pilot.pause()
+        assert app.needle == "" and app.table.row_count == 4
+
+
+async def test_filter_keys_type_into_the_filter_not_the_bindings() -> None:
+    source = steady()
+    async with running(source) as (app, pilot):
+        await pilot.press("slash", "q", "t", "p")
+        await pilot.pause()
+        assert app.is_running and not app.paused and source.calls == []
+        assert app.needle == "qtp" and app.table.row_count == 0
+
+
+async def test_help_lists_the_keys() -> None:
+    async with running(steady()) as (app, pilot):
+        await pilot.press("question_mark")
+        assert isinstance(app.screen, HelpScreen)
+        text = screen_text(app)
+        for word in ("Trip", "Reset", "Pause view", "Filter", "Model", "command palette", "half-open"):
+            assert word in text
+        await pilot.press("escape")
+        assert not isinstance(app.screen, HelpScreen)
+
+
+# ---------------------------------------------------------------- read-only
+
+
+async def test_readonly_hides_and_refuses_every_manual_action() -> None:
+    source = steady(readonly=True)
+    async with running(source) as (app, pilot):
+        shown = {b.binding.action for b in app.screen.active_bindings.values() if b.enabled}
+        assert not shown & {"trip", "reset", "force_close", "switch_model", "toggle_batch", "automatic"}
+        assert {"quit", "help", "toggle_pause", "filter"} <= shown
+        footer = screen_text(app).splitlines()[-1]
+        assert "Trip" not in footer and "Model" not in footer and "Reset" not in footer
+        assert "READ-ONLY" in screen_text(app)
+
+        await pilot.press("t", "r", "c", "m", "b", "a")
+        await pilot.pause()
+        assert len(app.screen_stack) == 1 and source.calls == []
+
+        await app.run_action("trip")
+        assert not app.pin_model("small") and not app.reset_target("flagship")
+        app.request_trip("flagship")
+        await pilot.pause()
+        assert len(app.screen_stack) == 1 and source.calls == [] and source.pinned is None
+        with pytest.raises(ReadOnlyError):
+            source.trip("flagship")
+
+
+async def test_readonly_palette_offers_no_routing_commands() -> None:
+    source = steady(readonly=True)
+    async with running(source) as (app, pilot):
+        text = await palette(app, pilot, "Pin model")
+        assert "Pin model: small" not in text
+        await pilot.press("enter")
+        await pilot.pause()
+        assert source.pinned is None and source.calls == []
+
+
+# ---------------------------------------------------------------- batch
+
+
+async def test_b_pauses_and_space_resumes_the_batch() -> None:
+    source = steady()
+    async with running(source) as (app, pilot):
+        await pilot.press("b")
+        await pilot.pause()
+        assert source.batch_paused and "Batch: demo · paused" in screen_text(app)
+        await pilot.press("space")
+        await pilot.pause()
+        assert not source.batch_paused and "Batch: demo · running" in screen_text(app)
+        assert source.calls == [("pause_batch", None), ("resume_batch", None)]
+
+
+async def test_a_batch_that_cannot_be_paused_has_no_key() -> None:
+    source = FakeSource(list(steady().targets.values()), batch=None)
+    async with running(source) as (app, pilot):
+        assert "Batch pause" not in screen_text(app)
+        await pilot.press("b")
+        assert source.calls == []
+
+
+# ---------------------------------------------------------------- events and errors
+
+
+async def test_a_flood_of_fallbacks_becomes_one_line_per_second_and_pair() -> None:
+    source = steady()
+    async with running(source) as (app, pilot):
+        written = app.log_view.written
+        for n in range(5000):
+            source.emit(ev.FellBack, request_id=n, item_id=None, from_model="flagship", to_model="medium", reason="full")
+            source.emit(ev.AttemptStarted, request_id=n, item_id=None, model="medium", target="t", attempt=2)
+        await pilot.pause()
+        app.drain_events(flush=True)
+        await pilot.pause()
+        assert app.log_view.written - written == 1
+        assert "5000 fallbacks flagship → medium" in screen_text(app)
+
+
+async def test_events_published_from_another_thread_reach_the_log() -> None:
+    source = steady()
+    async with running(source) as (app, pilot):
+        t = threading.Thread(target=lambda: source.emit(ev.Notice, level="warning", message="from a thread"))
+        t.start()
+        t.join()
+        await pilot.pause()
+        app.drain_events(flush=True)
+        await pilot.pause()
+        assert "from a thread" in screen_text(app)
+
+
+async def test_a_trip_event_makes_a_toast_and_a_log_line() -> None:
+    source = steady()
+    async with running(source) as (app, pilot):
+        trip_event(source, "flagship")
+        await pilot.pause()
+        app.drain_events(flush=True)
+        await pilot.pause()
+        assert any(n.title == "Breaker tripped" and "flagship" in n.message for n in app._notifications)
+        assert "flagship breaker closed → open" in screen_text(app)
+
+
+async def test_a_failing_worker_is_a_toast_and_a_log_line_not_a_crash() -> None:
+    async def broken() -> None:
+        raise RuntimeError("the traffic worker fell over")
+
+    source = FakeSource(list(steady().targets.values()), workers=[WorkerSpec("traffic", "traffic", broken)])
+    async with running(source) as (app, pilot):
+        await pilot.pause(0.2)
+        assert app.is_running
+        assert any("fell over" in n.message and n.severity == "error" for n in app._notifications)
+        assert "traffic: RuntimeError: the traffic worker fell over" in screen_text(app)
+
+
+async def test_an_engine_that_cannot_start_exits_with_code_2() -> None:
+    class NoStart(FakeSource):
+        async def start(self) -> None:
+            raise CapmonError("127.0.0.1:8089 is taken by something that is not a capmon simulator")
+
+    app = CapmonApp(NoStart(list(steady().targets.values())))
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause(0.2)
+    assert app.return_code == 2
+
+
+async def test_quit_stops_the_workers_then_the_source() -> None:
+    stopped_first: list[bool] = []
+    source = steady()
+
+    async def forever() -> None:
+        try:
+            await source.clock.sleep(0)
+            import asyncio
+            await asyncio.Event().wait()
+        finally:
+            stopped_first.append(not source.stopped)
+
+    source._workers = [WorkerSpec("probe x", "probe:x", forever)]
+    app = CapmonApp(source)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await pilot.press("q")
+        await pilot.pause()
+    assert source.stopped and stopped_first == [True]

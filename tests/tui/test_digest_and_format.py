@@ -1,0 +1,101 @@
+"""The pure parts: cell formatting and the event digest (no app needed)."""
+
+from __future__ import annotations
+
+import pytest
+
+from capmon.core import events as ev
+from capmon.tui import format as fmt
+from capmon.tui.digest import EventDigester
+from tests.tui.fakes import target
+
+
+def fell_back(wall: float, a: str = "flagship", b: str = "medium") -> ev.FellBack:
+    return ev.FellBack(at=wall, wall=wall, request_id=1, item_id=None, from_model=a, to_model=b, reason="full")
+
+
+def tripped(at: float, target: str = "flagship@sim/k", new: str = "open") -> ev.BreakerChanged:
+    return ev.BreakerChanged(at=at, wall=at, target=target, model=target.split("@")[0], old="closed", new=new,
+                             reason="3 capacity failures in a row", manual=new.startswith("forced"),
+                             cooldown_until=at + 20 if new == "open" else None)
+
+
+@pytest.mark.parametrize("state, text", [
+    ("closed", "● closed"), ("half-open", "◐ half-open"), ("open", "○ open"),
+    ("forced-open", "✋ open (manual)"), ("forced-closed", "✋ closed (manual)"),
+])
+def test_every_state_has_a_glyph_and_a_word(state: str, text: str) -> None:
+    assert fmt.state_text(target("m", 0, state=state)).plain == text
+
+
+def test_manual_states_are_reversed_automatic_ones_are_not() -> None:
+    assert "on" in str(fmt.state_text(target("m", 0, state="forced-open")).style)
+    assert "on" not in str(fmt.state_text(target("m", 0, state="open")).style)
+
+
+def test_the_ramp_shows_its_share() -> None:
+    assert fmt.state_text(target("m", 0, state="ramp", ramp_share=0.4)).plain == "◑ ramp 40%"
+
+
+@pytest.mark.parametrize("seconds, text", [(4.23, "4.2s"), (42.4, "42s"), (185, "3m05s"), (3720, "1h02m"), (-3, "0.0s")])
+def test_durations(seconds: float, text: str) -> None:
+    assert fmt.duration(seconds) == text
+
+
+def test_the_cool_down_is_a_deadline_minus_the_snapshot_clock() -> None:
+    t = target("m", 0, state="open", cooldown_until=1020.0)
+    assert fmt.cooldown_text(t, 1000.0).plain == "20s"
+    assert fmt.cooldown_text(t, 1015.5).plain == "4.5s"
+    assert fmt.cooldown_text(t, 1021.0).plain == "-"
+
+
+def test_the_spark_has_one_block_per_point_on_a_shared_scale() -> None:
+    assert fmt.spark((0, 5, 10), top=10).plain == "▁▅█"
+    assert fmt.spark((0, 1, 2), top=10).plain == "▁▂▂"  # small counts look small
+    assert len(fmt.spark((0,) * 24).plain) == 24
+
+
+def test_keys_parked_or_disabled() -> None:
+    assert fmt.key_text(target("m", 0, key_state="parked", key_until=1600.0), 1000.0).plain == "parked 10m"
+    assert fmt.key_text(target("m", 0, key_state="disabled"), 1000.0).plain == "disabled"
+
+
+def test_fallbacks_in_one_second_become_one_line_even_across_digests() -> None:
+    d = EventDigester()
+    first = d.digest([fell_back(100.1), fell_back(100.4)], now_wall=100.5)
+    assert first.lines == [] and d.holding
+    second = d.digest([fell_back(100.8), fell_back(101.2)], now_wall=101.3)
+    assert [line.plain for _, line in second.lines] == ["↪ 3 fallbacks flagship → medium (full)"]
+    last = d.digest([], now_wall=102.0)
+    assert [line.plain for _, line in last.lines] == ["↪ fell back flagship → medium (full)"]
+    assert not d.holding
+
+
+def test_pairs_are_counted_apart_and_lines_come_in_time_order() -> None:
+    d = EventDigester()
+    out = d.digest([fell_back(5.0), tripped(5.5), fell_back(5.2, "medium", "small"), fell_back(5.3)])
+    assert [line.plain.split(" (")[0] for _, line in out.lines] == [
+        "↪ 2 fallbacks flagship → medium", "↪ fell back medium → small", "○ flagship breaker closed → open"]
+
+
+def test_a_burst_is_capped_and_says_how_much_it_left_out() -> None:
+    d = EventDigester(max_lines=5)
+    out = d.digest([ev.Notice(at=i, wall=i, level="info", message=f"n{i}") for i in range(12)])
+    assert len(out.lines) == 5 and out.left_out == 7
+
+
+def test_noise_is_not_logged() -> None:
+    d = EventDigester()
+    assert not d.wants(ev.AttemptStarted(at=0, wall=0, request_id=1, item_id=None, model="m", target="t", attempt=1))
+    assert not d.wants(ev.RetryScheduled(at=0, wall=0, request_id=1, item_id=None, model=None, attempt=2,
+                                         max_attempts=5, reason="", wait=1, deadline=1))
+    assert d.wants(tripped(0))
+
+
+def test_trip_toasts_are_throttled_per_target_but_manual_ones_never() -> None:
+    d = EventDigester(toast_every=10.0)
+    assert [t.title for t in d.digest([tripped(0.0)]).toasts] == ["Breaker tripped"]
+    assert d.digest([tripped(5.0)]).toasts == []  # the same breaker again within 10 s
+    assert len(d.digest([tripped(6.0, "medium@sim/k")]).toasts) == 1
+    assert len(d.digest([tripped(7.0, new="forced-open"), tripped(7.5, new="forced-open")]).toasts) == 2
+    assert d.digest([tripped(20.0)], toasts=False).toasts == []

@@ -1,0 +1,116 @@
+"""The real app on a real engine: the simulator in-process on a free loopback port,
+the real client, probe workers and a real demo batch job. A smoke test: a few
+seconds of real time on a tiny, fast scenario."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+from capmon.core.config import load_config
+from capmon.tui.app import CapmonApp
+from capmon.tui.source import LiveSource
+from tests.support.scripted import free_port
+from tests.tui.conftest import SIZE
+from tests.tui.screen_text import screen_text
+
+SCENARIO = """
+name = "tiny"
+seed = 1
+
+[[models]]
+name = "sim-flagship"
+slots = 2
+base_latency = 0.05
+per_token = 0.0
+answer_tokens = 8
+dialect = "openai-503"
+
+[[models]]
+name = "sim-medium"
+slots = 4
+base_latency = 0.04
+per_token = 0.0
+answer_tokens = 8
+dialect = "openai-429"
+
+[[models]]
+name = "sim-small"
+slots = 8
+base_latency = 0.03
+per_token = 0.0
+answer_tokens = 8
+dialect = "gemini-503"
+"""
+
+CONFIG = """
+[simulator]
+enabled = true
+listen = "127.0.0.1:{port}"
+scenario = "tiny.toml"
+
+[[endpoints]]
+name = "sim"
+base_url = "http://127.0.0.1:{port}/v1"
+simulated = true
+keys = [{{ env = "CAPMON_SIM_API_KEY", alias = "sim-key" }}]
+
+[[models]]
+name = "flagship"
+api_model = "sim-flagship"
+endpoints = ["sim"]
+
+[[models]]
+name = "medium"
+api_model = "sim-medium"
+endpoints = ["sim"]
+
+[[models]]
+name = "small"
+api_model = "sim-small"
+endpoints = ["sim"]
+
+[breaker]
+cooldown = 2.0
+ramp_duration = 1.0
+
+[dashboard]
+refresh = 0.1
+probe_interval = 0.5
+demo_items = 300
+"""
+
+
+def port_is_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+async def test_the_dashboard_runs_a_real_engine_and_shows_models_and_progress(tmp_path: Path) -> None:
+    port = free_port()
+    (tmp_path / "tiny.toml").write_text(SCENARIO)
+    (tmp_path / "capmon.toml").write_text(CONFIG.format(port=port))
+    config = load_config(tmp_path / "capmon.toml")
+    source = LiveSource(config, environ={})
+    app = CapmonApp(source, refresh=0.1)
+    async with app.run_test(size=SIZE) as pilot:
+        for _ in range(80):  # at most ~8 s; on an idle machine about one
+            await pilot.pause(0.1)
+            batch = source.batch()
+            probed = app.snap is not None and all(t.probe_latency is not None for t in app.snap.targets)
+            if batch is not None and batch.done > 0 and probed:
+                break
+        assert app.table.row_count == 3
+        assert [t.model for t in app.snap.targets] == ["flagship", "medium", "small"]
+        assert batch is not None and batch.done > 0
+        assert probed  # every target was probed: latency shown
+        text = screen_text(app)
+        assert "Batch: demo" in text and "● closed" in text
+        assert len(app.workers) >= 4  # three probes and the traffic worker
+        await pilot.press("q")
+        await pilot.pause()
+    assert port_is_free(port)  # the embedded simulator stopped with the app
