@@ -17,7 +17,7 @@ for name in ("textual", "rich", "capmon.tui"):
 import importlib, pkgutil, capmon.core
 for m in pkgutil.walk_packages(capmon.core.__path__, "capmon.core."):
     importlib.import_module(m.name)
-for extra in ("capmon.sim", "capmon.sim.app", "capmon.sim.server", "capmon.batch", "capmon.audit"):
+for extra in ("capmon.sim", "capmon.sim.app", "capmon.sim.server", "capmon.batch", "capmon.batch.runner", "capmon.batch.commands", "capmon.audit", "capmon.report", "capmon.advice", "capmon.probe", "capmon.status", "capmon.runtime"):
     try:
         importlib.import_module(extra)
     except ModuleNotFoundError as e:

@@ -15,20 +15,8 @@ from typing import TextIO
 from capmon.core.events import BatchProgress
 
 
-@dataclass(frozen=True, slots=True)
-class JobProgress(BatchProgress):
-    """:class:`BatchProgress` plus what a waiting job is waiting for. It is still a
-    BatchProgress, so subscribers that only know the core event see it as one.
-
-    ``state`` is one of: starting, ingesting (reading the input), running, paused,
-    waiting-window, finished, stopped (cancelled, or its process is gone), halted (a
-    key or a quota stopped it; ``message`` says what to fix). ``done`` and ``failed``
-    count committed results only; ``in_flight`` counts items sent whose result is not
-    committed yet (at the provider, or answered and being saved: at most ~0.1 s).
-    """
-
-    opens_at: float | None = None  # wall time the --window opens, while state is waiting-window
-    message: str = ""  # why a job halted or stopped
+# The core's event carries everything a job reports; the old name stays for callers.
+JobProgress = BatchProgress
 
 
 def fmt_duration(seconds: float | None) -> str:

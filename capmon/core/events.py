@@ -111,6 +111,15 @@ class RequestDone(Event):
 
 @dataclass(frozen=True, slots=True)
 class BatchProgress(Event):
+    """A batch job's counters.
+
+    ``state`` is one of: starting, ingesting (reading the input), running, paused,
+    waiting-window, finished, stopped (cancelled, or its process is gone), halted (a
+    key or a quota stopped it; ``message`` says what to fix). ``done`` and ``failed``
+    count committed results only; ``in_flight`` counts items sent whose result is not
+    committed yet.
+    """
+
     job: str
     total: int | None
     done: int
@@ -121,7 +130,9 @@ class BatchProgress(Event):
     per_model: tuple[tuple[str, int], ...]
     rate: float  # items per second, recent
     eta: float | None  # seconds
-    state: str  # running | paused | waiting-window | finished
+    state: str
+    opens_at: float | None = None  # wall time the --window opens, while state is waiting-window
+    message: str = ""  # why a job halted or stopped
 
 
 @dataclass(frozen=True, slots=True)
