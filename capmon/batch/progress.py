@@ -9,7 +9,6 @@ from __future__ import annotations
 import datetime as dt
 import shutil
 import sys
-from dataclasses import dataclass
 from typing import TextIO
 
 from capmon.core.events import BatchProgress

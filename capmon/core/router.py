@@ -530,7 +530,7 @@ class FallbackClient:
             t.breaker.on_success(admission)
             t.limiter.release("ok")
             self._wake_one(t)
-            attempt = self._record(state, t, number, started_wall, status, None, "", None, 0.0, latency, "ok")
+            self._record(state, t, number, started_wall, status, None, "", None, 0.0, latency, "ok")
             self.succeeded += 1
             usage = response_json.get("usage", {}) if isinstance(response_json, dict) else {}
             if t.tpm is not None and isinstance(usage, Mapping) and isinstance(usage.get("total_tokens"), int):
