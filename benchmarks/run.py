@@ -84,7 +84,29 @@ def _wait_up(origin: str, proc: subprocess.Popen, timeout: float = 20.0) -> None
     raise RuntimeError("the simulator did not start in time")
 
 
-def _stop(proc: subprocess.Popen) -> None:
+def _wait_line(proc: subprocess.Popen, word: str, timeout: float) -> bool:
+    """Read the peer's stdout until ``word`` (True), its exit or ``timeout`` (False)."""
+    import select
+
+    assert proc.stdout is not None
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([proc.stdout], [], [], 1.0)
+        if ready:
+            line = proc.stdout.readline()
+            if not line:
+                return False
+            if line.strip() == word:
+                return True
+        elif proc.poll() is not None:
+            return False
+    return False
+
+
+def _stop(proc: subprocess.Popen, kill: bool = False) -> None:
+    if proc.poll() is None and kill:
+        proc.kill()
+        proc.wait()
     if proc.poll() is None:
         proc.terminate()
         try:
@@ -132,6 +154,18 @@ class _Sampler:
         return out
 
 
+def _revision() -> str:
+    """The commit the core was measured at, and whether capmon/ had uncommitted edits."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=HERE.parent, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "capmon"], capture_output=True, text=True,
+                               cwd=HERE.parent, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown revision"
+    return f"{head or 'unknown'}" + (" + uncommitted edits in capmon/" if dirty else "")
+
+
 def litellm_available() -> bool:
     try:
         import importlib.util
@@ -172,16 +206,16 @@ def run_one(scn_path: Path, scn: Scenario, peer: str, items: int, workers: int, 
         p.stdin.flush()
         sampler.start()
         try:
-            p.wait(time_limit + 120)
+            done = _wait_line(p, "DONE", time_limit + 120)
         finally:
             utilisation = sampler.stop()
-        if p.returncode != 0:
-            raise RuntimeError(f"peer {peer} failed (exit {p.returncode}); see {peer_log.name}")
+        if not done:
+            raise RuntimeError(f"peer {peer} failed (exit {p.poll()}); see {peer_log.name}")
         stats = _get_json(origin + "/admin/stats")
     finally:
         _stop(p)
         if sim is not None:
-            _stop(sim)
+            _stop(sim, kill=True)  # its counters are read: no need for a graceful stop
         peer_log.close()
     result = json.loads(out.read_text())
     result["sim"] = stats
@@ -305,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
     command = "python -m benchmarks.run " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
     print(f"<!-- {command} -->")
     print(f"machine: {os.cpu_count()} cores, Python {platform.python_version()}, {platform.machine()}; "
-          f"{args.items} items, {args.workers} workers per peer")
+          f"{args.items} items, {args.workers} workers per peer; capmon at {_revision()}")
     if skipped:
         print("skipped: " + "; ".join(skipped))
     print()

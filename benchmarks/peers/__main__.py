@@ -45,6 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     result = asyncio.run(go())
     result["peer"] = args.peer
     write_json(args.out, result)
+    if args.wait_for_go:
+        print("DONE", flush=True)  # the runner reads the simulator's counters now
     return 0
 
 

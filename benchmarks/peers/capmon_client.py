@@ -79,13 +79,15 @@ class CapmonPeer:
             self.retries += 1
 
     async def __aenter__(self) -> "CapmonPeer":
-        self.t0 = self.client.clock.now()
+        self.t0: float | None = None  # set by the first call: the run starts after READY / GO
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.client.aclose()
 
     async def call(self, item: Item) -> str:
+        if self.t0 is None:
+            self.t0 = self.client.clock.now()
         r = await self.client.chat(ChatRequest.of(item.messages, item_id=str(item.index)))
         return r.model
 
@@ -98,7 +100,7 @@ class CapmonPeer:
             "attempts_failed": dict(sorted(self.failed.items())),
             "fell_back": self.fellback,
             "retry_waits": self.retries,
-            "breaker": [f"t+{float(s.split(' ', 1)[0]) - self.t0:.2f}s {s.split(' ', 1)[1]}" for s in self.breaker],
+            "breaker": [f"t+{float(s.split(' ', 1)[0]) - (self.t0 or 0.0):.2f}s {s.split(' ', 1)[1]}" for s in self.breaker],
             "limiters": limits,
         }
 

@@ -3,7 +3,7 @@
 One deployment per model, ``fallbacks`` in preference order, ``num_retries=2`` (the
 SDK's default count) and cooldowns scaled to the scenarios' timescale like capmon's:
 a deployment that fails ``allowed_fails`` times is cooled down for ``cooldown_time``
-seconds (2 s, capmon's breaker cool-down in the benchmark config). The inner
+seconds (1 s, capmon's first breaker cool-down in the benchmark config). The inner
 provider call has ``max_retries=0`` so the Router is the only retry policy.
 
 LiteLLM is imported only here, with its model cost map read locally (no network).
@@ -19,7 +19,7 @@ from benchmarks.peers.base import Item, PeerContext
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("LITELLM_LOG", "ERROR")
 
-COOLDOWN = 2.0
+COOLDOWN = 1.0
 ALLOWED_FAILS = 3
 NUM_RETRIES = 2
 

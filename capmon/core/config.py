@@ -13,7 +13,6 @@ import difflib
 import os
 import re
 import sys
-import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -271,6 +270,10 @@ class _Loader:
         return cls(**kwargs)
 
 
+def _names(names: set[str]) -> str:
+    return ", ".join(repr(n) for n in sorted(names))
+
+
 def _check(cfg: Config, file: str) -> Config:
     def fail(key: str, message: str) -> ConfigError:
         return ConfigError(file, key, message)
@@ -281,8 +284,8 @@ def _check(cfg: Config, file: str) -> Config:
         raise fail("endpoints", "expected at least one [[endpoints]] table")
     seen: set[str] = set()
     for i, e in enumerate(cfg.endpoints):
-        if not e.name:
-            raise fail(f"endpoints[{i}].name", "expected a non-empty name")
+        if not e.name or not e.name.isprintable():
+            raise fail(f"endpoints[{i}].name", f"expected a non-empty name without control characters, got {e.name!r}")
         if e.name in seen:
             raise fail(f"endpoints[{i}].name", f"duplicate endpoint name {e.name!r}")
         seen.add(e.name)
@@ -295,22 +298,24 @@ def _check(cfg: Config, file: str) -> Config:
             if not k.env or not k.env.replace("_", "").isalnum():
                 raise fail(f"endpoints[{i}].keys[{j}].env", f"expected an environment variable name, got {k.env!r}")
             alias = k.alias or k.env
+            if not alias.isprintable():
+                raise fail(f"endpoints[{i}].keys[{j}].alias", f"expected a name without control characters, got {alias!r}")
             if alias in aliases:
                 raise fail(f"endpoints[{i}].keys[{j}].alias", f"duplicate key alias {alias!r}")
             aliases.add(alias)
     names: set[str] = set()
     for i, m in enumerate(cfg.models):
-        if not m.name:
-            raise fail(f"models[{i}].name", "expected a non-empty name")
+        if not m.name or not m.name.isprintable():
+            raise fail(f"models[{i}].name", f"expected a non-empty name without control characters, got {m.name!r}")
         if m.name in names:
             raise fail(f"models[{i}].name", f"duplicate model name {m.name!r}")
         names.add(m.name)
         if not m.endpoints:
-            raise fail(f"models[{i}].endpoints", f"expected a list of endpoint names from: {', '.join(sorted(seen))}")
+            raise fail(f"models[{i}].endpoints", f"expected a list of endpoint names from: {_names(seen)}")
         for j, ep in enumerate(m.endpoints):
             if ep not in seen:
                 close = difflib.get_close_matches(ep, list(seen), n=1)
-                hint = f"; did you mean {close[0]!r}?" if close else f"; known: {', '.join(sorted(seen))}"
+                hint = f"; did you mean {close[0]!r}?" if close else f"; known: {_names(seen)}"
                 raise fail(f"models[{i}].endpoints[{j}]", f"no endpoint named {ep!r}{hint}")
         if m.max_tokens > m.context_window:
             raise fail(f"models[{i}].max_tokens", f"expected at most context_window ({m.context_window}), got {m.max_tokens}")
@@ -374,6 +379,17 @@ def find_config(explicit: str | None = None, environ: Mapping[str, str] | None =
 # ---------------------------------------------------------------- secrets
 
 
+# The value of every key capmon holds, so that redaction can find a key of any shape
+# (an Azure key is 32 hex digits, which no pattern can tell from a request id).
+_SECRET_VALUES: set[str] = set()
+_MIN_SECRET_CHARS = 8  # shorter values are too likely to be ordinary words
+
+
+def secret_values() -> frozenset[str]:
+    """Every key value this process holds in a :class:`Secret` (for redaction only)."""
+    return frozenset(_SECRET_VALUES)
+
+
 class Secret:
     """An API key. Its repr and str never show the value."""
 
@@ -382,6 +398,8 @@ class Secret:
     def __init__(self, value: str, alias: str) -> None:
         self._value = value
         self.alias = alias
+        if len(value) >= _MIN_SECRET_CHARS:
+            _SECRET_VALUES.add(value)
 
     def reveal(self) -> str:
         return self._value

@@ -401,7 +401,9 @@ class _TagResponses:
 
     def __init__(self, app: ASGIApp, name: str) -> None:
         self.app = app
-        self.header = (SIM_HEADER.encode(), name.encode("latin-1", "replace"))
+        # A header value must be printable latin-1: anything else would make every answer fail.
+        value = "".join(ch if ch.isprintable() and ord(ch) < 256 else "?" for ch in name)
+        self.header = (SIM_HEADER.encode(), value.encode("latin-1"))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":

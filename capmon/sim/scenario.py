@@ -170,13 +170,16 @@ class _Reader:
             raise self.fail(key, f"expected a whole number >= {lo}, got {raw!r}")
         return raw
 
-    def string(self, raw: Any, key: str, *, choices: tuple[str, ...] = (), nonempty: bool = False) -> str:
+    def string(self, raw: Any, key: str, *, choices: tuple[str, ...] = (), nonempty: bool = False,
+               printable: bool = False) -> str:
         if not isinstance(raw, str):
             raise self.fail(key, f"expected a string, got {_got(raw)}")
         if choices and raw not in choices:
             raise self.fail(key, f"expected one of {', '.join(choices)}, got {raw!r}")
         if nonempty and not raw.strip():
             raise self.fail(key, "expected a non-empty string")
+        if printable and not raw.isprintable():
+            raise self.fail(key, f"expected a name without control characters, got {raw!r}")
         return raw
 
     def boolean(self, raw: Any, key: str) -> bool:
@@ -186,7 +189,7 @@ class _Reader:
 
     def scenario(self, raw: dict[str, Any], default_name: str) -> Scenario:
         self.known(raw, ["name", "description", "seed", "repeat", "keys", "penalty", "models"], "")
-        name = self.string(raw.get("name", default_name), "name", nonempty=True)
+        name = self.string(raw.get("name", default_name), "name", nonempty=True, printable=True)
         description = self.string(raw.get("description", ""), "description")
         seed = self.integer(raw.get("seed", 0), "seed")
         repeat = self.number(raw.get("repeat", 0.0), "repeat", lo=0.0)
@@ -242,7 +245,7 @@ class _Reader:
                 if p.at >= repeat:
                     raise self.fail(f"{key}.schedule[{j}].at", f"expected less than repeat ({repeat:g}), got {p.at:g}")
         return ModelSpec(
-            name=self.string(t["name"], f"{key}.name", nonempty=True),
+            name=self.string(t["name"], f"{key}.name", nonempty=True, printable=True),
             slots=self.integer(t.get("slots", d.slots), f"{key}.slots", lo=0),
             base_latency=self.number(t.get("base_latency", d.base_latency), f"{key}.base_latency", lo=0.0, hi=MAX_LATENCY),
             per_token=self.number(t.get("per_token", d.per_token), f"{key}.per_token", lo=0.0, hi=MAX_PER_TOKEN),

@@ -427,7 +427,8 @@ def run_dashboard(args: argparse.Namespace) -> int:
         from capmon.batch import default_db_path, read_progress
 
         read_progress(default_db_path(), attach)
-    refresh = getattr(args, "refresh", None) or config.dashboard.refresh
+    refresh = getattr(args, "refresh", None)
+    refresh = config.dashboard.refresh if refresh is None else refresh
     if not 0.05 <= refresh <= 10:
         raise CapmonError(f"--refresh must be between 0.05 and 10 seconds, got {refresh:g}")
     source = LiveSource(config, readonly=bool(getattr(args, "readonly", False)), job_input=job, attach=attach,

@@ -41,7 +41,7 @@ from capmon.sim import dialects
 from capmon.sim.app import create_app, simulator_of
 from capmon.sim.model import Simulator
 from capmon.sim.scenario import load_scenario, parse_scenario
-from tests.reliability.helpers import toml_document
+from tests.reliability.helpers import toml_document, toml_string
 
 FILE = "fuzz.toml"
 KEY = "sk-SECRET-canary-1234567890"
@@ -153,7 +153,7 @@ def _check_config_error(e: ConfigError, doc: dict[str, Any], valid_roots: set[st
 # ---------------------------------------------------------------- config files
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(doc=config_documents)
 def test_any_config_document_loads_or_gives_a_config_error_naming_file_and_key(doc: dict[str, Any]) -> None:
     text = toml_document(doc)
@@ -735,3 +735,24 @@ def test_admin_values_that_would_make_times_infinite_are_refused(sim_loop: Any) 
         response = loop.run_until_complete(client.post("/admin/models/sim-small", json=body))
         assert response.status_code == 400, (body, response.text)
     assert simulator_of(app).state("sim-small").overrides == ()
+
+
+@settings(max_examples=100, deadline=None)
+@given(name=st.text(min_size=1, max_size=20))
+def test_any_scenario_name_that_loads_can_go_in_a_header(name: str) -> None:
+    # The simulator tags every answer with its scenario's name; a name that cannot be a
+    # header value would make every answer fail (uvicorn's h11 refuses it).
+    try:
+        scn = parse_scenario(f"name = {toml_string(name)}\n[[models]]\nname = \"m\"\n", FILE)
+    except ConfigError as e:
+        assert e.key == "name", str(e)
+        return
+
+    async def get() -> httpx.Response:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(scn)), base_url="http://sim") as c:
+            return await c.get("/")
+
+    response = asyncio.run(get())
+    assert response.status_code == 200
+    ((_, value),) = [(k, v) for k, v in response.headers.raw if k == b"x-capmon-simulator"]
+    assert all(b == 0x09 or 0x20 <= b <= 0x7E or b >= 0x80 for b in value), value

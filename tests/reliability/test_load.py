@@ -167,7 +167,7 @@ async def run_load(label: str, seconds: float, extra: str, warmup: float = 1.0) 
 
 
 async def test_a_thousand_callers_on_the_default_limits_for_a_few_seconds() -> None:
-    figures = await run_load("1000 callers, default limits", 3.0, DEFAULTS)
+    figures = await run_load("1000 callers, default limits", 2.0, DEFAULTS, warmup=0.5)
     assert figures.requests > 0
 
 

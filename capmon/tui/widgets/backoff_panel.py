@@ -27,6 +27,8 @@ class BackoffPanel(Static):
         border-title-style: bold;
         padding: 0 1;
         height: 1fr;
+        text-wrap: nowrap;  /* a narrow panel crops lines rather than folding them */
+        text-overflow: ellipsis;
     }
     """
 
@@ -50,12 +52,13 @@ class BackoffPanel(Static):
             self.update(Text("No retry is waiting: every request is in flight or done.", style="dim"), layout=False)
             return
         width = self.content_size.width or 80
-        reason_width = max(10, width - ITEM - MODEL - TRY - IN - 4)
+        reason_width = max(10, width - ITEM - MODEL - TRY - IN - 5)
         room = max(1, self.content_size.height - 1) if self.content_size.height else 8
         shown = waiting if len(waiting) <= room else waiting[: room - 1]
         out = Text(no_wrap=True, overflow="crop")
+        # The countdown before the reason: on a narrow panel the reason is what gets cropped.
         out.append(f"{_cell('item', ITEM)} {_cell('model', MODEL)} {_cell('try', TRY, right=True)} "
-                   f"{_cell('reason', reason_width)} {_cell('in', IN, right=True)}", style="bold")
+                   f"{_cell('in', IN, right=True)}  {_cell('reason', reason_width)}", style="bold")
         for w in shown:
             out.append("\n")
             self._line(out, w, snap.now, reason_width)
@@ -71,6 +74,6 @@ class BackoffPanel(Static):
         else:
             out.append(_cell("any", MODEL), style="italic dim")
         out.append(" " + _cell(f"{w.attempt}/{w.max_attempts}", TRY, right=True) + " ")
-        out.append(_cell(" ".join(w.reason.split()), reason_width), style="dim")
-        out.append(" ")
         out.append(_cell(fmt.duration(w.deadline - now), IN, right=True), style="bold yellow")
+        out.append("  ")
+        out.append(_cell(" ".join(w.reason.split()), reason_width), style="dim")

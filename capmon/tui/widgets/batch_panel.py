@@ -31,10 +31,14 @@ class BatchPanel(Vertical):
     }
     BatchPanel #batch-counts {
         height: 2;
+        text-wrap: nowrap;  /* a narrow terminal crops the fields, never pushes a line out */
+        text-overflow: ellipsis;
     }
     BatchPanel #batch-models {
         height: auto;
         margin-top: 1;
+        text-wrap: nowrap;
+        text-overflow: ellipsis;
     }
     """
 

@@ -19,7 +19,7 @@ class EventLog(RichLog):
         border: round $accent 50%;
         border-title-style: bold;
         height: 1fr;
-        min-height: 5;
+        min-height: 3;
         padding: 0 1;
         overflow-y: auto;
         scrollbar-size-vertical: 1;
