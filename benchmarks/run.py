@@ -126,6 +126,7 @@ class _Sampler:
         self.origin = origin
         self.period = period
         self.samples: list[dict[str, tuple[int, int]]] = []
+        self.rejected: list[int] = []  # cumulative rejections at each sample
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -139,6 +140,12 @@ class _Sampler:
             except (OSError, ValueError):
                 continue
             self.samples.append({n: (m["in_flight"], m["slots"]) for n, m in stats["models"].items()})
+            r = stats["totals"]["rejected"]
+            self.rejected.append(r["capacity"] + r["rate_limited"])
+
+    def peak_rejections(self) -> int:
+        """The most rejections between two samples (0.2 s): a herd shows up as a spike."""
+        return max((b - a for a, b in zip(self.rejected, self.rejected[1:])), default=0)
 
     def stop(self) -> dict[str, float]:
         self._stop.set()
@@ -209,6 +216,7 @@ def run_one(scn_path: Path, scn: Scenario, peer: str, items: int, workers: int, 
             done = _wait_line(p, "DONE", time_limit + 120)
         finally:
             utilisation = sampler.stop()
+            peak = sampler.peak_rejections()
         if not done:
             raise RuntimeError(f"peer {peer} failed (exit {p.poll()}); see {peer_log.name}")
         stats = _get_json(origin + "/admin/stats")
@@ -221,6 +229,7 @@ def run_one(scn_path: Path, scn: Scenario, peer: str, items: int, workers: int, 
     result["sim"] = stats
     result["offset"] = offset
     result["utilisation"] = utilisation
+    result["peak_rejections"] = peak
     return result
 
 
@@ -267,6 +276,7 @@ def figures(result: dict[str, Any], scn: Scenario, items: int, workers: int) -> 
         "cpu": result["cpu"],
         "errors": errors,
         "utilisation": result.get("utilisation", {}),
+        "peak_rejections": result.get("peak_rejections", 0),
         "served": {m.name: sum(1 for r in ok if r["model"] == m.name) for m in scn.models},
         "sim_models": {name: {"requests": m["requests"], "completed": m["completed"],
                               "capacity": m["rejected"]["capacity"], "rate_limited": m["rejected"]["rate_limited"],
@@ -298,7 +308,8 @@ def details(scn: Scenario, peer: str, f: dict[str, Any], result: dict[str, Any])
                     f"{v['rate_limited']} rate-limited ({v['penalised']} penalised)" for m, v in f["sim_models"].items())
     lines.append(f"  - simulator: {sim}")
     if f.get("utilisation"):
-        lines.append("  - slots in use (mean, while busy): " + ", ".join(f"{m} {u:.0%}" for m, u in f["utilisation"].items()))
+        lines.append("  - slots in use (mean, while busy): " + ", ".join(f"{m} {u:.0%}" for m, u in f["utilisation"].items())
+                     + f"; most rejections in one 0.2 s sample: {f.get('peak_rejections', 0)}")
     extra = result.get("extra") or {}
     for k, v in extra.items():
         if k == "breaker" and isinstance(v, list):

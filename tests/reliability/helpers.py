@@ -3,13 +3,14 @@ and a counting event subscriber."""
 
 from __future__ import annotations
 
-import asyncio
 import collections
-import contextlib
+import datetime as _dt
+import math as _math
 import os
+import re as _re
 import socket
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Iterable
+from typing import Any, Iterable
 
 import httpx
 
@@ -109,10 +110,6 @@ def tcp_connections(port: int) -> int:
 
 
 # ---------------------------------------------------------------- TOML writing (for fuzzing)
-
-import datetime as _dt
-import math as _math
-import re as _re
 
 _BARE_KEY = _re.compile(r"[A-Za-z0-9_-]+")
 

@@ -31,9 +31,14 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from capmon.core import config as cfgmod
 from capmon.core.config import Config, load_config, parse_config, resolve_keys
-from capmon.core.errors import Failure, Kind, classify, classify_exception, classify_response
+from capmon.core.errors import (
+    Failure,
+    Kind,
+    classify,
+    classify_exception,
+    classify_response,
+)
 from capmon.core.exceptions import ConfigError
 from capmon.core.hints import MAX_HINT
 from capmon.core.router import FallbackClient
@@ -673,7 +678,7 @@ def test_no_bytes_make_the_simulator_answer_500(sim_loop: Any, content: bytes) -
        scheme=st.sampled_from(["Bearer ", "bearer ", "Basic ", "", "Bearer  "]))
 def test_no_authorization_header_makes_the_simulator_answer_500(sim_loop: Any, token: str, scheme: str) -> None:
     body = json.dumps({"model": "sim-small", "messages": [{"role": "user", "content": "hi"}]}).encode()
-    loop, client, app = sim_loop
+    loop, client, _ = sim_loop
     headers = {"Authorization": (scheme + token).encode("latin-1")}  # as bytes: any octet goes on the wire
     response = loop.run_until_complete(client.post("/v1/chat/completions", content=body, headers=headers))
     assert response.status_code in (200, 401), response.status_code

@@ -21,7 +21,16 @@ from capmon.core.exceptions import RequestFailed
 from capmon.core.result import ChatResult
 from capmon.core.router import FallbackClient
 from capmon.sim.server import running_simulator, start_simulator
-from tests.reliability.helpers import ENV, Recorder, dead_url, scenario, set_fault, set_faults, sim_config, sim_stats
+from tests.reliability.helpers import (
+    ENV,
+    Recorder,
+    dead_url,
+    scenario,
+    set_fault,
+    set_faults,
+    sim_config,
+    sim_stats,
+)
 
 pytestmark = pytest.mark.looptime
 
@@ -45,6 +54,13 @@ def check_all_answered(results: Sequence[Any], rec: Recorder, completed_on_serve
 
 def failed_attempts(results: Sequence[ChatResult]) -> list[Any]:
     return [a for r in results for a in r.attempts if a.kind is not None]
+
+
+async def answer_or_error(client: FallbackClient, text: str) -> ChatResult | RequestFailed:
+    try:
+        return await client.chat(text)
+    except RequestFailed as e:
+        return e
 
 
 async def run_batch(client: FallbackClient, n: int = N) -> list[Any]:
@@ -234,7 +250,7 @@ async def test_a_dead_first_endpoint_of_a_model_falls_through_to_its_second_endp
         async with FallbackClient(cfg, environ=ENV) as client:
             client.bus.subscribe(rec)
             concurrent = await run_batch(client)
-            one_by_one = [await client.chat(f"later {i}") for i in range(20)]
+            one_by_one = [await answer_or_error(client, f"later {i}") for i in range(20)]
         stats = await sim_stats(sim)
     results = check_all_answered([*concurrent, *one_by_one], rec, stats["totals"]["completed"])
     assert all(r.model == "flagship" and r.endpoint == "sim" for r in results)
@@ -250,7 +266,7 @@ async def test_a_dead_model_among_three_costs_no_request() -> None:
         async with FallbackClient(cfg, environ=ENV) as client:
             client.bus.subscribe(rec)
             concurrent = await run_batch(client)
-            one_by_one = [await client.chat(f"later {i}") for i in range(20)]
+            one_by_one = [await answer_or_error(client, f"later {i}") for i in range(20)]
         stats = await sim_stats(sim)
     results = check_all_answered([*concurrent, *one_by_one], rec, stats["totals"]["completed"])
     assert all(r.model == "medium" for r in results)
@@ -279,7 +295,7 @@ async def _restart_run(n: int, down: float, extra: str = "") -> tuple[list[Any],
             await asyncio.sleep(1.0)
             in_flight_at_stop = client.snapshot().in_flight
             await first.stop()  # open requests get the graceful shutdown; new connections are refused
-            completed += (await _stats_of(first))["totals"]["completed"]
+            completed += first.simulator.stats()["totals"]["completed"]  # it is down: read its counters directly
             await asyncio.sleep(down)
             second = await start_simulator(scn, port=port)
             try:
@@ -290,10 +306,6 @@ async def _restart_run(n: int, down: float, extra: str = "") -> tuple[list[Any],
     finally:
         await first.stop()
     return results, rec, completed, in_flight_at_stop
-
-
-async def _stats_of(handle: Any) -> dict[str, Any]:
-    return handle.simulator.stats()  # the server is down: read its counters directly
 
 
 async def test_a_restart_without_downtime_loses_nothing() -> None:

@@ -17,7 +17,13 @@ import looptime
 import pytest
 from hypothesis import event, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    rule,
+    run_state_machine_as_test,
+)
 
 from capmon.core import events as ev
 from capmon.core.breaker import Admission, CircuitBreaker, State
@@ -284,7 +290,7 @@ class RouterMachine(RuleBasedStateMachine):
                   and target.limiter.has_room() and target.key_ref not in self.client._disabled_keys
                   and target.not_before <= self.loop.time())
         start = len(self.events)
-        (result,) = self._collect([self.loop.create_task(self.client.chat("one"))])
+        self._collect([self.loop.create_task(self.client.chat("one"))])
         event(f"pinned model admits: {admits}")
         if admits:
             first = next(e for e in self.events[start:] if isinstance(e, ev.AttemptStarted))
