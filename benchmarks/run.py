@@ -39,7 +39,6 @@ import os
 import platform
 import shlex
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -48,10 +47,9 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from capmon.sim.scenario import Scenario, load_scenario
-
 from benchmarks.ideal import Ideal, ideal
-from benchmarks.peers import DESCRIPTIONS, PEERS
+from benchmarks.peers import PEERS
+from capmon.sim.scenario import Scenario, load_scenario
 
 HERE = Path(__file__).resolve().parent
 SCENARIOS = ["outage", "underprovisioned", "saturated", "retry_after"]
@@ -67,7 +65,7 @@ def _free_port() -> int:
 
 
 def _get_json(url: str, timeout: float = 5.0) -> Any:
-    with urllib.request.urlopen(url, timeout=timeout) as r:  # noqa: S310 - loopback only
+    with urllib.request.urlopen(url, timeout=timeout) as r:
         return json.loads(r.read())
 
 

@@ -13,12 +13,11 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+from benchmarks.peers.base import Item, PeerContext
 from capmon.core import events as ev
 from capmon.core.config import Config, parse_config
 from capmon.core.result import ChatRequest
 from capmon.core.router import FallbackClient
-
-from benchmarks.peers.base import Item, PeerContext
 
 CONFIG = Path(__file__).resolve().parent.parent / "capmon-bench.toml"
 
@@ -78,7 +77,7 @@ class CapmonPeer:
         elif isinstance(e, ev.RetryScheduled):
             self.retries += 1
 
-    async def __aenter__(self) -> "CapmonPeer":
+    async def __aenter__(self) -> CapmonPeer:
         self.t0: float | None = None  # set by the first call: the run starts after READY / GO
         return self
 

@@ -55,7 +55,7 @@ class LiteLLMRouter:
         )
         self.served_unknown = 0
 
-    async def __aenter__(self) -> "LiteLLMRouter":
+    async def __aenter__(self) -> LiteLLMRouter:
         return self
 
     async def __aexit__(self, *exc: object) -> None:

@@ -20,7 +20,7 @@ class SdkDefault:
         self.model = ctx.models[0]
         self.client = openai.AsyncOpenAI(base_url=ctx.base_url, api_key=ctx.api_key)  # max_retries=2
 
-    async def __aenter__(self) -> "SdkDefault":
+    async def __aenter__(self) -> SdkDefault:
         return self
 
     async def __aexit__(self, *exc: object) -> None:

@@ -23,7 +23,7 @@ class SdkLoop:
         self.client = openai.AsyncOpenAI(base_url=ctx.base_url, api_key=ctx.api_key)  # max_retries=2
         self.fallbacks = 0
 
-    async def __aenter__(self) -> "SdkLoop":
+    async def __aenter__(self) -> SdkLoop:
         return self
 
     async def __aexit__(self, *exc: object) -> None:

@@ -14,7 +14,12 @@ from __future__ import annotations
 from typing import Any
 
 import openai
-from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_random_exponential
+from tenacity import (
+    AsyncRetrying,
+    retry_if_exception_type,
+    stop_after_delay,
+    wait_random_exponential,
+)
 
 from benchmarks.peers.base import Item, PeerContext
 
@@ -27,7 +32,7 @@ class TenacityRecipe:
         self.client = openai.AsyncOpenAI(base_url=ctx.base_url, api_key=ctx.api_key, max_retries=0)
         self.rounds = 0
 
-    async def __aenter__(self) -> "TenacityRecipe":
+    async def __aenter__(self) -> TenacityRecipe:
         return self
 
     async def __aexit__(self, *exc: object) -> None:

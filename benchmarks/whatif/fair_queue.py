@@ -44,7 +44,7 @@ async def _ordered_wait(self, state, timeout):
     self._queued += 1
     try:
         await asyncio.wait_for(fut, timeout)
-    except (asyncio.TimeoutError, TimeoutError):
+    except TimeoutError:
         pass
     finally:
         self._queued -= 1

@@ -11,7 +11,7 @@ the fast rejections of requests sent after the decrease. So:
 * after each probe above capacity the limit halves and climbs back one request per
   round trip: the saturated scenario keeps only ~83 % of the slots busy, the outage
   scenario's fallbacks ~80 %;
-* during an outage the limit collapses (10 decreases, to 1-2) and, slow start being
+* during an outage the limit collapses (~10 decreases, to 1.0) and, slow start being
   over, climbs back one request per round trip after recovery: the flagship's share
   after an outage stays far below the ideal's.
 

@@ -26,7 +26,7 @@ from capmon.core.backoff import Backoff
 from capmon.core.breaker import CircuitBreaker
 from capmon.core.clock import Clock, default_clock
 from capmon.core.config import Config, ResolvedKey, resolve_keys
-from capmon.core.errors import Failure, Kind, classify_exception, classify_response
+from capmon.core.errors import CONNECT_FAILED, Failure, Kind, classify_exception, classify_response
 from capmon.core.exceptions import CapmonError, DeadlineExceeded, RequestFailed
 from capmon.core.limiter import AdaptiveLimiter, Budget, TokenBucket
 from capmon.core.result import Attempt, ChatRequest, ChatResult
@@ -131,7 +131,9 @@ class FallbackClient:
         self._disabled_keys: dict[tuple[str, str], str] = {}
         self._pinned: str | None = None
         self._ids = itertools.count(1)
-        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        # Requests waiting for any target to admit them, first come first served; an
+        # ordered dict so that a waiter that times out removes itself in O(1).
+        self._waiters: collections.OrderedDict[int, asyncio.Future[None]] = collections.OrderedDict()
         self._waiting: dict[int, WaitingRetry] = {}
         self._queued = 0
         self._in_flight = 0
@@ -388,7 +390,9 @@ class FallbackClient:
     async def _choose(self, state: _RequestState) -> tuple[Target, Any]:
         while True:
             now = self.clock.now()
-            if now >= state.deadline:
+            # Within a microsecond counts as passed: float sums like 241.71 + 120.0 land a
+            # hair past the mark, and a fast-forwarded clock may never get there.
+            if now >= state.deadline - 1e-6:
                 failure = state.last_failure or Failure(Kind.CAPACITY, "no model admitted the request in time")
                 raise DeadlineExceeded(failure, state.attempts, f"deadline of {self.config.client.deadline:g}s passed; last: {failure.kind.value}: {failure.reason}")
             usable = [t for t in self._order(state) if self._usable(state, t, now)]
@@ -411,11 +415,11 @@ class FallbackClient:
                     return t, admission
             # Nothing admits now: wait for a slot to free or the earliest time one may.
             wake_at = min(earliest if earliest is not None else now + _MAX_NAP, now + _MAX_NAP, state.deadline)
-            await self._wait(state, max(0.0, wake_at - now))
+            await self._wait(state, max(1e-3, wake_at - now))
 
     async def _wait(self, state: _RequestState, timeout: float) -> None:
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.append(fut)
+        self._waiters[id(fut)] = fut
         self._queued += 1
         try:
             await asyncio.wait_for(fut, timeout)
@@ -423,6 +427,7 @@ class FallbackClient:
             pass
         finally:
             self._queued -= 1
+            self._waiters.pop(id(fut), None)
             if not fut.done():
                 fut.cancel()
 
@@ -431,14 +436,14 @@ class FallbackClient:
         limit that just grew has more than the one slot that was freed."""
         n = 1 if target is None else max(1, int(target.limiter.limit) - target.limiter.in_flight)
         while self._waiters and n > 0:
-            fut = self._waiters.popleft()
+            _, fut = self._waiters.popitem(last=False)
             if not fut.done():
                 fut.set_result(None)
                 n -= 1
 
     def _wake_all(self) -> None:
         while self._waiters:
-            fut = self._waiters.popleft()
+            _, fut = self._waiters.popitem(last=False)
             if not fut.done():
                 fut.set_result(None)
 
@@ -510,12 +515,24 @@ class FallbackClient:
                             content = _content_of(response_json)
                     else:
                         status, failure, response_json, content = await self._stream_attempt(state, t, stream_sink)
-            except (asyncio.CancelledError, KeyboardInterrupt, RequestFailed):
-                # Cancelled, or a stream that broke after text reached the caller: no retry.
+            except (asyncio.CancelledError, KeyboardInterrupt):
                 t.breaker.release(admission)
                 t.limiter.release("neutral")
                 self._wake_one()
                 raise
+            except RequestFailed as e:
+                # A stream that broke after text reached the caller: recorded, never retried.
+                t.breaker.on_failure(admission, capacity=False, hint=None)
+                t.limiter.release("neutral")
+                self._wake_one()
+                now = self.clock.now()
+                t.stats.record(now, "other", now - t0)
+                self._publish(ev.AttemptFailed, request_id=state.id, item_id=state.request.item_id, model=t.model.name,
+                              target=t.id, attempt=number, kind=e.failure.kind.value, status=e.failure.status,
+                              reason=e.failure.reason, hint=None)
+                self._record(state, t, number, started_wall, e.failure.status, e.failure.kind, e.failure.reason, None,
+                             0.0, now - t0, "fail")
+                raise RequestFailed(e.failure, state.attempts, str(e)) from None
             except Exception as e:  # classified, never raised: timeouts, resets, broken bodies
                 failure = classify_exception(e)
         finally:
@@ -598,7 +615,9 @@ class FallbackClient:
             t.breaker.release(admission)
             t.limiter.release("overload")
         else:
-            if kind is Kind.TRANSIENT:
+            if kind is Kind.TRANSIENT and failure.code == CONNECT_FAILED:
+                t.breaker.on_failure(admission, capacity=True, hint=None)  # unreachable counts as down
+            elif kind is Kind.TRANSIENT:
                 t.breaker.on_failure(admission, capacity=False, hint=None)
             else:
                 t.breaker.release(admission)
@@ -642,10 +661,25 @@ class FallbackClient:
         if out_of_attempts:
             fail("fail", f"{kind.value}: {failure.reason} (after {number} attempts)")
 
+        if kind is Kind.TRANSIENT and failure.code == CONNECT_FAILED:
+            # Nothing reached the server (down, restarting): like capacity, fall back at
+            # once if another target admits, else wait; its breaker counts this, so later
+            # requests queue until a probe finds it back. No budget: nobody was hammered.
+            wait = self._backoff.wait(state.failures, Kind.TRANSIENT, hint)
+            state.avoid[t.id] = now + wait
+            if self._other_ready(state, t, now):
+                self._record(state, t, number, started_wall, status, kind, failure.reason, hint, 0.0, latency, "fallback")
+                return None
+            self._record(state, t, number, started_wall, status, kind, failure.reason, hint, wait, latency, "retry")
+            await self._sleep_retry(state, wait, None, failure.reason)
+            return None
+
         if kind is Kind.TRANSIENT:
+            # One broken answer from a live server: the same model again after a short
+            # backoff, bounded by the retry budget so a failing server is not hammered.
+            wait = self._backoff.wait(state.failures, Kind.TRANSIENT, hint)
             if not self._budget.try_spend():
                 fail("fail", f"transient: {failure.reason} (retry budget spent)")
-            wait = self._backoff.wait(state.failures, Kind.TRANSIENT, hint)
             self._record(state, t, number, started_wall, status, kind, failure.reason, hint, wait, latency, "retry")
             await self._sleep_retry(state, wait, t.model.name, failure.reason)
             return None

@@ -22,8 +22,8 @@ from textual.binding import Binding
 from textual.containers import Horizontal
 from textual.message import Message
 from textual.reactive import reactive
-from textual.timer import Timer
 from textual.screen import ModalScreen
+from textual.timer import Timer
 from textual.widgets import Footer
 from textual.worker import Worker, WorkerState
 
@@ -150,7 +150,7 @@ class CapmonApp(App[int]):
             self.table.show(self.snap, self.needle)
             self.backoff_panel.show(self.snap)
             self.batch_panel.show(self.batch, why_none=self._why_no_batch(),
-                                            can_pause=self.source.can_pause_batch and not self.source.readonly)
+                                  can_pause=self.source.can_pause_batch and not self.source.readonly)
             self._show_status()
             self._watch_batch_state(self.batch)
             self.refreshes += 1
@@ -162,7 +162,7 @@ class CapmonApp(App[int]):
 
     def _show_status(self) -> None:
         self.status_bar.show(self.snap, description=self.source.description, paused=self.paused,
-                                       readonly=self.source.readonly, needle=self.needle)
+                             readonly=self.source.readonly, needle=self.needle)
 
     def _watch_batch_state(self, batch: BatchProgress | None) -> None:
         state = batch.state if batch is not None else None
@@ -221,7 +221,8 @@ class CapmonApp(App[int]):
         for wall, line in digest.lines:
             log.add(wall, line)
         if digest.left_out:
-            log.add(digest.lines[-1][0], Text(f"… {digest.left_out} more events in this burst (log rate-limited)", style="dim"))
+            log.add(digest.lines[-1][0],
+                    Text(f"… {digest.left_out} more events in this burst (log rate-limited)", style="dim"))
         for toast in digest.toasts:
             self.notify(toast.message, title=toast.title, severity=toast.severity,  # type: ignore[arg-type]
                         timeout=toast.timeout)
@@ -238,11 +239,12 @@ class CapmonApp(App[int]):
     def report_error(self, where: str, error: BaseException) -> None:
         if self._stopped:  # on the way out: nothing left to show it on
             return
-        message = f"{where}: {type(error).__name__}: {error}" if not isinstance(error, CapmonError) else f"{where}: {error}"
+        message = f"{where}: {error}" if isinstance(error, CapmonError) else f"{where}: {type(error).__name__}: {error}"
+        if message in self._errors_shown:  # the same failure on every refresh: said once
+            return
+        self._errors_shown.add(message)
         self.log_view.add(self._wall(), Text(f"✖ {message}", style="bold red"))
-        if message not in self._errors_shown:  # the same failure every refresh: one toast
-            self._errors_shown.add(message)
-            self.notify(message, title="Error", severity="error", timeout=10)
+        self.notify(message, title="Error", severity="error", timeout=10)
 
     def _wall(self) -> float:
         return self.snap.wall if self.snap is not None else self.source.clock.wall()

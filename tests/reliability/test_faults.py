@@ -180,8 +180,6 @@ async def test_a_stream_cut_after_text_fails_that_request_and_no_other() -> None
     assert stats["totals"]["completed"] == N - FAULTS
 
 
-@pytest.mark.xfail(strict=True, reason="router: a stream that breaks after text raises RequestFailed before the "
-                                       "attempt is recorded: no Attempt on the exception, no AttemptFailed, no stats")
 async def test_a_stream_cut_after_text_is_recorded_as_a_failed_attempt() -> None:
     rec = Recorder(keep=True)
     seen: list[Any] = []
@@ -242,7 +240,6 @@ BUG_DEAD_ENDPOINT = (
 )
 
 
-@pytest.mark.xfail(strict=True, reason=BUG_DEAD_ENDPOINT)
 async def test_a_dead_first_endpoint_of_a_model_falls_through_to_its_second_endpoint() -> None:
     rec = Recorder(keep=True)
     async with running_simulator(scenario()) as sim:
@@ -253,12 +250,14 @@ async def test_a_dead_first_endpoint_of_a_model_falls_through_to_its_second_endp
             one_by_one = [await answer_or_error(client, f"later {i}") for i in range(20)]
         stats = await sim_stats(sim)
     results = check_all_answered([*concurrent, *one_by_one], rec, stats["totals"]["completed"])
-    assert all(r.model == "flagship" and r.endpoint == "sim" for r in results)
+    # Under concurrent load a full flagship@sim spills to the next model, as routing says;
+    # one request at a time, every one goes to the flagship's live endpoint.
+    assert all(r.endpoint == "sim" for r in results)
+    assert all(r.model == "flagship" for r in results[len(concurrent):])
     for a in failed_attempts(results):
         assert a.kind is Kind.TRANSIENT and a.target == "flagship@dead/k" and a.reason.startswith("connection failed")
 
 
-@pytest.mark.xfail(strict=True, reason=BUG_DEAD_ENDPOINT)
 async def test_a_dead_model_among_three_costs_no_request() -> None:
     rec = Recorder(keep=True)
     async with running_simulator(scenario()) as sim:
@@ -269,7 +268,8 @@ async def test_a_dead_model_among_three_costs_no_request() -> None:
             one_by_one = [await answer_or_error(client, f"later {i}") for i in range(20)]
         stats = await sim_stats(sim)
     results = check_all_answered([*concurrent, *one_by_one], rec, stats["totals"]["completed"])
-    assert all(r.model == "medium" for r in results)
+    assert all(r.model in ("medium", "small") for r in results)
+    assert all(r.model == "medium" for r in results[len(concurrent):])
 
 
 # ---------------------------------------------------------------- a restart
@@ -314,10 +314,9 @@ async def test_a_restart_without_downtime_loses_nothing() -> None:
     results = check_all_answered(results, rec, completed)
 
     for a in failed_attempts(results):
-        assert a.kind is Kind.TRANSIENT and a.decision == "retry"
+        # Retried, or (for a connection that was refused) sent to another model at once.
+        assert a.kind is Kind.TRANSIENT and a.decision in ("retry", "fallback")
 
-
-@pytest.mark.xfail(strict=True, reason=BUG_DEAD_ENDPOINT + "; a 5 s restart fails about half of 200 requests")
 async def test_a_restart_in_the_middle_of_a_run_loses_nothing() -> None:
     results, rec, completed, in_flight = await _restart_run(200, 5.0)
     assert in_flight > 0

@@ -232,7 +232,7 @@ class RouterMachine(RuleBasedStateMachine):
         self.client = self.loop.run_until_complete(self.stack.enter_async_context(
             FallbackClient(cfg, environ=ENV, bus=bus, rng=random.Random(0))))
         # Work around the spin at a deadline a few ulps ahead of the quantised fake clock
-        # (test_waiting.py::test_a_deadline_a_hair_ahead_of_the_clock_does_not_spin, xfail):
+        # (test_waiting.py::test_a_deadline_a_hair_ahead_of_the_clock_does_not_spin):
         # a nap is never shorter than looptime's resolution.
         original_wait = self.client._wait
         self.client._wait = lambda state, timeout: original_wait(state, max(timeout, 1e-6))  # type: ignore[method-assign]

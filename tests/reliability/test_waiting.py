@@ -50,9 +50,6 @@ async def test_a_request_nothing_admits_ends_at_its_deadline() -> None:
     assert calls[0] <= 120 / 5 + 2  # a nap of at most five seconds at a time
 
 
-@pytest.mark.xfail(strict=True, reason="router: _choose compares now >= deadline exactly; when float rounding leaves "
-                                       "the deadline a few ulps ahead of a quantised loop clock it waits 1e-14 s "
-                                       "again and again without time moving (hangs under looptime)")
 async def test_a_deadline_a_hair_ahead_of_the_clock_does_not_spin() -> None:
     async with serve(Script()) as url:
         cfg = three_models(url, extra="[client]\ndeadline = 120.0")
@@ -68,9 +65,6 @@ async def test_a_deadline_a_hair_ahead_of_the_clock_does_not_spin() -> None:
                 await client.chat("hi")
 
 
-@pytest.mark.xfail(strict=True, reason="router: _wait appends a future to _waiters on every nap and never removes "
-                                       "it when the nap times out; only a wake-up pops them, so while nothing "
-                                       "admits, the deque grows by one future per waiting request every 5 s")
 async def test_waiting_requests_leave_no_dead_futures_behind() -> None:
     async with serve(Script()) as url:
         cfg = three_models(url, extra="[client]\ndeadline = 900.0")
