@@ -686,8 +686,9 @@ class FallbackClient:
 
         if kind is Kind.RATE_LIMITED:
             wait = self._backoff.wait(state.failures, kind, hint)
-            # Every request avoids this key until the hint runs out; this one comes back to the same model.
-            if hint is not None:
+            # This request comes back to the same model after the hint; every request avoids
+            # the key until then when none of ours is in flight there (a key-level stop).
+            if hint is not None and t.limiter.in_flight == 0:
                 t.not_before = max(t.not_before, now + hint)
             state.avoid[t.id] = now + wait
             state.stick_to = t.model.name
@@ -703,7 +704,10 @@ class FallbackClient:
         # Capacity: fall back at once if another model admits, else wait with backoff.
         wait = self._backoff.wait(state.failures, kind, hint)
         state.avoid[t.id] = now + wait
-        if hint is not None:
+        # A hint stops the whole target only when nothing else of ours is being served
+        # there: otherwise the model is merely full, the limiter's decrease is the
+        # target-wide answer, and idling its other slots for the hint would waste them.
+        if hint is not None and t.limiter.in_flight == 0:
             t.not_before = max(t.not_before, now + hint)
         if self._other_ready(state, t, now):
             self._record(state, t, number, started_wall, status, kind, failure.reason, hint, 0.0, latency, "fallback")
