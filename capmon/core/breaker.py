@@ -267,7 +267,10 @@ class CircuitBreaker:
                 self._ramp_from = now
                 self._move(State.RAMP, f"{self._probe_successes} probe(s) succeeded", now)
                 self._advance(now)  # a zero-length ramp closes at once
-        # RAMP: successes are expected; the ramp's progress depends on time only.
+        elif self._state is State.RAMP:
+            # The ramp's progress depends on time only; a success ends a failure streak.
+            self._consecutive = 0
+            self._streak_hint = None
         # FORCED_CLOSED: ignores outcomes.
 
     def on_failure(self, adm: Admission, capacity: bool = True, hint: float | None = None) -> None:
@@ -286,8 +289,15 @@ class CircuitBreaker:
             what = "capacity" if capacity else "transient error"
             self._trip(now, f"probe failed ({what})", hint)
         elif s is State.RAMP:
+            # The ramp counts failures as the closed state does: a recovering model
+            # that is merely full for a moment (a limit probing one above its slots)
+            # must not be sent back for a doubled cool-down; one that is still down
+            # fails again at once and trips.
             if capacity:
-                self._trip(now, "capacity failure during ramp", hint)
+                self._consecutive += 1
+                self._streak_hint = _max_hint(self._streak_hint, hint)
+                if self._consecutive >= self.config.failure_threshold:
+                    self._trip(now, f"{self._consecutive} capacity failures in a row during ramp", self._streak_hint)
 
     def release(self, adm: Admission) -> None:
         """End an attempt whose outcome says nothing about the model's capacity."""

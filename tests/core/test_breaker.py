@@ -330,15 +330,29 @@ def test_ramp_completes_into_closed_and_forgets_the_cooldown_growth() -> None:
     assert h.breaker.next_admit_at() == h.clock.now() + 300  # back to the base cool-down
 
 
-def test_capacity_failure_during_ramp_reopens_with_longer_cooldown() -> None:
+def test_capacity_failures_in_a_row_during_ramp_reopen_with_longer_cooldown() -> None:
     h = Harness(rng=LowDraws())  # admit everything so the test does not depend on the draw
     h.trip()
     h.to_ramp()
+    h.fail(2)
+    assert h.breaker.state is State.RAMP  # a moment of fullness is not a relapse
     h.fail(1)
     v = h.breaker.view()
     assert v.state is State.OPEN
     assert v.cooldown_until == h.clock.now() + 600
-    assert v.reason == "capacity failure during ramp"
+    assert v.reason == "3 capacity failures in a row during ramp"
+
+
+def test_a_success_during_ramp_ends_the_failure_streak() -> None:
+    h = Harness(rng=LowDraws())
+    h.trip()
+    h.to_ramp()
+    for _ in range(5):
+        h.fail(2)
+        adm = h.breaker.admit()
+        assert adm is not None
+        h.breaker.on_success(adm)
+    assert h.breaker.state is State.RAMP
 
 
 def test_transient_failures_during_ramp_are_ignored() -> None:
