@@ -79,4 +79,5 @@ class RateGate:
 
     async def wait(self) -> None:
         while not self._bucket.try_take(1):
-            await self._clock.sleep(max(0.0, self._bucket.available_at(1) - self._clock.now()))
+            # At least a millisecond: float noise must not make a fast-forwarded clock spin.
+            await self._clock.sleep(max(1e-3, self._bucket.available_at(1) - self._clock.now()))

@@ -323,7 +323,9 @@ class BatchRunner:
         return self._exhausted and not self._queue and not self._parked and not self._active
 
     def _take(self) -> StoredItem | None:
-        if self._parked and self._parked[0][0] <= self.clock.now():
+        # Within a microsecond counts as due: float noise must not leave a parked item a
+        # hair in the future of a (fast-forwarded) clock that never gets there.
+        if self._parked and self._parked[0][0] <= self.clock.now() + 1e-6:
             return heapq.heappop(self._parked)[2]
         if not self._queue and not self._exhausted:
             assert self._store is not None and self._info is not None
@@ -366,7 +368,7 @@ class BatchRunner:
 
     async def _idle(self) -> None:
         """Nothing to send now: wait for a parked item to fall due or for anything to change."""
-        timeout = max(0.0, self._parked[0][0] - self.clock.now()) if self._parked else None
+        timeout = max(1e-3, self._parked[0][0] - self.clock.now()) if self._parked else None
         await self._wait_changed(timeout)
 
     # ------------------------------------------------------------ one item
