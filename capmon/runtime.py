@@ -15,6 +15,7 @@ from typing import AsyncIterator, Mapping
 from capmon.core.clock import Clock
 from capmon.core.config import Config, find_config, load_config, resolve_keys
 from capmon.core.events import EventBus
+from capmon.core.exceptions import ConfigError
 from capmon.core.router import FallbackClient
 
 
@@ -56,7 +57,13 @@ async def open_engine(
     if config.simulator.enabled and with_simulator:
         from capmon.sim.server import ensure_simulator
 
-        handle = await ensure_simulator(config.simulator.listen, scenario_ref(config), clock=clock)
+        try:
+            handle = await ensure_simulator(config.simulator.listen, scenario_ref(config), clock=clock)
+        except ConfigError as e:
+            if e.key:  # the scenario file itself is wrong: its own file and key say where
+                raise
+            # The scenario could not be found or read: say which config key named it.
+            raise ConfigError(config.path, "simulator.scenario", f"{e.file}: {e.detail}") from None
         url = handle.origin if handle is not None else f"http://{config.simulator.listen}"
     bus = bus or EventBus()
     client = FallbackClient(config, clock=clock, bus=bus, keys=keys)

@@ -84,3 +84,11 @@ def test_a_missing_key_variable_is_reported_at_start(tmp_path: Path) -> None:
     out = subprocess.run([*CAPMON, "status", "--once", "--config", str(cfg)], capture_output=True, text=True, timeout=60, env=env)
     assert out.returncode == 2
     assert "endpoints[0].keys[0].env" in out.stderr and "CAPMON_SIM_API_KEY is not set" in out.stderr
+
+
+def test_a_config_naming_a_missing_scenario_names_the_config_key(tmp_path: Path) -> None:
+    cfg = _config(tmp_path, free_port(), scenario="nowhere.toml")
+    out = subprocess.run([*CAPMON, "status", "--once", "--config", str(cfg)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    assert f"{cfg}: simulator.scenario: " in out.stderr and "nowhere.toml" in out.stderr
+    assert "Traceback" not in out.stderr
