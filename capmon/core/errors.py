@@ -341,9 +341,22 @@ def _reason(status: int, body: _Body, *, unread: bool = False) -> str:
     return f"{status} {message}" if body.html else f"{status}: {message}"
 
 
-def _success_body(body: _Body) -> bool:
-    # No choices (missing, null, []) is no answer: a 200 with a broken body.
-    return isinstance(body.json, Mapping) and isinstance(body.json.get("choices"), list) and bool(body.json["choices"])
+def parse_completion(status: int, body: bytes | str | None) -> Mapping[str, Any] | None:
+    """The parsed answer when a plain (non-streaming) response is a success, else None:
+    then ``classify_response`` says what it is. Never raises.
+
+    The client's hot path: a success is parsed once and never goes through the error
+    patterns. No choices (missing, null, []) is no answer: a 200 with a broken body.
+    """
+    if not 200 <= status < 300 or not body:
+        return None
+    try:
+        parsed = json.loads(body)
+    except Exception:  # not JSON, not UTF-8, nested too deep: classify_response says which
+        return None
+    if isinstance(parsed, Mapping) and isinstance(parsed.get("choices"), list) and parsed["choices"]:
+        return parsed
+    return None
 
 
 def _broken_2xx(status: int, body: _Body, hint: float | None) -> Failure:
@@ -369,11 +382,9 @@ def _classify_response(
     now: float,
     streaming: bool,
 ) -> Failure | None:
-    if 200 <= status < 300 and streaming:
-        return None  # the stream's own events are checked by whoever reads them
+    if 200 <= status < 300 and (streaming or parse_completion(status, body) is not None):
+        return None  # a stream's own events are checked by whoever reads them
     parsed = _read_body(body)
-    if 200 <= status < 300 and _success_body(parsed):
-        return None
     hint = hint_from(headers, parsed.json, parsed.message, now=now)
     if 200 <= status < 300:
         return _broken_2xx(status, parsed, hint)

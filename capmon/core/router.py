@@ -26,7 +26,7 @@ from capmon.core.backoff import Backoff
 from capmon.core.breaker import CircuitBreaker
 from capmon.core.clock import Clock, default_clock
 from capmon.core.config import Config, ResolvedKey, resolve_keys
-from capmon.core.errors import CONNECT_FAILED, Failure, Kind, classify_exception, classify_response
+from capmon.core.errors import CONNECT_FAILED, Failure, Kind, classify_exception, classify_response, parse_completion
 from capmon.core.exceptions import CapmonError, DeadlineExceeded, RequestFailed
 from capmon.core.limiter import AdaptiveLimiter, Budget, TokenBucket
 from capmon.core.result import Attempt, ChatRequest, ChatResult
@@ -344,9 +344,9 @@ class FallbackClient:
             return False
         return True
 
-    def _ready_at(self, state: _RequestState, t: Target, now: float) -> float | None:
-        """When this target may admit the request: ``now`` or earlier means now;
-        None means it waits on a slot (wake-up), not on a time."""
+    def _ready_at(self, state: _RequestState, t: Target, now: float) -> float:
+        """When this target may admit the request as far as time goes (cool-down, hints,
+        buckets): ``now`` or earlier means now; a free slot is checked separately."""
         times = [t.not_before, state.avoid.get(t.id, 0.0)]
         if t.parked_until is not None:
             if t.parked_until > now:
@@ -405,7 +405,7 @@ class FallbackClient:
             earliest: float | None = None
             for t in candidates:
                 ready = self._ready_at(state, t, now)
-                if ready is not None and ready > now:
+                if ready > now:
                     earliest = ready if earliest is None else min(earliest, ready)
                     continue
                 admission = self._try_take(state, t)
@@ -509,10 +509,12 @@ class FallbackClient:
                     if stream_sink is None:
                         resp = await self._http.post(t.url, json=self._body(state, t, False), headers=self._headers(t))
                         status = resp.status_code
-                        failure = classify_response(status, resp.headers, resp.content, now=self.clock.wall())
-                        if failure is None:
-                            response_json = json.loads(resp.content)
-                            content = _content_of(response_json)
+                        answer = parse_completion(status, resp.content)
+                        if answer is None:
+                            failure = classify_response(status, resp.headers, resp.content, now=self.clock.wall())
+                        else:
+                            response_json = dict(answer)
+                            content = _content_of(answer)
                     else:
                         status, failure, response_json, content = await self._stream_attempt(state, t, stream_sink)
             except (asyncio.CancelledError, KeyboardInterrupt):
@@ -693,7 +695,7 @@ class FallbackClient:
             state.avoid[t.id] = now + wait
             state.stick_to = t.model.name
             other_key = any(o.model.name == t.model.name and o.id != t.id and self._usable(state, o, now)
-                            and (self._ready_at(state, o, now) or 0.0) <= now for o in self.targets)
+                            and self._ready_at(state, o, now) <= now for o in self.targets)
             if other_key:
                 self._record(state, t, number, started_wall, status, kind, failure.reason, hint, 0.0, latency, "retry")
                 return None
@@ -724,7 +726,7 @@ class FallbackClient:
             if o.id == failed.id or not self._usable(state, o, now):
                 continue
             ready = self._ready_at(state, o, now)
-            if (ready is None or ready <= now) and o.breaker.would_admit():
+            if ready <= now and o.breaker.would_admit():
                 return True
         return False
 
