@@ -61,13 +61,13 @@ def render(p: BatchProgress, width: int = 100) -> str:
         counts += f"  in flight {p.in_flight}"
     models = "  ".join(f"{m} {n}" for m, n in p.per_model)
     if p.state == "waiting-window":
-        opens = getattr(p, "opens_at", None)
+        opens = p.opens_at
         speed = f"window opens {fmt_clock(opens)} (in {fmt_duration(opens - p.wall)})" if opens else "waiting for the window"
     elif p.state == "finished":
         speed = "finished"
     else:
         speed = f"{p.rate:.1f}/s  ETA {fmt_duration(p.eta)}"
-    message = getattr(p, "message", "")
+    message = p.message
 
     def line(bar_width: int, with_models: bool) -> str:
         parts = [head]

@@ -226,7 +226,7 @@ class BatchRunner:
         final = "stopped"
         try:
             await self._open()
-            detach = self.client.add_observer(self._audit.observe)
+            detach = self._audit.attach(self.client)
             self._phase = "running"
             self._sample()
             self._publish_progress()
@@ -455,7 +455,7 @@ class BatchRunner:
         if hint is not None and hint > delay:
             delay = hint
         last: Attempt | None = e.attempts[-1] if e.attempts else None
-        kind = e.kind if not isinstance(e, DeadlineExceeded) or e.failure is None else e.failure.kind.value
+        kind = e.kind
         self._audit.park(job=self.job, item=item.id, attempt=attempts, model=last.model if last else None,
                          endpoint=last.endpoint if last else None, key_alias=last.key_alias if last else None,
                          status=e.failure.status, kind=kind, hint=hint, wait=delay,
@@ -645,7 +645,7 @@ class BatchRunner:
                     store.ingest_chunk(info.id, rows, offset=offset, line=line, now=self.clock.wall())
                     rows = []
                     self._total = store.require(self.job).total
-                    await asyncio.sleep(0)  # let the loop breathe (a dashboard in the same loop)
+                    await self.clock.sleep(0)  # let the loop breathe (a dashboard in the same loop)
             if rows:
                 store.ingest_chunk(info.id, rows, offset=offset, line=line, now=self.clock.wall())
         except OSError as e:

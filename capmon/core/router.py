@@ -513,7 +513,7 @@ class FallbackClient:
                         if answer is None:
                             failure = classify_response(status, resp.headers, resp.content, now=self.clock.wall())
                         else:
-                            response_json = dict(answer)
+                            response_json = answer  # type: ignore[assignment]
                             content = _content_of(answer)
                     else:
                         status, failure, response_json, content = await self._stream_attempt(state, t, stream_sink)

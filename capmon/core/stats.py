@@ -90,8 +90,14 @@ class RollingStats:
                     b.latencies[j] = latency
 
     def _live(self, now: float, seconds: int) -> list[_Bucket]:
-        lo = int(now) - seconds + 1
-        return [b for b in self._buckets if b is not None and lo <= b.second <= int(now)]
+        # Walk only the slots in range: a snapshot reads several windows per target.
+        top = int(now)
+        out = []
+        for second in range(top - min(seconds, HORIZON) + 1, top + 1):
+            b = self._buckets[second % HORIZON]
+            if b is not None and b.second == second:
+                out.append(b)
+        return out
 
     def window(self, now: float, seconds: int) -> WindowStats:
         live = self._live(now, seconds)

@@ -16,6 +16,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from capmon.core.hints import MAX_HINT
+
 OPENAI_429 = "openai-429"
 OPENAI_503 = "openai-503"
 ANTHROPIC_529 = "anthropic-529"
@@ -49,7 +51,6 @@ def _json(status: int, payload: Any, headers: Mapping[str, str] | None = None) -
     return WireError(status, json.dumps(payload).encode(), "application/json", dict(headers or {}))
 
 
-_MAX_HINT = 365 * 86_400.0
 
 
 def format_duration(seconds: float) -> str:
@@ -81,7 +82,7 @@ def capacity_rejection(dialect: str, *, model: str, slots: int, hint: float | No
     """The answer to a request that found no free slot on ``model``."""
     headers: dict[str, str] = {}
     if hint is not None:
-        hint = min(max(0.0, float(hint)), _MAX_HINT)  # keep every rendering finite
+        hint = min(max(0.0, float(hint)), MAX_HINT)  # keep every rendering finite
     if dialect == OPENAI_429:
         headers = {"x-ratelimit-limit-requests": str(max(slots, 0)), "x-ratelimit-remaining-requests": "0"}
         message = (f"Rate limit reached for {model} in organization org-capmon-sim on requests per min (RPM): "

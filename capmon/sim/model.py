@@ -10,6 +10,8 @@ then the scenario's schedule phase in force, then the model's own values.
 
 from __future__ import annotations
 
+import math
+
 import hashlib
 import itertools
 import random
@@ -208,9 +210,6 @@ class Simulator:
     def has_model(self, name: str) -> bool:
         return name in self._models
 
-    def spec(self, name: str) -> ModelSpec:
-        return self._models[name].spec
-
     def state(self, name: str) -> ModelState:
         rt = self._models[name]
         spec = rt.spec
@@ -268,8 +267,8 @@ class Simulator:
     def outage(self, name: str, duration: float, dialect: str | None = None) -> ModelState:
         """No slots on ``name`` for ``duration`` seconds, whatever the schedule says."""
         rt = self._models[name]
-        if isinstance(duration, bool) or not isinstance(duration, (int, float)) or not duration >= 0:
-            raise ValueError(f"duration must be a number of seconds >= 0, got {duration!r}")
+        if isinstance(duration, bool) or not isinstance(duration, (int, float)) or not 0 <= duration < math.inf:
+            raise ValueError(f"duration must be a finite number of seconds >= 0, got {duration!r}")
         if dialect is not None and dialect not in DIALECTS:
             raise ValueError(f"dialect must be one of {', '.join(DIALECTS)}, got {dialect!r}")
         rt.outage_until = self.clock.now() + float(duration)

@@ -22,6 +22,7 @@ else:  # pragma: no cover
 
 from capmon.core.config import SIMULATOR_DEMO_KEY, key_text
 from capmon.core.exceptions import ConfigError
+from capmon.core.hints import MAX_HINT  # the client ignores longer hints anyway
 from capmon.sim.dialects import DIALECTS, OPENAI_503
 
 SCENARIO_DIR = Path(__file__).resolve().parent / "scenarios"
@@ -35,7 +36,6 @@ ANY_KEY = "*"
 MAX_LATENCY = 86_400.0  # seconds to the first token
 MAX_PER_TOKEN = 60.0
 MAX_LATENCY_FACTOR = 1000.0
-MAX_HINT = 365 * 86_400.0  # the client ignores longer hints anyway
 
 
 @dataclass(frozen=True)
@@ -85,12 +85,6 @@ class Scenario:
     keys: tuple[str, ...] = DEFAULT_KEYS  # "*" accepts any non-empty key
     penalty: PenaltySpec = PenaltySpec()
     source: str = field(default="<code>", compare=False)
-
-    def model(self, name: str) -> ModelSpec:
-        for m in self.models:
-            if m.name == name:
-                return m
-        raise KeyError(name)
 
 
 # ---------------------------------------------------------------- loading

@@ -396,3 +396,14 @@ def test_unknown_scenario_name(tmp_path) -> None:
     path.write_text(MINIMAL + "hint = -1\n")
     with pytest.raises(ConfigError, match=r"mine\.toml: models\[0\]\.hint"):
         load_scenario(path)
+
+
+def test_an_outage_must_be_finite() -> None:
+    import math
+
+    sim = Simulator(load_scenario("steady"), ManualClock())
+    sim.start()
+    for bad in (math.inf, math.nan, -1.0):
+        with pytest.raises(ValueError, match="finite number of seconds"):
+            sim.outage("sim-flagship", bad)
+    assert sim.stats()["models"]  # the admin view still renders

@@ -223,6 +223,7 @@ async def test_pause_freezes_the_screen_while_data_keeps_coming() -> None:
         await pilot.pause()
         assert app.table.get_cell("flagship@sim/sim-key", "cooldown").plain == before
         assert "arrived while paused" not in screen_text(app)
+        assert "1 held while paused" in screen_text(app)  # the log says it is holding lines
 
         await pilot.press("p")
         await pilot.pause()

@@ -7,6 +7,7 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import ProgressBar, Static
 
+from capmon.batch.progress import fmt_duration
 from capmon.core.events import BatchProgress
 from capmon.tui import format as fmt
 
@@ -76,7 +77,7 @@ class BatchPanel(Vertical):
         total = progress.total if progress.total is not None else progress.done + progress.failed + progress.pending
         bar.update(total=max(1, total), progress=progress.done + progress.failed)
 
-        eta = fmt.duration(progress.eta) if progress.eta is not None else "-"
+        eta = fmt_duration(progress.eta)
         # Two fixed lines of fixed-width fields (cheaper to redraw than a Rich Table).
         counts.update(Text.assemble(
             _kv("done", progress.done, "green", 14), _kv("failed", progress.failed, "red", 12),
@@ -85,7 +86,7 @@ class BatchPanel(Vertical):
             _field("ETA", eta, "", 12), ("state ", "dim"), state,
             no_wrap=True,
         ), layout=False)
-        message = getattr(progress, "message", "")  # the batch layer's word on a halt or a wait
+        message = progress.message  # the batch layer's word on a halt or a wait
         served = sum(n for _, n in progress.per_model) or 1
         name_width = max((len(m) for m, _ in progress.per_model), default=0)
         split = Text(no_wrap=True)

@@ -37,6 +37,7 @@ class EventLog(RichLog):
         stamped = Text.assemble((fmt.clock_time(wall) + "  ", "dim"), line)
         if self.frozen:
             self.held.append(stamped)
+            self.border_subtitle = f"{len(self.held)} held while paused"
             return
         self.write(stamped)
         self.written += 1
