@@ -46,6 +46,8 @@ class ClientConfig:
     max_attempts: int = _f(50, min=1, doc="attempts per request across all models")
     retry_budget: float = _f(0.2, min=0.0, max=10.0, doc="transient retries allowed per first attempt")
     max_connections: int = _f(256, min=1)
+    max_response_bytes: int = _f(8 * 1024 * 1024, min=1024, doc="largest response body (or stream) read; past it the answer fails as oversized")
+    transport: str = _f("httpx", choices=("httpx", "aiohttp"), doc="the HTTP transport under httpx's API")
 
 
 @dataclass(frozen=True)
@@ -104,6 +106,8 @@ class ModelConfig:
     rpm: int = _f(0, min=0, doc="requests per minute, 0 for no bucket")
     tpm: int = _f(0, min=0, doc="tokens per minute, 0 for no bucket")
     max_concurrency: int = _f(0, min=0, doc="cap on the adaptive limit, 0 for the [limiter] max")
+    token_param: str = _f("max_tokens", choices=("max_tokens", "max_completion_tokens"),
+                          doc="how the token cap is sent; reasoning models want max_completion_tokens")
 
     @property
     def wire_name(self) -> str:
