@@ -65,27 +65,21 @@ class ProbeWorker:
         raise KeyError(f"no target {target_id!r}")
 
     def next_delay(self, target_id: str) -> float:
-        """Seconds until this target's next probe: the interval, or sooner when its
-        cool-down ends first, so a half-open breaker is probed as soon as it may be."""
+        """Seconds until this target's next probe: the interval, or sooner when an open
+        breaker's probe is due first."""
         t = self._target(target_id)
         delay = self.interval
-        until = t.breaker.next_admit_at()
+        until = t.state.probe_due_at()
         if until is not None:
             delay = min(delay, max(0.0, until - self.clock.now()) + _AFTER_COOLDOWN)
         return delay
 
     async def probe_once(self, target_id: str) -> ProbeResult:
-        t = self._target(target_id)
-        # A probe takes a slot of the target's concurrency limit like any request: sent
-        # on top of a full model it would only earn a self-inflicted "overloaded" that
-        # the breaker counts. A model at its limit is being measured by traffic anyway.
-        if not t.limiter.try_acquire():
-            result = ProbeResult(target_id, None, None, None, None, "skipped: at its concurrency limit")
-        else:
-            try:
-                result = await self.client.probe(target_id)
-            finally:
-                t.limiter.release("neutral")
+        self._target(target_id)
+        # A probe takes a slot like any request (sent on top of a full model it would
+        # only earn a self-inflicted "overloaded"), so on a busy target it waits its turn,
+        # for at most one interval: by then the next probe is due anyway.
+        result = await self.client.probe(target_id, wait=self.interval)
         if result.ok is not None:
             self.sent += 1
         self.last[target_id] = ProbeRecord(self.clock.now(), result)

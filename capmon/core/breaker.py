@@ -1,59 +1,53 @@
 """A circuit breaker per target (one model at one endpoint with one key).
 
-States and how they move (see DESIGN.md, "Breaker")::
+States and how they move (ARCHITECTURE.md, "The breaker")::
 
     CLOSED --N capacity failures in a row, or a failure ratio over a window--> OPEN
-    OPEN --cool-down over (checked lazily on the next call)--> HALF_OPEN
-    HALF_OPEN --half_open_probes probes succeeded--> RAMP
-    HALF_OPEN --a probe failed (capacity or transient)--> OPEN (longer cool-down)
-    RAMP --the admitted share reached 1.0--> CLOSED (cool-down growth forgotten)
-    RAMP --a capacity failure--> OPEN (longer cool-down)
+    OPEN --a probe is due: the client sends one minimal request of its own--> HALF_OPEN
+    HALF_OPEN --probes_needed probes succeeded--> RAMP
+    HALF_OPEN --the probe failed--> OPEN (the next probe waits longer)
+    RAMP --the share reached 1.0--> CLOSED (probe interval growth forgotten)
+    RAMP --N capacity failures in a row--> OPEN
     any --trip()--> FORCED_OPEN;  any --force_close()--> FORCED_CLOSED;  any --reset()--> CLOSED
 
-There are no timers: time-driven moves (cool-down over, ramp complete) are applied
-lazily from ``clock.now()`` whenever the breaker is asked anything, so a
-fast-forwarded clock (looptime) moves the breaker with it.
+While OPEN no user request is admitted. The client probes the model itself: the
+first probe comes ``probe_interval`` after the trip, each failed probe multiplies
+the interval by ``cooldown_multiplier`` up to ``cooldown``, and no probe is sent
+sooner than a server hint (itself capped at ``cooldown_max``). So a model that has
+capacity again is found within one interval, at the cost of one tiny request per
+interval while it has none.
 
-Every attempt holds an :class:`Admission` and reports exactly one outcome:
+RAMP admits a growing share of the target's learned concurrency. The share grows
+by evidence, like TCP slow start: it doubles after each clean round (as many
+successes as the round admitted, with no capacity failure among them). Time is
+only a ceiling: after ``ramp_duration`` the share is 1.0 however little traffic came.
 
-* ``on_success(adm)``: the model answered.
-* ``on_failure(adm, capacity=True, hint=...)``: a capacity error (503 / 529, "at
-  capacity"). Counts toward tripping; ``hint`` (seconds, from retry-after and the
-  like) is a floor for the cool-down.
-* ``on_failure(adm, capacity=False)``: a transient error (timeout, connection error,
-  500 / 502 / 504). It says nothing about capacity, so it never trips a CLOSED
-  breaker and is ignored during the RAMP; but in HALF_OPEN the probe did not show
-  that the model recovered, so it re-opens the breaker.
-* ``release(adm)``: an outcome that says nothing about the model at all (auth, quota,
-  bad_request, too_large, rate_limited, or the caller gave up). It only frees a
-  half-open probe slot.
+There are no timers: time-driven moves are applied lazily from ``clock.now()``
+whenever the breaker is asked anything, so a fast-forwarded clock moves it too.
 
-Each state change starts a new *generation*. Outcomes of admissions taken in an
-earlier generation are stale and ignored, so a late success from before a trip can
-never close an open breaker, and a late failure from before a reset cannot trip it.
-
-The breaker is not thread-safe: use it from the thread that runs the event loop
-(``LoopClock`` reads that loop's time anyway).
+Every state change starts a new *generation*. An outcome of an attempt admitted in
+an earlier generation is stale and ignored, so a late success from before a trip
+cannot close an open breaker and a late failure from before a reset cannot trip it.
 """
 
 from __future__ import annotations
 
+import enum
 import logging
 import math
-import random
 from collections import deque
 from dataclasses import dataclass
-from enum import Enum
 from typing import Callable
 
 from capmon.core.clock import Clock
 from capmon.core.config import BreakerConfig
-from capmon.core.events import BreakerChanged, Event
+from capmon.core.events import BreakerChanged, Event, RampStep
+from capmon.core.policy import BreakerSignal
 
 log = logging.getLogger("capmon.breaker")
 
 
-class State(str, Enum):
+class State(enum.StrEnum):
     CLOSED = "closed"
     OPEN = "open"
     HALF_OPEN = "half-open"
@@ -65,6 +59,11 @@ class State(str, Enum):
     def manual(self) -> bool:
         return self in (State.FORCED_OPEN, State.FORCED_CLOSED)
 
+    @property
+    def admits(self) -> bool:
+        """Whether user requests may be admitted in this state (RAMP: up to its share)."""
+        return self in (State.CLOSED, State.FORCED_CLOSED, State.RAMP)
+
 
 @dataclass(frozen=True, slots=True)
 class BreakerView:
@@ -73,29 +72,18 @@ class BreakerView:
     state: State
     manual: bool
     consecutive_failures: int
-    cooldown_until: float | None  # clock time; set only while OPEN
-    ramp_share: float | None  # share of traffic admitted; set only while RAMP
-    trips: int  # trips in a row since the last full recovery (drives the cool-down growth)
-    reason: str  # why it is in this state
-    probes_in_flight: int
-    total_trips: int = 0  # every automatic trip since the breaker was made
-
-
-@dataclass(eq=False, slots=True)
-class Admission:
-    """The right to make one attempt. Report exactly one outcome for it; a second
-    report for the same admission is ignored."""
-
-    generation: int
-    state: State  # the state that admitted it
-    probe: bool  # a half-open probe: holds one of the half_open_probes slots
-    at: float
-    settled: bool = False
+    next_probe_at: float | None  # clock time; set only while OPEN
+    probe_interval: float | None  # the interval that led to it
+    probes_failed: int  # failed probes since the trip
+    ramp_share: float | None  # share of the learned concurrency admitted; set only while RAMP
+    trips: int  # trips in a row since the last full recovery (drives the interval growth)
+    reason: str
+    total_trips: int
 
 
 def _clean_hint(hint: float | None) -> float | None:
     # A garbage hint (negative, NaN, infinite) is ignored rather than trusted: an
-    # infinite cool-down would disable the model until someone resets it by hand.
+    # infinite wait would disable the model until someone resets it by hand.
     if hint is None or not math.isfinite(hint) or hint < 0:
         return None
     return float(hint)
@@ -110,18 +98,13 @@ def _max_hint(a: float | None, b: float | None) -> float | None:
 
 
 class _Window:
-    """Successes and capacity failures over the last ``span`` seconds.
-
-    Counted in ``slices`` time slices rather than one entry per outcome, so memory
-    stays small at any request rate; the window's far edge is therefore exact to
-    one slice (1 s with the default 60 s window).
-    """
+    """Successes and capacity failures over the last ``span`` seconds, in time slices
+    (memory stays small at any request rate; the far edge is exact to one slice)."""
 
     def __init__(self, span: float, slices: int = 60) -> None:
         self.span = span
         self.width = span / slices
-        # [slice index, successes, failures, max hint among the failures]
-        self._slices: deque[list] = deque()
+        self._slices: deque[list[float]] = deque()  # [slice index, successes, failures, max hint or -1]
 
     def clear(self) -> None:
         self._slices.clear()
@@ -136,11 +119,12 @@ class _Window:
     def add(self, now: float, failed: bool, hint: float | None = None) -> None:
         current = self._prune(now)
         if not self._slices or self._slices[-1][0] != current:
-            self._slices.append([current, 0, 0, None])
+            self._slices.append([current, 0, 0, -1.0])
         s = self._slices[-1]
         if failed:
             s[2] += 1
-            s[3] = _max_hint(s[3], hint)
+            if hint is not None:
+                s[3] = max(s[3], hint)
         else:
             s[1] += 1
 
@@ -148,12 +132,12 @@ class _Window:
         """(outcomes, failures, max hint) over the window."""
         self._prune(now)
         ok = failed = 0
-        hint: float | None = None
+        hint = -1.0
         for _, s_ok, s_failed, s_hint in self._slices:
-            ok += s_ok
-            failed += s_failed
-            hint = _max_hint(hint, s_hint)
-        return ok + failed, failed, hint
+            ok += int(s_ok)
+            failed += int(s_failed)
+            hint = max(hint, s_hint)
+        return ok + failed, failed, (hint if hint >= 0 else None)
 
 
 class CircuitBreaker:
@@ -164,30 +148,35 @@ class CircuitBreaker:
         config: BreakerConfig,
         clock: Clock,
         publish: Callable[[Event], None] | None = None,
-        rng: random.Random | None = None,
     ) -> None:
         self.target = target
         self.model = model
         self.config = config
         self._clock = clock
         self._publish = publish
-        # Injectable so tests can check the ramp's admitted share deterministically.
-        self._rng = rng or random.Random()
 
         self._state = State.CLOSED
         self._reason = "ready"
-        self._generation = 0
-        # Survive generations: they make each re-trip's cool-down longer.
+        self.generation = 0
+        # Survive state changes: they lengthen the first probe interval of a re-trip.
         self._trips_in_a_row = 0
         self._total_trips = 0
         # Per generation: cleared on every state change.
         self._consecutive = 0
         self._streak_hint: float | None = None
         self._window = _Window(config.ratio_window)
-        self._probes_in_flight = 0
+        # OPEN / HALF_OPEN
+        self._interval = config.probe_interval
+        self._next_probe: float | None = None
+        self._probes_failed = 0
         self._probe_successes = 0
-        self._cooldown_until: float | None = None
+        self._probing = False
+        # RAMP
         self._ramp_from = 0.0
+        self._share = 1.0
+        self._round_need = 1
+        self._round_ok = 0
+        self._basis = 1.0
 
     # ------------------------------------------------------------ reading
 
@@ -196,116 +185,110 @@ class CircuitBreaker:
         self._advance(self._clock.now())
         return self._state
 
+    @property
+    def consecutive(self) -> int:
+        return self._consecutive
+
     def view(self) -> BreakerView:
         now = self._clock.now()
         self._advance(now)
+        s = self._state
         return BreakerView(
-            state=self._state,
-            manual=self._state.manual,
+            state=s,
+            manual=s.manual,
             consecutive_failures=self._consecutive,
-            cooldown_until=self._cooldown_until if self._state is State.OPEN else None,
-            ramp_share=self._ramp_share(now) if self._state is State.RAMP else None,
+            next_probe_at=self._next_probe if s is State.OPEN else None,
+            probe_interval=self._interval if s in (State.OPEN, State.HALF_OPEN) else None,
+            probes_failed=self._probes_failed,
+            ramp_share=self._ramp_share(now) if s is State.RAMP else None,
             trips=self._trips_in_a_row,
             reason=self._reason,
-            probes_in_flight=self._probes_in_flight if self._state is State.HALF_OPEN else 0,
             total_trips=self._total_trips,
         )
 
-    def would_admit(self) -> bool:
-        """Whether ``admit()`` could admit now, without taking a probe slot or a
-        random draw. In RAMP this is "maybe" (True while the share is above 0).
-        Due time-driven moves (cool-down over, ramp complete) are applied first."""
+    def share(self) -> float:
+        """The share of the learned concurrency user requests may use now: 1.0 closed,
+        the ramp's share in RAMP, 0.0 while open or probing."""
         now = self._clock.now()
         self._advance(now)
         s = self._state
-        if s in (State.CLOSED, State.FORCED_CLOSED):
-            return True
-        if s is State.HALF_OPEN:
-            return self._probes_in_flight < self.config.half_open_probes
         if s is State.RAMP:
-            return self._ramp_share(now) > 0.0
-        return False
+            return self._ramp_share(now)
+        return 1.0 if s.admits else 0.0
 
-    def next_admit_at(self) -> float | None:
-        """Clock time when an OPEN breaker's cool-down ends; None otherwise (it admits
-        now, or it is waiting on something that has no time: a probe, a person)."""
+    def probe_due_at(self) -> float | None:
+        """Clock time the next probe is due while OPEN; None in every other state."""
         self._advance(self._clock.now())
-        return self._cooldown_until if self._state is State.OPEN else None
+        return self._next_probe if self._state is State.OPEN else None
 
-    # ------------------------------------------------------------ attempts
+    # ------------------------------------------------------------ probes
 
-    def admit(self) -> Admission | None:
-        """An admission for one attempt, or None if this target takes nothing now."""
+    def begin_probe(self) -> int | None:
+        """Start the due probe: OPEN -> HALF_OPEN. Returns the probe's generation, or
+        None when no probe is due (not open, already probing, too early)."""
         now = self._clock.now()
         self._advance(now)
-        s = self._state
-        if s in (State.CLOSED, State.FORCED_CLOSED):
-            return Admission(self._generation, s, probe=False, at=now)
-        if s is State.HALF_OPEN:
-            if self._probes_in_flight >= self.config.half_open_probes:
-                return None
-            self._probes_in_flight += 1
-            return Admission(self._generation, s, probe=True, at=now)
-        if s is State.RAMP:
-            if self._rng.random() < self._ramp_share(now):
-                return Admission(self._generation, s, probe=False, at=now)
+        if self._state is not State.OPEN or self._next_probe is None or now < self._next_probe - 1e-9:
             return None
-        return None  # OPEN, FORCED_OPEN
+        self._move(State.HALF_OPEN, f"probing (interval {self._interval:g}s)", now, keep_probe_state=True)
+        self._probing = True
+        return self.generation
 
-    def on_success(self, adm: Admission) -> None:
-        now = self._clock.now()
-        if not self._settle(adm, now):
-            return
-        if self._state is State.CLOSED:
-            self._consecutive = 0
-            self._streak_hint = None
-            self._window.add(now, failed=False)
-        elif self._state is State.HALF_OPEN:
-            self._probes_in_flight -= 1
-            self._probe_successes += 1
-            if self._probe_successes >= self.config.half_open_probes:
-                self._ramp_from = now
-                self._move(State.RAMP, f"{self._probe_successes} probe(s) succeeded", now)
-                self._advance(now)  # a zero-length ramp closes at once
-        elif self._state is State.RAMP:
-            # The ramp's progress depends on time only; a success ends a failure streak.
-            self._consecutive = 0
-            self._streak_hint = None
-        # FORCED_CLOSED: ignores outcomes.
+    # ------------------------------------------------------------ outcomes
 
-    def on_failure(self, adm: Admission, capacity: bool = True, hint: float | None = None) -> None:
-        """``capacity=True`` for a capacity error, False for a transient one (see the
-        module docstring). ``hint`` is the server's retry-after in seconds."""
+    def record(self, generation: int, signal: BreakerSignal, *, hint: float | None = None, news: bool = True,
+               probe: bool = False, basis: float = 1.0) -> None:
+        """One attempt's outcome. ``news`` is False for a capacity failure the limiter
+        took as an echo of requests sent before it backed off: a model that is merely
+        full is not one that is down. ``basis`` is the learned concurrency a ramp
+        starting now is a share of (the round sizes are counted in it)."""
         now = self._clock.now()
-        if not self._settle(adm, now):
-            return
+        self._advance(now)
+        if generation != self.generation:
+            return  # stale: admitted before the last state change
         hint = _clean_hint(hint)
         s = self._state
-        if s is State.CLOSED:
-            if capacity:
+        if s is State.HALF_OPEN and probe:
+            self._probe_outcome(now, signal, hint, basis)
+        elif s is State.CLOSED:
+            if signal is BreakerSignal.SUCCESS:
+                self._consecutive = 0
+                self._streak_hint = None
+                self._window.add(now, failed=False)
+            elif signal is BreakerSignal.DOWN or (signal is BreakerSignal.CAPACITY and news):
                 self._closed_failure(now, hint)
-        elif s is State.HALF_OPEN:
-            self._probes_in_flight -= 1
-            what = "capacity" if capacity else "transient error"
-            self._trip(now, f"probe failed ({what})", hint)
         elif s is State.RAMP:
-            # The ramp counts failures as the closed state does: a recovering model
-            # that is merely full for a moment (a limit probing one above its slots)
-            # must not be sent back for a doubled cool-down; one that is still down
-            # fails again at once and trips.
-            if capacity:
+            if signal is BreakerSignal.SUCCESS:
+                self._consecutive = 0
+                self._streak_hint = None
+                self._round_ok += 1
+                if self._round_ok >= self._round_need:
+                    self._step(now)
+            elif signal is BreakerSignal.DOWN or (signal is BreakerSignal.CAPACITY and news):
+                # A recovering model that is full for a moment is not sent back at once;
+                # one still down fails again and trips. Either way the round is not clean.
+                self._round_ok = 0
                 self._consecutive += 1
                 self._streak_hint = _max_hint(self._streak_hint, hint)
                 if self._consecutive >= self.config.failure_threshold:
                     self._trip(now, f"{self._consecutive} capacity failures in a row during ramp", self._streak_hint)
+        # OPEN: nothing is admitted, so nothing current arrives; FORCED_*: outcomes ignored.
 
-    def release(self, adm: Admission) -> None:
-        """End an attempt whose outcome says nothing about the model's capacity."""
-        now = self._clock.now()
-        if not self._settle(adm, now):
-            return
-        if self._state is State.HALF_OPEN:
-            self._probes_in_flight -= 1
+    def _probe_outcome(self, now: float, signal: BreakerSignal, hint: float | None, basis: float) -> None:
+        self._probing = False
+        if signal is BreakerSignal.SUCCESS:
+            self._probe_successes += 1
+            if self._probe_successes >= self.config.half_open_probes:
+                self._start_ramp(now, basis)
+            else:
+                self._reopen(now, "probe succeeded; another is needed", hint, grow=False)
+        elif signal is BreakerSignal.NEUTRAL:
+            # The probe proved nothing either way (its key was refused, a bad request):
+            # probe again after the same interval.
+            self._reopen(now, "probe inconclusive", hint, grow=False)
+        else:
+            self._probes_failed += 1
+            self._reopen(now, f"probe failed ({signal.value})", hint, grow=True)
 
     # ------------------------------------------------------------ by hand
 
@@ -316,21 +299,11 @@ class CircuitBreaker:
         self._move(State.FORCED_CLOSED, reason, self._clock.now(), manual=True)
 
     def reset(self, reason: str = "reset by hand") -> None:
-        # A person judged the model healthy: forget the cool-down growth too.
+        # A person judged the model healthy: forget the interval growth too.
         self._trips_in_a_row = 0
         self._move(State.CLOSED, reason, self._clock.now(), manual=True)
 
     # ------------------------------------------------------------ internals
-
-    def _settle(self, adm: Admission, now: float) -> bool:
-        """Mark ``adm`` as reported; True if its outcome should count."""
-        if adm.settled:
-            return False
-        adm.settled = True
-        # Apply due moves first: a failure that arrives after the ramp has run its
-        # course belongs to the ramp's generation, which is over, so it is stale.
-        self._advance(now)
-        return adm.generation == self._generation
 
     def _closed_failure(self, now: float, hint: float | None) -> None:
         cfg = self.config
@@ -342,76 +315,96 @@ class CircuitBreaker:
             return
         total, failed, window_hint = self._window.totals(now)
         if total >= cfg.ratio_min_requests and failed >= cfg.failure_ratio * total:
-            self._trip(
-                now,
-                f"{failed} of {total} attempts failed for capacity in {cfg.ratio_window:g}s",
-                window_hint,
-            )
+            self._trip(now, f"{failed} of {total} attempts failed for capacity in {cfg.ratio_window:g}s", window_hint)
 
-    def _cooldown(self, hint: float | None) -> float:
-        cfg = self.config
-        try:
-            grown = cfg.cooldown * cfg.cooldown_multiplier ** (self._trips_in_a_row - 1)
-        except OverflowError:  # many re-trips in a row: the cap applies anyway
-            grown = math.inf
-        seconds = min(grown, cfg.cooldown_max)
+    def _wait(self, interval: float, hint: float | None) -> float:
         # The server knows better than our schedule: never probe before its hint.
-        return seconds if hint is None else max(seconds, hint)
+        hint = min(hint, self.config.cooldown_max) if hint is not None else None
+        return interval if hint is None else max(interval, hint)
 
     def _trip(self, now: float, reason: str, hint: float | None) -> None:
+        cfg = self.config
         self._trips_in_a_row += 1
         self._total_trips += 1
-        until = now + self._cooldown(hint)
-        log.info("breaker %s opened until %.1f: %s", self.target, until, reason)
-        self._move(State.OPEN, reason, now, cooldown_until=until)
+        try:
+            first = cfg.probe_interval * cfg.cooldown_multiplier ** (self._trips_in_a_row - 1)
+        except OverflowError:  # many re-trips in a row: the cap applies anyway
+            first = math.inf
+        self._interval = max(0.0, min(first, cfg.cooldown))
+        self._probes_failed = 0
+        self._probe_successes = 0
+        until = now + self._wait(self._interval, hint)
+        log.info("breaker %s opened, first probe at %.1f: %s", self.target, until, reason)
+        self._move(State.OPEN, reason, now, next_probe=until, keep_probe_state=True)
+
+    def _reopen(self, now: float, reason: str, hint: float | None, *, grow: bool) -> None:
+        cfg = self.config
+        if grow:
+            self._interval = min(cfg.cooldown, max(self._interval, 1e-3) * cfg.cooldown_multiplier)
+        until = now + self._wait(self._interval, hint)
+        self._move(State.OPEN, reason, now, next_probe=until, keep_probe_state=True)
+
+    def _start_ramp(self, now: float, basis: float) -> None:
+        cfg = self.config
+        self._ramp_from = now
+        self._basis = max(1.0, basis)
+        self._share = cfg.ramp_start
+        self._round_ok = 0
+        self._round_need = max(1, math.ceil(self._share * self._basis))
+        self._move(State.RAMP, f"{self._probe_successes} probe(s) succeeded", now)
+        self._advance(now)  # a ramp that starts at 1.0 (or lasts 0 s) closes at once
+
+    def _step(self, now: float) -> None:
+        """A clean round: double the share."""
+        self._share = min(1.0, self._share * 2.0 if self._share > 0 else 1.0 / self._basis)
+        self._round_ok = 0
+        self._round_need = max(1, math.ceil(self._share * self._basis))
+        if self._share < 1.0:
+            self._emit_step(now, f"clean round: share doubled to {self._share:.0%}")
+        self._advance(now)
 
     def _ramp_share(self, now: float) -> float:
         cfg = self.config
         if cfg.ramp_duration <= 0:
             return 1.0
-        progress = (now - self._ramp_from) / cfg.ramp_duration
-        return min(1.0, max(0.0, cfg.ramp_start + (1.0 - cfg.ramp_start) * progress))
+        by_time = cfg.ramp_start + (1.0 - cfg.ramp_start) * (now - self._ramp_from) / cfg.ramp_duration
+        return min(1.0, max(self._share, by_time))
 
     def _advance(self, now: float) -> None:
         """Apply the moves that time alone makes due."""
-        if self._state is State.OPEN and self._cooldown_until is not None and now >= self._cooldown_until:
-            self._move(State.HALF_OPEN, "cool-down over", now)
         if self._state is State.RAMP and self._ramp_share(now) >= 1.0:
-            self._trips_in_a_row = 0  # fully recovered: the next trip starts from the base cool-down
+            self._trips_in_a_row = 0  # fully recovered: the next trip starts from the first interval
             self._move(State.CLOSED, "ramp complete", now)
 
-    def _move(
-        self,
-        new: State,
-        reason: str,
-        now: float,
-        *,
-        manual: bool = False,
-        cooldown_until: float | None = None,
-    ) -> None:
+    def _emit_step(self, now: float, reason: str) -> None:
+        if self._publish is None:
+            return
+        event = RampStep(at=now, wall=self._clock.wall(), target=self.target, model=self.model,
+                         share=self._share, reason=reason)
+        try:
+            self._publish(event)
+        except Exception:  # a broken subscriber must never break the client
+            log.exception("publishing %r failed", event)
+
+    def _move(self, new: State, reason: str, now: float, *, manual: bool = False, next_probe: float | None = None,
+              keep_probe_state: bool = False) -> None:
         old = self._state
         self._state = new
         self._reason = reason
-        self._generation += 1  # everything admitted before this is now stale
+        self.generation += 1  # everything admitted before this is now stale
         self._consecutive = 0
         self._streak_hint = None
         self._window.clear()
-        self._probes_in_flight = 0
-        self._probe_successes = 0
-        self._cooldown_until = cooldown_until
+        self._next_probe = next_probe
+        self._probing = False
+        if not keep_probe_state:
+            self._probes_failed = 0
+            self._probe_successes = 0
+            self._interval = self.config.probe_interval
         if self._publish is None:
             return
-        event = BreakerChanged(
-            at=now,
-            wall=self._clock.wall(),
-            target=self.target,
-            model=self.model,
-            old=old.value,
-            new=new.value,
-            reason=reason,
-            manual=manual,
-            cooldown_until=cooldown_until,
-        )
+        event = BreakerChanged(at=now, wall=self._clock.wall(), target=self.target, model=self.model, old=old.value,
+                               new=new.value, reason=reason, manual=manual, cooldown_until=next_probe)
         try:
             self._publish(event)
         except Exception:  # a broken subscriber must never break the client

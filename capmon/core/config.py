@@ -65,12 +65,13 @@ class BreakerConfig:
     failure_ratio: float = _f(0.5, min=0.0, max=1.0)
     ratio_window: float = _f(60.0, min=1.0)
     ratio_min_requests: int = _f(20, min=1)
-    cooldown: float = _f(300.0, min=0.0)
-    cooldown_multiplier: float = _f(2.0, min=1.0)
-    cooldown_max: float = _f(1800.0, min=0.0)
-    half_open_probes: int = _f(1, min=1)
-    ramp_start: float = _f(0.1, min=0.0, max=1.0, doc="share of traffic admitted when the ramp starts")
-    ramp_duration: float = _f(60.0, min=0.0, doc="seconds from ramp_start to full traffic")
+    probe_interval: float = _f(2.0, min=0.0, doc="seconds from a trip to the first probe of the open model")
+    cooldown: float = _f(60.0, min=0.0, doc="the longest interval between probes while a model stays down")
+    cooldown_multiplier: float = _f(2.0, min=1.0, doc="each failed probe multiplies the interval by this")
+    cooldown_max: float = _f(1800.0, min=0.0, doc="the longest a server hint may hold off the next probe")
+    half_open_probes: int = _f(1, min=1, doc="probes that must succeed before the ramp starts")
+    ramp_start: float = _f(0.25, min=0.0, max=1.0, doc="share of the learned concurrency admitted when the ramp starts")
+    ramp_duration: float = _f(60.0, min=0.0, doc="the ramp's ceiling: full traffic after this long however little came")
 
 
 @dataclass(frozen=True)
@@ -78,7 +79,7 @@ class LimiterConfig:
     initial: int = _f(8, min=1)
     min: int = _f(1, min=1)
     max: int = _f(64, min=1)
-    decrease: float = _f(0.5, min=0.01, max=0.99, doc="multiplicative decrease on capacity / rate-limit errors")
+    decrease: float = _f(0.5, min=0.01, max=0.99, doc="multiplicative decrease when rejections come below the learned capacity")
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from capmon.core.config import secret_values
 from capmon.core.hints import hint_from
 
 
-class Kind(str, enum.Enum):
+class Kind(enum.StrEnum):
     CAPACITY = "capacity"
     RATE_LIMITED = "rate_limited"
     QUOTA = "quota"
@@ -33,6 +33,7 @@ class Kind(str, enum.Enum):
     TOO_LARGE = "too_large"
     BAD_REQUEST = "bad_request"
     TRANSIENT = "transient"
+    OVERSIZED = "oversized"  # an answer past client.max_response_bytes: reading stopped there
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +76,8 @@ _QUOTA = re.compile(
 )
 _CAPACITY = re.compile(
     r"overloaded|at capacity|over capacity|out of capacity|no capacity|insufficient capacity"
-    r"|capacity constraint|capacity.exceeded|slow.down|high demand"
+    r"|capacity constraint|capacity.exceeded|slow.down|high demand|server busy|server is busy"
+    r"|maximum pending requests"
 )
 _RATE = re.compile(r"rate.limit|ratelimit|too many requests|too_many_requests|resource_exhausted")
 # Gemini's per-minute 429 also says "exceeded your current quota ... billing details";
@@ -414,6 +416,59 @@ def classify_response(
         return _classify_response(code, headers, body, now=when, streaming=streaming)
     except Exception as exc:  # a classifier bug must not take down the request path
         return Failure(Kind.TRANSIENT, f"{code} unclassifiable response ({type(exc).__name__})", code)
+
+
+def _embedded_status(obj: object) -> int | None:
+    """The HTTP status an in-stream error names (OpenRouter's and Gemini's ``error.code``,
+    vLLM's top-level ``code``), if it is one."""
+    candidates: list[object] = []
+    if isinstance(obj, Mapping):
+        error = obj.get("error")
+        if isinstance(error, Mapping):
+            candidates += [error.get("code"), error.get("status")]
+        candidates += [obj.get("code"), obj.get("status")]
+    for c in candidates:
+        if isinstance(c, str) and c.isdigit():
+            c = int(c)
+        if isinstance(c, int) and not isinstance(c, bool) and 400 <= c <= 599:
+            return c
+    return None
+
+
+def _event_error(obj: object, event: str) -> object:
+    """The error object of a stream event, whatever wraps it."""
+    if isinstance(obj, list):
+        return next((x for x in obj[:4] if isinstance(x, Mapping) and "error" in x), obj)
+    if isinstance(obj, Mapping):
+        response = obj.get("response")
+        if isinstance(response, Mapping) and str(obj.get("type", "")).startswith("response."):
+            # The Responses API: {"type": "response.failed", "response": {"error": {...}}}
+            error = response.get("error")
+            return {"error": error} if isinstance(error, Mapping) else {"error": {"message": f"{obj['type']}"}}
+        if obj.get("type") == "error" and not isinstance(obj.get("error"), (Mapping, str)):
+            # The Responses API's own error event: {"type": "error", "code": ..., "message": ...}
+            return {"error": {k: v for k, v in obj.items() if k != "type"}}
+    if obj is None:
+        return {"error": {"message": f"{event or 'error'} event without data"}}
+    return obj
+
+
+def classify_event(obj: object, event: str = "", *, now: float | None = None) -> Failure:
+    """An error that arrived inside a 200 stream (a ``data:`` error object, an ``event:
+    error`` frame, a Responses API ``response.failed``), classified exactly like the HTTP
+    error it describes: its embedded status, code, type and message. Never raises."""
+    try:
+        when = default_clock().wall() if now is None else float(now)
+        error = _event_error(obj, event)
+        parsed = _read_body(error)
+        status = _embedded_status(error)
+        hint = hint_from(None, parsed.json, parsed.message, now=when)
+        kind = _kind(status or 0, parsed, hint) or (_status_kind(status) if status else Kind.TRANSIENT)
+        what = f"{_trim(_redact(parsed.code), 60)}: " if parsed.code else ""
+        message = _trim(_redact(parsed.message)) or "no message"
+        return Failure(kind, f"error inside the stream: {what}{message}", status or 200, parsed.code, hint)
+    except Exception as exc:  # a classifier bug must not take down the request path
+        return Failure(Kind.TRANSIENT, f"unclassifiable stream error ({type(exc).__name__})", 200)
 
 
 # --- exceptions -----------------------------------------------------------------------

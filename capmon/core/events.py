@@ -84,8 +84,42 @@ class BreakerChanged(Event):
 
 
 @dataclass(frozen=True, slots=True)
+class RampStep(Event):
+    """A recovering breaker's ramp grew: a clean round of successes doubled its share."""
+
+    target: str
+    model: str
+    share: float
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeFinished(Event):
+    """The client's own probe of a target came back (``ok`` None: it could not be sent)."""
+
+    target: str
+    model: str
+    ok: bool | None
+    status: int | None
+    kind: str | None
+    latency: float | None
+    reason: str
+    next_probe_at: float | None  # while the breaker stays open
+
+
+@dataclass(frozen=True, slots=True)
+class TokenParamLearned(Event):
+    """A model refused the token parameter it was sent; the client now sends the other."""
+
+    model: str
+    param: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class KeyParked(Event):
     target: str
+    model: str
     key_alias: str
     kind: str  # quota | auth
     until: float | None  # None: disabled until reset by hand

@@ -1,70 +1,73 @@
 """How much to send to a target: adaptive concurrency, rpm / tpm buckets, retry budget.
 
-* :class:`AdaptiveLimiter` keeps a concurrency limit per target that adapts by AIMD:
-  +1 per round trip of successes, times ``decrease`` on a capacity or rate-limit
-  error, at most once per round trip. Requests over the limit queue locally (FIFO),
-  so a full model turns into waiting instead of rejected requests.
+* :class:`AdaptiveLimiter` learns a target's real concurrency from its answers. Every
+  admission records its *position* (how many of our requests were in flight there,
+  itself included) and the *epoch* (how many times the limit was cut) when it was
+  sent. A rejection of a request sent before the last cut is an echo of that cut, not
+  news, and changes nothing. A rejection that is news at position ``p`` says the
+  target holds ``p - 1``: the limit goes straight there instead of halving, and that
+  becomes the learned capacity. Until the first rejection the limit grows by one per
+  success (slow start: it doubles every round trip); at the learned capacity it grows
+  only slowly, probing for more room, and each probe the target refutes makes the
+  next one twice as patient. A full target therefore turns into local queueing, not
+  into rejected requests.
 * :class:`TokenBucket` is an rpm or tpm bucket that charges up front (tpm charges
   ``max_tokens``; :meth:`TokenBucket.refund` gives back what a request did not use).
-* :class:`Budget` bounds transient retries to a share of first attempts, so a
-  flaky upstream does not turn into a retry storm.
+* :class:`Budget` bounds transient retries to a share of first attempts, so a flaky
+  upstream does not turn into a retry storm.
 
 None of these are thread-safe: use them from the thread that runs the event loop.
 """
 
 from __future__ import annotations
 
-import asyncio
 import math
-from collections import deque
 from dataclasses import dataclass
-from enum import Enum
 
 from capmon.core.clock import Clock
 from capmon.core.config import LimiterConfig
+from capmon.core.policy import LimiterSignal
+
+# Growth above the learned capacity: one more slot per HOLD round trips of full use,
+# doubled each time the target refutes it, up to MAX_HOLD.
+_FIRST_HOLD = 4.0
+_MAX_HOLD = 64.0
 
 
-class Outcome(str, Enum):
-    """What a finished request tells the limiter. Plain strings work too."""
+@dataclass(frozen=True, slots=True)
+class Slot:
+    """Where an admitted request stood when it was sent."""
 
-    OK = "ok"  # answered: additive increase
-    OVERLOAD = "overload"  # capacity or rate_limited: multiplicative decrease
-    NEUTRAL = "neutral"  # anything else: no change
+    position: int  # our requests in flight at the target, itself included
+    epoch: int  # the limiter's cut count when it was sent
 
 
 @dataclass(frozen=True, slots=True)
 class LimiterView:
     limit: float
     in_flight: int
-    waiting: int
+    capacity: int | None  # the learned capacity; None until the first rejection
     min: int
     max: int
 
 
 class AdaptiveLimiter:
-    """AIMD concurrency limit with a FIFO queue.
+    """``max_limit`` (a model's ``max_concurrency``) lowers ``config.max``; None or 0
+    means no extra cap."""
 
-    ``max_limit`` (a model's ``max_concurrency``) lowers ``config.max``; None or 0
-    means no extra cap.
-    """
-
-    def __init__(self, config: LimiterConfig, clock: Clock, max_limit: int | None = None) -> None:
+    def __init__(self, config: LimiterConfig, max_limit: int | None = None) -> None:
         hi = config.max if not max_limit else min(config.max, max_limit)
         self.max = max(1, hi)
         self.min = min(config.min, self.max)
         self.decrease = config.decrease
-        self._clock = clock  # kept for symmetry with the other per-target parts
         self._limit = float(min(max(config.initial, self.min), self.max))
         self._in_flight = 0
-        # FIFO waiters in acquire(); a woken waiter already holds its slot.
-        self._waiters: deque[asyncio.Future[None]] = deque()
-        # wait_for_room() callers (a router watching several targets); no slot held.
-        self._room_waiters: list[asyncio.Future[None]] = []
-        # Completions still owed by requests that were in flight at the last
-        # decrease: their overloads describe the old limit, so they do not count.
-        self._before_decrease = 0
-        self.decreases = 0
-        self._slow_start = True
+        self._capacity: int | None = None
+        self._epoch = 0
+        self._hold = _FIRST_HOLD
+        self._below = 0  # rejections in a row below the learned capacity
+        self._saved: tuple[float, int | None, float] | None = None
+        self.cuts = 0
 
     # ------------------------------------------------------------ reading
 
@@ -77,110 +80,91 @@ class AdaptiveLimiter:
         return self._in_flight
 
     @property
-    def waiting(self) -> int:
-        # Cancelled waiters may sit in the deque until their task runs; not counted.
-        return sum(1 for f in self._waiters if not f.done())
+    def capacity(self) -> int | None:
+        return self._capacity
 
-    def has_room(self) -> bool:
-        """Whether ``try_acquire()`` would succeed now."""
-        return self._in_flight < int(self._limit) and self.waiting == 0
+    def room(self, cap: float | None = None) -> int:
+        """Free slots now; ``cap`` (a ramp's share of the limit) may lower the limit."""
+        limit = self._limit if cap is None else min(self._limit, cap)
+        return max(0, int(limit + 1e-9) - self._in_flight)
+
+    def is_news(self, slot: Slot) -> bool:
+        """Whether an overload of this slot would be news: sent since the last cut."""
+        return slot.epoch == self._epoch
 
     def view(self) -> LimiterView:
-        return LimiterView(self._limit, self._in_flight, self.waiting, self.min, self.max)
+        return LimiterView(self._limit, self._in_flight, self._capacity, self.min, self.max)
 
     # ------------------------------------------------------------ slots
 
-    def try_acquire(self) -> bool:
-        """Take a slot if one is free and nobody is queued ahead (keeps FIFO fair)."""
-        if not self.has_room():
-            return False
+    def take(self) -> Slot:
+        """Take a slot (the caller has checked :meth:`room`; a probe may take one anyway)."""
         self._in_flight += 1
-        return True
+        return Slot(self._in_flight, self._epoch)
 
-    async def acquire(self) -> None:
-        """Wait, first come first served, for a slot. Cancelling the wait never
-        leaks a slot."""
-        if self.try_acquire():
-            return
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.append(fut)
-        try:
-            await fut
-        except asyncio.CancelledError:
-            if fut.done() and not fut.cancelled():
-                # The slot was handed over just as we were cancelled: pass it on.
-                self._in_flight -= 1
-            else:
-                try:
-                    self._waiters.remove(fut)
-                except ValueError:
-                    pass
-            self._wake()
-            raise
-
-    async def wait_for_room(self) -> None:
-        """Return once ``has_room()`` is True. Takes no slot: the caller must still
-        ``try_acquire()`` and may lose the race, so call it in a loop."""
-        if self.has_room():
-            return
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._room_waiters.append(fut)
-        try:
-            await fut
-        finally:
-            if fut in self._room_waiters:
-                self._room_waiters.remove(fut)
-
-    def release(self, outcome: Outcome | str) -> bool:
-        """Free a slot and adapt the limit to how the request ended.
-
-        Returns True when an overload was taken as news (the limit decreased), False
-        for an echo of one already acted on: the router counts only news toward the
-        breaker, so a model that is merely full is not mistaken for one that is down.
-        """
+    def release(self, slot: Slot, signal: LimiterSignal) -> bool:
+        """Free a slot and learn from how the request ended. Returns True when an
+        overload was news (the limit was cut), False for an echo of an earlier cut:
+        the breaker counts only news, so a model that is merely full is not taken
+        for one that is down."""
         if self._in_flight <= 0:
-            raise RuntimeError("release() without a matching acquire()")
-        try:
-            kind = Outcome(outcome)
-        except ValueError:
-            kind = None  # still free the slot below, then complain
+            raise RuntimeError("release() without a matching take()")
         busy = self._in_flight  # including the request that just ended
         self._in_flight -= 1
-        old_request = self._before_decrease > 0
-        if old_request:
-            self._before_decrease -= 1
-        if kind is Outcome.OK:
-            # Only grow a limit that is being used: a limit that grew while traffic
-            # was light would take several overloads to come back down.
-            if busy >= self._limit / 2:
-                # Slow start (as TCP): until the first overload the limit doubles every
-                # round trip, so a model with room is found in a few round trips.
-                step = 1.0 if self._slow_start else 1.0 / self._limit
-                self._limit = min(float(self.max), self._limit + step)
-        news = False
-        if kind is Outcome.OVERLOAD and not old_request:
-            self._limit = max(float(self.min), self._limit * self.decrease)
-            self._before_decrease = self._in_flight
-            self.decreases += 1
-            self._slow_start = False
-            news = True
-        self._wake()
-        if kind is None:
-            raise ValueError(f"unknown outcome {outcome!r}; expected ok, overload or neutral")
-        return news
+        if signal is LimiterSignal.OK:
+            self._below = 0
+            self._grow(slot, busy)
+            return False
+        if signal is LimiterSignal.OVERLOAD and slot.epoch == self._epoch:
+            self._cut(slot.position)
+            return True
+        return False
 
-    def _wake(self) -> None:
-        while self._waiters and self._in_flight < int(self._limit):
-            fut = self._waiters.popleft()
-            if fut.done():  # cancelled while queued
-                continue
-            self._in_flight += 1
-            fut.set_result(None)
-        if self._room_waiters and self.has_room():
-            waiters, self._room_waiters = self._room_waiters, []
-            for fut in waiters:
-                if not fut.done():
-                    fut.set_result(None)
+    def _grow(self, slot: Slot, busy: int) -> None:
+        if self._capacity is None:
+            # Slow start: only grow a limit that is being used, or it would take several
+            # rejections to come back down.
+            if busy >= self._limit / 2:
+                self._limit = min(float(self.max), self._limit + 1.0)
+            return
+        if slot.position > self._capacity:
+            # A request sent above the learned capacity was served: there is more room.
+            self._capacity = slot.position
+            self._hold = _FIRST_HOLD
+        if busy >= int(self._limit + 1e-9):
+            self._limit = min(float(self.max), self._limit + 1.0 / (self._limit * self._hold))
+
+    def _cut(self, position: int) -> None:
+        held = max(self.min, position - 1)
+        if self._capacity is not None and held >= self._capacity:
+            # Our probe above the learned capacity was refuted: back to it, and wait
+            # twice as long before the next probe.
+            self._hold = min(_MAX_HOLD, self._hold * 2.0)
+            new = float(self._capacity)
+        else:
+            self._below += 1
+            # The first rejection below what we knew says exactly what the target holds;
+            # more in a row mean someone else is taking room too: cut multiplicatively.
+            new = float(held) if self._below == 1 else max(float(self.min), min(held, self._limit * self.decrease))
+            self._capacity = max(self.min, int(new))
+        self._limit = max(float(self.min), min(new, float(self.max)))
+        self._epoch += 1
+        self.cuts += 1
+
+    # ------------------------------------------------------------ an outage is not a capacity signal
+
+    def checkpoint(self) -> None:
+        """Remember what was learned before a failure streak began."""
+        self._saved = (self._limit, self._capacity, self._hold)
+
+    def restore(self) -> None:
+        """The streak was an outage (the breaker tripped), not the target being full:
+        forget what it taught, so the ramp after recovery aims at the real capacity."""
+        if self._saved is not None:
+            self._limit, self._capacity, self._hold = self._saved
+            self._saved = None
+            self._epoch += 1  # rejections still in flight from the outage are echoes
+            self._below = 0
 
 
 class TokenBucket:

@@ -2,10 +2,36 @@
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 from capmon.core.errors import Kind
+
+
+class Decision(enum.StrEnum):
+    """What the client did after an attempt."""
+
+    OK = "ok"
+    RETRY = "retry"
+    FALLBACK = "fallback"
+    PARK = "park"  # a batch item put aside to come back later
+    FAIL = "fail"
+
+
+def estimate_tokens(messages: Iterable[Mapping[str, Any]]) -> int:
+    """A cheap, provider-independent prompt size estimate (about 4 characters a token)."""
+    chars = 0
+    for m in messages:
+        content = m.get("content", "")
+        if isinstance(content, str):
+            chars += len(content)
+        elif isinstance(content, list):
+            for part in content:
+                if isinstance(part, Mapping) and isinstance(part.get("text"), str):
+                    chars += len(part["text"])
+        chars += 16  # role and framing
+    return chars // 4 + 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,10 +51,18 @@ class ChatRequest:
     job: str | None = None
 
     @staticmethod
-    def of(messages: Any, **kw: Any) -> "ChatRequest":
+    def of(messages: Any, *, model: str | None = None, max_tokens: int | None = None,
+           temperature: float | None = None, item_id: str | None = None, job: str | None = None,
+           **extra: Any) -> "ChatRequest":
+        """A request from text or messages; any other keyword (tools, response_format,
+        stream_options, ...) is sent to the provider untouched."""
         if isinstance(messages, str):
             messages = [{"role": "user", "content": messages}]
-        return ChatRequest(messages=tuple(messages), **kw)
+        nested = extra.pop("extra", None)
+        if isinstance(nested, Mapping):  # ChatRequest.of(..., extra={...}) reads as the fields themselves
+            extra = {**nested, **extra}
+        return ChatRequest(messages=tuple(messages), model=model, max_tokens=max_tokens, temperature=temperature,
+                           extra=extra, item_id=item_id, job=job)
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,7 +79,7 @@ class Attempt:
     hint: float | None  # server hint, seconds
     wait: float  # how long the client waited after this attempt before the next one
     latency: float
-    decision: str  # ok | retry | fallback | park | fail
+    decision: Decision
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,3 +96,12 @@ class ChatResult:
     @property
     def fell_back(self) -> bool:
         return len({a.model for a in self.attempts}) > 1
+
+    @property
+    def tool_calls(self) -> list[Mapping[str, Any]]:
+        """The answer's tool calls (streamed or not), [] when there are none."""
+        try:
+            calls = self.response["choices"][0]["message"].get("tool_calls")
+        except (KeyError, IndexError, TypeError, AttributeError):
+            return []
+        return list(calls) if isinstance(calls, list) else []

@@ -8,8 +8,15 @@ same way).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
+from capmon.core.breaker import State
+from capmon.core.errors import Kind
+from capmon.core.state import KeyState
 from capmon.core.stats import WindowStats
+
+if TYPE_CHECKING:
+    from capmon.core.router import FallbackClient
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,23 +26,28 @@ class TargetSnapshot:
     endpoint: str
     key_alias: str
     rank: int  # position in the preference order, 0 first
-    state: str  # closed | half-open | ramp | open | forced-open | forced-closed
+    state: State
     manual: bool
     consecutive_failures: int
-    cooldown_until: float | None  # clock time
+    cooldown_until: float | None  # clock time of the next probe while open
     ramp_share: float | None
     trips: int
     breaker_reason: str
     limit: float
     in_flight: int
-    key_state: str  # ok | parked | disabled
+    key_state: KeyState
     key_until: float | None
     key_reason: str
     windows: tuple[WindowStats, ...]  # 10 s, 60 s, 5 min
     spark: tuple[int, ...]  # 429 + 503 over the last two minutes
     last_status: int | None
-    last_kind: str | None
+    last_kind: Kind | None
     probe_latency: float | None = None
+    probe_interval: float | None = None  # while open or probing: the interval that led to the next probe
+    probes_failed: int = 0
+    ramp_slots: int | None = None  # while ramping: requests admitted at once
+    capacity: int | None = None  # the concurrency the limiter learned; None until the first rejection
+    token_param: str = "max_tokens"
 
     def window(self, seconds: int) -> WindowStats:
         for w in self.windows:
@@ -73,3 +85,26 @@ class EngineSnapshot:
         from dataclasses import asdict
 
         return asdict(self)
+
+
+def build_snapshot(client: "FallbackClient", waiting: tuple[WaitingRetry, ...], queued: int) -> EngineSnapshot:
+    now = client.clock.now()
+    rows = []
+    for t in client.targets:
+        v = t.state.view()
+        b, lim = v.breaker, v.limiter
+        rows.append(TargetSnapshot(
+            target=t.id, model=t.model.name, endpoint=t.endpoint.name, key_alias=t.key.alias, rank=t.rank,
+            state=b.state, manual=b.manual, consecutive_failures=b.consecutive_failures,
+            cooldown_until=b.next_probe_at, ramp_share=b.ramp_share, trips=b.trips, breaker_reason=b.reason,
+            limit=lim.limit, in_flight=lim.in_flight, key_state=v.key_state, key_until=v.key_until,
+            key_reason=v.key_reason, windows=t.stats.windows(now), spark=t.stats.spark(now),
+            last_status=t.last_status, last_kind=t.last_kind, probe_latency=t.probe_latency,
+            probe_interval=b.probe_interval, probes_failed=b.probes_failed, ramp_slots=v.ramp_slots,
+            capacity=lim.capacity, token_param=client.token_param(t.model.name),
+        ))
+    return EngineSnapshot(
+        now=now, wall=client.clock.wall(), pinned=client.pinned, targets=tuple(rows), waiting=waiting, queued=queued,
+        in_flight=client.in_flight, requests=client.requests, succeeded=client.succeeded, failed=client.failed,
+        events_published=client.bus.published,
+    )

@@ -1,17 +1,19 @@
-"""A target: one model at one endpoint with one key, and everything the client
-keeps about it (breaker, limiter, buckets, stats, key state)."""
+"""A target: one model at one endpoint with one key. What is fixed about it (config,
+URL, key) and what the client observes of it (rolling stats, last answer) live here;
+what decides admission lives behind the state seam (capmon/core/state.py)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from capmon.core.breaker import CircuitBreaker
 from capmon.core.config import EndpointConfig, ModelConfig, ResolvedKey
-from capmon.core.limiter import AdaptiveLimiter, TokenBucket
+from capmon.core.errors import Kind
+from capmon.core.state import KeyRef, TargetState
 from capmon.core.stats import RollingStats
 
 
 def target_id(model: str, endpoint: str, key_alias: str) -> str:
+    """The one place a target id is made; nothing else parses one."""
     return f"{model}@{endpoint}/{key_alias}"
 
 
@@ -22,21 +24,13 @@ class Target:
     model: ModelConfig
     endpoint: EndpointConfig
     key: ResolvedKey
-    breaker: CircuitBreaker
-    limiter: AdaptiveLimiter
-    stats: RollingStats
-    rpm: TokenBucket | None = None
-    tpm: TokenBucket | None = None
-    # The server said "not before": every request avoids this target until then.
-    not_before: float = 0.0
-    # Quota: parked until a time; auth failures disable the key (kept per key, see router).
-    parked_until: float | None = None
-    parked_reason: str = ""
-    last_status: int | None = None
-    last_kind: str | None = None
-    probe_latency: float | None = None
+    state: TargetState
+    stats: RollingStats = field(default_factory=RollingStats)
     url: str = field(default="", repr=False)
+    last_status: int | None = None
+    last_kind: Kind | None = None
+    probe_latency: float | None = None
 
     @property
-    def key_ref(self) -> tuple[str, str]:
+    def key_ref(self) -> KeyRef:
         return (self.endpoint.name, self.key.alias)

@@ -24,7 +24,7 @@ async def test_three_capacity_503s_trip_the_breaker_and_traffic_moves_on() -> No
         async with FallbackClient(three_models(url), environ=ENV) as client:
             results = [await client.chat("hi") for _ in range(10)]
             flagship = next(t for t in client.targets if t.model.name == "flagship")
-            assert flagship.breaker.state.value == "open"
+            assert flagship.state.view().breaker.state == "open"
     assert script.served("flagship") == 3  # tripped after three, then never asked again
     assert all(r.model == "medium" for r in results)
     assert results[0].fell_back and results[0].attempts[0].kind is Kind.CAPACITY
@@ -55,7 +55,7 @@ async def test_after_the_cooldown_a_probe_closes_it_and_the_ramp_restores_traffi
                 shares.append((script.served("flagship") - before) / 20)
                 await asyncio.sleep(1)
             flagship = next(t for t in client.targets if t.model.name == "flagship")
-            assert flagship.breaker.state.value == "closed"
+            assert flagship.state.view().breaker.state == "closed"
     assert ("open", "half-open") in transitions and ("half-open", "ramp") in transitions and ("ramp", "closed") in transitions
     # Gradual: the first seconds of the ramp send a small share to the flagship, the last all of it.
     assert sum(shares[1:6]) / 5 < 0.5

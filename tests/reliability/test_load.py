@@ -134,7 +134,7 @@ async def run_load(label: str, seconds: float, extra: str, warmup: float = 1.0) 
             # nothing is left waiting or counted as in flight, and the pool is idle
             assert snap.in_flight == 0 and snap.queued == 0 and not snap.waiting
             assert all(t.in_flight == 0 for t in snap.targets)
-            assert not client._waiters
+            assert not len(client._queue)
             assert all(c.is_idle() for c in _pool(client))  # type: ignore[attr-defined]
             assert len(_pool(client)) <= IN_FLIGHT
             stats = sim.simulator.stats()["totals"]

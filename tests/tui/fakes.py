@@ -241,7 +241,7 @@ def outage() -> FakeSource:
     for n in range(12):
         source.later(ev.FellBack, request_id=200 + n, item_id=f"item-{200 + n:05d}", from_model="medium",
                      to_model="small", reason="Rate limit reached for requests")
-    source.later(ev.KeyParked, target="medium@sim/backup-key", key_alias="backup-key", kind="quota",
+    source.later(ev.KeyParked, target="medium@sim/backup-key", model="medium", key_alias="backup-key", kind="quota",
                  until=clock.now() + 3600, reason="You exceeded your current quota")
     clock.advance(4.5)
     now = clock.now()

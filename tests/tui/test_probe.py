@@ -28,7 +28,7 @@ async def test_a_probe_shows_latency_and_status() -> None:
         snap = client.snapshot().targets[0]
         assert snap.last_status == 200 and snap.probe_latency == pytest.approx(0.25, abs=0.05)
         assert probes.last[flagship(client).id].result is result and probes.sent == 1
-        assert flagship(client).limiter.in_flight == 0  # its slot was given back
+        assert client.snapshot().targets[0].in_flight == 0  # its slot was given back
 
 
 async def test_probes_decide_a_half_open_breaker_without_any_traffic() -> None:
@@ -40,13 +40,13 @@ async def test_probes_decide_a_half_open_breaker_without_any_traffic() -> None:
         probes = ProbeWorker(client, 5.0)
         for _ in range(3):
             await probes.probe_once(target.id)
-        assert target.breaker.state.value == "open"
+        assert target.state.view().breaker.state == "open"
         # Open: the next probe comes when the cool-down ends, not a whole interval later.
         assert 0 < probes.next_delay(target.id) <= 5.0
         down["on"] = False
         task = asyncio.create_task(probes.run_target(target.id))
         await asyncio.sleep(31)
-        assert target.breaker.state.value in ("ramp", "closed")
+        assert target.state.view().breaker.state in ("ramp", "closed")
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
 
@@ -59,7 +59,7 @@ async def test_a_probe_waits_until_the_cool_down_ends_when_that_is_sooner() -> N
         probes = ProbeWorker(client, 5.0)
         for _ in range(3):
             await probes.probe_once(target.id)
-        assert target.breaker.state.value == "open"
+        assert target.state.view().breaker.state == "open"
         assert probes.next_delay(target.id) == pytest.approx(2.05, abs=0.1)
         skipped = await probes.probe_once(target.id)
         assert skipped.ok is None and "open" in skipped.reason  # the breaker does not admit: nothing sent
@@ -69,7 +69,7 @@ async def test_a_target_at_its_concurrency_limit_is_not_probed() -> None:
     script = Script()
     async with serve(script) as url, FallbackClient(three_models(url), environ=ENV) as client:
         target = flagship(client)
-        while target.limiter.try_acquire():
+        while await target.state.admit(1) is not None:
             pass
         result = await ProbeWorker(client, 5.0).probe_once(target.id)
         assert result.ok is None and "concurrency limit" in result.reason

@@ -1,0 +1,162 @@
+"""One attempt on one target: send the request, read the answer within the caps, and
+say what came back. No routing here: the router decides what an outcome means.
+
+A plain attempt returns an :class:`Answer`. A streaming attempt is an async iterator
+of the provider's chunks that holds back everything until the first chunk with
+output (content, a tool call, a refusal or a finish reason), so that an error that
+arrives before any output can still be retried elsewhere without the caller ever
+seeing it; after output, an error ends the stream (``Answer.output_sent``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Mapping
+
+import httpx
+
+from capmon.core.errors import Failure, Kind, classify_exception, classify_response, parse_completion
+from capmon.core.wire import Assembler, FrameKind, Oversized, SSEParser, oversized_failure, read_capped, read_frame
+
+
+@dataclass
+class Answer:
+    status: int | None = None
+    failure: Failure | None = None
+    response: Mapping[str, Any] | None = None
+    output_sent: bool = False  # a stream's output reached the caller: a failure now cannot be retried
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    url: str
+    body: Mapping[str, Any]
+    headers: Mapping[str, str]
+    timeout: float  # seconds the whole attempt may take
+    cap: int  # bytes the answer may take
+
+
+def _build(http: httpx.AsyncClient, req: Request) -> httpx.Request:
+    return http.build_request("POST", req.url, content=json.dumps(req.body).encode(),
+                              headers={**req.headers, "content-type": "application/json"})
+
+
+async def plain(http: httpx.AsyncClient, req: Request, *, wall: float) -> Answer:
+    """Send a non-streaming request; every failure is classified, never raised (but
+    cancellation)."""
+    answer = Answer()
+    try:
+        async with asyncio.timeout(req.timeout):
+            resp = await http.send(_build(http, req), stream=True)
+            try:
+                answer.status = resp.status_code
+                try:
+                    body = await read_capped(resp, req.cap)
+                except Oversized:
+                    answer.failure = oversized_failure(req.cap, resp.status_code, streaming=False)
+                    return answer
+            finally:
+                await resp.aclose()
+        parsed = parse_completion(resp.status_code, body)
+        if parsed is not None:
+            answer.response = parsed
+        else:
+            answer.failure = classify_response(resp.status_code, resp.headers, body, now=wall)
+    except asyncio.CancelledError:
+        raise
+    except Exception as e:  # timeouts, resets, broken bodies: classified
+        answer.status = None  # no whole answer came back
+        answer.failure = classify_exception(e)
+    return answer
+
+
+@dataclass
+class Stream:
+    """A streaming attempt. Iterate :meth:`chunks` for the provider's chunks; ``answer``
+    says how it ended once iteration stops. Closing the iterator early (``aclose()``)
+    releases the connection."""
+
+    http: httpx.AsyncClient
+    req: Request
+    clock_now: Any  # () -> float, the loop's clock
+    wall: float
+    answer: Answer = field(default_factory=Answer)
+    assembler: Assembler = field(default_factory=Assembler)
+
+    async def chunks(self) -> AsyncIterator[Mapping[str, Any]]:
+        answer = self.answer
+        deadline = self.clock_now() + self.req.timeout
+        resp: httpx.Response | None = None
+        held: list[Mapping[str, Any]] = []
+        try:
+            async with asyncio.timeout(max(0.0, deadline - self.clock_now())):
+                resp = await self.http.send(_build(self.http, self.req), stream=True)
+            answer.status = resp.status_code
+            if resp.status_code >= 300:
+                async with asyncio.timeout(max(0.0, deadline - self.clock_now())):
+                    try:
+                        body = await read_capped(resp, min(self.req.cap, 1 << 20))
+                    except Oversized:
+                        body = b""
+                answer.failure = classify_response(resp.status_code, resp.headers, body, now=self.wall)
+                return
+            parser = SSEParser()
+            size = 0
+            done = finished = False
+            pieces = resp.aiter_bytes()
+            while not done:
+                # The deadline guards the reads only: a timeout scope around a yield would
+                # cancel the caller's own work between chunks.
+                async with asyncio.timeout(max(0.0, deadline - self.clock_now())):
+                    try:
+                        piece = await pieces.__anext__()
+                    except StopAsyncIteration:
+                        piece = None
+                if piece is None:
+                    frames = parser.close()
+                    done = True
+                else:
+                    size += len(piece)
+                    if size > self.req.cap:
+                        answer.failure = oversized_failure(self.req.cap, resp.status_code, streaming=True)
+                        return
+                    frames = parser.feed(piece)
+                for frame in frames:
+                    event = read_frame(frame, now=self.wall)
+                    kind = event.kind
+                    if kind is FrameKind.CHUNK:
+                        assert event.chunk is not None
+                        self.assembler.add(event.chunk)
+                        if self.assembler.finish_reason:
+                            finished = True
+                        if answer.output_sent:
+                            yield event.chunk
+                        elif event.output:
+                            answer.output_sent = True
+                            for c in held:
+                                yield c
+                            held.clear()
+                            yield event.chunk
+                        else:
+                            held.append(event.chunk)
+                    elif kind is FrameKind.DONE:
+                        finished = done = True
+                        break
+                    elif kind in (FrameKind.ERROR, FrameKind.BROKEN):
+                        answer.failure = event.failure
+                        return
+            if not finished:
+                answer.failure = Failure(Kind.TRANSIENT, "stream ended before [DONE]", resp.status_code)
+                return
+            for c in held:  # an answer with no output at all (rare, but complete)
+                yield c
+            answer.response = self.assembler.completion()
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # timeouts, resets mid-stream: classified
+            answer.failure = classify_exception(e)
+        finally:
+            if resp is not None:
+                await resp.aclose()

@@ -1,0 +1,208 @@
+"""The one queue of requests waiting for a target to admit them.
+
+First come, first served: the request that has waited longest gets the next slot on
+a target it can use, and a request that comes back from a retry wait keeps its
+place from when it first arrived, so no request starves behind newer ones. Slots
+are handed over, not raced for: when something may have made room (an attempt
+settled, a probe succeeded, a manual action, a bucket refilled), one dispatch pass
+walks the queue in order and admits whoever can go.
+
+Requests that could use exactly the same targets are grouped: when the oldest of a
+group cannot be admitted, none of the group can, so a pass costs one admission try
+per group, not per request, however long the queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import logging
+from collections import deque
+from typing import Any, Awaitable, Callable, Generic, Hashable, TypeVar
+
+from capmon.core.clock import Clock
+
+log = logging.getLogger("capmon.waiting")
+
+G = TypeVar("G")  # what a waiter is granted (the router's target and admission)
+
+# While anyone waits, a pass runs at least this often: a safety net for what no
+# event announces (a ramp's share growing with time), not a poll of the targets.
+MAX_NAP = 1.0
+
+
+class Waiter(Generic[G]):
+    __slots__ = ("seq", "key", "group", "fut")
+
+    def __init__(self, seq: int, key: Any, group: Hashable, fut: asyncio.Future[G]) -> None:
+        self.seq = seq
+        self.key = key  # the router's request state
+        self.group = group
+        self.fut = fut
+
+
+class WaitQueue(Generic[G]):
+    """``admit(key)`` tries to admit a waiting request now (a grant or None);
+    ``release(grant)`` gives back a grant nobody took; ``ready_at(key)`` is the
+    earliest clock time a time-driven gate opens for it (None: only an event)."""
+
+    def __init__(
+        self,
+        clock: Clock,
+        admit: Callable[[Any], Awaitable[G | None]],
+        release: Callable[[G], Awaitable[None]],
+        ready_at: Callable[[Any, float], float | None],
+        group_of: Callable[[Any], Hashable],
+    ) -> None:
+        self._clock = clock
+        self._admit = admit
+        self._release = release
+        self._ready_at = ready_at
+        self._group_of = group_of
+        self._groups: dict[Hashable, deque[Waiter[G]]] = {}
+        self._count = 0
+        self._dirty = False
+        self._task: asyncio.Task[None] | None = None
+        self._timer: asyncio.Task[None] | None = None
+        self._timer_at = float("inf")
+
+    def __len__(self) -> int:
+        return self._count
+
+    # ------------------------------------------------------------ waiting
+
+    async def wait(self, seq: int, key: Any, timeout: float) -> G:
+        """Wait in line (by ``seq``, smaller first) until admitted; TimeoutError after
+        ``timeout`` seconds. Cancelling the wait never leaks a grant."""
+        fut: asyncio.Future[G] = asyncio.get_running_loop().create_future()
+        waiter = Waiter(seq, key, self._group_of(key), fut)
+        self._insert(waiter)
+        self.kick()
+        try:
+            async with asyncio.timeout(max(0.0, timeout)):
+                return await fut
+        except TimeoutError:
+            if fut.done() and not fut.cancelled():
+                return fut.result()  # granted in the same instant the wait ran out
+            raise
+        except BaseException:
+            if fut.done() and not fut.cancelled():
+                grant = fut.result()
+                asyncio.ensure_future(self._release(grant))  # cancelled after the hand-over: pass it on
+            raise
+        finally:
+            if not fut.done():
+                fut.cancel()
+            self._remove(waiter)
+
+    def regroup(self) -> None:
+        """Recompute every waiter's group (the pin or the order changed) and run a pass."""
+        waiters = [w for q in self._groups.values() for w in q]
+        self._groups.clear()
+        self._count = 0
+        for w in sorted(waiters, key=lambda w: w.seq):
+            w.group = self._group_of(w.key)
+            self._insert(w)
+        self.kick()
+
+    def _insert(self, w: Waiter[G]) -> None:
+        q = self._groups.get(w.group)
+        if q is None:
+            q = self._groups[w.group] = deque()
+        if not q or q[-1].seq < w.seq:
+            q.append(w)
+        else:  # back from a retry wait: its place is by arrival, not by return
+            items = list(q)
+            i = next(i for i, x in enumerate(items) if x.seq > w.seq)
+            items.insert(i, w)
+            self._groups[w.group] = deque(items)
+        self._count += 1
+
+    def _remove(self, w: Waiter[G]) -> None:
+        q = self._groups.get(w.group)
+        if q is None:
+            return
+        try:
+            q.remove(w)
+        except ValueError:
+            return
+        self._count -= 1
+        if not q:
+            del self._groups[w.group]
+
+    # ------------------------------------------------------------ dispatching
+
+    def kick(self) -> None:
+        """Something may have made room: run a dispatch pass soon (once, however many kicks)."""
+        if not self._count:
+            return
+        self._dirty = True
+        if self._task is None:
+            self._task = asyncio.ensure_future(self._run())
+
+    async def _run(self) -> None:
+        try:
+            while self._dirty:
+                self._dirty = False
+                await self._pass()
+        except Exception:  # a dispatcher bug must not strand the queue: the timer retries
+            log.exception("dispatch pass failed")
+        finally:
+            self._task = None
+            self._arm()
+
+    async def _pass(self) -> None:
+        heap = [(q[0].seq, i, g) for i, (g, q) in enumerate(self._groups.items()) if q]
+        heapq.heapify(heap)
+        tie = len(heap)
+        while heap:
+            _, _, group = heapq.heappop(heap)
+            q = self._groups.get(group)
+            if not q:
+                continue
+            w = q[0]
+            if w.fut.done():
+                self._remove(w)
+            else:
+                grant = await self._admit(w.key)
+                if grant is None:
+                    continue  # the group is blocked for this pass
+                if w.fut.done():  # cancelled while we asked: give the slot back
+                    await self._release(grant)
+                else:
+                    w.fut.set_result(grant)
+                self._remove(w)
+            q = self._groups.get(group)
+            if q:
+                tie += 1
+                heapq.heappush(heap, (q[0].seq, tie, group))
+
+    def _arm(self) -> None:
+        """Sleep until the earliest time-driven gate opens for a group's oldest waiter."""
+        if not self._count:
+            return
+        now = self._clock.now()
+        at = now + MAX_NAP
+        for q in self._groups.values():
+            if q:
+                t = self._ready_at(q[0].key, now)
+                if t is not None and t > now:
+                    at = min(at, t)
+        if self._timer is not None and not self._timer.done():
+            if self._timer_at <= at + 1e-6:
+                return
+            self._timer.cancel()
+        self._timer_at = at
+        self._timer = asyncio.ensure_future(self._fire(max(0.0, at - now)))
+
+    async def _fire(self, delay: float) -> None:
+        await self._clock.sleep(delay)
+        self._timer = None
+        self._timer_at = float("inf")
+        if self._count:
+            self.kick()
+
+    async def aclose(self) -> None:
+        for task in (self._timer, self._task):
+            if task is not None and not task.done():
+                task.cancel()
