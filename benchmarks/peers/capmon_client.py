@@ -91,8 +91,11 @@ class CapmonPeer:
         return r.model
 
     def extra(self) -> dict[str, Any]:
-        limits = {t.model.name: {"limit": round(t.limiter.limit, 2), "decreases": t.limiter.decreases,
-                                 "breaker": t.breaker.state.value} for t in self.client.targets}
+        limits = {}
+        for t in self.client.targets:
+            v = t.state.view()
+            limits[t.model.name] = {"limit": round(v.limiter.limit, 2), "capacity": v.limiter.capacity,
+                                    "breaker": v.breaker.state.value}
         return {
             "config_overrides": self.overrides,
             "whatif": [Path(p).stem for p in self.whatif],

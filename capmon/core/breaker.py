@@ -163,6 +163,7 @@ class CircuitBreaker:
         self._total_trips = 0
         # Per generation: cleared on every state change.
         self._consecutive = 0
+        self._streak_from = 0.0  # when the first failure of the current streak was sent
         self._streak_hint: float | None = None
         self._window = _Window(config.ratio_window)
         # OPEN / HALF_OPEN
@@ -236,42 +237,55 @@ class CircuitBreaker:
 
     # ------------------------------------------------------------ outcomes
 
-    def record(self, generation: int, signal: BreakerSignal, *, hint: float | None = None, news: bool = True,
-               probe: bool = False, basis: float = 1.0) -> None:
-        """One attempt's outcome. ``news`` is False for a capacity failure the limiter
-        took as an echo of requests sent before it backed off: a model that is merely
-        full is not one that is down. ``basis`` is the learned concurrency a ramp
-        starting now is a share of (the round sizes are counted in it)."""
+    def record(self, generation: int, signal: BreakerSignal, *, sent_at: float, hint: float | None = None,
+               news: bool = True, probe: bool = False, basis: float = 1.0) -> None:
+        """One attempt's outcome. ``sent_at`` is when the attempt was admitted: failures
+        in a row are counted in send order, so the successes of requests sent before a
+        streak began (still finishing when a model goes down) do not break it. ``news``
+        is False for a capacity failure the limiter took as an echo of requests sent
+        before it backed off: a model that is merely full is not one that is down.
+        ``basis`` is the learned concurrency a ramp starting now is a share of."""
         now = self._clock.now()
         self._advance(now)
         if generation != self.generation:
             return  # stale: admitted before the last state change
         hint = _clean_hint(hint)
         s = self._state
+        failed = signal is BreakerSignal.DOWN or (signal is BreakerSignal.CAPACITY and news)
         if s is State.HALF_OPEN and probe:
             self._probe_outcome(now, signal, hint, basis)
         elif s is State.CLOSED:
             if signal is BreakerSignal.SUCCESS:
-                self._consecutive = 0
-                self._streak_hint = None
                 self._window.add(now, failed=False)
-            elif signal is BreakerSignal.DOWN or (signal is BreakerSignal.CAPACITY and news):
+                self._success(sent_at)
+            elif failed:
+                self._streak(sent_at, hint)
                 self._closed_failure(now, hint)
         elif s is State.RAMP:
             if signal is BreakerSignal.SUCCESS:
-                self._consecutive = 0
-                self._streak_hint = None
+                self._success(sent_at)
                 self._round_ok += 1
                 if self._round_ok >= self._round_need:
                     self._step(now)
-            elif signal is BreakerSignal.DOWN or (signal is BreakerSignal.CAPACITY and news):
+            elif failed:
                 # A recovering model that is full for a moment is not sent back at once;
                 # one still down fails again and trips. Either way the round is not clean.
                 self._round_ok = 0
-                self._consecutive += 1
-                self._streak_hint = _max_hint(self._streak_hint, hint)
+                self._streak(sent_at, hint)
                 if self._consecutive >= self.config.failure_threshold:
                     self._trip(now, f"{self._consecutive} capacity failures in a row during ramp", self._streak_hint)
+
+    def _streak(self, sent_at: float, hint: float | None) -> None:
+        if self._consecutive == 0:
+            self._streak_from = sent_at
+        self._consecutive += 1
+        self._streak_hint = _max_hint(self._streak_hint, hint)
+
+    def _success(self, sent_at: float) -> None:
+        if self._consecutive and sent_at < self._streak_from:
+            return  # sent before the streak began: it says nothing about the model now
+        self._consecutive = 0
+        self._streak_hint = None
         # OPEN: nothing is admitted, so nothing current arrives; FORCED_*: outcomes ignored.
 
     def _probe_outcome(self, now: float, signal: BreakerSignal, hint: float | None, basis: float) -> None:
@@ -307,8 +321,6 @@ class CircuitBreaker:
 
     def _closed_failure(self, now: float, hint: float | None) -> None:
         cfg = self.config
-        self._consecutive += 1
-        self._streak_hint = _max_hint(self._streak_hint, hint)
         self._window.add(now, failed=True, hint=hint)
         if self._consecutive >= cfg.failure_threshold:
             self._trip(now, f"{self._consecutive} capacity failures in a row", self._streak_hint)

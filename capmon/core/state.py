@@ -239,7 +239,7 @@ class MemoryTarget:
                     and before.admits and b.consecutive == 0):
                 lim.checkpoint()  # a failure streak may begin: remember what it may undo
             news = lim.release(adm.slot, pol.limiter)
-        b.record(adm.generation, pol.breaker, hint=hint, news=news, probe=adm.probe, basis=lim.limit)
+        b.record(adm.generation, pol.breaker, sent_at=adm.at, hint=hint, news=news, probe=adm.probe, basis=lim.limit)
         if b.state is State.OPEN and before in (State.CLOSED, State.RAMP):
             lim.restore()  # an outage, not a full model: keep the capacity learned before it
         if pol.key is KeyAction.DISABLE and failure is not None:
