@@ -220,6 +220,29 @@ def _detail_strings(error: Mapping[str, Any]) -> list[str]:
     return out
 
 
+def _wrapped(error: Mapping[str, Any]) -> list[str]:
+    """What a gateway says the provider behind it answered: OpenRouter wraps it as
+    ``error.metadata.raw`` (a string, often the upstream's JSON error)."""
+    metadata = error.get("metadata")
+    if not isinstance(metadata, Mapping):
+        return []
+    raw = metadata.get("raw")
+    if isinstance(raw, str) and raw.strip():
+        return [raw[:2048]]
+    if isinstance(raw, Mapping):
+        return [json.dumps(raw)[:2048]]
+    return []
+
+
+def _upstream_message(raw: str) -> str | None:
+    try:
+        parsed = json.loads(raw)
+    except Exception:
+        return raw.strip()[:500] or None
+    _, message = _json_error(parsed)
+    return message
+
+
 def _json_error(parsed: object) -> tuple[Mapping[str, Any] | None, str | None]:
     """(error object, message) from the provider shapes capmon knows."""
     candidates = parsed[:4] if isinstance(parsed, list) else [parsed]
@@ -278,6 +301,11 @@ def _read_body(body: object) -> _Body:
         code = None if code == "error" else code  # a top-level {"type": "error"} names nothing
         codes = [c for k in ("code", "type", "status") if isinstance(c := error.get(k), str)]
         codes += _detail_strings(error)
+        wrapped = _wrapped(error)
+        codes += wrapped
+        upstream = _upstream_message(wrapped[0]) if wrapped else None
+        if upstream and message and upstream not in message:
+            message = f"{message}: {upstream}"  # "Provider returned error" alone tells nobody anything
     is_html = parsed is None and bool(_HTML.search(text[:2048]))
     error_object = error is not None or message is not None
     if message is None:

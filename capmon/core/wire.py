@@ -70,6 +70,8 @@ def auth_headers(extra: Mapping[str, str], secret: str) -> dict[str, str]:
 
 # ---------------------------------------------------------------- the token parameter
 
+_PARAM_NAMES = re.compile(r"max_completion_tokens|max_tokens")
+_SUGGESTED = re.compile(r"use\W{0,3}(max_completion_tokens|max_tokens)\W{0,3}instead")
 _UNSUPPORTED = re.compile(
     r"unsupported.parameter|not supported|unrecognized request argument|extra inputs are not permitted"
     r"|extra_forbidden|unknown (?:field|parameter|argument)|unexpected keyword|invalid.parameter|not permitted"
@@ -86,7 +88,12 @@ def refused_token_param(failure: Failure, sent: TokenParam) -> bool:
     if failure.kind is not Kind.BAD_REQUEST or failure.status not in (400, 422):
         return False
     text = f"{failure.code or ''} {failure.reason}".lower()
-    return sent.value in text and bool(_UNSUPPORTED.search(text))
+    if not _UNSUPPORTED.search(text):
+        return False
+    suggested = _SUGGESTED.search(text)
+    if suggested:  # "... 'max_tokens' is not supported ... Use 'max_completion_tokens' instead."
+        return suggested.group(1) != sent.value
+    return set(_PARAM_NAMES.findall(text)) == {sent.value}
 
 
 # ---------------------------------------------------------------- bounded reads

@@ -1,0 +1,153 @@
+"""Recovery by the client's own probes, the evidence-driven ramp, first-come-first-served
+waiting and capacity learning: the FallbackClient against the simulator over real HTTP,
+in fast-forwarded time."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from capmon.core import events as ev
+from capmon.core.config import SIMULATOR_DEMO_KEY, parse_config
+from capmon.core.router import FallbackClient
+from capmon.sim.scenario import ModelSpec, Phase, Scenario
+from capmon.sim.server import start_simulator
+
+pytestmark = pytest.mark.looptime
+
+ENV = {"KEY": SIMULATOR_DEMO_KEY}
+
+
+def config(base_url: str, models: tuple[str, ...], extra: str = "") -> object:
+    text = f'[simulator]\nenabled = false\n\n[[endpoints]]\nname = "sim"\nbase_url = "{base_url}"\n' \
+           f'keys = [{{ env = "KEY", alias = "k" }}]\n'
+    for m in models:
+        text += f'\n[[models]]\nname = "{m}"\napi_model = "sim-{m}"\nendpoints = ["sim"]\nmax_tokens = 16\n'
+    return parse_config(text + "\n" + extra, "test.toml")
+
+
+def spec(name: str, slots: int, latency: float = 1.0, **kw: object) -> ModelSpec:
+    return ModelSpec(name=f"sim-{name}", slots=slots, base_latency=latency, per_token=0.0, noise=0.0,
+                     answer_tokens=8, context_window=128_000, **kw)  # type: ignore[arg-type]
+
+
+class Events:
+    def __init__(self, bus: ev.EventBus) -> None:
+        self.items: list[ev.Event] = []
+        bus.subscribe(self.items.append)
+
+    def of(self, cls: type[ev.Event], model: str | None = None) -> list:
+        return [e for e in self.items if isinstance(e, cls) and (model is None or getattr(e, "model", None) == model)]
+
+
+async def test_waiting_is_first_come_first_served_and_nobody_starves() -> None:
+    sim = await start_simulator(Scenario(models=(spec("flagship", 4),)))
+    try:
+        async with FallbackClient(config(sim.base_url, ("flagship",)), environ=ENV) as client:
+            loop = asyncio.get_running_loop()
+            t0 = loop.time()
+
+            async def one(i: int) -> float:
+                await asyncio.sleep(i * 0.001)
+                await client.chat(f"request {i}")
+                return loop.time() - t0
+
+            done = await asyncio.gather(*(one(i) for i in range(40)))
+    finally:
+        await sim.stop()
+    # Four at a time, one second each: request i is answered in wave i // 4 (give or take
+    # the first wave's rejections, which keep their place in line).
+    waves = [round(t) for t in done]
+    assert max(waves) <= 11
+    assert all(a <= b + 1 for a, b in zip(waves, waves[1:])), waves  # in order of arrival
+    assert waves[-1] >= 10
+
+
+async def test_in_saturation_the_limiter_settles_on_the_real_capacity_without_overshooting() -> None:
+    sim = await start_simulator(Scenario(models=(spec("flagship", 6, latency=0.5),)))
+    try:
+        async with FallbackClient(config(sim.base_url, ("flagship",)), environ=ENV) as client:
+            async def worker() -> None:
+                for _ in range(15):
+                    await client.chat("work")
+
+            await asyncio.gather(*(worker() for _ in range(32)))  # 480 requests on 6 slots
+            snap = client.snapshot()
+        stats = sim.simulator.stats()["totals"]
+    finally:
+        await sim.stop()
+    # Learned from the positions of its rejections (7 at most: a slot freed at the server a
+    # moment before our side saw the answer looks like room for one more).
+    assert snap.targets[0].capacity in (6, 7) and 6 <= snap.targets[0].limit < 8
+    assert stats["completed"] == 480
+    rejected = stats["rejected"]["capacity"] + stats["rejected"]["rate_limited"]
+    assert rejected <= 12, stats  # a handful while learning, then at most a rare probe above capacity
+
+
+async def test_an_open_breaker_is_probed_by_the_client_and_recovers_as_fast_as_capacity_returns() -> None:
+    down = (Phase(at=0.0, slots=0), Phase(at=30.0))
+    sim = await start_simulator(Scenario(models=(spec("flagship", 8, schedule=down), spec("medium", 64))))
+    extra = "[breaker]\nprobe_interval = 1.0\ncooldown = 8.0\ncooldown_multiplier = 2.0\nramp_start = 0.25\n" \
+            "ramp_duration = 60.0\n[limiter]\ninitial = 8\n"
+    try:
+        bus = ev.EventBus()
+        seen = Events(bus)
+        async with FallbackClient(config(sim.base_url, ("flagship", "medium"), extra), environ=ENV,
+                                  bus=bus) as client:
+            loop = asyncio.get_running_loop()
+            t0 = loop.time()
+            stop = False
+
+            async def worker() -> None:
+                while not stop:
+                    await client.chat("steady traffic")
+
+            tasks = [asyncio.create_task(worker()) for _ in range(16)]
+            await asyncio.sleep(45)
+            stop = True
+            await asyncio.gather(*tasks)
+            closed_at = [e.at - t0 for e in seen.of(ev.BreakerChanged, "flagship") if e.new == "closed"]
+            probes = [e for e in seen.of(ev.ProbeFinished, "flagship")]
+            steps = seen.of(ev.RampStep, "flagship")
+    finally:
+        await sim.stop()
+    sent = [p.at - p.latency - t0 for p in probes]
+    gaps = [round(b - a) for a, b in zip(sent, sent[1:])]
+    # Intervals 1, 2, 4, then capped at the cool-down (8), while the probes fail...
+    assert gaps[:4] == [2, 4, 8, 8] and all(g <= 8 for g in gaps), gaps
+    assert all(not p.ok for p in probes[:-1]) and probes[-1].ok
+    # ... the first probe after capacity returns finds it, within one interval ...
+    assert 30.0 <= sent[-1] <= 30.0 + 8.0 + 1.0
+    # ... and the ramp doubles per clean round (a round is about one service time), so the
+    # model is closed again in a few seconds, long before the 60 s ceiling.
+    assert [round(s.share, 2) for s in steps] == [0.5]
+    assert closed_at and closed_at[-1] - sent[-1] < 5.0
+
+
+async def test_no_probe_comes_before_the_servers_hint() -> None:
+    down = (Phase(at=0.0, slots=0),)
+    sim = await start_simulator(Scenario(models=(spec("flagship", 8, schedule=down, hint=20.0,
+                                                      dialect="openai-503"), spec("medium", 64))))
+    extra = "[breaker]\nprobe_interval = 1.0\ncooldown = 60.0\n"
+    try:
+        bus = ev.EventBus()
+        seen = Events(bus)
+        async with FallbackClient(config(sim.base_url, ("flagship", "medium"), extra), environ=ENV,
+                                  bus=bus) as client:
+            loop = asyncio.get_running_loop()
+            t0 = loop.time()
+            for _ in range(150):
+                await client.chat("hi")
+                await asyncio.sleep(1.0)
+            elapsed = loop.time() - t0
+            trips = [e.at for e in seen.of(ev.BreakerChanged, "flagship") if e.old == "closed" and e.new == "open"]
+            probes = [e.at - e.latency for e in seen.of(ev.ProbeFinished, "flagship")]
+            rejected = sim.simulator.stats()["models"]["sim-flagship"]["rejected"]["capacity"]
+    finally:
+        await sim.stop()
+    # Each rejection says "retry after 20 s", and the client takes it for the whole model:
+    # no request and no probe goes there sooner.
+    assert trips and probes and probes[0] - trips[0] >= 20.0 - 1e-6
+    assert all(b - a >= 20.0 - 1e-6 for a, b in zip(probes, probes[1:])), " ".join(str(round(p)) for p in probes)
+    assert rejected <= elapsed / 20 + 1
