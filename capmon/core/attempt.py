@@ -13,12 +13,18 @@ from __future__ import annotations
 import asyncio
 import json
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Mapping
+from typing import TYPE_CHECKING, Any, AsyncIterator, Mapping
 
 import httpx
 
+from capmon.core.config import ClientConfig
 from capmon.core.errors import Failure, Kind, classify_exception, classify_response, parse_completion
-from capmon.core.wire import Assembler, FrameKind, Oversized, SSEParser, oversized_failure, read_capped, read_frame
+from capmon.core.result import ChatRequest
+from capmon.core.wire import (Assembler, FrameKind, Oversized, SSEParser, TokenParam, auth_headers, chat_body,
+                              oversized_failure, read_capped, read_frame)
+
+if TYPE_CHECKING:
+    from capmon.core.targets import Target
 
 
 @dataclass
@@ -36,6 +42,16 @@ class Request:
     headers: Mapping[str, str]
     timeout: float  # seconds the whole attempt may take
     cap: int  # bytes the answer may take
+
+
+def chat_request(t: "Target", request: ChatRequest, token_param: TokenParam, client: ClientConfig,
+                 stream: bool) -> Request:
+    """The request one attempt sends to ``t``: the caller's fields, this model's cap."""
+    cap = t.model.max_tokens
+    body = chat_body(request.messages, request.extra, model=t.model.wire_name, token_param=token_param,
+                     max_tokens=min(request.max_tokens or cap, cap), temperature=request.temperature, stream=stream)
+    return Request(t.url, body, auth_headers(t.endpoint.headers, t.key.secret.reveal()), client.attempt_timeout,
+                   client.max_response_bytes)
 
 
 def _build(http: httpx.AsyncClient, req: Request) -> httpx.Request:

@@ -23,6 +23,9 @@ from capmon.core import wire
 from capmon.core.attempt import Answer, Request, plain
 from capmon.core.breaker import State
 from capmon.core.errors import Kind
+from capmon.core.exceptions import RequestFailed
+from capmon.core.result import ChatRequest
+from capmon.core.routing import Routing
 from capmon.core.state import Admission
 
 if TYPE_CHECKING:
@@ -33,6 +36,7 @@ log = logging.getLogger("capmon.probe")
 
 # A probe's answer is one token: anything near this size is already broken.
 _PROBE_CAP = 1 << 20
+_HEALTH = ChatRequest.of("ping", max_tokens=1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,12 +122,24 @@ class Prober:
             return ProbeResult(t.id, None, None, None, None, "tripped by hand")
         else:
             # A health probe is a request like any other: it waits its turn for a slot.
-            adm = await self._client._acquire_on(t, wait)
+            adm = await self._acquire_on(t, wait)
             if adm is None:
                 return ProbeResult(t.id, None, None, None, None, "skipped: at its concurrency limit")
         if adm is None:
             return ProbeResult(t.id, None, None, None, None, "not admitted now")
         return await self._send(t, adm)
+
+    async def _acquire_on(self, t: "Target", wait: float) -> Admission | None:
+        """A slot on this one target, in line with the requests, within ``wait`` seconds."""
+        if wait <= 0:
+            return await t.state.admit(1)
+        client = self._client
+        now = client.clock.now()
+        r = Routing(-1, _HEALTH, 1, now + wait, now, excluded={o.id for o in client.targets if o is not t})
+        try:
+            return (await client._acquire(r))[1]
+        except RequestFailed:
+            return None
 
     async def _send(self, t: "Target", adm: Admission) -> ProbeResult:
         client = self._client
@@ -139,9 +155,7 @@ class Prober:
                 answer = await plain(client._http, req, wall=clock.wall())
                 if answer.failure is None or not wire.refused_token_param(answer.failure, param):
                     break
-                client._token_param[t.model.name] = param.other
-                client._publish(ev.TokenParamLearned, model=t.model.name, param=param.other.value,
-                                reason=answer.failure.reason)
+                client.learn_token_param(t.model.name, param, answer.failure.reason)
         except BaseException:
             await t.state.settle(adm, None, cancelled=True)
             raise
@@ -155,7 +169,7 @@ class Prober:
         t.probe_latency, t.last_status, t.last_kind = latency, answer.status, failure.kind if failure else None
         result = ProbeResult(t.id, failure is None, answer.status, failure.kind if failure else None, latency,
                              failure.reason if failure else "ok")
-        client._publish(ev.ProbeFinished, target=t.id, model=t.model.name, ok=result.ok, status=result.status,
+        client.journal.publish(ev.ProbeFinished, target=t.id, model=t.model.name, ok=result.ok, status=result.status,
                         kind=result.kind.value if result.kind else None, latency=latency, reason=result.reason,
                         next_probe_at=t.state.probe_due_at())
         client._queue.regroup()  # a ramp may have started: waiting requests can go there now

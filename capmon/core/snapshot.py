@@ -16,6 +16,7 @@ from capmon.core.state import KeyState
 from capmon.core.stats import WindowStats
 
 if TYPE_CHECKING:
+    from capmon.core.journal import Journal
     from capmon.core.router import FallbackClient
 
 
@@ -87,7 +88,7 @@ class EngineSnapshot:
         return asdict(self)
 
 
-def build_snapshot(client: "FallbackClient", waiting: tuple[WaitingRetry, ...], queued: int) -> EngineSnapshot:
+def build_snapshot(client: "FallbackClient", journal: "Journal", queued: int) -> EngineSnapshot:
     now = client.clock.now()
     rows = []
     for t in client.targets:
@@ -104,7 +105,8 @@ def build_snapshot(client: "FallbackClient", waiting: tuple[WaitingRetry, ...], 
             capacity=lim.capacity, token_param=client.token_param(t.model.name),
         ))
     return EngineSnapshot(
-        now=now, wall=client.clock.wall(), pinned=client.pinned, targets=tuple(rows), waiting=waiting, queued=queued,
-        in_flight=client.in_flight, requests=client.requests, succeeded=client.succeeded, failed=client.failed,
+        now=now, wall=client.clock.wall(), pinned=client.pinned, targets=tuple(rows), waiting=journal.waits(),
+        queued=queued, in_flight=journal.in_flight, requests=journal.requests, succeeded=journal.succeeded,
+        failed=journal.failed,
         events_published=client.bus.published,
     )

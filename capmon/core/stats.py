@@ -10,6 +10,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from capmon.core.errors import Kind
+
 HORIZON = 300  # seconds kept: the longest window
 WINDOWS = (10, 60, 300)
 _SAMPLES_PER_BUCKET = 64
@@ -65,6 +67,18 @@ class RollingStats:
         if b is None or b.second != second:
             b = self._buckets[i] = _Bucket(second)
         return b
+
+    def record_attempt(self, now: float, status: int | None, kind: Kind | None, latency: float) -> None:
+        """One attempt, counted where the dashboard shows it: ok, 429s, 503s or other."""
+        if kind is None:
+            outcome = "ok"
+        elif status == 429 or kind is Kind.RATE_LIMITED:
+            outcome = "rate_limited"
+        elif status in (503, 529) or kind is Kind.CAPACITY:
+            outcome = "capacity"
+        else:
+            outcome = "other"
+        self.record(now, outcome, latency)
 
     def record(self, now: float, outcome: str, latency: float | None = None) -> None:
         """``outcome``: ok | rate_limited | capacity | other."""

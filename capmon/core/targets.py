@@ -5,10 +5,12 @@ what decides admission lives behind the state seam (capmon/core/state.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Mapping
 
-from capmon.core.config import EndpointConfig, ModelConfig, ResolvedKey
+from capmon.core.config import Config, EndpointConfig, ModelConfig, ResolvedKey
 from capmon.core.errors import Kind
-from capmon.core.state import KeyRef, TargetState
+from capmon.core.exceptions import CapmonError
+from capmon.core.state import KeyRef, TargetSpec, TargetState
 from capmon.core.stats import RollingStats
 
 
@@ -34,3 +36,22 @@ class Target:
     @property
     def key_ref(self) -> KeyRef:
         return (self.endpoint.name, self.key.alias)
+
+
+def build_targets(config: Config, keys: Mapping[tuple[str, str], ResolvedKey]) -> tuple[list[TargetSpec], list[Target]]:
+    """Every (model, endpoint, key) the config names and the environment holds a key for,
+    in preference order. The targets' state is attached by the client (the seam decides)."""
+    specs, out = [], []
+    for rank, model in enumerate(config.models):
+        for ep in (config.endpoint(name) for name in model.endpoints):
+            for k in ep.keys:
+                key = keys.get((ep.name, k.alias or k.env))
+                if key is None:
+                    continue
+                tid = target_id(model.name, ep.name, key.alias)
+                specs.append(TargetSpec(tid, model, (ep.name, key.alias), key.alias))
+                out.append(Target(tid, rank, model, ep, key, state=None,  # type: ignore[arg-type]
+                                  url=ep.base_url.rstrip("/") + "/chat/completions"))
+    if not out:
+        raise CapmonError(f"{config.path}: no usable target: every model's keys are missing")
+    return specs, out

@@ -36,6 +36,23 @@ class TokenParam(enum.StrEnum):
         return TokenParam.MAX_COMPLETION_TOKENS if self is TokenParam.MAX_TOKENS else TokenParam.MAX_TOKENS
 
 
+class TokenParams:
+    """Which token parameter each model is sent: configured, then learned from refusals."""
+
+    def __init__(self, configured: Mapping[str, str]) -> None:
+        self._param = {model: TokenParam(p) for model, p in configured.items()}
+
+    def __getitem__(self, model: str) -> TokenParam:
+        return self._param[model]
+
+    def learn(self, model: str, refused: TokenParam) -> bool:
+        """The model refused ``refused``: send the other from now on. True if that is news."""
+        if self._param[model] is not refused:
+            return False
+        self._param[model] = refused.other
+        return True
+
+
 def chat_body(
     messages: tuple[Mapping[str, Any], ...],
     extra: Mapping[str, Any],

@@ -31,35 +31,44 @@ async def test_three_capacity_503s_trip_the_breaker_and_traffic_moves_on() -> No
     assert [a.decision for a in results[0].attempts] == ["fallback", "ok"]
 
 
-async def test_after_the_cooldown_a_probe_closes_it_and_the_ramp_restores_traffic_gradually() -> None:
+async def test_the_clients_own_probe_finds_the_model_back_and_the_ramp_restores_traffic_gradually() -> None:
     script = Script()
     down = {"on": True}
-    script.set("flagship", lambda n, body: OVERLOADED if down["on"] else ok("flagship"))
+    script.set("flagship", lambda n, body: OVERLOADED if down["on"] else Reply(200, ok("flagship").body, delay=0.5))
+    for other in ("medium", "small"):  # time moves with the load
+        script.set(other, lambda n, body, other=other: Reply(200, ok(other).body, delay=0.1))
     bus = ev.EventBus()
-    transitions: list[tuple[str, str]] = []
-    bus.subscribe(lambda e: transitions.append((e.old, e.new)) if isinstance(e, ev.BreakerChanged) and e.model == "flagship" else None)
+    events: list[ev.Event] = []
+    bus.subscribe(lambda e: events.append(e) if getattr(e, "model", None) == "flagship" else None)
     async with serve(script) as url:
         async with FallbackClient(three_models(url), environ=ENV, bus=bus) as client:
             for _ in range(3):
                 await client.chat("hi")
-            assert transitions[-1] == ("closed", "open")
+            assert client.snapshot().targets[0].state == "open"
             down["on"] = False
             t0 = time.perf_counter()
-            await asyncio.sleep(301)  # the five-minute cool-down, fast-forwarded
+            await asyncio.sleep(2.6)  # the first probe comes probe_interval (2 s) after the trip
             assert time.perf_counter() - t0 < 2
-            shares = []
-            for _second in range(70):
-                before = script.served("flagship")
-                for _ in range(20):
-                    await client.chat("hi")
-                shares.append((script.served("flagship") - before) / 20)
-                await asyncio.sleep(1)
-            flagship = next(t for t in client.targets if t.model.name == "flagship")
-            assert flagship.state.view().breaker.state == "closed"
-    assert ("open", "half-open") in transitions and ("half-open", "ramp") in transitions and ("ramp", "closed") in transitions
-    # Gradual: the first seconds of the ramp send a small share to the flagship, the last all of it.
-    assert sum(shares[1:6]) / 5 < 0.5
-    assert shares[-1] == 1.0
+            assert client.snapshot().targets[0].state == "ramp"
+            loop = asyncio.get_running_loop()
+            ramp_from = loop.time()
+
+            async def worker() -> None:
+                while loop.time() < ramp_from + 3.0:
+                    await client.chat("load")
+
+            await asyncio.gather(*(worker() for _ in range(16)))
+            assert client.snapshot().targets[0].state == "closed"
+    changes = [(e.old, e.new) for e in events if isinstance(e, ev.BreakerChanged)]
+    assert changes == [("closed", "open"), ("open", "half-open"), ("half-open", "ramp"), ("ramp", "closed")]
+    # Gradual: the ramp admits a quarter of the limit (8) at first, doubles per clean round
+    # (one round trip, 0.5 s here) and closes after two rounds, long before its 60 s ceiling.
+    starts = [s.at for s in script.seen if s.model == "flagship" and s.at >= ramp_from]
+    first_round = [a for a in starts if a < ramp_from + 0.5]
+    assert len(first_round) <= 3  # a quarter of 8, and a little more as the time ceiling moves
+    assert [round(e.share, 2) for e in events if isinstance(e, ev.RampStep)] == [0.5]
+    closed = next(e.at for e in events if isinstance(e, ev.BreakerChanged) and e.new == "closed")
+    assert closed - ramp_from < 1.5
 
 
 async def test_a_401_is_never_retried() -> None:

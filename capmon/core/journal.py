@@ -1,0 +1,89 @@
+"""What the client tells the world about its requests: events on the bus, the attempt
+records observers (the audit log) receive, the request counters and the retry waits a
+snapshot shows. Routing decides; the journal only writes down what was decided."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable
+
+from capmon.core import events as ev
+from capmon.core.clock import Clock
+from capmon.core.errors import Failure
+from capmon.core.result import Attempt, ChatRequest, Decision
+from capmon.core.routing import Routing
+from capmon.core.snapshot import WaitingRetry
+from capmon.core.targets import Target
+
+log = logging.getLogger("capmon.client")
+
+AttemptObserver = Callable[[ChatRequest, Attempt], None]
+
+
+class Journal:
+    def __init__(self, clock: Clock, bus: ev.EventBus, max_attempts: int) -> None:
+        self._clock = clock
+        self.bus = bus
+        self._max_attempts = max_attempts
+        self._observers: list[AttemptObserver] = []
+        self.waiting: dict[int, WaitingRetry] = {}
+        self.in_flight = self.requests = self.succeeded = self.failed = 0
+
+    def publish(self, cls: type[ev.Event], **fields: Any) -> None:
+        self.bus.publish(cls(at=self._clock.now(), wall=self._clock.wall(), **fields))
+
+    def add_observer(self, fn: AttemptObserver) -> Callable[[], None]:
+        self._observers.append(fn)
+        return lambda: self._observers.remove(fn)
+
+    def started(self, r: Routing, t: Target, number: int) -> None:
+        if r.last_model is not None and r.last_model != t.model.name:
+            self.publish(ev.FellBack, request_id=r.id, item_id=r.request.item_id, from_model=r.last_model,
+                         to_model=t.model.name, reason=r.last_failure.reason if r.last_failure else "")
+        r.last_model = t.model.name
+        self.publish(ev.AttemptStarted, request_id=r.id, item_id=r.request.item_id, model=t.model.name, target=t.id,
+                     attempt=number)
+
+    def failed_attempt(self, r: Routing, t: Target, number: int, status: int | None, failure: Failure) -> None:
+        self.publish(ev.AttemptFailed, request_id=r.id, item_id=r.request.item_id, model=t.model.name, target=t.id,
+                     attempt=number, kind=failure.kind.value, status=status, reason=failure.reason,
+                     hint=failure.retry_after)
+
+    def done(self, r: Routing, t: Target | None, ok: bool, kind: str | None = None) -> None:
+        if ok:
+            self.succeeded += 1
+        else:
+            self.failed += 1
+        self.publish(ev.RequestDone, request_id=r.id, item_id=r.request.item_id, ok=ok,
+                     model=t.model.name if t else None, target=t.id if t else None, attempts=len(r.attempts),
+                     latency=self._clock.now() - r.started, kind=kind)
+
+    def record(self, r: Routing, t: Target, number: int, wall: float, status: int | None, failure: Failure | None,
+               wait: float, latency: float, decision: Decision) -> None:
+        attempt = Attempt(number=number, model=t.model.name, target=t.id, endpoint=t.endpoint.name,
+                          key_alias=t.key.alias, started=wall, status=status, kind=failure.kind if failure else None,
+                          reason=failure.reason if failure else "", hint=failure.retry_after if failure else None,
+                          wait=wait, latency=latency, decision=decision)
+        r.attempts.append(attempt)
+        for fn in list(self._observers):
+            try:
+                fn(r.request, attempt)
+            except Exception:
+                log.exception("attempt observer failed")
+
+    def show_wait(self, r: Routing, wait: float, reason: str) -> None:
+        """A visible retry wait: shown in snapshots and announced on the bus."""
+        info = WaitingRetry(request_id=r.id, item_id=r.request.item_id, model=r.stick_to,
+                            attempt=len(r.attempts) + 1, max_attempts=self._max_attempts, reason=reason,
+                            deadline=self._clock.now() + wait)
+        self.waiting[r.id] = info
+        self.publish(ev.RetryScheduled, request_id=r.id, item_id=r.request.item_id, model=r.stick_to,
+                     attempt=info.attempt, max_attempts=info.max_attempts, reason=reason, wait=wait,
+                     deadline=info.deadline)
+
+    def unwait(self, r: Routing) -> None:
+        if self.waiting.pop(r.id, None) is not None:
+            self.publish(ev.RetryFired, request_id=r.id)
+
+    def waits(self) -> tuple[WaitingRetry, ...]:
+        return tuple(sorted(self.waiting.values(), key=lambda w: w.deadline))

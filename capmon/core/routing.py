@@ -1,0 +1,118 @@
+"""One request's route: which targets it may use and in what order, and what it does
+after a failed attempt. Pure decisions over the request's own memory (:class:`Routing`)
+and what the state seam reports; the router (capmon/core/router.py) acts on them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Hashable, Sequence
+
+from capmon.core.backoff import Backoff
+from capmon.core.errors import Failure, Kind
+from capmon.core.policy import Next, policy_for
+from capmon.core.result import Attempt, ChatRequest, Decision
+from capmon.core.targets import Target
+
+
+@dataclass
+class Routing:
+    """What one request remembers while it is routed."""
+
+    id: int  # also its place in line: smaller ids waited longer
+    request: ChatRequest
+    prompt_tokens: int
+    deadline: float
+    started: float
+    attempts: list[Attempt] = field(default_factory=list)
+    failures: int = 0
+    excluded: set[str] = field(default_factory=set)  # target ids never to use again
+    skip: dict[str, float] = field(default_factory=dict)  # target id -> until: backing off from it
+    min_window: int = 0  # too_large: only models with a larger window
+    stick_to: str | None = None  # rate_limited / transient: retry this model
+    last_failure: Failure | None = None
+    last_model: str | None = None
+    switched: bool = False  # the token parameter was switched once for this request
+
+    def cost(self, t: Target) -> int:
+        """Tokens the request may use on ``t``: charged to a tpm bucket up front."""
+        cap = t.model.max_tokens
+        return self.prompt_tokens + min(self.request.max_tokens or cap, cap)
+
+    def usable(self, targets: Sequence[Target], pinned: str | None) -> list[Target]:
+        """The targets this request could ever use, in the order it should try them: a
+        model it sticks to, then the pinned one, then its own, then the config's order."""
+        out = []
+        for t in targets:
+            if t.id in self.excluded or t.model.context_window <= self.min_window or not t.state.usable():
+                continue
+            wanted = min(self.request.max_tokens or t.model.max_tokens, t.model.max_tokens, 16)
+            if self.prompt_tokens + wanted > t.model.context_window:
+                continue
+            out.append(t)
+        if self.stick_to and any(t.model.name == self.stick_to for t in out):
+            out = [t for t in out if t.model.name == self.stick_to]
+        else:
+            self.stick_to = None
+        first = [m for m in (self.stick_to, pinned, self.request.model) if m]
+        if first:
+            out.sort(key=lambda t: (first.index(t.model.name) if t.model.name in first else len(first), t.rank))
+        return out
+
+    def candidates(self, targets: Sequence[Target], pinned: str | None, now: float) -> list[Target]:
+        """The usable targets it may try now: not those it is backing off from."""
+        out = self.usable(targets, pinned)
+        if self.skip:
+            out = [t for t in out if self.skip.get(t.id, 0.0) <= now]
+        return out
+
+    def group(self, targets: Sequence[Target], pinned: str | None, now: float, by_cost: bool) -> Hashable:
+        """Requests that may try exactly the same targets share a fate in the queue."""
+        return tuple(t.id for t in self.candidates(targets, pinned, now)), self.prompt_tokens if by_cost else 0
+
+    def ready_at(self, targets: Sequence[Target], pinned: str | None, now: float) -> float | None:
+        """The earliest time a time-driven gate opens for it (a hint, a bucket, its own back-off)."""
+        times = [t.state.ready_at(now, self.cost(t)) for t in self.candidates(targets, pinned, now)]
+        times += [u for u in self.skip.values() if u > now]
+        found = [x for x in times if x is not None]
+        return min(found) if found else None
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """What a request does after a failed attempt."""
+
+    decision: Decision  # FAIL, FALLBACK (another target at once) or RETRY (after ``wait``)
+    wait: float = 0.0
+    message: str | None = None  # why it fails, for RequestFailed
+
+
+def plan(r: Routing, t: Target, failure: Failure, *, number: int, max_attempts: int, has_other: Callable[[], bool],
+         spend_retry: Callable[[], bool], backoff: Backoff, now: float) -> Step:
+    """Decide from the policy table, updating the request's memory. Waiting happens in
+    the queue: the request backs off from the target that failed (and only that one)
+    and keeps its place in line for every other."""
+    kind, hint = failure.kind, failure.retry_after
+    nxt = policy_for(failure).next
+    if nxt is Next.FAIL:
+        return Step(Decision.FAIL)
+    if nxt in (Next.FALLBACK, Next.LARGER):
+        r.excluded.add(t.id)
+        if nxt is Next.LARGER:
+            r.min_window = max(r.min_window, t.model.context_window)
+        if number >= max_attempts or not has_other():
+            what = {Kind.AUTH: f"key {t.key.alias} at {t.endpoint.name} is disabled",
+                    Kind.QUOTA: f"key {t.key.alias} parked", Kind.TOO_LARGE: "no model with a larger context window",
+                    }.get(kind, "no other model to fall back to")
+            return Step(Decision.FAIL, message=f"{kind.value}: {failure.reason} ({what})")
+        return Step(Decision.FALLBACK)
+    if number >= max_attempts:
+        return Step(Decision.FAIL, message=f"{kind.value}: {failure.reason} (after {number} attempts)")
+    if nxt is Next.RETRY and not spend_retry():
+        return Step(Decision.FAIL, message=f"transient: {failure.reason} (retry budget spent)")
+    wait = backoff.wait(r.failures, Kind.TRANSIENT if nxt is Next.RETRY else kind, hint)
+    wait = max(0.0, min(wait, r.deadline - now))
+    r.skip[t.id] = now + wait
+    if nxt in (Next.RETRY, Next.SAME_MODEL):
+        r.stick_to = t.model.name
+    return Step(Decision.RETRY, wait)
