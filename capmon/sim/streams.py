@@ -187,6 +187,11 @@ class OpenRouterFrames(OpenAIFrames):
                                 "logprobs": None}]}
         return sse(payload)
 
+    def opening(self, call: ToolCall | None) -> bytes:
+        if call is None:
+            return self.chunk({"role": "assistant", "content": ""})
+        return super().opening(call)
+
     def prelude(self) -> bytes:
         return dialects.OPENROUTER_COMMENT
 
