@@ -49,7 +49,7 @@ class SimHandle:
     host: str
     port: int
     app: Starlette
-    server: uvicorn.Server = field(repr=False)
+    server: "_EmbeddedServer" = field(repr=False)
     task: "asyncio.Task[None]" = field(repr=False)
 
     @property
@@ -77,7 +77,7 @@ class SimHandle:
         """Stop serving; open requests get ``GRACEFUL_SHUTDOWN`` seconds, then are cut."""
         if self.task.done():
             return
-        self.server.should_exit = True
+        self.server.exit_now()
         try:
             await asyncio.wait_for(asyncio.shield(self.task), timeout)
         except asyncio.TimeoutError:
@@ -89,11 +89,55 @@ class SimHandle:
 
 class _EmbeddedServer(uvicorn.Server):
     """uvicorn as a guest in someone else's event loop: it must not take over the process's
-    signal handlers (the host app owns Ctrl+C)."""
+    signal handlers (the host app owns Ctrl+C), and it stops as soon as it is asked to
+    (uvicorn's own loop looks at ``should_exit`` only every 0.1 s; tests start hundreds)."""
+
+    def __init__(self, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self._exit = asyncio.Event()
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         yield
+
+    async def main_loop(self) -> None:
+        counter = 0
+        should_exit = await self.on_tick(counter)
+        while not should_exit:
+            counter = (counter + 1) % 864000
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._exit.wait(), 0.1)
+            should_exit = await self.on_tick(counter)
+
+    def exit_now(self) -> None:
+        self.should_exit = True
+        self._exit.set()
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        """uvicorn's shutdown (stop accepting, ask connections to close, give open requests
+        ``timeout_graceful_shutdown``, then cut them) with its fixed 0.1 s pauses made 10 ms."""
+        for server in self.servers:
+            server.close()
+        for sock in sockets or []:
+            sock.close()
+        for connection in list(self.server_state.connections):
+            connection.shutdown()
+        await asyncio.sleep(0.01)
+        try:
+            await asyncio.wait_for(self._drain(), timeout=self.config.timeout_graceful_shutdown)
+        except asyncio.TimeoutError:
+            logging.getLogger("uvicorn.error").error(
+                "Cancel %s running task(s), timeout graceful shutdown exceeded", len(self.server_state.tasks))
+            for t in self.server_state.tasks:
+                t.cancel(msg="Task cancelled, timeout graceful shutdown exceeded")
+        if not self.force_exit:
+            await self.lifespan.shutdown()
+
+    async def _drain(self) -> None:
+        while (self.server_state.connections or self.server_state.tasks) and not self.force_exit:
+            await asyncio.sleep(0.01)
+        for server in self.servers:
+            await server.wait_closed()
 
 
 class _HideDeliberateDrops(logging.Filter):
