@@ -41,7 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--listen", default="127.0.0.1:8089", metavar="HOST:PORT")
     sim.add_argument("--scenario", default="demo", metavar="NAME|PATH", help="bundled: demo, steady, peak-hours, outage, brownout")
     sim.add_argument("--list", action="store_true", help="list the bundled scenarios and exit")
-    sim.add_argument("--admin-key-env", metavar="NAME", help="variable holding the /admin key (default CAPMON_SIM_ADMIN_KEY); needed beyond loopback")
+    sim.add_argument("--admin-key-env", metavar="NAME",
+                     help="variable holding the /admin key (default CAPMON_SIM_ADMIN_KEY); needed beyond loopback")
     sim.add_argument("--open-admin", action="store_true", help="listen beyond loopback with /admin open to anyone")
 
     status = sub.add_parser("status", help="print the client's snapshot without the dashboard")

@@ -60,7 +60,8 @@ def is_loopback(host: str) -> bool:
         return False  # a host name other than localhost may resolve anywhere
 
 
-def admin_policy(host: str, key: str | None, *, open_admin: bool = False, key_source: str = ADMIN_KEY_ENV) -> AdminPolicy:
+def admin_policy(host: str, key: str | None, *, open_admin: bool = False,
+                 key_source: str = ADMIN_KEY_ENV) -> AdminPolicy:
     """How /admin is protected when serving on ``host``. Raises SimulatorError when a
     non-loopback address has neither a key nor ``open_admin``."""
     if key:
@@ -147,7 +148,8 @@ async def admin_model(request: Request) -> Response:
             raise BadRequest("expected a JSON object")
         unknown = set(body) - set(MODEL_FIELDS)
         if unknown:
-            raise BadRequest(f"unknown field(s) {', '.join(sorted(unknown))}; expected {', '.join(sorted(MODEL_FIELDS))}")
+            raise BadRequest(f"unknown field(s) {', '.join(sorted(unknown))}; "
+                             f"expected {', '.join(sorted(MODEL_FIELDS))}")
         values = {f: body.get(f, UNSET) for f in MODEL_FIELDS if f != "reset_schedule"}
         sim.configure(name, reset_schedule=bool(body.get("reset_schedule", False)), **values)
     except (BadRequest, ValueError) as e:

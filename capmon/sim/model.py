@@ -138,6 +138,17 @@ Decision = Union[Admitted, NoCapacity, Penalised, UnknownModel, TooLong, Unsuppo
 class _Counters:
     __slots__ = ("requests", "accepted", "completed", "cancelled", "capacity", "rate_limited", "auth",
                  "bad_request", "penalised", "faults", "in_flight")
+    requests: int
+    accepted: int
+    completed: int
+    cancelled: int
+    capacity: int
+    rate_limited: int
+    auth: int
+    bad_request: int
+    penalised: int
+    faults: int
+    in_flight: int
 
     def __init__(self) -> None:
         for name in self.__slots__:

@@ -35,7 +35,8 @@ def bearer(request: Request) -> str | None:
 
 
 def wire(err: WireError, extra: dict[str, str] | None = None) -> Response:
-    return Response(err.body, status_code=err.status, media_type=err.media_type, headers={**err.headers, **(extra or {})})
+    return Response(err.body, status_code=err.status, media_type=err.media_type,
+                    headers={**err.headers, **(extra or {})})
 
 
 def simulator(request: Request) -> Simulator:

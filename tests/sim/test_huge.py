@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import tracemalloc
-from typing import AsyncIterator
+from typing import Any, AsyncIterator
 
 import httpx
 import pytest
@@ -28,7 +28,7 @@ async def http() -> AsyncIterator[httpx.AsyncClient]:
         yield c
 
 
-async def huge(sim: SimHandle, http: httpx.AsyncClient, size: int, valid: bool, **extra: object) -> httpx.Response:
+async def huge(sim: SimHandle, http: httpx.AsyncClient, size: int, valid: bool, **extra: Any) -> httpx.Response:
     r = await http.post(f"{sim.admin_url}/faults", json={"mode": "huge", "bytes": size, "valid": valid})
     assert r.json()["faults"][0] == {"mode": "huge", "count": 1, "rate": None, "model": None, "bytes": size,
                                      "valid": valid}

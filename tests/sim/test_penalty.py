@@ -78,8 +78,8 @@ async def test_the_benchmark_penalty_over_http() -> None:
 
 
 def test_basis_is_a_scenario_key() -> None:
-    scn = parse_scenario('[penalty]\nenabled = true\nthreshold = 40\nwindow = 1.0\nduration = 2.0\nbasis = "rejections"\n'
-                         '[[models]]\nname = "a"\n')
+    scn = parse_scenario('[penalty]\nenabled = true\nthreshold = 40\nwindow = 1.0\nduration = 2.0\n'
+                         'basis = "rejections"\n[[models]]\nname = "a"\n')
     assert scn.penalty == BENCH
     with pytest.raises(ConfigError) as info:
         parse_scenario('[penalty]\nbasis = "errors"\n[[models]]\nname = "a"\n', "p.toml")

@@ -95,7 +95,8 @@ async def test_bad_requests(sim: SimHandle, http: httpx.AsyncClient, body: dict[
     assert r.status_code == 400 and r.json()["error"]["param"] == param
 
 
-async def test_shares_slots_with_chat_and_rejects_in_the_models_dialect(sim: SimHandle, http: httpx.AsyncClient) -> None:
+async def test_shares_slots_with_chat_and_rejects_in_the_models_dialect(sim: SimHandle,
+                                                                       http: httpx.AsyncClient) -> None:
     await http.post(f"{sim.admin_url}/models/sim-a", json={"latency_factor": 300})  # ~0.3 s per request
     import asyncio
 

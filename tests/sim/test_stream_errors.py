@@ -4,7 +4,7 @@ stream_error fault that sends N content chunks before the error frame."""
 
 from __future__ import annotations
 
-from typing import AsyncIterator
+from typing import Any, AsyncIterator
 
 import httpx
 import pytest
@@ -26,7 +26,7 @@ async def http() -> AsyncIterator[httpx.AsyncClient]:
         yield c
 
 
-async def post(sim: SimHandle, http: httpx.AsyncClient, **extra: object) -> httpx.Response:
+async def post(sim: SimHandle, http: httpx.AsyncClient, **extra: Any) -> httpx.Response:
     return await http.post(f"{sim.base_url}/chat/completions", json=chat_body(**extra), headers=AUTH)
 
 

@@ -59,7 +59,8 @@ async def test_azure_style(sim: SimHandle, http: httpx.AsyncClient) -> None:
     text = await stream(sim, http, "azure", stream_options={"include_usage": True})
     chunks = data_frames(text)
     first = chunks[0]
-    assert first["choices"] == [] and (first["id"], first["model"], first["object"], first["created"]) == ("", "", "", 0)
+    assert first["choices"] == []
+    assert (first["id"], first["model"], first["object"], first["created"]) == ("", "", "", 0)
     assert first["prompt_filter_results"][0]["content_filter_results"]["hate"] == {"filtered": False,
                                                                                    "severity": "safe"}
     role, *content, finish, annotation, used = chunks[1:]
@@ -131,7 +132,8 @@ async def test_max_tokens_cuts_every_style(sim: SimHandle, http: httpx.AsyncClie
     for style in STREAM_STYLES:
         chunks = data_frames(await stream(sim, http, style, max_completion_tokens=3))
         assert len(content_of(chunks).split()) == 3, style
-        finishes = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"] and c["choices"][0].get("finish_reason")]
+        finishes = [c["choices"][0]["finish_reason"] for c in chunks
+                    if c["choices"] and c["choices"][0].get("finish_reason")]
         assert finishes == ["length"], style
 
 

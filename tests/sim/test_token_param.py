@@ -94,5 +94,6 @@ def test_scenario_keys_are_validated(line: str, key: str, message: str) -> None:
     with pytest.raises(ConfigError) as info:
         parse_scenario(f'[[models]]\nname = "a"\n{line}\n', "q.toml")
     assert (info.value.file, info.value.key) == ("q.toml", key) and message in str(info.value)
-    ok = parse_scenario('[[models]]\nname = "a"\ntoken_param = "max_completion_tokens"\nunsupported_dialect = "azure"\n')
+    ok = parse_scenario('[[models]]\nname = "a"\ntoken_param = "max_completion_tokens"\n'
+                        'unsupported_dialect = "azure"\n')
     assert (ok.models[0].token_param, ok.models[0].unsupported_dialect) == ("max_completion_tokens", "azure")

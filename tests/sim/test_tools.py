@@ -108,7 +108,8 @@ async def test_streamed_tool_call_in_other_styles(sim: SimHandle, http: httpx.As
     names = [tc["function"]["name"] for tc in calls if tc["function"].get("name")]
     assert names == ["get_weather"]
     check_weather_args("".join(tc["function"].get("arguments", "") for tc in calls))
-    finishes = [c["choices"][0]["finish_reason"] for c in chunks if c.get("choices") and c["choices"][0].get("finish_reason")]
+    finishes = [c["choices"][0]["finish_reason"] for c in chunks
+                if c.get("choices") and c["choices"][0].get("finish_reason")]
     assert finishes == ["tool_calls"]
     if style == "ollama":
         assert len(calls) == 1  # Ollama sends the whole call in one delta
@@ -116,12 +117,12 @@ async def test_streamed_tool_call_in_other_styles(sim: SimHandle, http: httpx.As
 
 async def test_the_openai_sdk_reads_tool_calls(sim: SimHandle) -> None:
     async with openai.AsyncOpenAI(base_url=sim.base_url, api_key=SIMULATOR_DEMO_KEY, max_retries=0) as client:
-        reply = await client.chat.completions.create(model="sim-a", messages=HELLO, tools=TOOLS,  # type: ignore[arg-type]
+        reply = await client.chat.completions.create(model="sim-a", messages=HELLO, tools=TOOLS,  # type: ignore[call-overload]
                                                      tool_choice="required")
         assert reply.choices[0].finish_reason == "tool_calls"
         tool_call = reply.choices[0].message.tool_calls[0]  # type: ignore[index]
         check_weather_args(tool_call.function.arguments)  # type: ignore[union-attr]
-        stream = await client.chat.completions.create(model="sim-a", messages=HELLO, tools=TOOLS,  # type: ignore[arg-type]
+        stream = await client.chat.completions.create(model="sim-a", messages=HELLO, tools=TOOLS,  # type: ignore[call-overload]
                                                       tool_choice="required", stream=True)
         arguments, name = "", None
         async for chunk in stream:
@@ -149,7 +150,8 @@ async def test_bad_tools_are_400_naming_the_parameter(sim: SimHandle, http: http
 
 
 def test_example_values_follow_the_schema() -> None:
-    assert example_value({"type": "object", "properties": {"a": {"const": 3}, "b": {"default": "x"}}}) == {"a": 3, "b": "x"}
+    schema = {"type": "object", "properties": {"a": {"const": 3}, "b": {"default": "x"}}}
+    assert example_value(schema) == {"a": 3, "b": "x"}
     assert example_value({"anyOf": [{"type": "number", "minimum": 10}, {"type": "string"}]}) == 10.0
     assert example_value({"type": ["null", "integer"], "exclusiveMinimum": 5}) == 6
     assert example_value({"type": "string", "maxLength": 2}) == "sa"
