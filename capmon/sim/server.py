@@ -268,7 +268,13 @@ async def ensure_simulator(listen: str, scenario: Scenario | str | os.PathLike[s
     if found is False:
         raise SimulatorError(f"{listen} is taken by something that is not a capmon simulator; "
                              f"choose another [simulator] listen address")
-    return await start_simulator(scenario, host, port, clock=clock)
+    return await start_simulator(scenario, host, port, clock=clock, admin_key=embedded_admin_key(host))
+
+
+def embedded_admin_key(host: str) -> str | None:
+    """The admin key for a simulator embedded in a capmon process: on loopback none (as
+    always); beyond it, $CAPMON_SIM_ADMIN_KEY, without which start_simulator refuses."""
+    return None if is_loopback(host) else (os.environ.get(ADMIN_KEY_ENV) or None)
 
 
 class BorrowedSimulator:
@@ -308,7 +314,8 @@ class BorrowedSimulator:
             self.report("warning", f"the simulator at {self.listen} that this process borrowed from another process "
                                    f"has gone away; starting one here so work goes on")
             try:
-                self.handle = await start_simulator(self.scenario, self.host, self.port, clock=self.clock)
+                self.handle = await start_simulator(self.scenario, self.host, self.port, clock=self.clock,
+                                                    admin_key=embedded_admin_key(self.host))
             except SimulatorError as e:
                 self.report("warning", f"could not take over {self.listen} ({e}); will look again")
                 continue

@@ -9,6 +9,7 @@ with the parameter to name in the 400.
 from __future__ import annotations
 
 import json
+import math
 import secrets
 from dataclasses import dataclass
 from typing import Any
@@ -149,4 +150,6 @@ def _bounded(schema: dict[str, Any], value: float, *, whole: bool) -> Any:
         value = low + (1 if "exclusiveMinimum" in schema and "minimum" not in schema else 0)
     if isinstance(high, (int, float)) and not isinstance(high, bool) and value > high:
         value = high - (1 if "exclusiveMaximum" in schema and "maximum" not in schema else 0)
-    return int(value) if whole else float(value)
+    if whole:
+        return math.floor(value) if isinstance(high, (int, float)) and value >= high else math.ceil(value)
+    return float(value)

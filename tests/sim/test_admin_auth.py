@@ -93,3 +93,13 @@ def test_a_named_key_variable_must_be_set(capsys: pytest.CaptureFixture[str], mo
     monkeypatch.delenv("NOT_SET_ANYWHERE", raising=False)
     code, err = run_cli(capsys, "--listen", "127.0.0.1:0", "--admin-key-env", "NOT_SET_ANYWHERE")
     assert code == 2 and "environment variable NOT_SET_ANYWHERE is not set" in err
+
+
+async def test_an_embedded_simulator_beyond_loopback_needs_the_key_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    from capmon.sim.server import embedded_admin_key, start_simulator
+
+    with pytest.raises(SimulatorError, match="needs an admin key"):
+        await start_simulator(fast_scenario(), host="0.0.0.0")  # refused before anything is bound
+    monkeypatch.setenv("CAPMON_SIM_ADMIN_KEY", ADMIN_KEY)
+    assert embedded_admin_key("0.0.0.0") == ADMIN_KEY
+    assert embedded_admin_key("127.0.0.1") is None  # loopback stays as it was
