@@ -41,6 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--listen", default="127.0.0.1:8089", metavar="HOST:PORT")
     sim.add_argument("--scenario", default="demo", metavar="NAME|PATH", help="bundled: demo, steady, peak-hours, outage, brownout")
     sim.add_argument("--list", action="store_true", help="list the bundled scenarios and exit")
+    sim.add_argument("--admin-key-env", metavar="NAME",
+                     help="variable holding the /admin key (default CAPMON_SIM_ADMIN_KEY); needed beyond loopback")
+    sim.add_argument("--open-admin", action="store_true", help="listen beyond loopback with /admin open to anyone")
 
     status = sub.add_parser("status", help="print the client's snapshot without the dashboard")
     _add_config(status)
@@ -97,7 +100,7 @@ def _run_sim(args: argparse.Namespace) -> int:
     if args.list:
         print("\n".join(bundled_scenarios()))
         return EXIT_OK
-    serve(args.listen, args.scenario)
+    serve(args.listen, args.scenario, admin_key_env=args.admin_key_env, open_admin=args.open_admin)
     return EXIT_OK
 
 

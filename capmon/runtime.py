@@ -3,20 +3,30 @@ config enables it) and the shared FallbackClient.
 
 This is the one place where the CLI, batch jobs and the dashboard get an engine,
 so they all behave the same way on a fresh machine.
+
+When the config's simulator address already has a simulator (another capmon process's),
+the engine borrows it and watches it: if that process exits, the engine says so at once
+(a warning Notice on its bus, and in the log) and serves the address itself.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import AsyncIterator, Mapping
+from typing import TYPE_CHECKING, AsyncIterator, Mapping
 
-from capmon.core.clock import Clock
+from capmon.core.clock import Clock, default_clock
 from capmon.core.config import Config, find_config, load_config, resolve_keys
-from capmon.core.events import EventBus
+from capmon.core.events import EventBus, Notice
 from capmon.core.exceptions import ConfigError
 from capmon.core.router import FallbackClient
+
+if TYPE_CHECKING:
+    from capmon.sim.server import BorrowedSimulator
+
+log = logging.getLogger("capmon.runtime")
 
 
 @dataclass
@@ -25,7 +35,7 @@ class Engine:
     client: FallbackClient
     bus: EventBus
     simulator_url: str | None  # the simulator's origin when one serves this config
-    simulator_started: bool  # True: it runs in this process and stops with it
+    simulator_started: bool  # True: it runs in this process and stops with it (also after a takeover)
 
 
 def load(explicit: str | None = None) -> Config:
@@ -67,9 +77,32 @@ async def open_engine(
         url = handle.origin if handle is not None else f"http://{config.simulator.listen}"
     bus = bus or EventBus()
     client = FallbackClient(config, clock=clock, bus=bus, keys=keys)
+    engine = Engine(config=config, client=client, bus=bus, simulator_url=url, simulator_started=handle is not None)
+    watch = None
+    if url is not None and handle is None:
+        watch = _watch_borrowed(engine, clock)
     try:
-        yield Engine(config=config, client=client, bus=bus, simulator_url=url, simulator_started=handle is not None)
+        yield engine
     finally:
         await client.aclose()
+        if watch is not None:
+            await watch.stop()
         if handle is not None:
             await handle.stop()
+
+
+def _watch_borrowed(engine: Engine, clock: Clock | None) -> "BorrowedSimulator":
+    """Watch the simulator another process serves; take over when it goes."""
+    from capmon.sim.server import BorrowedSimulator
+
+    time = clock or default_clock()
+
+    def report(level: str, message: str) -> None:
+        getattr(log, level if level in ("info", "warning", "error") else "warning")("%s", message)
+        engine.bus.publish(Notice(at=time.now(), wall=time.wall(), level=level, message=message))
+        if watch.handle is not None:
+            engine.simulator_started = True
+
+    watch = BorrowedSimulator(engine.config.simulator.listen, scenario_ref(engine.config), clock=clock, report=report)
+    watch.start()
+    return watch

@@ -14,6 +14,7 @@ from capmon.sim.scenario import ModelSpec, PenaltySpec, Phase, Scenario, bundled
 _LAZY = {
     "Simulator": "capmon.sim.model",
     "create_app": "capmon.sim.app",
+    "BorrowedSimulator": "capmon.sim.server",
     "SimHandle": "capmon.sim.server",
     "ensure_simulator": "capmon.sim.server",
     "running_simulator": "capmon.sim.server",

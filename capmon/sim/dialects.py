@@ -7,10 +7,16 @@ shapes real providers send. Pure: builds :class:`WireError` values, no web frame
 A model's ``hint`` (seconds) is carried the way that provider would carry it
 (``retry-after``, ``retry-after-ms``, ``x-ratelimit-reset-*``, Gemini ``retryDelay``,
 "try again in 1.5s"); with no hint, a rejection carries no hint at all.
+
+Some providers say "no" inside a 200 stream instead (the ``*-stream`` and ``responses-*``
+dialects): each speaks one API's stream (:func:`stream_api`), and answers a request it
+cannot answer that way (a plain request, or the other API's stream) with the HTTP error
+that its in-stream frame describes. Where each shape comes from is cited beside it.
 """
 
 from __future__ import annotations
 
+import enum
 import json
 import math
 from dataclasses import dataclass, field
@@ -28,10 +34,39 @@ CAPACITY_TEXT = "capacity-text"
 
 DIALECTS: tuple[str, ...] = (OPENAI_429, OPENAI_503, ANTHROPIC_529, GEMINI_429, GEMINI_503, AZURE_429, CAPACITY_TEXT)
 
+# In-stream capacity dialects: a 200 stream whose only (or next) frame is the rejection.
+OPENROUTER_STREAM = "openrouter-stream"  # error.code 429: the upstream provider rate-limits
+OPENROUTER_STREAM_502 = "openrouter-stream-502"  # the model is down / gave an invalid answer
+OPENROUTER_STREAM_503 = "openrouter-stream-503"  # no provider can take the request
+ANTHROPIC_STREAM = "anthropic-stream"
+GEMINI_OPENAI_STREAM = "gemini-openai-stream"
+VLLM_STREAM = "vllm-stream"
+OLLAMA_STREAM = "ollama-stream"
+RESPONSES_FAILED = "responses-failed"  # Responses API: response.failed, code server_is_overloaded
+RESPONSES_SLOW_DOWN = "responses-slow-down"  # Responses API: response.failed, code slow_down
+RESPONSES_ERROR = "responses-error"  # Responses API: an `error` event, code server_is_overloaded
+
+CHAT_STREAM_DIALECTS: tuple[str, ...] = (OPENROUTER_STREAM, OPENROUTER_STREAM_502, OPENROUTER_STREAM_503,
+                                         ANTHROPIC_STREAM, GEMINI_OPENAI_STREAM, VLLM_STREAM, OLLAMA_STREAM)
+RESPONSES_STREAM_DIALECTS: tuple[str, ...] = (RESPONSES_FAILED, RESPONSES_SLOW_DOWN, RESPONSES_ERROR)
+STREAM_DIALECTS: tuple[str, ...] = CHAT_STREAM_DIALECTS + RESPONSES_STREAM_DIALECTS
+CAPACITY_DIALECTS: tuple[str, ...] = DIALECTS + STREAM_DIALECTS
+
+# How a model words its 400 for a token parameter it does not take.
+UNSUPPORTED_OPENAI = "openai"
+UNSUPPORTED_AZURE = "azure"
+UNSUPPORTED_DIALECTS: tuple[str, ...] = (UNSUPPORTED_OPENAI, UNSUPPORTED_AZURE)
+
 CAPACITY_MESSAGE = "Selected model is at capacity. Please try a different model."
 OPENAI_OVERLOADED_MESSAGE = "The engine is currently overloaded, please try again later"
 GEMINI_OVERLOADED_MESSAGE = "The model is overloaded. Please try again later."
 PENALTY_MESSAGE = "penalised: too many requests after rejections"
+# ollama/ollama server/sched.go ErrMaxQueue, answered 503 when the request queue is full.
+OLLAMA_BUSY_MESSAGE = "server busy, please try again.  maximum pending requests exceeded"
+# vLLM rejects nothing for capacity itself (it queues); this is the simulator's wording in
+# vLLM's error shape, with vLLM's HTTPStatus-named error type.
+VLLM_OVERLOADED_MESSAGE = "The server is overloaded: too many requests are waiting. Please try again later."
+SLOW_DOWN_MESSAGE = "Too many requests arrived at once. Please slow down and try again later."
 
 
 @dataclass(frozen=True)
@@ -51,6 +86,20 @@ def _json(status: int, payload: Any, headers: Mapping[str, str] | None = None) -
     return WireError(status, json.dumps(payload).encode(), "application/json", dict(headers or {}))
 
 
+class Api(str, enum.Enum):
+    """Which API's stream an in-stream dialect speaks."""
+
+    CHAT = "chat"  # POST /v1/chat/completions
+    RESPONSES = "responses"  # POST /v1/responses
+
+
+def stream_api(dialect: str) -> Api | None:
+    """The API whose stream carries this dialect's rejection; None for HTTP dialects."""
+    if dialect in CHAT_STREAM_DIALECTS:
+        return Api.CHAT
+    if dialect in RESPONSES_STREAM_DIALECTS:
+        return Api.RESPONSES
+    return None
 
 
 def format_duration(seconds: float) -> str:
@@ -134,7 +183,9 @@ def capacity_rejection(dialect: str, *, model: str, slots: int, hint: float | No
         if hint is not None:
             headers["retry-after"] = _retry_after(hint)
         return WireError(503, CAPACITY_MESSAGE.encode(), "text/plain; charset=utf-8", headers)
-    raise ValueError(f"unknown dialect {dialect!r}; expected one of {', '.join(DIALECTS)}")
+    if dialect in STREAM_DIALECTS:
+        return _stream_dialect_as_http(dialect, model=model, hint=hint)
+    raise ValueError(f"unknown dialect {dialect!r}; expected one of {', '.join(CAPACITY_DIALECTS)}")
 
 
 def penalty_rejection(remaining: float) -> WireError:
@@ -168,3 +219,121 @@ def context_length_exceeded(window: int, prompt_tokens: int, max_tokens: int) ->
 
 def bad_request(message: str, param: str | None = None) -> WireError:
     return openai_error(400, message, type="invalid_request_error", code=None, param=param)
+
+
+# ---------------------------------------------------------------- errors inside a 200 stream
+
+
+def _openrouter_error(dialect: str, model: str) -> dict[str, Any]:
+    """OpenRouter's error object (openrouter.ai/docs/api-reference/errors: ``{code, message,
+    metadata}``, code = the HTTP status it stands for). Upstream failures say "Provider returned
+    error" with the upstream's own text in ``metadata.raw`` and its name in ``provider_name``."""
+    if dialect == OPENROUTER_STREAM:
+        raw = (f"{model} is temporarily rate-limited upstream. Please retry shortly, or add your own key "
+               f"to accumulate your rate limits: https://openrouter.ai/settings/integrations")
+        return {"code": 429, "message": "Provider returned error", "metadata": {"raw": raw, "provider_name": "Capmon"}}
+    if dialect == OPENROUTER_STREAM_502:
+        raw = "upstream connect error or disconnect/reset before headers. reset reason: overflow"
+        return {"code": 502, "message": "Provider returned error", "metadata": {"raw": raw, "provider_name": "Capmon"}}
+    return {"code": 503, "message": "No endpoints available: every provider of this model is at capacity.",
+            "metadata": {"provider_name": None}}
+
+
+def _gemini_unavailable(hint: float | None) -> dict[str, Any]:
+    error: dict[str, Any] = {"code": 503, "message": GEMINI_OVERLOADED_MESSAGE, "status": "UNAVAILABLE"}
+    if hint is not None:
+        error["details"] = [{"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": _proto_duration(hint)}]
+    return {"error": error}
+
+
+def _vllm_error() -> dict[str, Any]:
+    # vLLM's ErrorResponse (vllm/entrypoints/openai/protocol.py, before the 2025 `{"error": ...}`
+    # wrapper): object "error", an HTTPStatus-named type and the numeric code.
+    return {"object": "error", "message": VLLM_OVERLOADED_MESSAGE, "type": "ServiceUnavailableError", "param": None,
+            "code": 503}
+
+
+def responses_failure(dialect: str) -> tuple[str, str]:
+    """(error code, message) that a ``responses-*`` dialect puts in response.failed / error."""
+    if dialect == RESPONSES_SLOW_DOWN:
+        return "slow_down", SLOW_DOWN_MESSAGE
+    return "server_is_overloaded", OPENAI_OVERLOADED_MESSAGE
+
+
+def _stream_dialect_as_http(dialect: str, *, model: str, hint: float | None) -> WireError:
+    """What an in-stream dialect answers when it cannot answer inside a stream."""
+    headers = {} if hint is None else {"retry-after": _retry_after(hint)}
+    if dialect in (OPENROUTER_STREAM, OPENROUTER_STREAM_502, OPENROUTER_STREAM_503):
+        error = _openrouter_error(dialect, model)
+        return _json(error["code"], {"error": error}, headers)
+    if dialect == ANTHROPIC_STREAM:
+        return capacity_rejection(ANTHROPIC_529, model=model, slots=0, hint=hint)
+    if dialect == GEMINI_OPENAI_STREAM:
+        # Gemini's OpenAI-compatible endpoint wraps its HTTP error body in a list
+        # (seen in n4ze3m/page-assist#406: `[{"error": {"code": 429, ..., "status": ...}}]`).
+        return _json(503, [_gemini_unavailable(hint)])
+    if dialect == VLLM_STREAM:
+        return _json(503, _vllm_error(), headers)
+    if dialect == OLLAMA_STREAM:
+        # ollama/ollama middleware/openai.go writeError: openai.NewError(status, message), type api_error.
+        return _json(503, {"error": {"message": OLLAMA_BUSY_MESSAGE, "type": "api_error", "param": None, "code": None}},
+                     headers)
+    code, message = responses_failure(dialect)
+    return openai_error(503, message, type="server_error", code=code, headers=headers)
+
+
+def _sse_data(payload: Any) -> bytes:
+    return b"data: " + json.dumps(payload).encode() + b"\n\n"
+
+
+OPENROUTER_COMMENT = b": OPENROUTER PROCESSING\n\n"
+
+
+def chat_stream_error(dialect: str, *, model: str, chunk: Mapping[str, Any] | None) -> bytes:
+    """The bytes that end a chat stream with ``dialect``'s in-stream rejection. ``chunk`` is
+    the stream's chunk envelope (id, object, created, model) once output has begun, None
+    before any output."""
+    if dialect in (OPENROUTER_STREAM, OPENROUTER_STREAM_502, OPENROUTER_STREAM_503):
+        error = _openrouter_error(dialect, model)
+        if chunk is None:
+            # Before any token: OpenRouter has already sent 200 and its keep-alive comments.
+            return OPENROUTER_COMMENT + _sse_data({"error": error})
+        # After tokens: one chunk with the error beside a choice finished with "error"
+        # (OpenRouter's "Handling Errors During Streaming"; also seen in CommandCodeAI/command-code#834).
+        return _sse_data({**chunk, "provider": "Capmon", "error": error,
+                          "choices": [{"index": 0, "delta": {"content": ""}, "finish_reason": "error"}]})
+    if dialect == ANTHROPIC_STREAM:
+        # Anthropic Messages streaming: an `error` event (docs.anthropic.com, "Error events").
+        return (b"event: error\ndata: "
+                + json.dumps({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}).encode()
+                + b"\n\n")
+    if dialect == GEMINI_OPENAI_STREAM:
+        # Google's error object as a data frame; the stream ends with no [DONE].
+        return _sse_data(_gemini_unavailable(None))
+    if dialect == VLLM_STREAM:
+        # serving_chat.py chat_completion_stream_generator: `data: {error}` then `data: [DONE]`.
+        return _sse_data(_vllm_error()) + b"data: [DONE]\n\n"
+    if dialect == OLLAMA_STREAM:
+        # ollama server/routes.go streamResponse: a streamed error is `{"error": "<text>"}`.
+        return _sse_data({"error": OLLAMA_BUSY_MESSAGE})
+    raise ValueError(f"{dialect!r} is not a chat stream dialect; expected one of {', '.join(CHAT_STREAM_DIALECTS)}")
+
+
+# ---------------------------------------------------------------- token parameters
+
+# Azure returns OpenAI's error with the Python call stack of its front end appended
+# (lobehub/lobehub#5909, jekalmin/extended_openai_conversation#298); abridged here.
+AZURE_CALLSTACK = ('  File "/usr/local/bin/gunicorn", line 8, in <module>\n    sys.exit(run())\n'
+                   'at   File "/usr/local/lib/python3.11/site-packages/gunicorn/app/wsgiapp.py", line 66, in run\n'
+                   '    WSGIApplication("%(prog)s [OPTIONS] [APP_MODULE]", prog=prog).run()\n')
+
+
+def unsupported_parameter(dialect: str, param: str, instead: str) -> WireError:
+    """OpenAI's 400 for a parameter this model refuses (o1 and later refuse max_tokens)."""
+    message = f"Unsupported parameter: '{param}' is not supported with this model. Use '{instead}' instead."
+    if dialect == UNSUPPORTED_AZURE:
+        return _json(400, {"error": {"code": "unsupported_parameter", "type": "invalid_request_error", "param": param,
+                                     "message": message, "callstack": AZURE_CALLSTACK}})
+    if dialect == UNSUPPORTED_OPENAI:
+        return openai_error(400, message, type="invalid_request_error", code="unsupported_parameter", param=param)
+    raise ValueError(f"unknown unsupported_dialect {dialect!r}; expected one of {', '.join(UNSUPPORTED_DIALECTS)}")

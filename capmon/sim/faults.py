@@ -4,6 +4,10 @@ Rules are set through ``POST /admin/faults`` and apply to chat requests that pas
 auth and validation, before the capacity check: a faulted request takes no slot, so a
 test that injects faults still knows exactly how much capacity is left.
 
+A rule applies to chat completions and to the Responses API alike, except where its mode
+says otherwise: ``stream_cut`` needs a stream; ``stream_error`` needs a stream of the API
+its ``dialect`` speaks; ``huge`` answers chat completions only.
+
 Pure: the rules and a raw-ASGI response that drops the connection; no web framework.
 """
 
@@ -14,8 +18,12 @@ import random
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, MutableMapping
 
+from capmon.sim.dialects import OPENROUTER_STREAM, STREAM_DIALECTS, Api, stream_api
+
 # Long enough to outlast any client timeout; on a fast-forwarded clock it costs nothing.
 HANG_SECONDS = 24 * 3600.0
+# A huge body is generated, never held, so this only keeps the number finite (1 TiB).
+MAX_HUGE_BYTES = 1 << 40
 
 HTML_500_PAGE = (
     "<html>\r\n<head><title>500 Internal Server Error</title></head>\r\n<body>\r\n"
@@ -31,17 +39,24 @@ class FaultMode(str, enum.Enum):
     INVALID_JSON = "invalid_json"  # 200 with `not json`
     HTML_500 = "html_500"  # an HTML error page from a proxy
     STREAM_CUT = "stream_cut"  # a stream stops halfway, no [DONE]; streaming requests only
+    STREAM_ERROR = "stream_error"  # `after` content chunks, then `dialect`'s in-stream error frame
+    HUGE = "huge"  # 200 with a generated body of `bytes` bytes: a real completion (`valid`) or not JSON
 
 
 @dataclass(frozen=True)
 class FaultRule:
     """Apply ``mode`` to the next ``count`` requests, or to each with probability ``rate``;
-    to one model only when ``model`` is set."""
+    to one model only when ``model`` is set. ``after`` and ``dialect`` shape a stream_error,
+    ``bytes`` and ``valid`` a huge body."""
 
     mode: FaultMode
     count: int | None = None
     rate: float | None = None
     model: str | None = None
+    after: int = 0
+    dialect: str = OPENROUTER_STREAM
+    bytes: int = 0
+    valid: bool = True
 
     def __post_init__(self) -> None:
         if (self.count is None) == (self.rate is None):
@@ -50,12 +65,44 @@ class FaultRule:
             raise ValueError(f"count must be at least 1, got {self.count}")
         if self.rate is not None and not 0.0 <= self.rate <= 1.0:
             raise ValueError(f"rate must be between 0 and 1, got {self.rate}")
+        if self.after < 0:
+            raise ValueError(f"after must be a whole number >= 0, got {self.after}")
+        if self.dialect not in STREAM_DIALECTS:
+            raise ValueError(f"dialect must be one of {', '.join(STREAM_DIALECTS)}, got {self.dialect!r}")
+        if self.mode is FaultMode.HUGE and not 1 <= self.bytes <= MAX_HUGE_BYTES:
+            raise ValueError(f"bytes must be a whole number from 1 to {MAX_HUGE_BYTES}, got {self.bytes}")
 
-    def applies_to(self, model: str, stream: bool) -> bool:
+    def applies_to(self, model: str, stream: bool, api: Api = Api.CHAT) -> bool:
         if self.model is not None and self.model != model:
             return False
-        # A cut stream needs a stream; plain requests pass by and do not use up the count.
-        return stream or self.mode is not FaultMode.STREAM_CUT
+        # Requests a rule cannot shape pass by and do not use up its count.
+        if self.mode is FaultMode.STREAM_CUT:
+            return stream
+        if self.mode is FaultMode.STREAM_ERROR:
+            return stream and stream_api(self.dialect) is api
+        if self.mode is FaultMode.HUGE:
+            return api is Api.CHAT
+        return True
+
+    def as_json(self, left: int | None) -> dict[str, Any]:
+        out: dict[str, Any] = {"mode": self.mode.value, "count": left, "rate": self.rate, "model": self.model}
+        if self.mode is FaultMode.STREAM_ERROR:
+            out.update(after=self.after, dialect=self.dialect)
+        elif self.mode is FaultMode.HUGE:
+            out.update(bytes=self.bytes, valid=self.valid)
+        return out
+
+
+# The fields only some modes take.
+_MODE_FIELDS: dict[str, FaultMode] = {"after": FaultMode.STREAM_ERROR, "dialect": FaultMode.STREAM_ERROR,
+                                      "bytes": FaultMode.HUGE, "valid": FaultMode.HUGE}
+
+
+def _whole(item: dict[str, Any], name: str) -> int | None:
+    value = item.get(name)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+        raise ValueError(f"{name} must be a whole number, got {value!r}")
+    return value
 
 
 def parse_rules(raw: Any) -> tuple[FaultRule, ...]:
@@ -67,7 +114,7 @@ def parse_rules(raw: Any) -> tuple[FaultRule, ...]:
     for item in items:
         if not isinstance(item, dict):
             raise ValueError('expected {"mode": ..., "count": N} or {"mode": ..., "rate": p}')
-        unknown = set(item) - {"mode", "count", "rate", "model"}
+        unknown = set(item) - {"mode", "count", "rate", "model", *_MODE_FIELDS}
         if unknown:
             raise ValueError(f"unknown fault field(s): {', '.join(sorted(unknown))}")
         mode = item.get("mode")
@@ -77,16 +124,24 @@ def parse_rules(raw: Any) -> tuple[FaultRule, ...]:
             fault = FaultMode(mode)
         except ValueError:
             raise ValueError(f"unknown fault mode {mode!r}; expected one of {modes}, or off") from None
-        count, rate, model = item.get("count"), item.get("rate"), item.get("model")
-        if count is not None and (isinstance(count, bool) or not isinstance(count, int)):
-            raise ValueError(f"count must be a whole number, got {count!r}")
+        for name, owner in _MODE_FIELDS.items():
+            if name in item and fault is not owner:
+                raise ValueError(f"{name!r} applies only to mode {owner.value!r}")
+        count, after, size = _whole(item, "count"), _whole(item, "after"), _whole(item, "bytes")
+        rate, model, dialect, valid = item.get("rate"), item.get("model"), item.get("dialect"), item.get("valid")
         if rate is not None and (isinstance(rate, bool) or not isinstance(rate, (int, float))):
             raise ValueError(f"rate must be a number, got {rate!r}")
         if model is not None and not isinstance(model, str):
             raise ValueError(f"model must be a string, got {model!r}")
+        if valid is not None and not isinstance(valid, bool):
+            raise ValueError(f"valid must be true or false, got {valid!r}")
+        if fault is FaultMode.HUGE and size is None:
+            raise ValueError('a huge fault needs "bytes": N')
         if count is None and rate is None:
             count = 1
-        rules.append(FaultRule(fault, count, None if rate is None else float(rate), model))
+        rules.append(FaultRule(fault, count, None if rate is None else float(rate), model, after=after or 0,
+                               dialect=OPENROUTER_STREAM if dialect is None else dialect, bytes=size or 0,
+                               valid=True if valid is None else valid))
     return tuple(rules)
 
 
@@ -105,9 +160,10 @@ class FaultInjector:
     def clear(self) -> None:
         self.set(())
 
-    def take(self, model: str, stream: bool, rng: random.Random) -> FaultMode | None:
+    def take_rule(self, model: str, stream: bool, rng: random.Random, api: Api = Api.CHAT) -> FaultRule | None:
+        """The rule that applies to this request (using up one of its count), or None."""
         for i, rule in enumerate(self._rules):
-            if not rule.applies_to(model, stream):
+            if not rule.applies_to(model, stream, api):
                 continue
             left = self._left[i]
             if left is not None:
@@ -115,14 +171,17 @@ class FaultInjector:
                     del self._rules[i], self._left[i]
                 else:
                     self._left[i] = left - 1
-                return rule.mode
+                return rule
             if rng.random() < (rule.rate or 0.0):
-                return rule.mode
+                return rule
         return None
 
+    def take(self, model: str, stream: bool, rng: random.Random, api: Api = Api.CHAT) -> FaultMode | None:
+        rule = self.take_rule(model, stream, rng, api)
+        return None if rule is None else rule.mode
+
     def snapshot(self) -> list[dict[str, Any]]:
-        return [{"mode": r.mode.value, "count": left, "rate": r.rate, "model": r.model}
-                for r, left in zip(self._rules, self._left)]
+        return [r.as_json(left) for r, left in zip(self._rules, self._left)]
 
 
 class ConnectionDropped(Exception):

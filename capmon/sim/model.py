@@ -10,19 +10,19 @@ then the scenario's schedule phase in force, then the model's own values.
 
 from __future__ import annotations
 
-import math
-
 import hashlib
 import itertools
+import math
 import random
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, Union
 
 from capmon.core.clock import Clock, default_clock
-from capmon.sim.dialects import DIALECTS
-from capmon.sim.faults import FaultInjector, FaultMode
-from capmon.sim.scenario import ANY_KEY, MAX_HINT, MAX_LATENCY_FACTOR, ModelSpec, Phase, Scenario
+from capmon.sim.dialects import CAPACITY_DIALECTS, UNSUPPORTED_DIALECTS, Api
+from capmon.sim.faults import FaultInjector, FaultMode, FaultRule
+from capmon.sim.scenario import (ANY_KEY, MAX_HINT, MAX_LATENCY_FACTOR, STREAM_STYLES, TOKEN_PARAMS, TOOL_MODES,
+                                 ModelSpec, Phase, Scenario)
 
 # Per-key counters are kept for at most this many keys; beyond it (only possible with
 # keys = ["*"]) new keys share one bucket so a key-spraying client cannot grow memory.
@@ -57,6 +57,10 @@ class ModelState:
     phase: int | None  # index of the schedule phase in force; None before the first
     outage_for: float  # seconds left of an admin outage, 0 when none
     overrides: tuple[str, ...]  # admin overrides in force
+    stream_style: str = "openai"
+    tools: str = "auto"
+    token_param: str = "max_tokens"
+    unsupported_dialect: str = "openai"
 
     @property
     def free(self) -> int:
@@ -109,17 +113,42 @@ class TooLong:
 
 
 @dataclass(frozen=True)
+class Unsupported:
+    """The request sent a parameter this model refuses (``param``; ``instead`` is the one it takes)."""
+
+    param: str
+    instead: str
+    dialect: str
+
+
+@dataclass(frozen=True)
 class Faulted:
-    mode: FaultMode
+    rule: FaultRule
     ticket: Ticket  # timing and content for the broken answer; holds no slot
+    state: ModelState  # the model as it was, for the stream's shape
+
+    @property
+    def mode(self) -> FaultMode:
+        return self.rule.mode
 
 
-Decision = Union[Admitted, NoCapacity, Penalised, UnknownModel, TooLong, Faulted]
+Decision = Union[Admitted, NoCapacity, Penalised, UnknownModel, TooLong, Unsupported, Faulted]
 
 
 class _Counters:
     __slots__ = ("requests", "accepted", "completed", "cancelled", "capacity", "rate_limited", "auth",
                  "bad_request", "penalised", "faults", "in_flight")
+    requests: int
+    accepted: int
+    completed: int
+    cancelled: int
+    capacity: int
+    rate_limited: int
+    auth: int
+    bad_request: int
+    penalised: int
+    faults: int
+    in_flight: int
 
     def __init__(self) -> None:
         for name in self.__slots__:
@@ -159,6 +188,7 @@ class _KeyRuntime:
         self.penalised_until = 0.0
         self.last_rejected: dict[str, float] = {}  # model -> when it last rejected this key
         self.hammer: dict[str, deque[float]] = {}  # model -> requests since that rejection
+        self.rejections: deque[float] = deque()  # when this key's capacity rejections happened
 
 
 class Simulator:
@@ -230,10 +260,13 @@ class Simulator:
             dialect = rt.outage_dialect or dialect
         return ModelState(name=name, slots=slots, in_flight=rt.counters.in_flight, latency_factor=factor,
                           dialect=dialect, hint=hint, phase=index, outage_for=outage_for,
-                          overrides=tuple(sorted(o)))
+                          overrides=tuple(sorted(o)), stream_style=o.get("stream_style", spec.stream_style),
+                          tools=o.get("tools", spec.tools), token_param=o.get("token_param", spec.token_param),
+                          unsupported_dialect=o.get("unsupported_dialect", spec.unsupported_dialect))
 
     def configure(self, name: str, *, slots: Any = UNSET, latency_factor: Any = UNSET, hint: Any = UNSET,
-                  dialect: Any = UNSET, reset_schedule: bool = False) -> ModelState:
+                  dialect: Any = UNSET, reset_schedule: bool = False, stream_style: Any = UNSET, tools: Any = UNSET,
+                  token_param: Any = UNSET, unsupported_dialect: Any = UNSET) -> ModelState:
         """Override a model while running. ``reset_schedule`` drops earlier overrides and any
         outage first, so the schedule applies again. Raises KeyError / ValueError."""
         rt = self._models[name]
@@ -254,9 +287,16 @@ class Simulator:
                 raise ValueError(f"hint must be a number from 0 to {MAX_HINT:g} or null (no hint), got {hint!r}")
             changes["hint"] = None if hint is None else float(hint)
         if dialect is not UNSET:
-            if dialect not in DIALECTS:
-                raise ValueError(f"dialect must be one of {', '.join(DIALECTS)}, got {dialect!r}")
+            if not isinstance(dialect, str) or dialect not in CAPACITY_DIALECTS:
+                raise ValueError(f"dialect must be one of {', '.join(CAPACITY_DIALECTS)}, got {dialect!r}")
             changes["dialect"] = dialect
+        for field, value, choices in (("stream_style", stream_style, STREAM_STYLES), ("tools", tools, TOOL_MODES),
+                                      ("token_param", token_param, TOKEN_PARAMS),
+                                      ("unsupported_dialect", unsupported_dialect, UNSUPPORTED_DIALECTS)):
+            if value is not UNSET:
+                if not isinstance(value, str) or value not in choices:
+                    raise ValueError(f"{field} must be one of {', '.join(choices)}, got {value!r}")
+                changes[field] = value
         if reset_schedule:
             rt.overrides.clear()
             rt.outage_until = 0.0
@@ -269,8 +309,8 @@ class Simulator:
         rt = self._models[name]
         if isinstance(duration, bool) or not isinstance(duration, (int, float)) or not 0 <= duration < math.inf:
             raise ValueError(f"duration must be a finite number of seconds >= 0, got {duration!r}")
-        if dialect is not None and dialect not in DIALECTS:
-            raise ValueError(f"dialect must be one of {', '.join(DIALECTS)}, got {dialect!r}")
+        if dialect is not None and (not isinstance(dialect, str) or dialect not in CAPACITY_DIALECTS):
+            raise ValueError(f"dialect must be one of {', '.join(CAPACITY_DIALECTS)}, got {dialect!r}")
         rt.outage_until = self.clock.now() + float(duration)
         rt.outage_dialect = dialect
         return self.state(name)
@@ -315,8 +355,9 @@ class Simulator:
             c.bad_request += 1
 
     def submit(self, alias: str, model: str, *, prompt_tokens: int, max_tokens: int | None,
-               stream: bool = False) -> Decision:
-        """Decide one authenticated, well-formed chat request."""
+               stream: bool = False, api: Api = Api.CHAT, sent_max_tokens: bool = False) -> Decision:
+        """Decide one authenticated, well-formed request (chat, or the Responses API).
+        ``sent_max_tokens``: the request used the legacy ``max_tokens`` parameter."""
         alias = self._key(alias)
         key = self._keys[alias]
         counters = self._counters(alias, model)
@@ -338,23 +379,28 @@ class Simulator:
             return self._penalise(counters, self.scenario.penalty.duration)
 
         spec = rt.spec
+        state = self.state(model)
+        if sent_max_tokens and state.token_param == "max_completion_tokens":
+            for c in counters:
+                c.bad_request += 1
+            return Unsupported("max_tokens", "max_completion_tokens", state.unsupported_dialect)
         asked = max_tokens or 0
         if prompt_tokens + asked > spec.context_window:
             for c in counters:
                 c.bad_request += 1
             return TooLong(spec.context_window, prompt_tokens, asked)
 
-        state = self.state(model)
-        fault = self.faults.take(model, stream, self.rng)
-        if fault is not None:
+        rule = self.faults.take_rule(model, stream, self.rng, api)
+        if rule is not None:
             for c in counters:
                 c.faults += 1
-            return Faulted(fault, self._ticket(spec, state, alias, prompt_tokens, max_tokens))
+            return Faulted(rule, self._ticket(spec, state, alias, prompt_tokens, max_tokens), state)
 
         if state.in_flight >= state.slots:
             for c in counters:
                 c.capacity += 1
             key.last_rejected[model] = now
+            self._count_rejection(key, now)
             return NoCapacity(state)
 
         ticket = self._ticket(spec, state, alias, prompt_tokens, max_tokens)
@@ -370,12 +416,26 @@ class Simulator:
             c.penalised += 1
         return Penalised(remaining)
 
+    def _count_rejection(self, key: _KeyRuntime, now: float) -> None:
+        """Under ``basis = "rejections"``, more than ``threshold`` capacity rejections within
+        ``window`` seconds ban the key (this rejection is still answered as one)."""
+        p = self.scenario.penalty
+        if not p.enabled or p.basis != "rejections":
+            return
+        times = key.rejections
+        times.append(now)
+        while times and times[0] <= now - p.window:
+            times.popleft()
+        if len(times) > p.threshold:
+            key.penalised_until = now + p.duration
+            times.clear()
+
     def _hammering(self, key: _KeyRuntime, model: str, now: float) -> bool:
         """Record a request made soon after ``model`` rejected this key; True when there
         have been more than ``threshold`` of them within ``window`` seconds."""
         p = self.scenario.penalty
         rejected = key.last_rejected.get(model)
-        if not p.enabled or rejected is None or now - rejected > p.window:
+        if not p.enabled or p.basis != "requests" or rejected is None or now - rejected > p.window:
             return False
         times = key.hammer.setdefault(model, deque())
         times.append(now)
@@ -414,7 +474,8 @@ class Simulator:
             s = self.state(name)
             models[name] = {**rt.counters.as_dict(), "slots": s.slots, "free": s.free,
                             "latency_factor": s.latency_factor, "dialect": s.dialect, "hint": s.hint,
-                            "phase": s.phase, "outage_for": round(s.outage_for, 3), "overrides": list(s.overrides)}
+                            "phase": s.phase, "outage_for": round(s.outage_for, 3), "overrides": list(s.overrides),
+                            "stream_style": s.stream_style, "tools": s.tools, "token_param": s.token_param}
         keys = {alias: {**k.counters.as_dict(), "penalised_for": round(max(0.0, k.penalised_until - now), 3)}
                 for alias, k in self._keys.items()}
         return {"scenario": self.scenario.name, "elapsed": round(self.elapsed(), 3),

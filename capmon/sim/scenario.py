@@ -23,7 +23,7 @@ else:  # pragma: no cover
 from capmon.core.config import SIMULATOR_DEMO_KEY, key_text
 from capmon.core.exceptions import ConfigError
 from capmon.core.hints import MAX_HINT  # the client ignores longer hints anyway
-from capmon.sim.dialects import DIALECTS, OPENAI_503
+from capmon.sim.dialects import CAPACITY_DIALECTS, OPENAI_503, UNSUPPORTED_DIALECTS
 
 SCENARIO_DIR = Path(__file__).resolve().parent / "scenarios"
 
@@ -36,6 +36,16 @@ ANY_KEY = "*"
 MAX_LATENCY = 86_400.0  # seconds to the first token
 MAX_PER_TOKEN = 60.0
 MAX_LATENCY_FACTOR = 1000.0
+
+# How a successful stream is framed (capmon/sim/streams.py says where each shape comes from).
+STREAM_STYLES: tuple[str, ...] = ("openai", "azure", "openrouter", "vllm", "ollama")
+# "auto": a tool call only when tool_choice asks for one ("required" or a named function);
+# "always": any request that carries tools is answered with a call (unless tool_choice is "none").
+TOOL_MODES: tuple[str, ...] = ("auto", "always")
+TOKEN_PARAMS: tuple[str, ...] = ("max_tokens", "max_completion_tokens")
+# "requests": count a key's requests to a model soon after that model rejected it (hammering);
+# "rejections": count a key's capacity rejections, whatever the model.
+PENALTY_BASES: tuple[str, ...] = ("requests", "rejections")
 
 
 @dataclass(frozen=True)
@@ -62,17 +72,24 @@ class ModelSpec:
     dialect: str = OPENAI_503
     hint: float | None = None  # seconds; carried by rejections as the dialect does
     schedule: tuple[Phase, ...] = ()
+    stream_style: str = "openai"  # one of STREAM_STYLES
+    tools: str = "auto"  # one of TOOL_MODES
+    token_param: str = "max_tokens"  # "max_completion_tokens": a request that sends max_tokens gets 400
+    unsupported_dialect: str = "openai"  # how that 400 is worded: one of UNSUPPORTED_DIALECTS
 
 
 @dataclass(frozen=True)
 class PenaltySpec:
-    """A key that sends more than ``threshold`` requests to a model within ``window``
-    seconds of that model rejecting it is answered 429 for ``duration`` seconds."""
+    """``basis = "requests"``: a key that sends more than ``threshold`` requests to a model
+    within ``window`` seconds of that model rejecting it is answered 429 for ``duration``
+    seconds. ``basis = "rejections"``: more than ``threshold`` capacity rejections of a key
+    within ``window`` seconds do the same."""
 
     enabled: bool = False
     threshold: int = 20
     window: float = 10.0
     duration: float = 30.0
+    basis: str = "requests"  # one of PENALTY_BASES
 
 
 @dataclass(frozen=True)
@@ -208,19 +225,20 @@ class _Reader:
 
     def penalty(self, raw: Any) -> PenaltySpec:
         t = self.table(raw, "penalty")
-        self.known(t, ["enabled", "threshold", "window", "duration"], "penalty")
+        self.known(t, ["enabled", "threshold", "window", "duration", "basis"], "penalty")
         d = PenaltySpec()
         return PenaltySpec(
             enabled=self.boolean(t.get("enabled", d.enabled), "penalty.enabled"),
             threshold=self.integer(t.get("threshold", d.threshold), "penalty.threshold", lo=1),
             window=self.number(t.get("window", d.window), "penalty.window", above=0.0),
             duration=self.number(t.get("duration", d.duration), "penalty.duration", above=0.0),
+            basis=self.string(t.get("basis", d.basis), "penalty.basis", choices=PENALTY_BASES),
         )
 
     def model(self, raw: Any, key: str, repeat: float) -> ModelSpec:
         t = self.table(raw, key)
         fields = ["name", "slots", "base_latency", "per_token", "noise", "answer_tokens", "context_window",
-                  "dialect", "hint", "schedule"]
+                  "dialect", "hint", "schedule", "stream_style", "tools", "token_param", "unsupported_dialect"]
         self.known(t, fields, key)
         if "name" not in t:
             raise self.fail(f"{key}.name", "missing; expected a model name such as \"sim-flagship\"")
@@ -246,9 +264,15 @@ class _Reader:
             noise=self.number(t.get("noise", d.noise), f"{key}.noise", lo=0.0, hi=1.0),
             answer_tokens=self.integer(t.get("answer_tokens", d.answer_tokens), f"{key}.answer_tokens", lo=1),
             context_window=self.integer(t.get("context_window", d.context_window), f"{key}.context_window", lo=1),
-            dialect=self.string(t.get("dialect", d.dialect), f"{key}.dialect", choices=DIALECTS),
+            dialect=self.string(t.get("dialect", d.dialect), f"{key}.dialect", choices=CAPACITY_DIALECTS),
             hint=None if hint is None else self.number(hint, f"{key}.hint", lo=0.0, hi=MAX_HINT),
             schedule=schedule,
+            stream_style=self.string(t.get("stream_style", d.stream_style), f"{key}.stream_style",
+                                     choices=STREAM_STYLES),
+            tools=self.string(t.get("tools", d.tools), f"{key}.tools", choices=TOOL_MODES),
+            token_param=self.string(t.get("token_param", d.token_param), f"{key}.token_param", choices=TOKEN_PARAMS),
+            unsupported_dialect=self.string(t.get("unsupported_dialect", d.unsupported_dialect),
+                                            f"{key}.unsupported_dialect", choices=UNSUPPORTED_DIALECTS),
         )
 
     def phase(self, raw: Any, key: str) -> Phase:
@@ -261,6 +285,7 @@ class _Reader:
             slots=None if "slots" not in t else self.integer(t["slots"], f"{key}.slots", lo=0),
             latency_factor=None if "latency_factor" not in t else self.number(
                 t["latency_factor"], f"{key}.latency_factor", above=0.0, hi=MAX_LATENCY_FACTOR),
-            dialect=None if "dialect" not in t else self.string(t["dialect"], f"{key}.dialect", choices=DIALECTS),
+            dialect=None if "dialect" not in t else self.string(t["dialect"], f"{key}.dialect",
+                                                                choices=CAPACITY_DIALECTS),
             hint=None if "hint" not in t else self.number(t["hint"], f"{key}.hint", lo=0.0, hi=MAX_HINT),
         )

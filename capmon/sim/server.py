@@ -3,6 +3,13 @@ running event loop for the dashboard and for tests.
 
 The listening socket is bound here, not by uvicorn, so a taken port is a clear
 :class:`SimulatorError` (uvicorn would ``sys.exit``) and port 0 tells us the port it got.
+
+A process that found another process's simulator already listening borrows it and keeps
+an eye on it (:class:`BorrowedSimulator`): when it goes away, the borrower says so and
+serves that address itself, so its own work goes on.
+
+Listening beyond loopback needs an admin key for /admin, or an explicit open admin
+(:func:`capmon.sim.admin.admin_policy`).
 """
 
 from __future__ import annotations
@@ -14,7 +21,7 @@ import os
 import socket
 import sys
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Iterator
+from typing import AsyncIterator, Callable, Iterator, Mapping
 
 import httpx
 import uvicorn
@@ -24,6 +31,7 @@ from starlette.applications import Starlette
 from capmon.core.clock import Clock, default_clock
 from capmon.core.config import SIMULATOR_DEMO_KEY
 from capmon.core.exceptions import SimulatorError
+from capmon.sim.admin import ADMIN_KEY_ENV, AdminAccess, AdminPolicy, admin_policy, is_loopback
 from capmon.sim.app import SIM_HEADER, create_app, simulator_of
 from capmon.sim.faults import ConnectionDropped
 from capmon.sim.model import Simulator
@@ -31,6 +39,7 @@ from capmon.sim.scenario import Scenario, load_scenario
 
 START_TIMEOUT = 10.0  # seconds for uvicorn to start serving on a bound socket
 GRACEFUL_SHUTDOWN = 1.0  # seconds open streams get on exit before they are cut
+WATCH_INTERVAL = 1.0  # seconds between two looks at a borrowed simulator
 
 
 @dataclass(frozen=True)
@@ -40,7 +49,7 @@ class SimHandle:
     host: str
     port: int
     app: Starlette
-    server: uvicorn.Server = field(repr=False)
+    server: "_EmbeddedServer" = field(repr=False)
     task: "asyncio.Task[None]" = field(repr=False)
 
     @property
@@ -68,7 +77,7 @@ class SimHandle:
         """Stop serving; open requests get ``GRACEFUL_SHUTDOWN`` seconds, then are cut."""
         if self.task.done():
             return
-        self.server.should_exit = True
+        self.server.exit_now()
         try:
             await asyncio.wait_for(asyncio.shield(self.task), timeout)
         except asyncio.TimeoutError:
@@ -80,11 +89,55 @@ class SimHandle:
 
 class _EmbeddedServer(uvicorn.Server):
     """uvicorn as a guest in someone else's event loop: it must not take over the process's
-    signal handlers (the host app owns Ctrl+C)."""
+    signal handlers (the host app owns Ctrl+C), and it stops as soon as it is asked to
+    (uvicorn's own loop looks at ``should_exit`` only every 0.1 s; tests start hundreds)."""
+
+    def __init__(self, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self._exit = asyncio.Event()
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         yield
+
+    async def main_loop(self) -> None:
+        counter = 0
+        should_exit = await self.on_tick(counter)
+        while not should_exit:
+            counter = (counter + 1) % 864000
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._exit.wait(), 0.1)
+            should_exit = await self.on_tick(counter)
+
+    def exit_now(self) -> None:
+        self.should_exit = True
+        self._exit.set()
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        """uvicorn's shutdown (stop accepting, ask connections to close, give open requests
+        ``timeout_graceful_shutdown``, then cut them) with its fixed 0.1 s pauses made 10 ms."""
+        for server in self.servers:
+            server.close()
+        for sock in sockets or []:
+            sock.close()
+        for connection in list(self.server_state.connections):
+            connection.shutdown()
+        await asyncio.sleep(0.01)
+        try:
+            await asyncio.wait_for(self._drain(), timeout=self.config.timeout_graceful_shutdown)
+        except asyncio.TimeoutError:
+            logging.getLogger("uvicorn.error").error(
+                "Cancel %s running task(s), timeout graceful shutdown exceeded", len(self.server_state.tasks))
+            for t in self.server_state.tasks:
+                t.cancel(msg="Task cancelled, timeout graceful shutdown exceeded")
+        if not self.force_exit:
+            await self.lifespan.shutdown()
+
+    async def _drain(self) -> None:
+        while (self.server_state.connections or self.server_state.tasks) and not self.force_exit:
+            await asyncio.sleep(0.01)
+        for server in self.servers:
+            await server.wait_closed()
 
 
 class _HideDeliberateDrops(logging.Filter):
@@ -149,9 +202,12 @@ def _config(app: Starlette, *, embedded: bool, access_log: bool = False) -> uvic
 
 
 async def start_simulator(scenario: Scenario | str | os.PathLike[str] = "demo", host: str = "127.0.0.1",
-                          port: int = 0, *, clock: Clock | None = None) -> SimHandle:
-    """Start serving in the running event loop; call ``await handle.stop()`` when done."""
-    app = create_app(_as_scenario(scenario), clock=clock)
+                          port: int = 0, *, clock: Clock | None = None, admin_key: str | None = None,
+                          open_admin: bool = False) -> SimHandle:
+    """Start serving in the running event loop; call ``await handle.stop()`` when done.
+    ``admin_key`` protects /admin (required beyond loopback unless ``open_admin``)."""
+    policy = admin_policy(host, admin_key, open_admin=open_admin)
+    app = create_app(_as_scenario(scenario), clock=clock, admin_policy=policy)
     sock = _bind(host, port)
     bound_port = sock.getsockname()[1]
     _quiet_deliberate_drops()
@@ -177,9 +233,10 @@ async def start_simulator(scenario: Scenario | str | os.PathLike[str] = "demo", 
 
 @contextlib.asynccontextmanager
 async def running_simulator(scenario: Scenario | str | os.PathLike[str] = "demo", host: str = "127.0.0.1",
-                            port: int = 0, *, clock: Clock | None = None) -> AsyncIterator[SimHandle]:
+                            port: int = 0, *, clock: Clock | None = None, admin_key: str | None = None,
+                            open_admin: bool = False) -> AsyncIterator[SimHandle]:
     """``async with running_simulator("demo") as sim: httpx.get(sim.base_url + "/models")``"""
-    handle = await start_simulator(scenario, host, port, clock=clock)
+    handle = await start_simulator(scenario, host, port, clock=clock, admin_key=admin_key, open_admin=open_admin)
     try:
         yield handle
     finally:
@@ -211,15 +268,100 @@ async def ensure_simulator(listen: str, scenario: Scenario | str | os.PathLike[s
     if found is False:
         raise SimulatorError(f"{listen} is taken by something that is not a capmon simulator; "
                              f"choose another [simulator] listen address")
-    return await start_simulator(scenario, host, port, clock=clock)
+    return await start_simulator(scenario, host, port, clock=clock, admin_key=embedded_admin_key(host))
+
+
+def embedded_admin_key(host: str) -> str | None:
+    """The admin key for a simulator embedded in a capmon process: on loopback none (as
+    always); beyond it, $CAPMON_SIM_ADMIN_KEY, without which start_simulator refuses."""
+    return None if is_loopback(host) else (os.environ.get(ADMIN_KEY_ENV) or None)
+
+
+class BorrowedSimulator:
+    """Watches a simulator that another process serves at ``listen`` (one cheap probe per
+    ``interval`` on the clock). When nothing listens there any more, it reports that at once
+    through ``report(level, message)`` and starts a simulator on that address in this event
+    loop, so requests sent there keep being answered. If another process wins the address
+    first, it borrows that one instead and keeps watching."""
+
+    def __init__(self, listen: str, scenario: Scenario | str | os.PathLike[str], *, clock: Clock | None = None,
+                 report: Callable[[str, str], None], interval: float = WATCH_INTERVAL) -> None:
+        self.listen = listen
+        self.host, self.port = parse_listen(listen)
+        self.scenario = scenario
+        self.clock = clock or default_clock()
+        self.report = report
+        self.interval = interval
+        self.handle: SimHandle | None = None  # set once this process took over
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._watch(), name=f"capmon-sim-watch:{self.listen}")
+
+    async def _watch(self) -> None:
+        odd_reported = False
+        while True:
+            await self.clock.sleep(self.interval)
+            found = await probe(self.host, self.port)
+            if found is not None:
+                # False (something answers, but not as a simulator) is said once; a busy
+                # simulator that timed out looks the same, so it is no reason to take over.
+                if found is False and not odd_reported:
+                    self.report("warning", f"the simulator at {self.listen} that this process uses does not answer "
+                                           f"as a capmon simulator")
+                odd_reported = found is False
+                continue
+            self.report("warning", f"the simulator at {self.listen} that this process borrowed from another process "
+                                   f"has gone away; starting one here so work goes on")
+            try:
+                self.handle = await start_simulator(self.scenario, self.host, self.port, clock=self.clock,
+                                                    admin_key=embedded_admin_key(self.host))
+            except SimulatorError as e:
+                self.report("warning", f"could not take over {self.listen} ({e}); will look again")
+                continue
+            self.report("info", f"this process now serves the simulator at {self.listen}")
+            return
+
+    async def stop(self) -> None:
+        """Stop watching, and stop the simulator this process took over, if any."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self.handle is not None:
+            await self.handle.stop()
+
+
+def _warn(message: str) -> None:
+    print(f"capmon simulator: WARNING: {message}", file=sys.stderr, flush=True)
+
+
+def serve_policy(host: str, *, admin_key_env: str | None = None, open_admin: bool = False,
+                 environ: Mapping[str, str] | None = None) -> AdminPolicy:
+    """How ``capmon sim`` protects /admin on ``host``: the key from ``admin_key_env`` (default
+    CAPMON_SIM_ADMIN_KEY), required beyond loopback unless ``open_admin``. A variable named
+    explicitly must be set. Raises SimulatorError; prints a warning when reachable from afar."""
+    env = os.environ if environ is None else environ
+    name = admin_key_env or ADMIN_KEY_ENV
+    key = env.get(name) or None
+    if admin_key_env and key is None:
+        raise SimulatorError(f"--admin-key-env {admin_key_env}: environment variable {admin_key_env} is not set")
+    policy = admin_policy(host, key, open_admin=open_admin, key_source=name)
+    if policy.access is AdminAccess.OPEN:
+        _warn(f"--open-admin: anyone who can reach {host} can change this simulator through /admin")
+    elif not is_loopback(host):
+        _warn(f"listening on {host}, reachable from other machines; /admin requires the admin key from ${name}")
+    return policy
 
 
 def serve(listen: str = "127.0.0.1:8089", scenario: Scenario | str | os.PathLike[str] = "demo", *,
-          access_log: bool = False) -> None:
+          access_log: bool = False, admin_key_env: str | None = None, open_admin: bool = False,
+          environ: Mapping[str, str] | None = None) -> None:
     """Serve until Ctrl+C (for ``capmon sim``). Raises SimulatorError / ConfigError."""
     host, port = parse_listen(listen)
     scn = _as_scenario(scenario)
-    app = create_app(scn)
+    policy = serve_policy(host, admin_key_env=admin_key_env, open_admin=open_admin, environ=environ)
+    app = create_app(scn, admin_policy=policy)
     sock = _bind(host, port)
     _quiet_deliberate_drops()
     server = uvicorn.Server(_config(app, embedded=False, access_log=access_log))
@@ -231,7 +373,7 @@ def serve(listen: str = "127.0.0.1:8089", scenario: Scenario | str | os.PathLike
         h = f"[{host}]" if ":" in host else host
         origin = f"http://{h}:{sock.getsockname()[1]}"
         print(f"capmon simulator: scenario {scn.name!r} listening on {origin}/v1 "
-              f"(key {SIMULATOR_DEMO_KEY}; admin {origin}/admin; Ctrl+C to stop)", flush=True)
+              f"(key {SIMULATOR_DEMO_KEY}; {policy.describe()}; Ctrl+C to stop)", flush=True)
 
     async def main() -> None:
         watcher = asyncio.create_task(announce())

@@ -1,0 +1,264 @@
+"""The OpenAI Responses API (``POST /v1/responses``), plain and streamed, on the same slots,
+schedules, penalties, faults and capacity dialects as chat completions.
+
+Shapes follow openai/openai-python's ``types/responses`` (Response, ResponseOutputMessage,
+ResponseOutputText, ResponseUsage and the ResponseStreamEvent family). A stream is a series
+of ``event: NAME`` / ``data: {...}`` frames, each with its ``sequence_number``:
+response.created, response.in_progress, response.output_item.added,
+response.content_part.added, response.output_text.delta ..., response.output_text.done,
+response.content_part.done, response.output_item.done, then response.completed (or
+response.incomplete when ``max_output_tokens`` cut the answer short, as OpenAI does).
+
+A full model whose dialect is ``responses-failed`` / ``responses-slow-down`` /
+``responses-error`` rejects inside a 200 stream: response.failed with error code
+server_is_overloaded / slow_down, or an ``error`` event (the codes OpenAI's Codex client
+treats as overload: openai/codex, codex-rs). Any other dialect answers with its HTTP error.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, AsyncIterator
+
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
+
+from capmon.core.clock import Clock
+from capmon.sim import dialects
+from capmon.sim.dialects import Api
+from capmon.sim.faults import HANG_SECONDS, HTML_500_PAGE, DropConnection, FaultMode
+from capmon.sim.model import Admitted, Faulted, Simulator, Ticket
+from capmon.sim.replies import BadRequest, SlotStream, bearer, refusal, simulator, wire
+from capmon.sim.streams import STREAM_CHUNK_TOKENS, answer_text
+
+MIN_OUTPUT_TOKENS = 16  # the Responses API refuses a smaller max_output_tokens
+
+
+@dataclass(frozen=True)
+class ResponsesRequest:
+    model: str
+    prompt_tokens: int
+    max_output_tokens: int | None
+    stream: bool
+    instructions: str | None
+
+
+def _text_of(value: Any) -> int:
+    """Characters of text in an ``input`` (a string, or a list of items / content parts)."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, list):
+        return sum(_text_of(v) for v in value)
+    if isinstance(value, dict):
+        return sum(_text_of(value.get(k)) for k in ("content", "text"))
+    return 0
+
+
+def parse_responses(body: Any) -> ResponsesRequest:
+    if not isinstance(body, dict):
+        raise BadRequest("The request body must be a JSON object.")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise BadRequest("Missing required parameter: 'model'.", "model")
+    given = body.get("input")
+    if not isinstance(given, (str, list)) or (isinstance(given, list) and not all(isinstance(i, dict) for i in given)):
+        raise BadRequest("Invalid 'input': expected a string or an array of input items.", "input", model)
+    instructions = body.get("instructions")
+    if instructions is not None and not isinstance(instructions, str):
+        raise BadRequest("Invalid 'instructions': expected a string.", "instructions", model)
+    cap = body.get("max_output_tokens")
+    if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int)):
+        raise BadRequest(f"Invalid type for 'max_output_tokens': expected an integer, got {cap!r}.",
+                         "max_output_tokens", model)
+    if cap is not None and cap < MIN_OUTPUT_TOKENS:
+        raise BadRequest(f"Invalid 'max_output_tokens': integer below minimum value. Expected a value >= "
+                         f"{MIN_OUTPUT_TOKENS}, but got {cap} instead.", "max_output_tokens", model)
+    stream = body.get("stream") or False
+    if not isinstance(stream, bool):
+        raise BadRequest(f"Invalid 'stream': expected a boolean, got {stream!r}.", "stream", model)
+    chars = _text_of(given) + len(instructions or "")
+    return ResponsesRequest(model, -(-chars // 4), cap, stream, instructions)
+
+
+# ---------------------------------------------------------------- shapes
+
+
+def _ids(ticket: Ticket) -> tuple[str, str]:
+    return f"resp_sim{ticket.id:016d}", f"msg_sim{ticket.id:016d}"
+
+
+def _part(text: str) -> dict[str, Any]:
+    return {"type": "output_text", "annotations": [], "logprobs": [], "text": text}
+
+
+def _message(ticket: Ticket, status: str, text: str | None) -> dict[str, Any]:
+    return {"id": _ids(ticket)[1], "type": "message", "status": status,
+            "content": [] if text is None else [_part(text)], "role": "assistant"}
+
+
+def response_object(ticket: Ticket, req: ResponsesRequest, created: int, *, status: str,
+                    output: list[dict[str, Any]], usage: bool, error: dict[str, Any] | None = None) -> dict[str, Any]:
+    incomplete = {"reason": "max_output_tokens"} if status == "incomplete" else None
+    return {
+        "id": _ids(ticket)[0], "object": "response", "created_at": created, "status": status, "background": False,
+        "error": error, "incomplete_details": incomplete, "instructions": req.instructions,
+        "max_output_tokens": req.max_output_tokens, "max_tool_calls": None, "model": ticket.model, "output": output,
+        "parallel_tool_calls": True, "previous_response_id": None, "reasoning": {"effort": None, "summary": None},
+        "service_tier": "default", "store": True, "temperature": 1.0,
+        "text": {"format": {"type": "text"}, "verbosity": "medium"}, "tool_choice": "auto", "tools": [],
+        "top_logprobs": 0, "top_p": 1.0, "truncation": "disabled",
+        "usage": None if not usage else {
+            "input_tokens": ticket.prompt_tokens, "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens": ticket.completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": ticket.prompt_tokens + ticket.completion_tokens},
+        "user": None, "metadata": {},
+    }
+
+
+def final_status(ticket: Ticket) -> str:
+    return "incomplete" if ticket.finish_reason == "length" else "completed"
+
+
+def complete_response(ticket: Ticket, req: ResponsesRequest, created: int) -> dict[str, Any]:
+    status = final_status(ticket)
+    return response_object(ticket, req, created, status=status, usage=True,
+                           output=[_message(ticket, status, " ".join(answer_text(ticket)))])
+
+
+class _Events:
+    """Numbers the events of one stream."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def __call__(self, name: str, **fields: Any) -> bytes:
+        payload = {"type": name, "sequence_number": self.n, **fields}
+        self.n += 1
+        return f"event: {name}\ndata: ".encode() + json.dumps(payload).encode() + b"\n\n"
+
+
+def _failure(event: _Events, dialect: str, ticket: Ticket, req: ResponsesRequest, created: int,
+             output: list[dict[str, Any]]) -> bytes:
+    code, message = dialects.responses_failure(dialect)
+    if dialect == dialects.RESPONSES_ERROR:
+        return event("error", code=code, message=message, param=None)
+    failed = response_object(ticket, req, created, status="failed", output=output, usage=False,
+                             error={"code": code, "message": message})
+    return event("response.failed", response=failed)
+
+
+async def response_stream(clock: Clock, ticket: Ticket, req: ResponsesRequest, created: int, *, cut: bool = False,
+                          error_after: int | None = None,
+                          error_dialect: str = dialects.RESPONSES_FAILED) -> AsyncIterator[bytes]:
+    event = _Events()
+    _, item_id = _ids(ticket)
+    started = response_object(ticket, req, created, status="in_progress", output=[], usage=False)
+    yield event("response.created", response=started)
+    yield event("response.in_progress", response=started)
+    await clock.sleep(ticket.first_token)
+    if error_after == 0:
+        yield _failure(event, error_dialect, ticket, req, created, [])
+        return
+    yield event("response.output_item.added", output_index=0, item=_message(ticket, "in_progress", None))
+    at = {"item_id": item_id, "output_index": 0, "content_index": 0}
+    yield event("response.content_part.added", **at, part=_part(""))
+    words = answer_text(ticket)
+    groups = [words[i:i + STREAM_CHUNK_TOKENS] for i in range(0, len(words), STREAM_CHUNK_TOKENS)]
+    text = ""
+    for i, group in enumerate(groups):
+        if cut and i >= len(groups) // 2:
+            return  # the stream just stops: no response.completed
+        await clock.sleep(ticket.per_token * len(group))
+        delta = (" " if i else "") + " ".join(group)
+        text += delta
+        yield event("response.output_text.delta", **at, delta=delta, logprobs=[])
+        if error_after is not None and i + 1 >= error_after:
+            break
+    if error_after is not None:
+        yield _failure(event, error_dialect, ticket, req, created, [_message(ticket, "incomplete", text)])
+        return
+    status = final_status(ticket)
+    yield event("response.output_text.done", **at, text=text, logprobs=[])
+    yield event("response.content_part.done", **at, part=_part(text))
+    item = _message(ticket, status, text)
+    yield event("response.output_item.done", output_index=0, item=item)
+    done = response_object(ticket, req, created, status=status, output=[item], usage=True)
+    yield event("response.completed" if status == "completed" else "response.incomplete", response=done)
+
+
+async def rejection_stream(dialect: str, model: str, req: ResponsesRequest, ticket: Ticket,
+                           created: int) -> AsyncIterator[bytes]:
+    """A 200 stream that starts a response and fails it at once for capacity."""
+    event = _Events()
+    started = response_object(ticket, req, created, status="in_progress", output=[], usage=False)
+    yield event("response.created", response=started)
+    yield event("response.in_progress", response=started)
+    yield _failure(event, dialect, ticket, req, created, [])
+
+
+# ---------------------------------------------------------------- the endpoint
+
+
+def _stub_ticket(req: ResponsesRequest) -> Ticket:
+    """Ids and usage for a response that fails before any work (it holds no slot)."""
+    return Ticket(id=0, model=req.model, key="", prompt_tokens=req.prompt_tokens, completion_tokens=0,
+                  finish_reason="stop", first_token=0.0, per_token=0.0)
+
+
+async def create_response(request: Request) -> Response:
+    sim = simulator(request)
+    token = bearer(request)
+    alias = sim.authenticate(token)
+    if alias is None:
+        return wire(dialects.invalid_api_key(token))
+    try:
+        req = parse_responses(json.loads(await request.body()))
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        sim.bad_request(alias)
+        return wire(dialects.bad_request("We could not parse the JSON body of your request."))
+    except BadRequest as e:
+        sim.bad_request(alias, e.model)
+        return wire(dialects.bad_request(str(e), e.param))
+    decision = sim.submit(alias, req.model, prompt_tokens=req.prompt_tokens, max_tokens=req.max_output_tokens,
+                          stream=req.stream, api=Api.RESPONSES)
+    created = int(sim.clock.wall())
+    refused = refusal(decision, api=Api.RESPONSES, stream=req.stream,
+                      in_stream=lambda d, m: rejection_stream(d, m, req, _stub_ticket(req), created))
+    if refused is not None:
+        return refused
+    if isinstance(decision, Faulted):
+        return await _faulted(sim, decision, req, created)
+    assert isinstance(decision, Admitted)
+    ticket = decision.ticket
+    if req.stream:
+        return SlotStream(response_stream(sim.clock, ticket, req, created),
+                          lambda done: sim.release(ticket, completed=done), {})
+    completed = False
+    try:
+        await sim.clock.sleep(ticket.service_time)
+        completed = True
+    finally:
+        sim.release(ticket, completed=completed)
+    return JSONResponse(complete_response(ticket, req, created))
+
+
+async def _faulted(sim: Simulator, decision: Faulted, req: ResponsesRequest, created: int) -> Response:
+    rule, ticket = decision.rule, decision.ticket
+    if rule.mode in (FaultMode.STREAM_CUT, FaultMode.STREAM_ERROR):
+        error_after = rule.after if rule.mode is FaultMode.STREAM_ERROR else None
+        return StreamingResponse(response_stream(sim.clock, ticket, req, created, cut=rule.mode is FaultMode.STREAM_CUT,
+                                                 error_after=error_after, error_dialect=rule.dialect),
+                                 media_type="text/event-stream")
+    if rule.mode is FaultMode.HANG:
+        await sim.clock.sleep(HANG_SECONDS)
+        return PlainTextResponse("Gateway Timeout", status_code=504)
+    await sim.clock.sleep(ticket.first_token)
+    if rule.mode is FaultMode.RESET:
+        return DropConnection()  # type: ignore[return-value]
+    if rule.mode is FaultMode.TRUNCATE:
+        body = json.dumps(complete_response(ticket, req, created)).encode()
+        return Response(body[: len(body) // 2], media_type="application/json")
+    if rule.mode is FaultMode.INVALID_JSON:
+        return Response(b"not json", media_type="application/json")
+    return HTMLResponse(HTML_500_PAGE, status_code=500)

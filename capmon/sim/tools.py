@@ -1,0 +1,155 @@
+"""Tool calls: read a request's ``tools`` and ``tool_choice``, decide whether the answer
+is a call, and build its arguments from the function's JSON Schema so that they are valid
+JSON a client can parse and check against that schema.
+
+Pure: no web framework. A bad ``tools`` or ``tool_choice`` raises :class:`ToolError`
+with the parameter to name in the 400.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+MAX_SCHEMA_DEPTH = 8  # deeper schemas get {} there: a request cannot make the answer explode
+
+
+class ToolError(ValueError):
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    parameters: Any  # the function's JSON Schema (an object schema, usually)
+
+
+@dataclass(frozen=True)
+class ToolRequest:
+    tools: tuple[Tool, ...]
+    choice: str  # "none" | "auto" | "required" | "function" (then `name`)
+    name: str | None = None
+
+    def wants_call(self, mode: str) -> Tool | None:
+        """The tool to call under the model's ``tools`` mode ("auto" | "always"), or None."""
+        if not self.tools or self.choice == "none":
+            return None
+        if self.choice == "function":
+            return next(t for t in self.tools if t.name == self.name)
+        if self.choice == "required" or mode == "always":
+            return self.tools[0]
+        return None
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments: str  # JSON text, as the API carries it
+
+
+def parse_tools(body: dict[str, Any]) -> ToolRequest | None:
+    """The request's tools, or None when it has none. Raises ToolError."""
+    raw = body.get("tools")
+    choice = body.get("tool_choice")
+    if raw is None:
+        if choice is not None and choice != "none":
+            raise ToolError("Invalid value for 'tool_choice': 'tool_choice' is only allowed when 'tools' are "
+                            "specified.", "tool_choice")
+        return None
+    if not isinstance(raw, list):
+        raise ToolError(f"Invalid type for 'tools': expected an array, but got {type(raw).__name__} instead.", "tools")
+    tools: list[Tool] = []
+    for i, item in enumerate(raw):
+        fn = item.get("function") if isinstance(item, dict) and item.get("type") == "function" else None
+        name = fn.get("name") if isinstance(fn, dict) else None
+        if not isinstance(name, str) or not name:
+            raise ToolError(f"Invalid 'tools[{i}]': expected {{\"type\": \"function\", \"function\": "
+                            f"{{\"name\": ..., \"parameters\": {{...}}}}}}.", f"tools[{i}]")
+        assert isinstance(fn, dict)
+        params = fn.get("parameters", {"type": "object", "properties": {}})
+        if not isinstance(params, dict):
+            raise ToolError(f"Invalid 'tools[{i}].function.parameters': expected an object.",
+                            f"tools[{i}].function.parameters")
+        tools.append(Tool(name, params))
+    names = {t.name for t in tools}
+    if choice is None or choice in ("none", "auto", "required"):
+        return ToolRequest(tuple(tools), choice or "auto")
+    if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("function"), dict):
+        name = choice["function"].get("name")
+        if name not in names:
+            raise ToolError(f"Invalid value for 'tool_choice': no function named {name!r} in 'tools'.", "tool_choice")
+        return ToolRequest(tuple(tools), "function", name)
+    raise ToolError("Invalid value for 'tool_choice': expected 'none', 'auto', 'required' or "
+                    "{\"type\": \"function\", \"function\": {\"name\": ...}}.", "tool_choice")
+
+
+def make_call(tool: Tool) -> ToolCall:
+    arguments = json.dumps(example_value(tool.parameters), separators=(",", ":"))
+    return ToolCall(id=f"call_{secrets.token_hex(12)}", name=tool.name, arguments=arguments)
+
+
+def example_value(schema: Any, depth: int = 0) -> Any:
+    """A value that satisfies the common JSON Schema keywords of ``schema``: const, enum,
+    default, type (object / array / string / integer / number / boolean / null, with
+    their bounds), and the first branch of anyOf / oneOf / allOf."""
+    if not isinstance(schema, dict) or depth > MAX_SCHEMA_DEPTH:
+        return {}
+    if "const" in schema:
+        return schema["const"]
+    if isinstance(schema.get("enum"), list) and schema["enum"]:
+        return schema["enum"][0]
+    if "default" in schema:
+        return schema["default"]
+    for key in ("anyOf", "oneOf", "allOf"):
+        branches = schema.get(key)
+        if isinstance(branches, list) and branches:
+            return example_value(branches[0], depth + 1)
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        kind = next((k for k in kind if k != "null"), "null")
+    if kind is None:
+        kind = "object" if "properties" in schema else "string"
+    if kind == "object":
+        props = schema.get("properties")
+        props = props if isinstance(props, dict) else {}
+        required = schema.get("required")
+        names = [n for n in required if n in props] if isinstance(required, list) and required else list(props)
+        return {str(n): example_value(props[n], depth + 1) for n in names}
+    if kind == "array":
+        count = schema.get("minItems", 1)
+        count = count if isinstance(count, int) and not isinstance(count, bool) and 0 <= count <= 8 else 1
+        return [example_value(schema.get("items", {"type": "string"}), depth + 1) for _ in range(count)]
+    if kind == "integer":
+        return _bounded(schema, 1, whole=True)
+    if kind == "number":
+        return _bounded(schema, 1.5, whole=False)
+    if kind == "boolean":
+        return True
+    if kind == "null":
+        return None
+    text = "sample"
+    low = schema.get("minLength")
+    if isinstance(low, int) and not isinstance(low, bool) and 0 <= low <= 1024:
+        text = text.ljust(low, "x")
+    high = schema.get("maxLength")
+    if isinstance(high, int) and not isinstance(high, bool) and 0 <= high < len(text):
+        text = text[:high]
+    return text
+
+
+def _bounded(schema: dict[str, Any], value: float, *, whole: bool) -> Any:
+    low = schema.get("minimum", schema.get("exclusiveMinimum"))
+    high = schema.get("maximum", schema.get("exclusiveMaximum"))
+    if isinstance(low, (int, float)) and not isinstance(low, bool) and value < low:
+        value = low + (1 if "exclusiveMinimum" in schema and "minimum" not in schema else 0)
+    if isinstance(high, (int, float)) and not isinstance(high, bool) and value > high:
+        value = high - (1 if "exclusiveMaximum" in schema and "maximum" not in schema else 0)
+    if whole:
+        return math.floor(value) if isinstance(high, (int, float)) and value >= high else math.ceil(value)
+    return float(value)
