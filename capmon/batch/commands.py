@@ -33,7 +33,7 @@ from capmon.batch.progress import ProgressLine, fmt_duration
 from capmon.batch.runner import BatchRunner, JobSummary
 from capmon.batch.store import JobStore, default_db_path, job_state
 from capmon.core.clock import default_clock
-from capmon.core.events import BatchProgress, Event
+from capmon.core.events import BatchProgress, Event, Notice
 from capmon.core.exceptions import BatchError
 from capmon.report import shown
 
@@ -217,6 +217,9 @@ async def _drive(config: Any, db: Path, job: str, input_path: Path | None, concu
         def show(event: Event) -> None:
             if isinstance(event, BatchProgress) and event.job == job:
                 progress.update(event)
+            elif isinstance(event, Notice):  # the runner's: a changed input taken, a save that failed
+                progress.clear()
+                _say(f"capmon: {event.message}")
 
         unsubscribe = engine.bus.subscribe(show)
         task = asyncio.create_task(runner.run(), name=f"capmon-batch:{job}")

@@ -70,6 +70,8 @@ def _type_name(value: Any) -> str:
 
 def _short(value: Any) -> str:
     text = json.dumps(value, ensure_ascii=False) if not isinstance(value, str) else repr(value)
+    if _lone_surrogate(text) is not None:
+        text = json.dumps(value)  # escaped: a message must be storable text
     return text if len(text) <= 40 else text[:37] + "..."
 
 
@@ -145,15 +147,34 @@ def parse_line(line: int, raw: bytes | str, models: Collection[str] | None = Non
     if temperature is not None and (isinstance(temperature, bool) or not isinstance(temperature, (int, float))):
         return bad(f"temperature: expected a number, got {_short(temperature)}")
     metadata = obj.get("metadata")
+    messages_json = json.dumps(obj["messages"], ensure_ascii=False, separators=(",", ":"))
+    metadata_json = None if metadata is None else json.dumps(metadata, ensure_ascii=False, separators=(",", ":"))
+    for name, text in (("id", item_id), ("messages", messages_json), ("metadata", metadata_json)):
+        bad_char = _lone_surrogate(text)
+        if bad_char is not None:
+            return LineError(line, line_id(line) if name == "id" else item_id,
+                             f"{name}: holds the escape {bad_char}, half of a UTF-16 pair and no character; "
+                             f"expected valid Unicode text")
     return Item(
         line=line,
         id=item_id,
-        messages_json=json.dumps(obj["messages"], ensure_ascii=False, separators=(",", ":")),
+        messages_json=messages_json,
         model=model,
         max_tokens=max_tokens,
         temperature=float(temperature) if temperature is not None else None,
-        metadata_json=None if metadata is None else json.dumps(metadata, ensure_ascii=False, separators=(",", ":")),
+        metadata_json=metadata_json,
     )
+
+
+def _lone_surrogate(text: str | None) -> str | None:
+    """A JSON escape such as "\\ud800" decodes to half a UTF-16 pair, which cannot be stored or sent."""
+    if text is None or text.isascii():
+        return None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return f"\\u{ord(text[e.start]):04x}"
+    return None
 
 
 UTF8_BOM = b"\xef\xbb\xbf"

@@ -36,10 +36,12 @@ import collections
 import dataclasses
 import hashlib
 import heapq
+import itertools
 import json
 import logging
 import os
 import random
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
@@ -93,6 +95,7 @@ class JobSummary:
 
 
 FINGERPRINT_PREFIX = "sha256:"
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def fingerprint(path: Path) -> tuple[int, str]:
@@ -122,7 +125,7 @@ def _utf8_size(text: str) -> tuple[int, str]:
     try:
         return len(text.encode("utf-8")), text
     except UnicodeEncodeError:
-        text = text.encode("utf-8", "replace").decode("utf-8")
+        text = _SURROGATE.sub("\ufffd", text)
         return len(text.encode("utf-8")), text
 
 
@@ -647,8 +650,7 @@ class BatchRunner:
         self._write_failing_since = self.clock.now()
         self._message = (f"cannot save results: {e}; sending paused (the items in flight finish); the job halts "
                          f"if saving still fails in {self.write_give_up:g}s")
-        log.warning("%s", self._message)
-        self.bus.publish(ev.Notice(at=self.clock.now(), wall=self.clock.wall(), level="error", message=self._message))
+        self._note(self._message, "error")
         self._publish_progress()
 
     def _free_bytes(self) -> int | None:
@@ -679,8 +681,7 @@ class BatchRunner:
         self._write_failing_since = None
         self._message = ""
         self._saveable.set()
-        self.bus.publish(ev.Notice(at=self.clock.now(), wall=self.clock.wall(), level="info",
-                                   message=f"job {self.job!r}: results are saved again; sending goes on"))
+        self._note(f"job {self.job!r}: results are saved again; sending goes on", "info")
         self._notify()
 
     async def _writer(self) -> None:
@@ -731,6 +732,10 @@ class BatchRunner:
                                     fingerprint=fp, settings=self._settings({}), now=wall)
         store.claim(info.id, self._owner, wall)
         try:
+            free = self._free_bytes()
+            if free is not None and free < LOW_DISK_BYTES:
+                raise BatchError(f"{self.db_path}: database or disk is full: {free:,} bytes free on the disk that holds "
+                                 f"it; nothing was sent; free space, then run `capmon batch resume {self.job}`")
             if created:
                 pass  # fingerprinted a moment ago
             elif not info.ingested:
@@ -766,9 +771,11 @@ class BatchRunner:
                 "window": str(self.window) if self.window else None, "max_response_bytes": self.max_response_bytes,
                 "remap": self._remap}
 
-    def _note(self, message: str) -> None:
-        log.warning("%s", message)
-        self.bus.publish(ev.Notice(at=self.clock.now(), wall=self.clock.wall(), level="warning", message=message))
+    def _note(self, message: str, level: str = "warning") -> None:
+        """A message for people: a Notice on the bus (`capmon batch` prints them, the
+        dashboard shows them), and a log record for programs that keep logs."""
+        log.info("%s", message)
+        self.bus.publish(ev.Notice(at=self.clock.now(), wall=self.clock.wall(), level=level, message=message))
 
     # ------------------------------------------------------------ the input
 
@@ -814,11 +821,21 @@ class BatchRunner:
         path = self._input_of(info)
         self._check_text(path)
         size, fp = self._fingerprint(path)
-        if (size, fp) == (info.input_size, info.input_fingerprint) and str(path) == info.input_path:
+        stored_fp = info.input_fingerprint or ""
+        legacy = not stored_fp.startswith(FINGERPRINT_PREFIX)
+        same = (_legacy_fingerprint(path) == (info.input_size, stored_fp)) if legacy else (size, fp) == (
+            info.input_size, stored_fp)
+        if same:
+            if legacy:  # read by an older capmon: hashes from now on
+                store.backfill_line_hashes(info.id, ((raw.line, raw.hash) for raw in itertools.takewhile(
+                    lambda r: r.line <= info.ingest_line, read_lines(path))))
+            if legacy or str(path) != info.input_path:
+                store.set_input(info.id, input_path=str(path), input_size=size, fingerprint=fp)
+                return store.require(self.job)
             return info
         if not self.accept_changed_input:
-            if not (info.input_fingerprint or "").startswith(FINGERPRINT_PREFIX):
-                difference = changes.Difference(None, "it was being read by an older capmon")
+            if legacy:
+                difference = changes.Difference(None, "it was being read by an older capmon, which kept no line hashes")
             else:
                 difference = changes.first_difference(store, info, path, upto=info.ingest_line)
             raise self._input_changed(info, path, difference)

@@ -159,3 +159,36 @@ async def test_a_file_changed_while_it_is_read_is_caught(tmp_path: Path, monkeyp
     with pytest.raises(BatchError, match="changed while"):
         await finish(tmp_path, src, rec)
     assert not rec.seen
+
+
+async def test_a_job_from_before_line_hashes_is_upgraded_and_checked_from_then_on(tmp_path: Path) -> None:
+    import sqlite3
+
+    from capmon.batch.export import export_job
+    from capmon.report import build_report
+
+    rec = Recorder(scenario_app(latency=0.01))
+    lines = lines_of(1200)
+    src = write_jsonl(tmp_path / "in.jsonl", lines)
+    await finish(tmp_path, src, rec)
+    db = tmp_path / "jobs.db"
+    # What a schema-1 capmon left: no line hashes, a fingerprint of the first 64 KiB only.
+    conn = sqlite3.connect(db)
+    conn.execute("ALTER TABLE items DROP COLUMN line_hash")
+    conn.execute("DROP TABLE replaced_results")
+    conn.execute("UPDATE jobs SET input_fingerprint = ?", (runner_mod._legacy_fingerprint(src)[1],))
+    conn.execute("PRAGMA user_version = 1")
+    conn.commit()
+    conn.close()
+    with JobStore(db, readonly=True) as store:  # readers need nothing new
+        assert build_report(store, "j").done == 1200
+        assert build_item_report(store, "j", "it-00001").replaced == ()
+    assert export_job(db, "j", tmp_path / "out.jsonl").done == 1200
+
+    assert (await finish(tmp_path, src, rec)).sent == 0  # the same file: upgraded, nothing sent
+    assert rows(db, "SELECT count(*) FROM items WHERE line_hash IS NULL") == [(0,)]
+    assert rows(db, "SELECT input_fingerprint LIKE 'sha256:%' FROM jobs") == [(1,)]
+    lines[1149] = lines[1149].replace("it-01150\"}", "it-0115X\"}")
+    write_jsonl(src, lines)
+    with pytest.raises(BatchError, match=r"line 1150 differs"):
+        await finish(tmp_path, src, rec)

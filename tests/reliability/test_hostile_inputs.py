@@ -139,3 +139,22 @@ def test_attach_without_a_terminal_prints_that_jobs_status(tmp_path: Path, capsy
     assert "flagship" not in out  # not the demo's snapshot
     assert main(["--attach", "ghost"]) == 2
     assert "no job named 'ghost'" in capsys.readouterr().err
+
+
+@pytest.mark.looptime
+async def test_half_a_utf16_pair_fails_its_line_not_the_job(tmp_path: Path) -> None:
+    """A JSON "\\ud800" decodes to a lone surrogate, which SQLite cannot store: that line fails, the rest run."""
+    src = write_jsonl(tmp_path / "in.jsonl", [
+        '{"id": "a\\ud800", "messages": [{"role": "user", "content": "x"}]}',
+        '{"id": "b", "messages": [{"role": "user", "content": "y\\udfff"}]}',
+        '{"id": "c", "messages": [["\\ud800"]]}',
+        '{"id": "d", "messages": [{"role": "user", "content": "fine"}], "metadata": {"k": "\\udc00"}}',
+        item("ok"),
+    ])
+    async with client_for(build_app(Script())) as client:
+        summary = await BatchRunner(client, tmp_path / "db", "j", input_path=src).run()
+    assert (summary.done, summary.failed) == (1, 4)
+    failed = dict(rows(tmp_path / "db", "SELECT line, error_message FROM items WHERE state = 'failed'"))
+    assert "\\ud800" in failed[1] and failed[1].startswith("id: ")
+    assert failed[2].startswith("messages: ") and failed[4].startswith("metadata: ")
+    assert failed[3].startswith("messages[0]: expected an object")

@@ -10,14 +10,15 @@ from pathlib import Path
 
 import pytest
 
+from capmon.advice import advise
 from capmon.batch import BatchRunner
 from capmon.batch.export import export_job
+from capmon.batch.store import JobStore
 from capmon.core.router import FallbackClient
 from capmon.report import build_item_report, build_report, format_item, format_report
-from capmon.batch.store import JobStore
 from tests.batch.helpers import single_config, write_items
 from tests.support.configs import ENV
-from tests.support.scripted import Script, ok, serve
+from tests.support.scripted import Reply, Script, ok, serve
 
 pytestmark = pytest.mark.looptime
 
@@ -35,8 +36,14 @@ def _rows(db: Path, sql: str, *args: object) -> list[tuple]:
 async def test_an_answer_over_max_response_bytes_is_never_stored_and_the_audit_says_why(tmp_path: Path) -> None:
     script = Script()
     # it-0002's answer is 3,000 bytes in 1,000 characters: a cap counted in characters would let it through.
-    script.set("flagship", lambda n, body: ok("flagship", "€" * 1000 if body["messages"][-1]["content"] == "it-0002"
-                                              else "short answer"))
+    # it-0003's holds a lone surrogate (JSON "\\ud800"), which SQLite cannot store as it is.
+    answers = {"it-0002": "€" * 1000, "it-0003": "half \ud800 a pair"}
+
+    def reply(n: int, body: dict) -> Reply:
+        answer = ok("flagship", answers.get(body["messages"][-1]["content"], "short answer"))
+        return Reply(200, json.dumps(answer.body), {"content-type": "application/json"})  # escaped, as providers send it
+
+    script.set("flagship", reply)
     db = tmp_path / "jobs.db"
     async with serve(script) as url:
         cfg = single_config(url, extra=f"[client]\nmax_response_bytes = {CAP}")
@@ -63,9 +70,12 @@ async def test_an_answer_over_max_response_bytes_is_never_stored_and_the_audit_s
     assert [r["id"] for r in records] == ["it-0001", "it-0002", "it-0003"]
     assert all(len((r["content"] or "").encode()) <= CAP for r in records)
     assert records[1]["error"]["kind"] == kind and records[1]["content"] is None
+    assert records[2]["content"] == "half \ufffd a pair"
     with JobStore(db, readonly=True) as store:
-        text = format_report(build_report(store, "big")) + format_item(build_item_report(store, "big", "it-0002"))
-    assert "€€€" not in text and "oversized 1" in text
+        report = build_report(store, "big")
+        text = format_report(report) + format_item(build_item_report(store, "big", "it-0002"))
+    assert "€€€" not in text and "oversized 1" in text and "refused by the runner" in text
+    assert any("client.max_response_bytes" in a.text for a in advise(report))
 
 
 def test_an_oversized_result_left_by_an_older_capmon_is_not_exported(tmp_path: Path) -> None:
