@@ -183,8 +183,8 @@ def build_report(store: JobStore, job: str, items_shown: int = ITEMS_SHOWN_DATA)
     # Fallback pairs: consecutive attempts of one item on different models.
     pairs: collections.Counter[tuple[str, str]] = collections.Counter()
     last_item, last_model = None, None
-    for item, model in conn.execute(f"SELECT item, model FROM attempts WHERE job = ? AND decision NOT IN {_NOT_ATTEMPTS} "
-                                    "ORDER BY item, rowid", (job,)):
+    for item, model in conn.execute(f"SELECT item, model FROM attempts WHERE job = ? AND decision NOT IN "
+                                    f"{_NOT_ATTEMPTS} ORDER BY item, rowid", (job,)):
         if item == last_item and model != last_model and last_model is not None and model is not None:
             pairs[(last_model, model)] += 1
         last_item, last_model = item, model
@@ -258,7 +258,8 @@ def build_report(store: JobStore, job: str, items_shown: int = ITEMS_SHOWN_DATA)
         fallback_pairs=tuple((a, b, n) for (a, b), n in pairs.most_common()), parks=parks,
         parks_by_kind=dict(parks_by_kind), failures=failures, failed_samples=tuple(samples),
         keys=tuple(KeyRow(alias, ep, v[0], v[1], v[2]) for (alias, ep), v in sorted(keys.items())),
-        tokens=tokens, removed=counts["removed"], active_seconds=int(active or 0), first_attempt=first, last_attempt=last,
+        tokens=tokens, removed=counts["removed"], active_seconds=int(active or 0), first_attempt=first,
+        last_attempt=last,
     )
 
 

@@ -267,7 +267,8 @@ def _failures(db: Path, job: str, limit: int = 5) -> str:
     finally:
         store.close()
     lines = ["failed: " + ", ".join(f"{shown(k)} {n}" for k, n in kinds.items())]
-    lines += [f"  line {line} ({shown(item_id)}): {shown(kind)}: {shown(message)}" for line, item_id, kind, message in rows]
+    lines += [f"  line {line} ({shown(item_id)}): {shown(kind)}: {shown(message)}"
+              for line, item_id, kind, message in rows]
     more = sum(kinds.values()) - len(rows)
     if more > 0:
         lines.append(f"  ... and {more} more: capmon batch show {shown(job)}; capmon report {shown(job)}")
@@ -342,7 +343,8 @@ def show_job(db: Path, job: str, out: TextIO | None = None) -> int:
     remap = ", ".join(f"{shown(k)}={shown(v)}" for k, v in (s.get("remap") or {}).items())
     lines = [
         f"job        {name}",
-        f"state      {state}" + (f": {shown(j.message)}" if j.message and state in ("halted", "stopped", "paused") else ""),
+        f"state      {state}"
+        + (f": {shown(j.message)}" if j.message and state in ("halted", "stopped", "paused") else ""),
         f"input      {shown(j.input_path)}",
         f"created    {_when(j.created)}   updated {_when(j.updated)}",
         f"settings   concurrency {s.get('concurrency', '-')}, rate {s.get('rate') or '-'}/s, window {s.get('window') or '-'}"

@@ -182,8 +182,8 @@ _SNIFF_BYTES = 1 << 16
 
 # Magic numbers of what people mistake for a JSONL file: (prefix, what it is, what to do).
 _MAGIC = (
-    (b"\xff\xfe\x00\x00", "UTF-32 text (it starts with a UTF-32 byte-order mark)", "convert it: iconv -f UTF-32 -t UTF-8"),
-    (b"\x00\x00\xfe\xff", "UTF-32 text (it starts with a UTF-32 byte-order mark)", "convert it: iconv -f UTF-32 -t UTF-8"),
+    (b"\xff\xfe\x00\x00", "UTF-32 text (a UTF-32 byte-order mark)", "convert it: iconv -f UTF-32 -t UTF-8"),
+    (b"\x00\x00\xfe\xff", "UTF-32 text (a UTF-32 byte-order mark)", "convert it: iconv -f UTF-32 -t UTF-8"),
     (b"\xff\xfe", "UTF-16 text (it starts with a UTF-16 byte-order mark)", "convert it: iconv -f UTF-16 -t UTF-8"),
     (b"\xfe\xff", "UTF-16 text (it starts with a UTF-16 byte-order mark)", "convert it: iconv -f UTF-16 -t UTF-8"),
     (b"\x1f\x8b", "gzip-compressed", "decompress it first: gunzip"),

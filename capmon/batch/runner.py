@@ -350,10 +350,11 @@ class BatchRunner:
                     # Still unwritable: what is not saved is sent again on resume (a lease of a
                     # process that is gone is free). The first cause is the one to report.
                     st.forget_owner(self._owner)
+                    self._save_error = self._save_error or e
                     if self._halt is None:
                         self._halt = BatchError(f"job {self.job!r} stopped: its last results cannot be saved: {e}; "
                                                 f"run `capmon batch resume {self.job}` to send them again")
-                    log.warning("job %r: last save failed: %s", self.job, e)
+                    log.info("job %r: last save failed: %s", self.job, e)
                 self.bus.publish(self.progress())
         finally:
             store.close()
@@ -507,7 +508,8 @@ class BatchRunner:
         )
         self._record(item, outcome, (True, result.model, None))
 
-    def _refuse_oversized(self, item: StoredItem, result: ChatResult, size: int, attempts: int, first: str | None) -> None:
+    def _refuse_oversized(self, item: StoredItem, result: ChatResult, size: int, attempts: int,
+                          first: str | None) -> None:
         reason = (f"the answer from {result.model} is {size:,} bytes, over client.max_response_bytes "
                   f"({self.max_response_bytes:,}): not stored")
         last = result.attempts[-1] if result.attempts else None

@@ -16,7 +16,7 @@ import os
 import sqlite3
 import subprocess
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import pytest
 

@@ -3,16 +3,15 @@ UTF-16 or binary input, `capmon --attach` without a terminal."""
 
 from __future__ import annotations
 
+import argparse
 import gzip
 import io
 import json
-import argparse
 from pathlib import Path
 
 import pytest
 
-from capmon.batch import BatchRunner, JobStore
-from capmon.batch import commands
+from capmon.batch import BatchRunner, JobStore, commands
 from capmon.cli import main
 from capmon.core.exceptions import BatchError
 from capmon.report import build_item_report, build_report, format_item, format_report
