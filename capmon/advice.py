@@ -151,7 +151,9 @@ def failures(r: JobReport) -> Advice | None:
     kinds = ", ".join(f"{k} {n}" for k, n in r.failures.items())
     lines = ", ".join(str(line) for line, *_ in r.failed_samples[:5])
     hint = {"bad_input": "fix those lines", "bad_request": "the provider refused them as sent",
-            "too_large": "they do not fit any model's context window"}
+            "too_large": "they do not fit any model's context window",
+            "oversized": ("their answers were larger than client.max_response_bytes and were not stored: raise it in "
+                          "[client], or ask for fewer tokens")}
     why = "; ".join(hint[k] for k in r.failures if k in hint)
     return Advice("failures", f"{r.failed} items failed for reasons of their own ({kinds}; first lines {lines})"
                               + (f": {why}" if why else "") + ". Run them again as a new job once fixed.",

@@ -9,6 +9,11 @@ in the same transaction as the results it belongs with.
 
 Keys are never stored, only their alias; anything in a provider's message that looks
 like a key is masked before it is kept.
+
+Besides the client's attempts, a batch runner records its own decisions about an item
+(:data:`RUNNER_DECISIONS`): parked for later, an answer refused as too large, a line
+that changed or left the input. The result an edited line replaced is kept in
+``replaced_results``.
 """
 
 from __future__ import annotations
@@ -36,11 +41,32 @@ CREATE TABLE IF NOT EXISTS attempts (
     hint REAL,             -- the server's retry hint, seconds
     wait REAL,             -- how long the client (or the runner, for a park) waited after it
     latency REAL,
-    decision TEXT NOT NULL,  -- ok | retry | fallback | park | fail
+    decision TEXT NOT NULL,  -- ok | retry | fallback | fail, or one of RUNNER_DECISIONS
     reason TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS attempts_by_item ON attempts(job, item);
+CREATE TABLE IF NOT EXISTS replaced_results (
+    job TEXT NOT NULL,
+    item TEXT NOT NULL,
+    line INTEGER,          -- the line the result answered
+    at REAL NOT NULL,      -- wall time it was replaced
+    why TEXT NOT NULL,     -- what replaced it
+    state TEXT,            -- done | failed | pending | parked
+    model TEXT,
+    endpoint TEXT,
+    content TEXT,
+    fell_back INTEGER,
+    attempts INTEGER,
+    error_kind TEXT,
+    error_message TEXT
+);
+CREATE INDEX IF NOT EXISTS replaced_by_item ON replaced_results(job, item);
 """
+
+# The runner's own decisions about an item: not attempts of the client.
+PARK, REFUSE, SUPERSEDED, REMOVED = "park", "refuse", "superseded", "removed"
+RUNNER_DECISIONS = (PARK, REFUSE, SUPERSEDED, REMOVED)
+MAX_REASON = 2000  # characters of a reason kept: a provider's message is never a result
 
 COLUMNS = ("job", "item", "at", "attempt", "model", "endpoint", "key_alias", "status", "kind", "hint", "wait",
            "latency", "decision", "reason")
@@ -63,6 +89,11 @@ def ensure_schema(conn: sqlite3.Connection) -> None:
 
 def mask_secrets(text: str) -> str:
     return _SECRET.sub(lambda m: m.group(0)[:6] + "****", text) if text else text
+
+
+def _reason(text: str) -> str:
+    text = mask_secrets(text)
+    return text if len(text) <= MAX_REASON else text[:MAX_REASON - 1] + "…"
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +124,7 @@ def attempt_row(request: ChatRequest, attempt: Attempt, number: int | None = Non
     return (
         request.job, request.item_id, attempt.started, attempt.number if number is None else number, attempt.model,
         attempt.endpoint, attempt.key_alias, attempt.status, attempt.kind.value if attempt.kind is not None else None,
-        attempt.hint, attempt.wait, attempt.latency, attempt.decision, mask_secrets(attempt.reason),
+        attempt.hint, attempt.wait, attempt.latency, attempt.decision, _reason(attempt.reason),
     )
 
 
@@ -143,8 +174,16 @@ class AuditLog:
              key_alias: str | None, status: int | None, kind: str | None, hint: float | None, wait: float,
              reason: str) -> None:
         """A row for the runner's own decision: the item was parked and comes back after ``wait``."""
+        self.decision(PARK, job=job, item=item, attempt=attempt, model=model, endpoint=endpoint, key_alias=key_alias,
+                      status=status, kind=kind, hint=hint, wait=wait, reason=reason)
+
+    def decision(self, decision: str, *, job: str, item: str, attempt: int, reason: str, model: str | None = None,
+                 endpoint: str | None = None, key_alias: str | None = None, status: int | None = None,
+                 kind: str | None = None, hint: float | None = None, wait: float | None = None) -> None:
+        """A row for one of the runner's own decisions (:data:`RUNNER_DECISIONS`)."""
+        assert decision in RUNNER_DECISIONS, decision
         self.add((job, item, self.clock.wall(), attempt, model, endpoint, key_alias, status, kind, hint, wait, None,
-                  "park", mask_secrets(reason)))
+                  decision, _reason(reason)))
 
     @property
     def pending(self) -> int:
@@ -207,6 +246,12 @@ class AuditLog:
 
 def write_rows(conn: sqlite3.Connection, rows: Iterable[Row]) -> None:
     conn.executemany(INSERT, rows)
+
+
+def decision_row(decision: str, *, job: str, item: str, at: float, attempt: int, reason: str) -> Row:
+    """A runner decision written outside a buffer (in the transaction that makes it true)."""
+    assert decision in RUNNER_DECISIONS, decision
+    return (job, item, at, attempt, None, None, None, None, None, None, None, None, decision, _reason(reason))
 
 
 def read_attempts(conn: sqlite3.Connection, job: str, item: str | None = None) -> list[AuditRow]:

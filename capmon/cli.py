@@ -23,6 +23,14 @@ def _add_config(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", metavar="PATH", help="config file (default: $CAPMON_CONFIG, ./config.toml, the user config, the bundled demo)")
 
 
+def _add_job_checks(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--accept-changed-input", action="store_true",
+                   help="the input changed since the job was created: take it (new lines added, removed ones marked "
+                        "removed, changed ones sent again)")
+    p.add_argument("--remap", action="append", metavar="OLD=NEW",
+                   help="send items that name model OLD (gone from the config) to NEW; repeatable, remembered by the job")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="capmon",
@@ -63,6 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--window", metavar="HH:MM-HH:MM", help="send only inside this daily window (local time)")
     run.add_argument("--db", metavar="PATH", help="job database (default: $CAPMON_DB or the user data dir)")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _add_job_checks(run)
     resume = bsub.add_parser("resume", help="go on with a stopped job")
     _add_config(resume)
     resume.add_argument("job", metavar="JOB")
@@ -72,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     resume.add_argument("--window", metavar="HH:MM-HH:MM")
     resume.add_argument("--db", metavar="PATH")
     resume.add_argument("--no-progress", action="store_true")
+    _add_job_checks(resume)
     export = bsub.add_parser("export", help="write a job's results in input order")
     export.add_argument("job", metavar="JOB")
     export.add_argument("--out", metavar="OUT.jsonl", required=True)
@@ -123,6 +133,12 @@ def _run_report(args: argparse.Namespace) -> int:
 
 
 def _run_dashboard(args: argparse.Namespace) -> int:
+    if not sys.stdout.isatty() and getattr(args, "attach", None):
+        # Not a terminal: the attached job's status, as `capmon batch show` prints it.
+        from capmon.batch.commands import show_job
+        from capmon.batch.store import default_db_path
+
+        return show_job(default_db_path(), args.attach)
     if not sys.stdout.isatty():
         # Not a terminal (a pipe, a file, CI): print the snapshot instead of drawing.
         from capmon.status import run_status

@@ -4,6 +4,10 @@ Items served per model, 429 / 503 counts by status, fallbacks, mean and p99 late
 which items each model served (truncated), and with ``--item ID`` every attempt of
 one item and why it fell back. ``--json`` and ``--csv`` for machines; ``--advice``
 says what to change (see :mod:`capmon.advice`).
+
+Ids come from the user's file and messages from a provider: in text output anything
+that would not print as itself (a newline, a terminal escape) is shown as ``repr``
+shows it (:func:`shown`); JSON and CSV keep the data as it is.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import csv
 import datetime as dt
 import json
 import math
+import sqlite3
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -26,6 +31,15 @@ from capmon.core.exceptions import BatchError
 
 ITEMS_SHOWN_TEXT = 10
 ITEMS_SHOWN_DATA = 100
+# Decisions that are the runner's, not attempts of the client: left out of attempt counts.
+_NOT_ATTEMPTS = "(" + ", ".join(repr(d) for d in audit.RUNNER_DECISIONS) + ")"
+
+
+def shown(text: object) -> str:
+    """``text`` for a terminal: as it is when every character prints, else quoted and
+    escaped as ``repr`` shows it, so it can neither break a table nor send escapes."""
+    s = "" if text is None else str(text)
+    return s if s.isprintable() else repr(s)
 
 
 @dataclass(frozen=True)
@@ -88,6 +102,7 @@ class JobReport:
     failed_samples: tuple[tuple[int, str, str, str], ...]
     keys: tuple[KeyRow, ...]
     tokens: TokenFigures
+    removed: int  # items whose line left the input (--accept-changed-input)
     active_seconds: int  # seconds in which at least one attempt started (gaps between runs left out)
     first_attempt: float | None
     last_attempt: float | None
@@ -134,9 +149,11 @@ def build_report(store: JobStore, job: str, items_shown: int = ITEMS_SHOWN_DATA)
     for model, status, kind, decision, key_alias, endpoint, n in conn.execute(
             "SELECT model, status, kind, decision, key_alias, endpoint, count(*) FROM attempts WHERE job = ? "
             "GROUP BY 1, 2, 3, 4, 5, 6", (job,)):
-        if decision == "park":
+        if decision == audit.PARK:
             parks += n
             parks_by_kind[kind or "?"] += n
+            continue
+        if decision in audit.RUNNER_DECISIONS:
             continue
         total_attempts += n
         m = per_model.setdefault(model or "?", {"attempts": 0, "ok": 0, "by_status": collections.Counter(),
@@ -166,20 +183,20 @@ def build_report(store: JobStore, job: str, items_shown: int = ITEMS_SHOWN_DATA)
     # Fallback pairs: consecutive attempts of one item on different models.
     pairs: collections.Counter[tuple[str, str]] = collections.Counter()
     last_item, last_model = None, None
-    for item, model in conn.execute("SELECT item, model FROM attempts WHERE job = ? AND decision != 'park' "
-                                    "ORDER BY item, rowid", (job,)):
+    for item, model in conn.execute(f"SELECT item, model FROM attempts WHERE job = ? AND decision NOT IN "
+                                    f"{_NOT_ATTEMPTS} ORDER BY item, rowid", (job,)):
         if item == last_item and model != last_model and last_model is not None and model is not None:
             pairs[(last_model, model)] += 1
         last_item, last_model = item, model
 
     first, last, active = conn.execute(
-        "SELECT min(at), max(at), count(DISTINCT CAST(at AS INTEGER)) FROM attempts WHERE job = ? AND decision != 'park'",
-        (job,)).fetchone()
+        "SELECT min(at), max(at), count(DISTINCT CAST(at AS INTEGER)) FROM attempts WHERE job = ? "
+        f"AND decision NOT IN {_NOT_ATTEMPTS}", (job,)).fetchone()
 
     # Items.
     served: dict[str, int] = {}
     items_of: dict[str, list[str]] = collections.defaultdict(list)
-    counts = {"done": 0, "failed": 0, "parked": 0, "pending": 0, "in_flight": 0}
+    counts = {"done": 0, "failed": 0, "parked": 0, "pending": 0, "in_flight": 0, "removed": 0}
     failures: dict[str, int] = {}
     samples: list[tuple[int, str, str, str]] = []
     fell_back = 0
@@ -241,7 +258,8 @@ def build_report(store: JobStore, job: str, items_shown: int = ITEMS_SHOWN_DATA)
         fallback_pairs=tuple((a, b, n) for (a, b), n in pairs.most_common()), parks=parks,
         parks_by_kind=dict(parks_by_kind), failures=failures, failed_samples=tuple(samples),
         keys=tuple(KeyRow(alias, ep, v[0], v[1], v[2]) for (alias, ep), v in sorted(keys.items())),
-        tokens=tokens, active_seconds=int(active or 0), first_attempt=first, last_attempt=last,
+        tokens=tokens, removed=counts["removed"], active_seconds=int(active or 0), first_attempt=first,
+        last_attempt=last,
     )
 
 
@@ -259,6 +277,7 @@ class ItemReport:
     error: str | None
     attempts: tuple[audit.AuditRow, ...]
     why: tuple[str, ...]
+    replaced: tuple[dict[str, Any], ...] = ()  # earlier results of a line that changed, oldest first
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -274,22 +293,26 @@ def explain(attempts: Sequence[audit.AuditRow]) -> tuple[str, ...]:
     """One sentence per attempt that was not the answer: what happened and what came next."""
     out = []
     for i, a in enumerate(attempts):
-        what = f"attempt {a.attempt} on {a.model}: {a.status or 'no response'} {a.kind or ''}".rstrip()
-        reason = f" ({a.reason})" if a.reason else ""
-        nxt = next((b for b in attempts[i + 1:] if b.decision != "park"), None)
+        what = f"attempt {a.attempt} on {shown(a.model)}: {a.status or 'no response'} {shown(a.kind or '')}".rstrip()
+        reason = f" ({shown(a.reason)})" if a.reason else ""
+        nxt = next((b for b in attempts[i + 1:] if b.decision not in audit.RUNNER_DECISIONS), None)
         if a.decision == "fallback":
-            to = nxt.model if nxt else "another model"
+            to = shown(nxt.model) if nxt else "another model"
             out.append(f"{what}{reason}: fell back to {to}"
                        + (", which had room" if a.kind == "capacity" else "") + ".")
         elif a.decision == "retry":
             out.append(f"{what}{reason}: retried {'the same model ' if nxt and nxt.model == a.model else ''}"
                        f"after {a.wait or 0:.1f}s" + (f" (server hint {a.hint:.1f}s)" if a.hint else "") + ".")
-        elif a.decision == "park":
-            out.append(f"parked by the runner for {a.wait or 0:.0f}s after {a.kind}: no model could take it then.")
+        elif a.decision == audit.PARK:
+            out.append(f"parked by the runner for {a.wait or 0:.0f}s after {shown(a.kind)}: no model could take it then.")
         elif a.decision == "fail":
             out.append(f"{what}{reason}: failed, retrying cannot help.")
         elif a.decision == "ok":
-            out.append(f"answered by {a.model} in {_fmt_s(a.latency)}.")
+            out.append(f"answered by {shown(a.model)} in {_fmt_s(a.latency)}.")
+        elif a.decision == audit.REFUSE:
+            out.append(f"refused by the runner: {shown(a.reason)}.")
+        elif a.decision in (audit.SUPERSEDED, audit.REMOVED):
+            out.append(f"{shown(a.reason)}.")
     return tuple(out)
 
 
@@ -307,8 +330,17 @@ def build_item_report(store: JobStore, job: str, item_id: str) -> ItemReport:
     return ItemReport(
         job=job, item=item_id, line=row.get("line") if row else None, state=row.get("state", "?") if row else "?",
         model=row.get("model") if row else None, fell_back=bool(row.get("fell_back")) if row else False, error=error,
-        attempts=attempts, why=explain(attempts),
+        attempts=attempts, why=explain(attempts), replaced=_replaced(store, job, item_id),
     )
+
+
+def _replaced(store: JobStore, job: str, item_id: str) -> tuple[dict[str, Any], ...]:
+    try:
+        cur = store.conn.execute("SELECT line, at, why, state, model, content, error_kind, error_message FROM "
+                                 "replaced_results WHERE job = ? AND item = ? ORDER BY rowid", (job, item_id))
+    except sqlite3.OperationalError:  # a database from before the table existed
+        return ()
+    return tuple(dict(zip([d[0] for d in cur.description], r)) for r in cur)
 
 
 # ---------------------------------------------------------------- text
@@ -326,7 +358,8 @@ def _table(rows: list[tuple[str, ...]]) -> list[str]:
 def format_report(r: JobReport, items_shown: int = ITEMS_SHOWN_TEXT) -> str:
     s = r.settings
     lines = [
-        f"job {r.job}: {r.total} items, {r.done} done, {r.failed} failed, {r.parked} parked, {r.pending} pending ({r.state})",
+        f"job {shown(r.job)}: {r.total} items, {r.done} done, {r.failed} failed, {r.parked} parked, {r.pending} pending"
+        + (f", {r.removed} removed from the input" if r.removed else "") + f" ({r.state})",
         f"settings: concurrency {s.get('concurrency', '-')}, rate {s.get('rate') or '-'}/s, window {s.get('window') or '-'}; "
         f"{r.attempts} attempts from {_when(r.first_attempt)} to {_when(r.last_attempt)}",
         "",
@@ -334,7 +367,7 @@ def format_report(r: JobReport, items_shown: int = ITEMS_SHOWN_TEXT) -> str:
     rows = [("model", "served", "share", "attempts", "429", "503", "other errors", "fell back from", "mean", "p99")]
     for m in r.models:
         other = sum(m.by_kind.values()) - m.status_429 - m.status_503
-        rows.append((m.model, str(m.served), f"{m.served / r.done:.0%}" if r.done else "-", str(m.attempts),
+        rows.append((shown(m.model), str(m.served), f"{m.served / r.done:.0%}" if r.done else "-", str(m.attempts),
                      str(m.status_429), str(m.status_503), str(max(0, other)), str(m.fallbacks_from),
                      _fmt_s(m.mean_latency), _fmt_s(m.p99_latency)))
     lines += _table(rows) if r.models else ["no attempts recorded"]
@@ -342,54 +375,61 @@ def format_report(r: JobReport, items_shown: int = ITEMS_SHOWN_TEXT) -> str:
     statuses = ", ".join(f"{k} x{n}" for k, n in r.by_status.items()) or "none"
     lines.append(f"errors by status: {statuses}")
     if r.by_kind:
-        lines.append("errors by kind: " + ", ".join(f"{k} {n}" for k, n in r.by_kind.items()))
-    pairs = ", ".join(f"{a} -> {b} {n}" for a, b, n in r.fallback_pairs)
+        lines.append("errors by kind: " + ", ".join(f"{shown(k)} {n}" for k, n in r.by_kind.items()))
+    pairs = ", ".join(f"{shown(a)} -> {shown(b)} {n}" for a, b, n in r.fallback_pairs)
     lines.append(f"fallbacks: {r.fell_back_items} items served by another model than they first tried"
                  + (f" ({pairs})" if pairs else ""))
     if r.parks:
-        lines.append(f"parked: {r.parks} times (" + ", ".join(f"{k} {n}" for k, n in r.parks_by_kind.items()) + ")")
+        lines.append(f"parked: {r.parks} times (" + ", ".join(f"{shown(k)} {n}" for k, n in r.parks_by_kind.items()) + ")")
     if r.failures:
-        lines.append("failed items: " + ", ".join(f"{k} {n}" for k, n in r.failures.items()))
+        lines.append("failed items: " + ", ".join(f"{shown(k)} {n}" for k, n in r.failures.items()))
         for line, item_id, kind, message in r.failed_samples[:5]:
-            lines.append(f"  line {line} ({item_id}): {kind}: {message}")
+            lines.append(f"  line {line} ({shown(item_id)}): {shown(kind)}: {shown(message)}")
     if any(m.served for m in r.models):
         lines.append("")
         lines.append("items served, by model:")
         for m in r.models:
             if not m.served:
                 continue
-            shown = list(m.items[:items_shown])
-            more = m.served - len(shown)
-            lines.append(f"  {m.model}: {', '.join(shown)}" + (f" ... and {more} more" if more > 0 else ""))
+            ids = [shown(i) for i in m.items[:items_shown]]
+            more = m.served - len(ids)
+            lines.append(f"  {shown(m.model)}: {', '.join(ids)}" + (f" ... and {more} more" if more > 0 else ""))
     if r.advice:
         lines.append("")
         lines.append("advice:")
         for i, a in enumerate(r.advice, 1):
-            lines.append(f"  {i}. {a.text}")
+            lines.append(f"  {i}. {shown(a.text)}")
     return "\n".join(lines)
 
 
 def format_item(r: ItemReport) -> str:
-    head = f"item {r.item}" + (f" (line {r.line})" if r.line else "") + f" of job {r.job}: {r.state}"
+    head = f"item {shown(r.item)}" + (f" (line {r.line})" if r.line else "") + f" of job {shown(r.job)}: {r.state}"
     if r.model:
-        head += f", served by {r.model}"
+        head += f", served by {shown(r.model)}"
     if r.fell_back:
         head += ", fell back"
     lines = [head]
     if r.error:
-        lines.append(f"error: {r.error}")
+        lines.append(f"error: {shown(r.error)}")
     rows = [("#", "time", "model", "endpoint", "key", "status", "kind", "hint", "wait", "latency", "decision", "reason")]
     for a in r.attempts:
-        rows.append((str(a.attempt), dt.datetime.fromtimestamp(a.at).strftime("%H:%M:%S.%f")[:-3], a.model or "-",
-                     a.endpoint or "-", a.key_alias or "-", str(a.status or "-"), a.kind or "-",
+        rows.append((str(a.attempt), dt.datetime.fromtimestamp(a.at).strftime("%H:%M:%S.%f")[:-3], shown(a.model or "-"),
+                     shown(a.endpoint or "-"), shown(a.key_alias or "-"), str(a.status or "-"), shown(a.kind or "-"),
                      "-" if a.hint is None else f"{a.hint:.1f}s", "-" if not a.wait else f"{a.wait:.1f}s",
-                     _fmt_s(a.latency), a.decision, (a.reason or "")[:80]))
+                     _fmt_s(a.latency), shown(a.decision), shown((a.reason or "")[:80])))
     lines.append("")
     lines += _table(rows) if r.attempts else ["no attempts recorded (nothing was sent for it)"]
     if r.why:
         lines.append("")
         lines.append("why:")
         lines += [f"  {w}" for w in r.why]
+    if r.replaced:
+        lines.append("")
+        lines.append("earlier results (replaced when the line changed):")
+        for old in r.replaced:
+            what = (f"done by {shown(old['model'])}: {shown((old['content'] or '')[:60])}" if old["state"] == "done"
+                    else f"{old['state']}: {shown(old['error_kind'])}: {shown(old['error_message'])}")
+            lines.append(f"  line {old['line']}, replaced {_when(old['at'])} ({shown(old['why'])}): {what}")
     return "\n".join(lines)
 
 

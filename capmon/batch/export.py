@@ -4,7 +4,13 @@ Each finished item is one record: ``id``, the ``model`` that served it, ``conten
 the item's ``metadata``, ``attempts`` (over its whole life, parks included) and
 ``fell_back``; a failed item has ``model`` and ``content`` null and
 ``error: {kind, message, line}``. Items not finished yet (pending, parked) are left
-out and counted, so a partial export is never mistaken for a whole one.
+out and counted, so a partial export is never mistaken for a whole one. An item whose
+line left the input (``--accept-changed-input``) stays where its line was, with
+``"removed": true`` and whatever result it had.
+
+No record carries more than ``client.max_response_bytes`` of content (the runner
+never stores more; a result left by an older capmon over the cap is written as an
+``oversized`` failure without its content).
 
 The file is written next to its destination and renamed into place, so a reader
 never sees half an export, and an export that fails leaves the old file alone.
@@ -12,6 +18,7 @@ never sees half an export, and an export that fails leaves the old file alone.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -21,7 +28,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from capmon.batch import store as st
-from capmon.batch.store import JobStore, ResultRecord
+from capmon.batch.store import DEFAULT_MAX_RESPONSE_BYTES, OVERSIZED, JobStore, ResultRecord
 from capmon.core.exceptions import BatchError
 
 STDOUT = "-"
@@ -34,6 +41,7 @@ class ExportSummary:
     done: int
     failed: int
     unfinished: int
+    removed: int = 0
 
 
 def check_writable(out: Path | str) -> None:
@@ -55,30 +63,58 @@ def check_writable(out: Path | str) -> None:
         raise BatchError(f"--out {path}: the file is not writable")
 
 
-def record(r: ResultRecord) -> dict[str, Any]:
+def _oversized(r: ResultRecord, max_bytes: int) -> ResultRecord:
+    """A result over the cap (stored by a capmon before it had one), as the runner stores it now."""
+    if r.content is None or len(r.content) * 4 <= max_bytes:
+        return r
+    size = len(r.content.encode("utf-8", "replace"))
+    if size <= max_bytes:
+        return r
+    return dataclasses.replace(r, state=st.FAILED if r.state == st.DONE else r.state, content=None,
+                               error_kind=OVERSIZED, error_message=f"the answer from {r.model} is {size:,} bytes, over "
+                               f"client.max_response_bytes ({max_bytes:,}): not exported")
+
+
+def record(r: ResultRecord, removed: bool = False) -> dict[str, Any]:
     metadata = json.loads(r.metadata_json) if r.metadata_json is not None else None
-    out: dict[str, Any] = {"id": r.id, "model": r.model if r.state == st.DONE else None,
-                           "content": r.content if r.state == st.DONE else None, "metadata": metadata,
+    shown = r.state == st.DONE or (removed and r.content is not None)
+    out: dict[str, Any] = {"id": r.id, "model": r.model if shown else None,
+                           "content": r.content if shown else None, "metadata": metadata,
                            "attempts": r.attempts, "fell_back": r.fell_back}
-    if r.state == st.FAILED:
+    if r.state == st.FAILED or (removed and r.error_kind is not None and not shown):
         out["error"] = {"kind": r.error_kind, "message": r.error_message, "line": r.line}
+    if removed:
+        out["removed"] = True
     return out
 
 
-def write_records(store: JobStore, job_id: int, f: TextIO) -> tuple[int, int, int]:
-    done = failed = unfinished = 0
+def write_records(store: JobStore, job_id: int, f: TextIO,
+                  max_bytes: int = DEFAULT_MAX_RESPONSE_BYTES) -> tuple[int, int, int, int]:
+    """(done, failed, unfinished, removed)."""
+    done = failed = unfinished = removed = 0
     dumps = json.dumps
     for r in store.results(job_id):
+        r = _oversized(r, max_bytes)
         if r.state == st.DONE:
             done += 1
         elif r.state == st.FAILED:
             failed += 1
+        elif r.state == st.REMOVED:
+            removed += 1
+            f.write(dumps(record(r, removed=True), ensure_ascii=False))
+            f.write("\n")
+            continue
         else:
             unfinished += 1
             continue
         f.write(dumps(record(r), ensure_ascii=False))
         f.write("\n")
-    return done, failed, unfinished
+    return done, failed, unfinished, removed
+
+
+def _max_bytes(settings: dict[str, Any]) -> int:
+    value = settings.get("max_response_bytes")
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else DEFAULT_MAX_RESPONSE_BYTES
 
 
 def export_job(db_path: Path, job: str, out: Path | str) -> ExportSummary:
@@ -86,15 +122,16 @@ def export_job(db_path: Path, job: str, out: Path | str) -> ExportSummary:
     store = JobStore(db_path, readonly=True)
     try:
         info = store.require(job)
+        max_bytes = _max_bytes(info.settings)
         if str(out) == STDOUT:
-            done, failed, unfinished = write_records(store, info.id, sys.stdout)
+            done, failed, unfinished, removed = write_records(store, info.id, sys.stdout, max_bytes)
             sys.stdout.flush()
-            return ExportSummary(STDOUT, done + failed, done, failed, unfinished)
+            return ExportSummary(STDOUT, done + failed + removed, done, failed, unfinished, removed)
         path = Path(out)
         fd, tmp = tempfile.mkstemp(dir=path.parent if str(path.parent) else ".", prefix=f".{path.name}.", suffix=".tmp")
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as f:
-                done, failed, unfinished = write_records(store, info.id, f)
+                done, failed, unfinished, removed = write_records(store, info.id, f, max_bytes)
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path)
@@ -108,4 +145,4 @@ def export_job(db_path: Path, job: str, out: Path | str) -> ExportSummary:
         raise BatchError(f"--out {out}: cannot write: {e.strerror or e}") from None
     finally:
         store.close()
-    return ExportSummary(str(path), done + failed, done, failed, unfinished)
+    return ExportSummary(str(path), done + failed + removed, done, failed, unfinished, removed)

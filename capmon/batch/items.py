@@ -7,15 +7,20 @@ fails that one item (with its line number) while the rest run.
 
 Files are read as bytes and streamed line by line, so memory stays flat however long
 the file is; the byte offset of every line is kept so an interrupted ingest can go on
-from where it stopped.
+from where it stopped, and every line's hash is kept so a file that changed since its
+job was created is caught at the first line that differs.
+
+A whole file that is not UTF-8 text (UTF-16, compressed, binary) is one error for the
+file (:func:`sniff`), not one per line. A UTF-8 byte-order mark is accepted.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Collection, Iterator, Union
+from typing import Any, Collection, Iterator, Protocol, Union
 
 # A kind of failure of our own, beside the client's (capacity, bad_request, ...):
 # the line itself was unusable, so nothing was ever sent for it.
@@ -65,6 +70,8 @@ def _type_name(value: Any) -> str:
 
 def _short(value: Any) -> str:
     text = json.dumps(value, ensure_ascii=False) if not isinstance(value, str) else repr(value)
+    if _lone_surrogate(text) is not None:
+        text = json.dumps(value)  # escaped: a message must be storable text
     return text if len(text) <= 40 else text[:37] + "..."
 
 
@@ -140,35 +147,113 @@ def parse_line(line: int, raw: bytes | str, models: Collection[str] | None = Non
     if temperature is not None and (isinstance(temperature, bool) or not isinstance(temperature, (int, float))):
         return bad(f"temperature: expected a number, got {_short(temperature)}")
     metadata = obj.get("metadata")
+    messages_json = json.dumps(obj["messages"], ensure_ascii=False, separators=(",", ":"))
+    metadata_json = None if metadata is None else json.dumps(metadata, ensure_ascii=False, separators=(",", ":"))
+    for name, text in (("id", item_id), ("messages", messages_json), ("metadata", metadata_json)):
+        bad_char = _lone_surrogate(text)
+        if bad_char is not None:
+            return LineError(line, line_id(line) if name == "id" else item_id,
+                             f"{name}: holds the escape {bad_char}, half of a UTF-16 pair and no character; "
+                             f"expected valid Unicode text")
     return Item(
         line=line,
         id=item_id,
-        messages_json=json.dumps(obj["messages"], ensure_ascii=False, separators=(",", ":")),
+        messages_json=messages_json,
         model=model,
         max_tokens=max_tokens,
         temperature=float(temperature) if temperature is not None else None,
-        metadata_json=None if metadata is None else json.dumps(metadata, ensure_ascii=False, separators=(",", ":")),
+        metadata_json=metadata_json,
     )
+
+
+def _lone_surrogate(text: str | None) -> str | None:
+    """A JSON escape such as "\\ud800" decodes to half a UTF-16 pair, which cannot be stored or sent."""
+    if text is None or text.isascii():
+        return None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return f"\\u{ord(text[e.start]):04x}"
+    return None
+
+
+UTF8_BOM = b"\xef\xbb\xbf"
+_SNIFF_BYTES = 1 << 16
+
+# Magic numbers of what people mistake for a JSONL file: (prefix, what it is, what to do).
+_MAGIC = (
+    (b"\xff\xfe\x00\x00", "UTF-32 text (a UTF-32 byte-order mark)", "convert it: iconv -f UTF-32 -t UTF-8"),
+    (b"\x00\x00\xfe\xff", "UTF-32 text (a UTF-32 byte-order mark)", "convert it: iconv -f UTF-32 -t UTF-8"),
+    (b"\xff\xfe", "UTF-16 text (it starts with a UTF-16 byte-order mark)", "convert it: iconv -f UTF-16 -t UTF-8"),
+    (b"\xfe\xff", "UTF-16 text (it starts with a UTF-16 byte-order mark)", "convert it: iconv -f UTF-16 -t UTF-8"),
+    (b"\x1f\x8b", "gzip-compressed", "decompress it first: gunzip"),
+    (b"BZh", "bzip2-compressed", "decompress it first: bunzip2"),
+    (b"\xfd7zXZ\x00", "xz-compressed", "decompress it first: unxz"),
+    (b"\x28\xb5\x2f\xfd", "zstd-compressed", "decompress it first: unzstd"),
+    (b"PK\x03\x04", "a zip archive", "unzip it first"),
+    (b"SQLite format 3\x00", "an SQLite database", "pass the JSONL file"),
+)
+
+
+def sniff(head: bytes) -> str | None:
+    """What is wrong with a file whose first bytes are ``head``, when it cannot be UTF-8
+    JSONL at all; None when it may be (single lines may still be bad)."""
+    for magic, what, todo in _MAGIC:
+        if head.startswith(magic):
+            return f"is {what}; expected UTF-8 JSONL, one JSON object per line ({todo})"
+    nul = head.find(b"\x00")
+    if nul < 0:
+        return None
+    # UTF-16 without a byte-order mark: ASCII text has a NUL in every other byte.
+    pairs = len(head) // 2
+    if pairs:
+        even, odd = head[0:pairs * 2:2].count(0), head[1:pairs * 2:2].count(0)
+        if max(even, odd) >= 0.9 * pairs and min(even, odd) <= 0.1 * pairs:
+            order = "LE" if odd > even else "BE"
+            return (f"is UTF-16{order} text (every other byte is NUL); expected UTF-8 JSONL, one JSON object per line "
+                    f"(convert it: iconv -f UTF-16{order} -t UTF-8)")
+    return f"is not a text file (a NUL byte at offset {nul}); expected UTF-8 JSONL, one JSON object per line"
+
+
+def sniff_file(path: Path) -> str | None:
+    with open(path, "rb") as f:
+        return sniff(f.read(_SNIFF_BYTES))
+
+
+def line_hash(data: bytes) -> str:
+    """A line's fingerprint. The line ending is left out: it is not part of the item."""
+    return hashlib.blake2b(data.rstrip(b"\r\n"), digest_size=16).hexdigest()
+
+
+class Hasher(Protocol):
+    def update(self, data: bytes, /) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
 class RawLine:
     line: int  # 1-based
     end: int  # byte offset just after this line: where reading goes on from
-    data: bytes
+    data: bytes  # the line as read (a UTF-8 byte-order mark on line 1 left out)
+    hash: str  # line_hash of the line exactly as it is in the file
 
 
-def read_lines(path: Path, offset: int = 0, first_line: int = 1) -> Iterator[RawLine]:
+def read_lines(path: Path, offset: int = 0, first_line: int = 1, hasher: Hasher | None = None) -> Iterator[RawLine]:
     """Stream the non-blank lines of ``path`` from byte ``offset`` (which starts line
     ``first_line``). Blank lines are not items, but they keep their line numbers, so
-    the numbers in messages match what an editor shows."""
+    the numbers in messages match what an editor shows. ``hasher``, when given, is fed
+    every byte read, blank lines included."""
     with open(path, "rb") as f:
         f.seek(offset)
         pos = offset
         number = first_line
         for data in f:
+            if hasher is not None:
+                hasher.update(data)
+            start = pos
             pos += len(data)
             if data.strip():
-                yield RawLine(number, pos, data)
+                text = data[len(UTF8_BOM):] if start == 0 and data.startswith(UTF8_BOM) else data
+                if text.strip():
+                    yield RawLine(number, pos, text, line_hash(data))
             number += 1
 

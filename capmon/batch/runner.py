@@ -15,6 +15,18 @@
   the same way, so they halt the job (items go back to pending) with a BatchError
   that says what to fix; ``resume`` goes on once it is fixed.
 * Cancelling ``run()`` stops cleanly: in-flight items go back to pending.
+* A failed save (a full disk, a database locked by someone else) pauses new sends at
+  once: items in flight finish and their results wait in memory while the save is
+  retried. Saving again goes on as before; still failing after ``write_give_up``
+  seconds halts the job with the cause, and ``resume`` sends again what was not saved.
+  A disk that is full is seen before the next save fails: the free space on the
+  database's disk is checked before every send, and under ``LOW_DISK_BYTES`` counts
+  as a failed save.
+* No answer larger than ``client.max_response_bytes`` is stored: such an item fails as
+  ``oversized`` and its audit trail says so.
+* The input is checked whole before anything is sent (see :mod:`capmon.batch.changes`),
+  and items naming a model the config no longer has are refused unless ``remap``
+  says where they go.
 """
 
 from __future__ import annotations
@@ -24,19 +36,24 @@ import collections
 import dataclasses
 import hashlib
 import heapq
+import itertools
 import json
 import logging
+import os
 import random
+import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
+from capmon import audit
 from capmon.audit import AuditLog
+from capmon.batch import changes
 from capmon.batch import store as st
-from capmon.batch.items import BAD_INPUT, Item, parse_line, read_lines
+from capmon.batch.items import BAD_INPUT, Item, parse_line, read_lines, sniff_file
 from capmon.batch.pacing import RateGate, Window
 from capmon.batch.progress import JobProgress
-from capmon.batch.store import JobInfo, JobStore, Outcome, StoredItem
+from capmon.batch.store import DEFAULT_MAX_RESPONSE_BYTES, OVERSIZED, JobInfo, JobStore, Outcome, StoredItem
 from capmon.core import events as ev
 from capmon.core.clock import Clock
 from capmon.core.exceptions import BatchError, CapmonError, DeadlineExceeded, RequestFailed
@@ -49,11 +66,13 @@ PARK_KINDS = frozenset({"capacity", "rate_limited", "transient"})
 # Kinds that say "not with this key": the job halts until a person fixes it.
 HALT_KINDS = frozenset({"auth", "quota"})
 INTERNAL = "internal"  # the client raised something it should not have: a bug, kept visible
+MAX_ERROR_MESSAGE = 2000  # characters of an error message stored with an item
 
 INGEST_CHUNK = 2000  # lines per ingest transaction
 RATE_SPAN = 30.0  # seconds of history behind the rate shown
 HEARTBEAT = 5.0  # seconds between job-row writes when nothing else changes
 WRITE_GIVE_UP = 30.0  # seconds of failing commits (a database locked by someone else) before halting
+LOW_DISK_BYTES = 256 * 1024  # free space on the database's disk under which nothing new is sent
 
 
 @dataclass(frozen=True)
@@ -75,12 +94,45 @@ class JobSummary:
         return self.state == "finished" and self.failed == 0
 
 
+FINGERPRINT_PREFIX = "sha256:"
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def fingerprint(path: Path) -> tuple[int, str]:
-    """(size, hash of the first 64 KiB): enough to tell a file from another without reading all of it."""
+    """(size, "sha256:" + hash of the whole file), read in blocks."""
+    h = hashlib.sha256()
+    size = 0
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            h.update(block)
+            size += len(block)
+    return size, FINGERPRINT_PREFIX + h.hexdigest()
+
+
+def _legacy_fingerprint(path: Path) -> tuple[int, str]:
+    """What schema-1 jobs stored: (size, hash of the first 64 KiB)."""
     with open(path, "rb") as f:
         head = f.read(1 << 16)
         size = f.seek(0, 2)
     return size, hashlib.sha256(head).hexdigest()[:32]
+
+
+def _utf8_size(text: str) -> tuple[int, str]:
+    """(bytes, text) of an answer as stored: a lone surrogate (a JSON "\\ud800") cannot
+    be stored, so it becomes U+FFFD."""
+    if text.isascii():
+        return len(text), text
+    try:
+        return len(text.encode("utf-8")), text
+    except UnicodeEncodeError:
+        text = _SURROGATE.sub("\ufffd", text)
+        return len(text.encode("utf-8")), text
+
+
+def _cap(message: str | None) -> str | None:
+    if message is None or len(message) <= MAX_ERROR_MESSAGE:
+        return message
+    return message[:MAX_ERROR_MESSAGE - 1] + "…"
 
 
 class BatchRunner:
@@ -88,7 +140,9 @@ class BatchRunner:
                  concurrency: int = 16, rate: float | None = None, window: str | None = None,
                  clock: Clock | None = None, bus: ev.EventBus | None = None,
                  flush_interval: float = 0.1, flush_rows: int = 500, progress_interval: float = 0.5,
-                 park_base: float = 5.0, park_cap: float = 300.0, rng: random.Random | None = None) -> None:
+                 park_base: float = 5.0, park_cap: float = 300.0, rng: random.Random | None = None,
+                 accept_changed_input: bool = False, remap: Mapping[str, str] | None = None,
+                 write_give_up: float = WRITE_GIVE_UP) -> None:
         if not job or not job.strip():
             raise BatchError("a job needs a name")
         if concurrency < 1:
@@ -109,6 +163,11 @@ class BatchRunner:
         self.park_base = park_base
         self.park_cap = park_cap
         self._rng = rng or random.Random()
+        self.accept_changed_input = accept_changed_input
+        self._remap_asked = dict(remap or {})
+        self._remap: dict[str, str] = {}
+        self.write_give_up = write_give_up
+        self.max_response_bytes = _max_response_bytes(client)
 
         self._store: JobStore | None = None
         self._info: JobInfo | None = None
@@ -143,6 +202,9 @@ class BatchRunner:
         self._rate_samples: collections.deque[tuple[float, int]] = collections.deque()
         self._last_beat = float("-inf")
         self._write_failing_since: float | None = None
+        self._save_error: BatchError | None = None  # the last failed save, while saving fails
+        self._saveable = asyncio.Event()
+        self._saveable.set()
         self._workers: list[asyncio.Task[None]] = []
         self.sent = 0
 
@@ -151,6 +213,11 @@ class BatchRunner:
     @property
     def paused(self) -> bool:
         return self._paused
+
+    @property
+    def save_error(self) -> BatchError | None:
+        """Why results cannot be saved right now (sending is paused meanwhile), or None."""
+        return self._save_error
 
     def pause(self) -> None:
         """Start nothing new; items in flight finish."""
@@ -171,7 +238,7 @@ class BatchRunner:
     def _state(self) -> str:
         if self._phase != "running":
             return self._phase
-        if self._paused:
+        if self._paused or self._save_error is not None:
             return "paused"
         if self.window is not None and not self.window.is_open(self.clock.wall()):
             return "waiting-window"
@@ -272,13 +339,23 @@ class BatchRunner:
             if final == "halted" and self._halt is not None:
                 self._message = str(self._halt)
             if self._info is not None:
-                self._flush(force=True)
-                p = self.progress()
-                # An ingest cut short stays "ingesting": the next run goes on reading the file.
-                state = final if self._info.ingested else "ingesting"
-                store.release(self._info.id, self._owner, state=state, message=self._message,
-                              counters=self._counters(p), heartbeat=self.clock.wall(), updated=self.clock.wall())
-                self.bus.publish(p)
+                try:
+                    self._flush(force=True)
+                    p = self.progress()
+                    # An ingest cut short stays "ingesting": the next run goes on reading the file.
+                    state = final if self._info.ingested else "ingesting"
+                    store.release(self._info.id, self._owner, state=state, message=self._message,
+                                  counters=self._counters(p), heartbeat=self.clock.wall(), updated=self.clock.wall())
+                except BatchError as e:
+                    # Still unwritable: what is not saved is sent again on resume (a lease of a
+                    # process that is gone is free). The first cause is the one to report.
+                    st.forget_owner(self._owner)
+                    self._save_error = self._save_error or e
+                    if self._halt is None:
+                        self._halt = BatchError(f"job {self.job!r} stopped: its last results cannot be saved: {e}; "
+                                                f"run `capmon batch resume {self.job}` to send them again")
+                    log.info("job %r: last save failed: %s", self.job, e)
+                self.bus.publish(self.progress())
         finally:
             store.close()
             self._store = None
@@ -296,19 +373,26 @@ class BatchRunner:
                 continue
             if self._rate_gate is not None:
                 await self._rate_gate.wait()
-                if self._halt is not None or self._paused or not self._window_open():
+                if self._halt is not None or self._paused or self._save_error is not None or not self._window_open():
                     self._put_back(item)
                     continue
+            if self._disk_full():
+                self._put_back(item)
+                continue
             await self._send(item)
 
     def _window_open(self) -> bool:
         return self.window is None or self.window.is_open(self.clock.wall())
 
     async def _gates(self) -> bool:
-        """Wait while paused or outside the window; False when the job is halting."""
+        """Wait while paused, while results cannot be saved, or outside the window; False
+        when the job is halting."""
         while self._halt is None:
             if self._paused:
                 await self._unpaused.wait()
+                continue
+            if self._save_error is not None:
+                await self._saveable.wait()
                 continue
             if not self._window_open():
                 assert self.window is not None
@@ -374,7 +458,8 @@ class BatchRunner:
     # ------------------------------------------------------------ one item
 
     def _request(self, item: StoredItem) -> ChatRequest:
-        return ChatRequest(messages=tuple(json.loads(item.messages_json)), model=item.model,
+        model = self._remap.get(item.model, item.model) if item.model else None
+        return ChatRequest(messages=tuple(json.loads(item.messages_json)), model=model,
                            max_tokens=item.max_tokens, temperature=item.temperature, item_id=item.id, job=self.job)
 
     async def _send(self, item: StoredItem) -> None:
@@ -397,12 +482,17 @@ class BatchRunner:
             kind = INTERNAL if not isinstance(e, CapmonError) else "error"
             self._record(item, Outcome(key, st.FAILED, attempts=item.attempts, parks=item.parks,
                                        first_model=item.first_model, error_kind=kind,
-                                       error_message=f"{type(e).__name__}: {e}"), (False, None, kind))
+                                       error_message=_cap(f"{type(e).__name__}: {e}")), (False, None, kind))
         else:
             self._on_done(item, result)
 
     def _on_done(self, item: StoredItem, result: ChatResult) -> None:
         first = item.first_model or (result.attempts[0].model if result.attempts else result.model)
+        attempts = item.attempts + len(result.attempts)
+        size, content = _utf8_size(result.content or "")
+        if size > self.max_response_bytes:
+            self._refuse_oversized(item, result, size, attempts, first)
+            return
         usage = result.usage if isinstance(result.usage, dict) else dict(result.usage or {})
         try:
             cap = self.client.config.model(result.model).max_tokens
@@ -410,13 +500,24 @@ class BatchRunner:
         except (AttributeError, KeyError):
             sent_max = item.max_tokens
         outcome = Outcome(
-            item.key, st.DONE, attempts=item.attempts + len(result.attempts), parks=item.parks, first_model=first,
-            model=result.model, endpoint=result.endpoint, content=result.content,
+            item.key, st.DONE, attempts=attempts, parks=item.parks, first_model=first,
+            model=result.model, endpoint=result.endpoint, content=content if result.content is not None else None,
             fell_back=result.fell_back or first != result.model, max_tokens=sent_max,
             prompt_tokens=_int(usage.get("prompt_tokens")), completion_tokens=_int(usage.get("completion_tokens")),
             latency=result.latency,
         )
         self._record(item, outcome, (True, result.model, None))
+
+    def _refuse_oversized(self, item: StoredItem, result: ChatResult, size: int, attempts: int,
+                          first: str | None) -> None:
+        reason = (f"the answer from {result.model} is {size:,} bytes, over client.max_response_bytes "
+                  f"({self.max_response_bytes:,}): not stored")
+        last = result.attempts[-1] if result.attempts else None
+        self._audit.decision(audit.REFUSE, job=self.job, item=item.id, attempt=attempts, model=result.model,
+                             endpoint=result.endpoint, key_alias=last.key_alias if last else None,
+                             status=last.status if last else None, kind=OVERSIZED, reason=reason)
+        self._record(item, Outcome(item.key, st.FAILED, attempts=attempts, parks=item.parks, first_model=first,
+                                   error_kind=OVERSIZED, error_message=reason), (False, None, OVERSIZED))
 
     def _on_failed(self, item: StoredItem, e: RequestFailed) -> None:
         kind = e.kind
@@ -431,7 +532,7 @@ class BatchRunner:
             self._stop_for(BatchError(_halt_message(self.job, kind, str(e))))
         else:
             self._record(item, Outcome(item.key, st.FAILED, attempts=attempts, parks=item.parks, first_model=first,
-                                       error_kind=kind, error_message=str(e)), (False, None, kind))
+                                       error_kind=kind, error_message=_cap(str(e))), (False, None, kind))
 
     def _stop_for(self, error: BatchError) -> None:
         """Halt the job: start nothing more, and cancel what is in flight (it would only
@@ -532,31 +633,82 @@ class BatchRunner:
             publish(ev.BatchItemDone(at=at, wall=wall, job=self.job, item_id=item_id, ok=ok, model=model, kind=kind))
 
     def _flush_quietly(self) -> None:
-        """Flush now; a failure is left to the writer, which retries (and halts the job
-        if the database stays unwritable)."""
+        """Flush now; a failure pauses sending and is left to the writer, which retries
+        (and halts the job if the database stays unwritable)."""
+        if self._save_error is not None:
+            return  # the writer is retrying already
         try:
             self._flush()
-        except BatchError:
-            pass
+        except BatchError as e:
+            self._save_failed(e)
+
+    def _save_failed(self, e: BatchError) -> None:
+        """A save failed: start nothing new until one succeeds (what is in flight finishes)."""
+        first = self._save_error is None
+        self._save_error = e
+        if not first:
+            return
+        self._saveable.clear()
+        self._write_failing_since = self.clock.now()
+        self._message = (f"cannot save results: {e}; sending paused (the items in flight finish); the job halts "
+                         f"if saving still fails in {self.write_give_up:g}s")
+        self._note(self._message, "error")
+        self._publish_progress()
+
+    def _free_bytes(self) -> int | None:
+        try:
+            v = os.statvfs(self.db_path.parent)
+        except (OSError, AttributeError):  # no statvfs (Windows), or the folder is gone: the next save says
+            return None
+        # root may write into the blocks a filesystem reserves for it, and SQLite would.
+        blocks = v.f_bfree if hasattr(os, "geteuid") and os.geteuid() == 0 else v.f_bavail
+        return int(blocks * v.f_frsize)
+
+    def _disk_full(self) -> bool:
+        """True, and sending paused as for a failed save, when the database's disk is (nearly) full."""
+        free = self._free_bytes()
+        if free is None or free >= LOW_DISK_BYTES:
+            return False
+        self._save_failed(BatchError(f"{self.db_path}: database or disk is full: {free:,} bytes free on the disk "
+                                     f"that holds it (nothing is sent below {LOW_DISK_BYTES:,})"))
+        return True
+
+    def _saved(self) -> None:
+        if self._save_error is None:
+            return
+        free = self._free_bytes()
+        if free is not None and free < LOW_DISK_BYTES:
+            return  # this save fitted, the next may not: stay paused
+        self._save_error = None
+        self._write_failing_since = None
+        self._message = ""
+        self._saveable.set()
+        self._note(f"job {self.job!r}: results are saved again; sending goes on", "info")
+        self._notify()
 
     async def _writer(self) -> None:
         while True:
-            if not (self._outcomes or self._started or self._audit.pending):
+            if not (self._outcomes or self._started or self._audit.pending or self._save_error):
                 # Idle (paused, waiting for the window or a park): wake when something is sent, or to beat.
                 await self._wait_event(self._dirty, HEARTBEAT)
             self._dirty.clear()
             await self.clock.sleep(self.flush_interval)  # let a batch of results gather
             try:
-                self._flush()
-                self._write_failing_since = None
+                self._flush(force=self._save_error is not None)
             except BatchError as e:
-                now = self.clock.now()
-                if self._write_failing_since is None:
-                    self._write_failing_since = now
-                    log.warning("cannot save results yet: %s", e)
-                elif now - self._write_failing_since > WRITE_GIVE_UP:
-                    self._stop_for(BatchError(f"job {self.job!r} stopped: results cannot be saved: {e}"))
-                    return
+                self._save_failed(e)
+            else:
+                self._saved()
+            e = self._save_error
+            if e is not None and self._write_failing_since is not None \
+                    and self.clock.now() - self._write_failing_since >= self.write_give_up:
+                lost = self._finished_uncommitted
+                self._stop_for(BatchError(
+                    f"job {self.job!r} halted: results cannot be saved: {e}; nothing new was sent after the first "
+                    f"failed save ({self.write_give_up:g}s ago), every result saved before it is kept"
+                    + (f", {lost} answers received since could not be kept and will be sent again" if lost else "")
+                    + f"; fix it, then run `capmon batch resume {self.job}`"))
+                return
 
     async def _ticker(self) -> None:
         while True:
@@ -571,22 +723,40 @@ class BatchRunner:
         store = self._store = JobStore(self.db_path)
         info = store.job(self.job)
         wall = self.clock.wall()
-        settings = {"concurrency": self.concurrency, "rate": self.rate,
-                    "window": str(self.window) if self.window else None}
+        created = info is None
         if info is None:
             if self.input_path is None:
                 raise BatchError(f"no job named {self.job!r} in {self.db_path}; start it with "
                                  f"`capmon batch run INPUT.jsonl --job {self.job}`")
-            size, fp = self._fingerprint()
+            self._check_text(self.input_path)
+            size, fp = self._fingerprint(self.input_path)
             info = store.create_job(self.job, input_path=str(self.input_path.resolve()), input_size=size,
-                                    fingerprint=fp, settings=settings, now=wall)
-        elif self.input_path is not None:
-            self._check_same_input(info)
+                                    fingerprint=fp, settings=self._settings({}), now=wall)
         store.claim(info.id, self._owner, wall)
+        try:
+            free = self._free_bytes()
+            if free is not None and free < LOW_DISK_BYTES:
+                raise BatchError(f"{self.db_path}: database or disk is full: {free:,} bytes free on the disk that holds "
+                                 f"it; nothing was sent; free space, then run `capmon batch resume {self.job}`")
+            if created:
+                pass  # fingerprinted a moment ago
+            elif not info.ingested:
+                info = self._check_unfinished_ingest(store, info)
+            else:
+                info = self._check_input(store, info)
+        except BaseException:
+            store.release(info.id, self._owner)  # refused: the job stays as it was
+            raise
         self._info = info
         if not info.ingested:
             self._phase = "ingesting"
             info = self._info = await self._ingest(store, info)
+        try:
+            settings = self._check_models(store, info)
+        except BaseException:
+            self._info = None
+            store.release(info.id, self._owner)
+            raise
         store.requeue_in_flight(info.id)
         store.set_job(info.id, settings=settings, state="running", message="", updated=wall)
         counts = store.counts(info.id)
@@ -598,48 +768,171 @@ class BatchRunner:
             due = now + max(0.0, (item.not_before or wall) - wall)
             heapq.heappush(self._parked, (due, item.key, item))
 
-    def _fingerprint(self) -> tuple[int, str]:
-        assert self.input_path is not None
-        try:
-            return fingerprint(self.input_path)
-        except FileNotFoundError:
-            raise BatchError(f"{self.input_path}: no such file") from None
-        except IsADirectoryError:
-            raise BatchError(f"{self.input_path}: is a folder, expected a JSONL file") from None
-        except OSError as e:
-            raise BatchError(f"{self.input_path}: cannot read: {e.strerror or e}") from None
+    def _settings(self, saved: Mapping[str, Any]) -> dict[str, Any]:
+        return {**saved, "concurrency": self.concurrency, "rate": self.rate,
+                "window": str(self.window) if self.window else None, "max_response_bytes": self.max_response_bytes,
+                "remap": self._remap}
 
-    def _check_same_input(self, info: JobInfo) -> None:
-        size, fp = self._fingerprint()
-        if (size, fp) != (info.input_size, info.input_fingerprint):
-            raise BatchError(
-                f"job {self.job!r} already exists, started from {info.input_path} ({info.total} items), and "
-                f"{self.input_path} is a different file; name a new job with --job NAME, or go on with "
-                f"`capmon batch resume {self.job}`")
+    def _note(self, message: str, level: str = "warning") -> None:
+        """A message for people: a Notice on the bus (`capmon batch` prints them, the
+        dashboard shows them), and a log record for programs that keep logs."""
+        log.info("%s", message)
+        self.bus.publish(ev.Notice(at=self.clock.now(), wall=self.clock.wall(), level=level, message=message))
+
+    # ------------------------------------------------------------ the input
+
+    def _fingerprint(self, path: Path) -> tuple[int, str]:
+        try:
+            return fingerprint(path)
+        except FileNotFoundError:
+            raise BatchError(f"{path}: no such file") from None
+        except IsADirectoryError:
+            raise BatchError(f"{path}: is a folder, expected a JSONL file") from None
+        except OSError as e:
+            raise BatchError(f"{path}: cannot read: {e.strerror or e}") from None
+
+    def _check_text(self, path: Path) -> None:
+        try:
+            problem = sniff_file(path)
+        except FileNotFoundError:
+            raise BatchError(f"{path}: no such file") from None
+        except IsADirectoryError:
+            raise BatchError(f"{path}: is a folder, expected a JSONL file") from None
+        except OSError as e:
+            raise BatchError(f"{path}: cannot read: {e.strerror or e}") from None
+        if problem:
+            raise BatchError(f"{path}: {problem}")
+
+    def _input_of(self, info: JobInfo) -> Path:
+        """The file to check the job against: the one given (run), else the job's own (resume)."""
+        return self.input_path.resolve() if self.input_path is not None else Path(info.input_path or "")
+
+    def _input_changed(self, info: JobInfo, path: Path, difference: changes.Difference) -> BatchError:
+        take = ("add --accept-changed-input (new lines are added, removed ones marked removed, changed ones sent "
+                "again)")
+        if str(path) == info.input_path:
+            return BatchError(f"{path} changed since job {self.job!r} was created: {difference}; nothing was sent. "
+                              f"To take the file as it is now, {take}; or put the old file back, or start a new job "
+                              f"with --job NAME")
+        return BatchError(f"job {self.job!r} already exists, started from {info.input_path} ({info.total} items), and "
+                          f"{path} is a different file ({difference}); nothing was sent. Name a new job with --job NAME, "
+                          f"or go on with `capmon batch resume {self.job}`, or to make it the job's input, {take}")
+
+    def _check_unfinished_ingest(self, store: JobStore, info: JobInfo) -> JobInfo:
+        """An ingest cut short goes on only against the very file it started reading."""
+        path = self._input_of(info)
+        self._check_text(path)
+        size, fp = self._fingerprint(path)
+        stored_fp = info.input_fingerprint or ""
+        legacy = not stored_fp.startswith(FINGERPRINT_PREFIX)
+        same = (_legacy_fingerprint(path) == (info.input_size, stored_fp)) if legacy else (size, fp) == (
+            info.input_size, stored_fp)
+        if same:
+            if legacy:  # read by an older capmon: hashes from now on
+                store.backfill_line_hashes(info.id, ((raw.line, raw.hash) for raw in itertools.takewhile(
+                    lambda r: r.line <= info.ingest_line, read_lines(path))))
+            if legacy or str(path) != info.input_path:
+                store.set_input(info.id, input_path=str(path), input_size=size, fingerprint=fp)
+                return store.require(self.job)
+            return info
+        if not self.accept_changed_input:
+            if legacy:
+                difference = changes.Difference(None, "it was being read by an older capmon, which kept no line hashes")
+            else:
+                difference = changes.first_difference(store, info, path, upto=info.ingest_line)
+            raise self._input_changed(info, path, difference)
+        # Nothing was sent before the whole file was read: read the new one from the start.
+        store.restart_ingest(info.id, input_path=str(path), input_size=size, fingerprint=fp, now=self.clock.wall())
+        self._note(f"{path}: changed while job {self.job!r} was being read; reading it again from the start, as asked")
+        return store.require(self.job)
+
+    def _check_input(self, store: JobStore, info: JobInfo) -> JobInfo:
+        """A job read whole: its input must be the file it read, unless asked to take the new one."""
+        path = self._input_of(info)
+        if self.input_path is None and not path.is_file():
+            self._note(f"{path}: job {self.job!r}'s input is no longer there; going on with the {info.total} items "
+                       f"stored from it")
+            return info
+        size, fp = self._fingerprint(path)
+        stored_fp = info.input_fingerprint or ""
+        if not stored_fp.startswith(FINGERPRINT_PREFIX):
+            return self._check_legacy_input(store, info, path, size, fp)
+        if (size, fp) == (info.input_size, stored_fp):
+            if str(path) != info.input_path:  # the same bytes under another name
+                store.set_input(info.id, input_path=str(path), input_size=size, fingerprint=fp)
+                return store.require(self.job)
+            return info
+        difference = changes.first_difference(store, info, path)
+        if not self.accept_changed_input:
+            raise self._input_changed(info, path, difference)
+        self._check_text(path)
+        models = self.client.model_names() if hasattr(self.client, "model_names") else None
+        done = changes.reconcile(store, info, path, size=size, fingerprint=fp, models=models, now=self.clock.wall())
+        self._note(f"{path}: changed since job {self.job!r} was created ({difference}); taken as asked: {done}")
+        return store.require(self.job)
+
+    def _check_legacy_input(self, store: JobStore, info: JobInfo, path: Path, size: int, fp: str) -> JobInfo:
+        """A job made by a capmon that kept only a hash of the first 64 KiB and no line hashes."""
+        if _legacy_fingerprint(path) != (info.input_size, info.input_fingerprint):
+            raise BatchError(f"job {self.job!r} was started from {info.input_path} by an older capmon, and {path} "
+                             f"differs from it; which lines changed cannot be told for such a job, so nothing was "
+                             f"sent: put the old file back, or start a new job with --job NAME")
+        # The best that can be known: take the file as the job's, with its line hashes, from now on.
+        store.backfill_line_hashes(info.id, ((raw.line, raw.hash) for raw in read_lines(path)))
+        store.set_input(info.id, input_path=str(path), input_size=size, fingerprint=fp)
+        return store.require(self.job)
+
+    def _check_models(self, store: JobStore, info: JobInfo) -> dict[str, Any]:
+        """Items not finished yet that name a model the config no longer has are refused
+        (before anything is sent) unless --remap says where they go. Returns the settings
+        to store (the remap is remembered)."""
+        saved = dict(info.settings)
+        remembered = {str(k): str(v) for k, v in (saved.get("remap") or {}).items()}
+        self._remap = {**remembered, **self._remap_asked}
+        names = self.client.model_names() if hasattr(self.client, "model_names") else None
+        if names is None:
+            return self._settings(saved)
+        listed = ", ".join(names)
+        for old, new in self._remap.items():
+            if new not in names:
+                how = "--remap" if old in self._remap_asked else "--remap (remembered from an earlier run)"
+                raise BatchError(f"{how} {old}={new}: no model named {new!r} in the config (models: {listed})")
+        missing = [(m, n, line) for m, n, line in store.unfinished_models(info.id)
+                   if m not in names and m not in self._remap]
+        if missing:
+            what = "; ".join(f"{n} name {m!r} (first on line {line})" for m, n, line in missing)
+            flags = " ".join(f"--remap {m}=MODEL" for m, _, _ in missing)
+            raise BatchError(f"job {self.job!r}: items not sent yet name models the config no longer has: {what}; "
+                             f"the config has {listed}; nothing was sent. Say where they go with {flags}, "
+                             f"or put the model back in the config")
+        return self._settings(saved)
 
     async def _ingest(self, store: JobStore, info: JobInfo) -> JobInfo:
         """Store the input's items, a chunk per transaction; an ingest cut short goes on
-        from the last chunk stored. Nothing is sent before the whole file is checked."""
+        from the last chunk stored. Nothing is sent before the whole file is checked: the
+        bytes read are hashed as they are read, and must be the file fingerprinted when
+        the job was created."""
         path = Path(info.input_path or "")
         if self.input_path is None or self.input_path.resolve() != path:
             self.input_path = path
-        size, fp = self._fingerprint()
-        if (size, fp) != (info.input_size, info.input_fingerprint):
-            self._info = None
-            store.delete_job(info.id)
-            raise BatchError(f"{path} changed while job {self.job!r} was being read; run it again to start over")
         models = self.client.model_names() if hasattr(self.client, "model_names") else None
         rows: list[tuple[Any, ...]] = []
         offset, line = info.ingest_offset, info.ingest_line
+        hasher = hashlib.sha256()
         try:
-            for raw in read_lines(path, info.ingest_offset, info.ingest_line + 1):
+            with open(path, "rb") as f:  # what was read before this run: hashed again, not parsed
+                left = info.ingest_offset
+                while left > 0 and (block := f.read(min(left, 1 << 20))):
+                    hasher.update(block)
+                    left -= len(block)
+            for raw in read_lines(path, info.ingest_offset, info.ingest_line + 1, hasher):
                 parsed = parse_line(raw.line, raw.data, models)
                 if isinstance(parsed, Item):
                     rows.append((raw.line, parsed.id, st.PENDING, parsed.messages_json, parsed.model,
-                                 parsed.max_tokens, parsed.temperature, parsed.metadata_json, None, None))
+                                 parsed.max_tokens, parsed.temperature, parsed.metadata_json, None, None, raw.hash))
                 else:
                     rows.append((raw.line, parsed.id, st.FAILED, None, None, None, None, None, BAD_INPUT,
-                                 parsed.message))
+                                 parsed.message, raw.hash))
                 offset, line = raw.end, raw.line
                 if len(rows) >= INGEST_CHUNK:
                     store.ingest_chunk(info.id, rows, offset=offset, line=line, now=self.clock.wall())
@@ -650,6 +943,11 @@ class BatchRunner:
                 store.ingest_chunk(info.id, rows, offset=offset, line=line, now=self.clock.wall())
         except OSError as e:
             raise BatchError(f"{path}: cannot read: {e.strerror or e}") from None
+        if FINGERPRINT_PREFIX + hasher.hexdigest() != info.input_fingerprint:
+            self._info = None
+            store.delete_job(info.id)
+            raise BatchError(f"{path} changed while job {self.job!r} was being read (an editor or a program writing "
+                             f"it?); nothing was sent; run it again when the file is complete")
         info = store.require(self.job)
         if info.total == 0:
             self._info = None
@@ -665,6 +963,14 @@ class BatchRunner:
                              f"every id must be unique, so nothing was sent")
         store.set_job(info.id, state="ready")
         return store.require(self.job)
+
+
+def _max_response_bytes(client: Any) -> int:
+    try:
+        value = int(client.config.client.max_response_bytes)
+    except (AttributeError, TypeError, ValueError):
+        return DEFAULT_MAX_RESPONSE_BYTES
+    return value if value > 0 else DEFAULT_MAX_RESPONSE_BYTES
 
 
 def _int(value: Any) -> int | None:

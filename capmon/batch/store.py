@@ -10,6 +10,13 @@ fsync on every commit (10-100x the cost on most disks) to protect against that.
 
 Memory stays flat: inserts and updates are ``executemany`` over chunks, pending items
 are read a page at a time, and exports stream from a cursor.
+
+A failed write (a full disk, a database locked by someone else) rolls its whole
+transaction back and raises BatchError naming the file and SQLite's own words for the
+cause (``database or disk is full``); nothing committed before it is touched.
+
+Schema 2 added ``items.line_hash`` (each input line's fingerprint) and the ``removed``
+item state; a schema-1 database is upgraded in place when it is opened for writing.
 """
 
 from __future__ import annotations
@@ -29,12 +36,18 @@ from capmon.core.clock import default_clock
 from capmon.core.events import BatchProgress
 from capmon.core.exceptions import BatchError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 BUSY_TIMEOUT = 5.0  # seconds to wait for another writer before saying the database is locked
 STALE_AFTER = 30.0  # a runner on another host that has not committed for this long is gone
 
 PENDING, IN_FLIGHT, DONE, FAILED, PARKED = "pending", "in_flight", "done", "failed", "parked"
-ITEM_STATES = (PENDING, IN_FLIGHT, DONE, FAILED, PARKED)
+REMOVED = "removed"  # its line left the input (taken with --accept-changed-input): kept, never sent again
+ITEM_STATES = (PENDING, IN_FLIGHT, DONE, FAILED, PARKED, REMOVED)
+UNFINISHED = (PENDING, IN_FLIGHT, PARKED)
+# A kind of failure of the runner's own, beside the client's: the answer was larger than
+# client.max_response_bytes, so it is not stored (nor exported).
+OVERSIZED = "oversized"
+DEFAULT_MAX_RESPONSE_BYTES = 8 * 1024 * 1024  # the config's default, for a client without one
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -44,7 +57,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     updated REAL NOT NULL,
     input_path TEXT,
     input_size INTEGER,
-    input_fingerprint TEXT,
+    input_fingerprint TEXT,   -- "sha256:<hex>" of the whole file (schema 1: a hash of its first 64 KiB)
     ingest_offset INTEGER NOT NULL DEFAULT 0,  -- bytes of the input already stored
     ingest_line INTEGER NOT NULL DEFAULT 0,    -- last line number already stored
     total INTEGER NOT NULL DEFAULT 0,
@@ -80,7 +93,8 @@ CREATE TABLE IF NOT EXISTS items (
     latency REAL,
     error_kind TEXT,
     error_message TEXT,
-    updated REAL
+    updated REAL,
+    line_hash TEXT            -- items.line_hash of the input line it came from
 );
 CREATE INDEX IF NOT EXISTS items_by_state ON items(job_id, state);
 CREATE INDEX IF NOT EXISTS items_by_id ON items(job_id, id);
@@ -221,6 +235,11 @@ def _dumps(value: Any) -> str:
 # ---------------------------------------------------------------- leases
 
 
+def forget_owner(owner: str) -> None:
+    """This process's runner that held ``owner``'s lease is gone (the lease row may not say so yet)."""
+    _ACTIVE_TOKENS.discard(owner.rsplit(":", 1)[-1])
+
+
 def new_owner() -> str:
     token = uuid.uuid4().hex[:12]
     return f"{socket.gethostname()}:{os.getpid()}:{token}"
@@ -279,6 +298,7 @@ class JobStore:
                 self.conn.execute("PRAGMA synchronous=NORMAL")
                 self._check_version()
                 self.conn.executescript(SCHEMA)
+                self._upgrade()
                 audit.ensure_schema(self.conn)
                 self.conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
@@ -297,6 +317,9 @@ class JobStore:
                 raise BatchError(f"{self.path}: the job database is read-only ({text}); pass --db to use another") from None
             if "unable to open" in text:
                 raise BatchError(f"{self.path}: cannot open the job database ({text})") from None
+            if "disk is full" in text:
+                raise BatchError(f"{self.path}: {doing} failed: database or disk is full "
+                                 f"(free space on the disk that holds {self.path.parent})") from None
             raise BatchError(f"{self.path}: {doing} failed: {text}") from None
         except sqlite3.DatabaseError as e:
             raise BatchError(f"{self.path}: not a capmon job database, or it is corrupt ({e}); "
@@ -311,6 +334,11 @@ class JobStore:
             if tables and not {"jobs", "items"} <= tables:
                 raise BatchError(f"{self.path}: not a capmon job database (it has tables {', '.join(sorted(tables))}); "
                                  f"pass --db to use another file")
+
+    def _upgrade(self) -> None:
+        columns = {r[1] for r in self.conn.execute("PRAGMA table_info(items)")}
+        if "line_hash" not in columns:  # schema 1
+            self.conn.execute("ALTER TABLE items ADD COLUMN line_hash TEXT")
 
     def close(self) -> None:
         self.conn.close()
@@ -327,10 +355,19 @@ class JobStore:
             self.conn.execute("BEGIN IMMEDIATE")
             try:
                 yield self.conn
+                self.conn.execute("COMMIT")
             except BaseException:
-                self.conn.execute("ROLLBACK")
+                self._rollback()
                 raise
-            self.conn.execute("COMMIT")
+
+    def _rollback(self) -> None:
+        # SQLite rolls some failures back on its own (SQLITE_FULL may): a ROLLBACK then
+        # fails with "no transaction is active", and must not hide the real cause.
+        if self.conn.in_transaction:
+            try:
+                self.conn.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass
 
     # ------------------------------------------------------------ jobs
 
@@ -367,15 +404,52 @@ class JobStore:
             c.execute("DELETE FROM jobs WHERE id = ?", (job_id,))
             if name:
                 c.execute("DELETE FROM attempts WHERE job = ?", (name[0],))
+                c.execute("DELETE FROM replaced_results WHERE job = ?", (name[0],))
+
+    def restart_ingest(self, job_id: int, *, input_path: str, input_size: int, fingerprint: str, now: float) -> None:
+        """Forget what an unfinished ingest stored (nothing was sent) and read ``input_path`` from the start."""
+        with self.transaction("restarting the ingest") as c:
+            c.execute("DELETE FROM items WHERE job_id = ?", (job_id,))
+            c.execute("UPDATE jobs SET input_path = ?, input_size = ?, input_fingerprint = ?, ingest_offset = 0, "
+                      "ingest_line = 0, total = 0, state = 'ingesting', updated = ? WHERE id = ?",
+                      (input_path, input_size, fingerprint, now, job_id))
+
+    def set_input(self, job_id: int, *, input_path: str, input_size: int, fingerprint: str) -> None:
+        """The job's input is this file now (the same items, or after a reconcile)."""
+        with self.transaction("updating the job's input") as c:
+            c.execute("UPDATE jobs SET input_path = ?, input_size = ?, input_fingerprint = ? WHERE id = ?",
+                      (input_path, input_size, fingerprint, job_id))
+
+    def stored_lines(self, job_id: int) -> Iterator[tuple[int, str | None]]:
+        """(line, line_hash) of every item still in the input, in file order, streamed."""
+        with self._errors("reading items"):
+            cur = self.conn.execute(f"SELECT line, line_hash FROM items WHERE job_id = ? AND state != '{REMOVED}' "
+                                    "ORDER BY line, key", (job_id,))
+            yield from cur
+
+    def backfill_line_hashes(self, job_id: int, hashes: Iterator[tuple[int, str]]) -> None:
+        """Schema-1 jobs kept no line hashes: take them from a file known to be the job's input."""
+        with self.transaction("storing line hashes") as c:
+            c.executemany(f"UPDATE items SET line_hash = ? WHERE job_id = {int(job_id)} AND line = ?",
+                          ((h, line) for line, h in hashes))
+
+    def unfinished_models(self, job_id: int) -> list[tuple[str, int, int]]:
+        """(model, items, first line) of the models named by items not finished yet."""
+        with self._errors("reading items"):
+            return [(str(r[0]), int(r[1]), int(r[2])) for r in self.conn.execute(
+                "SELECT req_model, count(*), min(line) FROM items WHERE job_id = ? AND req_model IS NOT NULL "
+                f"AND state IN ({', '.join(repr(s) for s in UNFINISHED)}) GROUP BY req_model ORDER BY min(line)",
+                (job_id,))]
 
     def ingest_chunk(self, job_id: int, rows: Sequence[tuple[Any, ...]], *, offset: int, line: int, now: float) -> None:
         """Store a chunk of items and how far the input has been read, atomically, so an
         ingest cut short goes on from exactly there. ``rows``: (line, id, state, messages,
-        model, max_tokens, temperature, metadata, error_kind, error_message)."""
+        model, max_tokens, temperature, metadata, error_kind, error_message[, line_hash])."""
         with self.transaction("storing items") as c:
             c.executemany(
                 "INSERT INTO items (job_id, line, id, state, messages, req_model, req_max_tokens, temperature, metadata, "
-                f"error_kind, error_message, updated) VALUES ({int(job_id)}, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, {float(now)!r})", rows)
+                f"error_kind, error_message, line_hash, updated) VALUES ({int(job_id)}, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, "
+                f"{float(now)!r})", [r if len(r) == 11 else (*r, None) for r in rows])
             c.execute("UPDATE jobs SET ingest_offset = ?, ingest_line = ?, total = total + ?, updated = ? WHERE id = ?",
                       (offset, line, len(rows), now, job_id))
 
@@ -414,7 +488,7 @@ class JobStore:
         _ACTIVE_TOKENS.add(owner.rsplit(":", 1)[-1])
 
     def release(self, job_id: int, owner: str, **fields: Any) -> None:
-        _ACTIVE_TOKENS.discard(owner.rsplit(":", 1)[-1])
+        forget_owner(owner)
         self.set_job(job_id, owner=None, **fields)
 
     # ------------------------------------------------------------ items
@@ -483,11 +557,11 @@ class JobStore:
                           (*values, now, job_id))
 
     def results(self, job_id: int) -> Iterator[ResultRecord]:
-        """Every item in input order, streamed."""
+        """Every item in input order, streamed (an item removed from the input stays where its line was)."""
         with self._errors("reading results"):
             cur = self.conn.execute(
                 "SELECT key, line, id, state, metadata, attempts, model, content, fell_back, error_kind, error_message "
-                "FROM items WHERE job_id = ? ORDER BY key", (job_id,))
+                "FROM items WHERE job_id = ? ORDER BY line, key", (job_id,))
             for r in cur:
                 yield ResultRecord(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], bool(r[8]), r[9], r[10])
 

@@ -1,0 +1,80 @@
+"""Signals to a real `capmon batch run` process, however they combine, exit 130, and the
+job resumes. The process runs its own embedded simulator on a free loopback port (its
+shutdown is where a late signal used to find the default handler back)."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sqlite3
+import sys
+from pathlib import Path
+
+import pytest
+
+from capmon.batch import read_progress
+from capmon.core.exceptions import BatchError
+from tests.batch.helpers import write_items
+from tests.batch.test_cli import SCENARIO
+from tests.support.scripted import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+
+N = 200
+
+
+async def _running(db: Path, job: str, proc: asyncio.subprocess.Process, timeout: float = 20.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while loop.time() < deadline:
+        if proc.returncode is not None:
+            raise AssertionError(f"capmon exited early with {proc.returncode}")
+        try:
+            if read_progress(db, job).done >= 10:
+                return
+        except (BatchError, sqlite3.Error):
+            pass
+        await asyncio.sleep(0.02)
+    raise AssertionError("the job never got going")
+
+
+@pytest.mark.parametrize("signals, gap", [
+    # The SIGTERM that used to exit 143: it came after the loop had dropped its handlers.
+    pytest.param((signal.SIGINT, signal.SIGTERM), "after-stop-message", id="sigterm-while-shutting-down"),
+    pytest.param((signal.SIGTERM, signal.SIGINT, signal.SIGTERM), 0.005, id="three-in-a-row"),
+])
+async def test_signals_exit_130_however_they_combine_and_the_job_resumes(tmp_path: Path, signals: tuple, gap: object) -> None:
+    src = write_items(tmp_path / "in.jsonl", N)
+    db = tmp_path / "jobs.db"
+    (tmp_path / "fast.toml").write_text(SCENARIO.replace("base_latency = 0.005", "base_latency = 0.05"))
+    text = (ROOT / "config.toml").read_text().replace("127.0.0.1:8089", f"127.0.0.1:{free_port()}")
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(text.replace('scenario = "demo"', 'scenario = "fast.toml"'))
+    argv = ("batch", "run", str(src), "--config", str(cfg), "--db", str(db), "--job", "sig", "--concurrency", "2",
+            "--no-progress")
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "capmon.cli", *argv,
+                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    await _running(db, "sig", proc)
+    err = b""
+    proc.send_signal(signals[0])
+    if gap == "after-stop-message":
+        assert proc.stderr is not None
+        while b"stopped by" not in err:
+            line = await asyncio.wait_for(proc.stderr.readline(), 10)
+            assert line, err
+            err += line
+    for sig in signals[1:]:
+        if isinstance(gap, float) and gap:
+            await asyncio.sleep(gap)
+        if proc.returncode is None:
+            proc.send_signal(sig)
+    out, rest = await asyncio.wait_for(proc.communicate(), 20)
+    err += rest
+    assert proc.returncode == 130, err.decode()[-2000:]
+    assert b"Traceback" not in err
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "capmon.cli", "batch", "resume", "sig",
+                                                "--config", str(cfg), "--db", str(db), "--no-progress", "--concurrency", "64",
+                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    _, err = await asyncio.wait_for(proc.communicate(), 30)
+    assert proc.returncode == 0, err.decode()[-2000:]
+    assert read_progress(db, "sig").done == N
