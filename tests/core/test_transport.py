@@ -27,7 +27,7 @@ import pytest
 from capmon.core.errors import CONNECT_FAILED, Kind, classify_exception
 from capmon.core.result import ChatRequest
 from capmon.core.router import FallbackClient
-from capmon.core.transport import AiohttpTransport, HttpcoreTransport, TransportKind, make_transport
+from capmon.core.transport import AiohttpTransport, HttpcoreTransport, PoolStats, TransportKind, make_transport
 from capmon.sim.server import running_simulator
 from tests.reliability.helpers import ENV, scenario, set_fault, sim_config
 
@@ -182,6 +182,12 @@ async def client(kind: str, *, max_connections: int = 8, timeout: httpx.Timeout 
         yield c
 
 
+def pool_stats(c: httpx.AsyncClient) -> PoolStats:
+    transport = c._transport  # the client's one transport (httpx keeps it private)
+    assert isinstance(transport, (HttpcoreTransport, AiohttpTransport))
+    return transport.pool_stats()
+
+
 @pytest.fixture(params=KINDS)
 def kind(request: pytest.FixtureRequest) -> str:
     return request.param
@@ -317,6 +323,7 @@ async def test_streams_closed_or_cancelled_midway_release_their_connections(kind
         # Many at once, cancelled together: the pool holds at most `limit` of them.
         tasks = [asyncio.create_task(read_forever()) for _ in range(2 * limit)]
         await asyncio.sleep(1.0)
+        assert pool_stats(c) == PoolStats(open=limit, in_use=limit)
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -324,6 +331,8 @@ async def test_streams_closed_or_cancelled_midway_release_their_connections(kind
         # A leaked connection would hold a slot for ever: these would run into PoolTimeout.
         answers = await asyncio.gather(*[c.post(srv.url("/chat"), headers=HEADERS) for _ in range(2 * limit)])
         assert all(a.status_code == 200 for a in answers)
+        stats = pool_stats(c)
+        assert stats.in_use == 0 and 1 <= stats.open <= limit  # the answered ones are kept for reuse
         await asyncio.sleep(0.1)
     assert srv.peak <= limit
     assert srv.accepted >= 30  # a half-read stream is never reused
