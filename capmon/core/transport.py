@@ -162,14 +162,16 @@ class AiohttpTransport(httpx_aiohttp.AiohttpTransport):
         if "timeout" not in request.extensions:
             request.extensions["timeout"] = self._default_timeout
         waiting = _PoolWait()
-        _POOL_WAIT.set(waiting)
+        token = _POOL_WAIT.set(waiting)
         try:
             response = await super().handle_async_request(request)
         except (httpx.TransportError, aiohttp.ClientError, OSError) as e:
             failure = _translate(e, request, reading=False, queued=waiting.queued)
         else:
-            response.stream = _Body(response.stream, request)  # type: ignore[arg-type]
+            response.stream = _Body(response.stream, request)  # type: ignore[arg-type]  # an async stream here
             return response
+        finally:
+            _POOL_WAIT.reset(token)
         # Raised here, outside the except block, so the aiohttp exception (which holds
         # the request and its headers) is not chained to it as its context.
         raise failure
@@ -178,14 +180,13 @@ class AiohttpTransport(httpx_aiohttp.AiohttpTransport):
 class _Body(httpx.AsyncByteStream):
     """The response body as httpx-aiohttp reads it, with its errors translated."""
 
-    __slots__ = ("_inner", "_request")
-
     def __init__(self, inner: httpx.AsyncByteStream, request: httpx.Request) -> None:
         self._inner = inner
         self._request = request
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         chunks = self._inner.__aiter__()
+        failure: httpx.TransportError
         while True:
             try:
                 chunk = await chunks.__anext__()
@@ -199,7 +200,7 @@ class _Body(httpx.AsyncByteStream):
 
     async def aclose(self) -> None:
         try:
-            await self._inner.aclose()
+            await self._inner.aclose()  # releases the connection, or closes it if the body was not read to its end
         except (httpx.TransportError, aiohttp.ClientError, OSError) as e:
             failure = _translate(e, self._request, reading=True, queued=False)
         else:

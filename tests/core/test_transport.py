@@ -296,10 +296,16 @@ async def hold_stream(conn: Conn, req: Request) -> bool:
     return False
 
 
+async def hang(conn: Conn, req: Request) -> bool:
+    await conn.until_closed()
+    return False
+
+
 async def test_streams_closed_or_cancelled_midway_release_their_connections(kind: str) -> None:
     limit = 3
     timeout = httpx.Timeout(30.0, connect=5.0, pool=5.0)
-    async with serving(hold=hold_stream, chat=answer) as srv, client(kind, max_connections=limit, timeout=timeout) as c:
+    async with serving(hold=hold_stream, hang=hang, chat=answer) as srv, \
+            client(kind, max_connections=limit, timeout=timeout) as c:
         for _ in range(15):  # closed by leaving the block after the first chunk
             async with c.stream("POST", srv.url("/hold"), headers=HEADERS) as r:
                 chunks = r.aiter_raw()  # held: a dropped iterator may close the response when collected
@@ -328,6 +334,15 @@ async def test_streams_closed_or_cancelled_midway_release_their_connections(kind
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
+        # Cancelled before any answer came (the server never sends one).
+        posts = [asyncio.create_task(c.post(srv.url("/hang"), headers=HEADERS)) for _ in range(2 * limit)]
+        await asyncio.sleep(1.0)
+        assert pool_stats(c).in_use == limit
+        for p in posts:
+            p.cancel()
+        await asyncio.gather(*posts, return_exceptions=True)
+        assert pool_stats(c).in_use == 0
+
         # A leaked connection would hold a slot for ever: these would run into PoolTimeout.
         answers = await asyncio.gather(*[c.post(srv.url("/chat"), headers=HEADERS) for _ in range(2 * limit)])
         assert all(a.status_code == 200 for a in answers)
@@ -335,17 +350,12 @@ async def test_streams_closed_or_cancelled_midway_release_their_connections(kind
         assert stats.in_use == 0 and 1 <= stats.open <= limit  # the answered ones are kept for reuse
         await asyncio.sleep(0.1)
     assert srv.peak <= limit
-    assert srv.accepted >= 30  # a half-read stream is never reused
+    assert srv.accepted >= 30 + limit  # a half-read stream or unanswered request is never reused
     # of the 2 x limit at once, only `limit` got a connection before they were cancelled
     assert len([r for r in srv.requests if r.path.startswith("/hold")]) == 30 + limit
 
 
 # ---------------------------------------------------------------- timeouts
-
-
-async def hang(conn: Conn, req: Request) -> bool:
-    await conn.until_closed()
-    return False
 
 
 async def test_a_silent_server_is_a_read_timeout(kind: str) -> None:
@@ -361,12 +371,12 @@ async def test_a_silent_server_is_a_read_timeout(kind: str) -> None:
 
 
 async def test_a_stream_that_stalls_is_a_read_timeout(kind: str) -> None:
-    async with serving(hold=hold_stream) as srv, client(kind, timeout=httpx.Timeout(2.0, connect=5.0)) as c:
-        async with c.stream("POST", srv.url("/hold"), headers=HEADERS) as r:
-            chunks = r.aiter_raw()
+    async with serving(hold=hold_stream) as srv, client(kind, timeout=httpx.Timeout(2.0, connect=5.0)) as c, \
+            c.stream("POST", srv.url("/hold"), headers=HEADERS) as r:
+        chunks = r.aiter_raw()
+        await chunks.__anext__()
+        with pytest.raises(httpx.ReadTimeout) as info:
             await chunks.__anext__()
-            with pytest.raises(httpx.ReadTimeout) as info:
-                await chunks.__anext__()
     assert classify_exception(info.value).reason.startswith("timeout: read")
     no_secret_in(info.value)
 
@@ -516,13 +526,12 @@ async def test_a_broken_connection_or_answer_is_a_transient_httpx_error(kind: st
 
 async def test_a_stream_cut_midway_raises_a_transient_httpx_error(kind: str, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG)
-    async with serving(cut=stream_cut) as srv, client(kind) as c:
-        async with c.stream("POST", srv.url("/cut"), headers=HEADERS) as r:
-            chunks = r.aiter_raw()
-            assert (await chunks.__anext__()).startswith(b"data:")
-            with pytest.raises((httpx.ReadError, httpx.RemoteProtocolError)) as info:
-                async for _ in chunks:
-                    pass
+    async with serving(cut=stream_cut) as srv, client(kind) as c, c.stream("POST", srv.url("/cut"), headers=HEADERS) as r:
+        chunks = r.aiter_raw()
+        assert (await chunks.__anext__()).startswith(b"data:")
+        with pytest.raises((httpx.ReadError, httpx.RemoteProtocolError)) as info:
+            async for _ in chunks:
+                pass
     failure = classify_exception(info.value)
     assert failure.kind is Kind.TRANSIENT and failure.code is None
     no_secret_in(info.value)
