@@ -221,7 +221,8 @@ def _translate(exc: BaseException, request: httpx.Request, *, reading: bool, que
         cause = exc.__cause__
     cls, lead = _kind_of(cause, reading=reading, queued=queued)
     try:
-        detail = str(cause)
+        # A response error's str() quotes its message with escapes and adds the URL.
+        detail = cause.message if isinstance(cause, aiohttp.ClientResponseError) else str(cause)
     except Exception:  # a broken __str__ must not hide the failure
         detail = ""
     detail = _SPACE.sub(" ", detail).strip()
