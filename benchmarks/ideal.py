@@ -24,14 +24,34 @@ with ``W`` workers, ``S_i`` slots and ``T_i`` mean service time of the i-th mode
 preference order; across phases X changes at each phase boundary and the makespan is
 where the integral of X reaches N, plus the last requests' tail. The event simulation
 below computes exactly that, tail included.
+
+It also gives the per-item latency of an ideal *first-come-first-served* client, the
+yardstick for p50 / p99: an item's latency runs from a worker picking it up (the moment
+that worker is free) to its answer; a worker that finds every model full waits, and the
+worker that has waited longest gets the next free slot (on the most preferred model that
+has one). Which worker waits changes no start time, so the makespan and the shares are
+the same as above; only FCFS order decides who waits how long.
 """
 
 from __future__ import annotations
 
+import collections
 import heapq
 from dataclasses import dataclass
+from typing import Sequence
 
 from capmon.sim.scenario import ModelSpec, Scenario
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q`` quantile (0..1) of ``values``: the sorted value at index
+    ``round(q * (n - 1))``, no interpolation; NaN for no values. The one definition the
+    benchmark tables use, for the peers and the ideal alike."""
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    k = max(0, min(len(s) - 1, int(round(q * (len(s) - 1)))))
+    return s[k]
 
 
 @dataclass(frozen=True)
@@ -39,11 +59,22 @@ class Ideal:
     makespan: float  # seconds from the first request to the last answer
     served: dict[str, int]  # items per model
     preferred: str
+    # Per item, from a worker picking it up to its answer, for the FCFS ideal client
+    # (see the module docstring), in the order the answers came.
+    latencies: tuple[float, ...] = ()
 
     @property
     def preferred_share(self) -> float:
         total = sum(self.served.values())
         return self.served.get(self.preferred, 0) / total if total else 0.0
+
+    @property
+    def p50(self) -> float:
+        return percentile(self.latencies, 0.50)
+
+    @property
+    def p99(self) -> float:
+        return percentile(self.latencies, 0.99)
 
 
 def _phase_at(spec: ModelSpec, t: float, repeat: float):
@@ -93,34 +124,41 @@ def ideal(scn: Scenario, items: int, workers: int, offset: float = 0.0) -> Ideal
     repeat = scn.repeat
     in_flight = {m.name: 0 for m in models}
     served = {m.name: 0 for m in models}
-    done: list[tuple[float, str]] = []  # heap of (finish time, model)
+    done: list[tuple[float, int, str, float]] = []  # heap of (finish time, seq, model, picked up at)
+    waiting: collections.deque[float] = collections.deque()  # workers holding an item: when they picked it up
+    latencies: list[float] = []
     boundaries = _boundaries(scn, offset, 3600.0)
     t = offset
     left = items
-    busy = 0
+    idle = workers
+    seq = 0
     finished_at = offset
-    while left > 0 or done:
-        # Dispatch everything that can start now.
-        while left > 0 and busy < workers:
-            for m in models:
-                if in_flight[m.name] < slots_at(m, t, repeat):
-                    in_flight[m.name] += 1
-                    served[m.name] += 1
-                    busy += 1
-                    left -= 1
-                    heapq.heappush(done, (t + service_time(m, t, repeat), m.name))
-                    break
-            else:
+    while left > 0 or waiting or done:
+        # Every idle worker picks an item up now; then the longest-waiting worker gets
+        # the next free slot, on the most preferred model that has one.
+        while idle > 0 and left > 0:
+            idle -= 1
+            left -= 1
+            waiting.append(t)
+        while waiting:
+            m = next((m for m in models if in_flight[m.name] < slots_at(m, t, repeat)), None)
+            if m is None:
                 break  # every model is full: wait for an event
+            picked = waiting.popleft()
+            in_flight[m.name] += 1
+            served[m.name] += 1
+            heapq.heappush(done, (t + service_time(m, t, repeat), seq, m.name, picked))
+            seq += 1
         next_done = done[0][0] if done else None
         next_phase = next((b for b in boundaries if b > t), None)
         if next_done is None and next_phase is None:
-            raise ValueError(f"scenario {scn.name!r} never has capacity for the remaining {left} items")
+            raise ValueError(f"scenario {scn.name!r} never has capacity for the remaining {left + len(waiting)} items")
         if next_done is not None and (next_phase is None or next_done <= next_phase):
-            t, name = heapq.heappop(done)
+            t, _, name, picked = heapq.heappop(done)
             in_flight[name] -= 1
-            busy -= 1
+            idle += 1
+            latencies.append(t - picked)
             finished_at = t
         else:
             t = next_phase  # type: ignore[assignment]
-    return Ideal(makespan=finished_at - offset, served=served, preferred=models[0].name)
+    return Ideal(makespan=finished_at - offset, served=served, preferred=models[0].name, latencies=tuple(latencies))

@@ -1,26 +1,39 @@
-"""Client overhead: CPU per request of capmon's FallbackClient against raw httpx.
+"""Client overhead: CPU per request of raw aiohttp, raw httpx, httpx on the aiohttp transport
+and capmon's FallbackClient on each transport, for plain and streaming requests.
 
-    python -m benchmarks.overhead [--requests 5000] [--concurrency 32] [--reps 5] [--profile FILE]
+    python -m benchmarks.overhead [--requests 5000] [--concurrency 32] [--reps 5]
+                                  [--kinds KIND ...] [--modes plain stream]
+                                  [--profile FILE] [--profile-kind KIND] [--profile-mode MODE]
 
-An instant OpenAI-style endpoint (a bare ASGI app under uvicorn that answers every
-POST with the same small chat completion, no sleep) runs in its own process. Each
-measurement runs in a fresh client process: a warm-up of 300 requests, then
-``--requests`` requests with ``--concurrency`` tasks, and the process's CPU time
-(``time.process_time()``: user + system of the client process only) over the measured
-requests is divided by their number. Kinds alternate (httpx, capmon, httpx, capmon, ...)
-so drift on a shared machine hits both alike; the report gives the median of each and
-the ratio of the medians (goal: capmon <= 1.25 x raw httpx).
+An instant OpenAI-style endpoint (a bare ASGI app under uvicorn, no sleep) runs in its
+own process: a POST answers with a small chat completion, or, when the body asks for
+``"stream": true``, with an SSE stream of a few chunks (role, three pieces of text, the
+finish reason), each its own write, then ``data: [DONE]``. Each measurement runs in a
+fresh client process: a warm-up of 300 requests, then ``--requests`` requests with
+``--concurrency`` tasks, and the process's CPU time (``time.process_time()``: user +
+system of the client process only) over the measured requests is divided by their
+number. Within a repetition every (mode, kind) pair is measured once, the kinds in
+turn, the order reversed every other repetition, so drift on a shared machine hits
+every kind alike; the report gives each one's median and its ratio to raw aiohttp's
+median (goal: capmon <= 3x raw aiohttp, streaming included).
 
-What each client does per request:
+What each kind does per request (the least a correct client does, or capmon's whole path):
 
-* ``httpx``: ``AsyncClient.post(json=body)``, check the status, ``json.loads`` the body,
-  read ``choices[0].message.content`` - the least a correct client does;
-* ``capmon``: ``FallbackClient.chat(text)`` with three models (the benchmark config's
-  shape) on the instant endpoint: choose a target (breaker, limiter, buckets), send,
-  classify, update breaker / limiter / stats, publish events on a bus with no
+* ``aiohttp``: ``ClientSession.post(json=body)`` on a connector limited to the
+  concurrency, check the status, ``json.loads`` the body, read the content; streaming:
+  read the body line by line, ``json.loads`` each ``data:`` line up to ``[DONE]``;
+* ``httpx``: ``httpx.AsyncClient`` on httpx's own transport (httpcore), limited to the
+  concurrency, the same steps (streaming with ``client.stream()`` and ``aiter_lines()``);
+* ``httpx-aiohttp``: the same httpx client on ``capmon.core.transport.make_transport("aiohttp")``
+  (httpx-aiohttp's transport with capmon's mends); ``httpx-aiohttp-pkg`` (only with
+  ``--kinds``): on httpx-aiohttp's transport as the package ships it;
+* ``capmon-httpx`` / ``capmon-aiohttp``: ``FallbackClient.chat(text)`` (streaming:
+  ``FallbackClient.stream(text)``, every piece) with three models on the instant endpoint
+  and ``transport=make_transport(...)``: choose a target (breaker, limiter, buckets),
+  send, classify, update breaker / limiter / stats, publish events on a bus with no
   subscriber, build the ChatResult.
 
-``--profile FILE`` also runs capmon once under cProfile and prints the top functions.
+``--profile FILE`` also runs one kind once under cProfile and prints the top functions.
 """
 
 from __future__ import annotations
@@ -35,7 +48,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 HERE = Path(__file__).resolve().parent
 ANSWER = json.dumps({
@@ -43,8 +56,24 @@ ANSWER = json.dumps({
     "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
     "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6},
 }).encode()
+
+
+def _sse(delta: dict[str, Any], finish: str | None = None) -> bytes:
+    chunk = {"id": "chatcmpl-instant", "object": "chat.completion.chunk", "created": 1767225600, "model": "instant",
+             "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+    return b"data: " + json.dumps(chunk).encode() + b"\n\n"
+
+
+STREAM = [_sse({"role": "assistant", "content": ""}), _sse({"content": "o"}), _sse({"content": "k"}),
+          _sse({"content": "!"}), _sse({}, "stop"), b"data: [DONE]\n\n"]
+STREAM_TEXT = "ok!"
 KEY = "sk-capmon-sim-demo"
 WARMUP = 300
+KINDS = ["aiohttp", "httpx", "httpx-aiohttp", "capmon-httpx", "capmon-aiohttp"]
+# Not measured unless asked for (--kinds): httpx-aiohttp's transport as the package ships it.
+EXTRA_KINDS = ["httpx-aiohttp-pkg"]
+MODES = ["plain", "stream"]
+GOAL = 3.0  # capmon's CPU per request at most this many times raw aiohttp's
 
 
 # ---------------------------------------------------------------- the instant endpoint
@@ -59,10 +88,19 @@ async def instant_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
             elif msg["type"] == "lifespan.shutdown":
                 await send({"type": "lifespan.shutdown.complete"})
                 return
+    body = b""
     more = True
     while more:
         msg = await receive()
+        body += msg.get("body", b"")
         more = msg.get("more_body", False)
+    if b'"stream": true' in body or b'"stream":true' in body:
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]})
+        for piece in STREAM:
+            await send({"type": "http.response.body", "body": piece, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+        return
     await send({"type": "http.response.start", "status": 200,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(ANSWER)).encode())]})
     await send({"type": "http.response.body", "body": ANSWER})
@@ -87,7 +125,7 @@ def _config(base_url: str, concurrency: int):
                                    f"client.max_connections={concurrency}"])
 
 
-async def _drive(call: Any, n: int, concurrency: int) -> None:
+async def _drive(call: Callable[[], Awaitable[None]], n: int, concurrency: int) -> None:
     left = n
 
     async def worker() -> None:
@@ -99,39 +137,97 @@ async def _drive(call: Any, n: int, concurrency: int) -> None:
     await asyncio.gather(*[worker() for _ in range(concurrency)])
 
 
-async def measure(kind: str, base_url: str, n: int, concurrency: int) -> dict[str, float]:
+def _check_text(text: str, want: str) -> None:
+    if text != want:
+        raise RuntimeError(f"expected {want!r}, got {text!r}")
+
+
+def _sse_text(lines: list[str]) -> str:
+    parts: list[str] = []
+    for line in lines:
+        if not line.startswith("data:"):
+            continue
+        data = line[5:].strip()
+        if data == "[DONE]":
+            return "".join(parts)
+        parts.append(json.loads(data)["choices"][0]["delta"].get("content") or "")
+    raise RuntimeError("the stream ended before [DONE]")
+
+
+async def _client(kind: str, mode: str, base_url: str, concurrency: int) -> tuple[Callable[[], Awaitable[None]], Any]:
+    """(one request, close) for ``kind`` in ``mode``."""
     import httpx
 
+    from capmon.core.transport import make_transport
+
+    stream = mode == "stream"
     body = {"model": "sim-flagship", "messages": [{"role": "user", "content": "Say ok."}], "max_tokens": 512, "n": 1}
-    if kind == "httpx":
-        client = httpx.AsyncClient(timeout=httpx.Timeout(30.0, connect=10.0),
-                                   limits=httpx.Limits(max_connections=concurrency,
-                                                       max_keepalive_connections=concurrency))
-        url = base_url + "/chat/completions"
-        headers = {"Authorization": f"Bearer {KEY}"}
+    if stream:
+        body["stream"] = True
+    url = base_url + "/chat/completions"
+    headers = {"Authorization": f"Bearer {KEY}"}
+    if kind == "aiohttp":
+        import aiohttp
+
+        session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency))
 
         async def call() -> None:
+            async with session.post(url, json=body, headers=headers) as r:
+                if r.status != 200:
+                    raise RuntimeError(f"status {r.status}")
+                if stream:
+                    lines = [raw.decode() async for raw in r.content]
+                    _check_text(_sse_text(lines), STREAM_TEXT)
+                else:
+                    data = json.loads(await r.read())
+                    _check_text(data["choices"][0]["message"]["content"], "ok")
+
+        return call, session.close
+    if kind in ("httpx", "httpx-aiohttp", "httpx-aiohttp-pkg"):
+        transport: httpx.AsyncBaseTransport | None = None
+        if kind == "httpx-aiohttp":
+            transport = make_transport("aiohttp", max_connections=concurrency, connect_timeout=10.0)
+        elif kind == "httpx-aiohttp-pkg":
+            import httpx_aiohttp
+
+            transport = httpx_aiohttp.AiohttpTransport(limits=httpx.Limits(max_connections=concurrency))
+        client = httpx.AsyncClient(transport=transport, timeout=httpx.Timeout(30.0, connect=10.0),
+                                   limits=httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency))
+
+        async def call() -> None:
+            if stream:
+                async with client.stream("POST", url, json=body, headers=headers) as r:
+                    if r.status_code != 200:
+                        raise RuntimeError(f"status {r.status_code}")
+                    _check_text(_sse_text([line async for line in r.aiter_lines()]), STREAM_TEXT)
+                return
             r = await client.post(url, json=body, headers=headers)
             if r.status_code != 200:
                 raise RuntimeError(f"status {r.status_code}")
-            data = json.loads(r.content)
-            if not isinstance(data["choices"][0]["message"]["content"], str):
-                raise RuntimeError("no content")
+            _check_text(json.loads(r.content)["choices"][0]["message"]["content"], "ok")
 
-        close = client.aclose
-    elif kind == "capmon":
+        return call, client.aclose
+    if kind in ("capmon-httpx", "capmon-aiohttp"):
         from capmon.core.router import FallbackClient
 
-        fc = FallbackClient(_config(base_url, concurrency), environ={})
+        cfg = _config(base_url, concurrency)
+        transport = make_transport(kind.split("-", 1)[1], max_connections=cfg.client.max_connections,
+                                   connect_timeout=cfg.client.connect_timeout)
+        fc = FallbackClient(cfg, environ={}, transport=transport)
 
         async def call() -> None:
+            if stream:
+                _check_text("".join([piece async for piece in fc.stream("Say ok.")]), STREAM_TEXT)
+                return
             r = await fc.chat("Say ok.")
-            if not isinstance(r.content, str):
-                raise RuntimeError("no content")
+            _check_text(r.content, "ok")
 
-        close = fc.aclose
-    else:
-        raise ValueError(kind)
+        return call, fc.aclose
+    raise ValueError(kind)
+
+
+async def measure(kind: str, mode: str, base_url: str, n: int, concurrency: int) -> dict[str, float]:
+    call, close = await _client(kind, mode, base_url, concurrency)
     try:
         await _drive(call, WARMUP, concurrency)
         cpu0, t0 = time.process_time(), time.perf_counter()
@@ -162,21 +258,23 @@ def _wait_port(port: int, timeout: float = 15.0) -> None:
     raise RuntimeError("the instant endpoint did not start")
 
 
-def _run_worker(kind: str, base_url: str, n: int, concurrency: int) -> dict[str, float]:
-    out = subprocess.run([sys.executable, "-m", "benchmarks.overhead", "--worker", kind, "--url", base_url,
-                          "--requests", str(n), "--concurrency", str(concurrency)],
-                         capture_output=True, text=True, cwd=HERE.parent, check=True)
+def _run_worker(kind: str, mode: str, base_url: str, n: int, concurrency: int) -> dict[str, float]:
+    out = subprocess.run([sys.executable, "-m", "benchmarks.overhead", "--worker", kind, "--mode", mode,
+                          "--url", base_url, "--requests", str(n), "--concurrency", str(concurrency)],
+                         capture_output=True, text=True, cwd=HERE.parent)
+    if out.returncode != 0:
+        raise RuntimeError(f"{kind} {mode} failed (exit {out.returncode}): {out.stderr.strip()[-2000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def profile(base_url: str, n: int, concurrency: int, path: str, top: int = 30) -> str:
+def profile(kind: str, mode: str, base_url: str, n: int, concurrency: int, path: str, top: int = 30) -> str:
     import cProfile
     import io
     import pstats
 
     prof = cProfile.Profile()
     prof.enable()
-    asyncio.run(measure("capmon", base_url, n, concurrency))
+    asyncio.run(measure(kind, mode, base_url, n, concurrency))
     prof.disable()
     prof.dump_stats(path)
     buf = io.StringIO()
@@ -185,13 +283,49 @@ def profile(base_url: str, n: int, concurrency: int, path: str, top: int = 30) -
     return buf.getvalue()
 
 
+def report(runs: dict[tuple[str, str], list[dict[str, float]]], kinds: list[str], modes: list[str]) -> str:
+    med = {key: statistics.median(r["cpu_per_request_us"] for r in rs) for key, rs in runs.items()}
+    rps = {key: statistics.median(r["requests_per_s"] for r in rs) for key, rs in runs.items()}
+    head = "| client |" + "".join(f" {m}: CPU us / request | {m}: x aiohttp | {m}: requests / s |" for m in modes)
+    lines = [head, "|---|" + "---|---|---|" * len(modes)]
+    for kind in kinds:
+        cells = []
+        for mode in modes:
+            base = med.get(("aiohttp", mode))
+            times = f"{med[(kind, mode)] / base:.2f}x" if base else "-"
+            cells.append(f" {med[(kind, mode)]:.0f} | {times} | {rps[(kind, mode)]:.0f} |")
+        lines.append(f"| {kind} |" + "".join(cells))
+    lines.append("")
+    lines.append("Runs (CPU us / request, in measurement order):")
+    lines.append("")
+    for mode in modes:
+        for kind in kinds:
+            lines.append(f"- {mode} {kind}: " + ", ".join(f"{r['cpu_per_request_us']:.0f}" for r in runs[(kind, mode)]))
+    if any(("aiohttp", m) in med for m in modes):
+        lines.append("")
+        for kind in (k for k in kinds if k.startswith("capmon")):
+            for mode in modes:
+                base = med.get(("aiohttp", mode))
+                if base:
+                    ratio = med[(kind, mode)] / base
+                    verdict = "**met**" if ratio <= GOAL else f"missed by {(ratio - GOAL) * base:.0f} us / request"
+                    lines.append(f"- goal {kind} {mode} <= {GOAL:g}x raw aiohttp: {verdict} ({ratio:.2f}x)")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.overhead", description=__doc__.split("\n\n")[0])
     ap.add_argument("--requests", type=int, default=5000)
     ap.add_argument("--concurrency", type=int, default=32)
     ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--profile", metavar="FILE", help="also profile capmon with cProfile; stats to FILE")
-    ap.add_argument("--worker", choices=["httpx", "capmon"], help=argparse.SUPPRESS)
+    ap.add_argument("--kinds", nargs="+", choices=KINDS + EXTRA_KINDS, default=KINDS,
+                    help=f"clients to measure (default: {' '.join(KINDS)})")
+    ap.add_argument("--modes", nargs="+", choices=MODES, default=MODES, help="plain and / or streaming requests")
+    ap.add_argument("--profile", metavar="FILE", help="also profile one kind with cProfile; stats to FILE")
+    ap.add_argument("--profile-kind", choices=KINDS + EXTRA_KINDS, default="capmon-aiohttp")
+    ap.add_argument("--profile-mode", choices=MODES, default="plain")
+    ap.add_argument("--worker", choices=KINDS + EXTRA_KINDS, help=argparse.SUPPRESS)
+    ap.add_argument("--mode", choices=MODES, default="plain", help=argparse.SUPPRESS)
     ap.add_argument("--url", help=argparse.SUPPRESS)
     ap.add_argument("--serve", type=int, metavar="PORT", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -199,36 +333,29 @@ def main(argv: list[str] | None = None) -> int:
         serve(args.serve)
         return 0
     if args.worker:
-        print(json.dumps(asyncio.run(measure(args.worker, args.url, args.requests, args.concurrency))))
+        print(json.dumps(asyncio.run(measure(args.worker, args.mode, args.url, args.requests, args.concurrency))))
         return 0
 
+    kinds = [k for k in KINDS + EXTRA_KINDS if k in args.kinds]
+    modes = [m for m in MODES if m in args.modes]
     port = _free_port()
     server = subprocess.Popen([sys.executable, "-m", "benchmarks.overhead", "--serve", str(port)], cwd=HERE.parent)
     try:
         _wait_port(port)
         base_url = f"http://127.0.0.1:{port}/v1"
         print(f"<!-- python -m benchmarks.overhead {' '.join(argv if argv is not None else sys.argv[1:])} -->")
-        print(f"machine: {os.cpu_count()} cores; {args.requests} requests x {args.reps} reps per client, "
+        print(f"machine: {os.cpu_count()} cores; {args.requests} requests x {args.reps} reps per client and mode, "
               f"concurrency {args.concurrency}, after {WARMUP} warm-up requests; each run in a fresh process\n")
-        runs: dict[str, list[dict[str, float]]] = {"httpx": [], "capmon": []}
+        runs: dict[tuple[str, str], list[dict[str, float]]] = {(k, m): [] for k in kinds for m in modes}
         for rep in range(args.reps):
-            order = ["httpx", "capmon"] if rep % 2 == 0 else ["capmon", "httpx"]
-            for kind in order:
-                runs[kind].append(_run_worker(kind, base_url, args.requests, args.concurrency))
-        print("| client | CPU us / request (median) | runs (us / request) | requests / s (median) |")
-        print("|---|---|---|---|")
-        med: dict[str, float] = {}
-        for kind, rs in runs.items():
-            per = [r["cpu_per_request_us"] for r in rs]
-            med[kind] = statistics.median(per)
-            rps = statistics.median(r["requests_per_s"] for r in rs)
-            print(f"| {kind} | {med[kind]:.0f} | {', '.join(f'{p:.0f}' for p in per)} | {rps:.0f} |")
-        pairs = [c["cpu_per_request_us"] / h["cpu_per_request_us"] for h, c in zip(runs["httpx"], runs["capmon"])]
-        print(f"\nratio capmon / httpx (medians): **{med['capmon'] / med['httpx']:.2f}x** "
-              f"(per repetition: {', '.join(f'{p:.2f}' for p in pairs)}; goal <= 1.25x)")
+            order = kinds if rep % 2 == 0 else kinds[::-1]
+            for mode in modes:
+                for kind in order:
+                    runs[(kind, mode)].append(_run_worker(kind, mode, base_url, args.requests, args.concurrency))
+        print(report(runs, kinds, modes))
         if args.profile:
-            print("\ncProfile of capmon (one run, sorted by own time):\n```")
-            print(profile(base_url, args.requests, args.concurrency, args.profile))
+            print(f"\ncProfile of {args.profile_kind} ({args.profile_mode}; one run, sorted by own time):\n```")
+            print(profile(args.profile_kind, args.profile_mode, base_url, args.requests, args.concurrency, args.profile))
             print("```")
     finally:
         server.terminate()

@@ -28,7 +28,13 @@ Then it prints one table per scenario. Columns:
 * pref share: share of completed items served by the preferred (first) model, and
   that share over the ideal's;
 * p50 / p99: per-item latency (a worker picking the item up to its answer), completed items;
+  the *ideal (FCFS)* row gives the ideal first-come-first-served client's (benchmarks/ideal.py);
+* p99 / ideal FCFS p99: the peer's p99 over the ideal's;
 * cpu: the client process's CPU seconds during the run.
+
+Under each table, when capmon ran, its acceptance table: each target (TARGETS) met or
+missed, and by how much; after the last scenario, all of them side by side. A scenario
+file that does not load (one that needs a newer simulator, say) is skipped with a note.
 """
 
 from __future__ import annotations
@@ -44,15 +50,16 @@ import sys
 import tempfile
 import time
 import urllib.request
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.ideal import Ideal, ideal
+from benchmarks.ideal import Ideal, ideal, percentile
 from benchmarks.peers import PEERS
 from capmon.sim.scenario import Scenario, load_scenario
 
 HERE = Path(__file__).resolve().parent
-SCENARIOS = ["outage", "underprovisioned", "saturated", "retry_after"]
+SCENARIOS = ["outage", "underprovisioned", "saturated", "retry_after", "penalty"]
 
 
 # ---------------------------------------------------------------- processes
@@ -234,14 +241,6 @@ def run_one(scn_path: Path, scn: Scenario, peer: str, items: int, workers: int, 
 # ---------------------------------------------------------------- figures
 
 
-def _pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    s = sorted(values)
-    k = max(0, min(len(s) - 1, int(round(q * (len(s) - 1)))))
-    return s[k]
-
-
 def figures(result: dict[str, Any], scn: Scenario, items: int, workers: int) -> dict[str, Any]:
     rows = result["items"]
     ok = [r for r in rows if r["ok"]]
@@ -269,8 +268,11 @@ def figures(result: dict[str, Any], scn: Scenario, items: int, workers: int) -> 
         "share": share,
         "ideal_share": best.preferred_share,
         "share_ratio": share / best.preferred_share if best.preferred_share else float("nan"),
-        "p50": _pct(lat, 0.50),
-        "p99": _pct(lat, 0.99),
+        "p50": percentile(lat, 0.50),
+        "p99": percentile(lat, 0.99),
+        "ideal_p50": best.p50,
+        "ideal_p99": best.p99,
+        "p99_ideal": percentile(lat, 0.99) / best.p99 if best.p99 else float("nan"),
         "cpu": result["cpu"],
         "errors": errors,
         "utilisation": result.get("utilisation", {}),
@@ -284,18 +286,85 @@ def figures(result: dict[str, Any], scn: Scenario, items: int, workers: int) -> 
 
 def table(scn: Scenario, rows: list[tuple[str, dict[str, Any]]], best: Ideal, items: int) -> str:
     head = ("| peer | completed | wall s | wall/ideal | req/item | rejected | penalised | pref share (/ideal) "
-            "| p50 s | p99 s | client cpu s |")
-    sep = "|" + "---|" * 11
+            "| p50 s | p99 s | p99 / ideal FCFS p99 | client cpu s |")
+    sep = "|" + "---|" * 12
     out = [head, sep,
-           f"| *ideal* | {items} | {best.makespan:.2f} | 1.00 | 1.00 | 0 | 0 | {best.preferred_share:.2f} (1.00) "
-           f"| | | |"]
+           f"| *ideal (FCFS)* | {items} | {best.makespan:.2f} | 1.00 | 1.00 | 0 | 0 | {best.preferred_share:.2f} (1.00) "
+           f"| {best.p50:.2f} | {best.p99:.2f} | 1.00 | |"]
     for name, f in rows:
         completed = f"{f['completed']}" + (" (timed out)" if f["timed_out"] else "")
         out.append(
             f"| {name} | {completed} | {f['wall']:.2f} | {f['wall_ideal']:.2f} | {f['req_item']:.2f} "
             f"| {f['rejected']} | {f['penalised']} | {f['share']:.2f} ({f['share_ratio']:.2f}) "
-            f"| {f['p50']:.2f} | {f['p99']:.2f} | {f['cpu']:.1f} |")
+            f"| {f['p50']:.2f} | {f['p99']:.2f} | {f['p99_ideal']:.2f} | {f['cpu']:.1f} |")
     return "\n".join(out)
+
+
+# ---------------------------------------------------------------- acceptance
+
+# capmon's targets, checked per scenario from the figures above (README.md explains each).
+TARGETS = {
+    "completed": "completed 100 %",
+    "wall_ideal": "wall / ideal <= 1.10",
+    "req_item": "requests / item <= 1.05",
+    "penalised": "0 penalised",
+    "share": "preferred share >= 0.95 x ideal's",
+    "p99_ideal": "p99 <= 2 x ideal FCFS p99",
+    "p99_peers": "p99 <= best peer's p99",
+}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    target: str
+    met: bool | None  # None: cannot be judged (no peer to compare with)
+    text: str  # "**met** (1.04)" / "missed by 0.07 (1.17)" / why it cannot be judged
+
+
+def _verdict(target: str, met: bool, value: str, by: str) -> Verdict:
+    return Verdict(target, met, f"**met** ({value})" if met else f"missed by {by} ({value})")
+
+
+def acceptance(f: dict[str, Any], items: int, peers: list[tuple[str, dict[str, Any]]]) -> list[Verdict]:
+    """capmon's figures ``f`` against TARGETS; ``peers`` are the other peers' figures in
+    the same scenario. The p99 comparison is with peers that completed every item: a
+    peer that failed items has its p99 over the survivors only."""
+    out = [
+        _verdict(TARGETS["completed"], f["completed"] == items, f"{f['completed']} of {items}",
+                 f"{items - f['completed']} items"),
+        _verdict(TARGETS["wall_ideal"], f["wall_ideal"] <= 1.10, f"{f['wall_ideal']:.2f}", f"{f['wall_ideal'] - 1.10:.2f}"),
+        _verdict(TARGETS["req_item"], f["req_item"] <= 1.05, f"{f['req_item']:.2f}", f"{f['req_item'] - 1.05:.2f}"),
+        _verdict(TARGETS["penalised"], f["penalised"] == 0, f"{f['penalised']}", f"{f['penalised']} requests"),
+        _verdict(TARGETS["share"], f["share_ratio"] >= 0.95, f"{f['share_ratio']:.2f} x",
+                 f"{0.95 - f['share_ratio']:.2f} x"),
+        _verdict(TARGETS["p99_ideal"], f["p99_ideal"] <= 2.0, f"{f['p99']:.2f} s = {f['p99_ideal']:.2f} x {f['ideal_p99']:.2f} s",
+                 f"{f['p99'] - 2.0 * f['ideal_p99']:.2f} s"),
+    ]
+    rivals = [(name, g) for name, g in peers if g["completed"] == items]
+    if not rivals:
+        out.append(Verdict(TARGETS["p99_peers"], None, "no other peer completed every item"))
+    else:
+        name, g = min(rivals, key=lambda r: r[1]["p99"])
+        out.append(_verdict(TARGETS["p99_peers"], f["p99"] <= g["p99"], f"{f['p99']:.2f} s vs {name} {g['p99']:.2f} s",
+                            f"{f['p99'] - g['p99']:.2f} s"))
+    return out
+
+
+def acceptance_table(verdicts: list[Verdict]) -> str:
+    met = sum(1 for v in verdicts if v.met)
+    judged = sum(1 for v in verdicts if v.met is not None)
+    lines = [f"| target (capmon): {met} of {judged} met | |", "|---|---|"]
+    lines += [f"| {v.target} | {v.text} |" for v in verdicts]
+    return "\n".join(lines)
+
+
+def acceptance_summary(by_scenario: dict[str, list[Verdict]]) -> str:
+    names = list(by_scenario)
+    lines = ["| target (capmon) | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    for target in TARGETS.values():
+        cells = [next((v.text for v in by_scenario[n] if v.target == target), "") for n in names]
+        lines.append(f"| {target} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def details(scn: Scenario, peer: str, f: dict[str, Any], result: dict[str, Any]) -> str:
@@ -356,9 +425,14 @@ def main(argv: list[str] | None = None) -> int:
     log_dir = Path(tempfile.mkdtemp(prefix="capmon-bench-"))
     options = {"capmon_set": args.capmon_set, "capmon_whatif": [str(Path(p).resolve()) for p in args.capmon_whatif]}
     t_start = time.monotonic()
+    verdicts: dict[str, list[Verdict]] = {}
     for name in args.scenario:
         path = Path(name) if name.endswith(".toml") else HERE / "scenarios" / f"{name}.toml"
-        scn = load_scenario(str(path))
+        try:
+            scn = load_scenario(str(path))
+        except Exception as e:  # e.g. a scenario that needs a newer simulator: the others still run
+            print(f"### {name}: skipped, the scenario does not load: {e}\n")
+            continue
         best = ideal(scn, args.items, args.workers)
         limit = args.time_limit or max(60.0, 5 * best.makespan)
         rows: list[tuple[str, dict[str, Any]]] = []
@@ -378,10 +452,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"### {scn.name}: {scn.description}\n")
         print(table(scn, rows, best, args.items))
         print()
+        mine = dict(rows).get("capmon")
+        if mine is not None:
+            verdicts[scn.name] = acceptance(mine, args.items, [(n, f) for n, f in rows if n != "capmon"])
+            raw["scenarios"][scn.name]["acceptance"] = [asdict(v) for v in verdicts[scn.name]]
+            print(acceptance_table(verdicts[scn.name]))
+            print()
         if notes:
             print("\n".join(notes))
             print()
         sys.stdout.flush()
+    if len(verdicts) > 1:
+        print("### capmon against its targets\n")
+        print(acceptance_summary(verdicts))
+        print()
     print(f"<!-- total {time.monotonic() - t_start:.0f} s; logs in {log_dir} -->")
     if args.json:
         Path(args.json).write_text(json.dumps(raw, indent=1))

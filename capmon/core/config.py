@@ -47,7 +47,7 @@ class ClientConfig:
     retry_budget: float = _f(0.2, min=0.0, max=10.0, doc="transient retries allowed per first attempt")
     max_connections: int = _f(256, min=1)
     max_response_bytes: int = _f(8 * 1024 * 1024, min=1024, doc="largest response body (or stream) read; past it the answer fails as oversized")
-    transport: str = _f("httpx", choices=("httpx", "aiohttp"), doc="the HTTP transport under httpx's API")
+    transport: str = _f("aiohttp", choices=("httpx", "aiohttp"), doc="the HTTP transport under httpx's API: aiohttp (fast) or httpx (httpcore)")
 
 
 @dataclass(frozen=True)

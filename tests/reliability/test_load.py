@@ -21,6 +21,7 @@ import pytest
 
 from capmon.core import events as ev
 from capmon.core.router import FallbackClient
+from capmon.core.transport import PoolStats
 from capmon.sim.server import running_simulator
 from tests.reliability.helpers import ENV, Recorder, open_fds, scenario, sim_config
 
@@ -66,9 +67,9 @@ class Figures:
                 f"failed attempts (retried) {self.failed_attempts}")
 
 
-def _pool(client: FallbackClient) -> list[object]:
-    transport = client._http._transport  # httpx internals: the connection pool behind the client
-    return list(getattr(getattr(transport, "_pool", None), "connections", []))
+def _pool(client: FallbackClient) -> PoolStats:
+    transport = client._http._transport  # the transport capmon made (capmon/core/transport.py)
+    return transport.pool_stats()  # type: ignore[attr-defined, no-any-return]
 
 
 # Every request goes on the wire at once: 1,000 pooled connections.
@@ -123,7 +124,7 @@ async def run_load(label: str, seconds: float, extra: str, warmup: float = 1.0) 
                 while time.monotonic() < stop_at:
                     peaks["fds"] = max(peaks["fds"], open_fds())
                     peaks["tasks"] = max(peaks["tasks"], len(asyncio.all_tasks()))
-                    peaks["connections"] = max(peaks["connections"], len(_pool(client)))
+                    peaks["connections"] = max(peaks["connections"], _pool(client).open)
                     await asyncio.sleep(0.2)
                 mark("end")
 
@@ -135,8 +136,8 @@ async def run_load(label: str, seconds: float, extra: str, warmup: float = 1.0) 
             assert snap.in_flight == 0 and snap.queued == 0 and not snap.waiting
             assert all(t.in_flight == 0 for t in snap.targets)
             assert not len(client._queue)
-            assert all(c.is_idle() for c in _pool(client))  # type: ignore[attr-defined]
-            assert len(_pool(client)) <= IN_FLIGHT
+            assert _pool(client).in_use == 0
+            assert _pool(client).open <= IN_FLIGHT
             stats = sim.simulator.stats()["totals"]
     gc.collect()
     await asyncio.sleep(0)
