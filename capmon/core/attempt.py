@@ -20,8 +20,9 @@ import httpx
 from capmon.core.config import ClientConfig
 from capmon.core.errors import Failure, Kind, classify_exception, classify_response, parse_completion
 from capmon.core.result import ChatRequest
-from capmon.core.wire import (Assembler, FrameKind, Oversized, SSEParser, TokenParam, auth_headers, chat_body,
-                              oversized_failure, read_capped, read_frame)
+from capmon.core.transport import Sender
+from capmon.core.wire import (Assembler, FrameKind, Oversized, SSEParser, TokenParam, chat_body, oversized_failure,
+                              read_capped, read_frame)
 
 if TYPE_CHECKING:
     from capmon.core.targets import Target
@@ -37,9 +38,8 @@ class Answer:
 
 @dataclass(frozen=True, slots=True)
 class Request:
-    url: str
+    target: "Target"
     body: Mapping[str, Any]
-    headers: Mapping[str, str]
     timeout: float  # seconds the whole attempt may take
     cap: int  # bytes the answer may take
 
@@ -50,22 +50,20 @@ def chat_request(t: "Target", request: ChatRequest, token_param: TokenParam, cli
     cap = t.model.max_tokens
     body = chat_body(request.messages, request.extra, model=t.model.wire_name, token_param=token_param,
                      max_tokens=min(request.max_tokens or cap, cap), temperature=request.temperature, stream=stream)
-    return Request(t.url, body, auth_headers(t.endpoint.headers, t.key.secret.reveal()), client.attempt_timeout,
-                   client.max_response_bytes)
+    return Request(t, body, client.attempt_timeout, client.max_response_bytes)
 
 
-def _build(http: httpx.AsyncClient, req: Request) -> httpx.Request:
-    return http.build_request("POST", req.url, content=json.dumps(req.body).encode(),
-                              headers={**req.headers, "content-type": "application/json"})
+def _build(http: Sender, req: Request) -> httpx.Request:
+    return http.request(req.target.http_url, req.target.http_headers, json.dumps(req.body).encode())
 
 
-async def plain(http: httpx.AsyncClient, req: Request, *, wall: float) -> Answer:
+async def plain(http: Sender, req: Request, *, wall: float) -> Answer:
     """Send a non-streaming request; every failure is classified, never raised (but
     cancellation)."""
     answer = Answer()
     try:
         async with asyncio.timeout(req.timeout):
-            resp = await http.send(_build(http, req), stream=True)
+            resp = await http.send(_build(http, req))
             try:
                 answer.status = resp.status_code
                 try:
@@ -88,13 +86,33 @@ async def plain(http: httpx.AsyncClient, req: Request, *, wall: float) -> Answer
     return answer
 
 
+# After [DONE] the body's end is read, so the connection goes back to the pool and the
+# readers finish instead of being left to the garbage collector (which closes each async
+# generator through a task of its own). A server that keeps the stream open after
+# [DONE] gets this long, then loses the connection.
+_DRAIN_SECONDS = 0.25
+_DRAIN_BYTES = 65536
+
+
+async def _drain(pieces: AsyncIterator[bytes], seconds: float) -> None:
+    size = 0
+    try:
+        async with asyncio.timeout(seconds):
+            async for piece in pieces:
+                size += len(piece)
+                if size > _DRAIN_BYTES:
+                    return
+    except (TimeoutError, httpx.HTTPError):
+        return
+
+
 @dataclass
 class Stream:
     """A streaming attempt. Iterate :meth:`chunks` for the provider's chunks; ``answer``
     says how it ended once iteration stops. Closing the iterator early (``aclose()``)
     releases the connection."""
 
-    http: httpx.AsyncClient
+    http: Sender
     req: Request
     clock_now: Any  # () -> float, the loop's clock
     wall: float
@@ -108,7 +126,7 @@ class Stream:
         held: list[Mapping[str, Any]] = []
         try:
             async with asyncio.timeout(max(0.0, deadline - self.clock_now())):
-                resp = await self.http.send(_build(self.http, self.req), stream=True)
+                resp = await self.http.send(_build(self.http, self.req))
             answer.status = resp.status_code
             if resp.status_code >= 300:
                 async with asyncio.timeout(max(0.0, deadline - self.clock_now())):
@@ -159,6 +177,7 @@ class Stream:
                             held.append(event.chunk)
                     elif kind is FrameKind.DONE:
                         finished = done = True
+                        await _drain(pieces, min(_DRAIN_SECONDS, max(0.0, deadline - self.clock_now())))
                         break
                     elif kind in (FrameKind.ERROR, FrameKind.BROKEN):
                         answer.failure = event.failure

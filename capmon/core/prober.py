@@ -149,9 +149,8 @@ class Prober:
         try:
             for _ in range(2):  # a refused token parameter is learned, then sent again
                 param = client._token_param[t.model.name]
-                req = Request(t.url, wire.probe_body(t.model.wire_name, param),
-                              wire.auth_headers(t.endpoint.headers, t.key.secret.reveal()),
-                              client.config.client.attempt_timeout, _PROBE_CAP)
+                req = Request(t, wire.probe_body(t.model.wire_name, param), client.config.client.attempt_timeout,
+                              _PROBE_CAP)
                 answer = await plain(client._http, req, wall=clock.wall())
                 if answer.failure is None or not wire.refused_token_param(answer.failure, param):
                     break

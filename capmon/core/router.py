@@ -36,7 +36,7 @@ from capmon.core.journal import AttemptObserver, Journal
 from capmon.core.snapshot import EngineSnapshot, build_snapshot
 from capmon.core.state import Admission, MemoryState, StateStore, TargetSpec
 from capmon.core.targets import Target, build_targets
-from capmon.core.transport import make_transport
+from capmon.core.transport import Sender, make_transport
 from capmon.core.waiting import WaitQueue
 
 log = logging.getLogger("capmon.client")
@@ -81,10 +81,9 @@ class FallbackClient:
         self.prober = Prober(self)
         self.journal = Journal(self.clock, self.bus, config.client.max_attempts)
         cc = config.client
-        self._http = httpx.AsyncClient(
-            transport=transport or make_transport(cc.transport, max_connections=cc.max_connections,
-                                                  connect_timeout=cc.connect_timeout),
-            timeout=httpx.Timeout(cc.attempt_timeout, connect=cc.connect_timeout))
+        self._http = Sender(transport or make_transport(cc.transport, max_connections=cc.max_connections,
+                                                        connect_timeout=cc.connect_timeout),
+                            attempt_timeout=cc.attempt_timeout, connect_timeout=cc.connect_timeout)
 
     def add_observer(self, fn: AttemptObserver) -> Callable[[], None]:
         """Call ``fn(request, attempt)`` after every attempt (the audit log uses this)."""

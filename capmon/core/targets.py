@@ -7,11 +7,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
+import httpx
+
 from capmon.core.config import Config, EndpointConfig, ModelConfig, ResolvedKey
 from capmon.core.errors import Kind
 from capmon.core.exceptions import CapmonError
 from capmon.core.state import KeyRef, TargetSpec, TargetState
 from capmon.core.stats import RollingStats
+from capmon.core.transport import Sender
 
 
 def target_id(model: str, endpoint: str, key_alias: str) -> str:
@@ -32,6 +35,14 @@ class Target:
     last_status: int | None = None
     last_kind: Kind | None = None
     probe_latency: float | None = None
+    # What every attempt sends, parsed and encoded once (the key is in the headers).
+    http_url: httpx.URL = field(default=None, repr=False)  # type: ignore[assignment]
+    http_headers: list[tuple[bytes, bytes]] = field(default_factory=list, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.url and self.http_url is None:
+            self.http_url = httpx.URL(self.url)
+            self.http_headers = Sender.headers(dict(self.endpoint.headers), self.key.secret.reveal())
 
     @property
     def key_ref(self) -> KeyRef:

@@ -287,3 +287,43 @@ def _scrub(text: str, request: httpx.Request) -> str:
         if len(s) >= _MIN_SECRET and s in text:
             text = text.replace(s, "[redacted]")
     return text if len(text) <= _MESSAGE_CHARS else text[: _MESSAGE_CHARS - 1] + "…"
+
+
+# ---------------------------------------------------------------- sending
+
+
+USER_AGENT = "capmon"
+_DEFAULT_HEADERS = ((b"accept", b"application/json"), (b"accept-encoding", b"gzip, deflate"),
+                    (b"user-agent", USER_AGENT.encode()))
+
+
+class Sender:
+    """Sends httpx requests on a transport: httpx's request and response models and
+    its transports, without ``httpx.AsyncClient`` around them. The client's layer
+    (URL merging, cookie jars, redirects, auth flows, event hooks) does nothing an API
+    call needs and costs more CPU per request than all of capmon's routing; see
+    ARCHITECTURE.md, "The wire"."""
+
+    def __init__(self, transport: httpx.AsyncBaseTransport, *, attempt_timeout: float, connect_timeout: float) -> None:
+        self.transport = transport
+        self._timeout = httpx.Timeout(attempt_timeout, connect=connect_timeout).as_dict()
+
+    @staticmethod
+    def headers(extra: dict[str, str], secret: str) -> list[tuple[bytes, bytes]]:
+        """A target's fixed headers, encoded once: defaults, the endpoint's own, its key."""
+        out = list(_DEFAULT_HEADERS)
+        out += [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in extra.items()]
+        out.append((b"authorization", f"Bearer {secret}".encode("latin-1")))
+        return out
+
+    def request(self, url: httpx.URL, headers: list[tuple[bytes, bytes]], body: bytes) -> httpx.Request:
+        return httpx.Request("POST", url, headers=[*headers, (b"content-type", b"application/json")], content=body,
+                             extensions={"timeout": self._timeout})
+
+    async def send(self, request: httpx.Request) -> httpx.Response:
+        response = await self.transport.handle_async_request(request)
+        response.request = request
+        return response
+
+    async def aclose(self) -> None:
+        await self.transport.aclose()

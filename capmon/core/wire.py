@@ -81,10 +81,6 @@ def probe_body(model: str, token_param: TokenParam) -> dict[str, Any]:
     return {"model": model, "messages": [{"role": "user", "content": "ping"}], token_param.value: 1, "n": 1}
 
 
-def auth_headers(extra: Mapping[str, str], secret: str) -> dict[str, str]:
-    return {**extra, "Authorization": f"Bearer {secret}"}
-
-
 # ---------------------------------------------------------------- the token parameter
 
 _PARAM_NAMES = re.compile(r"max_completion_tokens|max_tokens")

@@ -68,7 +68,7 @@ class Figures:
 
 
 def _pool(client: FallbackClient) -> PoolStats:
-    transport = client._http._transport  # the transport capmon made (capmon/core/transport.py)
+    transport = client._http.transport  # the transport capmon made (capmon/core/transport.py)
     return transport.pool_stats()  # type: ignore[attr-defined, no-any-return]
 
 
