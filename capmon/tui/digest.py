@@ -16,7 +16,8 @@ from rich.text import Text
 from capmon.core import events as ev
 from capmon.tui import format as fmt
 
-LOGGED: tuple[type[ev.Event], ...] = (ev.BreakerChanged, ev.FellBack, ev.KeyParked, ev.ModelPinned, ev.Notice)
+LOGGED: tuple[type[ev.Event], ...] = (ev.BreakerChanged, ev.FellBack, ev.KeyParked, ev.ModelPinned, ev.Notice,
+                                      ev.ProbeFinished, ev.RampStep, ev.TokenParamLearned)
 
 
 @dataclass(frozen=True)
@@ -88,11 +89,18 @@ class EventDigester:
             self._breaker_toast(e, out)
             return fmt.breaker_line(e)
         if isinstance(e, ev.KeyParked):
-            model = e.target.split("@")[0]
             what = "disabled" if e.until is None else "parked"
-            self._toast(out, e.target, e.at, Toast(f"{model} / {e.key_alias}: {fmt.short(e.reason or e.kind, 80)}",
+            self._toast(out, e.target, e.at, Toast(f"{e.model} / {e.key_alias}: {fmt.short(e.reason or e.kind, 80)}",
                                                    "warning", f"Key {what} ({e.kind})"))
             return fmt.key_line(e)
+        if isinstance(e, ev.ProbeFinished):
+            return fmt.probe_line(e)
+        if isinstance(e, ev.RampStep):
+            return fmt.ramp_line(e)
+        if isinstance(e, ev.TokenParamLearned):
+            self._toast(out, f"param:{e.model}", e.at, Toast(f"{e.model} refused the old token parameter: sending "
+                                                             f"{e.param} from now on", "information", "Wire quirk"))
+            return fmt.token_param_line(e)
         if isinstance(e, ev.ModelPinned):
             return fmt.pin_line(e)
         if isinstance(e, ev.Notice):
@@ -102,8 +110,8 @@ class EventDigester:
         return None
 
     def _breaker_toast(self, e: ev.BreakerChanged, out: Digest) -> None:
-        if e.new == "open":
-            cool = f"; cool-down {fmt.duration(e.cooldown_until - e.at)}" if e.cooldown_until is not None else ""
+        if e.new == "open" and e.old != "half-open":  # a failed probe re-opens it: the log says so, no toast
+            cool = f"; first probe in {fmt.duration(e.cooldown_until - e.at)}" if e.cooldown_until is not None else ""
             self._toast(out, e.target, e.at, Toast(f"{e.model}: {e.reason}{cool}", "warning", "Breaker tripped", timeout=10.0))
         elif e.new == "forced-open":
             # A person did this: always confirm it, never throttled.

@@ -146,7 +146,41 @@ def breaker_line(e: ev.BreakerChanged) -> Text:
     if e.reason:
         line.append(f" ({e.reason})", style="dim")
     if e.new == "open" and e.cooldown_until is not None:
-        line.append(f", cool-down {duration(e.cooldown_until - e.at)}", style="dim")
+        line.append(f", next probe in {duration(e.cooldown_until - e.at)}", style="dim")
+    return line
+
+
+def probe_line(e: ev.ProbeFinished) -> Text:
+    line = Text()
+    if e.ok:
+        line.append(f"◌ {e.model}", style="green")
+        took = f" in {latency(e.latency).plain}" if e.latency is not None else ""
+        line.append(f" probe answered{took}: the ramp starts")
+        return line
+    line.append(f"◌ {e.model}", style="red" if e.ok is False else "dim")
+    line.append(f" probe {'failed' if e.ok is False else 'not sent'}")
+    if e.reason:
+        line.append(f" ({short(e.reason, 50)})", style="dim")
+    if e.next_probe_at is not None:
+        line.append(f", next in {duration(e.next_probe_at - e.at)}", style="dim")
+    return line
+
+
+def ramp_line(e: ev.RampStep) -> Text:
+    line = Text()
+    line.append(f"◑ {e.model}", style="cyan")
+    line.append(f" ramp {e.share:.0%}")
+    if e.reason:
+        line.append(f" ({short(e.reason, 50)})", style="dim")
+    return line
+
+
+def token_param_line(e: ev.TokenParamLearned) -> Text:
+    line = Text()
+    line.append(f"⚙ {e.model}", style="bold")
+    line.append(f" sends {e.param} from now on")
+    if e.reason:
+        line.append(f" ({short(e.reason, 60)})", style="dim")
     return line
 
 

@@ -243,10 +243,18 @@ def outage() -> FakeSource:
                      to_model="small", reason="Rate limit reached for requests")
     source.later(ev.KeyParked, target="medium@sim/backup-key", model="medium", key_alias="backup-key", kind="quota",
                  until=clock.now() + 3600, reason="You exceeded your current quota")
-    clock.advance(4.5)
+    clock.advance(2.0)
+    source.later(ev.BreakerChanged, target=flagship, model="flagship", old="open", new="half-open",
+                 reason="probing (interval 2s)", manual=False, cooldown_until=None)
+    source.later(ev.ProbeFinished, target=flagship, model="flagship", ok=False, status=503, kind="capacity",
+                 latency=0.05, reason="Selected model is at capacity. Please try a different model.",
+                 next_probe_at=clock.now() + 16.7)
+    source.later(ev.BreakerChanged, target=flagship, model="flagship", old="half-open", new="open",
+                 reason="probe failed (capacity)", manual=False, cooldown_until=clock.now() + 16.7)
+    clock.advance(2.5)
     now = clock.now()
     source.targets = {t.target: t for t in [
-        target("flagship", 0, state="open", fails=3, trips=1, cooldown_until=now + 14.2, reason="3 capacity failures in a row",
+        target("flagship", 0, state="open", fails=3, trips=1, cooldown_until=now + 14.2, reason="probe failed (capacity)",
                limit=2, in_flight=0, rps=1.4, r503_min=84, p50=1.28, p99=1.85, last_status=503, probe_latency=0.05,
                spark=(0,) * 18 + (0, 0, 4, 19, 31, 12)),
         target("medium", 1, rps=9.6, r429_min=41, p50=0.81, p99=1.64, in_flight=10, limit=10, last_status=429,

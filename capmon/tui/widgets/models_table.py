@@ -25,7 +25,7 @@ COLUMNS: tuple[Column, ...] = (
     Column("model", "model", 16),
     Column("state", "breaker", 18),
     Column("fails", "fails", 5, right=True),
-    Column("cooldown", "cooldown", 8, right=True),
+    Column("cooldown", "probe in", 8, right=True),
     Column("slots", "in/lim", 6, right=True),
     Column("rps", "req/s", 5, right=True),
     Column("r429", "429/m", 5, right=True),
@@ -131,11 +131,15 @@ class ModelsTable(DataTable[Text]):
         # Several keys or endpoints for one model: show which target the row is.
         shared = sum(1 for o in snap.targets if o.model == t.model) > 1
         name = f"{t.model}/{t.key_alias}" if shared else t.model
-        if len(name) > MODEL_WIDTH:
-            name = name[: MODEL_WIDTH - 1] + "…"
+        # A model sent max_completion_tokens (configured or learned) is marked: it is a
+        # wire quirk people meet when they move to reasoning models.
+        mark = "ᵐᶜᵗ" if t.token_param == "max_completion_tokens" else ""
+        room = MODEL_WIDTH - len(mark)
+        if len(name) > room:
+            name = name[: room - 1] + "…"
         if snap.pinned == t.model:
-            return Text(f"▸ {name}", style="bold reverse")
-        return Text(f"  {name}")
+            return Text(f"▸ {name}{mark}", style="bold reverse")
+        return Text.assemble(f"  {name}", (mark, "dim"))
 
     def _row(self, t: TargetSnapshot, snap: EngineSnapshot) -> dict[str, Text]:
         now = snap.now
@@ -150,7 +154,8 @@ class ModelsTable(DataTable[Text]):
             "state": fmt.state_text(t),
             "fails": _right(fails),
             "cooldown": _right(fmt.cooldown_text(t, now)),
-            "slots": _right(f"{t.in_flight}/{t.limit:.0f}"),
+            # While ramping, the ramp's own ceiling is what admits requests.
+            "slots": _right(f"{t.in_flight}/{t.ramp_slots if t.ramp_slots is not None else round(t.limit)}"),
             "rps": _right(f"{w10.per_second:.1f}"),
             "r429": _right(fmt.count(w60.per_minute(w60.rate_limited))),
             "r503": _right(fmt.count(w60.per_minute(w60.capacity), warn="red")),
