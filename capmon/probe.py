@@ -21,8 +21,8 @@ from capmon.core.router import FallbackClient, ProbeResult
 
 log = logging.getLogger("capmon.probe")
 
-# A probe due at the end of a cool-down waits this little longer, so the breaker
-# has surely turned half-open when the probe asks it.
+# A probe due when an open breaker's next probe is waits this little longer, so the
+# breaker surely takes it when it is asked.
 _AFTER_COOLDOWN = 0.05
 
 

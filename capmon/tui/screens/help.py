@@ -14,9 +14,9 @@ from capmon.tui import format as fmt
 
 STATE_HELP = {
     "closed": "takes traffic",
-    "half-open": "cool-down over: a probe decides",
-    "ramp": "recovering: admits a growing share",
-    "open": "tripped: waits out its cool-down",
+    "half-open": "the client's probe is out: it decides",
+    "ramp": "recovering: admits a share, doubled per clean round",
+    "open": "tripped: probed at growing intervals",
     "forced-open": "tripped by hand: no traffic until reset",
     "forced-closed": "closed by hand: traffic whatever happens",
 }
