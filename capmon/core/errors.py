@@ -1,7 +1,7 @@
 """Classify a failed attempt from its status, body, error code and headers.
 
 ``classify_response`` and ``classify_exception`` never raise: a garbage header or a
-body that is not JSON is still classified. See DESIGN.md for the table of kinds.
+body that is not JSON is still classified. See ARCHITECTURE.md, "Kinds and what they do", and the README's table.
 """
 
 from __future__ import annotations
