@@ -18,7 +18,6 @@ that changed or left the input. The result an edited line replaced is kept in
 
 from __future__ import annotations
 
-import re
 import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +25,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 from capmon.core.clock import Clock, default_clock
 from capmon.core.result import Attempt, ChatRequest
+from capmon.core.secrets import redact
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS attempts (
@@ -78,7 +78,6 @@ MAX_BUFFER = 200_000
 
 # Bearer-style secrets: sk-..., key-..., long opaque tokens. Providers usually mask
 # keys in their messages already; this is the second belt.
-_SECRET = re.compile(r"\b(?:sk|rk|pk|key)-[A-Za-z0-9_\-]{12,}|\bAIza[0-9A-Za-z_\-]{20,}|\b[A-Za-z0-9]{40,}\b")
 
 Row = tuple[Any, ...]
 
@@ -87,12 +86,8 @@ def ensure_schema(conn: sqlite3.Connection) -> None:
     conn.executescript(SCHEMA)
 
 
-def mask_secrets(text: str) -> str:
-    return _SECRET.sub(lambda m: m.group(0)[:6] + "****", text) if text else text
-
-
 def _reason(text: str) -> str:
-    text = mask_secrets(text)
+    text = redact(text)
     return text if len(text) <= MAX_REASON else text[:MAX_REASON - 1] + "…"
 
 

@@ -24,6 +24,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 from capmon.core.exceptions import ConfigError
+from capmon.core.secrets import Secret
 
 # The key the bundled simulator accepts. Not a secret: it only opens a loopback
 # simulator, and it is used only for endpoints marked ``simulated = true``.
@@ -382,40 +383,6 @@ def find_config(explicit: str | None = None, environ: Mapping[str, str] | None =
 
 
 # ---------------------------------------------------------------- secrets
-
-
-# The value of every key capmon holds, so that redaction can find a key of any shape
-# (an Azure key is 32 hex digits, which no pattern can tell from a request id).
-_SECRET_VALUES: set[str] = set()
-_MIN_SECRET_CHARS = 8  # shorter values are too likely to be ordinary words
-
-
-def secret_values() -> frozenset[str]:
-    """Every key value this process holds in a :class:`Secret` (for redaction only)."""
-    return frozenset(_SECRET_VALUES)
-
-
-class Secret:
-    """An API key. Its repr and str never show the value."""
-
-    __slots__ = ("_value", "alias")
-
-    def __init__(self, value: str, alias: str) -> None:
-        self._value = value
-        self.alias = alias
-        if len(value) >= _MIN_SECRET_CHARS:
-            _SECRET_VALUES.add(value)
-
-    def reveal(self) -> str:
-        return self._value
-
-    def __repr__(self) -> str:
-        return f"Secret(alias={self.alias!r})"
-
-    __str__ = __repr__
-
-    def __reduce__(self) -> Any:  # never pickled with its value
-        raise TypeError("a Secret cannot be pickled")
 
 
 @dataclass(frozen=True)

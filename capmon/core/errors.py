@@ -11,7 +11,6 @@ import enum
 import html
 import http
 import json
-import logging
 import re
 import socket
 import ssl
@@ -21,7 +20,7 @@ from typing import Any, Mapping
 import httpx
 
 from capmon.core.clock import default_clock
-from capmon.core.config import secret_values
+from capmon.core.secrets import redact as _redact
 from capmon.core.hints import hint_from
 
 
@@ -91,13 +90,6 @@ _HTML_TAG = re.compile(r"<[^<>]*>")
 _HTML_ELEMENT = re.compile(r"<(title|script|style)\b[^<>]*>", re.IGNORECASE)
 _HTML_CLOSE = {name: re.compile(rf"</{name}[^<>]*>", re.IGNORECASE) for name in ("title", "script", "style")}
 _SPACE = re.compile(r"\s+")
-# Providers sometimes echo a key back; none may reach a log, event or screen.
-_SECRET = re.compile(
-    r"(?:sk|pk|rk)-[A-Za-z0-9_\-]{16,}|AIza[0-9A-Za-z_\-]{20,}|(?i:bearer)\s+[A-Za-z0-9._~+/\-]{12,}=*"
-    r"|(?i:(?:api[_-]?key|key)=)[^&\s\"']{8,}"
-)
-
-
 @dataclass(frozen=True, slots=True)
 class _Body:
     """What a response body says, whatever its shape."""
@@ -118,52 +110,6 @@ def _trim(text: str, limit: int = _REASON_MESSAGE_CHARS) -> str:
         text = text.encode("utf-8", "replace").decode("utf-8")
     text = _SPACE.sub(" ", text).strip()
     return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
-
-
-def _redact(text: str) -> str:
-    text = _SECRET.sub("[redacted]", text)
-    for value in secret_values():  # the keys capmon holds, whatever their shape
-        if value in text:
-            text = text.replace(value, "[redacted]")
-    return text
-
-
-def redact(text: str) -> str:
-    """``text`` with API keys replaced by ``[redacted]``: the keys capmon holds, and
-    anything shaped like a key (``sk-...``, ``AIza...``, ``Bearer ...``, ``key=...``)."""
-    return _redact(text)
-
-
-class RedactSecrets(logging.Filter):
-    """A logging filter that redacts keys from a record's message. httpcore logs response
-    headers at DEBUG, and a provider may echo the key in one."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        try:
-            message = record.getMessage()
-        except Exception:  # a record that cannot format is not ours to fix
-            return True
-        clean = _redact(message)
-        if clean != message:
-            record.msg, record.args = clean, None
-        return True
-
-
-# Filters on a logger see only records logged to that very logger, so each of the HTTP
-# stack's loggers gets one.
-_HTTP_LOGGERS = ("httpx", "httpcore", "httpcore.connection", "httpcore.connection_pool", "httpcore.http11",
-                 "httpcore.http2", "httpcore.proxy", "httpcore.socks")
-
-
-def protect_http_logs() -> None:
-    """Redact keys from what httpx and httpcore log. Idempotent; done on import."""
-    for name in _HTTP_LOGGERS:
-        logger = logging.getLogger(name)
-        if not any(isinstance(f, RedactSecrets) for f in logger.filters):
-            logger.addFilter(RedactSecrets())
-
-
-protect_http_logs()
 
 
 def _decode(body: object) -> tuple[str, object | None]:

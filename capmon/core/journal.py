@@ -65,6 +65,8 @@ class Journal:
                           reason=failure.reason if failure else "", hint=failure.retry_after if failure else None,
                           wait=wait, latency=latency, decision=decision)
         r.attempts.append(attempt)
+        log.debug("request %d attempt %d on %s: %s %s -> %s", r.id, number, t.id, status,
+                  failure.kind.value if failure else "ok", decision.value)
         for fn in list(self._observers):
             try:
                 fn(r.request, attempt)

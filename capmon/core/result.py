@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any, Mapping
 
 from capmon.core.errors import Kind
 
@@ -17,21 +17,6 @@ class Decision(enum.StrEnum):
     FALLBACK = "fallback"
     PARK = "park"  # a batch item put aside to come back later
     FAIL = "fail"
-
-
-def estimate_tokens(messages: Iterable[Mapping[str, Any]]) -> int:
-    """A cheap, provider-independent prompt size estimate (about 4 characters a token)."""
-    chars = 0
-    for m in messages:
-        content = m.get("content", "")
-        if isinstance(content, str):
-            chars += len(content)
-        elif isinstance(content, list):
-            for part in content:
-                if isinstance(part, Mapping) and isinstance(part.get("text"), str):
-                    chars += len(part["text"])
-        chars += 16  # role and framing
-    return chars // 4 + 1
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,7 +30,8 @@ from capmon.core.config import Config, ResolvedKey, resolve_keys
 from capmon.core.errors import Failure, Kind
 from capmon.core.exceptions import CapmonError, DeadlineExceeded, RequestFailed
 from capmon.core.prober import Prober, ProbeResult
-from capmon.core.result import Attempt, ChatRequest, ChatResult, Decision, estimate_tokens
+from capmon.core.result import ChatRequest, ChatResult, Decision
+from capmon.core.tokens import estimate_tokens
 from capmon.core.routing import Routing, plan
 from capmon.core.journal import AttemptObserver, Journal
 from capmon.core.snapshot import EngineSnapshot, build_snapshot

@@ -38,7 +38,7 @@ import aiohttp
 import httpx
 import httpx_aiohttp
 
-from capmon.core.config import secret_values
+from capmon.core import secrets as _secrets
 
 __all__ = ["AiohttpTransport", "HttpcoreTransport", "PoolStats", "TransportKind", "make_transport"]
 
@@ -269,12 +269,12 @@ _SPACE = re.compile(r"\s+")
 # A URL's query and fragment: where keys travel (Gemini's ?key=, signed URLs).
 _URL_QUERY = re.compile(r"((?:https?|wss?)://[^\s'\"<>?#]*)[?#][^\s'\"<>]*", re.IGNORECASE)
 _CREDENTIAL_HEADERS = ("authorization", "proxy-authorization", "x-api-key", "api-key", "x-goog-api-key", "cookie")
-_MIN_SECRET = 8
+_MIN_SECRET = _secrets.MIN_SECRET_CHARS
 
 
 def _scrub(text: str, request: httpx.Request) -> str:
     text = _URL_QUERY.sub(r"\1", text)
-    secrets: set[str] = set(secret_values())
+    secrets: set[str] = set(_secrets.values())
     for name in _CREDENTIAL_HEADERS:
         for value in request.headers.get_list(name):
             secrets.add(value)

@@ -40,7 +40,6 @@ simulator from something else listening on the port.
 from __future__ import annotations
 
 import json
-import math
 import os
 import secrets
 from dataclasses import dataclass
@@ -54,6 +53,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from capmon.core.clock import Clock
+from capmon.core.tokens import estimate_tokens
 from capmon.sim import admin, dialects, responses
 from capmon.sim.admin import AdminGuard, AdminPolicy
 from capmon.sim.dialects import Api
@@ -80,20 +80,6 @@ class ChatRequest:
     include_usage: bool
     sent_max_tokens: bool = False  # the legacy `max_tokens` was sent (some models refuse it)
     tools: ToolRequest | None = None
-
-
-def estimate_tokens(messages: list[Any]) -> int:
-    """chars / 4 over all text in the messages, rounded up."""
-    chars = 0
-    for m in messages:
-        content = m.get("content") if isinstance(m, dict) else None
-        if isinstance(content, str):
-            chars += len(content)
-        elif isinstance(content, list):
-            for part in content:
-                if isinstance(part, dict) and isinstance(part.get("text"), str):
-                    chars += len(part["text"])
-    return math.ceil(chars / 4)
 
 
 def parse_chat(body: Any) -> ChatRequest:

@@ -25,6 +25,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from capmon.core.clock import Clock
+from capmon.core.tokens import tokens_for_chars
 from capmon.sim import dialects
 from capmon.sim.dialects import Api
 from capmon.sim.faults import HANG_SECONDS, HTML_500_PAGE, DropConnection, FaultMode
@@ -78,7 +79,7 @@ def parse_responses(body: Any) -> ResponsesRequest:
     if not isinstance(stream, bool):
         raise BadRequest(f"Invalid 'stream': expected a boolean, got {stream!r}.", "stream", model)
     chars = _text_of(given) + len(instructions or "")
-    return ResponsesRequest(model, -(-chars // 4), cap, stream, instructions)
+    return ResponsesRequest(model, tokens_for_chars(chars), cap, stream, instructions)
 
 
 # ---------------------------------------------------------------- shapes

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from capmon.audit import AuditLog, mask_secrets, read_attempts
+from capmon.audit import AuditLog, read_attempts
+from capmon.core.secrets import redact as mask_secrets
 from capmon.core.result import ChatRequest
 from tests.batch.helpers import client_for
 from tests.support.scripted import OVERLOADED, Script, build_app

@@ -89,7 +89,7 @@ async def test_plain_completion(client: httpx.AsyncClient) -> None:
     assert choice["message"]["role"] == "assistant"
     assert len(choice["message"]["content"].split()) == 10
     assert choice["finish_reason"] == "length"
-    assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 10, "total_tokens": 13}
+    assert body["usage"] == {"prompt_tokens": 7, "completion_tokens": 10, "total_tokens": 17}  # 3 + one message
     assert took == pytest.approx(2.0 + 0.05 * 10)  # base latency + per token, on the loop's clock
 
 
