@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Mapping
 
 import httpx
 
-from capmon.core.config import ClientConfig
-from capmon.core.errors import Failure, Kind, classify_exception, classify_response, parse_completion
+from capmon.core.config import Config
+from capmon.core.errors import QUOTA_HINT, Failure, Kind, classify_exception, classify_response, parse_completion
 from capmon.core.result import ChatRequest
 from capmon.core.transport import Sender
 from capmon.core.wire import (Assembler, FrameKind, Oversized, SSEParser, TokenParam, chat_body, oversized_failure,
@@ -42,15 +42,17 @@ class Request:
     body: Mapping[str, Any]
     timeout: float  # seconds the whole attempt may take
     cap: int  # bytes the answer may take
+    quota_hint: float = QUOTA_HINT  # a hint this long means a quota ([backoff] max_hint)
 
 
-def chat_request(t: "Target", request: ChatRequest, token_param: TokenParam, client: ClientConfig,
+def chat_request(t: "Target", request: ChatRequest, token_param: TokenParam, config: Config,
                  stream: bool) -> Request:
     """The request one attempt sends to ``t``: the caller's fields, this model's cap."""
     cap = t.model.max_tokens
     body = chat_body(request.messages, request.extra, model=t.model.wire_name, token_param=token_param,
                      max_tokens=min(request.max_tokens or cap, cap), temperature=request.temperature, stream=stream)
-    return Request(t, body, client.attempt_timeout, client.max_response_bytes)
+    return Request(t, body, config.client.attempt_timeout, config.client.max_response_bytes,
+                   config.backoff.max_hint)
 
 
 def _build(http: Sender, req: Request) -> httpx.Request:
@@ -77,7 +79,8 @@ async def plain(http: Sender, req: Request, *, wall: float) -> Answer:
         if parsed is not None:
             answer.response = parsed
         else:
-            answer.failure = classify_response(resp.status_code, resp.headers, body, now=wall)
+            answer.failure = classify_response(resp.status_code, resp.headers, body, now=wall,
+                                               quota_hint=req.quota_hint)
     except asyncio.CancelledError:
         raise
     except Exception as e:  # timeouts, resets, broken bodies: classified
@@ -134,7 +137,8 @@ class Stream:
                         body = await read_capped(resp, min(self.req.cap, 1 << 20))
                     except Oversized:
                         body = b""
-                answer.failure = classify_response(resp.status_code, resp.headers, body, now=self.wall)
+                answer.failure = classify_response(resp.status_code, resp.headers, body, now=self.wall,
+                                                   quota_hint=self.req.quota_hint)
                 return
             parser = SSEParser()
             size = 0
@@ -158,7 +162,7 @@ class Stream:
                         return
                     frames = parser.feed(piece)
                 for frame in frames:
-                    event = read_frame(frame, now=self.wall)
+                    event = read_frame(frame, now=self.wall, quota_hint=self.req.quota_hint)
                     kind = event.kind
                     if kind is FrameKind.CHUNK:
                         assert event.chunk is not None

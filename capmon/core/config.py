@@ -57,7 +57,7 @@ class BackoffConfig:
     cap: float = _f(30.0, min=0.0)
     transient_cap: float = _f(5.0, min=0.0)
     hint_spread: float = _f(0.5, min=0.0, max=10.0, doc="a hint h waits U(h, h * (1 + spread))")
-    max_hint: float = _f(3600.0, min=0.0, doc="hints longer than this are treated as quota resets")
+    max_hint: float = _f(3600.0, min=0.0, doc="a 429 whose hint is this long or longer is a quota that resets later")
 
 
 @dataclass(frozen=True)

@@ -43,16 +43,12 @@ class Failure:
     code: str | None = None
     retry_after: float | None = None  # seconds, from a server hint; None when there was none
 
-    @property
-    def retryable(self) -> bool:
-        return self.kind in (Kind.CAPACITY, Kind.RATE_LIMITED, Kind.TRANSIENT)
-
 
 # --- classification -------------------------------------------------------------------
 
 # A 429 that says "wait an hour or more" is a quota that resets later, not a rate limit
 # worth retrying on this key now.
-_QUOTA_HINT = 3600.0
+QUOTA_HINT = 3600.0  # the default of [backoff] max_hint
 _REASON_MESSAGE_CHARS = 200
 _SCAN_CHARS = 65536  # enough for any provider error; caps regex work on huge bodies
 
@@ -270,7 +266,7 @@ def _read_body(body: object) -> _Body:
     )
 
 
-def _kind(status: int, body: _Body, hint: float | None) -> Kind | None:
+def _kind(status: int, body: _Body, hint: float | None, quota_hint: float = QUOTA_HINT) -> Kind | None:
     """The kind the body, code and headers point to; None when only the status is left to go by."""
     signals = body.signals
     if status in (401, 403) or _AUTH.search(signals):
@@ -278,14 +274,14 @@ def _kind(status: int, body: _Body, hint: float | None) -> Kind | None:
     if status == 413 or _TOO_LARGE.search(signals):
         return Kind.TOO_LARGE
     if body.gemini_exhausted:
-        if _GEMINI_QUOTA.search(signals) or (hint is not None and hint >= _QUOTA_HINT):
+        if _GEMINI_QUOTA.search(signals) or (hint is not None and hint >= quota_hint):
             return Kind.QUOTA
         return Kind.RATE_LIMITED
     if status == 402 or _QUOTA.search(signals):
         return Kind.QUOTA
     if status in (503, 529) or _CAPACITY.search(signals):
         return Kind.CAPACITY
-    if status == 429 and hint is not None and hint >= _QUOTA_HINT:
+    if status == 429 and hint is not None and hint >= quota_hint:
         return Kind.QUOTA
     if status == 429 or _RATE.search(signals):
         return Kind.RATE_LIMITED
@@ -335,10 +331,10 @@ def parse_completion(status: int, body: bytes | str | None) -> Mapping[str, Any]
     return None
 
 
-def _broken_2xx(status: int, body: _Body, hint: float | None) -> Failure:
+def _broken_2xx(status: int, body: _Body, hint: float | None, quota_hint: float) -> Failure:
     # A gateway may wrap a provider error in a 200; its content still says what happened.
     if body.error_object:
-        kind = _kind(status, body, hint) or Kind.TRANSIENT
+        kind = _kind(status, body, hint, quota_hint) or Kind.TRANSIENT
         what = f"{_trim(_redact(body.code), 60)}: " if body.code else ""
         return Failure(kind, f"{status} with an error body: {what}{_trim(_redact(body.message))}", status, body.code, hint)
     if body.json is not None:
@@ -357,14 +353,15 @@ def _classify_response(
     *,
     now: float,
     streaming: bool,
+    quota_hint: float = QUOTA_HINT,
 ) -> Failure | None:
     if 200 <= status < 300 and (streaming or parse_completion(status, body) is not None):
         return None  # a stream's own events are checked by whoever reads them
     parsed = _read_body(body)
     hint = hint_from(headers, parsed.json, parsed.message, now=now)
     if 200 <= status < 300:
-        return _broken_2xx(status, parsed, hint)
-    kind = _kind(status, parsed, hint) or _status_kind(status)
+        return _broken_2xx(status, parsed, hint, quota_hint)
+    kind = _kind(status, parsed, hint, quota_hint) or _status_kind(status)
     reason = _reason(status, parsed, unread=streaming and body is None)
     return Failure(kind, reason, status, parsed.code, hint)
 
@@ -376,10 +373,13 @@ def classify_response(
     *,
     now: float | None = None,
     streaming: bool = False,
+    quota_hint: float = QUOTA_HINT,
 ) -> Failure | None:
     """None for a success, else the :class:`Failure` the response describes. Never raises.
 
-    ``now`` is wall-clock epoch seconds, for HTTP-date and reset-timestamp hints.
+    ``now`` is wall-clock epoch seconds, for HTTP-date and reset-timestamp hints. A 429
+    whose hint is ``quota_hint`` seconds or more (``[backoff] max_hint``) is a quota
+    that resets later, not a rate limit worth retrying on this key now.
     """
     try:
         code = int(status)
@@ -387,7 +387,7 @@ def classify_response(
         code = 0
     try:
         when = default_clock().wall() if now is None else float(now)
-        return _classify_response(code, headers, body, now=when, streaming=streaming)
+        return _classify_response(code, headers, body, now=when, streaming=streaming, quota_hint=quota_hint)
     except Exception as exc:  # a classifier bug must not take down the request path
         return Failure(Kind.TRANSIENT, f"{code} unclassifiable response ({type(exc).__name__})", code)
 
@@ -427,7 +427,8 @@ def _event_error(obj: object, event: str) -> object:
     return obj
 
 
-def classify_event(obj: object, event: str = "", *, now: float | None = None) -> Failure:
+def classify_event(obj: object, event: str = "", *, now: float | None = None,
+                   quota_hint: float = QUOTA_HINT) -> Failure:
     """An error that arrived inside a 200 stream (a ``data:`` error object, an ``event:
     error`` frame, a Responses API ``response.failed``), classified exactly like the HTTP
     error it describes: its embedded status, code, type and message. Never raises."""
@@ -437,7 +438,7 @@ def classify_event(obj: object, event: str = "", *, now: float | None = None) ->
         parsed = _read_body(error)
         status = _embedded_status(error)
         hint = hint_from(None, parsed.json, parsed.message, now=when)
-        kind = _kind(status or 0, parsed, hint) or (_status_kind(status) if status else Kind.TRANSIENT)
+        kind = _kind(status or 0, parsed, hint, quota_hint) or (_status_kind(status) if status else Kind.TRANSIENT)
         what = f"{_trim(_redact(parsed.code), 60)}: " if parsed.code else ""
         message = _trim(_redact(parsed.message)) or "no message"
         return Failure(kind, f"error inside the stream: {what}{message}", status or 200, parsed.code, hint)

@@ -150,7 +150,7 @@ class Prober:
             for _ in range(2):  # a refused token parameter is learned, then sent again
                 param = client._token_param[t.model.name]
                 req = Request(t, wire.probe_body(t.model.wire_name, param), client.config.client.attempt_timeout,
-                              _PROBE_CAP)
+                              _PROBE_CAP, client.config.backoff.max_hint)
                 answer = await plain(client._http, req, wall=clock.wall())
                 if answer.failure is None or not wire.refused_token_param(answer.failure, param):
                     break

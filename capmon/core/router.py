@@ -229,7 +229,8 @@ class FallbackClient:
         now = self.clock.now()
         self.journal.requests += 1
         self.state.on_request()
-        return Routing(next(self._ids), req, estimate_tokens(req.messages), now + self.config.client.deadline, now)
+        return Routing(next(self._ids), req, estimate_tokens(req.messages), now + self.config.client.deadline, now,
+                       self._backoff.schedule())
 
     def _failed(self, r: Routing, e: BaseException) -> None:
         if isinstance(e, RequestFailed):
@@ -276,7 +277,7 @@ class FallbackClient:
     def _begin(self, r: Routing, t: Target, stream: bool) -> tuple[int, float, float, Request]:
         number = len(r.attempts) + 1
         self.journal.started(r, t, number)
-        req = chat_request(t, r.request, self._token_param[t.model.name], self.config.client, stream)
+        req = chat_request(t, r.request, self._token_param[t.model.name], self.config, stream)
         self.journal.in_flight += 1
         return number, self.clock.wall(), self.clock.now(), req
 
@@ -334,7 +335,6 @@ class FallbackClient:
                               content=wire.completion_text(response), response=response,
                               attempts=tuple(r.attempts), latency=total, usage=usage)
         self.journal.failed_attempt(r, t, number, answer.status, failure)
-        r.failures += 1
         r.last_failure = failure
         if answer.output_sent:  # a stream that broke after output reached the caller: never retried
             self.journal.record(r, t, number, wall, answer.status, failure, 0.0, latency, Decision.FAIL)
@@ -342,7 +342,7 @@ class FallbackClient:
                                                      f"{failure.reason}")
         step = plan(r, t, failure, number=number, max_attempts=self.config.client.max_attempts,
                     has_other=lambda: bool(r.usable(self.targets, self.state.pinned)),
-                    spend_retry=self.state.spend_retry, backoff=self._backoff, now=now)
+                    spend_retry=self.state.spend_retry, now=now)
         if step.decision is Decision.FAIL:
             self.journal.record(r, t, number, wall, answer.status, failure, 0.0, latency, Decision.FAIL)
             raise RequestFailed(failure, r.attempts, step.message)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Hashable, Sequence
 
-from capmon.core.backoff import Backoff
+from capmon.core.backoff import Schedule
 from capmon.core.errors import Failure, Kind
 from capmon.core.policy import Next, policy_for
 from capmon.core.result import Attempt, ChatRequest, Decision
@@ -24,8 +24,8 @@ class Routing:
     prompt_tokens: int
     deadline: float
     started: float
+    schedule: Schedule | None = None  # its backoff (tenacity's call state); None: it is never retried
     attempts: list[Attempt] = field(default_factory=list)
-    failures: int = 0
     excluded: set[str] = field(default_factory=set)  # target ids never to use again
     skip: dict[str, float] = field(default_factory=dict)  # target id -> until: backing off from it
     min_window: int = 0  # too_large: only models with a larger window
@@ -88,11 +88,11 @@ class Step:
 
 
 def plan(r: Routing, t: Target, failure: Failure, *, number: int, max_attempts: int, has_other: Callable[[], bool],
-         spend_retry: Callable[[], bool], backoff: Backoff, now: float) -> Step:
+         spend_retry: Callable[[], bool], now: float) -> Step:
     """Decide from the policy table, updating the request's memory. Waiting happens in
     the queue: the request backs off from the target that failed (and only that one)
     and keeps its place in line for every other."""
-    kind, hint = failure.kind, failure.retry_after
+    kind = failure.kind
     nxt = policy_for(failure).next
     if nxt is Next.FAIL:
         return Step(Decision.FAIL)
@@ -110,7 +110,8 @@ def plan(r: Routing, t: Target, failure: Failure, *, number: int, max_attempts: 
         return Step(Decision.FAIL, message=f"{kind.value}: {failure.reason} (after {number} attempts)")
     if nxt is Next.RETRY and not spend_retry():
         return Step(Decision.FAIL, message=f"transient: {failure.reason} (retry budget spent)")
-    wait = backoff.wait(r.failures, Kind.TRANSIENT if nxt is Next.RETRY else kind, hint)
+    assert r.schedule is not None
+    wait = r.schedule.next_wait(failure, Kind.TRANSIENT if nxt is Next.RETRY else None)
     wait = max(0.0, min(wait, r.deadline - now))
     r.skip[t.id] = now + wait
     if nxt in (Next.RETRY, Next.SAME_MODEL):

@@ -20,7 +20,7 @@ from typing import Any, AsyncIterator, Mapping
 
 import httpx
 
-from capmon.core.errors import Failure, Kind, classify_event
+from capmon.core.errors import QUOTA_HINT, Failure, Kind, classify_event
 
 # Fields the client owns: everything else the caller sets passes through untouched.
 TOKEN_PARAMS = ("max_tokens", "max_completion_tokens")
@@ -255,14 +255,14 @@ class Event:
 _ERROR_EVENTS = frozenset({"error", "response.failed", "response.error"})
 
 
-def read_frame(frame: Frame, *, now: float | None = None) -> Event:
+def read_frame(frame: Frame, *, now: float | None = None, quota_hint: float = QUOTA_HINT) -> Event:
     """What one SSE frame of a chat stream is. Never raises."""
     data = frame.data.strip()
     if data == "[DONE]":
         return Event(FrameKind.DONE)
     if not data:
         if frame.event in _ERROR_EVENTS:
-            return Event(FrameKind.ERROR, failure=classify_event(None, frame.event, now=now))
+            return Event(FrameKind.ERROR, failure=classify_event(None, frame.event, now=now, quota_hint=quota_hint))
         return Event(FrameKind.IGNORE)
     try:
         obj = json.loads(data)
@@ -273,10 +273,10 @@ def read_frame(frame: Frame, *, now: float | None = None) -> Event:
         if isinstance(choices, list) and "error" not in obj:
             return Event(FrameKind.CHUNK, chunk=obj, output=_has_output(choices))
         if frame.event in _ERROR_EVENTS or _is_error(obj):
-            return Event(FrameKind.ERROR, failure=classify_event(obj, frame.event, now=now))
+            return Event(FrameKind.ERROR, failure=classify_event(obj, frame.event, now=now, quota_hint=quota_hint))
         return Event(FrameKind.IGNORE)  # {"type": "ping"}, usage-only shapes without choices
     if isinstance(obj, list) and any(isinstance(x, dict) and _is_error(x) for x in obj[:4]):
-        return Event(FrameKind.ERROR, failure=classify_event(obj, frame.event, now=now))
+        return Event(FrameKind.ERROR, failure=classify_event(obj, frame.event, now=now, quota_hint=quota_hint))
     return Event(FrameKind.BROKEN, failure=Failure(Kind.TRANSIENT, "200 with a broken stream chunk (no event)", 200))
 
 

@@ -6,22 +6,36 @@ import threading
 from capmon.core import events as ev
 from capmon.core.backoff import Backoff
 from capmon.core.config import BackoffConfig
-from capmon.core.errors import Kind
+from capmon.core.errors import Failure, Kind
 from capmon.core.stats import RollingStats
+
+
+CAPACITY = Failure(Kind.CAPACITY, "overloaded", 503)
+
+
+def waits_at(b: Backoff, n: int, failure: Failure, times: int) -> list[float]:
+    """The wait after the ``n``-th failure of ``times`` fresh requests."""
+    out = []
+    for _ in range(times):
+        s = b.schedule()
+        for _ in range(n - 1):
+            s.next_wait(failure)
+        out.append(s.next_wait(failure))
+    return out
 
 
 def test_full_jitter_stays_under_the_capped_exponential() -> None:
     b = Backoff(BackoffConfig(base=0.5, cap=8.0), random.Random(1))
     assert [b.ceiling(n) for n in range(1, 7)] == [0.5, 1.0, 2.0, 4.0, 8.0, 8.0]
     for n in range(1, 10):
-        waits = [b.wait(n) for _ in range(200)]
+        waits = waits_at(b, n, CAPACITY, 200)
         assert all(0 <= w <= b.ceiling(n) for w in waits)
         assert min(waits) < b.ceiling(n) * 0.2  # full jitter reaches near zero
 
 
 def test_a_hint_is_a_floor_with_spread() -> None:
     b = Backoff(BackoffConfig(hint_spread=0.5), random.Random(2))
-    waits = [b.wait(1, Kind.RATE_LIMITED, hint=2.0) for _ in range(500)]
+    waits = waits_at(b, 1, Failure(Kind.RATE_LIMITED, "slow down", 429, retry_after=2.0), 500)
     assert all(2.0 <= w <= 3.0 for w in waits)
     assert max(waits) - min(waits) > 0.8  # clients told the same number spread out
 

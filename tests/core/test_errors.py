@@ -784,3 +784,23 @@ def test_classify_exception_dispatch() -> None:
 def test_classify_something_else_does_not_raise() -> None:
     failure = classify("not a response")  # type: ignore[arg-type]
     assert failure is not None and failure.kind is Kind.TRANSIENT
+
+
+def test_the_quota_threshold_is_backoff_max_hint() -> None:
+    body = b'{"error": {"message": "Rate limit reached", "type": "requests", "code": "rate_limit_exceeded"}}'
+    headers = {"retry-after": "600"}
+    assert classify_response(429, headers, body, now=NOW).kind is Kind.RATE_LIMITED  # default: an hour
+    assert classify_response(429, headers, body, now=NOW, quota_hint=300.0).kind is Kind.QUOTA
+
+
+async def test_the_client_sends_its_configs_quota_threshold_with_every_attempt() -> None:
+    from capmon.core.attempt import chat_request
+    from capmon.core.result import ChatRequest
+    from capmon.core.router import FallbackClient
+    from capmon.core.wire import TokenParam
+    from tests.support.configs import ENV, three_models
+
+    cfg = three_models("http://127.0.0.1:9/v1", extra="[backoff]\nmax_hint = 300.0\n")
+    async with FallbackClient(cfg, environ=ENV) as client:
+        req = chat_request(client.targets[0], ChatRequest.of("hi"), TokenParam.MAX_TOKENS, cfg, False)
+    assert req.quota_hint == 300.0
