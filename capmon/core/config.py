@@ -47,6 +47,7 @@ class ClientConfig:
     max_attempts: int = _f(50, min=1, doc="attempts per request across all models")
     retry_budget: float = _f(0.2, min=0.0, max=10.0, doc="transient retries allowed per first attempt")
     max_connections: int = _f(256, min=1)
+    batch_share: float = _f(0.2, min=0.0, max=1.0, doc="share of freed slots batch requests keep while interactive ones wait")
     max_response_bytes: int = _f(8 * 1024 * 1024, min=1024, doc="largest response body (or stream) read; past it the answer fails as oversized")
     transport: str = _f("aiohttp", choices=("httpx", "aiohttp"), doc="the HTTP transport under httpx's API: aiohttp (fast) or httpx (httpcore)")
 

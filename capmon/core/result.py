@@ -19,12 +19,28 @@ class Decision(enum.StrEnum):
     FAIL = "fail"
 
 
+class Priority(enum.StrEnum):
+    """Who waits first when capacity is scarce: interactive requests get free slots
+    before batch ones, and batch keeps a guaranteed share (``[client] batch_share``)."""
+
+    INTERACTIVE = "interactive"
+    BATCH = "batch"
+
+
+class Api(enum.StrEnum):
+    """Which OpenAI API a request speaks."""
+
+    CHAT = "chat"  # /chat/completions
+    RESPONSES = "responses"  # /responses
+
+
 @dataclass(frozen=True, slots=True)
 class ChatRequest:
-    """One OpenAI chat-completions request, before routing.
+    """One OpenAI request (chat completions, or the Responses API), before routing.
 
     ``model`` (optional) is the model to try first; the rest of the preference
     list still serves as fallbacks. A model pinned by hand wins over it.
+    ``deadline`` (seconds) shortens the config's ``[client] deadline`` for this request.
     """
 
     messages: tuple[Mapping[str, Any], ...]
@@ -34,11 +50,14 @@ class ChatRequest:
     extra: Mapping[str, Any] = field(default_factory=dict)
     item_id: str | None = None  # for events and audit: which batch item this is
     job: str | None = None
+    priority: Priority = Priority.INTERACTIVE
+    deadline: float | None = None
+    api: Api = Api.CHAT
 
     @staticmethod
     def of(messages: Any, *, model: str | None = None, max_tokens: int | None = None,
            temperature: float | None = None, item_id: str | None = None, job: str | None = None,
-           **extra: Any) -> "ChatRequest":
+           priority: Priority = Priority.INTERACTIVE, deadline: float | None = None, **extra: Any) -> "ChatRequest":
         """A request from text or messages; any other keyword (tools, response_format,
         stream_options, ...) is sent to the provider untouched."""
         if isinstance(messages, str):
@@ -47,7 +66,17 @@ class ChatRequest:
         if isinstance(nested, Mapping):  # ChatRequest.of(..., extra={...}) reads as the fields themselves
             extra = {**nested, **extra}
         return ChatRequest(messages=tuple(messages), model=model, max_tokens=max_tokens, temperature=temperature,
-                           extra=extra, item_id=item_id, job=job)
+                           extra=extra, item_id=item_id, job=job, priority=Priority(priority), deadline=deadline)
+
+    @staticmethod
+    def responses(body: Mapping[str, Any], *, model: str | None = None, priority: Priority = Priority.INTERACTIVE,
+                  deadline: float | None = None, item_id: str | None = None) -> "ChatRequest":
+        """A Responses API request: ``body`` is sent as it is, but ``model``, ``stream``
+        and the token cap (``max_output_tokens``), which the client owns."""
+        cap = body.get("max_output_tokens")
+        return ChatRequest(messages=(), model=model, max_tokens=cap if isinstance(cap, int) and cap > 0 else None,
+                           extra=dict(body), item_id=item_id, priority=Priority(priority), deadline=deadline,
+                           api=Api.RESPONSES)
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,10 +106,16 @@ class ChatResult:
     attempts: tuple[Attempt, ...]
     latency: float  # from the call to the answer, waits included
     usage: Mapping[str, Any] = field(default_factory=dict)
+    request_id: int = 0  # the client's number for the request (events and attempts carry it too)
 
     @property
     def fell_back(self) -> bool:
         return len({a.model for a in self.attempts}) > 1
+
+    @property
+    def fallbacks(self) -> int:
+        """How many times the request moved to another model."""
+        return sum(1 for a, b in zip(self.attempts, self.attempts[1:]) if a.model != b.model)
 
     @property
     def tool_calls(self) -> list[Mapping[str, Any]]:

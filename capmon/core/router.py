@@ -77,7 +77,8 @@ class FallbackClient:
         self._queue: WaitQueue[Grant] = WaitQueue(
             self.clock, self._admit_any, self._give_back,
             lambda r, now: r.ready_at(self.targets, self.state.pinned, now),
-            lambda r: r.group(self.targets, self.state.pinned, self.clock.now(), self._by_cost))
+            lambda r: r.group(self.targets, self.state.pinned, self.clock.now(), self._by_cost),
+            batch_share=config.client.batch_share)
         self.state.set_listener(self._queue.regroup)
         self.prober = Prober(self)
         self.journal = Journal(self.clock, self.bus, config.client.max_attempts)
@@ -229,7 +230,10 @@ class FallbackClient:
         now = self.clock.now()
         self.journal.requests += 1
         self.state.on_request()
-        return Routing(next(self._ids), req, estimate_tokens(req.messages), now + self.config.client.deadline, now,
+        deadline = self.config.client.deadline
+        if req.deadline is not None and 0 < req.deadline < deadline:
+            deadline = req.deadline  # a caller may ask for less time than the config allows, never more
+        return Routing(next(self._ids), req, estimate_tokens(req.messages), now + deadline, now,
                        self._backoff.schedule())
 
     def _failed(self, r: Routing, e: BaseException) -> None:

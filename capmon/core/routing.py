@@ -11,8 +11,9 @@ from typing import Callable, Hashable, Sequence
 from capmon.core.backoff import Schedule
 from capmon.core.errors import Failure, Kind
 from capmon.core.policy import Next, policy_for
-from capmon.core.result import Attempt, ChatRequest, Decision
+from capmon.core.result import Attempt, ChatRequest, Decision, Priority
 from capmon.core.targets import Target
+from capmon.core.waiting import BATCH, INTERACTIVE
 
 
 @dataclass
@@ -66,9 +67,12 @@ class Routing:
             out = [t for t in out if self.skip.get(t.id, 0.0) <= now]
         return out
 
-    def group(self, targets: Sequence[Target], pinned: str | None, now: float, by_cost: bool) -> Hashable:
-        """Requests that may try exactly the same targets share a fate in the queue."""
-        return tuple(t.id for t in self.candidates(targets, pinned, now)), self.prompt_tokens if by_cost else 0
+    def group(self, targets: Sequence[Target], pinned: str | None, now: float,
+              by_cost: bool) -> tuple[int, Hashable]:
+        """Requests of one priority that may try exactly the same targets share a fate in
+        the queue (capmon/core/waiting.py)."""
+        cls = BATCH if self.request.priority is Priority.BATCH else INTERACTIVE
+        return cls, (tuple(t.id for t in self.candidates(targets, pinned, now)), self.prompt_tokens if by_cost else 0)
 
     def ready_at(self, targets: Sequence[Target], pinned: str | None, now: float) -> float | None:
         """The earliest time a time-driven gate opens for it (a hint, a bucket, its own back-off)."""

@@ -10,6 +10,10 @@ walks the queue in order and admits whoever can go.
 Requests that could use exactly the same targets are grouped: when the oldest of a
 group cannot be admitted, none of the group can, so a pass costs one admission try
 per group, not per request, however long the queue.
+
+Two classes wait apart: interactive requests get free slots before batch ones, and
+batch keeps a guaranteed share of the slots handed over while both wait
+(``batch_share``), so it never starves.
 """
 
 from __future__ import annotations
@@ -31,20 +35,27 @@ G = TypeVar("G")  # what a waiter is granted (the router's target and admission)
 MAX_NAP = 1.0
 
 
+INTERACTIVE, BATCH = 0, 1
+# Grants counted toward the batch share are forgotten by halves past this many, so the
+# share follows the recent past rather than the whole run.
+_SHARE_MEMORY = 200
+
+
 class Waiter(Generic[G]):
     __slots__ = ("seq", "key", "group", "fut")
 
     def __init__(self, seq: int, key: Any, group: Hashable, fut: asyncio.Future[G]) -> None:
         self.seq = seq
         self.key = key  # the router's request state
-        self.group = group
+        self.group = group  # (class, what the router groups by)
         self.fut = fut
 
 
 class WaitQueue(Generic[G]):
     """``admit(key)`` tries to admit a waiting request now (a grant or None);
     ``release(grant)`` gives back a grant nobody took; ``ready_at(key)`` is the
-    earliest clock time a time-driven gate opens for it (None: only an event)."""
+    earliest clock time a time-driven gate opens for it (None: only an event);
+    ``group_of(key)`` is ``(INTERACTIVE or BATCH, anything hashable)``."""
 
     def __init__(
         self,
@@ -52,13 +63,17 @@ class WaitQueue(Generic[G]):
         admit: Callable[[Any], Awaitable[G | None]],
         release: Callable[[G], Awaitable[None]],
         ready_at: Callable[[Any, float], float | None],
-        group_of: Callable[[Any], Hashable],
+        group_of: Callable[[Any], tuple[int, Hashable]],
+        batch_share: float = 0.2,
     ) -> None:
         self._clock = clock
         self._admit = admit
         self._release = release
         self._ready_at = ready_at
         self._group_of = group_of
+        self.batch_share = batch_share
+        self._contended = 0  # slots handed over while both classes waited
+        self._contended_batch = 0  # ... of which to batch
         self._groups: dict[Hashable, deque[Waiter[G]]] = {}
         self._count = 0
         self._dirty = False
@@ -151,12 +166,37 @@ class WaitQueue(Generic[G]):
             self._task = None
             self._arm()
 
+    def _pick(self, heaps: tuple[list[tuple[int, int, Hashable]], list[tuple[int, int, Hashable]]]) -> int:
+        """Which class's oldest group goes next: interactive first, unless batch is below
+        its share of the slots handed over while both wait."""
+        if not heaps[BATCH]:
+            return INTERACTIVE
+        if not heaps[INTERACTIVE]:
+            return BATCH
+        return BATCH if self._contended_batch < self.batch_share * (self._contended + 1) else INTERACTIVE
+
+    def _tally(self, cls: int, contended: bool) -> None:
+        if not contended:
+            return
+        self._contended += 1
+        self._contended_batch += cls == BATCH
+        if self._contended > _SHARE_MEMORY:
+            self._contended //= 2
+            self._contended_batch //= 2
+
     async def _pass(self) -> None:
-        heap = [(q[0].seq, i, g) for i, (g, q) in enumerate(self._groups.items()) if q]
-        heapq.heapify(heap)
-        tie = len(heap)
-        while heap:
-            _, _, group = heapq.heappop(heap)
+        heaps: tuple[list[tuple[int, int, Hashable]], list[tuple[int, int, Hashable]]] = ([], [])
+        tie = 0
+        for g, q in self._groups.items():
+            if q:
+                tie += 1
+                heaps[g[0]].append((q[0].seq, tie, g))  # type: ignore[index]
+        for h in heaps:
+            heapq.heapify(h)
+        while heaps[INTERACTIVE] or heaps[BATCH]:
+            cls = self._pick(heaps)
+            contended = bool(heaps[INTERACTIVE]) and bool(heaps[BATCH])
+            _, _, group = heapq.heappop(heaps[cls])
             q = self._groups.get(group)
             if not q:
                 continue
@@ -171,11 +211,12 @@ class WaitQueue(Generic[G]):
                     await self._release(grant)
                 else:
                     w.fut.set_result(grant)
+                    self._tally(cls, contended)
                 self._remove(w)
             q = self._groups.get(group)
             if q:
                 tie += 1
-                heapq.heappush(heap, (q[0].seq, tie, group))
+                heapq.heappush(heaps[cls], (q[0].seq, tie, group))
 
     def _arm(self) -> None:
         """Sleep until the earliest time-driven gate opens for a group's oldest waiter."""

@@ -151,3 +151,31 @@ async def test_no_probe_comes_before_the_servers_hint() -> None:
     assert trips and probes and probes[0] - trips[0] >= 20.0 - 1e-6
     assert all(b - a >= 20.0 - 1e-6 for a, b in zip(probes, probes[1:])), " ".join(str(round(p)) for p in probes)
     assert rejected <= elapsed / 20 + 1
+
+
+async def test_interactive_requests_wait_less_and_batch_keeps_its_share() -> None:
+    sim = await start_simulator(Scenario(models=(spec("flagship", 4),)))
+    try:
+        cfg = config(sim.base_url, ("flagship",), "[client]\nbatch_share = 0.25\n[limiter]\ninitial = 4\nmax = 4\n")
+        async with FallbackClient(cfg, environ=ENV) as client:
+            loop = asyncio.get_running_loop()
+            served: list[tuple[float, str]] = []
+
+            async def one(priority: str, delay: float) -> None:
+                await asyncio.sleep(delay)
+                await client.chat("work", priority=priority)
+                served.append((loop.time(), priority))
+
+            t0 = loop.time()
+            await asyncio.gather(*[one("batch", 0.0) for _ in range(40)],
+                                 *[one("interactive", 0.5) for _ in range(40)])
+    finally:
+        await sim.stop()
+    # While both waited (from the second wave on, until the interactive ones ran out),
+    # three of four slots went to interactive requests and one in four to batch.
+    both = [p for at, p in served if 1.5 <= at - t0 <= 10.5]
+    share = both.count("batch") / len(both)
+    assert 0.15 <= share <= 0.35, (share, both)
+    last_interactive = max(at for at, p in served if p == "interactive") - t0
+    last_batch = max(at for at, p in served if p == "batch") - t0
+    assert last_interactive <= 16 and last_batch >= last_interactive + 3  # interactive done well before batch
