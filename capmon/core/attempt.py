@@ -18,11 +18,12 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Mapping
 import httpx
 
 from capmon.core.config import Config
-from capmon.core.errors import QUOTA_HINT, Failure, Kind, classify_exception, classify_response, parse_completion
-from capmon.core.result import ChatRequest
+from capmon.core.errors import (QUOTA_HINT, Failure, Kind, classify_event, classify_exception, classify_response,
+                                parse_completion)
+from capmon.core.result import Api, ChatRequest
 from capmon.core.transport import Sender
 from capmon.core.wire import (Assembler, FrameKind, Oversized, SSEParser, TokenParam, chat_body, oversized_failure,
-                              read_capped, read_frame)
+                              parse_response, read_capped, read_frame, read_responses_frame, responses_body)
 
 if TYPE_CHECKING:
     from capmon.core.targets import Target
@@ -43,20 +44,38 @@ class Request:
     timeout: float  # seconds the whole attempt may take
     cap: int  # bytes the answer may take
     quota_hint: float = QUOTA_HINT  # a hint this long means a quota ([backoff] max_hint)
+    api: Api = Api.CHAT
 
 
 def chat_request(t: "Target", request: ChatRequest, token_param: TokenParam, config: Config,
                  stream: bool) -> Request:
     """The request one attempt sends to ``t``: the caller's fields, this model's cap."""
     cap = t.model.max_tokens
-    body = chat_body(request.messages, request.extra, model=t.model.wire_name, token_param=token_param,
-                     max_tokens=min(request.max_tokens or cap, cap), temperature=request.temperature, stream=stream)
+    limit = min(request.max_tokens or cap, cap)
+    if request.api is Api.RESPONSES:
+        body = responses_body(request.extra, model=t.model.wire_name, max_output_tokens=limit, stream=stream)
+    else:
+        body = chat_body(request.messages, request.extra, model=t.model.wire_name, token_param=token_param,
+                         max_tokens=limit, temperature=request.temperature, stream=stream)
     return Request(t, body, config.client.attempt_timeout, config.client.max_response_bytes,
-                   config.backoff.max_hint)
+                   config.backoff.max_hint, request.api)
+
+
+def _failed_response(status: int, headers: Any, body: bytes, wall: float, quota_hint: float) -> Failure:
+    try:
+        obj = json.loads(body)
+    except Exception:
+        obj = None
+    if isinstance(obj, Mapping) and obj.get("object") == "response" and obj.get("status") == "failed":
+        return classify_event({"type": "response.failed", "response": obj}, "response.failed", now=wall,
+                              quota_hint=quota_hint)
+    failure = classify_response(status, headers, body, now=wall, quota_hint=quota_hint)
+    return failure or Failure(Kind.TRANSIENT, f"{status} with no finished response", status)
 
 
 def _build(http: Sender, req: Request) -> httpx.Request:
-    return http.request(req.target.http_url, req.target.http_headers, json.dumps(req.body).encode())
+    url = req.target.responses_url if req.api is Api.RESPONSES else req.target.http_url
+    return http.request(url, req.target.http_headers, json.dumps(req.body).encode())
 
 
 async def plain(http: Sender, req: Request, *, wall: float) -> Answer:
@@ -75,10 +94,16 @@ async def plain(http: Sender, req: Request, *, wall: float) -> Answer:
                     return answer
             finally:
                 await resp.aclose()
-        parsed = parse_completion(resp.status_code, body)
+        if req.api is Api.RESPONSES:
+            parsed = parse_response(resp.status_code, body)
+            if parsed is None and 200 <= resp.status_code < 300:
+                # A 200 that is no finished response: a failed one says why, like its stream would.
+                answer.failure = _failed_response(resp.status_code, resp.headers, body, wall, req.quota_hint)
+        else:
+            parsed = parse_completion(resp.status_code, body)
         if parsed is not None:
             answer.response = parsed
-        else:
+        elif answer.failure is None:
             answer.failure = classify_response(resp.status_code, resp.headers, body, now=wall,
                                                quota_hint=req.quota_hint)
     except asyncio.CancelledError:
@@ -141,6 +166,9 @@ class Stream:
                                                    quota_hint=self.req.quota_hint)
                 return
             parser = SSEParser()
+            responses = self.req.api is Api.RESPONSES
+            reader = read_responses_frame if responses else read_frame
+            final: Any = None
             size = 0
             done = finished = False
             pieces = resp.aiter_bytes()
@@ -162,13 +190,22 @@ class Stream:
                         return
                     frames = parser.feed(piece)
                 for frame in frames:
-                    event = read_frame(frame, now=self.wall, quota_hint=self.req.quota_hint)
+                    event = reader(frame, now=self.wall, quota_hint=self.req.quota_hint)
                     kind = event.kind
+                    if kind is FrameKind.DONE and event.chunk is not None:
+                        # The Responses API's last event is the answer; it goes to the caller too.
+                        final = event.chunk.get("response")
+                        for c in held:
+                            yield c
+                        held.clear()
+                        answer.output_sent = True
+                        yield event.chunk
                     if kind is FrameKind.CHUNK:
                         assert event.chunk is not None
-                        self.assembler.add(event.chunk)
-                        if self.assembler.finish_reason:
-                            finished = True
+                        if not responses:
+                            self.assembler.add(event.chunk)
+                            if self.assembler.finish_reason:
+                                finished = True
                         if answer.output_sent:
                             yield event.chunk
                         elif event.output:
@@ -191,7 +228,7 @@ class Stream:
                 return
             for c in held:  # an answer with no output at all (rare, but complete)
                 yield c
-            answer.response = self.assembler.completion()
+            answer.response = final if responses and isinstance(final, Mapping) else self.assembler.completion()
         except asyncio.CancelledError:
             raise
         except Exception as e:  # timeouts, resets mid-stream: classified

@@ -17,7 +17,7 @@ import itertools
 import logging
 import random
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable, Mapping, Sequence
+from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 
 import httpx
 
@@ -30,11 +30,12 @@ from capmon.core.config import Config, ResolvedKey, resolve_keys
 from capmon.core.errors import Failure, Kind
 from capmon.core.exceptions import CapmonError, DeadlineExceeded, RequestFailed
 from capmon.core.prober import Prober, ProbeResult
-from capmon.core.result import ChatRequest, ChatResult, Decision
+from capmon.core.result import Api, ChatRequest, ChatResult, Decision
 from capmon.core.tokens import estimate_tokens
 from capmon.core.routing import Routing, plan
 from capmon.core.journal import AttemptObserver, Journal
 from capmon.core.snapshot import EngineSnapshot, build_snapshot
+from capmon.core.streaming import ChatStream
 from capmon.core.state import Admission, MemoryState, StateStore, TargetSpec
 from capmon.core.targets import Target, build_targets
 from capmon.core.transport import Sender, make_transport
@@ -176,11 +177,25 @@ class FallbackClient:
         finally:
             self.journal.unwait(r)
 
-    async def stream_chunks(self, request: Messages, **kw: Any) -> AsyncIterator[Mapping[str, Any]]:
+    def stream_chunks(self, request: Messages, **kw: Any) -> ChatStream:
         """Stream the provider's chunks as parsed dicts (content and tool-call deltas,
-        finish reason, usage). Retries and fallbacks happen before the first chunk
-        with output; a stream that breaks after it raises RequestFailed."""
+        finish reason, usage; for a Responses API request, its events). Retries and
+        fallbacks happen before the first chunk with output; a stream that breaks after
+        it raises RequestFailed. The returned stream says which model serves it."""
         r = self._new(request, kw)
+        return ChatStream(lambda s: self._stream(r, s))
+
+    def responses(self, body: Mapping[str, Any], **kw: Any) -> Awaitable[ChatResult]:
+        """A Responses API request (``POST /v1/responses``), routed like a chat request;
+        ``kw``: model, priority, deadline, item_id."""
+        return self.chat(ChatRequest.responses(body, **kw))
+
+    def stream_responses(self, body: Mapping[str, Any], **kw: Any) -> ChatStream:
+        """A streaming Responses API request: the events, fallbacks before the first output."""
+        return self.stream_chunks(ChatRequest.responses(body, **kw))
+
+    async def _stream(self, r: Routing, s: ChatStream) -> AsyncIterator[Mapping[str, Any]]:
+        s.request_id = r.id
         try:
             grant: Grant | None = None
             while True:
@@ -191,11 +206,15 @@ class FallbackClient:
                     async for chunk in attempt:
                         if isinstance(chunk, _End):
                             end = chunk
-                        else:
-                            yield chunk
+                            continue
+                        if s.model is None:
+                            s.model, s.endpoint, s.target, s.attempts = t.model.name, t.endpoint.name, t.id, \
+                                tuple(r.attempts)
+                        yield chunk
                 finally:
                     await attempt.aclose()  # type: ignore[attr-defined]
                 if end is None or isinstance(end.out, ChatResult):
+                    s.result = end.out if end is not None else None
                     return
                 grant = end.out
         except BaseException as e:
@@ -319,7 +338,7 @@ class FallbackClient:
         t.stats.record_attempt(now, answer.status, failure.kind if failure else None, latency)
         param = self._token_param[t.model.name]
         if failure is not None and not answer.output_sent and not r.switched \
-                and wire.refused_token_param(failure, param):
+                and r.request.api is Api.CHAT and wire.refused_token_param(failure, param):
             await self._cancelled(t, adm)
             self._learn_token_param(r, t, param, failure)
             self.journal.record(r, t, number, wall, answer.status, failure, 0.0, latency, Decision.RETRY)
@@ -336,8 +355,9 @@ class FallbackClient:
             total = now - r.started
             response = answer.response or {}
             return ChatResult(model=t.model.name, endpoint=t.endpoint.name, target=t.id,
-                              content=wire.completion_text(response), response=response,
-                              attempts=tuple(r.attempts), latency=total, usage=usage)
+                              content=wire.response_text(response) if r.request.api is Api.RESPONSES
+                              else wire.completion_text(response), response=response,
+                              attempts=tuple(r.attempts), latency=total, usage=usage, request_id=r.id)
         self.journal.failed_attempt(r, t, number, answer.status, failure)
         r.last_failure = failure
         if answer.output_sent:  # a stream that broke after output reached the caller: never retried

@@ -37,11 +37,13 @@ class Target:
     probe_latency: float | None = None
     # What every attempt sends, parsed and encoded once (the key is in the headers).
     http_url: httpx.URL = field(default=None, repr=False)  # type: ignore[assignment]
+    responses_url: httpx.URL = field(default=None, repr=False)  # type: ignore[assignment]
     http_headers: list[tuple[bytes, bytes]] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
         if self.url and self.http_url is None:
             self.http_url = httpx.URL(self.url)
+            self.responses_url = httpx.URL(self.endpoint.base_url.rstrip("/") + "/responses")
             self.http_headers = Sender.headers(dict(self.endpoint.headers), self.key.secret.reveal())
 
     @property

@@ -404,3 +404,74 @@ def completion_text(response: Mapping[str, Any]) -> str:
     except (KeyError, IndexError, TypeError):
         return ""
     return content if isinstance(content, str) else ""
+
+
+# ---------------------------------------------------------------- the Responses API
+
+_RESPONSES_OWNED = frozenset({"model", "stream", "max_output_tokens"})
+# Events that carry no answer yet: held back, so an error after them can still fall back.
+_RESPONSES_PREAMBLE = frozenset({"response.created", "response.in_progress", "response.queued"})
+_RESPONSES_DONE = frozenset({"response.completed", "response.incomplete"})
+
+
+def responses_body(extra: Mapping[str, Any], *, model: str, max_output_tokens: int, stream: bool) -> dict[str, Any]:
+    """A Responses API body: the caller's fields untouched but the model, the cap and ``stream``."""
+    body = {k: v for k, v in extra.items() if k not in _RESPONSES_OWNED}
+    body["model"] = model
+    body["max_output_tokens"] = max_output_tokens
+    if stream:
+        body["stream"] = True
+    return body
+
+
+def parse_response(status: int, body: bytes | None) -> Mapping[str, Any] | None:
+    """A Responses API answer when a plain response is one (completed or incomplete),
+    else None: then the classifier says what it is. Never raises."""
+    if not 200 <= status < 300 or not body:
+        return None
+    try:
+        parsed = json.loads(body)
+    except Exception:
+        return None
+    if isinstance(parsed, Mapping) and parsed.get("object") == "response" \
+            and parsed.get("status") in ("completed", "incomplete"):
+        return parsed
+    return None
+
+
+def read_responses_frame(frame: Frame, *, now: float | None = None, quota_hint: float = QUOTA_HINT) -> Event:
+    """What one SSE frame of a Responses API stream is. Never raises.
+
+    ``response.completed`` / ``response.incomplete`` is DONE (its ``response`` is the
+    answer); ``response.failed`` and ``error`` are errors; the preamble events are held;
+    every other event is output."""
+    data = frame.data.strip()
+    try:
+        obj = json.loads(data) if data else None
+    except (ValueError, RecursionError):
+        return Event(FrameKind.BROKEN, failure=Failure(Kind.TRANSIENT, "200 with a broken stream event (not JSON)",
+                                                        200))
+    kind = obj.get("type") if isinstance(obj, dict) else None
+    name = frame.event or (kind if isinstance(kind, str) else "")
+    if name in _ERROR_EVENTS or (isinstance(obj, dict) and "error" in obj and name not in _RESPONSES_DONE
+                                 and not name.startswith("response.output")):
+        return Event(FrameKind.ERROR, failure=classify_event(obj, name, now=now, quota_hint=quota_hint))
+    if not isinstance(obj, dict):
+        return Event(FrameKind.BROKEN, failure=Failure(Kind.TRANSIENT, "200 with a broken stream event", 200))
+    if name in _RESPONSES_DONE:
+        return Event(FrameKind.DONE, chunk=obj, output=True)
+    if name in _RESPONSES_PREAMBLE or not name:
+        return Event(FrameKind.CHUNK, chunk=obj, output=False)
+    return Event(FrameKind.CHUNK, chunk=obj, output=not name.endswith(".added"))
+
+
+def response_text(response: Mapping[str, Any]) -> str:
+    """The text of a Responses API answer: its output_text parts, in order."""
+    out = []
+    items = response.get("output")
+    for item in items if isinstance(items, list) else []:
+        content = item.get("content") if isinstance(item, dict) else None
+        for part in content if isinstance(content, list) else []:
+            if isinstance(part, dict) and part.get("type") == "output_text" and isinstance(part.get("text"), str):
+                out.append(part["text"])
+    return "".join(out)

@@ -134,3 +134,13 @@ def test_the_body_passes_every_caller_field_through_and_owns_model_n_and_the_cap
     body = wire.chat_body((), {}, model="m", token_param=TokenParam.MAX_COMPLETION_TOKENS, max_tokens=8,
                           temperature=0.2, stream=False)
     assert body == {"model": "m", "messages": [], "max_completion_tokens": 8, "n": 1, "temperature": 0.2}
+
+
+def test_a_responses_body_passes_every_caller_field_and_owns_model_stream_and_the_cap() -> None:
+    extra = {"input": [{"role": "user", "content": "hi"}], "instructions": "x", "tools": [{"type": "web_search"}],
+             "metadata": {"a": "b"}, "reasoning": {"effort": "low"}, "model": "evil", "max_output_tokens": 9999,
+             "stream": False, "store": False}
+    body = wire.responses_body(extra, model="m", max_output_tokens=64, stream=True)
+    for k in ("input", "instructions", "tools", "metadata", "reasoning", "store"):
+        assert body[k] == extra[k]
+    assert body["model"] == "m" and body["max_output_tokens"] == 64 and body["stream"] is True

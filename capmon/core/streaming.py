@@ -1,0 +1,36 @@
+"""A stream of a provider's chunks (chat completions) or events (the Responses API),
+with what the client knows about it as it goes: which request it is, which model and
+target serve it once output has started, the attempts before, and the result at the
+end. The gateway reads these to write its response headers before the first byte."""
+
+from __future__ import annotations
+
+from typing import Any, AsyncIterator, Callable, Mapping
+
+from capmon.core.result import Attempt, ChatResult
+
+
+class ChatStream:
+    def __init__(self, run: Callable[["ChatStream"], AsyncIterator[Mapping[str, Any]]]) -> None:
+        self.request_id = 0
+        self.model: str | None = None  # set when the first chunk is out
+        self.endpoint: str | None = None
+        self.target: str | None = None
+        self.attempts: tuple[Attempt, ...] = ()  # the failed attempts before the one streaming
+        self.result: ChatResult | None = None  # set when the stream has ended complete
+        self._chunks = run(self)
+
+    def __aiter__(self) -> "ChatStream":
+        return self
+
+    async def __anext__(self) -> Mapping[str, Any]:
+        return await self._chunks.__anext__()
+
+    async def aclose(self) -> None:
+        """Stop early: the attempt is cancelled and its slot given back."""
+        await self._chunks.aclose()  # type: ignore[attr-defined]
+
+    @property
+    def fallbacks(self) -> int:
+        models = [a.model for a in self.attempts] + ([self.model] if self.model else [])
+        return sum(1 for a, b in zip(models, models[1:]) if a != b)

@@ -1,0 +1,87 @@
+"""The Responses API through the FallbackClient, against the simulator over real HTTP:
+plain and streamed, in-stream failures before and after output, fallbacks."""
+
+from __future__ import annotations
+
+import pytest
+
+from capmon.core.config import SIMULATOR_DEMO_KEY, parse_config
+from capmon.core.errors import Kind
+from capmon.core.exceptions import RequestFailed
+from capmon.core.router import FallbackClient
+from capmon.sim.scenario import ModelSpec, Scenario
+from capmon.sim.server import start_simulator
+from tests.reliability.helpers import set_fault
+
+pytestmark = pytest.mark.looptime
+
+ENV = {"KEY": SIMULATOR_DEMO_KEY}
+
+
+def spec(name: str, slots: int = 4, **kw: object) -> ModelSpec:
+    return ModelSpec(name=f"sim-{name}", slots=slots, base_latency=0.2, per_token=0.0, noise=0.0, answer_tokens=24,
+                     context_window=128_000, **kw)  # type: ignore[arg-type]
+
+
+def config(base_url: str) -> object:
+    text = f'[simulator]\nenabled = false\n\n[[endpoints]]\nname = "sim"\nbase_url = "{base_url}"\n' \
+           f'keys = [{{ env = "KEY", alias = "k" }}]\n'
+    for m in ("flagship", "medium"):
+        text += f'\n[[models]]\nname = "{m}"\napi_model = "sim-{m}"\nendpoints = ["sim"]\nmax_tokens = 64\n'
+    return parse_config(text, "test.toml")
+
+
+async def test_a_plain_response_and_a_streamed_one() -> None:
+    sim = await start_simulator(Scenario(models=(spec("flagship"), spec("medium"))))
+    try:
+        async with FallbackClient(config(sim.base_url), environ=ENV) as client:
+            result = await client.responses({"input": "Say hello", "instructions": "Be brief.",
+                                             "metadata": {"trace": "t-1"}})
+            stream = client.stream_responses({"input": "Say hello"})
+            events = [e async for e in stream]
+    finally:
+        await sim.stop()
+    assert result.model == "flagship" and result.response["object"] == "response"
+    assert len(result.content.split()) == 24 and result.response["instructions"] == "Be brief."
+    assert result.response["max_output_tokens"] == 64  # the model's cap, sent as the Responses API names it
+    types = [e["type"] for e in events]
+    assert types[:2] == ["response.created", "response.in_progress"] and types[-1] == "response.completed"
+    assert "response.output_text.delta" in types
+    text = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
+    assert len(text.split()) == 24
+    assert stream.model == "flagship" and stream.result is not None and stream.result.content == text
+
+
+@pytest.mark.parametrize("dialect", ["responses-failed", "responses-slow-down", "responses-error"])
+async def test_an_overloaded_model_in_the_stream_falls_back_before_any_output(dialect: str) -> None:
+    sim = await start_simulator(Scenario(models=(spec("flagship", slots=0, dialect=dialect), spec("medium"))))
+    try:
+        async with FallbackClient(config(sim.base_url), environ=ENV) as client:
+            stream = client.stream_responses({"input": "hi"})
+            events = [e async for e in stream]
+            plain = await client.responses({"input": "hi"})
+            snap = client.snapshot()
+    finally:
+        await sim.stop()
+    assert stream.model == "medium" and [a.kind for a in stream.attempts] == [Kind.CAPACITY]
+    assert events[0]["type"] == "response.created" and events[-1]["type"] == "response.completed"
+    assert all(e["response"]["model"] == "sim-medium" for e in events if "response" in e)  # nothing of the flagship
+    assert plain.model == "medium" and plain.attempts[0].kind is Kind.CAPACITY
+    assert snap.targets[0].consecutive_failures >= 1
+
+
+async def test_a_failure_after_output_ends_the_stream_with_an_error() -> None:
+    sim = await start_simulator(Scenario(models=(spec("flagship"), spec("medium"))))
+    try:
+        await set_fault(sim, mode="stream_error", after=3, dialect="responses-failed", count=1)
+        async with FallbackClient(config(sim.base_url), environ=ENV) as client:
+            stream = client.stream_responses({"input": "hi"})
+            events = []
+            with pytest.raises(RequestFailed) as info:
+                async for e in stream:
+                    events.append(e)
+    finally:
+        await sim.stop()
+    assert info.value.failure.kind is Kind.CAPACITY and "after output was sent" in str(info.value)
+    assert any(e["type"] == "response.output_text.delta" for e in events)
+    assert events[-1]["type"] != "response.completed"  # never shown as complete
