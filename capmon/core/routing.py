@@ -16,6 +16,11 @@ from capmon.core.targets import Target
 from capmon.core.waiting import BATCH, INTERACTIVE
 
 
+# Retries of one request on the model it sticks to (rate-limited, transient) before it
+# may fall back to another model.
+STICK_LIMIT = 2
+
+
 @dataclass
 class Routing:
     """What one request remembers while it is routed."""
@@ -34,6 +39,7 @@ class Routing:
     last_failure: Failure | None = None
     last_model: str | None = None
     switched: bool = False  # the token parameter was switched once for this request
+    stuck: int = 0  # failures in a row on the model it sticks to
 
     def cost(self, t: Target) -> int:
         """Tokens the request may use on ``t``: charged to a tpm bucket up front."""
@@ -112,12 +118,18 @@ def plan(r: Routing, t: Target, failure: Failure, *, number: int, max_attempts: 
         return Step(Decision.FALLBACK)
     if number >= max_attempts:
         return Step(Decision.FAIL, message=f"{kind.value}: {failure.reason} (after {number} attempts)")
-    if nxt is Next.RETRY and not spend_retry():
+    transient = nxt is Next.RETRY
+    if transient and not spend_retry():
         return Step(Decision.FAIL, message=f"transient: {failure.reason} (retry budget spent)")
     assert r.schedule is not None
-    wait = r.schedule.next_wait(failure, Kind.TRANSIENT if nxt is Next.RETRY else None)
+    wait = r.schedule.next_wait(failure, Kind.TRANSIENT if transient else None)
     wait = max(0.0, min(wait, r.deadline - now))
     r.skip[t.id] = now + wait
     if nxt in (Next.RETRY, Next.SAME_MODEL):
-        r.stick_to = t.model.name
+        # The same model again (another key of it first), but not for ever: a model that
+        # keeps refusing one request lets it go to the others.
+        r.stuck = r.stuck + 1 if r.stick_to == t.model.name else 1
+        r.stick_to = t.model.name if r.stuck <= STICK_LIMIT else None
+    else:
+        r.stuck = 0
     return Step(Decision.RETRY, wait)
