@@ -4,6 +4,10 @@ config enables it) and the shared FallbackClient.
 This is the one place where the CLI, batch jobs and the dashboard get an engine,
 so they all behave the same way on a fresh machine.
 
+With ``[shared] backend = "redis"`` the client's state is shared with every process on
+the same Redis namespace (capmon/fleet): the engine joins the fleet at start under its
+``role`` (gateway, batch, dashboard, library), and leaves it when it stops.
+
 When the config's simulator address already has a simulator (another capmon process's),
 the engine borrows it and watches it: if that process exits, the engine says so at once
 (a warning Notice on its bus, and in the log) and serves the address itself.
@@ -60,8 +64,16 @@ async def open_engine(
     clock: Clock | None = None,
     bus: EventBus | None = None,
     with_simulator: bool = True,
+    role: str = "library",
 ) -> AsyncIterator[Engine]:
     keys = resolve_keys(config, environ)  # a missing key variable is reported now, before anything starts
+    bus = bus or EventBus()
+    shared = None
+    if config.shared.backend == "redis":
+        from capmon.fleet import shared_state
+
+        # the URL is read now: a missing variable is one clear line before anything starts
+        shared = shared_state(config, clock=clock or default_clock(), publish=bus.publish, role=role, environ=environ)
     handle = None
     url = None
     if config.simulator.enabled and with_simulator:
@@ -75,10 +87,16 @@ async def open_engine(
             # The scenario could not be found or read: say which config key named it.
             raise ConfigError(config.path, "simulator.scenario", f"{e.file}: {e.detail}") from None
         url = handle.origin if handle is not None else f"http://{config.simulator.listen}"
-    bus = bus or EventBus()
-    client = FallbackClient(config, clock=clock, bus=bus, keys=keys)
+    client = FallbackClient(config, clock=clock, bus=bus, keys=keys, state=shared)
     engine = Engine(config=config, client=client, bus=bus, simulator_url=url, simulator_started=handle is not None)
     watch = None
+    try:
+        await client.start()  # joins the fleet; unreachable with [shared] required = true: raises, exit 2
+    except BaseException:
+        await client.aclose()
+        if handle is not None:
+            await handle.stop()
+        raise
     if url is not None and handle is None:
         watch = _watch_borrowed(engine, clock)
     try:

@@ -81,6 +81,26 @@ class BreakerView:
     total_trips: int
 
 
+@dataclass(frozen=True, slots=True)
+class BreakerRecord:
+    """What a fleet of processes shares of one breaker (capmon/fleet): its state and
+    schedule, not the evidence each process counts itself. Times are on this process's
+    clock."""
+
+    state: State
+    generation: int
+    reason: str
+    next_probe: float | None  # while OPEN
+    interval: float
+    probes_failed: int
+    probe_successes: int
+    trips: int  # trips in a row
+    total_trips: int
+    ramp_from: float  # while RAMP
+    ramp_share: float  # while RAMP: the share clean rounds earned (time is only a ceiling)
+    basis: float  # while RAMP: the learned concurrency the share is of
+
+
 def _clean_hint(hint: float | None) -> float | None:
     # A garbage hint (negative, NaN, infinite) is ignored rather than trusted: an
     # infinite wait would disable the model until someone resets it by hand.
@@ -178,6 +198,7 @@ class CircuitBreaker:
         self._round_need = 1
         self._round_ok = 0
         self._basis = 1.0
+        self._changes = 0  # state moves and ramp steps this breaker decided itself
 
     # ------------------------------------------------------------ reading
 
@@ -221,6 +242,53 @@ class CircuitBreaker:
         """Clock time the next probe is due while OPEN; None in every other state."""
         self._advance(self._clock.now())
         return self._next_probe if self._state is State.OPEN else None
+
+    # ------------------------------------------------------------ shared with a fleet
+
+    @property
+    def changes(self) -> int:
+        """How many moves and ramp steps this breaker has decided itself: read it before
+        and after :meth:`record` (or any read, which applies time-driven moves) to tell
+        whether that call made a transition, then :meth:`export` it."""
+        return self._changes
+
+    def export(self) -> BreakerRecord:
+        self._advance(self._clock.now())
+        return BreakerRecord(self._state, self.generation, self._reason, self._next_probe, self._interval,
+                             self._probes_failed, self._probe_successes, self._trips_in_a_row, self._total_trips,
+                             self._ramp_from, self._share, self._basis)
+
+    def adopt(self, rec: BreakerRecord, origin: str | None = None) -> None:
+        """Take a state decided elsewhere (another process of the fleet, or the shared
+        store's answer to a move this one lost) without treating it as this breaker's
+        own decision: :attr:`changes` does not move. Its BreakerChanged names ``origin``
+        in the reason (None: this process's own request to the store, e.g. the probe it
+        won). The same state and generation only refreshes the schedule."""
+        now = self._clock.now()
+        old = self._state
+        same = rec.generation == self.generation and rec.state is old
+        share = max(self._share, rec.ramp_share) if same else rec.ramp_share
+        stepped = same and old is State.RAMP and share > self._share + 1e-9
+        self._state, self.generation, self._reason = rec.state, rec.generation, rec.reason
+        self._next_probe = rec.next_probe if rec.state is State.OPEN else None
+        self._interval, self._probes_failed, self._probe_successes = rec.interval, rec.probes_failed, rec.probe_successes
+        self._trips_in_a_row, self._total_trips = rec.trips, rec.total_trips
+        self._ramp_from, self._share, self._basis = rec.ramp_from, share, max(1.0, rec.basis)
+        self._round_need = max(1, math.ceil(self._share * self._basis))
+        if stepped:
+            self._round_ok = 0
+            self._emit_step(now, f"share raised to {self._share:.0%}" + (f" [{origin}]" if origin else ""))
+        if same:
+            return
+        self._consecutive = 0
+        self._streak_hint = None
+        self._window.clear()
+        self._round_ok = 0
+        self._probing = rec.state is State.HALF_OPEN and origin is None
+        reason = rec.reason if origin is None else f"{rec.reason} [{origin}]"
+        self._emit(BreakerChanged(at=now, wall=self._clock.wall(), target=self.target, model=self.model,
+                                  old=old.value, new=rec.state.value, reason=reason, manual=rec.state.manual,
+                                  cooldown_until=self._next_probe))
 
     # ------------------------------------------------------------ probes
 
@@ -371,6 +439,7 @@ class CircuitBreaker:
         self._share = min(1.0, self._share * 2.0 if self._share > 0 else 1.0 / self._basis)
         self._round_ok = 0
         self._round_need = max(1, math.ceil(self._share * self._basis))
+        self._changes += 1
         if self._share < 1.0:
             self._emit_step(now, f"clean round: share doubled to {self._share:.0%}")
         self._advance(now)
@@ -389,10 +458,12 @@ class CircuitBreaker:
             self._move(State.CLOSED, "ramp complete", now)
 
     def _emit_step(self, now: float, reason: str) -> None:
+        self._emit(RampStep(at=now, wall=self._clock.wall(), target=self.target, model=self.model,
+                            share=self._share, reason=reason))
+
+    def _emit(self, event: Event) -> None:
         if self._publish is None:
             return
-        event = RampStep(at=now, wall=self._clock.wall(), target=self.target, model=self.model,
-                         share=self._share, reason=reason)
         try:
             self._publish(event)
         except Exception:  # a broken subscriber must never break the client
@@ -404,6 +475,7 @@ class CircuitBreaker:
         self._state = new
         self._reason = reason
         self.generation += 1  # everything admitted before this is now stale
+        self._changes += 1
         self._consecutive = 0
         self._streak_hint = None
         self._window.clear()
@@ -413,11 +485,5 @@ class CircuitBreaker:
             self._probes_failed = 0
             self._probe_successes = 0
             self._interval = self.config.probe_interval
-        if self._publish is None:
-            return
-        event = BreakerChanged(at=now, wall=self._clock.wall(), target=self.target, model=self.model, old=old.value,
-                               new=new.value, reason=reason, manual=manual, cooldown_until=next_probe)
-        try:
-            self._publish(event)
-        except Exception:  # a broken subscriber must never break the client
-            log.exception("publishing %r failed", event)
+        self._emit(BreakerChanged(at=now, wall=self._clock.wall(), target=self.target, model=self.model,
+                                  old=old.value, new=new.value, reason=reason, manual=manual, cooldown_until=next_probe))

@@ -132,6 +132,20 @@ class DashboardConfig:
 
 
 @dataclass(frozen=True)
+class SharedConfig:
+    """``[shared]``: several processes acting as one client through Redis (capmon/fleet)."""
+
+    backend: str = _f("memory", choices=("memory", "redis"), doc="memory: this process alone; redis: shared with every process on the same namespace")
+    url: str = _f("", doc="redis://host:port/db; without a password (use url_env for one)")
+    url_env: str = _f("", doc="environment variable holding the Redis URL, for a URL with a password")
+    namespace: str = _f("capmon", doc="prefix of every Redis key: processes on one namespace share their state")
+    required: bool = _f(False, doc="true: exit 2 when Redis is unreachable at start; false: warn and run on local state")
+    lease_ttl: float = _f(5.0, min=0.05, max=3600.0, doc="seconds a killed process's concurrency slots stay taken")
+    heartbeat: float = _f(1.0, min=0.01, max=60.0, doc="seconds between a process's heartbeats (registry, lease renewal)")
+    reconcile: float = _f(1.0, min=0.01, max=60.0, doc="seconds between full reads of the shared state, the backstop for missed news")
+
+
+@dataclass(frozen=True)
 class Config:
     models: tuple[ModelConfig, ...] = _f(factory=tuple)
     endpoints: tuple[EndpointConfig, ...] = _f(factory=tuple)
@@ -141,6 +155,7 @@ class Config:
     limiter: LimiterConfig = _f(factory=LimiterConfig)
     simulator: SimulatorConfig = _f(factory=SimulatorConfig)
     dashboard: DashboardConfig = _f(factory=DashboardConfig)
+    shared: SharedConfig = _f(factory=SharedConfig)
     path: str = field(default="<defaults>", compare=False)
 
     def model(self, name: str) -> ModelConfig:

@@ -43,6 +43,17 @@ class Slot:
 
 
 @dataclass(frozen=True, slots=True)
+class Learned:
+    """What a limiter has learned, as a shared store keeps it for a fleet (capmon/fleet)."""
+
+    limit: float
+    capacity: int | None
+    epoch: int
+    hold: float = _FIRST_HOLD
+    below: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class LimiterView:
     limit: float
     in_flight: int
@@ -94,6 +105,21 @@ class AdaptiveLimiter:
 
     def view(self) -> LimiterView:
         return LimiterView(self._limit, self._in_flight, self._capacity, self.min, self.max)
+
+    # ------------------------------------------------------------ shared with a fleet
+
+    def learned(self) -> Learned:
+        return Learned(self._limit, self._capacity, self._epoch, self._hold, self._below)
+
+    def mirror(self, learned: Learned) -> None:
+        """Take what a fleet learned together. A shared store runs this class's learning
+        in its own script (capmon/fleet/lua/settle.lua, kept in step with ``release`` and
+        ``_cut`` here: change both or neither); this limiter then mirrors the result and
+        keeps counting only this process's own requests in flight."""
+        self._limit = max(float(self.min), min(float(learned.limit), float(self.max)))
+        self._capacity, self._epoch = learned.capacity, learned.epoch
+        self._hold, self._below = learned.hold, learned.below
+        self._saved = None
 
     # ------------------------------------------------------------ slots
 

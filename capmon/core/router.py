@@ -50,7 +50,6 @@ __all__ = ["FallbackClient", "ProbeResult"]
 @dataclass(frozen=True, slots=True)
 class _End:
     """The last item a streaming attempt yields: a result, a grant to go on with, or None."""
-
     out: ChatResult | Grant | None
 
 
@@ -80,7 +79,7 @@ class FallbackClient:
             lambda r, now: r.ready_at(self.targets, self.state.pinned, now),
             lambda r: r.group(self.targets, self.state.pinned, self.clock.now(), self._by_cost),
             batch_share=config.client.batch_share)
-        self.state.set_listener(self._queue.regroup)
+        self.state.set_listener(lambda: (self._queue.regroup(), self.prober.kick()))  # news from a shared store
         self.prober = Prober(self)
         self.journal = Journal(self.clock, self.bus, config.client.max_attempts)
         cc = config.client
@@ -98,7 +97,11 @@ class FallbackClient:
         await self._http.aclose()
         await self.state.aclose()
 
+    async def start(self) -> None:
+        await self.state.start()  # connect a shared store ([shared]); a no-op in memory
+
     async def __aenter__(self) -> "FallbackClient":
+        await self.start()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -352,12 +355,11 @@ class FallbackClient:
         if failure is None:
             self.journal.record(r, t, number, wall, answer.status, None, 0.0, latency, Decision.OK)
             self.journal.done(r, t, ok=True)
-            total = now - r.started
             response = answer.response or {}
             return ChatResult(model=t.model.name, endpoint=t.endpoint.name, target=t.id,
                               content=wire.response_text(response) if r.request.api is Api.RESPONSES
                               else wire.completion_text(response), response=response,
-                              attempts=tuple(r.attempts), latency=total, usage=usage, request_id=r.id)
+                              attempts=tuple(r.attempts), latency=now - r.started, usage=usage, request_id=r.id)
         self.journal.failed_attempt(r, t, number, answer.status, failure)
         r.last_failure = failure
         if answer.output_sent:  # a stream that broke after output reached the caller: never retried
@@ -377,9 +379,8 @@ class FallbackClient:
         # or it would have been handed over). Else wait in line, backing off from ``t``.
         grant = None if len(self._queue) else await self._admit_any(r)
         if grant is not None:
-            other_model = grant[0].model.name != t.model.name
             self.journal.record(r, t, number, wall, answer.status, failure, 0.0, latency,
-                         Decision.FALLBACK if other_model else Decision.RETRY)
+                                Decision.FALLBACK if grant[0].model.name != t.model.name else Decision.RETRY)
             return grant
         self.journal.record(r, t, number, wall, answer.status, failure, step.wait, latency, Decision.RETRY)
         self.journal.show_wait(r, step.wait, failure.reason)

@@ -7,7 +7,8 @@ same way).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import enum
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from capmon.core.breaker import State
@@ -68,6 +69,45 @@ class WaitingRetry:
     deadline: float  # clock time when it fires
 
 
+class LinkState(enum.StrEnum):
+    OFF = "off"  # no shared store: this process is the whole client (backend "memory")
+    OK = "ok"  # shared with the fleet
+    DEGRADED = "degraded"  # the store is unreachable: running on local state, rejoining
+
+
+@dataclass(frozen=True, slots=True)
+class FleetProcess:
+    """One live process of the fleet, as its heartbeat registered it."""
+
+    id: str
+    host: str
+    pid: int
+    role: str  # gateway | batch | dashboard | library
+    in_flight: int
+    started: float  # wall time
+    seen: float  # wall time of its last heartbeat
+    degraded: bool
+    this: bool = False  # the process that made the snapshot
+
+
+@dataclass(frozen=True, slots=True)
+class SharedStatus:
+    """Whether the state is shared with other processes (capmon/fleet), and with whom."""
+
+    backend: str = "memory"  # memory | redis
+    state: LinkState = LinkState.OFF
+    since: float | None = None  # wall time the state began
+    message: str = ""  # e.g. why it is degraded
+    url: str = ""  # the store, password hidden: redis://***@host:port/db
+    namespace: str = ""
+    processes: tuple[FleetProcess, ...] = ()
+
+    @property
+    def label(self) -> str:
+        """What a dashboard, ``/ready`` or ``status`` shows: ``shared state: degraded``."""
+        return f"shared state: {self.state.value}"
+
+
 @dataclass(frozen=True, slots=True)
 class EngineSnapshot:
     now: float
@@ -81,6 +121,7 @@ class EngineSnapshot:
     succeeded: int
     failed: int
     events_published: int
+    shared: SharedStatus = field(default_factory=SharedStatus)
 
     def to_dict(self) -> dict[str, object]:
         from dataclasses import asdict
@@ -108,5 +149,5 @@ def build_snapshot(client: "FallbackClient", journal: "Journal", queued: int) ->
         now=now, wall=client.clock.wall(), pinned=client.pinned, targets=tuple(rows), waiting=journal.waits(),
         queued=queued, in_flight=journal.in_flight, requests=journal.requests, succeeded=journal.succeeded,
         failed=journal.failed,
-        events_published=client.bus.published,
+        events_published=client.bus.published, shared=client.state.shared_status(),
     )

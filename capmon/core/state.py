@@ -20,7 +20,7 @@ from __future__ import annotations
 import enum
 import math
 from dataclasses import dataclass
-from typing import Callable, Iterable, Protocol
+from typing import TYPE_CHECKING, Callable, Iterable, Protocol
 
 from capmon.core.breaker import BreakerView, CircuitBreaker, State
 from capmon.core.clock import Clock
@@ -29,6 +29,9 @@ from capmon.core.errors import Failure
 from capmon.core.events import Event, KeyParked, ModelPinned
 from capmon.core.limiter import AdaptiveLimiter, Budget, LimiterView, Slot, TokenBucket
 from capmon.core.policy import CANCELLED, BreakerSignal, KeyAction, LimiterSignal, policy_for
+
+if TYPE_CHECKING:
+    from capmon.core.snapshot import SharedStatus
 
 # A quota failure without a hint parks its key this long: quotas reset by the hour or
 # the day, and hammering a spent key only adds noise.
@@ -55,6 +58,7 @@ class Admission:
     cost: int  # tokens charged to the tpm bucket
     at: float
     settled: bool = False
+    lease: str | None = None  # a shared store's lease on a fleet-wide slot; None: granted by local state alone
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,7 +103,8 @@ class TargetState(Protocol):
 class StateStore(Protocol):
     """The client-wide state: its targets, the pin and the retry budget."""
 
-    @property
+    async def start(self) -> None: ...  # connect a shared store; the client calls it once before use
+    def shared_status(self) -> "SharedStatus": ...
     def pinned(self) -> str | None: ...
     def pin(self, model: str | None) -> None: ...
     def target(self, target_id: str) -> TargetState: ...
@@ -317,6 +322,14 @@ class MemoryState:
         """``fn()`` is called when something outside the router's own calls may let a
         waiting request in (a shared store hears of another process's reset)."""
         self._listener = fn
+
+    async def start(self) -> None:
+        return None
+
+    def shared_status(self) -> "SharedStatus":
+        from capmon.core.snapshot import SharedStatus
+
+        return SharedStatus()
 
     async def aclose(self) -> None:
         return None

@@ -1,0 +1,103 @@
+"""The connection to Redis and its health: ok, or degraded (running on local state).
+
+Commands go through one client with short timeouts and no retries, so a lost Redis is
+noticed at the first call that needs it and that call goes on with local state.
+Pub/sub has its own connection, read with ``get_message(timeout=...)`` in a loop and
+no socket timeout (a quiet channel is not a dead one). Every script returns Redis's
+clock; :meth:`Link.observe` keeps the offset that converts shared times to this
+process's clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+from typing import Any, Callable
+
+from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
+
+from capmon.core import secrets
+from capmon.core.clock import Clock
+from capmon.core.snapshot import LinkState
+from capmon.fleet.scripts import Scripts
+from capmon.fleet.settings import Settings
+
+log = logging.getLogger("capmon.fleet")
+
+# What a lost, restarting or hung Redis raises through redis-py.
+ERRORS: tuple[type[BaseException], ...] = (RedisError, OSError, asyncio.TimeoutError)
+
+COMMAND_TIMEOUT = 0.5  # seconds: a call slower than this counts as Redis lost
+
+
+def describe(exc: BaseException) -> str:
+    """An exception as one line without secrets."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return secrets.redact(text)[:200]
+
+
+class Link:
+    def __init__(self, settings: Settings, clock: Clock) -> None:
+        self.settings = settings
+        self._clock = clock
+        self.client = self._client(COMMAND_TIMEOUT)
+        self.scripts = Scripts(self.client)
+        self.state = LinkState.DEGRADED  # until start() joins
+        self.since: float | None = None
+        self.message = "not started"
+        self.offset = 0.0  # this process's clock minus Redis's
+        self.calls: collections.Counter[str] = collections.Counter()  # round trips by script
+        self.hot: collections.deque[float] = collections.deque(maxlen=200_000)  # seconds per ADMIT / SETTLE
+        self.losses = 0
+        self.on_change: Callable[[], None] | None = None
+
+    def _client(self, timeout: float | None) -> Redis:
+        return Redis.from_url(self.settings.url, decode_responses=True, socket_timeout=timeout,
+                              socket_connect_timeout=COMMAND_TIMEOUT, retry=Retry(NoBackoff(), 0),
+                              health_check_interval=0, client_name="capmon")
+
+    def subscriber(self) -> Redis:
+        return self._client(None)
+
+    @property
+    def ok(self) -> bool:
+        return self.state is LinkState.OK
+
+    def observe(self, redis_now: Any) -> float:
+        """Redis's clock as a script returned it: the offset to this process's clock."""
+        self.offset = self._clock.now() - float(redis_now)
+        return self.offset
+
+    async def call(self, kind: str, script: Any, keys: list[str], args: list[Any], hot: bool = False) -> Any:
+        t0 = self._clock.now()
+        out = await script(keys=keys, args=args)
+        self.calls[kind] += 1
+        if hot:
+            self.hot.append(self._clock.now() - t0)
+        return out
+
+    def joined(self) -> None:
+        self._set(LinkState.OK, f"shared through Redis at {self.settings.shown}")
+
+    def degrade(self, message: str) -> bool:
+        """Running on local state from now on; False if it already was."""
+        if self.state is LinkState.DEGRADED and self.since is not None:
+            return False
+        self.losses += 1
+        self._set(LinkState.DEGRADED, message)
+        return True
+
+    def _set(self, state: LinkState, message: str) -> None:
+        self.state, self.message, self.since = state, message, self._clock.wall()
+        if self.on_change is not None:
+            self.on_change()
+
+    async def aclose(self) -> None:
+        try:
+            await self.client.aclose()
+        except ERRORS:
+            pass

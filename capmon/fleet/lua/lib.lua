@@ -1,0 +1,107 @@
+-- capmon/fleet/lua/lib.lua: put in front of every capmon script (capmon/fleet/scripts.py).
+-- All shared time is Redis's own (TIME), in seconds: machines' clocks differ, and a
+-- process converts to its own clock from the `now` every script returns.
+
+local function now_s()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) + tonumber(t[2]) / 1000000
+end
+
+local function f6(x)
+  return string.format('%.6f', x)
+end
+
+local function num(v, d)
+  if v == nil or v == false or v == '' then return d end
+  local n = tonumber(v)
+  if n == nil then return d end
+  return n
+end
+
+local function load(key)
+  local raw = redis.call('HGETALL', key)
+  local h = {}
+  for i = 1, #raw, 2 do h[raw[i]] = raw[i + 1] end
+  return h
+end
+
+local function save(key, w)
+  local flat = {}
+  for k, v in pairs(w) do
+    flat[#flat + 1] = k
+    flat[#flat + 1] = v
+  end
+  if #flat > 0 then redis.call('HSET', key, unpack(flat)) end
+end
+
+local function admits(state)
+  return state == 'closed' or state == 'forced-closed' or state == 'ramp'
+end
+
+-- The hash after every write this call made, with a new version: readers apply a
+-- hash only if its version is not older than the last one they applied.
+local function commit(key, w, origin)
+  w.origin = origin
+  save(key, w)
+  redis.call('HINCRBY', key, 'ver', 1)
+  return load(key)
+end
+
+local function publish(channel, kind, h, extra)
+  local msg = {k = kind, h = h}
+  if extra then for k, v in pairs(extra) do msg[k] = v end end
+  redis.call('PUBLISH', channel, cjson.encode(msg))
+end
+
+local function flat(h)
+  local out = {}
+  for k, v in pairs(h) do
+    out[#out + 1] = k
+    out[#out + 1] = v
+  end
+  return out
+end
+
+-- The ramp's share now: what clean rounds earned, or the time ceiling if higher
+-- (capmon/core/breaker.py, CircuitBreaker._ramp_share).
+local function ramp_share_now(h, now, ramp_start, ramp_duration)
+  if ramp_duration <= 0 then return 1.0 end
+  local by_time = ramp_start + (1.0 - ramp_start) * (now - num(h.ramp_from, now)) / ramp_duration
+  return math.min(1.0, math.max(num(h.ramp_share, ramp_start), by_time))
+end
+
+-- A trip restores what the limiter learned before the failure streak began: an
+-- outage is not a capacity signal (capmon/core/limiter.py, AdaptiveLimiter.restore).
+local function restore(h, w)
+  if h.saved == '1' then
+    w.limit, w.capacity, w.hold = h.s_limit, h.s_capacity, h.s_hold
+    w.saved = 0
+    w.epoch = num(h.epoch, 0) + 1
+    w.below = 0
+  end
+end
+
+-- A compare-and-set of a move one process's breaker made (capmon/core/breaker.py,
+-- CircuitBreaker.export): it applies only if the shared generation is still the one
+-- that process last agreed with, so a stale writer can never undo a newer move. A
+-- ramp step keeps the generation and only raises the share.
+local function transition(key, channel, h, tr, now, origin)
+  if num(h.gen, 0) ~= tr.from then return 'conflict', h end
+  if tr.step then
+    if h.state ~= 'ramp' then return 'conflict', h end
+    if tr.ramp_share > num(h.ramp_share, 0) then
+      h = commit(key, {ramp_share = tr.ramp_share}, origin)
+      publish(channel, 'b', h)
+    end
+    return 'ok', h
+  end
+  local w = {state = tr.state, gen = tr.gen, reason = tr.reason, interval = tr.interval, pfail = tr.pfail,
+             psucc = tr.psucc, trips = tr.trips, total_trips = tr.total_trips, basis = tr.basis,
+             ramp_share = tr.ramp_share, ramp_from = f6(now - tr.ramp_ago), streak = 0, streak_hint = '',
+             probe_owner = '', probe_until = 0}
+  if tr.next_in >= 0 then w.next_probe = f6(now + tr.next_in) else w.next_probe = 0 end
+  if tr.state == 'open' and (h.state == 'closed' or h.state == 'ramp') then restore(h, w) end
+  h = commit(key, w, origin)
+  publish(channel, 'b', h)
+  return 'ok', h
+end

@@ -1,0 +1,161 @@
+-- SETTLE: one attempt's outcome on one target, fleet-wide, in one round trip: the
+-- lease back, the limiter's learning, the breaker's evidence and a pending move of
+-- the local breaker (compare-and-set), the key action, a server's not-before, the tpm
+-- refund, and news of a free slot for processes whose admission was refused.
+-- KEYS: 1 target hash, 2 its leases, 3 the key's hash, 4 tpm bucket, 5 events channel
+-- ARGV: 1 lease id, 2 limiter signal (ok | overload | neutral), 3 position, 4 epoch,
+--       5 breaker signal (success | capacity | down | transient | neutral), 6 the admission's generation,
+--       7 seconds since it was sent, 8 hint (-1: none), 9 probe (0/1), 10 key action (none | disable | park),
+--       11 key reason, 12 park seconds, 13 hint blocks (0/1), 14 tokens to refund, 15 tpm,
+--       16 limiter min, 17 limiter max, 18 limiter decrease, 19 failure_threshold, 20 probe_interval,
+--       21 cooldown_multiplier, 22 cooldown, 23 cooldown_max, 24 origin, 25 a pending transition (JSON) or ''
+-- Returns {status, now, news (0/1), cas, key disabled reason, hash...}; status: ok | missing.
+local now = now_s()
+if redis.call('EXISTS', KEYS[1]) == 0 then return {'missing', f6(now)} end
+local channel, origin = KEYS[5], ARGV[24]
+local h = load(KEYS[1])
+local w = {}
+
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', f6(now))
+local held = redis.call('ZCARD', KEYS[2])
+local present = redis.call('ZREM', KEYS[2], ARGV[1])
+local busy = held + 1 - present  -- our requests in flight there, this one included (an expired lease counts too)
+local left = held - present
+
+-- ------------------------------------------------------------ the limiter
+-- The same learning as capmon/core/limiter.py (AdaptiveLimiter.release, _grow, _cut,
+-- checkpoint): change both or neither; tests/fleet/test_limiter_math.py drives both.
+local FIRST_HOLD, MAX_HOLD = 4.0, 64.0
+local lmin, lmax, decrease = tonumber(ARGV[16]), tonumber(ARGV[17]), tonumber(ARGV[18])
+local limit, capacity = num(h.limit, 1), num(h.capacity, -1)
+local epoch, hold, below = num(h.epoch, 0), num(h.hold, FIRST_HOLD), num(h.below, 0)
+local position, slot_epoch = tonumber(ARGV[3]), tonumber(ARGV[4])
+local lsig, probe = ARGV[2], ARGV[9] == '1'
+local news = false
+local streak = num(h.streak, 0)
+if not probe then
+  if lsig == 'ok' then
+    below = 0
+    if capacity < 0 then
+      if busy >= limit / 2 then limit = math.min(lmax, limit + 1.0) end
+    else
+      if position > capacity then
+        capacity = position
+        hold = FIRST_HOLD
+      end
+      if busy >= math.floor(limit + 1e-9) then limit = math.min(lmax, limit + 1.0 / (limit * hold)) end
+    end
+  elseif lsig == 'overload' and slot_epoch == epoch then
+    if admits(h.state) and streak == 0 then
+      -- a failure streak may begin: remember what it may undo
+      w.saved, w.s_limit, w.s_capacity, w.s_hold = 1, limit, capacity, hold
+    end
+    local kept = math.max(lmin, position - 1)
+    local new
+    if capacity >= 0 and kept >= capacity then
+      hold = math.min(MAX_HOLD, hold * 2.0)
+      new = capacity
+    else
+      below = below + 1
+      if below == 1 then new = kept else new = math.max(lmin, math.min(kept, limit * decrease)) end
+      capacity = math.max(lmin, math.floor(new))
+    end
+    limit = math.max(lmin, math.min(new, lmax))
+    epoch = epoch + 1
+    w.cuts = num(h.cuts, 0) + 1
+    news = true
+  end
+end
+w.limit, w.capacity, w.epoch, w.hold, w.below = limit, capacity, epoch, hold, below
+-- the move below reads what was just learned (a trip restores the checkpoint)
+for k, v in pairs(w) do h[k] = tostring(v) end
+
+-- ------------------------------------------------------------ the breaker
+local cas = ''
+if ARGV[25] ~= '' then
+  save(KEYS[1], w)
+  w = {}
+  cas, h = transition(KEYS[1], channel, h, cjson.decode(ARGV[25]), now, origin)
+  streak = num(h.streak, 0)
+end
+
+local bsig = ARGV[5]
+local hint = tonumber(ARGV[8])
+if hint < 0 then hint = nil end
+local state = h.state
+-- Failures in a row counted across the fleet, in send order (CircuitBreaker._streak,
+-- _success): every process counts its own evidence too, but a model that went down
+-- shows it to all of them at once, and only the fleet's count trips it as fast as
+-- one process would.
+if not probe and tonumber(ARGV[6]) == num(h.gen, 0) and (state == 'closed' or state == 'ramp') then
+  local sent = now - tonumber(ARGV[7])
+  local failed = bsig == 'down' or (bsig == 'capacity' and news)
+  if bsig == 'success' then
+    if not (streak > 0 and sent < num(h.streak_from, 0)) then
+      streak = 0
+      w.streak, w.streak_hint = 0, ''
+    end
+  elseif failed then
+    if streak == 0 then w.streak_from = f6(sent) end
+    streak = streak + 1
+    w.streak = streak
+    local sh = num(h.streak_hint, nil)
+    if hint ~= nil and (sh == nil or hint > sh) then sh = hint end
+    if sh ~= nil then w.streak_hint = sh end
+    if streak >= tonumber(ARGV[19]) then
+      -- CircuitBreaker._trip
+      local trips = num(h.trips, 0) + 1
+      local first = tonumber(ARGV[20]) * tonumber(ARGV[21]) ^ (trips - 1)
+      local interval = math.max(0.0, math.min(first, tonumber(ARGV[22])))
+      local wait = interval
+      if sh ~= nil then wait = math.max(interval, math.min(sh, tonumber(ARGV[23]))) end
+      local why = streak .. ' capacity failures in a row across the fleet'
+      if state == 'ramp' then why = streak .. ' capacity failures in a row during ramp, across the fleet' end
+      w.state, w.gen, w.reason = 'open', num(h.gen, 0) + 1, why
+      w.next_probe, w.interval, w.pfail, w.psucc = f6(now + wait), interval, 0, 0
+      w.trips, w.total_trips = trips, num(h.total_trips, 0) + 1
+      w.streak, w.streak_hint, w.probe_owner, w.probe_until = 0, '', '', 0
+      restore(h, w)
+      w.tripped = 1
+    end
+  end
+end
+
+-- ------------------------------------------------------------ key, hint, buckets
+local action, key_reason = ARGV[10], ARGV[11]
+local gate = w.tripped ~= nil
+w.tripped = nil
+if action == 'disable' then
+  redis.call('HSET', KEYS[3], 'disabled', key_reason)
+  gate = true
+elseif action == 'park' then
+  w.park_until, w.park_reason = f6(now + tonumber(ARGV[12])), key_reason
+  gate = true
+end
+if ARGV[13] == '1' and hint ~= nil and not probe and left == 0 then
+  -- a hint stops the whole target only when nobody's request is being served there
+  local until_ = now + hint
+  if until_ > num(h.not_before, 0) then
+    w.not_before = f6(until_)
+    gate = true
+  end
+end
+local refund, tpm = tonumber(ARGV[14]), tonumber(ARGV[15])
+if refund > 0 and tpm > 0 then
+  local v = redis.call('HMGET', KEYS[4], 'tokens', 'at')
+  if v[1] then
+    local tokens, at = tonumber(v[1]), num(v[2], now)
+    if now > at then tokens = math.min(tpm, tokens + (now - at) * tpm / 60.0) end
+    redis.call('HSET', KEYS[4], 'tokens', math.min(tpm, tokens + refund), 'at', f6(now))
+  end
+end
+local freed = h.denied == '1'
+if freed then w.denied = 0 end
+
+h = commit(KEYS[1], w, origin)
+local disabled = redis.call('HGET', KEYS[3], 'disabled') or ''
+if gate then publish(channel, 'b', h, {disabled = disabled}) end
+if freed then redis.call('PUBLISH', channel, cjson.encode({k = 'freed', id = h.id})) end
+local n = 0
+if news then n = 1 end
+return {'ok', f6(now), n, cas, disabled, flat(h)}

@@ -1,0 +1,97 @@
+"""The Lua scripts (capmon/fleet/lua/) and the names of every Redis key they touch.
+
+Each script is ``lib.lua`` followed by its own body, registered with redis-py (EVALSHA,
+loaded again by redis-py when a restarted Redis answers NOSCRIPT). Every script reads
+Redis's own clock and returns it, so the process can convert shared times to its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.commands.core import AsyncScript
+
+LUA = Path(__file__).resolve().parent / "lua"
+NAMES = ("admit", "settle", "begin_probe", "manual", "transition", "seed", "heartbeat", "spend", "pin")
+
+
+def source(name: str) -> str:
+    return (LUA / "lib.lua").read_text(encoding="utf-8") + "\n" + (LUA / f"{name}.lua").read_text(encoding="utf-8")
+
+
+class Scripts:
+    """One registered script per name: ``await scripts.admit(keys=[...], args=[...])``."""
+
+    admit: AsyncScript
+    settle: AsyncScript
+    begin_probe: AsyncScript
+    manual: AsyncScript
+    transition: AsyncScript
+    seed: AsyncScript
+    heartbeat: AsyncScript
+    spend: AsyncScript
+    pin: AsyncScript
+
+    def __init__(self, client: Redis) -> None:
+        for name in NAMES:
+            setattr(self, name, client.register_script(source(name)))
+
+
+@dataclass(frozen=True, slots=True)
+class Keys:
+    """Every key of one namespace. A target's keys embed its id (``model@endpoint/alias``)."""
+
+    ns: str
+
+    @property
+    def events(self) -> str:
+        return f"{self.ns}:events"
+
+    @property
+    def pin(self) -> str:
+        return f"{self.ns}:pin"
+
+    @property
+    def budget(self) -> str:
+        return f"{self.ns}:budget"
+
+    @property
+    def procs(self) -> str:
+        return f"{self.ns}:procs"
+
+    @property
+    def meta(self) -> str:
+        return f"{self.ns}:meta"
+
+    @property
+    def proc_prefix(self) -> str:
+        return f"{self.ns}:proc:"
+
+    def proc(self, pid: str) -> str:
+        return f"{self.ns}:proc:{pid}"
+
+    def target(self, tid: str) -> str:
+        return f"{self.ns}:t:{{{tid}}}"
+
+    def leases(self, tid: str) -> str:
+        return f"{self.ns}:t:{{{tid}}}:leases"
+
+    def rpm(self, tid: str) -> str:
+        return f"{self.ns}:t:{{{tid}}}:rpm"
+
+    def tpm(self, tid: str) -> str:
+        return f"{self.ns}:t:{{{tid}}}:tpm"
+
+    def key(self, key_ref: tuple[str, str]) -> str:
+        return f"{self.ns}:key:{key_ref[0]}/{key_ref[1]}"
+
+
+def as_hash(flat: Any) -> dict[str, str]:
+    """A script's flat [field, value, ...] list (or a HGETALL dict) as a dict of strings."""
+    if isinstance(flat, dict):
+        return {str(k): str(v) for k, v in flat.items()}
+    items = list(flat or ())
+    return {str(items[i]): str(items[i + 1]) for i in range(0, len(items) - 1, 2)}

@@ -1,0 +1,80 @@
+"""Configs and waits shared by the fleet's tests."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Callable
+
+from capmon.core.clock import default_clock
+from capmon.core.config import Config, parse_config
+from capmon.core.events import EventBus
+from capmon.core.router import FallbackClient
+from capmon.fleet import RedisState, shared_state
+from tests.support.configs import ENV
+
+# Times for real-time tests: a probe 0.2 s after a trip, a ramp of 0.3 s.
+FAST_BREAKER = """
+[breaker]
+failure_threshold = 3
+probe_interval = 0.2
+cooldown = 0.4
+cooldown_multiplier = 2.0
+ramp_duration = 0.3
+"""
+
+
+def fleet_config(base_url: str, redis_url: str, namespace: str, *, shared: str = "", extra: str = "",
+                 breaker: str = FAST_BREAKER, flagship: str = "") -> Config:
+    text = f"""
+[simulator]
+enabled = false
+
+[[endpoints]]
+name = "ep"
+base_url = "{base_url}"
+keys = [{{ env = "TEST_KEY_A", alias = "a" }}]
+
+[[models]]
+name = "flagship"
+endpoints = ["ep"]
+{flagship}
+
+[[models]]
+name = "medium"
+endpoints = ["ep"]
+
+[shared]
+backend = "redis"
+url = "{redis_url}"
+namespace = "{namespace}"
+lease_ttl = 0.6
+heartbeat = 0.1
+reconcile = 0.2
+{shared}
+{breaker}
+{extra}
+"""
+    return parse_config(text, "fleet-test.toml")
+
+
+def client(config: Config, *, role: str = "library", bus: EventBus | None = None) -> FallbackClient:
+    """A FallbackClient on the shared state (start it: ``async with`` does)."""
+    bus = bus or EventBus()
+    factory = shared_state(config, clock=default_clock(), publish=bus.publish, role=role, environ=ENV)
+    return FallbackClient(config, environ=ENV, bus=bus, state=factory)
+
+
+def store(c: FallbackClient) -> RedisState:
+    assert isinstance(c.state, RedisState)
+    return c.state
+
+
+async def until(check: Callable[[], bool], timeout: float = 2.0, step: float = 0.002) -> float:
+    """Wait (real time) until ``check()``; returns the seconds it took."""
+    t0 = time.perf_counter()
+    while not check():
+        if time.perf_counter() - t0 > timeout:
+            raise AssertionError(f"not within {timeout}s")
+        await asyncio.sleep(step)
+    return time.perf_counter() - t0
