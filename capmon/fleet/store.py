@@ -297,14 +297,28 @@ class RedisState:
         except asyncio.CancelledError:
             raise
         except ERRORS as e:
-            if not self._closed:
-                self.lost(e)
+            if not self._closed and self._listen_task is asyncio.current_task():
+                self._listen_task = self._pubsub = None
+                self._spawn(self._resubscribe(e))
         finally:
             try:
                 await ps.aclose()
                 await client.aclose()
             except ERRORS:
                 pass
+
+    async def _resubscribe(self, exc: BaseException) -> None:
+        """The subscription broke: subscribe again and read everything, since news may
+        have gone by meanwhile; if Redis itself is gone, that is the degraded mode."""
+        if self._listen_task is not None or not self.link.ok:
+            return
+        try:
+            await self._subscribe()
+            await self._reconcile()
+        except ERRORS as e:
+            self.lost(e)
+        else:
+            _log.info("shared state: subscribed again after %s", describe(exc))
 
     async def _drop_pubsub(self) -> None:
         task, self._listen_task, self._pubsub = self._listen_task, None, None

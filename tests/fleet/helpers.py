@@ -78,3 +78,25 @@ async def until(check: Callable[[], bool], timeout: float = 2.0, step: float = 0
             raise AssertionError(f"not within {timeout}s")
         await asyncio.sleep(step)
     return time.perf_counter() - t0
+
+FLAGSHIP = "flagship@ep/a"
+MEDIUM = "medium@ep/a"
+
+
+def p99(samples: list[float]) -> float:
+    """The sorted value at index round(0.99 x (n - 1)) (benchmarks.ideal.percentile's rule)."""
+    s = sorted(samples)
+    return s[round(0.99 * (len(s) - 1))]
+
+
+def is_probe(body: dict) -> bool:
+    return body.get("max_tokens") == 1 and body.get("messages", [{}])[0].get("content") == "ping"
+
+
+async def deafen(state: RedisState) -> None:
+    """Make a process hear nothing from the fleet (its subscription and its
+    reconciliation stop), so that only its own calls meet Redis: a process that is
+    behind, whose writes must not undo what it has not heard of."""
+    assert state._supervisor is not None
+    state._supervisor.cancel()
+    await state._drop_pubsub()

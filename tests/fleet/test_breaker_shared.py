@@ -1,0 +1,124 @@
+"""The shared breaker: generations and compare-and-set, so a stale writer cannot undo
+a newer move; one probe for the whole fleet while a model is down."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import redis
+
+from capmon.core.breaker import State
+from tests.fleet.helpers import FLAGSHIP, client, deafen, fleet_config, is_probe, store, until
+from tests.support.scripted import OVERLOADED, Reply, Script, ok, serve
+
+
+def _shared_state(redis_url: str, namespace: str) -> dict[str, str]:
+    r = redis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        return r.hgetall(f"{namespace}:t:{{{FLAGSHIP}}}")
+    finally:
+        r.close()
+
+
+async def test_a_process_that_missed_a_trip_cannot_undo_it_with_its_own_probe(redis_url: str,
+                                                                              namespace: str) -> None:
+    script = Script()
+    # Down for three requests, then the probe: it answers, slowly, that the model is back.
+    script.set("flagship", lambda n, body: Reply(200, ok("flagship").body, delay=0.3) if is_probe(body)
+               else OVERLOADED)
+    async with serve(script) as url:
+        cfg = fleet_config(url, redis_url, namespace)
+        async with client(cfg) as a:
+            for _ in range(3):
+                await a.chat("hi")
+            ta = a.target(FLAGSHIP).state
+            await until(lambda: ta.view().breaker.state is State.HALF_OPEN)  # A's prober is out
+            await deafen(store(a))  # and A hears nothing from here on
+            gen_probe = int(_shared_state(redis_url, namespace)["gen"])
+            async with client(cfg) as b:
+                b.trip("flagship", "a person says no")  # a newer move, while A's probe is out
+                await until(lambda: int(_shared_state(redis_url, namespace)["gen"]) > gen_probe)
+                # A's probe succeeds: its breaker would start the ramp from the probe's generation,
+                # but the shared generation moved on; the compare-and-set fails and A adopts the trip.
+                await until(lambda: ta.view().breaker.state is State.FORCED_OPEN, timeout=2.0)
+                assert script.served("flagship") == 4  # the probe was answered
+                shared = _shared_state(redis_url, namespace)
+                assert shared["state"] == "forced-open" and shared["reason"] == "a person says no"
+                assert b.target(FLAGSHIP).state.view().breaker.state is State.FORCED_OPEN
+                before = script.served("flagship")
+                assert (await a.chat("hi")).model == "medium"
+                assert script.served("flagship") == before
+
+
+async def test_a_late_success_from_before_a_trip_does_not_close_it_anywhere(redis_url: str, namespace: str) -> None:
+    script = Script()
+    slow = {"on": True}
+    script.set("flagship", lambda n, body: Reply(200, ok("flagship").body, delay=0.4) if slow["on"] else OVERLOADED)
+    async with serve(script) as url:
+        # limiter.min 4: the late request's slot does not leave the model "full" for B
+        cfg = fleet_config(url, redis_url, namespace, breaker="[breaker]\nprobe_interval = 30\ncooldown = 30\n",
+                           extra="[limiter]\nmin = 4\n")
+        async with client(cfg) as a, client(cfg) as b:
+            late = asyncio.ensure_future(a.chat("sent before the trip"))
+            await until(lambda: script.served("flagship") == 1)
+            slow["on"] = False
+            for _ in range(3):
+                await b.chat("hi")
+            ta, tb = a.target(FLAGSHIP).state, b.target(FLAGSHIP).state
+            await until(lambda: ta.view().breaker.state is State.OPEN)
+            assert (await late).model == "flagship"  # its answer arrives after the trip
+            await asyncio.sleep(0.05)
+            assert ta.view().breaker.state is State.OPEN and tb.view().breaker.state is State.OPEN
+            assert _shared_state(redis_url, namespace)["state"] == "open"
+
+
+async def test_one_probe_for_the_fleet_while_the_model_is_down(redis_url: str, namespace: str) -> None:
+    script = Script()
+    back = {"at": float("inf")}
+    probes: list[float] = []
+
+    def flagship(n: int, body: dict) -> Reply:
+        if is_probe(body):
+            probes.append(time.perf_counter())
+        return ok("flagship") if time.perf_counter() >= back["at"] else OVERLOADED
+
+    script.set("flagship", flagship)
+    async with serve(script) as url:
+        cfg = fleet_config(url, redis_url, namespace)  # probe 0.2 s after the trip, then 0.4 s
+        async with client(cfg) as a, client(cfg) as b, client(cfg) as c:
+            for _ in range(3):
+                await a.chat("hi")
+            tripped = time.perf_counter()
+            back["at"] = tripped + 1.1
+            targets = [x.target(FLAGSHIP).state for x in (a, b, c)]
+            await until(lambda: all(t.view().breaker.state in (State.RAMP, State.CLOSED) for t in targets), timeout=3)
+            # Probes at about +0.2, +0.6 and +1.0 s (failed), then +1.4 s (answered): one each
+            # time for the three processes; three probers of their own would send three times as many.
+            assert 3 <= len(probes) <= 5, [round(p - tripped, 2) for p in probes]
+            gaps = [b2 - b1 for b1, b2 in zip(probes, probes[1:])]
+            assert min(gaps) > 0.15, gaps
+            await asyncio.sleep(0.4)  # the ramp's ceiling (0.3 s) has passed: closed everywhere
+            assert all(t.view().breaker.state is State.CLOSED for t in targets)
+
+
+async def test_a_probe_whose_prober_went_silent_is_taken_over(redis_url: str, namespace: str) -> None:
+    script = Script()
+    script.set("flagship", lambda n, body: Reply(200, ok("flagship").body, delay=1.2) if is_probe(body) and n == 4
+               else ok("flagship") if is_probe(body) else OVERLOADED)
+    async with serve(script) as url:
+        cfg = fleet_config(url, redis_url, namespace)  # lease_ttl 0.6 s: an unrenewed probe is over after it
+        async with client(cfg) as a, client(cfg) as b:
+            for _ in range(3):
+                await a.chat("hi")
+            ta, tb = a.target(FLAGSHIP).state, b.target(FLAGSHIP).state
+            await until(lambda: ta.view().breaker.state is State.HALF_OPEN and tb.view().breaker.state is State.HALF_OPEN)
+            owner = _shared_state(redis_url, namespace)["probe_owner"]
+            prober, other = (a, b) if owner == store(a).id else (b, a)
+            await deafen(store(prober))  # its heartbeat stops: the probe is no longer renewed
+            t0 = time.perf_counter()
+            to = other.target(FLAGSHIP).state
+            await until(lambda: to.view().breaker.state in (State.RAMP, State.CLOSED), timeout=2.0)
+            took = time.perf_counter() - t0
+            assert took < 0.6 + 0.3, took
+            assert _shared_state(redis_url, namespace)["state"] in ("ramp", "closed")

@@ -1,0 +1,92 @@
+"""A trip or a manual action in one process reaches the others within 100 ms (p99),
+by pub/sub; reconciliation catches what a subscriber missed."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from capmon.core import events as ev
+from capmon.core.breaker import State
+from capmon.core.events import EventBus
+from tests.fleet.helpers import FLAGSHIP, client, fleet_config, p99, store, until
+from tests.support.scripted import OVERLOADED, Script, ok, serve
+
+
+def _when(bus: EventBus, new: str, stamps: list[float]) -> None:
+    bus.subscribe(lambda e: stamps.append(time.perf_counter())
+                  if isinstance(e, ev.BreakerChanged) and e.target == FLAGSHIP and e.new == new else None)
+
+
+async def test_trips_and_manual_actions_reach_the_other_process_within_100_ms_p99(redis_url: str,
+                                                                                  namespace: str) -> None:
+    script = Script()
+    down = {"on": False}
+    script.set("flagship", lambda n, body: OVERLOADED if down["on"] else ok("flagship"))
+    bus_a, bus_b = EventBus(), EventBus()
+    tripped_a: list[float] = []
+    opened_b: list[float] = []
+    _when(bus_a, "open", tripped_a)
+    _when(bus_b, "open", opened_b)
+    async with serve(script) as url:
+        cfg = fleet_config(url, redis_url, namespace, breaker="[breaker]\nprobe_interval = 30\ncooldown = 30\n")
+        async with client(cfg, bus=bus_a) as a, client(cfg, bus=bus_b) as b:
+            await a.chat("hi")
+            await b.chat("hi")
+            tb = b.target(FLAGSHIP).state
+            delays = []
+            for i in range(25):  # automatic trips: three capacity failures in a row in process A
+                down["on"] = True
+                for _ in range(3):
+                    assert (await a.chat("hi")).model == "medium"
+                await until(lambda: len(opened_b) > i)
+                delays.append(opened_b[i] - tripped_a[i])
+                down["on"] = False
+                a.reset("flagship")
+                await until(lambda: tb.view().breaker.state is State.CLOSED)
+            for action, seen in ((a.trip, State.FORCED_OPEN), (a.reset, State.CLOSED)) * 13:
+                t0 = time.perf_counter()
+                action("flagship")
+                delays.append(await until(lambda: tb.view().breaker.state is seen))
+            t0 = time.perf_counter()
+            a.pin("medium")
+            await until(lambda: b.pinned == "medium")
+            delays.append(time.perf_counter() - t0)
+    assert len(delays) == 25 + 26 + 1
+    assert p99(delays) < 0.100, sorted(delays)[-5:]
+    assert sum(delays) / len(delays) < 0.020
+
+
+async def test_news_a_process_did_not_hear_reaches_it_by_the_periodic_reconciliation(redis_url: str,
+                                                                                      namespace: str) -> None:
+    async with serve(Script()) as url:
+        cfg = fleet_config(url, redis_url, namespace)  # reconcile every 0.2 s
+        async with client(cfg) as a, client(cfg) as b:
+            await a.chat("hi")
+            await b.chat("hi")
+            sb = store(b)
+            await sb._drop_pubsub()  # B hears no news from now on; it only reads
+            heard = sb.messages
+            a.trip("flagship")
+            took = await until(lambda: b.target(FLAGSHIP).state.view().breaker.state is State.FORCED_OPEN)
+            assert took < 0.2 + 0.1
+            assert sb.messages == heard  # not by a message: by the read
+
+
+async def test_a_process_whose_subscription_was_cut_subscribes_again(redis_server, namespace: str) -> None:
+    async with serve(Script()) as url:
+        cfg = fleet_config(url, redis_server.url, namespace, shared="", extra="")
+        async with client(cfg) as a, client(cfg) as b:
+            await a.chat("hi")
+            await b.chat("hi")
+            sb = store(b)
+            first = sb._listen_task
+            admin = redis_server.client()
+            assert admin.client_kill_filter(_type="pubsub") >= 2
+            admin.close()
+            await until(lambda: sb._listen_task is not None and sb._listen_task is not first)
+            assert sb.link.ok  # Redis itself was there all along: not degraded
+            t0 = time.perf_counter()
+            a.trip("flagship")
+            await until(lambda: b.target(FLAGSHIP).state.view().breaker.state is State.FORCED_OPEN, timeout=0.1)
+            assert time.perf_counter() - t0 < 0.1
