@@ -24,8 +24,11 @@ ramp_duration = 0.3
 """
 
 
+KEY_A = '[{ env = "TEST_KEY_A", alias = "a" }]'
+
+
 def fleet_config(base_url: str, redis_url: str, namespace: str, *, shared: str = "", extra: str = "",
-                 breaker: str = FAST_BREAKER, flagship: str = "") -> Config:
+                 breaker: str = FAST_BREAKER, flagship: str = "", keys: str = KEY_A) -> Config:
     text = f"""
 [simulator]
 enabled = false
@@ -33,7 +36,7 @@ enabled = false
 [[endpoints]]
 name = "ep"
 base_url = "{base_url}"
-keys = [{{ env = "TEST_KEY_A", alias = "a" }}]
+keys = {keys}
 
 [[models]]
 name = "flagship"

@@ -1,0 +1,125 @@
+"""What one process learns or spends, every process has: auth-disabled keys, quota
+parking, rpm / tpm buckets, the concurrency limit, the retry budget."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from capmon.core.exceptions import RequestFailed
+from capmon.core.state import KeyState
+from tests.fleet.helpers import FLAGSHIP, MEDIUM, client, fleet_config, store, until
+from tests.support.configs import ENV
+from tests.support.scripted import Reply, Script, ok, serve
+
+TWO_KEYS = '[{ env = "TEST_KEY_A", alias = "a" }, { env = "TEST_KEY_B", alias = "b" }]'
+UNAUTHORIZED = Reply(401, {"error": {"message": "Incorrect API key provided", "code": "invalid_api_key"}})
+NO_QUOTA = Reply(429, {"error": {"message": "You exceeded your current quota, please check your plan and billing "
+                                            "details.", "type": "insufficient_quota", "code": "insufficient_quota"}})
+
+
+async def test_a_key_refused_in_one_process_is_disabled_in_every_process_for_every_model(redis_url: str,
+                                                                                         namespace: str) -> None:
+    script = Script()
+    key_a = ENV["TEST_KEY_A"]
+    for model in ("flagship", "medium"):
+        script.set(model, lambda n, body, m=model: UNAUTHORIZED if script.seen[-1].key == key_a else ok(m))
+    async with serve(script) as url:
+        cfg = fleet_config(url, redis_url, namespace, keys=TWO_KEYS)
+        async with client(cfg) as a, client(cfg) as b:
+            result = await a.chat("hi")
+            assert result.target == "flagship@ep/b"  # key a refused: the other key
+            on_b = [b.target(t).state for t in (FLAGSHIP, MEDIUM)]
+            await until(lambda: all(t.view().key_state is KeyState.DISABLED for t in on_b), timeout=0.2)
+            assert not any(t.usable() for t in on_b)
+            before = sum(1 for s in script.seen if s.key == key_a)
+            for _ in range(3):
+                assert (await b.chat("hi")).target == "flagship@ep/b"
+            assert sum(1 for s in script.seen if s.key == key_a) == before  # B never sent on key a
+            a.reset(FLAGSHIP)  # a person clears it: for everyone
+            await until(lambda: all(t.view().key_state is KeyState.OK for t in on_b), timeout=0.2)
+
+
+async def test_a_model_out_of_quota_in_one_process_is_parked_in_every_process(redis_url: str, namespace: str) -> None:
+    script = Script()
+    script.always("flagship", NO_QUOTA)
+    async with serve(script) as url:
+        cfg = fleet_config(url, redis_url, namespace)
+        async with client(cfg) as a, client(cfg) as b:
+            assert (await a.chat("hi")).model == "medium"
+            tb = b.target(FLAGSHIP).state
+            await until(lambda: tb.view().key_state is KeyState.PARKED, timeout=0.2)
+            view = tb.view()
+            assert view.key_until is not None and view.key_until - asyncio.get_running_loop().time() > 3000
+            for _ in range(3):
+                assert (await b.chat("hi")).model == "medium"
+            assert script.served("flagship") == 1
+
+
+async def test_the_rpm_bucket_is_the_fleets(redis_url: str, namespace: str) -> None:
+    script = Script()
+    async with serve(script) as url:
+        cfg = fleet_config(url, redis_url, namespace, flagship="rpm = 4")
+        async with client(cfg) as a, client(cfg) as b:
+            for _ in range(6):
+                for c in (a, b):
+                    await c.chat("hi")
+    # Four requests a minute for the two together (each alone would have sent four)
+    assert script.served("flagship") == 4
+    assert script.served("medium") == 8
+
+
+async def test_the_tpm_bucket_is_the_fleets(redis_url: str, namespace: str) -> None:
+    script = Script()
+    used = Reply(200, {**ok("flagship").body, "usage": {"prompt_tokens": 5, "completion_tokens": 395,
+                                                          "total_tokens": 400}})
+    script.always("flagship", used)
+    async with serve(script) as url:
+        # each request is charged about 300 tokens up front (its max_tokens), and uses 400: three fit in 1000
+        cfg = fleet_config(url, redis_url, namespace, flagship="tpm = 1000\nmax_tokens = 300")
+        async with client(cfg) as a, client(cfg) as b:
+            for _ in range(4):
+                for c in (a, b):
+                    await c.chat("hi")
+    assert script.served("flagship") == 3
+    assert script.served("medium") == 5
+
+
+async def test_the_concurrency_limit_is_the_fleets(redis_url: str, namespace: str) -> None:
+    script = Script()
+    script.always("flagship", Reply(200, ok("flagship").body, delay=0.15))
+    async with serve(script) as url:
+        cfg = fleet_config(url, redis_url, namespace, flagship="max_concurrency = 2")
+        async with client(cfg) as a, client(cfg) as b:
+            results = await asyncio.gather(*(c.chat("hi") for c in (a, b) for _ in range(5)))
+    starts = sorted(s.at for s in script.seen if s.model == "flagship")
+    # at most two at once across both processes: the third start comes after the first answer
+    overlap = max(sum(1 for t in starts if s <= t < s + 0.14) for s in starts)
+    assert overlap <= 2, starts
+    assert sum(1 for r in results if r.model == "flagship") == len(starts) >= 2
+    assert sum(1 for r in results if r.model == "medium") >= 6
+
+
+async def test_the_retry_budget_is_the_fleets(redis_url: str, namespace: str) -> None:
+    script = Script()
+    broken = Reply(500, {"error": {"message": "internal error"}})
+    script.always("flagship", broken)
+    script.always("medium", broken)
+    async with serve(script) as url:
+        cfg = fleet_config(url, redis_url, namespace, extra="""
+[client]
+retry_budget = 0.0
+[backoff]
+base = 0.001
+cap = 0.002
+transient_cap = 0.002
+""")
+        async with client(cfg) as a, client(cfg) as b:
+            with pytest.raises(RequestFailed, match="retry budget spent"):
+                await a.chat("hi")
+            assert script.served() == 11  # the first attempt and the ten retries the budget starts with
+            await until(lambda: not store(a)._tasks)  # its spends have reached Redis
+            with pytest.raises(RequestFailed, match="retry budget spent"):
+                await b.chat("hi")
+            assert script.served() == 12  # B found the budget spent: no retry of its own
