@@ -92,10 +92,10 @@ class FallbackClient:
         return self.journal.add_observer(fn)
 
     async def aclose(self) -> None:
+        await self.state.aclose()  # first: a shared store's news must not wake the prober while it closes
         await self.prober.aclose()
         await self._queue.aclose()
         await self._http.aclose()
-        await self.state.aclose()
 
     async def start(self) -> None:
         await self.state.start()  # connect a shared store ([shared]); a no-op in memory

@@ -60,11 +60,11 @@ def transition(rec: BreakerRecord, from_gen: int, now: float) -> str:
     return json.dumps(fields)
 
 
-def seed(target: MemoryTarget, now: float, key_ref: str, probe_in: float,
-         parked: tuple[float, str] | None) -> str:
-    """What one process knows of a target, to rebuild it in a Redis that lost it."""
+def seed(target: MemoryTarget, now: float, key_ref: str, probe_in: float, parked: tuple[float, str] | None,
+         learned: Learned) -> str:
+    """What one process knows of a target, to rebuild it in a Redis that lost it
+    (``learned``: the fleet's learning as last heard, not a degraded process's share)."""
     rec = target.breaker.export()
-    learned = target.limiter.learned()
     fields = _record_fields(rec, now)
     fields.update(id=target.id, keyref=key_ref, limit=learned.limit,
                   capacity=-1 if learned.capacity is None else learned.capacity, epoch=learned.epoch,

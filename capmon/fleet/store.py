@@ -64,6 +64,8 @@ class RedisState:
         self.budget_start, self.budget_cap = _BUDGET_START, max(_BUDGET_START, _BUDGET_CAP)
         self._balance = self.budget_start  # the fleet's retry budget, mirrored
         self._earned = 0.0  # earned here since the last ADMIT carried it
+        self._spending = 0  # retries spent here whose SPEND has not answered yet
+        self._budget_ver = -1
         self._listener: Callable[[], None] | None = None
         self._processes: tuple[FleetProcess, ...] = ()
         self._pending_manual: list[tuple[str | None, str, str]] = []  # (target or None for the pin, action, arg)
@@ -74,6 +76,7 @@ class RedisState:
         self._wake = asyncio.Event()
         self._started = False
         self._closed = False
+        self.joining = False  # rejoining: answers are applied whole, though calls still go local
         self.messages = 0  # pub/sub messages applied
 
     # ------------------------------------------------------------ the seam
@@ -113,15 +116,19 @@ class RedisState:
         if self._balance < 1.0 - 1e-9:
             return False
         self._balance = max(0.0, self._balance - 1.0)
+        self._spending += 1
         self._spawn(self._spend())
         return True
 
     async def _spend(self) -> None:
         try:
             res = await self.link.call("spend", self.link.scripts.spend, [self.keys.budget], [self.budget_start])
-            self._balance = float(res[1])
         except ERRORS as e:
+            self._spending -= 1
             self.lost(e)
+            return
+        self._spending -= 1
+        self.mirror_budget(float(res[1]), int(res[2]))
 
     def on_request(self) -> None:
         self.local.on_request()
@@ -132,8 +139,14 @@ class RedisState:
         earned, self._earned = self._earned, 0.0
         return earned
 
-    def mirror_budget(self, balance: float) -> None:
-        self._balance = balance
+    def mirror_budget(self, balance: float, version: int) -> None:
+        """The fleet's balance as Redis said it, unless an answer about a later one came
+        first. Spends on their way to Redis are not in it yet (or maybe they are:
+        counting them twice only errs toward fewer retries)."""
+        if version < self._budget_ver:
+            return
+        self._budget_ver = version
+        self._balance = max(0.0, balance - self._spending)
 
     def set_listener(self, fn: Callable[[], None]) -> None:
         self._listener = fn
@@ -202,22 +215,26 @@ class RedisState:
         else:
             _log.info("shared state: joined Redis at %s, namespace %r, as %s (%s)", self.settings.shown,
                       self.settings.namespace, self.id, self.role)
+            self._changed()  # what the fleet knew before this process came: an open breaker's probe, say
         self._supervisor = asyncio.ensure_future(self._supervise())
 
     async def _join(self) -> None:
         await self.link.client.ping()
-        fresh = await self._heartbeat()
-        await self._subscribe()
+        self.joining = True
+        try:
+            fresh = await self._heartbeat()
+            await self._subscribe()  # before reading: no news goes by between the read and the subscription
+            await self._reconcile(rejoin=True, fresh=fresh)
+            for tid, action, arg in list(self._pending_manual):
+                if tid is None:
+                    await self.link.call("pin", self.link.scripts.pin, [self.keys.pin, self.keys.events],
+                                         [arg, self.id])
+                else:
+                    await self._targets[tid].write_manual(action, arg)
+                self._pending_manual.pop(0)
+        finally:
+            self.joining = False
         self.link.joined()
-        await self._reconcile(rejoin=True, fresh=fresh)
-        pending, self._pending_manual = self._pending_manual, []
-        for tid, action, arg in pending:
-            if tid is None:
-                await self.link.call("pin", self.link.scripts.pin, [self.keys.pin, self.keys.events], [arg, self.id])
-            else:
-                await self._targets[tid].write_manual(action, arg)
-        if pending:
-            self._changed()
 
     def lost(self, exc: BaseException) -> None:
         """A call to Redis failed: this one and every one after it use local state."""
@@ -368,21 +385,23 @@ class RedisState:
             pipe.hgetall(self.keys.target(t.id))
             pipe.hget(self.keys.key(t.spec.key_ref), "disabled")
         pipe.get(self.keys.pin)
-        pipe.hget(self.keys.budget, "balance")
+        pipe.hmget(self.keys.budget, "balance", "ver")
         out = await pipe.execute()
         self.link.calls["reconcile"] += 1
         offset = self.link.offset
+        changed = False
         for i, t in enumerate(targets):
             h, disabled = as_hash(out[2 * i]), out[2 * i + 1]
             if not h:
                 await t.seed()
+                changed = True
                 continue
             unchanged = h.get("run") == t._run and int(fnum(h, "ver")) == t._ver
             if rejoin and unchanged:
                 t.apply_key(disabled or "")
                 await t.push()
             else:
-                t.apply(h, offset, disabled or "", force=rejoin)
+                changed = t.apply(h, offset, disabled or "", force=rejoin) or changed
         pin, balance = out[-2], out[-1]
         if rejoin and fresh and self.local.pinned is not None and pin is None:
             await self.link.call("pin", self.link.scripts.pin, [self.keys.pin, self.keys.events],
@@ -390,8 +409,10 @@ class RedisState:
         elif (pin or None) != self.local.pinned and not any(m[0] is None for m in self._pending_manual):
             self.local.pin(pin or None)
             self._changed()
-        if balance is not None:
-            self._balance = float(balance)
+        if balance[0] is not None:
+            self.mirror_budget(float(balance[0]), int(balance[1] or 0))
+        if changed:
+            self._changed()  # a probe schedule or a slot may have come with it
 
     async def _heartbeat(self) -> bool:
         """Register, renew leases and probes, list the fleet. True when the namespace was empty."""
@@ -452,3 +473,4 @@ class RedisState:
             except ERRORS:
                 pass
         await self.link.aclose()
+        self.link.state = LinkState.OFF  # what is still settled after this is settled locally

@@ -73,6 +73,7 @@ class RedisTarget:
         self._probe_until: float | None = None
         self._probe_lease: str | None = None
         self._local_slots: dict[str, Slot] = {}  # lease -> the local limiter's slot (in-flight count)
+        self._fleet_learned: Learned | None = None  # what the fleet learned, as last heard (not the degraded share)
 
     # ------------------------------------------------------------ reading (the mirror)
 
@@ -128,8 +129,9 @@ class RedisTarget:
         self._probe_owner = h.get("probe_owner", "")
         until = codec.fnum(h, "probe_until")
         self._probe_until = until + offset if until > 0 and b.state is State.HALF_OPEN else None
-        if self._shared:
-            self.local.limiter.mirror(codec.learned_of(h))
+        if self._shared or self._store.joining:
+            self._fleet_learned = codec.learned_of(h)
+            self.local.limiter.mirror(self._fleet_learned)
         self._epoch = int(codec.fnum(h, "epoch"))
         nb = codec.fnum(h, "not_before")
         self.local.not_before = nb + offset if nb > 0 else 0.0
@@ -192,7 +194,8 @@ class RedisTarget:
         if self._probe_lease is not None:
             probe_in = store.config.shared.lease_ttl
         keys = self.local._keys
-        fields = codec.seed(self.local, now, self.key_ref_text, probe_in, keys.parked.get(self.id))
+        fields = codec.seed(self.local, now, self.key_ref_text, probe_in, keys.parked.get(self.id),
+                            self._fleet_learned or self.local.limiter.learned())
         res = await store.link.call("seed", store.link.scripts.seed, [self._hash, self._key, store.keys.events],
                                     [fields, keys.disabled.get(self.spec.key_ref, ""), store.new_token(), store.id])
         offset, h = self._took(res, 3)
@@ -237,7 +240,7 @@ class RedisTarget:
         verdict, count, retry_at, balance, cas, disabled = res[0], int(res[2]), float(res[3]), float(res[4]), res[5], \
             res[6]
         offset, h = self._took(res, 7)
-        self._store.mirror_budget(balance)
+        self._store.mirror_budget(balance, int(res[8]))
         self.apply(h, offset, disabled, force=self._cas_done(cas, pending))
         self.fleet_in_flight = count
         if verdict == "ok":

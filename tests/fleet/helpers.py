@@ -27,9 +27,13 @@ ramp_duration = 0.3
 KEY_A = '[{ env = "TEST_KEY_A", alias = "a" }]'
 
 
-def fleet_config(base_url: str, redis_url: str, namespace: str, *, shared: str = "", extra: str = "",
-                 breaker: str = FAST_BREAKER, flagship: str = "", keys: str = KEY_A) -> Config:
-    text = f"""
+def fleet_config(base_url: str, redis_url: str, namespace: str, **kw: str) -> Config:
+    return parse_config(fleet_text(base_url, redis_url, namespace, **kw), "fleet-test.toml")
+
+
+def fleet_text(base_url: str, redis_url: str, namespace: str, *, shared: str = "", extra: str = "",
+               breaker: str = FAST_BREAKER, flagship: str = "", medium: str = "", keys: str = KEY_A) -> str:
+    return f"""
 [simulator]
 enabled = false
 
@@ -46,6 +50,7 @@ endpoints = ["ep"]
 [[models]]
 name = "medium"
 endpoints = ["ep"]
+{medium}
 
 [shared]
 backend = "redis"
@@ -58,7 +63,6 @@ reconcile = 0.2
 {breaker}
 {extra}
 """
-    return parse_config(text, "fleet-test.toml")
 
 
 def client(config: Config, *, role: str = "library", bus: EventBus | None = None) -> FallbackClient:

@@ -6,15 +6,17 @@
 -- ARGV: 1 lease id, 2 lease ttl, 3 cost (tokens), 4 rpm (0: none), 5 tpm (0: none),
 --       6 ramp_start, 7 ramp_duration, 8 retry budget earned since the last call,
 --       9 budget cap, 10 budget start, 11 origin, 12 a pending transition (JSON) or ''
--- Returns {verdict, now, leases, retry_at, budget, cas, key disabled reason, hash...};
+-- Returns {verdict, now, leases, retry_at, budget, cas, key disabled reason, hash..., budget version};
 -- verdict: ok | full | state | disabled | parked | hint | rpm | tpm | missing.
 local now = now_s()
 if redis.call('EXISTS', KEYS[1]) == 0 then return {'missing', f6(now)} end
 
-local balance = num(redis.call('HGET', KEYS[6], 'balance'), tonumber(ARGV[10]))
+local b = redis.call('HMGET', KEYS[6], 'balance', 'ver')
+local balance, bver = num(b[1], tonumber(ARGV[10])), num(b[2], 0)
 local earned = tonumber(ARGV[8])
 if earned > 0 then
   balance = math.min(tonumber(ARGV[9]), balance + earned)
+  bver = redis.call('HINCRBY', KEYS[6], 'ver', 1)
   redis.call('HSET', KEYS[6], 'balance', balance)
 end
 
@@ -86,4 +88,4 @@ else
     end
   end
 end
-return {verdict, f6(now), count, f6(retry_at), f6(balance), cas, disabled or '', flat(h)}
+return {verdict, f6(now), count, f6(retry_at), f6(balance), cas, disabled or '', flat(h), bver}
