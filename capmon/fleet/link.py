@@ -51,6 +51,7 @@ class Link:
         self.message = "not started"
         self.offset = 0.0  # this process's clock minus Redis's
         self.calls: collections.Counter[str] = collections.Counter()  # round trips by script
+        self.verdicts: collections.Counter[str] = collections.Counter()  # ADMIT's answers: ok, full, rpm, ...
         self.hot: collections.deque[float] = collections.deque(maxlen=200_000)  # seconds per ADMIT / SETTLE
         self.losses = 0
         self.on_change: Callable[[], None] | None = None

@@ -82,6 +82,9 @@ class Keys:
     def rpm(self, tid: str) -> str:
         return f"{self.ns}:t:{{{tid}}}:rpm"
 
+    def waiting(self, tid: str) -> str:
+        return f"{self.ns}:t:{{{tid}}}:waiting"
+
     def tpm(self, tid: str) -> str:
         return f"{self.ns}:t:{{{tid}}}:tpm"
 

@@ -361,8 +361,9 @@ class RedisState:
             t.apply(h, self.link.offset, disabled if isinstance(disabled, str) else None)
         elif kind == "freed":
             t = self._targets.get(str(msg.get("id")))
-            if t is not None:
-                t.slot_freed()
+            if t is None or msg.get("to", self.id) != self.id:
+                return  # another process's turn
+            t.slot_freed()
         elif kind == "pin":
             if msg.get("origin") != self.id:
                 model = msg.get("model") or None

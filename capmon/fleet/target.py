@@ -37,7 +37,7 @@ log = logging.getLogger("capmon.fleet")
 
 # After an ADMIT found the target full, no call is made until a slot frees (news on
 # pub/sub, or a settle here) or this long: a safety net for a missed message.
-FULL_NAP = 0.25
+FULL_NAP = 1.0
 
 
 class RedisTarget:
@@ -48,7 +48,7 @@ class RedisTarget:
         self._store = store
         k = store.keys
         self._hash, self._leases, self._key = k.target(spec.id), k.leases(spec.id), k.key(spec.key_ref)
-        self._rpm, self._tpm = k.rpm(spec.id), k.tpm(spec.id)
+        self._rpm, self._tpm, self._waiting = k.rpm(spec.id), k.tpm(spec.id), k.waiting(spec.id)
         self.key_ref_text = f"{spec.key_ref[0]}/{spec.key_ref[1]}"
         m, cfg = spec.model, store.config
         self._rpm_rate, self._tpm_rate = float(m.rpm), float(m.tpm)
@@ -219,7 +219,8 @@ class RedisTarget:
             try:
                 res = await store.link.call(
                     "admit", store.link.scripts.admit,
-                    [self._hash, self._leases, self._key, self._rpm, self._tpm, store.keys.budget, store.keys.events],
+                    [self._hash, self._leases, self._key, self._rpm, self._tpm, store.keys.budget, store.keys.events,
+                     self._waiting],
                     [lease, store.config.shared.lease_ttl, cost, *self._admit_args, store.take_earned(),
                      store.budget_cap, store.budget_start, store.id, pending[0] if pending else ""], hot=True)
             except ERRORS as e:
@@ -243,7 +244,10 @@ class RedisTarget:
         self._store.mirror_budget(balance, int(res[8]))
         self.apply(h, offset, disabled, force=self._cas_done(cas, pending))
         self.fleet_in_flight = count
+        self._store.link.verdicts[verdict] += 1
         if verdict == "ok":
+            if count >= self._cap(h, offset):
+                self._full_until = now + FULL_NAP  # that was the last slot: no call until one frees
             self._local_slots[lease] = self.local.limiter.take()
             self._store.track(self.id, lease)
             return Admission(self.id, int(codec.fnum(h, "gen")), False, Slot(count, int(codec.fnum(h, "epoch"))),
@@ -253,6 +257,18 @@ class RedisTarget:
         elif retry_at > 0:
             self._retry_at = retry_at + offset
         return None
+
+    def _cap(self, h: Mapping[str, str], offset: float) -> int:
+        """How many leases the target admits at once now (ADMIT's own rule)."""
+        limit = codec.fnum(h, "limit", 1.0)
+        b = self._store.config.breaker
+        if h.get("state") == "ramp" and b.ramp_duration > 0:
+            since = self._store.clock.now() - (codec.fnum(h, "ramp_from") + offset)
+            share = min(1.0, max(codec.fnum(h, "ramp_share", b.ramp_start),
+                                 b.ramp_start + (1.0 - b.ramp_start) * since / b.ramp_duration))
+            if share < 1.0:
+                return math.floor(min(limit, max(1, math.ceil(share * max(1.0, limit)))) + 1e-9)
+        return math.floor(limit + 1e-9)
 
     async def begin_probe(self) -> Admission | None:
         if not self._shared:
@@ -333,11 +349,12 @@ class RedisTarget:
             pending = self._pending()
             try:
                 res = await store.link.call("settle", store.link.scripts.settle, [
-                    self._hash, self._leases, self._key, self._tpm, store.keys.events], [
+                    self._hash, self._leases, self._key, self._tpm, store.keys.events, self._waiting], [
                     adm.lease, pol.limiter.value, adm.slot.position, adm.slot.epoch, pol.breaker.value, adm.generation,
                     max(0.0, now - adm.at), -1 if hint is None else hint, int(adm.probe), pol.key.value,
                     failure.reason if failure is not None and pol.key is not KeyAction.NONE else "", park_for,
-                    int(pol.hint_blocks), refund, *self._settle_args, store.id, pending[0] if pending else ""],
+                    int(pol.hint_blocks), refund, *self._settle_args, store.id, pending[0] if pending else "",
+                    store.keys.proc_prefix],
                     hot=True)
             except ERRORS as e:
                 store.lost(e)

@@ -2,7 +2,7 @@
 -- breaker state, the key, quota parking, a server's not-before, the concurrency limit
 -- over every process's leases, the rpm / tpm buckets; then the lease.
 -- KEYS: 1 target hash, 2 its leases (zset: lease id -> expiry), 3 the key's hash,
---       4 rpm bucket, 5 tpm bucket, 6 retry budget, 7 events channel
+--       4 rpm bucket, 5 tpm bucket, 6 retry budget, 7 events channel, 8 processes waiting for a slot
 -- ARGV: 1 lease id, 2 lease ttl, 3 cost (tokens), 4 rpm (0: none), 5 tpm (0: none),
 --       6 ramp_start, 7 ramp_duration, 8 retry budget earned since the last call,
 --       9 budget cap, 10 budget start, 11 origin, 12 a pending transition (JSON) or ''
@@ -66,7 +66,7 @@ else
     verdict = 'state'
   elseif count >= math.floor(cap + 1e-9) then
     verdict = 'full'
-    redis.call('HSET', KEYS[1], 'denied', 1)  -- the next release announces a free slot
+    redis.call('ZADD', KEYS[8], 'NX', f6(now), ARGV[11])  -- a release wakes the process that waited longest
   else
     local rpm, tpm, cost = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[3])
     local rpm_tokens, tpm_tokens

@@ -2,13 +2,15 @@
 -- lease back, the limiter's learning, the breaker's evidence and a pending move of
 -- the local breaker (compare-and-set), the key action, a server's not-before, the tpm
 -- refund, and news of a free slot for processes whose admission was refused.
--- KEYS: 1 target hash, 2 its leases, 3 the key's hash, 4 tpm bucket, 5 events channel
+-- KEYS: 1 target hash, 2 its leases, 3 the key's hash, 4 tpm bucket, 5 events channel,
+--       6 processes waiting for a slot (zset: process id -> since)
 -- ARGV: 1 lease id, 2 limiter signal (ok | overload | neutral), 3 position, 4 epoch,
 --       5 breaker signal (success | capacity | down | transient | neutral), 6 the admission's generation,
 --       7 seconds since it was sent, 8 hint (-1: none), 9 probe (0/1), 10 key action (none | disable | park),
 --       11 key reason, 12 park seconds, 13 hint blocks (0/1), 14 tokens to refund, 15 tpm,
 --       16 limiter min, 17 limiter max, 18 limiter decrease, 19 failure_threshold, 20 probe_interval,
---       21 cooldown_multiplier, 22 cooldown, 23 cooldown_max, 24 origin, 25 a pending transition (JSON) or ''
+--       21 cooldown_multiplier, 22 cooldown, 23 cooldown_max, 24 origin, 25 a pending transition (JSON) or '',
+--       26 the registry's key prefix (namespace .. ':proc:')
 -- Returns {status, now, news (0/1), cas, key disabled reason, hash...}; status: ok | missing.
 local now = now_s()
 if redis.call('EXISTS', KEYS[1]) == 0 then return {'missing', f6(now)} end
@@ -149,13 +151,20 @@ if refund > 0 and tpm > 0 then
     redis.call('HSET', KEYS[4], 'tokens', math.min(tpm, tokens + refund), 'at', f6(now))
   end
 end
-local freed = h.denied == '1'
-if freed then w.denied = 0 end
-
 h = commit(KEYS[1], w, origin)
 local disabled = redis.call('HGET', KEYS[3], 'disabled') or ''
 if gate then publish(channel, 'b', h, {disabled = disabled}) end
-if freed then redis.call('PUBLISH', channel, cjson.encode({k = 'freed', id = h.id})) end
+if not probe then
+  for _ = 1, 3 do
+    local waiter = redis.call('ZPOPMIN', KEYS[6])
+    if #waiter == 0 then break end
+    -- a process that died waiting is no longer registered: wake the next one
+    if redis.call('EXISTS', ARGV[26] .. waiter[1]) == 1 then
+      redis.call('PUBLISH', channel, cjson.encode({k = 'freed', id = h.id, to = waiter[1]}))
+      break
+    end
+  end
+end
 local n = 0
 if news then n = 1 end
 return {'ok', f6(now), n, cas, disabled, flat(h)}

@@ -1,0 +1,284 @@
+"""The fleet against one process: the same load through 8 worker processes (each its own
+client, an eighth of the items and of the workers) and through 1 process carrying all of
+it, every client on one Redis namespace (``[shared] backend = "redis"``).
+
+    python -m benchmarks.fleet [--items 400] [--workers 32] [--processes 8]
+                               [--scenario outage saturated penalty] [--redis URL] [--json FILE]
+
+For every scenario and each of the two runs: the worker processes start, build their
+clients, join the fleet and say READY; a fresh simulator starts in its own process
+(``python -m capmon.sim``, as benchmarks/run.py does); every worker gets GO at once.
+Printed per scenario:
+
+* completed, wall seconds;
+* rejected (the simulator's count of capacity and rate-limit answers, penalties
+  included): the 8 against the 1, and their ratio (goal <= 1.2);
+* penalised (goal 0);
+* trip propagation: for every breaker move one process made (a trip, a probe's
+  outcome), how long until each other process had it, p50 / p99 (8 processes only);
+* Redis round trips per item: the hot path (ADMIT + SETTLE, refused ADMITs included)
+  and everything (heartbeats, reconciliation, probes, spends, seeds too);
+* added latency: p50 / p99 of one ADMIT or SETTLE call as the client waited for it
+  (a request makes two).
+
+Not a test: it prints figures (benchmarks/README.md, "python -m benchmarks.fleet").
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from benchmarks.ideal import percentile
+from benchmarks.run import _free_port, _get_json, _stop, _wait_up
+
+HERE = Path(__file__).resolve().parent
+SCENARIOS = ("outage", "saturated", "penalty")
+DEFAULT_REDIS = "redis://127.0.0.1:6379/14"
+
+
+# ---------------------------------------------------------------- one worker process
+
+
+def _config(base_url: str, redis_url: str, namespace: str) -> Any:
+    from capmon.core.config import parse_config
+
+    text = (HERE / "capmon-bench.toml").read_text(encoding="utf-8").replace("http://SIMULATOR/v1", base_url)
+    text += f'\n[shared]\nbackend = "redis"\nurl = "{redis_url}"\nnamespace = "{namespace}"\nrequired = true\n'
+    return parse_config(text, str(HERE / "capmon-bench.toml"))
+
+
+async def _worker(args: argparse.Namespace) -> None:
+    from capmon.core import events as ev
+    from capmon.core.result import ChatRequest
+    from capmon.fleet import RedisState
+    from capmon.runtime import open_engine
+
+    config = _config(args.base_url, args.redis, args.namespace)
+    moves: list[dict[str, Any]] = []
+    async with open_engine(config, environ={}, role="batch") as engine:
+        client = engine.client
+        state = client.state
+        assert isinstance(state, RedisState)
+
+        def on_event(e: ev.Event) -> None:
+            if isinstance(e, ev.BreakerChanged):
+                gen = state.target(e.target).local.breaker.generation
+                moves.append({"t": time.time(), "target": e.target, "new": e.new, "gen": gen,
+                              "own": "[fleet" not in e.reason})
+
+        engine.bus.subscribe(on_event)
+        print("READY", flush=True)
+        loop = asyncio.get_running_loop()
+        if (await loop.run_in_executor(None, sys.stdin.readline)).strip() != "GO":
+            return
+        items = list(range(args.first, args.first + args.items))
+        latencies: list[float] = []
+        failed: list[str] = []
+        t0 = time.perf_counter()
+
+        async def work() -> None:
+            while items:
+                i = items.pop(0)
+                start = time.perf_counter()
+                try:
+                    await client.chat(ChatRequest.of(f"Item {i}: summarise the quarterly report for region "
+                                                     f"{i % 17} in three sentences.", item_id=str(i)))
+                    latencies.append(time.perf_counter() - start)
+                except Exception as e:  # noqa: BLE001 - counted, not hidden
+                    failed.append(f"{type(e).__name__}: {e}"[:160])
+
+        await asyncio.gather(*(work() for _ in range(args.workers)))
+        wall = time.perf_counter() - t0
+        calls = dict(state.link.calls)
+        verdicts = dict(state.link.verdicts)
+        out = {"completed": len(latencies), "failed": failed, "wall": wall, "latencies": latencies,
+               "hot": list(state.link.hot), "calls": calls, "verdicts": verdicts, "requests": client.journal.requests,
+               "moves": moves, "id": state.id, "degraded": state.link.losses}
+    Path(args.out).write_text(json.dumps(out))
+    print("DONE", flush=True)
+
+
+# ---------------------------------------------------------------- the coordinator
+
+
+def _read_line(proc: subprocess.Popen[str], timeout: float) -> str:
+    import select
+
+    assert proc.stdout is not None
+    ready, _, _ = select.select([proc.stdout], [], [], timeout)
+    return proc.stdout.readline().strip() if ready else ""
+
+
+def run_once(scenario: Path, processes: int, items: int, workers: int, redis_url: str,
+             log_dir: Path) -> dict[str, Any]:
+    port = _free_port()
+    origin = f"http://127.0.0.1:{port}"
+    namespace = f"capmon-bench-{uuid.uuid4().hex[:10]}"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    procs: list[subprocess.Popen[str]] = []
+    outs: list[Path] = []
+    per, extra = divmod(items, processes)
+    first = 0
+    sim = None
+    try:
+        for i in range(processes):
+            n = per + (1 if i < extra else 0)
+            out = log_dir / f"{scenario.stem}-{processes}-{i}.json"
+            outs.append(out)
+            log = open(log_dir / f"{scenario.stem}-{processes}-{i}.stderr", "w")
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "benchmarks.fleet", "--worker", "--base-url", origin + "/v1", "--redis",
+                 redis_url, "--namespace", namespace, "--items", str(n), "--first", str(first),
+                 "--workers", str(max(1, workers // processes)), "--out", str(out)],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True, cwd=HERE.parent, env=env))
+            first += n
+        for p in procs:
+            if _read_line(p, 60) != "READY":
+                raise RuntimeError(f"a worker did not start (exit {p.poll()}); see {log_dir}")
+        sim_log = open(log_dir / f"{scenario.stem}-{processes}.sim.log", "w")
+        sim = subprocess.Popen([sys.executable, "-m", "capmon.sim", "--listen", f"127.0.0.1:{port}", "--scenario",
+                                str(scenario)], stdout=sim_log, stderr=subprocess.STDOUT, cwd=HERE.parent, env=env)
+        _wait_up(origin, sim)
+        for p in procs:
+            assert p.stdin is not None
+            p.stdin.write("GO\n")
+            p.stdin.flush()
+        for p in procs:
+            if _read_line(p, 600) != "DONE":
+                raise RuntimeError(f"a worker failed (exit {p.poll()}); see {log_dir}")
+        stats = _get_json(origin + "/admin/stats")
+    finally:
+        for p in procs:
+            _stop(p)
+        if sim is not None:
+            _stop(sim, kill=True)
+        _drop(redis_url, namespace)
+    return {"workers": [json.loads(o.read_text()) for o in outs], "sim": stats}
+
+
+def _drop(redis_url: str, namespace: str) -> None:
+    import redis
+
+    r = redis.Redis.from_url(redis_url)
+    try:
+        keys = list(r.scan_iter(match=f"{namespace}:*", count=1000))
+        if keys:
+            r.delete(*keys)
+    finally:
+        r.close()
+
+
+def propagation(workers: list[dict[str, Any]]) -> list[float]:
+    """For each breaker move (target, generation, new state): from the first process to
+    have it (the one that made it) to each other process, in seconds."""
+    seen: dict[tuple[str, int, str], list[float]] = {}
+    for w in workers:
+        for m in w["moves"]:
+            seen.setdefault((m["target"], m["gen"], m["new"]), []).append(m["t"])
+    delays = []
+    for times in seen.values():
+        if len(times) > 1:
+            times = sorted(times)
+            delays += [t - times[0] for t in times[1:]]
+    return delays
+
+
+def figures(run: dict[str, Any], items: int) -> dict[str, Any]:
+    ws = run["workers"]
+    totals = run["sim"]["totals"]
+    hot = [x for w in ws for x in w["hot"]]
+    calls: dict[str, int] = {}
+    verdicts: dict[str, int] = {}
+    for w in ws:
+        for k, v in w["calls"].items():
+            calls[k] = calls.get(k, 0) + v
+        for k, v in w["verdicts"].items():
+            verdicts[k] = verdicts.get(k, 0) + v
+    lat = [x for w in ws for x in w["latencies"]]
+    delays = propagation(ws)
+    return {
+        "completed": sum(w["completed"] for w in ws),
+        "failed": sum(len(w["failed"]) for w in ws),
+        "wall": max(w["wall"] for w in ws),
+        "rejected": totals["rejected"]["capacity"] + totals["rejected"]["rate_limited"],
+        "penalised": totals["penalised"],
+        "requests": totals["requests"],
+        "hot_per_item": (calls.get("admit", 0) + calls.get("settle", 0)) / items,
+        "all_per_item": sum(calls.values()) / items,
+        "calls": calls,
+        "verdicts": verdicts,
+        "hot_p50_ms": percentile(hot, 0.50) * 1000 if hot else float("nan"),
+        "hot_p99_ms": percentile(hot, 0.99) * 1000 if hot else float("nan"),
+        "p50": percentile(lat, 0.50) if lat else float("nan"),
+        "p99": percentile(lat, 0.99) if lat else float("nan"),
+        "moves": len(delays),
+        "prop_p50_ms": percentile(delays, 0.50) * 1000 if delays else float("nan"),
+        "prop_p99_ms": percentile(delays, 0.99) * 1000 if delays else float("nan"),
+        "degraded": sum(w["degraded"] for w in ws),
+    }
+
+
+def report(name: str, one: dict[str, Any], many: dict[str, Any], processes: int) -> str:
+    ratio = many["rejected"] / one["rejected"] if one["rejected"] else (1.0 if not many["rejected"] else float("inf"))
+    rows = [f"### {name}", "",
+            "| run | completed | wall s | rejected | penalised | requests | p50 s | p99 s | round trips / item "
+            "(hot / all) | ADMIT or SETTLE p50 / p99 ms | trip propagation p50 / p99 ms (moves) |",
+            "|" + "---|" * 11]
+    for label, f in (("1 process", one), (f"{processes} processes", many)):
+        prop = (f"{f['prop_p50_ms']:.1f} / {f['prop_p99_ms']:.1f} ({f['moves']})" if f["moves"] else "-")
+        rows.append(f"| {label} | {f['completed']} | {f['wall']:.2f} | {f['rejected']} | {f['penalised']} | "
+                    f"{f['requests']} | {f['p50']:.2f} | {f['p99']:.2f} | {f['hot_per_item']:.2f} / "
+                    f"{f['all_per_item']:.2f} | {f['hot_p50_ms']:.2f} / {f['hot_p99_ms']:.2f} | {prop} |")
+    rows += ["", f"rejected, {processes} / 1: {many['rejected']} / {one['rejected']} = {ratio:.2f} (goal <= 1.2: "
+                 f"{'**met**' if ratio <= 1.2 else 'missed'}); penalised: {one['penalised']} and {many['penalised']} "
+                 f"(goal 0: {'**met**' if one['penalised'] == many['penalised'] == 0 else 'missed'})"]
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.fleet", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--items", type=int, default=400)
+    ap.add_argument("--workers", type=int, default=32, help="concurrent workers in all (divided among the processes)")
+    ap.add_argument("--processes", type=int, default=8)
+    ap.add_argument("--scenario", nargs="+", default=list(SCENARIOS))
+    ap.add_argument("--redis", default=os.environ.get("CAPMON_BENCH_REDIS_URL", DEFAULT_REDIS),
+                    help=f"the Redis every client shares (default {DEFAULT_REDIS}; a fresh namespace per run)")
+    ap.add_argument("--json", metavar="FILE", help="every figure, raw")
+    # one worker process (started by the coordinator)
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--base-url", help=argparse.SUPPRESS)
+    ap.add_argument("--namespace", help=argparse.SUPPRESS)
+    ap.add_argument("--first", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--out", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.worker:
+        asyncio.run(_worker(args))
+        return 0
+    print(f"{args.items} items, {args.workers} workers: 1 process against {args.processes} "
+          f"({args.workers // args.processes} workers each), Redis {args.redis}\n")
+    raw: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="capmon-fleet-bench-") as tmp:
+        for name in args.scenario:
+            path = Path(name) if name.endswith(".toml") else HERE / "scenarios" / f"{name}.toml"
+            one = figures(run_once(path, 1, args.items, args.workers, args.redis, Path(tmp)), args.items)
+            many = figures(run_once(path, args.processes, args.items, args.workers, args.redis, Path(tmp)),
+                           args.items)
+            raw[path.stem] = {"1": one, str(args.processes): many}
+            print(report(path.stem, one, many, args.processes) + "\n", flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(raw, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
