@@ -245,6 +245,41 @@ def report(name: str, one: dict[str, Any], many: dict[str, Any], processes: int)
     return "\n".join(rows)
 
 
+# A provider that is never full and answers in 2 ms: one worker sending one request
+# after another leaves the event loop idle, so a hot-path call's time is Redis's round
+# trip and redis-py's own work, not the wait for a busy loop.
+QUIET = """
+name = "quiet"
+description = "One roomy model answering in 2 ms: the hot path's own cost."
+seed = 1
+
+[[models]]
+name = "sim-flagship"
+slots = 64
+base_latency = 0.002
+per_token = 0.0
+answer_tokens = 5
+noise = 0.0
+context_window = 128000
+
+[[models]]
+name = "sim-medium"
+slots = 64
+base_latency = 0.002
+per_token = 0.0
+answer_tokens = 5
+noise = 0.0
+
+[[models]]
+name = "sim-small"
+slots = 64
+base_latency = 0.002
+per_token = 0.0
+answer_tokens = 5
+noise = 0.0
+"""
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.fleet", description=__doc__.split("\n\n")[0])
     ap.add_argument("--items", type=int, default=400)
@@ -254,6 +289,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--redis", default=os.environ.get("CAPMON_BENCH_REDIS_URL", DEFAULT_REDIS),
                     help=f"the Redis every client shares (default {DEFAULT_REDIS}; a fresh namespace per run)")
     ap.add_argument("--json", metavar="FILE", help="every figure, raw")
+    ap.add_argument("--quiet", type=int, default=500, metavar="N",
+                    help="then N requests one after another on a quiet loop: the hot path's own latency (0: skip)")
     # one worker process (started by the coordinator)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--base-url", help=argparse.SUPPRESS)
@@ -275,6 +312,14 @@ def main(argv: list[str] | None = None) -> int:
                            args.items)
             raw[path.stem] = {"1": one, str(args.processes): many}
             print(report(path.stem, one, many, args.processes) + "\n", flush=True)
+        if args.quiet:
+            quiet = Path(tmp) / "quiet.toml"
+            quiet.write_text(QUIET)
+            f = figures(run_once(quiet, 1, args.quiet, 1, args.redis, Path(tmp)), args.quiet)
+            raw["quiet"] = f
+            print(f"### the hot path on a quiet loop\n\n{args.quiet} requests one after another, 1 process: "
+                  f"ADMIT or SETTLE p50 {f['hot_p50_ms']:.2f} ms, p99 {f['hot_p99_ms']:.2f} ms; "
+                  f"{f['hot_per_item']:.2f} hot-path round trips per request", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(raw, indent=2))
     return 0

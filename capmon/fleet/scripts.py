@@ -7,6 +7,7 @@ Redis's own clock and returns it, so the process can convert shared times to its
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -93,7 +94,10 @@ class Keys:
 
 
 def as_hash(flat: Any) -> dict[str, str]:
-    """A script's flat [field, value, ...] list (or a HGETALL dict) as a dict of strings."""
+    """A hash as a script returns it (one JSON object), as HGETALL does (a dict) or as a
+    flat [field, value, ...] list, as a dict of strings."""
+    if isinstance(flat, str):
+        flat = json.loads(flat) if flat else {}
     if isinstance(flat, dict):
         return {str(k): str(v) for k, v in flat.items()}
     items = list(flat or ())

@@ -16,7 +16,7 @@ elseif h.state == 'half-open' and num(h.probe_until, 0) < now then
   why = 'probing (interval ' .. interval .. 's), taking over from a silent prober'
 end
 if why == nil then return {'refused', f6(now), flat(h)} end
-h = commit(KEYS[1], {state = 'half-open', gen = num(h.gen, 0) + 1, reason = why, probe_owner = ARGV[2],
+h = commit(KEYS[1], h, {state = 'half-open', gen = num(h.gen, 0) + 1, reason = why, probe_owner = ARGV[2],
                      probe_until = f6(now + tonumber(ARGV[3])), next_probe = 0, streak = 0, streak_hint = ''}, ARGV[2])
 redis.call('ZADD', KEYS[2], f6(now + tonumber(ARGV[5])), ARGV[4])
 publish(KEYS[3], 'b', h)

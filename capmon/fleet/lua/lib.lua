@@ -25,11 +25,18 @@ local function load(key)
   return h
 end
 
+-- Numbers are stored as %.17g, which reads back as the very same double: what a
+-- process mirrors from an answer is what the next script computes with.
+local function str(v)
+  if type(v) == 'number' then return string.format('%.17g', v) end
+  return v
+end
+
 local function save(key, w)
   local flat = {}
   for k, v in pairs(w) do
     flat[#flat + 1] = k
-    flat[#flat + 1] = v
+    flat[#flat + 1] = str(v)
   end
   if #flat > 0 then redis.call('HSET', key, unpack(flat)) end
 end
@@ -38,13 +45,15 @@ local function admits(state)
   return state == 'closed' or state == 'forced-closed' or state == 'ramp'
 end
 
--- The hash after every write this call made, with a new version: readers apply a
--- hash only if its version is not older than the last one they applied.
-local function commit(key, w, origin)
+-- Write ``w`` into the hash ``h`` was read from, with a new version: readers apply a
+-- hash only if its version is not older than the last one they applied. Returns the
+-- hash as it is now.
+local function commit(key, h, w, origin)
   w.origin = origin
   save(key, w)
-  redis.call('HINCRBY', key, 'ver', 1)
-  return load(key)
+  for k, v in pairs(w) do h[k] = str(v) end
+  h.ver = tostring(redis.call('HINCRBY', key, 'ver', 1))
+  return h
 end
 
 local function publish(channel, kind, h, extra)
@@ -53,13 +62,9 @@ local function publish(channel, kind, h, extra)
   redis.call('PUBLISH', channel, cjson.encode(msg))
 end
 
+-- A hash as one JSON string: one bulk reply to parse, not seventy.
 local function flat(h)
-  local out = {}
-  for k, v in pairs(h) do
-    out[#out + 1] = k
-    out[#out + 1] = v
-  end
-  return out
+  return cjson.encode(h)
 end
 
 -- The ramp's share now: what clean rounds earned, or the time ceiling if higher
@@ -90,7 +95,7 @@ local function transition(key, channel, h, tr, now, origin)
   if tr.step then
     if h.state ~= 'ramp' then return 'conflict', h end
     if tr.ramp_share > num(h.ramp_share, 0) then
-      h = commit(key, {ramp_share = tr.ramp_share}, origin)
+      h = commit(key, h, {ramp_share = tr.ramp_share}, origin)
       publish(channel, 'b', h)
     end
     return 'ok', h
@@ -101,7 +106,7 @@ local function transition(key, channel, h, tr, now, origin)
              probe_owner = '', probe_until = 0}
   if tr.next_in >= 0 then w.next_probe = f6(now + tr.next_in) else w.next_probe = 0 end
   if tr.state == 'open' and (h.state == 'closed' or h.state == 'ramp') then restore(h, w) end
-  h = commit(key, w, origin)
+  h = commit(key, h, w, origin)
   publish(channel, 'b', h)
   return 'ok', h
 end

@@ -14,7 +14,7 @@ if ARGV[1] == 'reset' then
   w.trips, w.park_until, w.park_reason, w.not_before = 0, 0, '', 0
   redis.call('HDEL', KEYS[2], 'disabled')
 end
-h = commit(KEYS[1], w, ARGV[3])
+h = commit(KEYS[1], h, w, ARGV[3])
 local disabled = redis.call('HGET', KEYS[2], 'disabled') or ''
 publish(KEYS[3], 'b', h, {disabled = disabled, manual = 1})
 return {'ok', f6(now), disabled, flat(h)}

@@ -18,6 +18,6 @@ w.next_probe, w.probe_until, w.park_until, w.not_before = at(s.next_in), at(s.pr
 w.ramp_from = f6(now - (s.ramp_ago or 0))
 w.run, w.ver, w.streak, w.streak_hint, w.saved = ARGV[3], 0, 0, '', 0
 if ARGV[2] ~= '' then redis.call('HSETNX', KEYS[2], 'disabled', ARGV[2]) end
-local h = commit(KEYS[1], w, ARGV[4])
+local h = commit(KEYS[1], {}, w, ARGV[4])
 publish(KEYS[3], 'b', h, {disabled = disabled()})
 return {'seeded', f6(now), disabled(), flat(h)}

@@ -70,7 +70,7 @@ if not probe then
 end
 w.limit, w.capacity, w.epoch, w.hold, w.below = limit, capacity, epoch, hold, below
 -- the move below reads what was just learned (a trip restores the checkpoint)
-for k, v in pairs(w) do h[k] = tostring(v) end
+for k, v in pairs(w) do h[k] = str(v) end
 
 -- ------------------------------------------------------------ the breaker
 local cas = ''
@@ -151,7 +151,7 @@ if refund > 0 and tpm > 0 then
     redis.call('HSET', KEYS[4], 'tokens', math.min(tpm, tokens + refund), 'at', f6(now))
   end
 end
-h = commit(KEYS[1], w, origin)
+h = commit(KEYS[1], h, w, origin)
 local disabled = redis.call('HGET', KEYS[3], 'disabled') or ''
 if gate then publish(channel, 'b', h, {disabled = disabled}) end
 if not probe then
