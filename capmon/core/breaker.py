@@ -271,7 +271,8 @@ class CircuitBreaker:
         stepped = same and old is State.RAMP and share > self._share + 1e-9
         self._state, self.generation, self._reason = rec.state, rec.generation, rec.reason
         self._next_probe = rec.next_probe if rec.state is State.OPEN else None
-        self._interval, self._probes_failed, self._probe_successes = rec.interval, rec.probes_failed, rec.probe_successes
+        self._interval, self._probes_failed = rec.interval, rec.probes_failed
+        self._probe_successes = rec.probe_successes
         self._trips_in_a_row, self._total_trips = rec.trips, rec.total_trips
         self._ramp_from, self._share, self._basis = rec.ramp_from, share, max(1.0, rec.basis)
         self._round_need = max(1, math.ceil(self._share * self._basis))
@@ -485,5 +486,5 @@ class CircuitBreaker:
             self._probes_failed = 0
             self._probe_successes = 0
             self._interval = self.config.probe_interval
-        self._emit(BreakerChanged(at=now, wall=self._clock.wall(), target=self.target, model=self.model,
-                                  old=old.value, new=new.value, reason=reason, manual=manual, cooldown_until=next_probe))
+        self._emit(BreakerChanged(at=now, wall=self._clock.wall(), target=self.target, model=self.model, old=old.value,
+                                  new=new.value, reason=reason, manual=manual, cooldown_until=next_probe))

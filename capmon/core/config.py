@@ -135,14 +135,14 @@ class DashboardConfig:
 class SharedConfig:
     """``[shared]``: several processes acting as one client through Redis (capmon/fleet)."""
 
-    backend: str = _f("memory", choices=("memory", "redis"), doc="memory: this process alone; redis: shared with every process on the same namespace")
+    backend: str = _f("memory", choices=("memory", "redis"), doc="memory: this process alone; redis: the namespace's")
     url: str = _f("", doc="redis://host:port/db; without a password (use url_env for one)")
     url_env: str = _f("", doc="environment variable holding the Redis URL, for a URL with a password")
     namespace: str = _f("capmon", doc="prefix of every Redis key: processes on one namespace share their state")
-    required: bool = _f(False, doc="true: exit 2 when Redis is unreachable at start; false: warn and run on local state")
+    required: bool = _f(False, doc="true: exit 2 when Redis is unreachable at start; false: warn, run locally")
     lease_ttl: float = _f(5.0, min=0.05, max=3600.0, doc="seconds a killed process's concurrency slots stay taken")
-    heartbeat: float = _f(1.0, min=0.01, max=60.0, doc="seconds between a process's heartbeats (registry, lease renewal)")
-    reconcile: float = _f(1.0, min=0.01, max=60.0, doc="seconds between full reads of the shared state, the backstop for missed news")
+    heartbeat: float = _f(1.0, min=0.01, max=60.0, doc="seconds between heartbeats (registry, lease renewal)")
+    reconcile: float = _f(1.0, min=0.01, max=60.0, doc="seconds between full reads: the backstop for missed news")
 
 
 @dataclass(frozen=True)

@@ -28,11 +28,10 @@ from redis.asyncio.client import PubSub
 from capmon.core.clock import Clock
 from capmon.core.config import Config
 from capmon.core.events import Event, Notice
-from capmon.core.limiter import Budget
 from capmon.core.snapshot import FleetProcess, LinkState, SharedStatus
 from capmon.core.state import MemoryState, TargetSpec
 from capmon.fleet.codec import fnum
-from capmon.fleet.link import ERRORS, Link, describe, log
+from capmon.fleet.link import ERRORS, Link, describe
 from capmon.fleet.scripts import Keys, as_hash
 from capmon.fleet.settings import Settings, SharedStateUnavailable
 from capmon.fleet.target import RedisTarget

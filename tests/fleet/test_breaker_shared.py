@@ -96,7 +96,7 @@ async def test_one_probe_for_the_fleet_while_the_model_is_down(redis_url: str, n
             # Probes at about +0.2, +0.6 and +1.0 s (failed), then +1.4 s (answered): one each
             # time for the three processes; three probers of their own would send three times as many.
             assert 3 <= len(probes) <= 5, [round(p - tripped, 2) for p in probes]
-            gaps = [b2 - b1 for b1, b2 in zip(probes, probes[1:])]
+            gaps = [b2 - b1 for b1, b2 in zip(probes, probes[1:], strict=False)]
             assert min(gaps) > 0.15, gaps
             await asyncio.sleep(0.4)  # the ramp's ceiling (0.3 s) has passed: closed everywhere
             assert all(t.view().breaker.state is State.CLOSED for t in targets)
@@ -112,7 +112,7 @@ async def test_a_probe_whose_prober_went_silent_is_taken_over(redis_url: str, na
             for _ in range(3):
                 await a.chat("hi")
             ta, tb = a.target(FLAGSHIP).state, b.target(FLAGSHIP).state
-            await until(lambda: ta.view().breaker.state is State.HALF_OPEN and tb.view().breaker.state is State.HALF_OPEN)
+            await until(lambda: ta.view().breaker.state is State.HALF_OPEN is tb.view().breaker.state)
             owner = _shared_state(redis_url, namespace)["probe_owner"]
             prober, other = (a, b) if owner == store(a).id else (b, a)
             await deafen(store(prober))  # its heartbeat stops: the probe is no longer renewed

@@ -50,7 +50,8 @@ def test_the_shared_status_goes_through_json_and_back() -> None:
     cfg = parse_config(BASE, "c.toml")
     snap = FallbackClient(cfg, environ=ENV).snapshot()
     status = SharedStatus(backend="redis", state=LinkState.DEGRADED, since=1.5, message="lost", url="redis://h:1/0",
-                          namespace="n", processes=(FleetProcess("h:1:ab", "h", 1, "gateway", 3, 1.0, 2.0, True, True),))
+                          namespace="n",
+                          processes=(FleetProcess("h:1:ab", "h", 1, "gateway", 3, 1.0, 2.0, True, True),))
     back = snapshot_from_json(snapshot_to_json(dataclasses.replace(snap, shared=status)))
     assert back.shared == status
 

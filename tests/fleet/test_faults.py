@@ -13,8 +13,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import redis
-
 from capmon.core import events as ev
 from capmon.core.breaker import State
 from capmon.core.events import EventBus

@@ -99,7 +99,7 @@ async def test_a_real_second_process_shares_trips_leases_probes_and_the_registry
                 for command, seen in (("trip", State.FORCED_OPEN), ("reset", State.CLOSED)):
                     t0 = time.perf_counter()
                     _send(proc, command)
-                    await until(lambda: tm.view().breaker.state is seen, timeout=1.0)
+                    await until(lambda seen=seen: tm.view().breaker.state is seen, timeout=1.0)
                     assert time.perf_counter() - t0 < 0.100
                 # the registry: both, with their roles
                 await until(lambda: len(me.snapshot().shared.processes) == 2)
@@ -133,8 +133,8 @@ async def test_a_real_second_process_shares_trips_leases_probes_and_the_registry
                     took_slot = time.perf_counter() - killed
                     await tm.settle(adm, None)
                     # and it leaves the registry (its entry's TTL: three heartbeats)
-                    await until(lambda: sorted(p.role for p in me.snapshot().shared.processes) == ["gateway", "library"],
-                                timeout=1.0)
+                    roles = ["gateway", "library"]  # the killed batch worker is gone
+                    await until(lambda: sorted(p.role for p in me.snapshot().shared.processes) == roles, timeout=1.0)
                     assert store(me).link.ok
         finally:
             if proc.poll() is None:

@@ -3,7 +3,6 @@ by pub/sub; reconciliation catches what a subscriber missed."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 from capmon.core import events as ev
@@ -39,7 +38,7 @@ async def test_trips_and_manual_actions_reach_the_other_process_within_100_ms_p9
                 down["on"] = True
                 for _ in range(3):
                     assert (await a.chat("hi")).model == "medium"
-                await until(lambda: len(opened_b) > i)
+                await until(lambda i=i: len(opened_b) > i)
                 delays.append(opened_b[i] - tripped_a[i])
                 down["on"] = False
                 a.reset("flagship")
@@ -47,7 +46,7 @@ async def test_trips_and_manual_actions_reach_the_other_process_within_100_ms_p9
             for action, seen in ((a.trip, State.FORCED_OPEN), (a.reset, State.CLOSED)) * 13:
                 t0 = time.perf_counter()
                 action("flagship")
-                delays.append(await until(lambda: tb.view().breaker.state is seen))
+                delays.append(await until(lambda seen=seen: tb.view().breaker.state is seen))
             t0 = time.perf_counter()
             a.pin("medium")
             await until(lambda: b.pinned == "medium")
