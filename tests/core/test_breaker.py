@@ -8,6 +8,7 @@ was admitted, and whether the limiter took a capacity failure as news.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import math
 import time
 
@@ -718,7 +719,7 @@ def test_every_transition_publishes_a_breaker_changed_event() -> None:
     assert first.cooldown_until == opened_at + 2.0
     assert changed[2].cooldown_until == changed[2].at + 4.0
     assert [e.cooldown_until is None for e in changed] == [e.new != "open" for e in changed]
-    for prev, nxt in zip(changed, changed[1:]):  # each event starts where the previous one ended
+    for prev, nxt in itertools.pairwise(changed):  # each event starts where the previous one ended
         assert prev.new == nxt.old
 
 

@@ -107,7 +107,7 @@ class BreakerMachine(RuleBasedStateMachine):
     # a reset, so they are drawn rarely.
     @rule(
         action=st.sampled_from(["attempt"] * 4 + ["finish"] * 3 + ["admit"] * 2 + ["probe"] * 4 + ["hold_probe"]
-                               + ["round"] * 4 + ["advance"] * 3 + ["by_hand"]),
+                               + ["round"] * 3 + ["recover"] * 2 + ["advance"] * 3 + ["by_hand"]),
         n=st.integers(1, 4),
         i=picks,
         outcome=outcomes,
@@ -135,17 +135,31 @@ class BreakerMachine(RuleBasedStateMachine):
                     self._round(n % 3, outcome, hint)
         elif action == "round":
             self._round(i, outcome, hint)
+        elif action == "recover":
+            # Probe until the ramp starts, then n rounds: clean but one, which has a failure
+            # (or fails throughout: a model still down trips again).
+            for _ in range(self.cfg.half_open_probes):
+                sent = self._begin_probe()
+                if sent is None:
+                    break
+                self._finish(self._take_back(sent), "ok", None)
+            relapse = outcome in ("capacity", "down") and i % 2 == 0
+            for k in range(n):
+                if self.b.state is not State.RAMP:
+                    break
+                bad = k == i % 4
+                self._round(0 if bad else self.basis, outcome, hint, every=relapse)
         elif action == "advance":
             self.clock.advance(dt)
         else:
             self._by_hand(manual)
 
-    def _round(self, i: int, outcome: str, hint: float | None) -> None:
+    def _round(self, i: int, outcome: str, hint: float | None, every: bool = False) -> None:
         """Fill the free slots, then end them all: successes but the i-th (a clean round
-        when i is past the end)."""
+        when i is past the end), or all with ``outcome``."""
         sent = [s for s in (self._admit() for _ in range(self.basis)) if s is not None]
         for k, s in enumerate(sent):
-            self._finish(self._take_back(s), outcome if k == i else "ok", hint)
+            self._finish(self._take_back(s), outcome if every or k == i else "ok", hint)
 
     def _slots(self) -> int:
         share = self.b.share()
@@ -295,9 +309,9 @@ class BreakerMachine(RuleBasedStateMachine):
             assert e.new != e.old or e.manual
             state = e.new
         assert state == current
-        for e in self.events:
-            if isinstance(e, RampStep):
-                assert self.cfg.ramp_start < e.share < 1.0
+        for step in self.events:
+            if isinstance(step, RampStep):
+                assert self.cfg.ramp_start < step.share < 1.0
 
 
 class LimiterMachine(RuleBasedStateMachine):
@@ -418,7 +432,7 @@ class LimiterMachine(RuleBasedStateMachine):
 TestBreakerMachine = BreakerMachine.TestCase
 TestBreakerMachine.settings = FAST
 TestLimiterMachine = LimiterMachine.TestCase
-TestLimiterMachine.settings = FAST
+TestLimiterMachine.settings = settings(FAST, max_examples=60)
 
 
 @pytest.mark.slow
