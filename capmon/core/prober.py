@@ -55,15 +55,19 @@ class Prober:
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self._running: dict[str, asyncio.Task[ProbeResult | None]] = {}
+        self._closed = False
         self.sent = 0
 
     def kick(self) -> None:
         """A breaker opened or changed: look at the probe schedule again."""
+        if self._closed:
+            return
         self._wake.set()
         if self._task is None or self._task.done():
             self._task = asyncio.ensure_future(self._run())
 
     async def aclose(self) -> None:
+        self._closed = True
         tasks = [t for t in (self._task, *self._running.values()) if t is not None and not t.done()]
         for task in tasks:
             task.cancel()

@@ -268,7 +268,7 @@ class FallbackClient:
         return None
 
     async def _give_back(self, grant: Grant) -> None:
-        await grant[0].state.settle(grant[1], None, cancelled=True)
+        await grant[0].state.settle(grant[1], None, cancelled=True, unused=True)
         self._queue.kick()
 
     async def _acquire(self, r: Routing) -> Grant:
@@ -282,11 +282,14 @@ class FallbackClient:
                                                      f"{failure.kind.value}: {failure.reason}")
         # Nobody waiting: go now if a target admits. Otherwise take a place in line.
         grant = None if len(self._queue) else await self._admit_any(r)
-        if grant is None:
+        while grant is None:
             try:
-                grant = await self._queue.wait(r.id, r, r.deadline - now)
+                grant = await self._queue.wait(r.id, r, r.deadline - self.clock.now())
             except TimeoutError:
                 self._give_up(r)
+            if not grant[0].state.holds(grant[1]):  # tripped by hand since the hand-over
+                await self._give_back(grant)
+                grant = None
         self.journal.unwait(r)
         return grant
 

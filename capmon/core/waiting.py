@@ -244,6 +244,11 @@ class WaitQueue(Generic[G]):
             self.kick()
 
     async def aclose(self) -> None:
-        for task in (self._timer, self._task):
-            if task is not None and not task.done():
-                task.cancel()
+        tasks = [t for t in (self._timer, self._task) if t is not None and not t.done()]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            try:
+                await task
+            except (asyncio.CancelledError, Exception):
+                pass

@@ -20,7 +20,7 @@ from capmon.core.errors import CONNECT_FAILED, Failure, Kind
 from capmon.core.events import BreakerChanged, Event, KeyParked, ModelPinned
 from capmon.core.limiter import Slot
 from capmon.core.state import DEFAULT_QUOTA_PARK, Admission, KeyState, MemoryState, MemoryTarget, TargetSpec
-from capmon.core.waiting import WaitQueue
+from capmon.core.waiting import INTERACTIVE, WaitQueue
 
 A1, A2, B1 = "m1@ep/a", "m2@ep/a", "m1@ep/b"
 
@@ -266,9 +266,6 @@ async def test_a_rate_limit_hint_stops_the_target_too_a_transient_one_does_not()
     assert w.t().not_before == w.clock.now() + 20
 
 
-@pytest.mark.xfail(strict=True, reason="MemoryTarget.settle does not cap a server hint: a 503 with a day-long "
-                                       "retry-after stops the target for a day, while the breaker caps hints at "
-                                       "breaker.cooldown_max")
 async def test_a_server_hint_stops_a_target_no_longer_than_cooldown_max() -> None:
     w = World(breaker=BreakerConfig(cooldown_max=1800))
     t0 = w.clock.now()
@@ -444,9 +441,6 @@ async def test_a_trip_restores_what_the_limiter_knew_before_the_outage() -> None
     assert t.view().ramp_slots == 2  # ceil(0.25 * 6): the ramp aims at the capacity learned before
 
 
-@pytest.mark.xfail(strict=True, reason="a limiter checkpoint taken at a capacity failure whose streak a success "
-                                       "ended is never discarded; a later trip by connection failures (which "
-                                       "take no checkpoint) restores it and forgets what was learned since")
 async def test_a_trip_by_connection_failures_keeps_what_the_limiter_learned() -> None:
     w = World(limiter=LimiterConfig(initial=8))
     t = w.t()
@@ -563,7 +557,7 @@ def queue_over(t: MemoryTarget, clock: LoopClock) -> WaitQueue[Admission]:
         await t.settle(adm, None, cancelled=True)
         q.kick()
 
-    q = WaitQueue(clock, lambda key: t.admit(1), give_back, lambda key, now: t.ready_at(now, 1), lambda key: "all")
+    q = WaitQueue(clock, lambda key: t.admit(1), give_back, lambda key, now: t.ready_at(now, 1), lambda key: (INTERACTIVE, "all"))
     return q
 
 

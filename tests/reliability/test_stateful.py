@@ -40,7 +40,7 @@ from capmon.core.policy import policy_for
 from capmon.core.result import ChatResult
 from capmon.core.router import FallbackClient
 from capmon.core.state import Admission, KeyState, MemoryState, MemoryTarget, TargetSpec
-from capmon.core.waiting import WaitQueue
+from capmon.core.waiting import INTERACTIVE, WaitQueue
 from tests.support.configs import ENV, three_models
 from tests.support.scripted import OVERLOADED, Reply, Script, ok, serve
 
@@ -311,7 +311,7 @@ class QueueOverState(RuleBasedStateMachine):
             self.q.kick()
 
         self.q: WaitQueue[Admission] = WaitQueue(self.clock, lambda key: t.admit(1), give_back,
-                                                 lambda key, now: t.ready_at(now, 1), lambda key: "all")
+                                                 lambda key, now: t.ready_at(now, 1), lambda key: (INTERACTIVE, "all"))
         self.seq = 0
         self.waiting: dict[int, asyncio.Task[None]] = {}
         self.held: list[Admission] = []
@@ -650,9 +650,6 @@ TestRouterMachine.settings = settings(max_examples=15, stateful_step_count=20, d
 
 
 @pytest.mark.looptime
-@pytest.mark.xfail(strict=True, reason="a slot the wait queue handed to a waiting request is used even when the "
-                                       "model is tripped by hand before the request resumes: the router never "
-                                       "checks the grant again")
 async def test_a_request_handed_a_slot_just_before_a_trip_does_not_send_it_there() -> None:
     script = Script()
     script.always("flagship", Reply(200, ok("flagship").body, delay=0.5))
@@ -682,9 +679,6 @@ async def test_a_request_handed_a_slot_just_before_a_trip_does_not_send_it_there
 
 
 @pytest.mark.looptime
-@pytest.mark.xfail(strict=True, reason="Prober.aclose() cancels a probe in flight, whose done callback kicks the "
-                                       "prober again: its loop restarts after the client is closed and goes on "
-                                       "'probing' through the closed HTTP client")
 async def test_no_probe_runs_after_the_client_is_closed() -> None:
     script = Script()
     script.always("flagship", Reply(OVERLOADED.status, OVERLOADED.body, delay=1.0))
