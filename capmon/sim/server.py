@@ -29,7 +29,7 @@ from uvicorn.config import LOGGING_CONFIG
 from starlette.applications import Starlette
 
 from capmon.core.clock import Clock, default_clock
-from capmon.core.config import SIMULATOR_DEMO_KEY
+from capmon.core.config import SIMULATOR_DEMO_KEY, parse_listen as parse_host_port
 from capmon.core.exceptions import SimulatorError
 from capmon.sim.admin import ADMIN_KEY_ENV, AdminAccess, AdminPolicy, admin_policy, is_loopback
 from capmon.sim.app import SIM_HEADER, create_app, simulator_of
@@ -158,12 +158,11 @@ def _quiet_deliberate_drops() -> None:
 
 
 def parse_listen(listen: str) -> tuple[str, int]:
-    """``HOST:PORT`` (``[::1]:8089`` for IPv6) -> (host, port)."""
-    host, sep, port = listen.rpartition(":")
-    host = host.strip("[]")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
-        raise SimulatorError(f"expected HOST:PORT such as 127.0.0.1:8089, got {listen!r}")
-    return host, int(port)
+    """``HOST:PORT`` (``[::1]:8089`` for IPv6) -> (host, port); port 0: any free port."""
+    try:
+        return parse_host_port(listen)
+    except ValueError as e:
+        raise SimulatorError(str(e)) from None
 
 
 def _bind(host: str, port: int) -> socket.socket:
