@@ -1,5 +1,8 @@
 """capmon's command line: the dashboard, batch jobs, the simulator, reports, status.
 
+This is the only module that reads arguments: each command turns its flags into
+typed options (frozen dataclasses) and calls a function that knows nothing of
+argparse; errors become one line on stderr and an exit code (capmon/exitcodes.py).
 Each command imports what it needs when it runs, so ``capmon sim`` never loads
 Textual and ``capmon batch`` works on a machine with no terminal.
 """
@@ -8,15 +11,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Callable, Sequence
 
 from capmon import __version__
-
-# Exit codes, documented in the README.
-EXIT_OK = 0
-EXIT_FAILED_ITEMS = 1  # a batch finished but some items failed (not for capacity reasons)
-EXIT_USAGE = 2  # bad arguments, bad config, bad input file
-EXIT_INTERRUPTED = 130
+from capmon.core.config import DEFAULT_LISTEN, DashboardConfig, SimulatorConfig
+from capmon.exitcodes import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 
 
 def _add_config(p: argparse.ArgumentParser) -> None:
@@ -38,16 +38,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"capmon {__version__}")
     _add_config(parser)
-    parser.add_argument("--refresh", type=float, metavar="SECONDS", help="seconds between table refreshes (default from config: 0.33)")
+    parser.add_argument("--refresh", type=float, metavar="SECONDS",
+                        help=f"seconds between table refreshes (default from config: {DashboardConfig.refresh:g})")
     parser.add_argument("--readonly", action="store_true", help="hide manual trip / reset / pin")
-    parser.add_argument("--job", metavar="INPUT.jsonl", help="run this batch file as the traffic worker instead of the demo job")
-    parser.add_argument("--attach", metavar="JOB", help="show a job started with `capmon batch run` (by name)")
+    traffic = parser.add_mutually_exclusive_group()
+    traffic.add_argument("--job", metavar="INPUT.jsonl",
+                         help="run this batch file as the traffic worker instead of the demo job")
+    traffic.add_argument("--attach", metavar="JOB", help="show a job started with `capmon batch run` (by name)")
     parser.add_argument("--no-traffic", action="store_true", help="probes only: run no traffic worker")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     sim = sub.add_parser("sim", help="serve the simulated provider")
-    sim.add_argument("--listen", default="127.0.0.1:8089", metavar="HOST:PORT")
-    sim.add_argument("--scenario", default="demo", metavar="NAME|PATH", help="bundled: demo, steady, peak-hours, outage, brownout")
+    sim.add_argument("--listen", default=DEFAULT_LISTEN, metavar="HOST:PORT")
+    sim.add_argument("--scenario", default=SimulatorConfig.scenario, metavar="NAME|PATH",
+                     help="bundled: demo, steady, peak-hours, outage, brownout")
     sim.add_argument("--list", action="store_true", help="list the bundled scenarios and exit")
     sim.add_argument("--admin-key-env", metavar="NAME",
                      help="variable holding the /admin key (default CAPMON_SIM_ADMIN_KEY); needed beyond loopback")
@@ -115,9 +119,10 @@ def _run_sim(args: argparse.Namespace) -> int:
 
 
 def _run_status(args: argparse.Namespace) -> int:
-    from capmon.status import run_status
+    from capmon.status import StatusOptions, run_status
 
-    return run_status(args)
+    # --once is the only mode there is: the flag stays so that scripts may say so.
+    return run_status(StatusOptions(config=args.config, json=args.json, probe=args.probe))
 
 
 def _run_batch(args: argparse.Namespace) -> int:
@@ -133,7 +138,7 @@ def _run_report(args: argparse.Namespace) -> int:
 
 
 def _run_dashboard(args: argparse.Namespace) -> int:
-    if not sys.stdout.isatty() and getattr(args, "attach", None):
+    if not sys.stdout.isatty() and args.attach:
         # Not a terminal: the attached job's status, as `capmon batch show` prints it.
         from capmon.batch.commands import show_job
         from capmon.batch.store import default_db_path
@@ -141,13 +146,15 @@ def _run_dashboard(args: argparse.Namespace) -> int:
         return show_job(default_db_path(), args.attach)
     if not sys.stdout.isatty():
         # Not a terminal (a pipe, a file, CI): print the snapshot instead of drawing.
-        from capmon.status import run_status
+        from capmon.status import StatusOptions, run_status
 
-        args.once, args.json, args.probe = True, False, True
-        return run_status(args)
-    from capmon.tui.app import run_dashboard
+        return run_status(StatusOptions(config=args.config, probe=True))
+    from capmon.tui.app import DashboardOptions, run_dashboard
 
-    return run_dashboard(args)
+    return run_dashboard(DashboardOptions(
+        config=args.config, refresh=args.refresh, readonly=args.readonly,
+        job=None if args.job is None else Path(args.job), attach=args.attach, traffic=not args.no_traffic,
+    ))
 
 
 COMMANDS: dict[str | None, Callable[[argparse.Namespace], int]] = {

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from rich.text import Text
 
 from capmon.core import events as ev
+from capmon.core import text
+from capmon.core.breaker import State
 from capmon.tui import format as fmt
 
 LOGGED: tuple[type[ev.Event], ...] = (ev.BreakerChanged, ev.FellBack, ev.KeyParked, ev.ModelPinned, ev.Notice,
@@ -90,7 +92,7 @@ class EventDigester:
             return fmt.breaker_line(e)
         if isinstance(e, ev.KeyParked):
             what = "disabled" if e.until is None else "parked"
-            self._toast(out, e.target, e.at, Toast(f"{e.model} / {e.key_alias}: {fmt.short(e.reason or e.kind, 80)}",
+            self._toast(out, e.target, e.at, Toast(f"{e.model} / {e.key_alias}: {text.shorten(e.reason or e.kind, 80)}",
                                                    "warning", f"Key {what} ({e.kind})"))
             return fmt.key_line(e)
         if isinstance(e, ev.ProbeFinished):
@@ -110,10 +112,10 @@ class EventDigester:
         return None
 
     def _breaker_toast(self, e: ev.BreakerChanged, out: Digest) -> None:
-        if e.new == "open" and e.old != "half-open":  # a failed probe re-opens it: the log says so, no toast
-            cool = f"; first probe in {fmt.duration(e.cooldown_until - e.at)}" if e.cooldown_until is not None else ""
+        if e.new == State.OPEN and e.old != State.HALF_OPEN:  # a failed probe re-opens it: the log says so, no toast
+            cool = f"; first probe in {text.countdown(e.cooldown_until - e.at)}" if e.cooldown_until is not None else ""
             self._toast(out, e.target, e.at, Toast(f"{e.model}: {e.reason}{cool}", "warning", "Breaker tripped", timeout=10.0))
-        elif e.new == "forced-open":
+        elif e.new == State.FORCED_OPEN:
             # A person did this: always confirm it, never throttled.
             self._toast(out, None, e.at, Toast(f"{e.model} takes no traffic until reset", "warning", "Tripped by hand"))
 

@@ -95,7 +95,8 @@ class LiveSource:
         runner_factory: RunnerFactory | None = None,
     ) -> None:
         if job_input is not None and attach is not None:
-            raise CapmonError("--job and --attach cannot be used together")
+            raise CapmonError(f"a dashboard runs a job file or shows an attached job, not both "
+                              f"(job file {job_input}, attached job {attach})")
         self.config = config
         # Attached to a job in another process: its breakers and its client live there,
         # so trip / reset / pin here would only steer this dashboard's probes. Off.
