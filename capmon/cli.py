@@ -10,9 +10,10 @@ Textual and ``capmon batch`` works on a machine with no terminal.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 from capmon import __version__
 from capmon.core.config import DEFAULT_LISTEN, DashboardConfig, SimulatorConfig
@@ -70,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("input", metavar="INPUT.jsonl")
     run.add_argument("--out", metavar="OUT.jsonl", help="write results here when the job finishes")
     run.add_argument("--job", metavar="NAME", help="job name (default: the input file's stem)")
-    run.add_argument("--concurrency", type=int, metavar="N", default=16)
+    run.add_argument("--concurrency", type=int, metavar="N", help="items in flight at once (default 16)")
     run.add_argument("--rate", type=float, metavar="R", help="at most R items started per second")
     run.add_argument("--window", metavar="HH:MM-HH:MM", help="send only inside this daily window (local time)")
     run.add_argument("--db", metavar="PATH", help="job database (default: $CAPMON_DB or the user data dir)")
@@ -125,16 +126,49 @@ def _run_status(args: argparse.Namespace) -> int:
     return run_status(StatusOptions(config=args.config, json=args.json, probe=args.probe))
 
 
-def _run_batch(args: argparse.Namespace) -> int:
-    from capmon.batch.commands import run_batch_command
+def _db(args: argparse.Namespace) -> Path | None:
+    return Path(args.db) if args.db else None
 
-    return run_batch_command(args)
+
+def _run_batch(args: argparse.Namespace) -> int:
+    from capmon.batch import commands as c
+    from capmon.batch.options import parse_remap
+
+    action = args.batch_command
+    with _flags():
+        if action in ("run", "resume"):
+            start = dict(out=args.out, concurrency=args.concurrency, rate=args.rate, window=args.window, db=_db(args),
+                         config=args.config, show_progress=not args.no_progress,
+                         accept_changed_input=args.accept_changed_input, remap=parse_remap(args.remap or ()))
+            if action == "run":
+                return c.run_job(c.RunOptions(input=Path(args.input), job=args.job, **start))
+            return c.resume_job(c.ResumeOptions(job=args.job, **start))
+        if action == "export":
+            return c.export_command(_db(args), args.job, args.out)
+        if action == "list":
+            return c.list_jobs(_db(args))
+        return c.show_job(_db(args), args.job)
 
 
 def _run_report(args: argparse.Namespace) -> int:
-    from capmon.report import run_report
+    from capmon.report import OutputFormat, ReportOptions, run_report
 
-    return run_report(args)
+    fmt = OutputFormat.JSON if args.json else OutputFormat.CSV if args.csv else OutputFormat.TEXT
+    return run_report(ReportOptions(job=args.job, db=_db(args), format=fmt, advice=args.advice, item=args.item))
+
+
+@contextlib.contextmanager
+def _flags() -> Iterator[None]:
+    """An option's error as the command line says it, naming the flag (``concurrency: ...``
+    is reported as ``--concurrency: ...``)."""
+    from capmon.batch.options import OptionError
+    from capmon.core.exceptions import CapmonError
+
+    try:
+        yield
+    except OptionError as e:
+        flag = "--" + e.option.replace("_", "-")
+        raise CapmonError(f"{flag}{'' if e.value is None else ' ' + e.value}: {e.detail}") from None
 
 
 def _run_dashboard(args: argparse.Namespace) -> int:

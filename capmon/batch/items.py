@@ -22,10 +22,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Collection, Iterator, Protocol, Union
 
-# A kind of failure of our own, beside the client's (capacity, bad_request, ...):
-# the line itself was unusable, so nothing was ever sent for it.
-BAD_INPUT = "bad_input"
-
 _KNOWN_KEYS = ("id", "messages", "model", "max_tokens", "temperature", "metadata")
 
 

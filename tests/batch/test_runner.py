@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from capmon.batch import BatchRunner, JobStore, read_progress
-from capmon.batch import runner as runner_mod
+from capmon.batch import ingest as ingest_mod
 from capmon.core import events as ev
 from capmon.core.events import EventBus
 from capmon.core.exceptions import BatchError
@@ -337,7 +337,7 @@ async def test_a_job_run_by_another_live_runner_is_refused(tmp_path: Path) -> No
 
 
 async def test_an_ingest_cut_short_goes_on_from_where_it_stopped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(runner_mod, "INGEST_CHUNK", 7)
+    monkeypatch.setattr(ingest_mod, "INGEST_CHUNK", 7)
     src = write_items(tmp_path / "in.jsonl", 30)
     db = tmp_path / "db"
     calls = {"n": 0}

@@ -3,7 +3,6 @@ UTF-16 or binary input, `capmon --attach` without a terminal."""
 
 from __future__ import annotations
 
-import argparse
 import gzip
 import io
 import json
@@ -54,7 +53,7 @@ async def test_report_text_escapes_control_characters_in_ids_and_messages(tmp_pa
 
     # `capmon batch show` and the failure list printed after a run, too.
     out = io.StringIO()
-    commands._show(argparse.Namespace(job="j", db=str(db)), out)
+    commands.show_job(db, "j", out)
     _no_control(out.getvalue())
     _no_control(commands._failures(db, "j"))
     # The data itself is kept as it was: JSON output round-trips the raw ids.
