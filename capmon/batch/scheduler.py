@@ -30,6 +30,30 @@ _DUE_SLACK = 1e-6
 WINDOW_STEP = 60.0  # the longest sleep waiting for a window, so a clock that jumps (a laptop waking up) is noticed
 
 
+class _Gate:
+    """Open or shut, and a wait for it to open. ``release`` lets waiters through without
+    opening it (a halting job's workers must end, paused or not)."""
+
+    def __init__(self) -> None:
+        self.shut = False
+        self._opened = asyncio.Event()
+        self._opened.set()
+
+    def close(self) -> None:
+        self.shut = True
+        self._opened.clear()
+
+    def open(self) -> None:
+        self.shut = False
+        self._opened.set()
+
+    def release(self) -> None:
+        self._opened.set()
+
+    async def wait(self) -> None:
+        await self._opened.wait()
+
+
 class Scheduler:
     """``page(after_key, limit)`` reads the next pending items from the store."""
 
@@ -48,41 +72,37 @@ class Scheduler:
         self._after_key = 0
         self._exhausted = False
         self._parked: list[tuple[float, int, StoredItem]] = []  # heap of (due on the clock, key, item)
-        self.paused = False
-        self._unpaused = asyncio.Event()
-        self._unpaused.set()
-        self._blocked = False
-        self._unblocked = asyncio.Event()
-        self._unblocked.set()
+        self._pause = _Gate()
+        self._saving = _Gate()  # shut while results cannot be saved
         self.halted = False
         self._changed = asyncio.Event()
 
     # ------------------------------------------------------------ gates
 
+    @property
+    def paused(self) -> bool:
+        return self._pause.shut
+
     def pause(self) -> None:
         """Start nothing new; items in flight finish."""
-        self.paused = True
-        self._unpaused.clear()
+        self._pause.close()
 
     def resume(self) -> None:
-        self.paused = False
-        self._unpaused.set()
+        self._pause.open()
         self.notify()
 
     def block(self) -> None:
         """Start nothing new until :meth:`unblock` (results cannot be saved)."""
-        self._blocked = True
-        self._unblocked.clear()
+        self._saving.close()
 
     def unblock(self) -> None:
-        self._blocked = False
-        self._unblocked.set()
+        self._saving.open()
         self.notify()
 
     def halt(self) -> None:
         """The job is halting: every worker waiting at a gate goes on, to see it and end."""
         self.halted = True
-        self._unpaused.set()
+        self._pause.release()
         self.notify()
 
     def window_open(self) -> bool:
@@ -90,17 +110,17 @@ class Scheduler:
 
     def may_start(self) -> bool:
         """Whether an item may start right now (after the rate gate let it)."""
-        return not (self.halted or self.paused or self._blocked) and self.window_open()
+        return not (self.halted or self._pause.shut or self._saving.shut) and self.window_open()
 
     async def gates(self) -> bool:
         """Wait while paused, while results cannot be saved, or outside the window; False
         when the job is halting."""
         while not self.halted:
-            if self.paused:
-                await self._unpaused.wait()
+            if self._pause.shut:
+                await self._pause.wait()
                 continue
-            if self._blocked:
-                await self._unblocked.wait()
+            if self._saving.shut:
+                await self._saving.wait()
                 continue
             if not self.window_open():
                 assert self.window is not None

@@ -15,6 +15,7 @@ from capmon.core import events as ev
 from capmon.core.events import EventBus
 from capmon.core.exceptions import BatchError
 from tests.batch.helpers import Recorder, client_for, collect, rows, scenario_app, write_items, write_jsonl, item
+from tests.support.clocks import WallClock, local
 from tests.support.scripted import OVERLOADED, Reply, Script, build_app, ok
 
 pytestmark = pytest.mark.looptime
@@ -203,31 +204,6 @@ async def test_pause_starts_nothing_new_and_resume_goes_on(tmp_path: Path) -> No
         runner.resume()
         summary = await task
     assert summary.done == 20 and not runner.paused
-
-
-class WallClock:
-    """Loop time, with a wall clock that starts at a chosen local time."""
-
-    def __init__(self, start_wall: float) -> None:
-        self.start_wall = start_wall
-        self.t0: float | None = None
-
-    def now(self) -> float:
-        return asyncio.get_running_loop().time()
-
-    def wall(self) -> float:
-        if self.t0 is None:
-            self.t0 = self.now()
-        return self.start_wall + self.now() - self.t0
-
-    async def sleep(self, seconds: float) -> None:
-        await asyncio.sleep(max(0.0, seconds))
-
-
-def local(y: int, mo: int, d: int, h: int, mi: int, s: int = 0) -> float:
-    import datetime as dt
-
-    return dt.datetime(y, mo, d, h, mi, s).timestamp()
 
 
 async def test_a_window_waits_visibly_until_it_opens(tmp_path: Path) -> None:
