@@ -10,8 +10,9 @@ the text and in ``figures`` for machines.
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from capmon.batch.figures import JobReport, KeyRow
 from capmon.batch.states import BatchKind
@@ -166,7 +167,7 @@ def failures(r: JobReport) -> Advice | None:
         return None
     kinds = ", ".join(f"{k} {n}" for k, n in r.failures.items())
     lines = ", ".join(str(line) for line, *_ in r.failed_samples[:5])
-    hint = {BatchKind.BAD_INPUT: "fix those lines", Kind.BAD_REQUEST: "the provider refused them as sent",
+    hint: dict[str, str] = {BatchKind.BAD_INPUT: "fix those lines", Kind.BAD_REQUEST: "the provider refused them as sent",
             Kind.TOO_LARGE: "they do not fit any model's context window",
             Kind.OVERSIZED: ("their answers were larger than client.max_response_bytes and were not stored: raise it in "
                           "[client], or ask for fewer tokens")}

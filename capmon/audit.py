@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import enum
 import sqlite3
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
 from capmon.core.clock import Clock
 from capmon.core.errors import Kind
@@ -118,7 +119,7 @@ class AuditRow:
     reason: str
 
     @staticmethod
-    def of(row: Sequence[Any]) -> "AuditRow":
+    def of(row: Sequence[Any]) -> AuditRow:
         return AuditRow(*row)
 
 

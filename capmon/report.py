@@ -17,14 +17,15 @@ import datetime as dt
 import enum
 import json
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, Sequence, TextIO
+from typing import Any, Protocol, TextIO
 
 from capmon import audit
 from capmon.advice import Advice, advise
-from capmon.batch.states import ItemState
 from capmon.batch.figures import ItemReport, JobReport, build_item_report, build_report, explain, fmt_seconds, shown
+from capmon.batch.states import ItemState
 from capmon.batch.store import JobStore, default_db_path
 from capmon.exitcodes import EXIT_OK
 
@@ -56,7 +57,7 @@ def _when(wall: float | None) -> str:
     return "-" if wall is None else dt.datetime.fromtimestamp(wall).strftime("%Y-%m-%d %H:%M:%S")
 
 
-def _table(rows: list[tuple[str, ...]]) -> list[str]:
+def _table(rows: Sequence[tuple[str, ...]]) -> list[str]:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return ["  ".join(c.ljust(widths[i]) for i, c in enumerate(r)).rstrip() for r in rows]
 

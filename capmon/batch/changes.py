@@ -20,9 +20,10 @@ them new. Everything is one transaction: a reconcile cut short changes nothing.
 from __future__ import annotations
 
 import collections
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Collection, Iterator
+from typing import Any
 
 from capmon import audit
 from capmon.batch.items import Item, line_id, parse_line, read_lines
@@ -112,12 +113,12 @@ def reconcile(store: JobStore, info: JobInfo, path: Path, *, size: int, fingerpr
     by_id: dict[str, int] = {}
     rows: dict[int, tuple[str, int, str | None, str, int]] = {}  # key -> (id, line, hash, state, attempts)
     by_hash: dict[str | None, collections.deque[int]] = collections.defaultdict(collections.deque)
-    for key, item_id, line, h, state, attempts in conn.execute(
+    for k, item_id, line, h, state, attempts in conn.execute(
             "SELECT key, id, line, line_hash, state, attempts FROM items WHERE job_id = ? ORDER BY key", (info.id,)):
-        by_id[item_id] = key
-        rows[key] = (item_id, line, h, state, attempts)
+        by_id[item_id] = k
+        rows[k] = (item_id, line, h, state, attempts)
         if item_id == line_id(line) and state != ItemState.REMOVED:
-            by_hash[h].append(key)
+            by_hash[h].append(k)
 
     matched: set[int] = set()
     seen: dict[str, int] = {}  # id -> line in the new file
@@ -136,7 +137,7 @@ def reconcile(store: JobStore, info: JobInfo, path: Path, *, size: int, fingerpr
         if state in (ItemState.DONE, ItemState.FAILED):
             keeps.append((job, now, why, key))
         edits.append((raw.line, raw.hash, *_fields(parsed), now, key))
-        had = {ItemState.DONE: "its result is kept in the audit", ItemState.FAILED: "its failure is kept in the audit"}.get(
+        had = {ItemState.DONE.value: "its result is kept in the audit", ItemState.FAILED.value: "its failure is kept in the audit"}.get(
             state, "it had no result yet")
         notes.append(audit.decision_row(audit.RunnerDecision.SUPERSEDED, job=job, item=item_id, at=now, attempt=attempts,
                                         reason=f"line {line} changed since the job was created ({why}): sent again; {had}"))

@@ -3,7 +3,8 @@ stand-in needs no more than this."""
 
 from __future__ import annotations
 
-from typing import Callable, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
 from capmon.core.clock import Clock
 from capmon.core.config import Config

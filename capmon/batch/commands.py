@@ -25,10 +25,11 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import Any, Callable, Mapping, TextIO
+from typing import Any, TextIO
 
 from capmon.batch.defaults import DEFAULT_CONCURRENCY
 from capmon.batch.export import check_writable, export_job
@@ -94,12 +95,12 @@ class Interrupts:
         self.by = ""
         self.count = 0
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._stop: Callable[[], None] | None = None
+        self._stop: Callable[[], object] | None = None
         self._toggle: Callable[[], None] | None = None
         self._in_loop = False
         self._saved: dict[int, Any] = {}
 
-    def __enter__(self) -> "Interrupts":
+    def __enter__(self) -> Interrupts:
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGUSR1", None)):
                 if sig is None:
@@ -119,7 +120,7 @@ class Interrupts:
         """Inside the event loop a signal must never raise: the job sees it when it attaches."""
         self._in_loop = running
 
-    def attach(self, loop: asyncio.AbstractEventLoop, stop: Callable[[], None], toggle: Callable[[], None]) -> None:
+    def attach(self, loop: asyncio.AbstractEventLoop, stop: Callable[[], object], toggle: Callable[[], None]) -> None:
         self._loop, self._stop, self._toggle = loop, stop, toggle
         if self.by:  # a signal came while the engine was starting
             loop.call_soon(stop)
@@ -290,7 +291,7 @@ def _when(wall: float | None) -> str:
     return "-" if not wall else dt.datetime.fromtimestamp(wall).strftime("%Y-%m-%d %H:%M")
 
 
-def _table(rows: list[tuple[str, ...]]) -> str:
+def _table(rows: Sequence[tuple[str, ...]]) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.ljust(widths[i]) if i == 0 else c.rjust(widths[i]) if c.replace(".", "").isdigit()
                                else c.ljust(widths[i]) for i, c in enumerate(r)).rstrip() for r in rows)

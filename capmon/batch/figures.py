@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import collections
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 from capmon.audit import RUNNER_DECISIONS, AuditRow, RunnerDecision
 from capmon.batch.states import ItemState

@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from capmon.batch import changes
 from capmon.batch.items import Item, parse_line, read_lines, sniff_file

@@ -7,7 +7,7 @@ adds its flag when it reports one (``concurrency: ...`` is shown as
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from capmon.core.exceptions import BatchError
 

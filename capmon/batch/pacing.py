@@ -30,7 +30,7 @@ class Window:
     end: int
 
     @staticmethod
-    def parse(text: str) -> "Window":
+    def parse(text: str) -> Window:
         m = _HHMM.match(text)
         if not m:
             raise OptionError("window", f"expected HH:MM-HH:MM such as 22:00-06:00, got {text!r}")
@@ -100,7 +100,7 @@ class Pacing:
     window: Window | None = None
 
     @staticmethod
-    def of(concurrency: int | None = None, rate: float | None = None, window: "Window | str | None" = None) -> "Pacing":
+    def of(concurrency: int | None = None, rate: float | None = None, window: Window | str | None = None) -> Pacing:
         """Checked values (None: the default); raises OptionError naming the first one that is wrong."""
         concurrency = DEFAULT_CONCURRENCY if concurrency is None else concurrency
         if concurrency < 1:

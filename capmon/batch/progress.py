@@ -13,7 +13,6 @@ from typing import TextIO
 
 from capmon.core.events import BatchProgress
 
-
 # The core's event carries everything a job reports; the old name stays for callers.
 JobProgress = BatchProgress
 

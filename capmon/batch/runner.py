@@ -35,9 +35,10 @@ import json
 import logging
 import random
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from capmon.audit import AuditLog, RunnerDecision
 from capmon.batch import lease
@@ -424,7 +425,7 @@ class BatchRunner:
             raise
         except RequestFailed as e:
             self._on_failed(item, e)
-        except Exception as e:  # noqa: BLE001 - a client bug must fail one item, visibly, not the job
+        except Exception as e:
             log.exception("item %s: the client raised %s", item.id, type(e).__name__)
             kind = BatchKind.INTERNAL if not isinstance(e, CapmonError) else BatchKind.ERROR
             self._record(item, Outcome(item.key, ItemState.FAILED, attempts=item.attempts, parks=item.parks,
@@ -449,6 +450,7 @@ class BatchRunner:
             self._refuse_oversized(item, result, size, attempts, first)
             return
         usage = result.usage if isinstance(result.usage, dict) else dict(result.usage or {})
+        sent_max: int | None
         try:
             cap = self.client.config.model(result.model).max_tokens
             sent_max = min(item.max_tokens or cap, cap)

@@ -18,7 +18,7 @@ import asyncio
 import collections
 import heapq
 import random
-from typing import Callable
+from collections.abc import Callable
 
 from capmon.batch.pacing import Pacing, RateGate, wait_event
 from capmon.batch.store import StoredItem

@@ -28,9 +28,10 @@ import contextlib
 import json
 import os
 import sqlite3
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any
 
 from capmon import audit
 from capmon.batch import lease
@@ -136,7 +137,7 @@ class JobInfo:
                 "total, state, message, settings, counters, owner, heartbeat")
 
     @staticmethod
-    def of(row: Sequence[Any]) -> "JobInfo":
+    def of(row: Sequence[Any]) -> JobInfo:
         values = list(row)
         values[10] = JobState(values[10])
         values[12] = _loads(values[12])
@@ -304,7 +305,7 @@ class JobStore:
     def close(self) -> None:
         self.conn.close()
 
-    def __enter__(self) -> "JobStore":
+    def __enter__(self) -> JobStore:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -381,7 +382,7 @@ class JobStore:
             c.execute("UPDATE jobs SET input_path = ?, input_size = ?, input_fingerprint = ? WHERE id = ?",
                       (input_path, input_size, fingerprint, job_id))
 
-    def stored_lines(self, job_id: int) -> Iterator[tuple[int, str | None]]:
+    def stored_lines(self, job_id: int) -> Generator[tuple[int, str | None], None, None]:
         """(line, line_hash) of every item still in the input, in file order, streamed."""
         with self._errors("reading items"):
             cur = self.conn.execute(f"SELECT line, line_hash FROM items WHERE job_id = ? AND state != '{ItemState.REMOVED.value}' "

@@ -18,8 +18,9 @@ from __future__ import annotations
 import asyncio
 import collections
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from capmon.audit import AuditLog
 from capmon.batch.pacing import wait_event
@@ -199,12 +200,12 @@ class ResultWriter:
                 self.failing(e)
             else:
                 self._saved()
-            e = self.save_error
-            if e is not None and self._failing_since is not None \
+            cause = self.save_error
+            if cause is not None and self._failing_since is not None \
                     and self.clock.now() - self._failing_since >= self.give_up:
                 lost = self.finished_uncommitted
                 self._on_give_up(BatchError(
-                    f"job {self.job!r} halted: results cannot be saved: {e}; nothing new was sent after the first "
+                    f"job {self.job!r} halted: results cannot be saved: {cause}; nothing new was sent after the first "
                     f"failed save ({self.give_up:g}s ago), every result saved before it is kept"
                     + (f", {lost} answers received since could not be kept and will be sent again" if lost else "")
                     + f"; fix it, then run `capmon batch resume {self.job}`"))

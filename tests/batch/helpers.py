@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import httpx
 

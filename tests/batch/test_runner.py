@@ -14,7 +14,7 @@ from capmon.batch import ingest as ingest_mod
 from capmon.core import events as ev
 from capmon.core.events import EventBus
 from capmon.core.exceptions import BatchError
-from tests.batch.helpers import Recorder, client_for, collect, rows, scenario_app, write_items, write_jsonl, item
+from tests.batch.helpers import Recorder, client_for, collect, item, rows, scenario_app, write_items, write_jsonl
 from tests.support.clocks import WallClock, local
 from tests.support.scripted import OVERLOADED, Reply, Script, build_app, ok
 

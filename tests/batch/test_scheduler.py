@@ -28,9 +28,9 @@ def _store(tmp_path: Path, n: int) -> tuple[JobStore, int]:
     return store, info.id
 
 
-def _scheduler(tmp_path: Path, n: int, pacing: Pacing = Pacing(concurrency=1), **kw: object) -> Scheduler:
+def _scheduler(tmp_path: Path, n: int, pacing: Pacing | None = None, **kw: object) -> Scheduler:
     store, job_id = _store(tmp_path, n)
-    return Scheduler(kw.pop("clock", LoopClock()), pacing,  # type: ignore[arg-type]
+    return Scheduler(kw.pop("clock", LoopClock()), pacing or Pacing(concurrency=1),  # type: ignore[arg-type]
                      lambda after, limit: store.pending_page(job_id, after, limit), **kw)  # type: ignore[arg-type]
 
 

@@ -4,6 +4,7 @@ rolled back whole and retried, giving up, the heartbeat. Fast-forwarded time."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -153,7 +154,7 @@ async def test_with_nothing_to_write_the_job_row_still_beats(tmp_path: Path) -> 
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
     assert None not in beats
-    gaps = [b - a for a, b in zip(beats, beats[1:])]  # type: ignore[operator]
+    gaps = [b - a for a, b in itertools.pairwise(beats)]  # type: ignore[operator]
     assert all(g == pytest.approx(writer_mod.HEARTBEAT + job.writer.flush_interval, abs=0.05) for g in gaps), gaps
 
 

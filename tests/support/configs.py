@@ -11,8 +11,9 @@ Keys come from a fake environment (:data:`ENV`); a test that needs its own passe
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 from capmon.core.config import Config, parse_config
 
