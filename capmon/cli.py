@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
 from capmon import __version__
+from capmon.batch.defaults import DEFAULT_CONCURRENCY
 from capmon.core.config import DEFAULT_LISTEN, DashboardConfig, SimulatorConfig
 from capmon.exitcodes import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 
@@ -71,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("input", metavar="INPUT.jsonl")
     run.add_argument("--out", metavar="OUT.jsonl", help="write results here when the job finishes")
     run.add_argument("--job", metavar="NAME", help="job name (default: the input file's stem)")
-    run.add_argument("--concurrency", type=int, metavar="N", help="items in flight at once (default 16)")
+    run.add_argument("--concurrency", type=int, metavar="N", help=f"items in flight at once (default {DEFAULT_CONCURRENCY})")
     run.add_argument("--rate", type=float, metavar="R", help="at most R items started per second")
     run.add_argument("--window", metavar="HH:MM-HH:MM", help="send only inside this daily window (local time)")
     run.add_argument("--db", metavar="PATH", help="job database (default: $CAPMON_DB or the user data dir)")
@@ -137,9 +138,9 @@ def _run_batch(args: argparse.Namespace) -> int:
     action = args.batch_command
     with _flags():
         if action in ("run", "resume"):
-            start = dict(out=args.out, concurrency=args.concurrency, rate=args.rate, window=args.window, db=_db(args),
-                         config=args.config, show_progress=not args.no_progress,
-                         accept_changed_input=args.accept_changed_input, remap=parse_remap(args.remap or ()))
+            start = {"out": args.out, "concurrency": args.concurrency, "rate": args.rate, "window": args.window,
+                     "db": _db(args), "config": args.config, "show_progress": not args.no_progress,
+                     "accept_changed_input": args.accept_changed_input, "remap": parse_remap(args.remap or ())}
             if action == "run":
                 return c.run_job(c.RunOptions(input=Path(args.input), job=args.job, **start))
             return c.resume_job(c.ResumeOptions(job=args.job, **start))

@@ -11,6 +11,7 @@ import shutil
 import sys
 from typing import TextIO
 
+from capmon.batch.states import JobState
 from capmon.core.events import BatchProgress
 
 # The core's event carries everything a job reports; the old name stays for callers.
@@ -46,9 +47,9 @@ def render(p: BatchProgress, width: int = 100) -> str:
     total = p.total
     finished = p.done + p.failed
     head = p.job
-    if p.state == "paused":
+    if p.state == JobState.PAUSED:
         head += " PAUSED"
-    elif p.state not in ("running", "finished"):
+    elif p.state not in (JobState.RUNNING, JobState.FINISHED):
         head += f" {p.state}"
     if total:
         share = finished / total if total else 0.0
@@ -59,10 +60,10 @@ def render(p: BatchProgress, width: int = 100) -> str:
     if p.in_flight:
         counts += f"  in flight {p.in_flight}"
     models = "  ".join(f"{m} {n}" for m, n in p.per_model)
-    if p.state == "waiting-window":
+    if p.state == JobState.WAITING_WINDOW:
         opens = p.opens_at
         speed = f"window opens {fmt_clock(opens)} (in {fmt_duration(opens - p.wall)})" if opens else "waiting for the window"
-    elif p.state == "finished":
+    elif p.state == JobState.FINISHED:
         speed = "finished"
     else:
         speed = f"{p.rate:.1f}/s  ETA {fmt_duration(p.eta)}"
@@ -75,7 +76,7 @@ def render(p: BatchProgress, width: int = 100) -> str:
         if with_models and models:
             parts.append(models)
         parts.append(speed)
-        if message and p.state in ("halted", "stopped"):
+        if message and p.state in (JobState.HALTED, JobState.STOPPED):
             parts.append(message)
         return " | ".join(parts)
 
