@@ -13,7 +13,6 @@ shows it (:func:`shown`); JSON and CSV keep the data as it is.
 from __future__ import annotations
 
 import csv
-import datetime as dt
 import enum
 import json
 import sys
@@ -27,6 +26,7 @@ from capmon.advice import Advice, advise
 from capmon.batch.figures import ItemReport, JobReport, build_item_report, build_report, explain, fmt_seconds, shown
 from capmon.batch.states import ItemState
 from capmon.batch.store import JobStore, default_db_path
+from capmon.core import text
 from capmon.exitcodes import EXIT_OK
 
 __all__ = ["ItemReport", "JobReport", "OutputFormat", "ReportOptions", "build_item_report", "build_report", "explain",
@@ -54,12 +54,7 @@ class ReportOptions:
 
 
 def _when(wall: float | None) -> str:
-    return "-" if wall is None else dt.datetime.fromtimestamp(wall).strftime("%Y-%m-%d %H:%M:%S")
-
-
-def _table(rows: Sequence[tuple[str, ...]]) -> list[str]:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return ["  ".join(c.ljust(widths[i]) for i, c in enumerate(r)).rstrip() for r in rows]
+    return text.timestamp(wall, date=True)
 
 
 def format_report(r: JobReport, items_shown: int = ITEMS_SHOWN_TEXT, advice: Sequence[Advice] = ()) -> str:
@@ -77,7 +72,7 @@ def format_report(r: JobReport, items_shown: int = ITEMS_SHOWN_TEXT, advice: Seq
         rows.append((shown(m.model), str(m.served), f"{m.served / r.done:.0%}" if r.done else "-", str(m.attempts),
                      str(m.status_429), str(m.status_503), str(max(0, other)), str(m.fallbacks_from),
                      fmt_seconds(m.mean_latency), fmt_seconds(m.p99_latency)))
-    lines += _table(rows) if r.models else ["no attempts recorded"]
+    lines += text.table(rows) if r.models else ["no attempts recorded"]
     lines.append("")
     statuses = ", ".join(f"{k} x{n}" for k, n in r.by_status.items()) or "none"
     lines.append(f"errors by status: {statuses}")
@@ -120,12 +115,12 @@ def format_item(r: ItemReport) -> str:
         lines.append(f"error: {shown(r.error)}")
     rows = [("#", "time", "model", "endpoint", "key", "status", "kind", "hint", "wait", "latency", "decision", "reason")]
     for a in r.attempts:
-        rows.append((str(a.attempt), dt.datetime.fromtimestamp(a.at).strftime("%H:%M:%S.%f")[:-3], shown(a.model or "-"),
+        rows.append((str(a.attempt), text.timestamp(a.at, precision="ms"), shown(a.model or "-"),
                      shown(a.endpoint or "-"), shown(a.key_alias or "-"), str(a.status or "-"), shown(a.kind or "-"),
                      "-" if a.hint is None else f"{a.hint:.1f}s", "-" if not a.wait else f"{a.wait:.1f}s",
                      fmt_seconds(a.latency), shown(a.decision), shown((a.reason or "")[:80])))
     lines.append("")
-    lines += _table(rows) if r.attempts else ["no attempts recorded (nothing was sent for it)"]
+    lines += text.table(rows) if r.attempts else ["no attempts recorded (nothing was sent for it)"]
     if r.why:
         lines.append("")
         lines.append("why:")

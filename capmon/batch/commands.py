@@ -20,12 +20,11 @@ or plain values, returning the exit code (:mod:`capmon.exitcodes`).
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import os
 import signal
 import sys
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -34,10 +33,11 @@ from typing import Any, TextIO
 from capmon.batch.defaults import DEFAULT_CONCURRENCY
 from capmon.batch.export import check_writable, export_job
 from capmon.batch.pacing import Pacing
-from capmon.batch.progress import ProgressLine, fmt_duration
+from capmon.batch.progress import ProgressLine
 from capmon.batch.runner import BatchRunner, JobSummary
 from capmon.batch.states import ItemState, JobState
 from capmon.batch.store import JobStore, default_db_path, job_state
+from capmon.core import text
 from capmon.core.clock import default_clock
 from capmon.core.config import Config
 from capmon.core.events import BatchProgress, Event, Notice
@@ -252,10 +252,9 @@ async def _drive(config: Config, db: Path, job: str, input_path: Path | None, pa
 
 def describe_summary(s: JobSummary) -> str:
     models = ", ".join(f"{m} {n}" for m, n in s.per_model)
-    text = (f"job {s.job!r} {s.state}: {s.total} items, {s.done} done, {s.failed} failed"
+    return (f"job {s.job!r} {s.state}: {s.total} items, {s.done} done, {s.failed} failed"
             + (f", {s.parked} parked" if s.parked else "") + (f", {s.pending} pending" if s.pending else "")
-            + (f" (served by {models})" if models else "") + f"; {s.sent} sent in {fmt_duration(s.elapsed)}")
-    return text
+            + (f" (served by {models})" if models else "") + f"; {s.sent} sent in {text.duration(s.elapsed)}")
 
 
 def _failures(db: Path, job: str, limit: int = 5) -> str:
@@ -288,13 +287,7 @@ def export_command(db: Path | None, job: str, out: str) -> int:
 
 
 def _when(wall: float | None) -> str:
-    return "-" if not wall else dt.datetime.fromtimestamp(wall).strftime("%Y-%m-%d %H:%M")
-
-
-def _table(rows: Sequence[tuple[str, ...]]) -> str:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(c.ljust(widths[i]) if i == 0 else c.rjust(widths[i]) if c.replace(".", "").isdigit()
-                               else c.ljust(widths[i]) for i, c in enumerate(r)).rstrip() for r in rows)
+    return text.timestamp(wall or None, date=True, precision="min")
 
 
 def list_jobs(db: Path | None, out: TextIO | None = None) -> int:
@@ -318,7 +311,7 @@ def list_jobs(db: Path | None, out: TextIO | None = None) -> int:
     if not jobs:
         print(f"no jobs in {db}", file=out)
     else:
-        print(_table(rows), file=out)
+        print("\n".join(text.table(rows, numbers_right=True)), file=out)
     return EXIT_OK
 
 
@@ -355,7 +348,7 @@ def show_job(db: Path | None, job: str, out: TextIO | None = None) -> int:
     ]
     if state is JobState.RUNNING:
         c = j.counters
-        lines.append(f"progress   {float(c.get('rate') or 0):.1f} items/s, ETA {fmt_duration(c.get('eta'))}")
+        lines.append(f"progress   {float(c.get('rate') or 0):.1f} items/s, ETA {text.duration(c.get('eta'))}")
     if served:
         lines.append("served by  " + ", ".join(f"{shown(m)} {n}" for m, n in served.items()))
     if kinds:

@@ -10,7 +10,6 @@ escape) as ``repr`` shows it (:func:`shown`); the data fields keep it as it is.
 from __future__ import annotations
 
 import collections
-import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -22,6 +21,7 @@ from capmon.core.clock import default_clock
 from capmon.core.errors import Kind
 from capmon.core.exceptions import BatchError
 from capmon.core.result import Decision
+from capmon.core.text import percentile
 
 ITEMS_SHOWN_DATA = 100  # items listed per model
 
@@ -122,14 +122,6 @@ class ItemReport:
         d = asdict(self)
         d["attempts"] = [asdict(a) for a in self.attempts]
         return d
-
-
-def percentile(sorted_values: Sequence[float], q: float) -> float | None:
-    """Nearest-rank percentile of already sorted values."""
-    if not sorted_values:
-        return None
-    rank = max(1, math.ceil(q * len(sorted_values)))
-    return sorted_values[rank - 1]
 
 
 def _status_key(status: int | None) -> str:
