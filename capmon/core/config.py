@@ -12,12 +12,13 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping
 
 from capmon.core.exceptions import ConfigError
-from capmon.core.schema import Loader, parse_toml, read_text
+from capmon.core.schema import Loader, key_text, parse_toml, read_text
 from capmon.core.schema import spec as _f
 from capmon.core.secrets import Secret
 
@@ -174,6 +175,9 @@ def _new_name(fail: Callable[[str, str], ConfigError], key: str, name: str, seen
     seen.add(name)
 
 
+_HEADER_NAME = re.compile(r"[A-Za-z0-9!#$%&'*+.^_`|~-]+")
+
+
 def _check(cfg: Config, file: str) -> Config:
     def fail(key: str, message: str) -> ConfigError:
         return ConfigError(file, key, message)
@@ -189,6 +193,13 @@ def _check(cfg: Config, file: str) -> Config:
             raise fail(f"endpoints[{i}].base_url", f"expected an http:// or https:// URL, got {e.base_url!r}")
         if not e.keys:
             raise fail(f"endpoints[{i}].keys", "expected at least one key, e.g. keys = [{ env = \"OPENAI_API_KEY\" }]")
+        for name, value in e.headers.items():
+            where = f"endpoints[{i}].headers.{key_text(name)}"
+            if not _HEADER_NAME.fullmatch(name):
+                raise fail(where, f"expected an HTTP header name (letters, digits, - and _), got {name!r}")
+            if not all(" " <= ch <= "~" or "\x80" <= ch <= "\xff" for ch in value) or value != value.strip():
+                raise fail(where, "expected a header value of printable Latin-1 characters without leading or "
+                                  f"trailing spaces, got {value!r}")
         aliases: set[str] = set()
         for j, k in enumerate(e.keys):
             if not k.env or not k.env.replace("_", "").isalnum():
