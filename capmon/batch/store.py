@@ -483,7 +483,7 @@ class JobStore:
     def failed_items(self, job_id: int, limit: int = 10) -> list[tuple[int, str, str, str]]:
         """(line, id, kind, message) of the first failed items, in input order."""
         with self._errors("reading failures"):
-            return [tuple(r) for r in self.conn.execute(  # type: ignore[misc]
+            return [tuple(r) for r in self.conn.execute(
                 f"SELECT line, id, error_kind, error_message FROM items WHERE job_id = ? AND state = {_FAILED} "
                 "ORDER BY key LIMIT ?", (job_id, limit))]
 

@@ -117,8 +117,9 @@ def _decode(body: object) -> tuple[str, object | None]:
     if body is None:
         return "", None
     if isinstance(body, (bytes, bytearray, memoryview)):
-        whole: bytes | str = bytes(body)
-        text = whole[:_SCAN_CHARS].decode("utf-8", errors="replace")
+        raw = bytes(body)
+        whole: bytes | str = raw
+        text = raw[:_SCAN_CHARS].decode("utf-8", errors="replace")
     elif isinstance(body, str):
         whole = body
         text = body[:_SCAN_CHARS]

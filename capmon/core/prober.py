@@ -14,6 +14,7 @@ request through normal admission when the breaker is closed.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -90,7 +91,7 @@ class Prober:
                 if due <= now + 1e-9:
                     task = asyncio.ensure_future(self._due(t))
                     self._running[t.id] = task
-                    task.add_done_callback(lambda _, tid=t.id: self._done(tid))
+                    task.add_done_callback(functools.partial(self._done, t.id))
                 else:
                     upcoming.append(due)
             if not upcoming and not self._running:
@@ -101,7 +102,7 @@ class Prober:
             except (asyncio.TimeoutError, TimeoutError):
                 pass
 
-    def _done(self, tid: str) -> None:
+    def _done(self, tid: str, _task: object = None) -> None:
         self._running.pop(tid, None)
         self.kick()  # the breaker may have re-opened with a new schedule
 

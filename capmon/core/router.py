@@ -17,7 +17,7 @@ import itertools
 import logging
 import random
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, NoReturn, Sequence
 
 import httpx
 
@@ -213,8 +213,10 @@ class FallbackClient:
                         yield chunk
                 finally:
                     await attempt.aclose()  # type: ignore[attr-defined]
-                if end is None or isinstance(end.out, ChatResult):
-                    s.result = end.out if end is not None else None
+                if end is None:
+                    return
+                if isinstance(end.out, ChatResult):
+                    s.result = end.out
                     return
                 grant = end.out
         except BaseException as e:
@@ -232,7 +234,7 @@ class FallbackClient:
                 if text:
                     yield text
         finally:
-            await chunks.aclose()  # type: ignore[attr-defined]
+            await chunks.aclose()
 
     async def probe(self, target: str, *, wait: float = 0.0) -> ProbeResult:
         """Probe one target now: the due probe of an open breaker, else a small health
@@ -284,16 +286,17 @@ class FallbackClient:
         grant = None if len(self._queue) else await self._admit_any(r)
         while grant is None:
             try:
-                grant = await self._queue.wait(r.id, r, r.deadline - self.clock.now())
+                waited = await self._queue.wait(r.id, r, r.deadline - self.clock.now())
             except TimeoutError:
                 self._give_up(r)
-            if not grant[0].state.holds(grant[1]):  # tripped by hand since the hand-over
-                await self._give_back(grant)
-                grant = None
+            if waited[0].state.holds(waited[1]):
+                grant = waited
+            else:  # tripped by hand since the hand-over
+                await self._give_back(waited)
         self.journal.unwait(r)
         return grant
 
-    def _give_up(self, r: Routing) -> Any:
+    def _give_up(self, r: Routing) -> NoReturn:
         failure = r.last_failure or Failure(Kind.CAPACITY, "no model admitted the request in time")
         raise DeadlineExceeded(failure, r.attempts, f"deadline of {self.config.client.deadline:g}s passed; "
                                                     f"last: {failure.kind.value}: {failure.reason}")

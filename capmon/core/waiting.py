@@ -197,10 +197,10 @@ class WaitQueue(Generic[G]):
             cls = self._pick(heaps)
             contended = bool(heaps[INTERACTIVE]) and bool(heaps[BATCH])
             _, _, group = heapq.heappop(heaps[cls])
-            q = self._groups.get(group)
-            if not q:
+            head = self._groups.get(group)
+            if not head:
                 continue
-            w = q[0]
+            w = head[0]
             if w.fut.done():
                 self._remove(w)
             else:
@@ -213,10 +213,10 @@ class WaitQueue(Generic[G]):
                     w.fut.set_result(grant)
                     self._tally(cls, contended)
                 self._remove(w)
-            q = self._groups.get(group)
-            if q:
+            rest = self._groups.get(group)
+            if rest:
                 tie += 1
-                heapq.heappush(heaps[cls], (q[0].seq, tie, group))
+                heapq.heappush(heaps[cls], (rest[0].seq, tie, group))
 
     def _arm(self) -> None:
         """Sleep until the earliest time-driven gate opens for a group's oldest waiter."""

@@ -75,11 +75,12 @@ def admin_policy(host: str, key: str | None, *, open_admin: bool = False,
 
 
 def _presented(scope: Scope) -> str | None:
-    headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+    headers: dict[str, str] = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
     scheme, _, token = headers.get("authorization", "").partition(" ")
     if scheme.lower() == "bearer" and token.strip():
         return token.strip()
-    return headers.get(ADMIN_KEY_HEADER) or None
+    key: str | None = headers.get(ADMIN_KEY_HEADER) or None
+    return key
 
 
 class AdminGuard:

@@ -132,7 +132,7 @@ def load_scenario(name_or_path: str | os.PathLike[str]) -> Scenario:
 def parse_scenario(text: str, file: str = "<string>", *, default_name: str = "custom") -> Scenario:
     raw = {"name": default_name, **parse_toml(text, file)}
     loader = Loader(file)
-    scn = dataclasses.replace(loader.table(Scenario, raw, ""), source=file)
+    scn: Scenario = dataclasses.replace(loader.table(Scenario, raw, ""), source=file)
     for i, m in enumerate(scn.models):
         _check_schedule(loader, m.schedule, f"models[{i}]", scn.repeat)
     seen: set[str] = set()

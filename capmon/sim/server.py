@@ -194,7 +194,7 @@ def _config(app: Starlette, *, embedded: bool, access_log: bool = False) -> uvic
         log_level="warning",
         # Embedded, leave logging config to the host app (uvicorn's dictConfig would replace it).
         log_config=None if embedded else LOGGING_CONFIG,
-        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN,
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN,  # type: ignore[arg-type]  # uvicorn takes fractions too
         # Streams and hung requests must not keep a stopping simulator alive.
         timeout_keep_alive=5,
     )

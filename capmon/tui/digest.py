@@ -10,6 +10,7 @@ left out; toasts are throttled per target.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from rich.text import Text
 
@@ -44,7 +45,7 @@ class EventDigester:
         self.toast_every = toast_every  # seconds between two toasts about the same target
         self._last_toast: dict[str, float] = {}
         # (from, to, second) -> [count, first wall time, reason], until the second is over.
-        self._fallbacks: dict[tuple[str, str, int], list] = {}
+        self._fallbacks: dict[tuple[str, str, int], list[Any]] = {}
 
     @staticmethod
     def wants(event: ev.Event) -> bool:

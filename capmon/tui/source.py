@@ -19,6 +19,7 @@ from capmon.core.clock import Clock, default_clock
 from capmon.core.config import Config
 from capmon.core.events import BatchProgress, EventBus, Notice
 from capmon.core.exceptions import CapmonError
+from capmon.core.router import FallbackClient
 from capmon.core.snapshot import EngineSnapshot
 from capmon.probe import ProbeWorker
 from capmon.runtime import Engine, open_engine
@@ -171,7 +172,7 @@ class LiveSource:
     # ------------------------------------------------------------ reading
 
     @property
-    def client(self) -> Any:
+    def client(self) -> FallbackClient:
         if self.engine is None:
             raise CapmonError("the engine has not started")
         return self.engine.client
