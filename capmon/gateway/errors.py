@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from capmon.core.errors import Failure, Kind
 from capmon.core.exceptions import DeadlineExceeded, RequestFailed
@@ -67,11 +67,18 @@ def _retry_after(f: Failure, fallback: float) -> str:
     return str(max(1, math.ceil(seconds)))
 
 
-def from_failure(e: RequestFailed, *, retry_after: float = 1.0) -> ApiError:
+def from_failure(e: RequestFailed, *, retry_after: float = 1.0, disabled_keys: Sequence[str] = ()) -> ApiError:
     """What a request the core gave up on becomes. ``retry_after`` (seconds): the hint
-    when the failure carries none (the gateway's guess at when a model admits again)."""
+    when the failure carries none (the gateway's guess at when a model admits again).
+    ``disabled_keys``: the gateway's provider keys disabled after the provider refused
+    them, when no key is left; a request refused without an attempt then failed for that."""
     f = e.failure
     attempts = {"x-capmon-attempts": str(len(e.attempts))}
+    if disabled_keys and not e.attempts:
+        return ApiError(502, f"every provider key of the gateway is disabled after the provider refused it "
+                             f"({', '.join(disabled_keys)}); the gateway's operator must fix the key and reset it "
+                             f"(this is not about the key you sent)", "upstream_error", "upstream_auth_failed",
+                        headers=attempts)
     if isinstance(e, DeadlineExceeded) or f.kind in _LIMITED:
         what = {Kind.RATE_LIMITED: "every model is rate-limited", Kind.QUOTA: "every model is out of quota"}.get(
             f.kind, "every model is at capacity")

@@ -40,7 +40,12 @@ async def send_json(send: Send, status: int, body: Any, headers: Mapping[str, st
 
 
 def _failed(gw: Gateway, e: RequestFailed) -> ApiError:
-    return from_failure(e, retry_after=retry_after(gw.client))
+    targets = gw.client.targets
+    # With every key disabled the core refuses at once ("no model can serve this request"):
+    # that is the gateway's own key problem, whatever kind the core gives it.
+    disabled = () if any(t.state.usable() for t in targets) else \
+        tuple(dict.fromkeys(f"{t.key.alias!r} at endpoint {t.endpoint.name!r}" for t in targets))
+    return from_failure(e, retry_after=retry_after(gw.client), disabled_keys=disabled)
 
 
 def _internal(e: BaseException) -> ApiError:
