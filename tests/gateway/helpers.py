@@ -3,10 +3,12 @@ event loop: real uvicorn, real sockets, the real openai SDK."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import inspect
 import json
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Mapping
+from typing import Any, AsyncIterator, Callable, Mapping
 
 import httpx
 import openai
@@ -27,8 +29,8 @@ WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather", "descrip
 
 
 def spec(name: str, slots: int = 8, base_latency: float = 0.2, answer_tokens: int = 12, window: int = 128_000,
-         **kw: Any) -> ModelSpec:
-    return ModelSpec(name=f"sim-{name}", slots=slots, base_latency=base_latency, per_token=0.0, noise=0.0,
+         per_token: float = 0.0, **kw: Any) -> ModelSpec:
+    return ModelSpec(name=f"sim-{name}", slots=slots, base_latency=base_latency, per_token=per_token, noise=0.0,
                      answer_tokens=answer_tokens, context_window=window, **kw)
 
 
@@ -101,6 +103,18 @@ async def running(scn: Scenario | None = None, *, environ: Mapping[str, str] | N
                 await server.stop()
     finally:
         await sim.stop()
+
+
+async def until(check: Callable[[], Any], what: str, seconds: float = 5.0) -> None:
+    """Wait (on the loop's clock) until ``check()`` (or what it awaits to) is true."""
+    for _ in range(int(seconds / 0.01)):
+        got = check()
+        if inspect.isawaitable(got):
+            got = await got
+        if got:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"not within {seconds}s: {what}")
 
 
 def sse_frames(text: str) -> list[dict[str, Any]]:
