@@ -57,14 +57,12 @@ def check_exposure(config: Config, settings: GatewaySettings) -> None:
                                                        f"\"CAPMON_GATEWAY_KEY\", alias = \"team\" }}]")
 
 
-def _logging(err: TextIO) -> None:
+def log_handler(err: TextIO) -> logging.Handler:
+    """What the gateway logs, on ``err``: every record redacted, whichever logger it comes from."""
     handler = logging.StreamHandler(err)
-    handler.addFilter(RedactSecrets())  # every record, whichever logger it comes from
+    handler.addFilter(RedactSecrets())
     handler.setFormatter(logging.Formatter("capmon gateway: %(levelname)s %(name)s: %(message)s"))
-    root = logging.getLogger()
-    root.addHandler(handler)
-    if root.level > logging.WARNING or root.level == logging.NOTSET:
-        root.setLevel(logging.WARNING)
+    return handler
 
 
 def banner(settings: GatewaySettings, engine: Engine, port: int) -> str:
@@ -113,7 +111,15 @@ def serve(options: ServeOptions, out: TextIO | None = None) -> int:
     config = load(options.config)
     settings = load_settings(config, listen=options.listen, environ=env)
     check_exposure(config, settings)
-    _logging(sys.stderr)
-    with contextlib.suppress(KeyboardInterrupt):  # a Ctrl+C before the handlers are in place
-        return asyncio.run(_run(config, settings, env, out or sys.stdout))
-    return EXIT_INTERRUPTED
+    root = logging.getLogger()
+    handler = log_handler(sys.stderr)
+    root.addHandler(handler)
+    level = root.level
+    root.setLevel(logging.WARNING)
+    try:
+        with contextlib.suppress(KeyboardInterrupt):  # a Ctrl+C before the handlers are in place
+            return asyncio.run(_run(config, settings, env, out or sys.stdout))
+        return EXIT_INTERRUPTED
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
