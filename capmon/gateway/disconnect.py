@@ -6,7 +6,7 @@ when its answer is written, minutes later for a long completion)."""
 from __future__ import annotations
 
 import asyncio
-from typing import Awaitable, TypeVar
+from typing import Any, Awaitable, TypeVar
 
 from starlette.types import Receive
 
@@ -24,7 +24,7 @@ async def _disconnected(receive: Receive) -> None:
             return
 
 
-async def _settle(task: "asyncio.Future[object]") -> None:
+async def _settle(task: asyncio.Future[Any]) -> None:
     """Wait for a cancelled task to finish its cleanup, whatever it raises."""
     await asyncio.wait([task])
     if not task.cancelled():

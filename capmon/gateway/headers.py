@@ -19,11 +19,11 @@ class Served:
     request_id: int
 
     @staticmethod
-    def of_result(r: ChatResult) -> "Served":
+    def of_result(r: ChatResult) -> Served:
         return Served(r.model, r.endpoint, r.target, max(1, len(r.attempts)), r.fallbacks, r.request_id)
 
     @staticmethod
-    def of_stream(s: ChatStream) -> "Served":
+    def of_stream(s: ChatStream) -> Served:
         """Read when the first chunk is out: ``s.attempts`` are the failed ones before it."""
         return Served(s.model or "", s.endpoint or "", s.target or "", len(s.attempts) + 1, s.fallbacks, s.request_id)
 

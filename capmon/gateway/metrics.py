@@ -10,12 +10,12 @@ Per target (a model at an endpoint with a key) and per model:
 
 | metric | LiteLLM's nearest |
 |---|---|
-| capmon_deployment_state{model,target} 0 healthy, 1 partial (ramp, half-open), 2 down (open) | litellm_deployment_state |
+| capmon_deployment_state{model,target}: 0 healthy, 1 ramp or half-open, 2 open | litellm_deployment_state |
 | capmon_breaker_state{model,target,state} 1 for the state it is in | |
 | capmon_breaker_trips_total{model,target} | litellm_deployment_cooled_down |
 | capmon_limiter_limit, capmon_limiter_capacity, capmon_in_flight{model,target} | litellm_remaining_requests |
 | capmon_key_usable{model,target} 0 while its key is parked (quota) or disabled (auth) | |
-| capmon_attempts_total{model,target,outcome} outcome: ok or the failure kind | litellm_deployment_success_responses / _failure_responses |
+| capmon_attempts_total{model,target,outcome}: ok or the kind | litellm_deployment_success/failure_responses |
 | capmon_attempt_latency_seconds{model,target} | litellm_request_total_latency_metric |
 | capmon_requests_total{model,outcome} (model "" when none served) | litellm_deployment_total_requests |
 | capmon_request_latency_seconds{model}, waits included | litellm_llm_api_latency_metric |
@@ -23,7 +23,7 @@ Per target (a model at an endpoint with a key) and per model:
 | capmon_retry_waits_total{model}, capmon_retry_wait_seconds | |
 | capmon_waiting_requests (queued for any model), capmon_retry_waiting, capmon_in_flight_requests | |
 | capmon_pinned{model} | |
-| capmon_gateway_responses_total{api,status}, capmon_gateway_disconnects_total{api} | litellm_proxy_total_requests_metric |
+| capmon_gateway_responses_total{api,status}, _disconnects_total{api} | litellm_proxy_total_requests_metric |
 """
 
 from __future__ import annotations

@@ -21,13 +21,11 @@ from typing import Mapping, TextIO
 from capmon.core.config import Config
 from capmon.core.exceptions import ConfigError
 from capmon.core.secrets import RedactSecrets
+from capmon.exitcodes import EXIT_INTERRUPTED, EXIT_OK
 from capmon.gateway.app import close_app, create_app
 from capmon.gateway.server import bind, start_server
 from capmon.gateway.settings import GatewaySettings, load_settings
 from capmon.runtime import Engine, load, open_engine
-
-EXIT_OK = 0
-EXIT_INTERRUPTED = 130
 
 log = logging.getLogger("capmon.gateway")
 

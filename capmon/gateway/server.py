@@ -19,7 +19,7 @@ from capmon.core.clock import default_clock
 from capmon.core.exceptions import CapmonError
 
 START_TIMEOUT = 10.0  # seconds for uvicorn to start serving on the bound socket
-GRACEFUL_SHUTDOWN = 2.0  # seconds open requests get to finish when the gateway stops
+GRACEFUL_SHUTDOWN = 2  # seconds open requests get to finish when the gateway stops
 TICK = 1.0  # seconds between uvicorn's housekeeping ticks (its own default is 0.1 s)
 
 
@@ -82,7 +82,7 @@ class GatewayServer:
     port: int
     app: Starlette
     server: _Server = field(repr=False)
-    task: "asyncio.Task[None]" = field(repr=False)
+    task: asyncio.Task[None] = field(repr=False)
     sock: socket.socket = field(repr=False)
 
     @property

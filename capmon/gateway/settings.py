@@ -12,9 +12,10 @@ import os
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from capmon.core.config import Config, key_text
+from capmon.core.config import Config, parse_listen
 from capmon.core.exceptions import ConfigError
 from capmon.core.result import Priority
+from capmon.core.schema import key_text
 from capmon.core.secrets import MIN_SECRET_CHARS, Secret
 
 AUTO = "auto"  # the built-in alias: the config's preference order
@@ -47,16 +48,6 @@ class GatewaySettings:
         return not self.keys
 
 
-def parse_listen(value: str) -> tuple[str, int] | None:
-    """``HOST:PORT`` (``[::1]:4000`` for IPv6) or None when it is not one."""
-    host, sep, port = value.rpartition(":")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
-        return None
-    return host, int(port)
-
-
 def _secret(cfg: Config, key: str, env_name: str, environ: Mapping[str, str], alias: str) -> Secret:
     if not env_name or not env_name.replace("_", "").isalnum():
         raise ConfigError(cfg.path, key, f"expected an environment variable name, got {env_name!r}")
@@ -79,7 +70,7 @@ def _aliases(cfg: Config) -> dict[str, str | None]:
         if name == AUTO:
             raise ConfigError(cfg.path, where, "'auto' is built in (the preference order); choose another name")
         if name in models:
-            raise ConfigError(cfg.path, where, f"is already the name of a model; an alias needs a name of its own")
+            raise ConfigError(cfg.path, where, "is already the name of a model; an alias needs a name of its own")
         if target != AUTO and target not in models:
             close = difflib.get_close_matches(target, models, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
@@ -89,18 +80,21 @@ def _aliases(cfg: Config) -> dict[str, str | None]:
     return out
 
 
-def load_settings(cfg: Config, *, listen: str | None = None, environ: Mapping[str, str] | None = None) -> GatewaySettings:
+def load_settings(cfg: Config, *, listen: str | None = None,
+                  environ: Mapping[str, str] | None = None) -> GatewaySettings:
     """The gateway's settings from ``cfg`` (``listen`` overrides ``[gateway] listen``).
     Raises ConfigError naming the file and key."""
     env = os.environ if environ is None else environ
     g = cfg.gateway
-    where = "--listen" if listen is not None else "gateway.listen"
+    where = "gateway.listen"
     text = listen if listen is not None else g.listen
-    parsed = parse_listen(text)
-    if parsed is None:
-        if listen is not None:
-            raise ConfigError("--listen", "", f"expected HOST:PORT such as 127.0.0.1:4000, got {text!r}")
-        raise ConfigError(cfg.path, where, f"expected HOST:PORT such as 127.0.0.1:4000, got {text!r}")
+    try:
+        parsed = parse_listen(text)  # port 0: any free port (tests); the config's own port must be fixed
+        if listen is None:
+            parse_listen(text, fixed=True)
+    except ValueError:
+        detail = f"expected HOST:PORT such as 127.0.0.1:4000, got {text!r}"
+        raise ConfigError("--listen", "", detail) if listen is not None else ConfigError(cfg.path, where, detail)
     keys: list[ClientKey] = []
     seen_alias: set[str] = set()
     seen_value: set[str] = set()

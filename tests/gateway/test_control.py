@@ -132,7 +132,7 @@ async def test_metrics_per_model_and_target() -> None:
     fl, md = 'model="flagship",target="flagship@sim/sim-key"', 'model="medium",target="medium@sim/sim-key"'
     assert value(f'capmon_deployment_state{{{fl}}}') == 2  # its breaker opened: down
     assert value(f'capmon_deployment_state{{{md}}}') == 0
-    assert value(f'capmon_breaker_state{{model="flagship",state="open",target="flagship@sim/sim-key"}}') == 1
+    assert value('capmon_breaker_state{model="flagship",state="open",target="flagship@sim/sim-key"}') == 1
     assert value(f'capmon_breaker_trips_total{{{fl}}}') == 1
     assert value('capmon_attempts_total{model="flagship",outcome="capacity",target="flagship@sim/sim-key"}') == 3
     assert value('capmon_attempts_total{model="medium",outcome="ok",target="medium@sim/sim-key"}') == 4

@@ -6,13 +6,14 @@ after its first byte, and requests the gateway itself refuses."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import httpx
 import openai
 import pytest
 
-from tests.gateway.helpers import HELLO, data_of, running, scenario, sse_frames, spec
+from tests.gateway.helpers import HELLO, data_of, running, scenario, spec, sse_frames
 
 pytestmark = pytest.mark.looptime
 
@@ -42,6 +43,21 @@ async def test_nothing_can_serve_within_the_deadline_gives_429_with_retry_after(
     assert streamed.status_code == 429 and streamed.headers["content-type"] == "application/json"
     assert "retry-after" in streamed.headers and _error(streamed)["code"] == "model_at_capacity"
     assert responses.status_code == 429 and "retry-after" in responses.headers
+
+
+async def test_the_deadline_header_shortens_the_configs_deadline_never_lengthens_it() -> None:
+    full = scenario(*(spec(m, slots=0) for m in ("flagship", "medium", "small")))
+    loop = asyncio.get_running_loop()
+    async with running(full, extra="[client]\ndeadline = 5.0") as gw, gw.http() as http:
+        timings = []
+        for header in ("1.5", "1000"):
+            t0 = loop.time()
+            r = await http.post("/v1/chat/completions", headers={"x-capmon-deadline": header},
+                                json={"model": "auto", "messages": HELLO})
+            timings.append((r.status_code, loop.time() - t0))
+    (s1, short), (s2, capped) = timings
+    assert s1 == s2 == 429
+    assert 1.5 <= short < 2.0 and 5.0 <= capped < 5.5, timings
 
 
 async def test_a_rate_limit_hint_becomes_the_retry_after() -> None:
@@ -136,7 +152,8 @@ async def test_requests_the_gateway_refuses_itself() -> None:
     async with running(gateway="max_body_bytes = 2048") as gw, gw.http() as http, gw.openai() as sdk:
         with pytest.raises(openai.NotFoundError) as info:
             await sdk.chat.completions.create(model="gpt-9", messages=HELLO)
-        not_json = await http.post("/v1/chat/completions", content=b"{nope", headers={"content-type": "application/json"})
+        not_json = await http.post("/v1/chat/completions", content=b"{nope",
+                                   headers={"content-type": "application/json"})
         no_messages = await http.post("/v1/chat/completions", json={"model": "auto"})
         no_model = await http.post("/v1/chat/completions", json={"messages": HELLO})
         n2 = await http.post("/v1/chat/completions", json={"model": "auto", "messages": HELLO, "n": 2})

@@ -85,7 +85,7 @@ def test_the_readme_examples_run_as_written_against_capmon_serve(tmp_path: Path)
             curl_out, curl_err = c.communicate(timeout=60)
     finally:
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=30)
+        _, err = proc.communicate(timeout=30)
     assert sdk.returncode == 0, sdk.stderr[-3000:]
     assert re.match(r"served by flagship in 1 attempt\(s\): \w", sdk.stdout), sdk.stdout
     assert re.search(r"^streamed: \w+", sdk.stdout, re.M), sdk.stdout
@@ -99,7 +99,8 @@ def test_the_readme_examples_run_as_written_against_capmon_serve(tmp_path: Path)
 
 @pytest.mark.parametrize("gateway, argv, expected", [
     ("", ["--listen", "0.0.0.0:4000"],
-     r"capmon: .*config\.toml: gateway\.keys: listening on 0\.0\.0\.0:4000 \(not loopback\) needs at least one client key"),
+     r"capmon: .*config\.toml: gateway\.keys: listening on 0\.0\.0\.0:4000 \(not loopback\) needs at least one "
+     r"client key"),
     ("", ["--listen", "localhost"], r"capmon: --listen: expected HOST:PORT such as 127\.0\.0\.1:4000, got 'localhost'"),
     ('aliases = { "gpt-5" = "flagshp" }', [],
      r"capmon: .*config\.toml: gateway\.aliases\.gpt-5: no model named 'flagshp'; did you mean 'flagship'\?"),
