@@ -46,6 +46,7 @@ async def info(request: Request) -> Response:
     c = gw.client
     return JsonReply({
         "service": "capmon-gateway", "version": __version__, "api_version": API_VERSION,
+        "simulator": c.config.simulator.scenario if c.config.simulator.enabled else None,
         "models": c.model_names(), "aliases": {k: v for k, v in gw.names.aliases.items()},
         "targets": [{"target": t.id, "model": t.model.name, "endpoint": t.endpoint.name, "key_alias": t.key.alias}
                     for t in c.targets],

@@ -7,6 +7,7 @@ the headers name the model that serves."""
 from __future__ import annotations
 
 import logging
+import traceback
 from typing import Any, Mapping
 
 from starlette.responses import Response
@@ -49,7 +50,10 @@ def _failed(gw: Gateway, e: RequestFailed) -> ApiError:
 
 
 def _internal(e: BaseException) -> ApiError:
-    log.error("request failed inside the gateway: %s", redact(f"{type(e).__name__}: {e}"), exc_info=False)
+    # Where and what, redacted; not the traceback, whose text no log filter sees.
+    tb = traceback.extract_tb(e.__traceback__)[-1:] if e.__traceback__ else []
+    where = f" at {tb[0].filename}:{tb[0].lineno}" if tb else ""
+    log.error("request failed inside the gateway%s: %s", where, redact(f"{type(e).__name__}: {e}"))
     return ApiError(500, "the gateway failed to handle the request; see its log", "server_error", "internal_error")
 
 

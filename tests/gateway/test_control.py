@@ -72,7 +72,8 @@ async def test_the_snapshot_reads_back_as_the_clients_own() -> None:
     assert snap.succeeded == local.succeeded == 1 and snap.targets[0].state == local.targets[0].state
     assert snap.targets[0].windows[0].requests == 1
     assert info["models"] == ["flagship", "medium", "small"] and info["aliases"] == {"auto": None}
-    assert info["api_version"] == 1 and info["readonly"] is True
+    assert info["api_version"] == 1 and info["readonly"] is True and info["simulator"] is None
+    assert info["service"] == "capmon-gateway" and info["events"] >= 2  # the last event's number
     assert [t["target"] for t in info["targets"]] == [t.target for t in local.targets]
 
 
