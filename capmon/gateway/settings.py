@@ -94,7 +94,8 @@ def load_settings(cfg: Config, *, listen: str | None = None,
             parse_listen(text, fixed=True)
     except ValueError:
         detail = f"expected HOST:PORT such as 127.0.0.1:4000, got {text!r}"
-        raise ConfigError("--listen", "", detail) if listen is not None else ConfigError(cfg.path, where, detail)
+        raise (ConfigError("--listen", "", detail) if listen is not None
+               else ConfigError(cfg.path, where, detail)) from None
     keys: list[ClientKey] = []
     seen_alias: set[str] = set()
     seen_value: set[str] = set()
