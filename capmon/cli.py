@@ -59,6 +59,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="variable holding the /admin key (default CAPMON_SIM_ADMIN_KEY); needed beyond loopback")
     sim.add_argument("--open-admin", action="store_true", help="listen beyond loopback with /admin open to anyone")
 
+    gateway = sub.add_parser("serve", help="the OpenAI-compatible gateway in front of one shared fallback client")
+    _add_config(gateway)
+    gateway.add_argument("--listen", metavar="HOST:PORT",
+                         help="where to listen (default from config [gateway] listen: 127.0.0.1:4000)")
+
     status = sub.add_parser("status", help="print the client's snapshot without the dashboard")
     _add_config(status)
     status.add_argument("--once", action="store_true", help="print one snapshot and exit")
@@ -118,6 +123,12 @@ def _run_sim(args: argparse.Namespace) -> int:
         return EXIT_OK
     serve(args.listen, args.scenario, admin_key_env=args.admin_key_env, open_admin=args.open_admin)
     return EXIT_OK
+
+
+def _run_serve(args: argparse.Namespace) -> int:
+    from capmon.gateway.serve import ServeOptions, serve
+
+    return serve(ServeOptions(listen=args.listen, config=args.config))
 
 
 def _run_status(args: argparse.Namespace) -> int:
@@ -195,6 +206,7 @@ def _run_dashboard(args: argparse.Namespace) -> int:
 COMMANDS: dict[str | None, Callable[[argparse.Namespace], int]] = {
     None: _run_dashboard,
     "sim": _run_sim,
+    "serve": _run_serve,
     "status": _run_status,
     "batch": _run_batch,
     "report": _run_report,

@@ -125,6 +125,25 @@ class DashboardConfig:
 
 
 @dataclass(frozen=True)
+class GatewayKeyConfig:
+    env: str = _f(doc="name of the environment variable that holds a client key of the gateway")
+    alias: str = _f("", doc="how the key is shown; defaults to the variable name")
+    priority: str = _f("interactive", choices=("interactive", "batch"),
+                       doc="the priority of this key's requests; a batch key's requests are always batch")
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    """``capmon serve`` (capmon/gateway): checked against the models when the gateway starts."""
+
+    listen: str = _f("127.0.0.1:4000", doc="HOST:PORT; beyond loopback only with client keys")
+    keys: tuple[GatewayKeyConfig, ...] = _f(factory=tuple)
+    admin_key_env: str = _f("", doc="variable holding the key the control API's actions need; read-only without")
+    aliases: Mapping[str, str] = _f(factory=dict, doc="a model name clients send -> a configured model (or auto)")
+    max_body_bytes: int = _f(16 * 1024 * 1024, min=1024, doc="largest request body the gateway reads")
+
+
+@dataclass(frozen=True)
 class Config:
     models: tuple[ModelConfig, ...] = _f(factory=tuple)
     endpoints: tuple[EndpointConfig, ...] = _f(factory=tuple)
@@ -134,6 +153,7 @@ class Config:
     limiter: LimiterConfig = _f(factory=LimiterConfig)
     simulator: SimulatorConfig = _f(factory=SimulatorConfig)
     dashboard: DashboardConfig = _f(factory=DashboardConfig)
+    gateway: GatewayConfig = _f(factory=GatewayConfig)
     path: str = field(default="<defaults>", compare=False)
 
     def model(self, name: str) -> ModelConfig:
