@@ -278,8 +278,7 @@ class FallbackClient:
         if now >= r.deadline - 1e-6:
             self._give_up(r)
         if not r.usable(self.targets, self.state.pinned):
-            failure = r.last_failure or Failure(Kind.TOO_LARGE, f"no model's context window fits about "
-                                                                f"{r.prompt_tokens} prompt tokens")
+            failure = r.last_failure or self._unusable(r)
             raise RequestFailed(failure, r.attempts, f"no model can serve this request; last: "
                                                      f"{failure.kind.value}: {failure.reason}")
         # Nobody waiting: go now if a target admits. Otherwise take a place in line.
@@ -295,6 +294,27 @@ class FallbackClient:
                 await self._give_back(waited)
         self.journal.unwait(r)
         return grant
+
+    def _unusable(self, r: Routing) -> Failure:
+        """Why a request that has not been tried yet has no target at all."""
+        keys = [t for t in self.targets if not t.state.usable()]
+        if len(keys) == len(self.targets):
+            aliases = ", ".join(sorted({f"{t.key.alias} at {t.endpoint.name}" for t in keys}))
+            return Failure(Kind.AUTH, f"every key is disabled after an auth failure ({aliases}); reset it by hand")
+        return Failure(Kind.TOO_LARGE, f"no model's context window fits about {r.prompt_tokens} prompt tokens")
+
+    def admits_in(self) -> dict[str, float | None]:
+        """Per target, seconds until it may admit a request (0: now; a full one counts as
+        now, it frees a slot by itself), or None when only a person can bring it back (a
+        disabled key, tripped by hand)."""
+        now = self.clock.now()
+        out: dict[str, float | None] = {}
+        for t in self.targets:
+            at = t.state.ready_at(now, 1) if t.state.usable() else None
+            if at is None and t.state.usable():
+                at = t.state.probe_due_at()  # an open breaker admits again once its probe answers
+            out[t.id] = None if at is None else max(0.0, at - now)
+        return out
 
     def _give_up(self, r: Routing) -> NoReturn:
         failure = r.last_failure or Failure(Kind.CAPACITY, "no model admitted the request in time")

@@ -93,7 +93,8 @@ def _positive_int(body: Mapping[str, Any], name: str) -> int | None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise _bad(f"{name}: expected a whole number of at least 1, got {value!r}"[:200], name)
-    return value
+    number: int = value
+    return number
 
 
 def chat(body: dict[str, Any], headers: Mapping[str, str], caller: Caller, names: ModelNames) -> Wanted:

@@ -54,12 +54,8 @@ _LIMITED = (Kind.CAPACITY, Kind.RATE_LIMITED, Kind.QUOTA)
 
 
 def _provider_message(f: Failure) -> str:
-    """The provider's message without the status and code the classifier put in front."""
-    text = f.reason
-    for prefix in (f"{f.status} {f.code}: " if f.code else None, f"{f.status}: " if f.status else None):
-        if prefix and text.startswith(prefix):
-            return text[len(prefix):]
-    return text
+    """The provider's own message (already redacted by the classifier), or the reason."""
+    return f.message or f.reason
 
 
 def _retry_after(f: Failure, fallback: float) -> str:
@@ -91,7 +87,7 @@ def from_failure(e: RequestFailed, *, retry_after: float = 1.0, disabled_keys: S
     if f.kind in (Kind.BAD_REQUEST, Kind.TOO_LARGE):
         status = f.status if f.status is not None and 400 <= f.status < 500 else 400
         code = f.code or ("context_length_exceeded" if f.kind is Kind.TOO_LARGE else None)
-        return ApiError(status, _provider_message(f), "invalid_request_error", code, headers=attempts)
+        return ApiError(status, _provider_message(f), "invalid_request_error", code, param=f.param, headers=attempts)
     if f.kind is Kind.AUTH:
         last = e.attempts[-1] if e.attempts else None
         key = f"provider key {last.key_alias!r} at endpoint {last.endpoint!r}" if last else "its provider key"

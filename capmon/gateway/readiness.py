@@ -32,20 +32,11 @@ class Readiness:
 
 
 def _targets(client: FallbackClient) -> tuple[TargetReadiness, ...]:
-    now = client.clock.now()
-    snap = {t.target: t for t in client.snapshot().targets}
+    admits_in = client.admits_in()
     out = []
-    for t in client.targets:
-        s = t.state
-        at: float | None = None
-        if s.usable():
-            at = s.ready_at(now, 1)
-            if at is None:
-                at = s.probe_due_at()  # an open breaker admits again once its probe answers
-        state = str(snap[t.id].state) if t.id in snap else "?"
-        if t.id in snap and str(snap[t.id].key_state) != "ok":
-            state += f", key {snap[t.id].key_state}"
-        out.append(TargetReadiness(t.id, t.model.name, state, None if at is None else max(0.0, at - now)))
+    for t in client.snapshot().targets:
+        state = str(t.state) if t.key_state == "ok" else f"{t.state}, key {t.key_state}"
+        out.append(TargetReadiness(t.target, t.model, state, admits_in.get(t.target)))
     return tuple(out)
 
 
