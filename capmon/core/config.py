@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import ipaddress
 import os
 import re
 from dataclasses import dataclass, field
@@ -170,6 +171,17 @@ class Config:
 
 
 # ---------------------------------------------------------------- loading
+
+
+def is_loopback(host: str) -> bool:
+    """Whether a listen host is this machine only (the simulator's admin and the gateway
+    without client keys serve nothing beyond it)."""
+    if host.lower() in ("localhost", "localhost."):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a name other than localhost may resolve anywhere
 
 
 def parse_listen(listen: str, *, fixed: bool = False) -> tuple[str, int]:

@@ -20,8 +20,8 @@ from typing import Any, Mapping
 import httpx
 
 from capmon.core.clock import default_clock
-from capmon.core.secrets import redact as _redact
 from capmon.core.hints import hint_from
+from capmon.core.secrets import redact as _redact
 
 
 class Kind(enum.StrEnum):

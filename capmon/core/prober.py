@@ -28,6 +28,7 @@ from capmon.core.exceptions import RequestFailed
 from capmon.core.result import ChatRequest
 from capmon.core.routing import Routing
 from capmon.core.state import Admission
+from capmon.core.tasks import cancel_and_wait
 
 if TYPE_CHECKING:
     from capmon.core.router import FallbackClient
@@ -69,14 +70,7 @@ class Prober:
 
     async def aclose(self) -> None:
         self._closed = True
-        tasks = [t for t in (self._task, *self._running.values()) if t is not None and not t.done()]
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            try:
-                await task
-            except (asyncio.CancelledError, Exception):
-                pass
+        await cancel_and_wait([self._task, *self._running.values()])
 
     async def _run(self) -> None:
         clock = self._client.clock

@@ -29,15 +29,15 @@ from capmon.core.clock import Clock, default_clock
 from capmon.core.config import Config, ResolvedKey, resolve_keys
 from capmon.core.errors import Failure, Kind
 from capmon.core.exceptions import CapmonError, DeadlineExceeded, RequestFailed
+from capmon.core.journal import AttemptObserver, Journal
 from capmon.core.prober import Prober, ProbeResult
 from capmon.core.result import Api, ChatRequest, ChatResult, Decision
-from capmon.core.tokens import estimate_tokens
 from capmon.core.routing import Routing, plan
-from capmon.core.journal import AttemptObserver, Journal
 from capmon.core.snapshot import EngineSnapshot, build_snapshot
-from capmon.core.streaming import ChatStream
 from capmon.core.state import Admission, MemoryState, StateStore, TargetSpec
+from capmon.core.streaming import ChatStream
 from capmon.core.targets import Target, build_targets
+from capmon.core.tokens import estimate_tokens
 from capmon.core.transport import Sender, make_transport
 from capmon.core.waiting import WaitQueue
 

@@ -25,6 +25,7 @@ from collections import deque
 from typing import Any, Awaitable, Callable, Generic, Hashable, TypeVar
 
 from capmon.core.clock import Clock
+from capmon.core.tasks import cancel_and_wait
 
 log = logging.getLogger("capmon.waiting")
 
@@ -244,11 +245,4 @@ class WaitQueue(Generic[G]):
             self.kick()
 
     async def aclose(self) -> None:
-        tasks = [t for t in (self._timer, self._task) if t is not None and not t.done()]
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            try:
-                await task
-            except (asyncio.CancelledError, Exception):
-                pass
+        await cancel_and_wait([self._timer, self._task])

@@ -3,12 +3,15 @@ or ``"stream": true``), GET /v1/models and /v1/models/{name}."""
 
 from __future__ import annotations
 
+from typing import Callable
+
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from capmon.gateway import bodies
 from capmon.gateway.auth import Access
+from capmon.gateway.bodies import Wanted
 from capmon.gateway.context import gateway_of
 from capmon.gateway.errors import ApiError
 from capmon.gateway.replies import JsonReply, Nothing, PlainReply, StreamReply
@@ -33,24 +36,23 @@ async def read_body(request: Request, cap: int) -> bytes | None:
     return b"".join(pieces)
 
 
-async def chat_completions(request: Request) -> Response:
+async def _proxied(request: Request, parse: Callable[..., Wanted]) -> Response:
+    """Read, check and route one request of either API (``parse``: bodies.chat or bodies.responses)."""
     gw = gateway_of(request)
     caller = gw.auth.require(request.headers, Access.USE)
     raw = await read_body(request, gw.settings.max_body_bytes)
     if raw is None:
         return Nothing()
-    wanted = bodies.chat(bodies.parse_json(raw), request.headers, caller, gw.names)
+    wanted = parse(bodies.parse_json(raw), request.headers, caller, gw.names)
     return StreamReply(gw, wanted) if wanted.stream else PlainReply(gw, wanted)
+
+
+async def chat_completions(request: Request) -> Response:
+    return await _proxied(request, bodies.chat)
 
 
 async def responses(request: Request) -> Response:
-    gw = gateway_of(request)
-    caller = gw.auth.require(request.headers, Access.USE)
-    raw = await read_body(request, gw.settings.max_body_bytes)
-    if raw is None:
-        return Nothing()
-    wanted = bodies.responses(bodies.parse_json(raw), request.headers, caller, gw.names)
-    return StreamReply(gw, wanted) if wanted.stream else PlainReply(gw, wanted)
+    return await _proxied(request, bodies.responses)
 
 
 async def list_models(request: Request) -> Response:

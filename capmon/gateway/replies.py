@@ -78,12 +78,26 @@ class Nothing(Response):
         return None
 
 
-class PlainReply(Response):
+class _Proxied(Response):
+    """An answer to one proxied request: worked out while watching for the client to go
+    away (then the work is cancelled, and its slot given back)."""
+
     def __init__(self, gw: Gateway, wanted: Wanted) -> None:
         super().__init__()
         self.gw = gw
         self.wanted = wanted
 
+    async def _work(self, send: Send) -> None:
+        raise NotImplementedError
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await until_disconnect(receive, self._work(send))
+        except ClientGone:
+            self.gw.metrics.disconnects.labels(self.wanted.request.api.value).inc()
+
+
+class PlainReply(_Proxied):
     async def _work(self, send: Send) -> None:
         w = self.wanted
         try:
@@ -98,20 +112,9 @@ class PlainReply(Response):
             return
         await send_json(send, 200, result.response, Served.of_result(result).headers(w.priority))
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await until_disconnect(receive, self._work(send))
-        except ClientGone:
-            self.gw.metrics.disconnects.labels(self.wanted.request.api.value).inc()
 
-
-class StreamReply(Response):
-    def __init__(self, gw: Gateway, wanted: Wanted) -> None:
-        super().__init__()
-        self.gw = gw
-        self.wanted = wanted
-
-    async def _pump(self, send: Send) -> None:
+class StreamReply(_Proxied):
+    async def _work(self, send: Send) -> None:
         w = self.wanted
         framing: sse.ChatFraming | sse.ResponsesFraming = (
             sse.ResponsesFraming() if w.request.api is Api.RESPONSES else sse.ChatFraming())
@@ -145,9 +148,3 @@ class StreamReply(Response):
             await send({"type": "http.response.body", "body": end, "more_body": False})
         finally:
             await stream.aclose()
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await until_disconnect(receive, self._pump(send))
-        except ClientGone:
-            self.gw.metrics.disconnects.labels(self.wanted.request.api.value).inc()

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import logging
 import os
 import signal
@@ -18,7 +17,7 @@ import sys
 from dataclasses import dataclass
 from typing import Mapping, TextIO
 
-from capmon.core.config import Config
+from capmon.core.config import Config, is_loopback
 from capmon.core.exceptions import ConfigError
 from capmon.core.secrets import RedactSecrets
 from capmon.exitcodes import EXIT_INTERRUPTED, EXIT_OK
@@ -36,14 +35,6 @@ class ServeOptions:
     config: str | None = None  # None: $CAPMON_CONFIG, ./config.toml, the user config, the bundled demo
     environ: Mapping[str, str] | None = None  # None: os.environ
 
-
-def is_loopback(host: str) -> bool:
-    if host.lower() in ("localhost", "localhost."):
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False  # a name other than localhost may resolve anywhere
 
 
 def check_exposure(config: Config, settings: GatewaySettings) -> None:

@@ -6,17 +6,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import logging
 import socket
 from dataclasses import dataclass, field
-from typing import Iterator
 
 import uvicorn
 from starlette.applications import Starlette
 
 from capmon.core.clock import default_clock
 from capmon.core.exceptions import CapmonError
+from capmon.serving import GuestServer, ListenError, listen
 
 START_TIMEOUT = 10.0  # seconds for uvicorn to start serving on the bound socket
 GRACEFUL_SHUTDOWN = 2  # seconds open requests get to finish when the gateway stops
@@ -27,51 +26,14 @@ class GatewayError(CapmonError):
     """The gateway cannot start (its address is taken, cannot be bound, or it did not start)."""
 
 
-class _Server(uvicorn.Server):
-    """uvicorn as a guest in the caller's loop: the caller owns the signals, and a stop
-    takes effect at once (uvicorn looks at ``should_exit`` only on its ticks)."""
-
-    def __init__(self, config: uvicorn.Config) -> None:
-        super().__init__(config)
-        self._exit = asyncio.Event()
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
-
-    async def main_loop(self) -> None:
-        counter = 0
-        should_exit = await self.on_tick(counter)
-        while not should_exit:
-            counter = (counter + 1) % 864000
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._exit.wait(), TICK)
-            should_exit = await self.on_tick(counter)
-
-    def exit_now(self, force: bool = False) -> None:
-        self.should_exit = True
-        self.force_exit = self.force_exit or force
-        self._exit.set()
-
-
 def bind(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    # IPPROTO_TCP named, not implied: asyncio sets TCP_NODELAY only on accepted sockets that say
-    # they are TCP, and without it every answer written in two parts waits out a delayed ACK (40 ms).
-    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:
-        sock.bind((host, port))
-    except OSError as e:
-        sock.close()
-        if e.errno == errno.EADDRINUSE:
-            raise GatewayError(f"{where} is already in use; choose another address with --listen or "
+        return listen(host, port, backlog=2048)
+    except ListenError as e:
+        if e.in_use:
+            raise GatewayError(f"{e.where} is already in use; choose another address with --listen or "
                                f"[gateway] listen") from None
-        raise GatewayError(f"cannot listen on {where}: {e.strerror or e}") from None
-    sock.listen(2048)
-    sock.setblocking(False)
-    return sock
+        raise GatewayError(f"cannot listen on {e.where}: {e.reason}") from None
 
 
 @dataclass
@@ -81,7 +43,7 @@ class GatewayServer:
     host: str
     port: int
     app: Starlette
-    server: _Server = field(repr=False)
+    server: GuestServer = field(repr=False)
     task: asyncio.Task[None] = field(repr=False)
     sock: socket.socket = field(repr=False)
 
@@ -117,7 +79,7 @@ async def start_server(app: Starlette, host: str = "127.0.0.1", port: int = 0,
     """Serve ``app`` in the running loop on ``sock`` (bound to ``host:port`` when None)."""
     sock = sock or bind(host, port)
     bound = sock.getsockname()[1]
-    server = _Server(_config(app))
+    server = GuestServer(_config(app), tick=TICK)
     task = asyncio.create_task(server.serve(sockets=[sock]), name=f"capmon-gateway:{bound}")
     clock, waited, step = default_clock(), 0.0, 0.005
     while not server.started:

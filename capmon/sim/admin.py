@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import enum
 import hmac
-import ipaddress
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +20,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from capmon.core.config import is_loopback
 from capmon.core.exceptions import SimulatorError
 from capmon.sim.faults import parse_rules
 from capmon.sim.model import UNSET, Simulator
@@ -50,14 +50,6 @@ class AdminPolicy:
             return "admin under /admin is OPEN to anyone who can reach this address (--open-admin)"
         return "admin under /admin needs no key: this server listens on loopback only"
 
-
-def is_loopback(host: str) -> bool:
-    if host.lower() in ("localhost", "localhost."):
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False  # a host name other than localhost may resolve anywhere
 
 
 def admin_policy(host: str, key: str | None, *, open_admin: bool = False,
