@@ -169,6 +169,6 @@ class Prober:
                              failure.reason if failure else "ok")
         client.journal.publish(ev.ProbeFinished, target=t.id, model=t.model.name, ok=result.ok, status=result.status,
                         kind=result.kind.value if result.kind else None, latency=latency, reason=result.reason,
-                        next_probe_at=t.state.probe_due_at())
+                        next_probe_at=t.state.probe_due_at(), breaker=adm.probe)
         client._queue.regroup()  # a ramp may have started: waiting requests can go there now
         return result

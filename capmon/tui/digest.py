@@ -97,7 +97,8 @@ class EventDigester:
                                                    "warning", f"Key {what} ({e.kind})"))
             return fmt.key_line(e)
         if isinstance(e, ev.ProbeFinished):
-            return fmt.probe_line(e)
+            # A health check that answered is the probe column's news, not the log's.
+            return fmt.probe_line(e) if e.breaker or e.ok is False else None
         if isinstance(e, ev.RampStep):
             return fmt.ramp_line(e)
         if isinstance(e, ev.TokenParamLearned):
