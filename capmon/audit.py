@@ -3,9 +3,9 @@ the client did what it did next.
 
 The client calls an observer after every attempt (``client.add_observer``). The
 observer only appends a tuple to a buffer, so the client never waits on SQLite; the
-buffer is written in batches, either by :meth:`AuditLog.flush` (on its own, or from
-:meth:`AuditLog.run` every ``interval`` seconds) or by a batch runner that writes it
-in the same transaction as the results it belongs with.
+batch writer (:mod:`capmon.batch.writer`) drains the buffer into the same transaction
+as the results it belongs with (:func:`write_rows`), so an attempt is stored exactly
+when its outcome is.
 
 Keys are never stored, only their alias; anything in a provider's message that looks
 like a key is masked before it is kept.
@@ -18,13 +18,15 @@ that changed or left the input. The result an edited line replaced is kept in
 
 from __future__ import annotations
 
+import enum
 import sqlite3
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
-from capmon.core.clock import Clock, default_clock
-from capmon.core.result import Attempt, ChatRequest
+from capmon.core.clock import Clock
+from capmon.core.errors import Kind
+from capmon.core.result import Attempt, ChatRequest, Decision
 from capmon.core.secrets import redact
 
 SCHEMA = """
@@ -63,21 +65,27 @@ CREATE TABLE IF NOT EXISTS replaced_results (
 CREATE INDEX IF NOT EXISTS replaced_by_item ON replaced_results(job, item);
 """
 
-# The runner's own decisions about an item: not attempts of the client.
-PARK, REFUSE, SUPERSEDED, REMOVED = "park", "refuse", "superseded", "removed"
-RUNNER_DECISIONS = (PARK, REFUSE, SUPERSEDED, REMOVED)
+
+class RunnerDecision(enum.StrEnum):
+    """The runner's own decisions about an item, beside the client's :class:`Decision`
+    in the same column: not attempts of the client."""
+
+    PARK = Decision.PARK.value  # no model could take it now: it comes back after ``wait``
+    REFUSE = "refuse"  # an answer refused as too large to store
+    SUPERSEDED = "superseded"  # its line changed: the item is sent again
+    REMOVED = "removed"  # its line left the input
+
+
+RUNNER_DECISIONS = frozenset(RunnerDecision)  # for membership of a decision read back as text
 MAX_REASON = 2000  # characters of a reason kept: a provider's message is never a result
 
 COLUMNS = ("job", "item", "at", "attempt", "model", "endpoint", "key_alias", "status", "kind", "hint", "wait",
            "latency", "decision", "reason")
 INSERT = f"INSERT INTO attempts ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})"
 
-# A buffer that is never written (a database gone read-only, a flush loop not started)
-# must not grow without bound: past this many rows the oldest are dropped and counted.
+# A buffer that is never written (a database gone read-only) must not grow without
+# bound: past this many rows the oldest are dropped and counted.
 MAX_BUFFER = 200_000
-
-# Bearer-style secrets: sk-..., key-..., long opaque tokens. Providers usually mask
-# keys in their messages already; this is the second belt.
 
 Row = tuple[Any, ...]
 
@@ -111,7 +119,7 @@ class AuditRow:
     reason: str
 
     @staticmethod
-    def of(row: Sequence[Any]) -> "AuditRow":
+    def of(row: Sequence[Any]) -> AuditRow:
         return AuditRow(*row)
 
 
@@ -124,27 +132,18 @@ def attempt_row(request: ChatRequest, attempt: Attempt, number: int | None = Non
 
 
 class AuditLog:
-    """A buffer of attempt rows and the way to write them.
+    """A buffer of attempt rows: the client's, through :meth:`observe`, and the runner's
+    own decisions. Its owner writes :meth:`drain`'s rows with :func:`write_rows` (and
+    :meth:`requeue` s them when that write fails)."""
 
-    ``AuditLog(path)`` writes to its own connection on :meth:`flush`;
-    ``AuditLog(None)`` only buffers, and its owner writes :meth:`drain`'s rows with
-    :func:`write_rows` (the batch runner does, in its result transactions).
-    """
-
-    def __init__(self, path: Path | None = None, *, clock: Clock | None = None,
-                 numbering: Callable[[ChatRequest, Attempt], int | None] | None = None,
+    def __init__(self, *, clock: Clock, numbering: Callable[[ChatRequest, Attempt], int | None] | None = None,
                  accept: Callable[[ChatRequest], bool] | None = None) -> None:
-        self.path = Path(path) if path is not None else None
-        self.clock = clock or default_clock()
+        self.clock = clock
         self._numbering = numbering
         self._accept = accept
         self._rows: list[Row] = []
-        self._conn: sqlite3.Connection | None = None
         self.recorded = 0
-        self.written = 0
         self.dropped = 0
-
-    # ------------------------------------------------------------ recording
 
     def observe(self, request: ChatRequest, attempt: Attempt) -> None:
         """The client observer: cheap, never raises into the client's path on bad data."""
@@ -152,10 +151,6 @@ class AuditLog:
             return
         number = self._numbering(request, attempt) if self._numbering is not None else None
         self.add(attempt_row(request, attempt, number))
-
-    def attach(self, client: Any) -> Callable[[], None]:
-        """Observe every attempt of ``client`` (a FallbackClient); returns the detach function."""
-        return client.add_observer(self.observe)
 
     def add(self, row: Row) -> None:
         self._rows.append(row)
@@ -165,20 +160,13 @@ class AuditLog:
             del self._rows[:drop]
             self.dropped += drop
 
-    def park(self, *, job: str, item: str, attempt: int, model: str | None, endpoint: str | None,
-             key_alias: str | None, status: int | None, kind: str | None, hint: float | None, wait: float,
-             reason: str) -> None:
-        """A row for the runner's own decision: the item was parked and comes back after ``wait``."""
-        self.decision(PARK, job=job, item=item, attempt=attempt, model=model, endpoint=endpoint, key_alias=key_alias,
-                      status=status, kind=kind, hint=hint, wait=wait, reason=reason)
-
-    def decision(self, decision: str, *, job: str, item: str, attempt: int, reason: str, model: str | None = None,
-                 endpoint: str | None = None, key_alias: str | None = None, status: int | None = None,
-                 kind: str | None = None, hint: float | None = None, wait: float | None = None) -> None:
-        """A row for one of the runner's own decisions (:data:`RUNNER_DECISIONS`)."""
-        assert decision in RUNNER_DECISIONS, decision
+    def decision(self, decision: RunnerDecision, *, job: str, item: str, attempt: int, reason: str,
+                 model: str | None = None, endpoint: str | None = None, key_alias: str | None = None,
+                 status: int | None = None, kind: Kind | None = None, hint: float | None = None,
+                 wait: float | None = None) -> None:
+        """A row for one of the runner's own decisions (a park comes back after ``wait``)."""
         self.add((job, item, self.clock.wall(), attempt, model, endpoint, key_alias, status, kind, hint, wait, None,
-                  decision, _reason(reason)))
+                  RunnerDecision(decision), _reason(reason)))
 
     @property
     def pending(self) -> int:
@@ -192,61 +180,15 @@ class AuditLog:
         """Put back rows a failed write did not store (they go first, in order)."""
         self._rows[:0] = rows
 
-    # ------------------------------------------------------------ writing on its own
-
-    def _connection(self) -> sqlite3.Connection:
-        if self.path is None:
-            raise RuntimeError("AuditLog(None) only buffers: write drain() with write_rows()")
-        if self._conn is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            conn = sqlite3.connect(self.path, timeout=5.0, isolation_level=None)
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=NORMAL")
-            ensure_schema(conn)
-            self._conn = conn
-        return self._conn
-
-    def flush(self) -> int:
-        """Write what is buffered in one transaction; returns how many rows."""
-        rows = self.drain()
-        if not rows:
-            return 0
-        conn = self._connection()
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-            write_rows(conn, rows)
-            conn.execute("COMMIT")
-        except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            self.requeue(rows)
-            raise
-        self.written += len(rows)
-        return len(rows)
-
-    async def run(self, interval: float = 0.5) -> None:
-        """Flush every ``interval`` seconds until cancelled, then once more."""
-        try:
-            while True:
-                await self.clock.sleep(interval)
-                self.flush()
-        finally:
-            self.flush()
-
-    def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
-
 
 def write_rows(conn: sqlite3.Connection, rows: Iterable[Row]) -> None:
     conn.executemany(INSERT, rows)
 
 
-def decision_row(decision: str, *, job: str, item: str, at: float, attempt: int, reason: str) -> Row:
+def decision_row(decision: RunnerDecision, *, job: str, item: str, at: float, attempt: int, reason: str) -> Row:
     """A runner decision written outside a buffer (in the transaction that makes it true)."""
-    assert decision in RUNNER_DECISIONS, decision
-    return (job, item, at, attempt, None, None, None, None, None, None, None, None, decision, _reason(reason))
+    return (job, item, at, attempt, None, None, None, None, None, None, None, None, RunnerDecision(decision),
+            _reason(reason))
 
 
 def read_attempts(conn: sqlite3.Connection, job: str, item: str | None = None) -> list[AuditRow]:

@@ -1,5 +1,8 @@
 """capmon's command line: the dashboard, batch jobs, the simulator, reports, status.
 
+This is the only module that reads arguments: each command turns its flags into
+typed options (frozen dataclasses) and calls a function that knows nothing of
+argparse; errors become one line on stderr and an exit code (capmon/exitcodes.py).
 Each command imports what it needs when it runs, so ``capmon sim`` never loads
 Textual and ``capmon batch`` works on a machine with no terminal.
 """
@@ -7,16 +10,15 @@ Textual and ``capmon batch`` works on a machine with no terminal.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
-from typing import Callable, Sequence
+from pathlib import Path
+from typing import Callable, Iterator, Sequence
 
 from capmon import __version__
-
-# Exit codes, documented in the README.
-EXIT_OK = 0
-EXIT_FAILED_ITEMS = 1  # a batch finished but some items failed (not for capacity reasons)
-EXIT_USAGE = 2  # bad arguments, bad config, bad input file
-EXIT_INTERRUPTED = 130
+from capmon.batch.defaults import DEFAULT_CONCURRENCY
+from capmon.core.config import DEFAULT_LISTEN, DashboardConfig, SimulatorConfig
+from capmon.exitcodes import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 
 
 def _add_config(p: argparse.ArgumentParser) -> None:
@@ -38,20 +40,29 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"capmon {__version__}")
     _add_config(parser)
-    parser.add_argument("--refresh", type=float, metavar="SECONDS", help="seconds between table refreshes (default from config: 0.33)")
+    parser.add_argument("--refresh", type=float, metavar="SECONDS",
+                        help=f"seconds between table refreshes (default from config: {DashboardConfig.refresh:g})")
     parser.add_argument("--readonly", action="store_true", help="hide manual trip / reset / pin")
-    parser.add_argument("--job", metavar="INPUT.jsonl", help="run this batch file as the traffic worker instead of the demo job")
-    parser.add_argument("--attach", metavar="JOB", help="show a job started with `capmon batch run` (by name)")
+    traffic = parser.add_mutually_exclusive_group()
+    traffic.add_argument("--job", metavar="INPUT.jsonl",
+                         help="run this batch file as the traffic worker instead of the demo job")
+    traffic.add_argument("--attach", metavar="JOB", help="show a job started with `capmon batch run` (by name)")
     parser.add_argument("--no-traffic", action="store_true", help="probes only: run no traffic worker")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     sim = sub.add_parser("sim", help="serve the simulated provider")
-    sim.add_argument("--listen", default="127.0.0.1:8089", metavar="HOST:PORT")
-    sim.add_argument("--scenario", default="demo", metavar="NAME|PATH", help="bundled: demo, steady, peak-hours, outage, brownout")
+    sim.add_argument("--listen", default=DEFAULT_LISTEN, metavar="HOST:PORT")
+    sim.add_argument("--scenario", default=SimulatorConfig.scenario, metavar="NAME|PATH",
+                     help="bundled: demo, steady, peak-hours, outage, brownout")
     sim.add_argument("--list", action="store_true", help="list the bundled scenarios and exit")
     sim.add_argument("--admin-key-env", metavar="NAME",
                      help="variable holding the /admin key (default CAPMON_SIM_ADMIN_KEY); needed beyond loopback")
     sim.add_argument("--open-admin", action="store_true", help="listen beyond loopback with /admin open to anyone")
+
+    gateway = sub.add_parser("serve", help="the OpenAI-compatible gateway in front of one shared fallback client")
+    _add_config(gateway)
+    gateway.add_argument("--listen", metavar="HOST:PORT",
+                         help="where to listen (default from config [gateway] listen: 127.0.0.1:4000)")
 
     status = sub.add_parser("status", help="print the client's snapshot without the dashboard")
     _add_config(status)
@@ -66,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("input", metavar="INPUT.jsonl")
     run.add_argument("--out", metavar="OUT.jsonl", help="write results here when the job finishes")
     run.add_argument("--job", metavar="NAME", help="job name (default: the input file's stem)")
-    run.add_argument("--concurrency", type=int, metavar="N", default=16)
+    run.add_argument("--concurrency", type=int, metavar="N", help=f"items in flight at once (default {DEFAULT_CONCURRENCY})")
     run.add_argument("--rate", type=float, metavar="R", help="at most R items started per second")
     run.add_argument("--window", metavar="HH:MM-HH:MM", help="send only inside this daily window (local time)")
     run.add_argument("--db", metavar="PATH", help="job database (default: $CAPMON_DB or the user data dir)")
@@ -114,26 +125,66 @@ def _run_sim(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _run_status(args: argparse.Namespace) -> int:
-    from capmon.status import run_status
+def _run_serve(args: argparse.Namespace) -> int:
+    from capmon.gateway.serve import ServeOptions, serve
 
-    return run_status(args)
+    return serve(ServeOptions(listen=args.listen, config=args.config))
+
+
+def _run_status(args: argparse.Namespace) -> int:
+    from capmon.status import StatusOptions, run_status
+
+    # --once is the only mode there is: the flag stays so that scripts may say so.
+    return run_status(StatusOptions(config=args.config, json=args.json, probe=args.probe))
+
+
+def _db(args: argparse.Namespace) -> Path | None:
+    return Path(args.db) if args.db else None
 
 
 def _run_batch(args: argparse.Namespace) -> int:
-    from capmon.batch.commands import run_batch_command
+    from capmon.batch import commands as c
+    from capmon.batch.options import parse_remap
 
-    return run_batch_command(args)
+    action = args.batch_command
+    with _flags():
+        if action in ("run", "resume"):
+            start = {"out": args.out, "concurrency": args.concurrency, "rate": args.rate, "window": args.window,
+                     "db": _db(args), "config": args.config, "show_progress": not args.no_progress,
+                     "accept_changed_input": args.accept_changed_input, "remap": parse_remap(args.remap or ())}
+            if action == "run":
+                return c.run_job(c.RunOptions(input=Path(args.input), job=args.job, **start))
+            return c.resume_job(c.ResumeOptions(job=args.job, **start))
+        if action == "export":
+            return c.export_command(_db(args), args.job, args.out)
+        if action == "list":
+            return c.list_jobs(_db(args))
+        return c.show_job(_db(args), args.job)
 
 
 def _run_report(args: argparse.Namespace) -> int:
-    from capmon.report import run_report
+    from capmon.report import OutputFormat, ReportOptions, run_report
 
-    return run_report(args)
+    fmt = OutputFormat.JSON if args.json else OutputFormat.CSV if args.csv else OutputFormat.TEXT
+    return run_report(ReportOptions(job=args.job, db=_db(args), format=fmt, advice=args.advice, item=args.item))
+
+
+@contextlib.contextmanager
+def _flags() -> Iterator[None]:
+    """An option's error as the command line says it, naming the flag (``concurrency: ...``
+    is reported as ``--concurrency: ...``)."""
+    from capmon.batch.options import OptionError
+    from capmon.core.exceptions import CapmonError
+
+    try:
+        yield
+    except OptionError as e:
+        flag = "--" + e.option.replace("_", "-")
+        raise CapmonError(f"{flag}{'' if e.value is None else ' ' + e.value}: {e.detail}") from None
 
 
 def _run_dashboard(args: argparse.Namespace) -> int:
-    if not sys.stdout.isatty() and getattr(args, "attach", None):
+    if not sys.stdout.isatty() and args.attach:
         # Not a terminal: the attached job's status, as `capmon batch show` prints it.
         from capmon.batch.commands import show_job
         from capmon.batch.store import default_db_path
@@ -141,18 +192,21 @@ def _run_dashboard(args: argparse.Namespace) -> int:
         return show_job(default_db_path(), args.attach)
     if not sys.stdout.isatty():
         # Not a terminal (a pipe, a file, CI): print the snapshot instead of drawing.
-        from capmon.status import run_status
+        from capmon.status import StatusOptions, run_status
 
-        args.once, args.json, args.probe = True, False, True
-        return run_status(args)
-    from capmon.tui.app import run_dashboard
+        return run_status(StatusOptions(config=args.config, probe=True))
+    from capmon.tui.app import DashboardOptions, run_dashboard
 
-    return run_dashboard(args)
+    return run_dashboard(DashboardOptions(
+        config=args.config, refresh=args.refresh, readonly=args.readonly,
+        job=None if args.job is None else Path(args.job), attach=args.attach, traffic=not args.no_traffic,
+    ))
 
 
 COMMANDS: dict[str | None, Callable[[argparse.Namespace], int]] = {
     None: _run_dashboard,
     "sim": _run_sim,
+    "serve": _run_serve,
     "status": _run_status,
     "batch": _run_batch,
     "report": _run_report,

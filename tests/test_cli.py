@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.support.scripted import free_port
 
@@ -92,3 +94,31 @@ def test_a_config_naming_a_missing_scenario_names_the_config_key(tmp_path: Path)
     assert out.returncode == 2
     assert f"{cfg}: simulator.scenario: " in out.stderr and "nowhere.toml" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_dashboard_options_refuse_a_refresh_out_of_bounds_naming_the_value() -> None:
+    from capmon.core.exceptions import CapmonError
+    from capmon.tui.app import DashboardOptions
+
+    assert DashboardOptions(refresh=0.05).refresh == 0.05 and DashboardOptions().refresh is None
+    for bad in (0.01, 20.0):
+        with pytest.raises(CapmonError, match=rf"^refresh must be between 0.05 and 10 seconds, got {bad:g}$"):
+            DashboardOptions(refresh=bad)
+
+
+def test_the_dashboard_refuses_a_missing_job_file_before_the_screen_opens(tmp_path: Path) -> None:
+    from capmon.core.exceptions import CapmonError
+    from capmon.tui.app import DashboardOptions, run_dashboard
+
+    missing = tmp_path / "nowhere.jsonl"
+    with pytest.raises(CapmonError, match=rf"^{re.escape(str(missing))}: no such input file$"):
+        run_dashboard(DashboardOptions(config=str(_config(tmp_path, free_port())), job=missing))
+
+
+def test_job_and_attach_are_one_or_the_other(capsys: pytest.CaptureFixture[str]) -> None:
+    from capmon.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["--job", "in.jsonl", "--attach", "nightly"])
+    assert info.value.code == 2
+    assert "argument --attach: not allowed with argument --job" in capsys.readouterr().err

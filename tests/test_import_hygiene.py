@@ -34,6 +34,23 @@ def test_the_core_imports_without_textual_or_rich() -> None:
     assert int(out.stdout.strip()) >= 10
 
 
+CORE_WITHOUT_WEB = """
+import sys
+for name in ("starlette", "uvicorn", "prometheus_client", "capmon.gateway", "capmon.serving", "capmon.fleet"):
+    sys.modules[name] = None  # any import of these now raises ImportError
+import importlib, pkgutil, capmon, capmon.core
+for m in pkgutil.walk_packages(capmon.core.__path__, "capmon.core."):
+    importlib.import_module(m.name)
+print("ok")
+"""
+
+
+def test_the_core_imports_without_the_web_server_the_gateway_or_the_fleet() -> None:
+    out = subprocess.run([sys.executable, "-c", CORE_WITHOUT_WEB], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "ok"
+
+
 def test_the_core_does_not_pull_in_the_dashboard() -> None:
     code = "import sys, capmon.core.router, capmon.core.config; print([n for n in sys.modules if n.startswith(('textual', 'capmon.tui'))])"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

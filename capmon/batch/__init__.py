@@ -1,11 +1,31 @@
 """Durable batch jobs: a JSONL file in, every item sent through the shared client,
 every result and attempt kept in SQLite, resumable after any crash.
 
-Importable without the dashboard (no Textual, no Rich).
+Importable without the dashboard (no Textual, no Rich). The names below load their
+modules when first used, so a light module of this package (``defaults``,
+``states``) can be imported by the CLI and the dashboard without the rest.
 """
 
-from capmon.batch.demo import write_demo_input
-from capmon.batch.runner import BatchRunner, JobSummary
-from capmon.batch.store import JobStore, default_db_path, read_progress
+from __future__ import annotations
 
-__all__ = ["BatchRunner", "JobStore", "JobSummary", "default_db_path", "read_progress", "write_demo_input"]
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from capmon.batch.demo import write_demo_input
+    from capmon.batch.runner import BatchRunner, JobSummary
+    from capmon.batch.states import ItemState, JobState
+    from capmon.batch.store import JobStore, default_db_path, read_progress
+
+_WHERE = {"write_demo_input": "demo", "BatchRunner": "runner", "JobSummary": "runner", "ItemState": "states",
+          "JobState": "states", "JobStore": "store", "default_db_path": "store", "read_progress": "store"}
+
+__all__ = ["BatchRunner", "ItemState", "JobState", "JobStore", "JobSummary", "default_db_path", "read_progress",
+           "write_demo_input"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"capmon.batch.{module}"), name)

@@ -20,13 +20,14 @@ them new. Everything is one transaction: a reconcile cut short changes nothing.
 from __future__ import annotations
 
 import collections
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Collection, Iterator
+from typing import Any
 
 from capmon import audit
-from capmon.batch import store as st
-from capmon.batch.items import BAD_INPUT, Item, line_id, parse_line, read_lines
+from capmon.batch.items import Item, line_id, parse_line, read_lines
+from capmon.batch.states import BatchKind, ItemState
 from capmon.batch.store import JobInfo, JobStore
 from capmon.core.exceptions import BatchError
 
@@ -97,9 +98,9 @@ _KEEP_SQL = ("INSERT INTO replaced_results (job, item, line, at, why, state, mod
 def _fields(parsed: Any) -> tuple[Any, ...]:
     """(state, messages, model, max_tokens, temperature, metadata, error_kind, error_message)."""
     if isinstance(parsed, Item):
-        return (st.PENDING, parsed.messages_json, parsed.model, parsed.max_tokens, parsed.temperature,
+        return (ItemState.PENDING, parsed.messages_json, parsed.model, parsed.max_tokens, parsed.temperature,
                 parsed.metadata_json, None, None)
-    return (st.FAILED, None, None, None, None, None, BAD_INPUT, parsed.message)
+    return (ItemState.FAILED, None, None, None, None, None, BatchKind.BAD_INPUT, parsed.message)
 
 
 def reconcile(store: JobStore, info: JobInfo, path: Path, *, size: int, fingerprint: str,
@@ -112,12 +113,12 @@ def reconcile(store: JobStore, info: JobInfo, path: Path, *, size: int, fingerpr
     by_id: dict[str, int] = {}
     rows: dict[int, tuple[str, int, str | None, str, int]] = {}  # key -> (id, line, hash, state, attempts)
     by_hash: dict[str | None, collections.deque[int]] = collections.defaultdict(collections.deque)
-    for key, item_id, line, h, state, attempts in conn.execute(
+    for k, item_id, line, h, state, attempts in conn.execute(
             "SELECT key, id, line, line_hash, state, attempts FROM items WHERE job_id = ? ORDER BY key", (info.id,)):
-        by_id[item_id] = key
-        rows[key] = (item_id, line, h, state, attempts)
-        if item_id == line_id(line) and state != st.REMOVED:
-            by_hash[h].append(key)
+        by_id[item_id] = k
+        rows[k] = (item_id, line, h, state, attempts)
+        if item_id == line_id(line) and state != ItemState.REMOVED:
+            by_hash[h].append(k)
 
     matched: set[int] = set()
     seen: dict[str, int] = {}  # id -> line in the new file
@@ -133,12 +134,12 @@ def reconcile(store: JobStore, info: JobInfo, path: Path, *, size: int, fingerpr
     def edit(key: int, raw: Any, parsed: Any, why: str) -> None:
         nonlocal edited
         item_id, line, _, state, attempts = rows[key]
-        if state in (st.DONE, st.FAILED):
+        if state in (ItemState.DONE, ItemState.FAILED):
             keeps.append((job, now, why, key))
         edits.append((raw.line, raw.hash, *_fields(parsed), now, key))
-        had = {st.DONE: "its result is kept in the audit", st.FAILED: "its failure is kept in the audit"}.get(
+        had = {ItemState.DONE.value: "its result is kept in the audit", ItemState.FAILED.value: "its failure is kept in the audit"}.get(
             state, "it had no result yet")
-        notes.append(audit.decision_row(audit.SUPERSEDED, job=job, item=item_id, at=now, attempt=attempts,
+        notes.append(audit.decision_row(audit.RunnerDecision.SUPERSEDED, job=job, item=item_id, at=now, attempt=attempts,
                                         reason=f"line {line} changed since the job was created ({why}): sent again; {had}"))
         edited += 1
 
@@ -157,12 +158,12 @@ def reconcile(store: JobStore, info: JobInfo, path: Path, *, size: int, fingerpr
                 if key is not None:
                     matched.add(key)
                     _, line, h, state, _ = rows[key]
-                    if h == raw.hash and state != st.REMOVED:
+                    if h == raw.hash and state != ItemState.REMOVED:
                         if line != raw.line:
                             moves.append((raw.line, key))
                             moved += 1
                     else:
-                        edit(key, raw, parsed, "edited" if state != st.REMOVED else "back in the input")
+                        edit(key, raw, parsed, "edited" if state != ItemState.REMOVED else "back in the input")
                 else:
                     inserts.append((info.id, raw.line, parsed.id, *_fields(parsed), raw.hash, now))
                     added += 1
@@ -202,14 +203,14 @@ def reconcile(store: JobStore, info: JobInfo, path: Path, *, size: int, fingerpr
             raise BatchError(f"{path}: duplicate ids: {'; '.join(dups[:5])}{more}; every id must be unique, "
                              f"so the changed input was not taken")
         _flush(c, moves, edits, keeps, inserts, notes)
-        gone = [k for k, r in rows.items() if k not in matched and r[3] != st.REMOVED]
+        gone = [k for k, r in rows.items() if k not in matched and r[3] != ItemState.REMOVED]
         for chunk in _chunks(gone):
-            c.executemany(f"UPDATE items SET state = '{st.REMOVED}', updated = {float(now)!r} WHERE key = ?",
+            c.executemany(f"UPDATE items SET state = '{ItemState.REMOVED.value}', updated = {float(now)!r} WHERE key = ?",
                           [(k,) for k in chunk])
             audit.write_rows(c, [audit.decision_row(
-                audit.REMOVED, job=job, item=rows[k][0], at=now, attempt=rows[k][4],
+                audit.RunnerDecision.REMOVED, job=job, item=rows[k][0], at=now, attempt=rows[k][4],
                 reason=f"line {rows[k][1]} left the input: kept as removed, not sent again") for k in chunk])
-        total = c.execute(f"SELECT count(*) FROM items WHERE job_id = ? AND state != '{st.REMOVED}'",
+        total = c.execute(f"SELECT count(*) FROM items WHERE job_id = ? AND state != '{ItemState.REMOVED.value}'",
                           (info.id,)).fetchone()[0]
         c.execute("UPDATE jobs SET input_path = ?, input_size = ?, input_fingerprint = ?, ingest_offset = ?, "
                   "ingest_line = ?, total = ?, updated = ? WHERE id = ?",

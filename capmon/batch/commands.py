@@ -10,61 +10,75 @@ Stopping and pausing a running job from the terminal:
     items in flight finish.
 
 Whole-job problems (bad input file, locked database, a refused key) raise BatchError,
-which the CLI turns into a message and exit code 2.
+which the CLI turns into a message and exit code 2 (an OptionError names the option,
+and the CLI its flag).
+
+Each command is a function of typed options (:class:`RunOptions`, :class:`ResumeOptions`)
+or plain values, returning the exit code (:mod:`capmon.exitcodes`).
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import datetime as dt
 import os
 import signal
 import sys
 import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import Any, Callable, Mapping, TextIO
+from typing import Any, TextIO
 
-from capmon.batch import store as st
+from capmon.batch.defaults import DEFAULT_CONCURRENCY
 from capmon.batch.export import check_writable, export_job
-from capmon.batch.pacing import Window
-from capmon.batch.progress import ProgressLine, fmt_duration
+from capmon.batch.pacing import Pacing
+from capmon.batch.progress import ProgressLine
 from capmon.batch.runner import BatchRunner, JobSummary
+from capmon.batch.states import ItemState, JobState
 from capmon.batch.store import JobStore, default_db_path, job_state
+from capmon.core import text
 from capmon.core.clock import default_clock
+from capmon.core.config import Config
 from capmon.core.events import BatchProgress, Event, Notice
 from capmon.core.exceptions import BatchError
+from capmon.exitcodes import EXIT_FAILED_ITEMS, EXIT_INTERRUPTED, EXIT_OK
 from capmon.report import shown
 
-EXIT_OK, EXIT_FAILED_ITEMS, EXIT_INTERRUPTED = 0, 1, 130
+
+@dataclass(frozen=True, kw_only=True)
+class StartOptions:
+    """What `capmon batch run` and `capmon batch resume` share. A pacing value left
+    None is the default for run, and what the job last ran with for resume."""
+
+    out: str | None = None  # write the results here ("-": stdout) when the job finishes
+    concurrency: int | None = None
+    rate: float | None = None  # items started per second, at most
+    window: str | None = None  # HH:MM-HH:MM, local time
+    db: Path | None = None  # the job database; None: $CAPMON_DB or the user data dir
+    config: str | None = None  # the config file; None: found as capmon.core.config.find_config finds it
+    show_progress: bool = True  # a progress line, when stderr is a terminal
+    accept_changed_input: bool = False
+    remap: Mapping[str, str] = field(default_factory=dict)  # OLD model -> NEW, for items naming a model gone
 
 
-def run_batch_command(args: argparse.Namespace) -> int:
-    handlers = {"run": _run, "resume": _resume, "export": _export, "list": _list, "show": _show}
-    return handlers[args.batch_command](args)
+@dataclass(frozen=True, kw_only=True)
+class RunOptions(StartOptions):
+    input: Path
+    job: str | None = None  # None: the input file's stem
 
 
-def db_path(args: argparse.Namespace) -> Path:
-    return Path(args.db).expanduser() if getattr(args, "db", None) else default_db_path()
+@dataclass(frozen=True, kw_only=True)
+class ResumeOptions(StartOptions):
+    job: str
+
+
+def resolve_db(db: Path | None) -> Path:
+    return db.expanduser() if db is not None else default_db_path()
 
 
 def _say(text: str, err: TextIO | None = None) -> None:
     print(text, file=err or sys.stderr, flush=True)
-
-
-def parse_remap(pairs: list[str] | None) -> dict[str, str]:
-    """``--remap OLD=NEW`` (repeatable) -> {OLD: NEW}."""
-    out: dict[str, str] = {}
-    for pair in pairs or ():
-        old, sep, new = pair.partition("=")
-        old, new = old.strip(), new.strip()
-        if not sep or not old or not new:
-            raise BatchError(f"--remap {pair}: expected OLD=NEW, a model the job's items name and one in the config")
-        if old in out and out[old] != new:
-            raise BatchError(f"--remap {old}: given twice ({out[old]} and {new})")
-        out[old] = new
-    return out
 
 
 class Interrupts:
@@ -81,12 +95,12 @@ class Interrupts:
         self.by = ""
         self.count = 0
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._stop: Callable[[], None] | None = None
+        self._stop: Callable[[], object] | None = None
         self._toggle: Callable[[], None] | None = None
         self._in_loop = False
         self._saved: dict[int, Any] = {}
 
-    def __enter__(self) -> "Interrupts":
+    def __enter__(self) -> Interrupts:
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGUSR1", None)):
                 if sig is None:
@@ -106,7 +120,7 @@ class Interrupts:
         """Inside the event loop a signal must never raise: the job sees it when it attaches."""
         self._in_loop = running
 
-    def attach(self, loop: asyncio.AbstractEventLoop, stop: Callable[[], None], toggle: Callable[[], None]) -> None:
+    def attach(self, loop: asyncio.AbstractEventLoop, stop: Callable[[], object], toggle: Callable[[], None]) -> None:
         self._loop, self._stop, self._toggle = loop, stop, toggle
         if self.by:  # a signal came while the engine was starting
             loop.call_soon(stop)
@@ -134,60 +148,46 @@ class Interrupts:
 # ---------------------------------------------------------------- run / resume
 
 
-def _check_pacing(concurrency: int | None, rate: float | None, window: str | None) -> None:
-    if concurrency is not None and concurrency < 1:
-        raise BatchError(f"--concurrency: expected a whole number >= 1, got {concurrency}")
-    if rate is not None and not rate > 0:
-        raise BatchError(f"--rate: expected items per second > 0, got {rate}")
-    if window:
-        Window.parse(window)
-
-
-def _run(args: argparse.Namespace) -> int:
-    input_path = Path(args.input).expanduser()
+def run_job(options: RunOptions) -> int:
+    """`capmon batch run INPUT`: a new job, or the same command again (a resume)."""
+    input_path = options.input.expanduser()
     if not input_path.exists():
         raise BatchError(f"{input_path}: no such file")
     if not input_path.is_file():
         raise BatchError(f"{input_path}: not a file, expected a JSONL file with one item per line")
-    _check_pacing(args.concurrency, args.rate, args.window)
-    if args.out:
-        check_writable(args.out)  # before anything is sent
-    job = args.job or input_path.stem
-    return _start(args, job=job, input_path=input_path, concurrency=args.concurrency, rate=args.rate,
-                  window=args.window, remap=parse_remap(getattr(args, "remap", None)))
+    pacing = Pacing.of(options.concurrency, options.rate, options.window)
+    if options.out:
+        check_writable(options.out)  # before anything is sent
+    return _start(options, options.job or input_path.stem, input_path, pacing)
 
 
-def _resume(args: argparse.Namespace) -> int:
-    db = db_path(args)
-    store = JobStore(db, readonly=True)
+def resume_job(options: ResumeOptions) -> int:
+    """`capmon batch resume JOB`: go on with the job's own input and, unless told, its own pacing."""
+    store = JobStore(resolve_db(options.db), readonly=True)
     try:
-        info = store.require(args.job)
+        info = store.require(options.job)
     finally:
         store.close()
     saved = info.settings
-    concurrency = args.concurrency if args.concurrency is not None else int(saved.get("concurrency") or 16)
-    rate = args.rate if args.rate is not None else saved.get("rate")
-    window = args.window if args.window is not None else saved.get("window")
-    _check_pacing(concurrency, rate, window)
-    if args.out:
-        check_writable(args.out)
-    return _start(args, job=args.job, input_path=None, concurrency=concurrency, rate=rate, window=window,
-                  remap=parse_remap(getattr(args, "remap", None)))
+    pacing = Pacing.of(options.concurrency if options.concurrency is not None else
+                       int(saved.get("concurrency") or DEFAULT_CONCURRENCY),
+                       options.rate if options.rate is not None else saved.get("rate"),
+                       options.window if options.window is not None else saved.get("window"))
+    if options.out:
+        check_writable(options.out)
+    return _start(options, options.job, None, pacing)
 
 
-def _start(args: argparse.Namespace, *, job: str, input_path: Path | None, concurrency: int, rate: float | None,
-           window: str | None, remap: Mapping[str, str]) -> int:
+def _start(options: StartOptions, job: str, input_path: Path | None, pacing: Pacing) -> int:
     with Interrupts() as interrupts:
         from capmon.runtime import load
 
-        config = load(getattr(args, "config", None))
-        db = db_path(args)
-        progress = ProgressLine(sys.stderr, enabled=False if getattr(args, "no_progress", False) else None)
+        config = load(options.config)
+        db = resolve_db(options.db)
+        progress = ProgressLine(sys.stderr, enabled=None if options.show_progress else False)
         interrupts.loop_running(True)
         try:
-            summary = asyncio.run(_drive(config, db, job, input_path, concurrency, rate, window, progress,
-                                         interrupts, remap=remap,
-                                         accept_changed_input=bool(getattr(args, "accept_changed_input", False))))
+            summary = asyncio.run(_drive(config, db, job, input_path, pacing, progress, interrupts, options))
         finally:
             interrupts.loop_running(False)
         if summary is None:
@@ -196,23 +196,23 @@ def _start(args: argparse.Namespace, *, job: str, input_path: Path | None, concu
         if summary.failed:
             _say(_failures(db, job))
         if interrupts.by:  # it came as the job finished: everything is saved, the export is not made
-            _say(f"stopped by {interrupts.by}" + (f"; export with: capmon batch export {job} --out {args.out}"
-                                                    if args.out else ""))
+            _say(f"stopped by {interrupts.by}" + (f"; export with: capmon batch export {job} --out {options.out}"
+                                                    if options.out else ""))
             return EXIT_INTERRUPTED
-        if args.out and summary.state == "finished":
-            result = export_job(db, job, args.out)
+        if options.out and summary.state is JobState.FINISHED:
+            result = export_job(db, job, options.out)
             _say(f"exported {result.written} records to {result.path}")
         return EXIT_OK if summary.failed == 0 else EXIT_FAILED_ITEMS
 
 
-async def _drive(config: Any, db: Path, job: str, input_path: Path | None, concurrency: int, rate: float | None,
-                 window: str | None, progress: ProgressLine, interrupts: Interrupts, *, remap: Mapping[str, str],
-                 accept_changed_input: bool) -> JobSummary | None:
+async def _drive(config: Config, db: Path, job: str, input_path: Path | None, pacing: Pacing, progress: ProgressLine,
+                 interrupts: Interrupts, options: StartOptions) -> JobSummary | None:
     from capmon.runtime import open_engine
 
     async with open_engine(config) as engine:
-        runner = BatchRunner(engine.client, db, job, input_path=input_path, concurrency=concurrency, rate=rate,
-                             window=window, remap=remap, accept_changed_input=accept_changed_input)
+        runner = BatchRunner(engine.client, db, job, input_path=input_path, concurrency=pacing.concurrency,
+                             rate=pacing.rate, window=pacing.window, remap=options.remap,
+                             accept_changed_input=options.accept_changed_input)
 
         def show(event: Event) -> None:
             if isinstance(event, BatchProgress) and event.job == job:
@@ -252,10 +252,9 @@ async def _drive(config: Any, db: Path, job: str, input_path: Path | None, concu
 
 def describe_summary(s: JobSummary) -> str:
     models = ", ".join(f"{m} {n}" for m, n in s.per_model)
-    text = (f"job {s.job!r} {s.state}: {s.total} items, {s.done} done, {s.failed} failed"
+    return (f"job {s.job!r} {s.state}: {s.total} items, {s.done} done, {s.failed} failed"
             + (f", {s.parked} parked" if s.parked else "") + (f", {s.pending} pending" if s.pending else "")
-            + (f" (served by {models})" if models else "") + f"; {s.sent} sent in {fmt_duration(s.elapsed)}")
-    return text
+            + (f" (served by {models})" if models else "") + f"; {s.sent} sent in {text.duration(s.elapsed)}")
 
 
 def _failures(db: Path, job: str, limit: int = 5) -> str:
@@ -278,27 +277,23 @@ def _failures(db: Path, job: str, limit: int = 5) -> str:
 # ---------------------------------------------------------------- export / list / show
 
 
-def _export(args: argparse.Namespace) -> int:
-    result = export_job(db_path(args), args.job, args.out)
-    note = f"; {result.unfinished} items not finished yet (capmon batch resume {args.job})" if result.unfinished else ""
+def export_command(db: Path | None, job: str, out: str) -> int:
+    """`capmon batch export JOB --out FILE` ("-": stdout)."""
+    result = export_job(resolve_db(db), job, out)
+    note = f"; {result.unfinished} items not finished yet (capmon batch resume {job})" if result.unfinished else ""
     removed = f", {result.removed} removed from the input" if result.removed else ""
     _say(f"exported {result.written} records ({result.done} done, {result.failed} failed{removed}) to {result.path}{note}")
     return EXIT_OK
 
 
 def _when(wall: float | None) -> str:
-    return "-" if not wall else dt.datetime.fromtimestamp(wall).strftime("%Y-%m-%d %H:%M")
+    return text.timestamp(wall or None, date=True, precision="min")
 
 
-def _table(rows: list[tuple[str, ...]]) -> str:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(c.ljust(widths[i]) if i == 0 else c.rjust(widths[i]) if c.replace(".", "").isdigit()
-                               else c.ljust(widths[i]) for i, c in enumerate(r)).rstrip() for r in rows)
-
-
-def _list(args: argparse.Namespace, out: TextIO | None = None) -> int:
+def list_jobs(db: Path | None, out: TextIO | None = None) -> int:
+    """`capmon batch list`."""
     out = out or sys.stdout
-    db = db_path(args)
+    db = resolve_db(db)
     if not db.exists():
         print(f"no jobs yet ({db} does not exist)", file=out)
         return EXIT_OK
@@ -309,24 +304,21 @@ def _list(args: argparse.Namespace, out: TextIO | None = None) -> int:
         rows = [("name", "created", "total", "done", "failed", "parked", "state")]
         for j in jobs:
             c = store.counts(j.id)
-            rows.append((shown(j.name), _when(j.created), str(j.total), str(c[st.DONE]), str(c[st.FAILED]),
-                         str(c[st.PARKED]), job_state(j, wall)))
+            rows.append((shown(j.name), _when(j.created), str(j.total), str(c[ItemState.DONE]),
+                         str(c[ItemState.FAILED]), str(c[ItemState.PARKED]), job_state(j, wall)))
     finally:
         store.close()
     if not jobs:
         print(f"no jobs in {db}", file=out)
     else:
-        print(_table(rows), file=out)
+        print("\n".join(text.table(rows, numbers_right=True)), file=out)
     return EXIT_OK
 
 
-def _show(args: argparse.Namespace, out: TextIO | None = None) -> int:
-    return show_job(db_path(args), args.job, out)
-
-
-def show_job(db: Path, job: str, out: TextIO | None = None) -> int:
+def show_job(db: Path | None, job: str, out: TextIO | None = None) -> int:
     """`capmon batch show JOB` (and `capmon --attach JOB` without a terminal)."""
     out = out or sys.stdout
+    db = resolve_db(db)
     store = JobStore(db, readonly=True)
     try:
         j = store.require(job)
@@ -344,18 +336,19 @@ def show_job(db: Path, job: str, out: TextIO | None = None) -> int:
     lines = [
         f"job        {name}",
         f"state      {state}"
-        + (f": {shown(j.message)}" if j.message and state in ("halted", "stopped", "paused") else ""),
+        + (f": {shown(j.message)}" if j.message and state in (JobState.HALTED, JobState.STOPPED, JobState.PAUSED)
+           else ""),
         f"input      {shown(j.input_path)}",
         f"created    {_when(j.created)}   updated {_when(j.updated)}",
         f"settings   concurrency {s.get('concurrency', '-')}, rate {s.get('rate') or '-'}/s, window {s.get('window') or '-'}"
         + (f", remap {remap}" if remap else ""),
-        f"items      {j.total} total: {counts[st.DONE]} done, {counts[st.FAILED]} failed, {counts[st.PARKED]} parked, "
-        f"{counts[st.PENDING]} pending, {counts[st.IN_FLIGHT]} in flight"
-        + (f"; {counts[st.REMOVED]} removed from the input" if counts[st.REMOVED] else ""),
+        f"items      {j.total} total: {counts[ItemState.DONE]} done, {counts[ItemState.FAILED]} failed, "
+        f"{counts[ItemState.PARKED]} parked, {counts[ItemState.PENDING]} pending, {counts[ItemState.IN_FLIGHT]} in flight"
+        + (f"; {counts[ItemState.REMOVED]} removed from the input" if counts[ItemState.REMOVED] else ""),
     ]
-    if state == "running":
+    if state is JobState.RUNNING:
         c = j.counters
-        lines.append(f"progress   {float(c.get('rate') or 0):.1f} items/s, ETA {fmt_duration(c.get('eta'))}")
+        lines.append(f"progress   {float(c.get('rate') or 0):.1f} items/s, ETA {text.duration(c.get('eta'))}")
     if served:
         lines.append("served by  " + ", ".join(f"{shown(m)} {n}" for m, n in served.items()))
     if kinds:
@@ -365,7 +358,7 @@ def show_job(db: Path, job: str, out: TextIO | None = None) -> int:
         if sum(kinds.values()) > len(failed):
             lines.append(f"  ... and {sum(kinds.values()) - len(failed)} more")
     extra = f" --db {db}" if db != default_db_path() else ""
-    if state != "finished":
+    if state is not JobState.FINISHED:
         lines.append(f"go on      capmon batch resume {name}{extra}")
     lines.append(f"results    capmon batch export {name} --out {name}.out.jsonl{extra}")
     lines.append(f"report     capmon report {name}{extra}")

@@ -27,9 +27,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from capmon.batch import store as st
-from capmon.batch.store import DEFAULT_MAX_RESPONSE_BYTES, OVERSIZED, JobStore, ResultRecord
-from capmon.core.exceptions import BatchError
+from capmon.batch.options import OptionError
+from capmon.batch.states import ItemState
+from capmon.batch.store import DEFAULT_MAX_RESPONSE_BYTES, JobStore, ResultRecord
+from capmon.core.errors import Kind
 
 STDOUT = "-"
 
@@ -45,22 +46,22 @@ class ExportSummary:
 
 
 def check_writable(out: Path | str) -> None:
-    """Raise BatchError now, before anything is sent, if ``out`` cannot be written."""
+    """Raise OptionError now, before anything is sent, if ``out`` cannot be written."""
     if str(out) == STDOUT:
         return
     path = Path(out)
     if path.is_dir():
-        raise BatchError(f"--out {path}: is a folder, expected a file name")
+        raise OptionError("out", "is a folder, expected a file name", value=str(path))
     parent = path.parent if str(path.parent) else Path(".")
     if not parent.is_dir():
-        raise BatchError(f"--out {path}: the folder {parent} does not exist")
+        raise OptionError("out", f"the folder {parent} does not exist", value=str(path))
     try:
         with tempfile.NamedTemporaryFile(dir=parent, prefix=f".{path.name}.", suffix=".check"):
             pass
     except OSError as e:
-        raise BatchError(f"--out {path}: cannot write in {parent}: {e.strerror or e}") from None
+        raise OptionError("out", f"cannot write in {parent}: {e.strerror or e}", value=str(path)) from None
     if path.exists() and not os.access(path, os.W_OK):
-        raise BatchError(f"--out {path}: the file is not writable")
+        raise OptionError("out", "the file is not writable", value=str(path))
 
 
 def _oversized(r: ResultRecord, max_bytes: int) -> ResultRecord:
@@ -70,18 +71,18 @@ def _oversized(r: ResultRecord, max_bytes: int) -> ResultRecord:
     size = len(r.content.encode("utf-8", "replace"))
     if size <= max_bytes:
         return r
-    return dataclasses.replace(r, state=st.FAILED if r.state == st.DONE else r.state, content=None,
-                               error_kind=OVERSIZED, error_message=f"the answer from {r.model} is {size:,} bytes, over "
+    return dataclasses.replace(r, state=ItemState.FAILED if r.state is ItemState.DONE else r.state, content=None,
+                               error_kind=Kind.OVERSIZED, error_message=f"the answer from {r.model} is {size:,} bytes, over "
                                f"client.max_response_bytes ({max_bytes:,}): not exported")
 
 
 def record(r: ResultRecord, removed: bool = False) -> dict[str, Any]:
     metadata = json.loads(r.metadata_json) if r.metadata_json is not None else None
-    shown = r.state == st.DONE or (removed and r.content is not None)
+    shown = r.state is ItemState.DONE or (removed and r.content is not None)
     out: dict[str, Any] = {"id": r.id, "model": r.model if shown else None,
                            "content": r.content if shown else None, "metadata": metadata,
                            "attempts": r.attempts, "fell_back": r.fell_back}
-    if r.state == st.FAILED or (removed and r.error_kind is not None and not shown):
+    if r.state is ItemState.FAILED or (removed and r.error_kind is not None and not shown):
         out["error"] = {"kind": r.error_kind, "message": r.error_message, "line": r.line}
     if removed:
         out["removed"] = True
@@ -95,11 +96,11 @@ def write_records(store: JobStore, job_id: int, f: TextIO,
     dumps = json.dumps
     for r in store.results(job_id):
         r = _oversized(r, max_bytes)
-        if r.state == st.DONE:
+        if r.state is ItemState.DONE:
             done += 1
-        elif r.state == st.FAILED:
+        elif r.state is ItemState.FAILED:
             failed += 1
-        elif r.state == st.REMOVED:
+        elif r.state is ItemState.REMOVED:
             removed += 1
             f.write(dumps(record(r, removed=True), ensure_ascii=False))
             f.write("\n")
@@ -142,7 +143,7 @@ def export_job(db_path: Path, job: str, out: Path | str) -> ExportSummary:
                 pass
             raise
     except OSError as e:
-        raise BatchError(f"--out {out}: cannot write: {e.strerror or e}") from None
+        raise OptionError("out", f"cannot write: {e.strerror or e}", value=str(out)) from None
     finally:
         store.close()
     return ExportSummary(str(path), done + failed + removed, done, failed, unfinished, removed)

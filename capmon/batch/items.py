@@ -18,13 +18,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Collection, Iterator, Protocol, Union
-
-# A kind of failure of our own, beside the client's (capacity, bad_request, ...):
-# the line itself was unusable, so nothing was ever sent for it.
-BAD_INPUT = "bad_input"
+from typing import Any, Protocol, Union
 
 _KNOWN_KEYS = ("id", "messages", "model", "max_tokens", "temperature", "metadata")
 
@@ -149,8 +146,9 @@ def parse_line(line: int, raw: bytes | str, models: Collection[str] | None = Non
     metadata = obj.get("metadata")
     messages_json = json.dumps(obj["messages"], ensure_ascii=False, separators=(",", ":"))
     metadata_json = None if metadata is None else json.dumps(metadata, ensure_ascii=False, separators=(",", ":"))
-    for name, text in (("id", item_id), ("messages", messages_json), ("metadata", metadata_json)):
-        bad_char = _lone_surrogate(text)
+    texts: tuple[tuple[str, str | None], ...] = (("id", item_id), ("messages", messages_json), ("metadata", metadata_json))
+    for name, value in texts:
+        bad_char = _lone_surrogate(value)
         if bad_char is not None:
             return LineError(line, line_id(line) if name == "id" else item_id,
                              f"{name}: holds the escape {bad_char}, half of a UTF-16 pair and no character; "

@@ -1,4 +1,5 @@
-"""When the runner may start the next item: an off-peak daily window and a rate.
+"""When the runner may start the next item: how many at once, an off-peak daily window
+and a rate.
 
 Windows are in local wall time read from the clock (``clock.wall()``), so a test
 that fast-forwards the clock fast-forwards the window too. A window may wrap
@@ -7,12 +8,14 @@ midnight (``22:00-06:00``).
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import re
 from dataclasses import dataclass
 
+from capmon.batch.defaults import DEFAULT_CONCURRENCY
+from capmon.batch.options import OptionError
 from capmon.core.clock import Clock
-from capmon.core.exceptions import BatchError
 from capmon.core.limiter import TokenBucket
 
 _HHMM = re.compile(r"^\s*(\d{1,2}):(\d{2})\s*-\s*(\d{1,2}):(\d{2})\s*$")
@@ -27,17 +30,17 @@ class Window:
     end: int
 
     @staticmethod
-    def parse(text: str) -> "Window":
+    def parse(text: str) -> Window:
         m = _HHMM.match(text)
         if not m:
-            raise BatchError(f"--window: expected HH:MM-HH:MM such as 22:00-06:00, got {text!r}")
+            raise OptionError("window", f"expected HH:MM-HH:MM such as 22:00-06:00, got {text!r}")
         h1, m1, h2, m2 = (int(g) for g in m.groups())
         for h, mm in ((h1, m1), (h2, m2)):
             if not (0 <= h <= 24 and 0 <= mm < 60) or (h == 24 and mm != 0):
-                raise BatchError(f"--window: {h:02d}:{mm:02d} is not a time of day (in {text!r})")
+                raise OptionError("window", f"{h:02d}:{mm:02d} is not a time of day (in {text!r})")
         start, end = h1 * 60 + m1, h2 * 60 + m2
         if start % 1440 == end % 1440:
-            raise BatchError(f"--window: start and end are the same ({text!r}); leave --window out to send at any time")
+            raise OptionError("window", f"start and end are the same ({text!r}); leave the window out to send at any time")
         return Window(start % 1440, end if end == 1440 else end % 1440)
 
     def __str__(self) -> str:
@@ -71,8 +74,7 @@ class RateGate:
     holds one start, so a paused or window-delayed job does not burst when it goes on."""
 
     def __init__(self, rate: float, clock: Clock) -> None:
-        if not rate > 0:
-            raise BatchError(f"--rate: expected a number of items per second > 0, got {rate!r}")
+        check_rate(rate)
         self.rate = rate
         self._clock = clock
         self._bucket = TokenBucket(rate * 60.0, clock, burst=1.0)
@@ -81,3 +83,46 @@ class RateGate:
         while not self._bucket.try_take(1):
             # At least a millisecond: float noise must not make a fast-forwarded clock spin.
             await self._clock.sleep(max(1e-3, self._bucket.available_at(1) - self._clock.now()))
+
+
+def check_rate(rate: float) -> None:
+    if not rate > 0:
+        raise OptionError("rate", f"expected items per second > 0, got {rate}")
+
+
+@dataclass(frozen=True, slots=True)
+class Pacing:
+    """How fast a job sends: ``concurrency`` items in flight at once, at most ``rate``
+    started a second, and only inside ``window``."""
+
+    concurrency: int = DEFAULT_CONCURRENCY
+    rate: float | None = None
+    window: Window | None = None
+
+    @staticmethod
+    def of(concurrency: int | None = None, rate: float | None = None, window: Window | str | None = None) -> Pacing:
+        """Checked values (None: the default); raises OptionError naming the first one that is wrong."""
+        concurrency = DEFAULT_CONCURRENCY if concurrency is None else concurrency
+        if concurrency < 1:
+            raise OptionError("concurrency", f"expected a whole number >= 1, got {concurrency}")
+        if rate is not None:
+            check_rate(rate)
+        return Pacing(concurrency, rate, Window.parse(window) if isinstance(window, str) and window else
+                      window if isinstance(window, Window) else None)
+
+
+async def wait_event(clock: Clock, event: asyncio.Event, timeout: float | None) -> None:
+    """Wait for ``event``, at most ``timeout`` seconds on ``clock`` (None: as long as it takes)."""
+    changed = asyncio.ensure_future(event.wait())
+    if timeout is None:
+        try:
+            await changed
+        finally:
+            changed.cancel()
+        return
+    sleeper = asyncio.ensure_future(clock.sleep(timeout))
+    try:
+        await asyncio.wait({changed, sleeper}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        changed.cancel()
+        sleeper.cancel()

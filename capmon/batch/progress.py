@@ -6,35 +6,16 @@ importable, on a machine without the dashboard's dependencies.
 
 from __future__ import annotations
 
-import datetime as dt
 import shutil
 import sys
 from typing import TextIO
 
+from capmon.batch.states import JobState
+from capmon.core import text
 from capmon.core.events import BatchProgress
-
 
 # The core's event carries everything a job reports; the old name stays for callers.
 JobProgress = BatchProgress
-
-
-def fmt_duration(seconds: float | None) -> str:
-    if seconds is None or seconds != seconds or seconds < 0:
-        return "-"
-    s = int(round(seconds))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    if s < 86400:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
-
-
-def fmt_clock(wall: float) -> str:
-    """A wall time as local HH:MM (with the date when it is not today)."""
-    t = dt.datetime.fromtimestamp(wall)
-    return t.strftime("%H:%M") if t.date() == dt.date.today() else t.strftime("%a %H:%M")
 
 
 def _bar(share: float, width: int) -> str:
@@ -47,9 +28,9 @@ def render(p: BatchProgress, width: int = 100) -> str:
     total = p.total
     finished = p.done + p.failed
     head = p.job
-    if p.state == "paused":
+    if p.state == JobState.PAUSED:
         head += " PAUSED"
-    elif p.state not in ("running", "finished"):
+    elif p.state not in (JobState.RUNNING, JobState.FINISHED):
         head += f" {p.state}"
     if total:
         share = finished / total if total else 0.0
@@ -60,13 +41,14 @@ def render(p: BatchProgress, width: int = 100) -> str:
     if p.in_flight:
         counts += f"  in flight {p.in_flight}"
     models = "  ".join(f"{m} {n}" for m, n in p.per_model)
-    if p.state == "waiting-window":
+    if p.state == JobState.WAITING_WINDOW:
         opens = p.opens_at
-        speed = f"window opens {fmt_clock(opens)} (in {fmt_duration(opens - p.wall)})" if opens else "waiting for the window"
-    elif p.state == "finished":
+        speed = (f"window opens {text.day_time(opens, p.wall)} (in {text.duration(opens - p.wall)})" if opens
+                 else "waiting for the window")
+    elif p.state == JobState.FINISHED:
         speed = "finished"
     else:
-        speed = f"{p.rate:.1f}/s  ETA {fmt_duration(p.eta)}"
+        speed = f"{p.rate:.1f}/s  ETA {text.duration(p.eta)}"
     message = p.message
 
     def line(bar_width: int, with_models: bool) -> str:
@@ -76,15 +58,15 @@ def render(p: BatchProgress, width: int = 100) -> str:
         if with_models and models:
             parts.append(models)
         parts.append(speed)
-        if message and p.state in ("halted", "stopped"):
+        if message and p.state in (JobState.HALTED, JobState.STOPPED):
             parts.append(message)
         return " | ".join(parts)
 
     for bar_width, with_models in ((20, True), (10, True), (10, False), (0, False)):
-        text = line(bar_width, with_models)
-        if len(text) <= width:
-            return text
-    return text[: max(0, width - 3)] + "..." if width > 3 else ""
+        shown = line(bar_width, with_models)
+        if len(shown) <= width:
+            return shown
+    return shown[: max(0, width - 3)] + "..." if width > 3 else ""
 
 
 class ProgressLine:
@@ -108,11 +90,11 @@ class ProgressLine:
     def update(self, p: BatchProgress) -> None:
         if not self.enabled:
             return
-        text = render(p, self.width())
-        pad = max(0, self._shown - len(text))
-        self.stream.write("\r" + text + " " * pad)
+        shown = render(p, self.width())
+        pad = max(0, self._shown - len(shown))
+        self.stream.write("\r" + shown + " " * pad)
         self.stream.flush()
-        self._shown = len(text)
+        self._shown = len(shown)
 
     def clear(self) -> None:
         """End the line, so what is printed next starts on its own line."""

@@ -17,6 +17,9 @@ cause (``database or disk is full``); nothing committed before it is touched.
 
 Schema 2 added ``items.line_hash`` (each input line's fingerprint) and the ``removed``
 item state; a schema-1 database is upgraded in place when it is opened for writing.
+
+Every query of the database is here, the report's too (``capmon report`` reads the
+audit trail through :class:`JobStore`), so the schema has one owner.
 """
 
 from __future__ import annotations
@@ -24,30 +27,29 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
 import sqlite3
-import uuid
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any
 
 from capmon import audit
+from capmon.batch import lease
+from capmon.batch.states import UNFINISHED, ItemState, JobState
 from capmon.core.clock import default_clock
 from capmon.core.events import BatchProgress
 from capmon.core.exceptions import BatchError
+from capmon.core.result import Decision
 
 SCHEMA_VERSION = 2
 BUSY_TIMEOUT = 5.0  # seconds to wait for another writer before saying the database is locked
-STALE_AFTER = 30.0  # a runner on another host that has not committed for this long is gone
+# What a job that stored no client.max_response_bytes (an older capmon's) is exported with: the config's default.
+DEFAULT_MAX_RESPONSE_BYTES = 8 * 1024 * 1024
 
-PENDING, IN_FLIGHT, DONE, FAILED, PARKED = "pending", "in_flight", "done", "failed", "parked"
-REMOVED = "removed"  # its line left the input (taken with --accept-changed-input): kept, never sent again
-ITEM_STATES = (PENDING, IN_FLIGHT, DONE, FAILED, PARKED, REMOVED)
-UNFINISHED = (PENDING, IN_FLIGHT, PARKED)
-# A kind of failure of the runner's own, beside the client's: the answer was larger than
-# client.max_response_bytes, so it is not stored (nor exported).
-OVERSIZED = "oversized"
-DEFAULT_MAX_RESPONSE_BYTES = 8 * 1024 * 1024  # the config's default, for a client without one
+_DONE, _FAILED, _PENDING = (f"'{s.value}'" for s in (ItemState.DONE, ItemState.FAILED, ItemState.PENDING))
+_UNFINISHED = ", ".join(f"'{s.value}'" for s in UNFINISHED)
+# The runner's own decisions are not attempts of the client: left out of attempt counts.
+_NOT_ATTEMPTS = "(" + ", ".join(f"'{d.value}'" for d in audit.RunnerDecision) + ")"
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -100,11 +102,6 @@ CREATE INDEX IF NOT EXISTS items_by_state ON items(job_id, state);
 CREATE INDEX IF NOT EXISTS items_by_id ON items(job_id, id);
 """
 
-# This process's runners, by lease token: a lease with our pid and a token not in here
-# was left by a runner of ours that is gone.
-_ACTIVE_TOKENS: set[str] = set()
-
-
 def default_db_path(environ: Mapping[str, str] | None = None) -> Path:
     """$CAPMON_DB, else $XDG_DATA_HOME/capmon/jobs.db (~/.local/share/capmon/jobs.db)."""
     env = os.environ if environ is None else environ
@@ -129,7 +126,7 @@ class JobInfo:
     ingest_offset: int
     ingest_line: int
     total: int
-    state: str
+    state: JobState
     message: str
     settings: dict[str, Any] = field(compare=False)
     counters: dict[str, Any] = field(compare=False)
@@ -140,15 +137,16 @@ class JobInfo:
                 "total, state, message, settings, counters, owner, heartbeat")
 
     @staticmethod
-    def of(row: Sequence[Any]) -> "JobInfo":
+    def of(row: Sequence[Any]) -> JobInfo:
         values = list(row)
+        values[10] = JobState(values[10])
         values[12] = _loads(values[12])
         values[13] = _loads(values[13])
         return JobInfo(*values)
 
     @property
     def ingested(self) -> bool:
-        return self.state != "ingesting"
+        return self.state is not JobState.INGESTING
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,7 +173,7 @@ class Outcome:
     """What became of an item: written in one UPDATE."""
 
     key: int
-    state: str  # done | failed | parked | pending
+    state: ItemState  # done | failed | parked | pending
     attempts: int
     parks: int = 0
     not_before: float | None = None
@@ -210,7 +208,7 @@ class ResultRecord:
     key: int
     line: int
     id: str
-    state: str
+    state: ItemState
     metadata_json: str | None
     attempts: int
     model: str | None
@@ -230,42 +228,6 @@ def _loads(text: str | None) -> dict[str, Any]:
 
 def _dumps(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), sort_keys=True)
-
-
-# ---------------------------------------------------------------- leases
-
-
-def forget_owner(owner: str) -> None:
-    """This process's runner that held ``owner``'s lease is gone (the lease row may not say so yet)."""
-    _ACTIVE_TOKENS.discard(owner.rsplit(":", 1)[-1])
-
-
-def new_owner() -> str:
-    token = uuid.uuid4().hex[:12]
-    return f"{socket.gethostname()}:{os.getpid()}:{token}"
-
-
-def owner_alive(owner: str | None, heartbeat: float | None, now_wall: float) -> bool:
-    """Whether the runner named by a lease may still be running."""
-    if not owner:
-        return False
-    host, _, rest = owner.partition(":")
-    pid_text, _, token = rest.partition(":")
-    if host != socket.gethostname():
-        return heartbeat is not None and now_wall - heartbeat < STALE_AFTER
-    try:
-        pid = int(pid_text)
-    except ValueError:
-        return False
-    if pid == os.getpid():
-        return token in _ACTIVE_TOKENS
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process with that pid: alive, but not ours to judge
-        return True
-    return True
 
 
 # ---------------------------------------------------------------- the store
@@ -343,7 +305,7 @@ class JobStore:
     def close(self) -> None:
         self.conn.close()
 
-    def __enter__(self) -> "JobStore":
+    def __enter__(self) -> JobStore:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -393,8 +355,8 @@ class JobStore:
                    now: float) -> JobInfo:
         with self.transaction("creating the job") as c:
             c.execute("INSERT INTO jobs (name, created, updated, input_path, input_size, input_fingerprint, state, "
-                      "settings) VALUES (?, ?, ?, ?, ?, ?, 'ingesting', ?)",
-                      (name, now, now, input_path, input_size, fingerprint, _dumps(dict(settings))))
+                      "settings) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                      (name, now, now, input_path, input_size, fingerprint, JobState.INGESTING, _dumps(dict(settings))))
         return self.require(name)
 
     def delete_job(self, job_id: int) -> None:
@@ -411,8 +373,8 @@ class JobStore:
         with self.transaction("restarting the ingest") as c:
             c.execute("DELETE FROM items WHERE job_id = ?", (job_id,))
             c.execute("UPDATE jobs SET input_path = ?, input_size = ?, input_fingerprint = ?, ingest_offset = 0, "
-                      "ingest_line = 0, total = 0, state = 'ingesting', updated = ? WHERE id = ?",
-                      (input_path, input_size, fingerprint, now, job_id))
+                      "ingest_line = 0, total = 0, state = ?, updated = ? WHERE id = ?",
+                      (input_path, input_size, fingerprint, JobState.INGESTING, now, job_id))
 
     def set_input(self, job_id: int, *, input_path: str, input_size: int, fingerprint: str) -> None:
         """The job's input is this file now (the same items, or after a reconcile)."""
@@ -420,10 +382,10 @@ class JobStore:
             c.execute("UPDATE jobs SET input_path = ?, input_size = ?, input_fingerprint = ? WHERE id = ?",
                       (input_path, input_size, fingerprint, job_id))
 
-    def stored_lines(self, job_id: int) -> Iterator[tuple[int, str | None]]:
+    def stored_lines(self, job_id: int) -> Generator[tuple[int, str | None], None, None]:
         """(line, line_hash) of every item still in the input, in file order, streamed."""
         with self._errors("reading items"):
-            cur = self.conn.execute(f"SELECT line, line_hash FROM items WHERE job_id = ? AND state != '{REMOVED}' "
+            cur = self.conn.execute(f"SELECT line, line_hash FROM items WHERE job_id = ? AND state != '{ItemState.REMOVED.value}' "
                                     "ORDER BY line, key", (job_id,))
             yield from cur
 
@@ -438,7 +400,7 @@ class JobStore:
         with self._errors("reading items"):
             return [(str(r[0]), int(r[1]), int(r[2])) for r in self.conn.execute(
                 "SELECT req_model, count(*), min(line) FROM items WHERE job_id = ? AND req_model IS NOT NULL "
-                f"AND state IN ({', '.join(repr(s) for s in UNFINISHED)}) GROUP BY req_model ORDER BY min(line)",
+                f"AND state IN ({_UNFINISHED}) GROUP BY req_model ORDER BY min(line)",
                 (job_id,))]
 
     def ingest_chunk(self, job_id: int, rows: Sequence[tuple[Any, ...]], *, offset: int, line: int, now: float) -> None:
@@ -480,15 +442,14 @@ class JobStore:
         """Take the job's lease, or raise BatchError when a live runner holds it."""
         with self.transaction("claiming the job") as c:
             held, beat, name = c.execute("SELECT owner, heartbeat, name FROM jobs WHERE id = ?", (job_id,)).fetchone()
-            if held and held != owner and owner_alive(held, beat, now):
-                host, _, rest = held.partition(":")
-                raise BatchError(f"job {name!r} is being run by another process (pid {rest.partition(':')[0]} on {host}); "
+            if held and held != owner and lease.owner_alive(held, beat, now):
+                raise BatchError(f"job {name!r} is being run by another process ({lease.describe(held)}); "
                                  f"stop it first, or use another --job name")
             c.execute("UPDATE jobs SET owner = ?, heartbeat = ? WHERE id = ?", (owner, now, job_id))
-        _ACTIVE_TOKENS.add(owner.rsplit(":", 1)[-1])
+        lease.hold(owner)
 
     def release(self, job_id: int, owner: str, **fields: Any) -> None:
-        forget_owner(owner)
+        lease.forget_owner(owner)
         self.set_job(job_id, owner=None, **fields)
 
     # ------------------------------------------------------------ items
@@ -497,46 +458,46 @@ class JobStore:
         """Items a crashed runner left in flight were never answered (or their answer was
         never committed): they go back to pending."""
         with self.transaction("requeueing items") as c:
-            return c.execute("UPDATE items SET state = 'pending' WHERE job_id = ? AND state = 'in_flight'",
-                             (job_id,)).rowcount
+            return c.execute("UPDATE items SET state = ? WHERE job_id = ? AND state = ?",
+                             (ItemState.PENDING, job_id, ItemState.IN_FLIGHT)).rowcount
 
-    def counts(self, job_id: int) -> dict[str, int]:
+    def counts(self, job_id: int) -> dict[ItemState, int]:
         with self._errors("counting items"):
             rows = self.conn.execute("SELECT state, count(*) FROM items WHERE job_id = ? GROUP BY state", (job_id,))
-            out = {s: 0 for s in ITEM_STATES}
-            out.update({r[0]: int(r[1]) for r in rows})
+            out = {s: 0 for s in ItemState}
+            out.update({ItemState(r[0]): int(r[1]) for r in rows})
         return out
 
     def served_by_model(self, job_id: int) -> dict[str, int]:
         with self._errors("counting items"):
-            rows = self.conn.execute("SELECT model, count(*) FROM items WHERE job_id = ? AND state = 'done' "
+            rows = self.conn.execute(f"SELECT model, count(*) FROM items WHERE job_id = ? AND state = {_DONE} "
                                      "GROUP BY model ORDER BY count(*) DESC", (job_id,))
             return {str(r[0]): int(r[1]) for r in rows}
 
     def failure_kinds(self, job_id: int) -> dict[str, int]:
         with self._errors("counting failures"):
-            rows = self.conn.execute("SELECT error_kind, count(*) FROM items WHERE job_id = ? AND state = 'failed' "
+            rows = self.conn.execute(f"SELECT error_kind, count(*) FROM items WHERE job_id = ? AND state = {_FAILED} "
                                      "GROUP BY error_kind ORDER BY count(*) DESC", (job_id,))
             return {str(r[0]): int(r[1]) for r in rows}
 
     def failed_items(self, job_id: int, limit: int = 10) -> list[tuple[int, str, str, str]]:
         """(line, id, kind, message) of the first failed items, in input order."""
         with self._errors("reading failures"):
-            return [tuple(r) for r in self.conn.execute(  # type: ignore[misc]
-                "SELECT line, id, error_kind, error_message FROM items WHERE job_id = ? AND state = 'failed' "
+            return [tuple(r) for r in self.conn.execute(
+                f"SELECT line, id, error_kind, error_message FROM items WHERE job_id = ? AND state = {_FAILED} "
                 "ORDER BY key LIMIT ?", (job_id, limit))]
 
     def pending_page(self, job_id: int, after_key: int, limit: int) -> list[StoredItem]:
         with self._errors("reading items"):
             rows = self.conn.execute(
-                f"SELECT {StoredItem.COLUMNS} FROM items WHERE job_id = ? AND state = 'pending' AND key > ? "
+                f"SELECT {StoredItem.COLUMNS} FROM items WHERE job_id = ? AND state = {_PENDING} AND key > ? "
                 "ORDER BY key LIMIT ?", (job_id, after_key, limit)).fetchall()
         return [StoredItem(*r) for r in rows]
 
     def parked(self, job_id: int) -> list[StoredItem]:
         with self._errors("reading items"):
-            rows = self.conn.execute(f"SELECT {StoredItem.COLUMNS} FROM items WHERE job_id = ? AND state = 'parked' "
-                                     "ORDER BY key", (job_id,)).fetchall()
+            rows = self.conn.execute(f"SELECT {StoredItem.COLUMNS} FROM items WHERE job_id = ? AND state = ? "
+                                     "ORDER BY key", (job_id, ItemState.PARKED)).fetchall()
         return [StoredItem(*r) for r in rows]
 
     def commit(self, job_id: int, *, started: Sequence[int], outcomes: Sequence[Outcome],
@@ -546,8 +507,8 @@ class JobStore:
         values = [(_dumps(v) if k in ("settings", "counters") else v) for k, v in job_fields.items()]
         with self.transaction("saving results") as c:
             if started:
-                c.executemany(f"UPDATE items SET state = 'in_flight', updated = {float(now)!r} WHERE key = ?",
-                              [(k,) for k in started])
+                c.executemany(f"UPDATE items SET state = '{ItemState.IN_FLIGHT.value}', updated = {float(now)!r} "
+                              "WHERE key = ?", [(k,) for k in started])
             if outcomes:
                 c.executemany(_OUTCOME_SQL, [_outcome_args(o, now) for o in outcomes])
             if audit_rows:
@@ -563,7 +524,7 @@ class JobStore:
                 "SELECT key, line, id, state, metadata, attempts, model, content, fell_back, error_kind, error_message "
                 "FROM items WHERE job_id = ? ORDER BY line, key", (job_id,))
             for r in cur:
-                yield ResultRecord(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], bool(r[8]), r[9], r[10])
+                yield ResultRecord(r[0], r[1], r[2], ItemState(r[3]), r[4], r[5], r[6], r[7], bool(r[8]), r[9], r[10])
 
     def item(self, job_id: int, item_id: str) -> dict[str, Any] | None:
         with self._errors("reading the item"):
@@ -571,31 +532,102 @@ class JobStore:
             row = cur.fetchone()
             return None if row is None else dict(zip([d[0] for d in cur.description], row))
 
+    # ------------------------------------------------------------ the audit trail, for reports
+
+    def has_attempts(self, job: str) -> bool:
+        with self._errors("reading the audit trail"):
+            return self.conn.execute("SELECT 1 FROM attempts WHERE job = ? LIMIT 1", (job,)).fetchone() is not None
+
+    def attempt_groups(self, job: str) -> list[tuple[str | None, int | None, str | None, str, str | None, str | None, int]]:
+        """(model, status, kind, decision, key_alias, endpoint, count) over a job's audit rows."""
+        with self._errors("reading the audit trail"):
+            return self.conn.execute(
+                "SELECT model, status, kind, decision, key_alias, endpoint, count(*) FROM attempts WHERE job = ? "
+                "GROUP BY 1, 2, 3, 4, 5, 6", (job,)).fetchall()
+
+    def ok_latencies(self, job: str) -> list[tuple[str | None, float]]:
+        """(model, latency) of every successful attempt."""
+        with self._errors("reading the audit trail"):
+            return self.conn.execute("SELECT model, latency FROM attempts WHERE job = ? AND decision = ? "
+                                     "AND latency IS NOT NULL", (job, Decision.OK)).fetchall()
+
+    def attempt_models(self, job: str) -> Iterator[tuple[str | None, str | None]]:
+        """(item, model) of the client's attempts, item by item in the order they were made, streamed."""
+        with self._errors("reading the audit trail"):
+            yield from self.conn.execute(f"SELECT item, model FROM attempts WHERE job = ? AND decision NOT IN "
+                                         f"{_NOT_ATTEMPTS} ORDER BY item, rowid", (job,))
+
+    def attempt_span(self, job: str) -> tuple[float | None, float | None, int]:
+        """(first, last) wall time of the client's attempts, and the seconds in which at least one started."""
+        with self._errors("reading the audit trail"):
+            first, last, active = self.conn.execute(
+                "SELECT min(at), max(at), count(DISTINCT CAST(at AS INTEGER)) FROM attempts WHERE job = ? "
+                f"AND decision NOT IN {_NOT_ATTEMPTS}", (job,)).fetchone()
+        return first, last, int(active or 0)
+
+    def answered_items(self, job: str) -> dict[str, int]:
+        """Items answered per model, from the audit alone (attempts of a job that has no job row:
+        a program that set ChatRequest.job itself)."""
+        with self._errors("reading the audit trail"):
+            return {str(m): int(n) for m, n in self.conn.execute(
+                "SELECT model, count(DISTINCT item) FROM attempts WHERE job = ? AND decision = ? GROUP BY model",
+                (job, Decision.OK))}
+
+    def attempts(self, job: str, item: str | None = None) -> list[audit.AuditRow]:
+        with self._errors("reading the audit trail"):
+            return audit.read_attempts(self.conn, job, item)
+
+    def replaced_results(self, job: str, item_id: str) -> tuple[dict[str, Any], ...]:
+        """Earlier results of an item whose line changed, oldest first."""
+        try:
+            cur = self.conn.execute("SELECT line, at, why, state, model, content, error_kind, error_message FROM "
+                                    "replaced_results WHERE job = ? AND item = ? ORDER BY rowid", (job, item_id))
+        except sqlite3.OperationalError:  # a database from before the table existed
+            return ()
+        return tuple(dict(zip([d[0] for d in cur.description], r)) for r in cur)
+
+    def served_items(self, job_id: int, per_model: int) -> list[tuple[str, str]]:
+        """(model, id) of the first ``per_model`` items each model served, in input order."""
+        with self._errors("reading items"):
+            return self.conn.execute(
+                "SELECT model, id FROM (SELECT model, id, row_number() OVER (PARTITION BY model ORDER BY key) AS n "
+                f"FROM items WHERE job_id = ? AND state = {_DONE}) WHERE n <= ?", (job_id, per_model)).fetchall()
+
+    def fell_back_count(self, job_id: int) -> int:
+        with self._errors("reading items"):
+            return int(self.conn.execute(f"SELECT count(*) FROM items WHERE job_id = ? AND state = {_DONE} "
+                                         "AND fell_back = 1", (job_id,)).fetchone()[0])
+
+    def token_use(self, job_id: int) -> list[tuple[int, int]]:
+        """(max_tokens sent, completion_tokens used) of every done item that has both."""
+        with self._errors("reading items"):
+            return [(int(a), int(b)) for a, b in self.conn.execute(
+                f"SELECT max_tokens, completion_tokens FROM items WHERE job_id = ? AND state = {_DONE} "
+                "AND max_tokens IS NOT NULL AND completion_tokens IS NOT NULL", (job_id,))]
+
 
 # ---------------------------------------------------------------- progress from outside
 
 
-def job_state(job: JobInfo, now_wall: float) -> str:
+def job_state(job: JobInfo, now_wall: float) -> JobState:
     """The state to show: a job whose runner is gone is ``stopped``, whatever it last wrote."""
-    if job.state in ("running", "paused", "waiting-window") and not owner_alive(job.owner, job.heartbeat, now_wall):
-        return "stopped"
+    if job.state.live and not lease.owner_alive(job.owner, job.heartbeat, now_wall):
+        return JobState.STOPPED
     return job.state
 
 
 def progress_of(job: JobInfo, now: float, now_wall: float) -> BatchProgress:
-    from capmon.batch.progress import JobProgress
-
     c = job.counters
     state = job_state(job, now_wall)
-    live = state in ("running", "paused", "waiting-window")
-    return JobProgress(
+    live = state.live
+    return BatchProgress(
         at=now, wall=now_wall, job=job.name, total=job.total if job.ingested else None,
         done=int(c.get("done", 0)), failed=int(c.get("failed", 0)), parked=int(c.get("parked", 0)),
         pending=int(c.get("pending", max(0, job.total - int(c.get("done", 0)) - int(c.get("failed", 0))))),
         in_flight=int(c.get("in_flight", 0)) if live else 0,
         per_model=tuple((str(k), int(v)) for k, v in (c.get("per_model") or {}).items()),
         rate=float(c.get("rate", 0.0)) if live else 0.0, eta=c.get("eta") if live else None, state=state,
-        opens_at=c.get("opens_at") if state == "waiting-window" else None, message=job.message,
+        opens_at=c.get("opens_at") if state is JobState.WAITING_WINDOW else None, message=job.message,
     )
 
 

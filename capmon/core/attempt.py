@@ -18,12 +18,31 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Mapping
 import httpx
 
 from capmon.core.config import Config
-from capmon.core.errors import (QUOTA_HINT, Failure, Kind, classify_event, classify_exception, classify_response,
-                                parse_completion)
+from capmon.core.errors import (
+    QUOTA_HINT,
+    Failure,
+    Kind,
+    classify_event,
+    classify_exception,
+    classify_response,
+    parse_completion,
+)
 from capmon.core.result import Api, ChatRequest
 from capmon.core.transport import Sender
-from capmon.core.wire import (Assembler, FrameKind, Oversized, SSEParser, TokenParam, chat_body, oversized_failure,
-                              parse_response, read_capped, read_frame, read_responses_frame, responses_body)
+from capmon.core.wire import (
+    Assembler,
+    FrameKind,
+    Oversized,
+    SSEParser,
+    TokenParam,
+    chat_body,
+    oversized_failure,
+    parse_response,
+    read_capped,
+    read_frame,
+    read_responses_frame,
+    responses_body,
+)
 
 if TYPE_CHECKING:
     from capmon.core.targets import Target

@@ -371,20 +371,27 @@ class CircuitBreaker:
             self._reopen(now, "probe inconclusive", hint, grow=False)
         else:
             self._probes_failed += 1
+            self._probe_successes = 0  # probes must succeed in a row
             self._reopen(now, f"probe failed ({signal.value})", hint, grow=True)
 
     # ------------------------------------------------------------ by hand
 
     def trip(self, reason: str = "tripped by hand") -> None:
-        self._move(State.FORCED_OPEN, reason, self._clock.now(), manual=True)
+        now = self._clock.now()
+        self._advance(now)  # what time already decided comes first: the event names the right old state
+        self._move(State.FORCED_OPEN, reason, now, manual=True)
 
     def force_close(self, reason: str = "closed by hand") -> None:
-        self._move(State.FORCED_CLOSED, reason, self._clock.now(), manual=True)
+        now = self._clock.now()
+        self._advance(now)
+        self._move(State.FORCED_CLOSED, reason, now, manual=True)
 
     def reset(self, reason: str = "reset by hand") -> None:
+        now = self._clock.now()
+        self._advance(now)
         # A person judged the model healthy: forget the interval growth too.
         self._trips_in_a_row = 0
-        self._move(State.CLOSED, reason, self._clock.now(), manual=True)
+        self._move(State.CLOSED, reason, now, manual=True)
 
     # ------------------------------------------------------------ internals
 

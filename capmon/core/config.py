@@ -1,7 +1,8 @@
 """config.toml -> frozen, validated dataclasses.
 
 Every error names the file, the key (``models[1].max_tokens``) and what was
-expected; an unknown key is refused with the closest valid name. Secrets never
+expected; an unknown key is refused with the closest valid name (the reading and
+checking of each field is capmon/core/schema.py, shared with scenarios). Secrets never
 live in the file: an endpoint's key names the environment variable that holds it,
 and a missing variable is reported when the config is resolved at start.
 """
@@ -10,33 +11,26 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import ipaddress
 import os
 import re
-import sys
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
+from typing import Callable, Mapping
 
 from capmon.core.exceptions import ConfigError
+from capmon.core.schema import Loader, key_text, parse_toml, read_text
+from capmon.core.schema import spec as _f
 from capmon.core.secrets import Secret
 
 # The key the bundled simulator accepts. Not a secret: it only opens a loopback
 # simulator, and it is used only for endpoints marked ``simulated = true``.
 SIMULATOR_DEMO_KEY = "sk-capmon-sim-demo"
 
-
-def _f(default: Any = dataclasses.MISSING, *, doc: str = "", min: float | None = None, max: float | None = None,
-       choices: Sequence[str] | None = None, factory: Any = dataclasses.MISSING) -> Any:
-    meta = {"doc": doc, "min": min, "max": max, "choices": choices}
-    if factory is not dataclasses.MISSING:
-        return field(default_factory=factory, metadata=meta)
-    return field(default=default, metadata=meta)
+# The simulator's default address, and the bounds of the dashboard's refresh interval
+# (the [dashboard] key and the --refresh flag).
+DEFAULT_LISTEN = "127.0.0.1:8089"
+REFRESH_MIN, REFRESH_MAX = 0.05, 10.0
 
 
 @dataclass(frozen=True)
@@ -120,15 +114,34 @@ class ModelConfig:
 @dataclass(frozen=True)
 class SimulatorConfig:
     enabled: bool = _f(True)
-    listen: str = _f("127.0.0.1:8089")
+    listen: str = _f(DEFAULT_LISTEN)
     scenario: str = _f("demo", doc="a bundled scenario name or a path to a scenario TOML")
 
 
 @dataclass(frozen=True)
 class DashboardConfig:
-    refresh: float = _f(0.33, min=0.05, max=10.0, doc="seconds between table refreshes")
+    refresh: float = _f(0.33, min=REFRESH_MIN, max=REFRESH_MAX, doc="seconds between table refreshes")
     probe_interval: float = _f(5.0, min=0.1)
     demo_items: int = _f(2000, min=0)
+
+
+@dataclass(frozen=True)
+class GatewayKeyConfig:
+    env: str = _f(doc="name of the environment variable that holds a client key of the gateway")
+    alias: str = _f("", doc="how the key is shown; defaults to the variable name")
+    priority: str = _f("interactive", choices=("interactive", "batch"),
+                       doc="the priority of this key's requests; a batch key's requests are always batch")
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    """``capmon serve`` (capmon/gateway): checked against the models when the gateway starts."""
+
+    listen: str = _f("127.0.0.1:4000", doc="HOST:PORT; beyond loopback only with client keys")
+    keys: tuple[GatewayKeyConfig, ...] = _f(factory=tuple)
+    admin_key_env: str = _f("", doc="variable holding the key the control API's actions need; read-only without")
+    aliases: Mapping[str, str] = _f(factory=dict, doc="a model name clients send -> a configured model (or auto)")
+    max_body_bytes: int = _f(16 * 1024 * 1024, min=1024, doc="largest request body the gateway reads")
 
 
 @dataclass(frozen=True)
@@ -155,6 +168,7 @@ class Config:
     limiter: LimiterConfig = _f(factory=LimiterConfig)
     simulator: SimulatorConfig = _f(factory=SimulatorConfig)
     dashboard: DashboardConfig = _f(factory=DashboardConfig)
+    gateway: GatewayConfig = _f(factory=GatewayConfig)
     shared: SharedConfig = _f(factory=SharedConfig)
     path: str = field(default="<defaults>", compare=False)
 
@@ -173,127 +187,42 @@ class Config:
 
 # ---------------------------------------------------------------- loading
 
-_TYPE_WORDS = {int: "a whole number", float: "a number", str: "a string", bool: "true or false"}
+
+def is_loopback(host: str) -> bool:
+    """Whether a listen host is this machine only (the simulator's admin and the gateway
+    without client keys serve nothing beyond it)."""
+    if host.lower() in ("localhost", "localhost."):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a name other than localhost may resolve anywhere
 
 
-def _describe(tp: Any) -> str:
-    if tp in _TYPE_WORDS:
-        return _TYPE_WORDS[tp]
-    if dataclasses.is_dataclass(tp):
-        return "a table"
-    origin = typing.get_origin(tp)
-    if origin in (tuple, list):
-        return f"a list of {_describe(typing.get_args(tp)[0]).removeprefix('a ')}s"
-    if origin in (Mapping, dict) or tp is Mapping:
-        return "a table of strings"
-    return str(tp)
-
-
-_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
-
-
-def key_text(name: object) -> str:
-    """A key as TOML writes it: bare when it can be, quoted otherwise (``""``, ``"my key"``),
-    so an error about an empty or odd key still names it."""
-    text = str(name)
-    if _BARE_KEY.fullmatch(text):
-        return text
-    out = []
-    for ch in text:
-        if ch in '"\\':
-            out.append("\\" + ch)
-        elif not ch.isprintable():
-            out.append(f"\\u{ord(ch):04X}" if ord(ch) <= 0xFFFF else f"\\U{ord(ch):08X}")
-        else:
-            out.append(ch)
-    return '"' + "".join(out) + '"'
-
-
-def _got(value: Any) -> str:
-    text = repr(value)
-    if len(text) > 60:
-        text = text[:57] + "..."
-    return f"{text} ({type(value).__name__})"
-
-
-class _Loader:
-    def __init__(self, file: str) -> None:
-        self.file = file
-
-    def fail(self, key: str, message: str) -> ConfigError:
-        return ConfigError(self.file, key, message)
-
-    def value(self, tp: Any, raw: Any, key: str, meta: Mapping[str, Any]) -> Any:
-        if dataclasses.is_dataclass(tp):
-            return self.table(tp, raw, key)
-        origin = typing.get_origin(tp)
-        if origin is tuple:
-            (inner, *_rest) = typing.get_args(tp)
-            if not isinstance(raw, list):
-                raise self.fail(key, f"expected {_describe(tp)}, got {_got(raw)}")
-            return tuple(self.value(inner, item, f"{key}[{i}]", {}) for i, item in enumerate(raw))
-        if origin in (Mapping, dict) or origin is typing.get_origin(Mapping[str, str]):
-            if not isinstance(raw, dict):
-                raise self.fail(key, f"expected {_describe(tp)}, got {_got(raw)}")
-            for k, v in raw.items():
-                if not isinstance(v, str):
-                    raise self.fail(f"{key}.{key_text(k)}", f"expected a string, got {_got(v)}")
-            return dict(raw)
-        if tp is bool:
-            if not isinstance(raw, bool):
-                raise self.fail(key, f"expected true or false, got {_got(raw)}")
-            return raw
-        if tp is int:
-            if isinstance(raw, bool) or not isinstance(raw, int):
-                raise self.fail(key, f"expected a whole number, got {_got(raw)}")
-            value: Any = raw
-        elif tp is float:
-            if isinstance(raw, bool) or not isinstance(raw, (int, float)):
-                raise self.fail(key, f"expected a number, got {_got(raw)}")
-            value = float(raw)
-            if value != value or value in (float("inf"), float("-inf")):
-                raise self.fail(key, f"expected a finite number, got {_got(raw)}")
-        elif tp is str:
-            if not isinstance(raw, str):
-                raise self.fail(key, f"expected a string, got {_got(raw)}")
-            value = raw
-            choices = meta.get("choices")
-            if choices and value not in choices:
-                raise self.fail(key, f"expected one of {', '.join(choices)}, got {value!r}")
-            return value
-        else:  # pragma: no cover - a schema bug, not a user error
-            raise TypeError(f"unsupported config type {tp!r}")
-        lo, hi = meta.get("min"), meta.get("max")
-        if lo is not None and value < lo:
-            raise self.fail(key, f"expected {_describe(tp)} >= {lo:g}, got {raw!r}")
-        if hi is not None and value > hi:
-            raise self.fail(key, f"expected {_describe(tp)} <= {hi:g}, got {raw!r}")
-        return value
-
-    def table(self, cls: Any, raw: Any, key: str) -> Any:
-        if not isinstance(raw, dict):
-            raise self.fail(key, f"expected a table, got {_got(raw)}")
-        hints = typing.get_type_hints(cls)
-        fields = {f.name: f for f in dataclasses.fields(cls) if f.name != "path"}
-        for name in raw:
-            if name not in fields:
-                where = f"{key}.{key_text(name)}" if key else key_text(name)
-                close = difflib.get_close_matches(str(name), list(fields), n=1)
-                hint = f"; did you mean {close[0]!r}?" if close else f"; valid keys: {', '.join(fields)}"
-                raise self.fail(where, f"unknown key{hint}")
-        kwargs: dict[str, Any] = {}
-        for name, f in fields.items():
-            where = f"{key}.{name}" if key else name
-            if name not in raw:
-                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-                    raise self.fail(where, f"missing; expected {_describe(hints[name])}")
-                continue
-            kwargs[name] = self.value(hints[name], raw[name], where, f.metadata)
-        return cls(**kwargs)
+def parse_listen(listen: str, *, fixed: bool = False) -> tuple[str, int]:
+    """``HOST:PORT`` (``[::1]:8089`` for IPv6) -> (host, port). Port 0 asks for any free
+    port, unless ``fixed`` (an address clients are pointed at). ValueError otherwise."""
+    host, sep, port = listen.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not (1 if fixed else 0) <= int(port) < 65536:
+        raise ValueError(f"expected HOST:PORT such as {DEFAULT_LISTEN}, got {listen!r}")
+    return host, int(port)
 
 
 def _names(names: set[str]) -> str:
     return ", ".join(repr(n) for n in sorted(names))
+
+
+def _new_name(fail: Callable[[str, str], ConfigError], key: str, name: str, seen: set[str], what: str) -> None:
+    """A name that identifies its table: non-empty, printable, and not used before."""
+    if not name or not name.isprintable():
+        raise fail(key, f"expected a non-empty name without control characters, got {name!r}")
+    if name in seen:
+        raise fail(key, f"duplicate {what} name {name!r}")
+    seen.add(name)
+
+
+_HEADER_NAME = re.compile(r"[A-Za-z0-9!#$%&'*+.^_`|~-]+")
 
 
 def _check(cfg: Config, file: str) -> Config:
@@ -306,15 +235,18 @@ def _check(cfg: Config, file: str) -> Config:
         raise fail("endpoints", "expected at least one [[endpoints]] table")
     seen: set[str] = set()
     for i, e in enumerate(cfg.endpoints):
-        if not e.name or not e.name.isprintable():
-            raise fail(f"endpoints[{i}].name", f"expected a non-empty name without control characters, got {e.name!r}")
-        if e.name in seen:
-            raise fail(f"endpoints[{i}].name", f"duplicate endpoint name {e.name!r}")
-        seen.add(e.name)
+        _new_name(fail, f"endpoints[{i}].name", e.name, seen, "endpoint")
         if not e.base_url.startswith(("http://", "https://")):
             raise fail(f"endpoints[{i}].base_url", f"expected an http:// or https:// URL, got {e.base_url!r}")
         if not e.keys:
             raise fail(f"endpoints[{i}].keys", "expected at least one key, e.g. keys = [{ env = \"OPENAI_API_KEY\" }]")
+        for name, value in e.headers.items():
+            where = f"endpoints[{i}].headers.{key_text(name)}"
+            if not _HEADER_NAME.fullmatch(name):
+                raise fail(where, f"expected an HTTP header name (letters, digits, - and _), got {name!r}")
+            if not all(" " <= ch <= "~" or "\x80" <= ch <= "\xff" for ch in value) or value != value.strip():
+                raise fail(where, "expected a header value of printable Latin-1 characters without leading or "
+                                  f"trailing spaces, got {value!r}")
         aliases: set[str] = set()
         for j, k in enumerate(e.keys):
             if not k.env or not k.env.replace("_", "").isalnum():
@@ -327,11 +259,7 @@ def _check(cfg: Config, file: str) -> Config:
             aliases.add(alias)
     names: set[str] = set()
     for i, m in enumerate(cfg.models):
-        if not m.name or not m.name.isprintable():
-            raise fail(f"models[{i}].name", f"expected a non-empty name without control characters, got {m.name!r}")
-        if m.name in names:
-            raise fail(f"models[{i}].name", f"duplicate model name {m.name!r}")
-        names.add(m.name)
+        _new_name(fail, f"models[{i}].name", m.name, names, "model")
         if not m.endpoints:
             raise fail(f"models[{i}].endpoints", f"expected a list of endpoint names from: {_names(seen)}")
         for j, ep in enumerate(m.endpoints):
@@ -345,31 +273,21 @@ def _check(cfg: Config, file: str) -> Config:
         raise fail("limiter.min", f"expected at most limiter.max ({cfg.limiter.max}), got {cfg.limiter.min}")
     if not cfg.limiter.min <= cfg.limiter.initial <= cfg.limiter.max:
         raise fail("limiter.initial", f"expected between limiter.min and limiter.max, got {cfg.limiter.initial}")
-    host, sep, port = cfg.simulator.listen.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise fail("simulator.listen", f"expected HOST:PORT such as 127.0.0.1:8089, got {cfg.simulator.listen!r}")
+    try:
+        parse_listen(cfg.simulator.listen, fixed=True)
+    except ValueError as e:
+        raise fail("simulator.listen", str(e)) from None
     return cfg
 
 
 def parse_config(text: str, file: str = "<string>") -> Config:
-    try:
-        raw = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(file, "", f"not valid TOML: {e}") from None
-    cfg = _Loader(file).table(Config, raw, "")
+    cfg = Loader(file).table(Config, parse_toml(text, file), "")
     cfg = dataclasses.replace(cfg, path=file)
     return _check(cfg, file)
 
 
 def load_config(path: str | os.PathLike[str]) -> Config:
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(str(p), "", "no such file") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(str(p), "", f"cannot read: {e}") from None
-    return parse_config(text, str(p))
+    return parse_config(read_text(path), str(Path(path)))
 
 
 def bundled_config_path() -> Path:

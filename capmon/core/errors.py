@@ -20,8 +20,8 @@ from typing import Any, Mapping
 import httpx
 
 from capmon.core.clock import default_clock
-from capmon.core.secrets import redact as _redact
 from capmon.core.hints import hint_from
+from capmon.core.secrets import redact as _redact
 
 
 class Kind(enum.StrEnum):
@@ -42,9 +42,22 @@ class Failure:
     status: int | None = None
     code: str | None = None
     retry_after: float | None = None  # seconds, from a server hint; None when there was none
+    # The provider's own message (keys redacted, up to MESSAGE_CHARS) and the parameter it
+    # names, for passing an error through as the provider said it (the gateway's 4xx).
+    message: str = ""
+    param: str | None = None
 
 
 # --- classification -------------------------------------------------------------------
+
+MESSAGE_CHARS = 2000
+
+
+def _param(parsed: object) -> str | None:
+    error = parsed.get("error") if isinstance(parsed, Mapping) else None
+    param = error.get("param") if isinstance(error, Mapping) else None
+    return param if isinstance(param, str) and param.isprintable() and len(param) <= 200 else None
+
 
 # A 429 that says "wait an hour or more" is a quota that resets later, not a rate limit
 # worth retrying on this key now.
@@ -117,8 +130,9 @@ def _decode(body: object) -> tuple[str, object | None]:
     if body is None:
         return "", None
     if isinstance(body, (bytes, bytearray, memoryview)):
-        whole: bytes | str = bytes(body)
-        text = whole[:_SCAN_CHARS].decode("utf-8", errors="replace")
+        raw = bytes(body)
+        whole: bytes | str = raw
+        text = raw[:_SCAN_CHARS].decode("utf-8", errors="replace")
     elif isinstance(body, str):
         whole = body
         text = body[:_SCAN_CHARS]
@@ -363,7 +377,8 @@ def _classify_response(
         return _broken_2xx(status, parsed, hint, quota_hint)
     kind = _kind(status, parsed, hint, quota_hint) or _status_kind(status)
     reason = _reason(status, parsed, unread=streaming and body is None)
-    return Failure(kind, reason, status, parsed.code, hint)
+    return Failure(kind, reason, status, parsed.code, hint, _trim(_redact(parsed.message), MESSAGE_CHARS),
+                   _param(parsed.json))
 
 
 def classify_response(

@@ -105,6 +105,7 @@ class ProbeFinished(Event):
     latency: float | None
     reason: str
     next_probe_at: float | None  # while the breaker stays open
+    breaker: bool = True  # the probe of an open breaker; False: a health check of a closed one
 
 
 @dataclass(frozen=True, slots=True)

@@ -153,8 +153,9 @@ class AdaptiveLimiter:
             if busy >= self._limit / 2:
                 self._limit = min(float(self.max), self._limit + 1.0)
             return
-        if slot.position > self._capacity:
-            # A request sent above the learned capacity was served: there is more room.
+        if slot.position > self._capacity and slot.epoch == self._epoch:
+            # A request sent above the learned capacity (since the last cut) was served: there
+            # is more room. One sent before the cut says nothing about the capacity now.
             self._capacity = slot.position
             self._hold = _FIRST_HOLD
         if busy >= int(self._limit + 1e-9):

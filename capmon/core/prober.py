@@ -14,6 +14,7 @@ request through normal admission when the breaker is closed.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -27,6 +28,7 @@ from capmon.core.exceptions import RequestFailed
 from capmon.core.result import ChatRequest
 from capmon.core.routing import Routing
 from capmon.core.state import Admission
+from capmon.core.tasks import cancel_and_wait
 
 if TYPE_CHECKING:
     from capmon.core.router import FallbackClient
@@ -55,23 +57,20 @@ class Prober:
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self._running: dict[str, asyncio.Task[ProbeResult | None]] = {}
+        self._closed = False
         self.sent = 0
 
     def kick(self) -> None:
         """A breaker opened or changed: look at the probe schedule again."""
+        if self._closed:
+            return
         self._wake.set()
         if self._task is None or self._task.done():
             self._task = asyncio.ensure_future(self._run())
 
     async def aclose(self) -> None:
-        tasks = [t for t in (self._task, *self._running.values()) if t is not None and not t.done()]
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            try:
-                await task
-            except (asyncio.CancelledError, Exception):
-                pass
+        self._closed = True
+        await cancel_and_wait([self._task, *self._running.values()])
 
     async def _run(self) -> None:
         clock = self._client.clock
@@ -86,7 +85,7 @@ class Prober:
                 if due <= now + 1e-9:
                     task = asyncio.ensure_future(self._due(t))
                     self._running[t.id] = task
-                    task.add_done_callback(lambda _, tid=t.id: self._done(tid))
+                    task.add_done_callback(functools.partial(self._done, t.id))
                 else:
                     upcoming.append(due)
             if not upcoming and not self._running:
@@ -97,7 +96,7 @@ class Prober:
             except (asyncio.TimeoutError, TimeoutError):
                 pass
 
-    def _done(self, tid: str) -> None:
+    def _done(self, tid: str, _task: object = None) -> None:
         self._running.pop(tid, None)
         self.kick()  # the breaker may have re-opened with a new schedule
 
@@ -170,6 +169,6 @@ class Prober:
                              failure.reason if failure else "ok")
         client.journal.publish(ev.ProbeFinished, target=t.id, model=t.model.name, ok=result.ok, status=result.status,
                         kind=result.kind.value if result.kind else None, latency=latency, reason=result.reason,
-                        next_probe_at=t.state.probe_due_at())
+                        next_probe_at=t.state.probe_due_at(), breaker=adm.probe)
         client._queue.regroup()  # a ramp may have started: waiting requests can go there now
         return result

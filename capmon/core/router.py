@@ -17,7 +17,7 @@ import itertools
 import logging
 import random
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, NoReturn, Sequence
 
 import httpx
 
@@ -29,15 +29,15 @@ from capmon.core.clock import Clock, default_clock
 from capmon.core.config import Config, ResolvedKey, resolve_keys
 from capmon.core.errors import Failure, Kind
 from capmon.core.exceptions import CapmonError, DeadlineExceeded, RequestFailed
+from capmon.core.journal import AttemptObserver, Journal
 from capmon.core.prober import Prober, ProbeResult
 from capmon.core.result import Api, ChatRequest, ChatResult, Decision
-from capmon.core.tokens import estimate_tokens
 from capmon.core.routing import Routing, plan
-from capmon.core.journal import AttemptObserver, Journal
 from capmon.core.snapshot import EngineSnapshot, build_snapshot
-from capmon.core.streaming import ChatStream
 from capmon.core.state import Admission, MemoryState, StateStore, TargetSpec
+from capmon.core.streaming import ChatStream
 from capmon.core.targets import Target, build_targets
+from capmon.core.tokens import estimate_tokens
 from capmon.core.transport import Sender, make_transport
 from capmon.core.waiting import WaitQueue
 
@@ -50,6 +50,7 @@ __all__ = ["FallbackClient", "ProbeResult"]
 @dataclass(frozen=True, slots=True)
 class _End:
     """The last item a streaming attempt yields: a result, a grant to go on with, or None."""
+
     out: ChatResult | Grant | None
 
 
@@ -92,10 +93,10 @@ class FallbackClient:
         return self.journal.add_observer(fn)
 
     async def aclose(self) -> None:
-        await self.state.aclose()  # first: a shared store's news must not wake the prober while it closes
         await self.prober.aclose()
         await self._queue.aclose()
         await self._http.aclose()
+        await self.state.aclose()
 
     async def start(self) -> None:
         await self.state.start()  # connect a shared store ([shared]); a no-op in memory
@@ -216,8 +217,10 @@ class FallbackClient:
                         yield chunk
                 finally:
                     await attempt.aclose()  # type: ignore[attr-defined]
-                if end is None or isinstance(end.out, ChatResult):
-                    s.result = end.out if end is not None else None
+                if end is None:
+                    return
+                if isinstance(end.out, ChatResult):
+                    s.result = end.out
                     return
                 grant = end.out
         except BaseException as e:
@@ -235,7 +238,7 @@ class FallbackClient:
                 if text:
                     yield text
         finally:
-            await chunks.aclose()  # type: ignore[attr-defined]
+            await chunks.aclose()
 
     async def probe(self, target: str, *, wait: float = 0.0) -> ProbeResult:
         """Probe one target now: the due probe of an open breaker, else a small health
@@ -271,7 +274,7 @@ class FallbackClient:
         return None
 
     async def _give_back(self, grant: Grant) -> None:
-        await grant[0].state.settle(grant[1], None, cancelled=True)
+        await grant[0].state.settle(grant[1], None, cancelled=True, unused=True)
         self._queue.kick()
 
     async def _acquire(self, r: Routing) -> Grant:
@@ -279,21 +282,45 @@ class FallbackClient:
         if now >= r.deadline - 1e-6:
             self._give_up(r)
         if not r.usable(self.targets, self.state.pinned):
-            failure = r.last_failure or Failure(Kind.TOO_LARGE, f"no model's context window fits about "
-                                                                f"{r.prompt_tokens} prompt tokens")
+            failure = r.last_failure or self._unusable(r)
             raise RequestFailed(failure, r.attempts, f"no model can serve this request; last: "
                                                      f"{failure.kind.value}: {failure.reason}")
         # Nobody waiting: go now if a target admits. Otherwise take a place in line.
         grant = None if len(self._queue) else await self._admit_any(r)
-        if grant is None:
+        while grant is None:
             try:
-                grant = await self._queue.wait(r.id, r, r.deadline - now)
+                waited = await self._queue.wait(r.id, r, r.deadline - self.clock.now())
             except TimeoutError:
                 self._give_up(r)
+            if waited[0].state.holds(waited[1]):
+                grant = waited
+            else:  # tripped by hand since the hand-over
+                await self._give_back(waited)
         self.journal.unwait(r)
         return grant
 
-    def _give_up(self, r: Routing) -> Any:
+    def _unusable(self, r: Routing) -> Failure:
+        """Why a request that has not been tried yet has no target at all."""
+        keys = [t for t in self.targets if not t.state.usable()]
+        if len(keys) == len(self.targets):
+            aliases = ", ".join(sorted({f"{t.key.alias} at {t.endpoint.name}" for t in keys}))
+            return Failure(Kind.AUTH, f"every key is disabled after an auth failure ({aliases}); reset it by hand")
+        return Failure(Kind.TOO_LARGE, f"no model's context window fits about {r.prompt_tokens} prompt tokens")
+
+    def admits_in(self) -> dict[str, float | None]:
+        """Per target, seconds until it may admit a request (0: now; a full one counts as
+        now, it frees a slot by itself), or None when only a person can bring it back (a
+        disabled key, tripped by hand)."""
+        now = self.clock.now()
+        out: dict[str, float | None] = {}
+        for t in self.targets:
+            at = t.state.ready_at(now, 1) if t.state.usable() else None
+            if at is None and t.state.usable():
+                at = t.state.probe_due_at()  # an open breaker admits again once its probe answers
+            out[t.id] = None if at is None else max(0.0, at - now)
+        return out
+
+    def _give_up(self, r: Routing) -> NoReturn:
         failure = r.last_failure or Failure(Kind.CAPACITY, "no model admitted the request in time")
         raise DeadlineExceeded(failure, r.attempts, f"deadline of {self.config.client.deadline:g}s passed; "
                                                     f"last: {failure.kind.value}: {failure.reason}")
@@ -355,11 +382,12 @@ class FallbackClient:
         if failure is None:
             self.journal.record(r, t, number, wall, answer.status, None, 0.0, latency, Decision.OK)
             self.journal.done(r, t, ok=True)
+            total = now - r.started
             response = answer.response or {}
             return ChatResult(model=t.model.name, endpoint=t.endpoint.name, target=t.id,
                               content=wire.response_text(response) if r.request.api is Api.RESPONSES
                               else wire.completion_text(response), response=response,
-                              attempts=tuple(r.attempts), latency=now - r.started, usage=usage, request_id=r.id)
+                              attempts=tuple(r.attempts), latency=total, usage=usage, request_id=r.id)
         self.journal.failed_attempt(r, t, number, answer.status, failure)
         r.last_failure = failure
         if answer.output_sent:  # a stream that broke after output reached the caller: never retried
@@ -379,8 +407,9 @@ class FallbackClient:
         # or it would have been handed over). Else wait in line, backing off from ``t``.
         grant = None if len(self._queue) else await self._admit_any(r)
         if grant is not None:
+            other_model = grant[0].model.name != t.model.name
             self.journal.record(r, t, number, wall, answer.status, failure, 0.0, latency,
-                                Decision.FALLBACK if grant[0].model.name != t.model.name else Decision.RETRY)
+                         Decision.FALLBACK if other_model else Decision.RETRY)
             return grant
         self.journal.record(r, t, number, wall, answer.status, failure, step.wait, latency, Decision.RETRY)
         self.journal.show_wait(r, step.wait, failure.reason)

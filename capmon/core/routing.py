@@ -15,7 +15,6 @@ from capmon.core.result import Attempt, ChatRequest, Decision, Priority
 from capmon.core.targets import Target
 from capmon.core.waiting import BATCH, INTERACTIVE
 
-
 # Retries of one request on the model it sticks to (rate-limited, transient) before it
 # may fall back to another model.
 STICK_LIMIT = 2

@@ -23,7 +23,7 @@ _VALUES: set[str] = set()
 # in a query, and long opaque tokens. A match keeps its first six characters, so a
 # person can still tell which key a provider complained about.
 _SHAPES = re.compile(
-    r"\b(?:sk|pk|rk|key)-[A-Za-z0-9_\-]{12,}|\bAIza[0-9A-Za-z_\-]{20,}"
+    r"(?:sk|pk|rk)-[A-Za-z0-9_\-]{12,}|\bkey-[A-Za-z0-9_\-]{12,}|AIza[0-9A-Za-z_\-]{20,}"
     r"|(?i:bearer)\s+[A-Za-z0-9._~+/\-]{12,}=*|(?i:(?:api[_-]?key|key)=)[^&\s\"']{8,}|\b[A-Za-z0-9]{40,}\b"
 )
 _KEEP = 6

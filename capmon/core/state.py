@@ -93,7 +93,8 @@ class TargetState(Protocol):
     async def admit(self, cost: int) -> Admission | None: ...
     async def begin_probe(self) -> Admission | None: ...
     async def settle(self, adm: Admission, failure: Failure | None, *, used_tokens: int | None = None,
-                     cancelled: bool = False) -> bool: ...
+                     cancelled: bool = False, unused: bool = False) -> bool: ...
+    def holds(self, adm: Admission) -> bool: ...
     def trip(self, reason: str) -> None: ...
     def force_close(self, reason: str) -> None: ...
     def reset(self, reason: str) -> None: ...
@@ -105,6 +106,7 @@ class StateStore(Protocol):
 
     async def start(self) -> None: ...  # connect a shared store; the client calls it once before use
     def shared_status(self) -> "SharedStatus": ...
+    @property
     def pinned(self) -> str | None: ...
     def pin(self, model: str | None) -> None: ...
     def target(self, target_id: str) -> TargetState: ...
@@ -152,6 +154,7 @@ class MemoryTarget:
         self.rpm = TokenBucket(model.rpm, clock) if model.rpm else None
         self.tpm = TokenBucket(model.tpm, clock) if model.tpm else None
         self.not_before = 0.0
+        self._max_hint = config.breaker.cooldown_max  # a server hint holds a target off no longer
 
     # ------------------------------------------------------------ reading
 
@@ -224,10 +227,17 @@ class MemoryTarget:
             return None
         return Admission(self.id, generation, True, self.limiter.take(), 0, now)
 
+    def holds(self, adm: Admission) -> bool:
+        """Whether an admission handed over a moment ago still stands: nothing (a trip by
+        hand, a probe's verdict) moved the breaker since, and it still admits."""
+        return adm.generation == self.breaker.generation and self.breaker.share() > 0.0
+
     async def settle(self, adm: Admission, failure: Failure | None, *, used_tokens: int | None = None,
-                     cancelled: bool = False) -> bool:
+                     cancelled: bool = False, unused: bool = False) -> bool:
         """Apply one attempt's outcome to breaker, limiter, key and buckets. Returns
-        whether a capacity failure was news (see AdaptiveLimiter.release)."""
+        whether a capacity failure was news (see AdaptiveLimiter.release). ``unused``:
+        the admission was given back before anything was sent, so its bucket charge is
+        refunded too."""
         if adm.settled:
             return False
         adm.settled = True
@@ -240,8 +250,9 @@ class MemoryTarget:
             lim.release(adm.slot, LimiterSignal.NEUTRAL)  # a probe says nothing about concurrency
             news = False
         else:
-            if (pol.limiter is LimiterSignal.OVERLOAD and lim.is_news(adm.slot)
-                    and before.admits and b.consecutive == 0):
+            starts_streak = pol.breaker is BreakerSignal.DOWN or (pol.limiter is LimiterSignal.OVERLOAD
+                                                                  and lim.is_news(adm.slot))
+            if starts_streak and before.admits and b.consecutive == 0:
                 lim.checkpoint()  # a failure streak may begin: remember what it may undo
             news = lim.release(adm.slot, pol.limiter)
         b.record(adm.generation, pol.breaker, sent_at=adm.at, hint=hint, news=news, probe=adm.probe, basis=lim.limit)
@@ -257,9 +268,14 @@ class MemoryTarget:
         if pol.hint_blocks and hint is not None and lim.in_flight == 0 and not adm.probe:
             # A hint stops the whole target only when nothing else of ours is being served
             # there: otherwise the model is merely full and the limiter's cut is the answer.
-            self.not_before = max(self.not_before, now + hint)
+            self.not_before = max(self.not_before, now + min(hint, self._max_hint))
         if failure is None and self.tpm is not None and used_tokens is not None:
             self.tpm.refund(max(0, adm.cost - used_tokens))
+        if unused and not adm.probe:
+            if self.rpm is not None:
+                self.rpm.refund(1)
+            if self.tpm is not None:
+                self.tpm.refund(adm.cost)
         if pol.breaker is BreakerSignal.DOWN:
             news = True
         return news

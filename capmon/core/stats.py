@@ -2,7 +2,8 @@
 
 Counts live in one-second buckets (a ring of five minutes), so recording is O(1)
 and any window up to five minutes is a sum over its buckets. Latencies are kept
-as a bounded sample per bucket, enough for p50 / p99 on a dashboard.
+as a bounded sample per bucket, enough for p50 / p99 on a dashboard (nearest rank,
+as ``capmon report`` computes them: capmon/core/text.py).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import random
 from dataclasses import dataclass
 
 from capmon.core.errors import Kind
+from capmon.core.text import percentile
 
 HORIZON = 300  # seconds kept: the longest window
 WINDOWS = (10, 60, 300)
@@ -58,7 +60,6 @@ class RollingStats:
     def __init__(self, rng: random.Random | None = None) -> None:
         self._buckets: list[_Bucket | None] = [None] * HORIZON
         self._rng = rng or random.Random(0)
-        self.total_requests = 0
 
     def _bucket(self, now: float) -> _Bucket:
         second = int(now)
@@ -84,7 +85,6 @@ class RollingStats:
         """``outcome``: ok | rate_limited | capacity | other."""
         b = self._bucket(now)
         b.requests += 1
-        self.total_requests += 1
         if outcome == "ok":
             b.ok += 1
         elif outcome == "rate_limited":
@@ -123,8 +123,8 @@ class RollingStats:
             rate_limited=sum(b.rate_limited for b in live),
             capacity=sum(b.capacity for b in live),
             other=sum(b.other for b in live),
-            p50=_percentile(lat, 0.50),
-            p99=_percentile(lat, 0.99),
+            p50=percentile(lat, 0.50),
+            p99=percentile(lat, 0.99),
         )
 
     def windows(self, now: float) -> tuple[WindowStats, ...]:
@@ -141,9 +141,3 @@ class RollingStats:
                 out[k] += b.rate_limited + b.capacity
         return tuple(out)
 
-
-def _percentile(sorted_values: list[float], q: float) -> float | None:
-    if not sorted_values:
-        return None
-    k = min(len(sorted_values) - 1, max(0, round(q * (len(sorted_values) - 1))))
-    return sorted_values[k]

@@ -25,6 +25,7 @@ from collections import deque
 from typing import Any, Awaitable, Callable, Generic, Hashable, TypeVar
 
 from capmon.core.clock import Clock
+from capmon.core.tasks import cancel_and_wait
 
 log = logging.getLogger("capmon.waiting")
 
@@ -197,10 +198,10 @@ class WaitQueue(Generic[G]):
             cls = self._pick(heaps)
             contended = bool(heaps[INTERACTIVE]) and bool(heaps[BATCH])
             _, _, group = heapq.heappop(heaps[cls])
-            q = self._groups.get(group)
-            if not q:
+            head = self._groups.get(group)
+            if not head:
                 continue
-            w = q[0]
+            w = head[0]
             if w.fut.done():
                 self._remove(w)
             else:
@@ -213,10 +214,10 @@ class WaitQueue(Generic[G]):
                     w.fut.set_result(grant)
                     self._tally(cls, contended)
                 self._remove(w)
-            q = self._groups.get(group)
-            if q:
+            rest = self._groups.get(group)
+            if rest:
                 tie += 1
-                heapq.heappush(heaps[cls], (q[0].seq, tie, group))
+                heapq.heappush(heaps[cls], (rest[0].seq, tie, group))
 
     def _arm(self) -> None:
         """Sleep until the earliest time-driven gate opens for a group's oldest waiter."""
@@ -244,6 +245,4 @@ class WaitQueue(Generic[G]):
             self.kick()
 
     async def aclose(self) -> None:
-        for task in (self._timer, self._task):
-            if task is not None and not task.done():
-                task.cancel()
+        await cancel_and_wait([self._timer, self._task])

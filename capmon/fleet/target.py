@@ -308,12 +308,15 @@ class RedisTarget:
             return Admission(self.id, int(codec.fnum(h, "gen")), True, Slot(1, self._epoch), 0, now, lease=lease)
         return None
 
+    def holds(self, adm: Admission) -> bool:
+        return self.local.holds(adm)
+
     async def settle(self, adm: Admission, failure: Failure | None, *, used_tokens: int | None = None,
-                     cancelled: bool = False) -> bool:
+                     cancelled: bool = False, unused: bool = False) -> bool:
         if adm.settled:
             return False
         if adm.lease is None:
-            return await self.local.settle(adm, failure, used_tokens=used_tokens, cancelled=cancelled)
+            return await self.local.settle(adm, failure, used_tokens=used_tokens, cancelled=cancelled, unused=unused)
         store = self._store
         local_slot = self._local_slots.pop(adm.lease, None) or Slot(1, 0)
         store.untrack(self.id, adm.lease)
@@ -322,7 +325,7 @@ class RedisTarget:
         if not self._shared:
             # Redis went away while this attempt was out: settle it on the mirror alone.
             return await self.local.settle(Admission(self.id, adm.generation, adm.probe, local_slot, adm.cost, adm.at),
-                                           failure, used_tokens=used_tokens, cancelled=cancelled)
+                                           failure, used_tokens=used_tokens, cancelled=cancelled, unused=unused)
         adm.settled = True
         self.local.limiter.release(local_slot, LimiterSignal.NEUTRAL)  # the local count of ours in flight
         pol = CANCELLED if cancelled else policy_for(failure)
@@ -344,22 +347,25 @@ class RedisTarget:
             self.local._keys.parked[self.id] = (now + park_for, failure.reason)
             self._emit_key("quota", now + park_for, failure.reason)
         refund = max(0, adm.cost - used_tokens) if failure is None and used_tokens is not None else 0
+        if unused and not adm.probe:
+            refund = adm.cost  # given back before anything was sent: its charges come back
         self._full_until = 0.0
         for _ in range(2):
             pending = self._pending()
             try:
                 res = await store.link.call("settle", store.link.scripts.settle, [
-                    self._hash, self._leases, self._key, self._tpm, store.keys.events, self._waiting], [
+                    self._hash, self._leases, self._key, self._tpm, store.keys.events, self._waiting, self._rpm], [
                     adm.lease, pol.limiter.value, adm.slot.position, adm.slot.epoch, pol.breaker.value, adm.generation,
                     max(0.0, now - adm.at), -1 if hint is None else hint, int(adm.probe), pol.key.value,
                     failure.reason if failure is not None and pol.key is not KeyAction.NONE else "", park_for,
                     int(pol.hint_blocks), refund, *self._settle_args, store.id, pending[0] if pending else "",
-                    store.keys.proc_prefix],
+                    store.keys.proc_prefix, self._rpm_rate, int(unused)],
                     hot=True)
             except ERRORS as e:
                 store.lost(e)
                 if pol.hint_blocks and hint is not None and self.local.limiter.in_flight == 0 and not adm.probe:
-                    self.local.not_before = max(self.local.not_before, now + hint)
+                    self.local.not_before = max(self.local.not_before,
+                                                now + min(hint, store.config.breaker.cooldown_max))
                 break
             if res[0] == "missing":
                 try:

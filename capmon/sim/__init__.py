@@ -9,7 +9,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from capmon.sim.scenario import ModelSpec, PenaltySpec, Phase, Scenario, bundled_scenarios, load_scenario, parse_scenario
+from capmon.sim.scenario import (
+    ModelSpec,
+    PenaltySpec,
+    Phase,
+    Scenario,
+    bundled_scenarios,
+    load_scenario,
+    parse_scenario,
+)
 
 _LAZY = {
     "Simulator": "capmon.sim.model",

@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import enum
 import hmac
-import ipaddress
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +20,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from capmon.core.config import is_loopback
 from capmon.core.exceptions import SimulatorError
 from capmon.sim.faults import parse_rules
 from capmon.sim.model import UNSET, Simulator
@@ -51,14 +51,6 @@ class AdminPolicy:
         return "admin under /admin needs no key: this server listens on loopback only"
 
 
-def is_loopback(host: str) -> bool:
-    if host.lower() in ("localhost", "localhost."):
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False  # a host name other than localhost may resolve anywhere
-
 
 def admin_policy(host: str, key: str | None, *, open_admin: bool = False,
                  key_source: str = ADMIN_KEY_ENV) -> AdminPolicy:
@@ -75,11 +67,12 @@ def admin_policy(host: str, key: str | None, *, open_admin: bool = False,
 
 
 def _presented(scope: Scope) -> str | None:
-    headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+    headers: dict[str, str] = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
     scheme, _, token = headers.get("authorization", "").partition(" ")
     if scheme.lower() == "bearer" and token.strip():
         return token.strip()
-    return headers.get(ADMIN_KEY_HEADER) or None
+    key: str | None = headers.get(ADMIN_KEY_HEADER) or None
+    return key
 
 
 class AdminGuard:

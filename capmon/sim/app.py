@@ -137,7 +137,7 @@ def _tool_call(chat: ChatRequest, mode: str) -> ToolCall | None:
 # ---------------------------------------------------------------- endpoints
 
 
-async def chat_completions(request: Request) -> Response:
+async def chat_completions(request: Request) -> Response | DropConnection:
     sim = simulator(request)
     token = bearer(request)
     alias = sim.authenticate(token)
@@ -181,7 +181,7 @@ async def chat_completions(request: Request) -> Response:
     return JSONResponse(_completion(ticket, created, call), headers=headers)
 
 
-async def _faulted(sim: Simulator, decision: Faulted, chat: ChatRequest, created: int) -> Any:
+async def _faulted(sim: Simulator, decision: Faulted, chat: ChatRequest, created: int) -> Response | DropConnection:
     rule, ticket, state = decision.rule, decision.ticket, decision.state
     if rule.mode in (FaultMode.STREAM_CUT, FaultMode.STREAM_ERROR):
         plan = StreamPlan(ticket, created, style=state.stream_style, include_usage=chat.include_usage,
@@ -292,7 +292,8 @@ def create_app(scenario: Scenario | str | os.PathLike[str] = "demo", *, clock: C
 
 
 def simulator_of(app: Starlette) -> Simulator:
-    return app.state.simulator
+    sim: Simulator = app.state.simulator
+    return sim
 
 
 __all__ = ["ChatRequest", "SIM_HEADER", "create_app", "estimate_tokens", "parse_chat", "simulator_of"]

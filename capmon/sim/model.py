@@ -19,10 +19,19 @@ from dataclasses import dataclass
 from typing import Any, Union
 
 from capmon.core.clock import Clock, default_clock
+from capmon.core.hints import MAX_HINT
 from capmon.sim.dialects import CAPACITY_DIALECTS, UNSUPPORTED_DIALECTS, Api
 from capmon.sim.faults import FaultInjector, FaultMode, FaultRule
-from capmon.sim.scenario import (ANY_KEY, MAX_HINT, MAX_LATENCY_FACTOR, STREAM_STYLES, TOKEN_PARAMS, TOOL_MODES,
-                                 ModelSpec, Phase, Scenario)
+from capmon.sim.scenario import (
+    ANY_KEY,
+    MAX_LATENCY_FACTOR,
+    STREAM_STYLES,
+    TOKEN_PARAMS,
+    TOOL_MODES,
+    ModelSpec,
+    Phase,
+    Scenario,
+)
 
 # Per-key counters are kept for at most this many keys; beyond it (only possible with
 # keys = ["*"]) new keys share one bucket so a key-spraying client cannot grow memory.

@@ -40,7 +40,8 @@ def wire(err: WireError, extra: dict[str, str] | None = None) -> Response:
 
 
 def simulator(request: Request) -> Simulator:
-    return request.app.state.simulator
+    sim: Simulator = request.app.state.simulator
+    return sim
 
 
 def refusal(decision: Decision, *, api: Api, stream: bool,

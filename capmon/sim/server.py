@@ -21,17 +21,19 @@ import os
 import socket
 import sys
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Callable, Iterator, Mapping
+from typing import AsyncIterator, Callable, Mapping
 
 import httpx
 import uvicorn
-from uvicorn.config import LOGGING_CONFIG
 from starlette.applications import Starlette
+from uvicorn.config import LOGGING_CONFIG
 
 from capmon.core.clock import Clock, default_clock
-from capmon.core.config import SIMULATOR_DEMO_KEY
+from capmon.core.config import SIMULATOR_DEMO_KEY, is_loopback
+from capmon.core.config import parse_listen as parse_host_port
 from capmon.core.exceptions import SimulatorError
-from capmon.sim.admin import ADMIN_KEY_ENV, AdminAccess, AdminPolicy, admin_policy, is_loopback
+from capmon.serving import GuestServer, ListenError, listen
+from capmon.sim.admin import ADMIN_KEY_ENV, AdminAccess, AdminPolicy, admin_policy
 from capmon.sim.app import SIM_HEADER, create_app, simulator_of
 from capmon.sim.faults import ConnectionDropped
 from capmon.sim.model import Simulator
@@ -49,7 +51,7 @@ class SimHandle:
     host: str
     port: int
     app: Starlette
-    server: "_EmbeddedServer" = field(repr=False)
+    server: "GuestServer" = field(repr=False)
     task: "asyncio.Task[None]" = field(repr=False)
 
     @property
@@ -87,59 +89,6 @@ class SimHandle:
                 await self.task
 
 
-class _EmbeddedServer(uvicorn.Server):
-    """uvicorn as a guest in someone else's event loop: it must not take over the process's
-    signal handlers (the host app owns Ctrl+C), and it stops as soon as it is asked to
-    (uvicorn's own loop looks at ``should_exit`` only every 0.1 s; tests start hundreds)."""
-
-    def __init__(self, config: uvicorn.Config) -> None:
-        super().__init__(config)
-        self._exit = asyncio.Event()
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
-
-    async def main_loop(self) -> None:
-        counter = 0
-        should_exit = await self.on_tick(counter)
-        while not should_exit:
-            counter = (counter + 1) % 864000
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._exit.wait(), 0.1)
-            should_exit = await self.on_tick(counter)
-
-    def exit_now(self) -> None:
-        self.should_exit = True
-        self._exit.set()
-
-    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        """uvicorn's shutdown (stop accepting, ask connections to close, give open requests
-        ``timeout_graceful_shutdown``, then cut them) with its fixed 0.1 s pauses made 10 ms."""
-        for server in self.servers:
-            server.close()
-        for sock in sockets or []:
-            sock.close()
-        for connection in list(self.server_state.connections):
-            connection.shutdown()
-        await asyncio.sleep(0.01)
-        try:
-            await asyncio.wait_for(self._drain(), timeout=self.config.timeout_graceful_shutdown)
-        except asyncio.TimeoutError:
-            logging.getLogger("uvicorn.error").error(
-                "Cancel %s running task(s), timeout graceful shutdown exceeded", len(self.server_state.tasks))
-            for t in self.server_state.tasks:
-                t.cancel(msg="Task cancelled, timeout graceful shutdown exceeded")
-        if not self.force_exit:
-            await self.lifespan.shutdown()
-
-    async def _drain(self) -> None:
-        while (self.server_state.connections or self.server_state.tasks) and not self.force_exit:
-            await asyncio.sleep(0.01)
-        for server in self.servers:
-            await server.wait_closed()
-
-
 class _HideDeliberateDrops(logging.Filter):
     """Not errors, so not logged as such: a ``reset`` fault dropping a connection on purpose,
     and requests still open (streams, hung faults) being cut when the simulator stops."""
@@ -158,29 +107,18 @@ def _quiet_deliberate_drops() -> None:
 
 
 def parse_listen(listen: str) -> tuple[str, int]:
-    """``HOST:PORT`` (``[::1]:8089`` for IPv6) -> (host, port)."""
-    host, sep, port = listen.rpartition(":")
-    host = host.strip("[]")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
-        raise SimulatorError(f"expected HOST:PORT such as 127.0.0.1:8089, got {listen!r}")
-    return host, int(port)
+    """``HOST:PORT`` (``[::1]:8089`` for IPv6) -> (host, port); port 0: any free port."""
+    try:
+        return parse_host_port(listen)
+    except ValueError as e:
+        raise SimulatorError(str(e)) from None
 
 
 def _bind(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on sockets whose proto says TCP, and
-    # accepted connections inherit it. Without it every answer (headers and body are two
-    # writes) stalls ~40 ms on Nagle + delayed ACK.
-    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-        sock.listen(1024)
-        sock.setblocking(False)
-    except OSError as e:
-        sock.close()
-        raise SimulatorError(f"the simulator cannot listen on {host}:{port}: {e.strerror or e}") from None
-    return sock
+        return listen(host, port)
+    except ListenError as e:
+        raise SimulatorError(f"the simulator cannot listen on {host}:{port}: {e.reason}") from None
 
 
 def _as_scenario(scenario: Scenario | str | os.PathLike[str]) -> Scenario:
@@ -195,7 +133,7 @@ def _config(app: Starlette, *, embedded: bool, access_log: bool = False) -> uvic
         log_level="warning",
         # Embedded, leave logging config to the host app (uvicorn's dictConfig would replace it).
         log_config=None if embedded else LOGGING_CONFIG,
-        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN,
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN,  # type: ignore[arg-type]  # uvicorn takes fractions too
         # Streams and hung requests must not keep a stopping simulator alive.
         timeout_keep_alive=5,
     )
@@ -211,7 +149,7 @@ async def start_simulator(scenario: Scenario | str | os.PathLike[str] = "demo", 
     sock = _bind(host, port)
     bound_port = sock.getsockname()[1]
     _quiet_deliberate_drops()
-    server = _EmbeddedServer(_config(app, embedded=True))
+    server = GuestServer(_config(app, embedded=True))
     task = asyncio.create_task(server.serve(sockets=[sock]), name=f"capmon-sim:{bound_port}")
     waited, step = 0.0, 0.005
     wait_clock = default_clock()

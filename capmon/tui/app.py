@@ -1,6 +1,6 @@
 """The capmon dashboard.
 
-Tables are drawn from ``source.snapshot()`` on a timer (``--refresh``); the bus only
+Tables are drawn from ``source.snapshot()`` on a timer (``refresh`` seconds); the bus only
 drives the event log and toasts. Workers (probes, traffic) run as Textual workers
 in the app's loop; whatever goes wrong in one of them, or in a refresh, is reported
 in one place (:meth:`CapmonApp.report_error`: a toast and a log line), never a crash.
@@ -8,7 +8,6 @@ in one place (:meth:`CapmonApp.report_error`: a toast and a log line), never a c
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import collections
 import time
@@ -27,9 +26,11 @@ from textual.timer import Timer
 from textual.widgets import Footer
 from textual.worker import Worker, WorkerState
 
+from capmon.core.config import REFRESH_MAX, REFRESH_MIN, DashboardConfig
 from capmon.core.events import BatchProgress, Event
 from capmon.core.exceptions import CapmonError
 from capmon.core.snapshot import EngineSnapshot, TargetSnapshot
+from capmon.exitcodes import EXIT_OK, EXIT_USAGE
 from capmon.tui.commands import ModelCommands
 from capmon.tui.digest import LOGGED, EventDigester
 from capmon.tui.screens import ConfirmScreen, HelpScreen, ModelChoice, ModelSwitchScreen
@@ -77,7 +78,8 @@ class CapmonApp(App[int]):
     class EventsArrived(Message):
         """Bus events wait in the inbox: one message per burst, not per event."""
 
-    def __init__(self, source: DashboardSource, *, refresh: float = 0.33, drain_every: float = 0.25) -> None:
+    def __init__(self, source: DashboardSource, *, refresh: float = DashboardConfig.refresh,
+                 drain_every: float = 0.25) -> None:
         super().__init__()
         self.source = source
         self.refresh_every = refresh
@@ -96,6 +98,7 @@ class CapmonApp(App[int]):
         self._stopped = False
         self._batch_state: str | None = None
         self._errors_shown: set[str] = set()
+        self._widgets_found = False  # on_mount has found the widgets the watchers below draw on
 
     # ------------------------------------------------------------ layout
 
@@ -118,6 +121,7 @@ class CapmonApp(App[int]):
         self.batch_panel = self.query_one(BatchPanel)
         self.log_view = self.query_one(EventLog)
         self.filter_bar = self.query_one(FilterBar)
+        self._widgets_found = True
         self._unsubscribe = self.source.bus.subscribe(self._on_bus_event)
         self.table.focus()
         self._show_status()
@@ -131,7 +135,7 @@ class CapmonApp(App[int]):
         try:
             await self.source.start()
         except Exception as e:  # a simulator that cannot bind, a key variable missing: say so and leave
-            self.exit(return_code=2, message=Text(f"capmon: {e}", style="bold red"))
+            self.exit(return_code=EXIT_USAGE, message=Text(f"capmon: {e}", style="bold red"))
             return
         self.started = True
         self.refresh_bindings()
@@ -283,7 +287,7 @@ class CapmonApp(App[int]):
         self.paused = not self.paused
 
     def watch_paused(self, paused: bool) -> None:
-        if not self.is_mounted:
+        if not self._widgets_found:
             return
         self.log_view.freeze(paused)
         self._show_status()
@@ -300,7 +304,7 @@ class CapmonApp(App[int]):
         self.table.focus()
 
     def watch_needle(self, needle: str) -> None:
-        if not self.is_mounted:
+        if not self._widgets_found:
             return
         # Applies to the frozen snapshot too: filtering is not new data.
         if self.snap is not None:
@@ -412,29 +416,36 @@ class CapmonApp(App[int]):
             self._control("pause the batch", self.source.pause_batch)
 
 
-def run_dashboard(args: argparse.Namespace) -> int:
-    """`capmon` with no command: the live dashboard on the configured engine."""
+@dataclass(frozen=True)
+class DashboardOptions:
+    config: str | None = None  # a config path; None: the usual search (capmon/core/config.py find_config)
+    refresh: float | None = None  # seconds between table refreshes; None: the config's [dashboard] refresh
+    readonly: bool = False  # no manual trip / reset / pin / batch pause
+    job: Path | None = None  # run this JSONL file as the traffic worker instead of the demo job
+    attach: str | None = None  # show the progress of this job, run by `capmon batch run` elsewhere
+    traffic: bool = True  # False: probes only
+
+    def __post_init__(self) -> None:
+        if self.refresh is not None and not REFRESH_MIN <= self.refresh <= REFRESH_MAX:
+            raise CapmonError(f"refresh must be between {REFRESH_MIN:g} and {REFRESH_MAX:g} seconds, "
+                              f"got {self.refresh:g}")
+
+
+def run_dashboard(options: DashboardOptions) -> int:
+    """The live dashboard on the configured engine, until the person quits."""
     from capmon.runtime import load
     from capmon.tui.source import LiveSource
 
-    config = load(getattr(args, "config", None))
-    job = getattr(args, "job", None)
-    attach = getattr(args, "attach", None)
-    if job is not None and not Path(job).is_file():
-        raise CapmonError(f"{job}: no such input file (--job)")
-    if job is not None and attach is not None:
-        raise CapmonError("--job and --attach cannot be used together")
-    if attach is not None:
+    config = load(options.config)
+    if options.job is not None and not options.job.is_file():
+        raise CapmonError(f"{options.job}: no such input file")
+    source = LiveSource(config, readonly=options.readonly, job_input=options.job, attach=options.attach,
+                        traffic=options.traffic)
+    if options.attach is not None:
         # A job that is not there is a usage error: say so before the screen opens.
         from capmon.batch import default_db_path, read_progress
 
-        read_progress(default_db_path(), attach)
-    refresh = getattr(args, "refresh", None)
-    refresh = config.dashboard.refresh if refresh is None else refresh
-    if not 0.05 <= refresh <= 10:
-        raise CapmonError(f"--refresh must be between 0.05 and 10 seconds, got {refresh:g}")
-    source = LiveSource(config, readonly=bool(getattr(args, "readonly", False)), job_input=job, attach=attach,
-                        traffic=not getattr(args, "no_traffic", False))
-    app = CapmonApp(source, refresh=refresh)
+        read_progress(default_db_path(), options.attach)
+    app = CapmonApp(source, refresh=config.dashboard.refresh if options.refresh is None else options.refresh)
     app.run()
-    return app.return_code or 0
+    return app.return_code or EXIT_OK

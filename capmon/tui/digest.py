@@ -10,10 +10,13 @@ left out; toasts are throttled per target.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from rich.text import Text
 
 from capmon.core import events as ev
+from capmon.core import text
+from capmon.core.breaker import State
 from capmon.tui import format as fmt
 
 LOGGED: tuple[type[ev.Event], ...] = (ev.BreakerChanged, ev.FellBack, ev.KeyParked, ev.ModelPinned, ev.Notice,
@@ -42,7 +45,7 @@ class EventDigester:
         self.toast_every = toast_every  # seconds between two toasts about the same target
         self._last_toast: dict[str, float] = {}
         # (from, to, second) -> [count, first wall time, reason], until the second is over.
-        self._fallbacks: dict[tuple[str, str, int], list] = {}
+        self._fallbacks: dict[tuple[str, str, int], list[Any]] = {}
 
     @staticmethod
     def wants(event: ev.Event) -> bool:
@@ -90,11 +93,12 @@ class EventDigester:
             return fmt.breaker_line(e)
         if isinstance(e, ev.KeyParked):
             what = "disabled" if e.until is None else "parked"
-            self._toast(out, e.target, e.at, Toast(f"{e.model} / {e.key_alias}: {fmt.short(e.reason or e.kind, 80)}",
+            self._toast(out, e.target, e.at, Toast(f"{e.model} / {e.key_alias}: {text.shorten(e.reason or e.kind, 80)}",
                                                    "warning", f"Key {what} ({e.kind})"))
             return fmt.key_line(e)
         if isinstance(e, ev.ProbeFinished):
-            return fmt.probe_line(e)
+            # A health check that answered is the probe column's news, not the log's.
+            return fmt.probe_line(e) if e.breaker or e.ok is False else None
         if isinstance(e, ev.RampStep):
             return fmt.ramp_line(e)
         if isinstance(e, ev.TokenParamLearned):
@@ -110,10 +114,10 @@ class EventDigester:
         return None
 
     def _breaker_toast(self, e: ev.BreakerChanged, out: Digest) -> None:
-        if e.new == "open" and e.old != "half-open":  # a failed probe re-opens it: the log says so, no toast
-            cool = f"; first probe in {fmt.duration(e.cooldown_until - e.at)}" if e.cooldown_until is not None else ""
+        if e.new == State.OPEN and e.old != State.HALF_OPEN:  # a failed probe re-opens it: the log says so, no toast
+            cool = f"; first probe in {text.countdown(e.cooldown_until - e.at)}" if e.cooldown_until is not None else ""
             self._toast(out, e.target, e.at, Toast(f"{e.model}: {e.reason}{cool}", "warning", "Breaker tripped", timeout=10.0))
-        elif e.new == "forced-open":
+        elif e.new == State.FORCED_OPEN:
             # A person did this: always confirm it, never throttled.
             self._toast(out, None, e.at, Toast(f"{e.model} takes no traffic until reset", "warning", "Tripped by hand"))
 

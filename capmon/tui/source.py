@@ -19,6 +19,7 @@ from capmon.core.clock import Clock, default_clock
 from capmon.core.config import Config
 from capmon.core.events import BatchProgress, EventBus, Notice
 from capmon.core.exceptions import CapmonError
+from capmon.core.router import FallbackClient
 from capmon.core.snapshot import EngineSnapshot
 from capmon.probe import ProbeWorker
 from capmon.runtime import Engine, open_engine
@@ -95,7 +96,8 @@ class LiveSource:
         runner_factory: RunnerFactory | None = None,
     ) -> None:
         if job_input is not None and attach is not None:
-            raise CapmonError("--job and --attach cannot be used together")
+            raise CapmonError(f"a dashboard runs a job file or shows an attached job, not both "
+                              f"(job file {job_input}, attached job {attach})")
         self.config = config
         # Attached to a job in another process: its breakers and its client live there,
         # so trip / reset / pin here would only steer this dashboard's probes. Off.
@@ -170,7 +172,7 @@ class LiveSource:
     # ------------------------------------------------------------ reading
 
     @property
-    def client(self) -> Any:
+    def client(self) -> FallbackClient:
         if self.engine is None:
             raise CapmonError("the engine has not started")
         return self.engine.client

@@ -5,17 +5,18 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import httpx
 
-from capmon.core.config import Config, parse_config
+from capmon.core.config import Config
 from capmon.core.events import Event, EventBus
 from capmon.core.router import FallbackClient
 from capmon.sim.app import create_app
 from capmon.sim.scenario import parse_scenario
-from tests.support.configs import ENV, three_models
+from tests.support.configs import ENV, build_config, three_models
 
 FAST_SCENARIO = """
 name = "fast"
@@ -127,15 +128,4 @@ def collect(bus: EventBus, kind: type[Event]) -> list[Any]:
 
 
 def single_config(base_url: str, extra: str = "") -> Config:
-    return parse_config(f"""
-[simulator]
-enabled = false
-[[endpoints]]
-name = "ep"
-base_url = "{base_url}"
-keys = [{{ env = "TEST_KEY_A", alias = "a" }}]
-[[models]]
-name = "flagship"
-endpoints = ["ep"]
-{extra}
-""", "single.toml")
+    return build_config(base_url, models=["flagship"], extra=extra, file="single.toml")

@@ -56,7 +56,7 @@ async def test_remap_sends_them_to_the_model_it_names_and_is_remembered(tmp_path
     assert left
     sent = len(rec.seen)
     async with client_for(rec, config=without_small()) as client:
-        with pytest.raises(BatchError, match="--remap small=tiny: no model named 'tiny'"):
+        with pytest.raises(BatchError, match="^remap small=tiny: no model named 'tiny'"):
             await BatchRunner(client, tmp_path / "jobs.db", "j", remap={"small": "tiny"}).run()
         summary = await BatchRunner(client, tmp_path / "jobs.db", "j", remap={"small": "medium"}).run()
         assert summary.done == 40

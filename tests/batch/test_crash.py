@@ -13,12 +13,12 @@ import sqlite3
 import sys
 from pathlib import Path
 
-
 from capmon.batch import read_progress
 from capmon.core.exceptions import BatchError
 from capmon.sim.scenario import parse_scenario
 from capmon.sim.server import running_simulator
 from tests.batch.helpers import write_items
+from tests.support import configs
 
 N = 300
 
@@ -42,27 +42,9 @@ answer_tokens = 8
 
 
 def write_config(path: Path, base_url: str) -> Path:
-    path.write_text(f"""
-[simulator]
-enabled = false
-
-[[endpoints]]
-name = "sim"
-base_url = "{base_url}"
-simulated = true
-keys = [{{ env = "CAPMON_TEST_UNSET_KEY", alias = "sim-key" }}]
-
-[[models]]
-name = "flagship"
-api_model = "sim-flagship"
-endpoints = ["sim"]
-
-[[models]]
-name = "medium"
-api_model = "sim-medium"
-endpoints = ["sim"]
-""")
-    return path
+    return configs.write_config(path, base_url, endpoint="sim", simulated=True,
+                                keys=[("CAPMON_TEST_UNSET_KEY", "sim-key")],
+                                models={m: configs.SIMULATED_MODELS[m] for m in ("flagship", "medium")})
 
 
 async def capmon(*argv: str) -> asyncio.subprocess.Process:

@@ -114,11 +114,11 @@ async def test_resume_without_an_input_needs_an_existing_job(tmp_path: Path) -> 
 
 
 def test_bad_settings_are_refused_at_once(tmp_path: Path) -> None:
-    with pytest.raises(BatchError, match="--concurrency"):
+    with pytest.raises(BatchError, match="^concurrency: "):
         BatchRunner(StubClient(None), tmp_path / "db", "j", concurrency=0)
-    with pytest.raises(BatchError, match="--window"):
+    with pytest.raises(BatchError, match="^window: "):
         BatchRunner(StubClient(None), tmp_path / "db", "j", window="soon")
-    with pytest.raises(BatchError, match="--rate"):
+    with pytest.raises(BatchError, match="^rate: "):
         BatchRunner(StubClient(None), tmp_path / "db", "j", rate=-1)
 
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from capmon.batch import BatchRunner, JobStore
-from capmon.batch import runner as runner_mod
+from capmon.batch import ingest as ingest_mod
 from capmon.batch.export import export_job
 from capmon.core.exceptions import BatchError
 from capmon.report import build_item_report, format_item
@@ -110,7 +110,7 @@ async def test_accepting_a_changed_input_adds_removes_and_resends_what_changed(t
 
 
 async def test_an_interrupted_ingest_resumes_only_against_the_same_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(runner_mod, "INGEST_CHUNK", 200)
+    monkeypatch.setattr(ingest_mod, "INGEST_CHUNK", 200)
     rec = Recorder(scenario_app(latency=0.01))
     lines = lines_of(1500)
     src = write_jsonl(tmp_path / "in.jsonl", lines)
@@ -141,11 +141,11 @@ async def test_an_interrupted_ingest_resumes_only_against_the_same_file(tmp_path
 
 
 async def test_a_file_changed_while_it_is_read_is_caught(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(runner_mod, "INGEST_CHUNK", 200)
+    monkeypatch.setattr(ingest_mod, "INGEST_CHUNK", 200)
     rec = Recorder(scenario_app(latency=0.01))
     lines = lines_of(1000)
     src = write_jsonl(tmp_path / "in.jsonl", lines)
-    real = runner_mod.read_lines
+    real = ingest_mod.read_lines
 
     def edit_midway(path: Path, offset: int = 0, first_line: int = 1, hasher=None):  # type: ignore[no-untyped-def]
         for raw in real(path, offset, first_line, hasher):
@@ -155,7 +155,7 @@ async def test_a_file_changed_while_it_is_read_is_caught(tmp_path: Path, monkeyp
                     f.write("\n".join(lines).encode() + b"\n")
             yield raw
 
-    monkeypatch.setattr(runner_mod, "read_lines", edit_midway)
+    monkeypatch.setattr(ingest_mod, "read_lines", edit_midway)
     with pytest.raises(BatchError, match="changed while"):
         await finish(tmp_path, src, rec)
     assert not rec.seen
@@ -176,7 +176,7 @@ async def test_a_job_from_before_line_hashes_is_upgraded_and_checked_from_then_o
     conn = sqlite3.connect(db)
     conn.execute("ALTER TABLE items DROP COLUMN line_hash")
     conn.execute("DROP TABLE replaced_results")
-    conn.execute("UPDATE jobs SET input_fingerprint = ?", (runner_mod._legacy_fingerprint(src)[1],))
+    conn.execute("UPDATE jobs SET input_fingerprint = ?", (ingest_mod.legacy_fingerprint(src)[1],))
     conn.execute("PRAGMA user_version = 1")
     conn.commit()
     conn.close()

@@ -65,5 +65,5 @@ async def test_the_rate_gate_spaces_starts_evenly() -> None:
 
 
 def test_a_rate_must_be_positive() -> None:
-    with pytest.raises(BatchError, match="--rate"):
+    with pytest.raises(BatchError, match="^rate: "):
         RateGate(0, LoopClock())

@@ -5,8 +5,9 @@ from __future__ import annotations
 import datetime as dt
 import io
 
-from capmon.batch.progress import JobProgress, ProgressLine, fmt_duration, render
+from capmon.batch.progress import JobProgress, ProgressLine, render
 from capmon.core.events import BatchProgress
+from capmon.core.text import duration
 
 
 def progress(**kw: object) -> JobProgress:
@@ -63,4 +64,4 @@ def test_on_a_terminal_it_redraws_in_place() -> None:
 
 
 def test_durations_read_naturally() -> None:
-    assert [fmt_duration(x) for x in (None, 5, 65, 3700, 90000)] == ["-", "5s", "1m05s", "1h01m", "1d01h"]
+    assert [duration(x) for x in (None, 5, 65, 3700, 90000)] == ["-", "5s", "1m05s", "1h01m", "1d01h"]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import csv
 import io
 import json
@@ -12,19 +11,18 @@ from typing import Any
 import pytest
 
 from capmon.advice import advise
-from capmon.batch import store as st
 from capmon.batch.runner import BatchRunner
+from capmon.batch.states import ItemState
 from capmon.batch.store import JobStore, Outcome
 from capmon.core.exceptions import BatchError
-from capmon.report import build_report, run_report
+from capmon.report import OutputFormat, ReportOptions, build_report, run_report
 from tests.batch.helpers import client_for, write_items
 from tests.support.scripted import OVERLOADED, Script, build_app, ok
 
 
-def args(db: Path, job: str = "j", **kw: Any) -> argparse.Namespace:
-    base = {"job": job, "db": str(db), "json": False, "csv": False, "advice": False, "item": None}
-    base.update(kw)
-    return argparse.Namespace(**base)
+def args(db: Path, job: str = "j", **kw: Any) -> ReportOptions:
+    fmt = OutputFormat.JSON if kw.pop("json", False) else OutputFormat.CSV if kw.pop("csv", False) else OutputFormat.TEXT
+    return ReportOptions(job=job, db=db, format=fmt, **kw)
 
 
 def report_text(db: Path, **kw: Any) -> str:
@@ -101,12 +99,12 @@ class Trail:
 
     def items(self, count: int, model: str = "flagship", max_tokens: int = 1024, used: range = range(50, 101)) -> None:
         base = self.store.require("j").total
-        self.store.ingest_chunk(self.info.id, [(base + i + 1, f"d{base + i}", st.PENDING, "[]", None, None, None, None,
+        self.store.ingest_chunk(self.info.id, [(base + i + 1, f"d{base + i}", ItemState.PENDING, "[]", None, None, None, None,
                                                 None, None) for i in range(count)], offset=0, line=base + count, now=1e9)
         keys = [r[0] for r in self.store.conn.execute("SELECT key FROM items WHERE state = 'pending'")]
         used_values = list(used)
         self.store.commit(self.info.id, started=[], now=1e9, audit_rows=[], job_fields={}, outcomes=[
-            Outcome(k, st.DONE, attempts=1, model=model, content="x", fell_back=False, max_tokens=max_tokens,
+            Outcome(k, ItemState.DONE, attempts=1, model=model, content="x", fell_back=False, max_tokens=max_tokens,
                     completion_tokens=used_values[i % len(used_values)]) for i, k in enumerate(keys)])
 
     def advice(self) -> list[Any]:

@@ -10,11 +10,12 @@ from pathlib import Path
 import pytest
 
 from capmon.batch import BatchRunner, JobStore, read_progress
-from capmon.batch import runner as runner_mod
+from capmon.batch import ingest as ingest_mod
 from capmon.core import events as ev
 from capmon.core.events import EventBus
 from capmon.core.exceptions import BatchError
-from tests.batch.helpers import Recorder, client_for, collect, rows, scenario_app, write_items, write_jsonl, item
+from tests.batch.helpers import Recorder, client_for, collect, item, rows, scenario_app, write_items, write_jsonl
+from tests.support.clocks import WallClock, local
 from tests.support.scripted import OVERLOADED, Reply, Script, build_app, ok
 
 pytestmark = pytest.mark.looptime
@@ -205,31 +206,6 @@ async def test_pause_starts_nothing_new_and_resume_goes_on(tmp_path: Path) -> No
     assert summary.done == 20 and not runner.paused
 
 
-class WallClock:
-    """Loop time, with a wall clock that starts at a chosen local time."""
-
-    def __init__(self, start_wall: float) -> None:
-        self.start_wall = start_wall
-        self.t0: float | None = None
-
-    def now(self) -> float:
-        return asyncio.get_running_loop().time()
-
-    def wall(self) -> float:
-        if self.t0 is None:
-            self.t0 = self.now()
-        return self.start_wall + self.now() - self.t0
-
-    async def sleep(self, seconds: float) -> None:
-        await asyncio.sleep(max(0.0, seconds))
-
-
-def local(y: int, mo: int, d: int, h: int, mi: int, s: int = 0) -> float:
-    import datetime as dt
-
-    return dt.datetime(y, mo, d, h, mi, s).timestamp()
-
-
 async def test_a_window_waits_visibly_until_it_opens(tmp_path: Path) -> None:
     rec = Recorder(scenario_app(latency=0.01))
     clock = WallClock(local(2026, 3, 2, 21, 50))
@@ -337,7 +313,7 @@ async def test_a_job_run_by_another_live_runner_is_refused(tmp_path: Path) -> No
 
 
 async def test_an_ingest_cut_short_goes_on_from_where_it_stopped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(runner_mod, "INGEST_CHUNK", 7)
+    monkeypatch.setattr(ingest_mod, "INGEST_CHUNK", 7)
     src = write_items(tmp_path / "in.jsonl", 30)
     db = tmp_path / "db"
     calls = {"n": 0}

@@ -1,84 +1,100 @@
+"""The circuit breaker on its own: trips, the client's probes, the evidence ramp, manual states.
+
+Outcomes are fed to :meth:`CircuitBreaker.record` the way the state seam does it
+(capmon/core/state.py): with the generation and the clock time at which the attempt
+was admitted, and whether the limiter took a capacity failure as news.
+"""
+
 from __future__ import annotations
 
 import asyncio
+import itertools
 import math
-import random
 import time
 
 import pytest
 
-from capmon.core.breaker import Admission, BreakerView, CircuitBreaker, State
+from capmon.core.breaker import BreakerView, CircuitBreaker, State
 from capmon.core.clock import LoopClock, ManualClock
 from capmon.core.config import BreakerConfig
-from capmon.core.events import BreakerChanged, Event, EventBus
+from capmon.core.events import BreakerChanged, Event, EventBus, RampStep
+from capmon.core.policy import BreakerSignal
 
-
-class LowDraws(random.Random):
-    """Every draw is 0.0: a RAMP breaker admits whatever its share."""
-
-    def random(self) -> float:
-        return 0.0
+S = BreakerSignal
+Sent = tuple[int, float]  # (generation, clock time) when an attempt was admitted
 
 
 class Harness:
-    def __init__(self, seed: int = 7, rng: random.Random | None = None, **cfg: object) -> None:
+    def __init__(self, **cfg: object) -> None:
         self.clock = ManualClock()
         self.events: list[Event] = []
         self.config = BreakerConfig(**cfg)  # type: ignore[arg-type]
-        self.breaker = CircuitBreaker(
-            "m@sim/demo", "m", self.config, self.clock, self.events.append, rng=rng or random.Random(seed)
-        )
+        self.breaker = CircuitBreaker("m@sim/demo", "m", self.config, self.clock, self.events.append)
 
     @property
     def changes(self) -> list[tuple[str, str]]:
         return [(e.old, e.new) for e in self.events if isinstance(e, BreakerChanged)]
 
-    def fail(self, n: int = 1, hint: float | None = None, capacity: bool = True) -> None:
+    @property
+    def steps(self) -> list[float]:
+        return [e.share for e in self.events if isinstance(e, RampStep)]
+
+    def sent(self) -> Sent:
+        """An attempt admitted now."""
+        return self.breaker.generation, self.clock.now()
+
+    def record(self, sent: Sent, signal: BreakerSignal, *, hint: float | None = None, news: bool = True,
+               probe: bool = False, basis: float = 8.0) -> None:
+        self.breaker.record(sent[0], signal, sent_at=sent[1], hint=hint, news=news, probe=probe, basis=basis)
+
+    def fail(self, n: int = 1, hint: float | None = None, signal: BreakerSignal = S.CAPACITY,
+             news: bool = True) -> None:
         for _ in range(n):
-            adm = self.breaker.admit()
-            assert adm is not None
-            self.breaker.on_failure(adm, capacity=capacity, hint=hint)
+            self.record(self.sent(), signal, hint=hint, news=news)
 
     def succeed(self, n: int = 1) -> None:
         for _ in range(n):
-            adm = self.breaker.admit()
-            assert adm is not None
-            self.breaker.on_success(adm)
+            self.record(self.sent(), S.SUCCESS)
 
     def trip(self, hint: float | None = None) -> None:
         self.fail(self.config.failure_threshold, hint=hint)
         assert self.breaker.state is State.OPEN
 
-    def to_half_open(self) -> None:
-        until = self.breaker.next_admit_at()
-        assert until is not None
-        self.clock.advance(until - self.clock.now())
-        assert self.breaker.state is State.HALF_OPEN
+    def wait_for_probe(self) -> float:
+        """Advance to the due probe; returns how long that was."""
+        due = self.breaker.probe_due_at()
+        assert due is not None
+        waited = due - self.clock.now()
+        self.clock.advance(waited)
+        return waited
 
-    def to_ramp(self) -> None:
-        self.to_half_open()
-        self.succeed(self.config.half_open_probes)
+    def probe(self, signal: BreakerSignal = S.SUCCESS, hint: float | None = None, basis: float = 8.0) -> None:
+        self.wait_for_probe()
+        gen = self.breaker.begin_probe()
+        assert gen is not None and self.breaker.state is State.HALF_OPEN
+        self.record((gen, self.clock.now()), signal, hint=hint, news=False, probe=True, basis=basis)
+
+    def to_ramp(self, basis: float = 8.0) -> None:
+        for _ in range(self.config.half_open_probes):
+            self.probe(basis=basis)
         assert self.breaker.state is State.RAMP
 
 
 # ------------------------------------------------------------------ closed
 
 
-def test_starts_closed_and_admits() -> None:
+def test_starts_closed_and_admits_everything() -> None:
     h = Harness()
     b = h.breaker
-    assert b.state is State.CLOSED
-    assert b.would_admit()
-    assert b.next_admit_at() is None
-    adm = b.admit()
-    assert isinstance(adm, Admission)
-    b.on_success(adm)
+    assert b.state is State.CLOSED and b.state.admits
+    assert b.share() == 1.0
+    assert b.probe_due_at() is None and b.begin_probe() is None
+    h.succeed()
     v = b.view()
     assert isinstance(v, BreakerView)
-    assert (v.state, v.manual, v.consecutive_failures, v.cooldown_until, v.ramp_share, v.trips) == (
-        State.CLOSED, False, 0, None, None, 0,
-    )
-    assert h.events == []
+    assert (v.state, v.manual, v.consecutive_failures, v.next_probe_at, v.probe_interval, v.probes_failed,
+            v.ramp_share, v.trips, v.total_trips) == (State.CLOSED, False, 0, None, None, 0, None, 0, 0)
+    assert h.events == [] and b.generation == 0
 
 
 def test_consecutive_capacity_failures_trip() -> None:
@@ -89,16 +105,25 @@ def test_consecutive_capacity_failures_trip() -> None:
     h.fail(1)
     v = h.breaker.view()
     assert v.state is State.OPEN
-    assert v.cooldown_until == h.clock.now() + 300
-    assert v.trips == 1 and v.total_trips == 1
+    assert v.next_probe_at == h.clock.now() + 2.0 and v.probe_interval == 2.0  # probe_interval, not a blind wait
+    assert v.trips == 1 and v.total_trips == 1 and v.probes_failed == 0
     assert "3 capacity failures in a row" in v.reason
-    assert h.breaker.admit() is None
-    assert not h.breaker.would_admit()
-    assert h.breaker.next_admit_at() == h.clock.now() + 300
+    assert h.breaker.probe_due_at() == h.clock.now() + 2.0
     assert h.changes == [("closed", "open")]
 
 
-def test_success_resets_consecutive_count() -> None:
+def test_open_admits_nothing_not_even_when_the_probe_is_due() -> None:
+    h = Harness()
+    h.trip()
+    b = h.breaker
+    assert not b.state.admits and b.share() == 0.0
+    h.clock.advance(1e6)  # long past the due probe: still only the client's own probe may go
+    assert b.state is State.OPEN and b.share() == 0.0
+    assert b.begin_probe() is not None
+    assert b.share() == 0.0  # nor while it is in flight
+
+
+def test_a_success_resets_the_consecutive_count() -> None:
     h = Harness()
     h.fail(2)
     h.succeed()
@@ -107,15 +132,28 @@ def test_success_resets_consecutive_count() -> None:
     assert h.breaker.state is State.CLOSED
 
 
-def test_transient_failures_and_releases_never_trip_a_closed_breaker() -> None:
+def test_echoes_are_not_failures() -> None:
+    # A capacity failure the limiter took as an echo of its own cut: the model is full, not down.
+    h = Harness(failure_ratio=0.0, ratio_min_requests=1)
+    h.fail(50, news=False)
+    v = h.breaker.view()
+    assert v.state is State.CLOSED and v.consecutive_failures == 0
+
+
+def test_transient_and_neutral_outcomes_never_trip_a_closed_breaker() -> None:
     h = Harness()
     h.fail(2)
-    h.fail(50, capacity=False)
-    for _ in range(50):
-        h.breaker.release(h.breaker.admit())  # type: ignore[arg-type]
+    h.fail(50, signal=S.TRANSIENT)
+    h.fail(50, signal=S.NEUTRAL)
     v = h.breaker.view()
     # Neither counted nor reset: they say nothing about capacity.
     assert v.state is State.CLOSED and v.consecutive_failures == 2
+
+
+def test_connection_failures_count_even_when_not_news() -> None:
+    h = Harness()
+    h.fail(3, signal=S.DOWN, news=False)  # nothing reached the server: always a failure
+    assert h.breaker.state is State.OPEN
 
 
 def test_failure_ratio_over_window_trips() -> None:
@@ -150,188 +188,299 @@ def test_failure_ratio_below_threshold_does_not_trip() -> None:
     assert h.breaker.state is State.CLOSED
 
 
-# ------------------------------------------------------------------ cool-down
+def test_echoes_do_not_count_toward_the_failure_ratio() -> None:
+    h = Harness(failure_threshold=100, failure_ratio=0.5, ratio_min_requests=10)
+    h.succeed(5)
+    h.fail(100, news=False)
+    h.fail(4)
+    assert h.breaker.state is State.CLOSED  # 4 of 9
+    h.fail()
+    assert h.breaker.state is State.OPEN and "5 of 10" in h.breaker.view().reason
 
 
-def test_cooldown_ends_lazily_into_half_open() -> None:
+# ------------------------------------------------------------------ send order
+
+
+def test_a_success_sent_before_the_streak_began_does_not_break_it() -> None:
+    h = Harness()
+    early = h.sent()  # still being served when the model went down
+    h.clock.advance(1)
+    h.fail(2)
+    h.record(early, S.SUCCESS)
+    assert h.breaker.view().consecutive_failures == 2
+    h.fail(1)
+    assert h.breaker.state is State.OPEN
+
+
+def test_a_success_sent_after_the_streak_began_breaks_it() -> None:
+    h = Harness()
+    first = h.sent()
+    h.clock.advance(1)
+    later = h.sent()
+    h.record(first, S.CAPACITY)
+    h.record(later, S.SUCCESS)  # sent after the first failure was: the model served it
+    assert h.breaker.view().consecutive_failures == 0
+
+
+def test_the_hint_of_a_streak_a_success_did_not_break_still_counts() -> None:
+    h = Harness()
+    early = h.sent()
+    h.clock.advance(1)
+    h.fail(1, hint=500)
+    h.record(early, S.SUCCESS)
+    h.fail(2)
+    assert h.breaker.probe_due_at() == h.clock.now() + 500
+
+
+# ------------------------------------------------------------------ probes
+
+
+def test_a_probe_is_due_probe_interval_after_the_trip_and_not_before() -> None:
+    h = Harness(probe_interval=5)
+    h.trip()
+    b = h.breaker
+    t0 = h.clock.now()
+    assert b.probe_due_at() == t0 + 5
+    h.clock.advance(4.9)
+    assert b.begin_probe() is None and b.state is State.OPEN
+    h.clock.advance(0.1)
+    gen = b.begin_probe()
+    assert gen == b.generation
+    v = b.view()
+    assert v.state is State.HALF_OPEN and v.next_probe_at is None and v.probe_interval == 5
+    assert b.probe_due_at() is None
+    assert h.changes[-1] == ("open", "half-open")
+    assert "probing" in v.reason
+
+
+def test_one_probe_at_a_time() -> None:
     h = Harness()
     h.trip()
-    h.clock.advance(299.9)
-    assert h.breaker.state is State.OPEN
-    assert h.breaker.admit() is None
-    h.clock.advance(0.1)
-    assert h.breaker.would_admit()
-    assert h.breaker.state is State.HALF_OPEN
-    assert h.breaker.next_admit_at() is None
-    assert h.changes == [("closed", "open"), ("open", "half-open")]
-    assert h.breaker.view().reason == "cool-down over"
-
-
-def test_cooldown_grows_on_each_retrip_and_is_capped() -> None:
-    h = Harness(cooldown=100, cooldown_multiplier=3, cooldown_max=1000)
-    h.trip()
-    lengths = []
+    h.wait_for_probe()
+    assert h.breaker.begin_probe() is not None
     for _ in range(5):
-        lengths.append(h.breaker.next_admit_at() - h.clock.now())  # type: ignore[operator]
-        h.to_half_open()
-        h.fail()  # the probe fails: re-trip
-    assert lengths == [100, 300, 900, 1000, 1000]
-    assert h.breaker.view().trips == 6
+        assert h.breaker.begin_probe() is None
+    h.clock.advance(1000)
+    assert h.breaker.begin_probe() is None and h.breaker.state is State.HALF_OPEN
 
 
-def test_cooldown_growth_survives_many_retrips_without_overflow() -> None:
-    h = Harness(cooldown=1, cooldown_multiplier=10, cooldown_max=50)
+def test_each_failed_probe_multiplies_the_interval_up_to_the_cooldown() -> None:
+    h = Harness(probe_interval=2, cooldown=60, cooldown_multiplier=3)
+    h.trip()
+    waits = []
+    for n in range(6):
+        waits.append(h.wait_for_probe())
+        h.probe(S.CAPACITY)
+        v = h.breaker.view()
+        assert v.state is State.OPEN and v.probes_failed == n + 1 and v.reason == "probe failed (capacity)"
+    assert waits == [2, 6, 18, 54, 60, 60]
+    assert h.breaker.view().trips == 1  # failed probes are not trips
+    assert h.changes[-2:] == [("open", "half-open"), ("half-open", "open")]
+
+
+@pytest.mark.parametrize("signal", [S.CAPACITY, S.DOWN, S.TRANSIENT])
+def test_any_failure_fails_a_probe(signal: BreakerSignal) -> None:
+    h = Harness()
+    h.trip()
+    h.probe(signal)
+    v = h.breaker.view()
+    assert v.state is State.OPEN and v.probes_failed == 1 and v.probe_interval == 4.0
+    assert v.reason == f"probe failed ({signal.value})"
+
+
+def test_an_inconclusive_probe_is_repeated_after_the_same_interval() -> None:
+    h = Harness()
+    h.trip()
+    h.probe(S.NEUTRAL)  # e.g. its key was refused: says nothing about the model
+    v = h.breaker.view()
+    assert v.state is State.OPEN and v.probes_failed == 0 and v.reason == "probe inconclusive"
+    assert v.next_probe_at == h.clock.now() + 2.0
+
+
+def test_interval_growth_survives_many_failed_probes_without_overflow() -> None:
+    h = Harness(probe_interval=1, cooldown=50, cooldown_multiplier=10)
     h.trip()
     for _ in range(400):
-        h.to_half_open()
-        h.fail()
-    assert h.breaker.next_admit_at() == h.clock.now() + 50
+        h.probe(S.CAPACITY)
+    assert h.breaker.probe_due_at() == h.clock.now() + 50
 
 
-def test_cooldown_is_never_shorter_than_the_server_hint() -> None:
+def test_a_probe_is_never_sooner_than_the_server_hint() -> None:
+    h = Harness()
+    h.trip(hint=100)
+    v = h.breaker.view()
+    assert v.next_probe_at == h.clock.now() + 100 and v.probe_interval == 2.0
+    h.probe(S.CAPACITY, hint=500)
+    assert h.breaker.probe_due_at() == h.clock.now() + 500
+    h.probe(S.CAPACITY)  # the schedule grew underneath the hints: 2 -> 4 -> 8
+    assert h.breaker.probe_due_at() == h.clock.now() + 8
+
+
+def test_a_hint_shorter_than_the_interval_changes_nothing() -> None:
+    h = Harness(probe_interval=30)
+    h.trip(hint=3)
+    assert h.breaker.probe_due_at() == h.clock.now() + 30
+
+
+def test_a_hint_is_capped_at_cooldown_max() -> None:
+    h = Harness(cooldown_max=300)
+    h.trip(hint=3000)
+    assert h.breaker.probe_due_at() == h.clock.now() + 300
+    h.probe(S.CAPACITY, hint=1e9)
+    assert h.breaker.probe_due_at() == h.clock.now() + 300
+
+
+def test_the_trip_waits_for_the_largest_hint_of_the_streak() -> None:
     h = Harness()
     h.fail(1, hint=10)
     h.fail(1, hint=700)
     h.fail(1, hint=20)
-    # max of the hints of the failures that tripped it
-    assert h.breaker.next_admit_at() == h.clock.now() + 700
+    assert h.breaker.probe_due_at() == h.clock.now() + 700
 
 
-def test_hint_wins_over_the_cap() -> None:
-    h = Harness(cooldown_max=1800)
-    h.trip(hint=3000)
-    assert h.breaker.next_admit_at() == h.clock.now() + 3000
-
-
-def test_hint_from_before_a_success_does_not_count() -> None:
+def test_a_hint_from_before_a_success_does_not_count() -> None:
     h = Harness()
     h.fail(1, hint=5000)
     h.succeed()
     h.trip()
-    assert h.breaker.next_admit_at() == h.clock.now() + 300
+    assert h.breaker.probe_due_at() == h.clock.now() + 2.0
 
 
-@pytest.mark.parametrize("garbage", [-1.0, math.nan, math.inf])
+@pytest.mark.parametrize("garbage", [-1.0, math.nan, math.inf, -math.inf])
 def test_garbage_hints_are_ignored(garbage: float) -> None:
     h = Harness()
     h.trip(hint=garbage)
-    assert h.breaker.next_admit_at() == h.clock.now() + 300
+    assert h.breaker.probe_due_at() == h.clock.now() + 2.0
+    h.probe(S.CAPACITY, hint=garbage)
+    assert h.breaker.probe_due_at() == h.clock.now() + 4.0
 
 
-def test_ratio_trip_uses_the_largest_hint_in_the_window() -> None:
+def test_a_ratio_trip_waits_for_the_largest_hint_in_the_window() -> None:
     h = Harness(failure_threshold=100, failure_ratio=0.5, ratio_min_requests=4)
     h.fail(1, hint=400)
     h.succeed()
     h.fail(1, hint=50)
     h.fail(1)
     assert h.breaker.state is State.OPEN
-    assert h.breaker.next_admit_at() == h.clock.now() + 400
+    assert h.breaker.probe_due_at() == h.clock.now() + 400
 
 
-# ------------------------------------------------------------------ half-open
-
-
-def test_half_open_admits_at_most_half_open_probes() -> None:
-    h = Harness(half_open_probes=2)
+def test_several_probes_must_succeed_before_the_ramp() -> None:
+    h = Harness(half_open_probes=2, probe_interval=3)
     h.trip()
-    h.to_half_open()
-    b = h.breaker
-    p1, p2 = b.admit(), b.admit()
-    assert p1 is not None and p2 is not None and p1.probe and p2.probe
-    assert b.admit() is None
-    assert not b.would_admit()
-    assert b.view().probes_in_flight == 2
-    b.release(p1)  # says nothing: frees the slot, is not a success
-    assert b.view().probes_in_flight == 1
-    p3 = b.admit()
-    assert p3 is not None
-    b.on_success(p2)
-    assert b.state is State.HALF_OPEN  # needs two successful probes
-    b.on_success(p3)
-    assert b.state is State.RAMP
-    assert h.changes[-1] == ("half-open", "ramp")
-
-
-def test_would_admit_does_not_take_a_probe_slot() -> None:
-    h = Harness(half_open_probes=1)
-    h.trip()
-    h.to_half_open()
-    for _ in range(5):
-        assert h.breaker.would_admit()
-    assert h.breaker.admit() is not None
-    assert not h.breaker.would_admit()
-
-
-def test_capacity_failure_in_half_open_reopens_with_longer_cooldown() -> None:
-    h = Harness()
-    h.trip()
-    h.to_half_open()
-    h.fail(1, hint=5)
+    h.probe(S.SUCCESS)
     v = h.breaker.view()
-    assert v.state is State.OPEN
-    assert v.cooldown_until == h.clock.now() + 600
-    assert v.reason == "probe failed (capacity)"
-    assert h.changes[-1] == ("half-open", "open")
-
-
-def test_transient_failure_in_half_open_reopens() -> None:
-    h = Harness()
-    h.trip()
-    h.to_half_open()
-    h.fail(1, capacity=False)
-    assert h.breaker.state is State.OPEN
-    assert h.breaker.view().reason == "probe failed (transient error)"
-
-
-def test_probe_failure_hint_is_a_floor() -> None:
-    h = Harness()
-    h.trip()
-    h.to_half_open()
-    h.fail(1, hint=4000)
-    assert h.breaker.next_admit_at() == h.clock.now() + 4000
+    assert v.state is State.OPEN and v.reason == "probe succeeded; another is needed"
+    assert v.next_probe_at == h.clock.now() + 3  # the next probe after the same interval
+    h.probe(S.SUCCESS)
+    assert h.breaker.state is State.RAMP
+    assert h.breaker.view().reason == "2 probe(s) succeeded"
 
 
 # ------------------------------------------------------------------ ramp
 
 
-def test_ramp_share_grows_linearly_and_admission_follows_it() -> None:
-    h = Harness(seed=1234, ramp_start=0.1, ramp_duration=60)
+def test_a_successful_probe_starts_the_ramp_at_ramp_start() -> None:
+    h = Harness(ramp_start=0.25)
     h.trip()
-    h.to_ramp()
+    h.probe(S.CAPACITY)
+    h.to_ramp(basis=8)
+    v = h.breaker.view()
+    assert v.state is State.RAMP and v.ramp_share == 0.25 and h.breaker.share() == 0.25
+    assert v.next_probe_at is None and v.probe_interval is None and v.probes_failed == 0
+    assert h.breaker.probe_due_at() is None
+    assert h.changes[-1] == ("half-open", "ramp")
+
+
+def test_the_share_doubles_after_each_clean_round() -> None:
+    # basis 16 at 1/8: rounds of 2, 4 and 8 successes take the share to 1/4, 1/2 and 1.
+    h = Harness(ramp_start=0.125, ramp_duration=1e6)
+    h.trip()
+    h.to_ramp(basis=16)
     b = h.breaker
-    ramp_from = h.clock.now()
-    for elapsed, share in [(0, 0.1), (20, 0.4), (40, 0.7)]:
-        h.clock.advance(ramp_from + elapsed - h.clock.now())
-        assert b.view().ramp_share == pytest.approx(share)
-        admitted = 0
-        for _ in range(4000):
-            adm = b.admit()
-            if adm is not None:
-                admitted += 1
-                b.on_success(adm)
-        assert admitted / 4000 == pytest.approx(share, abs=0.03)
+    for share, round_size in [(0.125, 2), (0.25, 4), (0.5, 8)]:
+        h.succeed(round_size - 1)
+        assert b.state is State.RAMP and b.share() == share
+        h.succeed(1)
+    v = b.view()
+    assert v.state is State.CLOSED and v.reason == "ramp complete" and v.trips == 0
+    assert h.steps == [0.25, 0.5]  # the last doubling is the close, not a step
+    assert h.changes[-1] == ("ramp", "closed")
+
+
+def test_a_round_is_rounded_up_to_whole_requests() -> None:
+    h = Harness(ramp_start=0.25, ramp_duration=1e6)
+    h.trip()
+    h.to_ramp(basis=10)  # a round of ceil(2.5) = 3
+    h.succeed(2)
+    assert h.breaker.share() == 0.25
+    h.succeed(1)
+    assert h.breaker.share() == 0.5
+
+
+def test_a_basis_below_one_still_ramps_one_request_at_a_time() -> None:
+    h = Harness(ramp_start=0.25, ramp_duration=1e6)
+    h.trip()
+    h.to_ramp(basis=0.2)
+    h.succeed()
+    assert h.breaker.share() == 0.5
+    h.succeed()
+    assert h.breaker.state is State.CLOSED
+
+
+def test_a_capacity_failure_spoils_the_round_but_an_echo_does_not() -> None:
+    h = Harness(ramp_start=0.25, ramp_duration=1e6)
+    h.trip()
+    h.to_ramp(basis=8)  # rounds of 2
+    h.succeed()
+    h.fail()
+    h.succeed()
+    assert h.breaker.share() == 0.25  # the round starts again after the failure
+    h.fail(news=False)  # an echo: the round goes on
+    h.succeed()
+    assert h.breaker.share() == 0.5 and h.breaker.state is State.RAMP
+
+
+def test_ramp_duration_is_a_ceiling_on_the_ramp() -> None:
+    h = Harness(ramp_start=0.25, ramp_duration=60)
+    h.trip()
+    h.to_ramp(basis=8)
+    b = h.breaker
+    h.clock.advance(30)  # no traffic at all: time alone raises the share
+    assert b.view().ramp_share == pytest.approx(0.625)
+    h.succeed(2)  # a clean round doubles the evidence share, 0.5, below the time share
+    assert b.share() == pytest.approx(0.625)
+    h.clock.advance(29.9)
     assert b.state is State.RAMP
+    h.clock.advance(0.2)
+    assert b.state is State.CLOSED and b.view().reason == "ramp complete"
 
 
-def test_ramp_completes_into_closed_and_forgets_the_cooldown_growth() -> None:
+def test_evidence_is_not_held_back_by_time() -> None:
+    h = Harness(ramp_start=0.25, ramp_duration=60)
+    h.trip()
+    h.to_ramp(basis=8)
+    h.clock.advance(1)
+    h.succeed(2)
+    assert h.breaker.share() == 0.5  # one clean round beats a second of time (0.2625)
+
+
+def test_the_ramp_completing_forgets_the_interval_growth() -> None:
     h = Harness(ramp_duration=60)
     h.trip()
-    h.to_half_open()
-    h.fail()  # re-trip: 600 s
     h.to_ramp()
+    h.fail(3)  # re-trip during the ramp
     assert h.breaker.view().trips == 2
-    h.clock.advance(59.9)
-    assert h.breaker.state is State.RAMP
-    h.clock.advance(0.1)
+    h.to_ramp()
+    h.clock.advance(60)
     v = h.breaker.view()
-    assert v.state is State.CLOSED and v.trips == 0 and v.reason == "ramp complete"
-    assert h.changes[-2:] == [("half-open", "ramp"), ("ramp", "closed")]
+    assert v.state is State.CLOSED and v.trips == 0 and v.total_trips == 2
     h.trip()
-    assert h.breaker.next_admit_at() == h.clock.now() + 300  # back to the base cool-down
+    assert h.breaker.probe_due_at() == h.clock.now() + 2.0  # back to the first interval
 
 
-def test_capacity_failures_in_a_row_during_ramp_reopen_with_longer_cooldown() -> None:
-    h = Harness(rng=LowDraws())  # admit everything so the test does not depend on the draw
+def test_capacity_failures_in_a_row_during_ramp_retrip() -> None:
+    h = Harness()
     h.trip()
     h.to_ramp()
     h.fail(2)
@@ -339,97 +488,142 @@ def test_capacity_failures_in_a_row_during_ramp_reopen_with_longer_cooldown() ->
     h.fail(1)
     v = h.breaker.view()
     assert v.state is State.OPEN
-    assert v.cooldown_until == h.clock.now() + 600
     assert v.reason == "3 capacity failures in a row during ramp"
+    assert h.changes[-1] == ("ramp", "open")
+
+
+def test_a_retrip_lengthens_the_first_probe_interval_up_to_the_cooldown() -> None:
+    h = Harness(probe_interval=2, cooldown=60, cooldown_multiplier=2)
+    h.trip()
+    firsts = []
+    for _ in range(6):
+        firsts.append(h.wait_for_probe())
+        h.to_ramp()
+        h.fail(3)
+    assert firsts == [2, 4, 8, 16, 32, 60]
+    assert h.breaker.view().trips == 7 and h.breaker.view().probe_interval == 60
+
+
+def test_many_retrips_in_a_row_do_not_overflow() -> None:
+    h = Harness(probe_interval=1, cooldown=50, cooldown_multiplier=10, failure_threshold=1)
+    h.trip()
+    for _ in range(400):  # 10 ** 400 is past a float
+        h.to_ramp()
+        h.fail(1)
+    assert h.breaker.probe_due_at() == h.clock.now() + 50
 
 
 def test_a_success_during_ramp_ends_the_failure_streak() -> None:
-    h = Harness(rng=LowDraws())
+    h = Harness(ramp_duration=1e6)
     h.trip()
     h.to_ramp()
     for _ in range(5):
         h.fail(2)
-        adm = h.breaker.admit()
-        assert adm is not None
-        h.breaker.on_success(adm)
+        h.succeed()
     assert h.breaker.state is State.RAMP
 
 
-def test_transient_failures_during_ramp_are_ignored() -> None:
-    h = Harness(rng=LowDraws(), ramp_duration=60)
+def test_a_success_sent_before_a_ramp_streak_does_not_end_it() -> None:
+    h = Harness(ramp_duration=1e6)
     h.trip()
     h.to_ramp()
-    h.fail(10, capacity=False)
-    assert h.breaker.state is State.RAMP
+    early = h.sent()
+    h.clock.advance(1)
+    h.fail(2)
+    h.record(early, S.SUCCESS)
+    h.fail(1)
+    assert h.breaker.state is State.OPEN
 
 
-def test_zero_length_ramp_closes_at_once() -> None:
-    h = Harness(ramp_duration=0)
+def test_echoes_transient_and_neutral_outcomes_during_ramp_are_ignored() -> None:
+    h = Harness(ramp_duration=1e6)
     h.trip()
-    h.to_half_open()
-    h.succeed()
+    h.to_ramp()
+    h.fail(10, news=False)
+    h.fail(10, signal=S.TRANSIENT)
+    h.fail(10, signal=S.NEUTRAL)
+    assert h.breaker.state is State.RAMP and h.breaker.share() == 0.25
+
+
+def test_connection_failures_during_ramp_retrip() -> None:
+    h = Harness(ramp_duration=1e6)
+    h.trip()
+    h.to_ramp()
+    h.fail(3, signal=S.DOWN, news=False)
+    assert h.breaker.state is State.OPEN
+
+
+@pytest.mark.parametrize("cfg", [{"ramp_duration": 0}, {"ramp_start": 1.0}])
+def test_a_ramp_with_nothing_to_do_closes_at_once(cfg: dict[str, float]) -> None:
+    h = Harness(**cfg)
+    h.trip()
+    h.probe(S.SUCCESS)
     assert h.breaker.state is State.CLOSED
     assert h.changes[-2:] == [("half-open", "ramp"), ("ramp", "closed")]
 
 
-# ------------------------------------------------------------------ stale admissions
+# ------------------------------------------------------------------ stale outcomes
 
 
-def test_late_success_from_before_a_trip_does_not_close_an_open_breaker() -> None:
+def test_late_successes_from_before_a_trip_neither_close_nor_probe() -> None:
     h = Harness()
-    b = h.breaker
-    early = [b.admit() for _ in range(5)]
+    early = [h.sent() for _ in range(5)]
     h.trip()
-    for adm in early:
-        b.on_success(adm)  # type: ignore[arg-type]
-    assert b.state is State.OPEN
-    h.to_half_open()
-    b.on_success(early[0])  # type: ignore[arg-type]  # already reported: ignored
-    assert b.state is State.HALF_OPEN
+    for sent in early:
+        h.record(sent, S.SUCCESS)
+    assert h.breaker.state is State.OPEN
+    h.wait_for_probe()
+    assert h.breaker.begin_probe() is not None
+    for sent in early:
+        h.record(sent, S.SUCCESS, probe=True)  # even one claiming to be a probe: wrong generation
+        h.record(sent, S.CAPACITY, hint=9999)
+    assert h.breaker.state is State.HALF_OPEN
 
 
-def test_stale_outcomes_do_not_count_as_probes() -> None:
-    h = Harness()
-    b = h.breaker
-    early_ok, early_fail = b.admit(), b.admit()
-    h.trip()
-    h.to_half_open()
-    b.on_success(early_ok)  # type: ignore[arg-type]
-    assert b.state is State.HALF_OPEN
-    b.on_failure(early_fail, capacity=True, hint=9999)  # type: ignore[arg-type]
-    assert b.state is State.HALF_OPEN
-    assert b.view().probes_in_flight == 0
-
-
-def test_failure_arriving_after_the_ramp_completed_is_stale() -> None:
-    h = Harness(rng=LowDraws(), ramp_duration=60)
+def test_a_failure_arriving_after_the_ramp_completed_is_stale() -> None:
+    h = Harness(ramp_duration=60)
     h.trip()
     h.to_ramp()
-    adm = h.breaker.admit()
-    assert adm is not None
+    during = h.sent()
     h.clock.advance(61)
-    h.breaker.on_failure(adm, capacity=True)
+    h.record(during, S.CAPACITY)
     v = h.breaker.view()
     assert v.state is State.CLOSED and v.consecutive_failures == 0
 
 
-def test_failure_from_before_a_reset_is_stale() -> None:
+def test_a_failure_from_before_a_reset_is_stale() -> None:
     h = Harness(failure_threshold=1)
-    adm = h.breaker.admit()
+    before = h.sent()
     h.breaker.reset()
-    h.breaker.on_failure(adm, capacity=True)  # type: ignore[arg-type]
+    h.record(before, S.CAPACITY)
     assert h.breaker.state is State.CLOSED
 
 
-def test_reporting_an_admission_twice_counts_once() -> None:
-    h = Harness(half_open_probes=2)
+def test_a_probe_outcome_after_a_manual_action_is_stale() -> None:
+    h = Harness()
     h.trip()
-    h.to_half_open()
-    p1 = h.breaker.admit()
-    h.breaker.on_success(p1)  # type: ignore[arg-type]
-    h.breaker.on_success(p1)  # type: ignore[arg-type]
-    assert h.breaker.state is State.HALF_OPEN
-    assert h.breaker.view().probes_in_flight == 0
+    h.wait_for_probe()
+    gen = h.breaker.begin_probe()
+    assert gen is not None
+    h.breaker.trip("maintenance")
+    h.record((gen, h.clock.now()), S.SUCCESS, probe=True)
+    assert h.breaker.state is State.FORCED_OPEN
+    h.breaker.reset()
+    h.record((gen, h.clock.now()), S.CAPACITY, probe=True)
+    assert h.breaker.state is State.CLOSED and h.breaker.view().consecutive_failures == 0
+
+
+def test_every_state_change_starts_a_new_generation() -> None:
+    h = Harness(ramp_duration=60)
+    h.trip()
+    h.probe(S.CAPACITY)
+    h.to_ramp()
+    h.clock.advance(60)
+    assert h.breaker.state is State.CLOSED
+    h.breaker.trip()
+    h.breaker.force_close()
+    h.breaker.reset()
+    assert h.breaker.generation == len(h.changes) == 9
 
 
 # ------------------------------------------------------------------ by hand
@@ -442,10 +636,19 @@ def test_forced_open_admits_nothing_until_reset() -> None:
     v = b.view()
     assert v.state is State.FORCED_OPEN and v.manual and v.reason == "maintenance"
     h.clock.advance(1e6)
-    assert b.admit() is None and not b.would_admit() and b.next_admit_at() is None
+    assert b.share() == 0.0 and b.probe_due_at() is None and b.begin_probe() is None
+    h.succeed(10)
+    assert b.state is State.FORCED_OPEN
     b.reset()
-    assert b.state is State.CLOSED and not b.view().manual
-    assert b.admit() is not None
+    assert b.state is State.CLOSED and not b.view().manual and b.share() == 1.0
+
+
+def test_tripping_an_open_breaker_by_hand_stops_its_probes() -> None:
+    h = Harness()
+    h.trip()
+    h.breaker.trip()
+    h.clock.advance(1e6)
+    assert h.breaker.probe_due_at() is None and h.breaker.begin_probe() is None
 
 
 def test_forced_closed_admits_everything_and_never_trips() -> None:
@@ -453,29 +656,32 @@ def test_forced_closed_admits_everything_and_never_trips() -> None:
     b = h.breaker
     h.trip()
     b.force_close()
-    assert b.view().manual
+    assert b.view().manual and b.share() == 1.0
     h.fail(100, hint=9999)
-    h.fail(100, capacity=False)
+    h.fail(100, signal=S.DOWN)
+    h.fail(100, signal=S.TRANSIENT)
     assert b.state is State.FORCED_CLOSED
     assert b.view().consecutive_failures == 0
     h.clock.advance(1e6)
-    assert b.state is State.FORCED_CLOSED
+    assert b.state is State.FORCED_CLOSED and b.probe_due_at() is None
 
 
-def test_reset_clears_counters_and_the_cooldown_growth() -> None:
+def test_reset_clears_counters_and_the_interval_growth() -> None:
     h = Harness()
     h.trip()
-    h.to_half_open()
-    h.fail()
-    assert h.breaker.view().trips == 2
+    h.probe(S.CAPACITY)
+    h.to_ramp()
+    h.fail(3)
+    v = h.breaker.view()
+    assert v.trips == 2 and v.probe_interval == 4.0
     h.breaker.reset()
     v = h.breaker.view()
-    assert (v.state, v.consecutive_failures, v.trips, v.cooldown_until, v.reason) == (
-        State.CLOSED, 0, 0, None, "reset by hand",
+    assert (v.state, v.consecutive_failures, v.trips, v.next_probe_at, v.probes_failed, v.reason) == (
+        State.CLOSED, 0, 0, None, 0, "reset by hand",
     )
     assert v.total_trips == 2  # history is kept for the dashboard
     h.trip()
-    assert h.breaker.next_admit_at() == h.clock.now() + 300
+    assert h.breaker.probe_due_at() == h.clock.now() + 2.0
 
 
 def test_manual_changes_publish_manual_events() -> None:
@@ -497,21 +703,37 @@ def test_manual_changes_publish_manual_events() -> None:
 
 def test_every_transition_publishes_a_breaker_changed_event() -> None:
     h = Harness(ramp_duration=60)
-    h.trip(hint=None)
+    h.trip()
     opened_at = h.clock.now()
+    h.probe(S.CAPACITY)
     h.to_ramp()
     h.clock.advance(60)
     assert h.breaker.state is State.CLOSED
-    assert h.changes == [("closed", "open"), ("open", "half-open"), ("half-open", "ramp"), ("ramp", "closed")]
-    first = h.events[0]
-    assert isinstance(first, BreakerChanged)
-    assert first.target == "m@sim/demo" and first.model == "m"
+    assert h.changes == [("closed", "open"), ("open", "half-open"), ("half-open", "open"), ("open", "half-open"),
+                         ("half-open", "ramp"), ("ramp", "closed")]
+    changed = [e for e in h.events if isinstance(e, BreakerChanged)]
+    first = changed[0]
+    assert first.target == "m@sim/demo" and first.model == "m" and not first.manual
     assert first.at == opened_at and first.wall == h.clock.wall() - (h.clock.now() - opened_at)
-    assert first.cooldown_until == opened_at + 300 and not first.manual
-    assert all(isinstance(e, BreakerChanged) and e.cooldown_until is None for e in h.events[1:])
-    # each event starts where the previous one ended
-    for prev, nxt in zip(h.events, h.events[1:]):
-        assert prev.new == nxt.old  # type: ignore[attr-defined]
+    # cooldown_until is the next probe on every move to open, and only there
+    assert first.cooldown_until == opened_at + 2.0
+    assert changed[2].cooldown_until == changed[2].at + 4.0
+    assert [e.cooldown_until is None for e in changed] == [e.new != "open" for e in changed]
+    for prev, nxt in itertools.pairwise(changed):  # each event starts where the previous one ended
+        assert prev.new == nxt.old
+
+
+def test_a_ramp_step_publishes_its_share() -> None:
+    h = Harness(ramp_start=0.25, ramp_duration=1e6)
+    h.trip()
+    h.to_ramp(basis=8)
+    h.clock.advance(3)
+    h.succeed(2)
+    step = h.events[-1]
+    assert isinstance(step, RampStep)
+    assert (step.target, step.model, step.share, step.at, step.wall) == (
+        "m@sim/demo", "m", 0.5, h.clock.now(), h.clock.wall())
+    assert "clean round" in step.reason
 
 
 def test_works_with_the_event_bus_and_a_broken_subscriber() -> None:
@@ -525,7 +747,7 @@ def test_works_with_the_event_bus_and_a_broken_subscriber() -> None:
     bus.subscribe(seen.append)
     clock = ManualClock()
     b = CircuitBreaker("t", "m", BreakerConfig(failure_threshold=1), clock, bus.publish)
-    b.on_failure(b.admit(), capacity=True)  # type: ignore[arg-type]
+    b.record(b.generation, S.CAPACITY, sent_at=clock.now())
     assert b.state is State.OPEN
     assert [type(e) for e in seen] == [BreakerChanged]
 
@@ -534,49 +756,84 @@ def test_a_raising_publish_callable_does_not_break_the_breaker() -> None:
     def publish(_: Event) -> None:
         raise RuntimeError("boom")
 
-    b = CircuitBreaker("t", "m", BreakerConfig(failure_threshold=1), ManualClock(), publish)
-    b.on_failure(b.admit(), capacity=True)  # type: ignore[arg-type]
+    clock = ManualClock()
+    b = CircuitBreaker("t", "m", BreakerConfig(failure_threshold=1, ramp_duration=1e6), clock, publish)
+    b.record(b.generation, S.CAPACITY, sent_at=clock.now())
     assert b.state is State.OPEN
+    clock.advance(2)
+    gen = b.begin_probe()
+    assert gen is not None
+    b.record(gen, S.SUCCESS, sent_at=clock.now(), probe=True, basis=8)
+    assert b.state is State.RAMP
+    for _ in range(2):  # a ramp step publishes too
+        b.record(b.generation, S.SUCCESS, sent_at=clock.now())
+    assert b.share() == 0.5
 
 
 # ------------------------------------------------------------------ fast-forwarded loop time
 
 
 @pytest.mark.looptime
-async def test_five_minute_cooldown_passes_in_fast_forwarded_time() -> None:
+async def test_an_outage_is_found_over_within_one_probe_interval() -> None:
+    """A model down for 100 s: the interval doubles from 2 s up to the 60 s cooldown (each
+    probe takes 0.5 s), and the first probe after the model came back finds it."""
     started = time.perf_counter()
     events: list[Event] = []
-    b = CircuitBreaker("m@sim/demo", "m", BreakerConfig(), LoopClock(), events.append, rng=random.Random(3))
-    loop = asyncio.get_running_loop()
-    t0 = loop.time()
-
+    clock = LoopClock()
+    b = CircuitBreaker("m@sim/demo", "m", BreakerConfig(), clock, events.append)
+    t0 = clock.now()
     for _ in range(3):
-        b.on_failure(b.admit(), capacity=True)  # type: ignore[arg-type]
+        b.record(b.generation, S.CAPACITY, sent_at=clock.now())
     assert b.state is State.OPEN
-    assert b.next_admit_at() == pytest.approx(t0 + 300)
-
-    await asyncio.sleep(299)
-    assert b.state is State.OPEN
-    await asyncio.sleep(2)  # 301 s after the trip
-    assert b.state is State.HALF_OPEN
-
-    probe = b.admit()
-    assert probe is not None and probe.probe
-    await asyncio.sleep(0.5)  # the probe's round trip
-    b.on_success(probe)
+    probes = []
+    while b.state is State.OPEN:
+        due = b.probe_due_at()
+        assert due is not None
+        await asyncio.sleep(due - clock.now())
+        gen = b.begin_probe()
+        assert gen is not None
+        probes.append(round(clock.now() - t0, 3))
+        await asyncio.sleep(0.5)  # the probe's round trip
+        up = clock.now() - t0 >= 100
+        b.record(gen, S.SUCCESS if up else S.CAPACITY, sent_at=clock.now(), probe=True, basis=8)
+    assert probes == [2.0, 6.5, 15.0, 31.5, 64.0, 124.5]
+    assert probes[-1] - 100 < 60.5
     assert b.state is State.RAMP
+    assert time.perf_counter() - started < 2.0
 
-    admitted = 0
+
+@pytest.mark.looptime
+async def test_steady_traffic_ramps_up_in_round_trips_an_idle_ramp_in_ramp_duration() -> None:
+    started = time.perf_counter()
+    clock = LoopClock()
+    b = CircuitBreaker("m", "m", BreakerConfig(failure_threshold=1, ramp_start=0.25, ramp_duration=60), clock)
+
+    async def recover() -> float:
+        b.record(b.generation, S.CAPACITY, sent_at=clock.now())
+        await asyncio.sleep(b.probe_due_at() - clock.now())  # type: ignore[operator]
+        gen = b.begin_probe()
+        assert gen is not None
+        b.record(gen, S.SUCCESS, sent_at=clock.now(), probe=True, basis=8)
+        assert b.state is State.RAMP
+        return clock.now()
+
+    # Steady traffic: every round trip (0.5 s) all of the ramp's slots succeed.
+    ramp_from = await recover()
+    shares = []
     while b.state is State.RAMP:
-        adm = b.admit()
-        if adm is not None:
-            admitted += 1
-            b.on_success(adm)
+        share = b.share()
+        shares.append(share)
+        slots = math.ceil(share * 8)
+        sent = [(b.generation, clock.now()) for _ in range(slots)]
+        await asyncio.sleep(0.5)
+        for gen, at in sent:
+            b.record(gen, S.SUCCESS, sent_at=at, basis=8)
+    assert shares[:2] == [0.25, 0.5] and len(shares) <= 3
+    assert clock.now() - ramp_from == pytest.approx(0.5 * len(shares))
+
+    # No traffic: the ceiling closes it.
+    ramp_from = await recover()
+    while b.state is State.RAMP:
         await asyncio.sleep(1)
-    assert b.state is State.CLOSED
-    assert 0 < admitted < 61  # a growing share of one attempt per second over the 60 s ramp
-    assert loop.time() - t0 == pytest.approx(301.5 + 60, abs=1.01)
-    assert [(e.old, e.new) for e in events if isinstance(e, BreakerChanged)] == [
-        ("closed", "open"), ("open", "half-open"), ("half-open", "ramp"), ("ramp", "closed"),
-    ]
+    assert clock.now() - ramp_from == pytest.approx(60, abs=1.01)
     assert time.perf_counter() - started < 2.0

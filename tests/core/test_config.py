@@ -95,3 +95,29 @@ def test_discovery_order(tmp_path: Path) -> None:
     empty.mkdir()
     found = find_config(None, {"XDG_CONFIG_HOME": str(tmp_path / "nothing")}, empty)
     assert found in (bundled_config_path(),) or found.name == "config.toml"
+
+
+@pytest.mark.parametrize("headers,expected", [
+    ('{ "x-org" = "café" }', None),  # Latin-1: allowed
+    ('{ "x-org" = "東京" }', "headers.x-org: expected a header value of printable Latin-1"),
+    ('{ "x-org" = "a\\nb" }', "headers.x-org: expected a header value"),
+    ('{ "bad name" = "v" }', 'headers."bad name": expected an HTTP header name'),
+])
+def test_endpoint_headers_must_be_sendable(headers: str, expected: str | None) -> None:
+    text = f"""
+[[endpoints]]
+name = "ep"
+base_url = "http://127.0.0.1:1/v1"
+keys = [{{ env = "K" }}]
+headers = {headers}
+
+[[models]]
+name = "m"
+endpoints = ["ep"]
+"""
+    if expected is None:
+        parse_config(text, "h.toml")
+        return
+    with pytest.raises(ConfigError) as info:
+        parse_config(text, "h.toml")
+    assert expected in str(info.value) and str(info.value).startswith("h.toml: endpoints[0].headers.")

@@ -804,3 +804,12 @@ async def test_the_client_sends_its_configs_quota_threshold_with_every_attempt()
     async with FallbackClient(cfg, environ=ENV) as client:
         req = chat_request(client.targets[0], ChatRequest.of("hi"), TokenParam.MAX_TOKENS, cfg, False)
     assert req.quota_hint == 300.0
+
+
+def test_a_failure_keeps_the_providers_message_and_param_for_passing_it_through() -> None:
+    body = {"error": {"message": "Invalid value for 'temperature': sk-abcdefghijklmnopqrstuvwx " + "word " * 80,
+                      "type": "invalid_request_error", "param": "temperature", "code": "invalid_value"}}
+    failure = classify_response(400, {}, json.dumps(body).encode(), now=NOW)
+    assert failure is not None and failure.param == "temperature"
+    assert failure.message.startswith("Invalid value for 'temperature':") and len(failure.message) > 300
+    assert "abcdefghijklmnop" not in failure.message

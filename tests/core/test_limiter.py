@@ -1,35 +1,70 @@
-from __future__ import annotations
+"""The capacity-learning limiter, the rpm / tpm buckets and the retry budget.
 
-import asyncio
-import time
+Waiting for a slot is the wait queue's business now (capmon/core/waiting.py); the
+first-come-first-served and no-leak tests for it are in tests/core/test_state.py.
+"""
+
+from __future__ import annotations
 
 import pytest
 
-from capmon.core.clock import LoopClock, ManualClock
+from capmon.core.clock import ManualClock
 from capmon.core.config import LimiterConfig
-from capmon.core.limiter import AdaptiveLimiter, Budget, LimiterView, Outcome, TokenBucket
+from capmon.core.limiter import AdaptiveLimiter, Budget, LimiterView, Slot, TokenBucket
+from capmon.core.policy import LimiterSignal
+
+OK, OVERLOAD, NEUTRAL = LimiterSignal.OK, LimiterSignal.OVERLOAD, LimiterSignal.NEUTRAL
 
 
-def limiter(initial: int = 8, min: int = 1, max: int = 64, decrease: float = 0.5, max_limit: int | None = None) -> AdaptiveLimiter:
-    return AdaptiveLimiter(LimiterConfig(initial=initial, min=min, max=max, decrease=decrease), ManualClock(), max_limit)
+def limiter(initial: int = 8, min: int = 1, max: int = 64, decrease: float = 0.5,
+            max_limit: int | None = None) -> AdaptiveLimiter:
+    return AdaptiveLimiter(LimiterConfig(initial=initial, min=min, max=max, decrease=decrease), max_limit)
 
 
-def fill(lim: AdaptiveLimiter) -> int:
+def fill(lim: AdaptiveLimiter) -> list[Slot]:
+    """Take every free slot."""
+    return [lim.take() for _ in range(lim.room())]
+
+
+def drain(lim: AdaptiveLimiter, slots: list[Slot]) -> None:
+    """End everything still held without teaching the limiter anything."""
+    while slots:
+        lim.release(slots.pop(), NEUTRAL)
+
+
+def learned(capacity: int) -> AdaptiveLimiter:
+    """A limiter whose first rejection taught it ``capacity``, with nothing in flight."""
+    lim = limiter(initial=capacity + 1)
+    slots = fill(lim)
+    assert lim.release(slots.pop(), OVERLOAD)
+    drain(lim, slots)
+    assert (lim.limit, lim.capacity, lim.in_flight) == (capacity, capacity, 0)
+    return lim
+
+
+def successes_to_grow(lim: AdaptiveLimiter) -> tuple[int, list[Slot]]:
+    """Keep the limiter full of requests that succeed until one more slot opens.
+    Returns how many successes that took, and the slots still held."""
+    held = fill(lim)
+    start = int(lim.limit)
     n = 0
-    while lim.try_acquire():
+    while int(lim.limit) <= start:
+        lim.release(held.pop(0), OK)
         n += 1
-    return n
+        held.append(lim.take())
+    return n, held
 
 
-# ------------------------------------------------------------------ AIMD
+# ------------------------------------------------------------------ slots
 
 
 def test_starts_at_initial_and_admits_up_to_the_limit() -> None:
     lim = limiter(initial=4)
-    assert lim.limit == 4.0
-    assert fill(lim) == 4
-    assert lim.in_flight == 4 and not lim.has_room()
-    assert lim.view() == LimiterView(limit=4.0, in_flight=4, waiting=0, min=1, max=64)
+    assert lim.limit == 4.0 and lim.room() == 4
+    slots = fill(lim)
+    assert [s.position for s in slots] == [1, 2, 3, 4] and {s.epoch for s in slots} == {0}
+    assert lim.in_flight == 4 and lim.room() == 0
+    assert lim.view() == LimiterView(limit=4.0, in_flight=4, capacity=None, min=1, max=64)
 
 
 def test_max_limit_caps_the_config_max() -> None:
@@ -40,216 +75,219 @@ def test_max_limit_caps_the_config_max() -> None:
     assert (tiny.min, tiny.max, tiny.limit) == (1, 1, 1.0)
 
 
-def test_slow_start_doubles_the_limit_each_round_trip_until_the_first_overload() -> None:
+def test_room_under_a_ramp_cap() -> None:
+    lim = limiter(initial=8)
+    assert (lim.room(2), lim.room(2.5), lim.room(100), lim.room(None)) == (2, 2, 8, 8)
+    held = [lim.take() for _ in range(3)]
+    assert lim.room(2) == 0 and lim.room() == 5  # never negative
+    drain(lim, held)
+
+
+def test_a_neutral_outcome_changes_nothing_but_frees_the_slot() -> None:
     lim = limiter(initial=4)
-    fill(lim)
-    for _ in range(4):  # one round trip of successes
-        lim.release("ok")
-        lim.try_acquire()
-    assert lim.limit == 8.0
-    fill(lim)
-    lim.release("overload")
-    assert lim.limit == 4.0  # from now on: additive increase
+    slots = fill(lim)
+    assert lim.release(slots[-1], NEUTRAL) is False
+    assert lim.limit == 4.0 and lim.in_flight == 3 and lim.capacity is None and lim.cuts == 0
 
 
-def test_additive_increase_is_one_per_round_trip_of_successes() -> None:
-    lim = limiter(initial=8)
-    fill(lim)
-    lim.release("overload")  # leaves slow start: limit 4, three echoes still in flight
-    for _ in range(7):
-        lim.release("neutral")
-    assert lim.limit == 4.0 and lim.in_flight == 0
-    fill(lim)
-    for _ in range(4):  # one round trip: every slot completes once and is reused
-        lim.release("ok")
-        lim.try_acquire()
-    assert 4.9 < lim.limit < 5.0  # 1/4 + 1/4.25 + 1/4.48 + 1/4.7
-    lim.release(Outcome.OK)
-    assert lim.limit > 5.0
-    assert fill(lim) == 2 and lim.in_flight == 5  # int(limit) == 5 now
-
-
-def test_limit_that_is_not_used_does_not_grow() -> None:
-    lim = limiter(initial=8)
-    for _ in range(100):
-        assert lim.try_acquire()
-        lim.release("ok")  # 1 of 8 in use: the limit says nothing about capacity
-    assert lim.limit == 8.0
-
-
-def test_increase_stops_at_max() -> None:
-    lim = limiter(initial=2, max=4)
-    for _ in range(200):
-        fill(lim)
-        lim.release("ok")
-    assert lim.limit == 4.0
-
-
-def test_multiplicative_decrease_at_most_once_per_round_trip() -> None:
-    lim = limiter(initial=8)
-    assert fill(lim) == 8
-    lim.release("overload")
-    assert lim.limit == 4.0
-    for _ in range(7):  # the other seven were sent at the old limit: no further decrease
-        lim.release("overload")
-    assert lim.limit == 4.0 and lim.decreases == 1
-    assert fill(lim) == 4  # a new round trip at the new limit
-    lim.release("overload")
-    assert lim.limit == 2.0 and lim.decreases == 2
-
-
-def test_decrease_stops_at_min() -> None:
-    lim = limiter(initial=8, min=3)
-    for _ in range(10):
-        fill(lim)
-        while lim.in_flight:
-            lim.release("overload")
-    assert lim.limit == 3.0
-
-
-def test_neutral_outcome_changes_nothing_but_frees_the_slot() -> None:
-    lim = limiter(initial=4)
-    fill(lim)
-    lim.release("neutral")
-    assert lim.limit == 4.0 and lim.in_flight == 3
-
-
-def test_unknown_outcome_frees_the_slot_then_raises() -> None:
-    lim = limiter()
-    lim.try_acquire()
-    with pytest.raises(ValueError, match="unknown outcome"):
-        lim.release("capacity")
-    assert lim.in_flight == 0
-
-
-def test_release_without_acquire_raises_and_never_goes_negative() -> None:
+def test_release_without_take_raises_and_never_goes_negative() -> None:
     lim = limiter()
     with pytest.raises(RuntimeError):
-        lim.release("ok")
+        lim.release(Slot(1, 0), OK)
     assert lim.in_flight == 0
 
 
-def test_over_limit_after_decrease_waits_for_completions() -> None:
+# ------------------------------------------------------------------ slow start
+
+
+def test_slow_start_adds_one_per_success_so_the_limit_doubles_each_round_trip() -> None:
+    lim = limiter(initial=4)
+    slots = fill(lim)
+    for _ in range(4):  # one round trip: each of the four slots completes and is reused
+        assert lim.release(slots.pop(0), OK) is False
+        slots.append(lim.take())
+    assert lim.limit == 8.0 and lim.capacity is None
+
+
+def test_a_limit_that_is_not_used_does_not_grow() -> None:
     lim = limiter(initial=8)
-    fill(lim)
-    lim.release("overload")  # limit 4, 7 still in flight
-    assert not lim.try_acquire()
+    for _ in range(100):
+        lim.release(lim.take(), OK)  # 1 of 8 in use: says nothing about capacity
+    assert lim.limit == 8.0
+    held = [lim.take() for _ in range(4)]
+    lim.release(held.pop(), OK)  # half of it in use counts as used
+    assert lim.limit == 9.0
+
+
+def test_slow_start_stops_at_max() -> None:
+    lim = limiter(initial=2, max=4)
+    for _ in range(200):
+        slots = fill(lim)
+        for s in slots:
+            lim.release(s, OK)
+    assert lim.limit == 4.0
+
+
+# ------------------------------------------------------------------ learning the capacity
+
+
+def test_a_rejection_that_is_news_at_position_p_says_the_target_holds_p_minus_1() -> None:
+    lim = limiter(initial=8)
+    slots = fill(lim)
+    assert lim.release(slots[5], OVERLOAD) is True  # position 6
+    assert (lim.limit, lim.capacity, lim.cuts) == (5.0, 5, 1)
+    assert lim.view() == LimiterView(limit=5.0, in_flight=7, capacity=5, min=1, max=64)
+
+
+def test_echoes_of_a_cut_change_nothing() -> None:
+    lim = limiter(initial=8)
+    slots = fill(lim)
+    first = slots.pop(5)
+    assert lim.is_news(first)
+    lim.release(first, OVERLOAD)
+    assert not any(lim.is_news(s) for s in slots)  # all sent before the cut
+    for s in slots:
+        assert lim.release(s, OVERLOAD) is False
+    assert (lim.limit, lim.capacity, lim.cuts, lim.in_flight) == (5.0, 5, 1, 0)
+    assert lim.is_news(lim.take())  # sent after it: news again
+
+
+def test_over_the_limit_after_a_cut_waits_for_completions() -> None:
+    lim = limiter(initial=8)
+    slots = fill(lim)
+    lim.release(slots.pop(), OVERLOAD)  # limit 7, 7 still in flight
+    assert lim.room() == 0
+    lim.release(slots.pop(), NEUTRAL)
+    assert lim.room() == 1
+
+
+def test_more_rejections_in_a_row_below_the_capacity_cut_multiplicatively() -> None:
+    lim = learned(5)
+    slots = fill(lim)  # positions 1..5, sent after the cut
+    assert lim.release(slots.pop(3), OVERLOAD) is True  # position 4: someone else is taking room too
+    assert (lim.limit, lim.capacity) == (2.5, 2)  # 5 * 0.5, not 3
+    drain(lim, slots)
+    slots = fill(lim)
+    assert lim.release(slots.pop(), OVERLOAD) is True  # position 2
+    assert (lim.limit, lim.capacity) == (1.0, 1)  # min(1, 2.5 * 0.5)
+    assert lim.cuts == 3
+
+
+def test_a_success_between_rejections_makes_the_next_one_exact_again() -> None:
+    lim = learned(5)
+    lim.release(lim.take(), OK)
+    slots = fill(lim)
+    lim.release(slots.pop(3), OVERLOAD)  # position 4
+    assert (lim.limit, lim.capacity) == (3.0, 3)
+
+
+def test_cuts_stop_at_min() -> None:
+    lim = limiter(initial=8, min=3)
+    for _ in range(10):
+        slots = fill(lim)
+        lim.release(slots.pop(0), OVERLOAD)  # position 1: "holds nothing"
+        drain(lim, slots)
+    assert lim.limit == 3.0 and lim.capacity == 3
+
+
+def test_growth_at_the_learned_capacity_is_slow() -> None:
+    lim = learned(4)
+    n, held = successes_to_grow(lim)
+    assert 16 <= n <= 20  # about four round trips of full use for one more slot, not one success
+    assert lim.capacity == 4
+    drain(lim, held)
+
+
+def test_growth_at_the_capacity_needs_full_use() -> None:
+    lim = learned(4)
+    held = [lim.take() for _ in range(3)]
+    for _ in range(50):
+        lim.release(held.pop(), OK)
+        held.append(lim.take())
+    assert lim.limit == 4.0
+
+
+def test_each_refuted_probe_above_the_capacity_doubles_the_patience() -> None:
+    lim = learned(4)
+    counts = []
+    for _ in range(7):
+        n, held = successes_to_grow(lim)
+        counts.append(n)
+        probe = lim.take()
+        assert probe.position == 5
+        assert lim.release(probe, OVERLOAD) is True  # refuted: back to what it holds
+        assert (lim.limit, lim.capacity) == (4.0, 4)
+        drain(lim, held)
+    assert counts[:5] == [counts[0] * 2**i for i in range(5)]
+    assert counts[4:] == [counts[4]] * 3  # capped
+
+
+def test_a_success_above_the_capacity_raises_it_and_restores_the_patience() -> None:
+    lim = learned(4)
+    _, held = successes_to_grow(lim)
+    probe = lim.take()
+    lim.release(probe, OVERLOAD)  # once refuted: twice as patient
+    drain(lim, held)
+    slow, held = successes_to_grow(lim)
+    probe = lim.take()
+    assert probe.position == 5
+    lim.release(probe, OK)
+    assert lim.capacity == 5
+    drain(lim, held)
+    fast, held = successes_to_grow(lim)
+    # Still twice as patient, one more slot at 5 would take more than the one at 4 did (about 44).
+    assert fast < slow
+
+
+# ------------------------------------------------------------------ an outage is not a capacity signal
+
+
+def test_restore_forgets_what_a_failure_streak_taught() -> None:
+    lim = learned(6)
+    lim.checkpoint()
+    for _ in range(3):  # the outage: every request rejected
+        slots = fill(lim)
+        assert lim.release(slots.pop(0), OVERLOAD)
+        drain(lim, slots)
+    assert lim.limit == 1.0
+    late = lim.take()  # sent during the outage, still in flight when the breaker trips
+    lim.restore()
+    assert (lim.limit, lim.capacity) == (6.0, 6)
+    assert not lim.is_news(late) and lim.release(late, OVERLOAD) is False  # an echo of the outage
+    assert lim.limit == 6.0
+    slots = fill(lim)
+    lim.release(slots.pop(), OVERLOAD)  # the next news is exact: the streak was forgotten too
+    assert (lim.limit, lim.capacity) == (5.0, 5)
+
+
+def test_restore_brings_back_the_patience() -> None:
+    lim = learned(4)
+    first, held = successes_to_grow(lim)
+    drain(lim, held)
+    lim = learned(4)
+    lim.checkpoint()
     for _ in range(3):
-        lim.release("neutral")
-    assert not lim.try_acquire()  # 4 in flight, limit 4
-    lim.release("neutral")
-    assert lim.try_acquire()
+        _, held = successes_to_grow(lim)
+        lim.release(lim.take(), OVERLOAD)
+        drain(lim, held)
+    lim.restore()
+    again, held = successes_to_grow(lim)
+    assert again == first
 
 
-# ------------------------------------------------------------------ waiting (asyncio)
-
-
-@pytest.mark.looptime
-async def test_waiters_are_served_first_come_first_served() -> None:
-    lim = AdaptiveLimiter(LimiterConfig(initial=1, min=1, max=1), LoopClock())
-    await lim.acquire()
-    order: list[int] = []
-
-    async def worker(i: int) -> None:
-        await asyncio.sleep(i * 0.01)  # queue in the order 0, 1, 2, ...
-        await lim.acquire()
-        order.append(i)
-        await asyncio.sleep(1)
-        lim.release("neutral")
-
-    tasks = [asyncio.create_task(worker(i)) for i in range(5)]
-    await asyncio.sleep(0.5)
-    assert lim.waiting == 5
-    assert not lim.try_acquire()  # no jumping the queue
-    lim.release("neutral")
-    await asyncio.gather(*tasks)
-    assert order == [0, 1, 2, 3, 4]
-    assert lim.in_flight == 0 and lim.waiting == 0
-
-
-@pytest.mark.looptime
-async def test_cancelled_waiter_does_not_leak_a_slot() -> None:
-    lim = AdaptiveLimiter(LimiterConfig(initial=1, min=1, max=1), LoopClock())
-    await lim.acquire()
-    waiter = asyncio.create_task(lim.acquire())
-    await asyncio.sleep(1)
-    assert lim.waiting == 1
-    waiter.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await waiter
-    assert lim.waiting == 0
-    lim.release("ok")
-    assert lim.in_flight == 0
-    assert lim.try_acquire()
-
-
-@pytest.mark.looptime
-async def test_waiter_cancelled_just_after_being_handed_a_slot_gives_it_back() -> None:
-    lim = AdaptiveLimiter(LimiterConfig(initial=1, min=1, max=1), LoopClock())
-    await lim.acquire()
-    first = asyncio.create_task(lim.acquire())
-    second = asyncio.create_task(lim.acquire())
-    await asyncio.sleep(1)
-    lim.release("neutral")  # hands the slot to `first`, which has not run yet
-    assert lim.in_flight == 1
-    first.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await first
-    await asyncio.wait_for(second, timeout=1)  # the slot went on to the next in line
-    assert lim.in_flight == 1 and lim.waiting == 0
-    lim.release("neutral")
-    assert lim.in_flight == 0
-
-
-@pytest.mark.looptime
-async def test_wait_for_room_wakes_when_a_slot_frees() -> None:
-    clock = LoopClock()
-    lim = AdaptiveLimiter(LimiterConfig(initial=1, min=1, max=1), clock)
-    await lim.wait_for_room()  # room now: returns at once
-    assert lim.try_acquire()
-
-    async def finish_later() -> None:
-        await asyncio.sleep(30)
-        lim.release("ok")
-
-    asyncio.create_task(finish_later())
-    t0 = clock.now()
-    started = time.perf_counter()
-    await lim.wait_for_room()
-    assert clock.now() - t0 == pytest.approx(30)
-    assert lim.has_room() and lim.in_flight == 0  # wait_for_room takes no slot
-    assert time.perf_counter() - started < 2.0
-
-
-@pytest.mark.looptime
-async def test_cancelled_wait_for_room_leaves_nothing_behind() -> None:
-    lim = AdaptiveLimiter(LimiterConfig(initial=1, min=1, max=1), LoopClock())
-    assert lim.try_acquire()
-    task = asyncio.create_task(lim.wait_for_room())
-    await asyncio.sleep(1)
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    assert lim._room_waiters == []
-    lim.release("ok")
-    assert lim.has_room()
-
-
-@pytest.mark.looptime
-async def test_many_workers_never_exceed_the_limit() -> None:
-    lim = AdaptiveLimiter(LimiterConfig(initial=4, min=1, max=4), LoopClock())
-    peak = 0
-
-    async def worker(i: int) -> None:
-        nonlocal peak
-        for _ in range(5):
-            await lim.acquire()
-            peak = max(peak, lim.in_flight)
-            await asyncio.sleep(0.1 + (i % 3) * 0.05)
-            lim.release("ok")
-
-    await asyncio.gather(*(worker(i) for i in range(20)))
-    assert peak == 4 and lim.in_flight == 0 and lim.waiting == 0
+def test_restore_without_a_checkpoint_does_nothing_and_a_checkpoint_is_used_once() -> None:
+    lim = learned(5)
+    slot = lim.take()
+    lim.restore()
+    assert (lim.limit, lim.capacity) == (5.0, 5) and lim.is_news(slot)
+    lim.checkpoint()
+    lim.restore()
+    drain(lim, [slot])
+    slots = fill(lim)
+    lim.release(slots.pop(1), OVERLOAD)  # learns 1
+    drain(lim, slots)
+    lim.restore()  # the checkpoint is spent: what was learned since stays
+    assert (lim.limit, lim.capacity) == (1.0, 1)
 
 
 # ------------------------------------------------------------------ token bucket
@@ -303,6 +341,16 @@ def test_token_bucket_request_larger_than_the_bucket_waits_for_a_full_bucket() -
     assert tpm.available_at(1) == pytest.approx(clock.now() + 40.1)
 
 
+def test_token_bucket_survives_a_clock_that_goes_back() -> None:
+    clock = ManualClock()
+    rpm = TokenBucket(60, clock)
+    assert rpm.try_take(60)
+    clock.advance(-100)  # a fresh fast-forwarded loop starts its own time
+    assert rpm.available == 0
+    clock.advance(1)
+    assert rpm.available == pytest.approx(1)
+
+
 def test_token_bucket_rejects_bad_arguments() -> None:
     clock = ManualClock()
     with pytest.raises(ValueError):
@@ -311,6 +359,8 @@ def test_token_bucket_rejects_bad_arguments() -> None:
         TokenBucket(60, clock, burst=0)
     with pytest.raises(ValueError):
         TokenBucket(60, clock).try_take(-1)
+    with pytest.raises(ValueError):
+        TokenBucket(60, clock).available_at(float("nan"))
 
 
 # ------------------------------------------------------------------ retry budget
@@ -341,3 +391,10 @@ def test_budget_never_allows_more_than_min_plus_ratio_per_request() -> None:
         if i % 2:
             budget.try_spend()
         assert budget.retries <= 10 + 0.1 * budget.requests + 1e-9
+
+
+def test_budget_rejects_negative_arguments() -> None:
+    with pytest.raises(ValueError):
+        Budget(-0.1)
+    with pytest.raises(ValueError):
+        Budget(0.1, min_tokens=-1)

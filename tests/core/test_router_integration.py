@@ -134,3 +134,16 @@ async def test_a_request_never_fails_merely_because_every_model_is_momentarily_f
             results = await asyncio.gather(*(client.chat(f"item {i}") for i in range(30)))
     assert len(results) == 30 and all(r.content == "hello" for r in results)
     assert loop.time() >= full_until
+
+
+async def test_a_request_after_every_key_is_disabled_fails_as_auth_not_as_too_large() -> None:
+    script = Script()
+    script.always("flagship", Reply(401, {"error": {"message": "Incorrect API key", "code": "invalid_api_key"}}))
+    async with serve(script) as url, FallbackClient(three_models(url), environ=ENV) as client:
+        with pytest.raises(RequestFailed):
+            await client.chat("hi")
+        with pytest.raises(RequestFailed) as info:
+            await client.chat("again")
+        admits = client.admits_in()
+    assert info.value.failure.kind is Kind.AUTH and "disabled" in info.value.failure.reason
+    assert set(admits.values()) == {None}  # only a person can bring these back

@@ -25,7 +25,7 @@ async def test_a_process_that_missed_a_trip_cannot_undo_it_with_its_own_probe(re
                                                                               namespace: str) -> None:
     script = Script()
     # Down for three requests, then the probe: it answers, slowly, that the model is back.
-    script.set("flagship", lambda n, body: Reply(200, ok("flagship").body, delay=0.3) if is_probe(body)
+    script.set("flagship", lambda n, body: Reply(200, ok("flagship").body, delay=1.0) if is_probe(body)
                else OVERLOADED)
     async with serve(script) as url:
         cfg = fleet_config(url, redis_url, namespace)

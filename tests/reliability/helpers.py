@@ -15,8 +15,9 @@ from typing import Any, Iterable
 import httpx
 
 from capmon.core import events as ev
-from capmon.core.config import SIMULATOR_DEMO_KEY, Config, parse_config
+from capmon.core.config import SIMULATOR_DEMO_KEY, Config
 from capmon.sim.scenario import ModelSpec, Scenario
+from tests.support.configs import SIMULATED_MODELS, build_config
 
 SIM_MODELS = ("sim-flagship", "sim-medium", "sim-small")
 ENV = {"REL_KEY": SIMULATOR_DEMO_KEY}
@@ -43,18 +44,9 @@ def sim_config(base_url: str, *, models: dict[str, list[str]] | None = None,
                file: str = "reliability.toml") -> Config:
     """Three models (flagship, medium, small -> sim-*) on the simulator at ``base_url``.
     ``endpoints`` adds named endpoints; ``models`` says which endpoints each model uses."""
-    eps = {"sim": base_url, **(endpoints or {})}
     uses = {"flagship": ["sim"], "medium": ["sim"], "small": ["sim"], **(models or {})}
-    text = "[simulator]\nenabled = false\n"
-    for name, url in eps.items():
-        text += f'\n[[endpoints]]\nname = "{name}"\nbase_url = "{url}"\nkeys = [{{ env = "{env}", alias = "k" }}]\n'
-    for name, sim_name in zip(("flagship", "medium", "small"), SIM_MODELS):
-        if name not in uses:
-            continue
-        eplist = ", ".join(f'"{e}"' for e in uses[name])
-        text += f'\n[[models]]\nname = "{name}"\napi_model = "{sim_name}"\nendpoints = [{eplist}]\nmax_tokens = 64\n'
-    text += "\n" + extra
-    return parse_config(text, file)
+    return build_config(base_url, endpoint="sim", endpoints=endpoints, keys=[(env, "k")], extra=extra, file=file,
+                        models={m: {**SIMULATED_MODELS[m], "endpoints": uses[m], "max_tokens": 64} for m in uses})
 
 
 @dataclass

@@ -137,7 +137,7 @@ def test_the_config_from_the_environment_is_named_too(capsys: pytest.CaptureFixt
     ("old", "new", "expected"),
     [
         pytest.param("[breaker]", "[breaker\n", "not valid TOML", id="bad-toml"),
-        pytest.param("cooldown = 20.0", "cooldwn = 20.0", "breaker.cooldwn: unknown key; did you mean 'cooldown'?", id="typo"),
+        pytest.param("cooldown = 8.0", "cooldwn = 8.0", "breaker.cooldwn: unknown key; did you mean 'cooldown'?", id="typo"),
         pytest.param('endpoints = ["sim"]', 'endpoints = ["simm"]', "models[0].endpoints[0]: no endpoint named 'simm'; did you mean 'sim'?", id="bad-reference"),
         pytest.param('base_url = "http://127.0.0.1', 'base_url = "127.0.0.1', "endpoints[0].base_url: expected an http:// or https:// URL", id="bad-url"),
         pytest.param("max_tokens = 512", "max_tokens = 512\n\"\" = 1", 'models[0]."": unknown key', id="empty-key"),

@@ -3,7 +3,6 @@ UTF-16 or binary input, `capmon --attach` without a terminal."""
 
 from __future__ import annotations
 
-import argparse
 import gzip
 import io
 import json
@@ -16,6 +15,7 @@ from capmon.cli import main
 from capmon.core.exceptions import BatchError
 from capmon.report import build_item_report, build_report, format_item, format_report
 from tests.batch.helpers import client_for, item, rows, write_jsonl
+from tests.support.configs import write_config
 from tests.support.scripted import Reply, Script, build_app, ok
 
 EVIL_IDS = ["two\nlines", "\x1b[31mred\x1b[0m", "bell\x07", "rtl\u202eevil", "tab\there"]
@@ -54,7 +54,7 @@ async def test_report_text_escapes_control_characters_in_ids_and_messages(tmp_pa
 
     # `capmon batch show` and the failure list printed after a run, too.
     out = io.StringIO()
-    commands._show(argparse.Namespace(job="j", db=str(db)), out)
+    commands.show_job(db, "j", out)
     _no_control(out.getvalue())
     _no_control(commands._failures(db, "j"))
     # The data itself is kept as it was: JSON output round-trips the raw ids.
@@ -112,10 +112,8 @@ async def test_a_utf16_or_binary_input_is_one_whole_file_error(tmp_path: Path, m
 
 def test_a_utf16_input_exits_2_from_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     src = _utf16(tmp_path)
-    cfg = tmp_path / "c.toml"
-    cfg.write_text('[simulator]\nenabled = false\n[[endpoints]]\nname = "ep"\nbase_url = "http://127.0.0.1:9/v1"\n'
-                   'simulated = true\nkeys = [{ env = "CAPMON_TEST_UNSET", alias = "k" }]\n'
-                   '[[models]]\nname = "m"\nendpoints = ["ep"]\n')
+    cfg = write_config(tmp_path / "c.toml", "http://127.0.0.1:9/v1", simulated=True,
+                       keys=[("CAPMON_TEST_UNSET", "k")], models=["m"])
     assert main(["batch", "run", str(src), "--db", str(tmp_path / "db"), "--config", str(cfg), "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "UTF-16" in err and "Traceback" not in err

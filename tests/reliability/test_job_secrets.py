@@ -31,6 +31,7 @@ from capmon.tui.app import CapmonApp
 from capmon.tui.source import LiveSource
 from tests.batch.helpers import rows, write_items
 from tests.reliability.test_secrets import echoes
+from tests.support import configs
 from tests.support.scripted import Reply, Script, ok, serve
 
 KEY = "sk-SECRET-canary-0987654321"
@@ -80,43 +81,9 @@ def mixed_script() -> Script:
 
 
 def write_config(path: Path, url: str) -> Path:
-    path.write_text(f"""
-[simulator]
-enabled = false
-
-[[endpoints]]
-name = "ep"
-base_url = "{url}"
-keys = [{{ env = "CANARY_KEY", alias = "canary" }}]
-
-[[models]]
-name = "flagship"
-endpoints = ["ep"]
-context_window = 128000
-
-[[models]]
-name = "medium"
-endpoints = ["ep"]
-context_window = 64000
-
-[[models]]
-name = "small"
-endpoints = ["ep"]
-context_window = 16000
-
-[client]
-max_attempts = 3
-deadline = 20.0
-
-[breaker]
-cooldown = 0.5
-ramp_duration = 0.5
-
-[dashboard]
-refresh = 0.1
-probe_interval = 0.3
-""")
-    return path
+    return configs.write_config(path, url, keys=[("CANARY_KEY", "canary")], client={"max_attempts": 3, "deadline": 20.0},
+                                breaker={"cooldown": 0.5, "ramp_duration": 0.5},
+                                dashboard={"refresh": 0.1, "probe_interval": 0.3})
 
 
 class Texts:

@@ -21,7 +21,7 @@ import pytest
 from capmon.core import events as ev
 from capmon.core.exceptions import RequestFailed
 from capmon.core.router import FallbackClient
-from tests.support.configs import three_models
+from tests.support.configs import three_models, write_config
 from tests.support.scripted import Reply, Script, ok, serve
 
 KEY = "sk-SECRET-canary-1234567890"
@@ -185,26 +185,7 @@ async def test_an_exception_that_carries_the_key_is_not_repeated(collected: Coll
 
 
 def _status_config(tmp_path: Path, url: str) -> Path:
-    path = tmp_path / "config.toml"
-    text = f"""
-[simulator]
-enabled = false
-
-[[endpoints]]
-name = "ep"
-base_url = "{url}"
-keys = {KEYS}
-
-[[models]]
-name = "flagship"
-endpoints = ["ep"]
-
-[[models]]
-name = "medium"
-endpoints = ["ep"]
-"""
-    path.write_text(text)
-    return path
+    return write_config(tmp_path / "config.toml", url, keys=KEYS, models=["flagship", "medium"])
 
 
 async def test_capmon_status_json_shows_no_key(tmp_path: Path) -> None:

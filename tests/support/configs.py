@@ -1,42 +1,106 @@
-"""Configs for tests: three models on one base URL, keys from a fake environment."""
+"""The one config builder for tests: a Config, or its TOML text for a file a command
+reads, from the parts a test cares about (models, endpoints, keys, section overrides).
+
+    build_config("http://sim.test/v1")                       # three models on one endpoint
+    build_config(url, models=SIMULATED_MODELS, endpoint="sim", simulated=True, client={"deadline": 20.0})
+    write_config(tmp_path / "config.toml", url, keys=[("CANARY_KEY", "canary")])
+
+Keys come from a fake environment (:data:`ENV`); a test that needs its own passes
+``keys`` as (variable, alias) pairs.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
 
 from capmon.core.config import Config, parse_config
 
 ENV = {"TEST_KEY_A": "sk-test-aaaaaaaaaaaaaaaa", "TEST_KEY_B": "sk-test-bbbbbbbbbbbbbbbb"}
+SIM_URL = "http://sim.test/v1"
+
+# Three models in preference order, each with its own context window.
+THREE_MODELS: Mapping[str, Mapping[str, Any]] = {
+    "flagship": {"context_window": 128000}, "medium": {"context_window": 64000}, "small": {"context_window": 16000}}
+# The same three names, served by the simulator's models (sim-flagship, ...).
+SIMULATED_MODELS: Mapping[str, Mapping[str, Any]] = {m: {"api_model": f"sim-{m}"} for m in ("flagship", "medium", "small")}
+
+Keys = Sequence[tuple[str, str | None]]
 
 
-def three_models(base_url: str, *, extra: str = "", keys: str = '[{ env = "TEST_KEY_A", alias = "a" }]',
+def toml_value(value: Any) -> str:
+    """A TOML value for the plain values a config holds (strings, numbers, booleans, lists, tables)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, Mapping):
+        return "{ " + ", ".join(f"{k} = {toml_value(v)}" for k, v in value.items()) + " }"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    raise TypeError(f"not a config value: {value!r}")
+
+
+def _table(header: str, fields: Mapping[str, Any]) -> str:
+    return f"\n{header}\n" + "".join(f"{k} = {toml_value(v)}\n" for k, v in fields.items() if v is not None)
+
+
+def _keys(keys: str | Keys) -> str:
+    if isinstance(keys, str):
+        return keys  # already TOML
+    return toml_value([{"env": env, **({"alias": alias} if alias else {})} for env, alias in keys])
+
+
+def config_toml(base_url: str = SIM_URL, *, models: Mapping[str, Mapping[str, Any]] | Iterable[str] = THREE_MODELS,
+                endpoint: str = "ep", endpoints: Mapping[str, str | Mapping[str, Any]] | None = None,
+                keys: str | Keys = (("TEST_KEY_A", "a"),), simulated: bool = False,
+                simulator: Mapping[str, Any] | None = None, client: Mapping[str, Any] | None = None,
+                backoff: Mapping[str, Any] | None = None, breaker: Mapping[str, Any] | None = None,
+                limiter: Mapping[str, Any] | None = None, dashboard: Mapping[str, Any] | None = None,
+                extra: str = "") -> str:
+    """A config's TOML text.
+
+    ``models``: names, or name -> the model's own keys (``endpoints`` defaults to the
+    first endpoint). ``endpoint`` names the endpoint at ``base_url``; ``endpoints`` adds
+    more, each a URL or an endpoint's keys (``keys`` and ``simulated`` apply to every
+    one that does not set its own). The sections (``[simulator]`` defaults to
+    ``enabled = false``) take key -> value; ``extra`` is TOML appended as it is.
+    """
+    eps: dict[str, Mapping[str, Any]] = {endpoint: {"base_url": base_url}}
+    for name, spec in (endpoints or {}).items():
+        eps[name] = {"base_url": spec} if isinstance(spec, str) else spec
+    text = _table("[simulator]", {"enabled": False, **(simulator or {})})
+    for name, spec in eps.items():
+        fields = {"name": name, "base_url": spec["base_url"], "simulated": spec.get("simulated", simulated or None),
+                  **{k: v for k, v in spec.items() if k not in ("base_url", "simulated", "keys")}}
+        text += _table("[[endpoints]]", fields) + f"keys = {_keys(spec.get('keys', keys))}\n"
+    specs = models if isinstance(models, Mapping) else {name: {} for name in models}
+    for name, spec in specs.items():
+        text += _table("[[models]]", {"name": name, "endpoints": [endpoint], **spec})
+    for header, fields in (("[client]", client), ("[backoff]", backoff), ("[breaker]", breaker),
+                           ("[limiter]", limiter), ("[dashboard]", dashboard)):
+        if fields:
+            text += _table(header, fields)
+    return text + ("\n" + extra if extra else "")
+
+
+def build_config(base_url: str = SIM_URL, *, file: str = "test.toml", **parts: Any) -> Config:
+    """A Config from :func:`config_toml`'s parts, as if read from ``file``."""
+    return parse_config(config_toml(base_url, **parts), file)
+
+
+def write_config(path: Path, base_url: str = SIM_URL, **parts: Any) -> Path:
+    """:func:`config_toml`'s text written to ``path`` (for a command that reads a file)."""
+    path.write_text(config_toml(base_url, **parts))
+    return path
+
+
+def three_models(base_url: str, *, extra: str = "", keys: str | Keys = (("TEST_KEY_A", "a"),),
                  cooldown: float = 300.0, ramp_duration: float = 60.0) -> Config:
-    text = f"""
-[simulator]
-enabled = false
-
-[[endpoints]]
-name = "ep"
-base_url = "{base_url}"
-keys = {keys}
-
-[[models]]
-name = "flagship"
-endpoints = ["ep"]
-context_window = 128000
-
-[[models]]
-name = "medium"
-endpoints = ["ep"]
-context_window = 64000
-
-[[models]]
-name = "small"
-endpoints = ["ep"]
-context_window = 16000
-
-[breaker]
-cooldown = {cooldown}
-ramp_duration = {ramp_duration}
-
-{extra}
-"""
-    return parse_config(text, "test.toml")
+    """Three models (flagship, medium, small) on one endpoint, a breaker that waits
+    ``cooldown`` seconds after a trip and ramps back over ``ramp_duration``."""
+    return build_config(base_url, keys=keys, breaker={"cooldown": cooldown, "ramp_duration": ramp_duration},
+                        extra=extra)

@@ -11,8 +11,9 @@ import asyncio
 import contextlib
 import json
 import socket
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Callable
+from typing import Any
 
 import uvicorn
 from starlette.applications import Starlette

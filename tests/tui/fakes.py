@@ -9,11 +9,14 @@ import dataclasses
 from typing import Any, Iterable, Sequence
 
 from capmon.core import events as ev
+from capmon.core.breaker import State
 from capmon.core.clock import ManualClock
 from capmon.core.events import BatchProgress, EventBus
 from capmon.core.exceptions import CapmonError
 from capmon.core.snapshot import EngineSnapshot, TargetSnapshot, WaitingRetry
+from capmon.core.state import KeyState
 from capmon.core.stats import WindowStats
+from capmon.core.targets import target_id
 from capmon.tui.source import WorkerSpec, refuse_if_readonly
 
 ZERO_SPARK = (0,) * 24
@@ -36,10 +39,10 @@ def target(model: str, rank: int, *, key: str = "sim-key", endpoint: str = "sim"
            key_reason: str = "", last_status: int | None = 200, probe_latency: float | None = None) -> TargetSnapshot:
     windows = tuple(window(s, rps, r429_min, r503_min, other_min, p50, p99) for s in (10, 60, 300))
     return TargetSnapshot(
-        target=f"{model}@{endpoint}/{key}", model=model, endpoint=endpoint, key_alias=key, rank=rank, state=state,
-        manual=state in ("forced-open", "forced-closed"), consecutive_failures=fails, cooldown_until=cooldown_until,
+        target=target_id(model, endpoint, key), model=model, endpoint=endpoint, key_alias=key, rank=rank,
+        state=State(state), manual=State(state).manual, consecutive_failures=fails, cooldown_until=cooldown_until,
         ramp_share=ramp_share, trips=trips, breaker_reason=reason, limit=limit, in_flight=in_flight,
-        key_state=key_state, key_until=key_until, key_reason=key_reason, windows=windows, spark=tuple(spark),
+        key_state=KeyState(key_state), key_until=key_until, key_reason=key_reason, windows=windows, spark=tuple(spark),
         last_status=last_status, last_kind=None, probe_latency=probe_latency,
     )
 
@@ -141,14 +144,15 @@ class FakeSource:
             raise CapmonError(f"no model or target named {name!r}")
         return found
 
-    def _move(self, name: str, new: str, reason: str) -> None:
+    def _move(self, name: str, new: State, reason: str) -> None:
         for t in self._select(name):
             self.targets[t.target] = dataclasses.replace(
-                t, state=new, manual=new.startswith("forced"), cooldown_until=None, ramp_share=None,
+                t, state=new, manual=new.manual, cooldown_until=None, ramp_share=None,
                 breaker_reason=reason, consecutive_failures=0,
             )
-            self.emit(ev.BreakerChanged, target=t.target, model=t.model, old=t.state, new=new, reason=reason,
-                      manual=True, cooldown_until=None)
+            # Events carry the state's value, as the breaker publishes them.
+            self.emit(ev.BreakerChanged, target=t.target, model=t.model, old=t.state.value, new=new.value,
+                      reason=reason, manual=True, cooldown_until=None)
 
     # ------------------------------------------------------------ manual actions
 
@@ -163,20 +167,20 @@ class FakeSource:
     @refuse_if_readonly
     def trip(self, target: str) -> None:
         self.calls.append(("trip", target))
-        self._move(target, "forced-open", "tripped by hand")
+        self._move(target, State.FORCED_OPEN, "tripped by hand")
 
     @refuse_if_readonly
     def reset(self, target: str) -> None:
         self.calls.append(("reset", target))
-        self._move(target, "closed", "reset by hand")
+        self._move(target, State.CLOSED, "reset by hand")
         for t in self._select(target):
-            self.targets[t.target] = dataclasses.replace(self.targets[t.target], manual=False, key_state="ok",
+            self.targets[t.target] = dataclasses.replace(self.targets[t.target], manual=False, key_state=KeyState.OK,
                                                          key_until=None, key_reason="")
 
     @refuse_if_readonly
     def force_close(self, target: str) -> None:
         self.calls.append(("force_close", target))
-        self._move(target, "forced-closed", "closed by hand")
+        self._move(target, State.FORCED_CLOSED, "closed by hand")
 
     @refuse_if_readonly
     def pause_batch(self) -> None:
@@ -231,7 +235,7 @@ def outage() -> FakeSource:
     source = FakeSource([], clock=clock)
     source.emit(ev.Notice, level="info", message="demo job started: 2,000 items through 3 models")
     clock.advance(20.3)
-    flagship = "flagship@sim/sim-key"
+    flagship = target_id("flagship", "sim", "sim-key")
     source.later(ev.BreakerChanged, target=flagship, model="flagship", old="closed", new="open",
                  reason="3 capacity failures in a row", manual=False, cooldown_until=clock.now() + 20.0)
     for n in range(37):
@@ -241,8 +245,8 @@ def outage() -> FakeSource:
     for n in range(12):
         source.later(ev.FellBack, request_id=200 + n, item_id=f"item-{200 + n:05d}", from_model="medium",
                      to_model="small", reason="Rate limit reached for requests")
-    source.later(ev.KeyParked, target="medium@sim/backup-key", model="medium", key_alias="backup-key", kind="quota",
-                 until=clock.now() + 3600, reason="You exceeded your current quota")
+    source.later(ev.KeyParked, target=target_id("medium", "sim", "backup-key"), model="medium", key_alias="backup-key",
+                 kind="quota", until=clock.now() + 3600, reason="You exceeded your current quota")
     clock.advance(2.0)
     source.later(ev.BreakerChanged, target=flagship, model="flagship", old="open", new="half-open",
                  reason="probing (interval 2s)", manual=False, cooldown_until=None)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 
 from capmon.core import events as ev
+from capmon.core import text
+from capmon.core.targets import target_id
 from capmon.tui import format as fmt
 from capmon.tui.digest import EventDigester
 from tests.tui.fakes import target
@@ -14,8 +16,8 @@ def fell_back(wall: float, a: str = "flagship", b: str = "medium") -> ev.FellBac
     return ev.FellBack(at=wall, wall=wall, request_id=1, item_id=None, from_model=a, to_model=b, reason="full")
 
 
-def tripped(at: float, target: str = "flagship@sim/k", new: str = "open") -> ev.BreakerChanged:
-    return ev.BreakerChanged(at=at, wall=at, target=target, model=target.split("@")[0], old="closed", new=new,
+def tripped(at: float, model: str = "flagship", new: str = "open") -> ev.BreakerChanged:
+    return ev.BreakerChanged(at=at, wall=at, target=target_id(model, "sim", "k"), model=model, old="closed", new=new,
                              reason="3 capacity failures in a row", manual=new.startswith("forced"),
                              cooldown_until=at + 20 if new == "open" else None)
 
@@ -37,9 +39,10 @@ def test_the_ramp_shows_its_share() -> None:
     assert fmt.state_text(target("m", 0, state="ramp", ramp_share=0.4)).plain == "◑ ramp 40%"
 
 
-@pytest.mark.parametrize("seconds, text", [(4.23, "4.2s"), (42.4, "42s"), (185, "3m05s"), (3720, "1h02m"), (-3, "0.0s")])
-def test_durations(seconds: float, text: str) -> None:
-    assert fmt.duration(seconds) == text
+@pytest.mark.parametrize("seconds, shown",
+                         [(4.23, "4.2s"), (42.4, "42s"), (185, "3m05s"), (3720, "1h02m"), (-3, "0.0s")])
+def test_durations(seconds: float, shown: str) -> None:
+    assert text.countdown(seconds) == shown
 
 
 def test_the_cool_down_is_a_deadline_minus_the_snapshot_clock() -> None:
@@ -96,6 +99,6 @@ def test_trip_toasts_are_throttled_per_target_but_manual_ones_never() -> None:
     d = EventDigester(toast_every=10.0)
     assert [t.title for t in d.digest([tripped(0.0)]).toasts] == ["Breaker tripped"]
     assert d.digest([tripped(5.0)]).toasts == []  # the same breaker again within 10 s
-    assert len(d.digest([tripped(6.0, "medium@sim/k")]).toasts) == 1
+    assert len(d.digest([tripped(6.0, "medium")]).toasts) == 1
     assert len(d.digest([tripped(7.0, new="forced-open"), tripped(7.5, new="forced-open")]).toasts) == 2
     assert d.digest([tripped(20.0)], toasts=False).toasts == []

@@ -11,6 +11,7 @@ from pathlib import Path
 from capmon.core.config import load_config
 from capmon.tui.app import CapmonApp
 from capmon.tui.source import LiveSource
+from tests.support.configs import SIMULATED_MODELS, write_config
 from tests.support.scripted import free_port
 from tests.tui.conftest import SIZE
 from tests.tui.screen_text import screen_text
@@ -44,42 +45,13 @@ answer_tokens = 8
 dialect = "gemini-503"
 """
 
-CONFIG = """
-[simulator]
-enabled = true
-listen = "127.0.0.1:{port}"
-scenario = "tiny.toml"
-
-[[endpoints]]
-name = "sim"
-base_url = "http://127.0.0.1:{port}/v1"
-simulated = true
-keys = [{{ env = "CAPMON_SIM_API_KEY", alias = "sim-key" }}]
-
-[[models]]
-name = "flagship"
-api_model = "sim-flagship"
-endpoints = ["sim"]
-
-[[models]]
-name = "medium"
-api_model = "sim-medium"
-endpoints = ["sim"]
-
-[[models]]
-name = "small"
-api_model = "sim-small"
-endpoints = ["sim"]
-
-[breaker]
-cooldown = 2.0
-ramp_duration = 1.0
-
-[dashboard]
-refresh = 0.1
-probe_interval = 0.5
-demo_items = 300
-"""
+def write_live_config(path: Path, port: int) -> Path:
+    """The embedded simulator on ``port`` serving the scenario in tiny.toml beside ``path``."""
+    return write_config(path, f"http://127.0.0.1:{port}/v1", endpoint="sim", simulated=True,
+                        keys=[("CAPMON_SIM_API_KEY", "sim-key")], models=SIMULATED_MODELS,
+                        simulator={"enabled": True, "listen": f"127.0.0.1:{port}", "scenario": "tiny.toml"},
+                        breaker={"cooldown": 2.0, "ramp_duration": 1.0},
+                        dashboard={"refresh": 0.1, "probe_interval": 0.5, "demo_items": 300})
 
 
 def nothing_listens_on(port: int) -> bool:
@@ -96,7 +68,7 @@ def nothing_listens_on(port: int) -> bool:
 async def test_the_dashboard_runs_a_real_engine_and_shows_models_and_progress(tmp_path: Path) -> None:
     port = free_port()
     (tmp_path / "tiny.toml").write_text(SCENARIO)
-    (tmp_path / "capmon.toml").write_text(CONFIG.format(port=port))
+    write_live_config(tmp_path / "capmon.toml", port)
     config = load_config(tmp_path / "capmon.toml")
     source = LiveSource(config, environ={})
     app = CapmonApp(source, refresh=0.1)

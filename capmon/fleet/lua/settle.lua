@@ -3,14 +3,15 @@
 -- the local breaker (compare-and-set), the key action, a server's not-before, the tpm
 -- refund, and news of a free slot for processes whose admission was refused.
 -- KEYS: 1 target hash, 2 its leases, 3 the key's hash, 4 tpm bucket, 5 events channel,
---       6 processes waiting for a slot (zset: process id -> since)
+--       6 processes waiting for a slot (zset: process id -> since), 7 rpm bucket
 -- ARGV: 1 lease id, 2 limiter signal (ok | overload | neutral), 3 position, 4 epoch,
 --       5 breaker signal (success | capacity | down | transient | neutral), 6 the admission's generation,
 --       7 seconds since it was sent, 8 hint (-1: none), 9 probe (0/1), 10 key action (none | disable | park),
 --       11 key reason, 12 park seconds, 13 hint blocks (0/1), 14 tokens to refund, 15 tpm,
 --       16 limiter min, 17 limiter max, 18 limiter decrease, 19 failure_threshold, 20 probe_interval,
 --       21 cooldown_multiplier, 22 cooldown, 23 cooldown_max, 24 origin, 25 a pending transition (JSON) or '',
---       26 the registry's key prefix (namespace .. ':proc:')
+--       26 the registry's key prefix (namespace .. ':proc:'), 27 rpm, 28 unused (1: given back before
+--       anything was sent: its bucket charges are refunded too)
 -- Returns {status, now, news (0/1), cas, key disabled reason, hash...}; status: ok | missing.
 local now = now_s()
 if redis.call('EXISTS', KEYS[1]) == 0 then return {'missing', f6(now)} end
@@ -35,23 +36,26 @@ local position, slot_epoch = tonumber(ARGV[3]), tonumber(ARGV[4])
 local lsig, probe = ARGV[2], ARGV[9] == '1'
 local news = false
 local streak = num(h.streak, 0)
+local bsig = ARGV[5]
 if not probe then
+  local is_news = lsig == 'overload' and slot_epoch == epoch
+  if (bsig == 'down' or is_news) and admits(h.state) and streak == 0 then
+    -- a failure streak may begin: remember what it may undo
+    w.saved, w.s_limit, w.s_capacity, w.s_hold = 1, limit, capacity, hold
+  end
   if lsig == 'ok' then
     below = 0
     if capacity < 0 then
       if busy >= limit / 2 then limit = math.min(lmax, limit + 1.0) end
     else
-      if position > capacity then
+      if position > capacity and slot_epoch == epoch then
+        -- sent above the learned capacity since the last cut, and served: there is more room
         capacity = position
         hold = FIRST_HOLD
       end
       if busy >= math.floor(limit + 1e-9) then limit = math.min(lmax, limit + 1.0 / (limit * hold)) end
     end
-  elseif lsig == 'overload' and slot_epoch == epoch then
-    if admits(h.state) and streak == 0 then
-      -- a failure streak may begin: remember what it may undo
-      w.saved, w.s_limit, w.s_capacity, w.s_hold = 1, limit, capacity, hold
-    end
+  elseif is_news then
     local kept = math.max(lmin, position - 1)
     local new
     if capacity >= 0 and kept >= capacity then
@@ -81,7 +85,6 @@ if ARGV[25] ~= '' then
   streak = num(h.streak, 0)
 end
 
-local bsig = ARGV[5]
 local hint = tonumber(ARGV[8])
 if hint < 0 then hint = nil end
 local state = h.state
@@ -136,21 +139,23 @@ elseif action == 'park' then
 end
 if ARGV[13] == '1' and hint ~= nil and not probe and left == 0 then
   -- a hint stops the whole target only when nobody's request is being served there
-  local until_ = now + hint
+  local until_ = now + math.min(hint, tonumber(ARGV[23]))  -- a hint holds a target off no longer than cooldown_max
   if until_ > num(h.not_before, 0) then
     w.not_before = f6(until_)
     gate = true
   end
 end
-local refund, tpm = tonumber(ARGV[14]), tonumber(ARGV[15])
-if refund > 0 and tpm > 0 then
-  local v = redis.call('HMGET', KEYS[4], 'tokens', 'at')
+local function refund(key, rate, amount)
+  if amount <= 0 or rate <= 0 then return end
+  local v = redis.call('HMGET', key, 'tokens', 'at')
   if v[1] then
     local tokens, at = tonumber(v[1]), num(v[2], now)
-    if now > at then tokens = math.min(tpm, tokens + (now - at) * tpm / 60.0) end
-    redis.call('HSET', KEYS[4], 'tokens', math.min(tpm, tokens + refund), 'at', f6(now))
+    if now > at then tokens = math.min(rate, tokens + (now - at) * rate / 60.0) end
+    redis.call('HSET', key, 'tokens', math.min(rate, tokens + amount), 'at', f6(now))
   end
 end
+refund(KEYS[4], tonumber(ARGV[15]), tonumber(ARGV[14]))
+if ARGV[28] == '1' and not probe then refund(KEYS[7], tonumber(ARGV[27]), 1) end
 h = commit(KEYS[1], h, w, origin)
 local disabled = redis.call('HGET', KEYS[3], 'disabled') or ''
 if gate then publish(channel, 'b', h, {disabled = disabled}) end

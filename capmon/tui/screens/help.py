@@ -10,15 +10,16 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
+from capmon.core.breaker import State
 from capmon.tui import format as fmt
 
 STATE_HELP = {
-    "closed": "takes traffic",
-    "half-open": "the client's probe is out: it decides",
-    "ramp": "recovering: admits a share, doubled per clean round",
-    "open": "tripped: probed at growing intervals",
-    "forced-open": "tripped by hand: no traffic until reset",
-    "forced-closed": "closed by hand: traffic whatever happens",
+    State.CLOSED: "takes traffic",
+    State.HALF_OPEN: "the client's probe is out: it decides",
+    State.RAMP: "recovering: admits a share, doubled per clean round",
+    State.OPEN: "tripped: probed at growing intervals",
+    State.FORCED_OPEN: "tripped by hand: no traffic until reset",
+    State.FORCED_CLOSED: "closed by hand: traffic whatever happens",
 }
 
 

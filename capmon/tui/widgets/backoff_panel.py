@@ -5,32 +5,25 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import Static
 
+from capmon.core import text
 from capmon.core.snapshot import EngineSnapshot, WaitingRetry
-from capmon.tui import format as fmt
+from capmon.tui.widgets.panel import panel_css
 
 # Column widths; the reason takes what is left. Plain Text lines rather than a Rich
 # Table: this panel redraws on every refresh, and a Table costs several times more.
 ITEM, MODEL, TRY, IN = 12, 10, 6, 7
 
 
-def _cell(text: str, width: int, *, right: bool = False) -> str:
-    text = text if len(text) <= width else text[: width - 1] + "…"
-    return text.rjust(width) if right else text.ljust(width)
+def _cell(value: str, width: int, *, right: bool = False) -> str:
+    value = text.clip(value, width)
+    return value.rjust(width) if right else value.ljust(width)
 
 
 class BackoffPanel(Static):
     """A countdown per waiting retry, from its deadline and the snapshot's clock."""
 
-    DEFAULT_CSS = """
-    BackoffPanel {
-        border: round $warning 50%;
-        border-title-style: bold;
-        padding: 0 1;
-        height: 1fr;
-        text-wrap: nowrap;  /* a narrow panel crops lines rather than folding them */
-        text-overflow: ellipsis;
-    }
-    """
+    # A narrow panel crops lines rather than folding them.
+    DEFAULT_CSS = panel_css("BackoffPanel", "$warning 50%", "text-wrap: nowrap; text-overflow: ellipsis;")
 
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
@@ -74,6 +67,6 @@ class BackoffPanel(Static):
         else:
             out.append(_cell("any", MODEL), style="italic dim")
         out.append(" " + _cell(f"{w.attempt}/{w.max_attempts}", TRY, right=True) + " ")
-        out.append(_cell(fmt.duration(w.deadline - now), IN, right=True), style="bold yellow")
+        out.append(_cell(text.countdown(w.deadline - now), IN, right=True), style="bold yellow")
         out.append("  ")
         out.append(_cell(" ".join(w.reason.split()), reason_width), style="dim")

@@ -7,22 +7,16 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import ProgressBar, Static
 
-from capmon.batch.progress import fmt_duration
+from capmon.core import text
 from capmon.core.events import BatchProgress
-from capmon.tui import format as fmt
+from capmon.tui.widgets.panel import panel_css
 
 STATE_STYLE = {"running": "bold green", "paused": "bold black on yellow", "waiting-window": "yellow",
                "finished": "bold cyan"}
 
 
 class BatchPanel(Vertical):
-    DEFAULT_CSS = """
-    BatchPanel {
-        border: round $success 50%;
-        border-title-style: bold;
-        padding: 0 1;
-        height: 1fr;
-    }
+    DEFAULT_CSS = panel_css("BatchPanel", "$success 50%") + """
     BatchPanel ProgressBar {
         height: 1;
         margin: 0 0 1 0;
@@ -77,7 +71,7 @@ class BatchPanel(Vertical):
         total = progress.total if progress.total is not None else progress.done + progress.failed + progress.pending
         bar.update(total=max(1, total), progress=progress.done + progress.failed)
 
-        eta = fmt_duration(progress.eta)
+        eta = text.duration(progress.eta)
         # Two fixed lines of fixed-width fields (cheaper to redraw than a Rich Table).
         counts.update(Text.assemble(
             _kv("done", progress.done, "green", 14), _kv("failed", progress.failed, "red", 12),
@@ -97,7 +91,7 @@ class BatchPanel(Vertical):
             split.append("░" * (20 - filled), style="dim")
         lines = len(progress.per_model)
         if message:
-            split.append(("\n" if lines else "") + fmt.short(message, 120), style="italic")
+            split.append(("\n" if lines else "") + text.shorten(message, 120), style="italic")
             lines += 1
         self._show_models(models, split if lines else Text("no item served yet", style="dim"), lines)
 

@@ -7,24 +7,15 @@ import collections
 from rich.text import Text
 from textual.widgets import RichLog
 
-from capmon.tui import format as fmt
+from capmon.core import text
+from capmon.tui.widgets.panel import panel_css
 
 
 class EventLog(RichLog):
     """A bounded log. While the display is paused, lines are held back (up to a
     limit) and written when it resumes, so the screen stays still."""
 
-    DEFAULT_CSS = """
-    EventLog {
-        border: round $accent 50%;
-        border-title-style: bold;
-        height: 1fr;
-        min-height: 3;
-        padding: 0 1;
-        overflow-y: auto;
-        scrollbar-size-vertical: 1;
-    }
-    """
+    DEFAULT_CSS = panel_css("EventLog", "$accent 50%", "min-height: 3; overflow-y: auto; scrollbar-size-vertical: 1;")
 
     def __init__(self, *, id: str | None = None, max_lines: int = 1000) -> None:
         super().__init__(id=id, max_lines=max_lines, wrap=False, markup=False, highlight=False, auto_scroll=True)
@@ -34,7 +25,7 @@ class EventLog(RichLog):
         self.written = 0
 
     def add(self, wall: float, line: Text) -> None:
-        stamped = Text.assemble((fmt.clock_time(wall) + "  ", "dim"), line)
+        stamped = Text.assemble((text.timestamp(wall) + "  ", "dim"), line)
         if self.frozen:
             self.held.append(stamped)
             self.border_subtitle = f"{len(self.held)} held while paused"

@@ -8,7 +8,9 @@ from rich.text import Text
 from textual.coordinate import Coordinate
 from textual.widgets import DataTable
 
+from capmon.core import text
 from capmon.core.snapshot import EngineSnapshot, TargetSnapshot
+from capmon.core.wire import TokenParam
 from capmon.tui import format as fmt
 
 
@@ -49,8 +51,8 @@ def matches(t: TargetSnapshot, needle: str) -> bool:
     return not needle or needle in t.model.lower() or needle in t.target.lower()
 
 
-def _right(text: Text | str) -> Text:
-    t = text if isinstance(text, Text) else Text(text)
+def _right(cell: Text | str) -> Text:
+    t = cell if isinstance(cell, Text) else Text(cell)
     t.justify = "right"
     return t
 
@@ -133,10 +135,9 @@ class ModelsTable(DataTable[Text]):
         name = f"{t.model}/{t.key_alias}" if shared else t.model
         # A model sent max_completion_tokens (configured or learned) is marked: it is a
         # wire quirk people meet when they move to reasoning models.
-        mark = "ᵐᶜᵗ" if t.token_param == "max_completion_tokens" else ""
+        mark = "ᵐᶜᵗ" if t.token_param == TokenParam.MAX_COMPLETION_TOKENS else ""
         room = MODEL_WIDTH - len(mark)
-        if len(name) > room:
-            name = name[: room - 1] + "…"
+        name = text.clip(name, room)
         if snap.pinned == t.model:
             return Text(f"▸ {name}{mark}", style="bold reverse")
         return Text.assemble(f"  {name}", (mark, "dim"))

@@ -5,8 +5,8 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import Static
 
+from capmon.core import text
 from capmon.core.snapshot import EngineSnapshot
-from capmon.tui import format as fmt
 
 
 class StatusBar(Static):
@@ -49,5 +49,5 @@ class StatusBar(Static):
             line.append(" ⏸ PAUSED: display frozen, p resumes ", style="bold black on yellow")
         if snap is not None:
             line.append("  │  ", style="dim")
-            line.append(fmt.clock_time(snap.wall), style="bold")
+            line.append(text.timestamp(snap.wall), style="bold")
         self.update(line, layout=False)  # one line, always: no re-layout of the screen

@@ -1,0 +1,312 @@
+"""A job's figures, as `capmon report` shows them: read from the job store (its items and
+its audit trail) into frozen dataclasses that :mod:`capmon.report` prints and
+:mod:`capmon.advice` reads.
+
+Ids come from the user's file and messages from a provider: the sentences here
+(:func:`explain`) show anything that would not print as itself (a newline, a terminal
+escape) as ``repr`` shows it (:func:`shown`); the data fields keep it as it is.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from capmon.audit import RUNNER_DECISIONS, AuditRow, RunnerDecision
+from capmon.batch.states import ItemState
+from capmon.batch.store import JobStore, job_state
+from capmon.core.clock import default_clock
+from capmon.core.errors import Kind
+from capmon.core.exceptions import BatchError
+from capmon.core.result import Decision
+from capmon.core.text import percentile
+
+ITEMS_SHOWN_DATA = 100  # items listed per model
+
+
+def shown(text: object) -> str:
+    """``text`` for a terminal: as it is when every character prints, else quoted and
+    escaped as ``repr`` shows it, so it can neither break a table nor send escapes."""
+    s = "" if text is None else str(text)
+    return s if s.isprintable() else repr(s)
+
+
+@dataclass(frozen=True)
+class ModelRow:
+    model: str
+    served: int  # items this model answered in the end
+    attempts: int
+    ok: int
+    status_429: int
+    status_503: int  # 503 and 529 (Anthropic's "overloaded")
+    by_status: dict[str, int]  # every non-200 status, "none" for no response
+    by_kind: dict[str, int]
+    fallbacks_from: int  # attempts on this model after which the client moved on
+    mean_latency: float | None  # seconds, successful attempts
+    p99_latency: float | None
+    items: tuple[str, ...]  # the first items it served, in input order
+    items_more: int
+
+
+@dataclass(frozen=True)
+class TokenFigures:
+    items: int  # done items with both figures
+    requested_median: int | None  # max_tokens sent
+    requested_max: int | None
+    used_median: int | None  # usage.completion_tokens
+    used_p95: int | None
+    used_p99: int | None
+    used_max: int | None
+
+
+@dataclass(frozen=True)
+class KeyRow:
+    key_alias: str
+    endpoint: str
+    attempts: int
+    auth: int  # 401 / 403 / kind auth
+    quota: int
+
+
+@dataclass(frozen=True)
+class JobReport:
+    job: str
+    state: str
+    input_path: str | None
+    settings: dict[str, Any]
+    total: int
+    done: int
+    failed: int
+    parked: int
+    pending: int
+    attempts: int
+    models: tuple[ModelRow, ...]
+    by_status: dict[str, int]
+    by_kind: dict[str, int]
+    fell_back_items: int
+    fallback_pairs: tuple[tuple[str, str, int], ...]
+    parks: int
+    parks_by_kind: dict[str, int]
+    failures: dict[str, int]
+    failed_samples: tuple[tuple[int, str, str, str], ...]
+    keys: tuple[KeyRow, ...]
+    tokens: TokenFigures
+    removed: int  # items whose line left the input (--accept-changed-input)
+    active_seconds: int  # seconds in which at least one attempt started (gaps between runs left out)
+    first_attempt: float | None
+    last_attempt: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["fallback_pairs"] = [{"from": a, "to": b, "count": n} for a, b, n in self.fallback_pairs]
+        d["failed_samples"] = [{"line": line, "id": i, "kind": k, "message": m} for line, i, k, m in self.failed_samples]
+        return d
+
+
+@dataclass(frozen=True)
+class ItemReport:
+    job: str
+    item: str
+    line: int | None
+    state: str
+    model: str | None
+    fell_back: bool
+    error: str | None
+    attempts: tuple[AuditRow, ...]
+    why: tuple[str, ...]
+    replaced: tuple[dict[str, Any], ...] = ()  # earlier results of a line that changed, oldest first
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["attempts"] = [asdict(a) for a in self.attempts]
+        return d
+
+
+def _status_key(status: int | None) -> str:
+    return "none" if status is None else str(status)
+
+
+def fmt_seconds(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}s"
+
+
+# ---------------------------------------------------------------- a job
+
+
+@dataclass
+class _Tally:
+    """One model's attempts, as they are counted."""
+
+    attempts: int = 0
+    ok: int = 0
+    by_status: collections.Counter[str] = field(default_factory=collections.Counter)
+    by_kind: collections.Counter[str] = field(default_factory=collections.Counter)
+    fallbacks: int = 0
+
+
+def build_report(store: JobStore, job: str, items_shown: int = ITEMS_SHOWN_DATA) -> JobReport:
+    info = store.job(job)
+    if info is None and not store.has_attempts(job):
+        store.require(job)  # raises, naming the jobs there are
+
+    # Attempts, grouped.
+    per_model: dict[str, _Tally] = {}
+    by_status: collections.Counter[str] = collections.Counter()
+    by_kind: collections.Counter[str] = collections.Counter()
+    keys: dict[tuple[str, str], list[int]] = {}
+    parks = 0
+    parks_by_kind: collections.Counter[str] = collections.Counter()
+    total_attempts = 0
+    for model, status, kind, decision, key_alias, endpoint, n in store.attempt_groups(job):
+        if decision == RunnerDecision.PARK:
+            parks += n
+            parks_by_kind[kind or "?"] += n
+            continue
+        if decision in RUNNER_DECISIONS:
+            continue
+        total_attempts += n
+        m = per_model.setdefault(model or "?", _Tally())
+        m.attempts += n
+        if kind is None:
+            m.ok += n
+        else:
+            m.by_status[_status_key(status)] += n
+            m.by_kind[kind] += n
+            by_status[_status_key(status)] += n
+            by_kind[kind] += n
+        if decision == Decision.FALLBACK:
+            m.fallbacks += n
+        k = keys.setdefault((key_alias or "?", endpoint or "?"), [0, 0, 0])
+        k[0] += n
+        if kind == Kind.AUTH or status in (401, 403):
+            k[1] += n
+        if kind == Kind.QUOTA:
+            k[2] += n
+
+    latencies: dict[str, list[float]] = collections.defaultdict(list)
+    for model, latency in store.ok_latencies(job):
+        latencies[model or "?"].append(float(latency))
+
+    # Fallback pairs: consecutive attempts of one item on different models.
+    pairs: collections.Counter[tuple[str, str]] = collections.Counter()
+    last_item, last_model = None, None
+    for item, model in store.attempt_models(job):
+        if item == last_item and model != last_model and last_model is not None and model is not None:
+            pairs[(last_model, model)] += 1
+        last_item, last_model = item, model
+    first, last, active = store.attempt_span(job)
+
+    # Items.
+    served: dict[str, int] = {}
+    items_of: dict[str, list[str]] = collections.defaultdict(list)
+    counts = {s: 0 for s in ItemState}
+    failures: dict[str, int] = {}
+    samples: list[tuple[int, str, str, str]] = []
+    fell_back = 0
+    tokens = TokenFigures(0, None, None, None, None, None, None)
+    state = "unknown"
+    total = 0
+    if info is not None:
+        counts.update(store.counts(info.id))
+        served = store.served_by_model(info.id)
+        failures = store.failure_kinds(info.id)
+        samples = store.failed_items(info.id, 10)
+        for model, item_id in store.served_items(info.id, items_shown):
+            items_of[str(model)].append(item_id)
+        fell_back = store.fell_back_count(info.id)
+        tokens = _tokens(store.token_use(info.id))
+        state = job_state(info, default_clock().wall())
+        total = info.total
+    else:
+        # Attempts without a job row (a program that set ChatRequest.job itself).
+        served = store.answered_items(job)
+        counts[ItemState.DONE] = total = sum(served.values())
+
+    models: list[ModelRow] = []
+    for name in dict.fromkeys([*served, *per_model]):
+        m = per_model.get(name) or _Tally()
+        lat = sorted(latencies.get(name, []))
+        n_served = served.get(name, 0)
+        listed = tuple(items_of.get(name, ()))
+        models.append(ModelRow(
+            model=name, served=n_served, attempts=m.attempts, ok=m.ok,
+            status_429=m.by_status.get("429", 0), status_503=m.by_status.get("503", 0) + m.by_status.get("529", 0),
+            by_status=dict(m.by_status.most_common()), by_kind=dict(m.by_kind.most_common()),
+            fallbacks_from=m.fallbacks, mean_latency=sum(lat) / len(lat) if lat else None,
+            p99_latency=percentile(lat, 0.99), items=listed, items_more=max(0, n_served - len(listed)),
+        ))
+    models.sort(key=lambda r: -r.served)
+    return JobReport(
+        job=job, state=state, input_path=info.input_path if info else None, settings=info.settings if info else {},
+        total=total, done=counts[ItemState.DONE], failed=counts[ItemState.FAILED], parked=counts[ItemState.PARKED],
+        pending=counts[ItemState.PENDING] + counts[ItemState.IN_FLIGHT], attempts=total_attempts, models=tuple(models),
+        by_status=dict(by_status.most_common()), by_kind=dict(by_kind.most_common()), fell_back_items=fell_back,
+        fallback_pairs=tuple((a, b, n) for (a, b), n in pairs.most_common()), parks=parks,
+        parks_by_kind=dict(parks_by_kind), failures=failures, failed_samples=tuple(samples),
+        keys=tuple(KeyRow(alias, ep, v[0], v[1], v[2]) for (alias, ep), v in sorted(keys.items())),
+        tokens=tokens, removed=counts[ItemState.REMOVED], active_seconds=active, first_attempt=first,
+        last_attempt=last,
+    )
+
+
+def _tokens(use: list[tuple[int, int]]) -> TokenFigures:
+    if not use:
+        return TokenFigures(0, None, None, None, None, None, None)
+    requested = sorted(r for r, _ in use)
+    used = sorted(u for _, u in use)
+    return TokenFigures(len(used), requested[len(requested) // 2], requested[-1], used[len(used) // 2],
+                        _int(percentile(used, 0.95)), _int(percentile(used, 0.99)), used[-1])
+
+
+def _int(value: float | None) -> int | None:
+    return None if value is None else int(value)
+
+
+# ---------------------------------------------------------------- one item
+
+
+def explain(attempts: Sequence[AuditRow]) -> tuple[str, ...]:
+    """One sentence per attempt that was not the answer: what happened and what came next."""
+    out = []
+    for i, a in enumerate(attempts):
+        what = f"attempt {a.attempt} on {shown(a.model)}: {a.status or 'no response'} {shown(a.kind or '')}".rstrip()
+        reason = f" ({shown(a.reason)})" if a.reason else ""
+        nxt = next((b for b in attempts[i + 1:] if b.decision not in RUNNER_DECISIONS), None)
+        if a.decision == Decision.FALLBACK:
+            to = shown(nxt.model) if nxt else "another model"
+            out.append(f"{what}{reason}: fell back to {to}"
+                       + (", which had room" if a.kind == Kind.CAPACITY else "") + ".")
+        elif a.decision == Decision.RETRY:
+            out.append(f"{what}{reason}: retried {'the same model ' if nxt and nxt.model == a.model else ''}"
+                       f"after {a.wait or 0:.1f}s" + (f" (server hint {a.hint:.1f}s)" if a.hint else "") + ".")
+        elif a.decision == RunnerDecision.PARK:
+            out.append(f"parked by the runner for {a.wait or 0:.0f}s after {shown(a.kind)}: no model could take it then.")
+        elif a.decision == Decision.FAIL:
+            out.append(f"{what}{reason}: failed, retrying cannot help.")
+        elif a.decision == Decision.OK:
+            out.append(f"answered by {shown(a.model)} in {fmt_seconds(a.latency)}.")
+        elif a.decision == RunnerDecision.REFUSE:
+            out.append(f"refused by the runner: {shown(a.reason)}.")
+        elif a.decision in (RunnerDecision.SUPERSEDED, RunnerDecision.REMOVED):
+            out.append(f"{shown(a.reason)}.")
+    return tuple(out)
+
+
+def build_item_report(store: JobStore, job: str, item_id: str) -> ItemReport:
+    info = store.job(job)
+    row = store.item(info.id, item_id) if info is not None else None
+    attempts = tuple(store.attempts(job, item_id))
+    if row is None and not attempts:
+        if info is None:
+            store.require(job)
+        raise BatchError(f"job {job!r} has no item {item_id!r}")
+    error = None
+    if row and row.get("state") == ItemState.FAILED:
+        error = f"{row.get('error_kind')}: {row.get('error_message')}"
+    return ItemReport(
+        job=job, item=item_id, line=row.get("line") if row else None, state=row.get("state", "?") if row else "?",
+        model=row.get("model") if row else None, fell_back=bool(row.get("fell_back")) if row else False, error=error,
+        attempts=attempts, why=explain(attempts), replaced=store.replaced_results(job, item_id),
+    )

@@ -1,0 +1,56 @@
+"""The states a job and its items are in, and the failure kinds of the batch layer's own.
+
+str enums: they are written to SQLite and JSON as their values and compare equal to
+them, so the stored and printed forms are what they always were ("done",
+"waiting-window"). The dashboard's batch panel reads :class:`JobState` from
+``BatchProgress.state``.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class JobState(enum.StrEnum):
+    STARTING = "starting"  # a runner made, nothing opened yet
+    INGESTING = "ingesting"  # reading the input; an ingest cut short stays here and goes on
+    READY = "ready"  # read whole, not run yet
+    RUNNING = "running"
+    PAUSED = "paused"  # by hand, or while results cannot be saved
+    WAITING_WINDOW = "waiting-window"  # outside the daily --window
+    STOPPED = "stopped"  # cancelled, or its process is gone
+    HALTED = "halted"  # a key or a quota stopped it, or saving failed for too long: the message says what to fix
+    FINISHED = "finished"
+
+    @property
+    def live(self) -> bool:
+        """A runner says it holds the job (whether it still does, its lease tells)."""
+        return self in _LIVE
+
+
+_LIVE = frozenset({JobState.RUNNING, JobState.PAUSED, JobState.WAITING_WINDOW})
+
+
+class ItemState(enum.StrEnum):
+    PENDING = "pending"
+    IN_FLIGHT = "in_flight"
+    DONE = "done"
+    FAILED = "failed"
+    PARKED = "parked"  # capacity ran out: it comes back after a delay
+    REMOVED = "removed"  # its line left the input (taken with --accept-changed-input): kept, never sent again
+
+    @property
+    def finished(self) -> bool:
+        return self in (ItemState.DONE, ItemState.FAILED)
+
+
+UNFINISHED = (ItemState.PENDING, ItemState.IN_FLIGHT, ItemState.PARKED)
+
+
+class BatchKind(enum.StrEnum):
+    """Failure kinds of the batch layer, beside the client's :class:`capmon.core.errors.Kind`
+    (an answer over ``client.max_response_bytes`` is the client's ``Kind.OVERSIZED``)."""
+
+    BAD_INPUT = "bad_input"  # the line itself was unusable, so nothing was ever sent for it
+    INTERNAL = "internal"  # the client raised something it should not have: a bug, kept visible
+    ERROR = "error"  # the client raised a CapmonError that is not a RequestFailed

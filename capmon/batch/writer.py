@@ -1,0 +1,232 @@
+"""The batch writer: results, their audit rows and the job's counters, committed together.
+
+* Outcomes are buffered and committed in one transaction every ``flush_interval``
+  seconds (or every ``flush_rows`` outcomes), with the audit rows they belong with and
+  the job row's counters, so another process always reads counters that match the
+  items. An item counts as done only once its result is committed.
+* With nothing to write the job row is still written every ``HEARTBEAT`` seconds: the
+  lease's heartbeat, read by runners on other hosts.
+* A failed commit is rolled back whole, and so is everything it was to make true: the
+  counters go back, and the outcomes, events and audit rows wait in memory to be
+  written by the next try. The first failure, or a disk found (nearly) full, calls
+  ``on_failing``; the next commit that succeeds calls ``on_saved``; still failing after
+  ``give_up`` seconds calls ``on_give_up`` with the error that halts the job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from capmon.audit import AuditLog
+from capmon.batch.pacing import wait_event
+from capmon.batch.states import ItemState
+from capmon.batch.store import JobStore, Outcome
+from capmon.core import events as ev
+from capmon.core.clock import Clock
+from capmon.core.exceptions import BatchError
+
+HEARTBEAT = 5.0  # seconds between job-row writes when nothing else changes
+WRITE_GIVE_UP = 30.0  # seconds of failing commits (a database locked by someone else) before halting
+LOW_DISK_BYTES = 256 * 1024  # free space on the database's disk under which nothing new is sent
+
+# What a finished item's BatchItemDone will say once committed: (item id, ok, model, kind).
+Finished = tuple[str, bool, str | None, str | None]
+
+
+class ResultWriter:
+    """``job_fields()`` gives the job row's fields a commit writes (counters, state,
+    message); it is called after the committed counters count the commit's outcomes."""
+
+    def __init__(self, job: str, db_path: Path, clock: Clock, bus: ev.EventBus, audit: AuditLog, *,
+                 job_fields: Callable[[], dict[str, Any]], on_failing: Callable[[BatchError], None],
+                 on_saved: Callable[[], None], on_give_up: Callable[[BatchError], None],
+                 flush_interval: float = 0.1, flush_rows: int = 500, give_up: float = WRITE_GIVE_UP) -> None:
+        self.job = job
+        self.db_path = Path(db_path)
+        self.clock = clock
+        self.bus = bus
+        self.audit = audit
+        self._job_fields = job_fields
+        self._on_failing = on_failing
+        self._on_saved = on_saved
+        self._on_give_up = on_give_up
+        self.flush_interval = flush_interval
+        self.flush_rows = flush_rows
+        self.give_up = give_up
+        self._store: JobStore | None = None
+        self._job_id = 0
+        # Committed counters: what the database says.
+        self.done = 0
+        self.failed = 0
+        self.per_model: collections.Counter[str] = collections.Counter()
+        self.finished_uncommitted = 0  # done / failed outcomes waiting for their commit
+        # Waiting to be written.
+        self._started: dict[int, None] = {}  # keys sent since the last commit (an ordered set)
+        self._outcomes: list[Outcome] = []
+        self._events: list[Finished] = []  # published as BatchItemDone once committed
+        self._dirty = asyncio.Event()
+        self._last_beat = float("-inf")
+        self.save_error: BatchError | None = None  # the last failed save, while saving fails
+        self._failing_since: float | None = None
+
+    def bind(self, store: JobStore, job_id: int) -> None:
+        """Write to ``store``'s job ``job_id``."""
+        self._store, self._job_id = store, job_id
+
+    def count(self, *, done: int, failed: int, per_model: dict[str, int]) -> None:
+        """The committed counters, as the store has them when the job opens."""
+        self.done, self.failed = done, failed
+        self.per_model = collections.Counter(per_model)
+
+    def unbind(self) -> None:
+        """The store is closed: nothing more is written."""
+        self._store = None
+
+    # ------------------------------------------------------------ what happened
+
+    def started(self, key: int) -> None:
+        """An item was sent: written as in flight by the next commit."""
+        self._started[key] = None
+        self._dirty.set()
+
+    def record(self, outcome: Outcome, finished: Finished | None) -> None:
+        """Buffer an outcome (``finished``: a done or failed one, counted once committed)."""
+        self._started.pop(outcome.key, None)  # never written as in flight: the outcome says it all
+        self._outcomes.append(outcome)
+        self._dirty.set()
+        if finished is not None:
+            self.finished_uncommitted += 1
+            self._events.append(finished)
+        if len(self._outcomes) >= self.flush_rows:
+            self.flush_quietly()
+
+    @property
+    def waiting(self) -> bool:
+        return bool(self._outcomes or self._started or self.audit.pending)
+
+    # ------------------------------------------------------------ writing
+
+    def flush(self, force: bool = False) -> None:
+        """Commit what waits (and the job row's fields); with nothing waiting, only a
+        heartbeat when one is due, or when ``force``. Raises BatchError, with everything
+        as it was, when the commit fails."""
+        store = self._store
+        if store is None:
+            return
+        wall = self.clock.wall()
+        if not (self.waiting or force or self.clock.now() - self._last_beat >= HEARTBEAT):
+            return
+        outcomes, self._outcomes = self._outcomes, []
+        events, self._events = self._events, []
+        started = list(self._started)
+        self._started.clear()
+        rows = self.audit.drain()
+        done = failed = 0
+        per_model: collections.Counter[str] = collections.Counter()
+        for o in outcomes:
+            if o.state is ItemState.DONE:
+                done += 1
+                per_model[o.model or "?"] += 1
+            elif o.state is ItemState.FAILED:
+                failed += 1
+        # The counters written are the ones this commit makes true.
+        self.done += done
+        self.failed += failed
+        self.per_model.update(per_model)
+        self.finished_uncommitted -= done + failed
+        try:
+            store.commit(self._job_id, started=started, outcomes=outcomes, audit_rows=rows, now=wall,
+                         job_fields={**self._job_fields(), "heartbeat": wall})
+        except BaseException:
+            self.done -= done
+            self.failed -= failed
+            self.per_model.subtract(per_model)
+            self.finished_uncommitted += done + failed
+            self._outcomes[:0] = outcomes
+            self._events[:0] = events
+            self._started.update(dict.fromkeys(started))
+            self.audit.requeue(rows)
+            raise
+        self._last_beat = at = self.clock.now()
+        publish = self.bus.publish
+        for item_id, ok, model, kind in events:
+            publish(ev.BatchItemDone(at=at, wall=wall, job=self.job, item_id=item_id, ok=ok, model=model, kind=kind))
+
+    def flush_quietly(self) -> None:
+        """Flush now; a failure pauses sending and is left to :meth:`run`, which retries
+        (and gives up if the database stays unwritable)."""
+        if self.save_error is not None:
+            return  # run() is retrying already
+        try:
+            self.flush()
+        except BatchError as e:
+            self.failing(e)
+
+    def failing(self, error: BatchError) -> None:
+        """A save failed (or will: the disk is full): ``on_failing`` the first time."""
+        first = self.save_error is None
+        self.save_error = error
+        if first:
+            self._failing_since = self.clock.now()
+            self._on_failing(error)
+
+    def _saved(self) -> None:
+        if self.save_error is None:
+            return
+        free = self.free_bytes()
+        if free is not None and free < LOW_DISK_BYTES:
+            return  # this save fitted, the next may not: stay paused
+        self.save_error = None
+        self._failing_since = None
+        self._on_saved()
+
+    async def run(self) -> None:
+        """Commit every ``flush_interval`` while something waits, beat while nothing does;
+        returns once saving has failed for ``give_up`` seconds (after ``on_give_up``)."""
+        while True:
+            if not (self.waiting or self.save_error):
+                # Idle (paused, waiting for the window or a park): wake when something is sent, or to beat.
+                await wait_event(self.clock, self._dirty, HEARTBEAT)
+            self._dirty.clear()
+            await self.clock.sleep(self.flush_interval)  # let a batch of results gather
+            try:
+                self.flush(force=self.save_error is not None)
+            except BatchError as e:
+                self.failing(e)
+            else:
+                self._saved()
+            cause = self.save_error
+            if cause is not None and self._failing_since is not None \
+                    and self.clock.now() - self._failing_since >= self.give_up:
+                lost = self.finished_uncommitted
+                self._on_give_up(BatchError(
+                    f"job {self.job!r} halted: results cannot be saved: {cause}; nothing new was sent after the first "
+                    f"failed save ({self.give_up:g}s ago), every result saved before it is kept"
+                    + (f", {lost} answers received since could not be kept and will be sent again" if lost else "")
+                    + f"; fix it, then run `capmon batch resume {self.job}`"))
+                return
+
+    # ------------------------------------------------------------ the disk
+
+    def free_bytes(self) -> int | None:
+        try:
+            v = os.statvfs(self.db_path.parent)
+        except (OSError, AttributeError):  # no statvfs (Windows), or the folder is gone: the next save says
+            return None
+        # root may write into the blocks a filesystem reserves for it, and SQLite would.
+        blocks = v.f_bfree if hasattr(os, "geteuid") and os.geteuid() == 0 else v.f_bavail
+        return int(blocks * v.f_frsize)
+
+    def disk_full(self) -> bool:
+        """True, and saving counted as failing, when the database's disk is (nearly) full."""
+        free = self.free_bytes()
+        if free is None or free >= LOW_DISK_BYTES:
+            return False
+        self.failing(BatchError(f"{self.db_path}: database or disk is full: {free:,} bytes free on the disk "
+                                f"that holds it (nothing is sent below {LOW_DISK_BYTES:,})"))
+        return True

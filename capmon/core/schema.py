@@ -1,0 +1,214 @@
+"""TOML files -> frozen dataclasses, each field checked against what it declares.
+
+Config files (``capmon/core/config.py``) and simulator scenarios
+(``capmon/sim/scenario.py``) declare their fields with :func:`spec` (a range, choices,
+non-empty, printable, how to say what is expected) and read a parsed document with
+:class:`Loader`. Every error is a ConfigError naming the file, the key
+(``models[1].max_tokens``) and what was expected, on one line; an unknown key is
+refused with the closest valid name. Only fields declared with :func:`spec` are read
+from the file (``Config.path``, ``Scenario.source`` are not).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import re
+import sys
+import types
+import typing
+from dataclasses import field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+from capmon.core.exceptions import ConfigError
+
+_SPEC = "capmon.schema"  # the metadata key that marks a field as read from the file
+
+
+def spec(default: Any = dataclasses.MISSING, *, doc: str = "", min: float | None = None, max: float | None = None,
+         above: float | None = None, choices: Sequence[str] | None = None, nonempty: bool = False,
+         printable: bool = False, expected: str | None = None, missing: str | None = None,
+         each: Mapping[str, Any] | None = None, factory: Any = dataclasses.MISSING) -> Any:
+    """A dataclass field read from a TOML file.
+
+    ``min`` / ``max``: inclusive bounds, ``above``: an exclusive lower bound (numbers).
+    ``choices``: the strings allowed. ``nonempty``: a string that is not blank, or a list
+    with at least one item. ``printable``: a name without control characters.
+    ``expected``: how a type error says what was expected ("a finite number"; ``{key}``
+    is replaced by the key). ``missing``: the whole message when a field without a
+    default is left out. ``each``: these same options for every item of a list."""
+    meta = {_SPEC: True, "doc": doc, "min": min, "max": max, "above": above, "choices": choices,
+            "nonempty": nonempty, "printable": printable, "expected": expected, "missing": missing,
+            "each": dict(each or {})}
+    if factory is not dataclasses.MISSING:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def parse_toml(text: str, file: str) -> dict[str, Any]:
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(file, "", f"not valid TOML: {e}") from None
+
+
+def read_text(path: str | os.PathLike[str]) -> str:
+    p = Path(path)
+    try:
+        return p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(str(p), "", "no such file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(str(p), "", f"cannot read: {e}") from None
+
+
+_TYPE_WORDS = {int: "a whole number", float: "a number", str: "a string", bool: "true or false"}
+
+
+def describe(tp: Any) -> str:
+    """What a value of type ``tp`` is called in an error: "a whole number", "a list of strings"."""
+    if tp in _TYPE_WORDS:
+        return _TYPE_WORDS[tp]
+    if dataclasses.is_dataclass(tp):
+        return "a table"
+    origin = typing.get_origin(tp)
+    if origin in (tuple, list):
+        return f"a list of {describe(typing.get_args(tp)[0]).removeprefix('a ')}s"
+    if origin in (Mapping, dict) or tp is Mapping:
+        return "a table of strings"
+    return str(tp)
+
+
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def key_text(name: object) -> str:
+    """A key as TOML writes it: bare when it can be, quoted otherwise (``""``, ``"my key"``),
+    so an error about an empty or odd key still names it."""
+    text = str(name)
+    if _BARE_KEY.fullmatch(text):
+        return text
+    out = []
+    for ch in text:
+        if ch in '"\\':
+            out.append("\\" + ch)
+        elif not ch.isprintable():
+            out.append(f"\\u{ord(ch):04X}" if ord(ch) <= 0xFFFF else f"\\U{ord(ch):08X}")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
+
+
+def got(value: Any) -> str:
+    """A value as an error shows it: its repr, cut to 60 characters, and its type."""
+    text = repr(value)
+    if len(text) > 60:
+        text = text[:57] + "..."
+    return f"{text} ({type(value).__name__})"
+
+
+def _optional(tp: Any) -> Any:
+    """``X | None`` -> ``X`` (TOML has no null: a field that may be None may be left out)."""
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        (inner,) = [a for a in typing.get_args(tp) if a is not type(None)]
+        return inner
+    return tp
+
+
+class Loader:
+    """Reads one file's document into dataclasses declared with :func:`spec`."""
+
+    def __init__(self, file: str) -> None:
+        self.file = file
+
+    def fail(self, key: str, message: str) -> ConfigError:
+        return ConfigError(self.file, key, message)
+
+    def table(self, cls: Any, raw: Any, key: str) -> Any:
+        if not isinstance(raw, dict):
+            raise self.fail(key, f"expected a table, got {got(raw)}")
+        hints = typing.get_type_hints(cls)
+        fields = {f.name: f for f in dataclasses.fields(cls) if f.metadata.get(_SPEC)}
+        for name in raw:
+            if name not in fields:
+                where = f"{key}.{key_text(name)}" if key else key_text(name)
+                close = difflib.get_close_matches(str(name), list(fields), n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else f"; valid keys: {', '.join(fields)}"
+                raise self.fail(where, f"unknown key{hint}")
+        kwargs: dict[str, Any] = {}
+        for name, f in fields.items():
+            where = f"{key}.{name}" if key else name
+            if name not in raw:
+                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                    raise self.fail(where, f.metadata["missing"] or f"missing; expected {describe(hints[name])}")
+                continue
+            kwargs[name] = self.value(_optional(hints[name]), raw[name], where, f.metadata)
+        return cls(**kwargs)
+
+    def value(self, tp: Any, raw: Any, key: str, meta: Mapping[str, Any]) -> Any:
+        if dataclasses.is_dataclass(tp):
+            return self.table(tp, raw, key)
+
+        def wrong() -> ConfigError:
+            expected = meta.get("expected")
+            return self.fail(key, f"expected {expected.format(key=key) if expected else describe(tp)}, got {got(raw)}")
+
+        origin = typing.get_origin(tp)
+        if origin is tuple:
+            (inner, *_rest) = typing.get_args(tp)
+            if not isinstance(raw, list) or (meta.get("nonempty") and not raw):
+                raise wrong()
+            each = meta.get("each") or {}
+            return tuple(self.value(inner, item, f"{key}[{i}]", each) for i, item in enumerate(raw))
+        if origin in (Mapping, dict) or origin is typing.get_origin(Mapping[str, str]):
+            if not isinstance(raw, dict):
+                raise wrong()
+            for k, v in raw.items():
+                if not isinstance(v, str):
+                    raise self.fail(f"{key}.{key_text(k)}", f"expected a string, got {got(v)}")
+            return dict(raw)
+        if tp is bool:
+            if not isinstance(raw, bool):
+                raise wrong()
+            return raw
+        if tp is str:
+            return self._string(raw, key, meta, wrong)
+        if tp is int:
+            if isinstance(raw, bool) or not isinstance(raw, int):
+                raise wrong()
+            value: Any = raw
+        elif tp is float:
+            if isinstance(raw, bool) or not isinstance(raw, (int, float)):
+                raise wrong()
+            value = float(raw)
+            if value != value or value in (float("inf"), float("-inf")):
+                raise self.fail(key, f"expected a finite number, got {got(raw)}")
+        else:  # pragma: no cover - a schema bug, not a user error
+            raise TypeError(f"unsupported field type {tp!r}")
+        lo, hi, above = meta.get("min"), meta.get("max"), meta.get("above")
+        if lo is not None and value < lo:
+            raise self.fail(key, f"expected {describe(tp)} >= {lo:g}, got {raw!r}")
+        if hi is not None and value > hi:
+            raise self.fail(key, f"expected {describe(tp)} <= {hi:g}, got {raw!r}")
+        if above is not None and value <= above:
+            raise self.fail(key, f"expected {describe(tp)} > {above:g}, got {raw!r}")
+        return value
+
+    def _string(self, raw: Any, key: str, meta: Mapping[str, Any], wrong: typing.Callable[[], ConfigError]) -> str:
+        if not isinstance(raw, str):
+            raise wrong()
+        choices = meta.get("choices")
+        if choices and raw not in choices:
+            raise self.fail(key, f"expected one of {', '.join(choices)}, got {raw!r}")
+        if meta.get("nonempty") and not raw.strip():
+            raise self.fail(key, "expected a non-empty string")
+        if meta.get("printable") and not raw.isprintable():
+            raise self.fail(key, f"expected a name without control characters, got {raw!r}")
+        return raw

@@ -1,0 +1,31 @@
+"""``capmon serve``: an OpenAI-compatible HTTP gateway in front of one shared
+FallbackClient, with Prometheus metrics, health checks and a control API a dashboard
+attaches to. The core never imports this package.
+
+| module | its one job |
+|---|---|
+| ``serve.py`` | the command: config, engine, server, signals, exit codes |
+| ``server.py`` | uvicorn in the running loop on a socket bound here |
+| ``app.py`` | the ASGI app: routes, OpenAI-shaped 404 / 405, /metrics, /health, /ready |
+| ``settings.py`` | ``[gateway]`` checked against the models; client and admin keys from the environment |
+| ``auth.py`` | who is calling, compared in constant time; what each route needs |
+| ``openai_api.py`` | /v1/chat/completions, /v1/responses, /v1/models |
+| ``bodies.py`` | a request body and the per-request headers -> a ChatRequest |
+| ``models.py`` | model names and aliases a client may send |
+| ``replies.py`` | plain and streamed answers, run while watching the connection |
+| ``disconnect.py`` | cancel a request's work when its client goes away |
+| ``sse.py`` | the two APIs' SSE framing, and how a broken stream ends |
+| ``errors.py`` | OpenAI error shapes; what a failed request becomes |
+| ``headers.py`` | x-capmon-* and x-litellm-* response headers |
+| ``metrics.py`` | the Prometheus registry |
+| ``feed.py``, ``control.py`` | numbered events for SSE readers; the /capmon/ control API |
+| ``readiness.py`` | /ready, and a 429's Retry-After |
+"""
+
+from capmon.gateway.app import close_app, create_app
+from capmon.gateway.serve import ServeOptions, serve
+from capmon.gateway.server import GatewayError, GatewayServer, start_server
+from capmon.gateway.settings import GatewaySettings, load_settings
+
+__all__ = ["GatewayError", "GatewayServer", "GatewaySettings", "ServeOptions", "close_app", "create_app",
+           "load_settings", "serve", "start_server"]

@@ -1,0 +1,117 @@
+"""The gateway as an ASGI app: the OpenAI API (capmon/gateway/openai_api.py), the
+control API (capmon/gateway/control.py), /metrics, /health and /ready, around one
+shared FallbackClient that the caller owns (``capmon serve`` opens it with the engine).
+
+Every error the gateway answers is in the OpenAI shape, 404 and 405 included.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from capmon.core.router import FallbackClient
+from capmon.gateway import control, openai_api
+from capmon.gateway.auth import Access, Authenticator
+from capmon.gateway.context import Gateway, gateway_of
+from capmon.gateway.errors import ApiError
+from capmon.gateway.feed import EventFeed
+from capmon.gateway.metrics import CONTENT_TYPE, GatewayMetrics
+from capmon.gateway.models import ModelNames
+from capmon.gateway.readiness import readiness
+from capmon.gateway.replies import JsonReply, error_reply
+from capmon.gateway.settings import GatewaySettings
+
+log = logging.getLogger("capmon.gateway")
+
+
+async def health(request: Request) -> Response:
+    return JsonReply({"status": "ok"})
+
+
+async def ready(request: Request) -> Response:
+    state = readiness(gateway_of(request).client)
+    return JsonReply(state.as_json(), 200 if state.ready else 503)
+
+
+async def metrics(request: Request) -> Response:
+    gw = gateway_of(request)
+    gw.auth.require(request.headers, Access.USE)
+    return Response(gw.metrics.exposition(), media_type=CONTENT_TYPE)
+
+
+async def _api_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ApiError)
+    return error_reply(exc)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    kind = "not_found" if exc.status_code == 404 else "method_not_allowed" if exc.status_code == 405 else None
+    message = {404: f"no such endpoint: {request.method} {request.url.path}"[:200],
+               405: f"{request.method} is not allowed on {request.url.path}"[:200]}.get(exc.status_code, exc.detail)
+    return error_reply(ApiError(exc.status_code, message, "invalid_request_error", kind,
+                                headers=dict(exc.headers or {})))
+
+
+def _api_of(path: str) -> str:
+    if path.startswith("/v1/chat/"):
+        return "chat"
+    if path.startswith("/v1/responses"):
+        return "responses"
+    if path.startswith("/v1/models"):
+        return "models"
+    if path.startswith("/capmon/"):
+        return "control"
+    return path[1:] if path in ("/metrics", "/health", "/ready") else "other"
+
+
+class CountResponses:
+    """Counts every HTTP answer by API and status (pure ASGI: streams stay streams)."""
+
+    def __init__(self, app: ASGIApp, gateway: Gateway) -> None:
+        self.app = app
+        self.gateway = gateway
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        api = _api_of(scope.get("path", ""))
+
+        async def counted(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                self.gateway.metrics.responses.labels(api, str(message["status"])).inc()
+            await send(message)
+
+        await self.app(scope, receive, counted)
+
+
+def create_app(client: FallbackClient, settings: GatewaySettings) -> Starlette:
+    """The gateway in front of ``client``. Call it in the event loop that serves it; call
+    ``close_app(app)`` when done (the client stays the caller's)."""
+    names = ModelNames(settings.models, settings.aliases)
+    gw = Gateway(client=client, settings=settings, auth=Authenticator(settings), names=names,
+                 metrics=GatewayMetrics(client), feed=EventFeed(client.bus), started=int(client.clock.wall()))
+    routes = [
+        *openai_api.ROUTES,
+        *control.ROUTES,
+        Route("/metrics", metrics, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/ready", ready, methods=["GET"]),
+    ]
+    app = Starlette(routes=routes, exception_handlers={ApiError: _api_error, HTTPException: _http_error})
+    app.state.gateway = gw
+    app.add_middleware(CountResponses, gateway=gw)
+    return app
+
+
+def close_app(app: Starlette) -> None:
+    gw: Gateway = app.state.gateway
+    gw.close()

@@ -1,0 +1,35 @@
+"""What every route of the gateway works with: one shared client and what is built
+around it. One per app; routes find it on ``request.app.state.gateway``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from starlette.requests import Request
+
+from capmon.core.router import FallbackClient
+from capmon.gateway.auth import Authenticator
+from capmon.gateway.feed import EventFeed
+from capmon.gateway.metrics import GatewayMetrics
+from capmon.gateway.models import ModelNames
+from capmon.gateway.settings import GatewaySettings
+
+
+@dataclass(eq=False)
+class Gateway:
+    client: FallbackClient
+    settings: GatewaySettings
+    auth: Authenticator
+    names: ModelNames
+    metrics: GatewayMetrics
+    feed: EventFeed
+    started: int  # wall-clock seconds: the "created" of /v1/models
+
+    def close(self) -> None:
+        self.metrics.close()
+        self.feed.close()
+
+
+def gateway_of(request: Request) -> Gateway:
+    gw: Gateway = request.app.state.gateway
+    return gw

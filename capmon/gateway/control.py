@@ -1,0 +1,189 @@
+"""The control API under /capmon/, what a dashboard attaches to (``capmon --connect``):
+
+  GET  /capmon/info         what this is: version, models, aliases, targets, and whether
+                            the caller may act (``readonly``)
+  GET  /capmon/snapshot     the client's snapshot (capmon.core.serial.snapshot_to_json)
+  GET  /capmon/events       SSE: ``id: N`` / ``event: TYPE`` / ``data: event_to_json``, the
+                            recent history first; ``Last-Event-ID`` or ``?since=N`` resumes
+  POST /capmon/pin          {"model": NAME | null}
+  POST /capmon/trip         {"target": NAME}   a model (all its targets) or a target id
+  POST /capmon/reset        {"target": NAME}
+  POST /capmon/force-close  {"target": NAME}
+
+Actions need the admin key (403 without it) and answer ``{"ok": true, "snapshot": ...}``.
+Reads need a client key or the admin key when the gateway has client keys.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Callable
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+from capmon import __version__
+from capmon.core.exceptions import CapmonError
+from capmon.core.serial import event_to_json, snapshot_to_json
+from capmon.gateway import sse
+from capmon.gateway.auth import Access
+from capmon.gateway.context import Gateway, gateway_of
+from capmon.gateway.disconnect import ClientGone, until_disconnect
+from capmon.gateway.errors import ApiError, json_bytes
+from capmon.gateway.feed import EventFeed
+from capmon.gateway.openai_api import read_body
+from capmon.gateway.replies import JsonReply, Nothing
+
+API_VERSION = 1
+KEEPALIVE = 15.0  # seconds between comments on an idle event stream (proxies close silent ones)
+
+
+async def info(request: Request) -> Response:
+    gw = gateway_of(request)
+    caller = gw.auth.require(request.headers, Access.USE)
+    c = gw.client
+    return JsonReply({
+        "service": "capmon-gateway", "version": __version__, "api_version": API_VERSION,
+        "simulator": c.config.simulator.scenario if c.config.simulator.enabled else None,
+        "models": c.model_names(), "aliases": {k: v for k, v in gw.names.aliases.items()},
+        "targets": [{"target": t.id, "model": t.model.name, "endpoint": t.endpoint.name, "key_alias": t.key.alias}
+                    for t in c.targets],
+        "readonly": not caller.admin, "admin_key_configured": gw.settings.admin is not None,
+        "client_keys": len(gw.settings.keys), "caller": caller.role.value,
+        "deadline": c.config.client.deadline, "batch_share": c.config.client.batch_share,
+        "events": gw.feed.last,
+    })
+
+
+async def snapshot(request: Request) -> Response:
+    gw = gateway_of(request)
+    gw.auth.require(request.headers, Access.USE)
+    return JsonReply(snapshot_to_json(gw.client.snapshot()))
+
+
+def _since(request: Request) -> int | None:
+    raw = request.headers.get("last-event-id") or request.query_params.get("since")
+    if raw is None:
+        return None
+    if not raw.strip().isdigit():
+        raise ApiError(400, f"expected the number of an event (Last-Event-ID or ?since=), got {raw[:40]!r}",
+                       param="since")
+    return int(raw)
+
+
+class EventStream(Response):
+    def __init__(self, gw: Gateway, since: int | None) -> None:
+        super().__init__()
+        self.gw = gw
+        self.feed: EventFeed = gw.feed
+        self.since = since
+
+    async def _pump(self, send: Send) -> None:
+        reader = self.feed.reader(self.since)
+        try:
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(k.encode(), v.encode()) for k, v in sse.HEADERS.items()]})
+            await send({"type": "http.response.body", "body": b"retry: 2000\n\n", "more_body": True})
+            while not reader.closed:
+                items, dropped = await reader.take(KEEPALIVE)
+                out = [sse.comment(f"{dropped} events dropped: this reader lagged")] if dropped else []
+                for seq, e in items:
+                    data = event_to_json(e)
+                    out.append(f"id: {seq}\nevent: {data['type']}\ndata: ".encode() + json_bytes(data) + b"\n\n")
+                await send({"type": "http.response.body", "body": b"".join(out) or sse.comment("keepalive"),
+                            "more_body": True})
+            await send({"type": "http.response.body", "body": sse.comment("the gateway is stopping"),
+                        "more_body": False})
+        finally:
+            self.feed.drop(reader)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await until_disconnect(receive, self._pump(send))
+        except ClientGone:
+            pass
+
+
+async def events(request: Request) -> Response:
+    gw = gateway_of(request)
+    gw.auth.require(request.headers, Access.USE)
+    return EventStream(gw, _since(request))
+
+
+async def _body(request: Request, allowed: tuple[str, ...]) -> dict[str, Any] | None:
+    raw = await read_body(request, 65536)
+    if raw is None:
+        return None
+    try:
+        body = json.loads(raw) if raw.strip() else {}
+    except (ValueError, RecursionError):
+        raise ApiError(400, "expected a JSON object") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "expected a JSON object")
+    unknown = sorted(set(body) - set(allowed))
+    if unknown:
+        raise ApiError(400, f"unknown field(s) {', '.join(map(repr, unknown))}; expected {', '.join(allowed)}",
+                       param=unknown[0][:60])
+    reason = body.get("reason")
+    if reason is not None and not isinstance(reason, str):
+        raise ApiError(400, "reason: expected a string", param="reason")
+    return body
+
+
+def _done(gw: Gateway) -> Response:
+    return JsonReply({"ok": True, "snapshot": snapshot_to_json(gw.client.snapshot())})
+
+
+def _not_found(e: CapmonError) -> ApiError:
+    return ApiError(404, str(e), "invalid_request_error", "not_found")
+
+
+async def pin(request: Request) -> Response:
+    gw = gateway_of(request)
+    gw.auth.require(request.headers, Access.ADMIN)
+    body = await _body(request, ("model",))
+    if body is None:
+        return Nothing()
+    if "model" not in body:
+        raise ApiError(400, 'expected {"model": NAME} to pin a model or {"model": null} to go back to automatic',
+                       param="model")
+    model = body["model"]
+    if model is not None and not isinstance(model, str):
+        raise ApiError(400, "model: expected a model name or null", param="model")
+    try:
+        gw.client.pin(model)
+    except CapmonError as e:
+        raise _not_found(e) from None
+    return _done(gw)
+
+
+def _action(act: Callable[[Gateway, str, str], None], what: str) -> Callable[[Request], Any]:
+    async def endpoint(request: Request) -> Response:
+        gw = gateway_of(request)
+        gw.auth.require(request.headers, Access.ADMIN)
+        body = await _body(request, ("target", "reason"))
+        if body is None:
+            return Nothing()
+        target = body.get("target")
+        if not isinstance(target, str) or not target:
+            raise ApiError(400, 'expected {"target": NAME}: a model or a target id', param="target")
+        try:
+            act(gw, target, body.get("reason") or f"{what} by hand through the gateway")
+        except CapmonError as e:
+            raise _not_found(e) from None
+        return _done(gw)
+
+    return endpoint
+
+
+ROUTES = [
+    Route("/capmon/info", info, methods=["GET"]),
+    Route("/capmon/snapshot", snapshot, methods=["GET"]),
+    Route("/capmon/events", events, methods=["GET"]),
+    Route("/capmon/pin", pin, methods=["POST"]),
+    Route("/capmon/trip", _action(lambda gw, t, r: gw.client.trip(t, r), "tripped"), methods=["POST"]),
+    Route("/capmon/reset", _action(lambda gw, t, r: gw.client.reset(t, r), "reset"), methods=["POST"]),
+    Route("/capmon/force-close", _action(lambda gw, t, r: gw.client.force_close(t, r), "closed"), methods=["POST"]),
+]

@@ -1,0 +1,110 @@
+"""Errors as the OpenAI API shapes them (``{"error": {"message", "type", "param",
+"code"}}``), and what a failed request becomes for a client of the gateway.
+
+| the core says | the client gets |
+|---|---|
+| DeadlineExceeded, capacity, rate_limited, quota | 429 with Retry-After |
+| bad_request, too_large | the provider's 4xx and message (400 when no provider answered) |
+| transient, oversized | 502: the upstream failed, retries are spent |
+| auth | 502 naming the gateway's provider key by its alias: the gateway's problem, not the client's |
+
+Every message passes :func:`capmon.core.secrets.redact`; a provider's text about a
+refused key is never repeated (it may show part of the key).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+from capmon.core.errors import Failure, Kind
+from capmon.core.exceptions import DeadlineExceeded, RequestFailed
+from capmon.core.secrets import redact
+
+
+@dataclass(eq=False)
+class ApiError(Exception):
+    """An answer the gateway gives instead of a completion."""
+
+    status: int
+    message: str
+    type: str = "invalid_request_error"
+    code: str | None = None
+    param: str | None = None
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        super().__init__(self.message)
+
+    def error(self) -> dict[str, Any]:
+        return {"message": redact(self.message), "type": self.type, "param": self.param, "code": self.code}
+
+    def body(self) -> dict[str, Any]:
+        return {"error": self.error()}
+
+
+def json_bytes(obj: Any) -> bytes:
+    # ASCII escapes keep a lone surrogate from a provider's JSON encodable.
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
+_LIMITED = (Kind.CAPACITY, Kind.RATE_LIMITED, Kind.QUOTA)
+
+
+def _provider_message(f: Failure) -> str:
+    """The provider's own message (already redacted by the classifier), or the reason."""
+    return f.message or f.reason
+
+
+def _retry_after(f: Failure, fallback: float) -> str:
+    seconds = f.retry_after if f.retry_after is not None and f.retry_after > 0 else fallback
+    return str(max(1, math.ceil(seconds)))
+
+
+def from_failure(e: RequestFailed, *, retry_after: float = 1.0, disabled_keys: Sequence[str] = ()) -> ApiError:
+    """What a request the core gave up on becomes. ``retry_after`` (seconds): the hint
+    when the failure carries none (the gateway's guess at when a model admits again).
+    ``disabled_keys``: the gateway's provider keys disabled after the provider refused
+    them, when no key is left; a request refused without an attempt then failed for that."""
+    f = e.failure
+    attempts = {"x-capmon-attempts": str(len(e.attempts))}
+    if disabled_keys and not e.attempts:
+        return ApiError(502, f"every provider key of the gateway is disabled after the provider refused it "
+                             f"({', '.join(disabled_keys)}); the gateway's operator must fix the key and reset it "
+                             f"(this is not about the key you sent)", "upstream_error", "upstream_auth_failed",
+                        headers=attempts)
+    if isinstance(e, DeadlineExceeded) or f.kind in _LIMITED:
+        what = {Kind.RATE_LIMITED: "every model is rate-limited", Kind.QUOTA: "every model is out of quota"}.get(
+            f.kind, "every model is at capacity")
+        if isinstance(e, DeadlineExceeded):
+            what = f"no model could serve the request within its deadline ({what.removeprefix('every model is ')})"
+        return ApiError(429, f"{what}; try again later. Last: {f.kind.value}: {f.reason}", "rate_limit_error",
+                        "quota_exceeded" if f.kind is Kind.QUOTA and not isinstance(e, DeadlineExceeded)
+                        else "model_at_capacity" if f.kind is Kind.CAPACITY else "rate_limit_exceeded",
+                        headers={"retry-after": _retry_after(f, retry_after), **attempts})
+    if f.kind in (Kind.BAD_REQUEST, Kind.TOO_LARGE):
+        status = f.status if f.status is not None and 400 <= f.status < 500 else 400
+        code = f.code or ("context_length_exceeded" if f.kind is Kind.TOO_LARGE else None)
+        return ApiError(status, _provider_message(f), "invalid_request_error", code, param=f.param, headers=attempts)
+    if f.kind is Kind.AUTH:
+        last = e.attempts[-1] if e.attempts else None
+        key = f"provider key {last.key_alias!r} at endpoint {last.endpoint!r}" if last else "its provider key"
+        return ApiError(502, f"the gateway's {key} was refused ({f.status or 'auth'}); the gateway's operator must "
+                             f"fix it (this is not about the key you sent)", "upstream_error", "upstream_auth_failed",
+                        headers=attempts)
+    if f.kind is Kind.OVERSIZED:
+        return ApiError(502, f"the provider's answer was too large for the gateway: {f.reason}", "upstream_error",
+                        "upstream_oversized", headers=attempts)
+    return ApiError(502, f"the upstream failed and retries are spent: {f.reason}", "upstream_error",
+                    "upstream_failed", headers=attempts)
+
+
+def in_stream(e: RequestFailed) -> dict[str, Any]:
+    """The error object that ends a stream that broke after its first byte."""
+    f = e.failure
+    code = {Kind.CAPACITY: "server_is_overloaded", Kind.RATE_LIMITED: "rate_limit_exceeded"}.get(f.kind,
+                                                                                              "server_error")
+    return {"message": redact(f"the stream broke after output was sent ({f.kind.value}: {f.reason}); "
+                              f"the answer is incomplete"), "type": "server_error", "param": None, "code": code}

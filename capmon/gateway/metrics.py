@@ -1,0 +1,141 @@
+"""``GET /metrics``: the shared client in the Prometheus exposition format, on a registry
+of the app's own (so two gateways in one process, as in tests, never share counters).
+
+Two sources. Counters and histograms are fed as things happen: every attempt (the
+client's attempt observer), every finished request, fallback and retry wait (the
+event bus), and every HTTP answer. Gauges are read from the client's snapshot when
+Prometheus scrapes, so they are never stale.
+
+Per target (a model at an endpoint with a key) and per model:
+
+| metric | LiteLLM's nearest |
+|---|---|
+| capmon_deployment_state{model,target}: 0 healthy, 1 ramp or half-open, 2 open | litellm_deployment_state |
+| capmon_breaker_state{model,target,state} 1 for the state it is in | |
+| capmon_breaker_trips_total{model,target} | litellm_deployment_cooled_down |
+| capmon_limiter_limit, capmon_limiter_capacity, capmon_in_flight{model,target} | litellm_remaining_requests |
+| capmon_key_usable{model,target} 0 while its key is parked (quota) or disabled (auth) | |
+| capmon_attempts_total{model,target,outcome}: ok or the kind | litellm_deployment_success/failure_responses |
+| capmon_attempt_latency_seconds{model,target} | litellm_request_total_latency_metric |
+| capmon_requests_total{model,outcome} (model "" when none served) | litellm_deployment_total_requests |
+| capmon_request_latency_seconds{model}, waits included | litellm_llm_api_latency_metric |
+| capmon_fallbacks_total{from_model,to_model} | litellm_deployment_successful_fallbacks |
+| capmon_retry_waits_total{model}, capmon_retry_wait_seconds | |
+| capmon_waiting_requests (queued for any model), capmon_retry_waiting, capmon_in_flight_requests | |
+| capmon_pinned{model} | |
+| capmon_gateway_responses_total{api,status}, _disconnects_total{api} | litellm_proxy_total_requests_metric |
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from capmon.core import events as ev
+from capmon.core.result import Attempt, ChatRequest
+from capmon.core.router import FallbackClient
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+# LLM calls take from milliseconds (a cached or tiny answer) to minutes (a long one).
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+WAIT_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+
+_DEPLOYMENT = {"closed": 0, "forced-closed": 0, "ramp": 1, "half-open": 1, "open": 2, "forced-open": 2}
+BREAKER_STATES = ("closed", "open", "half-open", "ramp", "forced-open", "forced-closed")
+
+
+class _SnapshotCollector(Collector):
+    def __init__(self, client: FallbackClient) -> None:
+        self.client = client
+
+    def collect(self) -> Iterable[Metric]:
+        snap = self.client.snapshot()
+        labels = ["model", "target"]
+        deployment = GaugeMetricFamily("capmon_deployment_state", "0 healthy, 1 partial (ramp or half-open), "
+                                       "2 down (open), as litellm_deployment_state", labels=labels)
+        breaker = GaugeMetricFamily("capmon_breaker_state", "1 for the breaker state the target is in",
+                                    labels=[*labels, "state"])
+        trips = CounterMetricFamily("capmon_breaker_trips", "times the target's breaker opened", labels=labels)
+        limit = GaugeMetricFamily("capmon_limiter_limit", "the target's adaptive concurrency limit", labels=labels)
+        capacity = GaugeMetricFamily("capmon_limiter_capacity", "the concurrency the limiter learned the target "
+                                     "holds (absent until its first rejection)", labels=labels)
+        in_flight = GaugeMetricFamily("capmon_in_flight", "requests in flight at the target", labels=labels)
+        key = GaugeMetricFamily("capmon_key_usable", "1 while the target's key is usable, 0 while parked or "
+                                "disabled", labels=labels)
+        for t in snap.targets:
+            ids = [t.model, t.target]
+            state = str(t.state)
+            deployment.add_metric(ids, _DEPLOYMENT.get(state, 1))
+            for s in BREAKER_STATES if state in BREAKER_STATES else (*BREAKER_STATES, state):
+                breaker.add_metric([*ids, s], 1.0 if s == state else 0.0)
+            trips.add_metric(ids, t.trips)
+            limit.add_metric(ids, t.limit)
+            if t.capacity is not None:
+                capacity.add_metric(ids, t.capacity)
+            in_flight.add_metric(ids, t.in_flight)
+            key.add_metric(ids, 1.0 if str(t.key_state) == "ok" else 0.0)
+        yield from (deployment, breaker, trips, limit, capacity, in_flight, key)
+        yield GaugeMetricFamily("capmon_waiting_requests", "requests waiting for any model to admit them",
+                                value=snap.queued)
+        yield GaugeMetricFamily("capmon_retry_waiting", "requests waiting out a backoff before their next attempt",
+                                value=len(snap.waiting))
+        yield GaugeMetricFamily("capmon_in_flight_requests", "attempts in flight across every target",
+                                value=snap.in_flight)
+        pinned = GaugeMetricFamily("capmon_pinned", "1 for the model pinned by hand", labels=["model"])
+        for m in self.client.model_names():
+            pinned.add_metric([m], 1.0 if snap.pinned == m else 0.0)
+        yield pinned
+
+
+class GatewayMetrics:
+    def __init__(self, client: FallbackClient) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.attempts = Counter("capmon_attempts", "attempts by target and outcome (ok or the failure kind)",
+                                ["model", "target", "outcome"], registry=r)
+        self.attempt_latency = Histogram("capmon_attempt_latency_seconds", "one attempt's latency",
+                                         ["model", "target"], buckets=LATENCY_BUCKETS, registry=r)
+        self.requests = Counter("capmon_requests", "requests finished, by the model that served them (\"\" when "
+                                "none did) and outcome (ok or the failure kind)", ["model", "outcome"], registry=r)
+        self.request_latency = Histogram("capmon_request_latency_seconds", "a request's latency, waits and "
+                                         "fallbacks included", ["model"], buckets=LATENCY_BUCKETS, registry=r)
+        self.fallbacks = Counter("capmon_fallbacks", "requests that moved from one model to another",
+                                 ["from_model", "to_model"], registry=r)
+        self.retry_waits = Counter("capmon_retry_waits", "backoff waits before a retry (model \"\": any)",
+                                   ["model"], registry=r)
+        self.retry_wait_seconds = Histogram("capmon_retry_wait_seconds", "how long retry waits are",
+                                            buckets=WAIT_BUCKETS, registry=r)
+        self.responses = Counter("capmon_gateway_responses", "HTTP answers of the gateway", ["api", "status"],
+                                 registry=r)
+        self.disconnects = Counter("capmon_gateway_disconnects", "clients that went away before their answer; "
+                                   "their attempts were cancelled", ["api"], registry=r)
+        r.register(_SnapshotCollector(client))
+        self._undo: list[Callable[[], None]] = [client.add_observer(self._attempt), client.bus.subscribe(self._event)]
+
+    def close(self) -> None:
+        for undo in self._undo:
+            undo()
+        self._undo.clear()
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+    def _attempt(self, request: ChatRequest, a: Attempt) -> None:
+        self.attempts.labels(a.model, a.target, a.kind.value if a.kind is not None else "ok").inc()
+        self.attempt_latency.labels(a.model, a.target).observe(max(0.0, a.latency))
+
+    def _event(self, e: ev.Event) -> None:
+        if isinstance(e, ev.RequestDone):
+            model = e.model or ""
+            self.requests.labels(model, "ok" if e.ok else (e.kind or "failed")).inc()
+            if e.ok:
+                self.request_latency.labels(model).observe(max(0.0, e.latency))
+        elif isinstance(e, ev.FellBack):
+            self.fallbacks.labels(e.from_model, e.to_model).inc()
+        elif isinstance(e, ev.RetryScheduled):
+            self.retry_waits.labels(e.model or "").inc()
+            self.retry_wait_seconds.observe(max(0.0, e.wait))

@@ -1,0 +1,66 @@
+"""Whether the gateway can serve: some model admits now, or will within a request's
+deadline (its breaker's probe is due, a server's hint or a quota runs out); and, for a
+429's Retry-After, when the soonest of them is."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from capmon.core.router import FallbackClient
+
+
+@dataclass(frozen=True, slots=True)
+class TargetReadiness:
+    target: str
+    model: str
+    state: str
+    admits_in: float | None  # seconds until it admits (0: now); None: only a person can bring it back
+
+    def as_json(self) -> dict[str, object]:
+        return {"target": self.target, "model": self.model, "state": self.state,
+                "admits_in": None if self.admits_in is None else round(self.admits_in, 3)}
+
+
+@dataclass(frozen=True, slots=True)
+class Readiness:
+    ready: bool
+    reason: str
+    targets: tuple[TargetReadiness, ...]
+
+    def as_json(self) -> dict[str, object]:
+        return {"ready": self.ready, "reason": self.reason, "targets": [t.as_json() for t in self.targets]}
+
+
+def _targets(client: FallbackClient) -> tuple[TargetReadiness, ...]:
+    admits_in = client.admits_in()
+    out = []
+    for t in client.snapshot().targets:
+        state = str(t.state) if t.key_state == "ok" else f"{t.state}, key {t.key_state}"
+        out.append(TargetReadiness(t.target, t.model, state, admits_in.get(t.target)))
+    return tuple(out)
+
+
+def readiness(client: FallbackClient) -> Readiness:
+    deadline = client.config.client.deadline
+    targets = _targets(client)
+    waits = [t for t in targets if t.admits_in is not None]
+    now_ = [t for t in waits if t.admits_in == 0.0]
+    if now_:
+        return Readiness(True, f"{now_[0].model} admits now", targets)
+    soon = sorted((t for t in waits if t.admits_in is not None and t.admits_in <= deadline),
+                  key=lambda t: t.admits_in or 0.0)
+    if soon:
+        return Readiness(True, f"{soon[0].model} admits in {soon[0].admits_in:.1f}s, within the "
+                               f"{deadline:g}s deadline", targets)
+    if waits:
+        first = min(waits, key=lambda t: t.admits_in or 0.0)
+        return Readiness(False, f"no model admits within the {deadline:g}s deadline; the soonest is "
+                                f"{first.model} in {first.admits_in:.0f}s", targets)
+    return Readiness(False, "no model can admit a request: every one is tripped by hand or its key disabled",
+                     targets)
+
+
+def retry_after(client: FallbackClient) -> float:
+    """Seconds until the soonest model admits again (1 when one admits now: it is busy)."""
+    waits = [t.admits_in for t in _targets(client) if t.admits_in is not None and t.admits_in > 0]
+    return min(waits) if waits else 1.0

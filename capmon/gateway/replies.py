@@ -1,0 +1,150 @@
+"""The answers to OpenAI API requests, as ASGI callables that do their own work: each
+runs the client call while watching the connection (capmon/gateway/disconnect.py), so
+a client that goes away cancels its attempt. A stream waits for the first chunk before
+it sends the response start, so fallbacks and retries happen before the first byte and
+the headers name the model that serves."""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from typing import Any, Mapping
+
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from capmon.core.errors import Failure, Kind
+from capmon.core.exceptions import RequestFailed
+from capmon.core.result import Api
+from capmon.core.secrets import redact
+from capmon.gateway import sse
+from capmon.gateway.bodies import Wanted
+from capmon.gateway.context import Gateway
+from capmon.gateway.disconnect import ClientGone, until_disconnect
+from capmon.gateway.errors import ApiError, from_failure, json_bytes
+from capmon.gateway.headers import Served
+from capmon.gateway.readiness import retry_after
+
+log = logging.getLogger("capmon.gateway")
+
+
+def _raw(headers: Mapping[str, str]) -> list[tuple[bytes, bytes]]:
+    return [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
+
+
+async def send_json(send: Send, status: int, body: Any, headers: Mapping[str, str] | None = None) -> None:
+    data = json_bytes(body)
+    await send({"type": "http.response.start", "status": status,
+                "headers": _raw({"content-type": "application/json", "content-length": str(len(data)),
+                                 **(headers or {})})})
+    await send({"type": "http.response.body", "body": data})
+
+
+def _failed(gw: Gateway, e: RequestFailed) -> ApiError:
+    targets = gw.client.targets
+    # With every key disabled the core refuses at once ("no model can serve this request"):
+    # that is the gateway's own key problem, whatever kind the core gives it.
+    disabled = () if any(t.state.usable() for t in targets) else \
+        tuple(dict.fromkeys(f"{t.key.alias!r} at endpoint {t.endpoint.name!r}" for t in targets))
+    return from_failure(e, retry_after=retry_after(gw.client), disabled_keys=disabled)
+
+
+def _internal(e: BaseException) -> ApiError:
+    # Where and what, redacted; not the traceback, whose text no log filter sees.
+    tb = traceback.extract_tb(e.__traceback__)[-1:] if e.__traceback__ else []
+    where = f" at {tb[0].filename}:{tb[0].lineno}" if tb else ""
+    log.error("request failed inside the gateway%s: %s", where, redact(f"{type(e).__name__}: {e}"))
+    return ApiError(500, "the gateway failed to handle the request; see its log", "server_error", "internal_error")
+
+
+class JsonReply(Response):
+    """JSON with ASCII escapes (starlette's JSONResponse cannot encode a lone surrogate)."""
+
+    def __init__(self, body: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> None:
+        super().__init__(json_bytes(body), status, dict(headers or {}), "application/json")
+
+
+def error_reply(err: ApiError) -> JsonReply:
+    return JsonReply(err.body(), err.status, err.headers)
+
+
+class Nothing(Response):
+    """No answer: the client has gone."""
+
+    def __init__(self) -> None:
+        super().__init__()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        return None
+
+
+class _Proxied(Response):
+    """An answer to one proxied request: worked out while watching for the client to go
+    away (then the work is cancelled, and its slot given back)."""
+
+    def __init__(self, gw: Gateway, wanted: Wanted) -> None:
+        super().__init__()
+        self.gw = gw
+        self.wanted = wanted
+
+    async def _work(self, send: Send) -> None:
+        raise NotImplementedError
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await until_disconnect(receive, self._work(send))
+        except ClientGone:
+            self.gw.metrics.disconnects.labels(self.wanted.request.api.value).inc()
+
+
+class PlainReply(_Proxied):
+    async def _work(self, send: Send) -> None:
+        w = self.wanted
+        try:
+            result = await self.gw.client.chat(w.request)  # a Responses request too: it says which API it is
+        except RequestFailed as e:
+            err = _failed(self.gw, e)
+            await send_json(send, err.status, err.body(), err.headers)
+            return
+        except Exception as e:
+            err = _internal(e)
+            await send_json(send, err.status, err.body())
+            return
+        await send_json(send, 200, result.response, Served.of_result(result).headers(w.priority))
+
+
+class StreamReply(_Proxied):
+    async def _work(self, send: Send) -> None:
+        w = self.wanted
+        framing: sse.ChatFraming | sse.ResponsesFraming = (
+            sse.ResponsesFraming() if w.request.api is Api.RESPONSES else sse.ChatFraming())
+        stream = self.gw.client.stream_chunks(w.request)
+        try:
+            try:
+                first: Mapping[str, Any] | None = await stream.__anext__()
+            except StopAsyncIteration:
+                first = None
+            except RequestFailed as e:
+                err = _failed(self.gw, e)
+                await send_json(send, err.status, err.body(), err.headers)
+                return
+            except Exception as e:
+                err = _internal(e)
+                await send_json(send, err.status, err.body())
+                return
+            headers = {**sse.HEADERS, **Served.of_stream(stream).headers(w.priority)}
+            await send({"type": "http.response.start", "status": 200, "headers": _raw(headers)})
+            try:
+                if first is not None:
+                    await send({"type": "http.response.body", "body": framing.frame(first), "more_body": True})
+                async for chunk in stream:
+                    await send({"type": "http.response.body", "body": framing.frame(chunk), "more_body": True})
+                end = framing.done()
+            except RequestFailed as e:
+                end = framing.error(e)
+            except Exception as e:  # a bug must still end the stream as broken, not as complete
+                _internal(e)
+                end = framing.error(RequestFailed(Failure(Kind.TRANSIENT, f"the gateway failed ({type(e).__name__})")))
+            await send({"type": "http.response.body", "body": end, "more_body": False})
+        finally:
+            await stream.aclose()

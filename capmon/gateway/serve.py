@@ -1,0 +1,114 @@
+"""``capmon serve``: the gateway in front of the engine the config describes (on the
+shipped config, the bundled simulator), until Ctrl+C or SIGTERM.
+
+Exit codes: 0 when stopped otherwise, 130 when stopped by a signal; a wrong config, a
+missing key variable, a taken address or an open gateway asked to listen beyond
+loopback raise CapmonError, which the CLI prints as one line with exit code 2.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+from dataclasses import dataclass
+from typing import Mapping, TextIO
+
+from capmon.core.config import Config, is_loopback
+from capmon.core.exceptions import ConfigError
+from capmon.core.secrets import RedactSecrets
+from capmon.exitcodes import EXIT_INTERRUPTED, EXIT_OK
+from capmon.gateway.app import close_app, create_app
+from capmon.gateway.server import bind, start_server
+from capmon.gateway.settings import GatewaySettings, load_settings
+from capmon.runtime import Engine, load, open_engine
+
+log = logging.getLogger("capmon.gateway")
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    listen: str | None = None  # HOST:PORT; None: [gateway] listen
+    config: str | None = None  # None: $CAPMON_CONFIG, ./config.toml, the user config, the bundled demo
+    environ: Mapping[str, str] | None = None  # None: os.environ
+
+
+
+def check_exposure(config: Config, settings: GatewaySettings) -> None:
+    """An open gateway (no client keys) would hand the provider keys' use to anyone who
+    can reach it: it listens on loopback only."""
+    if settings.open and not is_loopback(settings.host):
+        raise ConfigError(config.path, "gateway.keys", f"listening on {settings.listen} (not loopback) needs at "
+                                                       f"least one client key, e.g. keys = [{{ env = "
+                                                       f"\"CAPMON_GATEWAY_KEY\", alias = \"team\" }}]")
+
+
+def log_handler(err: TextIO) -> logging.Handler:
+    """What the gateway logs, on ``err``: every record redacted, whichever logger it comes from."""
+    handler = logging.StreamHandler(err)
+    handler.addFilter(RedactSecrets())
+    handler.setFormatter(logging.Formatter("capmon gateway: %(levelname)s %(name)s: %(message)s"))
+    return handler
+
+
+def banner(settings: GatewaySettings, engine: Engine, port: int) -> str:
+    host = f"[{settings.host}]" if ":" in settings.host else settings.host
+    aliases = ", ".join(settings.aliases)
+    auth = (f"{len(settings.keys)} client key(s)" if settings.keys else "no client keys: loopback only, any key works")
+    admin = "admin key set" if settings.admin is not None else "control API read-only (no gateway.admin_key_env)"
+    sim = f"; simulator {engine.simulator_url}" if engine.simulator_url else ""
+    return (f"capmon gateway: listening on http://{host}:{port}/v1 (models: {', '.join(settings.models)}; "
+            f"aliases: {aliases}; {auth}; {admin}{sim}; Ctrl+C to stop)")
+
+
+async def _run(config: Config, settings: GatewaySettings, env: Mapping[str, str], out: TextIO) -> int:
+    sock = bind(settings.host, settings.port)  # before the engine: a taken port says so before anything starts
+    stopped_by: list[int] = []
+    try:
+        async with open_engine(config, environ=env) as engine:
+            app = create_app(engine.client, settings)
+            server = await start_server(app, settings.host, settings.port, sock=sock)
+            loop = asyncio.get_running_loop()
+
+            def stop(signum: int) -> None:
+                force = bool(stopped_by)
+                stopped_by.append(signum)
+                app.state.gateway.feed.close()  # event streams end now rather than at the graceful timeout
+                server.stop_soon(force=force)
+
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(signum, stop, signum)
+            print(banner(settings, engine, server.port), file=out, flush=True)
+            try:
+                await server.wait()
+            finally:
+                for signum in (signal.SIGINT, signal.SIGTERM):
+                    loop.remove_signal_handler(signum)
+                close_app(app)
+    finally:
+        sock.close()
+    print("capmon gateway: stopped", file=sys.stderr, flush=True)
+    return EXIT_INTERRUPTED if stopped_by else EXIT_OK
+
+
+def serve(options: ServeOptions, out: TextIO | None = None) -> int:
+    """Run the gateway until a signal stops it. Raises CapmonError when it cannot start."""
+    env = os.environ if options.environ is None else options.environ
+    config = load(options.config)
+    settings = load_settings(config, listen=options.listen, environ=env)
+    check_exposure(config, settings)
+    root = logging.getLogger()
+    handler = log_handler(sys.stderr)
+    root.addHandler(handler)
+    level = root.level
+    root.setLevel(logging.WARNING)
+    try:
+        with contextlib.suppress(KeyboardInterrupt):  # a Ctrl+C before the handlers are in place
+            return asyncio.run(_run(config, settings, env, out or sys.stdout))
+        return EXIT_INTERRUPTED
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)

@@ -1,0 +1,123 @@
+"""The gateway's settings: the config's ``[gateway]`` table checked against its models,
+with the client keys and the admin key read from their environment variables.
+
+Every error names the config file and the key (``gateway.aliases.gpt-5``), as the rest
+of capmon does; a key's value never appears in one.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from capmon.core.config import Config, parse_listen
+from capmon.core.exceptions import ConfigError
+from capmon.core.result import Priority
+from capmon.core.schema import key_text
+from capmon.core.secrets import MIN_SECRET_CHARS, Secret
+
+AUTO = "auto"  # the built-in alias: the config's preference order
+
+
+@dataclass(frozen=True)
+class ClientKey:
+    alias: str
+    priority: Priority
+    secret: Secret = field(repr=False, compare=False)
+
+
+@dataclass(frozen=True)
+class GatewaySettings:
+    host: str
+    port: int
+    keys: tuple[ClientKey, ...]
+    admin: Secret | None = field(repr=False, compare=False)
+    aliases: Mapping[str, str | None]  # what a client may send as "model" -> a model (None: the preference order)
+    models: tuple[str, ...]
+    max_body_bytes: int
+
+    @property
+    def listen(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+    @property
+    def open(self) -> bool:
+        """No client keys: anyone who can reach the gateway may use it (loopback only)."""
+        return not self.keys
+
+
+def _secret(cfg: Config, key: str, env_name: str, environ: Mapping[str, str], alias: str) -> Secret:
+    if not env_name or not env_name.replace("_", "").isalnum():
+        raise ConfigError(cfg.path, key, f"expected an environment variable name, got {env_name!r}")
+    value = environ.get(env_name, "")
+    if not value:
+        raise ConfigError(cfg.path, key, f"environment variable {env_name} is not set")
+    if len(value) < MIN_SECRET_CHARS:
+        raise ConfigError(cfg.path, key, f"the key in {env_name} is {len(value)} characters long; "
+                                         f"expected at least {MIN_SECRET_CHARS}")
+    return Secret(value, alias)
+
+
+def _aliases(cfg: Config) -> dict[str, str | None]:
+    models = [m.name for m in cfg.models]
+    out: dict[str, str | None] = {AUTO: None}
+    for name, target in cfg.gateway.aliases.items():
+        where = f"gateway.aliases.{key_text(name)}"
+        if not name or not name.isprintable():
+            raise ConfigError(cfg.path, where, "expected a name without control characters")
+        if name == AUTO:
+            raise ConfigError(cfg.path, where, "'auto' is built in (the preference order); choose another name")
+        if name in models:
+            raise ConfigError(cfg.path, where, "is already the name of a model; an alias needs a name of its own")
+        if target != AUTO and target not in models:
+            close = difflib.get_close_matches(target, models, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(cfg.path, where, f"no model named {target!r}{hint}; expected one of "
+                                               f"{', '.join(models)} or auto")
+        out[name] = None if target == AUTO else target
+    return out
+
+
+def load_settings(cfg: Config, *, listen: str | None = None,
+                  environ: Mapping[str, str] | None = None) -> GatewaySettings:
+    """The gateway's settings from ``cfg`` (``listen`` overrides ``[gateway] listen``).
+    Raises ConfigError naming the file and key."""
+    env = os.environ if environ is None else environ
+    g = cfg.gateway
+    where = "gateway.listen"
+    text = listen if listen is not None else g.listen
+    try:
+        parsed = parse_listen(text)  # port 0: any free port (tests); the config's own port must be fixed
+        if listen is None:
+            parse_listen(text, fixed=True)
+    except ValueError:
+        detail = f"expected HOST:PORT such as 127.0.0.1:4000, got {text!r}"
+        raise (ConfigError("--listen", "", detail) if listen is not None
+               else ConfigError(cfg.path, where, detail)) from None
+    keys: list[ClientKey] = []
+    seen_alias: set[str] = set()
+    seen_value: set[str] = set()
+    for i, k in enumerate(g.keys):
+        alias = k.alias or k.env
+        if not alias.isprintable():
+            raise ConfigError(cfg.path, f"gateway.keys[{i}].alias", f"expected a name without control characters, "
+                                                                    f"got {alias!r}")
+        if alias in seen_alias:
+            raise ConfigError(cfg.path, f"gateway.keys[{i}].alias", f"duplicate key alias {alias!r}")
+        seen_alias.add(alias)
+        secret = _secret(cfg, f"gateway.keys[{i}].env", k.env, env, alias)
+        if secret.reveal() in seen_value:
+            raise ConfigError(cfg.path, f"gateway.keys[{i}].env", f"{k.env} holds the same key as another client "
+                                                                  f"key; each key needs a value of its own")
+        seen_value.add(secret.reveal())
+        keys.append(ClientKey(alias, Priority(k.priority), secret))
+    admin = None
+    if g.admin_key_env:
+        admin = _secret(cfg, "gateway.admin_key_env", g.admin_key_env, env, "admin")
+        if admin.reveal() in seen_value:
+            raise ConfigError(cfg.path, "gateway.admin_key_env", f"{g.admin_key_env} holds the same key as a client "
+                                                                 f"key; the admin key needs a value of its own")
+    return GatewaySettings(host=parsed[0], port=parsed[1], keys=tuple(keys), admin=admin, aliases=_aliases(cfg),
+                           models=tuple(m.name for m in cfg.models), max_body_bytes=g.max_body_bytes)

@@ -1,0 +1,64 @@
+"""Server-sent events as the OpenAI APIs frame them.
+
+Chat completions: ``data: {chunk}`` frames, then ``data: [DONE]``. The Responses API:
+``event: TYPE`` + ``data: {event}`` frames, the last being the provider's
+response.completed (or response.incomplete). A stream that breaks after its first byte
+ends with an error frame instead, never with [DONE] or a completed event, so no client
+mistakes a cut answer for a whole one: ``data: {"error": {...}}`` for chat (the
+openai SDKs raise on it), a ``response.failed`` event for the Responses API (what
+Codex and the SDKs read as a failed response).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from capmon.core.exceptions import RequestFailed
+from capmon.gateway.errors import in_stream, json_bytes
+
+HEADERS = {"content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache",
+           "x-accel-buffering": "no"}
+
+
+class ChatFraming:
+    def frame(self, chunk: Mapping[str, Any]) -> bytes:
+        return b"data: " + json_bytes(chunk) + b"\n\n"
+
+    def done(self) -> bytes:
+        return b"data: [DONE]\n\n"
+
+    def error(self, e: RequestFailed) -> bytes:
+        return b"data: " + json_bytes({"error": in_stream(e)}) + b"\n\n"
+
+
+class ResponsesFraming:
+    """Remembers the response object the events carry, so that a failure can be told as
+    that response having failed."""
+
+    def __init__(self) -> None:
+        self.response: dict[str, Any] = {}
+        self.sequence = -1
+
+    def frame(self, event: Mapping[str, Any]) -> bytes:
+        kind = event.get("type")
+        name = kind if isinstance(kind, str) and kind.isprintable() and "\n" not in kind else "message"
+        seq = event.get("sequence_number")
+        if isinstance(seq, int):
+            self.sequence = max(self.sequence, seq)
+        response = event.get("response")
+        if isinstance(response, Mapping):
+            self.response = dict(response)
+        return b"event: " + name.encode("utf-8", "replace") + b"\ndata: " + json_bytes(event) + b"\n\n"
+
+    def done(self) -> bytes:
+        return b""  # the provider's response.completed was the last event
+
+    def error(self, e: RequestFailed) -> bytes:
+        err = in_stream(e)
+        failed = {**self.response, "status": "failed", "error": {"code": err["code"], "message": err["message"]}}
+        event = {"type": "response.failed", "sequence_number": self.sequence + 1, "response": failed}
+        return self.frame(event)
+
+
+def comment(text: str) -> bytes:
+    return b": " + text.replace("\n", " ").encode("utf-8", "replace") + b"\n\n"

@@ -1,0 +1,100 @@
+"""Serving an ASGI app from inside capmon's own event loop: the simulator and the gateway
+both run uvicorn as a guest. One home for how that is done: the listening socket (with
+TCP_NODELAY on every connection) and a uvicorn server that leaves the signals to its
+host and stops the moment it is told to."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import logging
+import socket
+from typing import Iterator
+
+import uvicorn
+
+
+class ListenError(OSError):
+    """The address cannot be listened on; ``in_use`` when something already listens there."""
+
+    def __init__(self, where: str, reason: str, in_use: bool) -> None:
+        super().__init__(f"cannot listen on {where}: {reason}")
+        self.where = where
+        self.reason = reason
+        self.in_use = in_use
+
+
+def listen(host: str, port: int, backlog: int = 1024) -> socket.socket:
+    """A bound, listening, non-blocking socket for ``host:port`` (port 0: any free one)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    # IPPROTO_TCP named, not implied: asyncio sets TCP_NODELAY only on sockets that say they
+    # are TCP, and accepted connections inherit it. Without it every answer written in two
+    # parts (headers, then body) waits out a delayed ACK (about 40 ms).
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(backlog)
+        sock.setblocking(False)
+    except OSError as e:
+        sock.close()
+        where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        raise ListenError(where, e.strerror or str(e), e.errno == errno.EADDRINUSE) from None
+    return sock
+
+
+class GuestServer(uvicorn.Server):
+    """uvicorn in someone else's loop: it must not take over the process's signal handlers
+    (the host owns Ctrl+C), and it stops as soon as it is asked to (uvicorn's own loop
+    looks at ``should_exit`` only on its ticks, and its shutdown pauses 0.1 s twice; tests
+    start hundreds). It relies on uvicorn 0.5x's internals: servers, server_state, lifespan."""
+
+    def __init__(self, config: uvicorn.Config, tick: float = 0.1) -> None:
+        super().__init__(config)
+        self._exit = asyncio.Event()
+        self._tick = tick
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+    async def main_loop(self) -> None:
+        counter = 0
+        should_exit = await self.on_tick(counter)
+        while not should_exit:
+            counter = (counter + 1) % 864000
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._exit.wait(), self._tick)
+            should_exit = await self.on_tick(counter)
+
+    def exit_now(self, force: bool = False) -> None:
+        self.should_exit = True
+        self.force_exit = self.force_exit or force
+        self._exit.set()
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        """uvicorn's shutdown (stop accepting, ask connections to close, give open requests
+        ``timeout_graceful_shutdown``, then cut them) with its fixed 0.1 s pauses made 10 ms."""
+        for server in self.servers:
+            server.close()
+        for sock in sockets or []:
+            sock.close()
+        for connection in list(self.server_state.connections):
+            connection.shutdown()
+        await asyncio.sleep(0.01)
+        try:
+            await asyncio.wait_for(self._drain(), timeout=self.config.timeout_graceful_shutdown)
+        except asyncio.TimeoutError:
+            logging.getLogger("uvicorn.error").error(
+                "Cancel %s running task(s), timeout graceful shutdown exceeded", len(self.server_state.tasks))
+            for t in self.server_state.tasks:
+                t.cancel(msg="Task cancelled, timeout graceful shutdown exceeded")
+        if not self.force_exit:
+            await self.lifespan.shutdown()
+
+    async def _drain(self) -> None:
+        while (self.server_state.connections or self.server_state.tasks) and not self.force_exit:
+            await asyncio.sleep(0.01)
+        for server in self.servers:
+            await server.wait_closed()

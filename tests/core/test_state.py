@@ -1,0 +1,672 @@
+"""The state seam in memory: one admit() and one settle() per attempt over breaker, key,
+hints, buckets and limiter (capmon/core/state.py), and the wait queue on top of it.
+
+Three targets: m1 and m2 share the key ``a`` at endpoint ``ep``; m1 also has key ``b``.
+Time is a ManualClock; the calls are async but never wait, so nothing sleeps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from typing import Any
+
+import pytest
+
+from capmon.core.breaker import State
+from capmon.core.clock import LoopClock, ManualClock
+from capmon.core.config import BreakerConfig, ClientConfig, Config, LimiterConfig, ModelConfig
+from capmon.core.errors import CONNECT_FAILED, Failure, Kind
+from capmon.core.events import BreakerChanged, Event, KeyParked, ModelPinned
+from capmon.core.limiter import Slot
+from capmon.core.state import DEFAULT_QUOTA_PARK, Admission, KeyState, MemoryState, MemoryTarget, TargetSpec
+from capmon.core.waiting import INTERACTIVE, WaitQueue
+
+A1, A2, B1 = "m1@ep/a", "m2@ep/a", "m1@ep/b"
+
+
+def capacity(hint: float | None = None) -> Failure:
+    return Failure(Kind.CAPACITY, "Selected model is at capacity", 503, "server_is_overloaded", hint)
+
+
+def rate_limited(hint: float | None = None) -> Failure:
+    return Failure(Kind.RATE_LIMITED, "Rate limit reached", 429, "rate_limit_exceeded", hint)
+
+
+def quota(hint: float | None = None) -> Failure:
+    return Failure(Kind.QUOTA, "You exceeded your current quota", 429, "insufficient_quota", hint)
+
+
+AUTH = Failure(Kind.AUTH, "Incorrect API key provided", 401, "invalid_api_key")
+DOWN = Failure(Kind.TRANSIENT, "connection refused", None, CONNECT_FAILED)
+TRANSIENT = Failure(Kind.TRANSIENT, "502 bad gateway", 502)
+
+
+class World:
+    def __init__(self, *, breaker: BreakerConfig | None = None, limiter: LimiterConfig | None = None,
+                 rpm: int = 0, tpm: int = 0, clock: Any = None) -> None:
+        self.clock = clock or ManualClock()
+        self.events: list[Event] = []
+        m1 = ModelConfig(name="m1", endpoints=("ep",), rpm=rpm, tpm=tpm)
+        m2 = ModelConfig(name="m2", endpoints=("ep",))
+        self.config = Config(models=(m1, m2), breaker=breaker or BreakerConfig(),
+                             limiter=limiter or LimiterConfig(), client=ClientConfig(retry_budget=0.5))
+        specs = [TargetSpec(A1, m1, ("ep", "a"), "a"), TargetSpec(A2, m2, ("ep", "a"), "a"),
+                 TargetSpec(B1, m1, ("ep", "b"), "b")]
+        self.state = MemoryState(self.config, specs, self.clock, self.events.append)
+
+    def t(self, tid: str = A1) -> MemoryTarget:
+        return self.state.target(tid)
+
+    async def admit(self, tid: str = A1, cost: int = 1) -> Admission:
+        adm = await self.t(tid).admit(cost)
+        assert adm is not None, f"{tid} did not admit"
+        return adm
+
+    async def attempt(self, failure: Failure | None, tid: str = A1, **kw: Any) -> bool:
+        """One whole attempt: admitted, then settled at once."""
+        return await self.t(tid).settle(await self.admit(tid), failure, **kw)
+
+    async def trip(self, tid: str = A1) -> None:
+        """Trip the breaker the way a real outage does: news capacity failures in a row."""
+        for _ in range(self.config.breaker.failure_threshold):
+            assert await self.attempt(capacity(), tid) is True
+        assert self.t(tid).breaker.state is State.OPEN
+
+    async def probe(self, failure: Failure | None = None, tid: str = A1) -> Admission:
+        t = self.t(tid)
+        due = t.probe_due_at()
+        assert due is not None
+        self.clock.advance(due - self.clock.now())
+        adm = await t.begin_probe()
+        assert adm is not None and adm.probe
+        await t.settle(adm, failure)
+        return adm
+
+    def changes(self, tid: str = A1) -> list[tuple[str, str]]:
+        return [(e.old, e.new) for e in self.events if isinstance(e, BreakerChanged) and e.target == tid]
+
+    def key_events(self) -> list[KeyParked]:
+        return [e for e in self.events if isinstance(e, KeyParked)]
+
+
+# ------------------------------------------------------------------ admission
+
+
+async def test_admit_takes_a_slot_and_says_where_it_stood() -> None:
+    w = World(limiter=LimiterConfig(initial=4))
+    adm = await w.admit(cost=100)
+    assert (adm.target, adm.generation, adm.probe, adm.slot, adm.cost, adm.at, adm.settled) == (
+        A1, 0, False, Slot(1, 0), 100, w.clock.now(), False)
+    more = [await w.admit() for _ in range(3)]
+    assert [a.slot.position for a in more] == [2, 3, 4]
+    assert await w.t().admit(1) is None  # the limiter is full
+    assert await w.t(B1).admit(1) is not None  # another key's target has its own limiter
+    assert await w.t().settle(more[0], None) is False
+    assert w.t().limiter.in_flight == 3
+    assert await w.t().admit(1) is not None
+
+
+async def test_an_open_breaker_admits_nothing_and_waits_for_its_probe() -> None:
+    w = World()
+    await w.trip()
+    t = w.t()
+    assert await t.admit(1) is None
+    assert t.ready_at(w.clock.now(), 1) is None  # no time opens it: only the probe
+    assert t.probe_due_at() == w.clock.now() + 2.0
+    assert await t.begin_probe() is None  # not due yet
+    w.clock.advance(2.0)
+    assert await t.admit(1) is None  # due: still only the client's own probe goes
+    probe = await t.begin_probe()
+    assert probe is not None and probe.probe and probe.cost == 0
+    assert t.breaker.state is State.HALF_OPEN
+    assert await t.admit(1) is None and await t.begin_probe() is None  # one probe at a time
+    assert t.limiter.in_flight == 1
+
+
+async def test_a_probe_is_settled_through_the_same_table() -> None:
+    w = World()
+    await w.trip()
+    limit = w.t().limiter.limit
+    await w.probe(capacity(hint=40))
+    t = w.t()
+    v = t.view()
+    assert v.breaker.state is State.OPEN and v.breaker.probes_failed == 1
+    assert t.probe_due_at() == w.clock.now() + 40  # the hint holds off the next probe ...
+    assert t.not_before == 0.0  # ... but a probe's hint never blocks the target itself
+    await w.probe(DOWN)
+    assert t.probe_due_at() == w.clock.now() + 8.0  # 2 -> 4 -> 8
+    adm = await w.probe(None)
+    assert t.breaker.state is State.RAMP and adm.settled
+    assert t.limiter.limit == limit and t.limiter.in_flight == 0  # a probe says nothing about concurrency
+
+
+async def test_a_cancelled_probe_is_repeated_after_the_same_interval() -> None:
+    w = World()
+    await w.trip()
+    t = w.t()
+    w.clock.advance(2.0)
+    adm = await t.begin_probe()
+    assert adm is not None
+    assert await t.settle(adm, None, cancelled=True) is False
+    v = t.view().breaker
+    assert v.state is State.OPEN and v.probes_failed == 0 and v.next_probe_at == w.clock.now() + 2.0
+    assert t.limiter.in_flight == 0
+
+
+async def test_the_ramp_admits_its_share_of_the_learned_concurrency() -> None:
+    w = World(breaker=BreakerConfig(ramp_start=0.25, ramp_duration=1e6), limiter=LimiterConfig(initial=8))
+    await w.trip()
+    await w.probe()
+    t = w.t()
+    assert t.limiter.limit == 8.0 and t.view().ramp_slots == 2  # ceil(0.25 * 8)
+    first = [await w.admit(), await w.admit()]
+    assert await t.admit(1) is None  # the ramp's share is used up, though the limiter has room
+    for adm in first:
+        await t.settle(adm, None)
+    assert t.view().breaker.ramp_share == 0.5 and t.view().ramp_slots == 4  # a clean round doubled it
+    second = [await w.admit() for _ in range(4)]
+    assert await t.admit(1) is None
+    for adm in second:
+        await t.settle(adm, None)
+    v = t.view()
+    assert v.breaker.state is State.CLOSED and v.ramp_slots is None
+    assert w.changes()[-3:] == [("open", "half-open"), ("half-open", "ramp"), ("ramp", "closed")]
+
+
+# ------------------------------------------------------------------ keys
+
+
+async def test_an_auth_failure_disables_the_key_for_every_target_that_shares_it() -> None:
+    w = World()
+    assert await w.attempt(AUTH) is False
+    for tid in (A1, A2):
+        t = w.t(tid)
+        assert not t.usable() and await t.admit(1) is None
+        assert t.ready_at(w.clock.now(), 1) is None  # only a person brings it back
+        v = t.view()
+        assert (v.key_state, v.key_until, v.key_reason) == (KeyState.DISABLED, None, AUTH.reason)
+    assert w.t(B1).usable() and await w.t(B1).admit(1) is not None  # another key: untouched
+    v = w.t().view()
+    assert v.breaker.state is State.CLOSED and v.breaker.consecutive_failures == 0  # says nothing about the model
+    assert v.limiter.limit == 8.0
+    [e] = w.key_events()
+    assert (e.target, e.model, e.key_alias, e.kind, e.until, e.reason) == (A1, "m1", "a", "auth", None, AUTH.reason)
+    w.clock.advance(1e6)
+    assert await w.t(A2).admit(1) is None
+
+
+async def test_a_disabled_key_is_not_probed() -> None:
+    w = World()
+    await w.trip()
+    await w.attempt(AUTH, A2)  # the same key fails for another model
+    w.clock.advance(2.0)
+    assert await w.t().begin_probe() is None
+    assert w.t().breaker.state is State.OPEN
+
+
+async def test_a_quota_parks_one_target_until_the_hint() -> None:
+    w = World()
+    t0 = w.clock.now()
+    await w.attempt(quota(hint=120))
+    t = w.t()
+    assert await t.admit(1) is None
+    v = t.view()
+    assert (v.key_state, v.key_until) == (KeyState.PARKED, t0 + 120)
+    assert t.usable()  # parked, not disabled: time brings it back
+    assert t.ready_at(w.clock.now(), 1) == t0 + 120
+    assert await w.t(A2).admit(1) is not None  # the same key for another model: a quota is per model
+    [e] = w.key_events()
+    assert (e.kind, e.until) == ("quota", t0 + 120)
+    w.clock.advance(119.9)
+    assert await t.admit(1) is None
+    w.clock.advance(0.2)
+    assert await t.admit(1) is not None and t.view().key_state is KeyState.OK
+
+
+@pytest.mark.parametrize("hint", [None, 0.0])
+async def test_a_quota_without_a_hint_parks_for_an_hour(hint: float | None) -> None:
+    w = World()
+    await w.attempt(quota(hint))
+    assert w.t().view().key_until == w.clock.now() + DEFAULT_QUOTA_PARK == w.clock.now() + 3600
+
+
+# ------------------------------------------------------------------ server hints
+
+
+async def test_a_hint_stops_the_target_when_nothing_of_ours_is_in_flight() -> None:
+    w = World()
+    t0 = w.clock.now()
+    assert await w.attempt(capacity(hint=30)) is True
+    t = w.t()
+    assert t.not_before == t0 + 30 and t.view().not_before == t0 + 30
+    assert await t.admit(1) is None
+    assert t.ready_at(w.clock.now(), 1) == t0 + 30
+    assert await w.t(A2).admit(1) is not None  # only this target
+    w.clock.advance(30)
+    assert await t.admit(1) is not None
+    assert t.breaker.view().consecutive_failures == 1
+
+
+async def test_a_hint_does_not_stop_a_target_that_is_serving_others_of_ours() -> None:
+    w = World()
+    busy = await w.admit()
+    await w.attempt(capacity(hint=30))
+    t = w.t()
+    ready = t.ready_at(w.clock.now(), 1)
+    assert t.not_before == 0.0 and ready is not None and ready <= w.clock.now()  # merely full: the limiter cut
+    await t.settle(busy, None)
+
+
+async def test_a_rate_limit_hint_stops_the_target_too_a_transient_one_does_not() -> None:
+    w = World()
+    await w.attempt(Failure(Kind.TRANSIENT, "502", 502, None, 30))
+    assert w.t().not_before == 0.0
+    await w.attempt(rate_limited(hint=20))
+    assert w.t().not_before == w.clock.now() + 20
+
+
+async def test_a_server_hint_stops_a_target_no_longer_than_cooldown_max() -> None:
+    w = World(breaker=BreakerConfig(cooldown_max=1800))
+    t0 = w.clock.now()
+    await w.attempt(capacity(hint=86400))
+    assert w.t().not_before <= t0 + 1800
+    w.clock.advance(1800)
+    assert await w.t().admit(1) is not None
+
+
+# ------------------------------------------------------------------ buckets
+
+
+async def test_an_rpm_bucket_gates_admission_and_says_when_it_refills() -> None:
+    w = World(rpm=2)
+    t = w.t()
+    await w.admit()
+    await w.admit()
+    assert await t.admit(1) is None
+    assert t.ready_at(w.clock.now(), 1) == pytest.approx(w.clock.now() + 30)  # 2 a minute
+    assert await w.t(B1).admit(1) is not None  # each target has its own bucket
+    w.clock.advance(30)
+    assert await t.admit(1) is not None
+
+
+async def test_a_tpm_bucket_charges_the_cost_up_front_and_a_refusal_costs_nothing() -> None:
+    w = World(rpm=10, tpm=1000)
+    t = w.t()
+    assert t.tpm is not None and t.rpm is not None
+    await w.admit(cost=600)
+    assert await t.admit(600) is None
+    assert t.rpm.available == pytest.approx(9)  # the refused admission took no request token
+    assert t.ready_at(w.clock.now(), 600) == pytest.approx(w.clock.now() + 12)  # 200 tokens at 1000 a minute
+    assert await t.admit(400) is not None
+
+
+async def test_a_success_refunds_the_tokens_it_did_not_use() -> None:
+    w = World(tpm=1000)
+    t = w.t()
+    assert t.tpm is not None
+    await t.settle(await w.admit(cost=600), None, used_tokens=100)
+    assert t.tpm.available == pytest.approx(900)
+    await t.settle(await w.admit(cost=300), None, used_tokens=None)  # no usage reported: no refund
+    assert t.tpm.available == pytest.approx(600)
+    await t.settle(await w.admit(cost=100), None, used_tokens=5000)  # used more than charged: nothing back
+    assert t.tpm.available == pytest.approx(500)
+    await t.settle(await w.admit(cost=100), capacity(), used_tokens=0)  # failures keep their charge
+    assert t.tpm.available == pytest.approx(400)
+
+
+# ------------------------------------------------------------------ settle: the policy table
+
+
+@pytest.mark.parametrize(("failure", "news", "consecutive", "limit", "key"), [
+    (None, False, 0, 9.0, KeyState.OK),  # slow start: 4 of 8 busy
+    (capacity(), True, 1, 3.0, KeyState.OK),  # position 4: the target holds 3
+    (rate_limited(), True, 0, 3.0, KeyState.OK),  # full, but says nothing about the model being down
+    (DOWN, True, 1, 8.0, KeyState.OK),  # never reached the server: news for the breaker only
+    (TRANSIENT, False, 0, 8.0, KeyState.OK),
+    (quota(), False, 0, 8.0, KeyState.PARKED),
+    (AUTH, False, 0, 8.0, KeyState.DISABLED),
+    (Failure(Kind.TOO_LARGE, "context_length_exceeded", 400), False, 0, 8.0, KeyState.OK),
+    (Failure(Kind.BAD_REQUEST, "bad role", 422), False, 0, 8.0, KeyState.OK),
+    (Failure(Kind.OVERSIZED, "answer too large", 200), False, 0, 8.0, KeyState.OK),
+], ids=lambda x: x.kind.value if isinstance(x, Failure) else None)
+async def test_settle_applies_the_policy_table(failure: Failure | None, news: bool, consecutive: int, limit: float,
+                                               key: KeyState) -> None:
+    w = World(limiter=LimiterConfig(initial=8))
+    t = w.t()
+    held = [await w.admit() for _ in range(4)]
+    assert await t.settle(held[-1], failure) is news
+    v = t.view()
+    assert v.breaker.state is State.CLOSED and v.breaker.consecutive_failures == consecutive
+    assert v.limiter.limit == limit and v.limiter.in_flight == 3
+    assert v.key_state is key
+    assert t.not_before == 0.0
+
+
+async def test_echoes_do_not_count_toward_a_trip() -> None:
+    w = World(limiter=LimiterConfig(initial=8))
+    t = w.t()
+    held = [await w.admit() for _ in range(8)]
+    assert await t.settle(held.pop(), capacity()) is True
+    for adm in held:  # sent before the cut: the model is full, not down
+        assert await t.settle(adm, capacity()) is False
+    v = t.view()
+    assert v.breaker.state is State.CLOSED and v.breaker.consecutive_failures == 1
+    assert (v.limiter.limit, v.limiter.capacity, v.limiter.in_flight) == (7.0, 7, 0)
+
+
+async def test_a_success_sent_before_the_streak_does_not_break_it() -> None:
+    w = World(limiter=LimiterConfig(initial=8))
+    t = w.t()
+    early, other = await w.admit(), await w.admit()
+    w.clock.advance(1)
+    assert await w.attempt(capacity()) is True  # position 3: the limit goes to 2
+    await t.settle(other, None, cancelled=True)  # room for the next one
+    assert await w.attempt(capacity()) is True
+    await t.settle(early, None)  # it was sent before the model went down
+    assert t.breaker.view().consecutive_failures == 2
+    assert await w.attempt(capacity()) is True
+    assert t.breaker.state is State.OPEN
+
+
+async def test_a_cancelled_settle_is_neutral() -> None:
+    w = World(limiter=LimiterConfig(initial=8))
+    t = w.t()
+    await w.attempt(capacity())
+    await w.attempt(capacity())
+    before = t.view()
+    adm = await w.admit()
+    assert await t.settle(adm, capacity(hint=60), cancelled=True) is False  # cancellation wins over the outcome
+    after = t.view()
+    assert after.breaker == before.breaker and after.limiter == before.limiter
+    assert t.not_before == 0.0 and adm.settled
+    assert await t.settle(await w.admit(), AUTH, cancelled=True) is False
+    assert t.usable() and w.key_events() == []
+
+
+async def test_a_second_settle_is_ignored() -> None:
+    w = World(limiter=LimiterConfig(initial=8))
+    t = w.t()
+    other = await w.admit()
+    adm = await w.admit()
+    assert await t.settle(adm, capacity()) is True
+    before = t.view()
+    assert await t.settle(adm, capacity()) is False
+    assert await t.settle(adm, None) is False
+    assert t.view() == before and t.limiter.in_flight == 1  # the slot was not freed twice
+    await t.settle(other, None)
+    assert t.limiter.in_flight == 0
+
+
+async def test_an_admission_from_before_a_manual_action_settles_harmlessly() -> None:
+    w = World()
+    t = w.t()
+    early = [await w.admit() for _ in range(3)]
+    t.trip("maintenance")
+    for adm in early:
+        await t.settle(adm, None)
+    assert t.breaker.state is State.FORCED_OPEN and t.limiter.in_flight == 0
+    t.reset("done")
+    late = [await w.admit() for _ in range(3)]
+    t.trip("again")
+    t.reset("done")
+    for adm in late:
+        await t.settle(adm, capacity())
+    assert t.breaker.state is State.CLOSED and t.breaker.view().consecutive_failures == 0
+
+
+# ------------------------------------------------------------------ an outage is not a full model
+
+
+async def test_a_trip_restores_what_the_limiter_knew_before_the_outage() -> None:
+    w = World(breaker=BreakerConfig(ramp_start=0.25, ramp_duration=1e6), limiter=LimiterConfig(initial=8, min=2))
+    t = w.t()
+    held = [await w.admit() for _ in range(7)]
+    assert await t.settle(held.pop(), capacity()) is True  # position 7: the target holds 6
+    for adm in held:
+        await t.settle(adm, None, cancelled=True)
+    await w.attempt(None)  # the model is fine: the streak ends
+    assert (t.limiter.limit, t.limiter.capacity) == (6.0, 6)
+    # The outage: everything rejected. Each rejection cuts the limiter further ...
+    for _ in range(2):
+        assert await w.attempt(capacity()) is True
+    assert t.limiter.limit == 2.0  # its min
+    late = await w.admit()  # ... and one sent just before the trip is still out
+    assert await w.attempt(capacity()) is True
+    # ... but the trip says it was an outage: back to the capacity learned before it.
+    assert t.breaker.state is State.OPEN
+    assert (t.limiter.limit, t.limiter.capacity) == (6.0, 6)
+    assert await t.settle(late, capacity()) is False and t.limiter.limit == 6.0  # an echo of the outage
+    await w.probe()
+    assert t.view().ramp_slots == 2  # ceil(0.25 * 6): the ramp aims at the capacity learned before
+
+
+async def test_a_trip_by_connection_failures_keeps_what_the_limiter_learned() -> None:
+    w = World(limiter=LimiterConfig(initial=8))
+    t = w.t()
+    held = [await w.admit() for _ in range(4)]
+    await t.settle(held.pop(), capacity())  # a checkpoint is taken here: (limit 8, capacity unknown)
+    for adm in held:
+        await t.settle(adm, None, cancelled=True)
+    await w.attempt(None)  # the streak ends
+    assert (t.limiter.limit, t.limiter.capacity) == (3.0, 3)
+    for _ in range(3):  # later the endpoint goes away
+        assert await w.attempt(DOWN) is True
+    assert t.breaker.state is State.OPEN
+    assert (t.limiter.limit, t.limiter.capacity) == (3.0, 3)  # connection failures taught the limiter nothing
+
+
+# ------------------------------------------------------------------ by hand
+
+
+async def test_reset_clears_key_state_hints_and_the_breaker() -> None:
+    w = World()
+    t = w.t()
+    await w.attempt(capacity())
+    await w.attempt(capacity())
+    await w.attempt(capacity(hint=1000))  # trips, and the hint stops the target
+    assert t.breaker.state is State.OPEN and t.not_before == w.clock.now() + 1000
+    await w.attempt(AUTH, A2)  # disables key a for m1 and m2
+    t.reset("fixed")
+    v = t.view()
+    assert (v.breaker.state, v.breaker.reason, v.key_state, v.not_before) == (State.CLOSED, "fixed", KeyState.OK, 0.0)
+    assert await t.admit(1) is not None
+    assert w.t(A2).usable()  # the key was the problem, and it is cleared for every model it serves
+
+
+async def test_reset_clears_a_quota_park_of_that_target_only() -> None:
+    w = World()
+    await w.attempt(quota(), A1)
+    await w.attempt(quota(), A2)
+    w.t(A1).reset("topped up")
+    assert await w.t(A1).admit(1) is not None
+    assert await w.t(A2).admit(1) is None and w.t(A2).view().key_state is KeyState.PARKED
+
+
+async def test_forced_states_by_hand() -> None:
+    w = World()
+    t = w.t()
+    t.trip("maintenance")
+    assert await t.admit(1) is None and t.ready_at(w.clock.now(), 1) is None
+    w.clock.advance(1e6)
+    assert await t.begin_probe() is None
+    t.force_close("trust me")
+    for _ in range(20):
+        await w.attempt(capacity())
+    assert t.breaker.state is State.FORCED_CLOSED
+    await w.attempt(AUTH)
+    assert await t.admit(1) is None  # a forced-closed breaker does not bring back a disabled key
+
+
+# ------------------------------------------------------------------ views and the store
+
+
+async def test_the_view_shows_every_gate() -> None:
+    w = World(breaker=BreakerConfig(ramp_duration=1e6), limiter=LimiterConfig(initial=8))
+    t = w.t()
+    v = t.view()
+    assert (v.breaker.state, v.limiter.limit, v.limiter.in_flight, v.limiter.capacity, v.ramp_slots, v.key_state,
+            v.key_until, v.key_reason, v.not_before) == (State.CLOSED, 8.0, 0, None, None, KeyState.OK, None, "", 0.0)
+    await w.trip()
+    await w.probe()
+    await w.attempt(quota(hint=50))
+    v = t.view()
+    assert (v.breaker.state, v.ramp_slots, v.key_state, v.key_until) == (
+        State.RAMP, 2, KeyState.PARKED, w.clock.now() + 50)
+
+
+async def test_ready_at_is_the_latest_time_gate() -> None:
+    w = World(rpm=1)
+    t = w.t()
+    now = w.clock.now()
+    assert t.ready_at(now, 1) == now  # every gate open
+    await w.attempt(capacity(hint=10))  # not before +10, and the bucket refills at +60
+    assert t.ready_at(now, 1) == pytest.approx(now + 60)
+    await w.t(A2).settle(await w.admit(A2), quota(hint=500))
+    assert t.ready_at(now, 1) == pytest.approx(now + 60)  # another target's park is not this one's
+
+
+async def test_memory_state_holds_the_pin_and_the_retry_budget() -> None:
+    w = World()
+    s = w.state
+    assert s.pinned is None
+    s.pin("m2")
+    s.pin(None)
+    assert [e.model for e in w.events if isinstance(e, ModelPinned)] == ["m2", None]
+    assert s.target(A1) is w.t(A1)
+    with pytest.raises(KeyError):
+        s.target("nope@ep/a")
+    assert sum(s.spend_retry() for _ in range(20)) == 10  # min_tokens
+    for _ in range(4):
+        s.on_request()  # at 0.5 a first attempt: two retries
+    assert [s.spend_retry() for _ in range(3)] == [True, True, False]
+    assert (s.budget.requests, s.budget.retries) == (4, 12)
+    calls: list[int] = []
+    s.set_listener(lambda: calls.append(1))
+    await s.aclose()
+
+
+# ------------------------------------------------------------------ waiting for a slot (the queue on the state)
+
+
+def queue_over(t: MemoryTarget, clock: LoopClock) -> WaitQueue[Admission]:
+    """The router's wiring of the wait queue, for one target and requests of cost 1."""
+    q: WaitQueue[Admission]
+
+    async def give_back(adm: Admission) -> None:
+        await t.settle(adm, None, cancelled=True)
+        q.kick()
+
+    q = WaitQueue(clock, lambda key: t.admit(1), give_back, lambda key, now: t.ready_at(now, 1), lambda key: (INTERACTIVE, "all"))
+    return q
+
+
+async def finish(t: MemoryTarget, q: WaitQueue[Admission], adm: Admission, failure: Failure | None = None) -> None:
+    await t.settle(adm, failure)
+    q.kick()
+
+
+def one_slot_world(n: int = 1) -> tuple[MemoryTarget, WaitQueue[Admission], LoopClock]:
+    clock = LoopClock()
+    w = World(limiter=LimiterConfig(initial=n, min=1, max=n), clock=clock)
+    t = w.t()
+    return t, queue_over(t, clock), clock
+
+
+@pytest.mark.looptime
+async def test_waiters_are_served_first_come_first_served() -> None:
+    t, q, _ = one_slot_world()
+    held = await t.admit(1)
+    assert held is not None
+    order: list[int] = []
+
+    async def worker(i: int) -> None:
+        await asyncio.sleep(i * 0.01)  # queue in the order 0, 1, 2, ...
+        adm = await q.wait(i, i, 100)
+        order.append(i)
+        await asyncio.sleep(1)
+        await finish(t, q, adm)
+
+    tasks = [asyncio.create_task(worker(i)) for i in range(5)]
+    await asyncio.sleep(0.5)
+    assert len(q) == 5
+    await finish(t, q, held)
+    await asyncio.gather(*tasks)
+    assert order == [0, 1, 2, 3, 4]
+    assert t.limiter.in_flight == 0 and len(q) == 0
+    await q.aclose()
+
+
+@pytest.mark.looptime
+async def test_a_cancelled_waiter_does_not_leak_a_slot() -> None:
+    t, q, _ = one_slot_world()
+    held = await t.admit(1)
+    assert held is not None
+    waiter = asyncio.create_task(q.wait(1, 1, 100))
+    await asyncio.sleep(1)
+    assert len(q) == 1
+    waiter.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    assert len(q) == 0
+    await finish(t, q, held)
+    assert t.limiter.in_flight == 0
+    assert await t.admit(1) is not None
+    await q.aclose()
+
+
+@pytest.mark.looptime
+async def test_a_waiter_cancelled_just_after_being_handed_a_slot_passes_it_on() -> None:
+    t, q, _ = one_slot_world()
+    held = await t.admit(1)
+    assert held is not None
+    first = asyncio.create_task(q.wait(1, "first", 100))
+    second = asyncio.create_task(q.wait(2, "second", 100))
+    await asyncio.sleep(1)
+    await finish(t, q, held)
+    await asyncio.sleep(0)  # the dispatch pass hands the slot to `first`, which has not run yet
+    assert len(q) == 1 and not first.done() and t.limiter.in_flight == 1
+    first.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    adm = await asyncio.wait_for(second, timeout=1)  # the slot went on to the next in line
+    assert t.limiter.in_flight == 1 and len(q) == 0
+    await finish(t, q, adm)
+    assert t.limiter.in_flight == 0
+    await q.aclose()
+
+
+@pytest.mark.looptime
+async def test_a_waiter_wakes_when_a_time_gate_opens() -> None:
+    clock = LoopClock()
+    w = World(clock=clock)
+    t = w.t()
+    q = queue_over(t, clock)
+    await t.settle(await w.admit(), capacity(hint=30))
+    t0 = clock.now()
+    adm = await q.wait(1, 1, 100)
+    assert clock.now() - t0 == pytest.approx(30)  # not before the hint, and promptly after it
+    await finish(t, q, adm)
+    await q.aclose()
+
+
+@pytest.mark.looptime
+async def test_many_workers_never_exceed_the_limit() -> None:
+    t, q, _ = one_slot_world(4)
+    seq = itertools.count()
+    peak = 0
+
+    async def worker(i: int) -> None:
+        nonlocal peak
+        for _ in range(5):
+            adm = await t.admit(1) if not len(q) else None  # as the router: nobody jumps the queue
+            if adm is None:
+                adm = await q.wait(next(seq), i, 1000)
+            peak = max(peak, t.limiter.in_flight)
+            await asyncio.sleep(0.1 + (i % 3) * 0.05)
+            await finish(t, q, adm)
+
+    await asyncio.gather(*(worker(i) for i in range(20)))
+    assert peak == 4 and t.limiter.in_flight == 0 and len(q) == 0
+    assert t.limiter.limit == 4.0
+    await q.aclose()

@@ -1,0 +1,143 @@
+"""A gateway on a loopback port in front of a client of the simulator, in the test's own
+event loop: real uvicorn, real sockets, the real openai SDK."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import json
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Callable, Mapping
+
+import httpx
+import openai
+from starlette.applications import Starlette
+
+from capmon.core.config import SIMULATOR_DEMO_KEY, Config, parse_config
+from capmon.core.router import FallbackClient
+from capmon.gateway import GatewayServer, close_app, create_app, load_settings, start_server
+from capmon.sim.scenario import ModelSpec, Scenario
+from capmon.sim.server import SimHandle, start_simulator
+
+MODELS = ("flagship", "medium", "small")
+ENV = {"GW_PROVIDER_KEY": SIMULATOR_DEMO_KEY}
+HELLO = [{"role": "user", "content": "Say something about capacity."}]
+WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather", "description": "the weather in a city",
+                                                  "parameters": {"type": "object",
+                                                                 "properties": {"city": {"type": "string"}}}}}
+
+
+def spec(name: str, slots: int = 8, base_latency: float = 0.2, answer_tokens: int = 12, window: int = 128_000,
+         per_token: float = 0.0, **kw: Any) -> ModelSpec:
+    return ModelSpec(name=f"sim-{name}", slots=slots, base_latency=base_latency, per_token=per_token, noise=0.0,
+                     answer_tokens=answer_tokens, context_window=window, **kw)
+
+
+def scenario(*specs: ModelSpec, keys: tuple[str, ...] | None = None) -> Scenario:
+    models = specs or tuple(spec(m) for m in MODELS)
+    return Scenario(name="gateway", models=models, **({"keys": keys} if keys else {}))
+
+
+def config(base_url: str, *, models: tuple[str, ...] = MODELS, extra: str = "", gateway: str = "",
+           key_env: str = "GW_PROVIDER_KEY") -> Config:
+    text = f'[simulator]\nenabled = false\n\n[[endpoints]]\nname = "sim"\nbase_url = "{base_url}"\n' \
+           f'keys = [{{ env = "{key_env}", alias = "sim-key" }}]\n'
+    for m in models:
+        text += f'\n[[models]]\nname = "{m}"\napi_model = "sim-{m}"\nendpoints = ["sim"]\nmax_tokens = 64\n'
+    text += f"\n{extra}\n"
+    if gateway:
+        text += f"\n[gateway]\n{gateway}\n"
+    return parse_config(text, "gateway-test.toml")
+
+
+@dataclass
+class Running:
+    sim: SimHandle
+    client: FallbackClient
+    app: Starlette
+    server: GatewayServer
+
+    @property
+    def base_url(self) -> str:
+        return self.server.base_url
+
+    @property
+    def origin(self) -> str:
+        return self.server.origin
+
+    def openai(self, key: str = "any-key-works-here") -> openai.AsyncOpenAI:
+        return openai.AsyncOpenAI(base_url=self.base_url, api_key=key, max_retries=0)
+
+    def http(self, key: str | None = None) -> httpx.AsyncClient:
+        headers = {"authorization": f"Bearer {key}"} if key else {}
+        return httpx.AsyncClient(base_url=self.origin, headers=headers, trust_env=False, timeout=600)
+
+    async def sim_admin(self, path: str, body: Mapping[str, Any]) -> Any:
+        async with httpx.AsyncClient(trust_env=False, timeout=10) as c:
+            r = await c.post(f"{self.sim.admin_url}/{path}", json=body)
+            r.raise_for_status()
+            return r.json()
+
+    async def sim_model(self, name: str) -> Any:
+        async with httpx.AsyncClient(trust_env=False, timeout=10) as c:
+            r = await c.get(f"{self.sim.admin_url}/models/{name}")
+            r.raise_for_status()
+            return r.json()
+
+
+@contextlib.asynccontextmanager
+async def running(scn: Scenario | None = None, *, environ: Mapping[str, str] | None = None,
+                  **config_kw: Any) -> AsyncIterator[Running]:
+    sim = await start_simulator(scn or scenario())
+    try:
+        cfg = config(sim.base_url, **config_kw)
+        env = {**ENV, **(environ or {})}
+        async with FallbackClient(cfg, environ=env) as client:
+            app = create_app(client, load_settings(cfg, listen="127.0.0.1:0", environ=env))
+            server = await start_server(app, "127.0.0.1", 0)
+            try:
+                yield Running(sim, client, app, server)
+            finally:
+                close_app(app)
+                await server.stop()
+    finally:
+        await sim.stop()
+
+
+async def until(check: Callable[[], Any], what: str, seconds: float = 5.0) -> None:
+    """Wait (on the loop's clock) until ``check()`` (or what it awaits to) is true."""
+    for _ in range(int(seconds / 0.01)):
+        got = check()
+        if inspect.isawaitable(got):
+            got = await got
+        if got:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"not within {seconds}s: {what}")
+
+
+def sse_frames(text: str) -> list[dict[str, Any]]:
+    """Each SSE frame as {"event": ..., "data": ..., "id": ...} (comments left out)."""
+    out = []
+    for block in text.replace("\r\n", "\n").split("\n\n"):
+        frame: dict[str, Any] = {}
+        data = []
+        for line in block.split("\n"):
+            if line.startswith(":") or not line:
+                continue
+            name, _, value = line.partition(":")
+            value = value[1:] if value.startswith(" ") else value
+            if name == "data":
+                data.append(value)
+            else:
+                frame[name] = value
+        if data:
+            frame["data"] = "\n".join(data)
+        if frame:
+            out.append(frame)
+    return out
+
+
+def data_of(frames: list[dict[str, Any]]) -> list[Any]:
+    return [json.loads(f["data"]) for f in frames if "data" in f and f["data"] != "[DONE]"]

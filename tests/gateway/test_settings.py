@@ -1,0 +1,47 @@
+"""`[gateway]` checked against the models, with its keys from the environment: every
+mistake names the file and the key, never a key's value."""
+
+from __future__ import annotations
+
+import pytest
+
+from capmon.core.exceptions import ConfigError
+from capmon.core.result import Priority
+from capmon.gateway.settings import load_settings
+from tests.gateway.helpers import config
+
+ENV = {"A": "sk-client-aaaaaaaaaaaa", "B": "sk-client-bbbbbbbbbbbb", "ADMIN": "sk-admin-cccccccccccc", "SHORT": "abc"}
+
+
+def settings(gateway: str, **kw: object) -> object:
+    return load_settings(config("http://127.0.0.1:9/v1", gateway=gateway), environ=ENV, **kw)  # type: ignore[arg-type]
+
+
+def test_a_full_gateway_table() -> None:
+    s = load_settings(config("http://127.0.0.1:9/v1", gateway='listen = "[::1]:4100"\n'
+                             'keys = [{ env = "A", alias = "team" }, { env = "B", priority = "batch" }]\n'
+                             'admin_key_env = "ADMIN"\naliases = { "gpt-5" = "flagship", "default" = "auto" }'),
+                      environ=ENV)
+    assert (s.host, s.port, s.listen) == ("::1", 4100, "[::1]:4100")
+    assert [(k.alias, k.priority) for k in s.keys] == [("team", Priority.INTERACTIVE), ("B", Priority.BATCH)]
+    assert s.aliases == {"auto": None, "gpt-5": "flagship", "default": None} and s.admin is not None
+    assert "sk-" not in repr(s)  # keys are Secrets: their repr shows the alias only
+    assert settings("", listen="127.0.0.1:0").port == 0  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("gateway, key, message", [
+    ('aliases = { "flagship" = "small" }', "gateway.aliases.flagship", "is already the name of a model"),
+    ('aliases = { "" = "small" }', 'gateway.aliases.""', "expected a name"),
+    ('keys = [{ env = "A", alias = "x" }, { env = "B", alias = "x" }]', "gateway.keys[1].alias", "duplicate key alias"),
+    ('keys = [{ env = "A" }, { env = "A", alias = "again" }]', "gateway.keys[1].env", "holds the same key"),
+    ('keys = [{ env = "A" }]\nadmin_key_env = "A"', "gateway.admin_key_env", "holds the same key as a client key"),
+    ('keys = [{ env = "SHORT" }]', "gateway.keys[0].env", "3 characters long; expected at least 8"),
+    ('keys = [{ env = "not a name" }]', "gateway.keys[0].env", "expected an environment variable name"),
+    ('listen = "4000"', "gateway.listen", "expected HOST:PORT"),
+    ("max_body_bytes = 10", "gateway.max_body_bytes", "expected a whole number >= 1024"),
+])
+def test_mistakes_name_the_file_and_the_key(gateway: str, key: str, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        settings(gateway)
+    assert info.value.file == "gateway-test.toml" and info.value.key == key and message in info.value.detail
+    assert "abc" not in str(info.value) and "sk-client" not in str(info.value)

@@ -1,0 +1,30 @@
+"""Clocks for tests: loop time (so looptime fast-forwards it) with a chosen wall time."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+
+
+class WallClock:
+    """Loop time, with a wall clock that starts at a chosen local time."""
+
+    def __init__(self, start_wall: float) -> None:
+        self.start_wall = start_wall
+        self.t0: float | None = None
+
+    def now(self) -> float:
+        return asyncio.get_running_loop().time()
+
+    def wall(self) -> float:
+        if self.t0 is None:
+            self.t0 = self.now()
+        return self.start_wall + self.now() - self.t0
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(max(0.0, seconds))
+
+
+def local(y: int, mo: int, d: int, h: int, mi: int, s: int = 0) -> float:
+    """A local wall time."""
+    return dt.datetime(y, mo, d, h, mi, s).timestamp()
