@@ -80,7 +80,7 @@ class FallbackClient:
             lambda r, now: r.ready_at(self.targets, self.state.pinned, now),
             lambda r: r.group(self.targets, self.state.pinned, self.clock.now(), self._by_cost),
             batch_share=config.client.batch_share)
-        self.state.set_listener(lambda: (self._queue.regroup(), self.prober.kick()))  # news from a shared store
+        self.state.set_listener(self._news)
         self.prober = Prober(self)
         self.journal = Journal(self.clock, self.bus, config.client.max_attempts)
         cc = config.client
@@ -100,6 +100,11 @@ class FallbackClient:
 
     async def start(self) -> None:
         await self.state.start()  # connect a shared store ([shared]); a no-op in memory
+
+    def _news(self) -> None:
+        # A shared store heard of a change elsewhere (a trip, a reset, a free slot): look again.
+        self._queue.regroup()
+        self.prober.kick()
 
     async def __aenter__(self) -> "FallbackClient":
         await self.start()

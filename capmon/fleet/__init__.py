@@ -11,7 +11,7 @@ ARCHITECTURE.md, "The fleet", says how.
 
 from __future__ import annotations
 
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 from capmon.core.clock import Clock
 from capmon.core.config import Config

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Mapping
+from collections.abc import Mapping
 
 from capmon.core.breaker import BreakerRecord, State
 from capmon.core.limiter import Learned

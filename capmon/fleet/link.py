@@ -13,7 +13,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from redis.asyncio import Redis
 from redis.asyncio.retry import Retry

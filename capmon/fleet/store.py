@@ -21,7 +21,8 @@ import logging
 import os
 import secrets as pysecrets
 import socket
-from typing import Any, Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
 
 from redis.asyncio.client import PubSub
 
@@ -30,6 +31,7 @@ from capmon.core.config import Config
 from capmon.core.events import Event, Notice
 from capmon.core.snapshot import FleetProcess, LinkState, SharedStatus
 from capmon.core.state import MemoryState, TargetSpec
+from capmon.core.tasks import cancel_and_wait
 from capmon.fleet.codec import fnum
 from capmon.fleet.link import ERRORS, Link, describe
 from capmon.fleet.scripts import Keys, as_hash
@@ -286,7 +288,7 @@ class RedisState:
             self._wake.clear()
             try:
                 await asyncio.wait_for(self._wake.wait(), delay)
-            except (TimeoutError, asyncio.TimeoutError):
+            except TimeoutError:
                 pass
 
     # ------------------------------------------------------------ pub/sub
@@ -298,7 +300,7 @@ class RedisState:
         try:
             await ps.subscribe(self.keys.events)
         except BaseException:
-            await ps.aclose()
+            await ps.aclose()  # type: ignore[no-untyped-call]
             await client.aclose()
             raise
         self._pubsub = ps
@@ -318,7 +320,7 @@ class RedisState:
                 self._spawn(self._resubscribe(e))
         finally:
             try:
-                await ps.aclose()
+                await ps.aclose()  # type: ignore[no-untyped-call]
                 await client.aclose()
             except ERRORS:
                 pass
@@ -340,10 +342,7 @@ class RedisState:
         task, self._listen_task, self._pubsub = self._listen_task, None, None
         if task is not None and not task.done():
             task.cancel()
-            try:
-                await task
-            except (asyncio.CancelledError, *ERRORS):
-                pass
+            await cancel_and_wait([task])
 
     def _on_message(self, data: Any) -> None:
         try:
@@ -451,15 +450,7 @@ class RedisState:
         if self._closed:
             return
         self._closed = True
-        for task in (self._supervisor, *self._tasks):
-            if task is not None and not task.done():
-                task.cancel()
-        for task in (self._supervisor, *self._tasks):
-            if task is not None:
-                try:
-                    await task
-                except (asyncio.CancelledError, *ERRORS):
-                    pass
+        await cancel_and_wait([self._supervisor, *self._tasks])
         await self._drop_pubsub()
         if self.link.ok:
             try:  # leave the registry and give back what is still held

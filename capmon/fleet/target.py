@@ -18,7 +18,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from typing import TYPE_CHECKING, Any, Mapping
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from capmon.core.breaker import State
 from capmon.core.errors import Failure
@@ -41,7 +42,7 @@ FULL_NAP = 1.0
 
 
 class RedisTarget:
-    def __init__(self, spec: TargetSpec, local: MemoryTarget, store: "RedisState") -> None:
+    def __init__(self, spec: TargetSpec, local: MemoryTarget, store: RedisState) -> None:
         self.id = spec.id
         self.spec = spec
         self.local = local

@@ -18,7 +18,7 @@ import shutil
 import subprocess
 import time
 import uuid
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 import redis

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from capmon.core.clock import default_clock
 from capmon.core.config import Config, parse_config

@@ -12,14 +12,15 @@ import random
 
 from capmon.core.breaker import State
 from capmon.core.clock import default_clock
-from capmon.core.errors import Failure, Kind
+from capmon.core.errors import CONNECT_FAILED, Failure, Kind
 from capmon.core.state import Admission, MemoryState, TargetSpec
 from tests.fleet.helpers import FLAGSHIP, client, fleet_config, store
 
 CAPACITY = Failure(Kind.CAPACITY, "at capacity", 503)
 RATE_LIMITED = Failure(Kind.RATE_LIMITED, "rate limited", 429)
+DOWN = Failure(Kind.TRANSIENT, "connection refused", None, CONNECT_FAILED)  # nothing reached the server
 OUTCOMES = [None, None, CAPACITY, CAPACITY, RATE_LIMITED, RATE_LIMITED, Failure(Kind.BAD_REQUEST, "bad", 400),
-            "cancelled"]
+            DOWN, "cancelled"]
 
 # A sequence that takes every branch of the learning on purpose (limiter initial 4,
 # decrease 0.5): slow start; the first rejection (limit = position - 1 = 4); an echo of

@@ -12,10 +12,11 @@ from typing import Any
 import pytest
 from redis.asyncio.connection import AbstractConnection
 
-from capmon.core.config import Config
 from capmon.core.breaker import State
+from capmon.core.config import Config
 from tests.fleet.helpers import FLAGSHIP, client, fleet_config, store, until
 from tests.support.scripted import OVERLOADED, Script, serve
+
 
 def _commands(admin: Any) -> dict[str, int]:
     return {k.removeprefix("cmdstat_"): v["calls"] for k, v in admin.info("commandstats").items()}
