@@ -15,7 +15,8 @@ Printed per scenario:
   included): the 8 against the 1, and their ratio (goal <= 1.2);
 * penalised (goal 0);
 * trip propagation: for every breaker move one process made (a trip, a probe's
-  outcome), how long until each other process had it, p50 / p99 (8 processes only);
+  outcome), how long until each other process had adopted it, p50 / p99 (8 processes
+  only);
 * Redis round trips per item: the hot path (ADMIT + SETTLE, refused ADMITs included)
   and everything (heartbeats, reconciliation, probes, spends, seeds too);
 * added latency: p50 / p99 of one ADMIT or SETTLE call as the client waited for it
@@ -179,18 +180,19 @@ def _drop(redis_url: str, namespace: str) -> None:
 
 
 def propagation(workers: list[dict[str, Any]]) -> list[float]:
-    """For each breaker move (target, generation, new state): from the first process to
-    have it (the one that made it) to each other process, in seconds."""
-    seen: dict[tuple[str, int, str], list[float]] = {}
+    """For each breaker move (target, generation, new state) one process made: from its
+    making it to each other process's adopting it (as news from the fleet), in seconds.
+    Moves every process makes by itself (a ramp completing by time) are not news."""
+    made: dict[tuple[str, int, str], float] = {}
+    adopted: dict[tuple[str, int, str], list[float]] = {}
     for w in workers:
         for m in w["moves"]:
-            seen.setdefault((m["target"], m["gen"], m["new"]), []).append(m["t"])
-    delays = []
-    for times in seen.values():
-        if len(times) > 1:
-            times = sorted(times)
-            delays += [t - times[0] for t in times[1:]]
-    return delays
+            key = (m["target"], m["gen"], m["new"])
+            if m["own"]:
+                made[key] = min(made.get(key, m["t"]), m["t"])
+            else:
+                adopted.setdefault(key, []).append(m["t"])
+    return [t - made[key] for key, times in adopted.items() if key in made for t in times]
 
 
 def figures(run: dict[str, Any], items: int) -> dict[str, Any]:

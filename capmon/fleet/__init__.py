@@ -5,8 +5,8 @@
 their generations and one probe for the fleet, manual actions, key state, rpm / tpm
 buckets, fleet-wide concurrency leases, the learned capacity and the retry budget are
 kept in Redis, news goes by pub/sub, and a lost Redis leaves every process running on
-its local state until it comes back. The core never imports this package.
-ARCHITECTURE.md, "The fleet", says how.
+its local state until it comes back. The core never imports this package
+(ARCHITECTURE.md, "The state seam").
 """
 
 from __future__ import annotations
