@@ -39,7 +39,7 @@ def _add_connect(p: argparse.ArgumentParser, what: str, admin_for: str) -> None:
                         f"(default {DEFAULT_ADMIN_KEY_ENV})")
 
 
-def _connect_options(args: argparse.Namespace, others: Sequence[tuple[str, object]]) -> "ConnectOptions | None":
+def _connect_options(args: argparse.Namespace, others: Sequence[tuple[str, object]]) -> ConnectOptions | None:
     """The --connect options, or None without --connect; the flags that make no sense with
     it (the gateway has its own config and traffic) are refused."""
     from capmon.connect import ConnectOptions

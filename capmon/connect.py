@@ -16,8 +16,9 @@ from __future__ import annotations
 import json
 import os
 import urllib.parse
+from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Mapping
+from typing import Any
 
 import httpx
 
@@ -152,7 +153,7 @@ class GatewayInfo:
     events: int  # the number of the gateway's last event when asked
 
     @classmethod
-    def from_json(cls, data: Any, where: str) -> "GatewayInfo":
+    def from_json(cls, data: Any, where: str) -> GatewayInfo:
         if not isinstance(data, dict) or data.get("service") != "capmon-gateway":
             raise GatewayError(f"{where} answered, but not as a capmon gateway (no \"service\": \"capmon-gateway\"); "
                                f"is it `capmon serve`?")
@@ -193,7 +194,7 @@ class GatewayClient:
         self._http = httpx.AsyncClient(base_url=address.origin, timeout=timeout, trust_env=False,
                                        follow_redirects=False, headers={"user-agent": "capmon-connect"})
 
-    async def __aenter__(self) -> "GatewayClient":
+    async def __aenter__(self) -> GatewayClient:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -268,7 +269,7 @@ class GatewayClient:
         except (KeyError, TypeError, ValueError) as e:
             raise GatewayError(f"{self.address.origin}{path}: the answer holds no snapshot ({e})") from None
 
-    async def events(self, since: int | None = None) -> AsyncIterator[tuple[int, ev.Event | None]]:
+    async def events(self, since: int | None = None) -> AsyncGenerator[tuple[int, ev.Event | None], None]:
         """The event stream from after event ``since`` (the gateway's recent history first
         when None): ``(number, event)``, the event None when this capmon does not know its
         type. Ends when the gateway ends the stream; raises GatewayUnreachable when it breaks."""

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from capmon.connect import (
     ConnectOptions,
@@ -131,6 +132,7 @@ class RemoteSource:
         self._tasks: set[asyncio.Task[None]] = set()
         for e in attached.history:  # on the bus before the app opens: its catch-up logs them, no toasts
             self.bus.publish(e)
+        self.description = self._describe()  # the status bar's: what is watched, or that it is lost
         self._say("info", f"attached to the gateway at {address.shown} (capmon {self.info.version}, models "
                           f"{', '.join(self.models)})")
         if self.readonly:
@@ -146,8 +148,7 @@ class RemoteSource:
             return "the gateway has no admin key (gateway.admin_key_env in its config), so it takes no actions"
         return "the gateway does not take this admin key"
 
-    @property
-    def description(self) -> str:
+    def _describe(self) -> str:
         where = f"gateway {self.address.shown}"
         if self.down_since is not None:
             return (f"{where} ✖ {self._down_word} since {text.timestamp(self.down_since)}, retrying · "
@@ -215,9 +216,9 @@ class RemoteSource:
                 async with contextlib.aclosing(self._client().events(self.last_event)) as stream:
                     async for seq, event in stream:
                         self.last_event = seq
+                        delay = self.refresh
                         if event is not None:
                             self.bus.publish(event)
-                        delay = self.refresh
             except GatewayUnreachable:
                 pass  # the snapshot poll says so, once
             except GatewayError as e:
@@ -236,6 +237,7 @@ class RemoteSource:
         self._down_reason = reason
         self._down_word = ("UNREACHABLE" if isinstance(e, GatewayUnreachable)
                            else "REFUSES THE KEY" if isinstance(e, KeyRefused) else "NOT ANSWERING")
+        self.description = self._describe()
         said = e.reason if isinstance(e, GatewayUnreachable) else reason
         self._say("error", f"lost the gateway at {self.address.shown}: {said}; retrying every "
                            f"{text.duration(self.retry_max)} at most; the tables keep its last snapshot")
@@ -244,12 +246,14 @@ class RemoteSource:
         assert self.down_since is not None
         away = self.clock.wall() - self.down_since
         self.down_since, self._down_reason = None, ""
+        self.description = self._describe()
         self._stream_said.clear()
         self._say("info", f"the gateway at {self.address.shown} answers again (away {text.duration(away)})")
         with contextlib.suppress(GatewayError):  # it may have come back with another config or admin key
             info = await self._client().info()
             self.info = info
             self.models = list(info.models)
+            self.description = self._describe()
             readonly = self._forced_readonly or info.readonly
             if readonly != self.readonly:
                 self.readonly = readonly

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Callable
 
 import httpx
 from textual.pilot import Pilot
 
 from capmon.connect import GatewayAddress
+from capmon.core import events as ev
 from capmon.core.breaker import State
 from capmon.core.config import Config
 from capmon.core.router import FallbackClient
@@ -20,7 +21,8 @@ from capmon.core.secrets import Secret
 from capmon.gateway import GatewayServer, close_app, create_app, load_settings, start_server
 from capmon.sim.server import start_simulator
 from capmon.tui.app import CapmonApp
-from capmon.tui.remote import RemoteSource, attach
+from capmon.tui.digest import EventDigester
+from capmon.tui.remote import RemoteSource, attach, log_tail
 from capmon.tui.screens import ConfirmScreen
 from capmon.tui.source import ReadOnlyError
 from tests.gateway.helpers import ENV, HELLO, config, scenario, spec
@@ -222,9 +224,10 @@ async def test_the_gateway_going_away_is_shown_retried_and_the_dashboard_comes_b
     async with gateway() as gw:
         async with dashboard(gw) as (app, pilot, source):
             await gw.chat()
+            async with gw.http() as http:
+                assert (await http.post("/capmon/trip", json={"target": "medium"})).status_code == 200
             await until(pilot, lambda: app.snap is not None and app.snap.succeeded == 1, "the first request")
-            await until(pilot, lambda: source.last_event is not None and source.last_event >= 2, "its events")
-            seen = source.last_event
+            await until(pilot, lambda: "medium breaker closed → forced-open" in log_text(app), "its events")
             port = gw.port
 
             await gw.stop()
@@ -246,9 +249,22 @@ async def test_the_gateway_going_away_is_shown_retried_and_the_dashboard_comes_b
             for _ in range(2):
                 await gw.chat()
             await until(pilot, lambda: app.snap is not None and app.snap.succeeded == 3, "new snapshots")
-            # The event stream came back too (resumed after the last event seen).
+            # The event stream came back too, without showing again what it had shown.
             async with gw.http() as http:
-                assert (await http.post("/capmon/trip", json={"target": "medium"})).status_code == 200
-            await until(pilot, lambda: "medium breaker closed → forced-open" in log_text(app), "live events again")
-            assert source.last_event is not None and seen is not None
+                assert (await http.post("/capmon/reset", json={"target": "medium"})).status_code == 200
+            await until(pilot, lambda: "medium breaker forced-open → closed" in log_text(app), "live events again")
+            assert log_text(app).count("medium breaker closed → forced-open") == 1
             assert gw.client.pinned is None
+
+
+def test_the_history_shown_on_attach_is_the_newest_that_the_log_writes_whole() -> None:
+    trips = [ev.BreakerChanged(at=float(i), wall=1_767_225_600.0 + i, target=f"m{i}@sim/k", model=f"m{i}",
+                               old="closed", new="open", reason="3 capacity failures in a row", manual=False,
+                               cooldown_until=None) for i in range(100)]
+    noise = [ev.RetryFired(at=0.0, wall=1_767_225_600.0, request_id=i) for i in range(50)]  # not logged
+    shown = log_tail(noise + trips)
+    assert shown == trips[-EventDigester().max_lines:]  # the newest lines, not the oldest
+    # Fallbacks of one second and model pair are one line: all of them fit.
+    burst = [ev.FellBack(at=0.0, wall=1_767_225_600.5, request_id=i, item_id=None, from_model="a", to_model="b",
+                         reason="at capacity") for i in range(500)]
+    assert log_tail(burst) == burst and log_tail([]) == []
