@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import os
 import urllib.parse
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -269,10 +269,14 @@ class GatewayClient:
         except (KeyError, TypeError, ValueError) as e:
             raise GatewayError(f"{self.address.origin}{path}: the answer holds no snapshot ({e})") from None
 
-    async def events(self, since: int | None = None) -> AsyncGenerator[tuple[int, ev.Event | None], None]:
+    async def events(self, since: int | None = None, types: Collection[type[ev.Event]] | None = None,
+                     ) -> AsyncGenerator[tuple[int, ev.Event | None], None]:
         """The event stream from after event ``since`` (the gateway's recent history first
         when None): ``(number, event)``, the event None when this capmon does not know its
-        type. Ends when the gateway ends the stream; raises GatewayUnreachable when it breaks."""
+        type or it is not one of ``types`` (a busy gateway sends thousands a second, and
+        only those asked for are decoded). Ends when the gateway ends the stream; raises
+        GatewayUnreachable when it breaks."""
+        wanted = None if types is None else frozenset(t.__name__ for t in types)
         key = self.address.read_key
         headers = self._headers(key) | {"accept": "text/event-stream"}
         if since is not None:
@@ -286,12 +290,13 @@ class GatewayClient:
                 if not response.headers.get("content-type", "").startswith("text/event-stream"):
                     raise GatewayError(f"{self.address.origin}/capmon/events is no event stream: not a capmon gateway")
                 seq: int | None = None
+                kind = ""
                 data: list[str] = []
                 async for line in response.aiter_lines():
                     if line == "":  # a frame ends
                         if seq is not None and data:
-                            yield seq, _event("\n".join(data))
-                        seq, data = None, []
+                            yield seq, _event("\n".join(data)) if wanted is None or kind in wanted else None
+                        seq, kind, data = None, "", []
                     elif line.startswith(":"):
                         continue  # a comment: keepalive, or how many a lagging reader lost
                     else:
@@ -299,6 +304,8 @@ class GatewayClient:
                         value = value[1:] if value.startswith(" ") else value
                         if name == "id" and value.isdigit():
                             seq = int(value)
+                        elif name == "event":
+                            kind = value
                         elif name == "data":
                             data.append(value)
         except httpx.TransportError as e:

@@ -42,7 +42,7 @@ from capmon.core.events import BatchProgress, EventBus, Notice
 from capmon.core.exceptions import CapmonError
 from capmon.core.snapshot import EngineSnapshot
 from capmon.exitcodes import EXIT_OK
-from capmon.tui.digest import EventDigester
+from capmon.tui.digest import LOGGED, EventDigester
 from capmon.tui.source import WorkerSpec, refuse_if_readonly
 from capmon.tui.traffic import NoTraffic
 
@@ -81,7 +81,7 @@ async def _history(http: GatewayClient, upto: int) -> tuple[list[ev.Event], int 
         return [], None
     events: list[ev.Event] = []
     last: int | None = None
-    async with contextlib.aclosing(http.events(None)) as stream:
+    async with contextlib.aclosing(http.events(None, LOGGED)) as stream:
         async for seq, event in stream:
             last = seq
             if event is not None:
@@ -208,12 +208,12 @@ class RemoteSource:
             await self.clock.sleep(delay)
 
     async def follow_events(self) -> None:
-        """The gateway's events onto the bus, resumed after the last one seen whenever the
-        stream ends (the gateway stopped) or breaks."""
+        """The gateway's events that the dashboard shows onto the bus, resumed after the last
+        one seen whenever the stream ends (the gateway stopped) or breaks."""
         delay = self.refresh
         while True:
             try:
-                async with contextlib.aclosing(self._client().events(self.last_event)) as stream:
+                async with contextlib.aclosing(self._client().events(self.last_event, LOGGED)) as stream:
                     async for seq, event in stream:
                         self.last_event = seq
                         delay = self.refresh
