@@ -13,16 +13,48 @@ import argparse
 import contextlib
 import sys
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 from capmon import __version__
 from capmon.batch.defaults import DEFAULT_CONCURRENCY
 from capmon.core.config import DEFAULT_LISTEN, DashboardConfig, SimulatorConfig
 from capmon.exitcodes import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 
+if TYPE_CHECKING:
+    from capmon.connect import ConnectOptions
+
 
 def _add_config(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", metavar="PATH", help="config file (default: $CAPMON_CONFIG, ./config.toml, the user config, the bundled demo)")
+
+
+def _add_connect(p: argparse.ArgumentParser, what: str, admin_for: str) -> None:
+    from capmon.connect import DEFAULT_ADMIN_KEY_ENV, DEFAULT_KEY_ENV
+
+    p.add_argument("--connect", metavar="URL", help=f"{what} of a running gateway (`capmon serve`) at http://HOST:PORT")
+    p.add_argument("--key-env", metavar="NAME",
+                   help=f"with --connect: the variable holding a client key of the gateway (default {DEFAULT_KEY_ENV})")
+    p.add_argument("--admin-key-env", metavar="NAME",
+                   help=f"with --connect: the variable holding the gateway's admin key, {admin_for} "
+                        f"(default {DEFAULT_ADMIN_KEY_ENV})")
+
+
+def _connect_options(args: argparse.Namespace, others: Sequence[tuple[str, object]]) -> ConnectOptions | None:
+    """The --connect options, or None without --connect; the flags that make no sense with
+    it (the gateway has its own config and traffic) are refused."""
+    from capmon.connect import ConnectOptions
+    from capmon.core.exceptions import CapmonError
+
+    if args.connect is None:
+        for flag in ("--key-env", "--admin-key-env"):
+            if getattr(args, flag[2:].replace("-", "_")) is not None:
+                raise CapmonError(f"{flag} goes with --connect URL (the keys of a gateway)")
+        return None
+    given = [flag for flag, value in others if value]
+    if given:
+        raise CapmonError(f"{', '.join(given)} cannot go with --connect: the gateway runs on its own config and "
+                          f"serves its own clients")
+    return ConnectOptions(url=args.connect, key_env=args.key_env, admin_key_env=args.admin_key_env)
 
 
 def _add_job_checks(p: argparse.ArgumentParser) -> None:
@@ -48,6 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
                          help="run this batch file as the traffic worker instead of the demo job")
     traffic.add_argument("--attach", metavar="JOB", help="show a job started with `capmon batch run` (by name)")
     parser.add_argument("--no-traffic", action="store_true", help="probes only: run no traffic worker")
+    _add_connect(parser, "watch and steer the client", "needed to trip, reset and pin (without it: read-only)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     sim = sub.add_parser("sim", help="serve the simulated provider")
@@ -69,6 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--once", action="store_true", help="print one snapshot and exit")
     status.add_argument("--json", action="store_true", help="as JSON")
     status.add_argument("--probe", action="store_true", help="probe every model once before printing")
+    _add_connect(status, "the snapshot", "sent for reads when set")
 
     batch = sub.add_parser("batch", help="durable batch jobs")
     bsub = batch.add_subparsers(dest="batch_command", metavar="ACTION", required=True)
@@ -135,7 +169,8 @@ def _run_status(args: argparse.Namespace) -> int:
     from capmon.status import StatusOptions, run_status
 
     # --once is the only mode there is: the flag stays so that scripts may say so.
-    return run_status(StatusOptions(config=args.config, json=args.json, probe=args.probe))
+    connect = _connect_options(args, ())
+    return run_status(StatusOptions(config=args.config, json=args.json, probe=args.probe, connect=connect))
 
 
 def _db(args: argparse.Namespace) -> Path | None:
@@ -184,6 +219,17 @@ def _flags() -> Iterator[None]:
 
 
 def _run_dashboard(args: argparse.Namespace) -> int:
+    connect = _connect_options(args, (("--config", args.config), ("--job", args.job), ("--attach", args.attach),
+                                      ("--no-traffic", args.no_traffic)))
+    if connect is not None:
+        if not sys.stdout.isatty():  # as below: the gateway's snapshot instead of drawing
+            from capmon.status import StatusOptions, run_status
+
+            return run_status(StatusOptions(connect=connect))
+        from capmon.tui.remote import RemoteDashboardOptions, run_remote_dashboard
+
+        return run_remote_dashboard(RemoteDashboardOptions(connect=connect, refresh=args.refresh,
+                                                           readonly=args.readonly))
     if not sys.stdout.isatty() and args.attach:
         # Not a terminal: the attached job's status, as `capmon batch show` prints it.
         from capmon.batch.commands import show_job

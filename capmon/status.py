@@ -1,4 +1,5 @@
-"""`capmon status`: the client's snapshot as text or JSON, without the dashboard."""
+"""`capmon status`: the client's snapshot as text or JSON, without the dashboard; with
+``--connect URL``, the snapshot of the client inside a running gateway (``capmon serve``)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ import sys
 from dataclasses import dataclass
 from typing import TextIO
 
+from capmon.connect import ConnectOptions, GatewayClient, resolve
 from capmon.core import text
 from capmon.core.breaker import State
+from capmon.core.exceptions import CapmonError
 from capmon.core.snapshot import EngineSnapshot, TargetSnapshot
 from capmon.core.state import KeyState
 from capmon.exitcodes import EXIT_OK
@@ -21,6 +24,13 @@ class StatusOptions:
     config: str | None = None  # a config path; None: the usual search (capmon/core/config.py find_config)
     json: bool = False  # the snapshot as JSON instead of a table
     probe: bool = False  # probe every target once first, so latency and last status are fresh
+    connect: ConnectOptions | None = None  # a gateway's snapshot instead of a client started here
+
+    def __post_init__(self) -> None:
+        if self.connect is not None and self.probe:
+            raise CapmonError("--probe does not go with --connect: the gateway probes its own models")
+        if self.connect is not None and self.config is not None:
+            raise CapmonError("--config does not go with --connect: the gateway runs on its own config")
 
 
 def _state(t: TargetSnapshot, now: float) -> str:
@@ -63,10 +73,20 @@ async def collect(options: StatusOptions) -> EngineSnapshot:
         return engine.client.snapshot()
 
 
+async def collect_remote(options: ConnectOptions) -> EngineSnapshot:
+    """The snapshot of a running gateway. Raises CapmonError (one line) when the address
+    is wrong or unreachable, or the key refused."""
+    async with GatewayClient(resolve(options)) as http:
+        return await http.snapshot()
+
+
 def run_status(options: StatusOptions, out: TextIO | None = None) -> int:
     """Print one snapshot, whatever state the models are in (that is what it is for)."""
     out = out or sys.stdout
-    snap = asyncio.run(collect(options))
+    if options.connect is not None:
+        snap = asyncio.run(collect_remote(options.connect))
+    else:
+        snap = asyncio.run(collect(options))
     if options.json:
         json.dump(snap.to_dict(), out, indent=2, default=str)
         out.write("\n")
