@@ -153,7 +153,7 @@ class Prober:
                 answer = await plain(client._http, req, wall=clock.wall())
                 if answer.failure is None or not wire.refused_token_param(answer.failure, param):
                     break
-                client.learn_token_param(t.model.name, param, answer.failure.reason)
+                client._token_param.learn(t.model.name, param, answer.failure.reason)
         except BaseException:
             await t.state.settle(adm, None, cancelled=True)
             raise

@@ -27,8 +27,9 @@ from capmon.core.attempt import Answer, Request, Stream, chat_request, plain
 from capmon.core.backoff import Backoff
 from capmon.core.clock import Clock, default_clock
 from capmon.core.config import Config, ResolvedKey, resolve_keys
+from capmon.core.controls import ManualControls
 from capmon.core.errors import Failure, Kind
-from capmon.core.exceptions import CapmonError, DeadlineExceeded, RequestFailed
+from capmon.core.exceptions import DeadlineExceeded, RequestFailed
 from capmon.core.journal import AttemptObserver, Journal
 from capmon.core.prober import Prober, ProbeResult
 from capmon.core.result import Api, ChatRequest, ChatResult, Decision
@@ -36,7 +37,7 @@ from capmon.core.routing import Routing, plan
 from capmon.core.snapshot import EngineSnapshot, build_snapshot
 from capmon.core.state import Admission, MemoryState, StateStore, TargetSpec
 from capmon.core.streaming import ChatStream
-from capmon.core.targets import Target, build_targets
+from capmon.core.targets import Target, admits_in, build_targets
 from capmon.core.tokens import estimate_tokens
 from capmon.core.transport import Sender, make_transport
 from capmon.core.waiting import WaitQueue
@@ -54,7 +55,7 @@ class _End:
     out: ChatResult | Grant | None
 
 
-class FallbackClient:
+class FallbackClient(ManualControls):
     """The shared fallback client. Use it as an async context manager or call
     :meth:`aclose` when done. ``state`` builds the state seam's implementation from the
     targets (default: :class:`~capmon.core.state.MemoryState`, this process only)."""
@@ -72,7 +73,10 @@ class FallbackClient:
         for t in self.targets:
             t.state = self.state.target(t.id)
         self._by_id = {t.id: t for t in self.targets}
-        self._token_param = wire.TokenParams({m.name: m.token_param for m in config.models})
+        self._token_param = wire.TokenParams(
+            {m.name: m.token_param for m in config.models},
+            lambda model, param, reason: self.journal.publish(ev.TokenParamLearned, model=model, param=param,
+                                                              reason=reason))
         self._by_cost = any(m.tpm for m in config.models)
         self._ids = itertools.count(1)
         self._queue: WaitQueue[Grant] = WaitQueue(
@@ -112,47 +116,6 @@ class FallbackClient:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
-
-    # ------------------------------------------------------------ manual control
-
-    @property
-    def pinned(self) -> str | None:
-        return self.state.pinned
-
-    def model_names(self) -> list[str]:
-        return [m.name for m in self.config.models]
-
-    def target(self, name: str) -> Target:
-        return self._by_id[name]
-
-    def token_param(self, model: str) -> str:
-        """The token parameter the client sends to ``model`` now (learned or configured)."""
-        return self._token_param[model].value
-
-    def pin(self, model: str | None) -> None:
-        """Send traffic to ``model`` first, whatever the order says; ``None`` goes back to automatic."""
-        if model is not None and model not in self.model_names():
-            raise CapmonError(f"no model named {model!r}; models: {', '.join(self.model_names())}")
-        self.state.pin(model)
-        self._queue.regroup()
-
-    def _manual(self, name: str, action: Callable[[Target], None]) -> None:
-        found = [t for t in self.targets if t.id == name or t.model.name == name]
-        if not found:
-            raise CapmonError(f"no model or target named {name!r}")
-        for t in found:
-            action(t)
-        self._queue.regroup()
-
-    def trip(self, name: str, reason: str = "tripped by hand") -> None:
-        self._manual(name, lambda t: t.state.trip(reason))
-
-    def force_close(self, name: str, reason: str = "closed by hand") -> None:
-        self._manual(name, lambda t: t.state.force_close(reason))
-
-    def reset(self, name: str, reason: str = "reset by hand") -> None:
-        """Close the breaker and clear a parked or disabled key."""
-        self._manual(name, lambda t: t.state.reset(reason))
 
     # ------------------------------------------------------------ public API
 
@@ -287,7 +250,7 @@ class FallbackClient:
         if now >= r.deadline - 1e-6:
             self._give_up(r)
         if not r.usable(self.targets, self.state.pinned):
-            failure = r.last_failure or self._unusable(r)
+            failure = r.last_failure or r.why_nothing(self.targets)
             raise RequestFailed(failure, r.attempts, f"no model can serve this request; last: "
                                                      f"{failure.kind.value}: {failure.reason}")
         # Nobody waiting: go now if a target admits. Otherwise take a place in line.
@@ -304,26 +267,9 @@ class FallbackClient:
         self.journal.unwait(r)
         return grant
 
-    def _unusable(self, r: Routing) -> Failure:
-        """Why a request that has not been tried yet has no target at all."""
-        keys = [t for t in self.targets if not t.state.usable()]
-        if len(keys) == len(self.targets):
-            aliases = ", ".join(sorted({f"{t.key.alias} at {t.endpoint.name}" for t in keys}))
-            return Failure(Kind.AUTH, f"every key is disabled after an auth failure ({aliases}); reset it by hand")
-        return Failure(Kind.TOO_LARGE, f"no model's context window fits about {r.prompt_tokens} prompt tokens")
-
     def admits_in(self) -> dict[str, float | None]:
-        """Per target, seconds until it may admit a request (0: now; a full one counts as
-        now, it frees a slot by itself), or None when only a person can bring it back (a
-        disabled key, tripped by hand)."""
-        now = self.clock.now()
-        out: dict[str, float | None] = {}
-        for t in self.targets:
-            at = t.state.ready_at(now, 1) if t.state.usable() else None
-            if at is None and t.state.usable():
-                at = t.state.probe_due_at()  # an open breaker admits again once its probe answers
-            out[t.id] = None if at is None else max(0.0, at - now)
-        return out
+        """Per target, seconds until it may admit a request (see targets.admits_in)."""
+        return admits_in(self.targets, self.clock.now())
 
     def _give_up(self, r: Routing) -> NoReturn:
         failure = r.last_failure or Failure(Kind.CAPACITY, "no model admitted the request in time")
@@ -375,7 +321,10 @@ class FallbackClient:
         if failure is not None and not answer.output_sent and not r.switched \
                 and r.request.api is Api.CHAT and wire.refused_token_param(failure, param):
             await self._cancelled(t, adm)
-            self._learn_token_param(r, t, param, failure)
+            # Send the other one from now on, and again at once on the same model (once:
+            # a second refusal is a bad request).
+            r.switched, r.stick_to = True, t.model.name
+            self._token_param.learn(t.model.name, param, failure.reason)
             self.journal.record(r, t, number, wall, answer.status, failure, 0.0, latency, Decision.RETRY)
             return None
         usage = (answer.response or {}).get("usage") or {}
@@ -419,15 +368,3 @@ class FallbackClient:
         self.journal.record(r, t, number, wall, answer.status, failure, step.wait, latency, Decision.RETRY)
         self.journal.show_wait(r, step.wait, failure.reason)
         return None
-
-    def _learn_token_param(self, r: Routing, t: Target, sent: wire.TokenParam, failure: Failure) -> None:
-        """The model refused the token parameter: send the other one from now on, and
-        try again at once on the same model (once: a second refusal is a bad request)."""
-        r.switched = True
-        r.stick_to = t.model.name
-        self.learn_token_param(t.model.name, sent, failure.reason)
-
-    def learn_token_param(self, model: str, refused: wire.TokenParam, reason: str) -> None:
-        if self._token_param.learn(model, refused):
-            self.journal.publish(ev.TokenParamLearned, model=model, param=refused.other.value, reason=reason)
-            log.info("model %s refused %s; sending %s from now on", model, refused.value, refused.other.value)

@@ -40,6 +40,14 @@ class Routing:
     switched: bool = False  # the token parameter was switched once for this request
     stuck: int = 0  # failures in a row on the model it sticks to
 
+    def why_nothing(self, targets: Sequence[Target]) -> Failure:
+        """Why a request that has not been tried yet has no target at all."""
+        keys = [t for t in targets if not t.state.usable()]
+        if len(keys) == len(targets):
+            aliases = ", ".join(sorted({f"{t.key.alias} at {t.endpoint.name}" for t in keys}))
+            return Failure(Kind.AUTH, f"every key is disabled after an auth failure ({aliases}); reset it by hand")
+        return Failure(Kind.TOO_LARGE, f"no model's context window fits about {self.prompt_tokens} prompt tokens")
+
     def cost(self, t: Target) -> int:
         """Tokens the request may use on ``t``: charged to a tpm bucket up front."""
         cap = t.model.max_tokens

@@ -68,3 +68,16 @@ def build_targets(config: Config, keys: Mapping[tuple[str, str], ResolvedKey]) -
     if not out:
         raise CapmonError(f"{config.path}: no usable target: every model's keys are missing")
     return specs, out
+
+
+def admits_in(targets: list[Target], now: float) -> dict[str, float | None]:
+    """Per target, seconds until it may admit a request (0: now; a full one counts as now,
+    it frees a slot by itself), or None when only a person can bring it back (a disabled
+    key, tripped by hand): what a gateway's /ready and Retry-After are made of."""
+    out: dict[str, float | None] = {}
+    for t in targets:
+        at = t.state.ready_at(now, 1) if t.state.usable() else None
+        if at is None and t.state.usable():
+            at = t.state.probe_due_at()  # an open breaker admits again once its probe answers
+        out[t.id] = None if at is None else max(0.0, at - now)
+    return out

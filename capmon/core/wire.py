@@ -14,13 +14,16 @@ from __future__ import annotations
 
 import enum
 import json
+import logging
 import re
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Mapping
+from typing import Any, AsyncIterator, Callable, Mapping
 
 import httpx
 
 from capmon.core.errors import QUOTA_HINT, Failure, Kind, classify_event
+
+log = logging.getLogger("capmon.client")
 
 # Fields the client owns: everything else the caller sets passes through untouched.
 TOKEN_PARAMS = ("max_tokens", "max_completion_tokens")
@@ -37,20 +40,22 @@ class TokenParam(enum.StrEnum):
 
 
 class TokenParams:
-    """Which token parameter each model is sent: configured, then learned from refusals."""
+    """Which token parameter each model is sent: configured, then learned from refusals.
+    ``on_learn(model, param, reason)`` is told of each change (the client publishes it)."""
 
-    def __init__(self, configured: Mapping[str, str]) -> None:
+    def __init__(self, configured: Mapping[str, str], on_learn: Callable[[str, str, str], None]) -> None:
         self._param = {model: TokenParam(p) for model, p in configured.items()}
+        self._on_learn = on_learn
 
     def __getitem__(self, model: str) -> TokenParam:
         return self._param[model]
 
-    def learn(self, model: str, refused: TokenParam) -> bool:
-        """The model refused ``refused``: send the other from now on. True if that is news."""
-        if self._param[model] is not refused:
-            return False
-        self._param[model] = refused.other
-        return True
+    def learn(self, model: str, refused: TokenParam, reason: str) -> None:
+        """The model refused ``refused``: send the other from now on."""
+        if self._param[model] is refused:
+            self._param[model] = refused.other
+            log.info("model %s refused %s; sending %s from now on", model, refused.value, refused.other.value)
+            self._on_learn(model, refused.other.value, reason)
 
 
 def chat_body(
