@@ -13,7 +13,7 @@ from capmon.connect import ConnectOptions, GatewayClient, resolve
 from capmon.core import text
 from capmon.core.breaker import State
 from capmon.core.exceptions import CapmonError
-from capmon.core.snapshot import EngineSnapshot, TargetSnapshot
+from capmon.core.snapshot import EngineSnapshot, LinkState, SharedStatus, TargetSnapshot
 from capmon.core.state import KeyState
 from capmon.exitcodes import EXIT_OK
 from capmon.runtime import load, open_engine
@@ -46,6 +46,16 @@ def _state(t: TargetSnapshot, now: float) -> str:
     return words
 
 
+def _shared(shared: SharedStatus) -> list[str]:
+    if shared.state is LinkState.OFF:
+        return []
+    head = f"{shared.label} ({shared.url} {shared.namespace})"
+    if shared.state is LinkState.DEGRADED and shared.message:
+        head += f": {shared.message}"
+    return [head] + [f"  {'*' if p.this else ' '} {p.role:<9} {p.host}:{p.pid}  {p.in_flight} in flight"
+                     + ("  degraded" if p.degraded else "") for p in shared.processes]
+
+
 def format_snapshot(snap: EngineSnapshot) -> str:
     rows = [("model", "target", "state", "limit", "in-flight", "req/s", "429/min", "503/min", "err%", "p50", "p99",
              "last")]
@@ -61,13 +71,14 @@ def format_snapshot(snap: EngineSnapshot) -> str:
     lines.append("")
     lines.append(f"pinned: {snap.pinned or 'automatic'}   in flight: {snap.in_flight}   queued: {snap.queued}   "
                  f"waiting retries: {len(snap.waiting)}   requests: {snap.requests} ({snap.succeeded} ok, {snap.failed} failed)")
+    lines.extend(_shared(snap.shared))
     return "\n".join(lines)
 
 
 async def collect(options: StatusOptions) -> EngineSnapshot:
     """Start the engine the config describes (and its simulator), take one snapshot, stop."""
     config = load(options.config)
-    async with open_engine(config) as engine:
+    async with open_engine(config, role="library") as engine:
         if options.probe:
             await asyncio.gather(*(engine.client.probe(t.id) for t in engine.client.targets))
         return engine.client.snapshot()

@@ -209,7 +209,7 @@ async def _drive(config: Config, db: Path, job: str, input_path: Path | None, pa
                  interrupts: Interrupts, options: StartOptions) -> JobSummary | None:
     from capmon.runtime import open_engine
 
-    async with open_engine(config) as engine:
+    async with open_engine(config, role="batch") as engine:
         runner = BatchRunner(engine.client, db, job, input_path=input_path, concurrency=pacing.concurrency,
                              rate=pacing.rate, window=pacing.window, remap=options.remap,
                              accept_changed_input=options.accept_changed_input)

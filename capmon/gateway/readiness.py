@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from capmon.core.router import FallbackClient
+from capmon.core.snapshot import LinkState
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,9 +27,14 @@ class Readiness:
     ready: bool
     reason: str
     targets: tuple[TargetReadiness, ...]
+    shared: str = ""  # "shared state: ok | degraded" when the state is shared (capmon/fleet)
 
     def as_json(self) -> dict[str, object]:
-        return {"ready": self.ready, "reason": self.reason, "targets": [t.as_json() for t in self.targets]}
+        out: dict[str, object] = {"ready": self.ready, "reason": self.reason,
+                                  "targets": [t.as_json() for t in self.targets]}
+        if self.shared:
+            out["shared"] = self.shared
+        return out
 
 
 def _targets(client: FallbackClient) -> tuple[TargetReadiness, ...]:
@@ -41,6 +47,17 @@ def _targets(client: FallbackClient) -> tuple[TargetReadiness, ...]:
 
 
 def readiness(client: FallbackClient) -> Readiness:
+    """Ready or not, and why; a degraded shared state keeps the gateway ready (it serves
+    on local state) but says so, so a load balancer's operator sees it."""
+    found = _readiness(client)
+    shared = client.snapshot().shared
+    if shared.state is LinkState.OFF:
+        return found
+    reason = f"{found.reason}; {shared.label}" if shared.state is LinkState.DEGRADED else found.reason
+    return Readiness(found.ready, reason, found.targets, shared.label)
+
+
+def _readiness(client: FallbackClient) -> Readiness:
     deadline = client.config.client.deadline
     targets = _targets(client)
     waits = [t for t in targets if t.admits_in is not None]

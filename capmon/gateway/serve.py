@@ -68,7 +68,7 @@ async def _run(config: Config, settings: GatewaySettings, env: Mapping[str, str]
     sock = bind(settings.host, settings.port)  # before the engine: a taken port says so before anything starts
     stopped_by: list[int] = []
     try:
-        async with open_engine(config, environ=env) as engine:
+        async with open_engine(config, environ=env, role="gateway") as engine:
             app = create_app(engine.client, settings)
             server = await start_server(app, settings.host, settings.port, sock=sock)
             loop = asyncio.get_running_loop()

@@ -11,9 +11,10 @@ from __future__ import annotations
 import asyncio
 import collections
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from rich.text import Text
 from textual.app import App, ComposeResult
@@ -35,7 +36,7 @@ from capmon.tui.commands import ModelCommands
 from capmon.tui.digest import LOGGED, EventDigester
 from capmon.tui.screens import ConfirmScreen, HelpScreen, ModelChoice, ModelSwitchScreen
 from capmon.tui.source import DashboardSource
-from capmon.tui.widgets import BackoffPanel, BatchPanel, EventLog, FilterBar, ModelsTable, StatusBar
+from capmon.tui.widgets import BackoffPanel, BatchPanel, EventLog, FilterBar, FleetPanel, ModelsTable, StatusBar
 
 # Actions that change what the engine does; a read-only dashboard neither shows nor runs them.
 CONTROL_ACTIONS = frozenset({"switch_model", "automatic", "trip", "reset", "force_close", "toggle_batch"})
@@ -108,6 +109,7 @@ class CapmonApp(App[int]):
         with Horizontal(id="middle"):
             yield BackoffPanel(id="backoff")
             yield BatchPanel(id="batch")
+            yield FleetPanel(id="fleet")
         yield EventLog(id="log")
         yield FilterBar(id="filter")
         yield Footer()
@@ -119,6 +121,7 @@ class CapmonApp(App[int]):
         self.table = self.query_one(ModelsTable)
         self.backoff_panel = self.query_one(BackoffPanel)
         self.batch_panel = self.query_one(BatchPanel)
+        self.fleet_panel = self.query_one(FleetPanel)
         self.log_view = self.query_one(EventLog)
         self.filter_bar = self.query_one(FilterBar)
         self._widgets_found = True
@@ -155,6 +158,7 @@ class CapmonApp(App[int]):
             self.backoff_panel.show(self.snap)
             self.batch_panel.show(self.batch, why_none=self._why_no_batch(),
                                   can_pause=self.source.can_pause_batch and not self.source.readonly)
+            self.fleet_panel.show(self.snap.shared, self.snap.wall)
             self._show_status()
             self._watch_batch_state(self.batch)
             self.refreshes += 1

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Mapping, Protocol, Sequence, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from capmon.core.clock import Clock, default_clock
 from capmon.core.config import Config
@@ -132,7 +133,8 @@ class LiveSource:
     async def start(self) -> None:
         stack = contextlib.AsyncExitStack()
         try:
-            self.engine = await stack.enter_async_context(open_engine(self.config, environ=self._environ, bus=self.bus))
+            self.engine = await stack.enter_async_context(open_engine(self.config, environ=self._environ, bus=self.bus,
+                                                                               role="dashboard"))
             client = self.engine.client
             self.clock = client.clock
             self.probes = ProbeWorker(client, self.config.dashboard.probe_interval)

@@ -9,8 +9,9 @@ to the batch panel: ``progress()``, ``pause()`` / ``resume()``, ``run()``.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 from capmon.core.clock import Clock, default_clock
 from capmon.core.events import BatchProgress, Notice
@@ -90,7 +91,7 @@ class RunnerTraffic:
         self.rounds = 0
 
     @classmethod
-    def demo(cls, client: Any, workdir: Path, items: int, factory: RunnerFactory | None = None) -> "RunnerTraffic":
+    def demo(cls, client: Any, workdir: Path, items: int, factory: RunnerFactory | None = None) -> RunnerTraffic:
         from capmon.batch import write_demo_input
 
         make = factory or _default_factory()
@@ -109,7 +110,7 @@ class RunnerTraffic:
 
     @classmethod
     def for_job(cls, client: Any, input_path: Path, db_path: Path | None = None,
-                factory: RunnerFactory | None = None) -> "RunnerTraffic":
+                factory: RunnerFactory | None = None) -> RunnerTraffic:
         from capmon.batch import default_db_path
 
         make = factory or _default_factory()

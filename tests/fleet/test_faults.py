@@ -17,6 +17,8 @@ from capmon.core import events as ev
 from capmon.core.breaker import State
 from capmon.core.events import EventBus
 from capmon.core.snapshot import LinkState
+from capmon.gateway.readiness import readiness
+from capmon.status import format_snapshot
 from tests.fleet.helpers import FLAGSHIP, MEDIUM, client, fleet_config, store, until
 from tests.support.scripted import OVERLOADED, Reply, Script, free_port, ok, serve
 
@@ -110,6 +112,10 @@ async def test_redis_lost_mid_run_loses_no_request_and_the_fleet_rejoins_within_
             await until(lambda: not store(a).link.ok and not store(b).link.ok, timeout=1.0)
             snap = a.snapshot()
             assert snap.shared.state is LinkState.DEGRADED and snap.shared.label == "shared state: degraded"
+            ready = readiness(a)  # the gateway's /ready: still ready (local state serves), and says why not whole
+            assert ready.ready and ready.reason.endswith("; shared state: degraded")
+            assert ready.as_json()["shared"] == "shared state: degraded"
+            assert "shared state: degraded" in format_snapshot(snap)  # capmon status
             await asyncio.sleep(0.4)
             assert len(done) > served_before + 20  # requests go on, on local state
             redis_server.start()  # and it is back (empty)

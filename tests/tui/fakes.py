@@ -6,14 +6,15 @@ rendering is the same on every machine and every run.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from capmon.core import events as ev
 from capmon.core.breaker import State
 from capmon.core.clock import ManualClock
 from capmon.core.events import BatchProgress, EventBus
 from capmon.core.exceptions import CapmonError
-from capmon.core.snapshot import EngineSnapshot, TargetSnapshot, WaitingRetry
+from capmon.core.snapshot import EngineSnapshot, SharedStatus, TargetSnapshot, WaitingRetry
 from capmon.core.state import KeyState
 from capmon.core.stats import WindowStats
 from capmon.core.targets import target_id
@@ -78,6 +79,7 @@ class FakeSource:
         self._can_pause_batch = can_pause_batch
         self._workers = list(workers)
         self.calls: list[tuple[str, Any]] = []
+        self.shared = SharedStatus()  # what capmon/fleet reports; a test sets it to show the fleet
         self.pending: list[ev.Event] = []  # stamped earlier, published by flush_pending()
         self.started = self.stopped = False
         self.snapshots = 0
@@ -102,7 +104,7 @@ class FakeSource:
         return EngineSnapshot(now=self.clock.now(), wall=self.clock.wall(), pinned=self.pinned, targets=rows,
                               waiting=tuple(sorted(self.waiting, key=lambda w: w.deadline)), queued=self.queued,
                               in_flight=in_flight, requests=1234, succeeded=1180, failed=2,
-                              events_published=self.bus.published)
+                              events_published=self.bus.published, shared=self.shared)
 
     def batch(self) -> BatchProgress | None:
         if self._batch is not None and self._batch_paused:

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 import pytest
 from textual.command import CommandInput, CommandList
@@ -12,6 +13,7 @@ from textual.pilot import Pilot
 
 from capmon.core import events as ev
 from capmon.core.exceptions import CapmonError
+from capmon.core.snapshot import FleetProcess, LinkState, SharedStatus
 from capmon.tui.app import CapmonApp
 from capmon.tui.screens import ConfirmScreen, HelpScreen, ModelSwitchScreen
 from capmon.tui.source import ReadOnlyError, WorkerSpec
@@ -77,6 +79,30 @@ async def test_countdowns_follow_the_clock_not_a_sleeping_widget() -> None:
         await pilot.pause()
         assert app.table.get_cell("flagship@sim/sim-key", "cooldown").plain == "9.2s"
         assert "4.6s" in screen_text(app)  # the 9.6 s retry, 5 s later
+
+
+async def test_the_fleet_panel_shows_the_processes_and_a_degraded_link_and_hides_without_sharing() -> None:
+    source = steady()
+    async with running(source) as (app, pilot):
+        assert not app.fleet_panel.display and "shared" not in screen_text(app)  # memory: one process, no panel
+        wall = source.clock.wall()
+        procs = (FleetProcess("a", "host-a", 101, "gateway", 7, wall - 60, wall, False, this=True),
+                 FleetProcess("b", "host-b", 202, "batch", 3, wall - 30, wall, False))
+        source.shared = SharedStatus("redis", LinkState.OK, wall - 60, "", "redis://127.0.0.1:6379/0", "capmon",
+                                     procs)
+        app.refresh_view()
+        await pilot.pause()
+        text = screen_text(app)
+        assert app.fleet_panel.display
+        assert "Fleet (2)" in text and "shared: 2 processes" in text
+        assert "gateway" in text and "host-b:202" in text and "7 in flight" in text
+        source.shared = dataclasses.replace(source.shared, state=LinkState.DEGRADED, since=wall,
+                                            message="connection refused")
+        app.refresh_view()
+        await pilot.pause()
+        text = screen_text(app)
+        assert "shared state: DEGRADED" in text and "connection refused" in text
+        assert app.fleet_panel.has_class("-degraded")
 
 
 # ---------------------------------------------------------------- trip, reset, force close

@@ -6,7 +6,7 @@ and look at every changed SVG before committing it.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from textual.pilot import Pilot
 

@@ -6,7 +6,7 @@ from rich.text import Text
 from textual.widgets import Static
 
 from capmon.core import text
-from capmon.core.snapshot import EngineSnapshot
+from capmon.core.snapshot import EngineSnapshot, LinkState
 
 
 class StatusBar(Static):
@@ -38,6 +38,13 @@ class StatusBar(Static):
             line.append("  │  ", style="dim")
             line.append(f"{snap.in_flight} in flight · {snap.queued} queued · "
                         f"{snap.succeeded:,} ok · {snap.failed:,} failed")
+            shared = snap.shared
+            if shared.state is LinkState.DEGRADED:
+                line.append("  │  ", style="dim")
+                line.append(" shared state: DEGRADED ", style="bold white on red")
+            elif shared.state is LinkState.OK:
+                line.append("  │  ", style="dim")
+                line.append(f"shared: {len(shared.processes)} processes", style="bold green")
         if needle:
             line.append("  │  ", style="dim")
             line.append(f"filter: {needle}", style="bold magenta")
