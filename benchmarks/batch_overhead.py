@@ -88,16 +88,23 @@ def peak_rss_mb() -> float:
 
 
 def messages(i: int) -> list[dict[str, str]]:
-    return [{"role": "system", "content": "You are terse."},
-            {"role": "user", "content": f"Item {i}: summarise the following ticket in one line. The parcel arrived late "
-                                        f"and the box was damaged; the customer asks for a partial refund."}]
+    return [
+        {"role": "system", "content": "You are terse."},
+        {
+            "role": "user",
+            "content": f"Item {i}: summarise the following ticket in one line. The parcel arrived late "
+            f"and the box was damaged; the customer asks for a partial refund.",
+        },
+    ]
 
 
 def write_input(path: Path, n: int) -> None:
     with open(path, "w") as f:
         for i in range(n):
-            f.write(json.dumps({"id": f"it-{i:07d}", "messages": messages(i), "max_tokens": 64,
-                                "metadata": {"n": i}}) + "\n")
+            f.write(
+                json.dumps({"id": f"it-{i:07d}", "messages": messages(i), "max_tokens": 64, "metadata": {"n": i}})
+                + "\n"
+            )
 
 
 def make_client(concurrency: int) -> Any:
@@ -147,8 +154,13 @@ async def phase_client(n: int, concurrency: int) -> dict[str, Any]:
     sampling.cancel()
     await client.aclose()
     assert done == n
-    return {"seconds": seconds, "items_per_s": n / seconds, "base_rss_mb": base, "peak_rss_mb": peak_rss_mb(),
-            "rss_samples": sampler.samples}
+    return {
+        "seconds": seconds,
+        "items_per_s": n / seconds,
+        "base_rss_mb": base,
+        "peak_rss_mb": peak_rss_mb(),
+        "rss_samples": sampler.samples,
+    }
 
 
 async def phase_batch(n: int, concurrency: int, workdir: Path) -> dict[str, Any]:
@@ -175,14 +187,35 @@ async def phase_batch(n: int, concurrency: int, workdir: Path) -> dict[str, Any]
     exported = export_job(db, "bench", workdir / "out.jsonl")
     export_seconds = time.perf_counter() - t
     assert exported.written == n
-    return {"seconds": seconds, "items_per_s": n / seconds, "base_rss_mb": base, "peak_rss_mb": peak_rss_mb(),
-            "rss_samples": sampler.samples, "export_seconds": export_seconds, "write_input_seconds": write_seconds,
-            "db_mb": sum(p.stat().st_size for p in workdir.glob("jobs.db*")) / 2**20}
+    return {
+        "seconds": seconds,
+        "items_per_s": n / seconds,
+        "base_rss_mb": base,
+        "peak_rss_mb": peak_rss_mb(),
+        "rss_samples": sampler.samples,
+        "export_seconds": export_seconds,
+        "write_input_seconds": write_seconds,
+        "db_mb": sum(p.stat().st_size for p in workdir.glob("jobs.db*")) / 2**20,
+    }
 
 
 def run_phase(phase: str, n: int, concurrency: int, workdir: Path) -> dict[str, Any]:
-    out = subprocess.run([sys.executable, __file__, "--phase", phase, "--items", str(n), "--concurrency",
-                          str(concurrency), "--workdir", str(workdir)], capture_output=True, text=True)
+    out = subprocess.run(
+        [
+            sys.executable,
+            __file__,
+            "--phase",
+            phase,
+            "--items",
+            str(n),
+            "--concurrency",
+            str(concurrency),
+            "--workdir",
+            str(workdir),
+        ],
+        capture_output=True,
+        text=True,
+    )
     if out.returncode != 0:
         raise SystemExit(f"{phase} phase failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -203,8 +236,11 @@ def main() -> None:
         print(json.dumps(asyncio.run(phase_batch(args.items, args.concurrency, Path(args.workdir)))))
         return
 
-    print(f"{args.items:,} items, concurrency {args.concurrency}, instant in-process simulator"
-          + (f", best of {args.repeat}" if args.repeat > 1 else ""), flush=True)
+    print(
+        f"{args.items:,} items, concurrency {args.concurrency}, instant in-process simulator"
+        + (f", best of {args.repeat}" if args.repeat > 1 else ""),
+        flush=True,
+    )
     clients, batches = [], []
     for _ in range(max(1, args.repeat)):
         with tempfile.TemporaryDirectory(prefix="capmon-bench-") as tmp:
@@ -213,8 +249,12 @@ def main() -> None:
     client = min(clients, key=lambda r: r["seconds"])
     batch = min(batches, key=lambda r: r["seconds"])
     if args.repeat > 1:
-        print("times: client " + ", ".join(f"{r['seconds']:.1f}s" for r in clients)
-              + "; batch " + ", ".join(f"{r['seconds']:.1f}s" for r in batches))
+        print(
+            "times: client "
+            + ", ".join(f"{r['seconds']:.1f}s" for r in clients)
+            + "; batch "
+            + ", ".join(f"{r['seconds']:.1f}s" for r in batches)
+        )
 
     def samples(r: dict[str, Any]) -> str:
         s = r["rss_samples"]
@@ -232,8 +272,10 @@ def main() -> None:
     width = [max(len(r[i]) for r in rows) for i in range(3)]
     for r in rows:
         print("  ".join(c.ljust(width[i]) for i, c in enumerate(r)))
-    print(f"export: {batch['export_seconds']:.1f}s; database {batch['db_mb']:.0f} MB; "
-          f"writing the input (not timed): {batch['write_input_seconds']:.1f}s")
+    print(
+        f"export: {batch['export_seconds']:.1f}s; database {batch['db_mb']:.0f} MB; "
+        f"writing the input (not timed): {batch['write_input_seconds']:.1f}s"
+    )
     ratio = batch["seconds"] / client["seconds"]
     print(f"ratio batch / client: {ratio:.2f}x (goal <= 1.2x)")
 

@@ -24,8 +24,8 @@ import statistics
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.tui.fakes when run as a script
 
@@ -52,24 +52,72 @@ def event_mix(source: FakeSource) -> Callable[[int], ev.Event]:
         model = MODELS[n % 3]
         target = f"{model}@sim/sim-key"
         if k < 40:
-            return ev.AttemptStarted(at=at, wall=wall, request_id=n, item_id=f"item-{n}", model=model, target=target, attempt=1)
+            return ev.AttemptStarted(
+                at=at, wall=wall, request_id=n, item_id=f"item-{n}", model=model, target=target, attempt=1
+            )
         if k < 70:
-            return ev.RequestDone(at=at, wall=wall, request_id=n, item_id=f"item-{n}", ok=True, model=model, target=target,
-                                  attempts=1, latency=0.8, kind=None)
+            return ev.RequestDone(
+                at=at,
+                wall=wall,
+                request_id=n,
+                item_id=f"item-{n}",
+                ok=True,
+                model=model,
+                target=target,
+                attempts=1,
+                latency=0.8,
+                kind=None,
+            )
         if k < 80:
-            return ev.AttemptFailed(at=at, wall=wall, request_id=n, item_id=f"item-{n}", model=model, target=target, attempt=1,
-                                    kind="capacity", status=503, reason="overloaded", hint=None)
+            return ev.AttemptFailed(
+                at=at,
+                wall=wall,
+                request_id=n,
+                item_id=f"item-{n}",
+                model=model,
+                target=target,
+                attempt=1,
+                kind="capacity",
+                status=503,
+                reason="overloaded",
+                hint=None,
+            )
         if k < 90:
-            return ev.RetryScheduled(at=at, wall=wall, request_id=n, item_id=f"item-{n}", model=None, attempt=2,
-                                     max_attempts=50, reason="overloaded", wait=1.0, deadline=at + 1.0)
+            return ev.RetryScheduled(
+                at=at,
+                wall=wall,
+                request_id=n,
+                item_id=f"item-{n}",
+                model=None,
+                attempt=2,
+                max_attempts=50,
+                reason="overloaded",
+                wait=1.0,
+                deadline=at + 1.0,
+            )
         if k < 98:
-            return ev.FellBack(at=at, wall=wall, request_id=n, item_id=f"item-{n}", from_model=model,
-                               to_model=MODELS[(n + 1) % 3], reason="Selected model is at capacity.")
+            return ev.FellBack(
+                at=at,
+                wall=wall,
+                request_id=n,
+                item_id=f"item-{n}",
+                from_model=model,
+                to_model=MODELS[(n + 1) % 3],
+                reason="Selected model is at capacity.",
+            )
         if k == 98:
             new = "open" if (n // 100) % 2 == 0 else "closed"
-            return ev.BreakerChanged(at=at, wall=wall, target=target, model=model, old="closed" if new == "open" else "open",
-                                     new=new, reason="3 capacity failures in a row", manual=False,
-                                     cooldown_until=at + 20 if new == "open" else None)
+            return ev.BreakerChanged(
+                at=at,
+                wall=wall,
+                target=target,
+                model=model,
+                old="closed" if new == "open" else "open",
+                new=new,
+                reason="3 capacity failures in a row",
+                manual=False,
+                cooldown_until=at + 20 if new == "open" else None,
+            )
         return ev.Notice(at=at, wall=wall, level="info", message=f"notice {n}")
 
     return make
@@ -106,8 +154,9 @@ class FrameWatch:
         return fut
 
 
-async def key_latency(app: CapmonApp, watch: FrameWatch, key: str, character: str | None,
-                      shown: Callable[[], bool]) -> float:
+async def key_latency(
+    app: CapmonApp, watch: FrameWatch, key: str, character: str | None, shown: Callable[[], bool]
+) -> float:
     """Seconds from a key arriving (as the terminal driver posts it) to the first frame
     that shows its effect."""
     frame = watch.next_frame_where(shown)
@@ -186,15 +235,21 @@ async def run(seconds: float, rate: float, from_thread: bool) -> None:
         refreshes = app.refreshes
         frames = watch.frames
 
-    print(f"dashboard under load: {wall:.1f} s, {published:,} events published "
-          f"({published / wall:,.0f}/s, {'from a thread' if from_thread else 'on the loop'}), size {SIZE[0]}x{SIZE[1]}")
+    print(
+        f"dashboard under load: {wall:.1f} s, {published:,} events published "
+        f"({published / wall:,.0f}/s, {'from a thread' if from_thread else 'on the loop'}), size {SIZE[0]}x{SIZE[1]}"
+    )
     print(f"  CPU: {cpu:.2f} s of process time in {wall:.1f} s wall = {cpu / wall:.0%} of one core (goal < 50%)")
-    print(f"  table refreshes: {refreshes} ({refreshes / wall:.1f}/s); frames drawn: {frames} ({frames / wall:.1f}/s); "
-          f"log lines written: {lines} (fallbacks coalesced per second and pair)")
+    print(
+        f"  table refreshes: {refreshes} ({refreshes / wall:.1f}/s); frames drawn: {frames} ({frames / wall:.1f}/s); "
+        f"log lines written: {lines} (fallbacks coalesced per second and pair)"
+    )
     for key, values in latencies.items():
         if values:
-            print(f"  key {key} to screen: median {statistics.median(values) * 1000:.0f} ms, "
-                  f"max {max(values) * 1000:.0f} ms over {len(values)} presses (goal < 100 ms)")
+            print(
+                f"  key {key} to screen: median {statistics.median(values) * 1000:.0f} ms, "
+                f"max {max(values) * 1000:.0f} ms over {len(values)} presses (goal < 100 ms)"
+            )
 
 
 def main() -> None:

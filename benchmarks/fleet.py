@@ -74,8 +74,9 @@ async def _worker(args: argparse.Namespace) -> None:
         def on_event(e: ev.Event) -> None:
             if isinstance(e, ev.BreakerChanged):
                 gen = state.target(e.target).local.breaker.generation
-                moves.append({"t": time.time(), "target": e.target, "new": e.new, "gen": gen,
-                              "own": "[fleet" not in e.reason})
+                moves.append(
+                    {"t": time.time(), "target": e.target, "new": e.new, "gen": gen, "own": "[fleet" not in e.reason}
+                )
 
         engine.bus.subscribe(on_event)
         print("READY", flush=True)
@@ -92,8 +93,12 @@ async def _worker(args: argparse.Namespace) -> None:
                 i = items.pop(0)
                 start = time.perf_counter()
                 try:
-                    await client.chat(ChatRequest.of(f"Item {i}: summarise the quarterly report for region "
-                                                     f"{i % 17} in three sentences.", item_id=str(i)))
+                    await client.chat(
+                        ChatRequest.of(
+                            f"Item {i}: summarise the quarterly report for region {i % 17} in three sentences.",
+                            item_id=str(i),
+                        )
+                    )
                     latencies.append(time.perf_counter() - start)
                 except Exception as e:  # noqa: BLE001 - counted, not hidden
                     failed.append(f"{type(e).__name__}: {e}"[:160])
@@ -102,9 +107,19 @@ async def _worker(args: argparse.Namespace) -> None:
         wall = time.perf_counter() - t0
         calls = dict(state.link.calls)
         verdicts = dict(state.link.verdicts)
-        out = {"completed": len(latencies), "failed": failed, "wall": wall, "latencies": latencies,
-               "hot": list(state.link.hot), "calls": calls, "verdicts": verdicts, "requests": client.journal.requests,
-               "moves": moves, "id": state.id, "degraded": state.link.losses}
+        out = {
+            "completed": len(latencies),
+            "failed": failed,
+            "wall": wall,
+            "latencies": latencies,
+            "hot": list(state.link.hot),
+            "calls": calls,
+            "verdicts": verdicts,
+            "requests": client.journal.requests,
+            "moves": moves,
+            "id": state.id,
+            "degraded": state.link.losses,
+        }
     Path(args.out).write_text(json.dumps(out))
     print("DONE", flush=True)
 
@@ -120,8 +135,7 @@ def _read_line(proc: subprocess.Popen[str], timeout: float) -> str:
     return proc.stdout.readline().strip() if ready else ""
 
 
-def run_once(scenario: Path, processes: int, items: int, workers: int, redis_url: str,
-             log_dir: Path) -> dict[str, Any]:
+def run_once(scenario: Path, processes: int, items: int, workers: int, redis_url: str, log_dir: Path) -> dict[str, Any]:
     port = _free_port()
     origin = f"http://127.0.0.1:{port}"
     namespace = f"capmon-bench-{uuid.uuid4().hex[:10]}"
@@ -137,18 +151,48 @@ def run_once(scenario: Path, processes: int, items: int, workers: int, redis_url
             out = log_dir / f"{scenario.stem}-{processes}-{i}.json"
             outs.append(out)
             log = open(log_dir / f"{scenario.stem}-{processes}-{i}.stderr", "w")
-            procs.append(subprocess.Popen(
-                [sys.executable, "-m", "benchmarks.fleet", "--worker", "--base-url", origin + "/v1", "--redis",
-                 redis_url, "--namespace", namespace, "--items", str(n), "--first", str(first),
-                 "--workers", str(max(1, workers // processes)), "--out", str(out)],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True, cwd=HERE.parent, env=env))
+            procs.append(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "benchmarks.fleet",
+                        "--worker",
+                        "--base-url",
+                        origin + "/v1",
+                        "--redis",
+                        redis_url,
+                        "--namespace",
+                        namespace,
+                        "--items",
+                        str(n),
+                        "--first",
+                        str(first),
+                        "--workers",
+                        str(max(1, workers // processes)),
+                        "--out",
+                        str(out),
+                    ],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=log,
+                    text=True,
+                    cwd=HERE.parent,
+                    env=env,
+                )
+            )
             first += n
         for p in procs:
             if _read_line(p, 60) != "READY":
                 raise RuntimeError(f"a worker did not start (exit {p.poll()}); see {log_dir}")
         sim_log = open(log_dir / f"{scenario.stem}-{processes}.sim.log", "w")
-        sim = subprocess.Popen([sys.executable, "-m", "capmon.sim", "--listen", f"127.0.0.1:{port}", "--scenario",
-                                str(scenario)], stdout=sim_log, stderr=subprocess.STDOUT, cwd=HERE.parent, env=env)
+        sim = subprocess.Popen(
+            [sys.executable, "-m", "capmon.sim", "--listen", f"127.0.0.1:{port}", "--scenario", str(scenario)],
+            stdout=sim_log,
+            stderr=subprocess.STDOUT,
+            cwd=HERE.parent,
+            env=env,
+        )
         _wait_up(origin, sim)
         for p in procs:
             assert p.stdin is not None
@@ -232,18 +276,26 @@ def figures(run: dict[str, Any], items: int) -> dict[str, Any]:
 
 def report(name: str, one: dict[str, Any], many: dict[str, Any], processes: int) -> str:
     ratio = many["rejected"] / one["rejected"] if one["rejected"] else (1.0 if not many["rejected"] else float("inf"))
-    rows = [f"### {name}", "",
-            "| run | completed | wall s | rejected | penalised | requests | p50 s | p99 s | round trips / item "
-            "(hot / all) | ADMIT or SETTLE p50 / p99 ms | trip propagation p50 / p99 ms (moves) |",
-            "|" + "---|" * 11]
+    rows = [
+        f"### {name}",
+        "",
+        "| run | completed | wall s | rejected | penalised | requests | p50 s | p99 s | round trips / item "
+        "(hot / all) | ADMIT or SETTLE p50 / p99 ms | trip propagation p50 / p99 ms (moves) |",
+        "|" + "---|" * 11,
+    ]
     for label, f in (("1 process", one), (f"{processes} processes", many)):
-        prop = (f"{f['prop_p50_ms']:.1f} / {f['prop_p99_ms']:.1f} ({f['moves']})" if f["moves"] else "-")
-        rows.append(f"| {label} | {f['completed']} | {f['wall']:.2f} | {f['rejected']} | {f['penalised']} | "
-                    f"{f['requests']} | {f['p50']:.2f} | {f['p99']:.2f} | {f['hot_per_item']:.2f} / "
-                    f"{f['all_per_item']:.2f} | {f['hot_p50_ms']:.2f} / {f['hot_p99_ms']:.2f} | {prop} |")
-    rows += ["", f"rejected, {processes} / 1: {many['rejected']} / {one['rejected']} = {ratio:.2f} (goal <= 1.2: "
-                 f"{'**met**' if ratio <= 1.2 else 'missed'}); penalised: {one['penalised']} and {many['penalised']} "
-                 f"(goal 0: {'**met**' if one['penalised'] == many['penalised'] == 0 else 'missed'})"]
+        prop = f"{f['prop_p50_ms']:.1f} / {f['prop_p99_ms']:.1f} ({f['moves']})" if f["moves"] else "-"
+        rows.append(
+            f"| {label} | {f['completed']} | {f['wall']:.2f} | {f['rejected']} | {f['penalised']} | "
+            f"{f['requests']} | {f['p50']:.2f} | {f['p99']:.2f} | {f['hot_per_item']:.2f} / "
+            f"{f['all_per_item']:.2f} | {f['hot_p50_ms']:.2f} / {f['hot_p99_ms']:.2f} | {prop} |"
+        )
+    rows += [
+        "",
+        f"rejected, {processes} / 1: {many['rejected']} / {one['rejected']} = {ratio:.2f} (goal <= 1.2: "
+        f"{'**met**' if ratio <= 1.2 else 'missed'}); penalised: {one['penalised']} and {many['penalised']} "
+        f"(goal 0: {'**met**' if one['penalised'] == many['penalised'] == 0 else 'missed'})",
+    ]
     return "\n".join(rows)
 
 
@@ -288,11 +340,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=32, help="concurrent workers in all (divided among the processes)")
     ap.add_argument("--processes", type=int, default=8)
     ap.add_argument("--scenario", nargs="+", default=list(SCENARIOS))
-    ap.add_argument("--redis", default=os.environ.get("CAPMON_BENCH_REDIS_URL", DEFAULT_REDIS),
-                    help=f"the Redis every client shares (default {DEFAULT_REDIS}; a fresh namespace per run)")
+    ap.add_argument(
+        "--redis",
+        default=os.environ.get("CAPMON_BENCH_REDIS_URL", DEFAULT_REDIS),
+        help=f"the Redis every client shares (default {DEFAULT_REDIS}; a fresh namespace per run)",
+    )
     ap.add_argument("--json", metavar="FILE", help="every figure, raw")
-    ap.add_argument("--quiet", type=int, default=500, metavar="N",
-                    help="then N requests one after another on a quiet loop: the hot path's own latency (0: skip)")
+    ap.add_argument(
+        "--quiet",
+        type=int,
+        default=500,
+        metavar="N",
+        help="then N requests one after another on a quiet loop: the hot path's own latency (0: skip)",
+    )
     # one worker process (started by the coordinator)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--base-url", help=argparse.SUPPRESS)
@@ -303,15 +363,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         asyncio.run(_worker(args))
         return 0
-    print(f"{args.items} items, {args.workers} workers: 1 process against {args.processes} "
-          f"({args.workers // args.processes} workers each), Redis {args.redis}\n")
+    print(
+        f"{args.items} items, {args.workers} workers: 1 process against {args.processes} "
+        f"({args.workers // args.processes} workers each), Redis {args.redis}\n"
+    )
     raw: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="capmon-fleet-bench-") as tmp:
         for name in args.scenario:
             path = Path(name) if name.endswith(".toml") else HERE / "scenarios" / f"{name}.toml"
             one = figures(run_once(path, 1, args.items, args.workers, args.redis, Path(tmp)), args.items)
-            many = figures(run_once(path, args.processes, args.items, args.workers, args.redis, Path(tmp)),
-                           args.items)
+            many = figures(run_once(path, args.processes, args.items, args.workers, args.redis, Path(tmp)), args.items)
             raw[path.stem] = {"1": one, str(args.processes): many}
             print(report(path.stem, one, many, args.processes) + "\n", flush=True)
         if args.quiet:
@@ -319,9 +380,12 @@ def main(argv: list[str] | None = None) -> int:
             quiet.write_text(QUIET)
             f = figures(run_once(quiet, 1, args.quiet, 1, args.redis, Path(tmp)), args.quiet)
             raw["quiet"] = f
-            print(f"### the hot path on a quiet loop\n\n{args.quiet} requests one after another, 1 process: "
-                  f"ADMIT or SETTLE p50 {f['hot_p50_ms']:.2f} ms, p99 {f['hot_p99_ms']:.2f} ms; "
-                  f"{f['hot_per_item']:.2f} hot-path round trips per request", flush=True)
+            print(
+                f"### the hot path on a quiet loop\n\n{args.quiet} requests one after another, 1 process: "
+                f"ADMIT or SETTLE p50 {f['hot_p50_ms']:.2f} ms, p99 {f['hot_p99_ms']:.2f} ms; "
+                f"{f['hot_per_item']:.2f} hot-path round trips per request",
+                flush=True,
+            )
     if args.json:
         Path(args.json).write_text(json.dumps(raw, indent=2))
     return 0

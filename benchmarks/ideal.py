@@ -37,8 +37,8 @@ from __future__ import annotations
 
 import collections
 import heapq
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from capmon.sim.scenario import ModelSpec, Scenario
 

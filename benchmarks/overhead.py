@@ -47,25 +47,42 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
-ANSWER = json.dumps({
-    "id": "chatcmpl-instant", "object": "chat.completion", "created": 1767225600, "model": "instant",
-    "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
-    "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6},
-}).encode()
+ANSWER = json.dumps(
+    {
+        "id": "chatcmpl-instant",
+        "object": "chat.completion",
+        "created": 1767225600,
+        "model": "instant",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6},
+    }
+).encode()
 
 
 def _sse(delta: dict[str, Any], finish: str | None = None) -> bytes:
-    chunk = {"id": "chatcmpl-instant", "object": "chat.completion.chunk", "created": 1767225600, "model": "instant",
-             "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+    chunk = {
+        "id": "chatcmpl-instant",
+        "object": "chat.completion.chunk",
+        "created": 1767225600,
+        "model": "instant",
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+    }
     return b"data: " + json.dumps(chunk).encode() + b"\n\n"
 
 
-STREAM = [_sse({"role": "assistant", "content": ""}), _sse({"content": "o"}), _sse({"content": "k"}),
-          _sse({"content": "!"}), _sse({}, "stop"), b"data: [DONE]\n\n"]
+STREAM = [
+    _sse({"role": "assistant", "content": ""}),
+    _sse({"content": "o"}),
+    _sse({"content": "k"}),
+    _sse({"content": "!"}),
+    _sse({}, "stop"),
+    b"data: [DONE]\n\n",
+]
 STREAM_TEXT = "ok!"
 KEY = "sk-capmon-sim-demo"
 WARMUP = 300
@@ -95,22 +112,39 @@ async def instant_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         body += msg.get("body", b"")
         more = msg.get("more_body", False)
     if b'"stream": true' in body or b'"stream":true' in body:
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")],
+            }
+        )
         for piece in STREAM:
             await send({"type": "http.response.body", "body": piece, "more_body": True})
         await send({"type": "http.response.body", "body": b""})
         return
-    await send({"type": "http.response.start", "status": 200,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(ANSWER)).encode())]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 200,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(ANSWER)).encode())],
+        }
+    )
     await send({"type": "http.response.body", "body": ANSWER})
 
 
 def serve(port: int) -> None:
     import uvicorn
 
-    uvicorn.run(instant_app, host="127.0.0.1", port=port, log_level="warning", access_log=False,
-                lifespan="off", timeout_keep_alive=30)
+    uvicorn.run(
+        instant_app,
+        host="127.0.0.1",
+        port=port,
+        log_level="warning",
+        access_log=False,
+        lifespan="off",
+        timeout_keep_alive=30,
+    )
 
 
 # ---------------------------------------------------------------- one measurement
@@ -121,8 +155,14 @@ def _config(base_url: str, concurrency: int):
 
     # Room for the whole concurrency on the first model from the start, so the measured
     # part is routing, not queueing behind a limiter still slow-starting.
-    return bench_config(base_url, [f"limiter.initial={concurrency}", f"limiter.max={max(64, concurrency)}",
-                                   f"client.max_connections={concurrency}"])
+    return bench_config(
+        base_url,
+        [
+            f"limiter.initial={concurrency}",
+            f"limiter.max={max(64, concurrency)}",
+            f"client.max_connections={concurrency}",
+        ],
+    )
 
 
 async def _drive(call: Callable[[], Awaitable[None]], n: int, concurrency: int) -> None:
@@ -191,8 +231,11 @@ async def _client(kind: str, mode: str, base_url: str, concurrency: int) -> tupl
             import httpx_aiohttp
 
             transport = httpx_aiohttp.AiohttpTransport(limits=httpx.Limits(max_connections=concurrency))
-        client = httpx.AsyncClient(transport=transport, timeout=httpx.Timeout(30.0, connect=10.0),
-                                   limits=httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency))
+        client = httpx.AsyncClient(
+            transport=transport,
+            timeout=httpx.Timeout(30.0, connect=10.0),
+            limits=httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency),
+        )
 
         async def call() -> None:
             if stream:
@@ -211,8 +254,11 @@ async def _client(kind: str, mode: str, base_url: str, concurrency: int) -> tupl
         from capmon.core.router import FallbackClient
 
         cfg = _config(base_url, concurrency)
-        transport = make_transport(kind.split("-", 1)[1], max_connections=cfg.client.max_connections,
-                                   connect_timeout=cfg.client.connect_timeout)
+        transport = make_transport(
+            kind.split("-", 1)[1],
+            max_connections=cfg.client.max_connections,
+            connect_timeout=cfg.client.connect_timeout,
+        )
         fc = FallbackClient(cfg, environ={}, transport=transport)
 
         async def call() -> None:
@@ -259,9 +305,26 @@ def _wait_port(port: int, timeout: float = 15.0) -> None:
 
 
 def _run_worker(kind: str, mode: str, base_url: str, n: int, concurrency: int) -> dict[str, float]:
-    out = subprocess.run([sys.executable, "-m", "benchmarks.overhead", "--worker", kind, "--mode", mode,
-                          "--url", base_url, "--requests", str(n), "--concurrency", str(concurrency)],
-                         capture_output=True, text=True, cwd=HERE.parent)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.overhead",
+            "--worker",
+            kind,
+            "--mode",
+            mode,
+            "--url",
+            base_url,
+            "--requests",
+            str(n),
+            "--concurrency",
+            str(concurrency),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=HERE.parent,
+    )
     if out.returncode != 0:
         raise RuntimeError(f"{kind} {mode} failed (exit {out.returncode}): {out.stderr.strip()[-2000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -318,8 +381,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--requests", type=int, default=5000)
     ap.add_argument("--concurrency", type=int, default=32)
     ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--kinds", nargs="+", choices=KINDS + EXTRA_KINDS, default=KINDS,
-                    help=f"clients to measure (default: {' '.join(KINDS)})")
+    ap.add_argument(
+        "--kinds",
+        nargs="+",
+        choices=KINDS + EXTRA_KINDS,
+        default=KINDS,
+        help=f"clients to measure (default: {' '.join(KINDS)})",
+    )
     ap.add_argument("--modes", nargs="+", choices=MODES, default=MODES, help="plain and / or streaming requests")
     ap.add_argument("--profile", metavar="FILE", help="also profile one kind with cProfile; stats to FILE")
     ap.add_argument("--profile-kind", choices=KINDS + EXTRA_KINDS, default="capmon-aiohttp")
@@ -344,8 +412,10 @@ def main(argv: list[str] | None = None) -> int:
         _wait_port(port)
         base_url = f"http://127.0.0.1:{port}/v1"
         print(f"<!-- python -m benchmarks.overhead {' '.join(argv if argv is not None else sys.argv[1:])} -->")
-        print(f"machine: {os.cpu_count()} cores; {args.requests} requests x {args.reps} reps per client and mode, "
-              f"concurrency {args.concurrency}, after {WARMUP} warm-up requests; each run in a fresh process\n")
+        print(
+            f"machine: {os.cpu_count()} cores; {args.requests} requests x {args.reps} reps per client and mode, "
+            f"concurrency {args.concurrency}, after {WARMUP} warm-up requests; each run in a fresh process\n"
+        )
         runs: dict[tuple[str, str], list[dict[str, float]]] = {(k, m): [] for k in kinds for m in modes}
         for rep in range(args.reps):
             order = kinds if rep % 2 == 0 else kinds[::-1]
@@ -355,7 +425,9 @@ def main(argv: list[str] | None = None) -> int:
         print(report(runs, kinds, modes))
         if args.profile:
             print(f"\ncProfile of {args.profile_kind} ({args.profile_mode}; one run, sorted by own time):\n```")
-            print(profile(args.profile_kind, args.profile_mode, base_url, args.requests, args.concurrency, args.profile))
+            print(
+                profile(args.profile_kind, args.profile_mode, base_url, args.requests, args.concurrency, args.profile)
+            )
             print("```")
     finally:
         server.terminate()

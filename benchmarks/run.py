@@ -150,16 +150,16 @@ class _Sampler:
 
     def peak_rejections(self) -> int:
         """The most rejections between two samples (0.2 s): a herd shows up as a spike."""
-        return max((b - a for a, b in zip(self.rejected, self.rejected[1:])), default=0)
+        return max((b - a for a, b in zip(self.rejected, self.rejected[1:], strict=False)), default=0)
 
     def stop(self) -> dict[str, float]:
         self._stop.set()
         self._thread.join(2.0)
         # Only while work was going on: from the first sample with anything in flight to the last.
         busy = [i for i, s in enumerate(self.samples) if any(f for f, _ in s.values())]
-        window = self.samples[busy[0]: busy[-1] + 1] if busy else []
+        window = self.samples[busy[0] : busy[-1] + 1] if busy else []
         out: dict[str, float] = {}
-        for name in (window[0] if window else {}):
+        for name in window[0] if window else {}:
             used = sum(s[name][0] for s in window)
             slots = sum(s[name][1] for s in window)
             out[name] = round(used / slots, 3) if slots else float("nan")
@@ -169,10 +169,16 @@ class _Sampler:
 def _revision() -> str:
     """The commit the core was measured at, and whether capmon/ had uncommitted edits."""
     try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=HERE.parent, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "capmon"], capture_output=True, text=True,
-                               cwd=HERE.parent, timeout=10).stdout.strip()
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=HERE.parent, timeout=10
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "capmon"],
+            capture_output=True,
+            text=True,
+            cwd=HERE.parent,
+            timeout=10,
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return "unknown revision"
     return f"{head or 'unknown'}" + (" + uncommitted edits in capmon/" if dirty else "")
@@ -187,19 +193,45 @@ def litellm_available() -> bool:
         return False
 
 
-def run_one(scn_path: Path, scn: Scenario, peer: str, items: int, workers: int, time_limit: float,
-            options: dict[str, Any], log_dir: Path) -> dict[str, Any]:
+def run_one(
+    scn_path: Path,
+    scn: Scenario,
+    peer: str,
+    items: int,
+    workers: int,
+    time_limit: float,
+    options: dict[str, Any],
+    log_dir: Path,
+) -> dict[str, Any]:
     port = _free_port()
     origin = f"http://127.0.0.1:{port}"
     out = log_dir / f"{scn.name}-{peer}.json"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    peer_cmd = [sys.executable, "-m", "benchmarks.peers", peer, "--base-url", origin + "/v1",
-                "--models", ",".join(m.name for m in scn.models), "--workers", str(workers),
-                "--items", str(items), "--time-limit", str(time_limit), "--options", json.dumps(options),
-                "--out", str(out), "--wait-for-go"]
+    peer_cmd = [
+        sys.executable,
+        "-m",
+        "benchmarks.peers",
+        peer,
+        "--base-url",
+        origin + "/v1",
+        "--models",
+        ",".join(m.name for m in scn.models),
+        "--workers",
+        str(workers),
+        "--items",
+        str(items),
+        "--time-limit",
+        str(time_limit),
+        "--options",
+        json.dumps(options),
+        "--out",
+        str(out),
+        "--wait-for-go",
+    ]
     peer_log = open(log_dir / f"{scn.name}-{peer}.stderr", "w")
-    p = subprocess.Popen(peer_cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=peer_log, text=True,
-                         cwd=HERE.parent, env=env)
+    p = subprocess.Popen(
+        peer_cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=peer_log, text=True, cwd=HERE.parent, env=env
+    )
     sim = None
     try:
         line = p.stdout.readline().strip() if p.stdout else ""
@@ -207,9 +239,13 @@ def run_one(scn_path: Path, scn: Scenario, peer: str, items: int, workers: int, 
             p.wait(30)
             raise RuntimeError(f"peer {peer} did not start (exit {p.returncode}); see {peer_log.name}")
         sim_log = open(log_dir / f"{scn.name}-{peer}.sim.log", "w")
-        sim = subprocess.Popen([sys.executable, "-m", "capmon.sim", "--listen", f"127.0.0.1:{port}",
-                                "--scenario", str(scn_path)], stdout=sim_log, stderr=subprocess.STDOUT,
-                               cwd=HERE.parent, env=env)
+        sim = subprocess.Popen(
+            [sys.executable, "-m", "capmon.sim", "--listen", f"127.0.0.1:{port}", "--scenario", str(scn_path)],
+            stdout=sim_log,
+            stderr=subprocess.STDOUT,
+            cwd=HERE.parent,
+            env=env,
+        )
         _wait_up(origin, sim)
         offset = _get_json(origin + "/admin/stats")["elapsed"]
         sampler = _Sampler(origin)
@@ -278,25 +314,38 @@ def figures(result: dict[str, Any], scn: Scenario, items: int, workers: int) -> 
         "utilisation": result.get("utilisation", {}),
         "peak_rejections": result.get("peak_rejections", 0),
         "served": {m.name: sum(1 for r in ok if r["model"] == m.name) for m in scn.models},
-        "sim_models": {name: {"requests": m["requests"], "completed": m["completed"],
-                              "capacity": m["rejected"]["capacity"], "rate_limited": m["rejected"]["rate_limited"],
-                              "penalised": m["penalised"]} for name, m in result["sim"]["models"].items()},
+        "sim_models": {
+            name: {
+                "requests": m["requests"],
+                "completed": m["completed"],
+                "capacity": m["rejected"]["capacity"],
+                "rate_limited": m["rejected"]["rate_limited"],
+                "penalised": m["penalised"],
+            }
+            for name, m in result["sim"]["models"].items()
+        },
     }
 
 
 def table(scn: Scenario, rows: list[tuple[str, dict[str, Any]]], best: Ideal, items: int) -> str:
-    head = ("| peer | completed | wall s | wall/ideal | req/item | rejected | penalised | pref share (/ideal) "
-            "| p50 s | p99 s | p99 / ideal FCFS p99 | client cpu s |")
+    head = (
+        "| peer | completed | wall s | wall/ideal | req/item | rejected | penalised | pref share (/ideal) "
+        "| p50 s | p99 s | p99 / ideal FCFS p99 | client cpu s |"
+    )
     sep = "|" + "---|" * 12
-    out = [head, sep,
-           f"| *ideal (FCFS)* | {items} | {best.makespan:.2f} | 1.00 | 1.00 | 0 | 0 | {best.preferred_share:.2f} (1.00) "
-           f"| {best.p50:.2f} | {best.p99:.2f} | 1.00 | |"]
+    out = [
+        head,
+        sep,
+        f"| *ideal (FCFS)* | {items} | {best.makespan:.2f} | 1.00 | 1.00 | 0 | 0 | {best.preferred_share:.2f} (1.00) "
+        f"| {best.p50:.2f} | {best.p99:.2f} | 1.00 | |",
+    ]
     for name, f in rows:
         completed = f"{f['completed']}" + (" (timed out)" if f["timed_out"] else "")
         out.append(
             f"| {name} | {completed} | {f['wall']:.2f} | {f['wall_ideal']:.2f} | {f['req_item']:.2f} "
             f"| {f['rejected']} | {f['penalised']} | {f['share']:.2f} ({f['share_ratio']:.2f}) "
-            f"| {f['p50']:.2f} | {f['p99']:.2f} | {f['p99_ideal']:.2f} | {f['cpu']:.1f} |")
+            f"| {f['p50']:.2f} | {f['p99']:.2f} | {f['p99_ideal']:.2f} | {f['cpu']:.1f} |"
+        )
     return "\n".join(out)
 
 
@@ -330,23 +379,40 @@ def acceptance(f: dict[str, Any], items: int, peers: list[tuple[str, dict[str, A
     the same scenario. The p99 comparison is with peers that completed every item: a
     peer that failed items has its p99 over the survivors only."""
     out = [
-        _verdict(TARGETS["completed"], f["completed"] == items, f"{f['completed']} of {items}",
-                 f"{items - f['completed']} items"),
-        _verdict(TARGETS["wall_ideal"], f["wall_ideal"] <= 1.10, f"{f['wall_ideal']:.2f}", f"{f['wall_ideal'] - 1.10:.2f}"),
+        _verdict(
+            TARGETS["completed"],
+            f["completed"] == items,
+            f"{f['completed']} of {items}",
+            f"{items - f['completed']} items",
+        ),
+        _verdict(
+            TARGETS["wall_ideal"], f["wall_ideal"] <= 1.10, f"{f['wall_ideal']:.2f}", f"{f['wall_ideal'] - 1.10:.2f}"
+        ),
         _verdict(TARGETS["req_item"], f["req_item"] <= 1.05, f"{f['req_item']:.2f}", f"{f['req_item'] - 1.05:.2f}"),
         _verdict(TARGETS["penalised"], f["penalised"] == 0, f"{f['penalised']}", f"{f['penalised']} requests"),
-        _verdict(TARGETS["share"], f["share_ratio"] >= 0.95, f"{f['share_ratio']:.2f} x",
-                 f"{0.95 - f['share_ratio']:.2f} x"),
-        _verdict(TARGETS["p99_ideal"], f["p99_ideal"] <= 2.0, f"{f['p99']:.2f} s = {f['p99_ideal']:.2f} x {f['ideal_p99']:.2f} s",
-                 f"{f['p99'] - 2.0 * f['ideal_p99']:.2f} s"),
+        _verdict(
+            TARGETS["share"], f["share_ratio"] >= 0.95, f"{f['share_ratio']:.2f} x", f"{0.95 - f['share_ratio']:.2f} x"
+        ),
+        _verdict(
+            TARGETS["p99_ideal"],
+            f["p99_ideal"] <= 2.0,
+            f"{f['p99']:.2f} s = {f['p99_ideal']:.2f} x {f['ideal_p99']:.2f} s",
+            f"{f['p99'] - 2.0 * f['ideal_p99']:.2f} s",
+        ),
     ]
     rivals = [(name, g) for name, g in peers if g["completed"] == items]
     if not rivals:
         out.append(Verdict(TARGETS["p99_peers"], None, "no other peer completed every item"))
     else:
         name, g = min(rivals, key=lambda r: r[1]["p99"])
-        out.append(_verdict(TARGETS["p99_peers"], f["p99"] <= g["p99"], f"{f['p99']:.2f} s vs {name} {g['p99']:.2f} s",
-                            f"{f['p99'] - g['p99']:.2f} s"))
+        out.append(
+            _verdict(
+                TARGETS["p99_peers"],
+                f["p99"] <= g["p99"],
+                f"{f['p99']:.2f} s vs {name} {g['p99']:.2f} s",
+                f"{f['p99'] - g['p99']:.2f} s",
+            )
+        )
     return out
 
 
@@ -371,12 +437,18 @@ def details(scn: Scenario, peer: str, f: dict[str, Any], result: dict[str, Any])
     lines = [f"- **{peer}**: served {f['served']}"]
     if f["errors"]:
         lines.append(f"  - failed items by error: {f['errors']}")
-    sim = ", ".join(f"{m}: {v['requests']} req / {v['completed']} ok / {v['capacity']} capacity / "
-                    f"{v['rate_limited']} rate-limited ({v['penalised']} penalised)" for m, v in f["sim_models"].items())
+    sim = ", ".join(
+        f"{m}: {v['requests']} req / {v['completed']} ok / {v['capacity']} capacity / "
+        f"{v['rate_limited']} rate-limited ({v['penalised']} penalised)"
+        for m, v in f["sim_models"].items()
+    )
     lines.append(f"  - simulator: {sim}")
     if f.get("utilisation"):
-        lines.append("  - slots in use (mean, while busy): " + ", ".join(f"{m} {u:.0%}" for m, u in f["utilisation"].items())
-                     + f"; most rejections in one 0.2 s sample: {f.get('peak_rejections', 0)}")
+        lines.append(
+            "  - slots in use (mean, while busy): "
+            + ", ".join(f"{m} {u:.0%}" for m, u in f["utilisation"].items())
+            + f"; most rejections in one 0.2 s sample: {f.get('peak_rejections', 0)}"
+        )
     extra = result.get("extra") or {}
     for k, v in extra.items():
         if k == "breaker" and isinstance(v, list):
@@ -394,16 +466,31 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n\n")[0])
     ap.add_argument("--items", type=int, default=400)
     ap.add_argument("--workers", type=int, default=32)
-    ap.add_argument("--scenario", nargs="+", default=SCENARIOS,
-                    help=f"names in benchmarks/scenarios ({', '.join(SCENARIOS)}) or paths")
+    ap.add_argument(
+        "--scenario",
+        nargs="+",
+        default=SCENARIOS,
+        help=f"names in benchmarks/scenarios ({', '.join(SCENARIOS)}) or paths",
+    )
     ap.add_argument("--peers", nargs="+", default=list(PEERS), choices=list(PEERS))
-    ap.add_argument("--capmon-set", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                    help="override a value of benchmarks/capmon-bench.toml (repeatable)")
-    ap.add_argument("--capmon-whatif", action="append", default=[], metavar="FILE",
-                    help="a benchmarks/whatif/*.py file that patches capmon's core in the capmon peer's "
-                         "process (repeatable): measures a proposed change without editing capmon/")
-    ap.add_argument("--time-limit", type=float, default=None,
-                    help="seconds per peer run (default: 5 x the ideal, at least 60)")
+    ap.add_argument(
+        "--capmon-set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override a value of benchmarks/capmon-bench.toml (repeatable)",
+    )
+    ap.add_argument(
+        "--capmon-whatif",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="a benchmarks/whatif/*.py file that patches capmon's core in the capmon peer's "
+        "process (repeatable): measures a proposed change without editing capmon/",
+    )
+    ap.add_argument(
+        "--time-limit", type=float, default=None, help="seconds per peer run (default: 5 x the ideal, at least 60)"
+    )
     ap.add_argument("--json", help="write every raw result here")
     ap.add_argument("--details", action="store_true", help="print per-peer diagnostics under each table")
     args = ap.parse_args(argv)
@@ -414,10 +501,14 @@ def main(argv: list[str] | None = None) -> int:
         peers.remove("litellm")
         skipped.append("litellm (not installed: `pip install -e '.[bench]'`)")
 
-    command = "python -m benchmarks.run " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+    command = "python -m benchmarks.run " + " ".join(
+        shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:])
+    )
     print(f"<!-- {command} -->")
-    print(f"machine: {os.cpu_count()} cores, Python {platform.python_version()}, {platform.machine()}; "
-          f"{args.items} items, {args.workers} workers per peer; capmon at {_revision()}")
+    print(
+        f"machine: {os.cpu_count()} cores, Python {platform.python_version()}, {platform.machine()}; "
+        f"{args.items} items, {args.workers} workers per peer; capmon at {_revision()}"
+    )
     if skipped:
         print("skipped: " + "; ".join(skipped))
     print()
@@ -446,7 +537,10 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             f = figures(result, scn, args.items, args.workers)
             rows.append((peer, f))
-            raw["scenarios"][scn.name][peer] = {"figures": f, "result": {k: v for k, v in result.items() if k != "items"}}
+            raw["scenarios"][scn.name][peer] = {
+                "figures": f,
+                "result": {k: v for k, v in result.items() if k != "items"},
+            }
             if args.details:
                 notes.append(details(scn, peer, f, result))
         print(f"### {scn.name}: {scn.description}\n")

@@ -79,8 +79,22 @@ class RunnerDecision(enum.StrEnum):
 RUNNER_DECISIONS = frozenset(RunnerDecision)  # for membership of a decision read back as text
 MAX_REASON = 2000  # characters of a reason kept: a provider's message is never a result
 
-COLUMNS = ("job", "item", "at", "attempt", "model", "endpoint", "key_alias", "status", "kind", "hint", "wait",
-           "latency", "decision", "reason")
+COLUMNS = (
+    "job",
+    "item",
+    "at",
+    "attempt",
+    "model",
+    "endpoint",
+    "key_alias",
+    "status",
+    "kind",
+    "hint",
+    "wait",
+    "latency",
+    "decision",
+    "reason",
+)
 INSERT = f"INSERT INTO attempts ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})"
 
 # A buffer that is never written (a database gone read-only) must not grow without
@@ -96,7 +110,7 @@ def ensure_schema(conn: sqlite3.Connection) -> None:
 
 def _reason(text: str) -> str:
     text = redact(text)
-    return text if len(text) <= MAX_REASON else text[:MAX_REASON - 1] + "…"
+    return text if len(text) <= MAX_REASON else text[: MAX_REASON - 1] + "…"
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,9 +139,20 @@ class AuditRow:
 
 def attempt_row(request: ChatRequest, attempt: Attempt, number: int | None = None) -> Row:
     return (
-        request.job, request.item_id, attempt.started, attempt.number if number is None else number, attempt.model,
-        attempt.endpoint, attempt.key_alias, attempt.status, attempt.kind.value if attempt.kind is not None else None,
-        attempt.hint, attempt.wait, attempt.latency, attempt.decision, _reason(attempt.reason),
+        request.job,
+        request.item_id,
+        attempt.started,
+        attempt.number if number is None else number,
+        attempt.model,
+        attempt.endpoint,
+        attempt.key_alias,
+        attempt.status,
+        attempt.kind.value if attempt.kind is not None else None,
+        attempt.hint,
+        attempt.wait,
+        attempt.latency,
+        attempt.decision,
+        _reason(attempt.reason),
     )
 
 
@@ -136,8 +161,13 @@ class AuditLog:
     own decisions. Its owner writes :meth:`drain`'s rows with :func:`write_rows` (and
     :meth:`requeue` s them when that write fails)."""
 
-    def __init__(self, *, clock: Clock, numbering: Callable[[ChatRequest, Attempt], int | None] | None = None,
-                 accept: Callable[[ChatRequest], bool] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        clock: Clock,
+        numbering: Callable[[ChatRequest, Attempt], int | None] | None = None,
+        accept: Callable[[ChatRequest], bool] | None = None,
+    ) -> None:
         self.clock = clock
         self._numbering = numbering
         self._accept = accept
@@ -160,13 +190,41 @@ class AuditLog:
             del self._rows[:drop]
             self.dropped += drop
 
-    def decision(self, decision: RunnerDecision, *, job: str, item: str, attempt: int, reason: str,
-                 model: str | None = None, endpoint: str | None = None, key_alias: str | None = None,
-                 status: int | None = None, kind: Kind | None = None, hint: float | None = None,
-                 wait: float | None = None) -> None:
+    def decision(
+        self,
+        decision: RunnerDecision,
+        *,
+        job: str,
+        item: str,
+        attempt: int,
+        reason: str,
+        model: str | None = None,
+        endpoint: str | None = None,
+        key_alias: str | None = None,
+        status: int | None = None,
+        kind: Kind | None = None,
+        hint: float | None = None,
+        wait: float | None = None,
+    ) -> None:
         """A row for one of the runner's own decisions (a park comes back after ``wait``)."""
-        self.add((job, item, self.clock.wall(), attempt, model, endpoint, key_alias, status, kind, hint, wait, None,
-                  RunnerDecision(decision), _reason(reason)))
+        self.add(
+            (
+                job,
+                item,
+                self.clock.wall(),
+                attempt,
+                model,
+                endpoint,
+                key_alias,
+                status,
+                kind,
+                hint,
+                wait,
+                None,
+                RunnerDecision(decision),
+                _reason(reason),
+            )
+        )
 
     @property
     def pending(self) -> int:
@@ -187,8 +245,22 @@ def write_rows(conn: sqlite3.Connection, rows: Iterable[Row]) -> None:
 
 def decision_row(decision: RunnerDecision, *, job: str, item: str, at: float, attempt: int, reason: str) -> Row:
     """A runner decision written outside a buffer (in the transaction that makes it true)."""
-    return (job, item, at, attempt, None, None, None, None, None, None, None, None, RunnerDecision(decision),
-            _reason(reason))
+    return (
+        job,
+        item,
+        at,
+        attempt,
+        None,
+        None,
+        None,
+        None,
+        None,
+        None,
+        None,
+        None,
+        RunnerDecision(decision),
+        _reason(reason),
+    )
 
 
 def read_attempts(conn: sqlite3.Connection, job: str, item: str | None = None) -> list[AuditRow]:

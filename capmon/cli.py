@@ -12,8 +12,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import sys
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING
 
 from capmon import __version__
 from capmon.batch.defaults import DEFAULT_CONCURRENCY
@@ -25,18 +26,28 @@ if TYPE_CHECKING:
 
 
 def _add_config(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", metavar="PATH", help="config file (default: $CAPMON_CONFIG, ./config.toml, the user config, the bundled demo)")
+    p.add_argument(
+        "--config",
+        metavar="PATH",
+        help="config file (default: $CAPMON_CONFIG, ./config.toml, the user config, the bundled demo)",
+    )
 
 
 def _add_connect(p: argparse.ArgumentParser, what: str, admin_for: str) -> None:
     from capmon.connect import DEFAULT_ADMIN_KEY_ENV, DEFAULT_KEY_ENV
 
     p.add_argument("--connect", metavar="URL", help=f"{what} of a running gateway (`capmon serve`) at http://HOST:PORT")
-    p.add_argument("--key-env", metavar="NAME",
-                   help=f"with --connect: the variable holding a client key of the gateway (default {DEFAULT_KEY_ENV})")
-    p.add_argument("--admin-key-env", metavar="NAME",
-                   help=f"with --connect: the variable holding the gateway's admin key, {admin_for} "
-                        f"(default {DEFAULT_ADMIN_KEY_ENV})")
+    p.add_argument(
+        "--key-env",
+        metavar="NAME",
+        help=f"with --connect: the variable holding a client key of the gateway (default {DEFAULT_KEY_ENV})",
+    )
+    p.add_argument(
+        "--admin-key-env",
+        metavar="NAME",
+        help=f"with --connect: the variable holding the gateway's admin key, {admin_for} "
+        f"(default {DEFAULT_ADMIN_KEY_ENV})",
+    )
 
 
 def _connect_options(args: argparse.Namespace, others: Sequence[tuple[str, object]]) -> ConnectOptions | None:
@@ -52,17 +63,26 @@ def _connect_options(args: argparse.Namespace, others: Sequence[tuple[str, objec
         return None
     given = [flag for flag, value in others if value]
     if given:
-        raise CapmonError(f"{', '.join(given)} cannot go with --connect: the gateway runs on its own config and "
-                          f"serves its own clients")
+        raise CapmonError(
+            f"{', '.join(given)} cannot go with --connect: the gateway runs on its own config and "
+            f"serves its own clients"
+        )
     return ConnectOptions(url=args.connect, key_env=args.key_env, admin_key_env=args.admin_key_env)
 
 
 def _add_job_checks(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--accept-changed-input", action="store_true",
-                   help="the input changed since the job was created: take it (new lines added, removed ones marked "
-                        "removed, changed ones sent again)")
-    p.add_argument("--remap", action="append", metavar="OLD=NEW",
-                   help="send items that name model OLD (gone from the config) to NEW; repeatable, remembered by the job")
+    p.add_argument(
+        "--accept-changed-input",
+        action="store_true",
+        help="the input changed since the job was created: take it (new lines added, removed ones marked "
+        "removed, changed ones sent again)",
+    )
+    p.add_argument(
+        "--remap",
+        action="append",
+        metavar="OLD=NEW",
+        help="send items that name model OLD (gone from the config) to NEW; repeatable, remembered by the job",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -72,12 +92,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"capmon {__version__}")
     _add_config(parser)
-    parser.add_argument("--refresh", type=float, metavar="SECONDS",
-                        help=f"seconds between table refreshes (default from config: {DashboardConfig.refresh:g})")
+    parser.add_argument(
+        "--refresh",
+        type=float,
+        metavar="SECONDS",
+        help=f"seconds between table refreshes (default from config: {DashboardConfig.refresh:g})",
+    )
     parser.add_argument("--readonly", action="store_true", help="hide manual trip / reset / pin")
     traffic = parser.add_mutually_exclusive_group()
-    traffic.add_argument("--job", metavar="INPUT.jsonl",
-                         help="run this batch file as the traffic worker instead of the demo job")
+    traffic.add_argument(
+        "--job", metavar="INPUT.jsonl", help="run this batch file as the traffic worker instead of the demo job"
+    )
     traffic.add_argument("--attach", metavar="JOB", help="show a job started with `capmon batch run` (by name)")
     parser.add_argument("--no-traffic", action="store_true", help="probes only: run no traffic worker")
     _add_connect(parser, "watch and steer the client", "needed to trip, reset and pin (without it: read-only)")
@@ -85,17 +110,25 @@ def build_parser() -> argparse.ArgumentParser:
 
     sim = sub.add_parser("sim", help="serve the simulated provider")
     sim.add_argument("--listen", default=DEFAULT_LISTEN, metavar="HOST:PORT")
-    sim.add_argument("--scenario", default=SimulatorConfig.scenario, metavar="NAME|PATH",
-                     help="bundled: demo, steady, peak-hours, outage, brownout")
+    sim.add_argument(
+        "--scenario",
+        default=SimulatorConfig.scenario,
+        metavar="NAME|PATH",
+        help="bundled: demo, steady, peak-hours, outage, brownout",
+    )
     sim.add_argument("--list", action="store_true", help="list the bundled scenarios and exit")
-    sim.add_argument("--admin-key-env", metavar="NAME",
-                     help="variable holding the /admin key (default CAPMON_SIM_ADMIN_KEY); needed beyond loopback")
+    sim.add_argument(
+        "--admin-key-env",
+        metavar="NAME",
+        help="variable holding the /admin key (default CAPMON_SIM_ADMIN_KEY); needed beyond loopback",
+    )
     sim.add_argument("--open-admin", action="store_true", help="listen beyond loopback with /admin open to anyone")
 
     gateway = sub.add_parser("serve", help="the OpenAI-compatible gateway in front of one shared fallback client")
     _add_config(gateway)
-    gateway.add_argument("--listen", metavar="HOST:PORT",
-                         help="where to listen (default from config [gateway] listen: 127.0.0.1:4000)")
+    gateway.add_argument(
+        "--listen", metavar="HOST:PORT", help="where to listen (default from config [gateway] listen: 127.0.0.1:4000)"
+    )
 
     status = sub.add_parser("status", help="print the client's snapshot without the dashboard")
     _add_config(status)
@@ -111,7 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("input", metavar="INPUT.jsonl")
     run.add_argument("--out", metavar="OUT.jsonl", help="write results here when the job finishes")
     run.add_argument("--job", metavar="NAME", help="job name (default: the input file's stem)")
-    run.add_argument("--concurrency", type=int, metavar="N", help=f"items in flight at once (default {DEFAULT_CONCURRENCY})")
+    run.add_argument(
+        "--concurrency", type=int, metavar="N", help=f"items in flight at once (default {DEFAULT_CONCURRENCY})"
+    )
     run.add_argument("--rate", type=float, metavar="R", help="at most R items started per second")
     run.add_argument("--window", metavar="HH:MM-HH:MM", help="send only inside this daily window (local time)")
     run.add_argument("--db", metavar="PATH", help="job database (default: $CAPMON_DB or the user data dir)")
@@ -184,9 +219,17 @@ def _run_batch(args: argparse.Namespace) -> int:
     action = args.batch_command
     with _flags():
         if action in ("run", "resume"):
-            start = {"out": args.out, "concurrency": args.concurrency, "rate": args.rate, "window": args.window,
-                     "db": _db(args), "config": args.config, "show_progress": not args.no_progress,
-                     "accept_changed_input": args.accept_changed_input, "remap": parse_remap(args.remap or ())}
+            start = {
+                "out": args.out,
+                "concurrency": args.concurrency,
+                "rate": args.rate,
+                "window": args.window,
+                "db": _db(args),
+                "config": args.config,
+                "show_progress": not args.no_progress,
+                "accept_changed_input": args.accept_changed_input,
+                "remap": parse_remap(args.remap or ()),
+            }
             if action == "run":
                 return c.run_job(c.RunOptions(input=Path(args.input), job=args.job, **start))
             return c.resume_job(c.ResumeOptions(job=args.job, **start))
@@ -219,8 +262,10 @@ def _flags() -> Iterator[None]:
 
 
 def _run_dashboard(args: argparse.Namespace) -> int:
-    connect = _connect_options(args, (("--config", args.config), ("--job", args.job), ("--attach", args.attach),
-                                      ("--no-traffic", args.no_traffic)))
+    connect = _connect_options(
+        args,
+        (("--config", args.config), ("--job", args.job), ("--attach", args.attach), ("--no-traffic", args.no_traffic)),
+    )
     if connect is not None:
         if not sys.stdout.isatty():  # as below: the gateway's snapshot instead of drawing
             from capmon.status import StatusOptions, run_status
@@ -228,8 +273,9 @@ def _run_dashboard(args: argparse.Namespace) -> int:
             return run_status(StatusOptions(connect=connect))
         from capmon.tui.remote import RemoteDashboardOptions, run_remote_dashboard
 
-        return run_remote_dashboard(RemoteDashboardOptions(connect=connect, refresh=args.refresh,
-                                                           readonly=args.readonly))
+        return run_remote_dashboard(
+            RemoteDashboardOptions(connect=connect, refresh=args.refresh, readonly=args.readonly)
+        )
     if not sys.stdout.isatty() and args.attach:
         # Not a terminal: the attached job's status, as `capmon batch show` prints it.
         from capmon.batch.commands import show_job
@@ -243,10 +289,16 @@ def _run_dashboard(args: argparse.Namespace) -> int:
         return run_status(StatusOptions(config=args.config, probe=True))
     from capmon.tui.app import DashboardOptions, run_dashboard
 
-    return run_dashboard(DashboardOptions(
-        config=args.config, refresh=args.refresh, readonly=args.readonly,
-        job=None if args.job is None else Path(args.job), attach=args.attach, traffic=not args.no_traffic,
-    ))
+    return run_dashboard(
+        DashboardOptions(
+            config=args.config,
+            refresh=args.refresh,
+            readonly=args.readonly,
+            job=None if args.job is None else Path(args.job),
+            attach=args.attach,
+            traffic=not args.no_traffic,
+        )
+    )
 
 
 COMMANDS: dict[str | None, Callable[[argparse.Namespace], int]] = {

@@ -104,11 +104,15 @@ def parse_origin(url: str) -> str:
         raise CapmonError(f"--connect: expected http://HOST:PORT, got {text.shorten(url, 80)!r}")
     if parts.username is not None or parts.password is not None:
         # Never echo it: what stands before the @ may be a key.
-        raise CapmonError("--connect: the address holds credentials; put the key in an environment variable "
-                          f"({DEFAULT_KEY_ENV}, or name one with --key-env) and give http://HOST:PORT")
+        raise CapmonError(
+            "--connect: the address holds credentials; put the key in an environment variable "
+            f"({DEFAULT_KEY_ENV}, or name one with --key-env) and give http://HOST:PORT"
+        )
     if parts.path.rstrip("/") not in ("", "/v1") or parts.query or parts.fragment:
-        raise CapmonError(f"--connect: expected the gateway's address, http://HOST:PORT (the /v1 of its base URL "
-                          f"may follow), got {text.shorten(url, 80)!r}")
+        raise CapmonError(
+            f"--connect: expected the gateway's address, http://HOST:PORT (the /v1 of its base URL "
+            f"may follow), got {text.shorten(url, 80)!r}"
+        )
     host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
     return f"{parts.scheme}://{host}" + (f":{port}" if port is not None else "")
 
@@ -134,7 +138,8 @@ def resolve(options: ConnectOptions) -> GatewayAddress:
     admin_env = options.admin_key_env if options.admin_key_env is not None else DEFAULT_ADMIN_KEY_ENV
     return GatewayAddress(
         origin=origin,
-        key=_key("--key-env", options.key_env, DEFAULT_KEY_ENV, env, "gateway client key"), key_env=key_env,
+        key=_key("--key-env", options.key_env, DEFAULT_KEY_ENV, env, "gateway client key"),
+        key_env=key_env,
         admin_key=_key("--admin-key-env", options.admin_key_env, DEFAULT_ADMIN_KEY_ENV, env, "gateway admin key"),
         admin_key_env=admin_env,
     )
@@ -155,16 +160,24 @@ class GatewayInfo:
     @classmethod
     def from_json(cls, data: Any, where: str) -> GatewayInfo:
         if not isinstance(data, dict) or data.get("service") != "capmon-gateway":
-            raise GatewayError(f"{where} answered, but not as a capmon gateway (no \"service\": \"capmon-gateway\"); "
-                               f"is it `capmon serve`?")
+            raise GatewayError(
+                f'{where} answered, but not as a capmon gateway (no "service": "capmon-gateway"); is it `capmon serve`?'
+            )
         try:
             models = tuple(str(m) for m in data["models"])
-            return cls(version=str(data.get("version", "?")), models=models, simulator=data.get("simulator"),
-                       readonly=bool(data["readonly"]), admin_key_configured=bool(data.get("admin_key_configured")),
-                       caller=str(data.get("caller", "anonymous")), events=int(data.get("events") or 0))
+            return cls(
+                version=str(data.get("version", "?")),
+                models=models,
+                simulator=data.get("simulator"),
+                readonly=bool(data["readonly"]),
+                admin_key_configured=bool(data.get("admin_key_configured")),
+                caller=str(data.get("caller", "anonymous")),
+                events=int(data.get("events") or 0),
+            )
         except (KeyError, TypeError, ValueError) as e:
-            raise GatewayError(f"{where}: not the control API this capmon speaks (version {API_VERSION}): "
-                               f"{type(e).__name__} {e}") from None
+            raise GatewayError(
+                f"{where}: not the control API this capmon speaks (version {API_VERSION}): {type(e).__name__} {e}"
+            ) from None
 
 
 def _message(response: httpx.Response) -> str:
@@ -191,8 +204,13 @@ class GatewayClient:
 
     def __init__(self, address: GatewayAddress, *, timeout: httpx.Timeout = TIMEOUT) -> None:
         self.address = address
-        self._http = httpx.AsyncClient(base_url=address.origin, timeout=timeout, trust_env=False,
-                                       follow_redirects=False, headers={"user-agent": "capmon-connect"})
+        self._http = httpx.AsyncClient(
+            base_url=address.origin,
+            timeout=timeout,
+            trust_env=False,
+            follow_redirects=False,
+            headers={"user-agent": "capmon-connect"},
+        )
 
     async def __aenter__(self) -> GatewayClient:
         return self
@@ -212,23 +230,28 @@ class GatewayClient:
     def _refused(self, response: httpx.Response, key: Secret | None, key_words: str) -> KeyRefused:
         what = _message(response)
         if key is None:
-            return KeyRefused(f"the gateway at {self.address.origin} needs a key ({response.status_code}: {what}); "
-                              f"set {self.address.key_env} to a client key of it, or name the variable with --key-env")
+            return KeyRefused(
+                f"the gateway at {self.address.origin} needs a key ({response.status_code}: {what}); "
+                f"set {self.address.key_env} to a client key of it, or name the variable with --key-env"
+            )
         return KeyRefused(f"the gateway at {self.address.origin} refused {key_words} ({response.status_code}: {what})")
 
     def _check(self, response: httpx.Response, path: str, key: Secret | None, key_words: str) -> Any:
         if response.status_code == 401:
             raise self._refused(response, key, key_words)
         if response.status_code == 404 and path in ("/capmon/info", "/capmon/snapshot", "/capmon/events"):
-            raise GatewayError(f"{self._where(path)} answered 404: not a capmon gateway (is it `capmon serve`, "
-                               f"and is this its address?)")
+            raise GatewayError(
+                f"{self._where(path)} answered 404: not a capmon gateway (is it `capmon serve`, "
+                f"and is this its address?)"
+            )
         if response.status_code >= 400:
             raise GatewayError(f"{self._where(path)} answered {response.status_code}: {_message(response)}")
         try:
             return response.json()
         except ValueError:
-            raise GatewayError(f"{self._where(path)} answered {response.status_code} but not with JSON: "
-                               f"not a capmon gateway") from None
+            raise GatewayError(
+                f"{self._where(path)} answered {response.status_code} but not with JSON: not a capmon gateway"
+            ) from None
 
     async def _get(self, path: str) -> Any:
         key = self.address.read_key
@@ -236,8 +259,9 @@ class GatewayClient:
             response = await self._http.get(path, headers=self._headers(key))
         except httpx.TransportError as e:
             reason = _transport_reason(e)
-            raise GatewayUnreachable(f"cannot reach the gateway at {self.address.origin}: {reason}; "
-                                     f"is `capmon serve` running there?", reason) from None
+            raise GatewayUnreachable(
+                f"cannot reach the gateway at {self.address.origin}: {reason}; is `capmon serve` running there?", reason
+            ) from None
         return self._check(response, path, key, self.address.describe_read_key())
 
     async def info(self) -> GatewayInfo:
@@ -269,8 +293,11 @@ class GatewayClient:
         except (KeyError, TypeError, ValueError) as e:
             raise GatewayError(f"{self.address.origin}{path}: the answer holds no snapshot ({e})") from None
 
-    async def events(self, since: int | None = None, types: Collection[type[ev.Event]] | None = None,
-                     ) -> AsyncGenerator[tuple[int, ev.Event | None], None]:
+    async def events(
+        self,
+        since: int | None = None,
+        types: Collection[type[ev.Event]] | None = None,
+    ) -> AsyncGenerator[tuple[int, ev.Event | None], None]:
         """The event stream from after event ``since`` (the gateway's recent history first
         when None): ``(number, event)``, the event None when this capmon does not know its
         type or it is not one of ``types`` (a busy gateway sends thousands a second, and
@@ -310,8 +337,9 @@ class GatewayClient:
                             data.append(value)
         except httpx.TransportError as e:
             reason = _transport_reason(e)
-            raise GatewayUnreachable(f"the gateway's event stream at {self.address.origin} broke: {reason}",
-                                     reason) from None
+            raise GatewayUnreachable(
+                f"the gateway's event stream at {self.address.origin} broke: {reason}", reason
+            ) from None
 
 
 def _event(data: str) -> ev.Event | None:

@@ -13,8 +13,9 @@ per target, and anything else (a script, ``capmon status --probe``) can too.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from capmon.core.clock import Clock
 from capmon.core.router import FallbackClient, ProbeResult

@@ -29,8 +29,21 @@ from capmon.batch.store import JobStore, default_db_path
 from capmon.core import text
 from capmon.exitcodes import EXIT_OK
 
-__all__ = ["ItemReport", "JobReport", "OutputFormat", "ReportOptions", "build_item_report", "build_report", "explain",
-           "format_item", "format_report", "run_report", "shown", "write_csv", "write_item_csv"]
+__all__ = [
+    "ItemReport",
+    "JobReport",
+    "OutputFormat",
+    "ReportOptions",
+    "build_item_report",
+    "build_report",
+    "explain",
+    "format_item",
+    "format_report",
+    "run_report",
+    "shown",
+    "write_csv",
+    "write_item_csv",
+]
 
 ITEMS_SHOWN_TEXT = 10
 
@@ -61,17 +74,30 @@ def format_report(r: JobReport, items_shown: int = ITEMS_SHOWN_TEXT, advice: Seq
     s = r.settings
     lines = [
         f"job {shown(r.job)}: {r.total} items, {r.done} done, {r.failed} failed, {r.parked} parked, {r.pending} pending"
-        + (f", {r.removed} removed from the input" if r.removed else "") + f" ({r.state})",
-        f"settings: concurrency {s.get('concurrency', '-')}, rate {s.get('rate') or '-'}/s, window {s.get('window') or '-'}; "
+        + (f", {r.removed} removed from the input" if r.removed else "")
+        + f" ({r.state})",
+        f"settings: concurrency {s.get('concurrency', '-')}, rate {s.get('rate') or '-'}/s, "
+        f"window {s.get('window') or '-'}; "
         f"{r.attempts} attempts from {_when(r.first_attempt)} to {_when(r.last_attempt)}",
         "",
     ]
     rows = [("model", "served", "share", "attempts", "429", "503", "other errors", "fell back from", "mean", "p99")]
     for m in r.models:
         other = sum(m.by_kind.values()) - m.status_429 - m.status_503
-        rows.append((shown(m.model), str(m.served), f"{m.served / r.done:.0%}" if r.done else "-", str(m.attempts),
-                     str(m.status_429), str(m.status_503), str(max(0, other)), str(m.fallbacks_from),
-                     fmt_seconds(m.mean_latency), fmt_seconds(m.p99_latency)))
+        rows.append(
+            (
+                shown(m.model),
+                str(m.served),
+                f"{m.served / r.done:.0%}" if r.done else "-",
+                str(m.attempts),
+                str(m.status_429),
+                str(m.status_503),
+                str(max(0, other)),
+                str(m.fallbacks_from),
+                fmt_seconds(m.mean_latency),
+                fmt_seconds(m.p99_latency),
+            )
+        )
     lines += text.table(rows) if r.models else ["no attempts recorded"]
     lines.append("")
     statuses = ", ".join(f"{k} x{n}" for k, n in r.by_status.items()) or "none"
@@ -79,10 +105,14 @@ def format_report(r: JobReport, items_shown: int = ITEMS_SHOWN_TEXT, advice: Seq
     if r.by_kind:
         lines.append("errors by kind: " + ", ".join(f"{shown(k)} {n}" for k, n in r.by_kind.items()))
     pairs = ", ".join(f"{shown(a)} -> {shown(b)} {n}" for a, b, n in r.fallback_pairs)
-    lines.append(f"fallbacks: {r.fell_back_items} items served by another model than they first tried"
-                 + (f" ({pairs})" if pairs else ""))
+    lines.append(
+        f"fallbacks: {r.fell_back_items} items served by another model than they first tried"
+        + (f" ({pairs})" if pairs else "")
+    )
     if r.parks:
-        lines.append(f"parked: {r.parks} times (" + ", ".join(f"{shown(k)} {n}" for k, n in r.parks_by_kind.items()) + ")")
+        lines.append(
+            f"parked: {r.parks} times (" + ", ".join(f"{shown(k)} {n}" for k, n in r.parks_by_kind.items()) + ")"
+        )
     if r.failures:
         lines.append("failed items: " + ", ".join(f"{shown(k)} {n}" for k, n in r.failures.items()))
         for line, item_id, kind, message in r.failed_samples[:5]:
@@ -113,12 +143,26 @@ def format_item(r: ItemReport) -> str:
     lines = [head]
     if r.error:
         lines.append(f"error: {shown(r.error)}")
-    rows = [("#", "time", "model", "endpoint", "key", "status", "kind", "hint", "wait", "latency", "decision", "reason")]
+    rows = [
+        ("#", "time", "model", "endpoint", "key", "status", "kind", "hint", "wait", "latency", "decision", "reason")
+    ]
     for a in r.attempts:
-        rows.append((str(a.attempt), text.timestamp(a.at, precision="ms"), shown(a.model or "-"),
-                     shown(a.endpoint or "-"), shown(a.key_alias or "-"), str(a.status or "-"), shown(a.kind or "-"),
-                     "-" if a.hint is None else f"{a.hint:.1f}s", "-" if not a.wait else f"{a.wait:.1f}s",
-                     fmt_seconds(a.latency), shown(a.decision), shown((a.reason or "")[:80])))
+        rows.append(
+            (
+                str(a.attempt),
+                text.timestamp(a.at, precision="ms"),
+                shown(a.model or "-"),
+                shown(a.endpoint or "-"),
+                shown(a.key_alias or "-"),
+                str(a.status or "-"),
+                shown(a.kind or "-"),
+                "-" if a.hint is None else f"{a.hint:.1f}s",
+                "-" if not a.wait else f"{a.wait:.1f}s",
+                fmt_seconds(a.latency),
+                shown(a.decision),
+                shown((a.reason or "")[:80]),
+            )
+        )
     lines.append("")
     lines += text.table(rows) if r.attempts else ["no attempts recorded (nothing was sent for it)"]
     if r.why:
@@ -129,8 +173,11 @@ def format_item(r: ItemReport) -> str:
         lines.append("")
         lines.append("earlier results (replaced when the line changed):")
         for old in r.replaced:
-            what = (f"done by {shown(old['model'])}: {shown((old['content'] or '')[:60])}" if old["state"] == ItemState.DONE
-                    else f"{old['state']}: {shown(old['error_kind'])}: {shown(old['error_message'])}")
+            what = (
+                f"done by {shown(old['model'])}: {shown((old['content'] or '')[:60])}"
+                if old["state"] == ItemState.DONE
+                else f"{old['state']}: {shown(old['error_kind'])}: {shown(old['error_message'])}"
+            )
             lines.append(f"  line {old['line']}, replaced {_when(old['at'])} ({shown(old['why'])}): {what}")
     return "\n".join(lines)
 
@@ -140,12 +187,37 @@ def format_item(r: ItemReport) -> str:
 
 def write_csv(r: JobReport, out: TextIO) -> None:
     w = csv.writer(out)
-    w.writerow(["model", "served", "attempts", "ok", "status_429", "status_503", "errors", "fallbacks_from",
-                "mean_latency", "p99_latency", "items"])
+    w.writerow(
+        [
+            "model",
+            "served",
+            "attempts",
+            "ok",
+            "status_429",
+            "status_503",
+            "errors",
+            "fallbacks_from",
+            "mean_latency",
+            "p99_latency",
+            "items",
+        ]
+    )
     for m in r.models:
-        w.writerow([m.model, m.served, m.attempts, m.ok, m.status_429, m.status_503, sum(m.by_kind.values()),
-                    m.fallbacks_from, "" if m.mean_latency is None else f"{m.mean_latency:.4f}",
-                    "" if m.p99_latency is None else f"{m.p99_latency:.4f}", " ".join(m.items)])
+        w.writerow(
+            [
+                m.model,
+                m.served,
+                m.attempts,
+                m.ok,
+                m.status_429,
+                m.status_503,
+                sum(m.by_kind.values()),
+                m.fallbacks_from,
+                "" if m.mean_latency is None else f"{m.mean_latency:.4f}",
+                "" if m.p99_latency is None else f"{m.p99_latency:.4f}",
+                " ".join(m.items),
+            ]
+        )
 
 
 def write_item_csv(r: ItemReport, out: TextIO) -> None:

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, AsyncIterator, Mapping
+from typing import TYPE_CHECKING
 
 from capmon.core.clock import Clock, default_clock
 from capmon.core.config import Config, find_config, load_config, resolve_keys
@@ -109,7 +110,7 @@ async def open_engine(
             await handle.stop()
 
 
-def _watch_borrowed(engine: Engine, clock: Clock | None) -> "BorrowedSimulator":
+def _watch_borrowed(engine: Engine, clock: Clock | None) -> BorrowedSimulator:
     """Watch the simulator another process serves; take over when it goes."""
     from capmon.sim.server import BorrowedSimulator
 

@@ -10,7 +10,7 @@ import contextlib
 import errno
 import logging
 import socket
-from typing import Iterator
+from collections.abc import Iterator
 
 import uvicorn
 
@@ -85,9 +85,10 @@ class GuestServer(uvicorn.Server):
         await asyncio.sleep(0.01)
         try:
             await asyncio.wait_for(self._drain(), timeout=self.config.timeout_graceful_shutdown)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             logging.getLogger("uvicorn.error").error(
-                "Cancel %s running task(s), timeout graceful shutdown exceeded", len(self.server_state.tasks))
+                "Cancel %s running task(s), timeout graceful shutdown exceeded", len(self.server_state.tasks)
+            )
             for t in self.server_state.tasks:
                 t.cancel(msg="Task cancelled, timeout graceful shutdown exceeded")
         if not self.force_exit:

@@ -52,25 +52,42 @@ def _shared(shared: SharedStatus) -> list[str]:
     head = f"{shared.label} ({shared.url} {shared.namespace})"
     if shared.state is LinkState.DEGRADED and shared.message:
         head += f": {shared.message}"
-    return [head] + [f"  {'*' if p.this else ' '} {p.role:<9} {p.host}:{p.pid}  {p.in_flight} in flight"
-                     + ("  degraded" if p.degraded else "") for p in shared.processes]
+    return [head] + [
+        f"  {'*' if p.this else ' '} {p.role:<9} {p.host}:{p.pid}  {p.in_flight} in flight"
+        + ("  degraded" if p.degraded else "")
+        for p in shared.processes
+    ]
 
 
 def format_snapshot(snap: EngineSnapshot) -> str:
-    rows = [("model", "target", "state", "limit", "in-flight", "req/s", "429/min", "503/min", "err%", "p50", "p99",
-             "last")]
+    rows = [
+        ("model", "target", "state", "limit", "in-flight", "req/s", "429/min", "503/min", "err%", "p50", "p99", "last")
+    ]
     for t in snap.targets:
         w60 = t.window(60)
         pin = "*" if snap.pinned == t.model else ""
-        rows.append((
-            pin + t.model, t.target, _state(t, snap.now), f"{t.limit:.1f}", str(t.in_flight), f"{w60.per_second:.2f}",
-            f"{w60.per_minute(w60.rate_limited):.0f}", f"{w60.per_minute(w60.capacity):.0f}", f"{w60.error_share:.0%}",
-            text.latency(w60.p50), text.latency(w60.p99), str(t.last_status or "-"),
-        ))
+        rows.append(
+            (
+                pin + t.model,
+                t.target,
+                _state(t, snap.now),
+                f"{t.limit:.1f}",
+                str(t.in_flight),
+                f"{w60.per_second:.2f}",
+                f"{w60.per_minute(w60.rate_limited):.0f}",
+                f"{w60.per_minute(w60.capacity):.0f}",
+                f"{w60.error_share:.0%}",
+                text.latency(w60.p50),
+                text.latency(w60.p99),
+                str(t.last_status or "-"),
+            )
+        )
     lines = text.table(rows)
     lines.append("")
-    lines.append(f"pinned: {snap.pinned or 'automatic'}   in flight: {snap.in_flight}   queued: {snap.queued}   "
-                 f"waiting retries: {len(snap.waiting)}   requests: {snap.requests} ({snap.succeeded} ok, {snap.failed} failed)")
+    lines.append(
+        f"pinned: {snap.pinned or 'automatic'}   in flight: {snap.in_flight}   queued: {snap.queued}   "
+        f"waiting retries: {len(snap.waiting)}   requests: {snap.requests} ({snap.succeeded} ok, {snap.failed} failed)"
+    )
     lines.extend(_shared(snap.shared))
     return "\n".join(lines)
 

@@ -29,13 +29,21 @@ def _config(tmp_path: Path, port: int, scenario: str = "steady") -> Path:
 def test_capmon_sim_answers_within_two_seconds_of_start() -> None:
     port = free_port()
     started = time.monotonic()
-    proc = subprocess.Popen([*CAPMON, "sim", "--listen", f"127.0.0.1:{port}", "--scenario", "steady"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [*CAPMON, "sim", "--listen", f"127.0.0.1:{port}", "--scenario", "steady"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         answered = None
         while time.monotonic() - started < 10:
             try:
-                r = httpx.get(f"http://127.0.0.1:{port}/v1/models", headers={"Authorization": "Bearer sk-capmon-sim-demo"}, timeout=1)
+                r = httpx.get(
+                    f"http://127.0.0.1:{port}/v1/models",
+                    headers={"Authorization": "Bearer sk-capmon-sim-demo"},
+                    timeout=1,
+                )
                 if r.status_code == 200:
                     answered = time.monotonic() - started
                     break
@@ -55,8 +63,12 @@ def test_capmon_sim_lists_its_scenarios() -> None:
 
 def test_status_prints_a_snapshot_as_json_with_the_embedded_simulator(tmp_path: Path) -> None:
     cfg = _config(tmp_path, free_port())
-    out = subprocess.run([*CAPMON, "status", "--once", "--json", "--probe", "--config", str(cfg)],
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [*CAPMON, "status", "--once", "--json", "--probe", "--config", str(cfg)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     snap = json.loads(out.stdout)
     assert [t["model"] for t in snap["targets"]] == ["flagship", "medium", "small"]
@@ -72,8 +84,10 @@ def test_bare_capmon_prints_the_status_when_stdout_is_not_a_terminal(tmp_path: P
 
 def test_a_wrong_config_exits_2_naming_the_file_and_key(tmp_path: Path) -> None:
     cfg = tmp_path / "bad.toml"
-    cfg.write_text((ROOT / "config.toml").read_text().replace("failure_threshold = 3", "failure_threshold = \"three\""))
-    out = subprocess.run([*CAPMON, "status", "--once", "--config", str(cfg)], capture_output=True, text=True, timeout=60)
+    cfg.write_text((ROOT / "config.toml").read_text().replace("failure_threshold = 3", 'failure_threshold = "three"'))
+    out = subprocess.run(
+        [*CAPMON, "status", "--once", "--config", str(cfg)], capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 2
     assert f"{cfg}: breaker.failure_threshold: expected a whole number" in out.stderr
     assert "Traceback" not in out.stderr
@@ -83,14 +97,18 @@ def test_a_missing_key_variable_is_reported_at_start(tmp_path: Path) -> None:
     cfg = tmp_path / "real.toml"
     cfg.write_text((ROOT / "config.toml").read_text().replace("simulated = true", "simulated = false"))
     env = {k: v for k, v in os.environ.items() if k != "CAPMON_SIM_API_KEY"}
-    out = subprocess.run([*CAPMON, "status", "--once", "--config", str(cfg)], capture_output=True, text=True, timeout=60, env=env)
+    out = subprocess.run(
+        [*CAPMON, "status", "--once", "--config", str(cfg)], capture_output=True, text=True, timeout=60, env=env
+    )
     assert out.returncode == 2
     assert "endpoints[0].keys[0].env" in out.stderr and "CAPMON_SIM_API_KEY is not set" in out.stderr
 
 
 def test_a_config_naming_a_missing_scenario_names_the_config_key(tmp_path: Path) -> None:
     cfg = _config(tmp_path, free_port(), scenario="nowhere.toml")
-    out = subprocess.run([*CAPMON, "status", "--once", "--config", str(cfg)], capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [*CAPMON, "status", "--once", "--config", str(cfg)], capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 2
     assert f"{cfg}: simulator.scenario: " in out.stderr and "nowhere.toml" in out.stderr
     assert "Traceback" not in out.stderr

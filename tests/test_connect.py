@@ -25,14 +25,17 @@ from tests.gateway.helpers import HELLO, running
 ADMIN = "sk-gw-admin-connect-0123456789abcdef"
 
 
-@pytest.mark.parametrize("typed, origin", [
-    ("http://127.0.0.1:4000", "http://127.0.0.1:4000"),
-    ("http://127.0.0.1:4000/", "http://127.0.0.1:4000"),
-    ("http://127.0.0.1:4000/v1", "http://127.0.0.1:4000"),  # the base URL `capmon serve` prints
-    ("127.0.0.1:4000", "http://127.0.0.1:4000"),
-    ("https://gw.example:8443", "https://gw.example:8443"),
-    ("http://[::1]:4000", "http://[::1]:4000"),
-])
+@pytest.mark.parametrize(
+    "typed, origin",
+    [
+        ("http://127.0.0.1:4000", "http://127.0.0.1:4000"),
+        ("http://127.0.0.1:4000/", "http://127.0.0.1:4000"),
+        ("http://127.0.0.1:4000/v1", "http://127.0.0.1:4000"),  # the base URL `capmon serve` prints
+        ("127.0.0.1:4000", "http://127.0.0.1:4000"),
+        ("https://gw.example:8443", "https://gw.example:8443"),
+        ("http://[::1]:4000", "http://[::1]:4000"),
+    ],
+)
 def test_addresses(typed: str, origin: str) -> None:
     assert parse_origin(typed) == origin
 
@@ -77,8 +80,9 @@ async def test_the_event_stream_decodes_only_what_is_asked_and_resumes() -> None
             decoded = [e for _, e in got if e is not None]
             assert len(decoded) == 1 and isinstance(decoded[0], ev.BreakerChanged) and decoded[0].model == "small"
             # Resumed after the trip: the next event is the reset, nothing before it again.
-            assert (await http.post("/capmon/reset", json={"target": "small"},
-                                    headers={"authorization": f"Bearer {ADMIN}"})).status_code == 200
+            assert (
+                await http.post("/capmon/reset", json={"target": "small"}, headers={"authorization": f"Bearer {ADMIN}"})
+            ).status_code == 200
             async with contextlib.aclosing(client.events(numbers[-1])) as stream:
                 seq, event = await anext(stream)
             assert seq == numbers[-1] + 1 and isinstance(event, ev.BreakerChanged) and event.new == "closed"

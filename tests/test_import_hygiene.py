@@ -17,7 +17,9 @@ for name in ("textual", "rich", "capmon.tui"):
 import importlib, pkgutil, capmon.core
 for m in pkgutil.walk_packages(capmon.core.__path__, "capmon.core."):
     importlib.import_module(m.name)
-for extra in ("capmon.sim", "capmon.sim.app", "capmon.sim.server", "capmon.batch", "capmon.batch.runner", "capmon.batch.commands", "capmon.audit", "capmon.report", "capmon.advice", "capmon.probe", "capmon.status", "capmon.runtime"):
+for extra in ("capmon.sim", "capmon.sim.app", "capmon.sim.server", "capmon.batch", "capmon.batch.runner",
+              "capmon.batch.commands", "capmon.audit", "capmon.report", "capmon.advice", "capmon.probe",
+              "capmon.status", "capmon.runtime"):
     try:
         importlib.import_module(extra)
     except ModuleNotFoundError as e:
@@ -52,6 +54,9 @@ def test_the_core_imports_without_the_web_server_the_gateway_or_the_fleet() -> N
 
 
 def test_the_core_does_not_pull_in_the_dashboard() -> None:
-    code = "import sys, capmon.core.router, capmon.core.config; print([n for n in sys.modules if n.startswith(('textual', 'capmon.tui'))])"
+    code = (
+        "import sys, capmon.core.router, capmon.core.config; "
+        "print([n for n in sys.modules if n.startswith(('textual', 'capmon.tui'))])"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

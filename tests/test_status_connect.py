@@ -39,15 +39,25 @@ async def capmon(*args: str, env: Mapping[str, str] | None = None) -> Run:
     """The command line in a child process (this loop keeps serving the gateway meanwhile)."""
     environ = {k: v for k, v in os.environ.items() if not k.startswith("CAPMON_")} | dict(env or {})
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", "import sys; from capmon.cli import main; sys.exit(main())", *args,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=environ)
+        sys.executable,
+        "-c",
+        "import sys; from capmon.cli import main; sys.exit(main())",
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=environ,
+    )
     out, err = await asyncio.wait_for(proc.communicate(), 30)
     assert proc.returncode is not None
     return Run(proc.returncode, out.decode(), err.decode())
 
 
-async def cli(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, *args: str,
-              env: Mapping[str, str] | None = None) -> Run:
+async def cli(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    *args: str,
+    env: Mapping[str, str] | None = None,
+) -> Run:
     """The same command line in this process (in a thread: it runs its own event loop)."""
     with monkeypatch.context() as m:
         for k in [k for k in os.environ if k.startswith("CAPMON_")]:
@@ -109,8 +119,9 @@ async def test_the_dashboard_command_prints_the_status_when_not_on_a_terminal() 
     assert "requests: 1 (1 ok, 0 failed)" in run.out
 
 
-async def test_wrong_addresses_are_one_line_and_exit_2(capsys: pytest.CaptureFixture[str],
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_wrong_addresses_are_one_line_and_exit_2(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     async with running() as gw:
         nothing = await capmon("status", "--connect", "http://127.0.0.1:9")  # the discard port: nothing listens
         not_gateway = await cli(capsys, monkeypatch, "status", "--connect", gw.sim.base_url.removesuffix("/v1"))
@@ -137,15 +148,17 @@ async def test_wrong_addresses_are_one_line_and_exit_2(capsys: pytest.CaptureFix
     assert CANARY not in creds.err
 
 
-async def test_refused_keys_are_one_line_and_exit_2_and_never_shown(capsys: pytest.CaptureFixture[str],
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_refused_keys_are_one_line_and_exit_2_and_never_shown(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     async with running(gateway=KEYED, environ=KEYS) as gw:
         wrong = await capmon("status", "--connect", gw.origin, env={"CAPMON_GATEWAY_KEY": CANARY})
         none = await cli(capsys, monkeypatch, "status", "--connect", gw.origin)
         wrong_admin = await cli(capsys, monkeypatch, "status", "--connect", gw.origin, env={"CAPMON_ADMIN_KEY": CANARY})
         unset = await cli(capsys, monkeypatch, "status", "--connect", gw.origin, "--key-env", "NO_SUCH_VARIABLE_HERE")
-        named = await cli(capsys, monkeypatch, "status", "--connect", gw.origin, "--key-env", "TEAM_KEY",
-                          env={"TEAM_KEY": CLIENT})
+        named = await cli(
+            capsys, monkeypatch, "status", "--connect", gw.origin, "--key-env", "TEAM_KEY", env={"TEAM_KEY": CLIENT}
+        )
         admin = await cli(capsys, monkeypatch, "status", "--connect", gw.origin, env={"CAPMON_ADMIN_KEY": ADMIN})
     assert none.code == 2 and "needs a key (401" in none.err and "set CAPMON_GATEWAY_KEY" in none.err, none
     assert wrong.code == 2 and "refused the client key in $CAPMON_GATEWAY_KEY (401" in wrong.err, wrong

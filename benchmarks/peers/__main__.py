@@ -28,8 +28,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--wait-for-go", action="store_true", help="print READY, then wait for GO on stdin")
     args = p.parse_args(argv)
-    ctx = PeerContext(base_url=args.base_url, models=tuple(args.models.split(",")), workers=args.workers,
-                      items=args.items, options=json.loads(args.options))
+    ctx = PeerContext(
+        base_url=args.base_url,
+        models=tuple(args.models.split(",")),
+        workers=args.workers,
+        items=args.items,
+        options=json.loads(args.options),
+    )
     module = importlib.import_module(f"benchmarks.peers.{PEERS[args.peer]}")
 
     async def go() -> dict:

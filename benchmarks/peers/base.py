@@ -55,8 +55,9 @@ class Peer(Protocol):
 
 
 def make_items(n: int) -> list[Item]:
-    return [Item(i, f"Item {i}: summarise the quarterly report for region {i % 17} in three sentences.")
-            for i in range(n)]
+    return [
+        Item(i, f"Item {i}: summarise the quarterly report for region {i % 17} in three sentences.") for i in range(n)
+    ]
 
 
 def _short(e: BaseException) -> str:
@@ -104,8 +105,9 @@ async def run_peer(peer: Peer, ctx: PeerContext, time_limit: float) -> dict[str,
     for it in items:
         if it.index not in results:
             started = picked.get(it.index)
-            results[it.index] = ItemResult(it.index, False, (now - started) if started else 0.0, None,
-                                           "not finished within the time limit")
+            results[it.index] = ItemResult(
+                it.index, False, (now - started) if started else 0.0, None, "not finished within the time limit"
+            )
     # The wall time that matters is when the last item was settled (answered, or given up
     # by the peer), not when this loop noticed.
     last = max((picked[r.index] + r.latency - t0 for r in results.values() if r.index in picked), default=wall)

@@ -94,15 +94,20 @@ class CapmonPeer:
         limits = {}
         for t in self.client.targets:
             v = t.state.view()
-            limits[t.model.name] = {"limit": round(v.limiter.limit, 2), "capacity": v.limiter.capacity,
-                                    "breaker": v.breaker.state.value}
+            limits[t.model.name] = {
+                "limit": round(v.limiter.limit, 2),
+                "capacity": v.limiter.capacity,
+                "breaker": v.breaker.state.value,
+            }
         return {
             "config_overrides": self.overrides,
             "whatif": [Path(p).stem for p in self.whatif],
             "attempts_failed": dict(sorted(self.failed.items())),
             "fell_back": self.fellback,
             "retry_waits": self.retries,
-            "breaker": [f"t+{float(s.split(' ', 1)[0]) - (self.t0 or 0.0):.2f}s {s.split(' ', 1)[1]}" for s in self.breaker],
+            "breaker": [
+                f"t+{float(s.split(' ', 1)[0]) - (self.t0 or 0.0):.2f}s {s.split(' ', 1)[1]}" for s in self.breaker
+            ],
             "limiters": limits,
         }
 

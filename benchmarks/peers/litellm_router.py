@@ -77,7 +77,10 @@ class LiteLLMRouter:
     def extra(self) -> dict[str, Any]:
         import litellm
 
-        return {"litellm_version": getattr(litellm, "version", None) or _version(), "served_unknown": self.served_unknown}
+        return {
+            "litellm_version": getattr(litellm, "version", None) or _version(),
+            "served_unknown": self.served_unknown,
+        }
 
 
 def _version() -> str:

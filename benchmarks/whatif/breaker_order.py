@@ -31,8 +31,12 @@ _NEVER = float("-inf")
 
 
 def on_failure(self, adm, capacity=True, hint=None):
-    counted = (capacity and not adm.settled and adm.generation == self._generation
-               and self._state in (State.CLOSED, State.RAMP))
+    counted = (
+        capacity
+        and not adm.settled
+        and adm.generation == self._generation
+        and self._state in (State.CLOSED, State.RAMP)
+    )
     if counted:
         self._last_failure_admitted = max(getattr(self, "_last_failure_admitted", _NEVER), adm.at)
     if counted and self._state is State.RAMP:

@@ -17,11 +17,27 @@ if TYPE_CHECKING:
     from capmon.batch.states import ItemState, JobState
     from capmon.batch.store import JobStore, default_db_path, read_progress
 
-_WHERE = {"write_demo_input": "demo", "BatchRunner": "runner", "JobSummary": "runner", "ItemState": "states",
-          "JobState": "states", "JobStore": "store", "default_db_path": "store", "read_progress": "store"}
+_WHERE = {
+    "write_demo_input": "demo",
+    "BatchRunner": "runner",
+    "JobSummary": "runner",
+    "ItemState": "states",
+    "JobState": "states",
+    "JobStore": "store",
+    "default_db_path": "store",
+    "read_progress": "store",
+}
 
-__all__ = ["BatchRunner", "ItemState", "JobState", "JobStore", "JobSummary", "default_db_path", "read_progress",
-           "write_demo_input"]
+__all__ = [
+    "BatchRunner",
+    "ItemState",
+    "JobState",
+    "JobStore",
+    "JobSummary",
+    "default_db_path",
+    "read_progress",
+    "write_demo_input",
+]
 
 
 def __getattr__(name: str) -> Any:

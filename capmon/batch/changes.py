@@ -86,25 +86,45 @@ def _apply(c: Any, sql: str, rows: list[tuple[Any, ...]]) -> None:
         rows.clear()
 
 
-_EDIT_SQL = ("UPDATE items SET line = ?, line_hash = ?, state = ?, messages = ?, req_model = ?, req_max_tokens = ?, "
-             "temperature = ?, metadata = ?, error_kind = ?, error_message = ?, parks = 0, not_before = NULL, "
-             "first_model = NULL, model = NULL, endpoint = NULL, content = NULL, fell_back = NULL, max_tokens = NULL, "
-             "prompt_tokens = NULL, completion_tokens = NULL, latency = NULL, updated = ? WHERE key = ?")
-_KEEP_SQL = ("INSERT INTO replaced_results (job, item, line, at, why, state, model, endpoint, content, fell_back, "
-             "attempts, error_kind, error_message) SELECT ?, id, line, ?, ?, state, model, endpoint, content, fell_back, "
-             "attempts, error_kind, error_message FROM items WHERE key = ?")
+_EDIT_SQL = (
+    "UPDATE items SET line = ?, line_hash = ?, state = ?, messages = ?, req_model = ?, req_max_tokens = ?, "
+    "temperature = ?, metadata = ?, error_kind = ?, error_message = ?, parks = 0, not_before = NULL, "
+    "first_model = NULL, model = NULL, endpoint = NULL, content = NULL, fell_back = NULL, max_tokens = NULL, "
+    "prompt_tokens = NULL, completion_tokens = NULL, latency = NULL, updated = ? WHERE key = ?"
+)
+_KEEP_SQL = (
+    "INSERT INTO replaced_results (job, item, line, at, why, state, model, endpoint, content, fell_back, "
+    "attempts, error_kind, error_message) SELECT ?, id, line, ?, ?, state, model, endpoint, content, fell_back, "
+    "attempts, error_kind, error_message FROM items WHERE key = ?"
+)
 
 
 def _fields(parsed: Any) -> tuple[Any, ...]:
     """(state, messages, model, max_tokens, temperature, metadata, error_kind, error_message)."""
     if isinstance(parsed, Item):
-        return (ItemState.PENDING, parsed.messages_json, parsed.model, parsed.max_tokens, parsed.temperature,
-                parsed.metadata_json, None, None)
+        return (
+            ItemState.PENDING,
+            parsed.messages_json,
+            parsed.model,
+            parsed.max_tokens,
+            parsed.temperature,
+            parsed.metadata_json,
+            None,
+            None,
+        )
     return (ItemState.FAILED, None, None, None, None, None, BatchKind.BAD_INPUT, parsed.message)
 
 
-def reconcile(store: JobStore, info: JobInfo, path: Path, *, size: int, fingerprint: str,
-              models: Collection[str] | None, now: float) -> Reconciled:
+def reconcile(
+    store: JobStore,
+    info: JobInfo,
+    path: Path,
+    *,
+    size: int,
+    fingerprint: str,
+    models: Collection[str] | None,
+    now: float,
+) -> Reconciled:
     """Make ``path`` the job's input (see the module docstring). Raises BatchError, and
     changes nothing, when the new file has duplicate ids."""
     conn = store.conn
@@ -114,7 +134,8 @@ def reconcile(store: JobStore, info: JobInfo, path: Path, *, size: int, fingerpr
     rows: dict[int, tuple[str, int, str | None, str, int]] = {}  # key -> (id, line, hash, state, attempts)
     by_hash: dict[str | None, collections.deque[int]] = collections.defaultdict(collections.deque)
     for k, item_id, line, h, state, attempts in conn.execute(
-            "SELECT key, id, line, line_hash, state, attempts FROM items WHERE job_id = ? ORDER BY key", (info.id,)):
+        "SELECT key, id, line, line_hash, state, attempts FROM items WHERE job_id = ? ORDER BY key", (info.id,)
+    ):
         by_id[item_id] = k
         rows[k] = (item_id, line, h, state, attempts)
         if item_id == line_id(line) and state != ItemState.REMOVED:
@@ -137,10 +158,20 @@ def reconcile(store: JobStore, info: JobInfo, path: Path, *, size: int, fingerpr
         if state in (ItemState.DONE, ItemState.FAILED):
             keeps.append((job, now, why, key))
         edits.append((raw.line, raw.hash, *_fields(parsed), now, key))
-        had = {ItemState.DONE.value: "its result is kept in the audit", ItemState.FAILED.value: "its failure is kept in the audit"}.get(
-            state, "it had no result yet")
-        notes.append(audit.decision_row(audit.RunnerDecision.SUPERSEDED, job=job, item=item_id, at=now, attempt=attempts,
-                                        reason=f"line {line} changed since the job was created ({why}): sent again; {had}"))
+        had = {
+            ItemState.DONE.value: "its result is kept in the audit",
+            ItemState.FAILED.value: "its failure is kept in the audit",
+        }.get(state, "it had no result yet")
+        notes.append(
+            audit.decision_row(
+                audit.RunnerDecision.SUPERSEDED,
+                job=job,
+                item=item_id,
+                at=now,
+                attempt=attempts,
+                reason=f"line {line} changed since the job was created ({why}): sent again; {had}",
+            )
+        )
         edited += 1
 
     with store.transaction("taking the changed input") as c:
@@ -200,31 +231,59 @@ def reconcile(store: JobStore, info: JobInfo, path: Path, *, size: int, fingerpr
                 _flush(c, moves, edits, keeps, inserts, notes)
         if dups:
             more = f" (and {len(dups) - 5} more)" if len(dups) > 5 else ""
-            raise BatchError(f"{path}: duplicate ids: {'; '.join(dups[:5])}{more}; every id must be unique, "
-                             f"so the changed input was not taken")
+            raise BatchError(
+                f"{path}: duplicate ids: {'; '.join(dups[:5])}{more}; every id must be unique, "
+                f"so the changed input was not taken"
+            )
         _flush(c, moves, edits, keeps, inserts, notes)
         gone = [k for k, r in rows.items() if k not in matched and r[3] != ItemState.REMOVED]
         for chunk in _chunks(gone):
-            c.executemany(f"UPDATE items SET state = '{ItemState.REMOVED.value}', updated = {float(now)!r} WHERE key = ?",
-                          [(k,) for k in chunk])
-            audit.write_rows(c, [audit.decision_row(
-                audit.RunnerDecision.REMOVED, job=job, item=rows[k][0], at=now, attempt=rows[k][4],
-                reason=f"line {rows[k][1]} left the input: kept as removed, not sent again") for k in chunk])
-        total = c.execute(f"SELECT count(*) FROM items WHERE job_id = ? AND state != '{ItemState.REMOVED.value}'",
-                          (info.id,)).fetchone()[0]
-        c.execute("UPDATE jobs SET input_path = ?, input_size = ?, input_fingerprint = ?, ingest_offset = ?, "
-                  "ingest_line = ?, total = ?, updated = ? WHERE id = ?",
-                  (str(path), size, fingerprint, size, last, total, now, info.id))
+            c.executemany(
+                f"UPDATE items SET state = '{ItemState.REMOVED.value}', updated = {float(now)!r} WHERE key = ?",
+                [(k,) for k in chunk],
+            )
+            audit.write_rows(
+                c,
+                [
+                    audit.decision_row(
+                        audit.RunnerDecision.REMOVED,
+                        job=job,
+                        item=rows[k][0],
+                        at=now,
+                        attempt=rows[k][4],
+                        reason=f"line {rows[k][1]} left the input: kept as removed, not sent again",
+                    )
+                    for k in chunk
+                ],
+            )
+        total = c.execute(
+            f"SELECT count(*) FROM items WHERE job_id = ? AND state != '{ItemState.REMOVED.value}'", (info.id,)
+        ).fetchone()[0]
+        c.execute(
+            "UPDATE jobs SET input_path = ?, input_size = ?, input_fingerprint = ?, ingest_offset = ?, "
+            "ingest_line = ?, total = ?, updated = ? WHERE id = ?",
+            (str(path), size, fingerprint, size, last, total, now, info.id),
+        )
     return Reconciled(added=added, removed=len(gone), edited=edited, moved=moved)
 
 
-def _flush(c: Any, moves: list[tuple[Any, ...]], edits: list[tuple[Any, ...]], keeps: list[tuple[Any, ...]],
-           inserts: list[tuple[Any, ...]], notes: list[audit.Row]) -> None:
+def _flush(
+    c: Any,
+    moves: list[tuple[Any, ...]],
+    edits: list[tuple[Any, ...]],
+    keeps: list[tuple[Any, ...]],
+    inserts: list[tuple[Any, ...]],
+    notes: list[audit.Row],
+) -> None:
     _apply(c, "UPDATE items SET line = ? WHERE key = ?", moves)
     _apply(c, _KEEP_SQL, keeps)  # before the edit overwrites the row
     _apply(c, _EDIT_SQL, edits)
-    _apply(c, "INSERT INTO items (job_id, line, id, state, messages, req_model, req_max_tokens, temperature, metadata, "
-              "error_kind, error_message, line_hash, updated) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", inserts)
+    _apply(
+        c,
+        "INSERT INTO items (job_id, line, id, state, messages, req_model, req_max_tokens, temperature, metadata, "
+        "error_kind, error_message, line_hash, updated) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        inserts,
+    )
     if notes:
         audit.write_rows(c, notes)
         notes.clear()
@@ -232,4 +291,4 @@ def _flush(c: Any, moves: list[tuple[Any, ...]], edits: list[tuple[Any, ...]], k
 
 def _chunks(keys: list[int]) -> Iterator[list[int]]:
     for i in range(0, len(keys), _CHUNK):
-        yield keys[i:i + _CHUNK]
+        yield keys[i : i + _CHUNK]

@@ -169,10 +169,13 @@ def resume_job(options: ResumeOptions) -> int:
     finally:
         store.close()
     saved = info.settings
-    pacing = Pacing.of(options.concurrency if options.concurrency is not None else
-                       int(saved.get("concurrency") or DEFAULT_CONCURRENCY),
-                       options.rate if options.rate is not None else saved.get("rate"),
-                       options.window if options.window is not None else saved.get("window"))
+    pacing = Pacing.of(
+        options.concurrency
+        if options.concurrency is not None
+        else int(saved.get("concurrency") or DEFAULT_CONCURRENCY),
+        options.rate if options.rate is not None else saved.get("rate"),
+        options.window if options.window is not None else saved.get("window"),
+    )
     if options.out:
         check_writable(options.out)
     return _start(options, options.job, None, pacing)
@@ -196,8 +199,10 @@ def _start(options: StartOptions, job: str, input_path: Path | None, pacing: Pac
         if summary.failed:
             _say(_failures(db, job))
         if interrupts.by:  # it came as the job finished: everything is saved, the export is not made
-            _say(f"stopped by {interrupts.by}" + (f"; export with: capmon batch export {job} --out {options.out}"
-                                                    if options.out else ""))
+            _say(
+                f"stopped by {interrupts.by}"
+                + (f"; export with: capmon batch export {job} --out {options.out}" if options.out else "")
+            )
             return EXIT_INTERRUPTED
         if options.out and summary.state is JobState.FINISHED:
             result = export_job(db, job, options.out)
@@ -205,14 +210,30 @@ def _start(options: StartOptions, job: str, input_path: Path | None, pacing: Pac
         return EXIT_OK if summary.failed == 0 else EXIT_FAILED_ITEMS
 
 
-async def _drive(config: Config, db: Path, job: str, input_path: Path | None, pacing: Pacing, progress: ProgressLine,
-                 interrupts: Interrupts, options: StartOptions) -> JobSummary | None:
+async def _drive(
+    config: Config,
+    db: Path,
+    job: str,
+    input_path: Path | None,
+    pacing: Pacing,
+    progress: ProgressLine,
+    interrupts: Interrupts,
+    options: StartOptions,
+) -> JobSummary | None:
     from capmon.runtime import open_engine
 
     async with open_engine(config, role="batch") as engine:
-        runner = BatchRunner(engine.client, db, job, input_path=input_path, concurrency=pacing.concurrency,
-                             rate=pacing.rate, window=pacing.window, remap=options.remap,
-                             accept_changed_input=options.accept_changed_input)
+        runner = BatchRunner(
+            engine.client,
+            db,
+            job,
+            input_path=input_path,
+            concurrency=pacing.concurrency,
+            rate=pacing.rate,
+            window=pacing.window,
+            remap=options.remap,
+            accept_changed_input=options.accept_changed_input,
+        )
 
         def show(event: Event) -> None:
             if isinstance(event, BatchProgress) and event.job == job:
@@ -238,11 +259,16 @@ async def _drive(config: Config, db: Path, job: str, input_path: Path | None, pa
                 raise
             progress.clear()
             p = runner.progress()
-            saved = ("every result so far is saved" if runner.save_error is None else
-                     f"the last results could not be saved ({runner.save_error}) and will be sent again")
-            _say(f"stopped by {interrupts.by}: {p.done} done, {p.failed} failed, "
-                 f"{(p.total or 0) - p.done - p.failed} left; {saved}. "
-                 f"Go on with: capmon batch resume {shown(job)}" + (f" --db {db}" if db != default_db_path() else ""))
+            saved = (
+                "every result so far is saved"
+                if runner.save_error is None
+                else f"the last results could not be saved ({runner.save_error}) and will be sent again"
+            )
+            _say(
+                f"stopped by {interrupts.by}: {p.done} done, {p.failed} failed, "
+                f"{(p.total or 0) - p.done - p.failed} left; {saved}. "
+                f"Go on with: capmon batch resume {shown(job)}" + (f" --db {db}" if db != default_db_path() else "")
+            )
             return None
         finally:
             interrupts.detach()
@@ -252,9 +278,13 @@ async def _drive(config: Config, db: Path, job: str, input_path: Path | None, pa
 
 def describe_summary(s: JobSummary) -> str:
     models = ", ".join(f"{m} {n}" for m, n in s.per_model)
-    return (f"job {s.job!r} {s.state}: {s.total} items, {s.done} done, {s.failed} failed"
-            + (f", {s.parked} parked" if s.parked else "") + (f", {s.pending} pending" if s.pending else "")
-            + (f" (served by {models})" if models else "") + f"; {s.sent} sent in {text.duration(s.elapsed)}")
+    return (
+        f"job {s.job!r} {s.state}: {s.total} items, {s.done} done, {s.failed} failed"
+        + (f", {s.parked} parked" if s.parked else "")
+        + (f", {s.pending} pending" if s.pending else "")
+        + (f" (served by {models})" if models else "")
+        + f"; {s.sent} sent in {text.duration(s.elapsed)}"
+    )
 
 
 def _failures(db: Path, job: str, limit: int = 5) -> str:
@@ -266,8 +296,9 @@ def _failures(db: Path, job: str, limit: int = 5) -> str:
     finally:
         store.close()
     lines = ["failed: " + ", ".join(f"{shown(k)} {n}" for k, n in kinds.items())]
-    lines += [f"  line {line} ({shown(item_id)}): {shown(kind)}: {shown(message)}"
-              for line, item_id, kind, message in rows]
+    lines += [
+        f"  line {line} ({shown(item_id)}): {shown(kind)}: {shown(message)}" for line, item_id, kind, message in rows
+    ]
     more = sum(kinds.values()) - len(rows)
     if more > 0:
         lines.append(f"  ... and {more} more: capmon batch show {shown(job)}; capmon report {shown(job)}")
@@ -282,7 +313,10 @@ def export_command(db: Path | None, job: str, out: str) -> int:
     result = export_job(resolve_db(db), job, out)
     note = f"; {result.unfinished} items not finished yet (capmon batch resume {job})" if result.unfinished else ""
     removed = f", {result.removed} removed from the input" if result.removed else ""
-    _say(f"exported {result.written} records ({result.done} done, {result.failed} failed{removed}) to {result.path}{note}")
+    _say(
+        f"exported {result.written} records ({result.done} done, {result.failed} failed{removed}) "
+        f"to {result.path}{note}"
+    )
     return EXIT_OK
 
 
@@ -304,8 +338,17 @@ def list_jobs(db: Path | None, out: TextIO | None = None) -> int:
         rows = [("name", "created", "total", "done", "failed", "parked", "state")]
         for j in jobs:
             c = store.counts(j.id)
-            rows.append((shown(j.name), _when(j.created), str(j.total), str(c[ItemState.DONE]),
-                         str(c[ItemState.FAILED]), str(c[ItemState.PARKED]), job_state(j, wall)))
+            rows.append(
+                (
+                    shown(j.name),
+                    _when(j.created),
+                    str(j.total),
+                    str(c[ItemState.DONE]),
+                    str(c[ItemState.FAILED]),
+                    str(c[ItemState.PARKED]),
+                    job_state(j, wall),
+                )
+            )
     finally:
         store.close()
     if not jobs:
@@ -336,14 +379,18 @@ def show_job(db: Path | None, job: str, out: TextIO | None = None) -> int:
     lines = [
         f"job        {name}",
         f"state      {state}"
-        + (f": {shown(j.message)}" if j.message and state in (JobState.HALTED, JobState.STOPPED, JobState.PAUSED)
-           else ""),
+        + (
+            f": {shown(j.message)}"
+            if j.message and state in (JobState.HALTED, JobState.STOPPED, JobState.PAUSED)
+            else ""
+        ),
         f"input      {shown(j.input_path)}",
         f"created    {_when(j.created)}   updated {_when(j.updated)}",
-        f"settings   concurrency {s.get('concurrency', '-')}, rate {s.get('rate') or '-'}/s, window {s.get('window') or '-'}"
-        + (f", remap {remap}" if remap else ""),
+        f"settings   concurrency {s.get('concurrency', '-')}, rate {s.get('rate') or '-'}/s, "
+        f"window {s.get('window') or '-'}" + (f", remap {remap}" if remap else ""),
         f"items      {j.total} total: {counts[ItemState.DONE]} done, {counts[ItemState.FAILED]} failed, "
-        f"{counts[ItemState.PARKED]} parked, {counts[ItemState.PENDING]} pending, {counts[ItemState.IN_FLIGHT]} in flight"
+        f"{counts[ItemState.PARKED]} parked, {counts[ItemState.PENDING]} pending, "
+        f"{counts[ItemState.IN_FLIGHT]} in flight"
         + (f"; {counts[ItemState.REMOVED]} removed from the input" if counts[ItemState.REMOVED] else ""),
     ]
     if state is JobState.RUNNING:
@@ -353,8 +400,10 @@ def show_job(db: Path | None, job: str, out: TextIO | None = None) -> int:
         lines.append("served by  " + ", ".join(f"{shown(m)} {n}" for m, n in served.items()))
     if kinds:
         lines.append("failures   " + ", ".join(f"{shown(k)} {n}" for k, n in kinds.items()))
-        lines += [f"  line {line} ({shown(item_id)}): {shown(kind)}: {shown(message)}"
-                  for line, item_id, kind, message in failed]
+        lines += [
+            f"  line {line} ({shown(item_id)}): {shown(kind)}: {shown(message)}"
+            for line, item_id, kind, message in failed
+        ]
         if sum(kinds.values()) > len(failed):
             lines.append(f"  ... and {sum(kinds.values()) - len(failed)} more")
     extra = f" --db {db}" if db != default_db_path() else ""

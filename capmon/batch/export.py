@@ -71,17 +71,27 @@ def _oversized(r: ResultRecord, max_bytes: int) -> ResultRecord:
     size = len(r.content.encode("utf-8", "replace"))
     if size <= max_bytes:
         return r
-    return dataclasses.replace(r, state=ItemState.FAILED if r.state is ItemState.DONE else r.state, content=None,
-                               error_kind=Kind.OVERSIZED, error_message=f"the answer from {r.model} is {size:,} bytes, over "
-                               f"client.max_response_bytes ({max_bytes:,}): not exported")
+    return dataclasses.replace(
+        r,
+        state=ItemState.FAILED if r.state is ItemState.DONE else r.state,
+        content=None,
+        error_kind=Kind.OVERSIZED,
+        error_message=f"the answer from {r.model} is {size:,} bytes, over "
+        f"client.max_response_bytes ({max_bytes:,}): not exported",
+    )
 
 
 def record(r: ResultRecord, removed: bool = False) -> dict[str, Any]:
     metadata = json.loads(r.metadata_json) if r.metadata_json is not None else None
     shown = r.state is ItemState.DONE or (removed and r.content is not None)
-    out: dict[str, Any] = {"id": r.id, "model": r.model if shown else None,
-                           "content": r.content if shown else None, "metadata": metadata,
-                           "attempts": r.attempts, "fell_back": r.fell_back}
+    out: dict[str, Any] = {
+        "id": r.id,
+        "model": r.model if shown else None,
+        "content": r.content if shown else None,
+        "metadata": metadata,
+        "attempts": r.attempts,
+        "fell_back": r.fell_back,
+    }
     if r.state is ItemState.FAILED or (removed and r.error_kind is not None and not shown):
         out["error"] = {"kind": r.error_kind, "message": r.error_message, "line": r.line}
     if removed:
@@ -89,8 +99,9 @@ def record(r: ResultRecord, removed: bool = False) -> dict[str, Any]:
     return out
 
 
-def write_records(store: JobStore, job_id: int, f: TextIO,
-                  max_bytes: int = DEFAULT_MAX_RESPONSE_BYTES) -> tuple[int, int, int, int]:
+def write_records(
+    store: JobStore, job_id: int, f: TextIO, max_bytes: int = DEFAULT_MAX_RESPONSE_BYTES
+) -> tuple[int, int, int, int]:
     """(done, failed, unfinished, removed)."""
     done = failed = unfinished = removed = 0
     dumps = json.dumps

@@ -101,7 +101,9 @@ class JobReport:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["fallback_pairs"] = [{"from": a, "to": b, "count": n} for a, b, n in self.fallback_pairs]
-        d["failed_samples"] = [{"line": line, "id": i, "kind": k, "message": m} for line, i, k, m in self.failed_samples]
+        d["failed_samples"] = [
+            {"line": line, "id": i, "kind": k, "message": m} for line, i, k, m in self.failed_samples
+        ]
         return d
 
 
@@ -230,23 +232,49 @@ def build_report(store: JobStore, job: str, items_shown: int = ITEMS_SHOWN_DATA)
         lat = sorted(latencies.get(name, []))
         n_served = served.get(name, 0)
         listed = tuple(items_of.get(name, ()))
-        models.append(ModelRow(
-            model=name, served=n_served, attempts=m.attempts, ok=m.ok,
-            status_429=m.by_status.get("429", 0), status_503=m.by_status.get("503", 0) + m.by_status.get("529", 0),
-            by_status=dict(m.by_status.most_common()), by_kind=dict(m.by_kind.most_common()),
-            fallbacks_from=m.fallbacks, mean_latency=sum(lat) / len(lat) if lat else None,
-            p99_latency=percentile(lat, 0.99), items=listed, items_more=max(0, n_served - len(listed)),
-        ))
+        models.append(
+            ModelRow(
+                model=name,
+                served=n_served,
+                attempts=m.attempts,
+                ok=m.ok,
+                status_429=m.by_status.get("429", 0),
+                status_503=m.by_status.get("503", 0) + m.by_status.get("529", 0),
+                by_status=dict(m.by_status.most_common()),
+                by_kind=dict(m.by_kind.most_common()),
+                fallbacks_from=m.fallbacks,
+                mean_latency=sum(lat) / len(lat) if lat else None,
+                p99_latency=percentile(lat, 0.99),
+                items=listed,
+                items_more=max(0, n_served - len(listed)),
+            )
+        )
     models.sort(key=lambda r: -r.served)
     return JobReport(
-        job=job, state=state, input_path=info.input_path if info else None, settings=info.settings if info else {},
-        total=total, done=counts[ItemState.DONE], failed=counts[ItemState.FAILED], parked=counts[ItemState.PARKED],
-        pending=counts[ItemState.PENDING] + counts[ItemState.IN_FLIGHT], attempts=total_attempts, models=tuple(models),
-        by_status=dict(by_status.most_common()), by_kind=dict(by_kind.most_common()), fell_back_items=fell_back,
-        fallback_pairs=tuple((a, b, n) for (a, b), n in pairs.most_common()), parks=parks,
-        parks_by_kind=dict(parks_by_kind), failures=failures, failed_samples=tuple(samples),
+        job=job,
+        state=state,
+        input_path=info.input_path if info else None,
+        settings=info.settings if info else {},
+        total=total,
+        done=counts[ItemState.DONE],
+        failed=counts[ItemState.FAILED],
+        parked=counts[ItemState.PARKED],
+        pending=counts[ItemState.PENDING] + counts[ItemState.IN_FLIGHT],
+        attempts=total_attempts,
+        models=tuple(models),
+        by_status=dict(by_status.most_common()),
+        by_kind=dict(by_kind.most_common()),
+        fell_back_items=fell_back,
+        fallback_pairs=tuple((a, b, n) for (a, b), n in pairs.most_common()),
+        parks=parks,
+        parks_by_kind=dict(parks_by_kind),
+        failures=failures,
+        failed_samples=tuple(samples),
         keys=tuple(KeyRow(alias, ep, v[0], v[1], v[2]) for (alias, ep), v in sorted(keys.items())),
-        tokens=tokens, removed=counts[ItemState.REMOVED], active_seconds=active, first_attempt=first,
+        tokens=tokens,
+        removed=counts[ItemState.REMOVED],
+        active_seconds=active,
+        first_attempt=first,
         last_attempt=last,
     )
 
@@ -256,8 +284,15 @@ def _tokens(use: list[tuple[int, int]]) -> TokenFigures:
         return TokenFigures(0, None, None, None, None, None, None)
     requested = sorted(r for r, _ in use)
     used = sorted(u for _, u in use)
-    return TokenFigures(len(used), requested[len(requested) // 2], requested[-1], used[len(used) // 2],
-                        _int(percentile(used, 0.95)), _int(percentile(used, 0.99)), used[-1])
+    return TokenFigures(
+        len(used),
+        requested[len(requested) // 2],
+        requested[-1],
+        used[len(used) // 2],
+        _int(percentile(used, 0.95)),
+        _int(percentile(used, 0.99)),
+        used[-1],
+    )
 
 
 def _int(value: float | None) -> int | None:
@@ -273,16 +308,21 @@ def explain(attempts: Sequence[AuditRow]) -> tuple[str, ...]:
     for i, a in enumerate(attempts):
         what = f"attempt {a.attempt} on {shown(a.model)}: {a.status or 'no response'} {shown(a.kind or '')}".rstrip()
         reason = f" ({shown(a.reason)})" if a.reason else ""
-        nxt = next((b for b in attempts[i + 1:] if b.decision not in RUNNER_DECISIONS), None)
+        nxt = next((b for b in attempts[i + 1 :] if b.decision not in RUNNER_DECISIONS), None)
         if a.decision == Decision.FALLBACK:
             to = shown(nxt.model) if nxt else "another model"
-            out.append(f"{what}{reason}: fell back to {to}"
-                       + (", which had room" if a.kind == Kind.CAPACITY else "") + ".")
+            out.append(
+                f"{what}{reason}: fell back to {to}" + (", which had room" if a.kind == Kind.CAPACITY else "") + "."
+            )
         elif a.decision == Decision.RETRY:
-            out.append(f"{what}{reason}: retried {'the same model ' if nxt and nxt.model == a.model else ''}"
-                       f"after {a.wait or 0:.1f}s" + (f" (server hint {a.hint:.1f}s)" if a.hint else "") + ".")
+            out.append(
+                f"{what}{reason}: retried {'the same model ' if nxt and nxt.model == a.model else ''}"
+                f"after {a.wait or 0:.1f}s" + (f" (server hint {a.hint:.1f}s)" if a.hint else "") + "."
+            )
         elif a.decision == RunnerDecision.PARK:
-            out.append(f"parked by the runner for {a.wait or 0:.0f}s after {shown(a.kind)}: no model could take it then.")
+            out.append(
+                f"parked by the runner for {a.wait or 0:.0f}s after {shown(a.kind)}: no model could take it then."
+            )
         elif a.decision == Decision.FAIL:
             out.append(f"{what}{reason}: failed, retrying cannot help.")
         elif a.decision == Decision.OK:
@@ -306,7 +346,14 @@ def build_item_report(store: JobStore, job: str, item_id: str) -> ItemReport:
     if row and row.get("state") == ItemState.FAILED:
         error = f"{row.get('error_kind')}: {row.get('error_message')}"
     return ItemReport(
-        job=job, item=item_id, line=row.get("line") if row else None, state=row.get("state", "?") if row else "?",
-        model=row.get("model") if row else None, fell_back=bool(row.get("fell_back")) if row else False, error=error,
-        attempts=attempts, why=explain(attempts), replaced=store.replaced_results(job, item_id),
+        job=job,
+        item=item_id,
+        line=row.get("line") if row else None,
+        state=row.get("state", "?") if row else "?",
+        model=row.get("model") if row else None,
+        fell_back=bool(row.get("fell_back")) if row else False,
+        error=error,
+        attempts=attempts,
+        why=explain(attempts),
+        replaced=store.replaced_results(job, item_id),
     )

@@ -92,8 +92,17 @@ class Ingest:
     ``models`` the names items may ask for; ``note`` tells people what was taken as
     asked (a changed input)."""
 
-    def __init__(self, store: JobStore, job: str, input_path: Path | None, *, models: Sequence[str], clock: Clock,
-                 accept_changed_input: bool = False, note: Callable[[str], None] = lambda message: None) -> None:
+    def __init__(
+        self,
+        store: JobStore,
+        job: str,
+        input_path: Path | None,
+        *,
+        models: Sequence[str],
+        clock: Clock,
+        accept_changed_input: bool = False,
+        note: Callable[[str], None] = lambda message: None,
+    ) -> None:
         self.store = store
         self.job = job
         self.input_path = input_path
@@ -107,12 +116,20 @@ class Ingest:
     def create(self, settings: Mapping[str, Any]) -> JobInfo:
         """Create the job from the run's file, fingerprinted before anything else."""
         if self.input_path is None:
-            raise BatchError(f"no job named {self.job!r} in {self.store.path}; start it with "
-                             f"`capmon batch run INPUT.jsonl --job {self.job}`")
+            raise BatchError(
+                f"no job named {self.job!r} in {self.store.path}; start it with "
+                f"`capmon batch run INPUT.jsonl --job {self.job}`"
+            )
         check_text(self.input_path)
         size, fp = file_fingerprint(self.input_path)
-        return self.store.create_job(self.job, input_path=str(self.input_path.resolve()), input_size=size,
-                                     fingerprint=fp, settings=settings, now=self.clock.wall())
+        return self.store.create_job(
+            self.job,
+            input_path=str(self.input_path.resolve()),
+            input_size=size,
+            fingerprint=fp,
+            settings=settings,
+            now=self.clock.wall(),
+        )
 
     # ------------------------------------------------------------ an existing job
 
@@ -125,15 +142,18 @@ class Ingest:
         return self.input_path.resolve() if self.input_path is not None else Path(info.input_path or "")
 
     def _changed(self, info: JobInfo, path: Path, difference: changes.Difference) -> BatchError:
-        take = ("add --accept-changed-input (new lines are added, removed ones marked removed, changed ones sent "
-                "again)")
+        take = "add --accept-changed-input (new lines are added, removed ones marked removed, changed ones sent again)"
         if str(path) == info.input_path:
-            return BatchError(f"{path} changed since job {self.job!r} was created: {difference}; nothing was sent. "
-                              f"To take the file as it is now, {take}; or put the old file back, or start a new job "
-                              f"with --job NAME")
-        return BatchError(f"job {self.job!r} already exists, started from {info.input_path} ({info.total} items), and "
-                          f"{path} is a different file ({difference}); nothing was sent. Name a new job with --job NAME, "
-                          f"or go on with `capmon batch resume {self.job}`, or to make it the job's input, {take}")
+            return BatchError(
+                f"{path} changed since job {self.job!r} was created: {difference}; nothing was sent. "
+                f"To take the file as it is now, {take}; or put the old file back, or start a new job "
+                f"with --job NAME"
+            )
+        return BatchError(
+            f"job {self.job!r} already exists, started from {info.input_path} ({info.total} items), and "
+            f"{path} is a different file ({difference}); nothing was sent. Name a new job with --job NAME, "
+            f"or go on with `capmon batch resume {self.job}`, or to make it the job's input, {take}"
+        )
 
     def _check_unfinished(self, info: JobInfo) -> JobInfo:
         """An ingest cut short goes on only against the very file it started reading."""
@@ -142,12 +162,20 @@ class Ingest:
         size, fp = file_fingerprint(path)
         stored_fp = info.input_fingerprint or ""
         legacy = not stored_fp.startswith(FINGERPRINT_PREFIX)
-        same = (legacy_fingerprint(path) == (info.input_size, stored_fp)) if legacy else (size, fp) == (
-            info.input_size, stored_fp)
+        same = (
+            (legacy_fingerprint(path) == (info.input_size, stored_fp))
+            if legacy
+            else (size, fp) == (info.input_size, stored_fp)
+        )
         if same:
             if legacy:  # read by an older capmon: hashes from now on
-                store.backfill_line_hashes(info.id, ((raw.line, raw.hash) for raw in itertools.takewhile(
-                    lambda r: r.line <= info.ingest_line, read_lines(path))))
+                store.backfill_line_hashes(
+                    info.id,
+                    (
+                        (raw.line, raw.hash)
+                        for raw in itertools.takewhile(lambda r: r.line <= info.ingest_line, read_lines(path))
+                    ),
+                )
             if legacy or str(path) != info.input_path:
                 store.set_input(info.id, input_path=str(path), input_size=size, fingerprint=fp)
                 return store.require(self.job)
@@ -167,8 +195,10 @@ class Ingest:
         """A job read whole: its input must be the file it read, unless asked to take the new one."""
         store, path = self.store, self._input_of(info)
         if self.input_path is None and not path.is_file():
-            self._note(f"{path}: job {self.job!r}'s input is no longer there; going on with the {info.total} items "
-                       f"stored from it")
+            self._note(
+                f"{path}: job {self.job!r}'s input is no longer there; going on with the {info.total} items "
+                f"stored from it"
+            )
             return info
         size, fp = file_fingerprint(path)
         stored_fp = info.input_fingerprint or ""
@@ -183,17 +213,20 @@ class Ingest:
         if not self.accept_changed_input:
             raise self._changed(info, path, difference)
         check_text(path)
-        done = changes.reconcile(store, info, path, size=size, fingerprint=fp, models=self.models,
-                                 now=self.clock.wall())
+        done = changes.reconcile(
+            store, info, path, size=size, fingerprint=fp, models=self.models, now=self.clock.wall()
+        )
         self._note(f"{path}: changed since job {self.job!r} was created ({difference}); taken as asked: {done}")
         return store.require(self.job)
 
     def _check_legacy(self, info: JobInfo, path: Path, size: int, fp: str) -> JobInfo:
         """A job made by a capmon that kept only a hash of the first 64 KiB and no line hashes."""
         if legacy_fingerprint(path) != (info.input_size, info.input_fingerprint):
-            raise BatchError(f"job {self.job!r} was started from {info.input_path} by an older capmon, and {path} "
-                             f"differs from it; which lines changed cannot be told for such a job, so nothing was "
-                             f"sent: put the old file back, or start a new job with --job NAME")
+            raise BatchError(
+                f"job {self.job!r} was started from {info.input_path} by an older capmon, and {path} "
+                f"differs from it; which lines changed cannot be told for such a job, so nothing was "
+                f"sent: put the old file back, or start a new job with --job NAME"
+            )
         # The best that can be known: take the file as the job's, with its line hashes, from now on.
         self.store.backfill_line_hashes(info.id, ((raw.line, raw.hash) for raw in read_lines(path)))
         self.store.set_input(info.id, input_path=str(path), input_size=size, fingerprint=fp)
@@ -221,11 +254,37 @@ class Ingest:
             for raw in read_lines(path, info.ingest_offset, info.ingest_line + 1, hasher):
                 parsed = parse_line(raw.line, raw.data, self.models)
                 if isinstance(parsed, Item):
-                    rows.append((raw.line, parsed.id, ItemState.PENDING, parsed.messages_json, parsed.model,
-                                 parsed.max_tokens, parsed.temperature, parsed.metadata_json, None, None, raw.hash))
+                    rows.append(
+                        (
+                            raw.line,
+                            parsed.id,
+                            ItemState.PENDING,
+                            parsed.messages_json,
+                            parsed.model,
+                            parsed.max_tokens,
+                            parsed.temperature,
+                            parsed.metadata_json,
+                            None,
+                            None,
+                            raw.hash,
+                        )
+                    )
                 else:
-                    rows.append((raw.line, parsed.id, ItemState.FAILED, None, None, None, None, None,
-                                 BatchKind.BAD_INPUT, parsed.message, raw.hash))
+                    rows.append(
+                        (
+                            raw.line,
+                            parsed.id,
+                            ItemState.FAILED,
+                            None,
+                            None,
+                            None,
+                            None,
+                            None,
+                            BatchKind.BAD_INPUT,
+                            parsed.message,
+                            raw.hash,
+                        )
+                    )
                 offset, line = raw.end, raw.line
                 if len(rows) >= INGEST_CHUNK:
                     store.ingest_chunk(info.id, rows, offset=offset, line=line, now=self.clock.wall())
@@ -237,8 +296,11 @@ class Ingest:
         except OSError as e:
             raise BatchError(f"{path}: cannot read: {e.strerror or e}") from None
         if FINGERPRINT_PREFIX + hasher.hexdigest() != info.input_fingerprint:
-            raise self._refuse(info, f"{path} changed while job {self.job!r} was being read (an editor or a program "
-                                     f"writing it?); nothing was sent; run it again when the file is complete")
+            raise self._refuse(
+                info,
+                f"{path} changed while job {self.job!r} was being read (an editor or a program "
+                f"writing it?); nothing was sent; run it again when the file is complete",
+            )
         info = store.require(self.job)
         if info.total == 0:
             raise self._refuse(info, f"{path} is empty: no items to run (one JSON object per line)")
@@ -246,8 +308,11 @@ class Ingest:
         if dups:
             more = store.duplicate_count(info.id) - len(dups)
             listed = "; ".join(f"{i!r} on lines {', '.join(map(str, lines))}" for i, lines in dups)
-            raise self._refuse(info, f"{path}: duplicate ids: {listed}{f' (and {more} more)' if more > 0 else ''}; "
-                                     f"every id must be unique, so nothing was sent")
+            raise self._refuse(
+                info,
+                f"{path}: duplicate ids: {listed}{f' (and {more} more)' if more > 0 else ''}; "
+                f"every id must be unique, so nothing was sent",
+            )
         store.set_job(info.id, state=JobState.READY)
         return store.require(self.job)
 
@@ -270,14 +335,20 @@ class Ingest:
         listed = ", ".join(names)
         for old, new in remap.items():
             if new not in names:
-                raise OptionError("remap", f"no model named {new!r} in the config (models: {listed})",
-                                  value=f"{old}={new}" + ("" if old in asked else " (remembered from an earlier run)"))
-        missing = [(m, n, line) for m, n, line in self.store.unfinished_models(info.id)
-                   if m not in names and m not in remap]
+                raise OptionError(
+                    "remap",
+                    f"no model named {new!r} in the config (models: {listed})",
+                    value=f"{old}={new}" + ("" if old in asked else " (remembered from an earlier run)"),
+                )
+        missing = [
+            (m, n, line) for m, n, line in self.store.unfinished_models(info.id) if m not in names and m not in remap
+        ]
         if missing:
             what = "; ".join(f"{n} name {m!r} (first on line {line})" for m, n, line in missing)
             flags = " ".join(f"--remap {m}=MODEL" for m, _, _ in missing)
-            raise BatchError(f"job {self.job!r}: items not sent yet name models the config no longer has: {what}; "
-                             f"the config has {listed}; nothing was sent. Say where they go with {flags}, "
-                             f"or put the model back in the config")
+            raise BatchError(
+                f"job {self.job!r}: items not sent yet name models the config no longer has: {what}; "
+                f"the config has {listed}; nothing was sent. Say where they go with {flags}, "
+                f"or put the model back in the config"
+            )
         return remap

@@ -21,7 +21,7 @@ import json
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, Union
+from typing import Any, Protocol
 
 _KNOWN_KEYS = ("id", "messages", "model", "max_tokens", "temperature", "metadata")
 
@@ -52,7 +52,7 @@ class LineError:
         return f"line {self.line}: {self.message}"
 
 
-Parsed = Union[Item, LineError]
+Parsed = Item | LineError
 
 
 def line_id(line: int) -> str:
@@ -61,8 +61,18 @@ def line_id(line: int) -> str:
 
 
 def _type_name(value: Any) -> str:
-    return "null" if value is None else {"str": "string", "int": "number", "float": "number", "bool": "boolean",
-                                         "list": "list", "dict": "object"}.get(type(value).__name__, type(value).__name__)
+    return (
+        "null"
+        if value is None
+        else {
+            "str": "string",
+            "int": "number",
+            "float": "number",
+            "bool": "boolean",
+            "list": "list",
+            "dict": "object",
+        }.get(type(value).__name__, type(value).__name__)
+    )
 
 
 def _short(value: Any) -> str:
@@ -91,7 +101,10 @@ def _check_messages(messages: Any) -> str | None:
             if not all(isinstance(part, dict) for part in content):
                 return f"messages[{i}].content: expected a string or a list of part objects"
         elif not isinstance(content, str):
-            return f"messages[{i}].content: expected a string or a list of parts, got {_type_name(content)} {_short(content)}"
+            return (
+                f"messages[{i}].content: expected a string or a list of parts, "
+                f"got {_type_name(content)} {_short(content)}"
+            )
     return None
 
 
@@ -106,7 +119,9 @@ def parse_line(line: int, raw: bytes | str, models: Collection[str] | None = Non
     try:
         obj = json.loads(text)
     except ValueError as e:
-        return LineError(line, line_id(line), f"not valid JSON: {getattr(e, 'msg', e)} (column {getattr(e, 'colno', '?')})")
+        return LineError(
+            line, line_id(line), f"not valid JSON: {getattr(e, 'msg', e)} (column {getattr(e, 'colno', '?')})"
+        )
     if not isinstance(obj, dict):
         return LineError(line, line_id(line), f"expected a JSON object, got {_type_name(obj)}")
 
@@ -118,7 +133,11 @@ def parse_line(line: int, raw: bytes | str, models: Collection[str] | None = Non
     elif isinstance(raw_id, int) and not isinstance(raw_id, bool):
         item_id = str(raw_id)
     else:
-        return LineError(line, line_id(line), f"id: expected a non-empty string or a whole number, got {_type_name(raw_id)} {_short(raw_id)}")
+        return LineError(
+            line,
+            line_id(line),
+            f"id: expected a non-empty string or a whole number, got {_type_name(raw_id)} {_short(raw_id)}",
+        )
 
     def bad(message: str) -> LineError:
         return LineError(line, item_id, message)
@@ -146,13 +165,20 @@ def parse_line(line: int, raw: bytes | str, models: Collection[str] | None = Non
     metadata = obj.get("metadata")
     messages_json = json.dumps(obj["messages"], ensure_ascii=False, separators=(",", ":"))
     metadata_json = None if metadata is None else json.dumps(metadata, ensure_ascii=False, separators=(",", ":"))
-    texts: tuple[tuple[str, str | None], ...] = (("id", item_id), ("messages", messages_json), ("metadata", metadata_json))
+    texts: tuple[tuple[str, str | None], ...] = (
+        ("id", item_id),
+        ("messages", messages_json),
+        ("metadata", metadata_json),
+    )
     for name, value in texts:
         bad_char = _lone_surrogate(value)
         if bad_char is not None:
-            return LineError(line, line_id(line) if name == "id" else item_id,
-                             f"{name}: holds the escape {bad_char}, half of a UTF-16 pair and no character; "
-                             f"expected valid Unicode text")
+            return LineError(
+                line,
+                line_id(line) if name == "id" else item_id,
+                f"{name}: holds the escape {bad_char}, half of a UTF-16 pair and no character; "
+                f"expected valid Unicode text",
+            )
     return Item(
         line=line,
         id=item_id,
@@ -205,11 +231,13 @@ def sniff(head: bytes) -> str | None:
     # UTF-16 without a byte-order mark: ASCII text has a NUL in every other byte.
     pairs = len(head) // 2
     if pairs:
-        even, odd = head[0:pairs * 2:2].count(0), head[1:pairs * 2:2].count(0)
+        even, odd = head[0 : pairs * 2 : 2].count(0), head[1 : pairs * 2 : 2].count(0)
         if max(even, odd) >= 0.9 * pairs and min(even, odd) <= 0.1 * pairs:
             order = "LE" if odd > even else "BE"
-            return (f"is UTF-16{order} text (every other byte is NUL); expected UTF-8 JSONL, one JSON object per line "
-                    f"(convert it: iconv -f UTF-16{order} -t UTF-8)")
+            return (
+                f"is UTF-16{order} text (every other byte is NUL); expected UTF-8 JSONL, one JSON object per line "
+                f"(convert it: iconv -f UTF-16{order} -t UTF-8)"
+            )
     return f"is not a text file (a NUL byte at offset {nul}); expected UTF-8 JSONL, one JSON object per line"
 
 
@@ -250,8 +278,7 @@ def read_lines(path: Path, offset: int = 0, first_line: int = 1, hasher: Hasher 
             start = pos
             pos += len(data)
             if data.strip():
-                text = data[len(UTF8_BOM):] if start == 0 and data.startswith(UTF8_BOM) else data
+                text = data[len(UTF8_BOM) :] if start == 0 and data.startswith(UTF8_BOM) else data
                 if text.strip():
                     yield RawLine(number, pos, text, line_hash(data))
             number += 1
-

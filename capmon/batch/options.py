@@ -31,8 +31,9 @@ def parse_remap(pairs: Iterable[str]) -> dict[str, str]:
         old, sep, new = pair.partition("=")
         old, new = old.strip(), new.strip()
         if not sep or not old or not new:
-            raise OptionError("remap", "expected OLD=NEW, a model the job's items name and one in the config",
-                              value=pair)
+            raise OptionError(
+                "remap", "expected OLD=NEW, a model the job's items name and one in the config", value=pair
+            )
         if old in out and out[old] != new:
             raise OptionError("remap", f"given twice ({out[old]} and {new})", value=old)
         out[old] = new

@@ -40,7 +40,9 @@ class Window:
                 raise OptionError("window", f"{h:02d}:{mm:02d} is not a time of day (in {text!r})")
         start, end = h1 * 60 + m1, h2 * 60 + m2
         if start % 1440 == end % 1440:
-            raise OptionError("window", f"start and end are the same ({text!r}); leave the window out to send at any time")
+            raise OptionError(
+                "window", f"start and end are the same ({text!r}); leave the window out to send at any time"
+            )
         return Window(start % 1440, end if end == 1440 else end % 1440)
 
     def __str__(self) -> str:
@@ -107,8 +109,15 @@ class Pacing:
             raise OptionError("concurrency", f"expected a whole number >= 1, got {concurrency}")
         if rate is not None:
             check_rate(rate)
-        return Pacing(concurrency, rate, Window.parse(window) if isinstance(window, str) and window else
-                      window if isinstance(window, Window) else None)
+        return Pacing(
+            concurrency,
+            rate,
+            Window.parse(window)
+            if isinstance(window, str) and window
+            else window
+            if isinstance(window, Window)
+            else None,
+        )
 
 
 async def wait_event(clock: Clock, event: asyncio.Event, timeout: float | None) -> None:

@@ -43,8 +43,11 @@ def render(p: BatchProgress, width: int = 100) -> str:
     models = "  ".join(f"{m} {n}" for m, n in p.per_model)
     if p.state == JobState.WAITING_WINDOW:
         opens = p.opens_at
-        speed = (f"window opens {text.day_time(opens, p.wall)} (in {text.duration(opens - p.wall)})" if opens
-                 else "waiting for the window")
+        speed = (
+            f"window opens {text.day_time(opens, p.wall)} (in {text.duration(opens - p.wall)})"
+            if opens
+            else "waiting for the window"
+        )
     elif p.state == JobState.FINISHED:
         speed = "finished"
     else:

@@ -102,7 +102,7 @@ def _utf8_size(text: str) -> tuple[int, str]:
 def _cap(message: str | None) -> str | None:
     if message is None or len(message) <= MAX_ERROR_MESSAGE:
         return message
-    return message[:MAX_ERROR_MESSAGE - 1] + "…"
+    return message[: MAX_ERROR_MESSAGE - 1] + "…"
 
 
 # (ok, model, kind) of a finished item, for its BatchItemDone.
@@ -110,13 +110,28 @@ Finish = tuple[bool, str | None, str | None]
 
 
 class BatchRunner:
-    def __init__(self, client: BatchClient, db_path: Path, job: str, *, input_path: Path | None = None,
-                 concurrency: int = DEFAULT_CONCURRENCY, rate: float | None = None, window: Window | str | None = None,
-                 clock: Clock | None = None, bus: ev.EventBus | None = None,
-                 flush_interval: float = 0.1, flush_rows: int = 500, progress_interval: float = 0.5,
-                 park_base: float = 5.0, park_cap: float = 300.0, rng: random.Random | None = None,
-                 accept_changed_input: bool = False, remap: Mapping[str, str] | None = None,
-                 write_give_up: float = WRITE_GIVE_UP) -> None:
+    def __init__(
+        self,
+        client: BatchClient,
+        db_path: Path,
+        job: str,
+        *,
+        input_path: Path | None = None,
+        concurrency: int = DEFAULT_CONCURRENCY,
+        rate: float | None = None,
+        window: Window | str | None = None,
+        clock: Clock | None = None,
+        bus: ev.EventBus | None = None,
+        flush_interval: float = 0.1,
+        flush_rows: int = 500,
+        progress_interval: float = 0.5,
+        park_base: float = 5.0,
+        park_cap: float = 300.0,
+        rng: random.Random | None = None,
+        accept_changed_input: bool = False,
+        remap: Mapping[str, str] | None = None,
+        write_give_up: float = WRITE_GIVE_UP,
+    ) -> None:
         if not job or not job.strip():
             raise BatchError("a job needs a name")
         self.pacing = Pacing.of(concurrency, rate, window)
@@ -148,14 +163,28 @@ class BatchRunner:
         self._workers: list[asyncio.Task[None]] = []
         self.sent = 0
 
-        self._scheduler = Scheduler(self.clock, self.pacing, self._page, park_base=park_base, park_cap=park_cap,
-                                    rng=rng)
-        self._audit = AuditLog(clock=self.clock, accept=lambda r: r.job == self.job,
-                               numbering=lambda r, a: self._attempt_base.get(r.item_id or "", 0) + a.number)
-        self._writer = ResultWriter(job, self.db_path, self.clock, self.bus, self._audit, job_fields=self._job_fields,
-                                    on_failing=self._save_failing, on_saved=self._saved_again,
-                                    on_give_up=self._stop_for, flush_interval=flush_interval, flush_rows=flush_rows,
-                                    give_up=write_give_up)
+        self._scheduler = Scheduler(
+            self.clock, self.pacing, self._page, park_base=park_base, park_cap=park_cap, rng=rng
+        )
+        self._audit = AuditLog(
+            clock=self.clock,
+            accept=lambda r: r.job == self.job,
+            numbering=lambda r, a: self._attempt_base.get(r.item_id or "", 0) + a.number,
+        )
+        self._writer = ResultWriter(
+            job,
+            self.db_path,
+            self.clock,
+            self.bus,
+            self._audit,
+            job_fields=self._job_fields,
+            on_failing=self._save_failing,
+            on_saved=self._saved_again,
+            on_give_up=self._stop_for,
+            flush_interval=flush_interval,
+            flush_rows=flush_rows,
+            give_up=write_give_up,
+        )
 
     # ------------------------------------------------------------ control
 
@@ -216,16 +245,36 @@ class BatchRunner:
         eta = remaining / rate if rate > 0 and remaining is not None else None
         opens = self.window.opens_at(wall) if state is JobState.WAITING_WINDOW and self.window else None
         return ev.BatchProgress(
-            at=now, wall=wall, job=self.job, total=total, done=w.done, failed=w.failed, parked=parked,
-            pending=pending, in_flight=in_flight, per_model=tuple(w.per_model.most_common()), rate=rate,
-            eta=eta, state=state, opens_at=opens, message=self._message,
+            at=now,
+            wall=wall,
+            job=self.job,
+            total=total,
+            done=w.done,
+            failed=w.failed,
+            parked=parked,
+            pending=pending,
+            in_flight=in_flight,
+            per_model=tuple(w.per_model.most_common()),
+            rate=rate,
+            eta=eta,
+            state=state,
+            opens_at=opens,
+            message=self._message,
         )
 
     @staticmethod
     def _counters(p: ev.BatchProgress) -> dict[str, Any]:
-        return {"done": p.done, "failed": p.failed, "parked": p.parked, "pending": p.pending,
-                "in_flight": p.in_flight, "per_model": dict(p.per_model), "rate": round(p.rate, 3),
-                "eta": None if p.eta is None else round(p.eta, 1), "opens_at": p.opens_at}
+        return {
+            "done": p.done,
+            "failed": p.failed,
+            "parked": p.parked,
+            "pending": p.pending,
+            "in_flight": p.in_flight,
+            "per_model": dict(p.per_model),
+            "rate": round(p.rate, 3),
+            "eta": None if p.eta is None else round(p.eta, 1),
+            "opens_at": p.opens_at,
+        }
 
     def _job_fields(self) -> dict[str, Any]:
         """What every commit writes to the job row: the counters it makes true."""
@@ -256,8 +305,10 @@ class BatchRunner:
             self._phase = JobState.RUNNING
             self._sample()
             self._publish_progress()
-            workers = self._workers = [asyncio.create_task(self._worker(), name=f"capmon-batch:{self.job}:{i}")
-                                       for i in range(self.concurrency)]
+            workers = self._workers = [
+                asyncio.create_task(self._worker(), name=f"capmon-batch:{self.job}:{i}")
+                for i in range(self.concurrency)
+            ]
             tasks = [*workers, asyncio.create_task(self._writer.run()), asyncio.create_task(self._ticker())]
             # Not gather: on a halt the workers are cancelled, and that is not this task's cancellation.
             await asyncio.wait(workers)
@@ -281,10 +332,19 @@ class BatchRunner:
         total = self._total or 0
         w = self._writer
         parked = self._scheduler.parked
-        return JobSummary(job=self.job, total=total, done=w.done, failed=w.failed, parked=parked,
-                          pending=max(0, total - w.done - w.failed - parked), state=state,
-                          per_model=tuple(w.per_model.most_common()), sent=self.sent - sent_before,
-                          elapsed=self.clock.now() - t0, db_path=self.db_path)
+        return JobSummary(
+            job=self.job,
+            total=total,
+            done=w.done,
+            failed=w.failed,
+            parked=parked,
+            pending=max(0, total - w.done - w.failed - parked),
+            state=state,
+            per_model=tuple(w.per_model.most_common()),
+            sent=self.sent - sent_before,
+            elapsed=self.clock.now() - t0,
+            db_path=self.db_path,
+        )
 
     async def _ticker(self) -> None:
         while True:
@@ -309,16 +369,25 @@ class BatchRunner:
                     p = self.progress()
                     # An ingest cut short stays "ingesting": the next run goes on reading the file.
                     state = final if self._info.ingested else JobState.INGESTING
-                    store.release(self._info.id, self._owner, state=state, message=self._message,
-                                  counters=self._counters(p), heartbeat=self.clock.wall(), updated=self.clock.wall())
+                    store.release(
+                        self._info.id,
+                        self._owner,
+                        state=state,
+                        message=self._message,
+                        counters=self._counters(p),
+                        heartbeat=self.clock.wall(),
+                        updated=self.clock.wall(),
+                    )
                 except BatchError as e:
                     # Still unwritable: what is not saved is sent again on resume (a lease of a
                     # process that is gone is free). The first cause is the one to report.
                     lease.forget_owner(self._owner)
                     self._writer.save_error = self._writer.save_error or e
                     if self._halt is None:
-                        self._halt = BatchError(f"job {self.job!r} stopped: its last results cannot be saved: {e}; "
-                                                f"run `capmon batch resume {self.job}` to send them again")
+                        self._halt = BatchError(
+                            f"job {self.job!r} stopped: its last results cannot be saved: {e}; "
+                            f"run `capmon batch resume {self.job}` to send them again"
+                        )
                     log.info("job %r: last save failed: %s", self.job, e)
                 self.bus.publish(self.progress())
         finally:
@@ -330,8 +399,15 @@ class BatchRunner:
 
     async def _open(self) -> None:
         store = self._store = JobStore(self.db_path)
-        ingest = Ingest(store, self.job, self.input_path, models=self.client.model_names(), clock=self.clock,
-                        accept_changed_input=self.accept_changed_input, note=self._note)
+        ingest = Ingest(
+            store,
+            self.job,
+            self.input_path,
+            models=self.client.model_names(),
+            clock=self.clock,
+            accept_changed_input=self.accept_changed_input,
+            note=self._note,
+        )
         info = store.job(self.job)
         wall = self.clock.wall()
         created = info is None
@@ -342,8 +418,10 @@ class BatchRunner:
         try:
             free = self._writer.free_bytes()
             if free is not None and free < LOW_DISK_BYTES:
-                raise BatchError(f"{self.db_path}: database or disk is full: {free:,} bytes free on the disk that holds "
-                                 f"it; nothing was sent; free space, then run `capmon batch resume {self.job}`")
+                raise BatchError(
+                    f"{self.db_path}: database or disk is full: {free:,} bytes free on the disk that holds "
+                    f"it; nothing was sent; free space, then run `capmon batch resume {self.job}`"
+                )
             if not created:  # a new job was fingerprinted a moment ago
                 info = ingest.check(info)
         except BaseException:
@@ -364,21 +442,26 @@ class BatchRunner:
             store.release(info.id, self._owner)
             raise
         store.requeue_in_flight(info.id)
-        store.set_job(info.id, settings=self._settings(info.settings), state=JobState.RUNNING, message="",
-                      updated=wall)
+        store.set_job(info.id, settings=self._settings(info.settings), state=JobState.RUNNING, message="", updated=wall)
         counts = store.counts(info.id)
         self._total = info.total
-        self._writer.count(done=counts[ItemState.DONE], failed=counts[ItemState.FAILED],
-                           per_model=store.served_by_model(info.id))
+        self._writer.count(
+            done=counts[ItemState.DONE], failed=counts[ItemState.FAILED], per_model=store.served_by_model(info.id)
+        )
         self._scheduler.load_parked(store.parked(info.id), wall)
 
     def _ingested(self, total: int) -> None:
         self._total = total
 
     def _settings(self, saved: Mapping[str, Any]) -> dict[str, Any]:
-        return {**saved, "concurrency": self.concurrency, "rate": self.rate,
-                "window": str(self.window) if self.window else None, "max_response_bytes": self.max_response_bytes,
-                "remap": self._remap}
+        return {
+            **saved,
+            "concurrency": self.concurrency,
+            "rate": self.rate,
+            "window": str(self.window) if self.window else None,
+            "max_response_bytes": self.max_response_bytes,
+            "remap": self._remap,
+        }
 
     def _page(self, after_key: int, limit: int) -> list[StoredItem]:
         assert self._store is not None and self._info is not None
@@ -410,8 +493,14 @@ class BatchRunner:
 
     def _request(self, item: StoredItem) -> ChatRequest:
         model = self._remap.get(item.model, item.model) if item.model else None
-        return ChatRequest(messages=tuple(json.loads(item.messages_json)), model=model,
-                           max_tokens=item.max_tokens, temperature=item.temperature, item_id=item.id, job=self.job)
+        return ChatRequest(
+            messages=tuple(json.loads(item.messages_json)),
+            model=model,
+            max_tokens=item.max_tokens,
+            temperature=item.temperature,
+            item_id=item.id,
+            job=self.job,
+        )
 
     async def _send(self, item: StoredItem) -> None:
         self._active[item.key] = item
@@ -428,9 +517,19 @@ class BatchRunner:
         except Exception as e:
             log.exception("item %s: the client raised %s", item.id, type(e).__name__)
             kind = BatchKind.INTERNAL if not isinstance(e, CapmonError) else BatchKind.ERROR
-            self._record(item, Outcome(item.key, ItemState.FAILED, attempts=item.attempts, parks=item.parks,
-                                       first_model=item.first_model, error_kind=kind,
-                                       error_message=_cap(f"{type(e).__name__}: {e}")), (False, None, kind))
+            self._record(
+                item,
+                Outcome(
+                    item.key,
+                    ItemState.FAILED,
+                    attempts=item.attempts,
+                    parks=item.parks,
+                    first_model=item.first_model,
+                    error_kind=kind,
+                    error_message=_cap(f"{type(e).__name__}: {e}"),
+                ),
+                (False, None, kind),
+            )
         else:
             self._on_done(item, result)
 
@@ -439,8 +538,14 @@ class BatchRunner:
     @staticmethod
     def _back(item: StoredItem, attempts: int | None = None, first: str | None = None) -> Outcome:
         """Back to pending, as it was (a parked item keeps its parks and due time)."""
-        return Outcome(item.key, ItemState.PENDING, attempts=item.attempts if attempts is None else attempts,
-                       parks=item.parks, not_before=item.not_before, first_model=first or item.first_model)
+        return Outcome(
+            item.key,
+            ItemState.PENDING,
+            attempts=item.attempts if attempts is None else attempts,
+            parks=item.parks,
+            not_before=item.not_before,
+            first_model=first or item.first_model,
+        )
 
     def _on_done(self, item: StoredItem, result: ChatResult) -> None:
         first = item.first_model or (result.attempts[0].model if result.attempts else result.model)
@@ -457,24 +562,55 @@ class BatchRunner:
         except KeyError:
             sent_max = item.max_tokens
         outcome = Outcome(
-            item.key, ItemState.DONE, attempts=attempts, parks=item.parks, first_model=first,
-            model=result.model, endpoint=result.endpoint, content=content if result.content is not None else None,
-            fell_back=result.fell_back or first != result.model, max_tokens=sent_max,
-            prompt_tokens=_int(usage.get("prompt_tokens")), completion_tokens=_int(usage.get("completion_tokens")),
+            item.key,
+            ItemState.DONE,
+            attempts=attempts,
+            parks=item.parks,
+            first_model=first,
+            model=result.model,
+            endpoint=result.endpoint,
+            content=content if result.content is not None else None,
+            fell_back=result.fell_back or first != result.model,
+            max_tokens=sent_max,
+            prompt_tokens=_int(usage.get("prompt_tokens")),
+            completion_tokens=_int(usage.get("completion_tokens")),
             latency=result.latency,
         )
         self._record(item, outcome, (True, result.model, None))
 
-    def _refuse_oversized(self, item: StoredItem, result: ChatResult, size: int, attempts: int,
-                          first: str | None) -> None:
-        reason = (f"the answer from {result.model} is {size:,} bytes, over client.max_response_bytes "
-                  f"({self.max_response_bytes:,}): not stored")
+    def _refuse_oversized(
+        self, item: StoredItem, result: ChatResult, size: int, attempts: int, first: str | None
+    ) -> None:
+        reason = (
+            f"the answer from {result.model} is {size:,} bytes, over client.max_response_bytes "
+            f"({self.max_response_bytes:,}): not stored"
+        )
         last = result.attempts[-1] if result.attempts else None
-        self._audit.decision(RunnerDecision.REFUSE, job=self.job, item=item.id, attempt=attempts, model=result.model,
-                             endpoint=result.endpoint, key_alias=last.key_alias if last else None,
-                             status=last.status if last else None, kind=Kind.OVERSIZED, reason=reason)
-        self._record(item, Outcome(item.key, ItemState.FAILED, attempts=attempts, parks=item.parks, first_model=first,
-                                   error_kind=Kind.OVERSIZED, error_message=reason), (False, None, Kind.OVERSIZED))
+        self._audit.decision(
+            RunnerDecision.REFUSE,
+            job=self.job,
+            item=item.id,
+            attempt=attempts,
+            model=result.model,
+            endpoint=result.endpoint,
+            key_alias=last.key_alias if last else None,
+            status=last.status if last else None,
+            kind=Kind.OVERSIZED,
+            reason=reason,
+        )
+        self._record(
+            item,
+            Outcome(
+                item.key,
+                ItemState.FAILED,
+                attempts=attempts,
+                parks=item.parks,
+                first_model=first,
+                error_kind=Kind.OVERSIZED,
+                error_message=reason,
+            ),
+            (False, None, Kind.OVERSIZED),
+        )
 
     def _on_failed(self, item: StoredItem, e: RequestFailed) -> None:
         kind = e.failure.kind
@@ -486,24 +622,46 @@ class BatchRunner:
             self._record(item, self._back(item, attempts, first), None)
             self._stop_for(BatchError(_halt_message(self.job, kind, str(e))))
         else:
-            self._record(item, Outcome(item.key, ItemState.FAILED, attempts=attempts, parks=item.parks,
-                                       first_model=first, error_kind=kind, error_message=_cap(str(e))),
-                         (False, None, kind))
+            self._record(
+                item,
+                Outcome(
+                    item.key,
+                    ItemState.FAILED,
+                    attempts=attempts,
+                    parks=item.parks,
+                    first_model=first,
+                    error_kind=kind,
+                    error_message=_cap(str(e)),
+                ),
+                (False, None, kind),
+            )
 
     def _park(self, item: StoredItem, e: RequestFailed, attempts: int, first: str | None) -> None:
         parks = item.parks + 1
         hint = e.failure.retry_after
         delay = self._scheduler.park_delay(parks, hint)
         last: Attempt | None = e.attempts[-1] if e.attempts else None
-        self._audit.decision(RunnerDecision.PARK, job=self.job, item=item.id, attempt=attempts,
-                             model=last.model if last else None, endpoint=last.endpoint if last else None,
-                             key_alias=last.key_alias if last else None, status=e.failure.status,
-                             kind=e.failure.kind, hint=hint, wait=delay,
-                             reason=f"parked for {delay:.1f}s (park {parks}): {e}")
+        self._audit.decision(
+            RunnerDecision.PARK,
+            job=self.job,
+            item=item.id,
+            attempt=attempts,
+            model=last.model if last else None,
+            endpoint=last.endpoint if last else None,
+            key_alias=last.key_alias if last else None,
+            status=e.failure.status,
+            kind=e.failure.kind,
+            hint=hint,
+            wait=delay,
+            reason=f"parked for {delay:.1f}s (park {parks}): {e}",
+        )
         due_wall = self.clock.wall() + delay
         parked = dataclasses.replace(item, attempts=attempts, parks=parks, not_before=due_wall, first_model=first)
-        self._record(item, Outcome(item.key, ItemState.PARKED, attempts=attempts, parks=parks, not_before=due_wall,
-                                   first_model=first), None)
+        self._record(
+            item,
+            Outcome(item.key, ItemState.PARKED, attempts=attempts, parks=parks, not_before=due_wall, first_model=first),
+            None,
+        )
         self._scheduler.park(parked, delay)
 
     def _record(self, item: StoredItem, outcome: Outcome, finished: Finish | None) -> None:
@@ -533,8 +691,10 @@ class BatchRunner:
     def _save_failing(self, error: BatchError) -> None:
         """The writer's first failed save: start nothing new until one succeeds (what is in flight finishes)."""
         self._scheduler.block()
-        self._message = (f"cannot save results: {error}; sending paused (the items in flight finish); the job halts "
-                         f"if saving still fails in {self._writer.give_up:g}s")
+        self._message = (
+            f"cannot save results: {error}; sending paused (the items in flight finish); the job halts "
+            f"if saving still fails in {self._writer.give_up:g}s"
+        )
         self._note(self._message, "error")
         self._publish_progress()
 
@@ -550,9 +710,12 @@ def _int(value: Any) -> int | None:
 
 def _halt_message(job: str, kind: Kind, detail: str) -> str:
     if kind is Kind.AUTH:
-        what = ("the provider refused the key (401/403): that is the key, not capacity; fix the key "
-                "(or the model's access)")
+        what = (
+            "the provider refused the key (401/403): that is the key, not capacity; fix the key (or the model's access)"
+        )
     else:
-        what = ("a quota or spend limit is used up: that is billing, not capacity, and retrying will not help; "
-                "raise the limit or wait for its reset")
+        what = (
+            "a quota or spend limit is used up: that is billing, not capacity, and retrying will not help; "
+            "raise the limit or wait for its reset"
+        )
     return f"job {job!r} halted: {what}, then run `capmon batch resume {job}`. Last error: {detail}"

@@ -57,8 +57,16 @@ class _Gate:
 class Scheduler:
     """``page(after_key, limit)`` reads the next pending items from the store."""
 
-    def __init__(self, clock: Clock, pacing: Pacing, page: Callable[[int, int], list[StoredItem]], *,
-                 park_base: float = 5.0, park_cap: float = 300.0, rng: random.Random | None = None) -> None:
+    def __init__(
+        self,
+        clock: Clock,
+        pacing: Pacing,
+        page: Callable[[int, int], list[StoredItem]],
+        *,
+        park_base: float = 5.0,
+        park_cap: float = 300.0,
+        rng: random.Random | None = None,
+    ) -> None:
         self.clock = clock
         self.pacing = pacing
         self.window = pacing.window

@@ -102,6 +102,7 @@ CREATE INDEX IF NOT EXISTS items_by_state ON items(job_id, state);
 CREATE INDEX IF NOT EXISTS items_by_id ON items(job_id, id);
 """
 
+
 def default_db_path(environ: Mapping[str, str] | None = None) -> Path:
     """$CAPMON_DB, else $XDG_DATA_HOME/capmon/jobs.db (~/.local/share/capmon/jobs.db)."""
     env = os.environ if environ is None else environ
@@ -133,8 +134,10 @@ class JobInfo:
     owner: str | None
     heartbeat: float | None
 
-    _COLUMNS = ("id, name, created, updated, input_path, input_size, input_fingerprint, ingest_offset, ingest_line, "
-                "total, state, message, settings, counters, owner, heartbeat")
+    _COLUMNS = (
+        "id, name, created, updated, input_path, input_size, input_fingerprint, ingest_offset, ingest_line, "
+        "total, state, message, settings, counters, owner, heartbeat"
+    )
 
     @staticmethod
     def of(row: Sequence[Any]) -> JobInfo:
@@ -165,7 +168,9 @@ class StoredItem:
     not_before: float | None
     first_model: str | None
 
-    COLUMNS = "key, line, id, messages, req_model, req_max_tokens, temperature, attempts, parks, not_before, first_model"
+    COLUMNS = (
+        "key, line, id, messages, req_model, req_max_tokens, temperature, attempts, parks, not_before, first_model"
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,15 +195,33 @@ class Outcome:
     error_message: str | None = None
 
 
-_OUTCOME_SQL = ("UPDATE items SET state=?, attempts=?, parks=?, not_before=?, first_model=?, model=?, endpoint=?, "
-                "content=?, fell_back=?, max_tokens=?, prompt_tokens=?, completion_tokens=?, latency=?, error_kind=?, "
-                "error_message=?, updated=? WHERE key=?")
+_OUTCOME_SQL = (
+    "UPDATE items SET state=?, attempts=?, parks=?, not_before=?, first_model=?, model=?, endpoint=?, "
+    "content=?, fell_back=?, max_tokens=?, prompt_tokens=?, completion_tokens=?, latency=?, error_kind=?, "
+    "error_message=?, updated=? WHERE key=?"
+)
 
 
 def _outcome_args(o: Outcome, now: float) -> tuple[Any, ...]:
-    return (o.state, o.attempts, o.parks, o.not_before, o.first_model, o.model, o.endpoint, o.content,
-            None if o.fell_back is None else int(o.fell_back), o.max_tokens, o.prompt_tokens, o.completion_tokens,
-            o.latency, o.error_kind, o.error_message, now, o.key)
+    return (
+        o.state,
+        o.attempts,
+        o.parks,
+        o.not_before,
+        o.first_model,
+        o.model,
+        o.endpoint,
+        o.content,
+        None if o.fell_back is None else int(o.fell_back),
+        o.max_tokens,
+        o.prompt_tokens,
+        o.completion_tokens,
+        o.latency,
+        o.error_kind,
+        o.error_message,
+        now,
+        o.key,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,14 +268,17 @@ class JobStore:
             if readonly:
                 if not self.path.exists():
                     raise BatchError(f"{self.path}: no job database here (run `capmon batch run` first, or pass --db)")
-                self.conn = sqlite3.connect(self.path.absolute().as_uri() + "?mode=ro", uri=True, timeout=wait,
-                                            isolation_level=None)
+                self.conn = sqlite3.connect(
+                    self.path.absolute().as_uri() + "?mode=ro", uri=True, timeout=wait, isolation_level=None
+                )
                 self._check_version()
             else:
                 try:
                     self.path.parent.mkdir(parents=True, exist_ok=True)
                 except OSError as e:
-                    raise BatchError(f"{self.path}: cannot create the job database's folder: {e.strerror or e}") from None
+                    raise BatchError(
+                        f"{self.path}: cannot create the job database's folder: {e.strerror or e}"
+                    ) from None
                 self.conn = sqlite3.connect(self.path, timeout=wait, isolation_level=None)
                 mode = self.conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
                 if str(mode).lower() != "wal":
@@ -273,19 +299,27 @@ class JobStore:
         except sqlite3.OperationalError as e:
             text = str(e)
             if "locked" in text or "busy" in text:
-                raise BatchError(f"{self.path}: the job database is locked by another process "
-                                 f"(another capmon batch run, or a tool holding it open); try again when it is done") from None
+                raise BatchError(
+                    f"{self.path}: the job database is locked by another process "
+                    f"(another capmon batch run, or a tool holding it open); try again when it is done"
+                ) from None
             if "readonly" in text or "read-only" in text:
-                raise BatchError(f"{self.path}: the job database is read-only ({text}); pass --db to use another") from None
+                raise BatchError(
+                    f"{self.path}: the job database is read-only ({text}); pass --db to use another"
+                ) from None
             if "unable to open" in text:
                 raise BatchError(f"{self.path}: cannot open the job database ({text})") from None
             if "disk is full" in text:
-                raise BatchError(f"{self.path}: {doing} failed: database or disk is full "
-                                 f"(free space on the disk that holds {self.path.parent})") from None
+                raise BatchError(
+                    f"{self.path}: {doing} failed: database or disk is full "
+                    f"(free space on the disk that holds {self.path.parent})"
+                ) from None
             raise BatchError(f"{self.path}: {doing} failed: {text}") from None
         except sqlite3.DatabaseError as e:
-            raise BatchError(f"{self.path}: not a capmon job database, or it is corrupt ({e}); "
-                             f"move it away or pass --db to use another") from None
+            raise BatchError(
+                f"{self.path}: not a capmon job database, or it is corrupt ({e}); "
+                f"move it away or pass --db to use another"
+            ) from None
 
     def _check_version(self) -> None:
         version = self.conn.execute("PRAGMA user_version").fetchone()[0]
@@ -294,8 +328,10 @@ class JobStore:
         if version == 0:
             tables = {r[0] for r in self.conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
             if tables and not {"jobs", "items"} <= tables:
-                raise BatchError(f"{self.path}: not a capmon job database (it has tables {', '.join(sorted(tables))}); "
-                                 f"pass --db to use another file")
+                raise BatchError(
+                    f"{self.path}: not a capmon job database (it has tables {', '.join(sorted(tables))}); "
+                    f"pass --db to use another file"
+                )
 
     def _upgrade(self) -> None:
         columns = {r[1] for r in self.conn.execute("PRAGMA table_info(items)")}
@@ -351,12 +387,15 @@ class JobStore:
             rows = self.conn.execute(f"SELECT {JobInfo._COLUMNS} FROM jobs ORDER BY created, id").fetchall()
         return [JobInfo.of(r) for r in rows]
 
-    def create_job(self, name: str, *, input_path: str, input_size: int, fingerprint: str, settings: Mapping[str, Any],
-                   now: float) -> JobInfo:
+    def create_job(
+        self, name: str, *, input_path: str, input_size: int, fingerprint: str, settings: Mapping[str, Any], now: float
+    ) -> JobInfo:
         with self.transaction("creating the job") as c:
-            c.execute("INSERT INTO jobs (name, created, updated, input_path, input_size, input_fingerprint, state, "
-                      "settings) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                      (name, now, now, input_path, input_size, fingerprint, JobState.INGESTING, _dumps(dict(settings))))
+            c.execute(
+                "INSERT INTO jobs (name, created, updated, input_path, input_size, input_fingerprint, state, "
+                "settings) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (name, now, now, input_path, input_size, fingerprint, JobState.INGESTING, _dumps(dict(settings))),
+            )
         return self.require(name)
 
     def delete_job(self, job_id: int) -> None:
@@ -372,36 +411,49 @@ class JobStore:
         """Forget what an unfinished ingest stored (nothing was sent) and read ``input_path`` from the start."""
         with self.transaction("restarting the ingest") as c:
             c.execute("DELETE FROM items WHERE job_id = ?", (job_id,))
-            c.execute("UPDATE jobs SET input_path = ?, input_size = ?, input_fingerprint = ?, ingest_offset = 0, "
-                      "ingest_line = 0, total = 0, state = ?, updated = ? WHERE id = ?",
-                      (input_path, input_size, fingerprint, JobState.INGESTING, now, job_id))
+            c.execute(
+                "UPDATE jobs SET input_path = ?, input_size = ?, input_fingerprint = ?, ingest_offset = 0, "
+                "ingest_line = 0, total = 0, state = ?, updated = ? WHERE id = ?",
+                (input_path, input_size, fingerprint, JobState.INGESTING, now, job_id),
+            )
 
     def set_input(self, job_id: int, *, input_path: str, input_size: int, fingerprint: str) -> None:
         """The job's input is this file now (the same items, or after a reconcile)."""
         with self.transaction("updating the job's input") as c:
-            c.execute("UPDATE jobs SET input_path = ?, input_size = ?, input_fingerprint = ? WHERE id = ?",
-                      (input_path, input_size, fingerprint, job_id))
+            c.execute(
+                "UPDATE jobs SET input_path = ?, input_size = ?, input_fingerprint = ? WHERE id = ?",
+                (input_path, input_size, fingerprint, job_id),
+            )
 
     def stored_lines(self, job_id: int) -> Generator[tuple[int, str | None], None, None]:
         """(line, line_hash) of every item still in the input, in file order, streamed."""
         with self._errors("reading items"):
-            cur = self.conn.execute(f"SELECT line, line_hash FROM items WHERE job_id = ? AND state != '{ItemState.REMOVED.value}' "
-                                    "ORDER BY line, key", (job_id,))
+            cur = self.conn.execute(
+                f"SELECT line, line_hash FROM items WHERE job_id = ? AND state != '{ItemState.REMOVED.value}' "
+                "ORDER BY line, key",
+                (job_id,),
+            )
             yield from cur
 
     def backfill_line_hashes(self, job_id: int, hashes: Iterator[tuple[int, str]]) -> None:
         """Schema-1 jobs kept no line hashes: take them from a file known to be the job's input."""
         with self.transaction("storing line hashes") as c:
-            c.executemany(f"UPDATE items SET line_hash = ? WHERE job_id = {int(job_id)} AND line = ?",
-                          ((h, line) for line, h in hashes))
+            c.executemany(
+                f"UPDATE items SET line_hash = ? WHERE job_id = {int(job_id)} AND line = ?",
+                ((h, line) for line, h in hashes),
+            )
 
     def unfinished_models(self, job_id: int) -> list[tuple[str, int, int]]:
         """(model, items, first line) of the models named by items not finished yet."""
         with self._errors("reading items"):
-            return [(str(r[0]), int(r[1]), int(r[2])) for r in self.conn.execute(
-                "SELECT req_model, count(*), min(line) FROM items WHERE job_id = ? AND req_model IS NOT NULL "
-                f"AND state IN ({_UNFINISHED}) GROUP BY req_model ORDER BY min(line)",
-                (job_id,))]
+            return [
+                (str(r[0]), int(r[1]), int(r[2]))
+                for r in self.conn.execute(
+                    "SELECT req_model, count(*), min(line) FROM items WHERE job_id = ? AND req_model IS NOT NULL "
+                    f"AND state IN ({_UNFINISHED}) GROUP BY req_model ORDER BY min(line)",
+                    (job_id,),
+                )
+            ]
 
     def ingest_chunk(self, job_id: int, rows: Sequence[tuple[Any, ...]], *, offset: int, line: int, now: float) -> None:
         """Store a chunk of items and how far the input has been read, atomically, so an
@@ -409,25 +461,34 @@ class JobStore:
         model, max_tokens, temperature, metadata, error_kind, error_message[, line_hash])."""
         with self.transaction("storing items") as c:
             c.executemany(
-                "INSERT INTO items (job_id, line, id, state, messages, req_model, req_max_tokens, temperature, metadata, "
-                f"error_kind, error_message, line_hash, updated) VALUES ({int(job_id)}, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, "
-                f"{float(now)!r})", [r if len(r) == 11 else (*r, None) for r in rows])
-            c.execute("UPDATE jobs SET ingest_offset = ?, ingest_line = ?, total = total + ?, updated = ? WHERE id = ?",
-                      (offset, line, len(rows), now, job_id))
+                "INSERT INTO items (job_id, line, id, state, messages, req_model, req_max_tokens, temperature, "
+                "metadata, error_kind, error_message, line_hash, updated) "
+                f"VALUES ({int(job_id)}, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, {float(now)!r})",
+                [r if len(r) == 11 else (*r, None) for r in rows],
+            )
+            c.execute(
+                "UPDATE jobs SET ingest_offset = ?, ingest_line = ?, total = total + ?, updated = ? WHERE id = ?",
+                (offset, line, len(rows), now, job_id),
+            )
 
     def duplicate_ids(self, job_id: int, limit: int = 5) -> list[tuple[str, list[int]]]:
         with self._errors("checking ids"):
             rows = self.conn.execute(
                 "SELECT id, group_concat(line) FROM (SELECT id, line FROM items WHERE job_id = ? AND id IN "
                 "(SELECT id FROM items WHERE job_id = ? GROUP BY id HAVING count(*) > 1) ORDER BY key) "
-                "GROUP BY id ORDER BY min(line) LIMIT ?", (job_id, job_id, limit)).fetchall()
+                "GROUP BY id ORDER BY min(line) LIMIT ?",
+                (job_id, job_id, limit),
+            ).fetchall()
         return [(r[0], [int(x) for x in str(r[1]).split(",")]) for r in rows]
 
     def duplicate_count(self, job_id: int) -> int:
         with self._errors("checking ids"):
-            return int(self.conn.execute(
-                "SELECT count(*) FROM (SELECT id FROM items WHERE job_id = ? GROUP BY id HAVING count(*) > 1)",
-                (job_id,)).fetchone()[0])
+            return int(
+                self.conn.execute(
+                    "SELECT count(*) FROM (SELECT id FROM items WHERE job_id = ? GROUP BY id HAVING count(*) > 1)",
+                    (job_id,),
+                ).fetchone()[0]
+            )
 
     def set_job(self, job_id: int, **fields: Any) -> None:
         allowed = {"state", "message", "settings", "counters", "owner", "heartbeat", "updated"}
@@ -443,8 +504,10 @@ class JobStore:
         with self.transaction("claiming the job") as c:
             held, beat, name = c.execute("SELECT owner, heartbeat, name FROM jobs WHERE id = ?", (job_id,)).fetchone()
             if held and held != owner and lease.owner_alive(held, beat, now):
-                raise BatchError(f"job {name!r} is being run by another process ({lease.describe(held)}); "
-                                 f"stop it first, or use another --job name")
+                raise BatchError(
+                    f"job {name!r} is being run by another process ({lease.describe(held)}); "
+                    f"stop it first, or use another --job name"
+                )
             c.execute("UPDATE jobs SET owner = ?, heartbeat = ? WHERE id = ?", (owner, now, job_id))
         lease.hold(owner)
 
@@ -458,8 +521,10 @@ class JobStore:
         """Items a crashed runner left in flight were never answered (or their answer was
         never committed): they go back to pending."""
         with self.transaction("requeueing items") as c:
-            return c.execute("UPDATE items SET state = ? WHERE job_id = ? AND state = ?",
-                             (ItemState.PENDING, job_id, ItemState.IN_FLIGHT)).rowcount
+            return c.execute(
+                "UPDATE items SET state = ? WHERE job_id = ? AND state = ?",
+                (ItemState.PENDING, job_id, ItemState.IN_FLIGHT),
+            ).rowcount
 
     def counts(self, job_id: int) -> dict[ItemState, int]:
         with self._errors("counting items"):
@@ -470,67 +535,98 @@ class JobStore:
 
     def served_by_model(self, job_id: int) -> dict[str, int]:
         with self._errors("counting items"):
-            rows = self.conn.execute(f"SELECT model, count(*) FROM items WHERE job_id = ? AND state = {_DONE} "
-                                     "GROUP BY model ORDER BY count(*) DESC", (job_id,))
+            rows = self.conn.execute(
+                f"SELECT model, count(*) FROM items WHERE job_id = ? AND state = {_DONE} "
+                "GROUP BY model ORDER BY count(*) DESC",
+                (job_id,),
+            )
             return {str(r[0]): int(r[1]) for r in rows}
 
     def failure_kinds(self, job_id: int) -> dict[str, int]:
         with self._errors("counting failures"):
-            rows = self.conn.execute(f"SELECT error_kind, count(*) FROM items WHERE job_id = ? AND state = {_FAILED} "
-                                     "GROUP BY error_kind ORDER BY count(*) DESC", (job_id,))
+            rows = self.conn.execute(
+                f"SELECT error_kind, count(*) FROM items WHERE job_id = ? AND state = {_FAILED} "
+                "GROUP BY error_kind ORDER BY count(*) DESC",
+                (job_id,),
+            )
             return {str(r[0]): int(r[1]) for r in rows}
 
     def failed_items(self, job_id: int, limit: int = 10) -> list[tuple[int, str, str, str]]:
         """(line, id, kind, message) of the first failed items, in input order."""
         with self._errors("reading failures"):
-            return [tuple(r) for r in self.conn.execute(
-                f"SELECT line, id, error_kind, error_message FROM items WHERE job_id = ? AND state = {_FAILED} "
-                "ORDER BY key LIMIT ?", (job_id, limit))]
+            return [
+                tuple(r)
+                for r in self.conn.execute(
+                    f"SELECT line, id, error_kind, error_message FROM items WHERE job_id = ? AND state = {_FAILED} "
+                    "ORDER BY key LIMIT ?",
+                    (job_id, limit),
+                )
+            ]
 
     def pending_page(self, job_id: int, after_key: int, limit: int) -> list[StoredItem]:
         with self._errors("reading items"):
             rows = self.conn.execute(
                 f"SELECT {StoredItem.COLUMNS} FROM items WHERE job_id = ? AND state = {_PENDING} AND key > ? "
-                "ORDER BY key LIMIT ?", (job_id, after_key, limit)).fetchall()
+                "ORDER BY key LIMIT ?",
+                (job_id, after_key, limit),
+            ).fetchall()
         return [StoredItem(*r) for r in rows]
 
     def parked(self, job_id: int) -> list[StoredItem]:
         with self._errors("reading items"):
-            rows = self.conn.execute(f"SELECT {StoredItem.COLUMNS} FROM items WHERE job_id = ? AND state = ? "
-                                     "ORDER BY key", (job_id, ItemState.PARKED)).fetchall()
+            rows = self.conn.execute(
+                f"SELECT {StoredItem.COLUMNS} FROM items WHERE job_id = ? AND state = ? ORDER BY key",
+                (job_id, ItemState.PARKED),
+            ).fetchall()
         return [StoredItem(*r) for r in rows]
 
-    def commit(self, job_id: int, *, started: Sequence[int], outcomes: Sequence[Outcome],
-               audit_rows: Sequence[audit.Row], job_fields: Mapping[str, Any], now: float) -> None:
+    def commit(
+        self,
+        job_id: int,
+        *,
+        started: Sequence[int],
+        outcomes: Sequence[Outcome],
+        audit_rows: Sequence[audit.Row],
+        job_fields: Mapping[str, Any],
+        now: float,
+    ) -> None:
         """One transaction: items now in flight, outcomes, their audit rows, and the job's
         counters (so another process always reads counters that match the items)."""
         values = [(_dumps(v) if k in ("settings", "counters") else v) for k, v in job_fields.items()]
         with self.transaction("saving results") as c:
             if started:
-                c.executemany(f"UPDATE items SET state = '{ItemState.IN_FLIGHT.value}', updated = {float(now)!r} "
-                              "WHERE key = ?", [(k,) for k in started])
+                c.executemany(
+                    f"UPDATE items SET state = '{ItemState.IN_FLIGHT.value}', updated = {float(now)!r} WHERE key = ?",
+                    [(k,) for k in started],
+                )
             if outcomes:
                 c.executemany(_OUTCOME_SQL, [_outcome_args(o, now) for o in outcomes])
             if audit_rows:
                 audit.write_rows(c, audit_rows)
             if job_fields:
-                c.execute(f"UPDATE jobs SET {', '.join(f'{k} = ?' for k in job_fields)}, updated = ? WHERE id = ?",
-                          (*values, now, job_id))
+                c.execute(
+                    f"UPDATE jobs SET {', '.join(f'{k} = ?' for k in job_fields)}, updated = ? WHERE id = ?",
+                    (*values, now, job_id),
+                )
 
     def results(self, job_id: int) -> Iterator[ResultRecord]:
         """Every item in input order, streamed (an item removed from the input stays where its line was)."""
         with self._errors("reading results"):
             cur = self.conn.execute(
                 "SELECT key, line, id, state, metadata, attempts, model, content, fell_back, error_kind, error_message "
-                "FROM items WHERE job_id = ? ORDER BY line, key", (job_id,))
+                "FROM items WHERE job_id = ? ORDER BY line, key",
+                (job_id,),
+            )
             for r in cur:
                 yield ResultRecord(r[0], r[1], r[2], ItemState(r[3]), r[4], r[5], r[6], r[7], bool(r[8]), r[9], r[10])
 
     def item(self, job_id: int, item_id: str) -> dict[str, Any] | None:
         with self._errors("reading the item"):
-            cur = self.conn.execute("SELECT * FROM items WHERE job_id = ? AND id = ? ORDER BY key LIMIT 1", (job_id, item_id))
+            cur = self.conn.execute(
+                "SELECT * FROM items WHERE job_id = ? AND id = ? ORDER BY key LIMIT 1", (job_id, item_id)
+            )
             row = cur.fetchone()
-            return None if row is None else dict(zip([d[0] for d in cur.description], row))
+            return None if row is None else dict(zip([d[0] for d in cur.description], row, strict=False))
 
     # ------------------------------------------------------------ the audit trail, for reports
 
@@ -538,40 +634,55 @@ class JobStore:
         with self._errors("reading the audit trail"):
             return self.conn.execute("SELECT 1 FROM attempts WHERE job = ? LIMIT 1", (job,)).fetchone() is not None
 
-    def attempt_groups(self, job: str) -> list[tuple[str | None, int | None, str | None, str, str | None, str | None, int]]:
+    def attempt_groups(
+        self, job: str
+    ) -> list[tuple[str | None, int | None, str | None, str, str | None, str | None, int]]:
         """(model, status, kind, decision, key_alias, endpoint, count) over a job's audit rows."""
         with self._errors("reading the audit trail"):
             return self.conn.execute(
                 "SELECT model, status, kind, decision, key_alias, endpoint, count(*) FROM attempts WHERE job = ? "
-                "GROUP BY 1, 2, 3, 4, 5, 6", (job,)).fetchall()
+                "GROUP BY 1, 2, 3, 4, 5, 6",
+                (job,),
+            ).fetchall()
 
     def ok_latencies(self, job: str) -> list[tuple[str | None, float]]:
         """(model, latency) of every successful attempt."""
         with self._errors("reading the audit trail"):
-            return self.conn.execute("SELECT model, latency FROM attempts WHERE job = ? AND decision = ? "
-                                     "AND latency IS NOT NULL", (job, Decision.OK)).fetchall()
+            return self.conn.execute(
+                "SELECT model, latency FROM attempts WHERE job = ? AND decision = ? AND latency IS NOT NULL",
+                (job, Decision.OK),
+            ).fetchall()
 
     def attempt_models(self, job: str) -> Iterator[tuple[str | None, str | None]]:
         """(item, model) of the client's attempts, item by item in the order they were made, streamed."""
         with self._errors("reading the audit trail"):
-            yield from self.conn.execute(f"SELECT item, model FROM attempts WHERE job = ? AND decision NOT IN "
-                                         f"{_NOT_ATTEMPTS} ORDER BY item, rowid", (job,))
+            yield from self.conn.execute(
+                f"SELECT item, model FROM attempts WHERE job = ? AND decision NOT IN "
+                f"{_NOT_ATTEMPTS} ORDER BY item, rowid",
+                (job,),
+            )
 
     def attempt_span(self, job: str) -> tuple[float | None, float | None, int]:
         """(first, last) wall time of the client's attempts, and the seconds in which at least one started."""
         with self._errors("reading the audit trail"):
             first, last, active = self.conn.execute(
                 "SELECT min(at), max(at), count(DISTINCT CAST(at AS INTEGER)) FROM attempts WHERE job = ? "
-                f"AND decision NOT IN {_NOT_ATTEMPTS}", (job,)).fetchone()
+                f"AND decision NOT IN {_NOT_ATTEMPTS}",
+                (job,),
+            ).fetchone()
         return first, last, int(active or 0)
 
     def answered_items(self, job: str) -> dict[str, int]:
         """Items answered per model, from the audit alone (attempts of a job that has no job row:
         a program that set ChatRequest.job itself)."""
         with self._errors("reading the audit trail"):
-            return {str(m): int(n) for m, n in self.conn.execute(
-                "SELECT model, count(DISTINCT item) FROM attempts WHERE job = ? AND decision = ? GROUP BY model",
-                (job, Decision.OK))}
+            return {
+                str(m): int(n)
+                for m, n in self.conn.execute(
+                    "SELECT model, count(DISTINCT item) FROM attempts WHERE job = ? AND decision = ? GROUP BY model",
+                    (job, Decision.OK),
+                )
+            }
 
     def attempts(self, job: str, item: str | None = None) -> list[audit.AuditRow]:
         with self._errors("reading the audit trail"):
@@ -580,30 +691,43 @@ class JobStore:
     def replaced_results(self, job: str, item_id: str) -> tuple[dict[str, Any], ...]:
         """Earlier results of an item whose line changed, oldest first."""
         try:
-            cur = self.conn.execute("SELECT line, at, why, state, model, content, error_kind, error_message FROM "
-                                    "replaced_results WHERE job = ? AND item = ? ORDER BY rowid", (job, item_id))
+            cur = self.conn.execute(
+                "SELECT line, at, why, state, model, content, error_kind, error_message FROM "
+                "replaced_results WHERE job = ? AND item = ? ORDER BY rowid",
+                (job, item_id),
+            )
         except sqlite3.OperationalError:  # a database from before the table existed
             return ()
-        return tuple(dict(zip([d[0] for d in cur.description], r)) for r in cur)
+        return tuple(dict(zip([d[0] for d in cur.description], r, strict=False)) for r in cur)
 
     def served_items(self, job_id: int, per_model: int) -> list[tuple[str, str]]:
         """(model, id) of the first ``per_model`` items each model served, in input order."""
         with self._errors("reading items"):
             return self.conn.execute(
                 "SELECT model, id FROM (SELECT model, id, row_number() OVER (PARTITION BY model ORDER BY key) AS n "
-                f"FROM items WHERE job_id = ? AND state = {_DONE}) WHERE n <= ?", (job_id, per_model)).fetchall()
+                f"FROM items WHERE job_id = ? AND state = {_DONE}) WHERE n <= ?",
+                (job_id, per_model),
+            ).fetchall()
 
     def fell_back_count(self, job_id: int) -> int:
         with self._errors("reading items"):
-            return int(self.conn.execute(f"SELECT count(*) FROM items WHERE job_id = ? AND state = {_DONE} "
-                                         "AND fell_back = 1", (job_id,)).fetchone()[0])
+            return int(
+                self.conn.execute(
+                    f"SELECT count(*) FROM items WHERE job_id = ? AND state = {_DONE} AND fell_back = 1", (job_id,)
+                ).fetchone()[0]
+            )
 
     def token_use(self, job_id: int) -> list[tuple[int, int]]:
         """(max_tokens sent, completion_tokens used) of every done item that has both."""
         with self._errors("reading items"):
-            return [(int(a), int(b)) for a, b in self.conn.execute(
-                f"SELECT max_tokens, completion_tokens FROM items WHERE job_id = ? AND state = {_DONE} "
-                "AND max_tokens IS NOT NULL AND completion_tokens IS NOT NULL", (job_id,))]
+            return [
+                (int(a), int(b))
+                for a, b in self.conn.execute(
+                    f"SELECT max_tokens, completion_tokens FROM items WHERE job_id = ? AND state = {_DONE} "
+                    "AND max_tokens IS NOT NULL AND completion_tokens IS NOT NULL",
+                    (job_id,),
+                )
+            ]
 
 
 # ---------------------------------------------------------------- progress from outside
@@ -621,13 +745,21 @@ def progress_of(job: JobInfo, now: float, now_wall: float) -> BatchProgress:
     state = job_state(job, now_wall)
     live = state.live
     return BatchProgress(
-        at=now, wall=now_wall, job=job.name, total=job.total if job.ingested else None,
-        done=int(c.get("done", 0)), failed=int(c.get("failed", 0)), parked=int(c.get("parked", 0)),
+        at=now,
+        wall=now_wall,
+        job=job.name,
+        total=job.total if job.ingested else None,
+        done=int(c.get("done", 0)),
+        failed=int(c.get("failed", 0)),
+        parked=int(c.get("parked", 0)),
         pending=int(c.get("pending", max(0, job.total - int(c.get("done", 0)) - int(c.get("failed", 0))))),
         in_flight=int(c.get("in_flight", 0)) if live else 0,
         per_model=tuple((str(k), int(v)) for k, v in (c.get("per_model") or {}).items()),
-        rate=float(c.get("rate", 0.0)) if live else 0.0, eta=c.get("eta") if live else None, state=state,
-        opens_at=c.get("opens_at") if state is JobState.WAITING_WINDOW else None, message=job.message,
+        rate=float(c.get("rate", 0.0)) if live else 0.0,
+        eta=c.get("eta") if live else None,
+        state=state,
+        opens_at=c.get("opens_at") if state is JobState.WAITING_WINDOW else None,
+        message=job.message,
     )
 
 

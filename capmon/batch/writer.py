@@ -42,10 +42,22 @@ class ResultWriter:
     """``job_fields()`` gives the job row's fields a commit writes (counters, state,
     message); it is called after the committed counters count the commit's outcomes."""
 
-    def __init__(self, job: str, db_path: Path, clock: Clock, bus: ev.EventBus, audit: AuditLog, *,
-                 job_fields: Callable[[], dict[str, Any]], on_failing: Callable[[BatchError], None],
-                 on_saved: Callable[[], None], on_give_up: Callable[[BatchError], None],
-                 flush_interval: float = 0.1, flush_rows: int = 500, give_up: float = WRITE_GIVE_UP) -> None:
+    def __init__(
+        self,
+        job: str,
+        db_path: Path,
+        clock: Clock,
+        bus: ev.EventBus,
+        audit: AuditLog,
+        *,
+        job_fields: Callable[[], dict[str, Any]],
+        on_failing: Callable[[BatchError], None],
+        on_saved: Callable[[], None],
+        on_give_up: Callable[[BatchError], None],
+        flush_interval: float = 0.1,
+        flush_rows: int = 500,
+        give_up: float = WRITE_GIVE_UP,
+    ) -> None:
         self.job = job
         self.db_path = Path(db_path)
         self.clock = clock
@@ -140,8 +152,14 @@ class ResultWriter:
         self.per_model.update(per_model)
         self.finished_uncommitted -= done + failed
         try:
-            store.commit(self._job_id, started=started, outcomes=outcomes, audit_rows=rows, now=wall,
-                         job_fields={**self._job_fields(), "heartbeat": wall})
+            store.commit(
+                self._job_id,
+                started=started,
+                outcomes=outcomes,
+                audit_rows=rows,
+                now=wall,
+                job_fields={**self._job_fields(), "heartbeat": wall},
+            )
         except BaseException:
             self.done -= done
             self.failed -= failed
@@ -201,14 +219,21 @@ class ResultWriter:
             else:
                 self._saved()
             cause = self.save_error
-            if cause is not None and self._failing_since is not None \
-                    and self.clock.now() - self._failing_since >= self.give_up:
+            if (
+                cause is not None
+                and self._failing_since is not None
+                and self.clock.now() - self._failing_since >= self.give_up
+            ):
                 lost = self.finished_uncommitted
-                self._on_give_up(BatchError(
-                    f"job {self.job!r} halted: results cannot be saved: {cause}; nothing new was sent after the first "
-                    f"failed save ({self.give_up:g}s ago), every result saved before it is kept"
-                    + (f", {lost} answers received since could not be kept and will be sent again" if lost else "")
-                    + f"; fix it, then run `capmon batch resume {self.job}`"))
+                self._on_give_up(
+                    BatchError(
+                        f"job {self.job!r} halted: results cannot be saved: {cause}; "
+                        f"nothing new was sent after the first failed save ({self.give_up:g}s ago), "
+                        f"every result saved before it is kept"
+                        + (f", {lost} answers received since could not be kept and will be sent again" if lost else "")
+                        + f"; fix it, then run `capmon batch resume {self.job}`"
+                    )
+                )
                 return
 
     # ------------------------------------------------------------ the disk
@@ -227,6 +252,10 @@ class ResultWriter:
         free = self.free_bytes()
         if free is None or free >= LOW_DISK_BYTES:
             return False
-        self.failing(BatchError(f"{self.db_path}: database or disk is full: {free:,} bytes free on the disk "
-                                f"that holds it (nothing is sent below {LOW_DISK_BYTES:,})"))
+        self.failing(
+            BatchError(
+                f"{self.db_path}: database or disk is full: {free:,} bytes free on the disk "
+                f"that holds it (nothing is sent below {LOW_DISK_BYTES:,})"
+            )
+        )
         return True

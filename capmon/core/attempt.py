@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, AsyncIterator, Mapping
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
@@ -58,7 +59,7 @@ class Answer:
 
 @dataclass(frozen=True, slots=True)
 class Request:
-    target: "Target"
+    target: Target
     body: Mapping[str, Any]
     timeout: float  # seconds the whole attempt may take
     cap: int  # bytes the answer may take
@@ -66,18 +67,25 @@ class Request:
     api: Api = Api.CHAT
 
 
-def chat_request(t: "Target", request: ChatRequest, token_param: TokenParam, config: Config,
-                 stream: bool) -> Request:
+def chat_request(t: Target, request: ChatRequest, token_param: TokenParam, config: Config, stream: bool) -> Request:
     """The request one attempt sends to ``t``: the caller's fields, this model's cap."""
     cap = t.model.max_tokens
     limit = min(request.max_tokens or cap, cap)
     if request.api is Api.RESPONSES:
         body = responses_body(request.extra, model=t.model.wire_name, max_output_tokens=limit, stream=stream)
     else:
-        body = chat_body(request.messages, request.extra, model=t.model.wire_name, token_param=token_param,
-                         max_tokens=limit, temperature=request.temperature, stream=stream)
-    return Request(t, body, config.client.attempt_timeout, config.client.max_response_bytes,
-                   config.backoff.max_hint, request.api)
+        body = chat_body(
+            request.messages,
+            request.extra,
+            model=t.model.wire_name,
+            token_param=token_param,
+            max_tokens=limit,
+            temperature=request.temperature,
+            stream=stream,
+        )
+    return Request(
+        t, body, config.client.attempt_timeout, config.client.max_response_bytes, config.backoff.max_hint, request.api
+    )
 
 
 def _failed_response(status: int, headers: Any, body: bytes, wall: float, quota_hint: float) -> Failure:
@@ -86,8 +94,9 @@ def _failed_response(status: int, headers: Any, body: bytes, wall: float, quota_
     except Exception:
         obj = None
     if isinstance(obj, Mapping) and obj.get("object") == "response" and obj.get("status") == "failed":
-        return classify_event({"type": "response.failed", "response": obj}, "response.failed", now=wall,
-                              quota_hint=quota_hint)
+        return classify_event(
+            {"type": "response.failed", "response": obj}, "response.failed", now=wall, quota_hint=quota_hint
+        )
     failure = classify_response(status, headers, body, now=wall, quota_hint=quota_hint)
     return failure or Failure(Kind.TRANSIENT, f"{status} with no finished response", status)
 
@@ -123,8 +132,9 @@ async def plain(http: Sender, req: Request, *, wall: float) -> Answer:
         if parsed is not None:
             answer.response = parsed
         elif answer.failure is None:
-            answer.failure = classify_response(resp.status_code, resp.headers, body, now=wall,
-                                               quota_hint=req.quota_hint)
+            answer.failure = classify_response(
+                resp.status_code, resp.headers, body, now=wall, quota_hint=req.quota_hint
+            )
     except asyncio.CancelledError:
         raise
     except Exception as e:  # timeouts, resets, broken bodies: classified
@@ -181,8 +191,9 @@ class Stream:
                         body = await read_capped(resp, min(self.req.cap, 1 << 20))
                     except Oversized:
                         body = b""
-                answer.failure = classify_response(resp.status_code, resp.headers, body, now=self.wall,
-                                                   quota_hint=self.req.quota_hint)
+                answer.failure = classify_response(
+                    resp.status_code, resp.headers, body, now=self.wall, quota_hint=self.req.quota_hint
+                )
                 return
             parser = SSEParser()
             responses = self.req.api is Api.RESPONSES

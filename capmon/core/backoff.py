@@ -58,10 +58,12 @@ class Backoff:
             False: wait_full_jitter(config.base, config.cap, rng),
             True: wait_full_jitter(config.base, min(config.cap, config.transient_cap), rng),
         }
-        self._retrying = {transient: AsyncRetrying(wait=wait_hint_floor(config.hint_spread, jitter, rng))
-                          for transient, jitter in self._jitter.items()}
+        self._retrying = {
+            transient: AsyncRetrying(wait=wait_hint_floor(config.hint_spread, jitter, rng))
+            for transient, jitter in self._jitter.items()
+        }
 
-    def schedule(self) -> "Schedule":
+    def schedule(self) -> Schedule:
         return Schedule(self)
 
     def ceiling(self, attempt: int, kind: Kind = Kind.CAPACITY) -> float:

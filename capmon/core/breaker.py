@@ -36,8 +36,8 @@ import enum
 import logging
 import math
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from capmon.core.clock import Clock
 from capmon.core.config import BreakerConfig
@@ -254,9 +254,20 @@ class CircuitBreaker:
 
     def export(self) -> BreakerRecord:
         self._advance(self._clock.now())
-        return BreakerRecord(self._state, self.generation, self._reason, self._next_probe, self._interval,
-                             self._probes_failed, self._probe_successes, self._trips_in_a_row, self._total_trips,
-                             self._ramp_from, self._share, self._basis)
+        return BreakerRecord(
+            self._state,
+            self.generation,
+            self._reason,
+            self._next_probe,
+            self._interval,
+            self._probes_failed,
+            self._probe_successes,
+            self._trips_in_a_row,
+            self._total_trips,
+            self._ramp_from,
+            self._share,
+            self._basis,
+        )
 
     def adopt(self, rec: BreakerRecord, origin: str | None = None) -> None:
         """Take a state decided elsewhere (another process of the fleet, or the shared
@@ -287,9 +298,19 @@ class CircuitBreaker:
         self._round_ok = 0
         self._probing = rec.state is State.HALF_OPEN and origin is None
         reason = rec.reason if origin is None else f"{rec.reason} [{origin}]"
-        self._emit(BreakerChanged(at=now, wall=self._clock.wall(), target=self.target, model=self.model,
-                                  old=old.value, new=rec.state.value, reason=reason, manual=rec.state.manual,
-                                  cooldown_until=self._next_probe))
+        self._emit(
+            BreakerChanged(
+                at=now,
+                wall=self._clock.wall(),
+                target=self.target,
+                model=self.model,
+                old=old.value,
+                new=rec.state.value,
+                reason=reason,
+                manual=rec.state.manual,
+                cooldown_until=self._next_probe,
+            )
+        )
 
     # ------------------------------------------------------------ probes
 
@@ -306,8 +327,17 @@ class CircuitBreaker:
 
     # ------------------------------------------------------------ outcomes
 
-    def record(self, generation: int, signal: BreakerSignal, *, sent_at: float, hint: float | None = None,
-               news: bool = True, probe: bool = False, basis: float = 1.0) -> None:
+    def record(
+        self,
+        generation: int,
+        signal: BreakerSignal,
+        *,
+        sent_at: float,
+        hint: float | None = None,
+        news: bool = True,
+        probe: bool = False,
+        basis: float = 1.0,
+    ) -> None:
         """One attempt's outcome. ``sent_at`` is when the attempt was admitted: failures
         in a row are counted in send order, so the successes of requests sent before a
         streak began (still finishing when a model goes down) do not break it. ``news``
@@ -466,8 +496,11 @@ class CircuitBreaker:
             self._move(State.CLOSED, "ramp complete", now)
 
     def _emit_step(self, now: float, reason: str) -> None:
-        self._emit(RampStep(at=now, wall=self._clock.wall(), target=self.target, model=self.model,
-                            share=self._share, reason=reason))
+        self._emit(
+            RampStep(
+                at=now, wall=self._clock.wall(), target=self.target, model=self.model, share=self._share, reason=reason
+            )
+        )
 
     def _emit(self, event: Event) -> None:
         if self._publish is None:
@@ -477,8 +510,16 @@ class CircuitBreaker:
         except Exception:  # a broken subscriber must never break the client
             log.exception("publishing %r failed", event)
 
-    def _move(self, new: State, reason: str, now: float, *, manual: bool = False, next_probe: float | None = None,
-              keep_probe_state: bool = False) -> None:
+    def _move(
+        self,
+        new: State,
+        reason: str,
+        now: float,
+        *,
+        manual: bool = False,
+        next_probe: float | None = None,
+        keep_probe_state: bool = False,
+    ) -> None:
         old = self._state
         self._state = new
         self._reason = reason
@@ -493,5 +534,16 @@ class CircuitBreaker:
             self._probes_failed = 0
             self._probe_successes = 0
             self._interval = self.config.probe_interval
-        self._emit(BreakerChanged(at=now, wall=self._clock.wall(), target=self.target, model=self.model, old=old.value,
-                                  new=new.value, reason=reason, manual=manual, cooldown_until=next_probe))
+        self._emit(
+            BreakerChanged(
+                at=now,
+                wall=self._clock.wall(),
+                target=self.target,
+                model=self.model,
+                old=old.value,
+                new=new.value,
+                reason=reason,
+                manual=manual,
+                cooldown_until=next_probe,
+            )
+        )

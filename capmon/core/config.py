@@ -14,9 +14,9 @@ import difflib
 import ipaddress
 import os
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Mapping
 
 from capmon.core.exceptions import ConfigError
 from capmon.core.schema import Loader, key_text, parse_toml, read_text
@@ -41,9 +41,17 @@ class ClientConfig:
     max_attempts: int = _f(50, min=1, doc="attempts per request across all models")
     retry_budget: float = _f(0.2, min=0.0, max=10.0, doc="transient retries allowed per first attempt")
     max_connections: int = _f(256, min=1)
-    batch_share: float = _f(0.2, min=0.0, max=1.0, doc="share of freed slots batch requests keep while interactive ones wait")
-    max_response_bytes: int = _f(8 * 1024 * 1024, min=1024, doc="largest response body (or stream) read; past it the answer fails as oversized")
-    transport: str = _f("aiohttp", choices=("httpx", "aiohttp"), doc="the HTTP transport under httpx's API: aiohttp (fast) or httpx (httpcore)")
+    batch_share: float = _f(
+        0.2, min=0.0, max=1.0, doc="share of freed slots batch requests keep while interactive ones wait"
+    )
+    max_response_bytes: int = _f(
+        8 * 1024 * 1024, min=1024, doc="largest response body (or stream) read; past it the answer fails as oversized"
+    )
+    transport: str = _f(
+        "aiohttp",
+        choices=("httpx", "aiohttp"),
+        doc="the HTTP transport under httpx's API: aiohttp (fast) or httpx (httpcore)",
+    )
 
 
 @dataclass(frozen=True)
@@ -75,7 +83,9 @@ class LimiterConfig:
     initial: int = _f(8, min=1)
     min: int = _f(1, min=1)
     max: int = _f(64, min=1)
-    decrease: float = _f(0.5, min=0.01, max=0.99, doc="multiplicative decrease when rejections come below the learned capacity")
+    decrease: float = _f(
+        0.5, min=0.01, max=0.99, doc="multiplicative decrease when rejections come below the learned capacity"
+    )
 
 
 @dataclass(frozen=True)
@@ -103,8 +113,11 @@ class ModelConfig:
     rpm: int = _f(0, min=0, doc="requests per minute, 0 for no bucket")
     tpm: int = _f(0, min=0, doc="tokens per minute, 0 for no bucket")
     max_concurrency: int = _f(0, min=0, doc="cap on the adaptive limit, 0 for the [limiter] max")
-    token_param: str = _f("max_tokens", choices=("max_tokens", "max_completion_tokens"),
-                          doc="how the token cap is sent; reasoning models want max_completion_tokens")
+    token_param: str = _f(
+        "max_tokens",
+        choices=("max_tokens", "max_completion_tokens"),
+        doc="how the token cap is sent; reasoning models want max_completion_tokens",
+    )
 
     @property
     def wire_name(self) -> str:
@@ -129,8 +142,11 @@ class DashboardConfig:
 class GatewayKeyConfig:
     env: str = _f(doc="name of the environment variable that holds a client key of the gateway")
     alias: str = _f("", doc="how the key is shown; defaults to the variable name")
-    priority: str = _f("interactive", choices=("interactive", "batch"),
-                       doc="the priority of this key's requests; a batch key's requests are always batch")
+    priority: str = _f(
+        "interactive",
+        choices=("interactive", "batch"),
+        doc="the priority of this key's requests; a batch key's requests are always batch",
+    )
 
 
 @dataclass(frozen=True)
@@ -239,21 +255,26 @@ def _check(cfg: Config, file: str) -> Config:
         if not e.base_url.startswith(("http://", "https://")):
             raise fail(f"endpoints[{i}].base_url", f"expected an http:// or https:// URL, got {e.base_url!r}")
         if not e.keys:
-            raise fail(f"endpoints[{i}].keys", "expected at least one key, e.g. keys = [{ env = \"OPENAI_API_KEY\" }]")
+            raise fail(f"endpoints[{i}].keys", 'expected at least one key, e.g. keys = [{ env = "OPENAI_API_KEY" }]')
         for name, value in e.headers.items():
             where = f"endpoints[{i}].headers.{key_text(name)}"
             if not _HEADER_NAME.fullmatch(name):
                 raise fail(where, f"expected an HTTP header name (letters, digits, - and _), got {name!r}")
             if not all(" " <= ch <= "~" or "\x80" <= ch <= "\xff" for ch in value) or value != value.strip():
-                raise fail(where, "expected a header value of printable Latin-1 characters without leading or "
-                                  f"trailing spaces, got {value!r}")
+                raise fail(
+                    where,
+                    "expected a header value of printable Latin-1 characters without leading or "
+                    f"trailing spaces, got {value!r}",
+                )
         aliases: set[str] = set()
         for j, k in enumerate(e.keys):
             if not k.env or not k.env.replace("_", "").isalnum():
                 raise fail(f"endpoints[{i}].keys[{j}].env", f"expected an environment variable name, got {k.env!r}")
             alias = k.alias or k.env
             if not alias.isprintable():
-                raise fail(f"endpoints[{i}].keys[{j}].alias", f"expected a name without control characters, got {alias!r}")
+                raise fail(
+                    f"endpoints[{i}].keys[{j}].alias", f"expected a name without control characters, got {alias!r}"
+                )
             if alias in aliases:
                 raise fail(f"endpoints[{i}].keys[{j}].alias", f"duplicate key alias {alias!r}")
             aliases.add(alias)
@@ -268,7 +289,9 @@ def _check(cfg: Config, file: str) -> Config:
                 hint = f"; did you mean {close[0]!r}?" if close else f"; known: {_names(seen)}"
                 raise fail(f"models[{i}].endpoints[{j}]", f"no endpoint named {ep!r}{hint}")
         if m.max_tokens > m.context_window:
-            raise fail(f"models[{i}].max_tokens", f"expected at most context_window ({m.context_window}), got {m.max_tokens}")
+            raise fail(
+                f"models[{i}].max_tokens", f"expected at most context_window ({m.context_window}), got {m.max_tokens}"
+            )
     if cfg.limiter.min > cfg.limiter.max:
         raise fail("limiter.min", f"expected at most limiter.max ({cfg.limiter.max}), got {cfg.limiter.min}")
     if not cfg.limiter.min <= cfg.limiter.initial <= cfg.limiter.max:

@@ -4,7 +4,8 @@ over the breaker's own moves until reset (ARCHITECTURE.md, "The breaker")."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from capmon.core.config import Config
 from capmon.core.exceptions import CapmonError
@@ -25,7 +26,7 @@ class ManualControls:
     targets: list[Target]
     _by_id: dict[str, Target]
     _token_param: TokenParams
-    _queue: "WaitQueue[Grant]"
+    _queue: WaitQueue[Grant]
 
     @property
     def pinned(self) -> str | None:

@@ -14,8 +14,9 @@ import json
 import re
 import socket
 import ssl
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import httpx
 
@@ -99,6 +100,8 @@ _HTML_TAG = re.compile(r"<[^<>]*>")
 _HTML_ELEMENT = re.compile(r"<(title|script|style)\b[^<>]*>", re.IGNORECASE)
 _HTML_CLOSE = {name: re.compile(rf"</{name}[^<>]*>", re.IGNORECASE) for name in ("title", "script", "style")}
 _SPACE = re.compile(r"\s+")
+
+
 @dataclass(frozen=True, slots=True)
 class _Body:
     """What a response body says, whatever its shape."""
@@ -350,7 +353,9 @@ def _broken_2xx(status: int, body: _Body, hint: float | None, quota_hint: float)
     if body.error_object:
         kind = _kind(status, body, hint, quota_hint) or Kind.TRANSIENT
         what = f"{_trim(_redact(body.code), 60)}: " if body.code else ""
-        return Failure(kind, f"{status} with an error body: {what}{_trim(_redact(body.message))}", status, body.code, hint)
+        return Failure(
+            kind, f"{status} with an error body: {what}{_trim(_redact(body.message))}", status, body.code, hint
+        )
     if body.json is not None:
         what = "JSON without choices"
     elif not body.message:
@@ -377,8 +382,9 @@ def _classify_response(
         return _broken_2xx(status, parsed, hint, quota_hint)
     kind = _kind(status, parsed, hint, quota_hint) or _status_kind(status)
     reason = _reason(status, parsed, unread=streaming and body is None)
-    return Failure(kind, reason, status, parsed.code, hint, _trim(_redact(parsed.message), MESSAGE_CHARS),
-                   _param(parsed.json))
+    return Failure(
+        kind, reason, status, parsed.code, hint, _trim(_redact(parsed.message), MESSAGE_CHARS), _param(parsed.json)
+    )
 
 
 def classify_response(
@@ -442,8 +448,9 @@ def _event_error(obj: object, event: str) -> object:
     return obj
 
 
-def classify_event(obj: object, event: str = "", *, now: float | None = None,
-                   quota_hint: float = QUOTA_HINT) -> Failure:
+def classify_event(
+    obj: object, event: str = "", *, now: float | None = None, quota_hint: float = QUOTA_HINT
+) -> Failure:
     """An error that arrived inside a 200 stream (a ``data:`` error object, an ``event:
     error`` frame, a Responses API ``response.failed``), classified exactly like the HTTP
     error it describes: its embedded status, code, type and message. Never raises."""

@@ -12,8 +12,9 @@ from __future__ import annotations
 import collections
 import logging
 import threading
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Callable, Iterable, TypeVar
+from typing import TypeVar
 
 log = logging.getLogger("capmon.events")
 

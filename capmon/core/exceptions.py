@@ -6,7 +6,8 @@ contain an API key: keys are only ever referred to by their alias.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from capmon.core.errors import Failure
@@ -32,7 +33,7 @@ class RequestFailed(CapmonError):
     """A request ended without an answer, for a reason retrying will not fix
     (auth, quota, bad request, too large for every model, budget or deadline spent)."""
 
-    def __init__(self, failure: "Failure", attempts: Sequence["Attempt"] = (), message: str | None = None) -> None:
+    def __init__(self, failure: Failure, attempts: Sequence[Attempt] = (), message: str | None = None) -> None:
         self.failure = failure
         self.attempts = tuple(attempts)
         super().__init__(message or f"{failure.kind.value}: {failure.reason}")

@@ -13,8 +13,9 @@ from __future__ import annotations
 import email.utils
 import math
 import re
-from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any, Mapping
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import httpx
@@ -106,7 +107,7 @@ def _http_date(text: str) -> float | None:
     try:
         when = email.utils.parsedate_to_datetime(text)
         if when.tzinfo is None:  # "-0000" means UTC with unknown origin (RFC 5322)
-            when = when.replace(tzinfo=timezone.utc)
+            when = when.replace(tzinfo=UTC)
         return when.timestamp()
     except Exception:  # the stdlib raises several types on garbage; all mean "not a date"
         return None
@@ -118,7 +119,7 @@ def _rfc3339(text: str) -> float | None:
     try:
         when = datetime.fromisoformat(text.replace("z", "Z"))
         if when.tzinfo is None:
-            when = when.replace(tzinfo=timezone.utc)
+            when = when.replace(tzinfo=UTC)
         return when.timestamp()
     except Exception:
         return None

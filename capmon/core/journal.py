@@ -5,7 +5,8 @@ snapshot shows. Routing decides; the journal only writes down what was decided."
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from capmon.core import events as ev
 from capmon.core.clock import Clock
@@ -38,35 +39,92 @@ class Journal:
 
     def started(self, r: Routing, t: Target, number: int) -> None:
         if r.last_model is not None and r.last_model != t.model.name:
-            self.publish(ev.FellBack, request_id=r.id, item_id=r.request.item_id, from_model=r.last_model,
-                         to_model=t.model.name, reason=r.last_failure.reason if r.last_failure else "")
+            self.publish(
+                ev.FellBack,
+                request_id=r.id,
+                item_id=r.request.item_id,
+                from_model=r.last_model,
+                to_model=t.model.name,
+                reason=r.last_failure.reason if r.last_failure else "",
+            )
         r.last_model = t.model.name
-        self.publish(ev.AttemptStarted, request_id=r.id, item_id=r.request.item_id, model=t.model.name, target=t.id,
-                     attempt=number)
+        self.publish(
+            ev.AttemptStarted,
+            request_id=r.id,
+            item_id=r.request.item_id,
+            model=t.model.name,
+            target=t.id,
+            attempt=number,
+        )
 
     def failed_attempt(self, r: Routing, t: Target, number: int, status: int | None, failure: Failure) -> None:
-        self.publish(ev.AttemptFailed, request_id=r.id, item_id=r.request.item_id, model=t.model.name, target=t.id,
-                     attempt=number, kind=failure.kind.value, status=status, reason=failure.reason,
-                     hint=failure.retry_after)
+        self.publish(
+            ev.AttemptFailed,
+            request_id=r.id,
+            item_id=r.request.item_id,
+            model=t.model.name,
+            target=t.id,
+            attempt=number,
+            kind=failure.kind.value,
+            status=status,
+            reason=failure.reason,
+            hint=failure.retry_after,
+        )
 
     def done(self, r: Routing, t: Target | None, ok: bool, kind: str | None = None) -> None:
         if ok:
             self.succeeded += 1
         else:
             self.failed += 1
-        self.publish(ev.RequestDone, request_id=r.id, item_id=r.request.item_id, ok=ok,
-                     model=t.model.name if t else None, target=t.id if t else None, attempts=len(r.attempts),
-                     latency=self._clock.now() - r.started, kind=kind)
+        self.publish(
+            ev.RequestDone,
+            request_id=r.id,
+            item_id=r.request.item_id,
+            ok=ok,
+            model=t.model.name if t else None,
+            target=t.id if t else None,
+            attempts=len(r.attempts),
+            latency=self._clock.now() - r.started,
+            kind=kind,
+        )
 
-    def record(self, r: Routing, t: Target, number: int, wall: float, status: int | None, failure: Failure | None,
-               wait: float, latency: float, decision: Decision) -> None:
-        attempt = Attempt(number=number, model=t.model.name, target=t.id, endpoint=t.endpoint.name,
-                          key_alias=t.key.alias, started=wall, status=status, kind=failure.kind if failure else None,
-                          reason=failure.reason if failure else "", hint=failure.retry_after if failure else None,
-                          wait=wait, latency=latency, decision=decision)
+    def record(
+        self,
+        r: Routing,
+        t: Target,
+        number: int,
+        wall: float,
+        status: int | None,
+        failure: Failure | None,
+        wait: float,
+        latency: float,
+        decision: Decision,
+    ) -> None:
+        attempt = Attempt(
+            number=number,
+            model=t.model.name,
+            target=t.id,
+            endpoint=t.endpoint.name,
+            key_alias=t.key.alias,
+            started=wall,
+            status=status,
+            kind=failure.kind if failure else None,
+            reason=failure.reason if failure else "",
+            hint=failure.retry_after if failure else None,
+            wait=wait,
+            latency=latency,
+            decision=decision,
+        )
         r.attempts.append(attempt)
-        log.debug("request %d attempt %d on %s: %s %s -> %s", r.id, number, t.id, status,
-                  failure.kind.value if failure else "ok", decision.value)
+        log.debug(
+            "request %d attempt %d on %s: %s %s -> %s",
+            r.id,
+            number,
+            t.id,
+            status,
+            failure.kind.value if failure else "ok",
+            decision.value,
+        )
         for fn in list(self._observers):
             try:
                 fn(r.request, attempt)
@@ -75,13 +133,27 @@ class Journal:
 
     def show_wait(self, r: Routing, wait: float, reason: str) -> None:
         """A visible retry wait: shown in snapshots and announced on the bus."""
-        info = WaitingRetry(request_id=r.id, item_id=r.request.item_id, model=r.stick_to,
-                            attempt=len(r.attempts) + 1, max_attempts=self._max_attempts, reason=reason,
-                            deadline=self._clock.now() + wait)
+        info = WaitingRetry(
+            request_id=r.id,
+            item_id=r.request.item_id,
+            model=r.stick_to,
+            attempt=len(r.attempts) + 1,
+            max_attempts=self._max_attempts,
+            reason=reason,
+            deadline=self._clock.now() + wait,
+        )
         self.waiting[r.id] = info
-        self.publish(ev.RetryScheduled, request_id=r.id, item_id=r.request.item_id, model=r.stick_to,
-                     attempt=info.attempt, max_attempts=info.max_attempts, reason=reason, wait=wait,
-                     deadline=info.deadline)
+        self.publish(
+            ev.RetryScheduled,
+            request_id=r.id,
+            item_id=r.request.item_id,
+            model=r.stick_to,
+            attempt=info.attempt,
+            max_attempts=info.max_attempts,
+            reason=reason,
+            wait=wait,
+            deadline=info.deadline,
+        )
 
     def unwait(self, r: Routing) -> None:
         if self.waiting.pop(r.id, None) is not None:

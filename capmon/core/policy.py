@@ -65,10 +65,12 @@ CANCELLED = Policy(BreakerSignal.NEUTRAL, LimiterSignal.NEUTRAL, KeyAction.NONE,
 CONNECT = Policy(BreakerSignal.DOWN, LimiterSignal.NEUTRAL, KeyAction.NONE, Next.FALLBACK_OR_WAIT)
 
 POLICY: dict[Kind, Policy] = {
-    Kind.CAPACITY: Policy(BreakerSignal.CAPACITY, LimiterSignal.OVERLOAD, KeyAction.NONE, Next.FALLBACK_OR_WAIT,
-                          hint_blocks=True),
-    Kind.RATE_LIMITED: Policy(BreakerSignal.NEUTRAL, LimiterSignal.OVERLOAD, KeyAction.NONE, Next.SAME_MODEL,
-                              hint_blocks=True),
+    Kind.CAPACITY: Policy(
+        BreakerSignal.CAPACITY, LimiterSignal.OVERLOAD, KeyAction.NONE, Next.FALLBACK_OR_WAIT, hint_blocks=True
+    ),
+    Kind.RATE_LIMITED: Policy(
+        BreakerSignal.NEUTRAL, LimiterSignal.OVERLOAD, KeyAction.NONE, Next.SAME_MODEL, hint_blocks=True
+    ),
     Kind.QUOTA: Policy(BreakerSignal.NEUTRAL, LimiterSignal.NEUTRAL, KeyAction.PARK, Next.FALLBACK),
     Kind.AUTH: Policy(BreakerSignal.NEUTRAL, LimiterSignal.NEUTRAL, KeyAction.DISABLE, Next.FALLBACK),
     Kind.TOO_LARGE: Policy(BreakerSignal.NEUTRAL, LimiterSignal.NEUTRAL, KeyAction.NONE, Next.LARGER),

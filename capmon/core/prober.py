@@ -52,7 +52,7 @@ class ProbeResult:
 
 
 class Prober:
-    def __init__(self, client: "FallbackClient") -> None:
+    def __init__(self, client: FallbackClient) -> None:
         self._client = client
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
@@ -93,20 +93,20 @@ class Prober:
             timeout = (min(upcoming) - now) if upcoming else None
             try:
                 await asyncio.wait_for(self._wake.wait(), timeout)
-            except (asyncio.TimeoutError, TimeoutError):
+            except TimeoutError:
                 pass
 
     def _done(self, tid: str, _task: object = None) -> None:
         self._running.pop(tid, None)
         self.kick()  # the breaker may have re-opened with a new schedule
 
-    async def _due(self, t: "Target") -> ProbeResult | None:
+    async def _due(self, t: Target) -> ProbeResult | None:
         adm = await t.state.begin_probe()
         if adm is None:
             return None  # another process of the fleet probes it, or the key is out
         return await self._send(t, adm)
 
-    async def probe_now(self, t: "Target", wait: float = 0.0) -> ProbeResult:
+    async def probe_now(self, t: Target, wait: float = 0.0) -> ProbeResult:
         view = t.state.view().breaker
         s = view.state
         if s is State.OPEN:
@@ -128,7 +128,7 @@ class Prober:
             return ProbeResult(t.id, None, None, None, None, "not admitted now")
         return await self._send(t, adm)
 
-    async def _acquire_on(self, t: "Target", wait: float) -> Admission | None:
+    async def _acquire_on(self, t: Target, wait: float) -> Admission | None:
         """A slot on this one target, in line with the requests, within ``wait`` seconds."""
         if wait <= 0:
             return await t.state.admit(1)
@@ -140,7 +140,7 @@ class Prober:
         except RequestFailed:
             return None
 
-    async def _send(self, t: "Target", adm: Admission) -> ProbeResult:
+    async def _send(self, t: Target, adm: Admission) -> ProbeResult:
         client = self._client
         clock = client.clock
         t0 = clock.now()
@@ -148,8 +148,13 @@ class Prober:
         try:
             for _ in range(2):  # a refused token parameter is learned, then sent again
                 param = client._token_param[t.model.name]
-                req = Request(t, wire.probe_body(t.model.wire_name, param), client.config.client.attempt_timeout,
-                              _PROBE_CAP, client.config.backoff.max_hint)
+                req = Request(
+                    t,
+                    wire.probe_body(t.model.wire_name, param),
+                    client.config.client.attempt_timeout,
+                    _PROBE_CAP,
+                    client.config.backoff.max_hint,
+                )
                 answer = await plain(client._http, req, wall=clock.wall())
                 if answer.failure is None or not wire.refused_token_param(answer.failure, param):
                     break
@@ -165,10 +170,25 @@ class Prober:
         self.sent += 1
         latency = clock.now() - t0
         t.probe_latency, t.last_status, t.last_kind = latency, answer.status, failure.kind if failure else None
-        result = ProbeResult(t.id, failure is None, answer.status, failure.kind if failure else None, latency,
-                             failure.reason if failure else "ok")
-        client.journal.publish(ev.ProbeFinished, target=t.id, model=t.model.name, ok=result.ok, status=result.status,
-                        kind=result.kind.value if result.kind else None, latency=latency, reason=result.reason,
-                        next_probe_at=t.state.probe_due_at(), breaker=adm.probe)
+        result = ProbeResult(
+            t.id,
+            failure is None,
+            answer.status,
+            failure.kind if failure else None,
+            latency,
+            failure.reason if failure else "ok",
+        )
+        client.journal.publish(
+            ev.ProbeFinished,
+            target=t.id,
+            model=t.model.name,
+            ok=result.ok,
+            status=result.status,
+            kind=result.kind.value if result.kind else None,
+            latency=latency,
+            reason=result.reason,
+            next_probe_at=t.state.probe_due_at(),
+            breaker=adm.probe,
+        )
         client._queue.regroup()  # a ramp may have started: waiting requests can go there now
         return result

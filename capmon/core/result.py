@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from capmon.core.errors import Kind
 
@@ -55,9 +56,18 @@ class ChatRequest:
     api: Api = Api.CHAT
 
     @staticmethod
-    def of(messages: Any, *, model: str | None = None, max_tokens: int | None = None,
-           temperature: float | None = None, item_id: str | None = None, job: str | None = None,
-           priority: Priority = Priority.INTERACTIVE, deadline: float | None = None, **extra: Any) -> "ChatRequest":
+    def of(
+        messages: Any,
+        *,
+        model: str | None = None,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+        item_id: str | None = None,
+        job: str | None = None,
+        priority: Priority = Priority.INTERACTIVE,
+        deadline: float | None = None,
+        **extra: Any,
+    ) -> ChatRequest:
         """A request from text or messages; any other keyword (tools, response_format,
         stream_options, ...) is sent to the provider untouched."""
         if isinstance(messages, str):
@@ -65,18 +75,40 @@ class ChatRequest:
         nested = extra.pop("extra", None)
         if isinstance(nested, Mapping):  # ChatRequest.of(..., extra={...}) reads as the fields themselves
             extra = {**nested, **extra}
-        return ChatRequest(messages=tuple(messages), model=model, max_tokens=max_tokens, temperature=temperature,
-                           extra=extra, item_id=item_id, job=job, priority=Priority(priority), deadline=deadline)
+        return ChatRequest(
+            messages=tuple(messages),
+            model=model,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            extra=extra,
+            item_id=item_id,
+            job=job,
+            priority=Priority(priority),
+            deadline=deadline,
+        )
 
     @staticmethod
-    def responses(body: Mapping[str, Any], *, model: str | None = None, priority: Priority = Priority.INTERACTIVE,
-                  deadline: float | None = None, item_id: str | None = None) -> "ChatRequest":
+    def responses(
+        body: Mapping[str, Any],
+        *,
+        model: str | None = None,
+        priority: Priority = Priority.INTERACTIVE,
+        deadline: float | None = None,
+        item_id: str | None = None,
+    ) -> ChatRequest:
         """A Responses API request: ``body`` is sent as it is, but ``model``, ``stream``
         and the token cap (``max_output_tokens``), which the client owns."""
         cap = body.get("max_output_tokens")
-        return ChatRequest(messages=(), model=model, max_tokens=cap if isinstance(cap, int) and cap > 0 else None,
-                           extra=dict(body), item_id=item_id, priority=Priority(priority), deadline=deadline,
-                           api=Api.RESPONSES)
+        return ChatRequest(
+            messages=(),
+            model=model,
+            max_tokens=cap if isinstance(cap, int) and cap > 0 else None,
+            extra=dict(body),
+            item_id=item_id,
+            priority=Priority(priority),
+            deadline=deadline,
+            api=Api.RESPONSES,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +147,7 @@ class ChatResult:
     @property
     def fallbacks(self) -> int:
         """How many times the request moved to another model."""
-        return sum(1 for a, b in zip(self.attempts, self.attempts[1:]) if a.model != b.model)
+        return sum(1 for a, b in zip(self.attempts, self.attempts[1:], strict=False) if a.model != b.model)
 
     @property
     def tool_calls(self) -> list[Mapping[str, Any]]:

@@ -16,8 +16,9 @@ from __future__ import annotations
 import itertools
 import logging
 import random
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, NoReturn, Sequence
+from typing import Any, NoReturn
 
 import httpx
 
@@ -48,6 +49,7 @@ Grant = tuple[Target, Admission]
 Messages = ChatRequest | str | Sequence[Mapping[str, Any]]
 __all__ = ["FallbackClient", "ProbeResult"]
 
+
 @dataclass(frozen=True, slots=True)
 class _End:
     """The last item a streaming attempt yields: a result, a grant to go on with, or None."""
@@ -60,10 +62,18 @@ class FallbackClient(ManualControls):
     :meth:`aclose` when done. ``state`` builds the state seam's implementation from the
     targets (default: :class:`~capmon.core.state.MemoryState`, this process only)."""
 
-    def __init__(self, config: Config, *, clock: Clock | None = None, bus: ev.EventBus | None = None,
-                 transport: httpx.AsyncBaseTransport | None = None, environ: Mapping[str, str] | None = None,
-                 rng: random.Random | None = None, keys: Mapping[tuple[str, str], ResolvedKey] | None = None,
-                 state: Callable[[list[TargetSpec]], StateStore] | None = None) -> None:
+    def __init__(
+        self,
+        config: Config,
+        *,
+        clock: Clock | None = None,
+        bus: ev.EventBus | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+        environ: Mapping[str, str] | None = None,
+        rng: random.Random | None = None,
+        keys: Mapping[tuple[str, str], ResolvedKey] | None = None,
+        state: Callable[[list[TargetSpec]], StateStore] | None = None,
+    ) -> None:
         self.config = config
         self.clock = clock or default_clock()
         self.bus = bus or ev.EventBus()
@@ -75,22 +85,30 @@ class FallbackClient(ManualControls):
         self._by_id = {t.id: t for t in self.targets}
         self._token_param = wire.TokenParams(
             {m.name: m.token_param for m in config.models},
-            lambda model, param, reason: self.journal.publish(ev.TokenParamLearned, model=model, param=param,
-                                                              reason=reason))
+            lambda model, param, reason: self.journal.publish(
+                ev.TokenParamLearned, model=model, param=param, reason=reason
+            ),
+        )
         self._by_cost = any(m.tpm for m in config.models)
         self._ids = itertools.count(1)
         self._queue: WaitQueue[Grant] = WaitQueue(
-            self.clock, self._admit_any, self._give_back,
+            self.clock,
+            self._admit_any,
+            self._give_back,
             lambda r, now: r.ready_at(self.targets, self.state.pinned, now),
             lambda r: r.group(self.targets, self.state.pinned, self.clock.now(), self._by_cost),
-            batch_share=config.client.batch_share)
+            batch_share=config.client.batch_share,
+        )
         self.state.set_listener(self._news)
         self.prober = Prober(self)
         self.journal = Journal(self.clock, self.bus, config.client.max_attempts)
         cc = config.client
-        self._http = Sender(transport or make_transport(cc.transport, max_connections=cc.max_connections,
-                                                        connect_timeout=cc.connect_timeout),
-                            attempt_timeout=cc.attempt_timeout, connect_timeout=cc.connect_timeout)
+        self._http = Sender(
+            transport
+            or make_transport(cc.transport, max_connections=cc.max_connections, connect_timeout=cc.connect_timeout),
+            attempt_timeout=cc.attempt_timeout,
+            connect_timeout=cc.connect_timeout,
+        )
 
     def add_observer(self, fn: AttemptObserver) -> Callable[[], None]:
         """Call ``fn(request, attempt)`` after every attempt (the audit log uses this)."""
@@ -110,7 +128,7 @@ class FallbackClient(ManualControls):
         self._queue.regroup()
         self.prober.kick()
 
-    async def __aenter__(self) -> "FallbackClient":
+    async def __aenter__(self) -> FallbackClient:
         await self.start()
         return self
 
@@ -180,8 +198,12 @@ class FallbackClient(ManualControls):
                             end = chunk
                             continue
                         if s.model is None:
-                            s.model, s.endpoint, s.target, s.attempts = t.model.name, t.endpoint.name, t.id, \
-                                tuple(r.attempts)
+                            s.model, s.endpoint, s.target, s.attempts = (
+                                t.model.name,
+                                t.endpoint.name,
+                                t.id,
+                                tuple(r.attempts),
+                            )
                         yield chunk
                 finally:
                     await attempt.aclose()  # type: ignore[attr-defined]
@@ -226,8 +248,9 @@ class FallbackClient(ManualControls):
         deadline = self.config.client.deadline
         if req.deadline is not None and 0 < req.deadline < deadline:
             deadline = req.deadline  # a caller may ask for less time than the config allows, never more
-        return Routing(next(self._ids), req, estimate_tokens(req.messages), now + deadline, now,
-                       self._backoff.schedule())
+        return Routing(
+            next(self._ids), req, estimate_tokens(req.messages), now + deadline, now, self._backoff.schedule()
+        )
 
     def _failed(self, r: Routing, e: BaseException) -> None:
         if isinstance(e, RequestFailed):
@@ -251,8 +274,9 @@ class FallbackClient(ManualControls):
             self._give_up(r)
         if not r.usable(self.targets, self.state.pinned):
             failure = r.last_failure or r.why_nothing(self.targets)
-            raise RequestFailed(failure, r.attempts, f"no model can serve this request; last: "
-                                                     f"{failure.kind.value}: {failure.reason}")
+            raise RequestFailed(
+                failure, r.attempts, f"no model can serve this request; last: {failure.kind.value}: {failure.reason}"
+            )
         # Nobody waiting: go now if a target admits. Otherwise take a place in line.
         grant = None if len(self._queue) else await self._admit_any(r)
         while grant is None:
@@ -273,8 +297,11 @@ class FallbackClient(ManualControls):
 
     def _give_up(self, r: Routing) -> NoReturn:
         failure = r.last_failure or Failure(Kind.CAPACITY, "no model admitted the request in time")
-        raise DeadlineExceeded(failure, r.attempts, f"deadline of {self.config.client.deadline:g}s passed; "
-                                                    f"last: {failure.kind.value}: {failure.reason}")
+        raise DeadlineExceeded(
+            failure,
+            r.attempts,
+            f"deadline of {self.config.client.deadline:g}s passed; last: {failure.kind.value}: {failure.reason}",
+        )
 
     # ------------------------------------------------------------ attempts
 
@@ -308,8 +335,9 @@ class FallbackClient(ManualControls):
             await t.state.settle(adm, None, cancelled=True)
             self._queue.kick()
 
-    async def _settle(self, r: Routing, t: Target, adm: Admission, answer: Answer, number: int, wall: float,
-                      t0: float) -> ChatResult | Grant | None:
+    async def _settle(
+        self, r: Routing, t: Target, adm: Admission, answer: Answer, number: int, wall: float, t0: float
+    ) -> ChatResult | Grant | None:
         now = self.clock.now()
         latency = now - t0
         failure = answer.failure
@@ -318,8 +346,13 @@ class FallbackClient(ManualControls):
         t.last_status, t.last_kind = answer.status, failure.kind if failure else None
         t.stats.record_attempt(now, answer.status, failure.kind if failure else None, latency)
         param = self._token_param[t.model.name]
-        if failure is not None and not answer.output_sent and not r.switched \
-                and r.request.api is Api.CHAT and wire.refused_token_param(failure, param):
+        if (
+            failure is not None
+            and not answer.output_sent
+            and not r.switched
+            and r.request.api is Api.CHAT
+            and wire.refused_token_param(failure, param)
+        ):
             await self._cancelled(t, adm)
             # Send the other one from now on, and again at once on the same model (once:
             # a second refusal is a bad request).
@@ -338,19 +371,36 @@ class FallbackClient(ManualControls):
             self.journal.done(r, t, ok=True)
             total = now - r.started
             response = answer.response or {}
-            return ChatResult(model=t.model.name, endpoint=t.endpoint.name, target=t.id,
-                              content=wire.response_text(response) if r.request.api is Api.RESPONSES
-                              else wire.completion_text(response), response=response,
-                              attempts=tuple(r.attempts), latency=total, usage=usage, request_id=r.id)
+            return ChatResult(
+                model=t.model.name,
+                endpoint=t.endpoint.name,
+                target=t.id,
+                content=wire.response_text(response)
+                if r.request.api is Api.RESPONSES
+                else wire.completion_text(response),
+                response=response,
+                attempts=tuple(r.attempts),
+                latency=total,
+                usage=usage,
+                request_id=r.id,
+            )
         self.journal.failed_attempt(r, t, number, answer.status, failure)
         r.last_failure = failure
         if answer.output_sent:  # a stream that broke after output reached the caller: never retried
             self.journal.record(r, t, number, wall, answer.status, failure, 0.0, latency, Decision.FAIL)
-            raise RequestFailed(failure, r.attempts, f"stream broke after output was sent: {failure.kind.value}: "
-                                                     f"{failure.reason}")
-        step = plan(r, t, failure, number=number, max_attempts=self.config.client.max_attempts,
-                    has_other=lambda: bool(r.usable(self.targets, self.state.pinned)),
-                    spend_retry=self.state.spend_retry, now=now)
+            raise RequestFailed(
+                failure, r.attempts, f"stream broke after output was sent: {failure.kind.value}: {failure.reason}"
+            )
+        step = plan(
+            r,
+            t,
+            failure,
+            number=number,
+            max_attempts=self.config.client.max_attempts,
+            has_other=lambda: bool(r.usable(self.targets, self.state.pinned)),
+            spend_retry=self.state.spend_retry,
+            now=now,
+        )
         if step.decision is Decision.FAIL:
             self.journal.record(r, t, number, wall, answer.status, failure, 0.0, latency, Decision.FAIL)
             raise RequestFailed(failure, r.attempts, step.message)
@@ -362,8 +412,17 @@ class FallbackClient(ManualControls):
         grant = None if len(self._queue) else await self._admit_any(r)
         if grant is not None:
             other_model = grant[0].model.name != t.model.name
-            self.journal.record(r, t, number, wall, answer.status, failure, 0.0, latency,
-                         Decision.FALLBACK if other_model else Decision.RETRY)
+            self.journal.record(
+                r,
+                t,
+                number,
+                wall,
+                answer.status,
+                failure,
+                0.0,
+                latency,
+                Decision.FALLBACK if other_model else Decision.RETRY,
+            )
             return grant
         self.journal.record(r, t, number, wall, answer.status, failure, step.wait, latency, Decision.RETRY)
         self.journal.show_wait(r, step.wait, failure.reason)

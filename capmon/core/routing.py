@@ -5,8 +5,8 @@ and what the state seam reports; the router (capmon/core/router.py) acts on them
 
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Hashable, Sequence
 
 from capmon.core.backoff import Schedule
 from capmon.core.errors import Failure, Kind
@@ -80,8 +80,7 @@ class Routing:
             out = [t for t in out if self.skip.get(t.id, 0.0) <= now]
         return out
 
-    def group(self, targets: Sequence[Target], pinned: str | None, now: float,
-              by_cost: bool) -> tuple[int, Hashable]:
+    def group(self, targets: Sequence[Target], pinned: str | None, now: float, by_cost: bool) -> tuple[int, Hashable]:
         """Requests of one priority that may try exactly the same targets share a fate in
         the queue (capmon/core/waiting.py)."""
         cls = BATCH if self.request.priority is Priority.BATCH else INTERACTIVE
@@ -104,8 +103,17 @@ class Step:
     message: str | None = None  # why it fails, for RequestFailed
 
 
-def plan(r: Routing, t: Target, failure: Failure, *, number: int, max_attempts: int, has_other: Callable[[], bool],
-         spend_retry: Callable[[], bool], now: float) -> Step:
+def plan(
+    r: Routing,
+    t: Target,
+    failure: Failure,
+    *,
+    number: int,
+    max_attempts: int,
+    has_other: Callable[[], bool],
+    spend_retry: Callable[[], bool],
+    now: float,
+) -> Step:
     """Decide from the policy table, updating the request's memory. Waiting happens in
     the queue: the request backs off from the target that failed (and only that one)
     and keeps its place in line for every other."""
@@ -118,9 +126,11 @@ def plan(r: Routing, t: Target, failure: Failure, *, number: int, max_attempts: 
         if nxt is Next.LARGER:
             r.min_window = max(r.min_window, t.model.context_window)
         if number >= max_attempts or not has_other():
-            what = {Kind.AUTH: f"key {t.key.alias} at {t.endpoint.name} is disabled",
-                    Kind.QUOTA: f"key {t.key.alias} parked", Kind.TOO_LARGE: "no model with a larger context window",
-                    }.get(kind, "no other model to fall back to")
+            what = {
+                Kind.AUTH: f"key {t.key.alias} at {t.endpoint.name} is disabled",
+                Kind.QUOTA: f"key {t.key.alias} parked",
+                Kind.TOO_LARGE: "no model with a larger context window",
+            }.get(kind, "no other model to fall back to")
             return Step(Decision.FAIL, message=f"{kind.value}: {failure.reason} ({what})")
         return Step(Decision.FALLBACK)
     if number >= max_attempts:

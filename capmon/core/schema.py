@@ -15,27 +15,34 @@ import dataclasses
 import difflib
 import os
 import re
-import sys
+import tomllib
 import types
 import typing
+from collections.abc import Mapping, Sequence
 from dataclasses import field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
+from typing import Any
 
 from capmon.core.exceptions import ConfigError
 
 _SPEC = "capmon.schema"  # the metadata key that marks a field as read from the file
 
 
-def spec(default: Any = dataclasses.MISSING, *, doc: str = "", min: float | None = None, max: float | None = None,
-         above: float | None = None, choices: Sequence[str] | None = None, nonempty: bool = False,
-         printable: bool = False, expected: str | None = None, missing: str | None = None,
-         each: Mapping[str, Any] | None = None, factory: Any = dataclasses.MISSING) -> Any:
+def spec(
+    default: Any = dataclasses.MISSING,
+    *,
+    doc: str = "",
+    min: float | None = None,
+    max: float | None = None,
+    above: float | None = None,
+    choices: Sequence[str] | None = None,
+    nonempty: bool = False,
+    printable: bool = False,
+    expected: str | None = None,
+    missing: str | None = None,
+    each: Mapping[str, Any] | None = None,
+    factory: Any = dataclasses.MISSING,
+) -> Any:
     """A dataclass field read from a TOML file.
 
     ``min`` / ``max``: inclusive bounds, ``above``: an exclusive lower bound (numbers).
@@ -44,9 +51,19 @@ def spec(default: Any = dataclasses.MISSING, *, doc: str = "", min: float | None
     ``expected``: how a type error says what was expected ("a finite number"; ``{key}``
     is replaced by the key). ``missing``: the whole message when a field without a
     default is left out. ``each``: these same options for every item of a list."""
-    meta = {_SPEC: True, "doc": doc, "min": min, "max": max, "above": above, "choices": choices,
-            "nonempty": nonempty, "printable": printable, "expected": expected, "missing": missing,
-            "each": dict(each or {})}
+    meta = {
+        _SPEC: True,
+        "doc": doc,
+        "min": min,
+        "max": max,
+        "above": above,
+        "choices": choices,
+        "nonempty": nonempty,
+        "printable": printable,
+        "expected": expected,
+        "missing": missing,
+        "each": dict(each or {}),
+    }
     if factory is not dataclasses.MISSING:
         return field(default_factory=factory, metadata=meta)
     return field(default=default, metadata=meta)

@@ -99,9 +99,23 @@ class RedactSecrets(logging.Filter):
 
 # Filters on a logger see only records logged to that very logger, so each of the HTTP
 # stack's loggers gets one.
-_HTTP_LOGGERS = ("httpx", "httpcore", "httpcore.connection", "httpcore.connection_pool", "httpcore.http11",
-                 "httpcore.http2", "httpcore.proxy", "httpcore.socks", "aiohttp", "aiohttp.client",
-                 "aiohttp.internal", "aiohttp.access", "uvicorn", "uvicorn.error", "uvicorn.access")
+_HTTP_LOGGERS = (
+    "httpx",
+    "httpcore",
+    "httpcore.connection",
+    "httpcore.connection_pool",
+    "httpcore.http11",
+    "httpcore.http2",
+    "httpcore.proxy",
+    "httpcore.socks",
+    "aiohttp",
+    "aiohttp.client",
+    "aiohttp.internal",
+    "aiohttp.access",
+    "uvicorn",
+    "uvicorn.error",
+    "uvicorn.access",
+)
 
 
 def protect_logs() -> None:

@@ -11,7 +11,8 @@ import dataclasses
 import enum
 import types
 import typing
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from capmon.core import events as ev
 from capmon.core.snapshot import EngineSnapshot
@@ -35,7 +36,8 @@ def event_to_json(event: ev.Event) -> dict[str, Any]:
 
 
 _EVENTS: dict[str, type[ev.Event]] = {
-    cls.__name__: cls for cls in vars(ev).values()
+    cls.__name__: cls
+    for cls in vars(ev).values()
     if isinstance(cls, type) and issubclass(cls, ev.Event) and cls is not ev.Event
 }
 

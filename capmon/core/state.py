@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import enum
 import math
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Iterable, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from capmon.core.breaker import BreakerView, CircuitBreaker, State
 from capmon.core.clock import Clock
@@ -92,8 +93,15 @@ class TargetState(Protocol):
     def usable(self) -> bool: ...
     async def admit(self, cost: int) -> Admission | None: ...
     async def begin_probe(self) -> Admission | None: ...
-    async def settle(self, adm: Admission, failure: Failure | None, *, used_tokens: int | None = None,
-                     cancelled: bool = False, unused: bool = False) -> bool: ...
+    async def settle(
+        self,
+        adm: Admission,
+        failure: Failure | None,
+        *,
+        used_tokens: int | None = None,
+        cancelled: bool = False,
+        unused: bool = False,
+    ) -> bool: ...
     def holds(self, adm: Admission) -> bool: ...
     def trip(self, reason: str) -> None: ...
     def force_close(self, reason: str) -> None: ...
@@ -105,7 +113,7 @@ class StateStore(Protocol):
     """The client-wide state: its targets, the pin and the retry budget."""
 
     async def start(self) -> None: ...  # connect a shared store; the client calls it once before use
-    def shared_status(self) -> "SharedStatus": ...
+    def shared_status(self) -> SharedStatus: ...
     @property
     def pinned(self) -> str | None: ...
     def pin(self, model: str | None) -> None: ...
@@ -141,8 +149,9 @@ class KeyBook:
 
 
 class MemoryTarget:
-    def __init__(self, spec: TargetSpec, config: Config, clock: Clock, keys: KeyBook,
-                 publish: Callable[[Event], None]) -> None:
+    def __init__(
+        self, spec: TargetSpec, config: Config, clock: Clock, keys: KeyBook, publish: Callable[[Event], None]
+    ) -> None:
         self.id = spec.id
         self.spec = spec
         self._clock = clock
@@ -191,8 +200,9 @@ class MemoryTarget:
     def view(self) -> TargetView:
         now = self._clock.now()
         key, until, reason = self._keys.state(self.spec.key_ref, self.id, now)
-        return TargetView(self.breaker.view(), self.limiter.view(), self._ramp_slots(), key, until, reason,
-                          self.not_before)
+        return TargetView(
+            self.breaker.view(), self.limiter.view(), self._ramp_slots(), key, until, reason, self.not_before
+        )
 
     # ------------------------------------------------------------ attempts
 
@@ -232,8 +242,15 @@ class MemoryTarget:
         hand, a probe's verdict) moved the breaker since, and it still admits."""
         return adm.generation == self.breaker.generation and self.breaker.share() > 0.0
 
-    async def settle(self, adm: Admission, failure: Failure | None, *, used_tokens: int | None = None,
-                     cancelled: bool = False, unused: bool = False) -> bool:
+    async def settle(
+        self,
+        adm: Admission,
+        failure: Failure | None,
+        *,
+        used_tokens: int | None = None,
+        cancelled: bool = False,
+        unused: bool = False,
+    ) -> bool:
         """Apply one attempt's outcome to breaker, limiter, key and buckets. Returns
         whether a capacity failure was news (see AdaptiveLimiter.release). ``unused``:
         the admission was given back before anything was sent, so its bucket charge is
@@ -250,8 +267,9 @@ class MemoryTarget:
             lim.release(adm.slot, LimiterSignal.NEUTRAL)  # a probe says nothing about concurrency
             news = False
         else:
-            starts_streak = pol.breaker is BreakerSignal.DOWN or (pol.limiter is LimiterSignal.OVERLOAD
-                                                                  and lim.is_news(adm.slot))
+            starts_streak = pol.breaker is BreakerSignal.DOWN or (
+                pol.limiter is LimiterSignal.OVERLOAD and lim.is_news(adm.slot)
+            )
             if starts_streak and before.admits and b.consecutive == 0:
                 lim.checkpoint()  # a failure streak may begin: remember what it may undo
             news = lim.release(adm.slot, pol.limiter)
@@ -281,9 +299,18 @@ class MemoryTarget:
         return news
 
     def _emit_key(self, kind: str, until: float | None, reason: str) -> None:
-        self._publish(KeyParked(at=self._clock.now(), wall=self._clock.wall(), target=self.id,
-                                model=self.spec.model.name, key_alias=self.spec.key_alias, kind=kind, until=until,
-                                reason=reason))
+        self._publish(
+            KeyParked(
+                at=self._clock.now(),
+                wall=self._clock.wall(),
+                target=self.id,
+                model=self.spec.model.name,
+                key_alias=self.spec.key_alias,
+                kind=kind,
+                until=until,
+                reason=reason,
+            )
+        )
 
     # ------------------------------------------------------------ by hand
 
@@ -303,8 +330,9 @@ class MemoryTarget:
 class MemoryState:
     """All of a client's state, in this process (the default)."""
 
-    def __init__(self, config: Config, specs: Iterable[TargetSpec], clock: Clock,
-                 publish: Callable[[Event], None]) -> None:
+    def __init__(
+        self, config: Config, specs: Iterable[TargetSpec], clock: Clock, publish: Callable[[Event], None]
+    ) -> None:
         self._clock = clock
         self._publish = publish
         self.keys = KeyBook()
@@ -342,7 +370,7 @@ class MemoryState:
     async def start(self) -> None:
         return None
 
-    def shared_status(self) -> "SharedStatus":
+    def shared_status(self) -> SharedStatus:
         from capmon.core.snapshot import SharedStatus
 
         return SharedStatus()

@@ -140,4 +140,3 @@ class RollingStats:
             if 0 <= k < points:
                 out[k] += b.rate_limited + b.capacity
         return tuple(out)
-

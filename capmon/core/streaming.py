@@ -5,13 +5,14 @@ end. The gateway reads these to write its response headers before the first byte
 
 from __future__ import annotations
 
-from typing import Any, AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any
 
 from capmon.core.result import Attempt, ChatResult
 
 
 class ChatStream:
-    def __init__(self, run: Callable[["ChatStream"], AsyncIterator[Mapping[str, Any]]]) -> None:
+    def __init__(self, run: Callable[[ChatStream], AsyncIterator[Mapping[str, Any]]]) -> None:
         self.request_id = 0
         self.model: str | None = None  # set when the first chunk is out
         self.endpoint: str | None = None
@@ -20,7 +21,7 @@ class ChatStream:
         self.result: ChatResult | None = None  # set when the stream has ended complete
         self._chunks = run(self)
 
-    def __aiter__(self) -> "ChatStream":
+    def __aiter__(self) -> ChatStream:
         return self
 
     async def __anext__(self) -> Mapping[str, Any]:
@@ -33,4 +34,4 @@ class ChatStream:
     @property
     def fallbacks(self) -> int:
         models = [a.model for a in self.attempts] + ([self.model] if self.model else [])
-        return sum(1 for a, b in zip(models, models[1:]) if a != b)
+        return sum(1 for a, b in zip(models, models[1:], strict=False) if a != b)

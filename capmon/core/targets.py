@@ -4,8 +4,8 @@ what decides admission lives behind the state seam (capmon/core/state.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 import httpx
 
@@ -63,8 +63,17 @@ def build_targets(config: Config, keys: Mapping[tuple[str, str], ResolvedKey]) -
                     continue
                 tid = target_id(model.name, ep.name, key.alias)
                 specs.append(TargetSpec(tid, model, (ep.name, key.alias), key.alias))
-                out.append(Target(tid, rank, model, ep, key, state=None,  # type: ignore[arg-type]
-                                  url=ep.base_url.rstrip("/") + "/chat/completions"))
+                out.append(
+                    Target(
+                        tid,
+                        rank,
+                        model,
+                        ep,
+                        key,
+                        state=None,  # type: ignore[arg-type]
+                        url=ep.base_url.rstrip("/") + "/chat/completions",
+                    )
+                )
     if not out:
         raise CapmonError(f"{config.path}: no usable target: every model's keys are missing")
     return specs, out

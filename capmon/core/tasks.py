@@ -5,7 +5,8 @@ no "Task was destroyed but it is pending" is left behind."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 
 async def cancel_and_wait(tasks: Iterable[asyncio.Future[Any] | None]) -> None:

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import datetime as dt
 import math
-from typing import Literal, Sequence
+from collections.abc import Sequence
+from typing import Literal
 
 # (size in seconds, unit, size of the next smaller unit, its unit), largest first.
 _SPANS = ((86_400, "d", 3600, "h"), (3600, "h", 60, "m"), (60, "m", 1, "s"))

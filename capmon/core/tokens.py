@@ -5,7 +5,8 @@ test agree on what a prompt costs."""
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 # Role and framing: OpenAI's own accounting adds about this many tokens per message.
 PER_MESSAGE = 4

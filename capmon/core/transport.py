@@ -31,8 +31,9 @@ from __future__ import annotations
 import contextvars
 import enum
 import re
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any, AsyncIterator
+from typing import Any
 
 import aiohttp
 import httpx
@@ -53,8 +54,9 @@ class TransportKind(str, enum.Enum):
     AIOHTTP = "aiohttp"
 
 
-def make_transport(kind: str | TransportKind, *, max_connections: int,
-                   connect_timeout: float) -> httpx.AsyncBaseTransport:
+def make_transport(
+    kind: str | TransportKind, *, max_connections: int, connect_timeout: float
+) -> httpx.AsyncBaseTransport:
     """The transport named by ``client.transport``, holding at most ``max_connections``
     connections. ``connect_timeout`` bounds connecting for a request that carries no
     timeouts of its own (an ``httpx.AsyncClient`` always sends its own). Closing the
@@ -87,8 +89,13 @@ class HttpcoreTransport(httpx.AsyncHTTPTransport):
     """httpx's own transport (what ``httpx.AsyncClient`` uses by default), pooled."""
 
     def __init__(self, *, max_connections: int, connect_timeout: float) -> None:
-        super().__init__(limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections,
-                                             keepalive_expiry=KEEPALIVE_EXPIRY))
+        super().__init__(
+            limits=httpx.Limits(
+                max_connections=max_connections,
+                max_keepalive_connections=max_connections,
+                keepalive_expiry=KEEPALIVE_EXPIRY,
+            )
+        )
         self._default_timeout = _default_timeout(connect_timeout)
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
@@ -136,16 +143,23 @@ class AiohttpTransport(httpx_aiohttp.AiohttpTransport):
     (see the module docstring)."""
 
     def __init__(self, *, max_connections: int, connect_timeout: float) -> None:
-        limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections,
-                              keepalive_expiry=KEEPALIVE_EXPIRY)
+        limits = httpx.Limits(
+            max_connections=max_connections,
+            max_keepalive_connections=max_connections,
+            keepalive_expiry=KEEPALIVE_EXPIRY,
+        )
         # A factory, not a session: a session belongs to the event loop it was made in,
         # and the transport is often built before any loop runs.
         super().__init__(limits=limits, client=self._new_session)
         self._default_timeout = _default_timeout(connect_timeout)
 
     def _new_session(self) -> aiohttp.ClientSession:
-        connector = _Connector(limit=self.limits.max_connections or 0, limit_per_host=0,
-                               keepalive_timeout=self.limits.keepalive_expiry, ssl=self.ssl_context)
+        connector = _Connector(
+            limit=self.limits.max_connections or 0,
+            limit_per_host=0,
+            keepalive_timeout=self.limits.keepalive_expiry,
+            ssl=self.ssl_context,
+        )
         return aiohttp.ClientSession(connector=connector, cookie_jar=aiohttp.DummyCookieJar(), trust_env=False)
 
     def pool_stats(self) -> PoolStats:
@@ -293,8 +307,11 @@ def _scrub(text: str, request: httpx.Request) -> str:
 
 
 USER_AGENT = "capmon"
-_DEFAULT_HEADERS = ((b"accept", b"application/json"), (b"accept-encoding", b"gzip, deflate"),
-                    (b"user-agent", USER_AGENT.encode()))
+_DEFAULT_HEADERS = (
+    (b"accept", b"application/json"),
+    (b"accept-encoding", b"gzip, deflate"),
+    (b"user-agent", USER_AGENT.encode()),
+)
 
 
 class Sender:
@@ -317,8 +334,13 @@ class Sender:
         return out
 
     def request(self, url: httpx.URL, headers: list[tuple[bytes, bytes]], body: bytes) -> httpx.Request:
-        return httpx.Request("POST", url, headers=[*headers, (b"content-type", b"application/json")], content=body,
-                             extensions={"timeout": self._timeout})
+        return httpx.Request(
+            "POST",
+            url,
+            headers=[*headers, (b"content-type", b"application/json")],
+            content=body,
+            extensions={"timeout": self._timeout},
+        )
 
     async def send(self, request: httpx.Request) -> httpx.Response:
         response = await self.transport.handle_async_request(request)

@@ -22,7 +22,8 @@ import asyncio
 import heapq
 import logging
 from collections import deque
-from typing import Any, Awaitable, Callable, Generic, Hashable, TypeVar
+from collections.abc import Awaitable, Callable, Hashable
+from typing import Any, Generic, TypeVar
 
 from capmon.core.clock import Clock
 from capmon.core.tasks import cancel_and_wait

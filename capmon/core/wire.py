@@ -16,8 +16,9 @@ import enum
 import json
 import logging
 import re
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Callable, Mapping
+from typing import Any
 
 import httpx
 
@@ -35,7 +36,7 @@ class TokenParam(enum.StrEnum):
     MAX_COMPLETION_TOKENS = "max_completion_tokens"
 
     @property
-    def other(self) -> "TokenParam":
+    def other(self) -> TokenParam:
         return TokenParam.MAX_COMPLETION_TOKENS if self is TokenParam.MAX_TOKENS else TokenParam.MAX_TOKENS
 
 
@@ -127,7 +128,9 @@ class Oversized(Exception):
 
 def oversized_failure(cap: int, status: int | None, streaming: bool) -> Failure:
     what = "stream" if streaming else "body"
-    return Failure(Kind.OVERSIZED, f"response {what} larger than the {cap:,}-byte cap (client.max_response_bytes)", status)
+    return Failure(
+        Kind.OVERSIZED, f"response {what} larger than the {cap:,}-byte cap (client.max_response_bytes)", status
+    )
 
 
 async def read_capped(resp: httpx.Response, cap: int) -> bytes:
@@ -272,7 +275,9 @@ def read_frame(frame: Frame, *, now: float | None = None, quota_hint: float = QU
     try:
         obj = json.loads(data)
     except (ValueError, RecursionError):
-        return Event(FrameKind.BROKEN, failure=Failure(Kind.TRANSIENT, "200 with a broken stream chunk (not JSON)", 200))
+        return Event(
+            FrameKind.BROKEN, failure=Failure(Kind.TRANSIENT, "200 with a broken stream chunk (not JSON)", 200)
+        )
     if isinstance(obj, dict):
         choices = obj.get("choices")
         if isinstance(choices, list) and "error" not in obj:
@@ -286,11 +291,7 @@ def read_frame(frame: Frame, *, now: float | None = None, quota_hint: float = QU
 
 
 def _is_error(obj: Mapping[str, Any]) -> bool:
-    return (
-        "error" in obj
-        or obj.get("object") == "error"
-        or obj.get("type") in ("error", "response.failed")
-    )
+    return "error" in obj or obj.get("object") == "error" or obj.get("type") in ("error", "response.failed")
 
 
 def _has_output(choices: list[Any]) -> bool:
@@ -300,8 +301,9 @@ def _has_output(choices: list[Any]) -> bool:
         if c.get("finish_reason"):
             return True
         delta = c.get("delta")
-        if isinstance(delta, dict) and (delta.get("content") or delta.get("tool_calls") or delta.get("refusal")
-                                        or delta.get("function_call")):
+        if isinstance(delta, dict) and (
+            delta.get("content") or delta.get("tool_calls") or delta.get("refusal") or delta.get("function_call")
+        ):
             return True
     return False
 
@@ -396,8 +398,11 @@ class Assembler:
                 {"id": t.id, "type": t.type, "function": {"name": t.name, "arguments": "".join(t.arguments)}}
                 for _, t in sorted(self.tools.items())
             ]
-        out: dict[str, Any] = {**self.head, "object": "chat.completion",
-                               "choices": [{"index": 0, "message": message, "finish_reason": self.finish_reason}]}
+        out: dict[str, Any] = {
+            **self.head,
+            "object": "chat.completion",
+            "choices": [{"index": 0, "message": message, "finish_reason": self.finish_reason}],
+        }
         if self.usage is not None:
             out["usage"] = self.usage
         return out
@@ -438,8 +443,11 @@ def parse_response(status: int, body: bytes | None) -> Mapping[str, Any] | None:
         parsed = json.loads(body)
     except Exception:
         return None
-    if isinstance(parsed, Mapping) and parsed.get("object") == "response" \
-            and parsed.get("status") in ("completed", "incomplete"):
+    if (
+        isinstance(parsed, Mapping)
+        and parsed.get("object") == "response"
+        and parsed.get("status") in ("completed", "incomplete")
+    ):
         return parsed
     return None
 
@@ -454,12 +462,17 @@ def read_responses_frame(frame: Frame, *, now: float | None = None, quota_hint: 
     try:
         obj = json.loads(data) if data else None
     except (ValueError, RecursionError):
-        return Event(FrameKind.BROKEN, failure=Failure(Kind.TRANSIENT, "200 with a broken stream event (not JSON)",
-                                                        200))
+        return Event(
+            FrameKind.BROKEN, failure=Failure(Kind.TRANSIENT, "200 with a broken stream event (not JSON)", 200)
+        )
     kind = obj.get("type") if isinstance(obj, dict) else None
     name = frame.event or (kind if isinstance(kind, str) else "")
-    if name in _ERROR_EVENTS or (isinstance(obj, dict) and "error" in obj and name not in _RESPONSES_DONE
-                                 and not name.startswith("response.output")):
+    if name in _ERROR_EVENTS or (
+        isinstance(obj, dict)
+        and "error" in obj
+        and name not in _RESPONSES_DONE
+        and not name.startswith("response.output")
+    ):
         return Event(FrameKind.ERROR, failure=classify_event(obj, name, now=now, quota_hint=quota_hint))
     if not isinstance(obj, dict):
         return Event(FrameKind.BROKEN, failure=Failure(Kind.TRANSIENT, "200 with a broken stream event", 200))

@@ -25,8 +25,14 @@ ROLES = ("gateway", "batch", "dashboard", "library")
 __all__ = ["ROLES", "RedisState", "SharedStateUnavailable", "shared_state", "show_url"]
 
 
-def shared_state(config: Config, *, clock: Clock, publish: Callable[[Event], None], role: str = "library",
-                 environ: Mapping[str, str] | None = None) -> Callable[[list[TargetSpec]], RedisState]:
+def shared_state(
+    config: Config,
+    *,
+    clock: Clock,
+    publish: Callable[[Event], None],
+    role: str = "library",
+    environ: Mapping[str, str] | None = None,
+) -> Callable[[list[TargetSpec]], RedisState]:
     """The factory ``FallbackClient(state=...)`` takes. Reads ``[shared]``'s URL now (a
     missing variable or a bad URL is a ConfigError); connects in ``start()``."""
     settings = resolve(config, environ)

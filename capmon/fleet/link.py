@@ -58,9 +58,15 @@ class Link:
         self.on_change: Callable[[], None] | None = None
 
     def _client(self, timeout: float | None) -> Redis:
-        return Redis.from_url(self.settings.url, decode_responses=True, socket_timeout=timeout,
-                              socket_connect_timeout=COMMAND_TIMEOUT, retry=Retry(NoBackoff(), 0),
-                              health_check_interval=0, client_name="capmon")
+        return Redis.from_url(
+            self.settings.url,
+            decode_responses=True,
+            socket_timeout=timeout,
+            socket_connect_timeout=COMMAND_TIMEOUT,
+            retry=Retry(NoBackoff(), 0),
+            health_check_interval=0,
+            client_name="capmon",
+        )
 
     def subscriber(self) -> Redis:
         return self._client(None)

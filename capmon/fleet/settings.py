@@ -53,8 +53,7 @@ def resolve(config: Config, environ: Mapping[str, str] | None = None) -> Setting
     env = os.environ if environ is None else environ
     sc, file = config.shared, config.path
     if not _NAMESPACE.fullmatch(sc.namespace):
-        raise ConfigError(file, "shared.namespace",
-                          f"expected 1-64 letters, digits or _ . : -, got {sc.namespace!r}")
+        raise ConfigError(file, "shared.namespace", f"expected 1-64 letters, digits or _ . : -, got {sc.namespace!r}")
     if sc.url and sc.url_env:
         raise ConfigError(file, "shared.url_env", "set url or url_env, not both")
     key = "shared.url"
@@ -78,6 +77,7 @@ def resolve(config: Config, environ: Mapping[str, str] | None = None) -> Setting
         secrets.register(parts.password)
         secrets.register(url)
         if not sc.url_env:
-            raise ConfigError(file, key, "holds a password: put the URL in an environment variable and name it "
-                                         "with shared.url_env")
+            raise ConfigError(
+                file, key, "holds a password: put the URL in an environment variable and name it with shared.url_env"
+            )
     return Settings(sc, file, url, show_url(url))

@@ -45,8 +45,15 @@ _log = logging.getLogger("capmon.fleet")
 
 
 class RedisState:
-    def __init__(self, config: Config, specs: Iterable[TargetSpec], clock: Clock, publish: Callable[[Event], None],
-                 settings: Settings, role: str = "library") -> None:
+    def __init__(
+        self,
+        config: Config,
+        specs: Iterable[TargetSpec],
+        clock: Clock,
+        publish: Callable[[Event], None],
+        settings: Settings,
+        role: str = "library",
+    ) -> None:
         specs = list(specs)
         self.config = config
         self.clock = clock
@@ -96,8 +103,9 @@ class RedisState:
 
     async def _write_pin(self, model: str | None) -> None:
         try:
-            await self.link.call("pin", self.link.scripts.pin, [self.keys.pin, self.keys.events],
-                                 [model or "", self.id])
+            await self.link.call(
+                "pin", self.link.scripts.pin, [self.keys.pin, self.keys.events], [model or "", self.id]
+            )
         except ERRORS as e:
             self.lost(e)
             self._pending_manual.append((None, "pin", model or ""))
@@ -210,12 +218,19 @@ class RedisState:
                 await self.link.aclose()
                 raise SharedStateUnavailable(
                     f"{self.settings.file}: shared.required: Redis at {self.settings.shown} is unreachable ({reason}); "
-                    f"start it, or set required = false to run on local state") from None
-            self._degrade(f"shared state: Redis at {self.settings.shown} unreachable ({reason}); "
-                          f"running on local state")
+                    f"start it, or set required = false to run on local state"
+                ) from None
+            self._degrade(
+                f"shared state: Redis at {self.settings.shown} unreachable ({reason}); running on local state"
+            )
         else:
-            _log.info("shared state: joined Redis at %s, namespace %r, as %s (%s)", self.settings.shown,
-                      self.settings.namespace, self.id, self.role)
+            _log.info(
+                "shared state: joined Redis at %s, namespace %r, as %s (%s)",
+                self.settings.shown,
+                self.settings.namespace,
+                self.id,
+                self.role,
+            )
             self._changed()  # what the fleet knew before this process came: an open breaker's probe, say
         self._supervisor = asyncio.ensure_future(self._supervise())
 
@@ -228,8 +243,9 @@ class RedisState:
             await self._reconcile(rejoin=True, fresh=fresh)
             for tid, action, arg in list(self._pending_manual):
                 if tid is None:
-                    await self.link.call("pin", self.link.scripts.pin, [self.keys.pin, self.keys.events],
-                                         [arg, self.id])
+                    await self.link.call(
+                        "pin", self.link.scripts.pin, [self.keys.pin, self.keys.events], [arg, self.id]
+                    )
                 else:
                     await self._targets[tid].write_manual(action, arg)
                 self._pending_manual.pop(0)
@@ -403,8 +419,9 @@ class RedisState:
                 changed = t.apply(h, offset, disabled or "", force=rejoin) or changed
         pin, balance = out[-2], out[-1]
         if rejoin and fresh and self.local.pinned is not None and pin is None:
-            await self.link.call("pin", self.link.scripts.pin, [self.keys.pin, self.keys.events],
-                                 [self.local.pinned, self.id])
+            await self.link.call(
+                "pin", self.link.scripts.pin, [self.keys.pin, self.keys.events], [self.local.pinned, self.id]
+            )
         elif (pin or None) != self.local.pinned and not any(m[0] is None for m in self._pending_manual):
             self.local.pin(pin or None)
             self._changed()
@@ -418,22 +435,48 @@ class RedisState:
         sc = self.settings.config
         ttl = max(3 * sc.heartbeat, 0.5)
         in_flight = sum(t.local.limiter.in_flight for t in self._targets.values())
-        fields = {"host": socket.gethostname(), "pid": os.getpid(), "role": self.role, "in_flight": in_flight,
-                  "started": f"{self._started_wall:.3f}", "degraded": 0 if self.link.ok else 1}
+        fields = {
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "role": self.role,
+            "in_flight": in_flight,
+            "started": f"{self._started_wall:.3f}",
+            "degraded": 0 if self.link.ok else 1,
+        }
         leases = {self.keys.leases(tid): sorted(ids) for tid, ids in self._leases.items() if ids}
         probes = {self.keys.target(t.id): True for t in self._targets.values() if t._probe_lease is not None}
-        res = await self.link.call("heartbeat", self.link.scripts.heartbeat,
-                                   [self.keys.procs, self.keys.proc(self.id), self.keys.meta],
-                                   [self.id, ttl, json.dumps(fields), json.dumps(leases), sc.lease_ttl,
-                                    json.dumps(probes), self.keys.proc_prefix, self.new_token()])
+        res = await self.link.call(
+            "heartbeat",
+            self.link.scripts.heartbeat,
+            [self.keys.procs, self.keys.proc(self.id), self.keys.meta],
+            [
+                self.id,
+                ttl,
+                json.dumps(fields),
+                json.dumps(leases),
+                sc.lease_ttl,
+                json.dumps(probes),
+                self.keys.proc_prefix,
+                self.new_token(),
+            ],
+        )
         self.link.observe(res[0])
         procs = []
         for raw in res[2]:
             p = as_hash(raw)
-            procs.append(FleetProcess(id=p.get("id", ""), host=p.get("host", ""), pid=int(fnum(p, "pid")),
-                                      role=p.get("role", ""), in_flight=int(fnum(p, "in_flight")),
-                                      started=fnum(p, "started"), seen=fnum(p, "seen"),
-                                      degraded=p.get("degraded") == "1", this=p.get("id") == self.id))
+            procs.append(
+                FleetProcess(
+                    id=p.get("id", ""),
+                    host=p.get("host", ""),
+                    pid=int(fnum(p, "pid")),
+                    role=p.get("role", ""),
+                    in_flight=int(fnum(p, "in_flight")),
+                    started=fnum(p, "started"),
+                    seen=fnum(p, "seen"),
+                    degraded=p.get("degraded") == "1",
+                    this=p.get("id") == self.id,
+                )
+            )
         self._processes = tuple(sorted(procs, key=lambda p: (p.host, p.pid, p.id)))
         return int(res[1]) == 1
 
@@ -441,10 +484,15 @@ class RedisState:
 
     def shared_status(self) -> SharedStatus:
         link = self.link
-        return SharedStatus(backend="redis", state=link.state, since=link.since, message=link.message,
-                            url=self.settings.shown, namespace=self.settings.namespace,
-                            processes=self._processes if link.state is LinkState.OK else tuple(
-                                p for p in self._processes if p.this))
+        return SharedStatus(
+            backend="redis",
+            state=link.state,
+            since=link.since,
+            message=link.message,
+            url=self.settings.shown,
+            namespace=self.settings.namespace,
+            processes=self._processes if link.state is LinkState.OK else tuple(p for p in self._processes if p.this),
+        )
 
     async def aclose(self) -> None:
         if self._closed:

@@ -55,8 +55,17 @@ class RedisTarget:
         self._rpm_rate, self._tpm_rate = float(m.rpm), float(m.tpm)
         b, lim = cfg.breaker, local.limiter
         self._admit_args = [m.rpm, m.tpm, b.ramp_start, b.ramp_duration]
-        self._settle_args = [m.tpm, lim.min, lim.max, lim.decrease, b.failure_threshold, b.probe_interval,
-                             b.cooldown_multiplier, b.cooldown, b.cooldown_max]
+        self._settle_args = [
+            m.tpm,
+            lim.min,
+            lim.max,
+            lim.decrease,
+            b.failure_threshold,
+            b.probe_interval,
+            b.cooldown_multiplier,
+            b.cooldown,
+            b.cooldown_max,
+        ]
         # The shared hash this mirror last applied: (run, version); a hash from an
         # older version (a message overtaken by an answer) is not applied.
         self._run = ""
@@ -110,8 +119,15 @@ class RedisTarget:
 
     # ------------------------------------------------------------ applying what Redis says
 
-    def apply(self, h: Mapping[str, str], offset: float, disabled: str | None = None, *, force: bool = False,
-              redis_now: float | None = None) -> bool:
+    def apply(
+        self,
+        h: Mapping[str, str],
+        offset: float,
+        disabled: str | None = None,
+        *,
+        force: bool = False,
+        redis_now: float | None = None,
+    ) -> bool:
         """Take a shared hash into the mirror if it is not older than the last one."""
         if not h or "gen" not in h:
             return False
@@ -195,10 +211,20 @@ class RedisTarget:
         if self._probe_lease is not None:
             probe_in = store.config.shared.lease_ttl
         keys = self.local._keys
-        fields = codec.seed(self.local, now, self.key_ref_text, probe_in, keys.parked.get(self.id),
-                            self._fleet_learned or self.local.limiter.learned())
-        res = await store.link.call("seed", store.link.scripts.seed, [self._hash, self._key, store.keys.events],
-                                    [fields, keys.disabled.get(self.spec.key_ref, ""), store.new_token(), store.id])
+        fields = codec.seed(
+            self.local,
+            now,
+            self.key_ref_text,
+            probe_in,
+            keys.parked.get(self.id),
+            self._fleet_learned or self.local.limiter.learned(),
+        )
+        res = await store.link.call(
+            "seed",
+            store.link.scripts.seed,
+            [self._hash, self._key, store.keys.events],
+            [fields, keys.disabled.get(self.spec.key_ref, ""), store.new_token(), store.id],
+        )
         offset, h = self._took(res, 3)
         self.apply(h, offset, res[2], force=res[0] == "seeded" or h.get("run") != self._run)
 
@@ -211,19 +237,41 @@ class RedisTarget:
         now = store.clock.now()
         if now < self._full_until or now < self._retry_at or now < self.local.not_before:
             return None  # the mirror already says no: no round trip
-        if self.local.breaker.share() <= 0.0 or self.local._keys.state(self.spec.key_ref, self.id, now)[0] \
-                is not KeyState.OK:
+        if (
+            self.local.breaker.share() <= 0.0
+            or self.local._keys.state(self.spec.key_ref, self.id, now)[0] is not KeyState.OK
+        ):
             return None
         for _ in range(2):
             lease = store.new_lease()
             pending = self._pending()
             try:
                 res = await store.link.call(
-                    "admit", store.link.scripts.admit,
-                    [self._hash, self._leases, self._key, self._rpm, self._tpm, store.keys.budget, store.keys.events,
-                     self._waiting],
-                    [lease, store.config.shared.lease_ttl, cost, *self._admit_args, store.take_earned(),
-                     store.budget_cap, store.budget_start, store.id, pending[0] if pending else ""], hot=True)
+                    "admit",
+                    store.link.scripts.admit,
+                    [
+                        self._hash,
+                        self._leases,
+                        self._key,
+                        self._rpm,
+                        self._tpm,
+                        store.keys.budget,
+                        store.keys.events,
+                        self._waiting,
+                    ],
+                    [
+                        lease,
+                        store.config.shared.lease_ttl,
+                        cost,
+                        *self._admit_args,
+                        store.take_earned(),
+                        store.budget_cap,
+                        store.budget_start,
+                        store.id,
+                        pending[0] if pending else "",
+                    ],
+                    hot=True,
+                )
             except ERRORS as e:
                 store.lost(e)
                 return await self.local.admit(cost)
@@ -237,10 +285,17 @@ class RedisTarget:
             return self._admitted(res, lease, pending, cost, now)
         return None
 
-    def _admitted(self, res: Any, lease: str, pending: tuple[str, int, int] | None, cost: int,
-                  now: float) -> Admission | None:
-        verdict, count, retry_at, balance, cas, disabled = res[0], int(res[2]), float(res[3]), float(res[4]), res[5], \
-            res[6]
+    def _admitted(
+        self, res: Any, lease: str, pending: tuple[str, int, int] | None, cost: int, now: float
+    ) -> Admission | None:
+        verdict, count, retry_at, balance, cas, disabled = (
+            res[0],
+            int(res[2]),
+            float(res[3]),
+            float(res[4]),
+            res[5],
+            res[6],
+        )
         offset, h = self._took(res, 7)
         self._store.mirror_budget(balance, int(res[8]))
         self.apply(h, offset, disabled, force=self._cas_done(cas, pending))
@@ -251,8 +306,15 @@ class RedisTarget:
                 self._full_until = now + FULL_NAP  # that was the last slot: no call until one frees
             self._local_slots[lease] = self.local.limiter.take()
             self._store.track(self.id, lease)
-            return Admission(self.id, int(codec.fnum(h, "gen")), False, Slot(count, int(codec.fnum(h, "epoch"))),
-                             cost, now, lease=lease)
+            return Admission(
+                self.id,
+                int(codec.fnum(h, "gen")),
+                False,
+                Slot(count, int(codec.fnum(h, "epoch"))),
+                cost,
+                now,
+                lease=lease,
+            )
         if verdict == "full":
             self._full_until = now + FULL_NAP
         elif retry_at > 0:
@@ -265,8 +327,13 @@ class RedisTarget:
         b = self._store.config.breaker
         if h.get("state") == "ramp" and b.ramp_duration > 0:
             since = self._store.clock.now() - (codec.fnum(h, "ramp_from") + offset)
-            share = min(1.0, max(codec.fnum(h, "ramp_share", b.ramp_start),
-                                 b.ramp_start + (1.0 - b.ramp_start) * since / b.ramp_duration))
+            share = min(
+                1.0,
+                max(
+                    codec.fnum(h, "ramp_share", b.ramp_start),
+                    b.ramp_start + (1.0 - b.ramp_start) * since / b.ramp_duration,
+                ),
+            )
             if share < 1.0:
                 return math.floor(min(limit, max(1, math.ceil(share * max(1.0, limit)))) + 1e-9)
         return math.floor(limit + 1e-9)
@@ -285,8 +352,11 @@ class RedisTarget:
             lease = store.new_lease()
             try:
                 res = await store.link.call(
-                    "begin_probe", store.link.scripts.begin_probe, [self._hash, self._leases, store.keys.events],
-                    [self._synced_gen, store.id, store.config.shared.lease_ttl, lease, store.config.shared.lease_ttl])
+                    "begin_probe",
+                    store.link.scripts.begin_probe,
+                    [self._hash, self._leases, store.keys.events],
+                    [self._synced_gen, store.id, store.config.shared.lease_ttl, lease, store.config.shared.lease_ttl],
+                )
             except ERRORS as e:
                 store.lost(e)
                 return await self.local.begin_probe()
@@ -312,8 +382,15 @@ class RedisTarget:
     def holds(self, adm: Admission) -> bool:
         return self.local.holds(adm)
 
-    async def settle(self, adm: Admission, failure: Failure | None, *, used_tokens: int | None = None,
-                     cancelled: bool = False, unused: bool = False) -> bool:
+    async def settle(
+        self,
+        adm: Admission,
+        failure: Failure | None,
+        *,
+        used_tokens: int | None = None,
+        cancelled: bool = False,
+        unused: bool = False,
+    ) -> bool:
         if adm.settled:
             return False
         if adm.lease is None:
@@ -325,8 +402,13 @@ class RedisTarget:
             self._probe_lease = None
         if not self._shared:
             # Redis went away while this attempt was out: settle it on the mirror alone.
-            return await self.local.settle(Admission(self.id, adm.generation, adm.probe, local_slot, adm.cost, adm.at),
-                                           failure, used_tokens=used_tokens, cancelled=cancelled, unused=unused)
+            return await self.local.settle(
+                Admission(self.id, adm.generation, adm.probe, local_slot, adm.cost, adm.at),
+                failure,
+                used_tokens=used_tokens,
+                cancelled=cancelled,
+                unused=unused,
+            )
         adm.settled = True
         self.local.limiter.release(local_slot, LimiterSignal.NEUTRAL)  # the local count of ours in flight
         pol = CANCELLED if cancelled else policy_for(failure)
@@ -337,8 +419,15 @@ class RedisTarget:
         # The shared limiter decides news in SETTLE; the local breaker counts its own
         # evidence now, from the epoch the mirror knows (fresh as of the last answer).
         news = not adm.probe and pol.limiter is LimiterSignal.OVERLOAD and adm.slot.epoch == self._epoch
-        b.record(adm.generation, pol.breaker, sent_at=adm.at, hint=hint, news=news, probe=adm.probe,
-                 basis=self.local.limiter.limit)
+        b.record(
+            adm.generation,
+            pol.breaker,
+            sent_at=adm.at,
+            hint=hint,
+            news=news,
+            probe=adm.probe,
+            basis=self.local.limiter.limit,
+        )
         park_for = 0.0
         if pol.key is KeyAction.DISABLE and failure is not None:
             self.local._keys.disabled[self.spec.key_ref] = failure.reason
@@ -354,19 +443,40 @@ class RedisTarget:
         for _ in range(2):
             pending = self._pending()
             try:
-                res = await store.link.call("settle", store.link.scripts.settle, [
-                    self._hash, self._leases, self._key, self._tpm, store.keys.events, self._waiting, self._rpm], [
-                    adm.lease, pol.limiter.value, adm.slot.position, adm.slot.epoch, pol.breaker.value, adm.generation,
-                    max(0.0, now - adm.at), -1 if hint is None else hint, int(adm.probe), pol.key.value,
-                    failure.reason if failure is not None and pol.key is not KeyAction.NONE else "", park_for,
-                    int(pol.hint_blocks), refund, *self._settle_args, store.id, pending[0] if pending else "",
-                    store.keys.proc_prefix, self._rpm_rate, int(unused)],
-                    hot=True)
+                res = await store.link.call(
+                    "settle",
+                    store.link.scripts.settle,
+                    [self._hash, self._leases, self._key, self._tpm, store.keys.events, self._waiting, self._rpm],
+                    [
+                        adm.lease,
+                        pol.limiter.value,
+                        adm.slot.position,
+                        adm.slot.epoch,
+                        pol.breaker.value,
+                        adm.generation,
+                        max(0.0, now - adm.at),
+                        -1 if hint is None else hint,
+                        int(adm.probe),
+                        pol.key.value,
+                        failure.reason if failure is not None and pol.key is not KeyAction.NONE else "",
+                        park_for,
+                        int(pol.hint_blocks),
+                        refund,
+                        *self._settle_args,
+                        store.id,
+                        pending[0] if pending else "",
+                        store.keys.proc_prefix,
+                        self._rpm_rate,
+                        int(unused),
+                    ],
+                    hot=True,
+                )
             except ERRORS as e:
                 store.lost(e)
                 if pol.hint_blocks and hint is not None and self.local.limiter.in_flight == 0 and not adm.probe:
-                    self.local.not_before = max(self.local.not_before,
-                                                now + min(hint, store.config.breaker.cooldown_max))
+                    self.local.not_before = max(
+                        self.local.not_before, now + min(hint, store.config.breaker.cooldown_max)
+                    )
                 break
             if res[0] == "missing":
                 try:
@@ -383,8 +493,18 @@ class RedisTarget:
 
     def _emit_key(self, kind: str, until: float | None, reason: str) -> None:
         clock = self._store.clock
-        self._store.publish(KeyParked(at=clock.now(), wall=clock.wall(), target=self.id, model=self.spec.model.name,
-                                      key_alias=self.spec.key_alias, kind=kind, until=until, reason=reason))
+        self._store.publish(
+            KeyParked(
+                at=clock.now(),
+                wall=clock.wall(),
+                target=self.id,
+                model=self.spec.model.name,
+                key_alias=self.spec.key_alias,
+                kind=kind,
+                until=until,
+                reason=reason,
+            )
+        )
 
     # ------------------------------------------------------------ by hand
 
@@ -406,8 +526,12 @@ class RedisTarget:
     async def write_manual(self, action: str, reason: str) -> None:
         store = self._store
         for _ in range(2):
-            res = await store.link.call("manual", store.link.scripts.manual, [self._hash, self._key, store.keys.events],
-                                        [action, reason, store.id, store.config.breaker.probe_interval])
+            res = await store.link.call(
+                "manual",
+                store.link.scripts.manual,
+                [self._hash, self._key, store.keys.events],
+                [action, reason, store.id, store.config.breaker.probe_interval],
+            )
             if res[0] == "missing":
                 await self.seed()
                 continue
@@ -421,8 +545,9 @@ class RedisTarget:
         if pending is None:
             return
         store = self._store
-        res = await store.link.call("transition", store.link.scripts.transition, [self._hash, store.keys.events],
-                                    [pending[0], store.id])
+        res = await store.link.call(
+            "transition", store.link.scripts.transition, [self._hash, store.keys.events], [pending[0], store.id]
+        )
         if res[0] == "missing":
             await self.seed()
             return
@@ -448,5 +573,13 @@ class RedisTarget:
             # Another process's probe, whose outcome this one can no longer hear: back to
             # open with the probe due, so that this process probes for itself.
             rec = b.export()
-            b.adopt(dataclasses.replace(rec, state=State.OPEN, generation=rec.generation + 1, next_probe=clock.now(),
-                                        reason="shared state lost while another process probed"), "local")
+            b.adopt(
+                dataclasses.replace(
+                    rec,
+                    state=State.OPEN,
+                    generation=rec.generation + 1,
+                    next_probe=clock.now(),
+                    reason="shared state lost while another process probed",
+                ),
+                "local",
+            )

@@ -27,5 +27,14 @@ from capmon.gateway.serve import ServeOptions, serve
 from capmon.gateway.server import GatewayError, GatewayServer, start_server
 from capmon.gateway.settings import GatewaySettings, load_settings
 
-__all__ = ["GatewayError", "GatewayServer", "GatewaySettings", "ServeOptions", "close_app", "create_app",
-           "load_settings", "serve", "start_server"]
+__all__ = [
+    "GatewayError",
+    "GatewayServer",
+    "GatewaySettings",
+    "ServeOptions",
+    "close_app",
+    "create_app",
+    "load_settings",
+    "serve",
+    "start_server",
+]

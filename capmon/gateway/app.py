@@ -54,10 +54,13 @@ async def _api_error(request: Request, exc: Exception) -> Response:
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     kind = "not_found" if exc.status_code == 404 else "method_not_allowed" if exc.status_code == 405 else None
-    message = {404: f"no such endpoint: {request.method} {request.url.path}"[:200],
-               405: f"{request.method} is not allowed on {request.url.path}"[:200]}.get(exc.status_code, exc.detail)
-    return error_reply(ApiError(exc.status_code, message, "invalid_request_error", kind,
-                                headers=dict(exc.headers or {})))
+    message = {
+        404: f"no such endpoint: {request.method} {request.url.path}"[:200],
+        405: f"{request.method} is not allowed on {request.url.path}"[:200],
+    }.get(exc.status_code, exc.detail)
+    return error_reply(
+        ApiError(exc.status_code, message, "invalid_request_error", kind, headers=dict(exc.headers or {}))
+    )
 
 
 def _api_of(path: str) -> str:
@@ -97,8 +100,15 @@ def create_app(client: FallbackClient, settings: GatewaySettings) -> Starlette:
     """The gateway in front of ``client``. Call it in the event loop that serves it; call
     ``close_app(app)`` when done (the client stays the caller's)."""
     names = ModelNames(settings.models, settings.aliases)
-    gw = Gateway(client=client, settings=settings, auth=Authenticator(settings), names=names,
-                 metrics=GatewayMetrics(client), feed=EventFeed(client.bus), started=int(client.clock.wall()))
+    gw = Gateway(
+        client=client,
+        settings=settings,
+        auth=Authenticator(settings),
+        names=names,
+        metrics=GatewayMetrics(client),
+        feed=EventFeed(client.bus),
+        started=int(client.clock.wall()),
+    )
     routes = [
         *openai_api.ROUTES,
         *control.ROUTES,

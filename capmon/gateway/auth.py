@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import enum
 import hmac
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 from capmon.core.result import Priority
 from capmon.gateway.errors import ApiError
@@ -83,17 +83,30 @@ class Authenticator:
             return ANONYMOUS
         caller = self.identify(headers)
         if caller is None:
-            raise ApiError(401, "Incorrect API key provided. Use a client key of this gateway as "
-                                "Authorization: Bearer KEY or x-api-key: KEY.", "invalid_request_error",
-                           "invalid_api_key", headers={"www-authenticate": "Bearer"})
+            raise ApiError(
+                401,
+                "Incorrect API key provided. Use a client key of this gateway as "
+                "Authorization: Bearer KEY or x-api-key: KEY.",
+                "invalid_request_error",
+                "invalid_api_key",
+                headers={"www-authenticate": "Bearer"},
+            )
         if access is Access.ADMIN:
             if not caller.admin:
-                what = ("this gateway has no admin key (gateway.admin_key_env), so its control API is read-only"
-                        if self.settings.admin is None else "this action needs the gateway's admin key")
+                what = (
+                    "this gateway has no admin key (gateway.admin_key_env), so its control API is read-only"
+                    if self.settings.admin is None
+                    else "this action needs the gateway's admin key"
+                )
                 raise ApiError(403, what, "permission_error", "admin_key_required")
             return caller
         if caller.role is Role.ANONYMOUS and not self.settings.open:
-            raise ApiError(401, "You didn't provide an API key. Send a client key of this gateway as "
-                                "Authorization: Bearer KEY or x-api-key: KEY.", "invalid_request_error",
-                           "invalid_api_key", headers={"www-authenticate": "Bearer"})
+            raise ApiError(
+                401,
+                "You didn't provide an API key. Send a client key of this gateway as "
+                "Authorization: Bearer KEY or x-api-key: KEY.",
+                "invalid_request_error",
+                "invalid_api_key",
+                headers={"www-authenticate": "Bearer"},
+            )
         return caller

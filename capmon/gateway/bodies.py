@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from capmon.core.result import ChatRequest, Priority
 from capmon.gateway.auth import Caller
@@ -113,10 +114,20 @@ def chat(body: dict[str, Any], headers: Mapping[str, str], caller: Caller, names
         raise _bad(f"temperature: expected a number, got {temperature!r}"[:200], "temperature")
     stream = _stream(body)
     priority = _priority(headers, caller)
-    extra = {k: v for k, v in body.items()
-             if k not in ("model", "messages", "stream", "n", "max_tokens", "max_completion_tokens", "temperature")}
-    request = ChatRequest.of(messages, model=model, max_tokens=cap, temperature=temperature, priority=priority,
-                             deadline=_deadline(headers), extra=extra)
+    extra = {
+        k: v
+        for k, v in body.items()
+        if k not in ("model", "messages", "stream", "n", "max_tokens", "max_completion_tokens", "temperature")
+    }
+    request = ChatRequest.of(
+        messages,
+        model=model,
+        max_tokens=cap,
+        temperature=temperature,
+        priority=priority,
+        deadline=_deadline(headers),
+        extra=extra,
+    )
     return Wanted(request, stream, priority)
 
 

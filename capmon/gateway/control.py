@@ -17,7 +17,8 @@ Reads need a client key or the admin key when the gateway has client keys.
 from __future__ import annotations
 
 import json
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -44,17 +45,27 @@ async def info(request: Request) -> Response:
     gw = gateway_of(request)
     caller = gw.auth.require(request.headers, Access.USE)
     c = gw.client
-    return JsonReply({
-        "service": "capmon-gateway", "version": __version__, "api_version": API_VERSION,
-        "simulator": c.config.simulator.scenario if c.config.simulator.enabled else None,
-        "models": c.model_names(), "aliases": {k: v for k, v in gw.names.aliases.items()},
-        "targets": [{"target": t.id, "model": t.model.name, "endpoint": t.endpoint.name, "key_alias": t.key.alias}
-                    for t in c.targets],
-        "readonly": not caller.admin, "admin_key_configured": gw.settings.admin is not None,
-        "client_keys": len(gw.settings.keys), "caller": caller.role.value,
-        "deadline": c.config.client.deadline, "batch_share": c.config.client.batch_share,
-        "events": gw.feed.last,
-    })
+    return JsonReply(
+        {
+            "service": "capmon-gateway",
+            "version": __version__,
+            "api_version": API_VERSION,
+            "simulator": c.config.simulator.scenario if c.config.simulator.enabled else None,
+            "models": c.model_names(),
+            "aliases": {k: v for k, v in gw.names.aliases.items()},
+            "targets": [
+                {"target": t.id, "model": t.model.name, "endpoint": t.endpoint.name, "key_alias": t.key.alias}
+                for t in c.targets
+            ],
+            "readonly": not caller.admin,
+            "admin_key_configured": gw.settings.admin is not None,
+            "client_keys": len(gw.settings.keys),
+            "caller": caller.role.value,
+            "deadline": c.config.client.deadline,
+            "batch_share": c.config.client.batch_share,
+            "events": gw.feed.last,
+        }
+    )
 
 
 async def snapshot(request: Request) -> Response:
@@ -68,8 +79,9 @@ def _since(request: Request) -> int | None:
     if raw is None:
         return None
     if not raw.strip().isdigit():
-        raise ApiError(400, f"expected the number of an event (Last-Event-ID or ?since=), got {raw[:40]!r}",
-                       param="since")
+        raise ApiError(
+            400, f"expected the number of an event (Last-Event-ID or ?since=), got {raw[:40]!r}", param="since"
+        )
     return int(raw)
 
 
@@ -83,8 +95,13 @@ class EventStream(Response):
     async def _pump(self, send: Send) -> None:
         reader = self.feed.reader(self.since)
         try:
-            await send({"type": "http.response.start", "status": 200,
-                        "headers": [(k.encode(), v.encode()) for k, v in sse.HEADERS.items()]})
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 200,
+                    "headers": [(k.encode(), v.encode()) for k, v in sse.HEADERS.items()],
+                }
+            )
             await send({"type": "http.response.body", "body": b"retry: 2000\n\n", "more_body": True})
             while not reader.closed:
                 items, dropped = await reader.take(KEEPALIVE)
@@ -92,10 +109,12 @@ class EventStream(Response):
                 for seq, e in items:
                     data = event_to_json(e)
                     out.append(f"id: {seq}\nevent: {data['type']}\ndata: ".encode() + json_bytes(data) + b"\n\n")
-                await send({"type": "http.response.body", "body": b"".join(out) or sse.comment("keepalive"),
-                            "more_body": True})
-            await send({"type": "http.response.body", "body": sse.comment("the gateway is stopping"),
-                        "more_body": False})
+                await send(
+                    {"type": "http.response.body", "body": b"".join(out) or sse.comment("keepalive"), "more_body": True}
+                )
+            await send(
+                {"type": "http.response.body", "body": sse.comment("the gateway is stopping"), "more_body": False}
+            )
         finally:
             self.feed.drop(reader)
 
@@ -124,8 +143,11 @@ async def _body(request: Request, allowed: tuple[str, ...]) -> dict[str, Any] | 
         raise ApiError(400, "expected a JSON object")
     unknown = sorted(set(body) - set(allowed))
     if unknown:
-        raise ApiError(400, f"unknown field(s) {', '.join(map(repr, unknown))}; expected {', '.join(allowed)}",
-                       param=unknown[0][:60])
+        raise ApiError(
+            400,
+            f"unknown field(s) {', '.join(map(repr, unknown))}; expected {', '.join(allowed)}",
+            param=unknown[0][:60],
+        )
     reason = body.get("reason")
     if reason is not None and not isinstance(reason, str):
         raise ApiError(400, "reason: expected a string", param="reason")
@@ -147,8 +169,9 @@ async def pin(request: Request) -> Response:
     if body is None:
         return Nothing()
     if "model" not in body:
-        raise ApiError(400, 'expected {"model": NAME} to pin a model or {"model": null} to go back to automatic',
-                       param="model")
+        raise ApiError(
+            400, 'expected {"model": NAME} to pin a model or {"model": null} to go back to automatic', param="model"
+        )
     model = body["model"]
     if model is not None and not isinstance(model, str):
         raise ApiError(400, "model: expected a model name or null", param="model")

@@ -6,7 +6,8 @@ when its answer is written, minutes later for a long completion)."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Awaitable, TypeVar
+from collections.abc import Awaitable
+from typing import Any, TypeVar
 
 from starlette.types import Receive
 

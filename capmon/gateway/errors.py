@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from capmon.core.errors import Failure, Kind
 from capmon.core.exceptions import DeadlineExceeded, RequestFailed
@@ -71,19 +72,32 @@ def from_failure(e: RequestFailed, *, retry_after: float = 1.0, disabled_keys: S
     f = e.failure
     attempts = {"x-capmon-attempts": str(len(e.attempts))}
     if disabled_keys and not e.attempts:
-        return ApiError(502, f"every provider key of the gateway is disabled after the provider refused it "
-                             f"({', '.join(disabled_keys)}); the gateway's operator must fix the key and reset it "
-                             f"(this is not about the key you sent)", "upstream_error", "upstream_auth_failed",
-                        headers=attempts)
+        return ApiError(
+            502,
+            f"every provider key of the gateway is disabled after the provider refused it "
+            f"({', '.join(disabled_keys)}); the gateway's operator must fix the key and reset it "
+            f"(this is not about the key you sent)",
+            "upstream_error",
+            "upstream_auth_failed",
+            headers=attempts,
+        )
     if isinstance(e, DeadlineExceeded) or f.kind in _LIMITED:
         what = {Kind.RATE_LIMITED: "every model is rate-limited", Kind.QUOTA: "every model is out of quota"}.get(
-            f.kind, "every model is at capacity")
+            f.kind, "every model is at capacity"
+        )
         if isinstance(e, DeadlineExceeded):
             what = f"no model could serve the request within its deadline ({what.removeprefix('every model is ')})"
-        return ApiError(429, f"{what}; try again later. Last: {f.kind.value}: {f.reason}", "rate_limit_error",
-                        "quota_exceeded" if f.kind is Kind.QUOTA and not isinstance(e, DeadlineExceeded)
-                        else "model_at_capacity" if f.kind is Kind.CAPACITY else "rate_limit_exceeded",
-                        headers={"retry-after": _retry_after(f, retry_after), **attempts})
+        return ApiError(
+            429,
+            f"{what}; try again later. Last: {f.kind.value}: {f.reason}",
+            "rate_limit_error",
+            "quota_exceeded"
+            if f.kind is Kind.QUOTA and not isinstance(e, DeadlineExceeded)
+            else "model_at_capacity"
+            if f.kind is Kind.CAPACITY
+            else "rate_limit_exceeded",
+            headers={"retry-after": _retry_after(f, retry_after), **attempts},
+        )
     if f.kind in (Kind.BAD_REQUEST, Kind.TOO_LARGE):
         status = f.status if f.status is not None and 400 <= f.status < 500 else 400
         code = f.code or ("context_length_exceeded" if f.kind is Kind.TOO_LARGE else None)
@@ -91,20 +105,40 @@ def from_failure(e: RequestFailed, *, retry_after: float = 1.0, disabled_keys: S
     if f.kind is Kind.AUTH:
         last = e.attempts[-1] if e.attempts else None
         key = f"provider key {last.key_alias!r} at endpoint {last.endpoint!r}" if last else "its provider key"
-        return ApiError(502, f"the gateway's {key} was refused ({f.status or 'auth'}); the gateway's operator must "
-                             f"fix it (this is not about the key you sent)", "upstream_error", "upstream_auth_failed",
-                        headers=attempts)
+        return ApiError(
+            502,
+            f"the gateway's {key} was refused ({f.status or 'auth'}); the gateway's operator must "
+            f"fix it (this is not about the key you sent)",
+            "upstream_error",
+            "upstream_auth_failed",
+            headers=attempts,
+        )
     if f.kind is Kind.OVERSIZED:
-        return ApiError(502, f"the provider's answer was too large for the gateway: {f.reason}", "upstream_error",
-                        "upstream_oversized", headers=attempts)
-    return ApiError(502, f"the upstream failed and retries are spent: {f.reason}", "upstream_error",
-                    "upstream_failed", headers=attempts)
+        return ApiError(
+            502,
+            f"the provider's answer was too large for the gateway: {f.reason}",
+            "upstream_error",
+            "upstream_oversized",
+            headers=attempts,
+        )
+    return ApiError(
+        502,
+        f"the upstream failed and retries are spent: {f.reason}",
+        "upstream_error",
+        "upstream_failed",
+        headers=attempts,
+    )
 
 
 def in_stream(e: RequestFailed) -> dict[str, Any]:
     """The error object that ends a stream that broke after its first byte."""
     f = e.failure
-    code = {Kind.CAPACITY: "server_is_overloaded", Kind.RATE_LIMITED: "rate_limit_exceeded"}.get(f.kind,
-                                                                                              "server_error")
-    return {"message": redact(f"the stream broke after output was sent ({f.kind.value}: {f.reason}); "
-                              f"the answer is incomplete"), "type": "server_error", "param": None, "code": code}
+    code = {Kind.CAPACITY: "server_is_overloaded", Kind.RATE_LIMITED: "rate_limit_exceeded"}.get(f.kind, "server_error")
+    return {
+        "message": redact(
+            f"the stream broke after output was sent ({f.kind.value}: {f.reason}); the answer is incomplete"
+        ),
+        "type": "server_error",
+        "param": None,
+        "code": code,
+    }

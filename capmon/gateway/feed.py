@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 from capmon.core import events as ev
 
@@ -111,7 +111,7 @@ class EventFeed:
             if since is not None and since > self._seq:
                 since = None  # numbered by another run of the gateway: start from the history
             backlog = [it for it in self._ring if since is None or it[0] > since]
-            r = Reader(backlog[-self._backlog:], self._backlog)
+            r = Reader(backlog[-self._backlog :], self._backlog)
             self._readers.add(r)
         return r
 

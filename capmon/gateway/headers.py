@@ -28,17 +28,20 @@ class Served:
         return Served(s.model or "", s.endpoint or "", s.target or "", len(s.attempts) + 1, s.fallbacks, s.request_id)
 
     def headers(self, priority: Priority) -> dict[str, str]:
-        return {name: header_value(value) for name, value in {
-            "x-capmon-model": self.model,
-            "x-capmon-endpoint": self.endpoint,
-            "x-capmon-target": self.target,
-            "x-capmon-attempts": str(self.attempts),
-            "x-capmon-fallbacks": str(self.fallbacks),
-            "x-capmon-request-id": str(self.request_id),
-            "x-capmon-priority": priority.value,
-            "x-litellm-model-id": self.target,
-            "x-litellm-attempted-fallbacks": str(self.fallbacks),
-        }.items()}
+        return {
+            name: header_value(value)
+            for name, value in {
+                "x-capmon-model": self.model,
+                "x-capmon-endpoint": self.endpoint,
+                "x-capmon-target": self.target,
+                "x-capmon-attempts": str(self.attempts),
+                "x-capmon-fallbacks": str(self.fallbacks),
+                "x-capmon-request-id": str(self.request_id),
+                "x-capmon-priority": priority.value,
+                "x-litellm-model-id": self.target,
+                "x-litellm-attempted-fallbacks": str(self.fallbacks),
+            }.items()
+        }
 
 
 def header_value(text: str) -> str:

@@ -28,7 +28,7 @@ Per target (a model at an endpoint with a key) and per model:
 
 from __future__ import annotations
 
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -55,17 +55,25 @@ class _SnapshotCollector(Collector):
     def collect(self) -> Iterable[Metric]:
         snap = self.client.snapshot()
         labels = ["model", "target"]
-        deployment = GaugeMetricFamily("capmon_deployment_state", "0 healthy, 1 partial (ramp or half-open), "
-                                       "2 down (open), as litellm_deployment_state", labels=labels)
-        breaker = GaugeMetricFamily("capmon_breaker_state", "1 for the breaker state the target is in",
-                                    labels=[*labels, "state"])
+        deployment = GaugeMetricFamily(
+            "capmon_deployment_state",
+            "0 healthy, 1 partial (ramp or half-open), 2 down (open), as litellm_deployment_state",
+            labels=labels,
+        )
+        breaker = GaugeMetricFamily(
+            "capmon_breaker_state", "1 for the breaker state the target is in", labels=[*labels, "state"]
+        )
         trips = CounterMetricFamily("capmon_breaker_trips", "times the target's breaker opened", labels=labels)
         limit = GaugeMetricFamily("capmon_limiter_limit", "the target's adaptive concurrency limit", labels=labels)
-        capacity = GaugeMetricFamily("capmon_limiter_capacity", "the concurrency the limiter learned the target "
-                                     "holds (absent until its first rejection)", labels=labels)
+        capacity = GaugeMetricFamily(
+            "capmon_limiter_capacity",
+            "the concurrency the limiter learned the target holds (absent until its first rejection)",
+            labels=labels,
+        )
         in_flight = GaugeMetricFamily("capmon_in_flight", "requests in flight at the target", labels=labels)
-        key = GaugeMetricFamily("capmon_key_usable", "1 while the target's key is usable, 0 while parked or "
-                                "disabled", labels=labels)
+        key = GaugeMetricFamily(
+            "capmon_key_usable", "1 while the target's key is usable, 0 while parked or disabled", labels=labels
+        )
         for t in snap.targets:
             ids = [t.model, t.target]
             state = str(t.state)
@@ -79,12 +87,15 @@ class _SnapshotCollector(Collector):
             in_flight.add_metric(ids, t.in_flight)
             key.add_metric(ids, 1.0 if str(t.key_state) == "ok" else 0.0)
         yield from (deployment, breaker, trips, limit, capacity, in_flight, key)
-        yield GaugeMetricFamily("capmon_waiting_requests", "requests waiting for any model to admit them",
-                                value=snap.queued)
-        yield GaugeMetricFamily("capmon_retry_waiting", "requests waiting out a backoff before their next attempt",
-                                value=len(snap.waiting))
-        yield GaugeMetricFamily("capmon_in_flight_requests", "attempts in flight across every target",
-                                value=snap.in_flight)
+        yield GaugeMetricFamily(
+            "capmon_waiting_requests", "requests waiting for any model to admit them", value=snap.queued
+        )
+        yield GaugeMetricFamily(
+            "capmon_retry_waiting", "requests waiting out a backoff before their next attempt", value=len(snap.waiting)
+        )
+        yield GaugeMetricFamily(
+            "capmon_in_flight_requests", "attempts in flight across every target", value=snap.in_flight
+        )
         pinned = GaugeMetricFamily("capmon_pinned", "1 for the model pinned by hand", labels=["model"])
         for m in self.client.model_names():
             pinned.add_metric([m], 1.0 if snap.pinned == m else 0.0)
@@ -95,24 +106,50 @@ class GatewayMetrics:
     def __init__(self, client: FallbackClient) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.attempts = Counter("capmon_attempts", "attempts by target and outcome (ok or the failure kind)",
-                                ["model", "target", "outcome"], registry=r)
-        self.attempt_latency = Histogram("capmon_attempt_latency_seconds", "one attempt's latency",
-                                         ["model", "target"], buckets=LATENCY_BUCKETS, registry=r)
-        self.requests = Counter("capmon_requests", "requests finished, by the model that served them (\"\" when "
-                                "none did) and outcome (ok or the failure kind)", ["model", "outcome"], registry=r)
-        self.request_latency = Histogram("capmon_request_latency_seconds", "a request's latency, waits and "
-                                         "fallbacks included", ["model"], buckets=LATENCY_BUCKETS, registry=r)
-        self.fallbacks = Counter("capmon_fallbacks", "requests that moved from one model to another",
-                                 ["from_model", "to_model"], registry=r)
-        self.retry_waits = Counter("capmon_retry_waits", "backoff waits before a retry (model \"\": any)",
-                                   ["model"], registry=r)
-        self.retry_wait_seconds = Histogram("capmon_retry_wait_seconds", "how long retry waits are",
-                                            buckets=WAIT_BUCKETS, registry=r)
-        self.responses = Counter("capmon_gateway_responses", "HTTP answers of the gateway", ["api", "status"],
-                                 registry=r)
-        self.disconnects = Counter("capmon_gateway_disconnects", "clients that went away before their answer; "
-                                   "their attempts were cancelled", ["api"], registry=r)
+        self.attempts = Counter(
+            "capmon_attempts",
+            "attempts by target and outcome (ok or the failure kind)",
+            ["model", "target", "outcome"],
+            registry=r,
+        )
+        self.attempt_latency = Histogram(
+            "capmon_attempt_latency_seconds",
+            "one attempt's latency",
+            ["model", "target"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.requests = Counter(
+            "capmon_requests",
+            'requests finished, by the model that served them ("" when none did) and outcome (ok or the failure kind)',
+            ["model", "outcome"],
+            registry=r,
+        )
+        self.request_latency = Histogram(
+            "capmon_request_latency_seconds",
+            "a request's latency, waits and fallbacks included",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.fallbacks = Counter(
+            "capmon_fallbacks", "requests that moved from one model to another", ["from_model", "to_model"], registry=r
+        )
+        self.retry_waits = Counter(
+            "capmon_retry_waits", 'backoff waits before a retry (model "": any)', ["model"], registry=r
+        )
+        self.retry_wait_seconds = Histogram(
+            "capmon_retry_wait_seconds", "how long retry waits are", buckets=WAIT_BUCKETS, registry=r
+        )
+        self.responses = Counter(
+            "capmon_gateway_responses", "HTTP answers of the gateway", ["api", "status"], registry=r
+        )
+        self.disconnects = Counter(
+            "capmon_gateway_disconnects",
+            "clients that went away before their answer; their attempts were cancelled",
+            ["api"],
+            registry=r,
+        )
         r.register(_SnapshotCollector(client))
         self._undo: list[Callable[[], None]] = [client.add_observer(self._attempt), client.bus.subscribe(self._event)]
 

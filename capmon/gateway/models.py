@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from capmon.gateway.errors import ApiError
 
@@ -21,9 +22,14 @@ class ModelNames:
         if name in self.aliases:
             return self.aliases[name]
         shown = name if len(name) <= 100 else name[:99] + "…"
-        raise ApiError(404, f"The model `{shown}` does not exist on this gateway. Models: {', '.join(self.models)}; "
-                            f"aliases: {', '.join(self.aliases)}.", "invalid_request_error", "model_not_found",
-                       "model")
+        raise ApiError(
+            404,
+            f"The model `{shown}` does not exist on this gateway. Models: {', '.join(self.models)}; "
+            f"aliases: {', '.join(self.aliases)}.",
+            "invalid_request_error",
+            "model_not_found",
+            "model",
+        )
 
     def entry(self, name: str, created: int) -> dict[str, Any]:
         if name in self.models:

@@ -3,7 +3,7 @@ or ``"stream": true``), GET /v1/models and /v1/models/{name}."""
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
@@ -19,8 +19,12 @@ from capmon.gateway.replies import JsonReply, Nothing, PlainReply, StreamReply
 
 async def read_body(request: Request, cap: int) -> bytes | None:
     """The body, at most ``cap`` bytes (413 past it); None when the client went away."""
-    too_large = ApiError(413, f"the request body is larger than this gateway takes ({cap} bytes; "
-                              f"gateway.max_body_bytes)", "invalid_request_error", "request_too_large")
+    too_large = ApiError(
+        413,
+        f"the request body is larger than this gateway takes ({cap} bytes; gateway.max_body_bytes)",
+        "invalid_request_error",
+        "request_too_large",
+    )
     length = request.headers.get("content-length", "")
     if length.isdigit() and int(length) > cap:
         raise too_large

@@ -18,8 +18,12 @@ class TargetReadiness:
     admits_in: float | None  # seconds until it admits (0: now); None: only a person can bring it back
 
     def as_json(self) -> dict[str, object]:
-        return {"target": self.target, "model": self.model, "state": self.state,
-                "admits_in": None if self.admits_in is None else round(self.admits_in, 3)}
+        return {
+            "target": self.target,
+            "model": self.model,
+            "state": self.state,
+            "admits_in": None if self.admits_in is None else round(self.admits_in, 3),
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,8 +34,11 @@ class Readiness:
     shared: str = ""  # "shared state: ok | degraded" when the state is shared (capmon/fleet)
 
     def as_json(self) -> dict[str, object]:
-        out: dict[str, object] = {"ready": self.ready, "reason": self.reason,
-                                  "targets": [t.as_json() for t in self.targets]}
+        out: dict[str, object] = {
+            "ready": self.ready,
+            "reason": self.reason,
+            "targets": [t.as_json() for t in self.targets],
+        }
         if self.shared:
             out["shared"] = self.shared
         return out
@@ -64,17 +71,22 @@ def _readiness(client: FallbackClient) -> Readiness:
     now_ = [t for t in waits if t.admits_in == 0.0]
     if now_:
         return Readiness(True, f"{now_[0].model} admits now", targets)
-    soon = sorted((t for t in waits if t.admits_in is not None and t.admits_in <= deadline),
-                  key=lambda t: t.admits_in or 0.0)
+    soon = sorted(
+        (t for t in waits if t.admits_in is not None and t.admits_in <= deadline), key=lambda t: t.admits_in or 0.0
+    )
     if soon:
-        return Readiness(True, f"{soon[0].model} admits in {soon[0].admits_in:.1f}s, within the "
-                               f"{deadline:g}s deadline", targets)
+        return Readiness(
+            True, f"{soon[0].model} admits in {soon[0].admits_in:.1f}s, within the {deadline:g}s deadline", targets
+        )
     if waits:
         first = min(waits, key=lambda t: t.admits_in or 0.0)
-        return Readiness(False, f"no model admits within the {deadline:g}s deadline; the soonest is "
-                                f"{first.model} in {first.admits_in:.0f}s", targets)
-    return Readiness(False, "no model can admit a request: every one is tripped by hand or its key disabled",
-                     targets)
+        return Readiness(
+            False,
+            f"no model admits within the {deadline:g}s deadline; the soonest is "
+            f"{first.model} in {first.admits_in:.0f}s",
+            targets,
+        )
+    return Readiness(False, "no model can admit a request: every one is tripped by hand or its key disabled", targets)
 
 
 def retry_after(client: FallbackClient) -> float:

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import logging
 import traceback
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
@@ -34,9 +35,13 @@ def _raw(headers: Mapping[str, str]) -> list[tuple[bytes, bytes]]:
 
 async def send_json(send: Send, status: int, body: Any, headers: Mapping[str, str] | None = None) -> None:
     data = json_bytes(body)
-    await send({"type": "http.response.start", "status": status,
-                "headers": _raw({"content-type": "application/json", "content-length": str(len(data)),
-                                 **(headers or {})})})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": _raw({"content-type": "application/json", "content-length": str(len(data)), **(headers or {})}),
+        }
+    )
     await send({"type": "http.response.body", "body": data})
 
 
@@ -44,8 +49,11 @@ def _failed(gw: Gateway, e: RequestFailed) -> ApiError:
     targets = gw.client.targets
     # With every key disabled the core refuses at once ("no model can serve this request"):
     # that is the gateway's own key problem, whatever kind the core gives it.
-    disabled = () if any(t.state.usable() for t in targets) else \
-        tuple(dict.fromkeys(f"{t.key.alias!r} at endpoint {t.endpoint.name!r}" for t in targets))
+    disabled = (
+        ()
+        if any(t.state.usable() for t in targets)
+        else tuple(dict.fromkeys(f"{t.key.alias!r} at endpoint {t.endpoint.name!r}" for t in targets))
+    )
     return from_failure(e, retry_after=retry_after(gw.client), disabled_keys=disabled)
 
 
@@ -117,7 +125,8 @@ class StreamReply(_Proxied):
     async def _work(self, send: Send) -> None:
         w = self.wanted
         framing: sse.ChatFraming | sse.ResponsesFraming = (
-            sse.ResponsesFraming() if w.request.api is Api.RESPONSES else sse.ChatFraming())
+            sse.ResponsesFraming() if w.request.api is Api.RESPONSES else sse.ChatFraming()
+        )
         stream = self.gw.client.stream_chunks(w.request)
         try:
             try:

@@ -14,8 +14,9 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping, TextIO
+from typing import TextIO
 
 from capmon.core.config import Config, is_loopback
 from capmon.core.exceptions import ConfigError
@@ -36,14 +37,17 @@ class ServeOptions:
     environ: Mapping[str, str] | None = None  # None: os.environ
 
 
-
 def check_exposure(config: Config, settings: GatewaySettings) -> None:
     """An open gateway (no client keys) would hand the provider keys' use to anyone who
     can reach it: it listens on loopback only."""
     if settings.open and not is_loopback(settings.host):
-        raise ConfigError(config.path, "gateway.keys", f"listening on {settings.listen} (not loopback) needs at "
-                                                       f"least one client key, e.g. keys = [{{ env = "
-                                                       f"\"CAPMON_GATEWAY_KEY\", alias = \"team\" }}]")
+        raise ConfigError(
+            config.path,
+            "gateway.keys",
+            f"listening on {settings.listen} (not loopback) needs at "
+            f"least one client key, e.g. keys = [{{ env = "
+            f'"CAPMON_GATEWAY_KEY", alias = "team" }}]',
+        )
 
 
 def log_handler(err: TextIO) -> logging.Handler:
@@ -57,11 +61,13 @@ def log_handler(err: TextIO) -> logging.Handler:
 def banner(settings: GatewaySettings, engine: Engine, port: int) -> str:
     host = f"[{settings.host}]" if ":" in settings.host else settings.host
     aliases = ", ".join(settings.aliases)
-    auth = (f"{len(settings.keys)} client key(s)" if settings.keys else "no client keys: loopback only, any key works")
+    auth = f"{len(settings.keys)} client key(s)" if settings.keys else "no client keys: loopback only, any key works"
     admin = "admin key set" if settings.admin is not None else "control API read-only (no gateway.admin_key_env)"
     sim = f"; simulator {engine.simulator_url}" if engine.simulator_url else ""
-    return (f"capmon gateway: listening on http://{host}:{port}/v1 (models: {', '.join(settings.models)}; "
-            f"aliases: {aliases}; {auth}; {admin}{sim}; Ctrl+C to stop)")
+    return (
+        f"capmon gateway: listening on http://{host}:{port}/v1 (models: {', '.join(settings.models)}; "
+        f"aliases: {aliases}; {auth}; {admin}{sim}; Ctrl+C to stop)"
+    )
 
 
 async def _run(config: Config, settings: GatewaySettings, env: Mapping[str, str], out: TextIO) -> int:

@@ -31,8 +31,9 @@ def bind(host: str, port: int) -> socket.socket:
         return listen(host, port, backlog=2048)
     except ListenError as e:
         if e.in_use:
-            raise GatewayError(f"{e.where} is already in use; choose another address with --listen or "
-                               f"[gateway] listen") from None
+            raise GatewayError(
+                f"{e.where} is already in use; choose another address with --listen or [gateway] listen"
+            ) from None
         raise GatewayError(f"cannot listen on {e.where}: {e.reason}") from None
 
 
@@ -70,12 +71,20 @@ class GatewayServer:
 
 
 def _config(app: Starlette) -> uvicorn.Config:
-    return uvicorn.Config(app, lifespan="off", access_log=False, log_level="warning", log_config=None,
-                          timeout_graceful_shutdown=GRACEFUL_SHUTDOWN, timeout_keep_alive=30)
+    return uvicorn.Config(
+        app,
+        lifespan="off",
+        access_log=False,
+        log_level="warning",
+        log_config=None,
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN,
+        timeout_keep_alive=30,
+    )
 
 
-async def start_server(app: Starlette, host: str = "127.0.0.1", port: int = 0,
-                       sock: socket.socket | None = None) -> GatewayServer:
+async def start_server(
+    app: Starlette, host: str = "127.0.0.1", port: int = 0, sock: socket.socket | None = None
+) -> GatewayServer:
     """Serve ``app`` in the running loop on ``sock`` (bound to ``host:port`` when None)."""
     sock = sock or bind(host, port)
     bound = sock.getsockname()[1]

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import difflib
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 from capmon.core.config import Config, parse_listen
 from capmon.core.exceptions import ConfigError
@@ -55,8 +55,11 @@ def _secret(cfg: Config, key: str, env_name: str, environ: Mapping[str, str], al
     if not value:
         raise ConfigError(cfg.path, key, f"environment variable {env_name} is not set")
     if len(value) < MIN_SECRET_CHARS:
-        raise ConfigError(cfg.path, key, f"the key in {env_name} is {len(value)} characters long; "
-                                         f"expected at least {MIN_SECRET_CHARS}")
+        raise ConfigError(
+            cfg.path,
+            key,
+            f"the key in {env_name} is {len(value)} characters long; expected at least {MIN_SECRET_CHARS}",
+        )
     return Secret(value, alias)
 
 
@@ -74,14 +77,16 @@ def _aliases(cfg: Config) -> dict[str, str | None]:
         if target != AUTO and target not in models:
             close = difflib.get_close_matches(target, models, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
-            raise ConfigError(cfg.path, where, f"no model named {target!r}{hint}; expected one of "
-                                               f"{', '.join(models)} or auto")
+            raise ConfigError(
+                cfg.path, where, f"no model named {target!r}{hint}; expected one of {', '.join(models)} or auto"
+            )
         out[name] = None if target == AUTO else target
     return out
 
 
-def load_settings(cfg: Config, *, listen: str | None = None,
-                  environ: Mapping[str, str] | None = None) -> GatewaySettings:
+def load_settings(
+    cfg: Config, *, listen: str | None = None, environ: Mapping[str, str] | None = None
+) -> GatewaySettings:
     """The gateway's settings from ``cfg`` (``listen`` overrides ``[gateway] listen``).
     Raises ConfigError naming the file and key."""
     env = os.environ if environ is None else environ
@@ -94,30 +99,45 @@ def load_settings(cfg: Config, *, listen: str | None = None,
             parse_listen(text, fixed=True)
     except ValueError:
         detail = f"expected HOST:PORT such as 127.0.0.1:4000, got {text!r}"
-        raise (ConfigError("--listen", "", detail) if listen is not None
-               else ConfigError(cfg.path, where, detail)) from None
+        raise (
+            ConfigError("--listen", "", detail) if listen is not None else ConfigError(cfg.path, where, detail)
+        ) from None
     keys: list[ClientKey] = []
     seen_alias: set[str] = set()
     seen_value: set[str] = set()
     for i, k in enumerate(g.keys):
         alias = k.alias or k.env
         if not alias.isprintable():
-            raise ConfigError(cfg.path, f"gateway.keys[{i}].alias", f"expected a name without control characters, "
-                                                                    f"got {alias!r}")
+            raise ConfigError(
+                cfg.path, f"gateway.keys[{i}].alias", f"expected a name without control characters, got {alias!r}"
+            )
         if alias in seen_alias:
             raise ConfigError(cfg.path, f"gateway.keys[{i}].alias", f"duplicate key alias {alias!r}")
         seen_alias.add(alias)
         secret = _secret(cfg, f"gateway.keys[{i}].env", k.env, env, alias)
         if secret.reveal() in seen_value:
-            raise ConfigError(cfg.path, f"gateway.keys[{i}].env", f"{k.env} holds the same key as another client "
-                                                                  f"key; each key needs a value of its own")
+            raise ConfigError(
+                cfg.path,
+                f"gateway.keys[{i}].env",
+                f"{k.env} holds the same key as another client key; each key needs a value of its own",
+            )
         seen_value.add(secret.reveal())
         keys.append(ClientKey(alias, Priority(k.priority), secret))
     admin = None
     if g.admin_key_env:
         admin = _secret(cfg, "gateway.admin_key_env", g.admin_key_env, env, "admin")
         if admin.reveal() in seen_value:
-            raise ConfigError(cfg.path, "gateway.admin_key_env", f"{g.admin_key_env} holds the same key as a client "
-                                                                 f"key; the admin key needs a value of its own")
-    return GatewaySettings(host=parsed[0], port=parsed[1], keys=tuple(keys), admin=admin, aliases=_aliases(cfg),
-                           models=tuple(m.name for m in cfg.models), max_body_bytes=g.max_body_bytes)
+            raise ConfigError(
+                cfg.path,
+                "gateway.admin_key_env",
+                f"{g.admin_key_env} holds the same key as a client key; the admin key needs a value of its own",
+            )
+    return GatewaySettings(
+        host=parsed[0],
+        port=parsed[1],
+        keys=tuple(keys),
+        admin=admin,
+        aliases=_aliases(cfg),
+        models=tuple(m.name for m in cfg.models),
+        max_body_bytes=g.max_body_bytes,
+    )

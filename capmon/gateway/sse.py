@@ -11,13 +11,13 @@ Codex and the SDKs read as a failed response).
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from capmon.core.exceptions import RequestFailed
 from capmon.gateway.errors import in_stream, json_bytes
 
-HEADERS = {"content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache",
-           "x-accel-buffering": "no"}
+HEADERS = {"content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache", "x-accel-buffering": "no"}
 
 
 class ChatFraming:

@@ -30,8 +30,16 @@ _LAZY = {
     "start_simulator": "capmon.sim.server",
 }
 
-__all__ = ["ModelSpec", "PenaltySpec", "Phase", "Scenario", "bundled_scenarios", "load_scenario", "parse_scenario",
-           *_LAZY]
+__all__ = [
+    "ModelSpec",
+    "PenaltySpec",
+    "Phase",
+    "Scenario",
+    "bundled_scenarios",
+    "load_scenario",
+    "parse_scenario",
+    *_LAZY,
+]
 
 
 def __getattr__(name: str) -> Any:

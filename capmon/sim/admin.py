@@ -28,8 +28,17 @@ from capmon.sim.replies import BadRequest, simulator
 
 ADMIN_KEY_ENV = "CAPMON_SIM_ADMIN_KEY"
 ADMIN_KEY_HEADER = "x-admin-key"
-MODEL_FIELDS = ("slots", "latency_factor", "hint", "dialect", "reset_schedule", "stream_style", "tools", "token_param",
-                "unsupported_dialect")
+MODEL_FIELDS = (
+    "slots",
+    "latency_factor",
+    "hint",
+    "dialect",
+    "reset_schedule",
+    "stream_style",
+    "tools",
+    "token_param",
+    "unsupported_dialect",
+)
 
 
 class AdminAccess(str, enum.Enum):
@@ -51,9 +60,9 @@ class AdminPolicy:
         return "admin under /admin needs no key: this server listens on loopback only"
 
 
-
-def admin_policy(host: str, key: str | None, *, open_admin: bool = False,
-                 key_source: str = ADMIN_KEY_ENV) -> AdminPolicy:
+def admin_policy(
+    host: str, key: str | None, *, open_admin: bool = False, key_source: str = ADMIN_KEY_ENV
+) -> AdminPolicy:
     """How /admin is protected when serving on ``host``. Raises SimulatorError when a
     non-loopback address has neither a key nor ``open_admin``."""
     if key:
@@ -62,8 +71,10 @@ def admin_policy(host: str, key: str | None, *, open_admin: bool = False,
         return AdminPolicy(AdminAccess.LOOPBACK)
     if open_admin:
         return AdminPolicy(AdminAccess.OPEN)
-    raise SimulatorError(f"listening on {host} (not loopback) needs an admin key for /admin: set {key_source} "
-                         f"(or name another variable with --admin-key-env), or pass --open-admin to serve it to anyone")
+    raise SimulatorError(
+        f"listening on {host} (not loopback) needs an admin key for /admin: set {key_source} "
+        f"(or name another variable with --admin-key-env), or pass --open-admin to serve it to anyone"
+    )
 
 
 def _presented(scope: Scope) -> str | None:
@@ -88,9 +99,16 @@ class AdminGuard:
         if scope["type"] == "http" and key and (path == "/admin" or path.startswith("/admin/")):
             given = _presented(scope)
             if given is None or not hmac.compare_digest(given.encode(), key.encode()):
-                reply = JSONResponse({"error": {"message": f"admin requires the admin key: Authorization: Bearer "
-                                                           f"KEY or {ADMIN_KEY_HEADER}: KEY"}},
-                                     status_code=401, headers={"www-authenticate": "Bearer"})
+                reply = JSONResponse(
+                    {
+                        "error": {
+                            "message": f"admin requires the admin key: Authorization: Bearer "
+                            f"KEY or {ADMIN_KEY_HEADER}: KEY"
+                        }
+                    },
+                    status_code=401,
+                    headers={"www-authenticate": "Bearer"},
+                )
                 await reply(scope, receive, send)
                 return
         await self.app(scope, receive, send)
@@ -141,8 +159,9 @@ async def admin_model(request: Request) -> Response:
             raise BadRequest("expected a JSON object")
         unknown = set(body) - set(MODEL_FIELDS)
         if unknown:
-            raise BadRequest(f"unknown field(s) {', '.join(sorted(unknown))}; "
-                             f"expected {', '.join(sorted(MODEL_FIELDS))}")
+            raise BadRequest(
+                f"unknown field(s) {', '.join(sorted(unknown))}; expected {', '.join(sorted(MODEL_FIELDS))}"
+            )
         values = {f: body.get(f, UNSET) for f in MODEL_FIELDS if f != "reset_schedule"}
         sim.configure(name, reset_schedule=bool(body.get("reset_schedule", False)), **values)
     except (BadRequest, ValueError) as e:

@@ -106,8 +106,15 @@ def parse_chat(body: Any) -> ChatRequest:
         tools = parse_tools(body)
     except ToolError as e:
         raise BadRequest(str(e), e.param, model) from None
-    return ChatRequest(model, estimate_tokens(messages), max_tokens, stream, include_usage,
-                       sent_max_tokens=body.get("max_tokens") is not None, tools=tools)
+    return ChatRequest(
+        model,
+        estimate_tokens(messages),
+        max_tokens,
+        stream,
+        include_usage,
+        sent_max_tokens=body.get("max_tokens") is not None,
+        tools=tools,
+    )
 
 
 # ---------------------------------------------------------------- answers
@@ -118,11 +125,20 @@ def _completion(ticket: Ticket, created: int, call: ToolCall | None = None) -> d
         message: dict[str, Any] = {"role": "assistant", "content": " ".join(answer_text(ticket)), "refusal": None}
         finish, completion = ticket.finish_reason, ticket.completion_tokens
     else:
-        message = {"role": "assistant", "content": None, "refusal": None, "tool_calls": [
-            {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}]}
+        message = {
+            "role": "assistant",
+            "content": None,
+            "refusal": None,
+            "tool_calls": [
+                {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+            ],
+        }
         finish, completion = "tool_calls", tokens_of(call.arguments)
     return {
-        "id": f"chatcmpl-sim{ticket.id:010d}", "object": "chat.completion", "created": created, "model": ticket.model,
+        "id": f"chatcmpl-sim{ticket.id:010d}",
+        "object": "chat.completion",
+        "created": created,
+        "model": ticket.model,
         "system_fingerprint": FINGERPRINT,
         "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish}],
         "usage": usage(ticket.prompt_tokens, completion),
@@ -147,17 +163,26 @@ async def chat_completions(request: Request) -> Response | DropConnection:
         body = json.loads(await request.body())
     except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: deeply nested JSON
         sim.bad_request(alias)
-        return wire(dialects.bad_request(
-            "We could not parse the JSON body of your request. (HINT: This likely means you aren't using your "
-            "HTTP library correctly. The OpenAI API expects a JSON payload.)"))
+        return wire(
+            dialects.bad_request(
+                "We could not parse the JSON body of your request. (HINT: This likely means you aren't using your "
+                "HTTP library correctly. The OpenAI API expects a JSON payload.)"
+            )
+        )
     try:
         chat = parse_chat(body)
     except BadRequest as e:
         sim.bad_request(alias, e.model)
         return wire(dialects.bad_request(str(e), e.param))
 
-    decision = sim.submit(alias, chat.model, prompt_tokens=chat.prompt_tokens, max_tokens=chat.max_tokens,
-                          stream=chat.stream, sent_max_tokens=chat.sent_max_tokens)
+    decision = sim.submit(
+        alias,
+        chat.model,
+        prompt_tokens=chat.prompt_tokens,
+        max_tokens=chat.max_tokens,
+        stream=chat.stream,
+        sent_max_tokens=chat.sent_max_tokens,
+    )
     refused = refusal(decision, api=Api.CHAT, stream=chat.stream, in_stream=rejection_stream)
     if refused is not None:
         return refused
@@ -184,10 +209,16 @@ async def chat_completions(request: Request) -> Response | DropConnection:
 async def _faulted(sim: Simulator, decision: Faulted, chat: ChatRequest, created: int) -> Response | DropConnection:
     rule, ticket, state = decision.rule, decision.ticket, decision.state
     if rule.mode in (FaultMode.STREAM_CUT, FaultMode.STREAM_ERROR):
-        plan = StreamPlan(ticket, created, style=state.stream_style, include_usage=chat.include_usage,
-                          tool_call=_tool_call(chat, state.tools), cut=rule.mode is FaultMode.STREAM_CUT,
-                          error_after=rule.after if rule.mode is FaultMode.STREAM_ERROR else None,
-                          error_dialect=rule.dialect)
+        plan = StreamPlan(
+            ticket,
+            created,
+            style=state.stream_style,
+            include_usage=chat.include_usage,
+            tool_call=_tool_call(chat, state.tools),
+            cut=rule.mode is FaultMode.STREAM_CUT,
+            error_after=rule.after if rule.mode is FaultMode.STREAM_ERROR else None,
+            error_dialect=rule.dialect,
+        )
         return StreamingResponse(chat_stream(sim.clock, plan), media_type="text/event-stream")
     if rule.mode is FaultMode.HANG:
         await sim.clock.sleep(HANG_SECONDS)
@@ -195,8 +226,9 @@ async def _faulted(sim: Simulator, decision: Faulted, chat: ChatRequest, created
     await sim.clock.sleep(ticket.first_token)
     if rule.mode is FaultMode.HUGE:
         if chat.stream:
-            return StreamingResponse(huge_stream(ticket, created, rule.bytes, rule.valid),
-                                     media_type="text/event-stream")
+            return StreamingResponse(
+                huge_stream(ticket, created, rule.bytes, rule.valid), media_type="text/event-stream"
+            )
         pieces, length = huge_body(ticket, created, rule.bytes, rule.valid)
         return StreamingResponse(pieces, media_type="application/json", headers={"content-length": str(length)})
     if rule.mode is FaultMode.RESET:
@@ -239,7 +271,8 @@ async def index(request: Request) -> Response:
     return PlainTextResponse(
         f"capmon simulated provider, scenario {sim.scenario.name!r}.\n"
         f"OpenAI API under /v1: POST /v1/chat/completions, POST /v1/responses, GET /v1/models "
-        f"(models: {', '.join(sim.model_names())}).\n{policy.describe()}.\n")
+        f"(models: {', '.join(sim.model_names())}).\n{policy.describe()}.\n"
+    )
 
 
 # ---------------------------------------------------------------- app
@@ -267,8 +300,13 @@ class _TagResponses:
         await self.app(scope, receive, tagged)
 
 
-def create_app(scenario: Scenario | str | os.PathLike[str] = "demo", *, clock: Clock | None = None,
-               simulator: Simulator | None = None, admin_policy: AdminPolicy | None = None) -> Starlette:
+def create_app(
+    scenario: Scenario | str | os.PathLike[str] = "demo",
+    *,
+    clock: Clock | None = None,
+    simulator: Simulator | None = None,
+    admin_policy: AdminPolicy | None = None,
+) -> Starlette:
     """The simulator app. ``scenario`` is a Scenario, a bundled name or a path; ``clock``
     defaults to loop time, so a fast-forwarded loop fast-forwards the simulator too.
     ``admin_policy`` (default: loopback, no key) says how /admin is protected."""
@@ -284,8 +322,10 @@ def create_app(scenario: Scenario | str | os.PathLike[str] = "demo", *, clock: C
         Route("/v1/models/{name:path}", get_model),
         *admin.ROUTES,
     ]
-    app = Starlette(routes=routes, middleware=[Middleware(_TagResponses, name=simulator.scenario.name),
-                                               Middleware(AdminGuard, policy=policy)])
+    app = Starlette(
+        routes=routes,
+        middleware=[Middleware(_TagResponses, name=simulator.scenario.name), Middleware(AdminGuard, policy=policy)],
+    )
     app.state.simulator = simulator
     app.state.admin = policy
     return app

@@ -19,8 +19,9 @@ from __future__ import annotations
 import enum
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from capmon.core.hints import MAX_HINT
 
@@ -46,8 +47,15 @@ RESPONSES_FAILED = "responses-failed"  # Responses API: response.failed, code se
 RESPONSES_SLOW_DOWN = "responses-slow-down"  # Responses API: response.failed, code slow_down
 RESPONSES_ERROR = "responses-error"  # Responses API: an `error` event, code server_is_overloaded
 
-CHAT_STREAM_DIALECTS: tuple[str, ...] = (OPENROUTER_STREAM, OPENROUTER_STREAM_502, OPENROUTER_STREAM_503,
-                                         ANTHROPIC_STREAM, GEMINI_OPENAI_STREAM, VLLM_STREAM, OLLAMA_STREAM)
+CHAT_STREAM_DIALECTS: tuple[str, ...] = (
+    OPENROUTER_STREAM,
+    OPENROUTER_STREAM_502,
+    OPENROUTER_STREAM_503,
+    ANTHROPIC_STREAM,
+    GEMINI_OPENAI_STREAM,
+    VLLM_STREAM,
+    OLLAMA_STREAM,
+)
 RESPONSES_STREAM_DIALECTS: tuple[str, ...] = (RESPONSES_FAILED, RESPONSES_SLOW_DOWN, RESPONSES_ERROR)
 STREAM_DIALECTS: tuple[str, ...] = CHAT_STREAM_DIALECTS + RESPONSES_STREAM_DIALECTS
 CAPACITY_DIALECTS: tuple[str, ...] = DIALECTS + STREAM_DIALECTS
@@ -122,8 +130,15 @@ def _retry_after(hint: float) -> str:
     return str(max(0, math.ceil(hint)))
 
 
-def openai_error(status: int, message: str, *, type: str, code: str | None, param: str | None = None,
-                 headers: Mapping[str, str] | None = None) -> WireError:
+def openai_error(
+    status: int,
+    message: str,
+    *,
+    type: str,
+    code: str | None,
+    param: str | None = None,
+    headers: Mapping[str, str] | None = None,
+) -> WireError:
     return _json(status, {"error": {"message": message, "type": type, "param": param, "code": code}}, headers)
 
 
@@ -134,8 +149,10 @@ def capacity_rejection(dialect: str, *, model: str, slots: int, hint: float | No
         hint = min(max(0.0, float(hint)), MAX_HINT)  # keep every rendering finite
     if dialect == OPENAI_429:
         headers = {"x-ratelimit-limit-requests": str(max(slots, 0)), "x-ratelimit-remaining-requests": "0"}
-        message = (f"Rate limit reached for {model} in organization org-capmon-sim on requests per min (RPM): "
-                   f"Limit {max(slots, 0)}, Used {max(slots, 0)}, Requested 1.")
+        message = (
+            f"Rate limit reached for {model} in organization org-capmon-sim on requests per min (RPM): "
+            f"Limit {max(slots, 0)}, Used {max(slots, 0)}, Requested 1."
+        )
         if hint is not None:
             headers["x-ratelimit-reset-requests"] = format_duration(hint)
             headers["retry-after"] = _retry_after(hint)
@@ -144,8 +161,9 @@ def capacity_rejection(dialect: str, *, model: str, slots: int, hint: float | No
     if dialect == OPENAI_503:
         if hint is not None:
             headers["retry-after"] = _retry_after(hint)
-        return openai_error(503, OPENAI_OVERLOADED_MESSAGE, type="server_error", code="server_is_overloaded",
-                            headers=headers)
+        return openai_error(
+            503, OPENAI_OVERLOADED_MESSAGE, type="server_error", code="server_is_overloaded", headers=headers
+        )
     if dialect == ANTHROPIC_529:
         if hint is not None:
             headers["retry-after"] = _retry_after(hint)
@@ -155,14 +173,18 @@ def capacity_rejection(dialect: str, *, model: str, slots: int, hint: float | No
         if dialect == GEMINI_429:
             status, code, message = 429, "RESOURCE_EXHAUSTED", "Resource has been exhausted (e.g. check quota)."
             # A per-minute quota: the classifier must read this as rate_limited, not a daily quota.
-            details.append({
-                "@type": "type.googleapis.com/google.rpc.QuotaFailure",
-                "violations": [{
-                    "quotaMetric": "generativelanguage.googleapis.com/generate_content_requests",
-                    "quotaId": "GenerateRequestsPerMinutePerProjectPerModel",
-                    "quotaDimensions": {"model": model, "location": "global"},
-                }],
-            })
+            details.append(
+                {
+                    "@type": "type.googleapis.com/google.rpc.QuotaFailure",
+                    "violations": [
+                        {
+                            "quotaMetric": "generativelanguage.googleapis.com/generate_content_requests",
+                            "quotaId": "GenerateRequestsPerMinutePerProjectPerModel",
+                            "quotaDimensions": {"model": model, "location": "global"},
+                        }
+                    ],
+                }
+            )
         else:
             status, code, message = 503, "UNAVAILABLE", GEMINI_OVERLOADED_MESSAGE
         if hint is not None:
@@ -172,8 +194,10 @@ def capacity_rejection(dialect: str, *, model: str, slots: int, hint: float | No
             error["details"] = details
         return _json(status, {"error": error})
     if dialect == AZURE_429:
-        message = (f"Requests to the ChatCompletions_Create Operation under Azure OpenAI API version 2024-10-21 "
-                   f"have exceeded call rate limit of your current OpenAI S0 pricing tier for {model}.")
+        message = (
+            f"Requests to the ChatCompletions_Create Operation under Azure OpenAI API version 2024-10-21 "
+            f"have exceeded call rate limit of your current OpenAI S0 pricing tier for {model}."
+        )
         if hint is not None:
             headers["retry-after"] = _retry_after(hint)
             headers["retry-after-ms"] = str(max(0, round(hint * 1000)))
@@ -190,14 +214,21 @@ def capacity_rejection(dialect: str, *, model: str, slots: int, hint: float | No
 
 def penalty_rejection(remaining: float) -> WireError:
     """A key that kept hammering after rejections; the hint is the real time left."""
-    return openai_error(429, PENALTY_MESSAGE, type="requests", code="rate_limit_exceeded",
-                        headers={"retry-after": _retry_after(remaining)})
+    return openai_error(
+        429,
+        PENALTY_MESSAGE,
+        type="requests",
+        code="rate_limit_exceeded",
+        headers={"retry-after": _retry_after(remaining)},
+    )
 
 
 def invalid_api_key(token: str | None) -> WireError:
     if not token:
-        message = ("You didn't provide an API key. You need to provide your API key in an Authorization header "
-                   "using Bearer auth (i.e. Authorization: Bearer YOUR_KEY).")
+        message = (
+            "You didn't provide an API key. You need to provide your API key in an Authorization header "
+            "using Bearer auth (i.e. Authorization: Bearer YOUR_KEY)."
+        )
     else:
         # Like OpenAI, show only enough of the key to recognise it.
         shown = f"{token[:3]}****{token[-4:]}" if len(token) > 10 else "****"
@@ -206,14 +237,20 @@ def invalid_api_key(token: str | None) -> WireError:
 
 
 def model_not_found(model: str) -> WireError:
-    return openai_error(404, f"The model `{model}` does not exist or you do not have access to it.",
-                        type="invalid_request_error", code="model_not_found")
+    return openai_error(
+        404,
+        f"The model `{model}` does not exist or you do not have access to it.",
+        type="invalid_request_error",
+        code="model_not_found",
+    )
 
 
 def context_length_exceeded(window: int, prompt_tokens: int, max_tokens: int) -> WireError:
-    message = (f"This model's maximum context length is {window} tokens. However, you requested "
-               f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the messages, {max_tokens} in the "
-               f"completion). Please reduce the length of the messages or completion.")
+    message = (
+        f"This model's maximum context length is {window} tokens. However, you requested "
+        f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the messages, {max_tokens} in the "
+        f"completion). Please reduce the length of the messages or completion."
+    )
     return openai_error(400, message, type="invalid_request_error", code="context_length_exceeded", param="messages")
 
 
@@ -229,14 +266,19 @@ def _openrouter_error(dialect: str, model: str) -> dict[str, Any]:
     metadata}``, code = the HTTP status it stands for). Upstream failures say "Provider returned
     error" with the upstream's own text in ``metadata.raw`` and its name in ``provider_name``."""
     if dialect == OPENROUTER_STREAM:
-        raw = (f"{model} is temporarily rate-limited upstream. Please retry shortly, or add your own key "
-               f"to accumulate your rate limits: https://openrouter.ai/settings/integrations")
+        raw = (
+            f"{model} is temporarily rate-limited upstream. Please retry shortly, or add your own key "
+            f"to accumulate your rate limits: https://openrouter.ai/settings/integrations"
+        )
         return {"code": 429, "message": "Provider returned error", "metadata": {"raw": raw, "provider_name": "Capmon"}}
     if dialect == OPENROUTER_STREAM_502:
         raw = "upstream connect error or disconnect/reset before headers. reset reason: overflow"
         return {"code": 502, "message": "Provider returned error", "metadata": {"raw": raw, "provider_name": "Capmon"}}
-    return {"code": 503, "message": "No endpoints available: every provider of this model is at capacity.",
-            "metadata": {"provider_name": None}}
+    return {
+        "code": 503,
+        "message": "No endpoints available: every provider of this model is at capacity.",
+        "metadata": {"provider_name": None},
+    }
 
 
 def _gemini_unavailable(hint: float | None) -> dict[str, Any]:
@@ -249,8 +291,13 @@ def _gemini_unavailable(hint: float | None) -> dict[str, Any]:
 def _vllm_error() -> dict[str, Any]:
     # vLLM's ErrorResponse (vllm/entrypoints/openai/protocol.py, before the 2025 `{"error": ...}`
     # wrapper): object "error", an HTTPStatus-named type and the numeric code.
-    return {"object": "error", "message": VLLM_OVERLOADED_MESSAGE, "type": "ServiceUnavailableError", "param": None,
-            "code": 503}
+    return {
+        "object": "error",
+        "message": VLLM_OVERLOADED_MESSAGE,
+        "type": "ServiceUnavailableError",
+        "param": None,
+        "code": 503,
+    }
 
 
 def responses_failure(dialect: str) -> tuple[str, str]:
@@ -276,8 +323,9 @@ def _stream_dialect_as_http(dialect: str, *, model: str, hint: float | None) -> 
         return _json(503, _vllm_error(), headers)
     if dialect == OLLAMA_STREAM:
         # ollama/ollama middleware/openai.go writeError: openai.NewError(status, message), type api_error.
-        return _json(503, {"error": {"message": OLLAMA_BUSY_MESSAGE, "type": "api_error", "param": None, "code": None}},
-                     headers)
+        return _json(
+            503, {"error": {"message": OLLAMA_BUSY_MESSAGE, "type": "api_error", "param": None, "code": None}}, headers
+        )
     code, message = responses_failure(dialect)
     return openai_error(503, message, type="server_error", code=code, headers=headers)
 
@@ -300,13 +348,21 @@ def chat_stream_error(dialect: str, *, model: str, chunk: Mapping[str, Any] | No
             return OPENROUTER_COMMENT + _sse_data({"error": error})
         # After tokens: one chunk with the error beside a choice finished with "error"
         # (OpenRouter's "Handling Errors During Streaming"; also seen in CommandCodeAI/command-code#834).
-        return _sse_data({**chunk, "provider": "Capmon", "error": error,
-                          "choices": [{"index": 0, "delta": {"content": ""}, "finish_reason": "error"}]})
+        return _sse_data(
+            {
+                **chunk,
+                "provider": "Capmon",
+                "error": error,
+                "choices": [{"index": 0, "delta": {"content": ""}, "finish_reason": "error"}],
+            }
+        )
     if dialect == ANTHROPIC_STREAM:
         # Anthropic Messages streaming: an `error` event (docs.anthropic.com, "Error events").
-        return (b"event: error\ndata: "
-                + json.dumps({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}).encode()
-                + b"\n\n")
+        return (
+            b"event: error\ndata: "
+            + json.dumps({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}).encode()
+            + b"\n\n"
+        )
     if dialect == GEMINI_OPENAI_STREAM:
         # Google's error object as a data frame; the stream ends with no [DONE].
         return _sse_data(_gemini_unavailable(None))
@@ -323,17 +379,29 @@ def chat_stream_error(dialect: str, *, model: str, chunk: Mapping[str, Any] | No
 
 # Azure returns OpenAI's error with the Python call stack of its front end appended
 # (lobehub/lobehub#5909, jekalmin/extended_openai_conversation#298); abridged here.
-AZURE_CALLSTACK = ('  File "/usr/local/bin/gunicorn", line 8, in <module>\n    sys.exit(run())\n'
-                   'at   File "/usr/local/lib/python3.11/site-packages/gunicorn/app/wsgiapp.py", line 66, in run\n'
-                   '    WSGIApplication("%(prog)s [OPTIONS] [APP_MODULE]", prog=prog).run()\n')
+AZURE_CALLSTACK = (
+    '  File "/usr/local/bin/gunicorn", line 8, in <module>\n    sys.exit(run())\n'
+    'at   File "/usr/local/lib/python3.11/site-packages/gunicorn/app/wsgiapp.py", line 66, in run\n'
+    '    WSGIApplication("%(prog)s [OPTIONS] [APP_MODULE]", prog=prog).run()\n'
+)
 
 
 def unsupported_parameter(dialect: str, param: str, instead: str) -> WireError:
     """OpenAI's 400 for a parameter this model refuses (o1 and later refuse max_tokens)."""
     message = f"Unsupported parameter: '{param}' is not supported with this model. Use '{instead}' instead."
     if dialect == UNSUPPORTED_AZURE:
-        return _json(400, {"error": {"code": "unsupported_parameter", "type": "invalid_request_error", "param": param,
-                                     "message": message, "callstack": AZURE_CALLSTACK}})
+        return _json(
+            400,
+            {
+                "error": {
+                    "code": "unsupported_parameter",
+                    "type": "invalid_request_error",
+                    "param": param,
+                    "message": message,
+                    "callstack": AZURE_CALLSTACK,
+                }
+            },
+        )
     if dialect == UNSUPPORTED_OPENAI:
         return openai_error(400, message, type="invalid_request_error", code="unsupported_parameter", param=param)
     raise ValueError(f"unknown unsupported_dialect {dialect!r}; expected one of {', '.join(UNSUPPORTED_DIALECTS)}")

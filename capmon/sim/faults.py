@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import enum
 import random
+from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, MutableMapping
+from typing import Any
 
 from capmon.sim.dialects import OPENROUTER_STREAM, STREAM_DIALECTS, Api, stream_api
 
@@ -94,8 +95,12 @@ class FaultRule:
 
 
 # The fields only some modes take.
-_MODE_FIELDS: dict[str, FaultMode] = {"after": FaultMode.STREAM_ERROR, "dialect": FaultMode.STREAM_ERROR,
-                                      "bytes": FaultMode.HUGE, "valid": FaultMode.HUGE}
+_MODE_FIELDS: dict[str, FaultMode] = {
+    "after": FaultMode.STREAM_ERROR,
+    "dialect": FaultMode.STREAM_ERROR,
+    "bytes": FaultMode.HUGE,
+    "valid": FaultMode.HUGE,
+}
 
 
 def _whole(item: dict[str, Any], name: str) -> int | None:
@@ -139,9 +144,18 @@ def parse_rules(raw: Any) -> tuple[FaultRule, ...]:
             raise ValueError('a huge fault needs "bytes": N')
         if count is None and rate is None:
             count = 1
-        rules.append(FaultRule(fault, count, None if rate is None else float(rate), model, after=after or 0,
-                               dialect=OPENROUTER_STREAM if dialect is None else dialect, bytes=size or 0,
-                               valid=True if valid is None else valid))
+        rules.append(
+            FaultRule(
+                fault,
+                count,
+                None if rate is None else float(rate),
+                model,
+                after=after or 0,
+                dialect=OPENROUTER_STREAM if dialect is None else dialect,
+                bytes=size or 0,
+                valid=True if valid is None else valid,
+            )
+        )
     return tuple(rules)
 
 
@@ -181,7 +195,7 @@ class FaultInjector:
         return None if rule is None else rule.mode
 
     def snapshot(self) -> list[dict[str, Any]]:
-        return [r.as_json(left) for r, left in zip(self._rules, self._left)]
+        return [r.as_json(left) for r, left in zip(self._rules, self._left, strict=False)]
 
 
 class ConnectionDropped(Exception):
@@ -196,7 +210,12 @@ class DropConnection:
     """A raw ASGI response: promise a body, send a few bytes of it, then drop the connection."""
 
     async def __call__(self, scope: Any, receive: Any, send: Send) -> None:
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", b"4096")]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", b"4096")],
+            }
+        )
         await send({"type": "http.response.body", "body": b'{"id": "chatcmpl-', "more_body": True})
         raise ConnectionDropped("simulated connection reset")

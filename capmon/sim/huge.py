@@ -11,7 +11,7 @@ with no newline at all, which a line-buffering parser must refuse to hold).
 from __future__ import annotations
 
 import json
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 from capmon.sim.model import Ticket
 from capmon.sim.streams import FINGERPRINT, sse, usage
@@ -33,10 +33,19 @@ async def _repeat(block: bytes, size: int) -> AsyncIterator[bytes]:
 
 def _completion_parts(ticket: Ticket, created: int, size: int) -> tuple[bytes, bytes]:
     body = {
-        "id": f"chatcmpl-sim{ticket.id:010d}", "object": "chat.completion", "created": created, "model": ticket.model,
+        "id": f"chatcmpl-sim{ticket.id:010d}",
+        "object": "chat.completion",
+        "created": created,
+        "model": ticket.model,
         "system_fingerprint": FINGERPRINT,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": _MARK, "refusal": None},
-                     "logprobs": None, "finish_reason": "stop"}],
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": _MARK, "refusal": None},
+                "logprobs": None,
+                "finish_reason": "stop",
+            }
+        ],
         "usage": usage(ticket.prompt_tokens, max(1, size // 4)),
     }
     head, tail = json.dumps(body).split(json.dumps(_MARK)[1:-1])
@@ -66,18 +75,36 @@ async def huge_stream(ticket: Ticket, created: int, size: int, valid: bool) -> A
         async for block in _repeat(_NOT_JSON, max(0, size - len(b"data: "))):
             yield block
         return
-    base = {"id": f"chatcmpl-sim{ticket.id:010d}", "object": "chat.completion.chunk", "created": created,
-            "model": ticket.model, "system_fingerprint": FINGERPRINT}
-    yield sse({**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                                    "finish_reason": None}]})
+    base = {
+        "id": f"chatcmpl-sim{ticket.id:010d}",
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": ticket.model,
+        "system_fingerprint": FINGERPRINT,
+    }
+    yield sse(
+        {
+            **base,
+            "choices": [
+                {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+            ],
+        }
+    )
     content = _FILLER[:STREAM_CONTENT].decode()
-    frame = sse({**base, "choices": [{"index": 0, "delta": {"content": content}, "logprobs": None,
-                                      "finish_reason": None}]})
+    frame = sse(
+        {**base, "choices": [{"index": 0, "delta": {"content": content}, "logprobs": None, "finish_reason": None}]}
+    )
     whole, rest = divmod(size, STREAM_CONTENT)
     for _ in range(whole):
         yield frame  # one frame object, sent again and again
     if rest:
-        yield sse({**base, "choices": [{"index": 0, "delta": {"content": content[:rest]}, "logprobs": None,
-                                        "finish_reason": None}]})
+        yield sse(
+            {
+                **base,
+                "choices": [
+                    {"index": 0, "delta": {"content": content[:rest]}, "logprobs": None, "finish_reason": None}
+                ],
+            }
+        )
     yield sse({**base, "choices": [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": "stop"}]})
     yield b"data: [DONE]\n\n"

@@ -16,7 +16,7 @@ import math
 import random
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any
 
 from capmon.core.clock import Clock, default_clock
 from capmon.core.hints import MAX_HINT
@@ -141,12 +141,23 @@ class Faulted:
         return self.rule.mode
 
 
-Decision = Union[Admitted, NoCapacity, Penalised, UnknownModel, TooLong, Unsupported, Faulted]
+Decision = Admitted | NoCapacity | Penalised | UnknownModel | TooLong | Unsupported | Faulted
 
 
 class _Counters:
-    __slots__ = ("requests", "accepted", "completed", "cancelled", "capacity", "rate_limited", "auth",
-                 "bad_request", "penalised", "faults", "in_flight")
+    __slots__ = (
+        "requests",
+        "accepted",
+        "completed",
+        "cancelled",
+        "capacity",
+        "rate_limited",
+        "auth",
+        "bad_request",
+        "penalised",
+        "faults",
+        "in_flight",
+    )
     requests: int
     accepted: int
     completed: int
@@ -174,8 +185,12 @@ class _Counters:
             "accepted": self.accepted,
             "completed": self.completed,
             "cancelled": self.cancelled,
-            "rejected": {"capacity": self.capacity, "rate_limited": self.rate_limited, "auth": self.auth,
-                         "bad_request": self.bad_request},
+            "rejected": {
+                "capacity": self.capacity,
+                "rate_limited": self.rate_limited,
+                "auth": self.auth,
+                "bad_request": self.bad_request,
+            },
             "penalised": self.penalised,  # a subset of rejected.rate_limited
             "faults": self.faults,
             "in_flight": self.in_flight,
@@ -267,15 +282,36 @@ class Simulator:
         if outage_for > 0:
             slots = 0
             dialect = rt.outage_dialect or dialect
-        return ModelState(name=name, slots=slots, in_flight=rt.counters.in_flight, latency_factor=factor,
-                          dialect=dialect, hint=hint, phase=index, outage_for=outage_for,
-                          overrides=tuple(sorted(o)), stream_style=o.get("stream_style", spec.stream_style),
-                          tools=o.get("tools", spec.tools), token_param=o.get("token_param", spec.token_param),
-                          unsupported_dialect=o.get("unsupported_dialect", spec.unsupported_dialect))
+        return ModelState(
+            name=name,
+            slots=slots,
+            in_flight=rt.counters.in_flight,
+            latency_factor=factor,
+            dialect=dialect,
+            hint=hint,
+            phase=index,
+            outage_for=outage_for,
+            overrides=tuple(sorted(o)),
+            stream_style=o.get("stream_style", spec.stream_style),
+            tools=o.get("tools", spec.tools),
+            token_param=o.get("token_param", spec.token_param),
+            unsupported_dialect=o.get("unsupported_dialect", spec.unsupported_dialect),
+        )
 
-    def configure(self, name: str, *, slots: Any = UNSET, latency_factor: Any = UNSET, hint: Any = UNSET,
-                  dialect: Any = UNSET, reset_schedule: bool = False, stream_style: Any = UNSET, tools: Any = UNSET,
-                  token_param: Any = UNSET, unsupported_dialect: Any = UNSET) -> ModelState:
+    def configure(
+        self,
+        name: str,
+        *,
+        slots: Any = UNSET,
+        latency_factor: Any = UNSET,
+        hint: Any = UNSET,
+        dialect: Any = UNSET,
+        reset_schedule: bool = False,
+        stream_style: Any = UNSET,
+        tools: Any = UNSET,
+        token_param: Any = UNSET,
+        unsupported_dialect: Any = UNSET,
+    ) -> ModelState:
         """Override a model while running. ``reset_schedule`` drops earlier overrides and any
         outage first, so the schedule applies again. Raises KeyError / ValueError."""
         rt = self._models[name]
@@ -285,23 +321,31 @@ class Simulator:
                 raise ValueError(f"slots must be a whole number >= 0, got {slots!r}")
             changes["slots"] = slots
         if latency_factor is not UNSET:
-            if (isinstance(latency_factor, bool) or not isinstance(latency_factor, (int, float))
-                    or not 0 < latency_factor <= MAX_LATENCY_FACTOR):
-                raise ValueError(f"latency_factor must be a number > 0 and <= {MAX_LATENCY_FACTOR:g}, "
-                                 f"got {latency_factor!r}")
+            if (
+                isinstance(latency_factor, bool)
+                or not isinstance(latency_factor, (int, float))
+                or not 0 < latency_factor <= MAX_LATENCY_FACTOR
+            ):
+                raise ValueError(
+                    f"latency_factor must be a number > 0 and <= {MAX_LATENCY_FACTOR:g}, got {latency_factor!r}"
+                )
             changes["latency_factor"] = float(latency_factor)
         if hint is not UNSET:
-            if hint is not None and (isinstance(hint, bool) or not isinstance(hint, (int, float))
-                                     or not 0 <= hint <= MAX_HINT):
+            if hint is not None and (
+                isinstance(hint, bool) or not isinstance(hint, (int, float)) or not 0 <= hint <= MAX_HINT
+            ):
                 raise ValueError(f"hint must be a number from 0 to {MAX_HINT:g} or null (no hint), got {hint!r}")
             changes["hint"] = None if hint is None else float(hint)
         if dialect is not UNSET:
             if not isinstance(dialect, str) or dialect not in CAPACITY_DIALECTS:
                 raise ValueError(f"dialect must be one of {', '.join(CAPACITY_DIALECTS)}, got {dialect!r}")
             changes["dialect"] = dialect
-        for field, value, choices in (("stream_style", stream_style, STREAM_STYLES), ("tools", tools, TOOL_MODES),
-                                      ("token_param", token_param, TOKEN_PARAMS),
-                                      ("unsupported_dialect", unsupported_dialect, UNSUPPORTED_DIALECTS)):
+        for field, value, choices in (
+            ("stream_style", stream_style, STREAM_STYLES),
+            ("tools", tools, TOOL_MODES),
+            ("token_param", token_param, TOKEN_PARAMS),
+            ("unsupported_dialect", unsupported_dialect, UNSUPPORTED_DIALECTS),
+        ):
             if value is not UNSET:
                 if not isinstance(value, str) or value not in choices:
                     raise ValueError(f"{field} must be one of {', '.join(choices)}, got {value!r}")
@@ -363,8 +407,17 @@ class Simulator:
             c.requests += 1
             c.bad_request += 1
 
-    def submit(self, alias: str, model: str, *, prompt_tokens: int, max_tokens: int | None,
-               stream: bool = False, api: Api = Api.CHAT, sent_max_tokens: bool = False) -> Decision:
+    def submit(
+        self,
+        alias: str,
+        model: str,
+        *,
+        prompt_tokens: int,
+        max_tokens: int | None,
+        stream: bool = False,
+        api: Api = Api.CHAT,
+        sent_max_tokens: bool = False,
+    ) -> Decision:
         """Decide one authenticated, well-formed request (chat, or the Responses API).
         ``sent_max_tokens``: the request used the legacy ``max_tokens`` parameter."""
         alias = self._key(alias)
@@ -452,15 +505,21 @@ class Simulator:
             times.popleft()
         return len(times) > p.threshold
 
-    def _ticket(self, spec: ModelSpec, state: ModelState, alias: str, prompt_tokens: int,
-                max_tokens: int | None) -> Ticket:
+    def _ticket(
+        self, spec: ModelSpec, state: ModelState, alias: str, prompt_tokens: int, max_tokens: int | None
+    ) -> Ticket:
         limit = max_tokens if max_tokens else spec.answer_tokens
         completion = max(1, min(limit, spec.answer_tokens))
         factor = max(0.0, 1.0 + spec.noise * self.rng.uniform(-1.0, 1.0)) * state.latency_factor
         return Ticket(
-            id=next(self._ids), model=spec.name, key=alias, prompt_tokens=prompt_tokens,
-            completion_tokens=completion, finish_reason="length" if limit < spec.answer_tokens else "stop",
-            first_token=spec.base_latency * factor, per_token=spec.per_token * factor,
+            id=next(self._ids),
+            model=spec.name,
+            key=alias,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion,
+            finish_reason="length" if limit < spec.answer_tokens else "stop",
+            first_token=spec.base_latency * factor,
+            per_token=spec.per_token * factor,
         )
 
     def release(self, ticket: Ticket, *, completed: bool = True) -> None:
@@ -481,15 +540,32 @@ class Simulator:
         models: dict[str, Any] = {}
         for name, rt in self._models.items():
             s = self.state(name)
-            models[name] = {**rt.counters.as_dict(), "slots": s.slots, "free": s.free,
-                            "latency_factor": s.latency_factor, "dialect": s.dialect, "hint": s.hint,
-                            "phase": s.phase, "outage_for": round(s.outage_for, 3), "overrides": list(s.overrides),
-                            "stream_style": s.stream_style, "tools": s.tools, "token_param": s.token_param}
-        keys = {alias: {**k.counters.as_dict(), "penalised_for": round(max(0.0, k.penalised_until - now), 3)}
-                for alias, k in self._keys.items()}
-        return {"scenario": self.scenario.name, "elapsed": round(self.elapsed(), 3),
-                "totals": self._totals.as_dict(), "models": models, "keys": keys,
-                "faults": self.faults.snapshot()}
+            models[name] = {
+                **rt.counters.as_dict(),
+                "slots": s.slots,
+                "free": s.free,
+                "latency_factor": s.latency_factor,
+                "dialect": s.dialect,
+                "hint": s.hint,
+                "phase": s.phase,
+                "outage_for": round(s.outage_for, 3),
+                "overrides": list(s.overrides),
+                "stream_style": s.stream_style,
+                "tools": s.tools,
+                "token_param": s.token_param,
+            }
+        keys = {
+            alias: {**k.counters.as_dict(), "penalised_for": round(max(0.0, k.penalised_until - now), 3)}
+            for alias, k in self._keys.items()
+        }
+        return {
+            "scenario": self.scenario.name,
+            "elapsed": round(self.elapsed(), 3),
+            "totals": self._totals.as_dict(),
+            "models": models,
+            "keys": keys,
+            "faults": self.faults.snapshot(),
+        }
 
     def reset_counters(self) -> None:
         self._totals.reset()

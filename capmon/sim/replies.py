@@ -5,7 +5,7 @@ stream response that frees its slot however the stream ends.
 
 from __future__ import annotations
 
-from typing import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable
 
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
@@ -35,8 +35,9 @@ def bearer(request: Request) -> str | None:
 
 
 def wire(err: WireError, extra: dict[str, str] | None = None) -> Response:
-    return Response(err.body, status_code=err.status, media_type=err.media_type,
-                    headers={**err.headers, **(extra or {})})
+    return Response(
+        err.body, status_code=err.status, media_type=err.media_type, headers={**err.headers, **(extra or {})}
+    )
 
 
 def simulator(request: Request) -> Simulator:
@@ -44,8 +45,9 @@ def simulator(request: Request) -> Simulator:
     return sim
 
 
-def refusal(decision: Decision, *, api: Api, stream: bool,
-            in_stream: Callable[[str, str], AsyncIterator[bytes]] | None = None) -> Response | None:
+def refusal(
+    decision: Decision, *, api: Api, stream: bool, in_stream: Callable[[str, str], AsyncIterator[bytes]] | None = None
+) -> Response | None:
     """The answer to a request the simulator did not admit, or None when it was admitted or
     faulted. A full model whose dialect says "no" inside a stream of this API answers 200
     with ``in_stream(dialect, model)`` as the body; every other refusal is an HTTP error."""
@@ -56,8 +58,9 @@ def refusal(decision: Decision, *, api: Api, stream: bool,
     if isinstance(decision, Unsupported):
         return wire(dialects.unsupported_parameter(decision.dialect, decision.param, decision.instead))
     if isinstance(decision, TooLong):
-        return wire(dialects.context_length_exceeded(decision.context_window, decision.prompt_tokens,
-                                                     decision.max_tokens))
+        return wire(
+            dialects.context_length_exceeded(decision.context_window, decision.prompt_tokens, decision.max_tokens)
+        )
     if isinstance(decision, NoCapacity):
         s = decision.state
         if stream and in_stream is not None and stream_api(s.dialect) is api:

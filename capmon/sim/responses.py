@@ -18,8 +18,9 @@ treats as overload: openai/codex, codex-rs). Any other dialect answers with its 
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any, AsyncIterator
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
@@ -70,11 +71,16 @@ def parse_responses(body: Any) -> ResponsesRequest:
         raise BadRequest("Invalid 'instructions': expected a string.", "instructions", model)
     cap = body.get("max_output_tokens")
     if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int)):
-        raise BadRequest(f"Invalid type for 'max_output_tokens': expected an integer, got {cap!r}.",
-                         "max_output_tokens", model)
+        raise BadRequest(
+            f"Invalid type for 'max_output_tokens': expected an integer, got {cap!r}.", "max_output_tokens", model
+        )
     if cap is not None and cap < MIN_OUTPUT_TOKENS:
-        raise BadRequest(f"Invalid 'max_output_tokens': integer below minimum value. Expected a value >= "
-                         f"{MIN_OUTPUT_TOKENS}, but got {cap} instead.", "max_output_tokens", model)
+        raise BadRequest(
+            f"Invalid 'max_output_tokens': integer below minimum value. Expected a value >= "
+            f"{MIN_OUTPUT_TOKENS}, but got {cap} instead.",
+            "max_output_tokens",
+            model,
+        )
     stream = body.get("stream") or False
     if not isinstance(stream, bool):
         raise BadRequest(f"Invalid 'stream': expected a boolean, got {stream!r}.", "stream", model)
@@ -94,26 +100,62 @@ def _part(text: str) -> dict[str, Any]:
 
 
 def _message(ticket: Ticket, status: str, text: str | None) -> dict[str, Any]:
-    return {"id": _ids(ticket)[1], "type": "message", "status": status,
-            "content": [] if text is None else [_part(text)], "role": "assistant"}
+    return {
+        "id": _ids(ticket)[1],
+        "type": "message",
+        "status": status,
+        "content": [] if text is None else [_part(text)],
+        "role": "assistant",
+    }
 
 
-def response_object(ticket: Ticket, req: ResponsesRequest, created: int, *, status: str,
-                    output: list[dict[str, Any]], usage: bool, error: dict[str, Any] | None = None) -> dict[str, Any]:
+def response_object(
+    ticket: Ticket,
+    req: ResponsesRequest,
+    created: int,
+    *,
+    status: str,
+    output: list[dict[str, Any]],
+    usage: bool,
+    error: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     incomplete = {"reason": "max_output_tokens"} if status == "incomplete" else None
     return {
-        "id": _ids(ticket)[0], "object": "response", "created_at": created, "status": status, "background": False,
-        "error": error, "incomplete_details": incomplete, "instructions": req.instructions,
-        "max_output_tokens": req.max_output_tokens, "max_tool_calls": None, "model": ticket.model, "output": output,
-        "parallel_tool_calls": True, "previous_response_id": None, "reasoning": {"effort": None, "summary": None},
-        "service_tier": "default", "store": True, "temperature": 1.0,
-        "text": {"format": {"type": "text"}, "verbosity": "medium"}, "tool_choice": "auto", "tools": [],
-        "top_logprobs": 0, "top_p": 1.0, "truncation": "disabled",
-        "usage": None if not usage else {
-            "input_tokens": ticket.prompt_tokens, "input_tokens_details": {"cached_tokens": 0},
-            "output_tokens": ticket.completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
-            "total_tokens": ticket.prompt_tokens + ticket.completion_tokens},
-        "user": None, "metadata": {},
+        "id": _ids(ticket)[0],
+        "object": "response",
+        "created_at": created,
+        "status": status,
+        "background": False,
+        "error": error,
+        "incomplete_details": incomplete,
+        "instructions": req.instructions,
+        "max_output_tokens": req.max_output_tokens,
+        "max_tool_calls": None,
+        "model": ticket.model,
+        "output": output,
+        "parallel_tool_calls": True,
+        "previous_response_id": None,
+        "reasoning": {"effort": None, "summary": None},
+        "service_tier": "default",
+        "store": True,
+        "temperature": 1.0,
+        "text": {"format": {"type": "text"}, "verbosity": "medium"},
+        "tool_choice": "auto",
+        "tools": [],
+        "top_logprobs": 0,
+        "top_p": 1.0,
+        "truncation": "disabled",
+        "usage": None
+        if not usage
+        else {
+            "input_tokens": ticket.prompt_tokens,
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens": ticket.completion_tokens,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": ticket.prompt_tokens + ticket.completion_tokens,
+        },
+        "user": None,
+        "metadata": {},
     }
 
 
@@ -123,8 +165,14 @@ def final_status(ticket: Ticket) -> str:
 
 def complete_response(ticket: Ticket, req: ResponsesRequest, created: int) -> dict[str, Any]:
     status = final_status(ticket)
-    return response_object(ticket, req, created, status=status, usage=True,
-                           output=[_message(ticket, status, " ".join(answer_text(ticket)))])
+    return response_object(
+        ticket,
+        req,
+        created,
+        status=status,
+        usage=True,
+        output=[_message(ticket, status, " ".join(answer_text(ticket)))],
+    )
 
 
 class _Events:
@@ -139,19 +187,28 @@ class _Events:
         return f"event: {name}\ndata: ".encode() + json.dumps(payload).encode() + b"\n\n"
 
 
-def _failure(event: _Events, dialect: str, ticket: Ticket, req: ResponsesRequest, created: int,
-             output: list[dict[str, Any]]) -> bytes:
+def _failure(
+    event: _Events, dialect: str, ticket: Ticket, req: ResponsesRequest, created: int, output: list[dict[str, Any]]
+) -> bytes:
     code, message = dialects.responses_failure(dialect)
     if dialect == dialects.RESPONSES_ERROR:
         return event("error", code=code, message=message, param=None)
-    failed = response_object(ticket, req, created, status="failed", output=output, usage=False,
-                             error={"code": code, "message": message})
+    failed = response_object(
+        ticket, req, created, status="failed", output=output, usage=False, error={"code": code, "message": message}
+    )
     return event("response.failed", response=failed)
 
 
-async def response_stream(clock: Clock, ticket: Ticket, req: ResponsesRequest, created: int, *, cut: bool = False,
-                          error_after: int | None = None,
-                          error_dialect: str = dialects.RESPONSES_FAILED) -> AsyncIterator[bytes]:
+async def response_stream(
+    clock: Clock,
+    ticket: Ticket,
+    req: ResponsesRequest,
+    created: int,
+    *,
+    cut: bool = False,
+    error_after: int | None = None,
+    error_dialect: str = dialects.RESPONSES_FAILED,
+) -> AsyncIterator[bytes]:
     event = _Events()
     _, item_id = _ids(ticket)
     started = response_object(ticket, req, created, status="in_progress", output=[], usage=False)
@@ -165,7 +222,7 @@ async def response_stream(clock: Clock, ticket: Ticket, req: ResponsesRequest, c
     at = {"item_id": item_id, "output_index": 0, "content_index": 0}
     yield event("response.content_part.added", **at, part=_part(""))
     words = answer_text(ticket)
-    groups = [words[i:i + STREAM_CHUNK_TOKENS] for i in range(0, len(words), STREAM_CHUNK_TOKENS)]
+    groups = [words[i : i + STREAM_CHUNK_TOKENS] for i in range(0, len(words), STREAM_CHUNK_TOKENS)]
     text = ""
     for i, group in enumerate(groups):
         if cut and i >= len(groups) // 2:
@@ -188,8 +245,9 @@ async def response_stream(clock: Clock, ticket: Ticket, req: ResponsesRequest, c
     yield event("response.completed" if status == "completed" else "response.incomplete", response=done)
 
 
-async def rejection_stream(dialect: str, model: str, req: ResponsesRequest, ticket: Ticket,
-                           created: int) -> AsyncIterator[bytes]:
+async def rejection_stream(
+    dialect: str, model: str, req: ResponsesRequest, ticket: Ticket, created: int
+) -> AsyncIterator[bytes]:
     """A 200 stream that starts a response and fails it at once for capacity."""
     event = _Events()
     started = response_object(ticket, req, created, status="in_progress", output=[], usage=False)
@@ -203,8 +261,16 @@ async def rejection_stream(dialect: str, model: str, req: ResponsesRequest, tick
 
 def _stub_ticket(req: ResponsesRequest) -> Ticket:
     """Ids and usage for a response that fails before any work (it holds no slot)."""
-    return Ticket(id=0, model=req.model, key="", prompt_tokens=req.prompt_tokens, completion_tokens=0,
-                  finish_reason="stop", first_token=0.0, per_token=0.0)
+    return Ticket(
+        id=0,
+        model=req.model,
+        key="",
+        prompt_tokens=req.prompt_tokens,
+        completion_tokens=0,
+        finish_reason="stop",
+        first_token=0.0,
+        per_token=0.0,
+    )
 
 
 async def create_response(request: Request) -> Response:
@@ -221,11 +287,21 @@ async def create_response(request: Request) -> Response:
     except BadRequest as e:
         sim.bad_request(alias, e.model)
         return wire(dialects.bad_request(str(e), e.param))
-    decision = sim.submit(alias, req.model, prompt_tokens=req.prompt_tokens, max_tokens=req.max_output_tokens,
-                          stream=req.stream, api=Api.RESPONSES)
+    decision = sim.submit(
+        alias,
+        req.model,
+        prompt_tokens=req.prompt_tokens,
+        max_tokens=req.max_output_tokens,
+        stream=req.stream,
+        api=Api.RESPONSES,
+    )
     created = int(sim.clock.wall())
-    refused = refusal(decision, api=Api.RESPONSES, stream=req.stream,
-                      in_stream=lambda d, m: rejection_stream(d, m, req, _stub_ticket(req), created))
+    refused = refusal(
+        decision,
+        api=Api.RESPONSES,
+        stream=req.stream,
+        in_stream=lambda d, m: rejection_stream(d, m, req, _stub_ticket(req), created),
+    )
     if refused is not None:
         return refused
     if isinstance(decision, Faulted):
@@ -233,8 +309,9 @@ async def create_response(request: Request) -> Response:
     assert isinstance(decision, Admitted)
     ticket = decision.ticket
     if req.stream:
-        return SlotStream(response_stream(sim.clock, ticket, req, created),
-                          lambda done: sim.release(ticket, completed=done), {})
+        return SlotStream(
+            response_stream(sim.clock, ticket, req, created), lambda done: sim.release(ticket, completed=done), {}
+        )
     completed = False
     try:
         await sim.clock.sleep(ticket.service_time)
@@ -248,9 +325,18 @@ async def _faulted(sim: Simulator, decision: Faulted, req: ResponsesRequest, cre
     rule, ticket = decision.rule, decision.ticket
     if rule.mode in (FaultMode.STREAM_CUT, FaultMode.STREAM_ERROR):
         error_after = rule.after if rule.mode is FaultMode.STREAM_ERROR else None
-        return StreamingResponse(response_stream(sim.clock, ticket, req, created, cut=rule.mode is FaultMode.STREAM_CUT,
-                                                 error_after=error_after, error_dialect=rule.dialect),
-                                 media_type="text/event-stream")
+        return StreamingResponse(
+            response_stream(
+                sim.clock,
+                ticket,
+                req,
+                created,
+                cut=rule.mode is FaultMode.STREAM_CUT,
+                error_after=error_after,
+                error_dialect=rule.dialect,
+            ),
+            media_type="text/event-stream",
+        )
     if rule.mode is FaultMode.HANG:
         await sim.clock.sleep(HANG_SECONDS)
         return PlainTextResponse("Gateway Timeout", status_code=504)

@@ -74,8 +74,9 @@ class ModelSpec:
     schedule: tuple[Phase, ...] = spec((), expected="a list of [[{key}]] tables")
     stream_style: str = spec("openai", choices=STREAM_STYLES)
     tools: str = spec("auto", choices=TOOL_MODES)
-    token_param: str = spec("max_tokens", choices=TOKEN_PARAMS,
-                            doc='"max_completion_tokens": a request that sends max_tokens gets 400')
+    token_param: str = spec(
+        "max_tokens", choices=TOKEN_PARAMS, doc='"max_completion_tokens": a request that sends max_tokens gets 400'
+    )
     unsupported_dialect: str = spec("openai", choices=UNSUPPORTED_DIALECTS, doc="how that 400 is worded")
 
 
@@ -99,12 +100,17 @@ class Scenario:
     description: str = spec("")
     seed: int = spec(0)
     repeat: float = _number(0.0, min=0.0, doc="schedules loop with this period; 0 plays them once")
-    keys: tuple[str, ...] = spec(DEFAULT_KEYS, nonempty=True, each={"nonempty": True},
-                                 expected=f'a non-empty list of keys such as ["{SIMULATOR_DEMO_KEY}"]',
-                                 doc=f'"{ANY_KEY}" accepts any non-empty key')
+    keys: tuple[str, ...] = spec(
+        DEFAULT_KEYS,
+        nonempty=True,
+        each={"nonempty": True},
+        expected=f'a non-empty list of keys such as ["{SIMULATOR_DEMO_KEY}"]',
+        doc=f'"{ANY_KEY}" accepts any non-empty key',
+    )
     penalty: PenaltySpec = spec(factory=PenaltySpec)
-    models: tuple[ModelSpec, ...] = spec(missing="expected at least one [[models]] table", nonempty=True,
-                                         expected="at least one [[models]] table")
+    models: tuple[ModelSpec, ...] = spec(
+        missing="expected at least one [[models]] table", nonempty=True, expected="at least one [[models]] table"
+    )
     source: str = field(default="<code>", compare=False)
 
 
@@ -124,8 +130,9 @@ def load_scenario(name_or_path: str | os.PathLike[str]) -> Scenario:
     else:
         path = Path(text)
         if not path.exists():
-            raise ConfigError(text, "", f"no bundled scenario or file by that name; "
-                                        f"bundled: {', '.join(bundled_scenarios())}")
+            raise ConfigError(
+                text, "", f"no bundled scenario or file by that name; bundled: {', '.join(bundled_scenarios())}"
+            )
     return parse_scenario(read_text(path), str(path), default_name=path.stem)
 
 
@@ -146,8 +153,10 @@ def parse_scenario(text: str, file: str = "<string>", *, default_name: str = "cu
 def _check_schedule(loader: Loader, schedule: tuple[Phase, ...], key: str, repeat: float) -> None:
     for j in range(1, len(schedule)):
         if schedule[j].at <= schedule[j - 1].at:
-            raise loader.fail(f"{key}.schedule[{j}].at",
-                              f"expected phases in time order, after {schedule[j - 1].at:g}, got {schedule[j].at:g}")
+            raise loader.fail(
+                f"{key}.schedule[{j}].at",
+                f"expected phases in time order, after {schedule[j - 1].at:g}, got {schedule[j].at:g}",
+            )
     if repeat > 0:
         for j, p in enumerate(schedule):
             if p.at >= repeat:

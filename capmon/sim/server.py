@@ -20,8 +20,8 @@ import logging
 import os
 import socket
 import sys
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Callable, Mapping
 
 import httpx
 import uvicorn
@@ -51,8 +51,8 @@ class SimHandle:
     host: str
     port: int
     app: Starlette
-    server: "GuestServer" = field(repr=False)
-    task: "asyncio.Task[None]" = field(repr=False)
+    server: GuestServer = field(repr=False)
+    task: asyncio.Task[None] = field(repr=False)
 
     @property
     def origin(self) -> str:
@@ -82,7 +82,7 @@ class SimHandle:
         self.server.exit_now()
         try:
             await asyncio.wait_for(asyncio.shield(self.task), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             self.server.force_exit = True
             self.task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -139,9 +139,15 @@ def _config(app: Starlette, *, embedded: bool, access_log: bool = False) -> uvic
     )
 
 
-async def start_simulator(scenario: Scenario | str | os.PathLike[str] = "demo", host: str = "127.0.0.1",
-                          port: int = 0, *, clock: Clock | None = None, admin_key: str | None = None,
-                          open_admin: bool = False) -> SimHandle:
+async def start_simulator(
+    scenario: Scenario | str | os.PathLike[str] = "demo",
+    host: str = "127.0.0.1",
+    port: int = 0,
+    *,
+    clock: Clock | None = None,
+    admin_key: str | None = None,
+    open_admin: bool = False,
+) -> SimHandle:
     """Start serving in the running event loop; call ``await handle.stop()`` when done.
     ``admin_key`` protects /admin (required beyond loopback unless ``open_admin``)."""
     policy = admin_policy(host, admin_key, open_admin=open_admin)
@@ -170,9 +176,15 @@ async def start_simulator(scenario: Scenario | str | os.PathLike[str] = "demo", 
 
 
 @contextlib.asynccontextmanager
-async def running_simulator(scenario: Scenario | str | os.PathLike[str] = "demo", host: str = "127.0.0.1",
-                            port: int = 0, *, clock: Clock | None = None, admin_key: str | None = None,
-                            open_admin: bool = False) -> AsyncIterator[SimHandle]:
+async def running_simulator(
+    scenario: Scenario | str | os.PathLike[str] = "demo",
+    host: str = "127.0.0.1",
+    port: int = 0,
+    *,
+    clock: Clock | None = None,
+    admin_key: str | None = None,
+    open_admin: bool = False,
+) -> AsyncIterator[SimHandle]:
     """``async with running_simulator("demo") as sim: httpx.get(sim.base_url + "/models")``"""
     handle = await start_simulator(scenario, host, port, clock=clock, admin_key=admin_key, open_admin=open_admin)
     try:
@@ -194,8 +206,9 @@ async def probe(host: str, port: int, timeout: float = 1.0) -> bool | None:
     return SIM_HEADER in r.headers
 
 
-async def ensure_simulator(listen: str, scenario: Scenario | str | os.PathLike[str] = "demo", *,
-                           clock: Clock | None = None) -> SimHandle | None:
+async def ensure_simulator(
+    listen: str, scenario: Scenario | str | os.PathLike[str] = "demo", *, clock: Clock | None = None
+) -> SimHandle | None:
     """Reuse a simulator already listening at ``listen`` (returns None: nothing to stop), or
     start one in this event loop (returns its handle: ``await handle.stop()`` on exit).
     Raises SimulatorError when the address is taken by something else."""
@@ -204,8 +217,9 @@ async def ensure_simulator(listen: str, scenario: Scenario | str | os.PathLike[s
     if found:
         return None
     if found is False:
-        raise SimulatorError(f"{listen} is taken by something that is not a capmon simulator; "
-                             f"choose another [simulator] listen address")
+        raise SimulatorError(
+            f"{listen} is taken by something that is not a capmon simulator; choose another [simulator] listen address"
+        )
     return await start_simulator(scenario, host, port, clock=clock, admin_key=embedded_admin_key(host))
 
 
@@ -222,8 +236,15 @@ class BorrowedSimulator:
     loop, so requests sent there keep being answered. If another process wins the address
     first, it borrows that one instead and keeps watching."""
 
-    def __init__(self, listen: str, scenario: Scenario | str | os.PathLike[str], *, clock: Clock | None = None,
-                 report: Callable[[str, str], None], interval: float = WATCH_INTERVAL) -> None:
+    def __init__(
+        self,
+        listen: str,
+        scenario: Scenario | str | os.PathLike[str],
+        *,
+        clock: Clock | None = None,
+        report: Callable[[str, str], None],
+        interval: float = WATCH_INTERVAL,
+    ) -> None:
         self.listen = listen
         self.host, self.port = parse_listen(listen)
         self.scenario = scenario
@@ -245,15 +266,21 @@ class BorrowedSimulator:
                 # False (something answers, but not as a simulator) is said once; a busy
                 # simulator that timed out looks the same, so it is no reason to take over.
                 if found is False and not odd_reported:
-                    self.report("warning", f"the simulator at {self.listen} that this process uses does not answer "
-                                           f"as a capmon simulator")
+                    self.report(
+                        "warning",
+                        f"the simulator at {self.listen} that this process uses does not answer as a capmon simulator",
+                    )
                 odd_reported = found is False
                 continue
-            self.report("warning", f"the simulator at {self.listen} that this process borrowed from another process "
-                                   f"has gone away; starting one here so work goes on")
+            self.report(
+                "warning",
+                f"the simulator at {self.listen} that this process borrowed from another process "
+                f"has gone away; starting one here so work goes on",
+            )
             try:
-                self.handle = await start_simulator(self.scenario, self.host, self.port, clock=self.clock,
-                                                    admin_key=embedded_admin_key(self.host))
+                self.handle = await start_simulator(
+                    self.scenario, self.host, self.port, clock=self.clock, admin_key=embedded_admin_key(self.host)
+                )
             except SimulatorError as e:
                 self.report("warning", f"could not take over {self.listen} ({e}); will look again")
                 continue
@@ -274,8 +301,9 @@ def _warn(message: str) -> None:
     print(f"capmon simulator: WARNING: {message}", file=sys.stderr, flush=True)
 
 
-def serve_policy(host: str, *, admin_key_env: str | None = None, open_admin: bool = False,
-                 environ: Mapping[str, str] | None = None) -> AdminPolicy:
+def serve_policy(
+    host: str, *, admin_key_env: str | None = None, open_admin: bool = False, environ: Mapping[str, str] | None = None
+) -> AdminPolicy:
     """How ``capmon sim`` protects /admin on ``host``: the key from ``admin_key_env`` (default
     CAPMON_SIM_ADMIN_KEY), required beyond loopback unless ``open_admin``. A variable named
     explicitly must be set. Raises SimulatorError; prints a warning when reachable from afar."""
@@ -292,9 +320,15 @@ def serve_policy(host: str, *, admin_key_env: str | None = None, open_admin: boo
     return policy
 
 
-def serve(listen: str = "127.0.0.1:8089", scenario: Scenario | str | os.PathLike[str] = "demo", *,
-          access_log: bool = False, admin_key_env: str | None = None, open_admin: bool = False,
-          environ: Mapping[str, str] | None = None) -> None:
+def serve(
+    listen: str = "127.0.0.1:8089",
+    scenario: Scenario | str | os.PathLike[str] = "demo",
+    *,
+    access_log: bool = False,
+    admin_key_env: str | None = None,
+    open_admin: bool = False,
+    environ: Mapping[str, str] | None = None,
+) -> None:
     """Serve until Ctrl+C (for ``capmon sim``). Raises SimulatorError / ConfigError."""
     host, port = parse_listen(listen)
     scn = _as_scenario(scenario)
@@ -310,8 +344,11 @@ def serve(listen: str = "127.0.0.1:8089", scenario: Scenario | str | os.PathLike
         simulator_of(app).start()
         h = f"[{host}]" if ":" in host else host
         origin = f"http://{h}:{sock.getsockname()[1]}"
-        print(f"capmon simulator: scenario {scn.name!r} listening on {origin}/v1 "
-              f"(key {SIMULATOR_DEMO_KEY}; {policy.describe()}; Ctrl+C to stop)", flush=True)
+        print(
+            f"capmon simulator: scenario {scn.name!r} listening on {origin}/v1 "
+            f"(key {SIMULATOR_DEMO_KEY}; {policy.describe()}; Ctrl+C to stop)",
+            flush=True,
+        )
 
     async def main() -> None:
         watcher = asyncio.create_task(announce())

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any, AsyncIterator
+from typing import Any
 
 from capmon.core.clock import Clock
 from capmon.sim import dialects
@@ -46,8 +47,11 @@ def tokens_of(text: str) -> int:
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
 
 
 def sse(payload: Any) -> bytes:
@@ -84,13 +88,19 @@ class OpenAIFrames:
 
     def __init__(self, plan: StreamPlan) -> None:
         self.plan = plan
-        self.envelope: dict[str, Any] = {"id": f"{self.id_prefix}{plan.ticket.id:010d}",
-                                         "object": "chat.completion.chunk", "created": plan.created,
-                                         "model": plan.ticket.model}
+        self.envelope: dict[str, Any] = {
+            "id": f"{self.id_prefix}{plan.ticket.id:010d}",
+            "object": "chat.completion.chunk",
+            "created": plan.created,
+            "model": plan.ticket.model,
+        }
 
     def chunk(self, delta: dict[str, Any] | None, finish: str | None = None) -> bytes:
-        payload = {**self.envelope, "system_fingerprint": FINGERPRINT,
-                   "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+        payload = {
+            **self.envelope,
+            "system_fingerprint": FINGERPRINT,
+            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+        }
         if self.plan.include_usage:
             payload["usage"] = None
         return sse(payload)
@@ -101,8 +111,16 @@ class OpenAIFrames:
     def opening(self, call: ToolCall | None) -> bytes:
         if call is None:
             return self.chunk({"role": "assistant", "content": "", "refusal": None})
-        return self.chunk({"role": "assistant", "content": None, "refusal": None, "tool_calls": [
-            {"index": 0, "id": call.id, "type": "function", "function": {"name": call.name, "arguments": ""}}]})
+        return self.chunk(
+            {
+                "role": "assistant",
+                "content": None,
+                "refusal": None,
+                "tool_calls": [
+                    {"index": 0, "id": call.id, "type": "function", "function": {"name": call.name, "arguments": ""}}
+                ],
+            }
+        )
 
     def text(self, piece: str, finish: str | None = None) -> bytes:
         return self.chunk({"content": piece}, finish)
@@ -110,7 +128,7 @@ class OpenAIFrames:
     def tool_pieces(self, call: ToolCall) -> list[str]:
         args = call.arguments
         size = max(1, min(TOOL_ARGUMENT_PIECE, len(args) // 2))
-        return [args[i:i + size] for i in range(0, len(args), size)]
+        return [args[i : i + size] for i in range(0, len(args), size)]
 
     def tool_args(self, call: ToolCall, piece: str, finish: str | None = None) -> bytes:
         return self.chunk({"tool_calls": [{"index": 0, "function": {"arguments": piece}}]}, finish)
@@ -140,11 +158,22 @@ class AzureFrames(OpenAIFrames):
     articles/ai-foundry/openai/concepts/content-streaming.md, and a recorded gpt-4o stream in
     dto-btn/ssc-assistant (mergeOpenAiDelta/testHelpers/simple_chat.ts)."""
 
-    def chunk(self, delta: dict[str, Any] | None, finish: str | None = None,
-              filters: dict[str, Any] | None = None) -> bytes:
-        payload = {"choices": [{"content_filter_results": {} if filters is None else filters, "delta": delta,
-                                "finish_reason": finish, "index": 0, "logprobs": None}],
-                   **self.envelope, "system_fingerprint": FINGERPRINT}
+    def chunk(
+        self, delta: dict[str, Any] | None, finish: str | None = None, filters: dict[str, Any] | None = None
+    ) -> bytes:
+        payload = {
+            "choices": [
+                {
+                    "content_filter_results": {} if filters is None else filters,
+                    "delta": delta,
+                    "finish_reason": finish,
+                    "index": 0,
+                    "logprobs": None,
+                }
+            ],
+            **self.envelope,
+            "system_fingerprint": FINGERPRINT,
+        }
         if self.plan.include_usage:
             payload["usage"] = None
         return sse(payload)
@@ -156,8 +185,9 @@ class AzureFrames(OpenAIFrames):
         return payload
 
     def prelude(self) -> bytes:
-        return sse(self._annotation(prompt_filter_results=[{"prompt_index": 0,
-                                                            "content_filter_results": _FILTER_RESULTS}]))
+        return sse(
+            self._annotation(prompt_filter_results=[{"prompt_index": 0, "content_filter_results": _FILTER_RESULTS}])
+        )
 
     def text(self, piece: str, finish: str | None = None) -> bytes:
         return self.chunk({"content": piece}, finish, _FILTER_RESULTS)
@@ -167,9 +197,14 @@ class AzureFrames(OpenAIFrames):
 
     def epilogue(self, text_length: int) -> bytes:
         payload = self._annotation()
-        payload["choices"] = [{"index": 0, "finish_reason": None, "content_filter_results": _FILTER_RESULTS,
-                               "content_filter_offsets": {"check_offset": text_length, "start_offset": 0,
-                                                          "end_offset": text_length}}]
+        payload["choices"] = [
+            {
+                "index": 0,
+                "finish_reason": None,
+                "content_filter_results": _FILTER_RESULTS,
+                "content_filter_offsets": {"check_offset": text_length, "start_offset": 0, "end_offset": text_length},
+            }
+        ]
         return sse(payload)
 
 
@@ -182,9 +217,13 @@ class OpenRouterFrames(OpenAIFrames):
     comment_every = 3  # content chunks between two comment lines
 
     def chunk(self, delta: dict[str, Any] | None, finish: str | None = None) -> bytes:
-        payload = {**self.envelope, "provider": "Capmon",
-                   "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "native_finish_reason": finish,
-                                "logprobs": None}]}
+        payload = {
+            **self.envelope,
+            "provider": "Capmon",
+            "choices": [
+                {"index": 0, "delta": delta, "finish_reason": finish, "native_finish_reason": finish, "logprobs": None}
+            ],
+        }
         return sse(payload)
 
     def opening(self, call: ToolCall | None) -> bytes:
@@ -221,8 +260,13 @@ class VllmFrames(OpenAIFrames):
         head = self.chunk({"role": "assistant", "content": ""})
         if call is None:
             return head
-        return head + self.chunk({"tool_calls": [{"id": call.id, "type": "function", "index": 0,
-                                                  "function": {"name": call.name, "arguments": ""}}]})
+        return head + self.chunk(
+            {
+                "tool_calls": [
+                    {"id": call.id, "type": "function", "index": 0, "function": {"name": call.name, "arguments": ""}}
+                ]
+            }
+        )
 
     def usage_chunk(self, used: dict[str, int]) -> bytes:
         return sse({**self.envelope, "choices": [], "usage": used})
@@ -240,8 +284,13 @@ class OllamaFrames(OpenAIFrames):
         self.envelope["id"] = f"chatcmpl-{plan.ticket.id % 1000}"
 
     def chunk(self, delta: dict[str, Any] | None, finish: str | None = None) -> bytes:
-        return sse({**self.envelope, "system_fingerprint": "fp_ollama",
-                    "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+        return sse(
+            {
+                **self.envelope,
+                "system_fingerprint": "fp_ollama",
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+            }
+        )
 
     def opening(self, call: ToolCall | None) -> bytes:
         return b""
@@ -253,9 +302,16 @@ class OllamaFrames(OpenAIFrames):
         return [call.arguments]
 
     def tool_args(self, call: ToolCall, piece: str, finish: str | None = None) -> bytes:
-        return self.chunk({"role": "assistant", "content": "", "tool_calls": [
-            {"id": call.id, "index": 0, "type": "function", "function": {"name": call.name, "arguments": piece}}]},
-            finish)
+        return self.chunk(
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [
+                    {"id": call.id, "index": 0, "type": "function", "function": {"name": call.name, "arguments": piece}}
+                ],
+            },
+            finish,
+        )
 
     def finish(self, reason: str) -> bytes:
         return self.chunk({"role": "assistant", "content": ""}, reason)
@@ -264,8 +320,13 @@ class OllamaFrames(OpenAIFrames):
         return sse({**self.envelope, "system_fingerprint": "fp_ollama", "choices": [], "usage": used})
 
 
-STYLES: dict[str, type[OpenAIFrames]] = {"openai": OpenAIFrames, "azure": AzureFrames, "openrouter": OpenRouterFrames,
-                                         "vllm": VllmFrames, "ollama": OllamaFrames}
+STYLES: dict[str, type[OpenAIFrames]] = {
+    "openai": OpenAIFrames,
+    "azure": AzureFrames,
+    "openrouter": OpenRouterFrames,
+    "vllm": VllmFrames,
+    "ollama": OllamaFrames,
+}
 
 
 def frames_for(plan: StreamPlan) -> OpenAIFrames:
@@ -285,7 +346,7 @@ async def chat_stream(clock: Clock, plan: StreamPlan) -> AsyncIterator[bytes]:
     await clock.sleep(ticket.first_token)
     if call is None:
         words = answer_text(ticket)
-        groups = [words[i:i + STREAM_CHUNK_TOKENS] for i in range(0, len(words), STREAM_CHUNK_TOKENS)]
+        groups = [words[i : i + STREAM_CHUNK_TOKENS] for i in range(0, len(words), STREAM_CHUNK_TOKENS)]
         pieces = [(" " if i else "") + " ".join(g) for i, g in enumerate(groups)]
         costs = [len(g) for g in groups]  # one token per word
         reason, completion = ticket.finish_reason, ticket.completion_tokens
@@ -295,8 +356,9 @@ async def chat_stream(clock: Clock, plan: StreamPlan) -> AsyncIterator[bytes]:
         reason, completion = "tool_calls", tokens_of(call.arguments)
 
     def error(emitted: int) -> bytes:
-        return dialects.chat_stream_error(plan.error_dialect, model=ticket.model,
-                                          chunk=frames.envelope if emitted else None)
+        return dialects.chat_stream_error(
+            plan.error_dialect, model=ticket.model, chunk=frames.envelope if emitted else None
+        )
 
     if plan.error_after == 0:
         yield error(0)  # before any output: not even the role chunk
@@ -334,4 +396,3 @@ async def chat_stream(clock: Clock, plan: StreamPlan) -> AsyncIterator[bytes]:
 async def rejection_stream(dialect: str, model: str) -> AsyncIterator[bytes]:
     """A 200 stream whose only content is a capacity rejection in ``dialect``."""
     yield dialects.chat_stream_error(dialect, model=model, chunk=None)
-

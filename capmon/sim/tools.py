@@ -59,8 +59,10 @@ def parse_tools(body: dict[str, Any]) -> ToolRequest | None:
     choice = body.get("tool_choice")
     if raw is None:
         if choice is not None and choice != "none":
-            raise ToolError("Invalid value for 'tool_choice': 'tool_choice' is only allowed when 'tools' are "
-                            "specified.", "tool_choice")
+            raise ToolError(
+                "Invalid value for 'tool_choice': 'tool_choice' is only allowed when 'tools' are specified.",
+                "tool_choice",
+            )
         return None
     if not isinstance(raw, list):
         raise ToolError(f"Invalid type for 'tools': expected an array, but got {type(raw).__name__} instead.", "tools")
@@ -69,13 +71,17 @@ def parse_tools(body: dict[str, Any]) -> ToolRequest | None:
         fn = item.get("function") if isinstance(item, dict) and item.get("type") == "function" else None
         name = fn.get("name") if isinstance(fn, dict) else None
         if not isinstance(name, str) or not name:
-            raise ToolError(f"Invalid 'tools[{i}]': expected {{\"type\": \"function\", \"function\": "
-                            f"{{\"name\": ..., \"parameters\": {{...}}}}}}.", f"tools[{i}]")
+            raise ToolError(
+                f'Invalid \'tools[{i}]\': expected {{"type": "function", "function": '
+                f'{{"name": ..., "parameters": {{...}}}}}}.',
+                f"tools[{i}]",
+            )
         assert isinstance(fn, dict)
         params = fn.get("parameters", {"type": "object", "properties": {}})
         if not isinstance(params, dict):
-            raise ToolError(f"Invalid 'tools[{i}].function.parameters': expected an object.",
-                            f"tools[{i}].function.parameters")
+            raise ToolError(
+                f"Invalid 'tools[{i}].function.parameters': expected an object.", f"tools[{i}].function.parameters"
+            )
         tools.append(Tool(name, params))
     names = {t.name for t in tools}
     if choice is None or choice in ("none", "auto", "required"):
@@ -85,8 +91,11 @@ def parse_tools(body: dict[str, Any]) -> ToolRequest | None:
         if name not in names:
             raise ToolError(f"Invalid value for 'tool_choice': no function named {name!r} in 'tools'.", "tool_choice")
         return ToolRequest(tuple(tools), "function", name)
-    raise ToolError("Invalid value for 'tool_choice': expected 'none', 'auto', 'required' or "
-                    "{\"type\": \"function\", \"function\": {\"name\": ...}}.", "tool_choice")
+    raise ToolError(
+        "Invalid value for 'tool_choice': expected 'none', 'auto', 'required' or "
+        '{"type": "function", "function": {"name": ...}}.',
+        "tool_choice",
+    )
 
 
 def make_call(tool: Tool) -> ToolCall:

@@ -79,8 +79,9 @@ class CapmonApp(App[int]):
     class EventsArrived(Message):
         """Bus events wait in the inbox: one message per burst, not per event."""
 
-    def __init__(self, source: DashboardSource, *, refresh: float = DashboardConfig.refresh,
-                 drain_every: float = 0.25) -> None:
+    def __init__(
+        self, source: DashboardSource, *, refresh: float = DashboardConfig.refresh, drain_every: float = 0.25
+    ) -> None:
         super().__init__()
         self.source = source
         self.refresh_every = refresh
@@ -156,8 +157,11 @@ class CapmonApp(App[int]):
             self.batch = self.source.batch()
             self.table.show(self.snap, self.needle)
             self.backoff_panel.show(self.snap)
-            self.batch_panel.show(self.batch, why_none=self._why_no_batch(),
-                                  can_pause=self.source.can_pause_batch and not self.source.readonly)
+            self.batch_panel.show(
+                self.batch,
+                why_none=self._why_no_batch(),
+                can_pause=self.source.can_pause_batch and not self.source.readonly,
+            )
             self.fleet_panel.show(self.snap.shared, self.snap.wall)
             self._show_status()
             self._watch_batch_state(self.batch)
@@ -169,14 +173,21 @@ class CapmonApp(App[int]):
         return getattr(getattr(self.source, "traffic", None), "name", "") or "no batch"
 
     def _show_status(self) -> None:
-        self.status_bar.show(self.snap, description=self.source.description, paused=self.paused,
-                             readonly=self.source.readonly, needle=self.needle)
+        self.status_bar.show(
+            self.snap,
+            description=self.source.description,
+            paused=self.paused,
+            readonly=self.source.readonly,
+            needle=self.needle,
+        )
 
     def _watch_batch_state(self, batch: BatchProgress | None) -> None:
         state = batch.state if batch is not None else None
         if state != self._batch_state and state == "finished" and batch is not None:
-            self.log_view.add(batch.wall, Text(f"✔ batch {batch.job} finished: {batch.done:,} done, "
-                                               f"{batch.failed:,} failed", style="bold cyan"))
+            self.log_view.add(
+                batch.wall,
+                Text(f"✔ batch {batch.job} finished: {batch.done:,} done, {batch.failed:,} failed", style="bold cyan"),
+            )
             self.notify(f"{batch.done:,} done, {batch.failed:,} failed", title=f"Batch {batch.job} finished")
         self._batch_state = state
 
@@ -229,11 +240,17 @@ class CapmonApp(App[int]):
         for wall, line in digest.lines:
             log.add(wall, line)
         if digest.left_out:
-            log.add(digest.lines[-1][0],
-                    Text(f"… {digest.left_out} more events in this burst (log rate-limited)", style="dim"))
+            log.add(
+                digest.lines[-1][0],
+                Text(f"… {digest.left_out} more events in this burst (log rate-limited)", style="dim"),
+            )
         for toast in digest.toasts:
-            self.notify(toast.message, title=toast.title, severity=toast.severity,  # type: ignore[arg-type]
-                        timeout=toast.timeout)
+            self.notify(
+                toast.message,
+                title=toast.title,
+                severity=toast.severity,  # type: ignore[arg-type]
+                timeout=toast.timeout,
+            )
 
     # ------------------------------------------------------------ errors, in one place
 
@@ -376,9 +393,14 @@ class CapmonApp(App[int]):
             if yes:
                 self._control(f"trip {label or target}", self.source.trip, target)
 
-        self.push_screen(ConfirmScreen(f"Trip {label or target}?",
-                                       "No traffic goes to it until you reset it (r). Fallbacks take over.",
-                                       yes="Trip"), answered)
+        self.push_screen(
+            ConfirmScreen(
+                f"Trip {label or target}?",
+                "No traffic goes to it until you reset it (r). Fallbacks take over.",
+                yes="Trip",
+            ),
+            answered,
+        )
 
     def action_switch_model(self) -> None:
         def chosen(choice: ModelChoice | None) -> None:
@@ -409,9 +431,14 @@ class CapmonApp(App[int]):
             if yes:
                 self._control(f"force close {t.model}", self.source.force_close, t.target)
 
-        self.push_screen(ConfirmScreen(f"Force {t.model} closed?",
-                                       "It takes traffic whatever its errors, until you reset it (r).",
-                                       yes="Force close"), answered)
+        self.push_screen(
+            ConfirmScreen(
+                f"Force {t.model} closed?",
+                "It takes traffic whatever its errors, until you reset it (r).",
+                yes="Force close",
+            ),
+            answered,
+        )
 
     def action_toggle_batch(self) -> None:
         if self.source.batch_paused:
@@ -431,8 +458,9 @@ class DashboardOptions:
 
     def __post_init__(self) -> None:
         if self.refresh is not None and not REFRESH_MIN <= self.refresh <= REFRESH_MAX:
-            raise CapmonError(f"refresh must be between {REFRESH_MIN:g} and {REFRESH_MAX:g} seconds, "
-                              f"got {self.refresh:g}")
+            raise CapmonError(
+                f"refresh must be between {REFRESH_MIN:g} and {REFRESH_MAX:g} seconds, got {self.refresh:g}"
+            )
 
 
 def run_dashboard(options: DashboardOptions) -> int:
@@ -443,8 +471,9 @@ def run_dashboard(options: DashboardOptions) -> int:
     config = load(options.config)
     if options.job is not None and not options.job.is_file():
         raise CapmonError(f"{options.job}: no such input file")
-    source = LiveSource(config, readonly=options.readonly, job_input=options.job, attach=options.attach,
-                        traffic=options.traffic)
+    source = LiveSource(
+        config, readonly=options.readonly, job_input=options.job, attach=options.attach, traffic=options.traffic
+    )
     if options.attach is not None:
         # A job that is not there is a usage error: say so before the screen opens.
         from capmon.batch import default_db_path, read_progress

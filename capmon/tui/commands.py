@@ -23,8 +23,16 @@ class ModelCommands(Provider):
         for model in source.models:
             out.append((f"Pin model: {model}", partial(app.pin_model, model), f"Send traffic to {model} first"))
         for model in source.models:
-            out.append((f"Trip breaker: {model}", partial(app.request_trip, model), f"Stop traffic to {model} until reset"))
-            out.append((f"Reset breaker: {model}", partial(app.reset_target, model), f"Close {model}'s breaker, clear parked keys"))
+            out.append(
+                (f"Trip breaker: {model}", partial(app.request_trip, model), f"Stop traffic to {model} until reset")
+            )
+            out.append(
+                (
+                    f"Reset breaker: {model}",
+                    partial(app.reset_target, model),
+                    f"Close {model}'s breaker, clear parked keys",
+                )
+            )
         return out
 
     async def discover(self) -> Hits:

@@ -19,8 +19,16 @@ from capmon.core import text
 from capmon.core.breaker import State
 from capmon.tui import format as fmt
 
-LOGGED: tuple[type[ev.Event], ...] = (ev.BreakerChanged, ev.FellBack, ev.KeyParked, ev.ModelPinned, ev.Notice,
-                                      ev.ProbeFinished, ev.RampStep, ev.TokenParamLearned)
+LOGGED: tuple[type[ev.Event], ...] = (
+    ev.BreakerChanged,
+    ev.FellBack,
+    ev.KeyParked,
+    ev.ModelPinned,
+    ev.Notice,
+    ev.ProbeFinished,
+    ev.RampStep,
+    ev.TokenParamLearned,
+)
 
 
 @dataclass(frozen=True)
@@ -93,8 +101,16 @@ class EventDigester:
             return fmt.breaker_line(e)
         if isinstance(e, ev.KeyParked):
             what = "disabled" if e.until is None else "parked"
-            self._toast(out, e.target, e.at, Toast(f"{e.model} / {e.key_alias}: {text.shorten(e.reason or e.kind, 80)}",
-                                                   "warning", f"Key {what} ({e.kind})"))
+            self._toast(
+                out,
+                e.target,
+                e.at,
+                Toast(
+                    f"{e.model} / {e.key_alias}: {text.shorten(e.reason or e.kind, 80)}",
+                    "warning",
+                    f"Key {what} ({e.kind})",
+                ),
+            )
             return fmt.key_line(e)
         if isinstance(e, ev.ProbeFinished):
             # A health check that answered is the probe column's news, not the log's.
@@ -102,8 +118,16 @@ class EventDigester:
         if isinstance(e, ev.RampStep):
             return fmt.ramp_line(e)
         if isinstance(e, ev.TokenParamLearned):
-            self._toast(out, f"param:{e.model}", e.at, Toast(f"{e.model} refused the old token parameter: sending "
-                                                             f"{e.param} from now on", "information", "Wire quirk"))
+            self._toast(
+                out,
+                f"param:{e.model}",
+                e.at,
+                Toast(
+                    f"{e.model} refused the old token parameter: sending {e.param} from now on",
+                    "information",
+                    "Wire quirk",
+                ),
+            )
             return fmt.token_param_line(e)
         if isinstance(e, ev.ModelPinned):
             return fmt.pin_line(e)
@@ -116,7 +140,9 @@ class EventDigester:
     def _breaker_toast(self, e: ev.BreakerChanged, out: Digest) -> None:
         if e.new == State.OPEN and e.old != State.HALF_OPEN:  # a failed probe re-opens it: the log says so, no toast
             cool = f"; first probe in {text.countdown(e.cooldown_until - e.at)}" if e.cooldown_until is not None else ""
-            self._toast(out, e.target, e.at, Toast(f"{e.model}: {e.reason}{cool}", "warning", "Breaker tripped", timeout=10.0))
+            self._toast(
+                out, e.target, e.at, Toast(f"{e.model}: {e.reason}{cool}", "warning", "Breaker tripped", timeout=10.0)
+            )
         elif e.new == State.FORCED_OPEN:
             # A person did this: always confirm it, never throttled.
             self._toast(out, None, e.at, Toast(f"{e.model} takes no traffic until reset", "warning", "Tripped by hand"))

@@ -126,10 +126,16 @@ def breaker_line(e: ev.BreakerChanged) -> Text:
 def probe_line(e: ev.ProbeFinished) -> Text:
     if e.ok:
         took = f" in {text.latency(e.latency)}" if e.latency is not None else ""
-        return Text.assemble((f"◌ {e.model}", "green"),
-                             f" probe answered{took}" + (": the ramp starts" if e.breaker else ""))
-    line = _why(Text.assemble((f"◌ {e.model}", "red" if e.ok is False else "dim"),
-                              f" probe {'failed' if e.ok is False else 'not sent'}"), e.reason, 50)
+        return Text.assemble(
+            (f"◌ {e.model}", "green"), f" probe answered{took}" + (": the ramp starts" if e.breaker else "")
+        )
+    line = _why(
+        Text.assemble(
+            (f"◌ {e.model}", "red" if e.ok is False else "dim"), f" probe {'failed' if e.ok is False else 'not sent'}"
+        ),
+        e.reason,
+        50,
+    )
     if e.next_probe_at is not None:
         line.append(f", next in {text.countdown(e.next_probe_at - e.at)}", style="dim")
     return line

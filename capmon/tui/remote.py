@@ -65,14 +65,14 @@ def log_tail(events: Sequence[ev.Event]) -> list[ev.Event]:
     logged = [e for e in events if EventDigester.wants(e)]
 
     def fits(n: int) -> bool:
-        digest = EventDigester().digest(logged[len(logged) - n:], toasts=False)
+        digest = EventDigester().digest(logged[len(logged) - n :], toasts=False)
         return digest.left_out == 0 and len(digest.lines) <= EventDigester().max_lines
 
     lo, hi = 0, len(logged)  # fits(lo); more lines never fit in fewer events, so search
     while lo < hi:
         mid = (lo + hi + 1) // 2
         lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
-    return logged[len(logged) - lo:]
+    return logged[len(logged) - lo :]
 
 
 async def _history(http: GatewayClient, upto: int) -> tuple[list[ev.Event], int | None]:
@@ -98,8 +98,10 @@ async def attach(address: GatewayAddress) -> Attachment:
         info = await http.info()
         if address.admin_key is not None and info.readonly and info.admin_key_configured:
             # An open gateway takes any key for reads, so a wrong admin key shows only here.
-            raise KeyRefused(f"the gateway at {address.origin} refused the admin key in ${address.admin_key_env}: "
-                             f"it is not that gateway's admin key (unset it for a read-only view)")
+            raise KeyRefused(
+                f"the gateway at {address.origin} refused the admin key in ${address.admin_key_env}: "
+                f"it is not that gateway's admin key (unset it for a read-only view)"
+            )
         snapshot = await http.snapshot()
         history, last = await _history(http, info.events)
     return Attachment(info, snapshot, tuple(log_tail(history)), last)
@@ -108,8 +110,16 @@ async def attach(address: GatewayAddress) -> Attachment:
 class RemoteSource:
     """A gateway's client, watched and steered over its control API."""
 
-    def __init__(self, address: GatewayAddress, attached: Attachment, *, refresh: float = DashboardConfig.refresh,
-                 readonly: bool = False, retry_max: float = RETRY_MAX, clock: Clock | None = None) -> None:
+    def __init__(
+        self,
+        address: GatewayAddress,
+        attached: Attachment,
+        *,
+        refresh: float = DashboardConfig.refresh,
+        readonly: bool = False,
+        retry_max: float = RETRY_MAX,
+        clock: Clock | None = None,
+    ) -> None:
         self.address = address
         self.info = attached.info
         self.clock: Clock = clock or default_clock()
@@ -133,8 +143,10 @@ class RemoteSource:
         for e in attached.history:  # on the bus before the app opens: its catch-up logs them, no toasts
             self.bus.publish(e)
         self.description = self._describe()  # the status bar's: what is watched, or that it is lost
-        self._say("info", f"attached to the gateway at {address.shown} (capmon {self.info.version}, models "
-                          f"{', '.join(self.models)})")
+        self._say(
+            "info",
+            f"attached to the gateway at {address.shown} (capmon {self.info.version}, models {', '.join(self.models)})",
+        )
         if self.readonly:
             self._say("warning", f"read-only: {self._why_readonly()}")
 
@@ -142,8 +154,10 @@ class RemoteSource:
         if self._forced_readonly:
             return "--readonly"
         if self.address.admin_key is None:
-            return (f"no admin key (set {self.address.admin_key_env} to the gateway's admin key, or name the "
-                    f"variable with --admin-key-env, to trip, reset and pin)")
+            return (
+                f"no admin key (set {self.address.admin_key_env} to the gateway's admin key, or name the "
+                f"variable with --admin-key-env, to trip, reset and pin)"
+            )
         if not self.info.admin_key_configured:
             return "the gateway has no admin key (gateway.admin_key_env in its config), so it takes no actions"
         return "the gateway does not take this admin key"
@@ -151,8 +165,10 @@ class RemoteSource:
     def _describe(self) -> str:
         where = f"gateway {self.address.shown}"
         if self.down_since is not None:
-            return (f"{where} ✖ {self._down_word} since {text.timestamp(self.down_since)}, retrying · "
-                    f"its last snapshot, {text.timestamp(self._snap.wall)}")
+            return (
+                f"{where} ✖ {self._down_word} since {text.timestamp(self.down_since)}, retrying · "
+                f"its last snapshot, {text.timestamp(self._snap.wall)}"
+            )
         what = f"simulator {self.info.simulator}" if self.info.simulator else ", ".join(self.models)
         return f"{where} · {what}"
 
@@ -169,8 +185,10 @@ class RemoteSource:
         self._http = GatewayClient(self.address)
 
     def workers(self) -> list[WorkerSpec]:
-        return [WorkerSpec("gateway snapshots", "remote:snapshots", self.poll_snapshots),
-                WorkerSpec("gateway events", "remote:events", self.follow_events)]
+        return [
+            WorkerSpec("gateway snapshots", "remote:snapshots", self.poll_snapshots),
+            WorkerSpec("gateway events", "remote:events", self.follow_events),
+        ]
 
     async def stop(self) -> None:
         tasks = list(self._tasks)
@@ -235,12 +253,20 @@ class RemoteSource:
         elif reason == self._down_reason:
             return
         self._down_reason = reason
-        self._down_word = ("UNREACHABLE" if isinstance(e, GatewayUnreachable)
-                           else "REFUSES THE KEY" if isinstance(e, KeyRefused) else "NOT ANSWERING")
+        self._down_word = (
+            "UNREACHABLE"
+            if isinstance(e, GatewayUnreachable)
+            else "REFUSES THE KEY"
+            if isinstance(e, KeyRefused)
+            else "NOT ANSWERING"
+        )
         self.description = self._describe()
         said = e.reason if isinstance(e, GatewayUnreachable) else reason
-        self._say("error", f"lost the gateway at {self.address.shown}: {said}; retrying every "
-                           f"{text.duration(self.retry_max)} at most; the tables keep its last snapshot")
+        self._say(
+            "error",
+            f"lost the gateway at {self.address.shown}: {said}; retrying every "
+            f"{text.duration(self.retry_max)} at most; the tables keep its last snapshot",
+        )
 
     async def _back(self) -> None:
         assert self.down_since is not None
@@ -257,8 +283,12 @@ class RemoteSource:
             readonly = self._forced_readonly or info.readonly
             if readonly != self.readonly:
                 self.readonly = readonly
-                self._say("warning", f"read-only: {self._why_readonly()}" if readonly
-                          else "the gateway takes the admin key again: trip, reset and pin act on it")
+                self._say(
+                    "warning",
+                    f"read-only: {self._why_readonly()}"
+                    if readonly
+                    else "the gateway takes the admin key again: trip, reset and pin act on it",
+                )
 
     # ------------------------------------------------------------ reading
 
@@ -328,8 +358,9 @@ class RemoteDashboardOptions:
 
     def __post_init__(self) -> None:
         if self.refresh is not None and not REFRESH_MIN <= self.refresh <= REFRESH_MAX:
-            raise CapmonError(f"refresh must be between {REFRESH_MIN:g} and {REFRESH_MAX:g} seconds, "
-                              f"got {self.refresh:g}")
+            raise CapmonError(
+                f"refresh must be between {REFRESH_MIN:g} and {REFRESH_MAX:g} seconds, got {self.refresh:g}"
+            )
 
 
 def run_remote_dashboard(options: RemoteDashboardOptions) -> int:

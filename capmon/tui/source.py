@@ -97,8 +97,10 @@ class LiveSource:
         runner_factory: RunnerFactory | None = None,
     ) -> None:
         if job_input is not None and attach is not None:
-            raise CapmonError(f"a dashboard runs a job file or shows an attached job, not both "
-                              f"(job file {job_input}, attached job {attach})")
+            raise CapmonError(
+                f"a dashboard runs a job file or shows an attached job, not both "
+                f"(job file {job_input}, attached job {attach})"
+            )
         self.config = config
         # Attached to a job in another process: its breakers and its client live there,
         # so trip / reset / pin here would only steer this dashboard's probes. Off.
@@ -133,16 +135,26 @@ class LiveSource:
     async def start(self) -> None:
         stack = contextlib.AsyncExitStack()
         try:
-            self.engine = await stack.enter_async_context(open_engine(self.config, environ=self._environ, bus=self.bus,
-                                                                               role="dashboard"))
+            self.engine = await stack.enter_async_context(
+                open_engine(self.config, environ=self._environ, bus=self.bus, role="dashboard")
+            )
             client = self.engine.client
             self.clock = client.clock
             self.probes = ProbeWorker(client, self.config.dashboard.probe_interval)
             if self._attach is not None:
                 self.traffic = AttachedJob(self._attach, self._db_path)
-                self.bus.publish(Notice(at=self.clock.now(), wall=self.clock.wall(), level="info", message=(
-                    f"attached to job {self._attach}: its progress comes from the job database; the models table "
-                    f"shows this dashboard's own probes (the job's client runs in its own process)")))
+                self.bus.publish(
+                    Notice(
+                        at=self.clock.now(),
+                        wall=self.clock.wall(),
+                        level="info",
+                        message=(
+                            f"attached to job {self._attach}: its progress comes from the job database; "
+                            f"the models table shows this dashboard's own probes "
+                            f"(the job's client runs in its own process)"
+                        ),
+                    )
+                )
             elif not self._traffic_enabled:
                 self.traffic = NoTraffic("--no-traffic: probes only")
             elif self._job_input is not None:

@@ -77,9 +77,16 @@ class RunnerTraffic:
     can_pause = True
     runs = True
 
-    def __init__(self, name: str, make_runner: Callable[[int], Any], *, repeat: bool = False,
-                 client: Any = None, clock: Clock | None = None,
-                 announce: Callable[[int], str] | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        make_runner: Callable[[int], Any],
+        *,
+        repeat: bool = False,
+        client: Any = None,
+        clock: Clock | None = None,
+        announce: Callable[[int], str] | None = None,
+    ) -> None:
         self.name = name
         self._make_runner = make_runner
         self._announce = announce
@@ -103,14 +110,17 @@ class RunnerTraffic:
 
         def announce(round_: int) -> str:
             models = len(getattr(client, "targets", ())) or "the"
-            return (f"demo round {round_}: {items:,} generated items through {models} targets, "
-                    f"{DEMO_CONCURRENCY} at a time (a throw-away job, not in your job list)")
+            return (
+                f"demo round {round_}: {items:,} generated items through {models} targets, "
+                f"{DEMO_CONCURRENCY} at a time (a throw-away job, not in your job list)"
+            )
 
         return cls("demo job", make_runner, repeat=True, client=client, announce=announce)
 
     @classmethod
-    def for_job(cls, client: Any, input_path: Path, db_path: Path | None = None,
-                factory: RunnerFactory | None = None) -> RunnerTraffic:
+    def for_job(
+        cls, client: Any, input_path: Path, db_path: Path | None = None, factory: RunnerFactory | None = None
+    ) -> RunnerTraffic:
         from capmon.batch import default_db_path
 
         make = factory or _default_factory()
@@ -120,8 +130,9 @@ class RunnerTraffic:
         def make_runner(round_: int) -> Any:
             return make(client, db, job, input_path=input_path, concurrency=JOB_CONCURRENCY)
 
-        return cls(f"job {job}", make_runner, client=client,
-                   announce=lambda _: f"job {job}: running {input_path.name} ({db})")
+        return cls(
+            f"job {job}", make_runner, client=client, announce=lambda _: f"job {job}: running {input_path.name} ({db})"
+        )
 
     @property
     def paused(self) -> bool:
@@ -157,7 +168,9 @@ class RunnerTraffic:
 
     def _notice(self, message: str) -> None:
         if self._client is not None:
-            self._client.bus.publish(Notice(at=self._clock.now(), wall=self._clock.wall(), level="info", message=message))
+            self._client.bus.publish(
+                Notice(at=self._clock.now(), wall=self._clock.wall(), level="info", message=message)
+            )
 
 
 class AttachedJob:
@@ -167,8 +180,14 @@ class AttachedJob:
     runs = True
     paused = False
 
-    def __init__(self, job: str, db_path: Path | None = None, *, clock: Clock | None = None,
-                 reader: Callable[[Path, str], BatchProgress] | None = None) -> None:
+    def __init__(
+        self,
+        job: str,
+        db_path: Path | None = None,
+        *,
+        clock: Clock | None = None,
+        reader: Callable[[Path, str], BatchProgress] | None = None,
+    ) -> None:
         self.job = job
         self.name = f"attached job {job}"
         self._db_path = db_path

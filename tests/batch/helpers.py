@@ -103,8 +103,9 @@ class Recorder:
         return [content for _, _, content in self.seen]
 
 
-def client_for(app: Any, config: Config | None = None, *, extra: str = "", bus: EventBus | None = None,
-               **kw: Any) -> FallbackClient:
+def client_for(
+    app: Any, config: Config | None = None, *, extra: str = "", bus: EventBus | None = None, **kw: Any
+) -> FallbackClient:
     cfg = config or three_models("http://sim.test/v1", extra=extra, **kw)
     return FallbackClient(cfg, environ=ENV, transport=httpx.ASGITransport(app=app), bus=bus)
 

@@ -39,7 +39,9 @@ async def test_the_observer_only_buffers_and_its_rows_are_written_in_the_owners_
     conn = sqlite3.connect(db)
     got = read_attempts(conn, "adhoc")
     assert [(a.item, a.attempt, a.model, a.status, a.decision, a.key_alias) for a in got] == [
-        ("q1", 1, "flagship", 503, "fallback", "a"), ("q1", 2, "medium", 200, "ok", "a")]
+        ("q1", 1, "flagship", 503, "fallback", "a"),
+        ("q1", 2, "medium", 200, "ok", "a"),
+    ]
     assert "sk-test" not in repr(conn.execute("SELECT * FROM attempts").fetchall())
     conn.close()
 
@@ -57,8 +59,9 @@ def test_rows_a_failed_write_did_not_store_go_first_again_in_order() -> None:
 def test_the_runners_own_decisions_are_rows_of_their_own_kind() -> None:
     clock = ManualClock()
     log = AuditLog(clock=clock)
-    log.decision(RunnerDecision.PARK, job="j", item="i", attempt=3, reason="parked: sk-proj-abcdefghijklmnopqrstuvwx",
-                 wait=7.5)
+    log.decision(
+        RunnerDecision.PARK, job="j", item="i", attempt=3, reason="parked: sk-proj-abcdefghijklmnopqrstuvwx", wait=7.5
+    )
     [row] = log.drain()
     assert row[12] == "park" and row[10] == 7.5 and row[2] == clock.wall() and "abcdefghijklmnop" not in row[13]
     with pytest.raises(ValueError):

@@ -48,10 +48,20 @@ def env(tmp_path: Path) -> dict[str, Path]:
 
 
 def batch(env: dict[str, Path], *argv: str) -> int:
-    return main(["batch", *argv, "--db", str(env["db"]), *(["--config", str(env["config"])] if argv[0] in ("run", "resume") else [])])
+    return main(
+        [
+            "batch",
+            *argv,
+            "--db",
+            str(env["db"]),
+            *(["--config", str(env["config"])] if argv[0] in ("run", "resume") else []),
+        ]
+    )
 
 
-def test_run_exports_when_finished_and_running_again_sends_nothing(env: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+def test_run_exports_when_finished_and_running_again_sends_nothing(
+    env: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
     src = write_items(env["dir"] / "nightly.jsonl", 40, metadata={"k": 1})
     out = env["dir"] / "out.jsonl"
     assert batch(env, "run", str(src), "--out", str(out), "--concurrency", "8", "--no-progress") == 0
@@ -86,19 +96,25 @@ def test_failed_items_exit_1_and_name_their_lines(env: dict[str, Path], capsys: 
     assert "2 done, 1 failed" in err and "line 2 (line-2): bad_input: not valid JSON" in err
 
 
-@pytest.mark.parametrize("rows, expected", [
-    ([item("a"), item("b"), item("a")], "duplicate ids: 'a' on lines 1, 3"),
-    ([], "is empty"),
-])
-def test_bad_input_files_exit_2_before_anything_is_sent(env: dict[str, Path], capsys: pytest.CaptureFixture[str],
-                                                         rows: list, expected: str) -> None:
+@pytest.mark.parametrize(
+    "rows, expected",
+    [
+        ([item("a"), item("b"), item("a")], "duplicate ids: 'a' on lines 1, 3"),
+        ([], "is empty"),
+    ],
+)
+def test_bad_input_files_exit_2_before_anything_is_sent(
+    env: dict[str, Path], capsys: pytest.CaptureFixture[str], rows: list, expected: str
+) -> None:
     src = write_jsonl(env["dir"] / "bad.jsonl", rows)
     assert batch(env, "run", str(src), "--no-progress") == 2
     assert expected in capsys.readouterr().err
     assert sqlite3.connect(env["db"]).execute("SELECT count(*) FROM items").fetchone() == (0,)
 
 
-def test_an_unwritable_output_is_refused_before_anything_is_read_or_sent(env: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+def test_an_unwritable_output_is_refused_before_anything_is_read_or_sent(
+    env: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
     src = write_items(env["dir"] / "in.jsonl", 3)
     assert batch(env, "run", str(src), "--out", str(env["dir"] / "nope" / "out.jsonl")) == 2
     err = capsys.readouterr().err
@@ -123,7 +139,8 @@ def test_a_missing_input_and_a_bad_window_exit_2(env: dict[str, Path], capsys: p
 
 
 def test_a_changed_input_exits_2_naming_the_line_and_accept_changed_input_takes_it(
-        env: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    env: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
     src = write_items(env["dir"] / "nightly.jsonl", 20)
     assert batch(env, "run", str(src), "--no-progress") == 0
     capsys.readouterr()

@@ -52,7 +52,9 @@ async def test_items_naming_a_model_the_config_lost_are_refused_before_anything_
 async def test_remap_sends_them_to_the_model_it_names_and_is_remembered(tmp_path: Path) -> None:
     rec = Recorder(scenario_app(latency=0.5))
     await _stopped_job(tmp_path, rec)
-    left = {r[0] for r in rows(tmp_path / "jobs.db", "SELECT id FROM items WHERE state != 'done' AND req_model = 'small'")}
+    left = {
+        r[0] for r in rows(tmp_path / "jobs.db", "SELECT id FROM items WHERE state != 'done' AND req_model = 'small'")
+    }
     assert left
     sent = len(rec.seen)
     async with client_for(rec, config=without_small()) as client:

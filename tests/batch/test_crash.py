@@ -42,14 +42,20 @@ answer_tokens = 8
 
 
 def write_config(path: Path, base_url: str) -> Path:
-    return configs.write_config(path, base_url, endpoint="sim", simulated=True,
-                                keys=[("CAPMON_TEST_UNSET_KEY", "sim-key")],
-                                models={m: configs.SIMULATED_MODELS[m] for m in ("flagship", "medium")})
+    return configs.write_config(
+        path,
+        base_url,
+        endpoint="sim",
+        simulated=True,
+        keys=[("CAPMON_TEST_UNSET_KEY", "sim-key")],
+        models={m: configs.SIMULATED_MODELS[m] for m in ("flagship", "medium")},
+    )
 
 
 async def capmon(*argv: str) -> asyncio.subprocess.Process:
-    return await asyncio.create_subprocess_exec(sys.executable, "-m", "capmon.cli", *argv,
-                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    return await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "capmon.cli", *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
 
 
 async def wait_for(db: Path, job: str, test, timeout: float = 20.0):  # type: ignore[no-untyped-def]
@@ -79,8 +85,21 @@ async def test_kill_9_mid_run_loses_nothing_and_the_same_command_finishes_the_jo
     db, out = tmp_path / "jobs.db", tmp_path / "out.jsonl"
     async with running_simulator(SCENARIO) as sim:
         cfg = write_config(tmp_path / "config.toml", sim.base_url)
-        argv = ("batch", "run", str(src), "--config", str(cfg), "--db", str(db), "--job", "k", "--concurrency", "16",
-                "--out", str(out))
+        argv = (
+            "batch",
+            "run",
+            str(src),
+            "--config",
+            str(cfg),
+            "--db",
+            str(db),
+            "--job",
+            "k",
+            "--concurrency",
+            "16",
+            "--out",
+            str(out),
+        )
         proc = await capmon(*argv)
         await wait_for(db, "k", lambda p: p.done >= N // 4)
         proc.kill()  # SIGKILL: no cleanup of any kind
@@ -112,8 +131,9 @@ async def test_sigusr1_pauses_and_ctrl_c_stops_cleanly_for_resume(tmp_path: Path
     db = tmp_path / "jobs.db"
     async with running_simulator(SCENARIO) as sim:
         cfg = write_config(tmp_path / "config.toml", sim.base_url)
-        proc = await capmon("batch", "run", str(src), "--config", str(cfg), "--db", str(db), "--job", "s",
-                            "--concurrency", "4")
+        proc = await capmon(
+            "batch", "run", str(src), "--config", str(cfg), "--db", str(db), "--job", "s", "--concurrency", "4"
+        )
         await wait_for(db, "s", lambda p: p.done >= 20)
         proc.send_signal(signal.SIGUSR1)
         paused = await wait_for(db, "s", lambda p: p.state == "paused" and p.in_flight == 0)

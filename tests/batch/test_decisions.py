@@ -41,26 +41,66 @@ class StubClient:
     async def chat(self, request: ChatRequest) -> ChatResult:
         n = self.calls[request.item_id or ""] = self.calls.get(request.item_id or "", 0) + 1
         await asyncio.sleep(0.01)
-        attempt = Attempt(number=1, model="flagship", target="t", endpoint="ep", key_alias="a", started=self.clock.wall(),
-                          status=200, kind=None, reason="", hint=None, wait=0.0, latency=0.01, decision="ok")
+        attempt = Attempt(
+            number=1,
+            model="flagship",
+            target="t",
+            endpoint="ep",
+            key_alias="a",
+            started=self.clock.wall(),
+            status=200,
+            kind=None,
+            reason="",
+            hint=None,
+            wait=0.0,
+            latency=0.01,
+            decision="ok",
+        )
         if n == 1 and self.error is not None:
             raise self.error
         for fn in self.observers:
             fn(request, attempt)
-        return ChatResult(model="flagship", endpoint="ep", target="t", content="ok", response={}, attempts=(attempt,),
-                          latency=0.01, usage={"prompt_tokens": 3, "completion_tokens": 2})
+        return ChatResult(
+            model="flagship",
+            endpoint="ep",
+            target="t",
+            content="ok",
+            response={},
+            attempts=(attempt,),
+            latency=0.01,
+            usage={"prompt_tokens": 3, "completion_tokens": 2},
+        )
 
 
 def failed(kind: Kind, cls: type[RequestFailed] = RequestFailed, hint: float | None = None) -> RequestFailed:
-    attempt = Attempt(number=1, model="flagship", target="t", endpoint="ep", key_alias="a", started=0.0, status=503,
-                      kind=kind, reason="r", hint=hint, wait=0.0, latency=0.1, decision="fail")
+    attempt = Attempt(
+        number=1,
+        model="flagship",
+        target="t",
+        endpoint="ep",
+        key_alias="a",
+        started=0.0,
+        status=503,
+        kind=kind,
+        reason="r",
+        hint=hint,
+        wait=0.0,
+        latency=0.1,
+        decision="fail",
+    )
     return cls(Failure(kind, f"{kind.value} happened", 503, retry_after=hint), [attempt])
 
 
-@pytest.mark.parametrize("error", [
-    failed(Kind.CAPACITY), failed(Kind.RATE_LIMITED), failed(Kind.TRANSIENT),
-    failed(Kind.BAD_REQUEST, DeadlineExceeded),  # a deadline always parks, whatever came last
-], ids=["capacity", "rate_limited", "transient", "deadline"])
+@pytest.mark.parametrize(
+    "error",
+    [
+        failed(Kind.CAPACITY),
+        failed(Kind.RATE_LIMITED),
+        failed(Kind.TRANSIENT),
+        failed(Kind.BAD_REQUEST, DeadlineExceeded),  # a deadline always parks, whatever came last
+    ],
+    ids=["capacity", "rate_limited", "transient", "deadline"],
+)
 async def test_not_now_kinds_park_the_item_and_it_comes_back(tmp_path: Path, error: RequestFailed) -> None:
     client = StubClient(error)
     runner = BatchRunner(client, tmp_path / "db", "j", input_path=write_items(tmp_path / "in.jsonl", 3), park_base=7.0)
@@ -74,8 +114,13 @@ async def test_not_now_kinds_park_the_item_and_it_comes_back(tmp_path: Path, err
 
 
 async def test_a_server_hint_longer_than_the_park_delay_wins(tmp_path: Path) -> None:
-    runner = BatchRunner(StubClient(failed(Kind.RATE_LIMITED, hint=60.0)), tmp_path / "db", "j",
-                         input_path=write_items(tmp_path / "in.jsonl", 1), park_base=1.0)
+    runner = BatchRunner(
+        StubClient(failed(Kind.RATE_LIMITED, hint=60.0)),
+        tmp_path / "db",
+        "j",
+        input_path=write_items(tmp_path / "in.jsonl", 1),
+        park_base=1.0,
+    )
     loop = asyncio.get_running_loop()
     t0 = loop.time()
     await runner.run()
@@ -84,8 +129,9 @@ async def test_a_server_hint_longer_than_the_park_delay_wins(tmp_path: Path) -> 
 
 @pytest.mark.parametrize("kind", [Kind.BAD_REQUEST, Kind.TOO_LARGE])
 async def test_item_kinds_fail_the_item(tmp_path: Path, kind: Kind) -> None:
-    summary = await BatchRunner(StubClient(failed(kind)), tmp_path / "db", "j",
-                                input_path=write_items(tmp_path / "in.jsonl", 2)).run()
+    summary = await BatchRunner(
+        StubClient(failed(kind)), tmp_path / "db", "j", input_path=write_items(tmp_path / "in.jsonl", 2)
+    ).run()
     assert (summary.done, summary.failed) == (0, 2)
     assert rows(tmp_path / "db", "SELECT DISTINCT error_kind FROM items") == [(kind.value,)]
 
@@ -93,8 +139,13 @@ async def test_item_kinds_fail_the_item(tmp_path: Path, kind: Kind) -> None:
 @pytest.mark.parametrize("kind", [Kind.AUTH, Kind.QUOTA])
 async def test_key_kinds_halt_the_job(tmp_path: Path, kind: Kind) -> None:
     with pytest.raises(BatchError, match="halted"):
-        await BatchRunner(StubClient(failed(kind)), tmp_path / "db", "j",
-                          input_path=write_items(tmp_path / "in.jsonl", 5), concurrency=2).run()
+        await BatchRunner(
+            StubClient(failed(kind)),
+            tmp_path / "db",
+            "j",
+            input_path=write_items(tmp_path / "in.jsonl", 5),
+            concurrency=2,
+        ).run()
     assert rows(tmp_path / "db", "SELECT DISTINCT state FROM items") == [("pending",)]
 
 
@@ -127,7 +178,9 @@ def test_the_demo_input_is_valid_deterministic_and_realistic(tmp_path: Path) -> 
     b = write_demo_input(tmp_path / "b.jsonl", 200, seed=3)
     assert a.read_bytes() == b.read_bytes()
     assert a.read_bytes() != write_demo_input(tmp_path / "c.jsonl", 200, seed=4).read_bytes()
-    items = [parse_line(i, line, ["flagship", "medium", "small"]) for i, line in enumerate(a.read_bytes().splitlines(), 1)]
+    items = [
+        parse_line(i, line, ["flagship", "medium", "small"]) for i, line in enumerate(a.read_bytes().splitlines(), 1)
+    ]
     assert len(items) == 200 and all(isinstance(it, Item) for it in items)
     assert len({it.id for it in items}) == 200 and items[0].id == "demo-00001"  # type: ignore[union-attr]
     assert len({it.messages_json for it in items}) > 150  # varied prompts

@@ -23,8 +23,15 @@ MODELS = ["flagship", "medium", "small"]
 
 
 def _ingest(store: JobStore, src: Path | None, notes: list[str] | None = None, **kw: object) -> Ingest:
-    return Ingest(store, "j", src, models=kw.pop("models", MODELS), clock=LoopClock(),  # type: ignore[arg-type]
-                  note=(notes if notes is not None else []).append, **kw)  # type: ignore[arg-type]
+    return Ingest(
+        store,
+        "j",
+        src,
+        models=kw.pop("models", MODELS),
+        clock=LoopClock(),  # type: ignore[arg-type]
+        note=(notes if notes is not None else []).append,
+        **kw,
+    )  # type: ignore[arg-type]
 
 
 async def _new_job(tmp_path: Path, src: Path) -> tuple[JobStore, Ingest]:
@@ -35,7 +42,8 @@ async def _new_job(tmp_path: Path, src: Path) -> tuple[JobStore, Ingest]:
 
 
 async def test_a_new_job_is_read_a_chunk_at_a_time_bad_lines_failing_on_their_own(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(ingest_mod, "INGEST_CHUNK", 4)
     src = write_jsonl(tmp_path / "in.jsonl", [item(i) for i in range(1, 10)] + ["{oops", item(11, model="gone")])
     store = JobStore(tmp_path / "jobs.db")
@@ -45,17 +53,23 @@ async def test_a_new_job_is_read_a_chunk_at_a_time_bad_lines_failing_on_their_ow
     totals: list[int] = []
     info = await ingest.read(info, totals.append)
     assert totals == [4, 8] and (info.state, info.total) == (JobState.READY, 11)
-    assert rows(tmp_path / "jobs.db", "SELECT state, count(*) FROM items GROUP BY state") == [("failed", 2),
-                                                                                               ("pending", 9)]
+    assert rows(tmp_path / "jobs.db", "SELECT state, count(*) FROM items GROUP BY state") == [
+        ("failed", 2),
+        ("pending", 9),
+    ]
     failed = rows(tmp_path / "jobs.db", "SELECT line, error_kind, error_message FROM items WHERE state = 'failed'")
     assert [(line, kind) for line, kind, _ in failed] == [(10, BatchKind.BAD_INPUT), (11, BatchKind.BAD_INPUT)]
     assert "'gone' is not in the config" in failed[1][2]
 
 
-@pytest.mark.parametrize("lines, expected", [
-    ([], "is empty"),
-    ([item("a"), item("b"), item("a")], "duplicate ids: 'a' on lines 1, 3"),
-], ids=["empty", "duplicates"])
+@pytest.mark.parametrize(
+    "lines, expected",
+    [
+        ([], "is empty"),
+        ([item("a"), item("b"), item("a")], "duplicate ids: 'a' on lines 1, 3"),
+    ],
+    ids=["empty", "duplicates"],
+)
 async def test_a_refused_input_deletes_its_job_again(tmp_path: Path, lines: list, expected: str) -> None:
     src = write_jsonl(tmp_path / "in.jsonl", lines)
     store = JobStore(tmp_path / "jobs.db")

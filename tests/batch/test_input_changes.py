@@ -44,7 +44,7 @@ async def test_a_same_size_edit_past_the_first_64_kib_is_refused_naming_the_line
     src = write_jsonl(tmp_path / "in.jsonl", lines)
     await finish(tmp_path, src, rec)
     size = src.stat().st_size
-    lines[1099] = lines[1099].replace("it-01100\"}", "it-0110X\"}")  # the prompt, same length
+    lines[1099] = lines[1099].replace('it-01100"}', 'it-0110X"}')  # the prompt, same length
     write_jsonl(src, lines)
     assert src.stat().st_size == size
     sent = len(rec.seen)
@@ -109,7 +109,9 @@ async def test_accepting_a_changed_input_adds_removes_and_resends_what_changed(t
     assert (await finish(tmp_path, src, rec)).sent == 0
 
 
-async def test_an_interrupted_ingest_resumes_only_against_the_same_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_an_interrupted_ingest_resumes_only_against_the_same_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(ingest_mod, "INGEST_CHUNK", 200)
     rec = Recorder(scenario_app(latency=0.01))
     lines = lines_of(1500)
@@ -150,7 +152,7 @@ async def test_a_file_changed_while_it_is_read_is_caught(tmp_path: Path, monkeyp
     def edit_midway(path: Path, offset: int = 0, first_line: int = 1, hasher=None):  # type: ignore[no-untyped-def]
         for raw in real(path, offset, first_line, hasher):
             if raw.line == 300:  # an editor saves in place while line 300 is being read
-                lines[899] = lines[899].replace("it-00900\"}", "it-0090X\"}")
+                lines[899] = lines[899].replace('it-00900"}', 'it-0090X"}')
                 with open(path, "r+b") as f:
                     f.write("\n".join(lines).encode() + b"\n")
             yield raw
@@ -188,7 +190,7 @@ async def test_a_job_from_before_line_hashes_is_upgraded_and_checked_from_then_o
     assert (await finish(tmp_path, src, rec)).sent == 0  # the same file: upgraded, nothing sent
     assert rows(db, "SELECT count(*) FROM items WHERE line_hash IS NULL") == [(0,)]
     assert rows(db, "SELECT input_fingerprint LIKE 'sha256:%' FROM jobs") == [(1,)]
-    lines[1149] = lines[1149].replace("it-01150\"}", "it-0115X\"}")
+    lines[1149] = lines[1149].replace('it-01150"}', 'it-0115X"}')
     write_jsonl(src, lines)
     with pytest.raises(BatchError, match=r"line 1150 differs"):
         await finish(tmp_path, src, rec)

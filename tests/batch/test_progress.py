@@ -11,17 +11,40 @@ from capmon.core.text import duration
 
 
 def progress(**kw: object) -> JobProgress:
-    base = dict(at=10.0, wall=dt.datetime(2026, 3, 2, 20, 0).timestamp(), job="nightly", total=2000, done=880,
-                failed=20, parked=3, pending=1087, in_flight=10, per_model=(("flagship", 600), ("medium", 280)),
-                rate=12.3, eta=90.0, state="running")
+    base = dict(
+        at=10.0,
+        wall=dt.datetime(2026, 3, 2, 20, 0).timestamp(),
+        job="nightly",
+        total=2000,
+        done=880,
+        failed=20,
+        parked=3,
+        pending=1087,
+        in_flight=10,
+        per_model=(("flagship", 600), ("medium", 280)),
+        rate=12.3,
+        eta=90.0,
+        state="running",
+    )
     base.update(kw)
     return JobProgress(**base)  # type: ignore[arg-type]
 
 
 def test_the_line_shows_counts_models_rate_and_eta() -> None:
     text = render(progress(), 200)
-    for part in ("nightly", "45%", "900/2000", "done 880", "failed 20", "parked 3", "flagship 600", "medium 280",
-                 "12.3/s", "ETA 1m30s", "["):
+    for part in (
+        "nightly",
+        "45%",
+        "900/2000",
+        "done 880",
+        "failed 20",
+        "parked 3",
+        "flagship 600",
+        "medium 280",
+        "12.3/s",
+        "ETA 1m30s",
+        "[",
+    ):
         assert part in text, (part, text)
 
 
@@ -37,8 +60,21 @@ def test_waiting_for_the_window_says_when_it_opens() -> None:
 
 
 def test_it_accepts_a_plain_core_event_too() -> None:
-    p = BatchProgress(at=0, wall=0, job="j", total=None, done=1, failed=0, parked=0, pending=0, in_flight=0,
-                      per_model=(), rate=0.0, eta=None, state="running")
+    p = BatchProgress(
+        at=0,
+        wall=0,
+        job="j",
+        total=None,
+        done=1,
+        failed=0,
+        parked=0,
+        pending=0,
+        in_flight=0,
+        per_model=(),
+        rate=0.0,
+        eta=None,
+        state="running",
+    )
     assert "1/?" in render(p)
 
 

@@ -21,7 +21,9 @@ from tests.support.scripted import OVERLOADED, Script, build_app, ok
 
 
 def args(db: Path, job: str = "j", **kw: Any) -> ReportOptions:
-    fmt = OutputFormat.JSON if kw.pop("json", False) else OutputFormat.CSV if kw.pop("csv", False) else OutputFormat.TEXT
+    fmt = (
+        OutputFormat.JSON if kw.pop("json", False) else OutputFormat.CSV if kw.pop("csv", False) else OutputFormat.TEXT
+    )
     return ReportOptions(job=job, db=db, format=fmt, **kw)
 
 
@@ -54,7 +56,9 @@ async def test_a_report_shows_models_statuses_fallbacks_latency_and_items(tmp_pa
     data = json.loads(report_text(db, json=True))
     m = {r["model"]: r for r in data["models"]}
     assert m["medium"]["served"] == 30
-    assert m["medium"]["mean_latency"] == pytest.approx(0.25, abs=0.01) and m["medium"]["p99_latency"] == pytest.approx(0.25, abs=0.01)
+    assert m["medium"]["mean_latency"] == pytest.approx(0.25, abs=0.01) and m["medium"]["p99_latency"] == pytest.approx(
+        0.25, abs=0.01
+    )
     assert m["flagship"]["status_503"] == 3 and m["flagship"]["fallbacks_from"] == 3
     assert data["fallback_pairs"] == [{"from": "flagship", "to": "medium", "count": 3}]
 
@@ -65,7 +69,10 @@ async def test_a_report_shows_models_statuses_fallbacks_latency_and_items(tmp_pa
     assert "item it-0002 (line 2) of job j: done, served by medium, fell back" in one
     assert "fell back to medium, which had room" in one and "answered by medium" in one
     rows = list(csv.DictReader(io.StringIO(report_text(db, item="it-0002", csv=True))))
-    assert [(r["model"], r["status"], r["decision"]) for r in rows] == [("flagship", "503", "fallback"), ("medium", "200", "ok")]
+    assert [(r["model"], r["status"], r["decision"]) for r in rows] == [
+        ("flagship", "503", "fallback"),
+        ("medium", "200", "ok"),
+    ]
     assert json.loads(report_text(db, item="it-0002", json=True))["why"][0].startswith("attempt 1 on flagship: 503")
 
 
@@ -83,13 +90,20 @@ class Trail:
 
     def __init__(self, db: Path, concurrency: int = 16) -> None:
         self.store = JobStore(db)
-        self.info = self.store.create_job("j", input_path="in.jsonl", input_size=1, fingerprint="f",
-                                          settings={"concurrency": concurrency, "rate": None, "window": None}, now=1e9)
+        self.info = self.store.create_job(
+            "j",
+            input_path="in.jsonl",
+            input_size=1,
+            fingerprint="f",
+            settings={"concurrency": concurrency, "rate": None, "window": None},
+            now=1e9,
+        )
         self.n = 0
         self.t = 1e9
 
-    def attempts(self, model: str, count: int, status: int | None, kind: str | None, decision: str,
-                 key: str = "a") -> None:
+    def attempts(
+        self, model: str, count: int, status: int | None, kind: str | None, decision: str, key: str = "a"
+    ) -> None:
         rows = []
         for _ in range(count):
             self.t += 0.1
@@ -99,13 +113,38 @@ class Trail:
 
     def items(self, count: int, model: str = "flagship", max_tokens: int = 1024, used: range = range(50, 101)) -> None:
         base = self.store.require("j").total
-        self.store.ingest_chunk(self.info.id, [(base + i + 1, f"d{base + i}", ItemState.PENDING, "[]", None, None, None, None,
-                                                None, None) for i in range(count)], offset=0, line=base + count, now=1e9)
+        self.store.ingest_chunk(
+            self.info.id,
+            [
+                (base + i + 1, f"d{base + i}", ItemState.PENDING, "[]", None, None, None, None, None, None)
+                for i in range(count)
+            ],
+            offset=0,
+            line=base + count,
+            now=1e9,
+        )
         keys = [r[0] for r in self.store.conn.execute("SELECT key FROM items WHERE state = 'pending'")]
         used_values = list(used)
-        self.store.commit(self.info.id, started=[], now=1e9, audit_rows=[], job_fields={}, outcomes=[
-            Outcome(k, ItemState.DONE, attempts=1, model=model, content="x", fell_back=False, max_tokens=max_tokens,
-                    completion_tokens=used_values[i % len(used_values)]) for i, k in enumerate(keys)])
+        self.store.commit(
+            self.info.id,
+            started=[],
+            now=1e9,
+            audit_rows=[],
+            job_fields={},
+            outcomes=[
+                Outcome(
+                    k,
+                    ItemState.DONE,
+                    attempts=1,
+                    model=model,
+                    content="x",
+                    fell_back=False,
+                    max_tokens=max_tokens,
+                    completion_tokens=used_values[i % len(used_values)],
+                )
+                for i, k in enumerate(keys)
+            ],
+        )
 
     def advice(self) -> list[Any]:
         self.store.set_job(self.info.id, state="finished")

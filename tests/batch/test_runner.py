@@ -48,7 +48,9 @@ async def test_a_job_sends_every_item_once_and_stores_who_served_it(tmp_path: Pa
 async def test_concurrency_bounds_what_is_in_flight_at_the_server(tmp_path: Path) -> None:
     rec = Recorder(scenario_app(latency=0.2))
     async with client_for(rec, extra="[limiter]\ninitial = 64\nmax = 64") as client:
-        runner = BatchRunner(client, tmp_path / "db", "j", input_path=write_items(tmp_path / "in.jsonl", 60), concurrency=3)
+        runner = BatchRunner(
+            client, tmp_path / "db", "j", input_path=write_items(tmp_path / "in.jsonl", 60), concurrency=3
+        )
         await runner.run()
     assert rec.peak == 3
 
@@ -56,13 +58,14 @@ async def test_concurrency_bounds_what_is_in_flight_at_the_server(tmp_path: Path
 async def test_rate_limits_how_many_items_start_per_second(tmp_path: Path) -> None:
     rec = Recorder(scenario_app(latency=0.01))
     async with client_for(rec) as client:
-        runner = BatchRunner(client, tmp_path / "db", "j", input_path=write_items(tmp_path / "in.jsonl", 21),
-                             concurrency=16, rate=5.0)
+        runner = BatchRunner(
+            client, tmp_path / "db", "j", input_path=write_items(tmp_path / "in.jsonl", 21), concurrency=16, rate=5.0
+        )
         await runner.run()
     starts = sorted(t for t, _, _ in rec.seen)
     assert len(starts) == 21
     assert starts[-1] - starts[0] >= 20 / 5 - 0.05  # 21 starts at 5/s span 4 s
-    gaps = [b - a for a, b in zip(starts, starts[1:])]
+    gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
     assert min(gaps) >= 0.2 - 1e-6
 
 
@@ -123,8 +126,9 @@ async def test_capacity_never_fails_an_item_it_is_parked_and_comes_back(tmp_path
     progress = collect(bus, ev.BatchProgress)
     extra = "[client]\ndeadline = 10"
     async with client_for(build_app(script), extra=extra, bus=bus, cooldown=5, ramp_duration=1) as client:
-        runner = BatchRunner(client, db, "j", input_path=write_items(tmp_path / "in.jsonl", 12), concurrency=4,
-                             park_base=5, park_cap=20)
+        runner = BatchRunner(
+            client, db, "j", input_path=write_items(tmp_path / "in.jsonl", 12), concurrency=4, park_base=5, park_cap=20
+        )
         summary = await runner.run()
     assert (summary.done, summary.failed) == (12, 0)
     assert max(p.parked for p in progress) > 0  # visible while it waited
@@ -134,8 +138,12 @@ async def test_capacity_never_fails_an_item_it_is_parked_and_comes_back(tmp_path
     assert all(v >= 1 for v in per_item.values())
     # Attempt numbers go on across parks: no item restarts at 1.
     for item_id in per_item:
-        numbers = [r[0] for r in rows(db, "SELECT attempt FROM attempts WHERE item = ? AND decision != 'park' "
-                                          "ORDER BY rowid", item_id)]
+        numbers = [
+            r[0]
+            for r in rows(
+                db, "SELECT attempt FROM attempts WHERE item = ? AND decision != 'park' ORDER BY rowid", item_id
+            )
+        ]
         assert numbers == list(range(1, len(numbers) + 1))
 
 
@@ -161,8 +169,16 @@ async def test_auth_halts_the_job_with_a_clear_error_and_resume_goes_on(tmp_path
 
 async def test_quota_halts_the_job_too(tmp_path: Path) -> None:
     script = Script()
-    spent = Reply(429, {"error": {"message": "You exceeded your current quota, please check your plan and billing details.",
-                                  "type": "insufficient_quota", "code": "insufficient_quota"}})
+    spent = Reply(
+        429,
+        {
+            "error": {
+                "message": "You exceeded your current quota, please check your plan and billing details.",
+                "type": "insufficient_quota",
+                "code": "insufficient_quota",
+            }
+        },
+    )
     for m in ("flagship", "medium", "small"):
         script.always(m, spent)
     async with client_for(build_app(script)) as client:
@@ -175,7 +191,9 @@ async def test_a_bad_request_fails_only_that_item_with_kind_and_message(tmp_path
 
     def reply(n: int, body: dict) -> Reply:
         if body["messages"][-1]["content"] == "it-0002":
-            return Reply(400, {"error": {"message": "Invalid 'messages[0].content': too odd.", "code": "invalid_value"}})
+            return Reply(
+                400, {"error": {"message": "Invalid 'messages[0].content': too odd.", "code": "invalid_value"}}
+            )
         return ok(body["model"])
 
     script.set("flagship", reply)
@@ -190,8 +208,9 @@ async def test_a_bad_request_fails_only_that_item_with_kind_and_message(tmp_path
 async def test_pause_starts_nothing_new_and_resume_goes_on(tmp_path: Path) -> None:
     rec = Recorder(scenario_app(latency=1.0))
     async with client_for(rec) as client:
-        runner = BatchRunner(client, tmp_path / "db", "j", input_path=write_items(tmp_path / "in.jsonl", 20),
-                             concurrency=2)
+        runner = BatchRunner(
+            client, tmp_path / "db", "j", input_path=write_items(tmp_path / "in.jsonl", 20), concurrency=2
+        )
         task = asyncio.create_task(runner.run())
         await asyncio.sleep(2.5)
         runner.pause()
@@ -210,8 +229,14 @@ async def test_a_window_waits_visibly_until_it_opens(tmp_path: Path) -> None:
     rec = Recorder(scenario_app(latency=0.01))
     clock = WallClock(local(2026, 3, 2, 21, 50))
     async with client_for(rec) as client:
-        runner = BatchRunner(client, tmp_path / "db", "j", input_path=write_items(tmp_path / "in.jsonl", 5),
-                             window="22:00-06:00", clock=clock)
+        runner = BatchRunner(
+            client,
+            tmp_path / "db",
+            "j",
+            input_path=write_items(tmp_path / "in.jsonl", 5),
+            window="22:00-06:00",
+            clock=clock,
+        )
         task = asyncio.create_task(runner.run())
         await asyncio.sleep(300)
         p = runner.progress()
@@ -228,8 +253,15 @@ async def test_a_window_that_wraps_midnight_closes_and_opens_again(tmp_path: Pat
     rec = Recorder(scenario_app(latency=1.0))
     clock = WallClock(local(2026, 3, 3, 0, 59, 55))  # five seconds before the window closes
     async with client_for(rec) as client:
-        runner = BatchRunner(client, tmp_path / "db", "j", input_path=write_items(tmp_path / "in.jsonl", 20),
-                             concurrency=1, window="01:10-01:00", clock=clock)  # open all day but 01:00-01:10
+        runner = BatchRunner(
+            client,
+            tmp_path / "db",
+            "j",
+            input_path=write_items(tmp_path / "in.jsonl", 20),
+            concurrency=1,
+            window="01:10-01:00",
+            clock=clock,
+        )  # open all day but 01:00-01:10
         task = asyncio.create_task(runner.run())
         await asyncio.sleep(300)
         assert 4 <= len(rec.seen) <= 6 and runner.progress().state == "waiting-window"
@@ -245,12 +277,22 @@ async def test_the_audit_records_every_attempt_with_the_key_alias_never_the_key(
     db = tmp_path / "jobs.db"
     async with client_for(build_app(script)) as client:
         await BatchRunner(client, db, "j", input_path=write_items(tmp_path / "in.jsonl", 4), concurrency=1).run()
-    audit = rows(db, "SELECT job, item, attempt, model, endpoint, key_alias, status, kind, decision, latency, at "
-                     "FROM attempts ORDER BY rowid")
-    raw = (tmp_path / "jobs.db").read_bytes() + (tmp_path / "jobs.db-wal").read_bytes() if (tmp_path / "jobs.db-wal").exists() else (tmp_path / "jobs.db").read_bytes()
+    audit = rows(
+        db,
+        "SELECT job, item, attempt, model, endpoint, key_alias, status, kind, decision, latency, at "
+        "FROM attempts ORDER BY rowid",
+    )
+    raw = (
+        (tmp_path / "jobs.db").read_bytes() + (tmp_path / "jobs.db-wal").read_bytes()
+        if (tmp_path / "jobs.db-wal").exists()
+        else (tmp_path / "jobs.db").read_bytes()
+    )
     assert b"sk-test-aaaa" not in raw
     first = [r for r in audit if r[1] == "it-0001"]
-    assert [(r[3], r[6], r[7], r[8]) for r in first] == [("flagship", 503, "capacity", "fallback"), ("medium", 200, None, "ok")]
+    assert [(r[3], r[6], r[7], r[8]) for r in first] == [
+        ("flagship", 503, "capacity", "fallback"),
+        ("medium", 200, None, "ok"),
+    ]
     assert all(r[0] == "j" and r[4] == "ep" and r[5] == "a" and r[9] is not None and r[10] > 1e9 for r in audit)
 
 
@@ -275,19 +317,34 @@ async def test_an_empty_file_says_so(tmp_path: Path, text: str) -> None:
 
 async def test_bad_lines_fail_with_their_line_numbers_while_the_rest_run(tmp_path: Path) -> None:
     rec = Recorder(scenario_app(latency=0.01))
-    src = write_jsonl(tmp_path / "in.jsonl", [
-        item(1), "{not json", json.dumps({"messages": [{"role": "user", "content": "no id"}]}),
-        json.dumps({"id": "x", "messages": "hello"}), item(5, model="nope"), item(6, max_tokens=0),
-    ])
+    src = write_jsonl(
+        tmp_path / "in.jsonl",
+        [
+            item(1),
+            "{not json",
+            json.dumps({"messages": [{"role": "user", "content": "no id"}]}),
+            json.dumps({"id": "x", "messages": "hello"}),
+            item(5, model="nope"),
+            item(6, max_tokens=0),
+        ],
+    )
     db = tmp_path / "db"
     async with client_for(rec) as client:
         summary = await BatchRunner(client, db, "j", input_path=src).run()
     assert (summary.done, summary.failed) == (2, 4)
     assert sorted(rec.items()) == ["it-0001", "no id"]
     failed = rows(db, "SELECT line, id, error_kind, error_message FROM items WHERE state = 'failed' ORDER BY line")
-    assert [(r[0], r[1], r[2]) for r in failed] == [(2, "line-2", "bad_input"), (4, "x", "bad_input"),
-                                                     (5, "it-0005", "bad_input"), (6, "it-0006", "bad_input")]
-    assert "not valid JSON" in failed[0][3] and "messages" in failed[1][3] and "'nope' is not in the config" in failed[2][3]
+    assert [(r[0], r[1], r[2]) for r in failed] == [
+        (2, "line-2", "bad_input"),
+        (4, "x", "bad_input"),
+        (5, "it-0005", "bad_input"),
+        (6, "it-0006", "bad_input"),
+    ]
+    assert (
+        "not valid JSON" in failed[0][3]
+        and "messages" in failed[1][3]
+        and "'nope' is not in the config" in failed[2][3]
+    )
     assert rows(db, "SELECT id FROM items WHERE line = 3") == [("line-3",)]
 
 
@@ -312,7 +369,9 @@ async def test_a_job_run_by_another_live_runner_is_refused(tmp_path: Path) -> No
             await first
 
 
-async def test_an_ingest_cut_short_goes_on_from_where_it_stopped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_an_ingest_cut_short_goes_on_from_where_it_stopped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(ingest_mod, "INGEST_CHUNK", 7)
     src = write_items(tmp_path / "in.jsonl", 30)
     db = tmp_path / "db"
@@ -364,7 +423,8 @@ async def test_a_result_counts_as_done_only_once_committed(tmp_path: Path) -> No
 
     bus.subscribe(check)
     async with client_for(scenario_app(latency=0.05), bus=bus) as client:
-        runner = BatchRunner(client, db, "j", input_path=write_items(tmp_path / "in.jsonl", 30), concurrency=5,
-                             flush_interval=1.0)
+        runner = BatchRunner(
+            client, db, "j", input_path=write_items(tmp_path / "in.jsonl", 30), concurrency=5, flush_interval=1.0
+        )
         await runner.run()
     assert len(seen) == 30 and all(c == 1 for c, _ in seen)

@@ -23,15 +23,24 @@ pytestmark = pytest.mark.looptime
 def _store(tmp_path: Path, n: int) -> tuple[JobStore, int]:
     store = JobStore(tmp_path / "jobs.db")
     info = store.create_job("j", input_path="in.jsonl", input_size=1, fingerprint="f", settings={}, now=1.0)
-    store.ingest_chunk(info.id, [(i, f"it-{i}", ItemState.PENDING, "[]", None, None, None, None, None, None)
-                                 for i in range(1, n + 1)], offset=0, line=n, now=1.0)
+    store.ingest_chunk(
+        info.id,
+        [(i, f"it-{i}", ItemState.PENDING, "[]", None, None, None, None, None, None) for i in range(1, n + 1)],
+        offset=0,
+        line=n,
+        now=1.0,
+    )
     return store, info.id
 
 
 def _scheduler(tmp_path: Path, n: int, pacing: Pacing | None = None, **kw: object) -> Scheduler:
     store, job_id = _store(tmp_path, n)
-    return Scheduler(kw.pop("clock", LoopClock()), pacing or Pacing(concurrency=1),  # type: ignore[arg-type]
-                     lambda after, limit: store.pending_page(job_id, after, limit), **kw)  # type: ignore[arg-type]
+    return Scheduler(
+        kw.pop("clock", LoopClock()),
+        pacing or Pacing(concurrency=1),  # type: ignore[arg-type]
+        lambda after, limit: store.pending_page(job_id, after, limit),
+        **kw,
+    )  # type: ignore[arg-type]
 
 
 async def test_pending_items_come_in_input_order_page_after_page(tmp_path: Path) -> None:

@@ -110,8 +110,14 @@ async def test_export_is_in_input_order_with_errors_and_leaves_unfinished_items_
     result = export_job(db, "j", out)
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["id"] for r in records] == ["b", "line-2", "c", "a"]
-    assert records[0] == {"id": "b", "model": "flagship", "content": "answer to b", "metadata": {"n": 1},
-                          "attempts": 1, "fell_back": False}
+    assert records[0] == {
+        "id": "b",
+        "model": "flagship",
+        "content": "answer to b",
+        "metadata": {"n": 1},
+        "attempts": 1,
+        "fell_back": False,
+    }
     assert records[1]["error"]["kind"] == "bad_input" and records[1]["error"]["line"] == 2
     assert records[2]["error"]["kind"] == "bad_request" and "bad content" in records[2]["error"]["message"]
     assert records[2]["model"] is None and records[2]["content"] is None
@@ -122,5 +128,9 @@ async def test_export_is_in_input_order_with_errors_and_leaves_unfinished_items_
     conn.commit()
     conn.close()
     result = export_job(db, "j", out)
-    assert result.unfinished == 1 and [json.loads(x)["id"] for x in out.read_text().splitlines()] == ["b", "line-2", "c"]
+    assert result.unfinished == 1 and [json.loads(x)["id"] for x in out.read_text().splitlines()] == [
+        "b",
+        "line-2",
+        "c",
+    ]
     assert rows(db, "SELECT count(*) FROM items") == [(4,)]

@@ -29,10 +29,16 @@ class Job:
     def __init__(self, tmp_path: Path, n: int = 10, **kw: Any) -> None:
         self.db = tmp_path / "jobs.db"
         self.store = JobStore(self.db)
-        self.info = self.store.create_job("j", input_path="in.jsonl", input_size=1, fingerprint="f", settings={},
-                                          now=1.0)
-        self.store.ingest_chunk(self.info.id, [(i, f"it-{i}", ItemState.PENDING, "[]", None, None, None, None, None,
-                                                None) for i in range(1, n + 1)], offset=0, line=n, now=1.0)
+        self.info = self.store.create_job(
+            "j", input_path="in.jsonl", input_size=1, fingerprint="f", settings={}, now=1.0
+        )
+        self.store.ingest_chunk(
+            self.info.id,
+            [(i, f"it-{i}", ItemState.PENDING, "[]", None, None, None, None, None, None) for i in range(1, n + 1)],
+            offset=0,
+            line=n,
+            now=1.0,
+        )
         self.keys = [k for (k,) in self.store.conn.execute("SELECT key FROM items ORDER BY key")]
         self.bus = ev.EventBus()
         self.done_events: list[ev.BatchItemDone] = []
@@ -42,11 +48,18 @@ class Job:
         self.failing: list[BatchError] = []
         self.saved = 0
         self.gave_up: list[BatchError] = []
-        self.writer = ResultWriter("j", self.db, self.clock, self.bus, self.audit,
-                                   job_fields=lambda: {"counters": {"done": self.writer.done}, "state": "running",
-                                                       "message": ""},
-                                   on_failing=self.failing.append, on_saved=self._saved, on_give_up=self.gave_up.append,
-                                   **kw)
+        self.writer = ResultWriter(
+            "j",
+            self.db,
+            self.clock,
+            self.bus,
+            self.audit,
+            job_fields=lambda: {"counters": {"done": self.writer.done}, "state": "running", "message": ""},
+            on_failing=self.failing.append,
+            on_saved=self._saved,
+            on_give_up=self.gave_up.append,
+            **kw,
+        )
         self.writer.bind(self.store, self.info.id)
 
     def _saved(self) -> None:
@@ -56,7 +69,9 @@ class Job:
         key = self.keys[i]
         self.writer.started(key)
         self.audit.add(("j", f"it-{i + 1}", 1.0, 1, "m", "ep", "a", 200, None, None, 0.0, 0.1, "ok", ""))
-        self.writer.record(Outcome(key, ItemState.DONE, attempts=1, model="m", content="x"), (f"it-{i + 1}", True, "m", None))
+        self.writer.record(
+            Outcome(key, ItemState.DONE, attempts=1, model="m", content="x"), (f"it-{i + 1}", True, "m", None)
+        )
 
     def states(self) -> dict[str, int]:
         conn = sqlite3.connect(self.db)

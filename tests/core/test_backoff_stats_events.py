@@ -9,7 +9,6 @@ from capmon.core.config import BackoffConfig
 from capmon.core.errors import Failure, Kind
 from capmon.core.stats import RollingStats
 
-
 CAPACITY = Failure(Kind.CAPACITY, "overloaded", 503)
 
 

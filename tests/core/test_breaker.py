@@ -43,12 +43,21 @@ class Harness:
         """An attempt admitted now."""
         return self.breaker.generation, self.clock.now()
 
-    def record(self, sent: Sent, signal: BreakerSignal, *, hint: float | None = None, news: bool = True,
-               probe: bool = False, basis: float = 8.0) -> None:
+    def record(
+        self,
+        sent: Sent,
+        signal: BreakerSignal,
+        *,
+        hint: float | None = None,
+        news: bool = True,
+        probe: bool = False,
+        basis: float = 8.0,
+    ) -> None:
         self.breaker.record(sent[0], signal, sent_at=sent[1], hint=hint, news=news, probe=probe, basis=basis)
 
-    def fail(self, n: int = 1, hint: float | None = None, signal: BreakerSignal = S.CAPACITY,
-             news: bool = True) -> None:
+    def fail(
+        self, n: int = 1, hint: float | None = None, signal: BreakerSignal = S.CAPACITY, news: bool = True
+    ) -> None:
         for _ in range(n):
             self.record(self.sent(), signal, hint=hint, news=news)
 
@@ -92,8 +101,17 @@ def test_starts_closed_and_admits_everything() -> None:
     h.succeed()
     v = b.view()
     assert isinstance(v, BreakerView)
-    assert (v.state, v.manual, v.consecutive_failures, v.next_probe_at, v.probe_interval, v.probes_failed,
-            v.ramp_share, v.trips, v.total_trips) == (State.CLOSED, False, 0, None, None, 0, None, 0, 0)
+    assert (
+        v.state,
+        v.manual,
+        v.consecutive_failures,
+        v.next_probe_at,
+        v.probe_interval,
+        v.probes_failed,
+        v.ramp_share,
+        v.trips,
+        v.total_trips,
+    ) == (State.CLOSED, False, 0, None, None, 0, None, 0, 0)
     assert h.events == [] and b.generation == 0
 
 
@@ -677,7 +695,12 @@ def test_reset_clears_counters_and_the_interval_growth() -> None:
     h.breaker.reset()
     v = h.breaker.view()
     assert (v.state, v.consecutive_failures, v.trips, v.next_probe_at, v.probes_failed, v.reason) == (
-        State.CLOSED, 0, 0, None, 0, "reset by hand",
+        State.CLOSED,
+        0,
+        0,
+        None,
+        0,
+        "reset by hand",
     )
     assert v.total_trips == 2  # history is kept for the dashboard
     h.trip()
@@ -709,8 +732,14 @@ def test_every_transition_publishes_a_breaker_changed_event() -> None:
     h.to_ramp()
     h.clock.advance(60)
     assert h.breaker.state is State.CLOSED
-    assert h.changes == [("closed", "open"), ("open", "half-open"), ("half-open", "open"), ("open", "half-open"),
-                         ("half-open", "ramp"), ("ramp", "closed")]
+    assert h.changes == [
+        ("closed", "open"),
+        ("open", "half-open"),
+        ("half-open", "open"),
+        ("open", "half-open"),
+        ("half-open", "ramp"),
+        ("ramp", "closed"),
+    ]
     changed = [e for e in h.events if isinstance(e, BreakerChanged)]
     first = changed[0]
     assert first.target == "m@sim/demo" and first.model == "m" and not first.manual
@@ -732,7 +761,12 @@ def test_a_ramp_step_publishes_its_share() -> None:
     step = h.events[-1]
     assert isinstance(step, RampStep)
     assert (step.target, step.model, step.share, step.at, step.wall) == (
-        "m@sim/demo", "m", 0.5, h.clock.now(), h.clock.wall())
+        "m@sim/demo",
+        "m",
+        0.5,
+        h.clock.now(),
+        h.clock.wall(),
+    )
     assert "clean round" in step.reason
 
 

@@ -76,13 +76,31 @@ class BreakerMachine(RuleBasedStateMachine):
         ramp_duration=st.sampled_from([1e6, 60.0, 1e6, 0.0]),
         basis=st.integers(1, 16),
     )
-    def setup(self, threshold: int, probes: int, probe_interval: float, cooldown: float, multiplier: float,
-              cooldown_max: float, ratio: float, ratio_min: int, ramp_start: float, ramp_duration: float,
-              basis: int) -> None:
+    def setup(
+        self,
+        threshold: int,
+        probes: int,
+        probe_interval: float,
+        cooldown: float,
+        multiplier: float,
+        cooldown_max: float,
+        ratio: float,
+        ratio_min: int,
+        ramp_start: float,
+        ramp_duration: float,
+        basis: int,
+    ) -> None:
         self.cfg = BreakerConfig(
-            failure_threshold=threshold, half_open_probes=probes, probe_interval=probe_interval, cooldown=cooldown,
-            cooldown_multiplier=multiplier, cooldown_max=cooldown_max, failure_ratio=ratio,
-            ratio_min_requests=ratio_min, ramp_start=ramp_start, ramp_duration=ramp_duration,
+            failure_threshold=threshold,
+            half_open_probes=probes,
+            probe_interval=probe_interval,
+            cooldown=cooldown,
+            cooldown_multiplier=multiplier,
+            cooldown_max=cooldown_max,
+            failure_ratio=ratio,
+            ratio_min_requests=ratio_min,
+            ramp_start=ramp_start,
+            ramp_duration=ramp_duration,
         )
         self.basis = basis
         self.clock = ManualClock()
@@ -106,8 +124,17 @@ class BreakerMachine(RuleBasedStateMachine):
     # past the first trip. Repeats weight the draw; manual states are sticky until
     # a reset, so they are drawn rarely.
     @rule(
-        action=st.sampled_from(["attempt"] * 4 + ["finish"] * 3 + ["admit"] * 2 + ["probe"] * 4 + ["hold_probe"]
-                               + ["round"] * 3 + ["recover"] * 2 + ["advance"] * 3 + ["by_hand"]),
+        action=st.sampled_from(
+            ["attempt"] * 4
+            + ["finish"] * 3
+            + ["admit"] * 2
+            + ["probe"] * 4
+            + ["hold_probe"]
+            + ["round"] * 3
+            + ["recover"] * 2
+            + ["advance"] * 3
+            + ["by_hand"]
+        ),
         n=st.integers(1, 4),
         i=picks,
         outcome=outcomes,
@@ -205,8 +232,9 @@ class BreakerMachine(RuleBasedStateMachine):
         h = clean(hint)
         if h is not None:
             self.largest_hint = max(self.largest_hint, h)
-        self.b.record(sent.generation, signal, sent_at=sent.at, hint=hint, news=news, probe=sent.probe,
-                      basis=self.basis)
+        self.b.record(
+            sent.generation, signal, sent_at=sent.at, hint=hint, news=news, probe=sent.probe, basis=self.basis
+        )
         after = self.b.view()
         new = self.events[n:]
         if sent.generation != gen or before.state.manual:
@@ -229,7 +257,8 @@ class BreakerMachine(RuleBasedStateMachine):
         else:
             assert before.state in (State.CLOSED, State.RAMP)
             if signal in (BreakerSignal.SUCCESS, BreakerSignal.TRANSIENT, BreakerSignal.NEUTRAL) or not (
-                    news or signal is BreakerSignal.DOWN):
+                news or signal is BreakerSignal.DOWN
+            ):
                 assert not opened, f"{outcome} opened the breaker"
             if opened:
                 assert after.trips == before.trips + 1 and after.total_trips == before.total_trips + 1
@@ -326,8 +355,9 @@ class LimiterMachine(RuleBasedStateMachine):
         ratio=st.sampled_from([0.0, 0.1, 0.5, 2.0]),
         min_tokens=st.sampled_from([0.0, 1.0, 10.0]),
     )
-    def setup(self, lo: int, span: int, initial: int, decrease: float, max_limit: int | None,
-              ratio: float, min_tokens: float) -> None:
+    def setup(
+        self, lo: int, span: int, initial: int, decrease: float, max_limit: int | None, ratio: float, min_tokens: float
+    ) -> None:
         cfg = LimiterConfig(initial=min(max(initial, lo), lo + span), min=lo, max=lo + span, decrease=decrease)
         self.clock = ManualClock()
         self.lim = AdaptiveLimiter(cfg, max_limit)
@@ -338,8 +368,7 @@ class LimiterMachine(RuleBasedStateMachine):
 
     # Take and release are one rule (see BreakerMachine.step for why).
     @rule(
-        action=st.sampled_from(["take", "take", "take", "release", "release", "release_all", "checkpoint",
-                                "restore"]),
+        action=st.sampled_from(["take", "take", "take", "release", "release", "release_all", "checkpoint", "restore"]),
         i=picks,
         outcome=st.sampled_from(["ok", "ok", "overload", "neutral"]),
         cap=st.none() | st.floats(0, 40),

@@ -62,7 +62,9 @@ def test_errors_name_the_file_the_key_and_what_was_expected(text: str, key: str,
 
 
 def test_a_model_naming_an_unknown_endpoint_gets_the_closest_name() -> None:
-    with pytest.raises(ConfigError, match=r"models\[0\].endpoints\[0\]: no endpoint named 'opnai'; did you mean 'openai'"):
+    with pytest.raises(
+        ConfigError, match=r"models\[0\].endpoints\[0\]: no endpoint named 'opnai'; did you mean 'openai'"
+    ):
         parse_config(MINIMAL.replace('endpoints = ["openai"]', 'endpoints = ["opnai"]'), "c.toml")
 
 
@@ -97,12 +99,15 @@ def test_discovery_order(tmp_path: Path) -> None:
     assert found in (bundled_config_path(),) or found.name == "config.toml"
 
 
-@pytest.mark.parametrize("headers,expected", [
-    ('{ "x-org" = "café" }', None),  # Latin-1: allowed
-    ('{ "x-org" = "東京" }', "headers.x-org: expected a header value of printable Latin-1"),
-    ('{ "x-org" = "a\\nb" }', "headers.x-org: expected a header value"),
-    ('{ "bad name" = "v" }', 'headers."bad name": expected an HTTP header name'),
-])
+@pytest.mark.parametrize(
+    "headers,expected",
+    [
+        ('{ "x-org" = "café" }', None),  # Latin-1: allowed
+        ('{ "x-org" = "東京" }', "headers.x-org: expected a header value of printable Latin-1"),
+        ('{ "x-org" = "a\\nb" }', "headers.x-org: expected a header value"),
+        ('{ "bad name" = "v" }', 'headers."bad name": expected an HTTP header name'),
+    ],
+)
 def test_endpoint_headers_must_be_sendable(headers: str, expected: str | None) -> None:
     text = f"""
 [[endpoints]]

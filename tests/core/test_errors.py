@@ -61,7 +61,12 @@ def _retry_info(delay: str) -> dict[str, Any]:
 
 _GEMINI_HELP = {
     "@type": "type.googleapis.com/google.rpc.Help",
-    "links": [{"description": "Learn more about Gemini API quotas", "url": "https://ai.google.dev/gemini-api/docs/rate-limits"}],
+    "links": [
+        {
+            "description": "Learn more about Gemini API quotas",
+            "url": "https://ai.google.dev/gemini-api/docs/rate-limits",
+        }
+    ],
 }
 _GEMINI_QUOTA_MESSAGE = (
     "You exceeded your current quota, please check your plan and billing details. For more information on this "
@@ -93,7 +98,7 @@ _ELB_503 = (
 )
 _CLOUDFLARE_504 = (
     b'<!DOCTYPE html>\n<!--[if lt IE 7]> <html class="no-js ie6 oldie" lang="en-US"> <![endif]-->\n<head>\n'
-    b"<title>api.example.test | 504: Gateway time-out</title>\n<meta charset=\"UTF-8\" />\n"
+    b'<title>api.example.test | 504: Gateway time-out</title>\n<meta charset="UTF-8" />\n'
     b"<style>body{font-family:sans-serif}</style>\n<script>window.cf=1;</script>\n</head>\n<body>\n"
     b'<div id="cf-wrapper"><h1><span class="inline-block">Gateway time-out</span> <span class="code-label">'
     b"Error code 504</span></h1><p>The web server reported a gateway time-out error.</p>"
@@ -225,14 +230,18 @@ CASES = [
     Case(
         "openai-403-unsupported-region",
         403,
-        _openai("Country, region, or territory not supported", "request_forbidden", "unsupported_country_region_territory"),
+        _openai(
+            "Country, region, or territory not supported", "request_forbidden", "unsupported_country_region_territory"
+        ),
         Kind.AUTH,
     ),
     Case(
         "openai-404-model-not-found",
         404,
         _openai(
-            "The model `gpt-9` does not exist or you do not have access to it.", "invalid_request_error", "model_not_found"
+            "The model `gpt-9` does not exist or you do not have access to it.",
+            "invalid_request_error",
+            "model_not_found",
         ),
         Kind.BAD_REQUEST,
         code="model_not_found",
@@ -369,7 +378,11 @@ CASES = [
             429,
             "RESOURCE_EXHAUSTED",
             _GEMINI_QUOTA_MESSAGE.format(limit=15),
-            [_quota_failure("GenerateRequestsPerMinutePerProjectPerModel-FreeTier", "15"), _GEMINI_HELP, _retry_info("12s")],
+            [
+                _quota_failure("GenerateRequestsPerMinutePerProjectPerModel-FreeTier", "15"),
+                _GEMINI_HELP,
+                _retry_info("12s"),
+            ],
         ),
         Kind.RATE_LIMITED,
         12.0,
@@ -382,7 +395,11 @@ CASES = [
             429,
             "RESOURCE_EXHAUSTED",
             _GEMINI_QUOTA_MESSAGE.format(limit=50),
-            [_quota_failure("GenerateRequestsPerDayPerProjectPerModel-FreeTier", "50"), _GEMINI_HELP, _retry_info("40s")],
+            [
+                _quota_failure("GenerateRequestsPerDayPerProjectPerModel-FreeTier", "50"),
+                _GEMINI_HELP,
+                _retry_info("40s"),
+            ],
         ),
         Kind.QUOTA,
         40.0,
@@ -448,7 +465,11 @@ CASES = [
     Case(
         "gemini-403-permission-denied",
         403,
-        _gemini(403, "PERMISSION_DENIED", "Method doesn't allow unregistered callers (callers without established identity)."),
+        _gemini(
+            403,
+            "PERMISSION_DENIED",
+            "Method doesn't allow unregistered callers (callers without established identity).",
+        ),
         Kind.AUTH,
         code="PERMISSION_DENIED",
     ),
@@ -671,7 +692,9 @@ def test_default_clock_is_used_when_now_is_omitted() -> None:
 
 
 def test_reason_trims_long_messages_and_redacts_keys() -> None:
-    body = _openai("Key sk-abcdefghijklmnopqrstuvwxyz0123456789 rejected. " + "x" * 5000, "invalid_request_error", "bad")
+    body = _openai(
+        "Key sk-abcdefghijklmnopqrstuvwxyz0123456789 rejected. " + "x" * 5000, "invalid_request_error", "bad"
+    )
     failure = classify_response(400, {}, body, now=NOW)
     assert failure is not None
     assert "sk-abcdefghijklmnop" not in failure.reason
@@ -699,7 +722,9 @@ class _BrokenStr(Exception):
 
 
 EXCEPTION_CASES = [
-    pytest.param(httpx.ReadTimeout("The read operation timed out", request=REQUEST), "timeout: read", id="read-timeout"),
+    pytest.param(
+        httpx.ReadTimeout("The read operation timed out", request=REQUEST), "timeout: read", id="read-timeout"
+    ),
     pytest.param(httpx.ConnectTimeout("", request=REQUEST), "timeout: connect", id="connect-timeout"),
     pytest.param(httpx.WriteTimeout("", request=REQUEST), "timeout: write", id="write-timeout"),
     pytest.param(httpx.PoolTimeout("", request=REQUEST), "timeout: waiting for a pooled connection", id="pool-timeout"),
@@ -716,7 +741,7 @@ EXCEPTION_CASES = [
     ),
     pytest.param(ConnectionResetError(104, "Connection reset by peer"), "connection reset", id="connection-reset"),
     pytest.param(ConnectionRefusedError(111, "Connection refused"), "connection refused", id="connection-refused"),
-    pytest.param(asyncio.TimeoutError(), "timeout", id="asyncio-timeout"),
+    pytest.param(TimeoutError(), "timeout", id="asyncio-timeout"),
     pytest.param(OSError(101, "Network is unreachable"), "OS error", id="os-error"),
     pytest.param(json.JSONDecodeError("Expecting value", "<html>", 0), "invalid JSON", id="json-decode-error"),
     pytest.param(ValueError("boom"), "ValueError: boom", id="unknown-exception"),
@@ -807,8 +832,14 @@ async def test_the_client_sends_its_configs_quota_threshold_with_every_attempt()
 
 
 def test_a_failure_keeps_the_providers_message_and_param_for_passing_it_through() -> None:
-    body = {"error": {"message": "Invalid value for 'temperature': sk-abcdefghijklmnopqrstuvwx " + "word " * 80,
-                      "type": "invalid_request_error", "param": "temperature", "code": "invalid_value"}}
+    body = {
+        "error": {
+            "message": "Invalid value for 'temperature': sk-abcdefghijklmnopqrstuvwx " + "word " * 80,
+            "type": "invalid_request_error",
+            "param": "temperature",
+            "code": "invalid_value",
+        }
+    }
     failure = classify_response(400, {}, json.dumps(body).encode(), now=NOW)
     assert failure is not None and failure.param == "temperature"
     assert failure.message.startswith("Invalid value for 'temperature':") and len(failure.message) > 300

@@ -181,7 +181,9 @@ GEMINI_BODY = {"error": {"code": 429, "status": "RESOURCE_EXHAUSTED", "details":
             0.02,
             id="bucket-named-in-message",
         ),
-        pytest.param({"anthropic-ratelimit-tokens-reset": "2026-01-01T00:00:42Z"}, None, "", 42.0, id="anthropic-reset"),
+        pytest.param(
+            {"anthropic-ratelimit-tokens-reset": "2026-01-01T00:00:42Z"}, None, "", 42.0, id="anthropic-reset"
+        ),
         pytest.param({"x-ratelimit-reset": "1767225630"}, None, "", 30.0, id="epoch-reset"),
         pytest.param({"ratelimit-reset": "5"}, None, "", 5.0, id="ietf-ratelimit-reset"),
         pytest.param({}, GEMINI_BODY, "Please retry in 11.6s.", 12.0, id="retry-info-beats-message"),
@@ -234,7 +236,21 @@ headers_strategy = st.dictionaries(
     max_size=6,
 )
 _KEYS = st.sampled_from(
-    ["error", "message", "code", "type", "status", "details", "@type", "retryDelay", "violations", "quotaId", "choices", "detail", "msg"]
+    [
+        "error",
+        "message",
+        "code",
+        "type",
+        "status",
+        "details",
+        "@type",
+        "retryDelay",
+        "violations",
+        "quotaId",
+        "choices",
+        "detail",
+        "msg",
+    ]
 )
 _SCALARS = st.one_of(
     st.none(),
@@ -243,12 +259,21 @@ _SCALARS = st.one_of(
     st.floats(),  # includes nan and inf, which json.dumps writes as NaN / Infinity
     st.text(max_size=40),
     st.sampled_from(
-        ["RESOURCE_EXHAUSTED", "overloaded_error", "type.googleapis.com/google.rpc.RetryInfo", "12s", "PerDay", "limit: 0"]
+        [
+            "RESOURCE_EXHAUSTED",
+            "overloaded_error",
+            "type.googleapis.com/google.rpc.RetryInfo",
+            "12s",
+            "PerDay",
+            "limit: 0",
+        ]
     ),
 )
 json_strategy = st.recursive(
     _SCALARS,
-    lambda children: st.one_of(st.lists(children, max_size=4), st.dictionaries(st.one_of(_KEYS, st.text(max_size=8)), children, max_size=5)),
+    lambda children: st.one_of(
+        st.lists(children, max_size=4), st.dictionaries(st.one_of(_KEYS, st.text(max_size=8)), children, max_size=5)
+    ),
     max_leaves=20,
 )
 body_strategy = st.one_of(

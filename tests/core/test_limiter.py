@@ -16,8 +16,9 @@ from capmon.core.policy import LimiterSignal
 OK, OVERLOAD, NEUTRAL = LimiterSignal.OK, LimiterSignal.OVERLOAD, LimiterSignal.NEUTRAL
 
 
-def limiter(initial: int = 8, min: int = 1, max: int = 64, decrease: float = 0.5,
-            max_limit: int | None = None) -> AdaptiveLimiter:
+def limiter(
+    initial: int = 8, min: int = 1, max: int = 64, decrease: float = 0.5, max_limit: int | None = None
+) -> AdaptiveLimiter:
     return AdaptiveLimiter(LimiterConfig(initial=initial, min=min, max=max, decrease=decrease), max_limit)
 
 

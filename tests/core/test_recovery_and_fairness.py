@@ -20,16 +20,26 @@ ENV = {"KEY": SIMULATOR_DEMO_KEY}
 
 
 def config(base_url: str, models: tuple[str, ...], extra: str = "") -> object:
-    text = f'[simulator]\nenabled = false\n\n[[endpoints]]\nname = "sim"\nbase_url = "{base_url}"\n' \
-           f'keys = [{{ env = "KEY", alias = "k" }}]\n'
+    text = (
+        f'[simulator]\nenabled = false\n\n[[endpoints]]\nname = "sim"\nbase_url = "{base_url}"\n'
+        f'keys = [{{ env = "KEY", alias = "k" }}]\n'
+    )
     for m in models:
         text += f'\n[[models]]\nname = "{m}"\napi_model = "sim-{m}"\nendpoints = ["sim"]\nmax_tokens = 16\n'
     return parse_config(text + "\n" + extra, "test.toml")
 
 
 def spec(name: str, slots: int, latency: float = 1.0, **kw: object) -> ModelSpec:
-    return ModelSpec(name=f"sim-{name}", slots=slots, base_latency=latency, per_token=0.0, noise=0.0,
-                     answer_tokens=8, context_window=128_000, **kw)  # type: ignore[arg-type]
+    return ModelSpec(
+        name=f"sim-{name}",
+        slots=slots,
+        base_latency=latency,
+        per_token=0.0,
+        noise=0.0,
+        answer_tokens=8,
+        context_window=128_000,
+        **kw,
+    )  # type: ignore[arg-type]
 
 
 class Events:
@@ -60,7 +70,7 @@ async def test_waiting_is_first_come_first_served_and_nobody_starves() -> None:
     # the first wave's rejections, which keep their place in line).
     waves = [round(t) for t in done]
     assert max(waves) <= 11
-    assert all(a <= b + 1 for a, b in zip(waves, waves[1:])), waves  # in order of arrival
+    assert all(a <= b + 1 for a, b in zip(waves, waves[1:], strict=False)), waves  # in order of arrival
     assert waves[-1] >= 10
 
 
@@ -68,6 +78,7 @@ async def test_in_saturation_the_limiter_settles_on_the_real_capacity_without_ov
     sim = await start_simulator(Scenario(models=(spec("flagship", 6, latency=0.5),)))
     try:
         async with FallbackClient(config(sim.base_url, ("flagship",)), environ=ENV) as client:
+
             async def worker() -> None:
                 for _ in range(15):
                     await client.chat("work")
@@ -88,13 +99,14 @@ async def test_in_saturation_the_limiter_settles_on_the_real_capacity_without_ov
 async def test_an_open_breaker_is_probed_by_the_client_and_recovers_as_fast_as_capacity_returns() -> None:
     down = (Phase(at=0.0, slots=0), Phase(at=30.0))
     sim = await start_simulator(Scenario(models=(spec("flagship", 8, schedule=down), spec("medium", 64))))
-    extra = "[breaker]\nprobe_interval = 1.0\ncooldown = 8.0\ncooldown_multiplier = 2.0\nramp_start = 0.25\n" \
-            "ramp_duration = 60.0\n[limiter]\ninitial = 8\n"
+    extra = (
+        "[breaker]\nprobe_interval = 1.0\ncooldown = 8.0\ncooldown_multiplier = 2.0\nramp_start = 0.25\n"
+        "ramp_duration = 60.0\n[limiter]\ninitial = 8\n"
+    )
     try:
         bus = ev.EventBus()
         seen = Events(bus)
-        async with FallbackClient(config(sim.base_url, ("flagship", "medium"), extra), environ=ENV,
-                                  bus=bus) as client:
+        async with FallbackClient(config(sim.base_url, ("flagship", "medium"), extra), environ=ENV, bus=bus) as client:
             loop = asyncio.get_running_loop()
             t0 = loop.time()
             stop = False
@@ -113,7 +125,7 @@ async def test_an_open_breaker_is_probed_by_the_client_and_recovers_as_fast_as_c
     finally:
         await sim.stop()
     sent = [p.at - p.latency - t0 for p in probes]
-    gaps = [round(b - a) for a, b in zip(sent, sent[1:])]
+    gaps = [round(b - a) for a, b in zip(sent, sent[1:], strict=False)]
     # Intervals 1, 2, 4, then capped at the cool-down (8), while the probes fail...
     assert gaps[:4] == [2, 4, 8, 8] and all(g <= 8 for g in gaps), gaps
     assert all(not p.ok for p in probes[:-1]) and probes[-1].ok
@@ -127,14 +139,14 @@ async def test_an_open_breaker_is_probed_by_the_client_and_recovers_as_fast_as_c
 
 async def test_no_probe_comes_before_the_servers_hint() -> None:
     down = (Phase(at=0.0, slots=0),)
-    sim = await start_simulator(Scenario(models=(spec("flagship", 8, schedule=down, hint=20.0,
-                                                      dialect="openai-503"), spec("medium", 64))))
+    sim = await start_simulator(
+        Scenario(models=(spec("flagship", 8, schedule=down, hint=20.0, dialect="openai-503"), spec("medium", 64)))
+    )
     extra = "[breaker]\nprobe_interval = 1.0\ncooldown = 60.0\n"
     try:
         bus = ev.EventBus()
         seen = Events(bus)
-        async with FallbackClient(config(sim.base_url, ("flagship", "medium"), extra), environ=ENV,
-                                  bus=bus) as client:
+        async with FallbackClient(config(sim.base_url, ("flagship", "medium"), extra), environ=ENV, bus=bus) as client:
             loop = asyncio.get_running_loop()
             t0 = loop.time()
             for _ in range(150):
@@ -149,7 +161,9 @@ async def test_no_probe_comes_before_the_servers_hint() -> None:
     # Each rejection says "retry after 20 s", and the client takes it for the whole model:
     # no request and no probe goes there sooner.
     assert trips and probes and probes[0] - trips[0] >= 20.0 - 1e-6
-    assert all(b - a >= 20.0 - 1e-6 for a, b in zip(probes, probes[1:])), " ".join(str(round(p)) for p in probes)
+    assert all(b - a >= 20.0 - 1e-6 for a, b in zip(probes, probes[1:], strict=False)), " ".join(
+        str(round(p)) for p in probes
+    )
     assert rejected <= elapsed / 20 + 1
 
 
@@ -167,8 +181,7 @@ async def test_interactive_requests_wait_less_and_batch_keeps_its_share() -> Non
                 served.append((loop.time(), priority))
 
             t0 = loop.time()
-            await asyncio.gather(*[one("batch", 0.0) for _ in range(40)],
-                                 *[one("interactive", 0.5) for _ in range(40)])
+            await asyncio.gather(*[one("batch", 0.0) for _ in range(40)], *[one("interactive", 0.5) for _ in range(40)])
     finally:
         await sim.stop()
     # While both waited (from the second wave on, until the interactive ones ran out),

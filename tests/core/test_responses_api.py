@@ -19,13 +19,23 @@ ENV = {"KEY": SIMULATOR_DEMO_KEY}
 
 
 def spec(name: str, slots: int = 4, **kw: object) -> ModelSpec:
-    return ModelSpec(name=f"sim-{name}", slots=slots, base_latency=0.2, per_token=0.0, noise=0.0, answer_tokens=24,
-                     context_window=128_000, **kw)  # type: ignore[arg-type]
+    return ModelSpec(
+        name=f"sim-{name}",
+        slots=slots,
+        base_latency=0.2,
+        per_token=0.0,
+        noise=0.0,
+        answer_tokens=24,
+        context_window=128_000,
+        **kw,
+    )  # type: ignore[arg-type]
 
 
 def config(base_url: str) -> object:
-    text = f'[simulator]\nenabled = false\n\n[[endpoints]]\nname = "sim"\nbase_url = "{base_url}"\n' \
-           f'keys = [{{ env = "KEY", alias = "k" }}]\n'
+    text = (
+        f'[simulator]\nenabled = false\n\n[[endpoints]]\nname = "sim"\nbase_url = "{base_url}"\n'
+        f'keys = [{{ env = "KEY", alias = "k" }}]\n'
+    )
     for m in ("flagship", "medium"):
         text += f'\n[[models]]\nname = "{m}"\napi_model = "sim-{m}"\nendpoints = ["sim"]\nmax_tokens = 64\n'
     return parse_config(text, "test.toml")
@@ -35,8 +45,9 @@ async def test_a_plain_response_and_a_streamed_one() -> None:
     sim = await start_simulator(Scenario(models=(spec("flagship"), spec("medium"))))
     try:
         async with FallbackClient(config(sim.base_url), environ=ENV) as client:
-            result = await client.responses({"input": "Say hello", "instructions": "Be brief.",
-                                             "metadata": {"trace": "t-1"}})
+            result = await client.responses(
+                {"input": "Say hello", "instructions": "Be brief.", "metadata": {"trace": "t-1"}}
+            )
             stream = client.stream_responses({"input": "Say hello"})
             events = [e async for e in stream]
     finally:

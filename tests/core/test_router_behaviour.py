@@ -42,7 +42,15 @@ async def test_requests_are_kept_lean_max_tokens_capped_and_n_1() -> None:
 
 async def test_too_large_falls_back_only_to_a_model_whose_window_is_larger() -> None:
     script = Script()
-    too_large = Reply(400, {"error": {"message": "This model's maximum context length is 16000 tokens.", "code": "context_length_exceeded"}})
+    too_large = Reply(
+        400,
+        {
+            "error": {
+                "message": "This model's maximum context length is 16000 tokens.",
+                "code": "context_length_exceeded",
+            }
+        },
+    )
     script.always("medium", too_large)
     async with serve(script) as url:
         async with FallbackClient(three_models(url), environ=ENV) as client:
@@ -64,7 +72,10 @@ async def test_a_prompt_larger_than_every_window_fails_without_sending() -> None
 
 async def test_a_bad_request_fails_with_the_providers_message_and_no_retry() -> None:
     script = Script()
-    script.always("flagship", Reply(422, {"error": {"message": "messages[0].role must be one of system, user", "code": "invalid_value"}}))
+    script.always(
+        "flagship",
+        Reply(422, {"error": {"message": "messages[0].role must be one of system, user", "code": "invalid_value"}}),
+    )
     async with serve(script) as url:
         async with FallbackClient(three_models(url), environ=ENV) as client:
             with pytest.raises(RequestFailed, match="must be one of"):
@@ -74,7 +85,11 @@ async def test_a_bad_request_fails_with_the_providers_message_and_no_retry() -> 
 
 async def test_rate_limited_moves_to_another_key_of_the_same_model_at_once() -> None:
     script = Script()
-    limited = Reply(429, {"error": {"message": "Rate limit reached for requests", "code": "rate_limit_exceeded"}}, headers={"retry-after": "20"})
+    limited = Reply(
+        429,
+        {"error": {"message": "Rate limit reached for requests", "code": "rate_limit_exceeded"}},
+        headers={"retry-after": "20"},
+    )
     script.set("flagship", lambda n, body: limited if script.seen[-1].key == ENV["TEST_KEY_A"] else ok("flagship"))
     keys = '[{ env = "TEST_KEY_A", alias = "a" }, { env = "TEST_KEY_B", alias = "b" }]'
     async with serve(script) as url:
@@ -90,7 +105,12 @@ async def test_rate_limited_moves_to_another_key_of_the_same_model_at_once() -> 
 
 async def test_a_transient_error_is_retried_after_a_short_backoff() -> None:
     script = Script()
-    script.set("flagship", lambda n, body: Reply(502, "<html><body><h1>502 Bad Gateway</h1><hr>nginx</body></html>") if n == 1 else ok("flagship"))
+    script.set(
+        "flagship",
+        lambda n, body: Reply(502, "<html><body><h1>502 Bad Gateway</h1><hr>nginx</body></html>")
+        if n == 1
+        else ok("flagship"),
+    )
     async with serve(script) as url:
         async with FallbackClient(three_models(url), environ=ENV) as client:
             result = await client.chat("hi")
@@ -164,7 +184,12 @@ answer_tokens = 40
 """)
     app = create_app(scenario)
     cfg = three_models("http://sim/v1", extra="")
-    cfg = cfg.__class__(**{**cfg.__dict__, "models": tuple(m.__class__(**{**m.__dict__, "api_model": "sim-flagship"}) for m in cfg.models)})
+    cfg = cfg.__class__(
+        **{
+            **cfg.__dict__,
+            "models": tuple(m.__class__(**{**m.__dict__, "api_model": "sim-flagship"}) for m in cfg.models),
+        }
+    )
     env = {"TEST_KEY_A": "sk-capmon-sim-demo"}
     async with FallbackClient(cfg, environ=env, transport=httpx.ASGITransport(app=app)) as client:
         pieces = [p async for p in client.stream("tell me")]
@@ -176,7 +201,8 @@ answer_tokens = 40
 def _sim_config(slots: dict[str, int], latency: float = 0.5) -> tuple[object, object]:
     import httpx
 
-    models = "".join(f"""
+    models = "".join(
+        f"""
 [[models]]
 name = "sim-{name}"
 slots = {n}
@@ -184,10 +210,17 @@ base_latency = {latency}
 per_token = 0.0
 noise = 0.0
 dialect = "openai-503"
-""" for name, n in slots.items())
+"""
+        for name, n in slots.items()
+    )
     app = create_app(parse_scenario('name = "t"\n' + models))
     cfg = three_models("http://sim/v1")
-    cfg = cfg.__class__(**{**cfg.__dict__, "models": tuple(m.__class__(**{**m.__dict__, "api_model": f"sim-{m.name}"}) for m in cfg.models)})
+    cfg = cfg.__class__(
+        **{
+            **cfg.__dict__,
+            "models": tuple(m.__class__(**{**m.__dict__, "api_model": f"sim-{m.name}"}) for m in cfg.models),
+        }
+    )
     return cfg, httpx.ASGITransport(app=app)
 
 
@@ -226,7 +259,9 @@ async def test_an_rpm_bucket_paces_requests_instead_of_sending_them_to_be_reject
     script = Script()
     async with serve(script) as url:
         cfg = three_models(url)
-        cfg = cfg.__class__(**{**cfg.__dict__, "models": (cfg.models[0].__class__(**{**cfg.models[0].__dict__, "rpm": 60}),)})
+        cfg = cfg.__class__(
+            **{**cfg.__dict__, "models": (cfg.models[0].__class__(**{**cfg.models[0].__dict__, "rpm": 60}),)}
+        )
         async with FallbackClient(cfg, environ=ENV) as client:
             loop = asyncio.get_running_loop()
             t0 = loop.time()

@@ -73,7 +73,19 @@ async def test_the_clients_own_probe_finds_the_model_back_and_the_ramp_restores_
 
 async def test_a_401_is_never_retried() -> None:
     script = Script()
-    script.always("flagship", Reply(401, {"error": {"message": "Incorrect API key provided: sk-te****aaaa.", "type": "invalid_request_error", "code": "invalid_api_key"}}))
+    script.always(
+        "flagship",
+        Reply(
+            401,
+            {
+                "error": {
+                    "message": "Incorrect API key provided: sk-te****aaaa.",
+                    "type": "invalid_request_error",
+                    "code": "invalid_api_key",
+                }
+            },
+        ),
+    )
     script.always("medium", Reply(401, {"error": {"message": "Incorrect API key provided", "code": "invalid_api_key"}}))
     async with serve(script) as url:
         async with FallbackClient(three_models(url), environ=ENV) as client:
@@ -91,7 +103,16 @@ async def test_a_401_is_never_retried() -> None:
 
 async def test_insufficient_quota_is_never_retried_on_that_key() -> None:
     script = Script()
-    quota = Reply(429, {"error": {"message": "You exceeded your current quota, please check your plan and billing details.", "type": "insufficient_quota", "code": "insufficient_quota"}})
+    quota = Reply(
+        429,
+        {
+            "error": {
+                "message": "You exceeded your current quota, please check your plan and billing details.",
+                "type": "insufficient_quota",
+                "code": "insufficient_quota",
+            }
+        },
+    )
     script.set("flagship", lambda n, body: quota if body and True else quota)
     keys = '[{ env = "TEST_KEY_A", alias = "a" }, { env = "TEST_KEY_B", alias = "b" }]'
     seen_keys: list[str] = []
@@ -110,7 +131,9 @@ async def test_insufficient_quota_is_never_retried_on_that_key() -> None:
 
 async def test_retry_after_ms_is_honoured() -> None:
     script = Script()
-    limited = Reply(429, {"error": {"message": "Rate limit is exceeded.", "code": "429"}}, headers={"retry-after-ms": "800"})
+    limited = Reply(
+        429, {"error": {"message": "Rate limit is exceeded.", "code": "429"}}, headers={"retry-after-ms": "800"}
+    )
     script.set("flagship", lambda n, body: limited if n == 1 else ok("flagship"))
     async with serve(script) as url:
         async with FallbackClient(three_models(url), environ=ENV) as client:

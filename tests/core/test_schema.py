@@ -33,31 +33,36 @@ def load(text: str) -> Plan:
 
 def test_defaults_and_values() -> None:
     assert load("") == Plan()
-    plan = load('name = "n"\nmode = "slow"\ntags = ["x"]\ncount = 3\n[[steps]]\nat = 1\n[[steps]]\nat = 2.5\nfactor = 2')
+    plan = load(
+        'name = "n"\nmode = "slow"\ntags = ["x"]\ncount = 3\n[[steps]]\nat = 1\n[[steps]]\nat = 2.5\nfactor = 2'
+    )
     assert plan == Plan(name="n", mode="slow", tags=("x",), steps=(Step(at=1.0), Step(at=2.5, factor=2.0)), count=3)
     assert isinstance(plan.steps[0].at, float)
 
 
-@pytest.mark.parametrize("doc, key, message", [
-    ("nmae = 1", "nmae", "unknown key; did you mean 'name'?"),
-    ("origin = 'x'", "origin", "unknown key; valid keys: name, mode, tags, steps, count"),
-    ('name = " "', "name", "expected a non-empty string"),
-    ('name = "a\\u0007"', "name", "expected a name without control characters, got 'a\\x07'"),
-    ('mode = "medium"', "mode", "expected one of fast, slow, got 'medium'"),
-    ("tags = []", "tags", "expected a non-empty list of tags, got [] (list)"),
-    ('tags = [""]', "tags[0]", "expected a non-empty string"),
-    ("steps = 3", "steps", "expected a list of [[steps]] tables, got 3 (int)"),
-    ("[[steps]]\nfactor = 1", "steps[0].at", "missing; expected seconds since start"),
-    ("[[steps]]\nat = -1", "steps[0].at", "expected a number >= 0, got -1"),
-    ("[[steps]]\nat = 0\nfactor = 0", "steps[0].factor", "expected a number > 0, got 0"),
-    ("[[steps]]\nat = 0\nfactor = 11", "steps[0].factor", "expected a number <= 10, got 11"),
-    ("[[steps]]\nat = 0\nfactor = 'big'", "steps[0].factor", "expected a finite number, got 'big' (str)"),
-    ("[[steps]]\nat = nan", "steps[0].at", "expected a finite number, got nan (float)"),
-    ("[[steps]]\nat = 'now'", "steps[0].at", "expected a number, got 'now' (str)"),
-    ("count = true", "count", "expected a whole number, got True (bool)"),
-    ("count = 0", "count", "expected a whole number >= 1, got 0"),
-    ("steps = [1]", "steps[0]", "expected a table, got 1 (int)"),
-])
+@pytest.mark.parametrize(
+    "doc, key, message",
+    [
+        ("nmae = 1", "nmae", "unknown key; did you mean 'name'?"),
+        ("origin = 'x'", "origin", "unknown key; valid keys: name, mode, tags, steps, count"),
+        ('name = " "', "name", "expected a non-empty string"),
+        ('name = "a\\u0007"', "name", "expected a name without control characters, got 'a\\x07'"),
+        ('mode = "medium"', "mode", "expected one of fast, slow, got 'medium'"),
+        ("tags = []", "tags", "expected a non-empty list of tags, got [] (list)"),
+        ('tags = [""]', "tags[0]", "expected a non-empty string"),
+        ("steps = 3", "steps", "expected a list of [[steps]] tables, got 3 (int)"),
+        ("[[steps]]\nfactor = 1", "steps[0].at", "missing; expected seconds since start"),
+        ("[[steps]]\nat = -1", "steps[0].at", "expected a number >= 0, got -1"),
+        ("[[steps]]\nat = 0\nfactor = 0", "steps[0].factor", "expected a number > 0, got 0"),
+        ("[[steps]]\nat = 0\nfactor = 11", "steps[0].factor", "expected a number <= 10, got 11"),
+        ("[[steps]]\nat = 0\nfactor = 'big'", "steps[0].factor", "expected a finite number, got 'big' (str)"),
+        ("[[steps]]\nat = nan", "steps[0].at", "expected a finite number, got nan (float)"),
+        ("[[steps]]\nat = 'now'", "steps[0].at", "expected a number, got 'now' (str)"),
+        ("count = true", "count", "expected a whole number, got True (bool)"),
+        ("count = 0", "count", "expected a whole number >= 1, got 0"),
+        ("steps = [1]", "steps[0]", "expected a table, got 1 (int)"),
+    ],
+)
 def test_errors_name_the_file_the_key_and_what_was_expected(doc: str, key: str, message: str) -> None:
     with pytest.raises(ConfigError) as info:
         load(doc)

@@ -43,16 +43,30 @@ TRANSIENT = Failure(Kind.TRANSIENT, "502 bad gateway", 502)
 
 
 class World:
-    def __init__(self, *, breaker: BreakerConfig | None = None, limiter: LimiterConfig | None = None,
-                 rpm: int = 0, tpm: int = 0, clock: Any = None) -> None:
+    def __init__(
+        self,
+        *,
+        breaker: BreakerConfig | None = None,
+        limiter: LimiterConfig | None = None,
+        rpm: int = 0,
+        tpm: int = 0,
+        clock: Any = None,
+    ) -> None:
         self.clock = clock or ManualClock()
         self.events: list[Event] = []
         m1 = ModelConfig(name="m1", endpoints=("ep",), rpm=rpm, tpm=tpm)
         m2 = ModelConfig(name="m2", endpoints=("ep",))
-        self.config = Config(models=(m1, m2), breaker=breaker or BreakerConfig(),
-                             limiter=limiter or LimiterConfig(), client=ClientConfig(retry_budget=0.5))
-        specs = [TargetSpec(A1, m1, ("ep", "a"), "a"), TargetSpec(A2, m2, ("ep", "a"), "a"),
-                 TargetSpec(B1, m1, ("ep", "b"), "b")]
+        self.config = Config(
+            models=(m1, m2),
+            breaker=breaker or BreakerConfig(),
+            limiter=limiter or LimiterConfig(),
+            client=ClientConfig(retry_budget=0.5),
+        )
+        specs = [
+            TargetSpec(A1, m1, ("ep", "a"), "a"),
+            TargetSpec(A2, m2, ("ep", "a"), "a"),
+            TargetSpec(B1, m1, ("ep", "b"), "b"),
+        ]
         self.state = MemoryState(self.config, specs, self.clock, self.events.append)
 
     def t(self, tid: str = A1) -> MemoryTarget:
@@ -97,7 +111,14 @@ async def test_admit_takes_a_slot_and_says_where_it_stood() -> None:
     w = World(limiter=LimiterConfig(initial=4))
     adm = await w.admit(cost=100)
     assert (adm.target, adm.generation, adm.probe, adm.slot, adm.cost, adm.at, adm.settled) == (
-        A1, 0, False, Slot(1, 0), 100, w.clock.now(), False)
+        A1,
+        0,
+        False,
+        Slot(1, 0),
+        100,
+        w.clock.now(),
+        False,
+    )
     more = [await w.admit() for _ in range(3)]
     assert [a.slot.position for a in more] == [2, 3, 4]
     assert await w.t().admit(1) is None  # the limiter is full
@@ -318,20 +339,25 @@ async def test_a_success_refunds_the_tokens_it_did_not_use() -> None:
 # ------------------------------------------------------------------ settle: the policy table
 
 
-@pytest.mark.parametrize(("failure", "news", "consecutive", "limit", "key"), [
-    (None, False, 0, 9.0, KeyState.OK),  # slow start: 4 of 8 busy
-    (capacity(), True, 1, 3.0, KeyState.OK),  # position 4: the target holds 3
-    (rate_limited(), True, 0, 3.0, KeyState.OK),  # full, but says nothing about the model being down
-    (DOWN, True, 1, 8.0, KeyState.OK),  # never reached the server: news for the breaker only
-    (TRANSIENT, False, 0, 8.0, KeyState.OK),
-    (quota(), False, 0, 8.0, KeyState.PARKED),
-    (AUTH, False, 0, 8.0, KeyState.DISABLED),
-    (Failure(Kind.TOO_LARGE, "context_length_exceeded", 400), False, 0, 8.0, KeyState.OK),
-    (Failure(Kind.BAD_REQUEST, "bad role", 422), False, 0, 8.0, KeyState.OK),
-    (Failure(Kind.OVERSIZED, "answer too large", 200), False, 0, 8.0, KeyState.OK),
-], ids=lambda x: x.kind.value if isinstance(x, Failure) else None)
-async def test_settle_applies_the_policy_table(failure: Failure | None, news: bool, consecutive: int, limit: float,
-                                               key: KeyState) -> None:
+@pytest.mark.parametrize(
+    ("failure", "news", "consecutive", "limit", "key"),
+    [
+        (None, False, 0, 9.0, KeyState.OK),  # slow start: 4 of 8 busy
+        (capacity(), True, 1, 3.0, KeyState.OK),  # position 4: the target holds 3
+        (rate_limited(), True, 0, 3.0, KeyState.OK),  # full, but says nothing about the model being down
+        (DOWN, True, 1, 8.0, KeyState.OK),  # never reached the server: news for the breaker only
+        (TRANSIENT, False, 0, 8.0, KeyState.OK),
+        (quota(), False, 0, 8.0, KeyState.PARKED),
+        (AUTH, False, 0, 8.0, KeyState.DISABLED),
+        (Failure(Kind.TOO_LARGE, "context_length_exceeded", 400), False, 0, 8.0, KeyState.OK),
+        (Failure(Kind.BAD_REQUEST, "bad role", 422), False, 0, 8.0, KeyState.OK),
+        (Failure(Kind.OVERSIZED, "answer too large", 200), False, 0, 8.0, KeyState.OK),
+    ],
+    ids=lambda x: x.kind.value if isinstance(x, Failure) else None,
+)
+async def test_settle_applies_the_policy_table(
+    failure: Failure | None, news: bool, consecutive: int, limit: float, key: KeyState
+) -> None:
     w = World(limiter=LimiterConfig(initial=8))
     t = w.t()
     held = [await w.admit() for _ in range(4)]
@@ -505,14 +531,27 @@ async def test_the_view_shows_every_gate() -> None:
     w = World(breaker=BreakerConfig(ramp_duration=1e6), limiter=LimiterConfig(initial=8))
     t = w.t()
     v = t.view()
-    assert (v.breaker.state, v.limiter.limit, v.limiter.in_flight, v.limiter.capacity, v.ramp_slots, v.key_state,
-            v.key_until, v.key_reason, v.not_before) == (State.CLOSED, 8.0, 0, None, None, KeyState.OK, None, "", 0.0)
+    assert (
+        v.breaker.state,
+        v.limiter.limit,
+        v.limiter.in_flight,
+        v.limiter.capacity,
+        v.ramp_slots,
+        v.key_state,
+        v.key_until,
+        v.key_reason,
+        v.not_before,
+    ) == (State.CLOSED, 8.0, 0, None, None, KeyState.OK, None, "", 0.0)
     await w.trip()
     await w.probe()
     await w.attempt(quota(hint=50))
     v = t.view()
     assert (v.breaker.state, v.ramp_slots, v.key_state, v.key_until) == (
-        State.RAMP, 2, KeyState.PARKED, w.clock.now() + 50)
+        State.RAMP,
+        2,
+        KeyState.PARKED,
+        w.clock.now() + 50,
+    )
 
 
 async def test_ready_at_is_the_latest_time_gate() -> None:
@@ -557,7 +596,9 @@ def queue_over(t: MemoryTarget, clock: LoopClock) -> WaitQueue[Admission]:
         await t.settle(adm, None, cancelled=True)
         q.kick()
 
-    q = WaitQueue(clock, lambda key: t.admit(1), give_back, lambda key, now: t.ready_at(now, 1), lambda key: (INTERACTIVE, "all"))
+    q = WaitQueue(
+        clock, lambda key: t.admit(1), give_back, lambda key, now: t.ready_at(now, 1), lambda key: (INTERACTIVE, "all")
+    )
     return q
 
 

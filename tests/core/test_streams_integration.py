@@ -47,8 +47,12 @@ async def test_stream_shapes_through_the_client(shape: Shape) -> None:
             assert content == shape.text
             assert script.served("flagship") == 1 and script.served("medium") == 0
             if shape.tool_calls:
-                names = [d["function"]["name"] for c in got for d in c["choices"][0]["delta"].get("tool_calls") or []
-                         if "name" in d.get("function", {})]
+                names = [
+                    d["function"]["name"]
+                    for c in got
+                    for d in c["choices"][0]["delta"].get("tool_calls") or []
+                    if "name" in d.get("function", {})
+                ]
                 assert names == [t["function"]["name"] for t in shape.tool_calls]
         elif shape.after_output:
             assert error is not None and error.failure.kind is shape.kind
@@ -84,14 +88,18 @@ async def test_tool_calls_survive_plain_and_streamed_answers() -> None:
     sent = [s.body for s in script.seen]
     assert all(b["tools"] == tools for b in sent)
     assert sent[0]["tool_choice"] == "required" and "stream" not in sent[0] and sent[1]["stream"] is True
-    args = "".join(d["function"].get("arguments", "") for c in pieces for d in c["choices"][0]["delta"].get(
-        "tool_calls") or [])
+    args = "".join(
+        d["function"].get("arguments", "") for c in pieces for d in c["choices"][0]["delta"].get("tool_calls") or []
+    )
     assert args == WEATHER_ARGS
     assert texts == []  # no text in a tool call: stream() yields nothing, and does not fail
 
 
-@pytest.mark.parametrize("name,status,body,refused", [u for u in UNSUPPORTED if u[3] == "max_tokens"],
-                         ids=[u[0] for u in UNSUPPORTED if u[3] == "max_tokens"])
+@pytest.mark.parametrize(
+    "name,status,body,refused",
+    [u for u in UNSUPPORTED if u[3] == "max_tokens"],
+    ids=[u[0] for u in UNSUPPORTED if u[3] == "max_tokens"],
+)
 async def test_a_model_that_refuses_max_tokens_is_sent_max_completion_tokens(name, status, body, refused) -> None:
     script = Script()
     script.set("flagship", lambda n, b: Reply(status, body) if "max_tokens" in b else ok("flagship"))
@@ -111,9 +119,17 @@ async def test_a_model_that_refuses_max_tokens_is_sent_max_completion_tokens(nam
 
 
 async def test_the_token_parameter_is_switched_once_per_request_not_forever() -> None:
-    refuses_both = Reply(400, {"error": {"message": "Unsupported parameter: 'max_tokens' is not supported with this "
-                                                    "model.", "type": "invalid_request_error",
-                                         "param": "max_tokens", "code": "unsupported_parameter"}})
+    refuses_both = Reply(
+        400,
+        {
+            "error": {
+                "message": "Unsupported parameter: 'max_tokens' is not supported with this model.",
+                "type": "invalid_request_error",
+                "param": "max_tokens",
+                "code": "unsupported_parameter",
+            }
+        },
+    )
     script = Script()
     script.always("flagship", refuses_both)
     async with serve(script) as url, FallbackClient(three_models(url), environ=ENV) as client:
@@ -127,6 +143,7 @@ async def test_a_configured_token_parameter_is_sent_from_the_start() -> None:
     async with serve(script) as url:
         cfg = three_models(url)
         import dataclasses
+
         models = (dataclasses.replace(cfg.models[0], token_param="max_completion_tokens"), *cfg.models[1:])
         async with FallbackClient(dataclasses.replace(cfg, models=models), environ=ENV) as client:
             await client.chat("hi", max_tokens=10)

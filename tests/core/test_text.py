@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 
@@ -36,10 +36,21 @@ def test_a_table_pads_columns_and_trims_line_ends() -> None:
     assert text.table([]) == []
 
 
-@pytest.mark.parametrize("seconds, shown", [
-    (None, "-"), (math.nan, "-"), (-1, "-"), (0, "0s"), (5, "5s"), (59.4, "59s"), (59.6, "1m00s"), (65, "1m05s"),
-    (3700, "1h01m"), (90000, "1d01h"),
-])
+@pytest.mark.parametrize(
+    "seconds, shown",
+    [
+        (None, "-"),
+        (math.nan, "-"),
+        (-1, "-"),
+        (0, "0s"),
+        (5, "5s"),
+        (59.4, "59s"),
+        (59.6, "1m00s"),
+        (65, "1m05s"),
+        (3700, "1h01m"),
+        (90000, "1d01h"),
+    ],
+)
 def test_durations_in_their_two_largest_units(seconds: float | None, shown: str) -> None:
     assert text.duration(seconds) == shown
 

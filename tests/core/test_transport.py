@@ -18,8 +18,9 @@ import logging
 import socket
 import struct
 import traceback
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import httpx
 import pytest
@@ -59,8 +60,13 @@ class Conn:
         self.writer.write(data)
         await self.writer.drain()
 
-    async def head(self, status: str = "200 OK", headers: tuple[tuple[str, str], ...] = (), chunked: bool = False,
-                   length: int | None = None) -> None:
+    async def head(
+        self,
+        status: str = "200 OK",
+        headers: tuple[tuple[str, str], ...] = (),
+        chunked: bool = False,
+        length: int | None = None,
+    ) -> None:
         lines = [f"HTTP/1.1 {status}"] + [f"{k}: {v}" for k, v in headers]
         if chunked:
             lines.append("transfer-encoding: chunked")
@@ -176,7 +182,9 @@ async def serving(**handlers: Handler) -> AsyncIterator[RawServer]:
 
 
 @contextlib.asynccontextmanager
-async def client(kind: str, *, max_connections: int = 8, timeout: httpx.Timeout | None = None) -> AsyncIterator[httpx.AsyncClient]:
+async def client(
+    kind: str, *, max_connections: int = 8, timeout: httpx.Timeout | None = None
+) -> AsyncIterator[httpx.AsyncClient]:
     transport = make_transport(kind, max_connections=max_connections, connect_timeout=5.0)
     async with httpx.AsyncClient(transport=transport, timeout=timeout or httpx.Timeout(30.0, connect=5.0)) as c:
         yield c
@@ -304,8 +312,10 @@ async def hang(conn: Conn, req: Request) -> bool:
 async def test_streams_closed_or_cancelled_midway_release_their_connections(kind: str) -> None:
     limit = 3
     timeout = httpx.Timeout(30.0, connect=5.0, pool=5.0)
-    async with serving(hold=hold_stream, hang=hang, chat=answer) as srv, \
-            client(kind, max_connections=limit, timeout=timeout) as c:
+    async with (
+        serving(hold=hold_stream, hang=hang, chat=answer) as srv,
+        client(kind, max_connections=limit, timeout=timeout) as c,
+    ):
         for _ in range(15):  # closed by leaving the block after the first chunk
             async with c.stream("POST", srv.url("/hold"), headers=HEADERS) as r:
                 chunks = r.aiter_raw()  # held: a dropped iterator may close the response when collected
@@ -371,8 +381,11 @@ async def test_a_silent_server_is_a_read_timeout(kind: str) -> None:
 
 
 async def test_a_stream_that_stalls_is_a_read_timeout(kind: str) -> None:
-    async with serving(hold=hold_stream) as srv, client(kind, timeout=httpx.Timeout(2.0, connect=5.0)) as c, \
-            c.stream("POST", srv.url("/hold"), headers=HEADERS) as r:
+    async with (
+        serving(hold=hold_stream) as srv,
+        client(kind, timeout=httpx.Timeout(2.0, connect=5.0)) as c,
+        c.stream("POST", srv.url("/hold"), headers=HEADERS) as r,
+    ):
         chunks = r.aiter_raw()
         await chunks.__anext__()
         with pytest.raises(httpx.ReadTimeout) as info:
@@ -410,7 +423,9 @@ async def test_a_connect_that_gets_no_answer_is_a_connect_timeout(kind: str, una
     no_secret_in(info.value)
 
 
-async def test_the_transports_own_connect_timeout_applies_without_a_request_timeout(kind: str, unanswered_port: int) -> None:
+async def test_the_transports_own_connect_timeout_applies_without_a_request_timeout(
+    kind: str, unanswered_port: int
+) -> None:
     transport = make_transport(kind, max_connections=2, connect_timeout=1.5)
     loop = asyncio.get_running_loop()
     t0 = loop.time()
@@ -493,13 +508,21 @@ async def bad_chunk(conn: Conn, req: Request) -> bool:
 async def stream_cut(conn: Conn, req: Request) -> bool:
     await conn.head(headers=(("content-type", "text/event-stream"),), chunked=True)
     await conn.chunk(b'data: {"n": 1}\n\n')
-    await conn.send(b"40\r\ndata: {\"n\"")  # a chunk promised, cut short
+    await conn.send(b'40\r\ndata: {"n"')  # a chunk promised, cut short
     return False
 
 
 BROKEN = {
-    "hang-up": (hang_up, (httpx.RemoteProtocolError,), "protocol error (RemoteProtocolError: Server disconnected without sending a response."),
-    "half-body": (half_body, (httpx.RemoteProtocolError,), "protocol error (RemoteProtocolError: peer closed connection without sending complete message body"),
+    "hang-up": (
+        hang_up,
+        (httpx.RemoteProtocolError,),
+        "protocol error (RemoteProtocolError: Server disconnected without sending a response.",
+    ),
+    "half-body": (
+        half_body,
+        (httpx.RemoteProtocolError,),
+        "protocol error (RemoteProtocolError: peer closed connection without sending complete message body",
+    ),
     "reset-mid-body": (reset_mid_body, (httpx.ReadError, httpx.RemoteProtocolError), ""),
     "reset-at-once": (reset_at_once, (httpx.ReadError, httpx.RemoteProtocolError), ""),
     "garbage": (garbage, (httpx.RemoteProtocolError,), "protocol error (RemoteProtocolError: "),
@@ -509,8 +532,9 @@ BROKEN = {
 
 
 @pytest.mark.parametrize("fault", list(BROKEN))
-async def test_a_broken_connection_or_answer_is_a_transient_httpx_error(kind: str, fault: str,
-                                                                          caplog: pytest.LogCaptureFixture) -> None:
+async def test_a_broken_connection_or_answer_is_a_transient_httpx_error(
+    kind: str, fault: str, caplog: pytest.LogCaptureFixture
+) -> None:
     handler, expected, reason = BROKEN[fault]
     caplog.set_level(logging.DEBUG)
     async with serving(broken=handler) as srv, client(kind) as c:
@@ -526,7 +550,11 @@ async def test_a_broken_connection_or_answer_is_a_transient_httpx_error(kind: st
 
 async def test_a_stream_cut_midway_raises_a_transient_httpx_error(kind: str, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG)
-    async with serving(cut=stream_cut) as srv, client(kind) as c, c.stream("POST", srv.url("/cut"), headers=HEADERS) as r:
+    async with (
+        serving(cut=stream_cut) as srv,
+        client(kind) as c,
+        c.stream("POST", srv.url("/cut"), headers=HEADERS) as r,
+    ):
         chunks = r.aiter_raw()
         assert (await chunks.__anext__()).startswith(b"data:")
         with pytest.raises((httpx.ReadError, httpx.RemoteProtocolError)) as info:
@@ -544,8 +572,9 @@ async def test_a_stream_cut_midway_raises_a_transient_httpx_error(kind: str, cap
 async def test_the_fallback_client_chats_and_streams_on_either_transport(kind: str) -> None:
     async with running_simulator(scenario()) as sim:
         cfg = sim_config(sim.base_url)
-        transport = make_transport(kind, max_connections=cfg.client.max_connections,
-                                   connect_timeout=cfg.client.connect_timeout)
+        transport = make_transport(
+            kind, max_connections=cfg.client.max_connections, connect_timeout=cfg.client.connect_timeout
+        )
         async with FallbackClient(cfg, environ=ENV, transport=transport) as fc:
             results = await asyncio.gather(*[fc.chat(ChatRequest.of(f"item {i}")) for i in range(20)])
             assert all(r.content for r in results) and {r.model for r in results} <= {"flagship", "medium", "small"}

@@ -24,7 +24,7 @@ def play(body: bytes, pieces: int = 1) -> tuple[Assembler, list[Any], Any, bool]
     held: list[Any] = []
     output = finished = False
     step = max(1, len(body) // pieces)
-    parts = [body[i:i + step] for i in range(0, len(body), step)] + [None]
+    parts = [body[i : i + step] for i in range(0, len(body), step)] + [None]
     for part in parts:
         frames = parser.close() if part is None else parser.feed(part)
         for frame in frames:
@@ -81,19 +81,19 @@ def test_any_split_of_the_bytes_gives_the_same_frames(cuts: list[int]) -> None:
     expected = whole.feed(body) + whole.close()
     parser, got, pos = SSEParser(), [], 0
     for n in cuts:
-        got += parser.feed(body[pos:pos + n])
+        got += parser.feed(body[pos : pos + n])
         pos += n
     got += parser.feed(body[pos:]) + parser.close()
     assert got == expected
 
 
 def test_comment_and_id_lines_are_dropped_and_event_names_kept() -> None:
-    frames = SSEParser().feed(b": hello\nid: 7\nretry: 100\nevent: error\ndata: {\"a\": 1}\n\n")
+    frames = SSEParser().feed(b': hello\nid: 7\nretry: 100\nevent: error\ndata: {"a": 1}\n\n')
     assert [(f.event, f.data) for f in frames] == [("error", '{"a": 1}')]
 
 
 def test_multi_line_data_joins_as_the_spec_says() -> None:
-    frames = SSEParser().feed(b"data: {\"a\":\ndata: 1}\n\n")
+    frames = SSEParser().feed(b'data: {"a":\ndata: 1}\n\n')
     assert [json.loads(f.data) for f in frames] == [{"a": 1}]
 
 
@@ -113,33 +113,78 @@ def test_unsupported_token_parameter_shapes(name: str, status: int, body: Any, r
 
 
 def test_an_ordinary_bad_request_is_not_a_token_parameter_refusal() -> None:
-    body = {"error": {"message": "Invalid value for 'temperature': must be at most 2.", "type": "invalid_request_error",
-                      "param": "temperature", "code": "invalid_value"}}
+    body = {
+        "error": {
+            "message": "Invalid value for 'temperature': must be at most 2.",
+            "type": "invalid_request_error",
+            "param": "temperature",
+            "code": "invalid_value",
+        }
+    }
     failure = classify_response(400, {}, json.dumps(body).encode(), now=0.0)
     assert failure is not None and not wire.refused_token_param(failure, TokenParam.MAX_TOKENS)
 
 
 def test_the_body_passes_every_caller_field_through_and_owns_model_n_and_the_cap() -> None:
-    extra = {"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}], "tool_choice": "auto",
-             "response_format": {"type": "json_object"}, "stop": ["\n"], "seed": 7, "user": "u1", "logprobs": True,
-             "stream_options": {"include_usage": True}, "reasoning_effort": "low", "some_future_field": {"x": 1},
-             "model": "evil", "n": 5, "max_tokens": 99999, "max_completion_tokens": 99999, "stream": False}
-    body = wire.chat_body(({"role": "user", "content": "hi"},), extra, model="m", token_param=TokenParam.MAX_TOKENS,
-                          max_tokens=256, temperature=None, stream=True)
-    for k in ("tools", "tool_choice", "response_format", "stop", "seed", "user", "logprobs", "stream_options",
-              "reasoning_effort", "some_future_field"):
+    extra = {
+        "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
+        "tool_choice": "auto",
+        "response_format": {"type": "json_object"},
+        "stop": ["\n"],
+        "seed": 7,
+        "user": "u1",
+        "logprobs": True,
+        "stream_options": {"include_usage": True},
+        "reasoning_effort": "low",
+        "some_future_field": {"x": 1},
+        "model": "evil",
+        "n": 5,
+        "max_tokens": 99999,
+        "max_completion_tokens": 99999,
+        "stream": False,
+    }
+    body = wire.chat_body(
+        ({"role": "user", "content": "hi"},),
+        extra,
+        model="m",
+        token_param=TokenParam.MAX_TOKENS,
+        max_tokens=256,
+        temperature=None,
+        stream=True,
+    )
+    for k in (
+        "tools",
+        "tool_choice",
+        "response_format",
+        "stop",
+        "seed",
+        "user",
+        "logprobs",
+        "stream_options",
+        "reasoning_effort",
+        "some_future_field",
+    ):
         assert body[k] == extra[k]
     assert body["model"] == "m" and body["n"] == 1 and body["max_tokens"] == 256 and body["stream"] is True
     assert "max_completion_tokens" not in body
-    body = wire.chat_body((), {}, model="m", token_param=TokenParam.MAX_COMPLETION_TOKENS, max_tokens=8,
-                          temperature=0.2, stream=False)
+    body = wire.chat_body(
+        (), {}, model="m", token_param=TokenParam.MAX_COMPLETION_TOKENS, max_tokens=8, temperature=0.2, stream=False
+    )
     assert body == {"model": "m", "messages": [], "max_completion_tokens": 8, "n": 1, "temperature": 0.2}
 
 
 def test_a_responses_body_passes_every_caller_field_and_owns_model_stream_and_the_cap() -> None:
-    extra = {"input": [{"role": "user", "content": "hi"}], "instructions": "x", "tools": [{"type": "web_search"}],
-             "metadata": {"a": "b"}, "reasoning": {"effort": "low"}, "model": "evil", "max_output_tokens": 9999,
-             "stream": False, "store": False}
+    extra = {
+        "input": [{"role": "user", "content": "hi"}],
+        "instructions": "x",
+        "tools": [{"type": "web_search"}],
+        "metadata": {"a": "b"},
+        "reasoning": {"effort": "low"},
+        "model": "evil",
+        "max_output_tokens": 9999,
+        "stream": False,
+        "store": False,
+    }
     body = wire.responses_body(extra, model="m", max_output_tokens=64, stream=True)
     for k in ("input", "instructions", "tools", "metadata", "reasoning", "store"):
         assert body[k] == extra[k]

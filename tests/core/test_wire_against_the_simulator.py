@@ -21,18 +21,35 @@ from tests.reliability.helpers import set_fault
 pytestmark = pytest.mark.looptime
 
 ENV = {"KEY": SIMULATOR_DEMO_KEY}
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
-    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        },
+    }
+]
 
 
 def spec(name: str, slots: int = 4, **kw: object) -> ModelSpec:
-    return ModelSpec(name=f"sim-{name}", slots=slots, base_latency=0.1, per_token=0.0, noise=0.0, answer_tokens=20,
-                     context_window=128_000, **kw)  # type: ignore[arg-type]
+    return ModelSpec(
+        name=f"sim-{name}",
+        slots=slots,
+        base_latency=0.1,
+        per_token=0.0,
+        noise=0.0,
+        answer_tokens=20,
+        context_window=128_000,
+        **kw,
+    )  # type: ignore[arg-type]
 
 
 def config(base_url: str) -> object:
-    text = f'[simulator]\nenabled = false\n\n[[endpoints]]\nname = "sim"\nbase_url = "{base_url}"\n' \
-           f'keys = [{{ env = "KEY", alias = "k" }}]\n'
+    text = (
+        f'[simulator]\nenabled = false\n\n[[endpoints]]\nname = "sim"\nbase_url = "{base_url}"\n'
+        f'keys = [{{ env = "KEY", alias = "k" }}]\n'
+    )
     for m in ("flagship", "medium"):
         text += f'\n[[models]]\nname = "{m}"\napi_model = "sim-{m}"\nendpoints = ["sim"]\nmax_tokens = 64\n'
     return parse_config(text, "test.toml")
@@ -44,8 +61,7 @@ def text_of(chunks: list) -> str:
 
 @pytest.mark.parametrize("style", sorted(STYLES))
 async def test_every_stream_style_streams_text_tool_calls_and_usage(style: str) -> None:
-    sim = await start_simulator(Scenario(models=(spec("flagship", stream_style=style, tools="always"),
-                                                 spec("medium"))))
+    sim = await start_simulator(Scenario(models=(spec("flagship", stream_style=style, tools="always"), spec("medium"))))
     try:
         async with FallbackClient(config(sim.base_url), environ=ENV) as client:
             text = client.stream_chunks("hi", stream_options={"include_usage": True})
@@ -98,8 +114,9 @@ async def test_an_error_after_output_ends_the_stream(dialect: str) -> None:
 
 
 async def test_a_model_that_wants_max_completion_tokens_is_learned_from_its_400() -> None:
-    sim = await start_simulator(Scenario(models=(spec("flagship", token_param="max_completion_tokens"),
-                                                 spec("medium"))))
+    sim = await start_simulator(
+        Scenario(models=(spec("flagship", token_param="max_completion_tokens"), spec("medium")))
+    )
     try:
         bus = ev.EventBus()
         async with FallbackClient(config(sim.base_url), environ=ENV, bus=bus) as client:

@@ -31,8 +31,18 @@ def fleet_config(base_url: str, redis_url: str, namespace: str, **kw: str) -> Co
     return parse_config(fleet_text(base_url, redis_url, namespace, **kw), "fleet-test.toml")
 
 
-def fleet_text(base_url: str, redis_url: str, namespace: str, *, shared: str = "", extra: str = "",
-               breaker: str = FAST_BREAKER, flagship: str = "", medium: str = "", keys: str = KEY_A) -> str:
+def fleet_text(
+    base_url: str,
+    redis_url: str,
+    namespace: str,
+    *,
+    shared: str = "",
+    extra: str = "",
+    breaker: str = FAST_BREAKER,
+    flagship: str = "",
+    medium: str = "",
+    keys: str = KEY_A,
+) -> str:
     return f"""
 [simulator]
 enabled = false
@@ -85,6 +95,7 @@ async def until(check: Callable[[], bool], timeout: float = 2.0, step: float = 0
             raise AssertionError(f"not within {timeout}s")
         await asyncio.sleep(step)
     return time.perf_counter() - t0
+
 
 FLAGSHIP = "flagship@ep/a"
 MEDIUM = "medium@ep/a"

@@ -21,12 +21,10 @@ def _shared_state(redis_url: str, namespace: str) -> dict[str, str]:
         r.close()
 
 
-async def test_a_process_that_missed_a_trip_cannot_undo_it_with_its_own_probe(redis_url: str,
-                                                                              namespace: str) -> None:
+async def test_a_process_that_missed_a_trip_cannot_undo_it_with_its_own_probe(redis_url: str, namespace: str) -> None:
     script = Script()
     # Down for three requests, then the probe: it answers, slowly, that the model is back.
-    script.set("flagship", lambda n, body: Reply(200, ok("flagship").body, delay=1.0) if is_probe(body)
-               else OVERLOADED)
+    script.set("flagship", lambda n, body: Reply(200, ok("flagship").body, delay=1.0) if is_probe(body) else OVERLOADED)
     async with serve(script) as url:
         cfg = fleet_config(url, redis_url, namespace)
         async with client(cfg) as a:
@@ -57,8 +55,13 @@ async def test_a_late_success_from_before_a_trip_does_not_close_it_anywhere(redi
     script.set("flagship", lambda n, body: Reply(200, ok("flagship").body, delay=0.4) if slow["on"] else OVERLOADED)
     async with serve(script) as url:
         # limiter.min 4: the late request's slot does not leave the model "full" for B
-        cfg = fleet_config(url, redis_url, namespace, breaker="[breaker]\nprobe_interval = 30\ncooldown = 30\n",
-                           extra="[limiter]\nmin = 4\n")
+        cfg = fleet_config(
+            url,
+            redis_url,
+            namespace,
+            breaker="[breaker]\nprobe_interval = 30\ncooldown = 30\n",
+            extra="[limiter]\nmin = 4\n",
+        )
         async with client(cfg) as a, client(cfg) as b:
             late = asyncio.ensure_future(a.chat("sent before the trip"))
             await until(lambda: script.served("flagship") == 1)
@@ -104,8 +107,14 @@ async def test_one_probe_for_the_fleet_while_the_model_is_down(redis_url: str, n
 
 async def test_a_probe_whose_prober_went_silent_is_taken_over(redis_url: str, namespace: str) -> None:
     script = Script()
-    script.set("flagship", lambda n, body: Reply(200, ok("flagship").body, delay=1.2) if is_probe(body) and n == 4
-               else ok("flagship") if is_probe(body) else OVERLOADED)
+    script.set(
+        "flagship",
+        lambda n, body: Reply(200, ok("flagship").body, delay=1.2)
+        if is_probe(body) and n == 4
+        else ok("flagship")
+        if is_probe(body)
+        else OVERLOADED,
+    )
     async with serve(script) as url:
         cfg = fleet_config(url, redis_url, namespace)  # lease_ttl 0.6 s: an unrenewed probe is over after it
         async with client(cfg) as a, client(cfg) as b:

@@ -49,37 +49,71 @@ def test_memory_is_the_default_and_its_status_is_off() -> None:
 def test_the_shared_status_goes_through_json_and_back() -> None:
     cfg = parse_config(BASE, "c.toml")
     snap = FallbackClient(cfg, environ=ENV).snapshot()
-    status = SharedStatus(backend="redis", state=LinkState.DEGRADED, since=1.5, message="lost", url="redis://h:1/0",
-                          namespace="n",
-                          processes=(FleetProcess("h:1:ab", "h", 1, "gateway", 3, 1.0, 2.0, True, True),))
+    status = SharedStatus(
+        backend="redis",
+        state=LinkState.DEGRADED,
+        since=1.5,
+        message="lost",
+        url="redis://h:1/0",
+        namespace="n",
+        processes=(FleetProcess("h:1:ab", "h", 1, "gateway", 3, 1.0, 2.0, True, True),),
+    )
     back = snapshot_from_json(snapshot_to_json(dataclasses.replace(snap, shared=status)))
     assert back.shared == status
 
 
-@pytest.mark.parametrize(("shared", "key", "message"), [
-    ('backend = "etcd"', "shared.backend", "expected one of memory, redis, got 'etcd'"),
-    ('backend = "redis"\nlease_tl = 5', "shared.lease_tl", "unknown key; did you mean 'lease_ttl'?"),
-    ('backend = "redis"\nlease_ttl = 0', "shared.lease_ttl", "expected a number >= 0.05, got 0"),
-])
+@pytest.mark.parametrize(
+    ("shared", "key", "message"),
+    [
+        ('backend = "etcd"', "shared.backend", "expected one of memory, redis, got 'etcd'"),
+        ('backend = "redis"\nlease_tl = 5', "shared.lease_tl", "unknown key; did you mean 'lease_ttl'?"),
+        ('backend = "redis"\nlease_ttl = 0', "shared.lease_ttl", "expected a number >= 0.05, got 0"),
+    ],
+)
 def test_a_wrong_shared_section_names_the_file_and_key(shared: str, key: str, message: str) -> None:
     with pytest.raises(ConfigError) as info:
         _config(shared)
     assert str(info.value) == f"c.toml: {key}: {message}"
 
 
-@pytest.mark.parametrize(("shared", "environ", "key", "message"), [
-    ('backend = "redis"\nurl_env = "NO_SUCH_VAR"', {}, "shared.url_env", "environment variable NO_SUCH_VAR is not set"),
-    ('backend = "redis"\nurl = "redis://:sekrit-pass@h:6379/0"', {}, "shared.url",
-     "holds a password: put the URL in an environment variable and name it with shared.url_env"),
-    ('backend = "redis"\nurl = "http://h:6379"', {}, "shared.url",
-     "expected a redis://, rediss:// or unix:// URL, got 'http://h:6379'"),
-    ('backend = "redis"\nurl = "redis://a"\nurl_env = "X"', {"X": "redis://b"}, "shared.url_env",
-     "set url or url_env, not both"),
-    ('backend = "redis"\nnamespace = "a b"', {}, "shared.namespace",
-     "expected 1-64 letters, digits or _ . : -, got 'a b'"),
-])
-def test_a_wrong_url_or_namespace_is_one_clear_line(shared: str, environ: dict[str, str], key: str,
-                                                    message: str) -> None:
+@pytest.mark.parametrize(
+    ("shared", "environ", "key", "message"),
+    [
+        (
+            'backend = "redis"\nurl_env = "NO_SUCH_VAR"',
+            {},
+            "shared.url_env",
+            "environment variable NO_SUCH_VAR is not set",
+        ),
+        (
+            'backend = "redis"\nurl = "redis://:sekrit-pass@h:6379/0"',
+            {},
+            "shared.url",
+            "holds a password: put the URL in an environment variable and name it with shared.url_env",
+        ),
+        (
+            'backend = "redis"\nurl = "http://h:6379"',
+            {},
+            "shared.url",
+            "expected a redis://, rediss:// or unix:// URL, got 'http://h:6379'",
+        ),
+        (
+            'backend = "redis"\nurl = "redis://a"\nurl_env = "X"',
+            {"X": "redis://b"},
+            "shared.url_env",
+            "set url or url_env, not both",
+        ),
+        (
+            'backend = "redis"\nnamespace = "a b"',
+            {},
+            "shared.namespace",
+            "expected 1-64 letters, digits or _ . : -, got 'a b'",
+        ),
+    ],
+)
+def test_a_wrong_url_or_namespace_is_one_clear_line(
+    shared: str, environ: dict[str, str], key: str, message: str
+) -> None:
     with pytest.raises(ConfigError) as info:
         resolve(_config(shared), environ)
     assert str(info.value) == f"c.toml: {key}: {message}"

@@ -74,19 +74,27 @@ url_env = "CAPMON_TEST_SHARED_URL"
 required = true
 """)
     env = {**os.environ, "CAPMON_TEST_SHARED_URL": f"redis://capmon:hunter2-very-secret@127.0.0.1:{port}/3"}
-    out = subprocess.run([sys.executable, "-m", "capmon.cli", "status", "--once", "--config", str(config)],
-                         capture_output=True, text=True, env=env, cwd=ROOT, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "capmon.cli", "status", "--once", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=60,
+    )
     assert out.returncode == 2, out.stderr
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1, out.stderr
-    assert lines[0].startswith(f"capmon: {config}: shared.required: Redis at redis://***@127.0.0.1:{port}/3 is "
-                               f"unreachable (")
+    assert lines[0].startswith(
+        f"capmon: {config}: shared.required: Redis at redis://***@127.0.0.1:{port}/3 is unreachable ("
+    )
     assert "set required = false" in lines[0]
     assert "hunter2" not in out.stderr + out.stdout and "Traceback" not in out.stderr
 
 
-async def test_redis_lost_mid_run_loses_no_request_and_the_fleet_rejoins_within_5_s(redis_server: Any,
-                                                                                     namespace: str) -> None:
+async def test_redis_lost_mid_run_loses_no_request_and_the_fleet_rejoins_within_5_s(
+    redis_server: Any, namespace: str
+) -> None:
     script = Script()
     for m in ("flagship", "medium"):
         script.always(m, Reply(200, ok(m).body, delay=0.01))
@@ -137,8 +145,9 @@ async def test_redis_lost_mid_run_loses_no_request_and_the_fleet_rejoins_within_
     assert any(m == f"shared state: rejoined Redis at {redis_server.url}" for m in messages)
 
 
-async def test_degraded_processes_share_the_fleet_limit_instead_of_each_taking_all_of_it(redis_server: Any,
-                                                                                        namespace: str) -> None:
+async def test_degraded_processes_share_the_fleet_limit_instead_of_each_taking_all_of_it(
+    redis_server: Any, namespace: str
+) -> None:
     async with serve(Script()) as url:
         cfg = fleet_config(url, redis_server.url, namespace, flagship="max_concurrency = 8")
         async with client(cfg) as a, client(cfg) as b:
@@ -153,13 +162,18 @@ async def test_degraded_processes_share_the_fleet_limit_instead_of_each_taking_a
 
 
 async def test_redis_restarted_empty_is_rebuilt_from_the_live_processes_and_no_breaker_stays_open(
-        redis_server: Any, namespace: str) -> None:
+    redis_server: Any, namespace: str
+) -> None:
     script = Script()
     down = {"on": True}
     script.set("flagship", lambda n, body: OVERLOADED if down["on"] else ok("flagship"))
     async with serve(script) as url:
-        cfg = fleet_config(url, redis_server.url, namespace,
-                           breaker="[breaker]\nprobe_interval = 0.5\ncooldown = 0.5\nramp_duration = 0.2\n")
+        cfg = fleet_config(
+            url,
+            redis_server.url,
+            namespace,
+            breaker="[breaker]\nprobe_interval = 0.5\ncooldown = 0.5\nramp_duration = 0.2\n",
+        )
         async with client(cfg) as a, client(cfg) as b:
             for _ in range(3):
                 await a.chat("hi")
@@ -179,6 +193,7 @@ async def test_redis_restarted_empty_is_rebuilt_from_the_live_processes_and_no_b
             finally:
                 admin.close()
             down["on"] = False
-            await until(lambda: ta.view().breaker.state is State.CLOSED and tb.view().breaker.state is State.CLOSED,
-                        timeout=3.0)
+            await until(
+                lambda: ta.view().breaker.state is State.CLOSED and tb.view().breaker.state is State.CLOSED, timeout=3.0
+            )
             assert (await b.chat("hi")).model == "flagship"

@@ -19,8 +19,18 @@ from tests.fleet.helpers import FLAGSHIP, client, fleet_config, store
 CAPACITY = Failure(Kind.CAPACITY, "at capacity", 503)
 RATE_LIMITED = Failure(Kind.RATE_LIMITED, "rate limited", 429)
 DOWN = Failure(Kind.TRANSIENT, "connection refused", None, CONNECT_FAILED)  # nothing reached the server
-OUTCOMES = [None, None, CAPACITY, CAPACITY, RATE_LIMITED, RATE_LIMITED, Failure(Kind.BAD_REQUEST, "bad", 400),
-            DOWN, "cancelled"]
+OUTCOMES = [
+    None,
+    None,
+    CAPACITY,
+    CAPACITY,
+    RATE_LIMITED,
+    RATE_LIMITED,
+    Failure(Kind.BAD_REQUEST, "bad", 400),
+    DOWN,
+    "cancelled",
+]
+
 
 # A sequence that takes every branch of the learning on purpose (limiter initial 4,
 # decrease 0.5): slow start; the first rejection (limit = position - 1 = 4); an echo of
@@ -29,10 +39,20 @@ OUTCOMES = [None, None, CAPACITY, CAPACITY, RATE_LIMITED, RATE_LIMITED, Failure(
 # (back to it, twice as patient). Steps: ("admit", label) or ("settle", label, outcome).
 def _scripted() -> list[tuple]:
     steps: list[tuple] = [("admit", f"a{i}") for i in range(1, 5)]
-    steps += [("settle", "a4", None), ("admit", "a5"), ("admit", "a6"), ("settle", "a6", RATE_LIMITED),
-              ("settle", "a5", CAPACITY), ("admit", "a7"), ("settle", "a7", RATE_LIMITED),
-              ("settle", "a1", None), ("settle", "a2", None), ("admit", "a8"), ("settle", "a3", None),
-              ("settle", "a8", None)]
+    steps += [
+        ("settle", "a4", None),
+        ("admit", "a5"),
+        ("admit", "a6"),
+        ("settle", "a6", RATE_LIMITED),
+        ("settle", "a5", CAPACITY),
+        ("admit", "a7"),
+        ("settle", "a7", RATE_LIMITED),
+        ("settle", "a1", None),
+        ("settle", "a2", None),
+        ("admit", "a8"),
+        ("settle", "a3", None),
+        ("settle", "a8", None),
+    ]
     for n in range(45):  # full use: slow growth, and sends above the capacity served (it grows)
         steps += [("admit", f"g{n}.{i}") for i in range(6)] + [("settle", f"g{n}.{i}", None) for i in range(6)]
     for n in range(40):  # full use up to the capacity only: the limit grows past it
@@ -41,13 +61,20 @@ def _scripted() -> list[tuple]:
     return steps
 
 
-async def _run(redis_url: str, namespace: str, seed: int, steps: int, breaker: str,
-               script: list[tuple] | None = None) -> int:
-    cfg = fleet_config("http://127.0.0.1:9/v1", redis_url, f"{namespace}:s{seed}", breaker=breaker,
-                       extra="[limiter]\ninitial = 4\nmin = 1\nmax = 24\ndecrease = 0.5\n")
+async def _run(
+    redis_url: str, namespace: str, seed: int, steps: int, breaker: str, script: list[tuple] | None = None
+) -> int:
+    cfg = fleet_config(
+        "http://127.0.0.1:9/v1",
+        redis_url,
+        f"{namespace}:s{seed}",
+        breaker=breaker,
+        extra="[limiter]\ninitial = 4\nmin = 1\nmax = 24\ndecrease = 0.5\n",
+    )
     rng = random.Random(seed)
-    memory = MemoryState(cfg, [TargetSpec(FLAGSHIP, cfg.model("flagship"), ("ep", "a"), "a")], default_clock(),
-                         lambda e: None).target(FLAGSHIP)
+    memory = MemoryState(
+        cfg, [TargetSpec(FLAGSHIP, cfg.model("flagship"), ("ep", "a"), "a")], default_clock(), lambda e: None
+    ).target(FLAGSHIP)
     trips = 0
     async with client(cfg) as c:
         shared = c.state.target(FLAGSHIP)
@@ -56,8 +83,13 @@ async def _run(redis_url: str, namespace: str, seed: int, steps: int, breaker: s
         for step in script or [None] * steps:
             if step is not None and step[0] == "settle" and step[1] not in labels:
                 continue  # that admission was refused on both sides
-            if step is not None and step[0] == "settle" or step is None and held and (
-                    rng.random() < 0.5 or len(held) > 30):
+            if (
+                step is not None
+                and step[0] == "settle"
+                or step is None
+                and held
+                and (rng.random() < 0.5 or len(held) > 30)
+            ):
                 if step is None:
                     # mostly the latest: rejections of fresh sends, the ones that are news
                     m_adm, r_adm = held.pop(-1 if rng.random() < 0.6 else rng.randrange(len(held)))
@@ -100,8 +132,16 @@ async def test_every_branch_of_the_learning_is_the_same_in_the_script(redis_url:
 
 async def test_slow_start_grows_only_a_limit_in_use_in_the_script_too(redis_url: str, namespace: str) -> None:
     # limit 4 -> 5 (two of four in use), then one or two of five in use: no growth
-    steps = [("admit", "s1"), ("admit", "s2"), ("settle", "s1", None), ("settle", "s2", None), ("admit", "s3"),
-             ("admit", "s4"), ("settle", "s3", None), ("settle", "s4", None)]
+    steps = [
+        ("admit", "s1"),
+        ("admit", "s2"),
+        ("settle", "s1", None),
+        ("settle", "s2", None),
+        ("admit", "s3"),
+        ("admit", "s4"),
+        ("settle", "s3", None),
+        ("settle", "s4", None),
+    ]
     await _run(redis_url, namespace, 0, 0, NO_TRIPS, steps)
 
 
@@ -114,6 +154,11 @@ async def test_the_settle_script_learns_as_the_adaptive_limiter_does(redis_url: 
 async def test_a_trip_restores_what_was_learned_before_the_streak_the_same_way(redis_url: str, namespace: str) -> None:
     trips = 0
     for seed in range(100, 108):
-        trips += await _run(redis_url, namespace, seed, 120,
-                            "[breaker]\nfailure_threshold = 3\nratio_min_requests = 100000\nprobe_interval = 60\n")
+        trips += await _run(
+            redis_url,
+            namespace,
+            seed,
+            120,
+            "[breaker]\nfailure_threshold = 3\nratio_min_requests = 100000\nprobe_interval = 60\n",
+        )
     assert trips >= 5  # the sequences did trip, and restored, on both sides

@@ -72,12 +72,17 @@ def _send(proc: subprocess.Popen[str], command: str) -> None:
     proc.stdin.flush()
 
 
-async def test_a_real_second_process_shares_trips_leases_probes_and_the_registry(redis_url: str, namespace: str,
-                                                                                 tmp_path: Path) -> None:
+async def test_a_real_second_process_shares_trips_leases_probes_and_the_registry(
+    redis_url: str, namespace: str, tmp_path: Path
+) -> None:
     script = Script()
     probe_held = {"on": True}
-    script.set("flagship", lambda n, body: (Reply(200, ok("flagship").body, delay=1.0) if probe_held["on"]
-                                            else ok("flagship")) if is_probe(body) else OVERLOADED)
+    script.set(
+        "flagship",
+        lambda n, body: (Reply(200, ok("flagship").body, delay=1.0) if probe_held["on"] else ok("flagship"))
+        if is_probe(body)
+        else OVERLOADED,
+    )
     async with serve(script) as url:
         text = fleet_text(url, redis_url, namespace, medium="max_concurrency = 2")
         full = parse_config(text, "fleet-test.toml")
@@ -88,8 +93,15 @@ async def test_a_real_second_process_shares_trips_leases_probes_and_the_registry
         path = tmp_path / "fleet.toml"
         path.write_text(text)
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        proc = subprocess.Popen([sys.executable, "-c", CHILD, str(path)], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT, env=env)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", CHILD, str(path)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            cwd=ROOT,
+            env=env,
+        )
         try:
             await _line(proc, "READY")
             async with client(cfg, role="gateway") as me:

@@ -13,12 +13,16 @@ from tests.support.scripted import OVERLOADED, Script, ok, serve
 
 
 def _when(bus: EventBus, new: str, stamps: list[float]) -> None:
-    bus.subscribe(lambda e: stamps.append(time.perf_counter())
-                  if isinstance(e, ev.BreakerChanged) and e.target == FLAGSHIP and e.new == new else None)
+    bus.subscribe(
+        lambda e: stamps.append(time.perf_counter())
+        if isinstance(e, ev.BreakerChanged) and e.target == FLAGSHIP and e.new == new
+        else None
+    )
 
 
-async def test_trips_and_manual_actions_reach_the_other_process_within_100_ms_p99(redis_url: str,
-                                                                                  namespace: str) -> None:
+async def test_trips_and_manual_actions_reach_the_other_process_within_100_ms_p99(
+    redis_url: str, namespace: str
+) -> None:
     script = Script()
     down = {"on": False}
     script.set("flagship", lambda n, body: OVERLOADED if down["on"] else ok("flagship"))
@@ -56,8 +60,9 @@ async def test_trips_and_manual_actions_reach_the_other_process_within_100_ms_p9
     assert sum(delays) / len(delays) < 0.020
 
 
-async def test_news_a_process_did_not_hear_reaches_it_by_the_periodic_reconciliation(redis_url: str,
-                                                                                      namespace: str) -> None:
+async def test_news_a_process_did_not_hear_reaches_it_by_the_periodic_reconciliation(
+    redis_url: str, namespace: str
+) -> None:
     async with serve(Script()) as url:
         cfg = fleet_config(url, redis_url, namespace)  # reconcile every 0.2 s
         async with client(cfg) as a, client(cfg) as b:

@@ -56,13 +56,15 @@ async def test_a_request_costs_two_round_trips(redis_server: Any, namespace: str
     assert calls["evalsha"] == 2 * n and "eval" not in calls and "script|load" not in calls, calls
 
 
-async def test_a_target_the_mirror_knows_is_open_costs_no_round_trip(redis_server: Any, namespace: str,
-                                                                     writes: list[int]) -> None:
+async def test_a_target_the_mirror_knows_is_open_costs_no_round_trip(
+    redis_server: Any, namespace: str, writes: list[int]
+) -> None:
     script = Script()
     script.always("flagship", OVERLOADED)
     async with serve(script) as url:
-        cfg = _quiet(fleet_config(url, redis_server.url, namespace,
-                                  breaker="[breaker]\nprobe_interval = 60\ncooldown = 60\n"))
+        cfg = _quiet(
+            fleet_config(url, redis_server.url, namespace, breaker="[breaker]\nprobe_interval = 60\ncooldown = 60\n")
+        )
         async with client(cfg) as c:
             for _ in range(3):
                 await c.chat("trip it")

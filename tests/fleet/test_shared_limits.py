@@ -15,12 +15,21 @@ from tests.support.scripted import Reply, Script, ok, serve
 
 TWO_KEYS = '[{ env = "TEST_KEY_A", alias = "a" }, { env = "TEST_KEY_B", alias = "b" }]'
 UNAUTHORIZED = Reply(401, {"error": {"message": "Incorrect API key provided", "code": "invalid_api_key"}})
-NO_QUOTA = Reply(429, {"error": {"message": "You exceeded your current quota, please check your plan and billing "
-                                            "details.", "type": "insufficient_quota", "code": "insufficient_quota"}})
+NO_QUOTA = Reply(
+    429,
+    {
+        "error": {
+            "message": "You exceeded your current quota, please check your plan and billing details.",
+            "type": "insufficient_quota",
+            "code": "insufficient_quota",
+        }
+    },
+)
 
 
-async def test_a_key_refused_in_one_process_is_disabled_in_every_process_for_every_model(redis_url: str,
-                                                                                         namespace: str) -> None:
+async def test_a_key_refused_in_one_process_is_disabled_in_every_process_for_every_model(
+    redis_url: str, namespace: str
+) -> None:
     script = Script()
     key_a = ENV["TEST_KEY_A"]
     for model in ("flagship", "medium"):
@@ -72,8 +81,9 @@ async def test_the_rpm_bucket_is_the_fleets(redis_url: str, namespace: str) -> N
 
 async def test_the_tpm_bucket_is_the_fleets(redis_url: str, namespace: str) -> None:
     script = Script()
-    used = Reply(200, {**ok("flagship").body, "usage": {"prompt_tokens": 5, "completion_tokens": 395,
-                                                          "total_tokens": 400}})
+    used = Reply(
+        200, {**ok("flagship").body, "usage": {"prompt_tokens": 5, "completion_tokens": 395, "total_tokens": 400}}
+    )
     script.always("flagship", used)
     async with serve(script) as url:
         # each request is charged about 300 tokens up front (its max_tokens), and uses 400: three fit in 1000
@@ -107,14 +117,19 @@ async def test_the_retry_budget_is_the_fleets(redis_url: str, namespace: str) ->
     script.always("flagship", broken)
     script.always("medium", broken)
     async with serve(script) as url:
-        cfg = fleet_config(url, redis_url, namespace, extra="""
+        cfg = fleet_config(
+            url,
+            redis_url,
+            namespace,
+            extra="""
 [client]
 retry_budget = 0.0
 [backoff]
 base = 0.001
 cap = 0.002
 transient_cap = 0.002
-""")
+""",
+        )
         async with client(cfg) as a, client(cfg) as b:
             with pytest.raises(RequestFailed, match="retry budget spent"):
                 await a.chat("hi")

@@ -7,8 +7,9 @@ import asyncio
 import contextlib
 import inspect
 import json
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable, Mapping
+from typing import Any
 
 import httpx
 import openai
@@ -23,15 +24,35 @@ from capmon.sim.server import SimHandle, start_simulator
 MODELS = ("flagship", "medium", "small")
 ENV = {"GW_PROVIDER_KEY": SIMULATOR_DEMO_KEY}
 HELLO = [{"role": "user", "content": "Say something about capacity."}]
-WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather", "description": "the weather in a city",
-                                                  "parameters": {"type": "object",
-                                                                 "properties": {"city": {"type": "string"}}}}}
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "the weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+}
 
 
-def spec(name: str, slots: int = 8, base_latency: float = 0.2, answer_tokens: int = 12, window: int = 128_000,
-         per_token: float = 0.0, **kw: Any) -> ModelSpec:
-    return ModelSpec(name=f"sim-{name}", slots=slots, base_latency=base_latency, per_token=per_token, noise=0.0,
-                     answer_tokens=answer_tokens, context_window=window, **kw)
+def spec(
+    name: str,
+    slots: int = 8,
+    base_latency: float = 0.2,
+    answer_tokens: int = 12,
+    window: int = 128_000,
+    per_token: float = 0.0,
+    **kw: Any,
+) -> ModelSpec:
+    return ModelSpec(
+        name=f"sim-{name}",
+        slots=slots,
+        base_latency=base_latency,
+        per_token=per_token,
+        noise=0.0,
+        answer_tokens=answer_tokens,
+        context_window=window,
+        **kw,
+    )
 
 
 def scenario(*specs: ModelSpec, keys: tuple[str, ...] | None = None) -> Scenario:
@@ -39,10 +60,18 @@ def scenario(*specs: ModelSpec, keys: tuple[str, ...] | None = None) -> Scenario
     return Scenario(name="gateway", models=models, **({"keys": keys} if keys else {}))
 
 
-def config(base_url: str, *, models: tuple[str, ...] = MODELS, extra: str = "", gateway: str = "",
-           key_env: str = "GW_PROVIDER_KEY") -> Config:
-    text = f'[simulator]\nenabled = false\n\n[[endpoints]]\nname = "sim"\nbase_url = "{base_url}"\n' \
-           f'keys = [{{ env = "{key_env}", alias = "sim-key" }}]\n'
+def config(
+    base_url: str,
+    *,
+    models: tuple[str, ...] = MODELS,
+    extra: str = "",
+    gateway: str = "",
+    key_env: str = "GW_PROVIDER_KEY",
+) -> Config:
+    text = (
+        f'[simulator]\nenabled = false\n\n[[endpoints]]\nname = "sim"\nbase_url = "{base_url}"\n'
+        f'keys = [{{ env = "{key_env}", alias = "sim-key" }}]\n'
+    )
     for m in models:
         text += f'\n[[models]]\nname = "{m}"\napi_model = "sim-{m}"\nendpoints = ["sim"]\nmax_tokens = 64\n'
     text += f"\n{extra}\n"
@@ -87,8 +116,9 @@ class Running:
 
 
 @contextlib.asynccontextmanager
-async def running(scn: Scenario | None = None, *, environ: Mapping[str, str] | None = None,
-                  **config_kw: Any) -> AsyncIterator[Running]:
+async def running(
+    scn: Scenario | None = None, *, environ: Mapping[str, str] | None = None, **config_kw: Any
+) -> AsyncIterator[Running]:
     sim = await start_simulator(scn or scenario())
     try:
         cfg = config(sim.base_url, **config_kw)

@@ -21,8 +21,10 @@ CLIENT = "sk-gw-client-canary-4f1d2c3b5a69"
 BATCH = "sk-gw-batch-canary-77aa88bb99cc"
 ADMIN = "sk-gw-admin-canary-0e0d0c0b0a09"
 PROVIDER = "sk-capmon-sim-1"  # a key the simulator accepts, as the gateway's provider key
-KEYS = ('keys = [{ env = "GW_CLIENT", alias = "team" }, { env = "GW_BATCH", alias = "nightly", priority = "batch" }]\n'
-        'admin_key_env = "GW_ADMIN"')
+KEYS = (
+    'keys = [{ env = "GW_CLIENT", alias = "team" }, { env = "GW_BATCH", alias = "nightly", priority = "batch" }]\n'
+    'admin_key_env = "GW_ADMIN"'
+)
 ENVIRON = {"GW_CLIENT": CLIENT, "GW_BATCH": BATCH, "GW_ADMIN": ADMIN, "GW_PROVIDER_KEY": PROVIDER}
 
 
@@ -44,19 +46,28 @@ async def test_no_key_and_a_wrong_key_are_refused_everywhere_but_health() -> Non
         async with gw.openai("sk-not-a-key-of-it") as sdk:
             with pytest.raises(openai.AuthenticationError):
                 await sdk.chat.completions.create(model="auto", messages=HELLO)
-        x_api_key = await anon.post("/v1/chat/completions", headers={"x-api-key": CLIENT},
-                                    json={"model": "auto", "messages": HELLO})
+        x_api_key = await anon.post(
+            "/v1/chat/completions", headers={"x-api-key": CLIENT}, json={"model": "auto", "messages": HELLO}
+        )
         snap = gw.client.snapshot()
     assert x_api_key.status_code == 200
     assert snap.requests == 1  # only the request with a key reached the client
 
 
 async def test_admin_actions_need_the_admin_key() -> None:
-    async with running(gateway=KEYS, environ=ENVIRON) as gw, gw.http(CLIENT) as client, gw.http(ADMIN) as admin, \
-            gw.http() as anon:
+    async with (
+        running(gateway=KEYS, environ=ENVIRON) as gw,
+        gw.http(CLIENT) as client,
+        gw.http(ADMIN) as admin,
+        gw.http() as anon,
+    ):
         for http in (client, anon):
-            for path, body in (("/capmon/trip", {"target": "flagship"}), ("/capmon/reset", {"target": "flagship"}),
-                               ("/capmon/force-close", {"target": "flagship"}), ("/capmon/pin", {"model": "small"})):
+            for path, body in (
+                ("/capmon/trip", {"target": "flagship"}),
+                ("/capmon/reset", {"target": "flagship"}),
+                ("/capmon/force-close", {"target": "flagship"}),
+                ("/capmon/pin", {"model": "small"}),
+            ):
                 r = await http.post(path, json=body)
                 assert r.status_code == 403 and _code(r) == "admin_key_required", (path, r.text)
                 assert r.json()["error"]["type"] == "permission_error"
@@ -81,27 +92,39 @@ async def test_without_an_admin_key_the_control_api_is_read_only() -> None:
 
 async def test_a_batch_key_stays_batch_and_a_client_key_may_ask_for_batch() -> None:
     async with running(gateway=KEYS, environ=ENVIRON) as gw, gw.http(BATCH) as batch, gw.http(CLIENT) as client:
-        asks_more = await batch.post("/v1/chat/completions", headers={"x-capmon-priority": "interactive"},
-                                     json={"model": "auto", "messages": HELLO})
+        asks_more = await batch.post(
+            "/v1/chat/completions",
+            headers={"x-capmon-priority": "interactive"},
+            json={"model": "auto", "messages": HELLO},
+        )
         default = await client.post("/v1/chat/completions", json={"model": "auto", "messages": HELLO})
-        asks_less = await client.post("/v1/chat/completions", headers={"x-capmon-priority": "batch"},
-                                      json={"model": "auto", "messages": HELLO})
+        asks_less = await client.post(
+            "/v1/chat/completions", headers={"x-capmon-priority": "batch"}, json={"model": "auto", "messages": HELLO}
+        )
     assert asks_more.headers["x-capmon-priority"] == "batch"
     assert default.headers["x-capmon-priority"] == "interactive"
     assert asks_less.headers["x-capmon-priority"] == "batch"
 
 
 async def test_no_key_value_reaches_a_log_metrics_the_snapshot_events_or_an_answer(
-        caplog: pytest.LogCaptureFixture) -> None:
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     caplog.set_level(logging.DEBUG)
     seen: list[str] = []
-    async with running(gateway=KEYS, environ=ENVIRON) as gw, gw.http(CLIENT) as client, gw.http(ADMIN) as admin, \
-            gw.http(BATCH) as batch, gw.http(CLIENT[:-1] + "x") as almost:
+    async with (
+        running(gateway=KEYS, environ=ENVIRON) as gw,
+        gw.http(CLIENT) as client,
+        gw.http(ADMIN) as admin,
+        gw.http(BATCH) as batch,
+        gw.http(CLIENT[:-1] + "x") as almost,
+    ):
         async with gw.openai(CLIENT) as sdk:
             reply = await sdk.chat.completions.with_raw_response.create(model="auto", messages=HELLO)
             seen += [reply.text, json.dumps(dict(reply.headers))]
-            seen += [json.dumps(e.model_dump()) async for e in await sdk.responses.create(model="auto", input="hi",
-                                                                                        stream=True)]
+            seen += [
+                json.dumps(e.model_dump())
+                async for e in await sdk.responses.create(model="auto", input="hi", stream=True)
+            ]
         answers = [
             await client.post("/v1/chat/completions", json={"model": "auto", "messages": HELLO, "stream": True}),
             await batch.post("/v1/chat/completions", json={"model": "nope", "messages": HELLO}),
@@ -111,8 +134,11 @@ async def test_no_key_value_reaches_a_log_metrics_the_snapshot_events_or_an_answ
             await admin.post("/capmon/reset", json={"target": "nothing"}),
             await admin.post("/capmon/pin", json={"model": CLIENT}),  # a key sent where a model name goes
             await admin.post("/v1/chat/completions", json={"model": CLIENT, "messages": HELLO}),
-            await client.get("/metrics"), await client.get("/capmon/snapshot"), await client.get("/capmon/info"),
-            await client.get("/v1/models"), await client.get("/ready"),
+            await client.get("/metrics"),
+            await client.get("/capmon/snapshot"),
+            await client.get("/capmon/info"),
+            await client.get("/v1/models"),
+            await client.get("/ready"),
         ]
         async with client.stream("GET", "/capmon/events") as events:
             async for line in events.aiter_lines():

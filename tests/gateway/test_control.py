@@ -102,8 +102,9 @@ async def test_ready_says_whether_some_model_admits_within_the_deadline() -> Non
         for m in ("flagship", "medium", "small"):
             await http.post("/capmon/trip", json={"target": m})
         down = await http.get("/ready")
-        refused = await http.post("/v1/chat/completions", headers={"x-capmon-deadline": "1"},
-                                  json={"model": "auto", "messages": HELLO})
+        refused = await http.post(
+            "/v1/chat/completions", headers={"x-capmon-deadline": "1"}, json={"model": "auto", "messages": HELLO}
+        )
         await http.post("/capmon/reset", json={"target": "small"})
         back = await http.get("/ready")
         health = await http.get("/health")
@@ -131,17 +132,17 @@ async def test_metrics_per_model_and_target() -> None:
         return float(found[0].rsplit(" ", 1)[1])
 
     fl, md = 'model="flagship",target="flagship@sim/sim-key"', 'model="medium",target="medium@sim/sim-key"'
-    assert value(f'capmon_deployment_state{{{fl}}}') == 2  # its breaker opened: down
-    assert value(f'capmon_deployment_state{{{md}}}') == 0
+    assert value(f"capmon_deployment_state{{{fl}}}") == 2  # its breaker opened: down
+    assert value(f"capmon_deployment_state{{{md}}}") == 0
     assert value('capmon_breaker_state{model="flagship",state="open",target="flagship@sim/sim-key"}') == 1
-    assert value(f'capmon_breaker_trips_total{{{fl}}}') == 1
+    assert value(f"capmon_breaker_trips_total{{{fl}}}") == 1
     assert value('capmon_attempts_total{model="flagship",outcome="capacity",target="flagship@sim/sim-key"}') == 3
     assert value('capmon_attempts_total{model="medium",outcome="ok",target="medium@sim/sim-key"}') == 4
     assert value('capmon_requests_total{model="medium",outcome="ok"}') == 4
     assert value('capmon_fallbacks_total{from_model="flagship",to_model="medium"}') == 3
-    assert value(f'capmon_limiter_limit{{{md}}}') >= 1 and value(f'capmon_in_flight{{{md}}}') == 0
+    assert value(f"capmon_limiter_limit{{{md}}}") >= 1 and value(f"capmon_in_flight{{{md}}}") == 0
     assert value('capmon_request_latency_seconds_count{model="medium"}') == 4
-    assert value(f'capmon_attempt_latency_seconds_count{{{fl}}}') == 3
-    assert value('capmon_waiting_requests') == 0 and value('capmon_retry_waiting') == 0
+    assert value(f"capmon_attempt_latency_seconds_count{{{fl}}}") == 3
+    assert value("capmon_waiting_requests") == 0 and value("capmon_retry_waiting") == 0
     assert value('capmon_gateway_responses_total{api="chat",status="200"}') == 4
     assert value('capmon_pinned{model="flagship"}') == 0

@@ -64,8 +64,9 @@ async def test_a_client_gone_mid_stream_cancels_the_attempt() -> None:
         lines: list[str] = []
 
         async def read() -> None:
-            async with http.stream("POST", "/v1/chat/completions",
-                                   json={"model": "flagship", "messages": HELLO, "stream": True}) as r:
+            async with http.stream(
+                "POST", "/v1/chat/completions", json={"model": "flagship", "messages": HELLO, "stream": True}
+            ) as r:
                 assert r.headers["x-capmon-model"] == "flagship"
                 async for line in r.aiter_lines():
                     lines.append(line)

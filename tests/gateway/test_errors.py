@@ -29,10 +29,14 @@ async def test_nothing_can_serve_within_the_deadline_gives_429_with_retry_after(
     async with running(full) as gw, gw.openai() as sdk, gw.http() as http:
         with pytest.raises(openai.RateLimitError) as info:
             await sdk.chat.completions.create(model="auto", messages=HELLO, extra_headers={"x-capmon-deadline": "3"})
-        streamed = await http.post("/v1/chat/completions", headers={"x-capmon-deadline": "2"},
-                                   json={"model": "auto", "messages": HELLO, "stream": True})
-        responses = await http.post("/v1/responses", headers={"x-capmon-deadline": "2"},
-                                    json={"model": "flagship", "input": "hi"})
+        streamed = await http.post(
+            "/v1/chat/completions",
+            headers={"x-capmon-deadline": "2"},
+            json={"model": "auto", "messages": HELLO, "stream": True},
+        )
+        responses = await http.post(
+            "/v1/responses", headers={"x-capmon-deadline": "2"}, json={"model": "flagship", "input": "hi"}
+        )
     r = info.value.response
     assert r.status_code == 429 and int(r.headers["retry-after"]) >= 1
     err = _error(r)
@@ -52,8 +56,9 @@ async def test_the_deadline_header_shortens_the_configs_deadline_never_lengthens
         timings = []
         for header in ("1.5", "1000"):
             t0 = loop.time()
-            r = await http.post("/v1/chat/completions", headers={"x-capmon-deadline": header},
-                                json={"model": "auto", "messages": HELLO})
+            r = await http.post(
+                "/v1/chat/completions", headers={"x-capmon-deadline": header}, json={"model": "auto", "messages": HELLO}
+            )
             timings.append((r.status_code, loop.time() - t0))
     (s1, short), (s2, capped) = timings
     assert s1 == s2 == 429
@@ -63,8 +68,9 @@ async def test_the_deadline_header_shortens_the_configs_deadline_never_lengthens
 async def test_a_rate_limit_hint_becomes_the_retry_after() -> None:
     limited = scenario(*(spec(m, slots=0, dialect="openai-429", hint=7.0) for m in ("flagship", "medium", "small")))
     async with running(limited) as gw, gw.http() as http:
-        r = await http.post("/v1/chat/completions", headers={"x-capmon-deadline": "3"},
-                            json={"model": "auto", "messages": HELLO})
+        r = await http.post(
+            "/v1/chat/completions", headers={"x-capmon-deadline": "3"}, json={"model": "auto", "messages": HELLO}
+        )
     assert r.status_code == 429 and r.headers["retry-after"] == "7"
     assert _error(r)["code"] == "rate_limit_exceeded"
 
@@ -152,15 +158,18 @@ async def test_requests_the_gateway_refuses_itself() -> None:
     async with running(gateway="max_body_bytes = 2048") as gw, gw.http() as http, gw.openai() as sdk:
         with pytest.raises(openai.NotFoundError) as info:
             await sdk.chat.completions.create(model="gpt-9", messages=HELLO)
-        not_json = await http.post("/v1/chat/completions", content=b"{nope",
-                                   headers={"content-type": "application/json"})
+        not_json = await http.post(
+            "/v1/chat/completions", content=b"{nope", headers={"content-type": "application/json"}
+        )
         no_messages = await http.post("/v1/chat/completions", json={"model": "auto"})
         no_model = await http.post("/v1/chat/completions", json={"messages": HELLO})
         n2 = await http.post("/v1/chat/completions", json={"model": "auto", "messages": HELLO, "n": 2})
-        deadline = await http.post("/v1/chat/completions", headers={"x-capmon-deadline": "soon"},
-                                   json={"model": "auto", "messages": HELLO})
-        priority = await http.post("/v1/chat/completions", headers={"x-capmon-priority": "urgent"},
-                                   json={"model": "auto", "messages": HELLO})
+        deadline = await http.post(
+            "/v1/chat/completions", headers={"x-capmon-deadline": "soon"}, json={"model": "auto", "messages": HELLO}
+        )
+        priority = await http.post(
+            "/v1/chat/completions", headers={"x-capmon-priority": "urgent"}, json={"model": "auto", "messages": HELLO}
+        )
         huge = await http.post("/v1/chat/completions", json={"model": "auto", "messages": HELLO, "pad": "x" * 4096})
         nowhere = await http.get("/v1/embeddings")
         wrong_method = await http.get("/v1/chat/completions")
@@ -168,8 +177,14 @@ async def test_requests_the_gateway_refuses_itself() -> None:
     err = _error(info.value.response)
     assert info.value.status_code == 404 and err["code"] == "model_not_found" and "gpt-9" in err["message"]
     assert "flagship, medium, small" in err["message"]
-    for r, param in ((not_json, None), (no_messages, "messages"), (no_model, "model"), (n2, "n"),
-                     (deadline, "x-capmon-deadline"), (priority, "x-capmon-priority")):
+    for r, param in (
+        (not_json, None),
+        (no_messages, "messages"),
+        (no_model, "model"),
+        (n2, "n"),
+        (deadline, "x-capmon-deadline"),
+        (priority, "x-capmon-priority"),
+    ):
         assert r.status_code == 400 and _error(r)["param"] == param, r.text
     assert huge.status_code == 413 and _error(huge)["code"] == "request_too_large"
     assert nowhere.status_code == 404 and _error(nowhere)["code"] == "not_found"

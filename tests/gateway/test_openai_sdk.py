@@ -16,16 +16,21 @@ from tests.gateway.helpers import HELLO, WEATHER_TOOL, running
 @pytest.mark.looptime
 async def test_chat_async_names_who_served_it() -> None:
     async with running() as gw, gw.openai() as sdk:
-        raw = await sdk.chat.completions.with_raw_response.create(model="auto", messages=HELLO, max_tokens=8,
-                                                                  seed=7, user="u-1")
+        raw = await sdk.chat.completions.with_raw_response.create(
+            model="auto", messages=HELLO, max_tokens=8, seed=7, user="u-1"
+        )
         reply = raw.parse()
         snap = gw.client.snapshot()
     assert reply.model == "sim-flagship" and reply.choices[0].finish_reason == "length"
     assert len(reply.choices[0].message.content.split()) == 8
     assert reply.usage is not None and reply.usage.completion_tokens == 8
     h = raw.headers
-    assert (h["x-capmon-model"], h["x-capmon-endpoint"], h["x-capmon-attempts"], h["x-capmon-fallbacks"]) == \
-        ("flagship", "sim", "1", "0")
+    assert (h["x-capmon-model"], h["x-capmon-endpoint"], h["x-capmon-attempts"], h["x-capmon-fallbacks"]) == (
+        "flagship",
+        "sim",
+        "1",
+        "0",
+    )
     assert h["x-litellm-model-id"] == "flagship@sim/sim-key" and h["x-litellm-attempted-fallbacks"] == "0"
     assert h["x-capmon-request-id"] == "1" and h["x-capmon-priority"] == "interactive"
     assert snap.succeeded == 1 and snap.in_flight == 0
@@ -52,10 +57,10 @@ def test_chat_sync() -> None:
 
     async def main() -> None:
         async with running() as gw:
+
             def call() -> tuple[str, str]:
                 with openai.OpenAI(base_url=gw.base_url, api_key="sk-anything", max_retries=0) as sdk:
-                    raw = sdk.chat.completions.with_raw_response.create(model="medium", messages=HELLO,
-                                                                        max_tokens=5)
+                    raw = sdk.chat.completions.with_raw_response.create(model="medium", messages=HELLO, max_tokens=5)
                     text = raw.parse().choices[0].message.content or ""
                     chunks = sdk.chat.completions.create(model="auto", messages=HELLO, stream=True)
                     streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -72,11 +77,17 @@ def test_chat_sync() -> None:
 async def test_streaming_passes_tool_calls_and_usage_through() -> None:
     async with running() as gw, gw.openai() as sdk:
         raw = await sdk.chat.completions.with_raw_response.create(
-            model="auto", messages=[{"role": "user", "content": "Weather in Paris?"}], tools=[WEATHER_TOOL],
-            tool_choice="required", stream=True, stream_options={"include_usage": True})
+            model="auto",
+            messages=[{"role": "user", "content": "Weather in Paris?"}],
+            tools=[WEATHER_TOOL],
+            tool_choice="required",
+            stream=True,
+            stream_options={"include_usage": True},
+        )
         chunks = [c async for c in raw.parse()]
-        stream = await sdk.chat.completions.create(model="auto", messages=HELLO, stream=True,
-                                                   stream_options={"include_usage": True})
+        stream = await sdk.chat.completions.create(
+            model="auto", messages=HELLO, stream=True, stream_options={"include_usage": True}
+        )
         text, usage, finish = [], None, None
         async for chunk in stream:
             usage = chunk.usage or usage
@@ -97,8 +108,9 @@ async def test_streaming_passes_tool_calls_and_usage_through() -> None:
 @pytest.mark.looptime
 async def test_the_responses_api_plain_and_streamed() -> None:
     async with running() as gw, gw.openai() as sdk:
-        raw = await sdk.responses.with_raw_response.create(model="auto", input="Say hello",
-                                                          instructions="Be brief.", metadata={"trace": "t-1"})
+        raw = await sdk.responses.with_raw_response.create(
+            model="auto", input="Say hello", instructions="Be brief.", metadata={"trace": "t-1"}
+        )
         plain = raw.parse()
         events = [e async for e in await sdk.responses.create(model="medium", input="Say hello", stream=True)]
     assert raw.headers["x-capmon-model"] == "flagship" and plain.status == "completed"
@@ -115,8 +127,9 @@ async def test_a_fallback_when_the_flagship_is_out() -> None:
     async with running() as gw, gw.openai() as sdk:
         await gw.sim_admin("outage/sim-flagship", {"duration": 60})
         raw = await sdk.chat.completions.with_raw_response.create(model="flagship", messages=HELLO)
-        async with sdk.chat.completions.with_streaming_response.create(model="flagship", messages=HELLO,
-                                                                       stream=True) as streamed:
+        async with sdk.chat.completions.with_streaming_response.create(
+            model="flagship", messages=HELLO, stream=True
+        ) as streamed:
             stream_headers = streamed.headers
             body = "".join([line async for line in streamed.iter_lines()])
         responses = await sdk.responses.with_raw_response.create(model="flagship", input="hi")

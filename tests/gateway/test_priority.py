@@ -22,8 +22,11 @@ async def test_interactive_requests_go_first_and_batch_keeps_its_share() -> None
         finished: list[str] = []
 
         async def send(priority: str) -> None:
-            r = await http.post("/v1/chat/completions", headers={"x-capmon-priority": priority},
-                                json={"model": "auto", "messages": HELLO})
+            r = await http.post(
+                "/v1/chat/completions",
+                headers={"x-capmon-priority": priority},
+                json={"model": "auto", "messages": HELLO},
+            )
             assert r.status_code == 200 and r.headers["x-capmon-priority"] == priority
             finished.append(priority)
 
@@ -37,7 +40,7 @@ async def test_interactive_requests_go_first_and_batch_keeps_its_share() -> None
     # interactive ones take the freed slots, and batch gets its fifth of them meanwhile.
     order = finished[2:]
     last_interactive = max(i for i, p in enumerate(order) if p == "interactive")
-    batch_meanwhile = order[:last_interactive + 1].count("batch")
+    batch_meanwhile = order[: last_interactive + 1].count("batch")
     assert order.count("interactive") == INTERACTIVE and order.count("batch") == BATCH - 2
     assert batch_meanwhile >= 1, order  # batch kept a share while interactive requests waited
     assert batch_meanwhile / (last_interactive + 1) <= 0.35, order  # about batch_share of the slots, no more

@@ -32,7 +32,7 @@ def _free_port() -> int:
 def _gateway_section() -> str:
     readme = (ROOT / "README.md").read_text()
     start = readme.index("## The gateway\n")
-    return readme[start:readme.index("\n## ", start + 1)]
+    return readme[start : readme.index("\n## ", start + 1)]
 
 
 def _block(lang: str) -> str:
@@ -42,7 +42,8 @@ def _block(lang: str) -> str:
 
 
 # The shipped models with quick answers: the examples' requests take milliseconds, not seconds.
-FAST = "".join(f"""
+FAST = "".join(
+    f"""
 [[models]]
 name = "sim-{m}"
 slots = 64
@@ -51,7 +52,9 @@ per_token = 0.0002
 noise = 0.0
 answer_tokens = 40
 context_window = 128000
-""" for m in ("flagship", "medium", "small"))
+"""
+    for m in ("flagship", "medium", "small")
+)
 
 
 def _shipped_config(tmp_path: Path) -> Path:
@@ -68,9 +71,14 @@ def test_the_readme_examples_run_as_written_against_capmon_serve(tmp_path: Path)
     port = _free_port()
     config = _shipped_config(tmp_path)
     env = {k: v for k, v in os.environ.items() if not k.startswith("CAPMON_")}
-    proc = subprocess.Popen([sys.executable, "-m", "capmon.cli", "serve", "--config", str(config), "--listen",
-                             f"127.0.0.1:{port}"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "capmon.cli", "serve", "--config", str(config), "--listen", f"127.0.0.1:{port}"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert proc.stdout is not None
         banner = proc.stdout.readline()
@@ -80,8 +88,9 @@ def test_the_readme_examples_run_as_written_against_capmon_serve(tmp_path: Path)
         example.write_text(_block("python").replace("127.0.0.1:4000", f"127.0.0.1:{port}"))
         script = _block("sh").replace("127.0.0.1:4000", f"127.0.0.1:{port}")
         with subprocess.Popen(["sh", "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as c:
-            sdk = subprocess.run([sys.executable, str(example)], cwd=tmp_path, capture_output=True, text=True,
-                                 timeout=60)
+            sdk = subprocess.run(
+                [sys.executable, str(example)], cwd=tmp_path, capture_output=True, text=True, timeout=60
+            )
             curl_out, curl_err = c.communicate(timeout=60)
     finally:
         proc.send_signal(signal.SIGINT)
@@ -97,24 +106,47 @@ def test_the_readme_examples_run_as_written_against_capmon_serve(tmp_path: Path)
     assert proc.returncode == 130 and "capmon gateway: stopped" in err and "Traceback" not in err
 
 
-@pytest.mark.parametrize("gateway, argv, expected", [
-    ("", ["--listen", "0.0.0.0:4000"],
-     r"capmon: .*config\.toml: gateway\.keys: listening on 0\.0\.0\.0:4000 \(not loopback\) needs at least one "
-     r"client key"),
-    ("", ["--listen", "localhost"], r"capmon: --listen: expected HOST:PORT such as 127\.0\.0\.1:4000, got 'localhost'"),
-    ('aliases = { "gpt-5" = "flagshp" }', [],
-     r"capmon: .*config\.toml: gateway\.aliases\.gpt-5: no model named 'flagshp'; did you mean 'flagship'\?"),
-    ('aliases = { "auto" = "flagship" }', [], r"gateway\.aliases\.auto: 'auto' is built in"),
-    ('keys = [{ env = "GW_NOT_SET_ANYWHERE" }]', [],
-     r"gateway\.keys\[0\]\.env: environment variable GW_NOT_SET_ANYWHERE is not set"),
-    ('keys = [{ env = "GW_K", priority = "urgent" }]', [],
-     r"gateway\.keys\[0\]\.priority: expected one of interactive, batch, got 'urgent'"),
-    ('admin_key_env = "GW_NOT_SET_ANYWHERE"', [],
-     r"gateway\.admin_key_env: environment variable GW_NOT_SET_ANYWHERE is not set"),
-    ("listn = 1", [], r"gateway\.listn: unknown key; did you mean 'listen'\?"),
-])
-def test_a_gateway_that_cannot_start_says_why_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                                          gateway: str, argv: list[str], expected: str) -> None:
+@pytest.mark.parametrize(
+    "gateway, argv, expected",
+    [
+        (
+            "",
+            ["--listen", "0.0.0.0:4000"],
+            r"capmon: .*config\.toml: gateway\.keys: listening on 0\.0\.0\.0:4000 \(not loopback\) needs at least one "
+            r"client key",
+        ),
+        (
+            "",
+            ["--listen", "localhost"],
+            r"capmon: --listen: expected HOST:PORT such as 127\.0\.0\.1:4000, got 'localhost'",
+        ),
+        (
+            'aliases = { "gpt-5" = "flagshp" }',
+            [],
+            r"capmon: .*config\.toml: gateway\.aliases\.gpt-5: no model named 'flagshp'; did you mean 'flagship'\?",
+        ),
+        ('aliases = { "auto" = "flagship" }', [], r"gateway\.aliases\.auto: 'auto' is built in"),
+        (
+            'keys = [{ env = "GW_NOT_SET_ANYWHERE" }]',
+            [],
+            r"gateway\.keys\[0\]\.env: environment variable GW_NOT_SET_ANYWHERE is not set",
+        ),
+        (
+            'keys = [{ env = "GW_K", priority = "urgent" }]',
+            [],
+            r"gateway\.keys\[0\]\.priority: expected one of interactive, batch, got 'urgent'",
+        ),
+        (
+            'admin_key_env = "GW_NOT_SET_ANYWHERE"',
+            [],
+            r"gateway\.admin_key_env: environment variable GW_NOT_SET_ANYWHERE is not set",
+        ),
+        ("listn = 1", [], r"gateway\.listn: unknown key; did you mean 'listen'\?"),
+    ],
+)
+def test_a_gateway_that_cannot_start_says_why_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], gateway: str, argv: list[str], expected: str
+) -> None:
     config = _shipped_config(tmp_path)
     if gateway:
         config.write_text(config.read_text() + f"\n[gateway]\n{gateway}\n")
@@ -131,8 +163,9 @@ def test_an_address_in_use_is_one_line(tmp_path: Path, capsys: pytest.CaptureFix
         port = taken.getsockname()[1]
         assert main(["serve", "--config", str(_shipped_config(tmp_path)), "--listen", f"127.0.0.1:{port}"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == f"capmon: 127.0.0.1:{port} is already in use; choose another address with --listen or " \
-                  f"[gateway] listen"
+    assert (
+        err == f"capmon: 127.0.0.1:{port} is already in use; choose another address with --listen or [gateway] listen"
+    )
 
 
 def test_the_gateways_log_redacts_every_key_it_holds() -> None:

@@ -18,10 +18,15 @@ def settings(gateway: str, **kw: object) -> object:
 
 
 def test_a_full_gateway_table() -> None:
-    s = load_settings(config("http://127.0.0.1:9/v1", gateway='listen = "[::1]:4100"\n'
-                             'keys = [{ env = "A", alias = "team" }, { env = "B", priority = "batch" }]\n'
-                             'admin_key_env = "ADMIN"\naliases = { "gpt-5" = "flagship", "default" = "auto" }'),
-                      environ=ENV)
+    s = load_settings(
+        config(
+            "http://127.0.0.1:9/v1",
+            gateway='listen = "[::1]:4100"\n'
+            'keys = [{ env = "A", alias = "team" }, { env = "B", priority = "batch" }]\n'
+            'admin_key_env = "ADMIN"\naliases = { "gpt-5" = "flagship", "default" = "auto" }',
+        ),
+        environ=ENV,
+    )
     assert (s.host, s.port, s.listen) == ("::1", 4100, "[::1]:4100")
     assert [(k.alias, k.priority) for k in s.keys] == [("team", Priority.INTERACTIVE), ("B", Priority.BATCH)]
     assert s.aliases == {"auto": None, "gpt-5": "flagship", "default": None} and s.admin is not None
@@ -29,17 +34,24 @@ def test_a_full_gateway_table() -> None:
     assert settings("", listen="127.0.0.1:0").port == 0  # type: ignore[attr-defined]
 
 
-@pytest.mark.parametrize("gateway, key, message", [
-    ('aliases = { "flagship" = "small" }', "gateway.aliases.flagship", "is already the name of a model"),
-    ('aliases = { "" = "small" }', 'gateway.aliases.""', "expected a name"),
-    ('keys = [{ env = "A", alias = "x" }, { env = "B", alias = "x" }]', "gateway.keys[1].alias", "duplicate key alias"),
-    ('keys = [{ env = "A" }, { env = "A", alias = "again" }]', "gateway.keys[1].env", "holds the same key"),
-    ('keys = [{ env = "A" }]\nadmin_key_env = "A"', "gateway.admin_key_env", "holds the same key as a client key"),
-    ('keys = [{ env = "SHORT" }]', "gateway.keys[0].env", "3 characters long; expected at least 8"),
-    ('keys = [{ env = "not a name" }]', "gateway.keys[0].env", "expected an environment variable name"),
-    ('listen = "4000"', "gateway.listen", "expected HOST:PORT"),
-    ("max_body_bytes = 10", "gateway.max_body_bytes", "expected a whole number >= 1024"),
-])
+@pytest.mark.parametrize(
+    "gateway, key, message",
+    [
+        ('aliases = { "flagship" = "small" }', "gateway.aliases.flagship", "is already the name of a model"),
+        ('aliases = { "" = "small" }', 'gateway.aliases.""', "expected a name"),
+        (
+            'keys = [{ env = "A", alias = "x" }, { env = "B", alias = "x" }]',
+            "gateway.keys[1].alias",
+            "duplicate key alias",
+        ),
+        ('keys = [{ env = "A" }, { env = "A", alias = "again" }]', "gateway.keys[1].env", "holds the same key"),
+        ('keys = [{ env = "A" }]\nadmin_key_env = "A"', "gateway.admin_key_env", "holds the same key as a client key"),
+        ('keys = [{ env = "SHORT" }]', "gateway.keys[0].env", "3 characters long; expected at least 8"),
+        ('keys = [{ env = "not a name" }]', "gateway.keys[0].env", "expected an environment variable name"),
+        ('listen = "4000"', "gateway.listen", "expected HOST:PORT"),
+        ("max_body_bytes = 10", "gateway.max_body_bytes", "expected a whole number >= 1024"),
+    ],
+)
 def test_mistakes_name_the_file_and_the_key(gateway: str, key: str, message: str) -> None:
     with pytest.raises(ConfigError) as info:
         settings(gateway)

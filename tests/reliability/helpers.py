@@ -9,8 +9,9 @@ import math as _math
 import os
 import re as _re
 import socket
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 import httpx
 
@@ -23,12 +24,31 @@ SIM_MODELS = ("sim-flagship", "sim-medium", "sim-small")
 ENV = {"REL_KEY": SIMULATOR_DEMO_KEY}
 
 
-def scenario(slots: int = 64, base_latency: float = 0.05, per_token: float = 0.0, answer_tokens: int = 16,
-             models: Iterable[str] = SIM_MODELS, **kw: Any) -> Scenario:
+def scenario(
+    slots: int = 64,
+    base_latency: float = 0.05,
+    per_token: float = 0.0,
+    answer_tokens: int = 16,
+    models: Iterable[str] = SIM_MODELS,
+    **kw: Any,
+) -> Scenario:
     """Ample capacity, short, noiseless latency: faults are the only thing that goes wrong."""
-    return Scenario(name="reliability", models=tuple(
-        ModelSpec(name=m, slots=slots, base_latency=base_latency, per_token=per_token, noise=0.0,
-                  answer_tokens=answer_tokens, context_window=128_000, **kw) for m in models))
+    return Scenario(
+        name="reliability",
+        models=tuple(
+            ModelSpec(
+                name=m,
+                slots=slots,
+                base_latency=base_latency,
+                per_token=per_token,
+                noise=0.0,
+                answer_tokens=answer_tokens,
+                context_window=128_000,
+                **kw,
+            )
+            for m in models
+        ),
+    )
 
 
 def dead_url() -> str:
@@ -39,14 +59,27 @@ def dead_url() -> str:
     return f"http://127.0.0.1:{port}/v1"
 
 
-def sim_config(base_url: str, *, models: dict[str, list[str]] | None = None,
-               endpoints: dict[str, str] | None = None, extra: str = "", env: str = "REL_KEY",
-               file: str = "reliability.toml") -> Config:
+def sim_config(
+    base_url: str,
+    *,
+    models: dict[str, list[str]] | None = None,
+    endpoints: dict[str, str] | None = None,
+    extra: str = "",
+    env: str = "REL_KEY",
+    file: str = "reliability.toml",
+) -> Config:
     """Three models (flagship, medium, small -> sim-*) on the simulator at ``base_url``.
     ``endpoints`` adds named endpoints; ``models`` says which endpoints each model uses."""
     uses = {"flagship": ["sim"], "medium": ["sim"], "small": ["sim"], **(models or {})}
-    return build_config(base_url, endpoint="sim", endpoints=endpoints, keys=[(env, "k")], extra=extra, file=file,
-                        models={m: {**SIMULATED_MODELS[m], "endpoints": uses[m], "max_tokens": 64} for m in uses})
+    return build_config(
+        base_url,
+        endpoint="sim",
+        endpoints=endpoints,
+        keys=[(env, "k")],
+        extra=extra,
+        file=file,
+        models={m: {**SIMULATED_MODELS[m], "endpoints": uses[m], "max_tokens": 64} for m in uses},
+    )
 
 
 @dataclass
@@ -156,10 +189,14 @@ def toml_document(doc: dict[str, Any]) -> str:
     sections: list[str] = []
     for key, value in doc.items():
         if isinstance(value, dict) and value and all(not isinstance(v, dict) for v in value.values()):
-            sections.append(f"\n[{toml_key(key)}]\n" + "".join(f"{toml_key(k)} = {toml_value(v)}\n" for k, v in value.items()))
+            sections.append(
+                f"\n[{toml_key(key)}]\n" + "".join(f"{toml_key(k)} = {toml_value(v)}\n" for k, v in value.items())
+            )
         elif isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
             for item in value:
-                sections.append(f"\n[[{toml_key(key)}]]\n" + "".join(f"{toml_key(k)} = {toml_value(v)}\n" for k, v in item.items()))
+                sections.append(
+                    f"\n[[{toml_key(key)}]]\n" + "".join(f"{toml_key(k)} = {toml_value(v)}\n" for k, v in item.items())
+                )
         else:
             lines.append(f"{toml_key(key)} = {toml_value(value)}\n")
     return "".join(lines) + "".join(sections)

@@ -66,15 +66,33 @@ def test_sim_with_a_missing_scenario_file(capsys: pytest.CaptureFixture[str]) ->
     ("text", "key", "detail"),
     [
         pytest.param(BAD_SCENARIO, "models[0].slotz", "unknown key; did you mean 'slots'?", id="unknown-key"),
-        pytest.param('[[models]]\nname = "m"\nslots = "four"', "models[0].slots", "expected a whole number, got 'four' (str)", id="wrong-type"),
-        pytest.param('[[models]]\nname = "m"\ndialect = "openai-500"', "models[0].dialect", "expected one of openai-429", id="bad-dialect"),
-        pytest.param('[[models]]\nname = "m"\n[[models.schedule]]\nat = 5\n[[models.schedule]]\nat = 1', "models[0].schedule[1].at", "expected phases in time order", id="schedule-order"),
+        pytest.param(
+            '[[models]]\nname = "m"\nslots = "four"',
+            "models[0].slots",
+            "expected a whole number, got 'four' (str)",
+            id="wrong-type",
+        ),
+        pytest.param(
+            '[[models]]\nname = "m"\ndialect = "openai-500"',
+            "models[0].dialect",
+            "expected one of openai-429",
+            id="bad-dialect",
+        ),
+        pytest.param(
+            '[[models]]\nname = "m"\n[[models.schedule]]\nat = 5\n[[models.schedule]]\nat = 1',
+            "models[0].schedule[1].at",
+            "expected phases in time order",
+            id="schedule-order",
+        ),
         pytest.param('name = "x"', "models", "expected at least one [[models]] table", id="no-models"),
-        pytest.param('[[models]]\nname = "m"\nhint = 1e308', "models[0].hint", "expected a number <= ", id="absurd-hint"),
+        pytest.param(
+            '[[models]]\nname = "m"\nhint = 1e308', "models[0].hint", "expected a number <= ", id="absurd-hint"
+        ),
     ],
 )
-def test_sim_with_a_bad_scenario_names_the_file_and_key(capsys: pytest.CaptureFixture[str], tmp_path: Path,
-                                                        text: str, key: str, detail: str) -> None:
+def test_sim_with_a_bad_scenario_names_the_file_and_key(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, text: str, key: str, detail: str
+) -> None:
     path = tmp_path / "scn.toml"
     path.write_text(text)
     code, _, err = run(capsys, "sim", "--scenario", str(path))
@@ -89,8 +107,9 @@ def test_sim_with_a_bad_scenario_names_the_file_and_key(capsys: pytest.CaptureFi
     [(b"models = [", "not valid TOML"), (b"\xff\xfe\x00", "cannot read")],
     ids=["bad-toml", "not-utf8"],
 )
-def test_sim_with_an_unreadable_scenario(capsys: pytest.CaptureFixture[str], tmp_path: Path, content: bytes,
-                                         detail: str) -> None:
+def test_sim_with_an_unreadable_scenario(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, content: bytes, detail: str
+) -> None:
     path = tmp_path / "scn.toml"
     path.write_bytes(content)
     code, _, err = run(capsys, "sim", "--scenario", str(path))
@@ -124,8 +143,9 @@ def test_status_with_a_missing_config(capsys: pytest.CaptureFixture[str], tmp_pa
     assert one_error_line(err) == f"capmon: {missing}: no such file"
 
 
-def test_the_config_from_the_environment_is_named_too(capsys: pytest.CaptureFixture[str], tmp_path: Path,
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_config_from_the_environment_is_named_too(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     path = config_with(tmp_path, "max_attempts = 50", "max_attempts = 0")
     monkeypatch.setenv("CAPMON_CONFIG", str(path))
     code, _, err = run(capsys, "status", "--once")
@@ -137,16 +157,39 @@ def test_the_config_from_the_environment_is_named_too(capsys: pytest.CaptureFixt
     ("old", "new", "expected"),
     [
         pytest.param("[breaker]", "[breaker\n", "not valid TOML", id="bad-toml"),
-        pytest.param("cooldown = 8.0", "cooldwn = 8.0", "breaker.cooldwn: unknown key; did you mean 'cooldown'?", id="typo"),
-        pytest.param('endpoints = ["sim"]', 'endpoints = ["simm"]', "models[0].endpoints[0]: no endpoint named 'simm'; did you mean 'sim'?", id="bad-reference"),
-        pytest.param('base_url = "http://127.0.0.1', 'base_url = "127.0.0.1', "endpoints[0].base_url: expected an http:// or https:// URL", id="bad-url"),
-        pytest.param("max_tokens = 512", "max_tokens = 512\n\"\" = 1", 'models[0]."": unknown key', id="empty-key"),
-        pytest.param("retry_budget = 0.2", "retry_budget = nan", "client.retry_budget: expected a finite number, got nan (float)", id="nan"),
-        pytest.param("deadline = 900.0", "deadline = 1979-05-27", "client.deadline: expected a number, got datetime.date(1979, 5, 27) (date)", id="date"),
+        pytest.param(
+            "cooldown = 8.0", "cooldwn = 8.0", "breaker.cooldwn: unknown key; did you mean 'cooldown'?", id="typo"
+        ),
+        pytest.param(
+            'endpoints = ["sim"]',
+            'endpoints = ["simm"]',
+            "models[0].endpoints[0]: no endpoint named 'simm'; did you mean 'sim'?",
+            id="bad-reference",
+        ),
+        pytest.param(
+            'base_url = "http://127.0.0.1',
+            'base_url = "127.0.0.1',
+            "endpoints[0].base_url: expected an http:// or https:// URL",
+            id="bad-url",
+        ),
+        pytest.param("max_tokens = 512", 'max_tokens = 512\n"" = 1', 'models[0]."": unknown key', id="empty-key"),
+        pytest.param(
+            "retry_budget = 0.2",
+            "retry_budget = nan",
+            "client.retry_budget: expected a finite number, got nan (float)",
+            id="nan",
+        ),
+        pytest.param(
+            "deadline = 900.0",
+            "deadline = 1979-05-27",
+            "client.deadline: expected a number, got datetime.date(1979, 5, 27) (date)",
+            id="date",
+        ),
     ],
 )
-def test_status_with_a_wrong_config_names_the_file_and_key(capsys: pytest.CaptureFixture[str], tmp_path: Path,
-                                                           old: str, new: str, expected: str) -> None:
+def test_status_with_a_wrong_config_names_the_file_and_key(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, old: str, new: str, expected: str
+) -> None:
     path = config_with(tmp_path, old, new)
     code, _, err = run(capsys, "status", "--once", "--config", str(path))
     assert code == EXIT_USAGE
@@ -164,16 +207,18 @@ def test_status_with_a_config_whose_scenario_is_bad(capsys: pytest.CaptureFixtur
     assert line.startswith(f"capmon: {tmp_path / 'scn.toml'}: models[0].slotz: unknown key"), line
 
 
-def test_status_with_a_missing_key_variable(capsys: pytest.CaptureFixture[str], tmp_path: Path,
-                                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_status_with_a_missing_key_variable(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv("CAPMON_SIM_API_KEY", raising=False)
     monkeypatch.delenv("NOT_SET_ANYWHERE", raising=False)
     path = config_with(tmp_path, "simulated = true", "simulated = false")
     path.write_text(path.read_text().replace('env = "CAPMON_SIM_API_KEY"', 'env = "NOT_SET_ANYWHERE"'))
     code, _, err = run(capsys, "status", "--once", "--config", str(path))
     assert code == EXIT_USAGE
-    assert one_error_line(err) == (f"capmon: {path}: endpoints[0].keys[0].env: "
-                                   "environment variable NOT_SET_ANYWHERE is not set")
+    assert one_error_line(err) == (
+        f"capmon: {path}: endpoints[0].keys[0].env: environment variable NOT_SET_ANYWHERE is not set"
+    )
 
 
 def test_bad_arguments_exit_2_with_usage(capsys: pytest.CaptureFixture[str]) -> None:
@@ -191,6 +236,8 @@ def test_the_console_script_exits_2_without_a_traceback(tmp_path: Path) -> None:
     out = subprocess.run([*CAPMON, "sim", "--scenario", str(scn)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and out.stdout == ""
     assert out.stderr == f"capmon: {scn}: models[0].slotz: unknown key; did you mean 'slots'?\n"
-    out = subprocess.run([*CAPMON, "sim", "--scenario", "/nonexistent.toml"], capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [*CAPMON, "sim", "--scenario", "/nonexistent.toml"], capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert out.stderr.startswith("capmon: /nonexistent.toml: no bundled scenario or file by that name")

@@ -93,8 +93,22 @@ async def crash_many(tmp_path: Path, *, n: int, kills: int, seed: int, max_delay
     stats = {"kills": 0, "mid_run": 0, "finished_early": 0, "killed_after_finish": 0}
     async with running_simulator(SCENARIO) as sim:
         cfg = write_config(tmp_path / "config.toml", sim.base_url)
-        argv = ("batch", "run", str(src), "--config", str(cfg), "--db", str(db), "--job", "m", "--concurrency", "16",
-                "--no-progress", "--out", str(out))
+        argv = (
+            "batch",
+            "run",
+            str(src),
+            "--config",
+            str(cfg),
+            "--db",
+            str(db),
+            "--job",
+            "m",
+            "--concurrency",
+            "16",
+            "--no-progress",
+            "--out",
+            str(out),
+        )
         for k in range(kills):
             proc = await capmon(*argv)
             if k == 0:

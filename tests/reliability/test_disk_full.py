@@ -15,8 +15,9 @@ import contextlib
 import os
 import sqlite3
 import subprocess
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -60,7 +61,9 @@ class Sends:
         return [i for at, i in self.first_attempts if at > t]
 
 
-async def _fill_and_resume(tmp_path: Path, db: Path, fill: Callable[[BatchRunner], None], free: Callable[[], None]) -> dict[str, Any]:
+async def _fill_and_resume(
+    tmp_path: Path, db: Path, fill: Callable[[BatchRunner], None], free: Callable[[], None]
+) -> dict[str, Any]:
     src = write_items(tmp_path / "in.jsonl", N)
     loop = asyncio.get_running_loop()
     async with running_simulator(scenario(base_latency=0.05)) as sim:
@@ -80,8 +83,11 @@ async def _fill_and_resume(tmp_path: Path, db: Path, fill: Callable[[BatchRunner
         failed_save = [n for n in sends.notices if "cannot save" in n.message]
         assert failed_save, [n.message for n in sends.notices]
         first_failure = failed_save[0].at
-        figures = {"sent_after_fill": len(sends.after(filled_at)), "sent_after_first_failed_save":
-                   len(sends.after(first_failure)), "fill_to_failure": first_failure - filled_at}
+        figures = {
+            "sent_after_fill": len(sends.after(filled_at)),
+            "sent_after_first_failed_save": len(sends.after(first_failure)),
+            "fill_to_failure": first_failure - filled_at,
+        }
 
         # Everything saved before the disk filled is still there, and the job says why it stopped.
         still = {r[0] for r in _q(db, "SELECT id FROM items WHERE state = 'done'")}
@@ -107,9 +113,11 @@ def _check(figures: dict[str, Any], db: Path) -> None:
     # Nothing new is sent once a save has failed; before it, at most one flush interval's worth.
     assert figures["sent_after_first_failed_save"] == 0, figures
     assert figures["fill_to_failure"] <= 0.25, figures
-    print(f"\ndisk full: {figures['sent_after_fill']} items started after the fill, "
-          f"{figures['sent_after_first_failed_save']} after the first failed save "
-          f"({figures['fill_to_failure']:.3f}s later)")
+    print(
+        f"\ndisk full: {figures['sent_after_fill']} items started after the fill, "
+        f"{figures['sent_after_first_failed_save']} after the first failed save "
+        f"({figures['fill_to_failure']:.3f}s later)"
+    )
 
 
 async def test_sqlite_full_pauses_sends_at_the_first_failed_save_and_resume_loses_nothing(tmp_path: Path) -> None:
@@ -130,8 +138,12 @@ async def test_sqlite_full_pauses_sends_at_the_first_failed_save_and_resume_lose
 def tmpfs(path: Path, size: str) -> Iterator[Path]:
     path.mkdir()
     try:
-        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], check=True,
-                       capture_output=True, timeout=10)
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+            check=True,
+            capture_output=True,
+            timeout=10,
+        )
     except (OSError, subprocess.SubprocessError) as e:
         detail = getattr(e, "stderr", b"") or b""
         pytest.skip(f"cannot mount a tmpfs here (needs root): {detail.decode(errors='replace').strip() or e}")

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import pytest
 
@@ -74,7 +75,7 @@ async def run_batch(client: FallbackClient, n: int = N) -> list[Any]:
     ("mode", "status", "reason"),
     [
         pytest.param("reset", 200, "protocol error (RemoteProtocolError: peer closed connection", id="reset"),
-        pytest.param("truncate", 200, "200 with a broken body (not JSON: {\"id\": \"chatcmpl-", id="truncate"),
+        pytest.param("truncate", 200, '200 with a broken body (not JSON: {"id": "chatcmpl-', id="truncate"),
         pytest.param("invalid_json", 200, "200 with a broken body (not JSON: not json)", id="invalid_json"),
         pytest.param("html_500", 500, "500 Internal Server Error (nginx)", id="html_500"),
     ],
@@ -223,8 +224,12 @@ async def test_every_fault_at_once_across_all_models() -> None:
 async def test_connection_refused_is_classified_as_a_transient_connect_failure() -> None:
     async with running_simulator(scenario()) as sim:
         # small's only endpoint is dead; with a max of one attempt the failure is final
-        cfg = sim_config(sim.base_url, endpoints={"dead": dead_url()}, models={"small": ["dead"]},
-                         extra="[client]\nmax_attempts = 1\n")
+        cfg = sim_config(
+            sim.base_url,
+            endpoints={"dead": dead_url()},
+            models={"small": ["dead"]},
+            extra="[client]\nmax_attempts = 1\n",
+        )
         async with FallbackClient(cfg, environ=ENV) as client:
             with pytest.raises(RequestFailed) as info:
                 await client.chat("hi", model="small")
@@ -253,7 +258,7 @@ async def test_a_dead_first_endpoint_of_a_model_falls_through_to_its_second_endp
     # Under concurrent load a full flagship@sim spills to the next model, as routing says;
     # one request at a time, every one goes to the flagship's live endpoint.
     assert all(r.endpoint == "sim" for r in results)
-    assert all(r.model == "flagship" for r in results[len(concurrent):])
+    assert all(r.model == "flagship" for r in results[len(concurrent) :])
     for a in failed_attempts(results):
         assert a.kind is Kind.TRANSIENT and a.target == "flagship@dead/k" and a.reason.startswith("connection failed")
 
@@ -269,7 +274,7 @@ async def test_a_dead_model_among_three_costs_no_request() -> None:
         stats = await sim_stats(sim)
     results = check_all_answered([*concurrent, *one_by_one], rec, stats["totals"]["completed"])
     assert all(r.model in ("medium", "small") for r in results)
-    assert all(r.model == "medium" for r in results[len(concurrent):])
+    assert all(r.model == "medium" for r in results[len(concurrent) :])
 
 
 # ---------------------------------------------------------------- a restart
@@ -318,6 +323,7 @@ async def test_a_restart_without_downtime_loses_nothing() -> None:
     for a in failed_attempts(results):
         # Retried, or (for a connection that was refused) sent to another model at once.
         assert a.kind is Kind.TRANSIENT and a.decision in ("retry", "fallback")
+
 
 async def test_a_restart_in_the_middle_of_a_run_loses_nothing() -> None:
     results, rec, completed, in_flight = await _restart_run(200, 5.0)

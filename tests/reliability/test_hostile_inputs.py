@@ -95,9 +95,15 @@ def _binary(tmp: Path) -> Path:
     return p
 
 
-@pytest.mark.parametrize("make, expected", [
-    (_utf16, "UTF-16"), (_utf16_no_bom, "UTF-16"), (_gzip, "gzip"), (_binary, "not a text file"),
-])
+@pytest.mark.parametrize(
+    "make, expected",
+    [
+        (_utf16, "UTF-16"),
+        (_utf16_no_bom, "UTF-16"),
+        (_gzip, "gzip"),
+        (_binary, "not a text file"),
+    ],
+)
 @pytest.mark.looptime
 async def test_a_utf16_or_binary_input_is_one_whole_file_error(tmp_path: Path, make, expected: str) -> None:  # type: ignore[no-untyped-def]
     src = make(tmp_path)
@@ -112,23 +118,38 @@ async def test_a_utf16_or_binary_input_is_one_whole_file_error(tmp_path: Path, m
 
 def test_a_utf16_input_exits_2_from_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     src = _utf16(tmp_path)
-    cfg = write_config(tmp_path / "c.toml", "http://127.0.0.1:9/v1", simulated=True,
-                       keys=[("CAPMON_TEST_UNSET", "k")], models=["m"])
+    cfg = write_config(
+        tmp_path / "c.toml", "http://127.0.0.1:9/v1", simulated=True, keys=[("CAPMON_TEST_UNSET", "k")], models=["m"]
+    )
     assert main(["batch", "run", str(src), "--db", str(tmp_path / "db"), "--config", str(cfg), "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "UTF-16" in err and "Traceback" not in err
 
 
-def test_attach_without_a_terminal_prints_that_jobs_status(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_attach_without_a_terminal_prints_that_jobs_status(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     db = tmp_path / "jobs.db"
     monkeypatch.setenv("CAPMON_DB", str(db))
     with JobStore(db) as store:
-        info = store.create_job("nightly", input_path=str(tmp_path / "in.jsonl"), input_size=1, fingerprint="x",
-                                settings={"concurrency": 4}, now=1.0)
-        store.ingest_chunk(info.id, [(1, "a", "done", "[]", None, None, None, None, None, None),
-                                     (2, "b", "pending", "[]", None, None, None, None, None, None)],
-                           offset=1, line=2, now=1.0)
+        info = store.create_job(
+            "nightly",
+            input_path=str(tmp_path / "in.jsonl"),
+            input_size=1,
+            fingerprint="x",
+            settings={"concurrency": 4},
+            now=1.0,
+        )
+        store.ingest_chunk(
+            info.id,
+            [
+                (1, "a", "done", "[]", None, None, None, None, None, None),
+                (2, "b", "pending", "[]", None, None, None, None, None, None),
+            ],
+            offset=1,
+            line=2,
+            now=1.0,
+        )
         store.set_job(info.id, state="stopped")
     assert main(["--attach", "nightly"]) == 0
     out = capsys.readouterr().out
@@ -141,13 +162,16 @@ def test_attach_without_a_terminal_prints_that_jobs_status(tmp_path: Path, capsy
 @pytest.mark.looptime
 async def test_half_a_utf16_pair_fails_its_line_not_the_job(tmp_path: Path) -> None:
     """A JSON "\\ud800" decodes to a lone surrogate, which SQLite cannot store: that line fails, the rest run."""
-    src = write_jsonl(tmp_path / "in.jsonl", [
-        '{"id": "a\\ud800", "messages": [{"role": "user", "content": "x"}]}',
-        '{"id": "b", "messages": [{"role": "user", "content": "y\\udfff"}]}',
-        '{"id": "c", "messages": [["\\ud800"]]}',
-        '{"id": "d", "messages": [{"role": "user", "content": "fine"}], "metadata": {"k": "\\udc00"}}',
-        item("ok"),
-    ])
+    src = write_jsonl(
+        tmp_path / "in.jsonl",
+        [
+            '{"id": "a\\ud800", "messages": [{"role": "user", "content": "x"}]}',
+            '{"id": "b", "messages": [{"role": "user", "content": "y\\udfff"}]}',
+            '{"id": "c", "messages": [["\\ud800"]]}',
+            '{"id": "d", "messages": [{"role": "user", "content": "fine"}], "metadata": {"k": "\\udc00"}}',
+            item("ok"),
+        ],
+    )
     async with client_for(build_app(Script())) as client:
         summary = await BatchRunner(client, tmp_path / "db", "j", input_path=src).run()
     assert (summary.done, summary.failed) == (1, 4)

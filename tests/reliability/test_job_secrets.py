@@ -73,6 +73,7 @@ def mixed_script() -> Script:
                 echoed.add(number)
                 return ECHO[kind]
             return ok(model, f"answer from {model}")
+
         return reply
 
     for m in ("flagship", "medium", "small"):
@@ -81,9 +82,14 @@ def mixed_script() -> Script:
 
 
 def write_config(path: Path, url: str) -> Path:
-    return configs.write_config(path, url, keys=[("CANARY_KEY", "canary")], client={"max_attempts": 3, "deadline": 20.0},
-                                breaker={"cooldown": 0.5, "ramp_duration": 0.5},
-                                dashboard={"refresh": 0.1, "probe_interval": 0.3})
+    return configs.write_config(
+        path,
+        url,
+        keys=[("CANARY_KEY", "canary")],
+        client={"max_attempts": 3, "deadline": 20.0},
+        breaker={"cooldown": 0.5, "ramp_duration": 0.5},
+        dashboard={"refresh": 0.1, "probe_interval": 0.3},
+    )
 
 
 class Texts:
@@ -107,14 +113,24 @@ class Texts:
         return False
 
     def leaks(self) -> list[tuple[str, str]]:
-        return [(where, text[max(0, text.find(n) - 80): text.find(n) + 40])
-                for where, text in self.texts for n in NEEDLES if n in text]
+        return [
+            (where, text[max(0, text.find(n) - 80) : text.find(n) + 40])
+            for where, text in self.texts
+            for n in NEEDLES
+            if n in text
+        ]
 
 
 async def cli(*argv: str) -> tuple[int, str, str]:
-    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "capmon.cli", *argv,
-                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-                                                env={**os.environ, **ENV})
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "capmon.cli",
+        *argv,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, **ENV},
+    )
     out, err = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode is not None
     return proc.returncode, out.decode(), err.decode()

@@ -58,13 +58,16 @@ class Figures:
     failed_attempts: int
 
     def show(self) -> str:
-        return (f"load: {self.requests} requests in {self.seconds:.1f}s = {self.rate:.0f} req/s with {IN_FLIGHT} in flight; "
-                f"RSS {self.rss_start_mib:.0f} -> {self.rss_end_mib:.0f} MiB (peak {self.peak_rss_mib:.0f}); "
-                f"live objects {self.objects_start} -> {self.objects_end}; "
-                f"fds {self.fds_before} / peak {self.fds_peak} / after {self.fds_after}; "
-                f"tasks {self.tasks_before} / peak {self.tasks_peak} / after {self.tasks_after}; "
-                f"pooled connections peak {self.connections_peak}; events {self.events}; "
-                f"failed attempts (retried) {self.failed_attempts}")
+        return (
+            f"load: {self.requests} requests in {self.seconds:.1f}s = {self.rate:.0f} req/s "
+            f"with {IN_FLIGHT} in flight; "
+            f"RSS {self.rss_start_mib:.0f} -> {self.rss_end_mib:.0f} MiB (peak {self.peak_rss_mib:.0f}); "
+            f"live objects {self.objects_start} -> {self.objects_end}; "
+            f"fds {self.fds_before} / peak {self.fds_peak} / after {self.fds_after}; "
+            f"tasks {self.tasks_before} / peak {self.tasks_peak} / after {self.tasks_after}; "
+            f"pooled connections peak {self.connections_peak}; events {self.events}; "
+            f"failed attempts (retried) {self.failed_attempts}"
+        )
 
 
 def _pool(client: FallbackClient) -> PoolStats:
@@ -142,12 +145,23 @@ async def run_load(label: str, seconds: float, extra: str, warmup: float = 1.0) 
     gc.collect()
     await asyncio.sleep(0)
     figures = Figures(
-        seconds=t1 - t0, requests=done1 - done0, rate=(done1 - done0) / (t1 - t0),
-        rss_start_mib=rss_start / 1024, rss_end_mib=rss_end / 1024, peak_rss_mib=_status("VmHWM") / 1024,
-        objects_start=objects_start, objects_end=objects_end,
-        fds_before=fds_before, fds_peak=peaks["fds"], fds_after=open_fds(),
-        tasks_before=tasks_before, tasks_peak=peaks["tasks"], tasks_after=len(asyncio.all_tasks()),
-        connections_peak=peaks["connections"], events=bus.published, failed_attempts=rec.counts["AttemptFailed"],
+        seconds=t1 - t0,
+        requests=done1 - done0,
+        rate=(done1 - done0) / (t1 - t0),
+        rss_start_mib=rss_start / 1024,
+        rss_end_mib=rss_end / 1024,
+        peak_rss_mib=_status("VmHWM") / 1024,
+        objects_start=objects_start,
+        objects_end=objects_end,
+        fds_before=fds_before,
+        fds_peak=peaks["fds"],
+        fds_after=open_fds(),
+        tasks_before=tasks_before,
+        tasks_peak=peaks["tasks"],
+        tasks_after=len(asyncio.all_tasks()),
+        connections_peak=peaks["connections"],
+        events=bus.published,
+        failed_attempts=rec.counts["AttemptFailed"],
     )
     print(f"\n{label}: " + figures.show())
 

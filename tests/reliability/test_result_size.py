@@ -41,7 +41,9 @@ async def test_an_answer_over_max_response_bytes_is_never_stored_and_the_audit_s
 
     def reply(n: int, body: dict) -> Reply:
         answer = ok("flagship", answers.get(body["messages"][-1]["content"], "short answer"))
-        return Reply(200, json.dumps(answer.body), {"content-type": "application/json"})  # escaped, as providers send it
+        return Reply(
+            200, json.dumps(answer.body), {"content-type": "application/json"}
+        )  # escaped, as providers send it
 
     script.set("flagship", reply)
     db = tmp_path / "jobs.db"
@@ -53,8 +55,9 @@ async def test_an_answer_over_max_response_bytes_is_never_stored_and_the_audit_s
 
     # The store: nothing over the cap, for any item.
     assert max(len((c or "").encode()) for (c,) in _rows(db, "SELECT content FROM items")) <= CAP
-    [(state, content, kind, message)] = _rows(db, "SELECT state, content, error_kind, error_message FROM items "
-                                                  "WHERE id = 'it-0002'")
+    [(state, content, kind, message)] = _rows(
+        db, "SELECT state, content, error_kind, error_message FROM items WHERE id = 'it-0002'"
+    )
     # Its own kind (the core's name for an answer over the cap, when the core refuses it first).
     assert (state, content, kind) == ("failed", None, "oversized")
     assert "max_response_bytes" in message
@@ -83,11 +86,24 @@ def test_an_oversized_result_left_by_an_older_capmon_is_not_exported(tmp_path: P
     """A store written before the cap existed may hold a huge result: the export holds back its content."""
     db = tmp_path / "jobs.db"
     with JobStore(db) as store:
-        info = store.create_job("old", input_path=str(tmp_path / "in.jsonl"), input_size=10, fingerprint="x",
-                                settings={"max_response_bytes": CAP}, now=1.0)
-        store.ingest_chunk(info.id, [(1, "a", "done", "[]", None, None, None, None, None, None),
-                                     (2, "b", "done", "[]", None, None, None, None, None, None)],
-                           offset=10, line=2, now=1.0)
+        info = store.create_job(
+            "old",
+            input_path=str(tmp_path / "in.jsonl"),
+            input_size=10,
+            fingerprint="x",
+            settings={"max_response_bytes": CAP},
+            now=1.0,
+        )
+        store.ingest_chunk(
+            info.id,
+            [
+                (1, "a", "done", "[]", None, None, None, None, None, None),
+                (2, "b", "done", "[]", None, None, None, None, None, None),
+            ],
+            offset=10,
+            line=2,
+            now=1.0,
+        )
         store.conn.execute("UPDATE items SET content = ?, model = 'm' WHERE id = 'a'", ("x" * (CAP + 1),))
         store.conn.execute("UPDATE items SET content = 'fine', model = 'm' WHERE id = 'b'")
     out = tmp_path / "out.jsonl"

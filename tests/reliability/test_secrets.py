@@ -47,18 +47,32 @@ def _openai(status: int, message: str, code: str, headers: dict[str, str] | None
 def echoes(key: str) -> dict[str, Reply]:
     """Each failure kind, worded as a provider that echoes what it was sent."""
     return {
-        "auth": _openai(401, f"Incorrect API key provided: {key}. You can find your API key at "
-                             "https://platform.openai.com/account/api-keys.", "invalid_api_key"),
+        "auth": _openai(
+            401,
+            f"Incorrect API key provided: {key}. You can find your API key at "
+            "https://platform.openai.com/account/api-keys.",
+            "invalid_api_key",
+        ),
         "auth-html": Reply(403, f"<html><head><title>403 Forbidden: {key}</title></head><body>key {key}</body></html>"),
-        "rate_limited": _openai(429, f"Rate limit reached for key {key} on requests per min (RPM). "
-                                     "Please try again in 1s.", "rate_limit_exceeded",
-                                {"retry-after": "1", "x-echo-authorization": f"Bearer {key}"}),
-        "quota": _openai(429, f"You exceeded your current quota for {key}, please check your plan and billing details.",
-                         "insufficient_quota"),
-        "capacity": _openai(503, f"Selected model is at capacity for Bearer {key}. Please try a different model.",
-                            "server_is_overloaded"),
-        "too_large": _openai(400, f"This model's maximum context length is 10 tokens (key={key}).",
-                             "context_length_exceeded"),
+        "rate_limited": _openai(
+            429,
+            f"Rate limit reached for key {key} on requests per min (RPM). Please try again in 1s.",
+            "rate_limit_exceeded",
+            {"retry-after": "1", "x-echo-authorization": f"Bearer {key}"},
+        ),
+        "quota": _openai(
+            429,
+            f"You exceeded your current quota for {key}, please check your plan and billing details.",
+            "insufficient_quota",
+        ),
+        "capacity": _openai(
+            503,
+            f"Selected model is at capacity for Bearer {key}. Please try a different model.",
+            "server_is_overloaded",
+        ),
+        "too_large": _openai(
+            400, f"This model's maximum context length is 10 tokens (key={key}).", "context_length_exceeded"
+        ),
         "bad_request": _openai(400, f"Invalid header value 'Authorization: Bearer {key}'", "invalid_value"),
         "transient": Reply(502, f"Bad gateway while forwarding Authorization: Bearer {key} upstream"),
         "broken-200": Reply(200, f"upstream said: {key}"),
@@ -86,8 +100,12 @@ class Collected:
             self.add(where + " attempts", e.attempts)
 
     def check(self) -> None:
-        leaks = [(where, text[max(0, text.find(n) - 60): text.find(n) + 40])
-                 for where, text in self.texts for n in self.needles if n in text]
+        leaks = [
+            (where, text[max(0, text.find(n) - 60) : text.find(n) + 40])
+            for where, text in self.texts
+            for n in self.needles
+            if n in text
+        ]
         assert not leaks, f"the key leaked in {len(leaks)} place(s): {sorted({w for w, _ in leaks})}, e.g. {leaks[:3]}"
 
 
@@ -195,8 +213,19 @@ async def test_capmon_status_json_shows_no_key(tmp_path: Path) -> None:
     async with serve(script) as url:
         cfg = _status_config(tmp_path, url)
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "capmon.cli", "status", "--once", "--json", "--probe", "--config", str(cfg),
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env={**os.environ, **ENV})
+            sys.executable,
+            "-m",
+            "capmon.cli",
+            "status",
+            "--once",
+            "--json",
+            "--probe",
+            "--config",
+            str(cfg),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env={**os.environ, **ENV},
+        )
         out, err = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode == 0, err.decode()
     snap = json.loads(out)

@@ -38,22 +38,40 @@ async def _running(db: Path, job: str, proc: asyncio.subprocess.Process, timeout
     raise AssertionError("the job never got going")
 
 
-@pytest.mark.parametrize("signals, gap", [
-    # The SIGTERM that used to exit 143: it came after the loop had dropped its handlers.
-    pytest.param((signal.SIGINT, signal.SIGTERM), "after-stop-message", id="sigterm-while-shutting-down"),
-    pytest.param((signal.SIGTERM, signal.SIGINT, signal.SIGTERM), 0.005, id="three-in-a-row"),
-])
-async def test_signals_exit_130_however_they_combine_and_the_job_resumes(tmp_path: Path, signals: tuple, gap: object) -> None:
+@pytest.mark.parametrize(
+    "signals, gap",
+    [
+        # The SIGTERM that used to exit 143: it came after the loop had dropped its handlers.
+        pytest.param((signal.SIGINT, signal.SIGTERM), "after-stop-message", id="sigterm-while-shutting-down"),
+        pytest.param((signal.SIGTERM, signal.SIGINT, signal.SIGTERM), 0.005, id="three-in-a-row"),
+    ],
+)
+async def test_signals_exit_130_however_they_combine_and_the_job_resumes(
+    tmp_path: Path, signals: tuple, gap: object
+) -> None:
     src = write_items(tmp_path / "in.jsonl", N)
     db = tmp_path / "jobs.db"
     (tmp_path / "fast.toml").write_text(SCENARIO.replace("base_latency = 0.005", "base_latency = 0.05"))
     text = (ROOT / "config.toml").read_text().replace("127.0.0.1:8089", f"127.0.0.1:{free_port()}")
     cfg = tmp_path / "config.toml"
     cfg.write_text(text.replace('scenario = "demo"', 'scenario = "fast.toml"'))
-    argv = ("batch", "run", str(src), "--config", str(cfg), "--db", str(db), "--job", "sig", "--concurrency", "2",
-            "--no-progress")
-    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "capmon.cli", *argv,
-                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    argv = (
+        "batch",
+        "run",
+        str(src),
+        "--config",
+        str(cfg),
+        "--db",
+        str(db),
+        "--job",
+        "sig",
+        "--concurrency",
+        "2",
+        "--no-progress",
+    )
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "capmon.cli", *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
     await _running(db, "sig", proc)
     err = b""
     proc.send_signal(signals[0])
@@ -72,9 +90,23 @@ async def test_signals_exit_130_however_they_combine_and_the_job_resumes(tmp_pat
     err += rest
     assert proc.returncode == 130, err.decode()[-2000:]
     assert b"Traceback" not in err
-    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "capmon.cli", "batch", "resume", "sig",
-                                                "--config", str(cfg), "--db", str(db), "--no-progress", "--concurrency", "64",
-                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "capmon.cli",
+        "batch",
+        "resume",
+        "sig",
+        "--config",
+        str(cfg),
+        "--db",
+        str(db),
+        "--no-progress",
+        "--concurrency",
+        "64",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
     _, err = await asyncio.wait_for(proc.communicate(), 30)
     assert proc.returncode == 0, err.decode()[-2000:]
     assert read_progress(db, "sig").done == N

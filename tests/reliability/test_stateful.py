@@ -60,8 +60,11 @@ OUTCOMES: dict[str, Failure | None] = {
     "bad_request": Failure(Kind.BAD_REQUEST, "bad role", 422),
     "cancelled": None,
 }
-outcomes = st.sampled_from(["ok"] * 5 + ["capacity"] * 4 + ["rate_limited", "transient", "down", "quota", "auth",
-                                                            "bad_request", "cancelled", "cancelled"])
+outcomes = st.sampled_from(
+    ["ok"] * 5
+    + ["capacity"] * 4
+    + ["rate_limited", "transient", "down", "quota", "auth", "bad_request", "cancelled", "cancelled"]
+)
 hints = st.none() | st.sampled_from([0.0, 1.0, 5.0, 30.0, 120.0])
 picks = st.integers(0, 3) | st.integers(0, 10**6)
 
@@ -83,23 +86,53 @@ class StateFromOutside(RuleBasedStateMachine):
     """Admissions and settlements on three targets (two sharing a key), counted by the
     test instead of trusting the state's own counters."""
 
-    @initialize(threshold=st.integers(1, 3), probes=st.integers(1, 2), interval=st.sampled_from([0.0, 2.0, 10.0]),
-                ramp_start=st.sampled_from([0.1, 0.25, 0.5]), ramp_duration=st.sampled_from([1e6, 30.0]),
-                lo=st.integers(1, 3), span=st.integers(0, 8), rpm=st.sampled_from([0, 0, 20]),
-                tpm=st.sampled_from([0, 0, 2000]))
-    def setup(self, threshold: int, probes: int, interval: float, ramp_start: float, ramp_duration: float, lo: int,
-              span: int, rpm: int, tpm: int) -> None:
+    @initialize(
+        threshold=st.integers(1, 3),
+        probes=st.integers(1, 2),
+        interval=st.sampled_from([0.0, 2.0, 10.0]),
+        ramp_start=st.sampled_from([0.1, 0.25, 0.5]),
+        ramp_duration=st.sampled_from([1e6, 30.0]),
+        lo=st.integers(1, 3),
+        span=st.integers(0, 8),
+        rpm=st.sampled_from([0, 0, 20]),
+        tpm=st.sampled_from([0, 0, 2000]),
+    )
+    def setup(
+        self,
+        threshold: int,
+        probes: int,
+        interval: float,
+        ramp_start: float,
+        ramp_duration: float,
+        lo: int,
+        span: int,
+        rpm: int,
+        tpm: int,
+    ) -> None:
         self.loop = asyncio.new_event_loop()
         self.clock = ManualClock()
         self.events: list[ev.Event] = []
-        self.breaker_cfg = BreakerConfig(failure_threshold=threshold, half_open_probes=probes, probe_interval=interval,
-                                         cooldown=30.0, ramp_start=ramp_start, ramp_duration=ramp_duration)
+        self.breaker_cfg = BreakerConfig(
+            failure_threshold=threshold,
+            half_open_probes=probes,
+            probe_interval=interval,
+            cooldown=30.0,
+            ramp_start=ramp_start,
+            ramp_duration=ramp_duration,
+        )
         m1 = ModelConfig(name="m1", endpoints=("ep",), rpm=rpm, tpm=tpm)
         m2 = ModelConfig(name="m2", endpoints=("ep",))
-        cfg = Config(models=(m1, m2), breaker=self.breaker_cfg, client=ClientConfig(),
-                     limiter=LimiterConfig(initial=lo + span // 2, min=lo, max=lo + span))
-        specs = [TargetSpec(A1, m1, ("ep", "a"), "a"), TargetSpec(A2, m2, ("ep", "a"), "a"),
-                 TargetSpec(B1, m1, ("ep", "b"), "b")]
+        cfg = Config(
+            models=(m1, m2),
+            breaker=self.breaker_cfg,
+            client=ClientConfig(),
+            limiter=LimiterConfig(initial=lo + span // 2, min=lo, max=lo + span),
+        )
+        specs = [
+            TargetSpec(A1, m1, ("ep", "a"), "a"),
+            TargetSpec(A2, m2, ("ep", "a"), "a"),
+            TargetSpec(B1, m1, ("ep", "b"), "b"),
+        ]
         self.state = MemoryState(cfg, specs, self.clock, self.events.append)
         self.open: list[Admission] = []  # admitted, not settled yet
         self.done: list[Admission] = []  # settled once
@@ -122,13 +155,31 @@ class StateFromOutside(RuleBasedStateMachine):
     # ------------------------------------------------------------ steps
 
     # One rule with an ``action``, for the reason given in tests/core/test_breaker_stateful.py.
-    @rule(action=st.sampled_from(["attempt"] * 4 + ["admit"] * 2 + ["settle"] * 3 + ["probe"] * 2 + ["again"]
-                                 + ["advance"] * 2 + ["by_hand"]),
-          tid=st.sampled_from([A1, A1, A2, B1]), cost=st.sampled_from([1, 100, 900]), i=picks, outcome=outcomes,
-          hint=hints, used=st.none() | st.integers(0, 1000), dt=st.sampled_from([0.5, 2.0, 10.0, 31.0, 200.0]),
-          manual=st.sampled_from(["trip", "force_close", "reset", "reset"]))
-    def step(self, action: str, tid: str, cost: int, i: int, outcome: str, hint: float | None, used: int | None,
-             dt: float, manual: str) -> None:
+    @rule(
+        action=st.sampled_from(
+            ["attempt"] * 4 + ["admit"] * 2 + ["settle"] * 3 + ["probe"] * 2 + ["again"] + ["advance"] * 2 + ["by_hand"]
+        ),
+        tid=st.sampled_from([A1, A1, A2, B1]),
+        cost=st.sampled_from([1, 100, 900]),
+        i=picks,
+        outcome=outcomes,
+        hint=hints,
+        used=st.none() | st.integers(0, 1000),
+        dt=st.sampled_from([0.5, 2.0, 10.0, 31.0, 200.0]),
+        manual=st.sampled_from(["trip", "force_close", "reset", "reset"]),
+    )
+    def step(
+        self,
+        action: str,
+        tid: str,
+        cost: int,
+        i: int,
+        outcome: str,
+        hint: float | None,
+        used: int | None,
+        dt: float,
+        manual: str,
+    ) -> None:
         if action == "admit":
             self._admit(tid, cost)
         elif action == "attempt":
@@ -156,8 +207,14 @@ class StateFromOutside(RuleBasedStateMachine):
         lim = t.limiter
         room = lim.room(v.ramp_slots)
         buckets = all(b is None or b.available_at(n) <= now for b, n in ((t.rpm, 1), (t.tpm, cost)))
-        should = (v.breaker.state.admits and v.breaker.state is not State.RAMP and v.key_state is KeyState.OK
-                  and now >= t.not_before and room > 0 and buckets)
+        should = (
+            v.breaker.state.admits
+            and v.breaker.state is not State.RAMP
+            and v.key_state is KeyState.OK
+            and now >= t.not_before
+            and room > 0
+            and buckets
+        )
         adm = self._run(t.admit(cost))
         if v.breaker.state in SHUT:
             assert adm is None, f"admitted while {v.breaker.state}"
@@ -300,8 +357,11 @@ class QueueOverState(RuleBasedStateMachine):
         self.loop = looptime.new_event_loop()
         self.clock = LoopClock()
         m1 = ModelConfig(name="m1", endpoints=("ep",))
-        cfg = Config(models=(m1,), breaker=BreakerConfig(failure_threshold=2, probe_interval=2.0, ramp_duration=10.0),
-                     limiter=LimiterConfig(initial=lo, min=lo, max=lo + span))
+        cfg = Config(
+            models=(m1,),
+            breaker=BreakerConfig(failure_threshold=2, probe_interval=2.0, ramp_duration=10.0),
+            limiter=LimiterConfig(initial=lo, min=lo, max=lo + span),
+        )
         self.state = MemoryState(cfg, [TargetSpec(A1, m1, ("ep", "a"), "a")], self.clock, lambda e: None)
         self.t = self.state.target(A1)
         t = self.t
@@ -310,8 +370,13 @@ class QueueOverState(RuleBasedStateMachine):
             await t.settle(adm, None, cancelled=True)
             self.q.kick()
 
-        self.q: WaitQueue[Admission] = WaitQueue(self.clock, lambda key: t.admit(1), give_back,
-                                                 lambda key, now: t.ready_at(now, 1), lambda key: (INTERACTIVE, "all"))
+        self.q: WaitQueue[Admission] = WaitQueue(
+            self.clock,
+            lambda key: t.admit(1),
+            give_back,
+            lambda key, now: t.ready_at(now, 1),
+            lambda key: (INTERACTIVE, "all"),
+        )
         self.seq = 0
         self.waiting: dict[int, asyncio.Task[None]] = {}
         self.held: list[Admission] = []
@@ -361,8 +426,7 @@ class QueueOverState(RuleBasedStateMachine):
             self.waiting[seq] = self.loop.create_task(waiter())
         self._spin()
 
-    @rule(i=picks, outcome=st.sampled_from(["ok", "ok", "capacity", "capacity", "rate_limited", "down"]),
-          hint=hints)
+    @rule(i=picks, outcome=st.sampled_from(["ok", "ok", "capacity", "capacity", "rate_limited", "down"]), hint=hints)
     def finish(self, i: int, outcome: str, hint: float | None) -> None:
         if self.held:
             adm = self.held.pop(-1 - i % len(self.held))
@@ -443,10 +507,12 @@ class RouterMachine(RuleBasedStateMachine):
         bus = ev.EventBus()
         bus.subscribe(self.events.append)
         url = self.loop.run_until_complete(self.stack.enter_async_context(serve(self.script)))
-        cfg = three_models(url, cooldown=30.0, ramp_duration=10.0,
-                           extra="[client]\ndeadline = 40.0\nattempt_timeout = 10.0")
-        self.client = self.loop.run_until_complete(self.stack.enter_async_context(
-            FallbackClient(cfg, environ=ENV, bus=bus, rng=random.Random(0))))
+        cfg = three_models(
+            url, cooldown=30.0, ramp_duration=10.0, extra="[client]\ndeadline = 40.0\nattempt_timeout = 10.0"
+        )
+        self.client = self.loop.run_until_complete(
+            self.stack.enter_async_context(FallbackClient(cfg, environ=ENV, bus=bus, rng=random.Random(0)))
+        )
         self.forced_open: dict[str, int] = {}  # model -> index into events when the trip took effect
         self.pinned: str | None = None
         self.background: list[asyncio.Task[Any]] = []
@@ -547,8 +613,12 @@ class RouterMachine(RuleBasedStateMachine):
     def _admits(self, target_id: str) -> bool:
         ts = self._state(target_id)
         v = ts.view()
-        return (v.breaker.state in (State.CLOSED, State.FORCED_CLOSED) and ts.limiter.room() > 0
-                and v.key_state is KeyState.OK and ts.not_before <= self.loop.time())
+        return (
+            v.breaker.state in (State.CLOSED, State.FORCED_CLOSED)
+            and ts.limiter.room() > 0
+            and v.key_state is KeyState.OK
+            and ts.not_before <= self.loop.time()
+        )
 
     @rule(model=st.sampled_from(MODELS))
     def pin_and_request(self, model: str) -> None:
@@ -701,15 +771,17 @@ async def test_no_probe_runs_after_the_client_is_closed() -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_state_machine_long() -> None:
-    run_state_machine_as_test(StateFromOutside, settings=settings(max_examples=1000, stateful_step_count=80,
-                                                                  deadline=None))
+    run_state_machine_as_test(
+        StateFromOutside, settings=settings(max_examples=1000, stateful_step_count=80, deadline=None)
+    )
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_queue_machine_long() -> None:
-    run_state_machine_as_test(QueueOverState, settings=settings(max_examples=500, stateful_step_count=60,
-                                                                deadline=None))
+    run_state_machine_as_test(
+        QueueOverState, settings=settings(max_examples=500, stateful_step_count=60, deadline=None)
+    )
 
 
 @pytest.mark.slow

@@ -16,11 +16,22 @@ HELLO = [{"role": "user", "content": "Say something about capacity."}]
 
 def fast_scenario(*, answer_tokens: int = 10, slots: int = 4, **model: Any) -> Scenario:
     """Real sockets and a real loop: latencies tiny enough that a test never waits."""
-    return Scenario(name="t", models=(
-        ModelSpec(name="sim-a", slots=slots, base_latency=0.001, per_token=0.0, noise=0.0,
-                  answer_tokens=answer_tokens, context_window=4000, **model),
-        ModelSpec(name="sim-b", slots=4, base_latency=0.001, per_token=0.0, noise=0.0, answer_tokens=5),
-    ))
+    return Scenario(
+        name="t",
+        models=(
+            ModelSpec(
+                name="sim-a",
+                slots=slots,
+                base_latency=0.001,
+                per_token=0.0,
+                noise=0.0,
+                answer_tokens=answer_tokens,
+                context_window=4000,
+                **model,
+            ),
+            ModelSpec(name="sim-b", slots=4, base_latency=0.001, per_token=0.0, noise=0.0, answer_tokens=5),
+        ),
+    )
 
 
 def chat_body(model: str = "sim-a", **extra: Any) -> dict[str, Any]:
@@ -49,9 +60,9 @@ def frames(text: str) -> list[Frame]:
             if line.startswith(":"):
                 comment = line[1:].strip()
             elif line.startswith("event:"):
-                event = line[len("event:"):].strip()
+                event = line[len("event:") :].strip()
             elif line.startswith("data:"):
-                data.append(line[len("data:"):].lstrip())
+                data.append(line[len("data:") :].lstrip())
         out.append(Frame(event, "\n".join(data) if data else None, comment))
     return out
 
@@ -62,5 +73,8 @@ def data_frames(text: str) -> list[Any]:
 
 
 def content_of(chunks: list[Any]) -> str:
-    return "".join((c["choices"][0].get("delta") or {}).get("content") or "" for c in chunks
-                   if c.get("choices") and "delta" in c["choices"][0])
+    return "".join(
+        (c["choices"][0].get("delta") or {}).get("content") or ""
+        for c in chunks
+        if c.get("choices") and "delta" in c["choices"][0]
+    )

@@ -20,8 +20,10 @@ UNREACHABLE = "192.0.2.1"
 
 
 async def test_a_configured_key_guards_admin_on_loopback() -> None:
-    async with running_simulator(fast_scenario(), admin_key=ADMIN_KEY) as sim, \
-            httpx.AsyncClient(trust_env=False, timeout=5) as c:
+    async with (
+        running_simulator(fast_scenario(), admin_key=ADMIN_KEY) as sim,
+        httpx.AsyncClient(trust_env=False, timeout=5) as c,
+    ):
         for headers in ({}, {"Authorization": "Bearer wrong"}, {"x-admin-key": ADMIN_KEY[:-1]}, AUTH):
             r = await c.get(f"{sim.admin_url}/stats", headers=headers)
             assert r.status_code == 401, headers
@@ -64,8 +66,9 @@ def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
     return code, capsys.readouterr().err
 
 
-def test_capmon_sim_refuses_a_public_address_without_a_key(capsys: pytest.CaptureFixture[str],
-                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_capmon_sim_refuses_a_public_address_without_a_key(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv("CAPMON_SIM_ADMIN_KEY", raising=False)
     code, err = run_cli(capsys, "--listen", f"{UNREACHABLE}:8089")
     assert code == 2
@@ -73,8 +76,9 @@ def test_capmon_sim_refuses_a_public_address_without_a_key(capsys: pytest.Captur
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
-def test_capmon_sim_with_a_key_warns_and_never_prints_it(capsys: pytest.CaptureFixture[str],
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_capmon_sim_with_a_key_warns_and_never_prints_it(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("MY_SIM_ADMIN", ADMIN_KEY)
     code, err = run_cli(capsys, "--listen", f"{UNREACHABLE}:8089", "--admin-key-env", "MY_SIM_ADMIN")
     assert "WARNING" in err and "reachable from other machines" in err and "$MY_SIM_ADMIN" in err

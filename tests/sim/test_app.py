@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 import httpx
 import pytest
@@ -22,13 +23,29 @@ from capmon.sim.scenario import ModelSpec, PenaltySpec, Phase, Scenario
 AUTH = {"Authorization": f"Bearer {SIMULATOR_DEMO_KEY}"}
 
 
-def scenario(*, slots: int = 2, dialect: str = "openai-503", hint: float | None = None,
-             schedule: tuple[Phase, ...] = (), penalty: PenaltySpec = PenaltySpec()) -> Scenario:
+def scenario(
+    *,
+    slots: int = 2,
+    dialect: str = "openai-503",
+    hint: float | None = None,
+    schedule: tuple[Phase, ...] = (),
+    penalty: PenaltySpec = PenaltySpec(),
+) -> Scenario:
     return Scenario(
         name="test",
         models=(
-            ModelSpec(name="sim-test", slots=slots, base_latency=2.0, per_token=0.05, noise=0.0, answer_tokens=20,
-                      context_window=1000, dialect=dialect, hint=hint, schedule=schedule),
+            ModelSpec(
+                name="sim-test",
+                slots=slots,
+                base_latency=2.0,
+                per_token=0.05,
+                noise=0.0,
+                answer_tokens=20,
+                context_window=1000,
+                dialect=dialect,
+                hint=hint,
+                schedule=schedule,
+            ),
             ModelSpec(name="sim-other", slots=10, base_latency=0.5, per_token=0.0, noise=0.0, answer_tokens=8),
         ),
         keys=(SIMULATOR_DEMO_KEY, "sk-second"),
@@ -61,14 +78,18 @@ def chat(model: str = "sim-test", content: str = "Hello there", **extra: Any) ->
     return {"model": model, "messages": [{"role": "user", "content": content}], **extra}
 
 
-async def post_chat(client: httpx.AsyncClient, body: Any = None, headers: dict[str, str] | None = None,
-                    **extra: Any) -> httpx.Response:
-    return await client.post("/v1/chat/completions", json=body if body is not None else chat(**extra),
-                             headers=AUTH if headers is None else headers)
+async def post_chat(
+    client: httpx.AsyncClient, body: Any = None, headers: dict[str, str] | None = None, **extra: Any
+) -> httpx.Response:
+    return await client.post(
+        "/v1/chat/completions",
+        json=body if body is not None else chat(**extra),
+        headers=AUTH if headers is None else headers,
+    )
 
 
 def sse_events(text: str) -> list[str]:
-    return [line[len("data: "):] for line in text.split("\n") if line.startswith("data: ")]
+    return [line[len("data: ") :] for line in text.split("\n") if line.startswith("data: ")]
 
 
 # ---------------------------------------------------------------- the OpenAI API
@@ -150,13 +171,16 @@ async def test_invalid_json_is_400(client: httpx.AsyncClient) -> None:
     assert r.json()["error"]["type"] == "invalid_request_error"
 
 
-@pytest.mark.parametrize("body, param", [
-    ([1, 2], None),
-    ({"messages": [{"role": "user", "content": "x"}]}, "model"),
-    ({"model": "sim-test", "messages": []}, "messages"),
-    ({"model": "sim-test", "messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, "max_tokens"),
-    ({"model": "sim-test", "messages": [{"role": "user", "content": "x"}], "stream": "yes"}, "stream"),
-])
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        ([1, 2], None),
+        ({"messages": [{"role": "user", "content": "x"}]}, "model"),
+        ({"model": "sim-test", "messages": []}, "messages"),
+        ({"model": "sim-test", "messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, "max_tokens"),
+        ({"model": "sim-test", "messages": [{"role": "user", "content": "x"}], "stream": "yes"}, "stream"),
+    ],
+)
 async def test_malformed_requests_are_400(client: httpx.AsyncClient, body: Any, param: str | None) -> None:
     r = await post_chat(client, body)
     assert r.status_code == 400
@@ -241,7 +265,9 @@ def _expect(dialect: str, r: httpx.Response, hint: float | None) -> None:
     elif dialect == "openai-503":
         assert r.status_code == 503
         error = r.json()["error"]
-        assert error["code"] == "server_is_overloaded" and error["message"].startswith("The engine is currently overloaded")
+        assert error["code"] == "server_is_overloaded" and error["message"].startswith(
+            "The engine is currently overloaded"
+        )
     elif dialect == "anthropic-529":
         assert r.status_code == 529
         assert r.json() == {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
@@ -250,12 +276,17 @@ def _expect(dialect: str, r: httpx.Response, hint: float | None) -> None:
         error = r.json()["error"]
         assert (error["code"], error["status"]) == (429, "RESOURCE_EXHAUSTED")
         retry = [d for d in error["details"] if d["@type"].endswith("RetryInfo")]
-        assert retry == ([] if hint is None else [{"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": "1.500s"}])
+        assert retry == (
+            [] if hint is None else [{"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": "1.500s"}]
+        )
     elif dialect == "gemini-503":
         assert r.status_code == 503
         error = r.json()["error"]
         assert (error["code"], error["status"], error["message"]) == (
-            503, "UNAVAILABLE", "The model is overloaded. Please try again later.")
+            503,
+            "UNAVAILABLE",
+            "The model is overloaded. Please try again later.",
+        )
         assert ("details" in error) == (hint is not None)
     elif dialect == "azure-429":
         assert r.status_code == 429
@@ -366,11 +397,14 @@ async def test_fault_reset_drops_the_connection(client: httpx.AsyncClient) -> No
 
 
 @pytest.mark.looptime
-@pytest.mark.parametrize("mode, status, check", [
-    ("truncate", 200, lambda r: r.text.startswith('{"id": "chatcmpl-') and not r.text.endswith("}")),
-    ("invalid_json", 200, lambda r: r.text == "not json"),
-    ("html_500", 500, lambda r: r.headers["content-type"].startswith("text/html") and "<h1>" in r.text),
-])
+@pytest.mark.parametrize(
+    "mode, status, check",
+    [
+        ("truncate", 200, lambda r: r.text.startswith('{"id": "chatcmpl-') and not r.text.endswith("}")),
+        ("invalid_json", 200, lambda r: r.text == "not json"),
+        ("html_500", 500, lambda r: r.headers["content-type"].startswith("text/html") and "<h1>" in r.text),
+    ],
+)
 async def test_broken_bodies(client: httpx.AsyncClient, mode: str, status: int, check: Any) -> None:
     await set_fault(client, mode=mode, count=2)
     for _ in range(2):

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import json
 import tracemalloc
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 import httpx
 import pytest
@@ -30,8 +31,14 @@ async def http() -> AsyncIterator[httpx.AsyncClient]:
 
 async def huge(sim: SimHandle, http: httpx.AsyncClient, size: int, valid: bool, **extra: Any) -> httpx.Response:
     r = await http.post(f"{sim.admin_url}/faults", json={"mode": "huge", "bytes": size, "valid": valid})
-    assert r.json()["faults"][0] == {"mode": "huge", "count": 1, "rate": None, "model": None, "bytes": size,
-                                     "valid": valid}
+    assert r.json()["faults"][0] == {
+        "mode": "huge",
+        "count": 1,
+        "rate": None,
+        "model": None,
+        "bytes": size,
+        "valid": valid,
+    }
     return await http.post(f"{sim.base_url}/chat/completions", json=chat_body(**extra), headers=AUTH)
 
 
@@ -79,8 +86,9 @@ async def test_sending_a_huge_body_keeps_memory_flat(sim: SimHandle, http: httpx
     tracemalloc.start()
     try:
         received = 0
-        async with http.stream("POST", f"{sim.base_url}/chat/completions", json=chat_body(stream=stream),
-                               headers=AUTH) as r:
+        async with http.stream(
+            "POST", f"{sim.base_url}/chat/completions", json=chat_body(stream=stream), headers=AUTH
+        ) as r:
             async for piece in r.aiter_raw():
                 received += len(piece)  # read and dropped: the client holds nothing either
         _, peak = tracemalloc.get_traced_memory()
@@ -91,12 +99,15 @@ async def test_sending_a_huge_body_keeps_memory_flat(sim: SimHandle, http: httpx
     assert peak < 8 * MB, f"peak {peak / MB:.1f} MiB while sending {size / MB:.0f} MiB"
 
 
-@pytest.mark.parametrize("bad, message", [
-    ({"mode": "huge"}, 'needs "bytes"'),
-    ({"mode": "huge", "bytes": 0}, "bytes must be"),
-    ({"mode": "huge", "bytes": 10, "valid": "yes"}, "valid must be true or false"),
-    ({"mode": "reset", "bytes": 10}, "applies only to mode 'huge'"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ({"mode": "huge"}, 'needs "bytes"'),
+        ({"mode": "huge", "bytes": 0}, "bytes must be"),
+        ({"mode": "huge", "bytes": 10, "valid": "yes"}, "valid must be true or false"),
+        ({"mode": "reset", "bytes": 10}, "applies only to mode 'huge'"),
+    ],
+)
 async def test_bad_huge_rules(sim: SimHandle, http: httpx.AsyncClient, bad: dict[str, object], message: str) -> None:
     r = await http.post(f"{sim.admin_url}/faults", json=bad)
     assert r.status_code == 400 and message in r.json()["error"]["message"]

@@ -12,19 +12,42 @@ from capmon.core.clock import ManualClock
 from capmon.core.config import SIMULATOR_DEMO_KEY
 from capmon.core.exceptions import ConfigError
 from capmon.sim.faults import FaultInjector, FaultMode, FaultRule, parse_rules
-from capmon.sim.model import (Admitted, Faulted, NoCapacity, Penalised, Simulator, TooLong, UnknownModel,
-                              key_alias)
-from capmon.sim.scenario import (ModelSpec, PenaltySpec, Phase, Scenario, bundled_scenarios, load_scenario,
-                                 parse_scenario)
+from capmon.sim.model import Admitted, Faulted, NoCapacity, Penalised, Simulator, TooLong, UnknownModel, key_alias
+from capmon.sim.scenario import (
+    ModelSpec,
+    PenaltySpec,
+    Phase,
+    Scenario,
+    bundled_scenarios,
+    load_scenario,
+    parse_scenario,
+)
 
 KEY = SIMULATOR_DEMO_KEY
 
 
-def make_sim(*, slots: int = 2, schedule: tuple[Phase, ...] = (), repeat: float = 0.0,
-             penalty: PenaltySpec = PenaltySpec(), noise: float = 0.0, keys: tuple[str, ...] = (KEY,),
-             **model: object) -> tuple[Simulator, ManualClock]:
-    spec = ModelSpec(name="m", slots=slots, base_latency=1.0, per_token=0.01, noise=noise, answer_tokens=100,
-                     context_window=1000, dialect="openai-503", schedule=schedule, **model)  # type: ignore[arg-type]
+def make_sim(
+    *,
+    slots: int = 2,
+    schedule: tuple[Phase, ...] = (),
+    repeat: float = 0.0,
+    penalty: PenaltySpec = PenaltySpec(),
+    noise: float = 0.0,
+    keys: tuple[str, ...] = (KEY,),
+    **model: object,
+) -> tuple[Simulator, ManualClock]:
+    spec = ModelSpec(
+        name="m",
+        slots=slots,
+        base_latency=1.0,
+        per_token=0.01,
+        noise=noise,
+        answer_tokens=100,
+        context_window=1000,
+        dialect="openai-503",
+        schedule=schedule,
+        **model,
+    )  # type: ignore[arg-type]
     other = ModelSpec(name="other", slots=5)
     clock = ManualClock()
     sim = Simulator(Scenario(models=(spec, other), repeat=repeat, penalty=penalty, keys=keys), clock)
@@ -32,8 +55,15 @@ def make_sim(*, slots: int = 2, schedule: tuple[Phase, ...] = (), repeat: float 
     return sim, clock
 
 
-def ask(sim: Simulator, model: str = "m", *, prompt: int = 10, max_tokens: int | None = None,
-        stream: bool = False, key: str = KEY):
+def ask(
+    sim: Simulator,
+    model: str = "m",
+    *,
+    prompt: int = 10,
+    max_tokens: int | None = None,
+    stream: bool = False,
+    key: str = KEY,
+):
     alias = sim.authenticate(key)
     assert alias is not None
     return sim.submit(alias, model, prompt_tokens=prompt, max_tokens=max_tokens, stream=stream)
@@ -109,7 +139,11 @@ def test_context_window_and_unknown_model() -> None:
 
 
 def test_schedule_phases_and_repeat() -> None:
-    schedule = (Phase(at=20, slots=0, dialect="capacity-text"), Phase(at=45), Phase(at=60, latency_factor=3.0, hint=2.0))
+    schedule = (
+        Phase(at=20, slots=0, dialect="capacity-text"),
+        Phase(at=45),
+        Phase(at=60, latency_factor=3.0, hint=2.0),
+    )
     sim, clock = make_sim(slots=6, schedule=schedule, repeat=120)
     s = sim.state("m")
     assert (s.slots, s.dialect, s.phase, s.latency_factor, s.hint) == (6, "openai-503", None, 1.0, None)
@@ -292,14 +326,17 @@ def test_fault_rate() -> None:
     assert 400 < hits < 600
 
 
-@pytest.mark.parametrize("raw, message", [
-    ({"mode": "explode"}, "unknown fault mode"),
-    ({"mode": "reset", "count": 0}, "count"),
-    ({"mode": "reset", "rate": 2}, "rate"),
-    ({"mode": "reset", "count": 1, "rate": 0.5}, "exactly one"),
-    ({"mode": "reset", "cnt": 1}, "unknown fault field"),
-    ("reset", "expected"),
-])
+@pytest.mark.parametrize(
+    "raw, message",
+    [
+        ({"mode": "explode"}, "unknown fault mode"),
+        ({"mode": "reset", "count": 0}, "count"),
+        ({"mode": "reset", "rate": 2}, "rate"),
+        ({"mode": "reset", "count": 1, "rate": 0.5}, "exactly one"),
+        ({"mode": "reset", "cnt": 1}, "unknown fault field"),
+        ("reset", "expected"),
+    ],
+)
 def test_bad_fault_rules(raw: object, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         parse_rules(raw)
@@ -363,22 +400,29 @@ def test_defaults() -> None:
     assert SIMULATOR_DEMO_KEY in s.keys and not s.penalty.enabled
 
 
-@pytest.mark.parametrize("text, key, message", [
-    ("", "models", "at least one"),
-    (MINIMAL + 'dialect = "klingon"\n', "models[0].dialect", "expected one of openai-429"),
-    (MINIMAL + "slots = -1\n", "models[0].slots", ">= 0"),
-    (MINIMAL + "slot = 3\n", "models[0].slot", "did you mean 'slots'"),
-    (MINIMAL + 'noise = "lots"\n', "models[0].noise", "expected a finite number"),
-    (MINIMAL + "noise = 2\n", "models[0].noise", "<= 1"),
-    (MINIMAL + "[[models.schedule]]\nat = 10\n[[models.schedule]]\nat = 5\n", "models[0].schedule[1].at", "time order"),
-    (MINIMAL + "[[models.schedule]]\nslots = 1\n", "models[0].schedule[0].at", "missing"),
-    ("repeat = 60\n" + MINIMAL + "[[models.schedule]]\nat = 60\n", "models[0].schedule[0].at", "less than repeat"),
-    (MINIMAL + "[[models]]\nname = \"sim-x\"\n", "models[1].name", "duplicate"),
-    ("keys = []\n" + MINIMAL, "keys", "non-empty list"),
-    ("[penalty]\nthreshold = 0\n" + MINIMAL, "penalty.threshold", ">= 1"),
-    ("seeds = 1\n" + MINIMAL, "seeds", "did you mean 'seed'"),
-    ("name = \n", "", "not valid TOML"),
-])
+@pytest.mark.parametrize(
+    "text, key, message",
+    [
+        ("", "models", "at least one"),
+        (MINIMAL + 'dialect = "klingon"\n', "models[0].dialect", "expected one of openai-429"),
+        (MINIMAL + "slots = -1\n", "models[0].slots", ">= 0"),
+        (MINIMAL + "slot = 3\n", "models[0].slot", "did you mean 'slots'"),
+        (MINIMAL + 'noise = "lots"\n', "models[0].noise", "expected a finite number"),
+        (MINIMAL + "noise = 2\n", "models[0].noise", "<= 1"),
+        (
+            MINIMAL + "[[models.schedule]]\nat = 10\n[[models.schedule]]\nat = 5\n",
+            "models[0].schedule[1].at",
+            "time order",
+        ),
+        (MINIMAL + "[[models.schedule]]\nslots = 1\n", "models[0].schedule[0].at", "missing"),
+        ("repeat = 60\n" + MINIMAL + "[[models.schedule]]\nat = 60\n", "models[0].schedule[0].at", "less than repeat"),
+        (MINIMAL + '[[models]]\nname = "sim-x"\n', "models[1].name", "duplicate"),
+        ("keys = []\n" + MINIMAL, "keys", "non-empty list"),
+        ("[penalty]\nthreshold = 0\n" + MINIMAL, "penalty.threshold", ">= 1"),
+        ("seeds = 1\n" + MINIMAL, "seeds", "did you mean 'seed'"),
+        ("name = \n", "", "not valid TOML"),
+    ],
+)
 def test_scenario_errors_name_file_and_key(text: str, key: str, message: str) -> None:
     with pytest.raises(ConfigError) as info:
         parse_scenario(text, "my.toml")

@@ -3,7 +3,7 @@ and the SDK's own exception types for each kind of rejection."""
 
 from __future__ import annotations
 
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 import openai
 import pytest
@@ -16,8 +16,15 @@ from capmon.sim.server import SimHandle, running_simulator
 SCENARIO = Scenario(
     name="sdk",
     models=(
-        ModelSpec(name="sim-flagship", slots=4, base_latency=0.01, per_token=0.0005, noise=0.1, answer_tokens=30,
-                  context_window=2000),
+        ModelSpec(
+            name="sim-flagship",
+            slots=4,
+            base_latency=0.01,
+            per_token=0.0005,
+            noise=0.1,
+            answer_tokens=30,
+            context_window=2000,
+        ),
         ModelSpec(name="sim-small", slots=4, base_latency=0.01, per_token=0.0, noise=0.0, answer_tokens=12),
     ),
 )
@@ -47,8 +54,9 @@ async def test_chat_completion(client: openai.AsyncOpenAI) -> None:
 
 
 async def test_streaming(client: openai.AsyncOpenAI) -> None:
-    stream = await client.chat.completions.create(model="sim-flagship", messages=MESSAGES, stream=True,
-                                                  stream_options={"include_usage": True})
+    stream = await client.chat.completions.create(
+        model="sim-flagship", messages=MESSAGES, stream=True, stream_options={"include_usage": True}
+    )
     pieces: list[str] = []
     finish = None
     usage = None
@@ -67,16 +75,20 @@ async def test_models(client: openai.AsyncOpenAI) -> None:
     assert models == ["sim-flagship", "sim-small"]
 
 
-@pytest.mark.parametrize("dialect, error", [
-    ("openai-429", openai.RateLimitError),
-    ("azure-429", openai.RateLimitError),
-    ("gemini-429", openai.RateLimitError),
-    ("openai-503", openai.InternalServerError),
-    ("anthropic-529", openai.InternalServerError),
-    ("capacity-text", openai.InternalServerError),
-])
-async def test_rejections_raise_the_sdk_errors(sim: SimHandle, client: openai.AsyncOpenAI, dialect: str,
-                                               error: type[openai.APIStatusError]) -> None:
+@pytest.mark.parametrize(
+    "dialect, error",
+    [
+        ("openai-429", openai.RateLimitError),
+        ("azure-429", openai.RateLimitError),
+        ("gemini-429", openai.RateLimitError),
+        ("openai-503", openai.InternalServerError),
+        ("anthropic-529", openai.InternalServerError),
+        ("capacity-text", openai.InternalServerError),
+    ],
+)
+async def test_rejections_raise_the_sdk_errors(
+    sim: SimHandle, client: openai.AsyncOpenAI, dialect: str, error: type[openai.APIStatusError]
+) -> None:
     sim.simulator.configure("sim-flagship", slots=0, dialect=dialect, hint=1.5)
     with pytest.raises(error) as info:
         await client.chat.completions.create(model="sim-flagship", messages=MESSAGES)
@@ -92,8 +104,9 @@ async def test_client_errors(sim: SimHandle, client: openai.AsyncOpenAI) -> None
     with pytest.raises(openai.NotFoundError):
         await client.chat.completions.create(model="gpt-nope", messages=MESSAGES)
     with pytest.raises(openai.BadRequestError) as info:
-        await client.chat.completions.create(model="sim-flagship", messages=[{"role": "user", "content": "x" * 8000}],
-                                             max_tokens=100)
+        await client.chat.completions.create(
+            model="sim-flagship", messages=[{"role": "user", "content": "x" * 8000}], max_tokens=100
+        )
     assert info.value.code == "context_length_exceeded"
     async with openai.AsyncOpenAI(base_url=sim.base_url, api_key="sk-wrong", max_retries=0) as bad:
         with pytest.raises(openai.AuthenticationError):

@@ -22,8 +22,11 @@ BENCH = PenaltySpec(enabled=True, threshold=40, window=1.0, duration=2.0, basis=
 
 def make(penalty: PenaltySpec) -> tuple[Simulator, ManualClock, str]:
     clock = ManualClock()
-    scn = Scenario(models=(ModelSpec(name="full", slots=0), ModelSpec(name="also-full", slots=0)),
-                   keys=(SIMULATOR_DEMO_KEY, "sk-other"), penalty=penalty)
+    scn = Scenario(
+        models=(ModelSpec(name="full", slots=0), ModelSpec(name="also-full", slots=0)),
+        keys=(SIMULATOR_DEMO_KEY, "sk-other"),
+        penalty=penalty,
+    )
     sim = Simulator(scn, clock)
     sim.start()
     alias = sim.authenticate(SIMULATOR_DEMO_KEY)
@@ -78,8 +81,10 @@ async def test_the_benchmark_penalty_over_http() -> None:
 
 
 def test_basis_is_a_scenario_key() -> None:
-    scn = parse_scenario('[penalty]\nenabled = true\nthreshold = 40\nwindow = 1.0\nduration = 2.0\n'
-                         'basis = "rejections"\n[[models]]\nname = "a"\n')
+    scn = parse_scenario(
+        "[penalty]\nenabled = true\nthreshold = 40\nwindow = 1.0\nduration = 2.0\n"
+        'basis = "rejections"\n[[models]]\nname = "a"\n'
+    )
     assert scn.penalty == BENCH
     with pytest.raises(ConfigError) as info:
         parse_scenario('[penalty]\nbasis = "errors"\n[[models]]\nname = "a"\n', "p.toml")

@@ -4,7 +4,8 @@ slots / penalties / faults as chat, and its in-stream failures."""
 
 from __future__ import annotations
 
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 import httpx
 import openai
@@ -38,8 +39,9 @@ async def client(sim: SimHandle) -> AsyncIterator[openai.AsyncOpenAI]:
 
 
 async def post(sim: SimHandle, http: httpx.AsyncClient, **body: Any) -> httpx.Response:
-    return await http.post(f"{sim.base_url}/responses", json={"model": "sim-a", "input": "Hello there", **body},
-                           headers=AUTH)
+    return await http.post(
+        f"{sim.base_url}/responses", json={"model": "sim-a", "input": "Hello there", **body}, headers=AUTH
+    )
 
 
 async def test_plain_response(sim: SimHandle, http: httpx.AsyncClient) -> None:
@@ -61,7 +63,7 @@ async def test_streamed_response_events(sim: SimHandle, http: httpx.AsyncClient)
     parsed = frames(r.text)
     names = [f.event for f in parsed]
     payloads = [f.json() for f in parsed]
-    assert all(p["type"] == n for p, n in zip(payloads, names))
+    assert all(p["type"] == n for p, n in zip(payloads, names, strict=False))
     assert [p["sequence_number"] for p in payloads] == list(range(len(payloads)))
     assert names[:4] == ORDER and names[-4:] == [*CLOSE, "response.completed"]
     deltas = [p["delta"] for p in payloads if p["type"] == "response.output_text.delta"]
@@ -84,19 +86,23 @@ async def test_max_output_tokens_caps_the_answer(sim: SimHandle, http: httpx.Asy
     assert r.status_code == 400 and r.json()["error"]["param"] == "max_output_tokens"
 
 
-@pytest.mark.parametrize("body, param", [
-    ({"input": 3}, "input"),
-    ({"model": ""}, "model"),
-    ({"stream": "yes"}, "stream"),
-    ({"instructions": ["x"]}, "instructions"),
-])
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        ({"input": 3}, "input"),
+        ({"model": ""}, "model"),
+        ({"stream": "yes"}, "stream"),
+        ({"instructions": ["x"]}, "instructions"),
+    ],
+)
 async def test_bad_requests(sim: SimHandle, http: httpx.AsyncClient, body: dict[str, Any], param: str) -> None:
     r = await post(sim, http, **body)
     assert r.status_code == 400 and r.json()["error"]["param"] == param
 
 
-async def test_shares_slots_with_chat_and_rejects_in_the_models_dialect(sim: SimHandle,
-                                                                       http: httpx.AsyncClient) -> None:
+async def test_shares_slots_with_chat_and_rejects_in_the_models_dialect(
+    sim: SimHandle, http: httpx.AsyncClient
+) -> None:
     await http.post(f"{sim.admin_url}/models/sim-a", json={"latency_factor": 300})  # ~0.3 s per request
     import asyncio
 
@@ -112,13 +118,17 @@ async def test_shares_slots_with_chat_and_rejects_in_the_models_dialect(sim: Sim
     assert stats["models"]["sim-a"]["rejected"]["capacity"] == 2
 
 
-@pytest.mark.parametrize("dialect, event, code", [
-    ("responses-failed", "response.failed", "server_is_overloaded"),
-    ("responses-slow-down", "response.failed", "slow_down"),
-    ("responses-error", "error", "server_is_overloaded"),
-])
-async def test_in_stream_capacity_rejection(sim: SimHandle, http: httpx.AsyncClient, dialect: str, event: str,
-                                            code: str) -> None:
+@pytest.mark.parametrize(
+    "dialect, event, code",
+    [
+        ("responses-failed", "response.failed", "server_is_overloaded"),
+        ("responses-slow-down", "response.failed", "slow_down"),
+        ("responses-error", "error", "server_is_overloaded"),
+    ],
+)
+async def test_in_stream_capacity_rejection(
+    sim: SimHandle, http: httpx.AsyncClient, dialect: str, event: str, code: str
+) -> None:
     await http.post(f"{sim.admin_url}/models/sim-a", json={"slots": 0, "dialect": dialect})
     r = await post(sim, http, stream=True)
     assert r.status_code == 200
@@ -141,8 +151,9 @@ async def test_chat_stream_dialects_answer_responses_with_http(sim: SimHandle, h
 
 @pytest.mark.parametrize("after", [0, 2])
 async def test_stream_error_fault(sim: SimHandle, http: httpx.AsyncClient, after: int) -> None:
-    await http.post(f"{sim.admin_url}/faults", json={"mode": "stream_error", "after": after,
-                                                      "dialect": "responses-slow-down"})
+    await http.post(
+        f"{sim.admin_url}/faults", json={"mode": "stream_error", "after": after, "dialect": "responses-slow-down"}
+    )
     r = await http.post(f"{sim.base_url}/chat/completions", json=chat_body(stream=True), headers=AUTH)
     assert frames(r.text)[-1].data == "[DONE]"  # a chat stream passes by a Responses dialect's fault
     parsed = frames((await post(sim, http, stream=True)).text)
@@ -162,8 +173,11 @@ async def test_stream_cut_and_broken_bodies(sim: SimHandle, http: httpx.AsyncCli
 
 
 async def test_penalty_is_shared_with_chat() -> None:
-    scn = Scenario(name="p", models=(ModelSpec(name="sim-a", slots=0),),
-                   penalty=PenaltySpec(enabled=True, threshold=2, window=10, duration=30, basis="rejections"))
+    scn = Scenario(
+        name="p",
+        models=(ModelSpec(name="sim-a", slots=0),),
+        penalty=PenaltySpec(enabled=True, threshold=2, window=10, duration=30, basis="rejections"),
+    )
     async with running_simulator(scn) as sim, httpx.AsyncClient(trust_env=False, timeout=5) as c:
         await c.post(f"{sim.base_url}/chat/completions", json=chat_body(), headers=AUTH)
         for _ in range(2):

@@ -12,12 +12,14 @@ import pytest
 
 from capmon.core.config import SIMULATOR_DEMO_KEY
 from capmon.core.exceptions import SimulatorError
-from capmon.sim.server import ensure_simulator, parse_listen, probe, running_simulator, start_simulator
 from capmon.sim.scenario import ModelSpec, Scenario
+from capmon.sim.server import ensure_simulator, parse_listen, probe, running_simulator, start_simulator
 
 AUTH = {"Authorization": f"Bearer {SIMULATOR_DEMO_KEY}"}
-FAST = Scenario(name="fast", models=(
-    ModelSpec(name="sim-small", slots=2, base_latency=0.01, per_token=0.0, noise=0.0, answer_tokens=5),))
+FAST = Scenario(
+    name="fast",
+    models=(ModelSpec(name="sim-small", slots=2, base_latency=0.01, per_token=0.0, noise=0.0, answer_tokens=5),),
+)
 CHAT = {"model": "sim-small", "messages": [{"role": "user", "content": "hi"}]}
 
 
@@ -47,8 +49,9 @@ async def test_chat_and_admin_over_loopback() -> None:
     async with running_simulator(FAST) as sim, httpx.AsyncClient(trust_env=False, timeout=5) as c:
         r = await c.post(f"{sim.base_url}/chat/completions", json=CHAT, headers=AUTH)
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 5
-        async with c.stream("POST", f"{sim.base_url}/chat/completions", json={**CHAT, "stream": True},
-                            headers=AUTH) as s:
+        async with c.stream(
+            "POST", f"{sim.base_url}/chat/completions", json={**CHAT, "stream": True}, headers=AUTH
+        ) as s:
             lines = [line async for line in s.aiter_lines() if line]
         assert lines[-1] == "data: [DONE]"
         await c.post(f"{sim.admin_url}/models/sim-small", json={"slots": 0})
@@ -70,8 +73,9 @@ async def test_reset_fault_drops_a_real_connection() -> None:
 async def test_many_concurrent_requests_fill_the_slots() -> None:
     slow = Scenario(models=(ModelSpec(name="sim-small", slots=3, base_latency=0.2, per_token=0.0, noise=0.0),))
     async with running_simulator(slow) as sim, httpx.AsyncClient(trust_env=False, timeout=5) as c:
-        rs = await asyncio.gather(*(c.post(f"{sim.base_url}/chat/completions", json=CHAT, headers=AUTH)
-                                    for _ in range(8)))
+        rs = await asyncio.gather(
+            *(c.post(f"{sim.base_url}/chat/completions", json=CHAT, headers=AUTH) for _ in range(8))
+        )
         assert sorted(r.status_code for r in rs) == [200] * 3 + [503] * 5
 
 

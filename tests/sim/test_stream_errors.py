@@ -4,7 +4,8 @@ stream_error fault that sends N content chunks before the error frame."""
 
 from __future__ import annotations
 
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 import httpx
 import pytest
@@ -54,8 +55,13 @@ def check_frame(dialect: str, text: str, *, after_output: bool) -> None:
         else:
             assert set(body) == {"error"} and parsed[-2].comment == "OPENROUTER PROCESSING"
     elif dialect == dialects.GEMINI_OPENAI_STREAM:
-        assert body == {"error": {"code": 503, "message": "The model is overloaded. Please try again later.",
-                                  "status": "UNAVAILABLE"}}
+        assert body == {
+            "error": {
+                "code": 503,
+                "message": "The model is overloaded. Please try again later.",
+                "status": "UNAVAILABLE",
+            }
+        }
     elif dialect == dialects.VLLM_STREAM:
         assert body["object"] == "error" and body["code"] == 503 and body["type"] == "ServiceUnavailableError"
         assert body["message"]
@@ -77,16 +83,23 @@ async def test_full_model_rejects_inside_the_stream(sim: SimHandle, http: httpx.
 
 
 EXPECTED_HTTP = {
-    dialects.OPENROUTER_STREAM: 429, dialects.OPENROUTER_STREAM_502: 502, dialects.OPENROUTER_STREAM_503: 503,
-    dialects.ANTHROPIC_STREAM: 529, dialects.GEMINI_OPENAI_STREAM: 503, dialects.VLLM_STREAM: 503,
-    dialects.OLLAMA_STREAM: 503, dialects.RESPONSES_FAILED: 503, dialects.RESPONSES_SLOW_DOWN: 503,
+    dialects.OPENROUTER_STREAM: 429,
+    dialects.OPENROUTER_STREAM_502: 502,
+    dialects.OPENROUTER_STREAM_503: 503,
+    dialects.ANTHROPIC_STREAM: 529,
+    dialects.GEMINI_OPENAI_STREAM: 503,
+    dialects.VLLM_STREAM: 503,
+    dialects.OLLAMA_STREAM: 503,
+    dialects.RESPONSES_FAILED: 503,
+    dialects.RESPONSES_SLOW_DOWN: 503,
     dialects.RESPONSES_ERROR: 503,
 }
 
 
 @pytest.mark.parametrize("dialect", dialects.STREAM_DIALECTS)
-async def test_a_plain_request_gets_the_matching_http_error(sim: SimHandle, http: httpx.AsyncClient,
-                                                            dialect: str) -> None:
+async def test_a_plain_request_gets_the_matching_http_error(
+    sim: SimHandle, http: httpx.AsyncClient, dialect: str
+) -> None:
     await http.post(f"{sim.admin_url}/models/sim-a", json={"slots": 0, "dialect": dialect, "hint": 2})
     r = await post(sim, http)
     assert r.status_code == EXPECTED_HTTP[dialect]
@@ -117,8 +130,9 @@ async def test_a_responses_dialect_answers_a_chat_stream_over_http(sim: SimHandl
 @pytest.mark.parametrize("after", [0, 2])
 async def test_stream_error_fault(sim: SimHandle, http: httpx.AsyncClient, dialect: str, after: int) -> None:
     r = await http.post(f"{sim.admin_url}/faults", json={"mode": "stream_error", "after": after, "dialect": dialect})
-    assert r.json()["faults"] == [{"mode": "stream_error", "count": 1, "rate": None, "model": None, "after": after,
-                                   "dialect": dialect}]
+    assert r.json()["faults"] == [
+        {"mode": "stream_error", "count": 1, "rate": None, "model": None, "after": after, "dialect": dialect}
+    ]
     assert (await post(sim, http)).status_code == 200  # a plain request passes by
     r = await post(sim, http, stream=True)
     assert r.status_code == 200
@@ -148,14 +162,18 @@ async def test_stream_error_after_more_chunks_than_the_answer_has(sim: SimHandle
     assert not any(c.get("choices") and c["choices"][0].get("finish_reason") for c in chunks)
 
 
-@pytest.mark.parametrize("bad, message", [
-    ({"mode": "stream_error", "dialect": "openai-503"}, "dialect must be one of"),
-    ({"mode": "stream_error", "after": -1}, "after must be"),
-    ({"mode": "stream_error", "after": "3"}, "after must be a whole number"),
-    ({"mode": "reset", "after": 1}, "applies only to mode 'stream_error'"),
-])
-async def test_bad_stream_error_rules(sim: SimHandle, http: httpx.AsyncClient, bad: dict[str, object],
-                                      message: str) -> None:
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ({"mode": "stream_error", "dialect": "openai-503"}, "dialect must be one of"),
+        ({"mode": "stream_error", "after": -1}, "after must be"),
+        ({"mode": "stream_error", "after": "3"}, "after must be a whole number"),
+        ({"mode": "reset", "after": 1}, "applies only to mode 'stream_error'"),
+    ],
+)
+async def test_bad_stream_error_rules(
+    sim: SimHandle, http: httpx.AsyncClient, bad: dict[str, object], message: str
+) -> None:
     r = await http.post(f"{sim.admin_url}/faults", json=bad)
     assert r.status_code == 400 and message in r.json()["error"]["message"]
 
@@ -163,6 +181,8 @@ async def test_bad_stream_error_rules(sim: SimHandle, http: httpx.AsyncClient, b
 async def test_stream_dialects_are_scenario_values() -> None:
     from capmon.sim.scenario import parse_scenario
 
-    scn = parse_scenario('[[models]]\nname = "a"\ndialect = "openrouter-stream"\n'
-                         '[[models.schedule]]\nat = 1\ndialect = "anthropic-stream"\n')
+    scn = parse_scenario(
+        '[[models]]\nname = "a"\ndialect = "openrouter-stream"\n'
+        '[[models.schedule]]\nat = 1\ndialect = "anthropic-stream"\n'
+    )
     assert scn.models[0].dialect == "openrouter-stream" and scn.models[0].schedule[0].dialect == "anthropic-stream"

@@ -3,7 +3,8 @@ sends that a client must take as normal traffic, and that the openai SDK reads t
 
 from __future__ import annotations
 
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 import httpx
 import openai
@@ -61,8 +62,10 @@ async def test_azure_style(sim: SimHandle, http: httpx.AsyncClient) -> None:
     first = chunks[0]
     assert first["choices"] == []
     assert (first["id"], first["model"], first["object"], first["created"]) == ("", "", "", 0)
-    assert first["prompt_filter_results"][0]["content_filter_results"]["hate"] == {"filtered": False,
-                                                                                   "severity": "safe"}
+    assert first["prompt_filter_results"][0]["content_filter_results"]["hate"] == {
+        "filtered": False,
+        "severity": "safe",
+    }
     role, *content, finish, annotation, used = chunks[1:]
     assert role["choices"][0]["content_filter_results"] == {} and role["choices"][0]["delta"]["role"] == "assistant"
     assert all(c["choices"][0]["content_filter_results"]["violence"]["filtered"] is False for c in content)
@@ -105,8 +108,11 @@ async def test_ollama_style(sim: SimHandle, http: httpx.AsyncClient) -> None:
     assert all(c["system_fingerprint"] == "fp_ollama" and "logprobs" not in c["choices"][0] for c in chunks[:-1])
     assert all(c["choices"][0]["delta"]["role"] == "assistant" for c in chunks[:-1])  # no role-only chunk
     assert chunks[0]["choices"][0]["delta"]["content"]  # the first chunk already carries text
-    assert chunks[-2]["choices"][0] == {"index": 0, "delta": {"role": "assistant", "content": ""},
-                                        "finish_reason": "stop"}
+    assert chunks[-2]["choices"][0] == {
+        "index": 0,
+        "delta": {"role": "assistant", "content": ""},
+        "finish_reason": "stop",
+    }
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 10
     assert content_of(chunks) == expected_text(sim, 1)
 
@@ -115,8 +121,12 @@ async def test_ollama_style(sim: SimHandle, http: httpx.AsyncClient) -> None:
 async def test_the_openai_sdk_reads_every_style(sim: SimHandle, http: httpx.AsyncClient, style: str) -> None:
     await http.post(f"{sim.admin_url}/models/sim-a", json={"stream_style": style})
     async with openai.AsyncOpenAI(base_url=sim.base_url, api_key=SIMULATOR_DEMO_KEY, max_retries=0) as client:
-        chunks = await client.chat.completions.create(model="sim-a", messages=HELLO, stream=True,  # type: ignore[call-overload]
-                                                      stream_options={"include_usage": True})
+        chunks = await client.chat.completions.create(
+            model="sim-a",
+            messages=HELLO,
+            stream=True,  # type: ignore[call-overload]
+            stream_options={"include_usage": True},
+        )
         pieces, finish, used = [], None, None
         async for chunk in chunks:
             used = chunk.usage or used
@@ -132,8 +142,9 @@ async def test_max_tokens_cuts_every_style(sim: SimHandle, http: httpx.AsyncClie
     for style in STREAM_STYLES:
         chunks = data_frames(await stream(sim, http, style, max_completion_tokens=3))
         assert len(content_of(chunks).split()) == 3, style
-        finishes = [c["choices"][0]["finish_reason"] for c in chunks
-                    if c["choices"] and c["choices"][0].get("finish_reason")]
+        finishes = [
+            c["choices"][0]["finish_reason"] for c in chunks if c["choices"] and c["choices"][0].get("finish_reason")
+        ]
         assert finishes == ["length"], style
 
 

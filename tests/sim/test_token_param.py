@@ -4,7 +4,7 @@ model takes max_completion_tokens."""
 
 from __future__ import annotations
 
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 import httpx
 import openai
@@ -38,8 +38,14 @@ async def post(sim: SimHandle, http: httpx.AsyncClient, model: str = "sim-a", **
 async def test_max_tokens_is_refused_in_openais_words(sim: SimHandle, http: httpx.AsyncClient) -> None:
     r = await post(sim, http, max_tokens=5)
     assert r.status_code == 400
-    assert r.json() == {"error": {"message": MESSAGE, "type": "invalid_request_error", "param": "max_tokens",
-                                  "code": "unsupported_parameter"}}
+    assert r.json() == {
+        "error": {
+            "message": MESSAGE,
+            "type": "invalid_request_error",
+            "param": "max_tokens",
+            "code": "unsupported_parameter",
+        }
+    }
     r = await post(sim, http, max_tokens=5, stream=True)  # a stream is refused the same way, before it starts
     assert r.status_code == 400 and r.json()["error"]["code"] == "unsupported_parameter"
     stats = (await http.get(f"{sim.admin_url}/stats")).json()
@@ -81,19 +87,30 @@ async def test_the_openai_sdk_raises_its_bad_request_error(sim: SimHandle) -> No
         with pytest.raises(openai.BadRequestError) as info:
             await client.chat.completions.create(model="sim-a", messages=HELLO, max_tokens=5)  # type: ignore[arg-type]
         assert info.value.code == "unsupported_parameter" and info.value.param == "max_tokens"
-        reply = await client.chat.completions.create(model="sim-a", messages=HELLO,  # type: ignore[arg-type]
-                                                     max_completion_tokens=5)
+        reply = await client.chat.completions.create(
+            model="sim-a",
+            messages=HELLO,  # type: ignore[arg-type]
+            max_completion_tokens=5,
+        )
         assert reply.choices[0].finish_reason == "length"
 
 
-@pytest.mark.parametrize("line, key, message", [
-    ('token_param = "max_output_tokens"', "models[0].token_param", "expected one of max_tokens, max_completion_tokens"),
-    ('unsupported_dialect = "bedrock"', "models[0].unsupported_dialect", "expected one of openai, azure"),
-])
+@pytest.mark.parametrize(
+    "line, key, message",
+    [
+        (
+            'token_param = "max_output_tokens"',
+            "models[0].token_param",
+            "expected one of max_tokens, max_completion_tokens",
+        ),
+        ('unsupported_dialect = "bedrock"', "models[0].unsupported_dialect", "expected one of openai, azure"),
+    ],
+)
 def test_scenario_keys_are_validated(line: str, key: str, message: str) -> None:
     with pytest.raises(ConfigError) as info:
         parse_scenario(f'[[models]]\nname = "a"\n{line}\n', "q.toml")
     assert (info.value.file, info.value.key) == ("q.toml", key) and message in str(info.value)
-    ok = parse_scenario('[[models]]\nname = "a"\ntoken_param = "max_completion_tokens"\n'
-                        'unsupported_dialect = "azure"\n')
+    ok = parse_scenario(
+        '[[models]]\nname = "a"\ntoken_param = "max_completion_tokens"\nunsupported_dialect = "azure"\n'
+    )
     assert (ok.models[0].token_param, ok.models[0].unsupported_dialect) == ("max_completion_tokens", "azure")

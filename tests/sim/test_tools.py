@@ -5,7 +5,8 @@ arguments built from the function's schema, and clear 400s for bad tools."""
 from __future__ import annotations
 
 import json
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 import httpx
 import openai
@@ -18,13 +19,33 @@ from capmon.sim.server import SimHandle, running_simulator
 from capmon.sim.tools import example_value
 from tests.sim.helpers import AUTH, HELLO, chat_body, data_frames, fast_scenario
 
-WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather for a city", "parameters": {
-    "type": "object",
-    "properties": {"city": {"type": "string", "minLength": 3}, "days": {"type": "integer", "minimum": 2, "maximum": 7},
-                   "unit": {"type": "string", "enum": ["c", "f"]}, "detail": {"type": "boolean"}},
-    "required": ["city", "days", "unit"]}}}
-CLOCK = {"type": "function", "function": {"name": "get_time", "parameters": {
-    "type": "object", "properties": {"zones": {"type": "array", "items": {"type": "string"}, "minItems": 2}}}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Weather for a city",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "minLength": 3},
+                "days": {"type": "integer", "minimum": 2, "maximum": 7},
+                "unit": {"type": "string", "enum": ["c", "f"]},
+                "detail": {"type": "boolean"},
+            },
+            "required": ["city", "days", "unit"],
+        },
+    },
+}
+CLOCK = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "parameters": {
+            "type": "object",
+            "properties": {"zones": {"type": "array", "items": {"type": "string"}, "minItems": 2}},
+        },
+    },
+}
 TOOLS = [WEATHER, CLOCK]
 
 
@@ -103,13 +124,18 @@ async def test_streamed_tool_call_exactly_as_openai_sends_it(sim: SimHandle, htt
 async def test_streamed_tool_call_in_other_styles(sim: SimHandle, http: httpx.AsyncClient, style: str) -> None:
     await http.post(f"{sim.admin_url}/models/sim-a", json={"stream_style": style})
     chunks = data_frames((await post(sim, http, tools=TOOLS, tool_choice="required", stream=True)).text)
-    calls = [tc for c in chunks if c.get("choices") and "delta" in c["choices"][0]
-             for tc in c["choices"][0]["delta"].get("tool_calls", [])]
+    calls = [
+        tc
+        for c in chunks
+        if c.get("choices") and "delta" in c["choices"][0]
+        for tc in c["choices"][0]["delta"].get("tool_calls", [])
+    ]
     names = [tc["function"]["name"] for tc in calls if tc["function"].get("name")]
     assert names == ["get_weather"]
     check_weather_args("".join(tc["function"].get("arguments", "") for tc in calls))
-    finishes = [c["choices"][0]["finish_reason"] for c in chunks
-                if c.get("choices") and c["choices"][0].get("finish_reason")]
+    finishes = [
+        c["choices"][0]["finish_reason"] for c in chunks if c.get("choices") and c["choices"][0].get("finish_reason")
+    ]
     assert finishes == ["tool_calls"]
     if style == "ollama":
         assert len(calls) == 1  # Ollama sends the whole call in one delta
@@ -117,13 +143,22 @@ async def test_streamed_tool_call_in_other_styles(sim: SimHandle, http: httpx.As
 
 async def test_the_openai_sdk_reads_tool_calls(sim: SimHandle) -> None:
     async with openai.AsyncOpenAI(base_url=sim.base_url, api_key=SIMULATOR_DEMO_KEY, max_retries=0) as client:
-        reply = await client.chat.completions.create(model="sim-a", messages=HELLO, tools=TOOLS,  # type: ignore[call-overload]
-                                                     tool_choice="required")
+        reply = await client.chat.completions.create(
+            model="sim-a",
+            messages=HELLO,
+            tools=TOOLS,  # type: ignore[call-overload]
+            tool_choice="required",
+        )
         assert reply.choices[0].finish_reason == "tool_calls"
         tool_call = reply.choices[0].message.tool_calls[0]  # type: ignore[index]
         check_weather_args(tool_call.function.arguments)  # type: ignore[union-attr]
-        stream = await client.chat.completions.create(model="sim-a", messages=HELLO, tools=TOOLS,  # type: ignore[call-overload]
-                                                      tool_choice="required", stream=True)
+        stream = await client.chat.completions.create(
+            model="sim-a",
+            messages=HELLO,
+            tools=TOOLS,  # type: ignore[call-overload]
+            tool_choice="required",
+            stream=True,
+        )
         arguments, name = "", None
         async for chunk in stream:
             for tc in chunk.choices[0].delta.tool_calls or []:
@@ -133,16 +168,23 @@ async def test_the_openai_sdk_reads_tool_calls(sim: SimHandle) -> None:
     check_weather_args(arguments)
 
 
-@pytest.mark.parametrize("extra, param", [
-    ({"tools": {"type": "function"}}, "tools"),
-    ({"tools": [{"type": "function", "function": {}}]}, "tools[0]"),
-    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": []}}]}, "tools[0].function.parameters"),
-    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
-    ({"tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice"),
-    ({"tool_choice": "required"}, "tool_choice"),
-])
-async def test_bad_tools_are_400_naming_the_parameter(sim: SimHandle, http: httpx.AsyncClient, extra: dict[str, Any],
-                                                      param: str) -> None:
+@pytest.mark.parametrize(
+    "extra, param",
+    [
+        ({"tools": {"type": "function"}}, "tools"),
+        ({"tools": [{"type": "function", "function": {}}]}, "tools[0]"),
+        (
+            {"tools": [{"type": "function", "function": {"name": "f", "parameters": []}}]},
+            "tools[0].function.parameters",
+        ),
+        ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+        ({"tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice"),
+        ({"tool_choice": "required"}, "tool_choice"),
+    ],
+)
+async def test_bad_tools_are_400_naming_the_parameter(
+    sim: SimHandle, http: httpx.AsyncClient, extra: dict[str, Any], param: str
+) -> None:
     r = await post(sim, http, **extra)
     assert r.status_code == 400
     error = r.json()["error"]

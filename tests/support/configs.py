@@ -22,9 +22,14 @@ SIM_URL = "http://sim.test/v1"
 
 # Three models in preference order, each with its own context window.
 THREE_MODELS: Mapping[str, Mapping[str, Any]] = {
-    "flagship": {"context_window": 128000}, "medium": {"context_window": 64000}, "small": {"context_window": 16000}}
+    "flagship": {"context_window": 128000},
+    "medium": {"context_window": 64000},
+    "small": {"context_window": 16000},
+}
 # The same three names, served by the simulator's models (sim-flagship, ...).
-SIMULATED_MODELS: Mapping[str, Mapping[str, Any]] = {m: {"api_model": f"sim-{m}"} for m in ("flagship", "medium", "small")}
+SIMULATED_MODELS: Mapping[str, Mapping[str, Any]] = {
+    m: {"api_model": f"sim-{m}"} for m in ("flagship", "medium", "small")
+}
 
 Keys = Sequence[tuple[str, str | None]]
 
@@ -54,13 +59,22 @@ def _keys(keys: str | Keys) -> str:
     return toml_value([{"env": env, **({"alias": alias} if alias else {})} for env, alias in keys])
 
 
-def config_toml(base_url: str = SIM_URL, *, models: Mapping[str, Mapping[str, Any]] | Iterable[str] = THREE_MODELS,
-                endpoint: str = "ep", endpoints: Mapping[str, str | Mapping[str, Any]] | None = None,
-                keys: str | Keys = (("TEST_KEY_A", "a"),), simulated: bool = False,
-                simulator: Mapping[str, Any] | None = None, client: Mapping[str, Any] | None = None,
-                backoff: Mapping[str, Any] | None = None, breaker: Mapping[str, Any] | None = None,
-                limiter: Mapping[str, Any] | None = None, dashboard: Mapping[str, Any] | None = None,
-                extra: str = "") -> str:
+def config_toml(
+    base_url: str = SIM_URL,
+    *,
+    models: Mapping[str, Mapping[str, Any]] | Iterable[str] = THREE_MODELS,
+    endpoint: str = "ep",
+    endpoints: Mapping[str, str | Mapping[str, Any]] | None = None,
+    keys: str | Keys = (("TEST_KEY_A", "a"),),
+    simulated: bool = False,
+    simulator: Mapping[str, Any] | None = None,
+    client: Mapping[str, Any] | None = None,
+    backoff: Mapping[str, Any] | None = None,
+    breaker: Mapping[str, Any] | None = None,
+    limiter: Mapping[str, Any] | None = None,
+    dashboard: Mapping[str, Any] | None = None,
+    extra: str = "",
+) -> str:
     """A config's TOML text.
 
     ``models``: names, or name -> the model's own keys (``endpoints`` defaults to the
@@ -74,14 +88,23 @@ def config_toml(base_url: str = SIM_URL, *, models: Mapping[str, Mapping[str, An
         eps[name] = {"base_url": spec} if isinstance(spec, str) else spec
     text = _table("[simulator]", {"enabled": False, **(simulator or {})})
     for name, spec in eps.items():
-        fields = {"name": name, "base_url": spec["base_url"], "simulated": spec.get("simulated", simulated or None),
-                  **{k: v for k, v in spec.items() if k not in ("base_url", "simulated", "keys")}}
+        fields = {
+            "name": name,
+            "base_url": spec["base_url"],
+            "simulated": spec.get("simulated", simulated or None),
+            **{k: v for k, v in spec.items() if k not in ("base_url", "simulated", "keys")},
+        }
         text += _table("[[endpoints]]", fields) + f"keys = {_keys(spec.get('keys', keys))}\n"
     specs = models if isinstance(models, Mapping) else {name: {} for name in models}
     for name, spec in specs.items():
         text += _table("[[models]]", {"name": name, "endpoints": [endpoint], **spec})
-    for header, fields in (("[client]", client), ("[backoff]", backoff), ("[breaker]", breaker),
-                           ("[limiter]", limiter), ("[dashboard]", dashboard)):
+    for header, fields in (
+        ("[client]", client),
+        ("[backoff]", backoff),
+        ("[breaker]", breaker),
+        ("[limiter]", limiter),
+        ("[dashboard]", dashboard),
+    ):
         if fields:
             text += _table(header, fields)
     return text + ("\n" + extra if extra else "")
@@ -98,9 +121,16 @@ def write_config(path: Path, base_url: str = SIM_URL, **parts: Any) -> Path:
     return path
 
 
-def three_models(base_url: str, *, extra: str = "", keys: str | Keys = (("TEST_KEY_A", "a"),),
-                 cooldown: float = 300.0, ramp_duration: float = 60.0) -> Config:
+def three_models(
+    base_url: str,
+    *,
+    extra: str = "",
+    keys: str | Keys = (("TEST_KEY_A", "a"),),
+    cooldown: float = 300.0,
+    ramp_duration: float = 60.0,
+) -> Config:
     """Three models (flagship, medium, small) on one endpoint, a breaker that waits
     ``cooldown`` seconds after a trip and ramps back over ``ramp_duration``."""
-    return build_config(base_url, keys=keys, breaker={"cooldown": cooldown, "ramp_duration": ramp_duration},
-                        extra=extra)
+    return build_config(
+        base_url, keys=keys, breaker={"cooldown": cooldown, "ramp_duration": ramp_duration}, extra=extra
+    )

@@ -31,12 +31,28 @@ class Reply:
 
 
 def ok(model: str, text: str = "hello") -> Reply:
-    return Reply(200, {"id": "x", "object": "chat.completion", "model": model,
-                       "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
-                       "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}})
+    return Reply(
+        200,
+        {
+            "id": "x",
+            "object": "chat.completion",
+            "model": model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7},
+        },
+    )
 
 
-OVERLOADED = Reply(503, {"error": {"message": "Selected model is at capacity. Please try a different model.", "type": "server_error", "code": "server_is_overloaded"}})
+OVERLOADED = Reply(
+    503,
+    {
+        "error": {
+            "message": "Selected model is at capacity. Please try a different model.",
+            "type": "server_error",
+            "code": "server_is_overloaded",
+        }
+    },
+)
 
 
 @dataclass

@@ -23,48 +23,134 @@ from capmon.tui.source import WorkerSpec, refuse_if_readonly
 ZERO_SPARK = (0,) * 24
 
 
-def window(seconds: int, rps: float, r429_min: float = 0, r503_min: float = 0, other_min: float = 0,
-           p50: float | None = None, p99: float | None = None) -> WindowStats:
+def window(
+    seconds: int,
+    rps: float,
+    r429_min: float = 0,
+    r503_min: float = 0,
+    other_min: float = 0,
+    p50: float | None = None,
+    p99: float | None = None,
+) -> WindowStats:
     requests = round(rps * seconds)
     per = seconds / 60
     r429, r503, other = round(r429_min * per), round(r503_min * per), round(other_min * per)
-    return WindowStats(seconds=seconds, requests=max(requests, r429 + r503 + other), ok=max(0, requests - r429 - r503 - other),
-                       rate_limited=r429, capacity=r503, other=other, p50=p50, p99=p99)
-
-
-def target(model: str, rank: int, *, key: str = "sim-key", endpoint: str = "sim", state: str = "closed",
-           fails: int = 0, cooldown_until: float | None = None, ramp_share: float | None = None, trips: int = 0,
-           reason: str = "ready", limit: float = 8.0, in_flight: int = 0, rps: float = 0.0, r429_min: float = 0,
-           r503_min: float = 0, other_min: float = 0, p50: float | None = None, p99: float | None = None,
-           spark: Sequence[int] = ZERO_SPARK, key_state: str = "ok", key_until: float | None = None,
-           key_reason: str = "", last_status: int | None = 200, probe_latency: float | None = None) -> TargetSnapshot:
-    windows = tuple(window(s, rps, r429_min, r503_min, other_min, p50, p99) for s in (10, 60, 300))
-    return TargetSnapshot(
-        target=target_id(model, endpoint, key), model=model, endpoint=endpoint, key_alias=key, rank=rank,
-        state=State(state), manual=State(state).manual, consecutive_failures=fails, cooldown_until=cooldown_until,
-        ramp_share=ramp_share, trips=trips, breaker_reason=reason, limit=limit, in_flight=in_flight,
-        key_state=KeyState(key_state), key_until=key_until, key_reason=key_reason, windows=windows, spark=tuple(spark),
-        last_status=last_status, last_kind=None, probe_latency=probe_latency,
+    return WindowStats(
+        seconds=seconds,
+        requests=max(requests, r429 + r503 + other),
+        ok=max(0, requests - r429 - r503 - other),
+        rate_limited=r429,
+        capacity=r503,
+        other=other,
+        p50=p50,
+        p99=p99,
     )
 
 
-def progress(clock: ManualClock, *, job: str = "demo", total: int = 2000, done: int = 0, failed: int = 0,
-             parked: int = 0, in_flight: int = 0, per_model: Iterable[tuple[str, int]] = (), rate: float = 0.0,
-             eta: float | None = None, state: str = "running") -> BatchProgress:
+def target(
+    model: str,
+    rank: int,
+    *,
+    key: str = "sim-key",
+    endpoint: str = "sim",
+    state: str = "closed",
+    fails: int = 0,
+    cooldown_until: float | None = None,
+    ramp_share: float | None = None,
+    trips: int = 0,
+    reason: str = "ready",
+    limit: float = 8.0,
+    in_flight: int = 0,
+    rps: float = 0.0,
+    r429_min: float = 0,
+    r503_min: float = 0,
+    other_min: float = 0,
+    p50: float | None = None,
+    p99: float | None = None,
+    spark: Sequence[int] = ZERO_SPARK,
+    key_state: str = "ok",
+    key_until: float | None = None,
+    key_reason: str = "",
+    last_status: int | None = 200,
+    probe_latency: float | None = None,
+) -> TargetSnapshot:
+    windows = tuple(window(s, rps, r429_min, r503_min, other_min, p50, p99) for s in (10, 60, 300))
+    return TargetSnapshot(
+        target=target_id(model, endpoint, key),
+        model=model,
+        endpoint=endpoint,
+        key_alias=key,
+        rank=rank,
+        state=State(state),
+        manual=State(state).manual,
+        consecutive_failures=fails,
+        cooldown_until=cooldown_until,
+        ramp_share=ramp_share,
+        trips=trips,
+        breaker_reason=reason,
+        limit=limit,
+        in_flight=in_flight,
+        key_state=KeyState(key_state),
+        key_until=key_until,
+        key_reason=key_reason,
+        windows=windows,
+        spark=tuple(spark),
+        last_status=last_status,
+        last_kind=None,
+        probe_latency=probe_latency,
+    )
+
+
+def progress(
+    clock: ManualClock,
+    *,
+    job: str = "demo",
+    total: int = 2000,
+    done: int = 0,
+    failed: int = 0,
+    parked: int = 0,
+    in_flight: int = 0,
+    per_model: Iterable[tuple[str, int]] = (),
+    rate: float = 0.0,
+    eta: float | None = None,
+    state: str = "running",
+) -> BatchProgress:
     pending = max(0, total - done - failed - parked - in_flight)
-    return BatchProgress(at=clock.now(), wall=clock.wall(), job=job, total=total, done=done, failed=failed,
-                         parked=parked, pending=pending, in_flight=in_flight, per_model=tuple(per_model), rate=rate,
-                         eta=eta, state=state)
+    return BatchProgress(
+        at=clock.now(),
+        wall=clock.wall(),
+        job=job,
+        total=total,
+        done=done,
+        failed=failed,
+        parked=parked,
+        pending=pending,
+        in_flight=in_flight,
+        per_model=tuple(per_model),
+        rate=rate,
+        eta=eta,
+        state=state,
+    )
 
 
 class FakeSource:
     """Implements DashboardSource from scripted data. Manual actions change the
     scripted state and publish the events the real client would."""
 
-    def __init__(self, targets: Sequence[TargetSnapshot], *, clock: ManualClock | None = None,
-                 waiting: Sequence[WaitingRetry] = (), batch: BatchProgress | None = None, pinned: str | None = None,
-                 readonly: bool = False, queued: int = 0, can_pause_batch: bool = True,
-                 description: str = "simulator demo · demo job", workers: Sequence[WorkerSpec] = ()) -> None:
+    def __init__(
+        self,
+        targets: Sequence[TargetSnapshot],
+        *,
+        clock: ManualClock | None = None,
+        waiting: Sequence[WaitingRetry] = (),
+        batch: BatchProgress | None = None,
+        pinned: str | None = None,
+        readonly: bool = False,
+        queued: int = 0,
+        can_pause_batch: bool = True,
+        description: str = "simulator demo · demo job",
+        workers: Sequence[WorkerSpec] = (),
+    ) -> None:
         self.clock = clock or ManualClock()
         self.bus = EventBus()
         self.readonly = readonly
@@ -101,10 +187,20 @@ class FakeSource:
         self.snapshots += 1
         rows = tuple(sorted(self.targets.values(), key=lambda t: t.rank))
         in_flight = sum(t.in_flight for t in rows)
-        return EngineSnapshot(now=self.clock.now(), wall=self.clock.wall(), pinned=self.pinned, targets=rows,
-                              waiting=tuple(sorted(self.waiting, key=lambda w: w.deadline)), queued=self.queued,
-                              in_flight=in_flight, requests=1234, succeeded=1180, failed=2,
-                              events_published=self.bus.published, shared=self.shared)
+        return EngineSnapshot(
+            now=self.clock.now(),
+            wall=self.clock.wall(),
+            pinned=self.pinned,
+            targets=rows,
+            waiting=tuple(sorted(self.waiting, key=lambda w: w.deadline)),
+            queued=self.queued,
+            in_flight=in_flight,
+            requests=1234,
+            succeeded=1180,
+            failed=2,
+            events_published=self.bus.published,
+            shared=self.shared,
+        )
 
     def batch(self) -> BatchProgress | None:
         if self._batch is not None and self._batch_paused:
@@ -149,12 +245,25 @@ class FakeSource:
     def _move(self, name: str, new: State, reason: str) -> None:
         for t in self._select(name):
             self.targets[t.target] = dataclasses.replace(
-                t, state=new, manual=new.manual, cooldown_until=None, ramp_share=None,
-                breaker_reason=reason, consecutive_failures=0,
+                t,
+                state=new,
+                manual=new.manual,
+                cooldown_until=None,
+                ramp_share=None,
+                breaker_reason=reason,
+                consecutive_failures=0,
             )
             # Events carry the state's value, as the breaker publishes them.
-            self.emit(ev.BreakerChanged, target=t.target, model=t.model, old=t.state.value, new=new.value,
-                      reason=reason, manual=True, cooldown_until=None)
+            self.emit(
+                ev.BreakerChanged,
+                target=t.target,
+                model=t.model,
+                old=t.state.value,
+                new=new.value,
+                reason=reason,
+                manual=True,
+                cooldown_until=None,
+            )
 
     # ------------------------------------------------------------ manual actions
 
@@ -176,8 +285,9 @@ class FakeSource:
         self.calls.append(("reset", target))
         self._move(target, State.CLOSED, "reset by hand")
         for t in self._select(target):
-            self.targets[t.target] = dataclasses.replace(self.targets[t.target], manual=False, key_state=KeyState.OK,
-                                                         key_until=None, key_reason="")
+            self.targets[t.target] = dataclasses.replace(
+                self.targets[t.target], manual=False, key_state=KeyState.OK, key_until=None, key_reason=""
+            )
 
     @refuse_if_readonly
     def force_close(self, target: str) -> None:
@@ -197,18 +307,45 @@ class FakeSource:
 
 # ---------------------------------------------------------------- scenarios
 
+
 def steady(*, readonly: bool = False) -> FakeSource:
     """Everything closed, the demo job a third done."""
     clock = ManualClock()
     targets = [
-        target("flagship", 0, rps=3.4, p50=1.31, p99=1.92, in_flight=6, limit=7, probe_latency=1.27,
-               spark=(0,) * 20 + (0, 1, 0, 0)),
-        target("medium", 1, rps=6.8, r429_min=2, p50=0.74, p99=1.12, in_flight=10, limit=11, probe_latency=0.71,
-               spark=(0,) * 14 + (1, 0, 0, 2, 0, 0, 0, 1, 0, 0)),
+        target(
+            "flagship",
+            0,
+            rps=3.4,
+            p50=1.31,
+            p99=1.92,
+            in_flight=6,
+            limit=7,
+            probe_latency=1.27,
+            spark=(0,) * 20 + (0, 1, 0, 0),
+        ),
+        target(
+            "medium",
+            1,
+            rps=6.8,
+            r429_min=2,
+            p50=0.74,
+            p99=1.12,
+            in_flight=10,
+            limit=11,
+            probe_latency=0.71,
+            spark=(0,) * 14 + (1, 0, 0, 2, 0, 0, 0, 1, 0, 0),
+        ),
         target("small", 2, rps=4.1, p50=0.41, p99=0.63, in_flight=8, limit=16, probe_latency=0.40),
     ]
-    batch = progress(clock, done=648, failed=1, in_flight=24, per_model=[("flagship", 301), ("medium", 262), ("small", 85)],
-                     rate=14.3, eta=92.0)
+    batch = progress(
+        clock,
+        done=648,
+        failed=1,
+        in_flight=24,
+        per_model=[("flagship", 301), ("medium", 262), ("small", 85)],
+        rate=14.3,
+        eta=92.0,
+    )
     source = FakeSource(targets, clock=clock, batch=batch, readonly=readonly)
     source.emit(ev.Notice, level="info", message="demo job started: 2,000 items through 3 models")
     history = [
@@ -238,59 +375,185 @@ def outage() -> FakeSource:
     source.emit(ev.Notice, level="info", message="demo job started: 2,000 items through 3 models")
     clock.advance(20.3)
     flagship = target_id("flagship", "sim", "sim-key")
-    source.later(ev.BreakerChanged, target=flagship, model="flagship", old="closed", new="open",
-                 reason="3 capacity failures in a row", manual=False, cooldown_until=clock.now() + 20.0)
+    source.later(
+        ev.BreakerChanged,
+        target=flagship,
+        model="flagship",
+        old="closed",
+        new="open",
+        reason="3 capacity failures in a row",
+        manual=False,
+        cooldown_until=clock.now() + 20.0,
+    )
     for n in range(37):
-        source.later(ev.FellBack, request_id=100 + n, item_id=f"item-{100 + n:05d}", from_model="flagship",
-                     to_model="medium", reason="Selected model is at capacity. Please try a different model.")
+        source.later(
+            ev.FellBack,
+            request_id=100 + n,
+            item_id=f"item-{100 + n:05d}",
+            from_model="flagship",
+            to_model="medium",
+            reason="Selected model is at capacity. Please try a different model.",
+        )
     clock.advance(1.0)
     for n in range(12):
-        source.later(ev.FellBack, request_id=200 + n, item_id=f"item-{200 + n:05d}", from_model="medium",
-                     to_model="small", reason="Rate limit reached for requests")
-    source.later(ev.KeyParked, target=target_id("medium", "sim", "backup-key"), model="medium", key_alias="backup-key",
-                 kind="quota", until=clock.now() + 3600, reason="You exceeded your current quota")
+        source.later(
+            ev.FellBack,
+            request_id=200 + n,
+            item_id=f"item-{200 + n:05d}",
+            from_model="medium",
+            to_model="small",
+            reason="Rate limit reached for requests",
+        )
+    source.later(
+        ev.KeyParked,
+        target=target_id("medium", "sim", "backup-key"),
+        model="medium",
+        key_alias="backup-key",
+        kind="quota",
+        until=clock.now() + 3600,
+        reason="You exceeded your current quota",
+    )
     clock.advance(2.0)
-    source.later(ev.BreakerChanged, target=flagship, model="flagship", old="open", new="half-open",
-                 reason="probing (interval 2s)", manual=False, cooldown_until=None)
-    source.later(ev.ProbeFinished, target=flagship, model="flagship", ok=False, status=503, kind="capacity",
-                 latency=0.05, reason="Selected model is at capacity. Please try a different model.",
-                 next_probe_at=clock.now() + 16.7)
-    source.later(ev.BreakerChanged, target=flagship, model="flagship", old="half-open", new="open",
-                 reason="probe failed (capacity)", manual=False, cooldown_until=clock.now() + 16.7)
+    source.later(
+        ev.BreakerChanged,
+        target=flagship,
+        model="flagship",
+        old="open",
+        new="half-open",
+        reason="probing (interval 2s)",
+        manual=False,
+        cooldown_until=None,
+    )
+    source.later(
+        ev.ProbeFinished,
+        target=flagship,
+        model="flagship",
+        ok=False,
+        status=503,
+        kind="capacity",
+        latency=0.05,
+        reason="Selected model is at capacity. Please try a different model.",
+        next_probe_at=clock.now() + 16.7,
+    )
+    source.later(
+        ev.BreakerChanged,
+        target=flagship,
+        model="flagship",
+        old="half-open",
+        new="open",
+        reason="probe failed (capacity)",
+        manual=False,
+        cooldown_until=clock.now() + 16.7,
+    )
     clock.advance(2.5)
     now = clock.now()
-    source.targets = {t.target: t for t in [
-        target("flagship", 0, state="open", fails=3, trips=1, cooldown_until=now + 14.2, reason="probe failed (capacity)",
-               limit=2, in_flight=0, rps=1.4, r503_min=84, p50=1.28, p99=1.85, last_status=503, probe_latency=0.05,
-               spark=(0,) * 18 + (0, 0, 4, 19, 31, 12)),
-        target("medium", 1, rps=9.6, r429_min=41, p50=0.81, p99=1.64, in_flight=10, limit=10, last_status=429,
-               probe_latency=0.77, spark=(0,) * 19 + (1, 3, 9, 14, 11)),
-        target("medium", 1, key="backup-key", rps=0.0, in_flight=0, limit=8, last_status=429, key_state="parked",
-               key_until=now + 3594.5, key_reason="You exceeded your current quota", probe_latency=None),
-        target("small", 2, rps=7.2, r503_min=3, p50=0.44, p99=0.71, in_flight=14, limit=18, probe_latency=0.42,
-               spark=(0,) * 21 + (0, 1, 2)),
-    ]}
+    source.targets = {
+        t.target: t
+        for t in [
+            target(
+                "flagship",
+                0,
+                state="open",
+                fails=3,
+                trips=1,
+                cooldown_until=now + 14.2,
+                reason="probe failed (capacity)",
+                limit=2,
+                in_flight=0,
+                rps=1.4,
+                r503_min=84,
+                p50=1.28,
+                p99=1.85,
+                last_status=503,
+                probe_latency=0.05,
+                spark=(0,) * 18 + (0, 0, 4, 19, 31, 12),
+            ),
+            target(
+                "medium",
+                1,
+                rps=9.6,
+                r429_min=41,
+                p50=0.81,
+                p99=1.64,
+                in_flight=10,
+                limit=10,
+                last_status=429,
+                probe_latency=0.77,
+                spark=(0,) * 19 + (1, 3, 9, 14, 11),
+            ),
+            target(
+                "medium",
+                1,
+                key="backup-key",
+                rps=0.0,
+                in_flight=0,
+                limit=8,
+                last_status=429,
+                key_state="parked",
+                key_until=now + 3594.5,
+                key_reason="You exceeded your current quota",
+                probe_latency=None,
+            ),
+            target(
+                "small",
+                2,
+                rps=7.2,
+                r503_min=3,
+                p50=0.44,
+                p99=0.71,
+                in_flight=14,
+                limit=18,
+                probe_latency=0.42,
+                spark=(0,) * 21 + (0, 1, 2),
+            ),
+        ]
+    }
     source.models = ["flagship", "medium", "small"]
     source.waiting = tuple(
-        WaitingRetry(request_id=300 + i, item_id=f"item-{310 + i * 7:05d}", model=model, attempt=attempt, max_attempts=50,
-                     reason=reason, deadline=now + wait)
-        for i, (model, attempt, reason, wait) in enumerate([
-            ("medium", 2, "429 rate_limit_exceeded: try again in 1.5s", 1.9),
-            (None, 3, "Selected model is at capacity. Please try a different model.", 2.7),
-            ("medium", 3, "429 rate_limit_exceeded: try again in 1.5s", 3.4),
-            (None, 2, "every model is busy: waiting for a free slot", 4.8),
-            ("medium", 4, "429 rate_limit_exceeded: try again in 1.5s", 6.1),
-            (None, 4, "Selected model is at capacity. Please try a different model.", 9.6),
-        ])
+        WaitingRetry(
+            request_id=300 + i,
+            item_id=f"item-{310 + i * 7:05d}",
+            model=model,
+            attempt=attempt,
+            max_attempts=50,
+            reason=reason,
+            deadline=now + wait,
+        )
+        for i, (model, attempt, reason, wait) in enumerate(
+            [
+                ("medium", 2, "429 rate_limit_exceeded: try again in 1.5s", 1.9),
+                (None, 3, "Selected model is at capacity. Please try a different model.", 2.7),
+                ("medium", 3, "429 rate_limit_exceeded: try again in 1.5s", 3.4),
+                (None, 2, "every model is busy: waiting for a free slot", 4.8),
+                ("medium", 4, "429 rate_limit_exceeded: try again in 1.5s", 6.1),
+                (None, 4, "Selected model is at capacity. Please try a different model.", 9.6),
+            ]
+        )
     )
     source.queued = 3
-    source._batch = progress(clock, done=912, failed=1, parked=4, in_flight=24,
-                             per_model=[("flagship", 388), ("medium", 401), ("small", 123)], rate=9.8, eta=109.0)
+    source._batch = progress(
+        clock,
+        done=912,
+        failed=1,
+        parked=4,
+        in_flight=24,
+        per_model=[("flagship", 388), ("medium", 401), ("small", 123)],
+        rate=9.8,
+        eta=109.0,
+    )
     return source
 
 
 def trip_event(source: FakeSource, model: str = "flagship", cooldown: float = 20.0) -> None:
     """Publish an automatic trip (as the breaker would): drives the log and a toast."""
     t = source._select(model)[0]
-    source.emit(ev.BreakerChanged, target=t.target, model=t.model, old="closed", new="open",
-                reason="3 capacity failures in a row", manual=False, cooldown_until=source.clock.now() + cooldown)
+    source.emit(
+        ev.BreakerChanged,
+        target=t.target,
+        model=t.model,
+        old="closed",
+        new="open",
+        reason="3 capacity failures in a row",
+        manual=False,
+        cooldown_until=source.clock.now() + cooldown,
+    )

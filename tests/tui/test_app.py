@@ -51,7 +51,11 @@ def row_states(app: CapmonApp) -> dict[str, str]:
 
 async def test_rows_for_every_target_in_preference_order_and_the_batch() -> None:
     async with running(steady()) as (app, pilot):
-        assert [str(k.value) for k in app.table.rows] == ["flagship@sim/sim-key", "medium@sim/sim-key", "small@sim/sim-key"]
+        assert [str(k.value) for k in app.table.rows] == [
+            "flagship@sim/sim-key",
+            "medium@sim/sim-key",
+            "small@sim/sim-key",
+        ]
         text = screen_text(app)
         assert "● closed" in text and "Batch: demo · running" in text and "done 648" in text
         assert "routing: automatic" in text
@@ -86,18 +90,20 @@ async def test_the_fleet_panel_shows_the_processes_and_a_degraded_link_and_hides
     async with running(source) as (app, pilot):
         assert not app.fleet_panel.display and "shared" not in screen_text(app)  # memory: one process, no panel
         wall = source.clock.wall()
-        procs = (FleetProcess("a", "host-a", 101, "gateway", 7, wall - 60, wall, False, this=True),
-                 FleetProcess("b", "host-b", 202, "batch", 3, wall - 30, wall, False))
-        source.shared = SharedStatus("redis", LinkState.OK, wall - 60, "", "redis://127.0.0.1:6379/0", "capmon",
-                                     procs)
+        procs = (
+            FleetProcess("a", "host-a", 101, "gateway", 7, wall - 60, wall, False, this=True),
+            FleetProcess("b", "host-b", 202, "batch", 3, wall - 30, wall, False),
+        )
+        source.shared = SharedStatus("redis", LinkState.OK, wall - 60, "", "redis://127.0.0.1:6379/0", "capmon", procs)
         app.refresh_view()
         await pilot.pause()
         text = screen_text(app)
         assert app.fleet_panel.display
         assert "Fleet (2)" in text and "shared: 2 processes" in text
         assert "gateway" in text and "host-b:202" in text and "7 in flight" in text
-        source.shared = dataclasses.replace(source.shared, state=LinkState.DEGRADED, since=wall,
-                                            message="connection refused")
+        source.shared = dataclasses.replace(
+            source.shared, state=LinkState.DEGRADED, since=wall, message="connection refused"
+        )
         app.refresh_view()
         await pilot.pause()
         text = screen_text(app)
@@ -356,7 +362,9 @@ async def test_a_flood_of_fallbacks_becomes_one_line_per_second_and_pair() -> No
     async with running(source) as (app, pilot):
         written = app.log_view.written
         for n in range(5000):
-            source.emit(ev.FellBack, request_id=n, item_id=None, from_model="flagship", to_model="medium", reason="full")
+            source.emit(
+                ev.FellBack, request_id=n, item_id=None, from_model="flagship", to_model="medium", reason="full"
+            )
             source.emit(ev.AttemptStarted, request_id=n, item_id=None, model="medium", target="t", attempt=2)
         await pilot.pause()
         app.drain_events(flush=True)
@@ -419,6 +427,7 @@ async def test_quit_stops_the_workers_then_the_source() -> None:
         try:
             await source.clock.sleep(0)
             import asyncio
+
             await asyncio.Event().wait()
         finally:
             stopped_first.append(not source.stopped)

@@ -17,15 +17,29 @@ def fell_back(wall: float, a: str = "flagship", b: str = "medium") -> ev.FellBac
 
 
 def tripped(at: float, model: str = "flagship", new: str = "open") -> ev.BreakerChanged:
-    return ev.BreakerChanged(at=at, wall=at, target=target_id(model, "sim", "k"), model=model, old="closed", new=new,
-                             reason="3 capacity failures in a row", manual=new.startswith("forced"),
-                             cooldown_until=at + 20 if new == "open" else None)
+    return ev.BreakerChanged(
+        at=at,
+        wall=at,
+        target=target_id(model, "sim", "k"),
+        model=model,
+        old="closed",
+        new=new,
+        reason="3 capacity failures in a row",
+        manual=new.startswith("forced"),
+        cooldown_until=at + 20 if new == "open" else None,
+    )
 
 
-@pytest.mark.parametrize("state, text", [
-    ("closed", "● closed"), ("half-open", "◐ half-open"), ("open", "○ open"),
-    ("forced-open", "✋ open (manual)"), ("forced-closed", "✋ closed (manual)"),
-])
+@pytest.mark.parametrize(
+    "state, text",
+    [
+        ("closed", "● closed"),
+        ("half-open", "◐ half-open"),
+        ("open", "○ open"),
+        ("forced-open", "✋ open (manual)"),
+        ("forced-closed", "✋ closed (manual)"),
+    ],
+)
 def test_every_state_has_a_glyph_and_a_word(state: str, text: str) -> None:
     assert fmt.state_text(target("m", 0, state=state)).plain == text
 
@@ -39,8 +53,9 @@ def test_the_ramp_shows_its_share() -> None:
     assert fmt.state_text(target("m", 0, state="ramp", ramp_share=0.4)).plain == "◑ ramp 40%"
 
 
-@pytest.mark.parametrize("seconds, shown",
-                         [(4.23, "4.2s"), (42.4, "42s"), (185, "3m05s"), (3720, "1h02m"), (-3, "0.0s")])
+@pytest.mark.parametrize(
+    "seconds, shown", [(4.23, "4.2s"), (42.4, "42s"), (185, "3m05s"), (3720, "1h02m"), (-3, "0.0s")]
+)
 def test_durations(seconds: float, shown: str) -> None:
     assert text.countdown(seconds) == shown
 
@@ -78,7 +93,10 @@ def test_pairs_are_counted_apart_and_lines_come_in_time_order() -> None:
     d = EventDigester()
     out = d.digest([fell_back(5.0), tripped(5.5), fell_back(5.2, "medium", "small"), fell_back(5.3)])
     assert [line.plain.split(" (")[0] for _, line in out.lines] == [
-        "↪ 2 fallbacks flagship → medium", "↪ fell back medium → small", "○ flagship breaker closed → open"]
+        "↪ 2 fallbacks flagship → medium",
+        "↪ fell back medium → small",
+        "○ flagship breaker closed → open",
+    ]
 
 
 def test_a_burst_is_capped_and_says_how_much_it_left_out() -> None:
@@ -90,8 +108,20 @@ def test_a_burst_is_capped_and_says_how_much_it_left_out() -> None:
 def test_noise_is_not_logged() -> None:
     d = EventDigester()
     assert not d.wants(ev.AttemptStarted(at=0, wall=0, request_id=1, item_id=None, model="m", target="t", attempt=1))
-    assert not d.wants(ev.RetryScheduled(at=0, wall=0, request_id=1, item_id=None, model=None, attempt=2,
-                                         max_attempts=5, reason="", wait=1, deadline=1))
+    assert not d.wants(
+        ev.RetryScheduled(
+            at=0,
+            wall=0,
+            request_id=1,
+            item_id=None,
+            model=None,
+            attempt=2,
+            max_attempts=5,
+            reason="",
+            wait=1,
+            deadline=1,
+        )
+    )
     assert d.wants(tripped(0))
 
 

@@ -45,13 +45,20 @@ answer_tokens = 8
 dialect = "gemini-503"
 """
 
+
 def write_live_config(path: Path, port: int) -> Path:
     """The embedded simulator on ``port`` serving the scenario in tiny.toml beside ``path``."""
-    return write_config(path, f"http://127.0.0.1:{port}/v1", endpoint="sim", simulated=True,
-                        keys=[("CAPMON_SIM_API_KEY", "sim-key")], models=SIMULATED_MODELS,
-                        simulator={"enabled": True, "listen": f"127.0.0.1:{port}", "scenario": "tiny.toml"},
-                        breaker={"cooldown": 2.0, "ramp_duration": 1.0},
-                        dashboard={"refresh": 0.1, "probe_interval": 0.5, "demo_items": 300})
+    return write_config(
+        path,
+        f"http://127.0.0.1:{port}/v1",
+        endpoint="sim",
+        simulated=True,
+        keys=[("CAPMON_SIM_API_KEY", "sim-key")],
+        models=SIMULATED_MODELS,
+        simulator={"enabled": True, "listen": f"127.0.0.1:{port}", "scenario": "tiny.toml"},
+        breaker={"cooldown": 2.0, "ramp_duration": 1.0},
+        dashboard={"refresh": 0.1, "probe_interval": 0.5, "demo_items": 300},
+    )
 
 
 def nothing_listens_on(port: int) -> bool:

@@ -63,8 +63,9 @@ class Gateway:
             self.server = None
 
     def http(self) -> httpx.AsyncClient:
-        return httpx.AsyncClient(base_url=self.origin, headers={"authorization": f"Bearer {ADMIN}"},
-                                 trust_env=False, timeout=30)
+        return httpx.AsyncClient(
+            base_url=self.origin, headers={"authorization": f"Bearer {ADMIN}"}, trust_env=False, timeout=30
+        )
 
     async def chat(self, model: str = "auto") -> str:
         async with self.http() as http:
@@ -100,8 +101,11 @@ async def dashboard(gw: Gateway, *, admin: bool = True) -> AsyncIterator[tuple[C
     source = RemoteSource(where, await attach(where), refresh=REFRESH, retry_max=0.3)
     app = CapmonApp(source, refresh=REFRESH, drain_every=0.0)
     async with app.run_test(size=SIZE, notifications=True) as pilot:
-        await until(pilot, lambda: app.started and app.refreshes > 0 and "Quit" in footer(screen_text(app)),
-                    "the dashboard started")
+        await until(
+            pilot,
+            lambda: app.started and app.refreshes > 0 and "Quit" in footer(screen_text(app)),
+            "the dashboard started",
+        )
         yield app, pilot, source
 
 
@@ -133,7 +137,10 @@ async def test_the_dashboard_shows_the_gateways_targets_its_history_and_live_eve
             assert r.status_code == 200
         async with dashboard(gw) as (app, pilot, source):
             assert [str(k.value) for k in app.table.rows] == [
-                "flagship@sim/sim-key", "medium@sim/sim-key", "small@sim/sim-key"]
+                "flagship@sim/sim-key",
+                "medium@sim/sim-key",
+                "small@sim/sim-key",
+            ]
             assert row_states(app)["small@sim/sim-key"] == "✋ open (manual)"
             text = screen_text(app)
             assert f"gateway 127.0.0.1:{gw.port}" in text and "1 ok" in text, text
@@ -258,13 +265,28 @@ async def test_the_gateway_going_away_is_shown_retried_and_the_dashboard_comes_b
 
 
 def test_the_history_shown_on_attach_is_the_newest_that_the_log_writes_whole() -> None:
-    trips = [ev.BreakerChanged(at=float(i), wall=1_767_225_600.0 + i, target=f"m{i}@sim/k", model=f"m{i}",
-                               old="closed", new="open", reason="3 capacity failures in a row", manual=False,
-                               cooldown_until=None) for i in range(100)]
+    trips = [
+        ev.BreakerChanged(
+            at=float(i),
+            wall=1_767_225_600.0 + i,
+            target=f"m{i}@sim/k",
+            model=f"m{i}",
+            old="closed",
+            new="open",
+            reason="3 capacity failures in a row",
+            manual=False,
+            cooldown_until=None,
+        )
+        for i in range(100)
+    ]
     noise = [ev.RetryFired(at=0.0, wall=1_767_225_600.0, request_id=i) for i in range(50)]  # not logged
     shown = log_tail(noise + trips)
-    assert shown == trips[-EventDigester().max_lines:]  # the newest lines, not the oldest
+    assert shown == trips[-EventDigester().max_lines :]  # the newest lines, not the oldest
     # Fallbacks of one second and model pair are one line: all of them fit.
-    burst = [ev.FellBack(at=0.0, wall=1_767_225_600.5, request_id=i, item_id=None, from_model="a", to_model="b",
-                         reason="at capacity") for i in range(500)]
+    burst = [
+        ev.FellBack(
+            at=0.0, wall=1_767_225_600.5, request_id=i, item_id=None, from_model="a", to_model="b", reason="at capacity"
+        )
+        for i in range(500)
+    ]
     assert log_tail(burst) == burst and log_tail([]) == []

@@ -67,5 +67,6 @@ def test_paused_and_filtered(snap_compare) -> None:
     """The paused mark, a pinned model and the filter bar."""
     source = outage()
     source.pinned = "medium"
-    assert snap_compare(app_for(source), terminal_size=SIZE, run_before=settled(source),
-                        press=["p", "slash", "m", "e", "d"])
+    assert snap_compare(
+        app_for(source), terminal_size=SIZE, run_before=settled(source), press=["p", "slash", "m", "e", "d"]
+    )

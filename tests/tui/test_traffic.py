@@ -29,7 +29,9 @@ class StubRunner:
         self.paused = False
 
     def progress(self) -> Any:
-        return progress(ManualClock(), job=self.job, done=1 if self.ran else 0, state="finished" if self.ran else "running")
+        return progress(
+            ManualClock(), job=self.job, done=1 if self.ran else 0, state="finished" if self.ran else "running"
+        )
 
     async def run(self) -> str:
         self.ran = True

@@ -61,7 +61,9 @@ class HelpScreen(ModalScreen[None]):
             keys.add_row(key, what)
         outer.add_row(keys)
         if self.readonly:
-            outer.add_row(Text("read-only: trip, reset, close, model switch and batch pause are off", style="italic yellow"))
+            outer.add_row(
+                Text("read-only: trip, reset, close, model switch and batch pause are off", style="italic yellow")
+            )
         outer.add_row(Text(""))
         outer.add_row(Text("breaker states", style="bold"))
         states = Table.grid(padding=(0, 2))
@@ -72,8 +74,11 @@ class HelpScreen(ModalScreen[None]):
             states.add_row(Text(f"{look.glyph} {look.word}", style=look.style), what)
         outer.add_row(states)
         outer.add_row(Text(""))
-        outer.add_row(Text("Mouse: click a row to select it, click a key in the footer to run it. "
-                           "Escape closes this.", style="dim"))
+        outer.add_row(
+            Text(
+                "Mouse: click a row to select it, click a key in the footer to run it. Escape closes this.", style="dim"
+            )
+        )
         return outer
 
     def action_close(self) -> None:

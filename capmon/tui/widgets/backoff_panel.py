@@ -50,8 +50,11 @@ class BackoffPanel(Static):
         shown = waiting if len(waiting) <= room else waiting[: room - 1]
         out = Text(no_wrap=True, overflow="crop")
         # The countdown before the reason: on a narrow panel the reason is what gets cropped.
-        out.append(f"{_cell('item', ITEM)} {_cell('model', MODEL)} {_cell('try', TRY, right=True)} "
-                   f"{_cell('in', IN, right=True)}  {_cell('reason', reason_width)}", style="bold")
+        out.append(
+            f"{_cell('item', ITEM)} {_cell('model', MODEL)} {_cell('try', TRY, right=True)} "
+            f"{_cell('in', IN, right=True)}  {_cell('reason', reason_width)}",
+            style="bold",
+        )
         for w in shown:
             out.append("\n")
             self._line(out, w, snap.now, reason_width)

@@ -11,12 +11,18 @@ from capmon.core import text
 from capmon.core.events import BatchProgress
 from capmon.tui.widgets.panel import panel_css
 
-STATE_STYLE = {"running": "bold green", "paused": "bold black on yellow", "waiting-window": "yellow",
-               "finished": "bold cyan"}
+STATE_STYLE = {
+    "running": "bold green",
+    "paused": "bold black on yellow",
+    "waiting-window": "yellow",
+    "finished": "bold cyan",
+}
 
 
 class BatchPanel(Vertical):
-    DEFAULT_CSS = panel_css("BatchPanel", "$success 50%") + """
+    DEFAULT_CSS = (
+        panel_css("BatchPanel", "$success 50%")
+        + """
     BatchPanel ProgressBar {
         height: 1;
         margin: 0 0 1 0;
@@ -36,6 +42,7 @@ class BatchPanel(Vertical):
         text-overflow: ellipsis;
     }
     """
+    )
 
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
@@ -73,13 +80,22 @@ class BatchPanel(Vertical):
 
         eta = text.duration(progress.eta)
         # Two fixed lines of fixed-width fields (cheaper to redraw than a Rich Table).
-        counts.update(Text.assemble(
-            _kv("done", progress.done, "green", 14), _kv("failed", progress.failed, "red", 12),
-            _kv("parked", progress.parked, "yellow", 12), _kv("pending", progress.pending, "", 16), "\n",
-            _kv("in flight", progress.in_flight, "", 14), _field("rate", f"{progress.rate:.1f}/s", "", 12),
-            _field("ETA", eta, "", 12), ("state ", "dim"), state,
-            no_wrap=True,
-        ), layout=False)
+        counts.update(
+            Text.assemble(
+                _kv("done", progress.done, "green", 14),
+                _kv("failed", progress.failed, "red", 12),
+                _kv("parked", progress.parked, "yellow", 12),
+                _kv("pending", progress.pending, "", 16),
+                "\n",
+                _kv("in flight", progress.in_flight, "", 14),
+                _field("rate", f"{progress.rate:.1f}/s", "", 12),
+                _field("ETA", eta, "", 12),
+                ("state ", "dim"),
+                state,
+                no_wrap=True,
+            ),
+            layout=False,
+        )
         message = progress.message  # the batch layer's word on a halt or a wait
         served = sum(n for _, n in progress.per_model) or 1
         name_width = max((len(m) for m, _ in progress.per_model), default=0)

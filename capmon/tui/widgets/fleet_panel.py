@@ -12,7 +12,9 @@ from capmon.tui.widgets.panel import panel_css
 
 
 class FleetPanel(Static):
-    DEFAULT_CSS = panel_css("FleetPanel", "$secondary 50%", "display: none; width: 2fr;") + """
+    DEFAULT_CSS = (
+        panel_css("FleetPanel", "$secondary 50%", "display: none; width: 2fr;")
+        + """
     FleetPanel.-shared {
         display: block;
     }
@@ -20,6 +22,7 @@ class FleetPanel(Static):
         border: round $error;
     }
     """
+    )
 
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)

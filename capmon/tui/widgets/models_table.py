@@ -75,8 +75,13 @@ class ModelsTable(DataTable[Text]):
 
     def __init__(self, *, id: str | None = None) -> None:
         # Renderable foreground on the cursor row: the selected row keeps its state colours.
-        super().__init__(id=id, cursor_type="row", zebra_stripes=False, show_row_labels=False,
-                         cursor_foreground_priority="renderable")
+        super().__init__(
+            id=id,
+            cursor_type="row",
+            zebra_stripes=False,
+            show_row_labels=False,
+            cursor_foreground_priority="renderable",
+        )
         self.border_title = "Models (preference order)"
         self._keys: list[str] = []
         self._cells: dict[tuple[str, str], str] = {}  # what each cell shows now, to skip no-op updates

@@ -23,8 +23,7 @@ class StatusBar(Static):
     }
     """
 
-    def show(self, snap: EngineSnapshot | None, *, description: str, paused: bool, readonly: bool,
-             needle: str) -> None:
+    def show(self, snap: EngineSnapshot | None, *, description: str, paused: bool, readonly: bool, needle: str) -> None:
         self.set_class(paused, "-paused")
         line = Text()
         line.append("capmon", style="bold")
@@ -36,8 +35,9 @@ class StatusBar(Static):
             else:
                 line.append("automatic", style="bold green")
             line.append("  │  ", style="dim")
-            line.append(f"{snap.in_flight} in flight · {snap.queued} queued · "
-                        f"{snap.succeeded:,} ok · {snap.failed:,} failed")
+            line.append(
+                f"{snap.in_flight} in flight · {snap.queued} queued · {snap.succeeded:,} ok · {snap.failed:,} failed"
+            )
             shared = snap.shared
             if shared.state is LinkState.DEGRADED:
                 line.append("  │  ", style="dim")
