@@ -48,7 +48,7 @@ async def test_the_clients_own_probe_finds_the_model_back_and_the_ramp_restores_
             down["on"] = False
             t0 = time.perf_counter()
             await asyncio.sleep(2.6)  # the first probe comes probe_interval (2 s) after the trip
-            assert time.perf_counter() - t0 < 2
+            assert time.perf_counter() - t0 < 2.5  # fast-forwarded, not slept
             assert client.snapshot().targets[0].state == "ramp"
             loop = asyncio.get_running_loop()
             ramp_from = loop.time()
