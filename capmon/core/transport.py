@@ -128,6 +128,16 @@ _POOL_WAIT: contextvars.ContextVar[_PoolWait | None] = contextvars.ContextVar("c
 
 
 class _Connector(aiohttp.TCPConnector):
+    async def _get(self, key: Any, traces: Any) -> Any:
+        # The most recently released connection first (aiohttp takes the oldest): under
+        # steady traffic a burst's extra connections are then left idle and expire after
+        # KEEPALIVE_EXPIRY, instead of each being reused in turn before it can, which kept
+        # every connection of the biggest burst open (and its memory) for good.
+        conns = self._conns.get(key)
+        if conns is not None and len(conns) > 1:
+            conns.rotate(1)  # the newest, at the right end, to the left, where aiohttp takes one
+        return await super()._get(key, traces)
+
     async def _wait_for_available_connection(self, key: Any, traces: Any) -> None:
         waiting = _POOL_WAIT.get()
         if waiting is not None:

@@ -25,6 +25,7 @@ from typing import Any
 import httpx
 import pytest
 
+from capmon.core import transport as transport_module
 from capmon.core.errors import CONNECT_FAILED, Kind, classify_exception
 from capmon.core.result import ChatRequest
 from capmon.core.router import FallbackClient
@@ -363,6 +364,25 @@ async def test_streams_closed_or_cancelled_midway_release_their_connections(kind
     assert srv.accepted >= 30 + limit  # a half-read stream or unanswered request is never reused
     # of the 2 x limit at once, only `limit` got a connection before they were cancelled
     assert len([r for r in srv.requests if r.path.startswith("/hold")]) == 30 + limit
+
+
+async def slow_answer(conn: Conn, req: Request) -> bool:
+    await asyncio.sleep(0.1)  # long enough for a burst to need a connection each
+    return await answer(conn, req)
+
+
+@pytest.mark.looptime(False)  # aiohttp's pool ages connections by the monotonic clock: real time, ~1.5 s
+async def test_a_bursts_extra_connections_expire_under_steady_traffic(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(transport_module, "KEEPALIVE_EXPIRY", 0.3)
+    async with serving(slow=slow_answer, chat=answer) as srv, client("aiohttp", max_connections=8) as c:
+        answers = await asyncio.gather(*[c.post(srv.url("/slow"), headers=HEADERS) for _ in range(8)])
+        assert all(a.status_code == 200 for a in answers) and pool_stats(c).open == 8
+        # Then one request every 20 ms: each of the 8 would be reused within the 0.3 s
+        # keep-alive if the pool took the oldest first, and none would ever expire.
+        for _ in range(60):
+            assert (await c.post(srv.url("/chat"), headers=HEADERS)).status_code == 200
+            await asyncio.sleep(0.02)
+        assert pool_stats(c).open <= 2
 
 
 # ---------------------------------------------------------------- timeouts
