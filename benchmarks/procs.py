@@ -24,7 +24,6 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 from capmon.core.text import table
@@ -118,26 +117,6 @@ def stop(proc: subprocess.Popen[Any], kill: bool = False) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-
-
-class Children:
-    """Processes started for one run, all stopped (newest first) when the ``with`` ends,
-    by an error or Ctrl-C too."""
-
-    def __init__(self) -> None:
-        self.procs: list[subprocess.Popen[Any]] = []
-
-    def spawn(self, cmd: Sequence[str], env: dict[str, str] | None = None, **popen: Any) -> subprocess.Popen[Any]:
-        proc = spawn(cmd, env, **popen)
-        self.procs.append(proc)
-        return proc
-
-    def __enter__(self) -> Children:
-        return self
-
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
-        for proc in reversed(self.procs):
-            stop(proc)
 
 
 def read_line(proc: subprocess.Popen[str], timeout: float) -> str:
