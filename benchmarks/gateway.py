@@ -46,7 +46,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -90,12 +90,12 @@ ANCHOR = {100: "5.9", 500: "39.7", 1000: "failed"}
 Shot = tuple[float, float, str]  # (send lag, latency, outcome): seconds from when it was due; "ok" or the error
 
 
-async def open_loop(send: Callable[[float], Awaitable[Shot]], rate: float, seconds: float) -> list[Shot]:
+async def open_loop(send: Callable[[float], Coroutine[Any, Any, Shot]], rate: float, seconds: float) -> list[Shot]:
     """``rate`` x ``seconds`` calls of ``send(due)``, each started when it is due, whatever
     the earlier ones are doing; their outcomes in send order."""
     loop = asyncio.get_running_loop()
     start = loop.time() + 0.01
-    tasks = []
+    tasks: list[asyncio.Task[Shot]] = []
     for i in range(round(rate * seconds)):
         due = start + i / rate
         delay = due - loop.time()

@@ -64,7 +64,7 @@ SCENARIOS = ["outage", "underprovisioned", "saturated", "retry_after", "penalty"
 # ---------------------------------------------------------------- processes
 
 
-def _wait_up(origin: str, proc: subprocess.Popen, timeout: float = 20.0) -> None:
+def _wait_up(origin: str, proc: subprocess.Popen[Any], timeout: float = 20.0) -> None:
     wait_http(origin + "/admin/stats", proc, "the simulator", timeout)
 
 

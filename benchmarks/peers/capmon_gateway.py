@@ -74,7 +74,7 @@ def set_toml_value(text: str, section: str, key: str, value: object) -> str:
 def config_text(base_url: str, overrides: Sequence[str] = ()) -> str:
     """capmon-bench.toml on ``base_url`` with ``overrides`` (SECTION.KEY=VALUE, read as the
     library peer reads them) and a ``[gateway]`` table: the library peer's config as a file."""
-    wanted = bench_config(base_url, overrides)  # the values, typed and checked
+    wanted = bench_config(base_url, list(overrides))  # the values, typed and checked
     text = CONFIG.read_text(encoding="utf-8").replace("http://SIMULATOR/v1", base_url)
     for o in overrides:
         section, _, key = o.partition("=")[0].strip().partition(".")
