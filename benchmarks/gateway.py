@@ -53,7 +53,17 @@ from typing import Any
 
 from benchmarks.ideal import percentile
 from benchmarks.peers.capmon_gateway import start_gateway
-from benchmarks.procs import cpu_seconds, free_port, markdown_table, rss_mb, spawn, stop, wait_http, wait_port
+from benchmarks.procs import (
+    cpu_seconds,
+    free_port,
+    markdown_table,
+    open_fds,
+    rss_mb,
+    spawn,
+    stop,
+    wait_http,
+    wait_port,
+)
 
 RATES = (100, 500, 1000)
 ROWS = {  # --rows name -> the table's label
@@ -282,12 +292,20 @@ def _brief(r: dict[str, Any]) -> str:
 
 
 def run_soak(row: Row, seconds: float, logs: Path) -> dict[str, Any]:
-    """``row`` (capmon serve) at SOAK_RATE for ``seconds``; its RSS every SOAK_PERIOD seconds,
-    the first before any load."""
-    assert row.url is not None and row.rss is not None
+    """``row`` (capmon serve) at SOAK_RATE for ``seconds``; its RSS and open file descriptors
+    every SOAK_PERIOD seconds, the first before any load. The descriptors tell a leak from
+    a high-water mark: memory that follows the number of connections comes back down
+    with it, or stays at the most the pools ever held."""
+    assert row.url is not None and row.rss is not None and row.pid is not None
+    pid = row.pid
+
+    def sample(t: float) -> tuple[float, float, int]:
+        assert row.rss is not None
+        return t, row.rss(), open_fds(pid)
+
     cmd = [sys.executable, "-m", "benchmarks.gateway", "--generate", row.url, "--rate", str(SOAK_RATE)]
     cmd += ["--seconds", str(seconds), "--warmup", "0"]
-    samples = [(0.0, row.rss())]
+    samples = [sample(0.0)]
     with open(logs / "generator.log", "a") as log:
         proc = spawn(cmd, {LOAD_KEY_ENV: row.key}, stdout=subprocess.PIPE, stderr=log, text=True)
         try:
@@ -296,7 +314,7 @@ def run_soak(row: Row, seconds: float, logs: Path) -> dict[str, Any]:
                 next_at = t0 + len(samples) * SOAK_PERIOD
                 time.sleep(max(0.0, next_at - time.monotonic()))
                 if proc.poll() is None:
-                    samples.append((time.monotonic() - t0, row.rss()))
+                    samples.append(sample(time.monotonic() - t0))
             out = proc.stdout.read() if proc.stdout else ""
         finally:
             stop(proc)
@@ -414,15 +432,27 @@ def goals(results: dict[int, dict[str, Any]]) -> list[str]:
 
 
 def soak_report(soak: dict[str, Any], seconds: float) -> list[str]:
-    samples: list[tuple[float, float]] = soak["rss"]
-    mbs = [m for _, m in samples]
-    settled = [(t, m) for t, m in samples if t >= SOAK_SETTLED]
+    samples: list[tuple[float, float, int]] = soak["rss"]
+    mbs = [m for _, m, _ in samples]
+    fds = [f for _, _, f in samples]
+    settled = [(t, m) for t, m, _ in samples if t >= SOAK_SETTLED]
     slope = statistics.linear_regression(*zip(*settled, strict=True)).slope * 60 if len(settled) > 2 else float("nan")
     load = soak["load"]
     per_request = slope * 1024 * 1024 / 60 / SOAK_RATE
     lines = [
         markdown_table(
-            ["seconds", "QPS", "sent", "ok", "errors", "p50 ms", "p99 ms", "RSS start MiB", "peak", "end", "slope"],
+            [
+                "seconds",
+                "QPS",
+                "sent",
+                "ok",
+                "errors",
+                "p50 ms",
+                "p99 ms",
+                "RSS MiB start / peak / end",
+                "RSS slope",
+                "open fds start / peak / end",
+            ],
             [
                 [
                     f"{seconds:g}",
@@ -432,21 +462,24 @@ def soak_report(soak: dict[str, Any], seconds: float) -> list[str]:
                     _errors(load),
                     _ms(load["p50_ms"]),
                     _ms(load["p99_ms"]),
-                    f"{mbs[0]:.1f}",
-                    f"{max(mbs):.1f}",
-                    f"{mbs[-1]:.1f}",
+                    f"{mbs[0]:.1f} / {max(mbs):.1f} / {mbs[-1]:.1f}",
                     f"{slope:+.3f} MiB / min from {SOAK_SETTLED:g} s on",
+                    f"{fds[0]} / {max(fds)} / {fds[-1]}",
                 ]
             ],
         ),
         "",
-        "RSS (s: MiB): " + ", ".join(f"{t:.0f}: {m:.1f}" for t, m in samples),
+        "RSS and open fds (s: MiB / fds): " + ", ".join(f"{t:.0f}: {m:.1f} / {f}" for t, m, f in samples),
         "",
         f"- RSS flat (slope from {SOAK_SETTLED:g} s on <= {GOAL_FLAT_MB_PER_MIN:g} MiB / min): "
-        + _verdict(
-            slope <= GOAL_FLAT_MB_PER_MIN,
-            f"{slope:+.3f} MiB / min, {per_request:+.1f} bytes / request",
-            f"{slope - GOAL_FLAT_MB_PER_MIN:.3f} MiB / min",
+        + (
+            _verdict(
+                slope <= GOAL_FLAT_MB_PER_MIN,
+                f"{slope:+.3f} MiB / min, {per_request:+.1f} bytes / request",
+                f"{slope - GOAL_FLAT_MB_PER_MIN:.3f} MiB / min",
+            )
+            if slope == slope
+            else f"not judged: fewer than 3 samples after {SOAK_SETTLED:g} s (a soak of 600 s is the goal's)"
         ),
     ]
     return lines

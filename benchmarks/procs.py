@@ -161,6 +161,11 @@ def rss_mb(pid: int) -> float:
     raise RuntimeError(f"no VmRSS for process {pid}")
 
 
+def open_fds(pid: int) -> int:
+    """How many file descriptors ``pid`` holds (its sockets: one per connection), from /proc."""
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
 # ---------------------------------------------------------------- tables
 
 

@@ -30,10 +30,12 @@ Then it prints one table per scenario. Columns:
 * p50 / p99: per-item latency (a worker picking the item up to its answer), completed items;
   the *ideal (FCFS)* row gives the ideal first-come-first-served client's (benchmarks/ideal.py);
 * p99 / ideal FCFS p99: the peer's p99 over the ideal's;
-* cpu: the client process's CPU seconds during the run.
+* cpu: the client process's CPU seconds during the run, with those of any process it
+  started to do the work (capmon-gateway's ``capmon serve``).
 
 Under each table, when capmon ran, its acceptance table: each target (TARGETS) met or
-missed, and by how much; after the last scenario, all of them side by side. A scenario
+missed, and by how much; after the last scenario, all of them side by side. When capmon
+and capmon-gateway both ran, a table prices the gateway against the library. A scenario
 file that does not load (one that needs a newer simulator, say) is skipped with a note.
 """
 
