@@ -431,12 +431,31 @@ def goals(results: dict[int, dict[str, Any]]) -> list[str]:
     return out
 
 
+def _slope_per_min(points: Sequence[tuple[float, float]]) -> float:
+    """The least-squares slope of (seconds, MiB) points in MiB a minute; NaN for fewer than 3."""
+    if len(points) < 3:
+        return float("nan")
+    return statistics.linear_regression(*zip(*points, strict=True)).slope * 60
+
+
+def per_connection(samples: Sequence[tuple[float, float, int]]) -> tuple[float, float]:
+    """RSS against open descriptors: (KiB per descriptor, the slope in MiB a minute of what
+    is left of RSS once they are accounted for, from SOAK_SETTLED on). A leak shows in the
+    second; memory that only follows the connections the pools hold does not."""
+    fds, mbs = [float(f) for _, _, f in samples], [m for _, m, _ in samples]
+    if len(set(fds)) < 2:
+        return float("nan"), _slope_per_min([(t, m) for t, m, _ in samples if t >= SOAK_SETTLED])
+    fit = statistics.linear_regression(fds, mbs)
+    rest = [(t, m - fit.slope * f) for t, m, f in samples if t >= SOAK_SETTLED]
+    return fit.slope * 1024, _slope_per_min(rest)
+
+
 def soak_report(soak: dict[str, Any], seconds: float) -> list[str]:
     samples: list[tuple[float, float, int]] = soak["rss"]
     mbs = [m for _, m, _ in samples]
     fds = [f for _, _, f in samples]
-    settled = [(t, m) for t, m, _ in samples if t >= SOAK_SETTLED]
-    slope = statistics.linear_regression(*zip(*settled, strict=True)).slope * 60 if len(settled) > 2 else float("nan")
+    slope = _slope_per_min([(t, m) for t, m, _ in samples if t >= SOAK_SETTLED])
+    kib_per_fd, rest_slope = per_connection(samples)
     load = soak["load"]
     per_request = slope * 1024 * 1024 / 60 / SOAK_RATE
     lines = [
@@ -481,6 +500,8 @@ def soak_report(soak: dict[str, Any], seconds: float) -> list[str]:
             if slope == slope
             else f"not judged: fewer than 3 samples after {SOAK_SETTLED:g} s (a soak of 600 s is the goal's)"
         ),
+        f"- RSS against open descriptors (least squares): {kib_per_fd:.1f} KiB each; what is left once they are "
+        f"accounted for grows {rest_slope:+.3f} MiB / min from {SOAK_SETTLED:g} s on",
     ]
     return lines
 
