@@ -40,18 +40,16 @@ import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from capmon.core import text
 from capmon.sim.scenario import ModelSpec, Scenario
 
 
 def percentile(values: Sequence[float], q: float) -> float:
-    """The ``q`` quantile (0..1) of ``values``: the sorted value at index
-    ``round(q * (n - 1))``, no interpolation; NaN for no values. The one definition the
-    benchmark tables use, for the peers and the ideal alike."""
-    if not values:
-        return float("nan")
-    s = sorted(values)
-    k = max(0, min(len(s) - 1, int(round(q * (len(s) - 1)))))
-    return s[k]
+    """The ``q`` quantile (0..1) of ``values`` by capmon's one definition
+    (``capmon.core.text.percentile``: nearest rank, no interpolation, the dashboard's and
+    the report's too); NaN for no values, so a table shows it as missing."""
+    found = text.percentile(sorted(values), q)
+    return float("nan") if found is None else found
 
 
 @dataclass(frozen=True)

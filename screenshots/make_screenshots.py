@@ -21,7 +21,7 @@ sys.path.insert(0, str(HERE.parent))  # for tests.tui.fakes when run as a script
 from textual.pilot import Pilot  # noqa: E402
 
 from capmon.tui.app import CapmonApp  # noqa: E402
-from tests.tui.fakes import FakeSource, outage, steady  # noqa: E402
+from tests.tui.fakes import FakeSource, fleet, outage, steady  # noqa: E402
 
 SIZE = (160, 42)
 
@@ -41,6 +41,7 @@ SHOTS: list[tuple[str, Callable[[], FakeSource], Step, str]] = [
     ("steady", steady, nothing, "capmon: steady state"),
     ("outage", outage, nothing, "capmon: flagship out, retries waiting, fallbacks"),
     ("model-switch", outage, open_model_switch, "capmon: the model switch"),
+    ("fleet-degraded", lambda: fleet(degraded=True), nothing, "capmon: a fleet that lost its Redis"),
 ]
 
 

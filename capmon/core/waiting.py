@@ -44,13 +44,14 @@ _SHARE_MEMORY = 200
 
 
 class Waiter(Generic[G]):
-    __slots__ = ("seq", "key", "group", "fut")
+    __slots__ = ("seq", "key", "group", "fut", "deadline")
 
-    def __init__(self, seq: int, key: Any, group: Hashable, fut: asyncio.Future[G]) -> None:
+    def __init__(self, seq: int, key: Any, group: Hashable, fut: asyncio.Future[G], deadline: float) -> None:
         self.seq = seq
         self.key = key  # the router's request state
         self.group = group  # (class, what the router groups by)
         self.fut = fut
+        self.deadline = deadline  # on the queue's clock
 
 
 class WaitQueue(Generic[G]):
@@ -92,7 +93,7 @@ class WaitQueue(Generic[G]):
         """Wait in line (by ``seq``, smaller first) until admitted; TimeoutError after
         ``timeout`` seconds. Cancelling the wait never leaks a grant."""
         fut: asyncio.Future[G] = asyncio.get_running_loop().create_future()
-        waiter = Waiter(seq, key, self._group_of(key), fut)
+        waiter = Waiter(seq, key, self._group_of(key), fut, self._clock.now() + max(0.0, timeout))
         self._insert(waiter)
         self.kick()
         try:
@@ -103,7 +104,7 @@ class WaitQueue(Generic[G]):
                 return fut.result()  # granted in the same instant the wait ran out
             raise
         except BaseException:
-            if fut.done() and not fut.cancelled():
+            if fut.done() and not fut.cancelled() and fut.exception() is None:
                 grant = fut.result()
                 asyncio.ensure_future(self._release(grant))  # cancelled after the hand-over: pass it on
             raise
@@ -242,8 +243,18 @@ class WaitQueue(Generic[G]):
         await self._clock.sleep(delay)
         self._timer = None
         self._timer_at = float("inf")
+        self._expire()
         if self._count:
             self.kick()
+
+    def _expire(self) -> None:
+        """Time out whoever outlived their deadline: each waiter's own timeout does that,
+        and this, at most MAX_NAP late, makes sure of it whatever became of that timer."""
+        now = self._clock.now()
+        for q in self._groups.values():
+            for w in q:
+                if now >= w.deadline and not w.fut.done():
+                    w.fut.set_exception(TimeoutError())
 
     async def aclose(self) -> None:
         await cancel_and_wait([self._timer, self._task])

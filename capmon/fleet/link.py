@@ -104,6 +104,14 @@ class Link:
         if self.on_change is not None:
             self.on_change()
 
+    async def drop_connections(self) -> None:
+        """Close every pooled connection: after Redis restarts, the old ones are dead, and
+        the first command on one would say "closed by server" and degrade us again."""
+        try:
+            await self.client.connection_pool.disconnect()
+        except ERRORS:
+            pass
+
     async def aclose(self) -> None:
         try:
             await self.client.aclose()

@@ -293,6 +293,7 @@ class RedisState:
             else:
                 try:
                     await self._drop_pubsub()
+                    await self.link.drop_connections()
                     await self._join()
                 except ERRORS:
                     delay = min(REJOIN_EVERY, sc.heartbeat)

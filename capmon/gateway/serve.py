@@ -21,6 +21,7 @@ from typing import TextIO
 from capmon.core.config import Config, is_loopback
 from capmon.core.exceptions import ConfigError
 from capmon.core.secrets import RedactSecrets
+from capmon.core.snapshot import LinkState
 from capmon.exitcodes import EXIT_INTERRUPTED, EXIT_OK
 from capmon.gateway.app import close_app, create_app
 from capmon.gateway.server import bind, start_server
@@ -64,6 +65,9 @@ def banner(settings: GatewaySettings, engine: Engine, port: int) -> str:
     auth = f"{len(settings.keys)} client key(s)" if settings.keys else "no client keys: loopback only, any key works"
     admin = "admin key set" if settings.admin is not None else "control API read-only (no gateway.admin_key_env)"
     sim = f"; simulator {engine.simulator_url}" if engine.simulator_url else ""
+    shared = engine.client.snapshot().shared
+    if shared.state is not LinkState.OFF:  # which fleet it joined, or that it could not
+        sim += f"; {shared.label} ({shared.url} {shared.namespace})"
     return (
         f"capmon gateway: listening on http://{host}:{port}/v1 (models: {', '.join(settings.models)}; "
         f"aliases: {aliases}; {auth}; {admin}{sim}; Ctrl+C to stop)"

@@ -833,7 +833,7 @@ async def test_an_outage_is_found_over_within_one_probe_interval() -> None:
     assert probes == [2.0, 6.5, 15.0, 31.5, 64.0, 124.5]
     assert probes[-1] - 100 < 60.5
     assert b.state is State.RAMP
-    assert time.perf_counter() - started < 2.0
+    assert time.perf_counter() - started < 10.0  # fast-forwarded: minutes of loop time, not of ours
 
 
 @pytest.mark.looptime
@@ -870,4 +870,4 @@ async def test_steady_traffic_ramps_up_in_round_trips_an_idle_ramp_in_ramp_durat
     while b.state is State.RAMP:
         await asyncio.sleep(1)
     assert clock.now() - ramp_from == pytest.approx(60, abs=1.01)
-    assert time.perf_counter() - started < 2.0
+    assert time.perf_counter() - started < 10.0  # fast-forwarded: minutes of loop time, not of ours

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from capmon.core.config import SIMULATOR_DEMO_KEY, parse_config
+from capmon.core.config import SIMULATOR_DEMO_KEY, Config
 from capmon.core.errors import Kind
 from capmon.core.exceptions import RequestFailed
 from capmon.core.router import FallbackClient
 from capmon.sim.scenario import ModelSpec, Scenario
 from capmon.sim.server import start_simulator
 from tests.reliability.helpers import set_fault
+from tests.support.simulated import flagship_and_medium, sim_model
 
 pytestmark = pytest.mark.looptime
 
@@ -19,26 +20,11 @@ ENV = {"KEY": SIMULATOR_DEMO_KEY}
 
 
 def spec(name: str, slots: int = 4, **kw: object) -> ModelSpec:
-    return ModelSpec(
-        name=f"sim-{name}",
-        slots=slots,
-        base_latency=0.2,
-        per_token=0.0,
-        noise=0.0,
-        answer_tokens=24,
-        context_window=128_000,
-        **kw,
-    )  # type: ignore[arg-type]
+    return sim_model(name, slots, base_latency=0.2, answer_tokens=24, **kw)
 
 
-def config(base_url: str) -> object:
-    text = (
-        f'[simulator]\nenabled = false\n\n[[endpoints]]\nname = "sim"\nbase_url = "{base_url}"\n'
-        f'keys = [{{ env = "KEY", alias = "k" }}]\n'
-    )
-    for m in ("flagship", "medium"):
-        text += f'\n[[models]]\nname = "{m}"\napi_model = "sim-{m}"\nendpoints = ["sim"]\nmax_tokens = 64\n'
-    return parse_config(text, "test.toml")
+def config(base_url: str) -> Config:
+    return flagship_and_medium(base_url)
 
 
 async def test_a_plain_response_and_a_streamed_one() -> None:

@@ -20,7 +20,7 @@ from capmon.core.errors import CONNECT_FAILED, Failure, Kind
 from capmon.core.events import BreakerChanged, Event, KeyParked, ModelPinned
 from capmon.core.limiter import Slot
 from capmon.core.state import DEFAULT_QUOTA_PARK, Admission, KeyState, MemoryState, MemoryTarget, TargetSpec
-from capmon.core.waiting import INTERACTIVE, WaitQueue
+from capmon.core.waiting import INTERACTIVE, MAX_NAP, WaitQueue
 
 A1, A2, B1 = "m1@ep/a", "m2@ep/a", "m1@ep/b"
 
@@ -635,6 +635,26 @@ async def test_waiters_are_served_first_come_first_served() -> None:
     await asyncio.gather(*tasks)
     assert order == [0, 1, 2, 3, 4]
     assert t.limiter.in_flight == 0 and len(q) == 0
+    await q.aclose()
+
+
+async def test_a_waiter_past_its_deadline_times_out_even_if_its_own_timer_never_fires() -> None:
+    # The queue's clock runs ahead of the loop's (a ManualClock: each nap is instant), so the
+    # wait's own asyncio timeout (loop time) would not fire for 5 real seconds; the queue's
+    # timer finds the waiter past its deadline and times it out at its next nap.
+    clock = ManualClock()
+    w = World(limiter=LimiterConfig(initial=1, min=1, max=1), clock=clock)
+    t = w.t()
+    q = queue_over(t, clock)  # type: ignore[arg-type]
+    held = await t.admit(1)
+    assert held is not None
+    started = clock.now()
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(q.wait(1, 1, 5.0), 2.0)
+    # the queue's clock says it was the queue (wait_for's timeout would leave it far past this)
+    assert 5.0 <= clock.now() - started <= 5.0 + MAX_NAP
+    assert len(q) == 0
+    await finish(t, q, held)
     await q.aclose()
 
 

@@ -3,29 +3,21 @@
 from __future__ import annotations
 
 import math
-import os
-import time
 from collections.abc import Iterator
 
 import pytest
 
 from capmon.core import text
 from capmon.core.stats import RollingStats
+from tests.support.clocks import utc_zone
 
 NOON = 1_764_590_400.0  # 2025-12-01 12:00:00 UTC, a Monday
 
 
 @pytest.fixture
 def utc() -> Iterator[None]:
-    old = os.environ.get("TZ")
-    os.environ["TZ"] = "UTC"
-    time.tzset()
-    yield
-    if old is None:
-        os.environ.pop("TZ", None)
-    else:
-        os.environ["TZ"] = old
-    time.tzset()
+    with utc_zone():
+        yield
 
 
 def test_a_table_pads_columns_and_trims_line_ends() -> None:

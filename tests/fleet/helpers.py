@@ -101,12 +101,6 @@ FLAGSHIP = "flagship@ep/a"
 MEDIUM = "medium@ep/a"
 
 
-def p99(samples: list[float]) -> float:
-    """The sorted value at index round(0.99 x (n - 1)) (benchmarks.ideal.percentile's rule)."""
-    s = sorted(samples)
-    return s[round(0.99 * (len(s) - 1))]
-
-
 def is_probe(body: dict) -> bool:
     return body.get("max_tokens") == 1 and body.get("messages", [{}])[0].get("content") == "ping"
 

@@ -141,7 +141,8 @@ async def test_redis_lost_mid_run_loses_no_request_and_the_fleet_rejoins_within_
     assert states == {LinkState.OK, LinkState.DEGRADED}
     assert len(done) == script.served()  # every request answered, none lost
     messages = [n.message for n in notices]
-    assert any(m.startswith(f"shared state: Redis at {redis_server.url} lost") for m in messages)
+    # lost once: the connections from before the restart are dropped, not tried and lost again
+    assert sum(m.startswith(f"shared state: Redis at {redis_server.url} lost") for m in messages) == 1, messages
     assert any(m == f"shared state: rejoined Redis at {redis_server.url}" for m in messages)
 
 

@@ -80,7 +80,7 @@ async def test_the_borrower_reports_the_loss_and_takes_over(tmp_path: Path, capl
             levels = [n.level for _, n in notices]
             assert levels[:1] == ["warning"] and "info" in levels, notices
             warned_at, warning = notices[0]
-            assert warned_at - gone < 2.0  # at once: within the ~1 s watch interval
+            assert warned_at - gone < 5.0  # at once: the watch looks every ~1 s (5 s: a loaded machine)
             assert f"127.0.0.1:{port}" in warning.message and "gone away" in warning.message
             assert any(r.levelno == logging.WARNING and "gone away" in r.getMessage() for r in caplog.records)
             assert second.simulator_started  # it serves the address itself now

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
+import os
+import time
+from collections.abc import Iterator
 
 
 class WallClock:
@@ -28,3 +32,19 @@ class WallClock:
 def local(y: int, mo: int, d: int, h: int, mi: int, s: int = 0) -> float:
     """A local wall time."""
     return dt.datetime(y, mo, d, h, mi, s).timestamp()
+
+
+@contextlib.contextmanager
+def utc_zone() -> Iterator[None]:
+    """Local time is UTC inside: what prints clock times (logs, status bars) matches everywhere."""
+    old = os.environ.get("TZ")
+    os.environ["TZ"] = "UTC"
+    time.tzset()
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("TZ", None)
+        else:
+            os.environ["TZ"] = old
+        time.tzset()

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import os
-import time
 from collections.abc import Iterator
 
 import pytest
+
+from tests.support.clocks import utc_zone
 
 SIZE = (160, 48)
 
@@ -14,12 +14,5 @@ SIZE = (160, 48)
 @pytest.fixture(autouse=True)
 def utc() -> Iterator[None]:
     # The log and status bar print local clock times: pin the zone so they match everywhere.
-    old = os.environ.get("TZ")
-    os.environ["TZ"] = "UTC"
-    time.tzset()
-    yield
-    if old is None:
-        os.environ.pop("TZ", None)
-    else:
-        os.environ["TZ"] = old
-    time.tzset()
+    with utc_zone():
+        yield

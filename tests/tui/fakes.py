@@ -14,7 +14,7 @@ from capmon.core.breaker import State
 from capmon.core.clock import ManualClock
 from capmon.core.events import BatchProgress, EventBus
 from capmon.core.exceptions import CapmonError
-from capmon.core.snapshot import EngineSnapshot, SharedStatus, TargetSnapshot, WaitingRetry
+from capmon.core.snapshot import EngineSnapshot, FleetProcess, LinkState, SharedStatus, TargetSnapshot, WaitingRetry
 from capmon.core.state import KeyState
 from capmon.core.stats import WindowStats
 from capmon.core.targets import target_id
@@ -557,3 +557,27 @@ def trip_event(source: FakeSource, model: str = "flagship", cooldown: float = 20
         manual=False,
         cooldown_until=source.clock.now() + cooldown,
     )
+
+
+def fleet(*, degraded: bool = False) -> FakeSource:
+    """Steady, on a state shared with two other processes (a gateway, a batch worker);
+    ``degraded``: Redis was lost 12 s ago and each runs on its own state."""
+    source = steady()
+    wall = source.clock.wall()
+    procs = (
+        FleetProcess("p1", "api-1", 4121, "dashboard", 0, wall - 300, wall, degraded, this=True),
+        FleetProcess("p2", "api-1", 4188, "gateway", 23, wall - 3600, wall - 0.4, degraded),
+        FleetProcess("p3", "batch-7", 917, "batch", 12, wall - 900, wall - 0.2, degraded),
+    )
+    state = LinkState.DEGRADED if degraded else LinkState.OK
+    message = "shared state: Redis at redis://10.0.0.5:6379/0 lost (Connection refused); running on local state"
+    source.shared = SharedStatus(
+        "redis",
+        state,
+        wall - 12 if degraded else wall - 300,
+        message if degraded else "",
+        "redis://10.0.0.5:6379/0",
+        "capmon",
+        procs,
+    )
+    return source

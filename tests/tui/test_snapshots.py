@@ -12,7 +12,7 @@ from textual.pilot import Pilot
 
 from capmon.tui.app import CapmonApp
 from tests.tui.conftest import SIZE
-from tests.tui.fakes import FakeSource, outage, steady
+from tests.tui.fakes import FakeSource, fleet, outage, steady
 
 
 def app_for(source: FakeSource) -> CapmonApp:
@@ -70,3 +70,9 @@ def test_paused_and_filtered(snap_compare) -> None:
     assert snap_compare(
         app_for(source), terminal_size=SIZE, run_before=settled(source), press=["p", "slash", "m", "e", "d"]
     )
+
+
+def test_fleet_degraded(snap_compare) -> None:
+    """Shared with a gateway and a batch worker, Redis lost: the Fleet panel and the status bar say so."""
+    source = fleet(degraded=True)
+    assert snap_compare(app_for(source), terminal_size=SIZE, run_before=settled(source))

@@ -76,6 +76,13 @@ class HelpScreen(ModalScreen[None]):
         outer.add_row(Text(""))
         outer.add_row(
             Text(
+                "Fleet panel (a [shared] config): every process sharing this state through Redis, ▸ this one, "
+                "✖ one running on its own state; 'shared state: DEGRADED' when Redis is lost.",
+                style="dim",
+            )
+        )
+        outer.add_row(
+            Text(
                 "Mouse: click a row to select it, click a key in the footer to run it. Escape closes this.", style="dim"
             )
         )

@@ -41,16 +41,16 @@ class FleetPanel(Static):
         if shared.state is LinkState.DEGRADED:
             since = f" since {text.timestamp(shared.since)}" if shared.since else ""
             out.append(f"shared state: DEGRADED{since}\n", style="bold white on red")
-            if shared.message:
-                out.append(f"{text.clip(shared.message, 80)}\n", style="dim")
+            if shared.message:  # the notice's words, without the heading's
+                out.append(f"{text.clip(shared.message.removeprefix('shared state: '), 80)}\n", style="dim")
         for p in shared.processes:
             mark = "▸ " if p.this else "  "
             out.append(mark, style="bold")
             out.append(f"{p.role:<9}", style="bold" if p.this else "")
             out.append(f" {p.host}:{p.pid}", style="dim")
             out.append(f"  {p.in_flight} in flight")
-            if p.degraded:
-                out.append("  degraded", style="bold red")
+            if p.degraded:  # this process runs on its own state (its heartbeat says so)
+                out.append(" ✖", style="bold red")
             out.append("\n")
         if not shared.processes:
             out.append("no live process registered", style="dim")

@@ -1,0 +1,34 @@
+"""Models of the simulator and a client config over them, for core tests that go through
+the real simulator over HTTP."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from capmon.core.config import Config, parse_config
+from capmon.sim.scenario import ModelSpec
+
+
+def sim_model(name: str, slots: int = 4, *, base_latency: float = 0.1, answer_tokens: int = 20, **kw: Any) -> ModelSpec:
+    """``sim-NAME``: no noise and no per-token time, so every answer takes ``base_latency``."""
+    return ModelSpec(
+        name=f"sim-{name}",
+        slots=slots,
+        base_latency=base_latency,
+        per_token=0.0,
+        noise=0.0,
+        answer_tokens=answer_tokens,
+        context_window=128_000,
+        **kw,
+    )
+
+
+def flagship_and_medium(base_url: str) -> Config:
+    """A config of two models (flagship, then medium) on the simulator at ``base_url``, key in $KEY."""
+    text = (
+        f'[simulator]\nenabled = false\n\n[[endpoints]]\nname = "sim"\nbase_url = "{base_url}"\n'
+        f'keys = [{{ env = "KEY", alias = "k" }}]\n'
+    )
+    for m in ("flagship", "medium"):
+        text += f'\n[[models]]\nname = "{m}"\napi_model = "sim-{m}"\nendpoints = ["sim"]\nmax_tokens = 64\n'
+    return parse_config(text, "test.toml")
