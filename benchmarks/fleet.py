@@ -40,7 +40,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.ideal import percentile
-from benchmarks.run import _free_port, _get_json, _stop, _wait_up
+from benchmarks.procs import free_port, get_json, read_line, stop
+from benchmarks.run import _wait_up
 
 HERE = Path(__file__).resolve().parent
 SCENARIOS = ("outage", "saturated", "penalty")
@@ -127,16 +128,8 @@ async def _worker(args: argparse.Namespace) -> None:
 # ---------------------------------------------------------------- the coordinator
 
 
-def _read_line(proc: subprocess.Popen[str], timeout: float) -> str:
-    import select
-
-    assert proc.stdout is not None
-    ready, _, _ = select.select([proc.stdout], [], [], timeout)
-    return proc.stdout.readline().strip() if ready else ""
-
-
 def run_once(scenario: Path, processes: int, items: int, workers: int, redis_url: str, log_dir: Path) -> dict[str, Any]:
-    port = _free_port()
+    port = free_port()
     origin = f"http://127.0.0.1:{port}"
     namespace = f"capmon-bench-{uuid.uuid4().hex[:10]}"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -183,7 +176,7 @@ def run_once(scenario: Path, processes: int, items: int, workers: int, redis_url
             )
             first += n
         for p in procs:
-            if _read_line(p, 60) != "READY":
+            if read_line(p, 60) != "READY":
                 raise RuntimeError(f"a worker did not start (exit {p.poll()}); see {log_dir}")
         sim_log = open(log_dir / f"{scenario.stem}-{processes}.sim.log", "w")
         sim = subprocess.Popen(
@@ -199,14 +192,14 @@ def run_once(scenario: Path, processes: int, items: int, workers: int, redis_url
             p.stdin.write("GO\n")
             p.stdin.flush()
         for p in procs:
-            if _read_line(p, 600) != "DONE":
+            if read_line(p, 600) != "DONE":
                 raise RuntimeError(f"a worker failed (exit {p.poll()}); see {log_dir}")
-        stats = _get_json(origin + "/admin/stats")
+        stats = get_json(origin + "/admin/stats")
     finally:
         for p in procs:
-            _stop(p)
+            stop(p)
         if sim is not None:
-            _stop(sim, kill=True)
+            stop(sim, kill=True)
         _drop(redis_url, namespace)
     return {"workers": [json.loads(o.read_text()) for o in outs], "sim": stats}
 

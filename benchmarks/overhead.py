@@ -42,7 +42,6 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -50,6 +49,8 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
+
+from benchmarks.procs import free_port, spawn, stop, wait_port
 
 HERE = Path(__file__).resolve().parent
 ANSWER = json.dumps(
@@ -287,23 +288,6 @@ async def measure(kind: str, mode: str, base_url: str, n: int, concurrency: int)
 # ---------------------------------------------------------------- orchestration
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_port(port: int, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError("the instant endpoint did not start")
-
-
 def _run_worker(kind: str, mode: str, base_url: str, n: int, concurrency: int) -> dict[str, float]:
     out = subprocess.run(
         [
@@ -406,10 +390,10 @@ def main(argv: list[str] | None = None) -> int:
 
     kinds = [k for k in KINDS + EXTRA_KINDS if k in args.kinds]
     modes = [m for m in MODES if m in args.modes]
-    port = _free_port()
-    server = subprocess.Popen([sys.executable, "-m", "benchmarks.overhead", "--serve", str(port)], cwd=HERE.parent)
+    port = free_port()
+    server = spawn([sys.executable, "-m", "benchmarks.overhead", "--serve", str(port)])
     try:
-        _wait_port(port)
+        wait_port(port, server, "the instant endpoint")
         base_url = f"http://127.0.0.1:{port}/v1"
         print(f"<!-- python -m benchmarks.overhead {' '.join(argv if argv is not None else sys.argv[1:])} -->")
         print(
@@ -430,11 +414,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             print("```")
     finally:
-        server.terminate()
-        try:
-            server.wait(10)
-        except subprocess.TimeoutExpired:
-            server.kill()
+        stop(server)
     return 0
 
 

@@ -30,10 +30,12 @@ Then it prints one table per scenario. Columns:
 * p50 / p99: per-item latency (a worker picking the item up to its answer), completed items;
   the *ideal (FCFS)* row gives the ideal first-come-first-served client's (benchmarks/ideal.py);
 * p99 / ideal FCFS p99: the peer's p99 over the ideal's;
-* cpu: the client process's CPU seconds during the run.
+* cpu: the client process's CPU seconds during the run, with those of any process it
+  started to do the work (capmon-gateway's ``capmon serve``).
 
 Under each table, when capmon ran, its acceptance table: each target (TARGETS) met or
-missed, and by how much; after the last scenario, all of them side by side. A scenario
+missed, and by how much; after the last scenario, all of them side by side. When capmon
+and capmon-gateway both ran, a table prices the gateway against the library. A scenario
 file that does not load (one that needs a newer simulator, say) is skipped with a note.
 """
 
@@ -44,18 +46,17 @@ import json
 import os
 import platform
 import shlex
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from benchmarks.ideal import Ideal, ideal, percentile
-from benchmarks.peers import PEERS
+from benchmarks.peers import OPTIONAL, PEERS
+from benchmarks.procs import free_port, get_json, markdown_table, stop, wait_http, wait_line
 from capmon.sim.scenario import Scenario, load_scenario
 
 HERE = Path(__file__).resolve().parent
@@ -65,60 +66,8 @@ SCENARIOS = ["outage", "underprovisioned", "saturated", "retry_after", "penalty"
 # ---------------------------------------------------------------- processes
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _get_json(url: str, timeout: float = 5.0) -> Any:
-    with urllib.request.urlopen(url, timeout=timeout) as r:
-        return json.loads(r.read())
-
-
-def _wait_up(origin: str, proc: subprocess.Popen, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the simulator exited with {proc.returncode}")
-        try:
-            _get_json(origin + "/admin/stats", timeout=0.5)
-            return
-        except OSError:
-            time.sleep(0.01)
-    raise RuntimeError("the simulator did not start in time")
-
-
-def _wait_line(proc: subprocess.Popen, word: str, timeout: float) -> bool:
-    """Read the peer's stdout until ``word`` (True), its exit or ``timeout`` (False)."""
-    import select
-
-    assert proc.stdout is not None
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([proc.stdout], [], [], 1.0)
-        if ready:
-            line = proc.stdout.readline()
-            if not line:
-                return False
-            if line.strip() == word:
-                return True
-        elif proc.poll() is not None:
-            return False
-    return False
-
-
-def _stop(proc: subprocess.Popen, kill: bool = False) -> None:
-    if proc.poll() is None and kill:
-        proc.kill()
-        proc.wait()
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+def _wait_up(origin: str, proc: subprocess.Popen[Any], timeout: float = 20.0) -> None:
+    wait_http(origin + "/admin/stats", proc, "the simulator", timeout)
 
 
 class _Sampler:
@@ -141,7 +90,7 @@ class _Sampler:
     def _run(self) -> None:
         while not self._stop.wait(self.period):
             try:
-                stats = _get_json(self.origin + "/admin/stats", timeout=1.0)
+                stats = get_json(self.origin + "/admin/stats", timeout=1.0)
             except (OSError, ValueError):
                 continue
             self.samples.append({n: (m["in_flight"], m["slots"]) for n, m in stats["models"].items()})
@@ -203,7 +152,7 @@ def run_one(
     options: dict[str, Any],
     log_dir: Path,
 ) -> dict[str, Any]:
-    port = _free_port()
+    port = free_port()
     origin = f"http://127.0.0.1:{port}"
     out = log_dir / f"{scn.name}-{peer}.json"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -247,24 +196,24 @@ def run_one(
             env=env,
         )
         _wait_up(origin, sim)
-        offset = _get_json(origin + "/admin/stats")["elapsed"]
+        offset = get_json(origin + "/admin/stats")["elapsed"]
         sampler = _Sampler(origin)
         assert p.stdin is not None
         p.stdin.write("GO\n")
         p.stdin.flush()
         sampler.start()
         try:
-            done = _wait_line(p, "DONE", time_limit + 120)
+            done = wait_line(p, "DONE", time_limit + 120)
         finally:
             utilisation = sampler.stop()
             peak = sampler.peak_rejections()
         if not done:
             raise RuntimeError(f"peer {peer} failed (exit {p.poll()}); see {peer_log.name}")
-        stats = _get_json(origin + "/admin/stats")
+        stats = get_json(origin + "/admin/stats")
     finally:
-        _stop(p)
+        stop(p)
         if sim is not None:
-            _stop(sim, kill=True)  # its counters are read: no need for a graceful stop
+            stop(sim, kill=True)  # its counters are read: no need for a graceful stop
         peer_log.close()
     result = json.loads(out.read_text())
     result["sim"] = stats
@@ -310,6 +259,8 @@ def figures(result: dict[str, Any], scn: Scenario, items: int, workers: int) -> 
         "ideal_p99": best.p99,
         "p99_ideal": percentile(lat, 0.99) / best.p99 if best.p99 else float("nan"),
         "cpu": result["cpu"],
+        "cpu_own": result.get("cpu_own", result["cpu"]),  # the peer's process
+        "cpu_helpers": result.get("cpu_helpers", 0.0),  # processes it started for the work (a gateway)
         "errors": errors,
         "utilisation": result.get("utilisation", {}),
         "peak_rejections": result.get("peak_rejections", 0),
@@ -433,6 +384,47 @@ def acceptance_summary(by_scenario: dict[str, list[Verdict]]) -> str:
     return "\n".join(lines)
 
 
+# ---------------------------------------------------------------- the gateway against the library
+
+CAPMON_PEERS = ("capmon", "capmon-gateway")  # capmon itself: never a rival in capmon's own targets
+
+
+def _priced(lib: dict[str, Any], gw: dict[str, Any]) -> list[str]:
+    """The gateway peer's figures over the library's: what going through `capmon serve` costs."""
+    cpu = f"{gw['cpu'] / lib['cpu']:.2f}x" if lib["cpu"] else "-"
+    return [
+        f"{gw['completed']} / {lib['completed']}",
+        f"{gw['wall'] / lib['wall']:.2f}x",
+        f"{gw['req_item'] - lib['req_item']:+.2f}",
+        f"{(gw['p50'] - lib['p50']) * 1000:+.0f}",
+        f"{(gw['p99'] - lib['p99']) * 1000:+.0f}",
+        f"{gw['cpu']:.2f} = {gw['cpu_own']:.2f} + {gw['cpu_helpers']:.2f}",
+        f"{lib['cpu']:.2f}",
+        cpu,
+    ]
+
+
+# Gateway over library: completed both, wall and client CPU as ratios, the rest as differences.
+PRICED_HEAD = [
+    "completed gw / lib",
+    "wall gw / lib",
+    "req/item gw - lib",
+    "p50 ms gw - lib",
+    "p99 ms gw - lib",
+    "gw cpu s = SDK + gateway",
+    "lib cpu s",
+    "cpu gw / lib",
+]
+
+
+def gateway_line(lib: dict[str, Any], gw: dict[str, Any]) -> str:
+    return markdown_table(PRICED_HEAD, [_priced(lib, gw)])
+
+
+def gateway_summary(priced: dict[str, tuple[dict[str, Any], dict[str, Any]]]) -> str:
+    return markdown_table(["scenario", *PRICED_HEAD], [[name, *_priced(*pair)] for name, pair in priced.items()])
+
+
 def details(scn: Scenario, peer: str, f: dict[str, Any], result: dict[str, Any]) -> str:
     lines = [f"- **{peer}**: served {f['served']}"]
     if f["errors"]:
@@ -472,7 +464,13 @@ def main(argv: list[str] | None = None) -> int:
         default=SCENARIOS,
         help=f"names in benchmarks/scenarios ({', '.join(SCENARIOS)}) or paths",
     )
-    ap.add_argument("--peers", nargs="+", default=list(PEERS), choices=list(PEERS))
+    ap.add_argument(
+        "--peers",
+        nargs="+",
+        default=[p for p in PEERS if p not in OPTIONAL],
+        choices=list(PEERS),
+        help=f"default: all but {', '.join(sorted(OPTIONAL))}",
+    )
     ap.add_argument(
         "--capmon-set",
         action="append",
@@ -517,6 +515,7 @@ def main(argv: list[str] | None = None) -> int:
     options = {"capmon_set": args.capmon_set, "capmon_whatif": [str(Path(p).resolve()) for p in args.capmon_whatif]}
     t_start = time.monotonic()
     verdicts: dict[str, list[Verdict]] = {}
+    priced: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}  # scenario -> (library, gateway) figures
     for name in args.scenario:
         path = Path(name) if name.endswith(".toml") else HERE / "scenarios" / f"{name}.toml"
         try:
@@ -548,10 +547,15 @@ def main(argv: list[str] | None = None) -> int:
         print()
         mine = dict(rows).get("capmon")
         if mine is not None:
-            verdicts[scn.name] = acceptance(mine, args.items, [(n, f) for n, f in rows if n != "capmon"])
+            rivals = [(n, f) for n, f in rows if n not in CAPMON_PEERS]
+            verdicts[scn.name] = acceptance(mine, args.items, rivals)
             raw["scenarios"][scn.name]["acceptance"] = [asdict(v) for v in verdicts[scn.name]]
             print(acceptance_table(verdicts[scn.name]))
             print()
+        gateway = dict(rows).get("capmon-gateway")
+        if mine is not None and gateway is not None:
+            priced[scn.name] = (mine, gateway)
+            print(gateway_line(mine, gateway) + "\n")
         if notes:
             print("\n".join(notes))
             print()
@@ -559,6 +563,10 @@ def main(argv: list[str] | None = None) -> int:
     if len(verdicts) > 1:
         print("### capmon against its targets\n")
         print(acceptance_summary(verdicts))
+        print()
+    if len(priced) > 1:
+        print("### capmon through its gateway against the library\n")
+        print(gateway_summary(priced))
         print()
     print(f"<!-- total {time.monotonic() - t_start:.0f} s; logs in {log_dir} -->")
     if args.json:

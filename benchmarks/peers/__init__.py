@@ -17,7 +17,12 @@ PEERS: dict[str, str] = {
     "tenacity": "tenacity_recipe",
     "litellm": "litellm_router",
     "capmon": "capmon_client",
+    "capmon-gateway": "capmon_gateway",
 }
+
+# Run only when named (--peers): the gateway is capmon itself, priced against the library,
+# not one more alternative in the default comparison.
+OPTIONAL: frozenset[str] = frozenset({"capmon-gateway"})
 
 DESCRIPTIONS: dict[str, str] = {
     "sdk-default": "openai SDK, default retries (max_retries=2), the preferred model only",
@@ -25,4 +30,5 @@ DESCRIPTIONS: dict[str, str] = {
     "tenacity": "tenacity full-jitter exponential backoff around 'try each model in order' (SDK max_retries=0)",
     "litellm": "LiteLLM Router: fallbacks flagship -> medium -> small, retries, cooldowns",
     "capmon": "capmon FallbackClient with benchmarks/capmon-bench.toml",
+    "capmon-gateway": "openai SDK (max_retries=0, model auto) through `capmon serve` on benchmarks/capmon-bench.toml",
 }

@@ -54,6 +54,13 @@ class Peer(Protocol):
         """Peer-specific diagnostics for the report (may be empty)."""
 
 
+def helper_cpu(peer: Peer) -> float:
+    """CPU seconds used so far by the processes that work for ``peer`` (a gateway it
+    started): part of the client's cost. Peers that have none need not say so."""
+    read = getattr(peer, "helper_cpu", None)
+    return float(read()) if callable(read) else 0.0
+
+
 def make_items(n: int) -> list[Item]:
     return [
         Item(i, f"Item {i}: summarise the quarterly report for region {i % 17} in three sentences.") for i in range(n)
@@ -91,7 +98,7 @@ async def run_peer(peer: Peer, ctx: PeerContext, time_limit: float) -> dict[str,
             except Exception as e:  # the item failed: that is a result, not a crash
                 results[item.index] = ItemResult(item.index, False, time.perf_counter() - t0, None, _short(e))
 
-    cpu0 = time.process_time()
+    cpu0, helpers0 = time.process_time(), helper_cpu(peer)
     t0 = time.perf_counter()
     tasks = [asyncio.create_task(worker()) for _ in range(ctx.workers)]
     done, pending = await asyncio.wait(tasks, timeout=time_limit)
@@ -101,6 +108,7 @@ async def run_peer(peer: Peer, ctx: PeerContext, time_limit: float) -> dict[str,
     await asyncio.gather(*pending, return_exceptions=True)
     wall = time.perf_counter() - t0
     cpu = time.process_time() - cpu0
+    helpers = helper_cpu(peer) - helpers0
     now = time.perf_counter()
     for it in items:
         if it.index not in results:
@@ -115,7 +123,9 @@ async def run_peer(peer: Peer, ctx: PeerContext, time_limit: float) -> dict[str,
         "wall": last if not timed_out else wall,
         "wall_total": wall,
         "timed_out": timed_out,
-        "cpu": cpu,
+        "cpu": cpu + helpers,  # the client's CPU: this process and its helpers (a gateway)
+        "cpu_own": cpu,
+        "cpu_helpers": helpers,
         "maxrss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
         "pid": os.getpid(),
         "items": [asdict(results[i]) for i in sorted(results)],
