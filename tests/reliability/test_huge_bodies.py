@@ -61,17 +61,23 @@ async def test_200_mb_answers_valid_and_broken_at_concurrency_16_keep_rss_bounde
             env={**os.environ, **ENV},
         )
         out, err = await asyncio.wait_for(proc.communicate(), 120)
-    assert proc.returncode == 0, err.decode()[-2000:]
+    assert proc.returncode == 0, (out.decode()[-1000:], err.decode()[-2000:])
     peak_mib = int(out.decode().split()[-1]) / 1024
     conn = sqlite3.connect(db)
     try:
         states = dict(conn.execute("SELECT state, COUNT(*) FROM items GROUP BY state").fetchall())
         oversized = conn.execute("SELECT COUNT(*) FROM attempts WHERE kind = 'oversized'").fetchone()[0]
+        twice = conn.execute(
+            "SELECT item, model, COUNT(*) FROM attempts WHERE kind = 'oversized' "
+            "GROUP BY item, model HAVING COUNT(*) > 1"
+        ).fetchall()
         longest = conn.execute("SELECT MAX(LENGTH(content)) FROM items").fetchone()[0]
     finally:
         conn.close()
     print(f"32 items, 32 answers of 200 MB (16 valid, 16 broken) at concurrency 16: peak RSS {peak_mib:.0f} MiB")
-    assert states == {"done": N}  # nothing lost: every item fell back and was answered
-    assert oversized == 32  # each huge answer was cut once, never retried on its target
+    assert states == {"done": N}, states  # nothing lost: every item fell back and was answered
+    # Each huge answer is cut once and never asked for again on its model; a probe of a
+    # model the cuts tripped may take one of the 32 huge answers instead of an item.
+    assert 16 <= oversized <= 32 and twice == [], (oversized, twice)
     assert longest < 1000  # what is stored is the small fallback answers
     assert peak_mib < PEAK_BOUND_MIB, f"peak RSS {peak_mib:.0f} MiB"
