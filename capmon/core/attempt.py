@@ -28,7 +28,7 @@ from capmon.core.errors import (
     classify_response,
     parse_completion,
 )
-from capmon.core.result import Api, ChatRequest
+from capmon.core.result import Api, Attempt, ChatRequest, ChatResult
 from capmon.core.transport import Sender
 from capmon.core.wire import (
     Assembler,
@@ -37,11 +37,13 @@ from capmon.core.wire import (
     SSEParser,
     TokenParam,
     chat_body,
+    completion_text,
     oversized_failure,
     parse_response,
     read_capped,
     read_frame,
     read_responses_frame,
+    response_text,
     responses_body,
 )
 
@@ -55,6 +57,25 @@ class Answer:
     failure: Failure | None = None
     response: Mapping[str, Any] | None = None
     output_sent: bool = False  # a stream's output reached the caller: a failure now cannot be retried
+
+
+def result_of(
+    answer: Answer, t: Target, api: Api, attempts: tuple[Attempt, ...], latency: float, request_id: int
+) -> ChatResult:
+    """A successful answer as the caller gets it: which target served, its text, its usage."""
+    response = answer.response or {}
+    usage = response.get("usage") or {}
+    return ChatResult(
+        model=t.model.name,
+        endpoint=t.endpoint.name,
+        target=t.id,
+        content=response_text(response) if api is Api.RESPONSES else completion_text(response),
+        response=response,
+        attempts=attempts,
+        latency=latency,
+        usage=usage if isinstance(usage, Mapping) else {},
+        request_id=request_id,
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,7 +24,7 @@ import httpx
 
 from capmon.core import events as ev
 from capmon.core import wire
-from capmon.core.attempt import Answer, Request, Stream, chat_request, plain
+from capmon.core.attempt import Answer, Request, Stream, chat_request, plain, result_of
 from capmon.core.backoff import Backoff
 from capmon.core.clock import Clock, default_clock
 from capmon.core.config import Config, ResolvedKey, resolve_keys
@@ -198,12 +198,7 @@ class FallbackClient(ManualControls):
                             end = chunk
                             continue
                         if s.model is None:
-                            s.model, s.endpoint, s.target, s.attempts = (
-                                t.model.name,
-                                t.endpoint.name,
-                                t.id,
-                                tuple(r.attempts),
-                            )
+                            s.serving(t.model.name, t.endpoint.name, t.id, tuple(r.attempts))
                         yield chunk
                 finally:
                     await attempt.aclose()  # type: ignore[attr-defined]
@@ -219,16 +214,9 @@ class FallbackClient(ManualControls):
         finally:
             self.journal.unwait(r)
 
-    async def stream(self, request: Messages, **kw: Any) -> AsyncIterator[str]:
+    def stream(self, request: Messages, **kw: Any) -> AsyncIterator[str]:
         """Stream the answer's text as it comes (see :meth:`stream_chunks`)."""
-        chunks = self.stream_chunks(request, **kw)
-        try:
-            async for chunk in chunks:
-                text = wire.chunk_text(chunk)
-                if text:
-                    yield text
-        finally:
-            await chunks.aclose()
+        return self.stream_chunks(request, **kw).texts()
 
     async def probe(self, target: str, *, wait: float = 0.0) -> ProbeResult:
         """Probe one target now: the due probe of an open breaker, else a small health
@@ -245,9 +233,9 @@ class FallbackClient(ManualControls):
         now = self.clock.now()
         self.journal.requests += 1
         self.state.on_request()
+        # A caller may ask for less time than the config allows, never more.
         deadline = self.config.client.deadline
-        if req.deadline is not None and 0 < req.deadline < deadline:
-            deadline = req.deadline  # a caller may ask for less time than the config allows, never more
+        deadline = min(req.deadline, deadline) if req.deadline is not None and req.deadline > 0 else deadline
         return Routing(
             next(self._ids), req, estimate_tokens(req.messages), now + deadline, now, self._backoff.schedule()
         )
@@ -338,6 +326,8 @@ class FallbackClient(ManualControls):
     async def _settle(
         self, r: Routing, t: Target, adm: Admission, answer: Answer, number: int, wall: float, t0: float
     ) -> ChatResult | Grant | None:
+        """What one attempt's answer means: the result, a grant to go on with at once, or
+        None (wait in line, or go on with the next target)."""
         now = self.clock.now()
         latency = now - t0
         failure = answer.failure
@@ -345,52 +335,34 @@ class FallbackClient(ManualControls):
             failure = Failure(Kind.TRANSIENT, "no answer", answer.status)
         t.last_status, t.last_kind = answer.status, failure.kind if failure else None
         t.stats.record_attempt(now, answer.status, failure.kind if failure else None, latency)
+
+        def record(decision: Decision, wait: float = 0.0) -> None:
+            self.journal.record(r, t, number, wall, answer.status, failure, wait, latency, decision)
+
         param = self._token_param[t.model.name]
-        if (
-            failure is not None
-            and not answer.output_sent
-            and not r.switched
-            and r.request.api is Api.CHAT
-            and wire.refused_token_param(failure, param)
-        ):
-            await self._cancelled(t, adm)
-            # Send the other one from now on, and again at once on the same model (once:
-            # a second refusal is a bad request).
-            r.switched, r.stick_to = True, t.model.name
-            self._token_param.learn(t.model.name, param, failure.reason)
-            self.journal.record(r, t, number, wall, answer.status, failure, 0.0, latency, Decision.RETRY)
-            return None
-        usage = (answer.response or {}).get("usage") or {}
-        used = usage.get("total_tokens") if isinstance(usage, Mapping) else None
-        await t.state.settle(adm, failure, used_tokens=used if isinstance(used, int) else None)
+        if failure is not None and not answer.output_sent and not r.switched and r.request.api is Api.CHAT:
+            if wire.refused_token_param(failure, param):
+                await self._cancelled(t, adm)
+                # Send the other one from now on, and again at once on the same model (once:
+                # a second refusal is a bad request).
+                r.switched, r.stick_to = True, t.model.name
+                self._token_param.learn(t.model.name, param, failure.reason)
+                record(Decision.RETRY)
+                return None
+        await t.state.settle(adm, failure, used_tokens=wire.total_tokens(answer.response))
         self._queue.kick()
         if t.state.probe_due_at() is not None:
             self.prober.kick()
         if failure is None:
-            self.journal.record(r, t, number, wall, answer.status, None, 0.0, latency, Decision.OK)
+            record(Decision.OK)
             self.journal.done(r, t, ok=True)
-            total = now - r.started
-            response = answer.response or {}
-            return ChatResult(
-                model=t.model.name,
-                endpoint=t.endpoint.name,
-                target=t.id,
-                content=wire.response_text(response)
-                if r.request.api is Api.RESPONSES
-                else wire.completion_text(response),
-                response=response,
-                attempts=tuple(r.attempts),
-                latency=total,
-                usage=usage,
-                request_id=r.id,
-            )
+            return result_of(answer, t, r.request.api, tuple(r.attempts), now - r.started, r.id)
         self.journal.failed_attempt(r, t, number, answer.status, failure)
         r.last_failure = failure
         if answer.output_sent:  # a stream that broke after output reached the caller: never retried
-            self.journal.record(r, t, number, wall, answer.status, failure, 0.0, latency, Decision.FAIL)
-            raise RequestFailed(
-                failure, r.attempts, f"stream broke after output was sent: {failure.kind.value}: {failure.reason}"
-            )
+            record(Decision.FAIL)
+            reason = f"{failure.kind.value}: {failure.reason}"
+            raise RequestFailed(failure, r.attempts, f"stream broke after output was sent: {reason}")
         step = plan(
             r,
             t,
@@ -401,29 +373,17 @@ class FallbackClient(ManualControls):
             spend_retry=self.state.spend_retry,
             now=now,
         )
-        if step.decision is Decision.FAIL:
-            self.journal.record(r, t, number, wall, answer.status, failure, 0.0, latency, Decision.FAIL)
-            raise RequestFailed(failure, r.attempts, step.message)
-        if step.decision is Decision.FALLBACK:
-            self.journal.record(r, t, number, wall, answer.status, failure, 0.0, latency, Decision.FALLBACK)
-            return None
+        if step.decision is not Decision.RETRY:
+            record(step.decision)
+            if step.decision is Decision.FAIL:
+                raise RequestFailed(failure, r.attempts, step.message)
+            return None  # FALLBACK: the next target at once
         # Another key or model with room now: go at once (no waiter could use that slot,
         # or it would have been handed over). Else wait in line, backing off from ``t``.
         grant = None if len(self._queue) else await self._admit_any(r)
         if grant is not None:
-            other_model = grant[0].model.name != t.model.name
-            self.journal.record(
-                r,
-                t,
-                number,
-                wall,
-                answer.status,
-                failure,
-                0.0,
-                latency,
-                Decision.FALLBACK if other_model else Decision.RETRY,
-            )
+            record(Decision.FALLBACK if grant[0].model.name != t.model.name else Decision.RETRY)
             return grant
-        self.journal.record(r, t, number, wall, answer.status, failure, step.wait, latency, Decision.RETRY)
+        record(Decision.RETRY, step.wait)
         self.journal.show_wait(r, step.wait, failure.reason)
         return None

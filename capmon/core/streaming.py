@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 from capmon.core.result import Attempt, ChatResult
+from capmon.core.wire import chunk_text
 
 
 class ChatStream:
@@ -30,6 +31,20 @@ class ChatStream:
     async def aclose(self) -> None:
         """Stop early: the attempt is cancelled and its slot given back."""
         await self._chunks.aclose()  # type: ignore[attr-defined]
+
+    def serving(self, model: str, endpoint: str, target: str, attempts: tuple[Attempt, ...]) -> None:
+        """Output has started: who serves it, after which failed attempts."""
+        self.model, self.endpoint, self.target, self.attempts = model, endpoint, target, attempts
+
+    async def texts(self) -> AsyncIterator[str]:
+        """The answer's text as it comes (chat completions), the chunks read and dropped."""
+        try:
+            async for chunk in self:
+                text = chunk_text(chunk)
+                if text:
+                    yield text
+        finally:
+            await self.aclose()
 
     @property
     def fallbacks(self) -> int:

@@ -408,6 +408,13 @@ class Assembler:
         return out
 
 
+def total_tokens(response: Mapping[str, Any] | None) -> int | None:
+    """The tokens an answer says it used (``usage.total_tokens``), if it says so sensibly."""
+    usage = (response or {}).get("usage")
+    used = usage.get("total_tokens") if isinstance(usage, Mapping) else None
+    return used if isinstance(used, int) and not isinstance(used, bool) else None
+
+
 def completion_text(response: Mapping[str, Any]) -> str:
     try:
         content = response["choices"][0]["message"]["content"]
