@@ -8,8 +8,9 @@ modules when first used, so a light module of this package (``defaults``,
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from capmon.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from capmon.batch.demo import write_demo_input
@@ -40,8 +41,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"capmon.batch.{module}"), name)
+__getattr__ = lazy_exports(__name__, _WHERE)

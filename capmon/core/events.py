@@ -26,7 +26,9 @@ class Event:
 
 
 @dataclass(frozen=True, slots=True)
-class AttemptStarted(Event):
+class _OfAttempt(Event):
+    """Which attempt of which request an event is about (not an event itself)."""
+
     request_id: int
     item_id: str | None
     model: str
@@ -35,12 +37,12 @@ class AttemptStarted(Event):
 
 
 @dataclass(frozen=True, slots=True)
-class AttemptFailed(Event):
-    request_id: int
-    item_id: str | None
-    model: str
-    target: str
-    attempt: int
+class AttemptStarted(_OfAttempt):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptFailed(_OfAttempt):
     kind: str
     status: int | None
     reason: str

@@ -38,7 +38,7 @@ def event_to_json(event: ev.Event) -> dict[str, Any]:
 _EVENTS: dict[str, type[ev.Event]] = {
     cls.__name__: cls
     for cls in vars(ev).values()
-    if isinstance(cls, type) and issubclass(cls, ev.Event) and cls is not ev.Event
+    if isinstance(cls, type) and issubclass(cls, ev.Event) and not cls.__name__.startswith("_") and cls is not ev.Event
 }
 
 

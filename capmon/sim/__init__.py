@@ -7,8 +7,7 @@ first use, so ``import capmon.sim`` stays cheap.
 
 from __future__ import annotations
 
-from typing import Any
-
+from capmon.lazy import lazy_exports
 from capmon.sim.scenario import (
     ModelSpec,
     PenaltySpec,
@@ -42,10 +41,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'capmon.sim' has no attribute {name!r}")
-    import importlib
-
-    return getattr(importlib.import_module(module), name)
+__getattr__ = lazy_exports(__name__, _LAZY)

@@ -60,7 +60,7 @@ from capmon.sim.dialects import Api
 from capmon.sim.faults import HANG_SECONDS, HTML_500_PAGE, DropConnection, FaultMode
 from capmon.sim.huge import huge_body, huge_stream
 from capmon.sim.model import Admitted, Faulted, Simulator, Ticket
-from capmon.sim.replies import BadRequest, SlotStream, bearer, refusal, simulator, wire
+from capmon.sim.replies import BadRequest, SlotStream, bearer, read_request, refusal, simulator, wire
 from capmon.sim.scenario import Scenario, load_scenario
 from capmon.sim.streams import FINGERPRINT, StreamPlan, answer_text, chat_stream, rejection_stream, tokens_of, usage
 from capmon.sim.tools import ToolCall, ToolError, ToolRequest, make_call, parse_tools
@@ -153,28 +153,17 @@ def _tool_call(chat: ChatRequest, mode: str) -> ToolCall | None:
 # ---------------------------------------------------------------- endpoints
 
 
-async def chat_completions(request: Request) -> Response | DropConnection:
-    sim = simulator(request)
-    token = bearer(request)
-    alias = sim.authenticate(token)
-    if alias is None:
-        return wire(dialects.invalid_api_key(token))
-    try:
-        body = json.loads(await request.body())
-    except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: deeply nested JSON
-        sim.bad_request(alias)
-        return wire(
-            dialects.bad_request(
-                "We could not parse the JSON body of your request. (HINT: This likely means you aren't using your "
-                "HTTP library correctly. The OpenAI API expects a JSON payload.)"
-            )
-        )
-    try:
-        chat = parse_chat(body)
-    except BadRequest as e:
-        sim.bad_request(alias, e.model)
-        return wire(dialects.bad_request(str(e), e.param))
+UNPARSABLE = (
+    "We could not parse the JSON body of your request. (HINT: This likely means you aren't using your "
+    "HTTP library correctly. The OpenAI API expects a JSON payload.)"
+)
 
+
+async def chat_completions(request: Request) -> Response | DropConnection:
+    read = await read_request(request, parse_chat, UNPARSABLE)
+    if isinstance(read, Response):
+        return read
+    sim, alias, chat = read
     decision = sim.submit(
         alias,
         chat.model,

@@ -5,7 +5,9 @@ stream response that frees its slot however the stream ends.
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Callable
+from typing import Any, TypeVar
 
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
@@ -84,3 +86,29 @@ class SlotStream(StreamingResponse):
             completed = True
         finally:
             self._release(completed)
+
+
+P = TypeVar("P")  # what an endpoint parses its body into
+
+
+async def read_request(
+    request: Request, parse: Callable[[Any], P], unparsable: str
+) -> tuple[Simulator, str, P] | Response:
+    """An endpoint's first steps: the caller's key, then its JSON body parsed by ``parse``.
+    A wrong key, a body that is not JSON (``unparsable`` says so) or one ``parse``
+    refuses is the provider's error answer, counted as a bad request."""
+    sim = simulator(request)
+    token = bearer(request)
+    alias = sim.authenticate(token)
+    if alias is None:
+        return wire(dialects.invalid_api_key(token))
+    try:
+        body = json.loads(await request.body())
+    except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: deeply nested JSON
+        sim.bad_request(alias)
+        return wire(dialects.bad_request(unparsable))
+    try:
+        return sim, alias, parse(body)
+    except BadRequest as e:
+        sim.bad_request(alias, e.model)
+        return wire(dialects.bad_request(str(e), e.param))

@@ -31,7 +31,7 @@ from capmon.sim import dialects
 from capmon.sim.dialects import Api
 from capmon.sim.faults import HANG_SECONDS, HTML_500_PAGE, DropConnection, FaultMode
 from capmon.sim.model import Admitted, Faulted, Simulator, Ticket
-from capmon.sim.replies import BadRequest, SlotStream, bearer, refusal, simulator, wire
+from capmon.sim.replies import BadRequest, SlotStream, read_request, refusal
 from capmon.sim.streams import STREAM_CHUNK_TOKENS, answer_text
 
 MIN_OUTPUT_TOKENS = 16  # the Responses API refuses a smaller max_output_tokens
@@ -274,19 +274,10 @@ def _stub_ticket(req: ResponsesRequest) -> Ticket:
 
 
 async def create_response(request: Request) -> Response:
-    sim = simulator(request)
-    token = bearer(request)
-    alias = sim.authenticate(token)
-    if alias is None:
-        return wire(dialects.invalid_api_key(token))
-    try:
-        req = parse_responses(json.loads(await request.body()))
-    except (ValueError, UnicodeDecodeError, RecursionError):
-        sim.bad_request(alias)
-        return wire(dialects.bad_request("We could not parse the JSON body of your request."))
-    except BadRequest as e:
-        sim.bad_request(alias, e.model)
-        return wire(dialects.bad_request(str(e), e.param))
+    read = await read_request(request, parse_responses, "We could not parse the JSON body of your request.")
+    if isinstance(read, Response):
+        return read
+    sim, alias, req = read
     decision = sim.submit(
         alias,
         req.model,
