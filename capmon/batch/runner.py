@@ -109,6 +109,19 @@ def _cap(message: str | None) -> str | None:
 Finish = tuple[bool, str | None, str | None]
 
 
+def _failed(item: StoredItem, attempts: int, first: str | None, kind: str, message: str | None) -> Outcome:
+    """An item that failed for good, with why."""
+    return Outcome(
+        item.key,
+        ItemState.FAILED,
+        attempts=attempts,
+        parks=item.parks,
+        first_model=first,
+        error_kind=kind,
+        error_message=message,
+    )
+
+
 class BatchRunner:
     def __init__(
         self,
@@ -517,19 +530,8 @@ class BatchRunner:
         except Exception as e:
             log.exception("item %s: the client raised %s", item.id, type(e).__name__)
             kind = BatchKind.INTERNAL if not isinstance(e, CapmonError) else BatchKind.ERROR
-            self._record(
-                item,
-                Outcome(
-                    item.key,
-                    ItemState.FAILED,
-                    attempts=item.attempts,
-                    parks=item.parks,
-                    first_model=item.first_model,
-                    error_kind=kind,
-                    error_message=_cap(f"{type(e).__name__}: {e}"),
-                ),
-                (False, None, kind),
-            )
+            failed = _failed(item, item.attempts, item.first_model, kind, _cap(f"{type(e).__name__}: {e}"))
+            self._record(item, failed, (False, None, kind))
         else:
             self._on_done(item, result)
 
@@ -598,19 +600,7 @@ class BatchRunner:
             kind=Kind.OVERSIZED,
             reason=reason,
         )
-        self._record(
-            item,
-            Outcome(
-                item.key,
-                ItemState.FAILED,
-                attempts=attempts,
-                parks=item.parks,
-                first_model=first,
-                error_kind=Kind.OVERSIZED,
-                error_message=reason,
-            ),
-            (False, None, Kind.OVERSIZED),
-        )
+        self._record(item, _failed(item, attempts, first, Kind.OVERSIZED, reason), (False, None, Kind.OVERSIZED))
 
     def _on_failed(self, item: StoredItem, e: RequestFailed) -> None:
         kind = e.failure.kind
@@ -622,19 +612,7 @@ class BatchRunner:
             self._record(item, self._back(item, attempts, first), None)
             self._stop_for(BatchError(_halt_message(self.job, kind, str(e))))
         else:
-            self._record(
-                item,
-                Outcome(
-                    item.key,
-                    ItemState.FAILED,
-                    attempts=attempts,
-                    parks=item.parks,
-                    first_model=first,
-                    error_kind=kind,
-                    error_message=_cap(str(e)),
-                ),
-                (False, None, kind),
-            )
+            self._record(item, _failed(item, attempts, first, kind, _cap(str(e))), (False, None, kind))
 
     def _park(self, item: StoredItem, e: RequestFailed, attempts: int, first: str | None) -> None:
         parks = item.parks + 1
