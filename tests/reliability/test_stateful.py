@@ -772,7 +772,7 @@ async def test_no_probe_runs_after_the_client_is_closed() -> None:
 @pytest.mark.timeout(900)
 def test_state_machine_long() -> None:
     run_state_machine_as_test(
-        StateFromOutside, settings=settings(max_examples=1000, stateful_step_count=80, deadline=None)
+        StateFromOutside, settings=settings(max_examples=1000, stateful_step_count=80, deadline=None, derandomize=False)
     )
 
 
@@ -780,11 +780,13 @@ def test_state_machine_long() -> None:
 @pytest.mark.timeout(900)
 def test_queue_machine_long() -> None:
     run_state_machine_as_test(
-        QueueOverState, settings=settings(max_examples=500, stateful_step_count=60, deadline=None)
+        QueueOverState, settings=settings(max_examples=500, stateful_step_count=60, deadline=None, derandomize=False)
     )
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_router_machine_long() -> None:
-    run_state_machine_as_test(RouterMachine, settings=settings(max_examples=300, stateful_step_count=60, deadline=None))
+    run_state_machine_as_test(
+        RouterMachine, settings=settings(max_examples=300, stateful_step_count=60, deadline=None, derandomize=False)
+    )
