@@ -40,8 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.ideal import percentile
-from benchmarks.procs import free_port, get_json, read_line, stop
-from benchmarks.run import _wait_up
+from benchmarks.procs import free_port, get_json, read_line, start_simulator, stop
 
 HERE = Path(__file__).resolve().parent
 SCENARIOS = ("outage", "saturated", "penalty")
@@ -178,15 +177,7 @@ def run_once(scenario: Path, processes: int, items: int, workers: int, redis_url
         for p in procs:
             if read_line(p, 60) != "READY":
                 raise RuntimeError(f"a worker did not start (exit {p.poll()}); see {log_dir}")
-        sim_log = open(log_dir / f"{scenario.stem}-{processes}.sim.log", "w")
-        sim = subprocess.Popen(
-            [sys.executable, "-m", "capmon.sim", "--listen", f"127.0.0.1:{port}", "--scenario", str(scenario)],
-            stdout=sim_log,
-            stderr=subprocess.STDOUT,
-            cwd=HERE.parent,
-            env=env,
-        )
-        _wait_up(origin, sim)
+        sim = start_simulator(port, scenario, log_dir / f"{scenario.stem}-{processes}.sim.log", env)
         for p in procs:
             assert p.stdin is not None
             p.stdin.write("GO\n")

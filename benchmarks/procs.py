@@ -119,6 +119,18 @@ def stop(proc: subprocess.Popen[Any], kill: bool = False) -> None:
             proc.wait()
 
 
+def start_simulator(
+    port: int, scenario: Path | str, log: Path, env: dict[str, str] | None = None
+) -> subprocess.Popen[Any]:
+    """``python -m capmon.sim`` on 127.0.0.1:``port`` playing ``scenario``, its output in
+    ``log``; returns once its admin API answers."""
+    cmd = [sys.executable, "-m", "capmon.sim", "--listen", f"127.0.0.1:{port}", "--scenario", str(scenario)]
+    with open(log, "w") as out:  # the child keeps its own descriptor
+        proc = spawn(cmd, env, stdout=out, stderr=subprocess.STDOUT)
+    wait_http(f"http://127.0.0.1:{port}/admin/stats", proc, "the simulator")
+    return proc
+
+
 def read_line(proc: subprocess.Popen[str], timeout: float) -> str:
     """The next line ``proc`` writes on stdout, stripped; "" at its exit or after ``timeout``."""
     assert proc.stdout is not None

@@ -56,7 +56,7 @@ from typing import Any
 
 from benchmarks.ideal import Ideal, ideal, percentile
 from benchmarks.peers import OPTIONAL, PEERS
-from benchmarks.procs import free_port, get_json, markdown_table, stop, wait_http, wait_line
+from benchmarks.procs import free_port, get_json, markdown_table, start_simulator, stop, wait_line
 from capmon.sim.scenario import Scenario, load_scenario
 
 HERE = Path(__file__).resolve().parent
@@ -64,10 +64,6 @@ SCENARIOS = ["outage", "underprovisioned", "saturated", "retry_after", "penalty"
 
 
 # ---------------------------------------------------------------- processes
-
-
-def _wait_up(origin: str, proc: subprocess.Popen[Any], timeout: float = 20.0) -> None:
-    wait_http(origin + "/admin/stats", proc, "the simulator", timeout)
 
 
 class _Sampler:
@@ -187,15 +183,7 @@ def run_one(
         if line != "READY":
             p.wait(30)
             raise RuntimeError(f"peer {peer} did not start (exit {p.returncode}); see {peer_log.name}")
-        sim_log = open(log_dir / f"{scn.name}-{peer}.sim.log", "w")
-        sim = subprocess.Popen(
-            [sys.executable, "-m", "capmon.sim", "--listen", f"127.0.0.1:{port}", "--scenario", str(scn_path)],
-            stdout=sim_log,
-            stderr=subprocess.STDOUT,
-            cwd=HERE.parent,
-            env=env,
-        )
-        _wait_up(origin, sim)
+        sim = start_simulator(port, scn_path, log_dir / f"{scn.name}-{peer}.sim.log", env)
         offset = get_json(origin + "/admin/stats")["elapsed"]
         sampler = _Sampler(origin)
         assert p.stdin is not None
