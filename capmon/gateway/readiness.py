@@ -57,7 +57,7 @@ def readiness(client: FallbackClient) -> Readiness:
     """Ready or not, and why; a degraded shared state keeps the gateway ready (it serves
     on local state) but says so, so a load balancer's operator sees it."""
     found = _readiness(client)
-    shared = client.snapshot().shared
+    shared = client.state.shared_status()  # not a whole snapshot: _readiness took one
     if shared.state is LinkState.OFF:
         return found
     reason = f"{found.reason}; {shared.label}" if shared.state is LinkState.DEGRADED else found.reason

@@ -65,7 +65,7 @@ def banner(settings: GatewaySettings, engine: Engine, port: int) -> str:
     auth = f"{len(settings.keys)} client key(s)" if settings.keys else "no client keys: loopback only, any key works"
     admin = "admin key set" if settings.admin is not None else "control API read-only (no gateway.admin_key_env)"
     sim = f"; simulator {engine.simulator_url}" if engine.simulator_url else ""
-    shared = engine.client.snapshot().shared
+    shared = engine.client.state.shared_status()
     if shared.state is not LinkState.OFF:  # which fleet it joined, or that it could not
         sim += f"; {shared.label} ({shared.url} {shared.namespace})"
     return (

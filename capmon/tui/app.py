@@ -162,7 +162,7 @@ class CapmonApp(App[int]):
                 why_none=self._why_no_batch(),
                 can_pause=self.source.can_pause_batch and not self.source.readonly,
             )
-            self.fleet_panel.show(self.snap.shared, self.snap.wall)
+            self.fleet_panel.show(self.snap.shared)
             self._show_status()
             self._watch_batch_state(self.batch)
             self.refreshes += 1

@@ -29,10 +29,10 @@ class FleetPanel(Static):
         self.border_title = "Fleet"
         self._last: SharedStatus | None = None
 
-    def show(self, shared: SharedStatus, now_wall: float) -> None:
-        self.set_class(shared.backend != "memory", "-shared")
+    def show(self, shared: SharedStatus) -> None:
+        self.set_class(shared.state is not LinkState.OFF, "-shared")
         self.set_class(shared.state is LinkState.DEGRADED, "-degraded")
-        if shared == self._last or shared.backend == "memory":
+        if shared == self._last or shared.state is LinkState.OFF:
             return
         self._last = shared
         where = f" · {shared.url} {shared.namespace}".rstrip() if shared.url else ""
