@@ -35,6 +35,7 @@ G = TypeVar("G")  # what a waiter is granted (the router's target and admission)
 # While anyone waits, a pass runs at least this often: a safety net for what no
 # event announces (a ramp's share growing with time), not a poll of the targets.
 MAX_NAP = 1.0
+GATE_SLACK = 0.001  # seconds a timer sleeps past the gate it waits for
 
 
 INTERACTIVE, BATCH = 0, 1
@@ -237,7 +238,10 @@ class WaitQueue(Generic[G]):
                 return
             self._timer.cancel()
         self._timer_at = at
-        self._timer = asyncio.ensure_future(self._fire(max(0.0, at - now)))
+        # Wake a little after the gate, never before it: asyncio runs a timer up to its
+        # clock's resolution early, and a pass a hair before a gate opens finds it shut,
+        # sets the same timer again and spins without time moving on (under looptime, for ever).
+        self._timer = asyncio.ensure_future(self._fire(max(0.0, at - now) + GATE_SLACK))
 
     async def _fire(self, delay: float) -> None:
         await self._clock.sleep(delay)
