@@ -82,14 +82,23 @@ def result_of(
 class Request:
     target: Target
     body: Mapping[str, Any]
-    timeout: float  # seconds the whole attempt may take
+    timeout: float  # seconds the whole attempt may take, a stream's reads after its first output included
     cap: int  # bytes the answer may take
     quota_hint: float = QUOTA_HINT  # a hint this long means a quota ([backoff] max_hint)
     api: Api = Api.CHAT
 
 
-def chat_request(t: Target, request: ChatRequest, token_param: TokenParam, config: Config, stream: bool) -> Request:
-    """The request one attempt sends to ``t``: the caller's fields, this model's cap."""
+def chat_request(
+    t: Target,
+    request: ChatRequest,
+    token_param: TokenParam,
+    config: Config,
+    stream: bool,
+    *,
+    time_left: float | None = None,
+) -> Request:
+    """The request one attempt sends to ``t``: the caller's fields, this model's cap, and
+    ``[client] attempt_timeout`` cut to the request's ``time_left`` (seconds)."""
     cap = t.model.max_tokens
     limit = min(request.max_tokens or cap, cap)
     if request.api is Api.RESPONSES:
@@ -104,9 +113,8 @@ def chat_request(t: Target, request: ChatRequest, token_param: TokenParam, confi
             temperature=request.temperature,
             stream=stream,
         )
-    return Request(
-        t, body, config.client.attempt_timeout, config.client.max_response_bytes, config.backoff.max_hint, request.api
-    )
+    timeout = config.client.attempt_timeout if time_left is None else min(config.client.attempt_timeout, time_left)
+    return Request(t, body, max(0.0, timeout), config.client.max_response_bytes, config.backoff.max_hint, request.api)
 
 
 def _failed_response(status: int, headers: Any, body: bytes, wall: float, quota_hint: float) -> Failure:

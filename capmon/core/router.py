@@ -148,7 +148,7 @@ class FallbackClient(ManualControls):
         try:
             grant: Grant | None = None
             while True:
-                t, adm = grant or await self._acquire(r)
+                t, adm = await self._next(r, grant)
                 number, wall, t0, req = self._begin(r, t, False)
                 try:
                     answer = await plain(self._http, req, wall=wall)
@@ -189,7 +189,7 @@ class FallbackClient(ManualControls):
         try:
             grant: Grant | None = None
             while True:
-                t, adm = grant or await self._acquire(r)
+                t, adm = await self._next(r, grant)
                 attempt = self._stream_attempt(r, t, adm)
                 end: _End | None = None
                 try:
@@ -234,11 +234,12 @@ class FallbackClient(ManualControls):
         self.journal.requests += 1
         self.state.on_request()
         # A caller may ask for less time than the config allows, never more.
-        deadline = self.config.client.deadline
-        deadline = min(req.deadline, deadline) if req.deadline is not None and req.deadline > 0 else deadline
-        return Routing(
-            next(self._ids), req, estimate_tokens(req.messages), now + deadline, now, self._backoff.schedule()
-        )
+        cap = self.config.client.deadline
+        asked = req.deadline if req.deadline is not None and req.deadline > 0 else cap
+        deadline, own = min(asked, cap), asked < cap
+        r = Routing(next(self._ids), req, estimate_tokens(req.messages), now + deadline, now, self._backoff.schedule())
+        r.own_deadline = own
+        return r
 
     def _failed(self, r: Routing, e: BaseException) -> None:
         if isinstance(e, RequestFailed):
@@ -256,9 +257,17 @@ class FallbackClient(ManualControls):
         await grant[0].state.settle(grant[1], None, cancelled=True, unused=True)
         self._queue.kick()
 
+    async def _next(self, r: Routing, grant: Grant | None) -> Grant:
+        """The grant for the request's next attempt: its deadline is checked before every
+        one, whether it waited for it or went on at once (a retry, a fallback)."""
+        grant = grant or await self._acquire(r)
+        if r.expired(self.clock.now()):
+            await self._give_back(grant)
+            self._give_up(r)
+        return grant
+
     async def _acquire(self, r: Routing) -> Grant:
-        now = self.clock.now()
-        if now >= r.deadline - 1e-6:
+        if r.expired(self.clock.now()):
             self._give_up(r)
         if not r.usable(self.targets, self.state.pinned):
             failure = r.last_failure or r.why_nothing(self.targets)
@@ -269,7 +278,7 @@ class FallbackClient(ManualControls):
         grant = None if len(self._queue) else await self._admit_any(r)
         while grant is None:
             try:
-                waited = await self._queue.wait(r.id, r, r.deadline - self.clock.now())
+                waited = await self._queue.wait(r.id, r, r.left(self.clock.now()))
             except TimeoutError:
                 self._give_up(r)
             if waited[0].state.holds(waited[1]):
@@ -283,22 +292,20 @@ class FallbackClient(ManualControls):
         """Per target, seconds until it may admit a request (see targets.admits_in)."""
         return admits_in(self.targets, self.clock.now())
 
-    def _give_up(self, r: Routing) -> NoReturn:
+    def _give_up(self, r: Routing, before: str = "") -> NoReturn:
         failure = r.last_failure or Failure(Kind.CAPACITY, "no model admitted the request in time")
-        raise DeadlineExceeded(
-            failure,
-            r.attempts,
-            f"deadline of {self.config.client.deadline:g}s passed; last: {failure.kind.value}: {failure.reason}",
-        )
+        passed = r.deadline_passed(self.clock.now())
+        raise DeadlineExceeded(failure, r.attempts, f"{before}{passed}; last: {failure.kind.value}: {failure.reason}")
 
     # ------------------------------------------------------------ attempts
 
     def _begin(self, r: Routing, t: Target, stream: bool) -> tuple[int, float, float, Request]:
         number = len(r.attempts) + 1
         self.journal.started(r, t, number)
-        req = chat_request(t, r.request, self._token_param[t.model.name], self.config, stream)
+        now = self.clock.now()
+        req = chat_request(t, r.request, self._token_param[t.model.name], self.config, stream, time_left=r.left(now))
         self.journal.in_flight += 1
-        return number, self.clock.wall(), self.clock.now(), req
+        return number, self.clock.wall(), now, req
 
     async def _stream_attempt(self, r: Routing, t: Target, adm: Admission) -> AsyncIterator[Any]:
         number, wall, t0, req = self._begin(r, t, True)
@@ -349,8 +356,11 @@ class FallbackClient(ManualControls):
                 self._token_param.learn(t.model.name, param, failure.reason)
                 record(Decision.RETRY)
                 return None
-        await t.state.settle(adm, failure, used_tokens=wire.total_tokens(answer.response))
-        self._queue.kick()
+        if r.cut_short(failure, t0, self.config.client.attempt_timeout, now):
+            await self._cancelled(t, adm)  # the request ran out of time: that says nothing about the target
+        else:
+            await t.state.settle(adm, failure, used_tokens=wire.total_tokens(answer.response))
+            self._queue.kick()
         if t.state.probe_due_at() is not None:
             self.prober.kick()
         if failure is None:
@@ -361,6 +371,8 @@ class FallbackClient(ManualControls):
         r.last_failure = failure
         if answer.output_sent:  # a stream that broke after output reached the caller: never retried
             record(Decision.FAIL)
+            if r.expired(now):
+                self._give_up(r, "stream broke after output was sent: ")
             reason = f"{failure.kind.value}: {failure.reason}"
             raise RequestFailed(failure, r.attempts, f"stream broke after output was sent: {reason}")
         step = plan(
@@ -375,6 +387,8 @@ class FallbackClient(ManualControls):
         )
         if step.decision is not Decision.RETRY:
             record(step.decision)
+            if step.expired:
+                self._give_up(r)
             if step.decision is Decision.FAIL:
                 raise RequestFailed(failure, r.attempts, step.message)
             return None  # FALLBACK: the next target at once

@@ -18,6 +18,8 @@ from capmon.core.waiting import BATCH, INTERACTIVE
 # Retries of one request on the model it sticks to (rate-limited, transient) before it
 # may fall back to another model.
 STICK_LIMIT = 2
+# A deadline this close counts as passed: no attempt or wait is worth starting in it.
+DEADLINE_SLACK = 1e-6
 
 
 @dataclass
@@ -39,6 +41,28 @@ class Routing:
     last_model: str | None = None
     switched: bool = False  # the token parameter was switched once for this request
     stuck: int = 0  # failures in a row on the model it sticks to
+    own_deadline: bool = False  # the deadline is the request's own, shorter than [client] deadline
+
+    def left(self, now: float) -> float:
+        """Seconds until its deadline: what any attempt or wait of it may take at most."""
+        return self.deadline - now
+
+    def expired(self, now: float) -> bool:
+        return now >= self.deadline - DEADLINE_SLACK
+
+    def cut_short(self, failure: Failure | None, began: float, attempt_timeout: float, now: float) -> bool:
+        """Whether its deadline, not ``attempt_timeout``, ended the attempt begun at ``began``
+        with ``failure`` (a timeout, or whatever broke as time ran out)."""
+        cut = began + attempt_timeout > self.deadline and self.expired(now)
+        return cut and failure is not None and failure.kind is Kind.TRANSIENT
+
+    def deadline_passed(self, now: float) -> str:
+        """Which deadline passed and when it was given up, for the error."""
+        length = self.deadline - self.started
+        which = (
+            f"the request's own deadline of {length:g}s" if self.own_deadline else f"[client] deadline = {length:g}s"
+        )
+        return f"{which} passed; given up {now - self.started:.1f}s after the request started"
 
     def why_nothing(self, targets: Sequence[Target]) -> Failure:
         """Why a request that has not been tried yet has no target at all."""
@@ -101,6 +125,7 @@ class Step:
     decision: Decision  # FAIL, FALLBACK (another target at once) or RETRY (after ``wait``)
     wait: float = 0.0
     message: str | None = None  # why it fails, for RequestFailed
+    expired: bool = False  # FAIL because its deadline passed: DeadlineExceeded
 
 
 def plan(
@@ -133,6 +158,8 @@ def plan(
             }.get(kind, "no other model to fall back to")
             return Step(Decision.FAIL, message=f"{kind.value}: {failure.reason} ({what})")
         return Step(Decision.FALLBACK)
+    if r.expired(now):  # no retry, and none of the retry budget spent on one
+        return Step(Decision.FAIL, expired=True)
     if number >= max_attempts:
         return Step(Decision.FAIL, message=f"{kind.value}: {failure.reason} (after {number} attempts)")
     transient = nxt is Next.RETRY
