@@ -44,7 +44,16 @@ class RequestFailed(CapmonError):
 
 
 class DeadlineExceeded(RequestFailed):
-    """The request's overall deadline passed before any model answered."""
+    """The request's overall deadline passed before any model answered in full (a stream
+    that passes it after its first output ends with this too). ``passed`` says which
+    deadline it was (``[client] deadline`` or the request's own) and how long after the
+    request's start it was given up; ``failure`` is the last attempt's."""
+
+    def __init__(
+        self, failure: Failure, attempts: Sequence[Attempt] = (), message: str | None = None, *, passed: str = ""
+    ) -> None:
+        super().__init__(failure, attempts, message)
+        self.passed = passed
 
 
 class BatchError(CapmonError):

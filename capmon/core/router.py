@@ -295,7 +295,8 @@ class FallbackClient(ManualControls):
     def _give_up(self, r: Routing, before: str = "") -> NoReturn:
         failure = r.last_failure or Failure(Kind.CAPACITY, "no model admitted the request in time")
         passed = r.deadline_passed(self.clock.now())
-        raise DeadlineExceeded(failure, r.attempts, f"{before}{passed}; last: {failure.kind.value}: {failure.reason}")
+        last = f"last: {failure.kind.value}: {failure.reason}"
+        raise DeadlineExceeded(failure, r.attempts, f"{before}{passed}; {last}", passed=passed)
 
     # ------------------------------------------------------------ attempts
 

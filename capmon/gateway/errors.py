@@ -3,7 +3,8 @@
 
 | the core says | the client gets |
 |---|---|
-| DeadlineExceeded, capacity, rate_limited, quota | 429 with Retry-After |
+| capacity, rate_limited, quota; DeadlineExceeded after those (or with no attempt) | 429 with Retry-After |
+| DeadlineExceeded after any other failure (an upstream that hangs or keeps failing) | 504 |
 | bad_request, too_large | the provider's 4xx and message (400 when no provider answered) |
 | transient, oversized | 502: the upstream failed, retries are spent |
 | auth | 502 naming the gateway's provider key by its alias: the gateway's problem, not the client's |
@@ -81,12 +82,21 @@ def from_failure(e: RequestFailed, *, retry_after: float = 1.0, disabled_keys: S
             "upstream_auth_failed",
             headers=attempts,
         )
+    if isinstance(e, DeadlineExceeded) and f.kind not in _LIMITED:
+        return ApiError(
+            504,
+            f"no model answered within the request's deadline: {e}",
+            "upstream_error",
+            "deadline_exceeded",
+            headers=attempts,
+        )
     if isinstance(e, DeadlineExceeded) or f.kind in _LIMITED:
         what = {Kind.RATE_LIMITED: "every model is rate-limited", Kind.QUOTA: "every model is out of quota"}.get(
             f.kind, "every model is at capacity"
         )
         if isinstance(e, DeadlineExceeded):
             what = f"no model could serve the request within its deadline ({what.removeprefix('every model is ')})"
+            what += f": {e.passed}" if e.passed else ""
         return ApiError(
             429,
             f"{what}; try again later. Last: {f.kind.value}: {f.reason}",
@@ -134,9 +144,10 @@ def in_stream(e: RequestFailed) -> dict[str, Any]:
     """The error object that ends a stream that broke after its first byte."""
     f = e.failure
     code = {Kind.CAPACITY: "server_is_overloaded", Kind.RATE_LIMITED: "rate_limit_exceeded"}.get(f.kind, "server_error")
+    why = f"{e.passed}; last: " if isinstance(e, DeadlineExceeded) and e.passed else ""
     return {
         "message": redact(
-            f"the stream broke after output was sent ({f.kind.value}: {f.reason}); the answer is incomplete"
+            f"the stream broke after output was sent ({why}{f.kind.value}: {f.reason}); the answer is incomplete"
         ),
         "type": "server_error",
         "param": None,
