@@ -258,8 +258,7 @@ class FallbackClient(ManualControls):
         self._queue.kick()
 
     async def _next(self, r: Routing, grant: Grant | None) -> Grant:
-        """The grant for the request's next attempt: its deadline is checked before every
-        one, whether it waited for it or went on at once (a retry, a fallback)."""
+        """The grant for the next attempt; the deadline is checked before each, waited for or not."""
         grant = grant or await self._acquire(r)
         if r.expired(self.clock.now()):
             await self._give_back(grant)
@@ -357,11 +356,9 @@ class FallbackClient(ManualControls):
                 self._token_param.learn(t.model.name, param, failure.reason)
                 record(Decision.RETRY)
                 return None
-        if r.cut_short(failure, t0, self.config.client.attempt_timeout, now):
-            await self._cancelled(t, adm)  # the request ran out of time: that says nothing about the target
-        else:
-            await t.state.settle(adm, failure, used_tokens=wire.total_tokens(answer.response))
-            self._queue.kick()
+        # An attempt the deadline cut short is a transient timeout: by policy.py, no news to the breaker.
+        await t.state.settle(adm, failure, used_tokens=wire.total_tokens(answer.response))
+        self._queue.kick()
         if t.state.probe_due_at() is not None:
             self.prober.kick()
         if failure is None:

@@ -50,12 +50,6 @@ class Routing:
     def expired(self, now: float) -> bool:
         return now >= self.deadline - DEADLINE_SLACK
 
-    def cut_short(self, failure: Failure | None, began: float, attempt_timeout: float, now: float) -> bool:
-        """Whether its deadline, not ``attempt_timeout``, ended the attempt begun at ``began``
-        with ``failure`` (a timeout, or whatever broke as time ran out)."""
-        cut = began + attempt_timeout > self.deadline and self.expired(now)
-        return cut and failure is not None and failure.kind is Kind.TRANSIENT
-
     def deadline_passed(self, now: float) -> str:
         """Which deadline passed and when it was given up, for the error."""
         length = self.deadline - self.started
