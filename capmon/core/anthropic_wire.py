@@ -141,7 +141,10 @@ def event_failure(obj: object, *, now: float | None = None, quota_hint: float = 
 
 
 def error_type(failure: Failure) -> str:
-    """The Anthropic error type a failure is told to an Anthropic client as."""
+    """The Anthropic error type a failure is told to an Anthropic client as: Anthropic's
+    own when it said one, else the one its kind stands for."""
+    if failure.code in ERROR_STATUS:
+        return str(failure.code)
     if failure.kind is Kind.AUTH and failure.status == 403:
         return "permission_error"
     if failure.kind is Kind.TOO_LARGE and failure.status != 413:
@@ -304,9 +307,7 @@ class MessageAssembler:
 
     @property
     def text(self) -> str:
-        return "".join(
-            b.block.get("text", "") for _, b in sorted(self.blocks.items()) if b.block.get("type") == "text"
-        )
+        return "".join(b.block.get("text", "") for _, b in sorted(self.blocks.items()) if b.block.get("type") == "text")
 
     def message(self) -> dict[str, Any]:
         """The answer as a plain Messages response. Tool input that is not JSON is kept as
