@@ -48,7 +48,7 @@ _DATA_URL = re.compile(r"data:(?P<type>[\w.+-]+/[\w.+-]+);base64,(?P<data>.*)", 
 OPENAI_MAX_STOP = 4  # OpenAI takes at most four stop sequences
 
 
-def _sub(obj: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+def sub_object(obj: Mapping[str, Any], key: str) -> Mapping[str, Any]:
     """``obj[key]`` when it is an object, else an empty one."""
     value = obj.get(key)
     return value if isinstance(value, Mapping) else {}
@@ -114,7 +114,7 @@ def image_to_url(block: Mapping[str, Any]) -> str:
     raise Untranslatable(f"an image with a {kind} source (only base64 and url sources translate)")
 
 
-def _arguments(raw: object, where: str) -> dict[str, Any]:
+def tool_input(raw: object, where: str) -> dict[str, Any]:
     """A tool call's JSON arguments as the object Anthropic's ``input`` must be."""
     if raw is None or (isinstance(raw, str) and not raw.strip()):
         return {}
@@ -333,7 +333,7 @@ def _assistant_blocks(m: Mapping[str, Any], i: int) -> list[dict[str, Any]]:
                 "type": "tool_use",
                 "id": _tool_id(call.get("id"), i),
                 "name": str(fn.get("name", "")),
-                "input": _arguments(fn.get("arguments"), f"messages[{i}]"),
+                "input": tool_input(fn.get("arguments"), f"messages[{i}]"),
             }
         )
     if not blocks:
@@ -692,7 +692,7 @@ def completion_to_message(completion: Mapping[str, Any]) -> dict[str, Any]:
                 "type": "tool_use",
                 "id": str(call.get("id", "")),
                 "name": str(fn.get("name", "")),
-                "input": _arguments(fn.get("arguments"), "the answer"),
+                "input": tool_input(fn.get("arguments"), "the answer"),
             }
         )
     finish = choice.get("finish_reason")
@@ -736,7 +736,7 @@ class ChatToMessagesStream:
         for c in choices if isinstance(choices, list) else []:
             if not isinstance(c, Mapping) or c.get("index", 0) != 0:
                 continue
-            delta = _sub(c, "delta")
+            delta = sub_object(c, "delta")
             for piece in (delta.get("content"), delta.get("refusal")):
                 if isinstance(piece, str) and piece:
                     out += self._block(("text", 0), {"type": "text", "text": ""})
@@ -783,7 +783,7 @@ class ChatToMessagesStream:
 
     def _tool(self, call: Mapping[str, Any]) -> list[dict[str, Any]]:
         index = call.get("index", 0)
-        fn = _sub(call, "function")
+        fn = sub_object(call, "function")
         key = ("tool", index if isinstance(index, int) else 0)
         block = {"type": "tool_use", "id": str(call.get("id") or ""), "name": str(fn.get("name") or ""), "input": {}}
         out = self._block(key, block)
@@ -863,7 +863,7 @@ class MessagesToChatStream:
                     ]
             return []
         if kind == "message_delta":
-            delta = _sub(event, "delta")
+            delta = sub_object(event, "delta")
             self.finish = STOP_TO_FINISH.get(str(delta.get("stop_reason")), "stop")
             self.usage.update({k: v for k, v in (event.get("usage") or {}).items() if v is not None})
             return []
