@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from capmon.core.exceptions import CapmonError
@@ -170,20 +170,19 @@ _CHAT_CARRIED = frozenset(
 _CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 
 
-def chat_incapable(body: Mapping[str, Any]) -> str | None:
-    """Why a chat request cannot be served by an Anthropic-wire model, or None."""
+def refusal(translate: Callable[[Mapping[str, Any]], object], body: Mapping[str, Any]) -> str | None:
+    """Why ``translate`` cannot carry ``body``, or None: every ``*_incapable`` check is
+    the translation itself, so the check and the translation cannot disagree."""
     try:
-        _chat_to_messages(body)
+        translate(body)
     except Untranslatable as e:
         return str(e)
     return None
 
 
-def chat_to_messages(body: Mapping[str, Any]) -> dict[str, Any]:
-    """A chat request as a Messages body (without ``model`` and ``stream``; ``max_tokens``
-    only when the caller set a cap). Raises :class:`Untranslatable` with the reason
-    :func:`chat_incapable` gives."""
-    return _chat_to_messages(body)
+def chat_incapable(body: Mapping[str, Any]) -> str | None:
+    """Why a chat request cannot be served by an Anthropic-wire model, or None."""
+    return refusal(chat_to_messages, body)
 
 
 def _chat_fields(body: Mapping[str, Any]) -> None:
@@ -210,7 +209,9 @@ def _chat_fields(body: Mapping[str, Any]) -> None:
             raise Untranslatable(f"{name} = {value} (Anthropic takes 0 to 1)")
 
 
-def _chat_to_messages(body: Mapping[str, Any]) -> dict[str, Any]:
+def chat_to_messages(body: Mapping[str, Any]) -> dict[str, Any]:
+    """A chat request as a Messages body (without ``model`` and ``stream``; ``max_tokens``
+    only when the caller set a cap). Raises :class:`Untranslatable` with the reason."""
     _chat_fields(body)
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
@@ -432,18 +433,7 @@ _TOOL_KEYS = frozenset({"name", "description", "input_schema", "type", "strict",
 
 def messages_incapable(body: Mapping[str, Any]) -> str | None:
     """Why a Messages request cannot be served by an OpenAI-wire model, or None."""
-    try:
-        _messages_to_chat(body)
-    except Untranslatable as e:
-        return str(e)
-    return None
-
-
-def messages_to_chat(body: Mapping[str, Any]) -> dict[str, Any]:
-    """A Messages request as a chat body (without ``model`` and ``stream``; the cap as
-    ``max_completion_tokens``). Raises :class:`Untranslatable` with the reason
-    :func:`messages_incapable` gives."""
-    return _messages_to_chat(body)
+    return refusal(messages_to_chat, body)
 
 
 def _cache_control(obj: object, where: str) -> None:
@@ -465,7 +455,9 @@ def _messages_fields(body: Mapping[str, Any]) -> None:
         raise Untranslatable(f"{len(stop)} stop sequences (OpenAI takes {OPENAI_MAX_STOP})")
 
 
-def _messages_to_chat(body: Mapping[str, Any]) -> dict[str, Any]:
+def messages_to_chat(body: Mapping[str, Any]) -> dict[str, Any]:
+    """A Messages request as a chat body (without ``model`` and ``stream``; the cap as
+    ``max_completion_tokens``). Raises :class:`Untranslatable` with the reason."""
     _messages_fields(body)
     out: list[dict[str, Any]] = []
     system = body.get("system")

@@ -20,6 +20,7 @@ from capmon.core.translate_chat_anthropic import (
     chat_to_messages,
     messages_to_chat,
     openai_usage_to_anthropic,
+    refusal,
     sub_object,
     tool_input,
 )
@@ -63,11 +64,7 @@ _CARRIED = frozenset(
 
 def responses_incapable(body: Mapping[str, Any]) -> str | None:
     """Why a Responses request cannot be served by an Anthropic-wire model, or None."""
-    try:
-        responses_to_messages(body)
-    except Untranslatable as e:
-        return str(e)
-    return None
+    return refusal(responses_to_messages, body)
 
 
 def responses_to_messages(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -191,11 +188,7 @@ def _text_format(text: object, out: dict[str, Any]) -> None:
 
 def messages_incapable(body: Mapping[str, Any]) -> str | None:
     """Why a Messages request cannot be served by a Responses-API model, or None."""
-    try:
-        messages_to_responses(body)
-    except Untranslatable as e:
-        return str(e)
-    return None
+    return refusal(messages_to_responses, body)
 
 
 def messages_to_responses(body: Mapping[str, Any]) -> dict[str, Any]:
