@@ -259,7 +259,7 @@ def _read_body(body: object) -> _Body:
     code = None
     if error is not None:
         code = _first_str(error, "code", "type", "status", skip_numeric=True)
-        code = None if code in (None, "error") else _redact(code)  # a top-level {"type": "error"} names nothing
+        code = _redact(code) if code is not None and code != "error" else None  # {"type": "error"} names nothing
         codes = [c for k in ("code", "type", "status") if isinstance(c := error.get(k), str)]
         codes += _detail_strings(error)
         wrapped = _wrapped(error)

@@ -128,7 +128,8 @@ def positive_int(body: Mapping[str, Any], name: str) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         shown = repr(value)[:40] if isinstance(value, int) and not isinstance(value, bool) else type_name(value)
         raise bad(f"{name}: expected a whole number of at least 1, got {shown}", name)
-    return value
+    whole: int = value
+    return whole
 
 
 def _parts(value: list[Any], param: str) -> None:

@@ -53,7 +53,7 @@ async def test_nan_and_infinity_are_refused_and_never_reach_the_provider() -> No
     async with running() as gw, gw.http() as http:
         answers = []
         for literal in ("NaN", "Infinity", "-Infinity", "1e999"):
-            text = '{"model": "auto", "messages": [{"role": "user", "content": "hi"}], "top_p": %s}' % literal
+            text = json.dumps({"model": "auto", "messages": HELLO, "top_p": "X"}).replace('"X"', literal)
             answers.append((literal, await http.post("/v1/chat/completions", content=text.encode())))
         text = '{"model": "auto", "input": "hi", "temperature": NaN}'
         answers.append(("NaN", await http.post("/v1/responses", content=text.encode())))
