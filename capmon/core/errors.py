@@ -57,7 +57,7 @@ MESSAGE_CHARS = 2000
 def _param(parsed: object) -> str | None:
     error = parsed.get("error") if isinstance(parsed, Mapping) else None
     param = error.get("param") if isinstance(error, Mapping) else None
-    return param if isinstance(param, str) and param.isprintable() and len(param) <= 200 else None
+    return _redact(param) if isinstance(param, str) and param.isprintable() and len(param) <= 200 else None
 
 
 # A 429 that says "wait an hour or more" is a quota that resets later, not a rate limit
@@ -106,6 +106,8 @@ _SPACE = re.compile(r"\s+")
 class _Body:
     """What a response body says, whatever its shape."""
 
+    # Every string a Failure takes from here is redacted here, where the provider's
+    # error is read: its message, code (or type, or status) and, in _param, its param.
     message: str  # provider message or a text snippet; "" when there is none
     code: str | None  # provider code for Failure.code
     signals: str  # lower-cased codes + message, URLs removed: what the patterns read
@@ -257,7 +259,7 @@ def _read_body(body: object) -> _Body:
     code = None
     if error is not None:
         code = _first_str(error, "code", "type", "status", skip_numeric=True)
-        code = None if code == "error" else code  # a top-level {"type": "error"} names nothing
+        code = _redact(code) if code is not None and code != "error" else None  # {"type": "error"} names nothing
         codes = [c for k in ("code", "type", "status") if isinstance(c := error.get(k), str)]
         codes += _detail_strings(error)
         wrapped = _wrapped(error)
@@ -319,11 +321,11 @@ def _phrase(status: int) -> str:
 
 
 def _reason(status: int, body: _Body, *, unread: bool = False) -> str:
-    message = _trim(_redact(body.message))
+    message = _trim(body.message)
     if not message:
         return f"{_phrase(status)} ({'body not read' if unread else 'empty body'})"
     if body.code:
-        return f"{status} {_trim(_redact(body.code), 60)}: {message}"
+        return f"{status} {_trim(body.code, 60)}: {message}"
     # An HTML title usually names the status already ("502 Bad Gateway", "host | 524: ...").
     if message.startswith(str(status)) or (body.html and str(status) in message[:80]):
         return message
@@ -352,16 +354,14 @@ def _broken_2xx(status: int, body: _Body, hint: float | None, quota_hint: float)
     # A gateway may wrap a provider error in a 200; its content still says what happened.
     if body.error_object:
         kind = _kind(status, body, hint, quota_hint) or Kind.TRANSIENT
-        what = f"{_trim(_redact(body.code), 60)}: " if body.code else ""
-        return Failure(
-            kind, f"{status} with an error body: {what}{_trim(_redact(body.message))}", status, body.code, hint
-        )
+        what = f"{_trim(body.code, 60)}: " if body.code else ""
+        return Failure(kind, f"{status} with an error body: {what}{_trim(body.message)}", status, body.code, hint)
     if body.json is not None:
         what = "JSON without choices"
     elif not body.message:
         what = "empty"
     else:
-        what = f"not JSON: {_trim(_redact(body.message), 80)}"
+        what = f"not JSON: {_trim(body.message, 80)}"
     return Failure(Kind.TRANSIENT, f"{status} with a broken body ({what})", status, None, hint)
 
 
@@ -382,9 +382,7 @@ def _classify_response(
         return _broken_2xx(status, parsed, hint, quota_hint)
     kind = _kind(status, parsed, hint, quota_hint) or _status_kind(status)
     reason = _reason(status, parsed, unread=streaming and body is None)
-    return Failure(
-        kind, reason, status, parsed.code, hint, _trim(_redact(parsed.message), MESSAGE_CHARS), _param(parsed.json)
-    )
+    return Failure(kind, reason, status, parsed.code, hint, _trim(parsed.message, MESSAGE_CHARS), _param(parsed.json))
 
 
 def classify_response(
@@ -461,8 +459,8 @@ def classify_event(
         status = _embedded_status(error)
         hint = hint_from(None, parsed.json, parsed.message, now=when)
         kind = _kind(status or 0, parsed, hint, quota_hint) or (_status_kind(status) if status else Kind.TRANSIENT)
-        what = f"{_trim(_redact(parsed.code), 60)}: " if parsed.code else ""
-        message = _trim(_redact(parsed.message)) or "no message"
+        what = f"{_trim(parsed.code, 60)}: " if parsed.code else ""
+        message = _trim(parsed.message) or "no message"
         return Failure(kind, f"error inside the stream: {what}{message}", status or 200, parsed.code, hint)
     except Exception as exc:  # a classifier bug must not take down the request path
         return Failure(Kind.TRANSIENT, f"unclassifiable stream error ({type(exc).__name__})", 200)

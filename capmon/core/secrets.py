@@ -10,6 +10,7 @@ and anything shaped like a key that it does not hold (a provider may echo anothe
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 from typing import Any
@@ -27,6 +28,9 @@ _SHAPES = re.compile(
     r"|(?i:bearer)\s+[A-Za-z0-9._~+/\-]{12,}=*|(?i:(?:api[_-]?key|key)=)[^&\s\"']{8,}|\b[A-Za-z0-9]{40,}\b"
 )
 _KEEP = 6
+# A key a provider already masked when it echoed it (OpenAI's ``sk-abc****wxyz``, the
+# simulator's ``CAN****Q777``): its visible ends are still part of the key.
+_MASKED = re.compile(r"[A-Za-z0-9_\-]*\*{3,}[A-Za-z0-9_\-]*")
 
 
 def register(value: str) -> None:
@@ -61,25 +65,30 @@ class Secret:
         raise TypeError("a Secret cannot be pickled")
 
 
-def _mask(match: re.Match[str]) -> str:
+def _mask(match: re.Match[str], keep: int = _KEEP) -> str:
     text = match.group(0)
     if text[:6].lower() == "bearer":
         return "Bearer ****"
     head, sep, _ = text.partition("=")
     if sep:  # key=...: keep the name, not the value
         return f"{head}=****"
-    return text[:_KEEP] + "****"
+    return text[:keep] + "****"
 
 
-def redact(text: str) -> str:
+def redact(text: str, *, hints: bool = True) -> str:
     """``text`` without keys: the ones this process holds become ``[redacted]``, other
-    key-shaped strings keep their first characters (``sk-pro****``)."""
+    key-shaped strings keep their first characters (``sk-pro****``) so that an operator
+    can tell which key a provider complained about. ``hints=False`` (for whoever may
+    not see any part of a key: a client of the gateway) keeps none of them, and masks
+    what a provider already masked (``CAN****Q777``) whole."""
     if not text:
         return text
     for value in sorted(_VALUES, key=len, reverse=True):  # longest first: one key may hold another
         if value in text:
             text = text.replace(value, "[redacted]")
-    return _SHAPES.sub(_mask, text)
+    if hints:
+        return _SHAPES.sub(_mask, text)
+    return _MASKED.sub("****", _SHAPES.sub(functools.partial(_mask, keep=0), text))
 
 
 class RedactSecrets(logging.Filter):

@@ -3,6 +3,9 @@ a remote dashboard reads (capmon/gateway, capmon/tui). One format for both sides
 
 Readers are lenient the way a client of a newer server must be: unknown fields are
 dropped, missing ones take their defaults, an unknown event type is skipped.
+
+Writers redact every free-text field (a reason, a message: a provider's words or what
+a person typed) for the :class:`Audience` that reads them.
 """
 
 from __future__ import annotations
@@ -15,7 +18,30 @@ from collections.abc import Mapping
 from typing import Any
 
 from capmon.core import events as ev
+from capmon.core.secrets import redact
 from capmon.core.snapshot import EngineSnapshot
+
+
+class Audience(enum.Enum):
+    """Who reads a snapshot or an event, and so how much of a key they may see."""
+
+    OPERATOR = "operator"  # the gateway's admin: keys masked, their first characters kept
+    CLIENT = "client"  # anyone else: no part of any key, only its alias
+
+
+def _is_free_text(name: str) -> bool:
+    return name in ("reason", "message") or name.endswith("_reason")
+
+
+def _redacted(data: Any, hints: bool) -> Any:
+    if isinstance(data, dict):
+        return {
+            k: redact(v, hints=hints) if isinstance(v, str) and _is_free_text(k) else _redacted(v, hints)
+            for k, v in data.items()
+        }
+    if isinstance(data, list):
+        return [_redacted(x, hints) for x in data]
+    return data
 
 
 def to_json(obj: Any) -> Any:
@@ -31,8 +57,9 @@ def to_json(obj: Any) -> Any:
     return obj
 
 
-def event_to_json(event: ev.Event) -> dict[str, Any]:
-    return {"type": type(event).__name__, **to_json(event)}
+def event_to_json(event: ev.Event, audience: Audience = Audience.OPERATOR) -> dict[str, Any]:
+    data: dict[str, Any] = _redacted(to_json(event), audience is Audience.OPERATOR)
+    return {"type": type(event).__name__, **data}
 
 
 _EVENTS: dict[str, type[ev.Event]] = {
@@ -81,8 +108,8 @@ def event_from_json(data: Mapping[str, Any]) -> ev.Event | None:
         return None
 
 
-def snapshot_to_json(snap: EngineSnapshot) -> dict[str, Any]:
-    return to_json(snap)  # type: ignore[no-any-return]
+def snapshot_to_json(snap: EngineSnapshot, audience: Audience = Audience.OPERATOR) -> dict[str, Any]:
+    return _redacted(to_json(snap), audience is Audience.OPERATOR)  # type: ignore[no-any-return]
 
 
 def snapshot_from_json(data: Mapping[str, Any]) -> EngineSnapshot:

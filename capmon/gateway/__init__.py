@@ -11,6 +11,7 @@ attaches to. The core never imports this package.
 | ``auth.py`` | who is calling, compared in constant time; what each route needs |
 | ``openai_api.py`` | /v1/chat/completions, /v1/responses, /v1/models |
 | ``bodies.py`` | a request body and the per-request headers -> a ChatRequest |
+| ``fields.py`` | one strict parser per field read from outside: JSON bodies, headers, the event number |
 | ``models.py`` | model names and aliases a client may send |
 | ``replies.py`` | plain and streamed answers, run while watching the connection |
 | ``disconnect.py`` | cancel a request's work when its client goes away |

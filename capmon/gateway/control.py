@@ -11,12 +11,13 @@
   POST /capmon/force-close  {"target": NAME}
 
 Actions need the admin key (403 without it) and answer ``{"ok": true, "snapshot": ...}``.
-Reads need a client key or the admin key when the gateway has client keys.
+Reads need a client key or the admin key when the gateway has client keys. Every
+reason and message in them is redacted; only the admin sees the first characters of a
+masked key (``sk-pro****``), anyone else no part of a provider key, only its alias.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import Any
 
@@ -27,9 +28,10 @@ from starlette.types import Receive, Scope, Send
 
 from capmon import __version__
 from capmon.core.exceptions import CapmonError
-from capmon.core.serial import event_to_json, snapshot_to_json
-from capmon.gateway import sse
-from capmon.gateway.auth import Access
+from capmon.core.secrets import redact
+from capmon.core.serial import Audience, event_to_json, snapshot_to_json
+from capmon.gateway import fields, sse
+from capmon.gateway.auth import Access, Caller
 from capmon.gateway.context import Gateway, gateway_of
 from capmon.gateway.disconnect import ClientGone, until_disconnect
 from capmon.gateway.errors import ApiError, json_bytes
@@ -68,29 +70,30 @@ async def info(request: Request) -> Response:
     )
 
 
+def _audience(caller: Caller) -> Audience:
+    return Audience.OPERATOR if caller.admin else Audience.CLIENT
+
+
 async def snapshot(request: Request) -> Response:
     gw = gateway_of(request)
-    gw.auth.require(request.headers, Access.USE)
-    return JsonReply(snapshot_to_json(gw.client.snapshot()))
+    caller = gw.auth.require(request.headers, Access.USE)
+    return JsonReply(snapshot_to_json(gw.client.snapshot(), _audience(caller)))
 
 
 def _since(request: Request) -> int | None:
-    raw = request.headers.get("last-event-id") or request.query_params.get("since")
-    if raw is None:
-        return None
-    if not raw.strip().isdigit():
-        raise ApiError(
-            400, f"expected the number of an event (Last-Event-ID or ?since=), got {raw[:40]!r}", param="since"
-        )
-    return int(raw)
+    header = request.headers.get("last-event-id")
+    if header:  # an empty Last-Event-ID means none (the SSE standard)
+        return fields.event_number(header, "last-event-id")
+    return fields.event_number(request.query_params.get("since"), "since")
 
 
 class EventStream(Response):
-    def __init__(self, gw: Gateway, since: int | None) -> None:
+    def __init__(self, gw: Gateway, since: int | None, audience: Audience) -> None:
         super().__init__()
         self.gw = gw
         self.feed: EventFeed = gw.feed
         self.since = since
+        self.audience = audience
 
     async def _pump(self, send: Send) -> None:
         reader = self.feed.reader(self.since)
@@ -107,7 +110,7 @@ class EventStream(Response):
                 items, dropped = await reader.take(KEEPALIVE)
                 out = [sse.comment(f"{dropped} events dropped: this reader lagged")] if dropped else []
                 for seq, e in items:
-                    data = event_to_json(e)
+                    data = event_to_json(e, self.audience)
                     out.append(f"id: {seq}\nevent: {data['type']}\ndata: ".encode() + json_bytes(data) + b"\n\n")
                 await send(
                     {"type": "http.response.body", "body": b"".join(out) or sse.comment("keepalive"), "more_body": True}
@@ -127,20 +130,15 @@ class EventStream(Response):
 
 async def events(request: Request) -> Response:
     gw = gateway_of(request)
-    gw.auth.require(request.headers, Access.USE)
-    return EventStream(gw, _since(request))
+    caller = gw.auth.require(request.headers, Access.USE)
+    return EventStream(gw, _since(request), _audience(caller))
 
 
 async def _body(request: Request, allowed: tuple[str, ...]) -> dict[str, Any] | None:
     raw = await read_body(request, 65536)
     if raw is None:
         return None
-    try:
-        body = json.loads(raw) if raw.strip() else {}
-    except (ValueError, RecursionError):
-        raise ApiError(400, "expected a JSON object") from None
-    if not isinstance(body, dict):
-        raise ApiError(400, "expected a JSON object")
+    body = fields.json_object(raw, empty={})
     unknown = sorted(set(body) - set(allowed))
     if unknown:
         raise ApiError(
@@ -148,9 +146,7 @@ async def _body(request: Request, allowed: tuple[str, ...]) -> dict[str, Any] | 
             f"unknown field(s) {', '.join(map(repr, unknown))}; expected {', '.join(allowed)}",
             param=unknown[0][:60],
         )
-    reason = body.get("reason")
-    if reason is not None and not isinstance(reason, str):
-        raise ApiError(400, "reason: expected a string", param="reason")
+    fields.string(body, "reason")
     return body
 
 
@@ -172,9 +168,7 @@ async def pin(request: Request) -> Response:
         raise ApiError(
             400, 'expected {"model": NAME} to pin a model or {"model": null} to go back to automatic', param="model"
         )
-    model = body["model"]
-    if model is not None and not isinstance(model, str):
-        raise ApiError(400, "model: expected a model name or null", param="model")
+    model = fields.string(body, "model")
     try:
         gw.client.pin(model)
     except CapmonError as e:
@@ -193,7 +187,8 @@ def _action(act: Callable[[Gateway, str, str], None], what: str) -> Callable[[Re
         if not isinstance(target, str) or not target:
             raise ApiError(400, 'expected {"target": NAME}: a model or a target id', param="target")
         try:
-            act(gw, target, body.get("reason") or f"{what} by hand through the gateway")
+            # Redacted before it is kept: a person may paste a key into a reason.
+            act(gw, target, redact(body.get("reason") or f"{what} by hand through the gateway"))
         except CapmonError as e:
             raise _not_found(e) from None
         return _done(gw)

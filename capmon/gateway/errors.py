@@ -9,8 +9,9 @@
 | transient, oversized | 502: the upstream failed, retries are spent |
 | auth | 502 naming the gateway's provider key by its alias: the gateway's problem, not the client's |
 
-Every message passes :func:`capmon.core.secrets.redact`; a provider's text about a
-refused key is never repeated (it may show part of the key).
+Every message, param and code passes :func:`capmon.core.secrets.redact` (the core's
+classifier already redacted what it took from the provider); a provider's text about
+a refused key is never repeated (it may show part of the key).
 """
 
 from __future__ import annotations
@@ -41,7 +42,10 @@ class ApiError(Exception):
         super().__init__(self.message)
 
     def error(self) -> dict[str, Any]:
-        return {"message": redact(self.message), "type": self.type, "param": self.param, "code": self.code}
+        # param and code may be a provider's (a 4xx passed through): redacted like the message.
+        param = redact(self.param) if self.param is not None else None
+        code = redact(self.code) if self.code is not None else None
+        return {"message": redact(self.message), "type": self.type, "param": param, "code": code}
 
     def body(self) -> dict[str, Any]:
         return {"error": self.error()}

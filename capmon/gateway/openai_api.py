@@ -9,7 +9,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from capmon.gateway import bodies
+from capmon.gateway import bodies, fields
 from capmon.gateway.auth import Access
 from capmon.gateway.bodies import Wanted
 from capmon.gateway.context import gateway_of
@@ -47,7 +47,7 @@ async def _proxied(request: Request, parse: Callable[..., Wanted]) -> Response:
     raw = await read_body(request, gw.settings.max_body_bytes)
     if raw is None:
         return Nothing()
-    wanted = parse(bodies.parse_json(raw), request.headers, caller, gw.names)
+    wanted = parse(fields.json_object(raw), request.headers, caller, gw.names)
     return StreamReply(gw, wanted) if wanted.stream else PlainReply(gw, wanted)
 
 

@@ -121,18 +121,28 @@ async def running(
 ) -> AsyncIterator[Running]:
     sim = await start_simulator(scn or scenario())
     try:
-        cfg = config(sim.base_url, **config_kw)
-        env = {**ENV, **(environ or {})}
-        async with FallbackClient(cfg, environ=env) as client:
-            app = create_app(client, load_settings(cfg, listen="127.0.0.1:0", environ=env))
-            server = await start_server(app, "127.0.0.1", 0)
-            try:
-                yield Running(sim, client, app, server)
-            finally:
-                close_app(app)
-                await server.stop()
+        async with gateway_for(sim.base_url, environ=environ, **config_kw) as (client, app, server):
+            yield Running(sim, client, app, server)
     finally:
         await sim.stop()
+
+
+@contextlib.asynccontextmanager
+async def gateway_for(
+    base_url: str, *, environ: Mapping[str, str] | None = None, **config_kw: Any
+) -> AsyncIterator[tuple[FallbackClient, Starlette, GatewayServer]]:
+    """A gateway on a loopback port whose models are at ``base_url`` (the simulator, or
+    a test's own upstream)."""
+    cfg = config(base_url, **config_kw)
+    env = {**ENV, **(environ or {})}
+    async with FallbackClient(cfg, environ=env) as client:
+        app = create_app(client, load_settings(cfg, listen="127.0.0.1:0", environ=env))
+        server = await start_server(app, "127.0.0.1", 0)
+        try:
+            yield client, app, server
+        finally:
+            close_app(app)
+            await server.stop()
 
 
 async def until(check: Callable[[], Any], what: str, seconds: float = 5.0) -> None:

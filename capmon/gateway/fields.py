@@ -1,0 +1,246 @@
+"""One strict parser per field the gateway reads from outside: the JSON body, the
+per-request headers (``x-capmon-deadline``, ``x-capmon-priority``) and the control
+API's event number (``Last-Event-ID`` / ``?since=``).
+
+A value that does not parse is an :class:`ApiError` 400 in the OpenAI shape whose
+``param`` names the field (``messages[3].content``), raised here, at the edge, so that
+nothing the provider would refuse, or that the core cannot read, gets past the
+gateway. Parsers take exactly the form they document: ``float()`` and ``int()`` read
+``1_0``, ``+5``, ``nan``, ``²`` and 5,000-digit strings, so none of them is used on
+raw text.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import math
+import re
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
+from capmon.gateway.errors import ApiError
+
+E = TypeVar("E", bound=enum.Enum)
+
+# Seconds: ASCII digits with an optional fraction. No sign, exponent, underscore or
+# word (nan, inf); the lengths bound the value (under 32 years) and the work.
+_SECONDS = re.compile(r"[0-9]{1,9}(?:\.[0-9]{1,6})?")
+# An event number: bounded ASCII digits, far past any gateway's lifetime of events.
+_EVENT_NUMBER = re.compile(r"[0-9]{1,18}")
+_HEADER_SHOWN = 40  # characters of a refused value repeated in the error
+
+
+def bad(message: str, param: str | None = None, code: str | None = None) -> ApiError:
+    return ApiError(400, message[:300], "invalid_request_error", code, param)
+
+
+def type_name(value: object) -> str:
+    """What a JSON value is, in JSON's words (``int`` and ``number`` kept apart)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    return {dict: "object", list: "list", str: "string", int: "int", float: "number"}.get(
+        type(value), type(value).__name__
+    )
+
+
+# ------------------------------------------------------------------------- the body
+
+
+class _NotJson(ValueError):
+    """A JSON text Python would read but the JSON standard does not allow."""
+
+
+def _no_constant(name: str) -> Any:
+    raise _NotJson(f"{name} is not a JSON number")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e999 reads as infinity, which no JSON encoder writes back
+        raise _NotJson(f"{text[:20]} is out of range for a JSON number")
+    return value
+
+
+def _utf8(raw: bytes) -> str:
+    """The body as text: UTF-8 only (RFC 8259 §8.1), a UTF-8 byte order mark tolerated.
+    ``json.loads(bytes)`` would guess UTF-16 and UTF-32 too."""
+    utf16 = raw[:2] in (b"\xff\xfe", b"\xfe\xff") or b"\x00" in raw  # no JSON text holds a NUL byte
+    if utf16:
+        raise bad("the request body must be JSON encoded as UTF-8; this looks like UTF-16 or UTF-32")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise bad(f"the request body must be JSON encoded as UTF-8; byte {e.start} is not UTF-8") from None
+    return text.removeprefix("\ufeff")
+
+
+def json_object(raw: bytes, *, empty: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A request body that must be a JSON object. ``empty``: what an empty body means
+    (None: an empty body is refused like any other non-object)."""
+    text = _utf8(raw)
+    if empty is not None and not text.strip():
+        return empty
+    try:
+        body = json.loads(text, parse_constant=_no_constant, parse_float=_finite)
+    except _NotJson as e:
+        raise bad(f"We could not parse the JSON body of your request: {e}.") from None
+    except (ValueError, RecursionError):  # RecursionError: nested past the parser's depth
+        raise bad("We could not parse the JSON body of your request: expected a JSON object.") from None
+    if not isinstance(body, dict):
+        raise bad(f"expected a JSON object as the request body, got {type_name(body)}")
+    return body
+
+
+def _expected(param: str, what: str, value: object) -> ApiError:
+    return bad(f"{param}: expected {what}, got {type_name(value)}", param)
+
+
+def string(body: Mapping[str, Any], name: str) -> str | None:
+    value = body.get(name)
+    if value is not None and not isinstance(value, str):
+        raise _expected(name, "a string", value)
+    return value
+
+
+def flag(body: Mapping[str, Any], name: str) -> bool:
+    value = body.get(name)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise _expected(name, "true or false", value)
+    return value
+
+
+def number(body: Mapping[str, Any], name: str) -> float | None:
+    value = body.get(name)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+        raise _expected(name, "a number", value)
+    return value
+
+
+def positive_int(body: Mapping[str, Any], name: str) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        shown = repr(value)[:40] if isinstance(value, int) and not isinstance(value, bool) else type_name(value)
+        raise bad(f"{name}: expected a whole number of at least 1, got {shown}", name)
+    whole: int = value
+    return whole
+
+
+def _parts(value: list[Any], param: str) -> None:
+    for j, part in enumerate(value):
+        where = f"{param}[{j}]"
+        if not isinstance(part, dict):
+            raise _expected(where, "a content part (an object)", part)
+        if not isinstance(part.get("type"), str):
+            raise _expected(f"{where}.type", "a string", part.get("type"))
+
+
+def _content(message: Mapping[str, Any], param: str) -> None:
+    """A message's content as OpenAI takes it: a string, a list of parts, or null."""
+    content = message.get("content")
+    if isinstance(content, list):
+        _parts(content, f"{param}.content")
+    elif content is not None and not isinstance(content, str):
+        raise _expected(f"{param}.content", "a string or a list of content parts", content)
+
+
+def _role(message: Mapping[str, Any], param: str) -> None:
+    if "role" not in message:
+        raise bad(f"{param}.role: missing; every message needs a role", f"{param}.role", "missing_required_parameter")
+    if not isinstance(message["role"], str):
+        raise _expected(f"{param}.role", "a string", message["role"])
+
+
+def messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Chat messages: a non-empty list of objects, each with a string role, content a
+    string, a list of content parts or null, and, where present, a string name and
+    tool_call_id and a list of tool calls."""
+    value = body.get("messages")
+    if not isinstance(value, list) or not value:
+        raise bad("messages: expected a non-empty list of message objects", "messages")
+    for i, message in enumerate(value):
+        param = f"messages[{i}]"
+        if not isinstance(message, dict):
+            raise _expected(param, "a message object", message)
+        _role(message, param)
+        _content(message, param)
+        for name in ("name", "tool_call_id"):
+            if message.get(name) is not None and not isinstance(message[name], str):
+                raise _expected(f"{param}.{name}", "a string", message[name])
+        calls = message.get("tool_calls")
+        if calls is not None:
+            if not isinstance(calls, list):
+                raise _expected(f"{param}.tool_calls", "a list of tool calls", calls)
+            for j, call in enumerate(calls):
+                if not isinstance(call, dict):
+                    raise _expected(f"{param}.tool_calls[{j}]", "a tool call object", call)
+    return value
+
+
+def response_input(body: Mapping[str, Any]) -> None:
+    """The Responses API's ``input``: a string, or a list of items, each an object with
+    a string type or role; a message's content is a string or a list of parts."""
+    value = body.get("input")
+    if value is None or isinstance(value, str):
+        return
+    if not isinstance(value, list):
+        raise _expected("input", "a string or a list of input items", value)
+    for i, item in enumerate(value):
+        param = f"input[{i}]"
+        if not isinstance(item, dict):
+            raise _expected(param, "an input item (an object)", item)
+        kind = item.get("type")
+        if kind is not None and not isinstance(kind, str):
+            raise _expected(f"{param}.type", "a string", kind)
+        if "role" in item or kind in (None, "message"):
+            _role(item, param)
+            _content(item, param)
+
+
+# ---------------------------------------------------------------------- the headers
+
+
+def _shown(raw: str) -> str:
+    return repr(raw[:_HEADER_SHOWN])
+
+
+def seconds(raw: str | None, name: str) -> float | None:
+    """A positive duration in seconds (``60``, ``2.5``); None when absent."""
+    if raw is None:
+        return None
+    text = raw.strip(" \t")
+    value = float(text) if _SECONDS.fullmatch(text) else 0.0
+    if value <= 0:
+        raise bad(
+            f"{name}: expected seconds as digits with an optional decimal point (e.g. 30 or 2.5), got {_shown(raw)}",
+            name,
+        )
+    return value
+
+
+def choice(raw: str | None, name: str, of: type[E]) -> E | None:
+    """One of an enum's values, case-insensitive; None when absent."""
+    if raw is None:
+        return None
+    text = raw.strip(" \t").lower()
+    for member in of:
+        if member.value == text:
+            return member
+    allowed = " or ".join(str(m.value) for m in of)
+    raise bad(f"{name}: expected {allowed}, got {_shown(raw)}", name)
+
+
+def event_number(raw: str | None, name: str) -> int | None:
+    """An event's number (``Last-Event-ID``, ``?since=``): bounded digits; None when absent."""
+    if raw is None:
+        return None
+    text = raw.strip(" \t")
+    if not _EVENT_NUMBER.fullmatch(text):
+        raise bad(f"{name}: expected the number of an event (up to 18 digits), got {_shown(raw)}", name)
+    return int(text)
