@@ -134,9 +134,7 @@ class Throttled:
         if self._suppressed:
             count, self._suppressed = self._suppressed, 0
             self._last = asyncio.get_running_loop().time()
-            self.logger.log(
-                self.level, "%s (%d more like it in the last %gs)", self._message, count, self.interval
-            )
+            self.logger.log(self.level, "%s (%d more like it in the last %gs)", self._message, count, self.interval)
 
     def close(self) -> None:
         if self._flush is not None:
