@@ -111,7 +111,8 @@ class GatewayProtocol(H11Protocol):
 
     def __init__(self, *args: Any, **kw: Any) -> None:
         super().__init__(*args, **kw)
-        self.conn = _Parser(self, self.conn._max_incomplete_event_size)
+        self.parser = _Parser(self, self.conn._max_incomplete_event_size)
+        self.conn = self.parser
         self.timeout_keep_alive = self.limits.keep_alive_timeout  # type: ignore[assignment]  # uvicorn's is whole seconds
         self._refused = False  # past the cap: never counted among the connections
         self._lingering = False  # answered and closing: what still comes is dropped
@@ -238,7 +239,7 @@ class GatewayProtocol(H11Protocol):
 
     # malformed HTTP
     def send_400_response(self, msg: str) -> None:
-        error = self.conn.error
+        error = self.parser.error
         status = error.error_status_hint if error is not None and 400 <= error.error_status_hint < 500 else 400
         detail = str(error) if error is not None and str(error) else msg
         if status == 431:
