@@ -6,18 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import json
 import socket
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
-from capmon.core.router import FallbackClient
-from capmon.gateway import close_app, create_app, load_settings, start_server
-from capmon.sim.server import start_simulator
-from tests.gateway.helpers import ENV, HELLO, Running, config, scenario, spec, until
+from tests.gateway.helpers import HELLO, Running, running, scenario, spec, until
 from tests.gateway.sockets import connect, receive, request
 
 pytestmark = pytest.mark.looptime
@@ -26,28 +21,12 @@ SLOTS = 4  # the flagship's concurrency limit: every slot taken by a client that
 LONG = 20_000  # tokens in the answer: far more bytes than the socket buffers on the way hold
 
 
-@contextlib.asynccontextmanager
-async def long_streams(gateway: str, per_token: float = 0.0005, tokens: int = LONG) -> AsyncIterator[Running]:
+def long_streams(
+    gateway: str, per_token: float = 0.0005, tokens: int = LONG
+) -> contextlib.AbstractAsyncContextManager[Running]:
     flagship = spec("flagship", slots=64, base_latency=0.05, answer_tokens=tokens, per_token=per_token)
-    sim = await start_simulator(scenario(flagship))
-    try:
-        cfg = config(
-            sim.base_url,
-            models=("flagship",),
-            extra=f"[limiter]\ninitial = {SLOTS}\nmin = 1\nmax = {SLOTS}",
-            gateway=gateway,
-        )
-        cfg = dataclasses.replace(cfg, models=tuple(dataclasses.replace(m, max_tokens=LONG) for m in cfg.models))
-        async with FallbackClient(cfg, environ=ENV) as client:
-            app = create_app(client, load_settings(cfg, listen="127.0.0.1:0", environ=ENV))
-            server = await start_server(app, "127.0.0.1", 0)
-            try:
-                yield Running(sim, client, app, server)
-            finally:
-                close_app(app)
-                await server.stop()
-    finally:
-        await sim.stop()
+    limiter = f"[limiter]\ninitial = {SLOTS}\nmin = 1\nmax = {SLOTS}"
+    return running(scenario(flagship), models=("flagship",), extra=limiter, gateway=gateway, max_tokens=tokens)
 
 
 def in_flight(gw: Running) -> int:
