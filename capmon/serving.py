@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import errno
 import logging
+import resource
 import socket
 from collections.abc import Iterator
 
@@ -99,3 +100,89 @@ class GuestServer(uvicorn.Server):
             await asyncio.sleep(0.01)
         for server in self.servers:
             await server.wait_closed()
+
+
+class Throttled:
+    """One log line per ``interval`` at most for an event that can recur thousands of
+    times a second (a flood of refused connections, an accept loop out of descriptors):
+    the first is logged at once, the rest are counted and told in one line when the
+    interval is over, so the log says how many without growing with the attack."""
+
+    def __init__(self, logger: logging.Logger, level: int = logging.WARNING, interval: float = 1.0) -> None:
+        self.logger = logger
+        self.level = level
+        self.interval = interval
+        self._last: float | None = None
+        self._suppressed = 0
+        self._message = ""
+        self._flush: asyncio.TimerHandle | None = None
+
+    def note(self, message: str) -> None:
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        if self._last is None or now - self._last >= self.interval:
+            self._last = now
+            self.logger.log(self.level, "%s", message)
+            return
+        self._suppressed += 1
+        self._message = message
+        if self._flush is None:
+            self._flush = loop.call_at(self._last + self.interval, self._told)
+
+    def _told(self) -> None:
+        self._flush = None
+        if self._suppressed:
+            count, self._suppressed = self._suppressed, 0
+            self._last = asyncio.get_running_loop().time()
+            self.logger.log(self.level, "%s (%d more like it in the last %gs)", self._message, count, self.interval)
+
+    def close(self) -> None:
+        if self._flush is not None:
+            self._flush.cancel()
+            self._flush = None
+
+
+class AcceptErrors:
+    """The loop's exception handler while a server runs in it. Out of descriptors,
+    asyncio's accept loop logs every failed accept with its traceback (Python 3.11 goes on
+    trying the whole backlog in one pass: 35,000 tracebacks in 3 s were seen); this says
+    it once a second with a count and hands everything else to the handler it replaced."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, where: str) -> None:
+        self.loop = loop
+        self.where = where
+        self.previous = loop.get_exception_handler()
+        self.throttle = Throttled(logging.getLogger("capmon.serving"), logging.ERROR)
+
+    def __call__(self, loop: asyncio.AbstractEventLoop, context: dict[str, object]) -> None:
+        exc = context.get("exception")
+        if isinstance(exc, OSError) and str(context.get("message", "")).startswith("socket.accept()"):
+            self.throttle.note(
+                f"{self.where} cannot accept a connection: {exc.strerror or exc} (the process's descriptor "
+                f"limit, ulimit -n, is reached; new connections wait in the backlog)"
+            )
+            return
+        if self.previous is not None:
+            self.previous(loop, context)
+        else:
+            loop.default_exception_handler(context)
+
+    def __enter__(self) -> AcceptErrors:
+        self.loop.set_exception_handler(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.loop.set_exception_handler(self.previous)
+        self.throttle.close()
+
+
+def raise_descriptor_limit(wanted: int) -> int:
+    """Raise this process's soft limit of open descriptors towards ``wanted`` (never past
+    the hard limit, never lower); the limit it has after."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+    return int(soft) if soft != resource.RLIM_INFINITY else wanted

@@ -158,6 +158,22 @@ class GatewayConfig:
     admin_key_env: str = _f("", doc="variable holding the key the control API's actions need; read-only without")
     aliases: Mapping[str, str] = _f(factory=dict, doc="a model name clients send -> a configured model (or auto)")
     max_body_bytes: int = _f(16 * 1024 * 1024, min=1024, doc="largest request body the gateway reads")
+    header_timeout: float = _f(
+        10.0, min=0.01, max=3600.0, doc="seconds a connection has to send a request's complete headers"
+    )
+    keep_alive_timeout: float = _f(15.0, min=0.01, max=3600.0, doc="seconds an idle connection stays open")
+    write_timeout: float = _f(
+        30.0,
+        min=0.01,
+        max=3600.0,
+        doc="seconds a client may leave an answer's bytes unread; past it the answer is cancelled, its slot freed",
+    )
+    max_connections: int = _f(
+        1000, min=1, doc="open client connections at most; past it a new one gets a 503 and is closed"
+    )
+    cors_origins: tuple[str, ...] = _f(
+        factory=tuple, doc="browser origins (scheme://host[:port]) allowed to call the gateway, with CORS"
+    )
 
 
 @dataclass(frozen=True)

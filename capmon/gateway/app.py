@@ -19,6 +19,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from capmon.core.router import FallbackClient
 from capmon.gateway import control, openai_api
 from capmon.gateway.auth import Access, Authenticator
+from capmon.gateway.browsers import BrowserGuard, add_cors
 from capmon.gateway.context import Gateway, gateway_of
 from capmon.gateway.errors import ApiError
 from capmon.gateway.feed import EventFeed
@@ -118,6 +119,10 @@ def create_app(client: FallbackClient, settings: GatewaySettings) -> Starlette:
     ]
     app = Starlette(routes=routes, exception_handlers={ApiError: _api_error, HTTPException: _http_error})
     app.state.gateway = gw
+    # Added innermost first: the counting sees every answer, the browser checks' refusals included.
+    if settings.cors_origins:
+        add_cors(app, settings)
+    app.add_middleware(BrowserGuard, settings=settings)
     app.add_middleware(CountResponses, gateway=gw)
     return app
 

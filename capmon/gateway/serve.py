@@ -27,8 +27,11 @@ from capmon.gateway.app import close_app, create_app
 from capmon.gateway.server import bind, start_server
 from capmon.gateway.settings import GatewaySettings, load_settings
 from capmon.runtime import Engine, load, open_engine
+from capmon.serving import AcceptErrors, raise_descriptor_limit
 
 log = logging.getLogger("capmon.gateway")
+
+RESERVED_DESCRIPTORS = 256  # the process's own: the listening socket, the simulator, Redis, logs
 
 
 @dataclass(frozen=True)
@@ -74,30 +77,48 @@ def banner(settings: GatewaySettings, engine: Engine, port: int) -> str:
     )
 
 
+def check_descriptors(settings: GatewaySettings) -> None:
+    """Each client connection may hold an upstream one too: ask for descriptors enough for
+    ``max_connections`` of both, and say so when the hard limit is lower (past it, accepts
+    fail; the log says that once a second)."""
+    wanted = 2 * settings.max_connections + RESERVED_DESCRIPTORS
+    got = raise_descriptor_limit(wanted)
+    if got < wanted:
+        log.warning(
+            "the process may open %d descriptors (ulimit -n), fewer than gateway.max_connections = %d "
+            "needs (%d); connections past the limit wait unaccepted",
+            got,
+            settings.max_connections,
+            wanted,
+        )
+
+
 async def _run(config: Config, settings: GatewaySettings, env: Mapping[str, str], out: TextIO) -> int:
     sock = bind(settings.host, settings.port)  # before the engine: a taken port says so before anything starts
+    check_descriptors(settings)
     stopped_by: list[int] = []
     try:
-        async with open_engine(config, environ=env, role="gateway") as engine:
-            app = create_app(engine.client, settings)
-            server = await start_server(app, settings.host, settings.port, sock=sock)
-            loop = asyncio.get_running_loop()
+        with AcceptErrors(asyncio.get_running_loop(), f"the gateway on {settings.listen}"):
+            async with open_engine(config, environ=env, role="gateway") as engine:
+                app = create_app(engine.client, settings)
+                server = await start_server(app, settings.host, settings.port, sock=sock)
+                loop = asyncio.get_running_loop()
 
-            def stop(signum: int) -> None:
-                force = bool(stopped_by)
-                stopped_by.append(signum)
-                app.state.gateway.feed.close()  # event streams end now rather than at the graceful timeout
-                server.stop_soon(force=force)
+                def stop(signum: int) -> None:
+                    force = bool(stopped_by)
+                    stopped_by.append(signum)
+                    app.state.gateway.feed.close()  # event streams end now rather than at the graceful timeout
+                    server.stop_soon(force=force)
 
-            for signum in (signal.SIGINT, signal.SIGTERM):
-                loop.add_signal_handler(signum, stop, signum)
-            print(banner(settings, engine, server.port), file=out, flush=True)
-            try:
-                await server.wait()
-            finally:
                 for signum in (signal.SIGINT, signal.SIGTERM):
-                    loop.remove_signal_handler(signum)
-                close_app(app)
+                    loop.add_signal_handler(signum, stop, signum)
+                print(banner(settings, engine, server.port), file=out, flush=True)
+                try:
+                    await server.wait()
+                finally:
+                    for signum in (signal.SIGINT, signal.SIGTERM):
+                        loop.remove_signal_handler(signum)
+                    close_app(app)
     finally:
         sock.close()
     print("capmon gateway: stopped", file=sys.stderr, flush=True)

@@ -15,6 +15,8 @@ from starlette.applications import Starlette
 
 from capmon.core.clock import default_clock
 from capmon.core.exceptions import CapmonError
+from capmon.gateway.connections import ConnectionLimits, protocol_for
+from capmon.gateway.settings import GatewaySettings
 from capmon.serving import GuestServer, ListenError, listen
 
 START_TIMEOUT = 10.0  # seconds for uvicorn to start serving on the bound socket
@@ -71,14 +73,21 @@ class GatewayServer:
 
 
 def _config(app: Starlette) -> uvicorn.Config:
+    settings: GatewaySettings = app.state.gateway.settings
+    limits = ConnectionLimits(
+        header_timeout=settings.header_timeout,
+        keep_alive_timeout=settings.keep_alive_timeout,
+        write_timeout=settings.write_timeout,
+        max_connections=settings.max_connections,
+    )
     return uvicorn.Config(
         app,
+        http=protocol_for(limits),  # h11 with the gateway's limits, whether or not httptools is installed
         lifespan="off",
         access_log=False,
         log_level="warning",
         log_config=None,
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN,
-        timeout_keep_alive=30,
     )
 
 

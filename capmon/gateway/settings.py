@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -37,6 +38,11 @@ class GatewaySettings:
     aliases: Mapping[str, str | None]  # what a client may send as "model" -> a model (None: the preference order)
     models: tuple[str, ...]
     max_body_bytes: int
+    header_timeout: float = 10.0  # seconds to send a request's complete headers
+    keep_alive_timeout: float = 15.0  # seconds an idle connection stays open between requests
+    write_timeout: float = 30.0  # seconds an answer's bytes may stay untaken before it is cancelled
+    max_connections: int = 1000  # open client connections at most
+    cors_origins: tuple[str, ...] = ()  # browser origins allowed (CORS); every other Origin is refused
 
     @property
     def listen(self) -> str:
@@ -61,6 +67,26 @@ def _secret(cfg: Config, key: str, env_name: str, environ: Mapping[str, str], al
             f"the key in {env_name} is {len(value)} characters long; expected at least {MIN_SECRET_CHARS}",
         )
     return Secret(value, alias)
+
+
+_ORIGIN = re.compile(r"(https?)://([a-z0-9.-]+|\[[0-9a-f:.]+\])(:[0-9]{1,5})?")
+
+
+def _origins(cfg: Config) -> tuple[str, ...]:
+    """Each origin as a browser sends it in ``Origin`` (scheme://host[:port], lower case, no
+    path): an explicit list, never a wildcard, so no page the operator did not name gets in."""
+    out: list[str] = []
+    for i, origin in enumerate(cfg.gateway.cors_origins):
+        text = origin.strip().lower()
+        if not _ORIGIN.fullmatch(text):
+            raise ConfigError(
+                cfg.path,
+                f"gateway.cors_origins[{i}]",
+                f"expected an origin such as http://localhost:3000 (scheme://host[:port], no path, "
+                f"no wildcard), got {origin!r}",
+            )
+        out.append(text)
+    return tuple(dict.fromkeys(out))
 
 
 def _aliases(cfg: Config) -> dict[str, str | None]:
@@ -140,4 +166,9 @@ def load_settings(
         aliases=_aliases(cfg),
         models=tuple(m.name for m in cfg.models),
         max_body_bytes=g.max_body_bytes,
+        header_timeout=g.header_timeout,
+        keep_alive_timeout=g.keep_alive_timeout,
+        write_timeout=g.write_timeout,
+        max_connections=g.max_connections,
+        cors_origins=_origins(cfg),
     )

@@ -67,13 +67,14 @@ def config(
     extra: str = "",
     gateway: str = "",
     key_env: str = "GW_PROVIDER_KEY",
+    max_tokens: int = 64,
 ) -> Config:
     text = (
         f'[simulator]\nenabled = false\n\n[[endpoints]]\nname = "sim"\nbase_url = "{base_url}"\n'
         f'keys = [{{ env = "{key_env}", alias = "sim-key" }}]\n'
     )
     for m in models:
-        text += f'\n[[models]]\nname = "{m}"\napi_model = "sim-{m}"\nendpoints = ["sim"]\nmax_tokens = 64\n'
+        text += f'\n[[models]]\nname = "{m}"\napi_model = "sim-{m}"\nendpoints = ["sim"]\nmax_tokens = {max_tokens}\n'
     text += f"\n{extra}\n"
     if gateway:
         text += f"\n[gateway]\n{gateway}\n"
