@@ -72,14 +72,17 @@ class GatewayServer:
         await self.wait()
 
 
-def _config(app: Starlette) -> uvicorn.Config:
-    settings: GatewaySettings = app.state.gateway.settings
-    limits = ConnectionLimits(
+def limits_of(settings: GatewaySettings) -> ConnectionLimits:
+    return ConnectionLimits(
         header_timeout=settings.header_timeout,
         keep_alive_timeout=settings.keep_alive_timeout,
         write_timeout=settings.write_timeout,
         max_connections=settings.max_connections,
     )
+
+
+def _config(app: Starlette, limits: ConnectionLimits | None) -> uvicorn.Config:
+    limits = limits or limits_of(app.state.gateway.settings)
     return uvicorn.Config(
         app,
         http=protocol_for(limits),  # h11 with the gateway's limits, whether or not httptools is installed
@@ -92,12 +95,19 @@ def _config(app: Starlette) -> uvicorn.Config:
 
 
 async def start_server(
-    app: Starlette, host: str = "127.0.0.1", port: int = 0, sock: socket.socket | None = None
+    app: Starlette,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    sock: socket.socket | None = None,
+    *,
+    limits: ConnectionLimits | None = None,
 ) -> GatewayServer:
-    """Serve ``app`` in the running loop on ``sock`` (bound to ``host:port`` when None)."""
+    """Serve ``app`` in the running loop on ``sock`` (bound to ``host:port`` when None),
+    with the connection ``limits`` of the gateway's settings unless given (an app that is
+    not a gateway, such as a test's upstream, must give them)."""
     sock = sock or bind(host, port)
     bound = sock.getsockname()[1]
-    server = GuestServer(_config(app), tick=TICK)
+    server = GuestServer(_config(app, limits), tick=TICK)
     task = asyncio.create_task(server.serve(sockets=[sock]), name=f"capmon-gateway:{bound}")
     clock, waited, step = default_clock(), 0.0, 0.005
     while not server.started:

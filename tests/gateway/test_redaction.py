@@ -20,6 +20,7 @@ from starlette.routing import Route
 
 from capmon.audit import AuditLog
 from capmon.gateway import start_server
+from capmon.gateway.connections import ConnectionLimits
 from tests.gateway.helpers import HELLO, gateway_for, running, sse_frames
 
 pytestmark = pytest.mark.looptime
@@ -57,7 +58,8 @@ def _hostile_upstream(echo: dict[str, str]) -> Starlette:
 
 
 async def _upstream(echo: dict[str, str]) -> AsyncIterator[str]:
-    server = await start_server(_hostile_upstream(echo), "127.0.0.1", 0)
+    limits = ConnectionLimits(header_timeout=10, keep_alive_timeout=15, write_timeout=30, max_connections=100)
+    server = await start_server(_hostile_upstream(echo), "127.0.0.1", 0, limits=limits)
     try:
         yield server.base_url
     finally:
