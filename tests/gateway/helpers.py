@@ -100,7 +100,8 @@ class Running:
         return openai.AsyncOpenAI(base_url=self.base_url, api_key=key, max_retries=0)
 
     def http(self, key: str | None = None) -> httpx.AsyncClient:
-        headers = {"authorization": f"Bearer {key}"} if key else {}
+        # JSON, as every API client says: the open gateway refuses a POST that is not (browsers.py).
+        headers = {"content-type": "application/json"} | ({"authorization": f"Bearer {key}"} if key else {})
         return httpx.AsyncClient(base_url=self.origin, headers=headers, trust_env=False, timeout=600)
 
     async def sim_admin(self, path: str, body: Mapping[str, Any]) -> Any:

@@ -123,7 +123,7 @@ async def _gateway() -> AsyncIterator[tuple[Running, httpx.AsyncClient]]:
         environ={"GW_ADMIN": ADMIN},
     ) as gw:
         transport = httpx.ASGITransport(app=_cut_streams(gw.app), raise_app_exceptions=False)
-        auth = {"authorization": f"Bearer {ADMIN}"}
+        auth = {"authorization": f"Bearer {ADMIN}", "content-type": "application/json"}
         async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1", headers=auth) as http:
             yield gw, http
 

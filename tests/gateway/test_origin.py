@@ -38,7 +38,12 @@ async def test_a_browser_shaped_request_to_the_open_gateway_is_refused() -> None
             headers={"origin": "http://evil.example", "content-type": "text/plain"},
         )
         plain = await http.post("/v1/chat/completions", content=CHAT, headers={"content-type": "text/plain"})
-        form = await http.post("/v1/chat/completions", content=CHAT)  # curl -d without -H: form-encoded
+        form = await http.post(  # curl -d without -H
+            "/v1/chat/completions", content=CHAT, headers={"content-type": "application/x-www-form-urlencoded"}
+        )
+        untyped = await http.post(  # fetch() with a Blob body: no content type, and no preflight
+            "/v1/chat/completions", content=CHAT, headers={"content-type": ""}
+        )
         preflight = await http.options(
             "/v1/chat/completions",
             headers={"origin": "http://evil.example", "access-control-request-method": "POST"},
@@ -49,6 +54,7 @@ async def test_a_browser_shaped_request_to_the_open_gateway_is_refused() -> None
     assert plain.status_code == 403 and error_code(plain) == "unsupported_content_type"
     assert "application/json" in plain.json()["error"]["message"]
     assert form.status_code == 403 and error_code(form) == "unsupported_content_type"
+    assert untyped.status_code == 403 and error_code(untyped) == "unsupported_content_type"
     assert preflight.status_code == 403 and "access-control-allow-origin" not in preflight.headers
     assert snap.succeeded == 0 and snap.failed == 0  # nothing reached the provider
 
