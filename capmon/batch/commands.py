@@ -20,6 +20,8 @@ or plain values, returning the exit code (:mod:`capmon.exitcodes`).
 from __future__ import annotations
 
 import asyncio
+import atexit
+import contextlib
 import os
 import signal
 import sys
@@ -85,9 +87,9 @@ class Interrupts:
     """SIGINT, SIGTERM and SIGUSR1 for the whole of a batch command.
 
     Python-level handlers, installed before anything starts and kept until the command
-    returns: the event loop's own handlers are dropped when the loop closes, and a
-    SIGTERM that came then met the default action (death, exit 143) instead of the
-    clean stop. The first SIGINT or SIGTERM stops the job cleanly (or, outside the
+    returns (and, once a signal has stopped it, until the process exits): the event
+    loop's own handlers are dropped when the loop closes, and a SIGTERM that came then
+    met the default action (death, exit 143) instead of the clean stop. The first SIGINT or SIGTERM stops the job cleanly (or, outside the
     job, raises KeyboardInterrupt); a second only waits for that; a third exits at once.
     """
 
@@ -112,6 +114,15 @@ class Interrupts:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        if self.by:
+            # Stopped by a signal: the command ends in exit 130, and the process with it. The
+            # handlers hold until then (a second signal is still ignored, a third exits 130 at
+            # once), and from the interpreter's teardown on, the signals are ignored: Python
+            # puts the default action back there, and in the tens of milliseconds its teardown
+            # takes a second SIGTERM killed the process with 143.
+            self._saved.clear()
+            atexit.register(_ignore_stop_signals)
+            return
         for sig, old in self._saved.items():
             signal.signal(sig, old)
         self._saved.clear()
@@ -143,6 +154,14 @@ class Interrupts:
             self._loop.call_soon_threadsafe(self._stop)
         elif not self._in_loop:
             raise KeyboardInterrupt
+
+
+def _ignore_stop_signals() -> None:
+    """At exit after a clean stop: every result is saved, and the exit code is 130 whatever comes now.
+    SIG_IGN is the one disposition Python's teardown leaves as it is."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(ValueError, OSError):
+            signal.signal(sig, signal.SIG_IGN)
 
 
 # ---------------------------------------------------------------- run / resume
