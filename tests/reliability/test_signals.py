@@ -135,8 +135,7 @@ async def test_a_second_signal_20_to_60_ms_after_the_first_exits_130_every_time(
         (signal.SIGINT, signal.SIGTERM, 0.05),
         (signal.SIGTERM, signal.SIGTERM, 0.06),
     ]
-    codes = []
-    for n, (first, second, gap) in enumerate(trials):
+    async def trial(n: int, first: signal.Signals, second: signal.Signals, gap: float) -> int | None:
         proc, db, _ = await _start_running(tmp_path / f"t{n}")
         proc.send_signal(first)
         await asyncio.sleep(gap)
@@ -144,6 +143,8 @@ async def test_a_second_signal_20_to_60_ms_after_the_first_exits_130_every_time(
             proc.send_signal(second)
         _, err = await asyncio.wait_for(proc.communicate(), 20)
         assert b"Traceback" not in err, err.decode()[-2000:]
-        codes.append(proc.returncode)
         assert read_progress(db, "sig").done >= 10  # nothing saved was lost
+        return proc.returncode
+
+    codes = await asyncio.gather(*(trial(n, *t) for n, t in enumerate(trials)))
     assert codes == [130] * len(trials)
