@@ -258,6 +258,8 @@ async def _drive(
             if isinstance(event, BatchProgress) and event.job == job:
                 progress.update(event)
             elif isinstance(event, Notice):  # the runner's: a changed input taken, a save that failed
+                if runner.halt is not None and event.message == str(runner.halt):
+                    return  # the halt itself: the run raises it, and the CLI prints it once
                 progress.clear()
                 _say(f"capmon: {event.message}")
 

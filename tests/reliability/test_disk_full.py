@@ -135,11 +135,11 @@ async def test_sqlite_full_pauses_sends_at_the_first_failed_save_and_resume_lose
 
 
 @contextlib.contextmanager
-def tmpfs(path: Path, size: str) -> Iterator[Path]:
+def tmpfs(path: Path, size: str, *, read_only: bool = False) -> Iterator[Path]:
     path.mkdir()
     try:
         subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+            ["mount", "-t", "tmpfs", "-o", f"size={size}" + (",ro" if read_only else ""), "tmpfs", str(path)],
             check=True,
             capture_output=True,
             timeout=10,

@@ -16,10 +16,7 @@ import pytest
 from capmon.batch import read_progress
 from capmon.core.exceptions import BatchError
 from tests.batch.helpers import write_items
-from tests.batch.test_cli import SCENARIO
-from tests.support.scripted import free_port
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.reliability.helpers import cli_config
 
 N = 200
 
@@ -39,20 +36,12 @@ async def _running(db: Path, job: str, proc: asyncio.subprocess.Process, timeout
     raise AssertionError("the job never got going")
 
 
-def _config(tmp_path: Path) -> Path:
-    (tmp_path / "fast.toml").write_text(SCENARIO.replace("base_latency = 0.005", "base_latency = 0.05"))
-    text = (ROOT / "config.toml").read_text().replace("127.0.0.1:8089", f"127.0.0.1:{free_port()}")
-    cfg = tmp_path / "config.toml"
-    cfg.write_text(text.replace('scenario = "demo"', 'scenario = "fast.toml"'))
-    return cfg
-
-
 async def _start_running(tmp_path: Path) -> tuple[asyncio.subprocess.Process, Path, Path]:
     """A real `capmon batch run` of N items, once it has 10 done: (process, db, config)."""
     tmp_path.mkdir(exist_ok=True)
     src = write_items(tmp_path / "in.jsonl", N)
     db = tmp_path / "jobs.db"
-    cfg = _config(tmp_path)
+    cfg = cli_config(tmp_path, 0.05)
     argv = (
         "batch",
         "run",
