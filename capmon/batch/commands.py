@@ -89,8 +89,9 @@ class Interrupts:
     Python-level handlers, installed before anything starts and kept until the command
     returns (and, once a signal has stopped it, until the process exits): the event
     loop's own handlers are dropped when the loop closes, and a SIGTERM that came then
-    met the default action (death, exit 143) instead of the clean stop. The first SIGINT or SIGTERM stops the job cleanly (or, outside the
-    job, raises KeyboardInterrupt); a second only waits for that; a third exits at once.
+    met the default action (death, exit 143) instead of the clean stop. The first SIGINT
+    or SIGTERM stops the job cleanly (or, outside the job, raises KeyboardInterrupt); a
+    second only waits for that; a third exits at once.
     """
 
     def __init__(self) -> None:
