@@ -694,7 +694,7 @@ class JobStore:
         with self._errors("reading results"):
             cur = self.conn.execute(
                 "SELECT key, line, id, state, metadata, attempts, model, content, fell_back, error_kind, error_message "
-                "FROM items WHERE job_id = ? ORDER BY line, key",
+                f"FROM items WHERE job_id = ? ORDER BY line, state != '{ItemState.REMOVED.value}', key",
                 (job_id,),
             )
             for r in cur:

@@ -124,6 +124,7 @@ async def test_a_second_signal_20_to_60_ms_after_the_first_exits_130_every_time(
         (signal.SIGINT, signal.SIGTERM, 0.05),
         (signal.SIGTERM, signal.SIGTERM, 0.06),
     ]
+
     async def trial(n: int, first: signal.Signals, second: signal.Signals, gap: float) -> int | None:
         proc, db, _ = await _start_running(tmp_path / f"t{n}")
         proc.send_signal(first)
