@@ -45,7 +45,7 @@ from capmon.core.config import Config
 from capmon.core.events import BatchProgress, Event, Notice
 from capmon.core.exceptions import BatchError
 from capmon.exitcodes import EXIT_FAILED_ITEMS, EXIT_INTERRUPTED, EXIT_OK
-from capmon.report import shown
+from capmon.report import settings_text, shown
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -397,7 +397,6 @@ def show_job(db: Path | None, job: str, out: TextIO | None = None) -> int:
     state = job_state(j, clock.wall())
     s = j.settings
     name = shown(j.name)
-    remap = ", ".join(f"{shown(k)}={shown(v)}" for k, v in (s.get("remap") or {}).items())
     lines = [
         f"job        {name}",
         f"state      {state}"
@@ -408,8 +407,7 @@ def show_job(db: Path | None, job: str, out: TextIO | None = None) -> int:
         ),
         f"input      {shown(j.input_path)}",
         f"created    {_when(j.created)}   updated {_when(j.updated)}",
-        f"settings   concurrency {s.get('concurrency', '-')}, rate {s.get('rate') or '-'}/s, "
-        f"window {s.get('window') or '-'}" + (f", remap {remap}" if remap else ""),
+        f"settings   {settings_text(s)}",
         f"items      {j.total} total: {counts[ItemState.DONE]} done, {counts[ItemState.FAILED]} failed, "
         f"{counts[ItemState.PARKED]} parked, {counts[ItemState.PENDING]} pending, "
         f"{counts[ItemState.IN_FLIGHT]} in flight"
