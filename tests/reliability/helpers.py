@@ -9,6 +9,7 @@ import math as _math
 import os
 import re as _re
 import socket
+import sqlite3
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,6 +64,15 @@ def cli_config(folder: Path, base_latency: float) -> Path:
     cfg = folder / "config.toml"
     cfg.write_text(text.replace('scenario = "demo"', 'scenario = "fast.toml"'))
     return cfg
+
+
+def read_only_query(db: Path, sql: str) -> list[tuple[Any, ...]]:
+    """Rows of ``sql`` on a job database, opened read-only (the runner may hold it)."""
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        return conn.execute(sql).fetchall()
+    finally:
+        conn.close()
 
 
 def dead_url() -> str:

@@ -14,7 +14,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -25,17 +24,9 @@ from capmon.core.exceptions import BatchError
 from capmon.core.router import FallbackClient
 from capmon.sim.server import running_simulator
 from tests.batch.helpers import write_items
-from tests.reliability.helpers import ENV, cli_config, scenario, sim_config
+from tests.reliability.helpers import ENV, cli_config, read_only_query, scenario, sim_config
 
 N = 600
-
-
-def _q(db: Path, sql: str) -> list[tuple[Any, ...]]:
-    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-    try:
-        return conn.execute(sql).fetchall()
-    finally:
-        conn.close()
 
 
 def _wait_done(db: Path, job: str, at_least: int, proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
@@ -75,17 +66,17 @@ def test_database_deleted_mid_run_halts_names_the_cause_and_rescues_the_job(tmp_
     # The job as it stood was copied out of the still-open file: every result saved is there.
     rescued = tmp_path / "jobs.db.rescued"
     assert f"copied from the still-open file to {rescued}" in err, err
-    states = dict(_q(rescued, "SELECT state, count(*) FROM items GROUP BY state"))
+    states = dict(read_only_query(rescued, "SELECT state, count(*) FROM items GROUP BY state"))
     assert states["done"] >= 50 and states["done"] < N, states  # it stopped: it did not send the rest
     assert sum(states.values()) == N, states
-    assert _q(rescued, "SELECT state, owner FROM jobs") == [("halted", None)]
-    done_before = {r[0] for r in _q(rescued, "SELECT id FROM items WHERE state = 'done'")}
+    assert read_only_query(rescued, "SELECT state, owner FROM jobs") == [("halted", None)]
+    done_before = {r[0] for r in read_only_query(rescued, "SELECT id FROM items WHERE state = 'done'")}
 
     # ... and the job goes on from it: only what was not done is sent.
     code = main(["batch", "resume", "del", "--db", str(rescued), "--config", str(cfg), "--no-progress"])
     assert code == 0
-    assert dict(_q(rescued, "SELECT state, count(*) FROM items GROUP BY state")) == {"done": N}
-    ok = dict(_q(rescued, "SELECT item, count(*) FROM attempts WHERE decision = 'ok' GROUP BY item"))
+    assert dict(read_only_query(rescued, "SELECT state, count(*) FROM items GROUP BY state")) == {"done": N}
+    ok = dict(read_only_query(rescued, "SELECT item, count(*) FROM attempts WHERE decision = 'ok' GROUP BY item"))
     assert len(ok) == N and set(ok.values()) == {1}, "an item was sent twice"
     assert done_before <= set(ok)
     print(f"\ndeleted database: {states['done']} results rescued, {states.get('pending', 0)} sent on resume")
@@ -116,6 +107,6 @@ async def test_database_replaced_mid_run_halts_and_leaves_the_new_file_alone(tmp
     assert not (tmp_path / "jobs.db-wal").exists()  # the old WAL left at the path would be read as the new file's
     assert f"job database {db} was replaced by another file while the job ran" in error, error
     assert took <= 0.5, took  # at the next save, not after the 30 s a full disk is given
-    assert _q(db, "SELECT x FROM mine") == [(42,)]  # the file put there is untouched
-    rescued = dict(_q(tmp_path / "jobs.db.rescued", "SELECT state, count(*) FROM items GROUP BY state"))
+    assert read_only_query(db, "SELECT x FROM mine") == [(42,)]  # the file put there is untouched
+    rescued = dict(read_only_query(tmp_path / "jobs.db.rescued", "SELECT state, count(*) FROM items GROUP BY state"))
     assert rescued["done"] >= 100 and sum(rescued.values()) == 400, rescued
