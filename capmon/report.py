@@ -70,14 +70,21 @@ def _when(wall: float | None) -> str:
     return text.timestamp(wall, date=True)
 
 
+def settings_text(s: dict[str, Any]) -> str:
+    """A job's settings in one phrase, as `capmon report` and `capmon batch show` print them."""
+    remap = ", ".join(f"{shown(k)}={shown(v)}" for k, v in (s.get("remap") or {}).items())
+    return (
+        f"concurrency {s.get('concurrency', '-')}, rate {s.get('rate') or '-'}/s, window {s.get('window') or '-'}"
+        + (f", remap {remap}" if remap else "")
+    )
+
+
 def format_report(r: JobReport, items_shown: int = ITEMS_SHOWN_TEXT, advice: Sequence[Advice] = ()) -> str:
-    s = r.settings
     lines = [
         f"job {shown(r.job)}: {r.total} items, {r.done} done, {r.failed} failed, {r.parked} parked, {r.pending} pending"
         + (f", {r.removed} removed from the input" if r.removed else "")
         + f" ({r.state})",
-        f"settings: concurrency {s.get('concurrency', '-')}, rate {s.get('rate') or '-'}/s, "
-        f"window {s.get('window') or '-'}; "
+        f"settings: {settings_text(r.settings)}; "
         f"{r.attempts} attempts from {_when(r.first_attempt)} to {_when(r.last_attempt)}",
         "",
     ]

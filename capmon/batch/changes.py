@@ -12,9 +12,18 @@ as the job's input when asked to (``--accept-changed-input``):
   (``replaced_results`` and a ``superseded`` row);
 * an unchanged item that only moved keeps its result and takes its new line number.
 
-Items are matched by their ``id``; items without one (known by their line number) are
-matched by their line's content, so lines inserted or deleted above them do not make
-them new. Everything is one transaction: a reconcile cut short changes nothing.
+Items are matched by their ``id``. An item without one has no identity but its line's
+content (its stored id, ``line-12``, only names the line it was first read from): the
+k-th line of the new file with a given content is the k-th such item of the job, in
+input order, wherever it is now. Lines inserted or deleted above it only move it; a
+line edited is a new item, and the item of its old content is removed. (Matching them
+by line number made an insertion at the top re-send every line below it.) Jobs made
+before this are read the same way: their ids were ``line-N`` labels already.
+
+A removed item is kept where its line was: it takes the line number of the item that
+followed it, and sorts before it (the export's order).
+
+Everything is one transaction: a reconcile cut short changes nothing.
 """
 
 from __future__ import annotations
@@ -26,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from capmon import audit
-from capmon.batch.items import Item, line_id, parse_line, read_lines
+from capmon.batch.items import Item, is_line_label, line_id, parse_line, read_lines
 from capmon.batch.states import BatchKind, ItemState
 from capmon.batch.store import JobInfo, JobStore
 from capmon.core.exceptions import BatchError
@@ -138,10 +147,11 @@ def reconcile(
     ):
         by_id[item_id] = k
         rows[k] = (item_id, line, h, state, attempts)
-        if item_id == line_id(line) and state != ItemState.REMOVED:
+        if is_line_label(item_id) and state != ItemState.REMOVED:
             by_hash[h].append(k)
 
     matched: set[int] = set()
+    placed: dict[int, int] = {}  # key -> its line in the new file
     seen: dict[str, int] = {}  # id -> line in the new file
     dups: list[str] = []
     moves: list[tuple[Any, ...]] = []
@@ -178,9 +188,8 @@ def reconcile(
         for raw in read_lines(path):
             last = raw.line
             parsed = parse_line(raw.line, raw.data, models)
-            derived = parsed.id == line_id(raw.line)
             key: int | None = None
-            if not derived:
+            if parsed.id != line_id(raw.line):
                 key = by_id.get(parsed.id)
                 if parsed.id in seen:
                     dups.append(f"{parsed.id!r} on lines {seen[parsed.id]}, {raw.line}")
@@ -199,34 +208,26 @@ def reconcile(
                     inserts.append((info.id, raw.line, parsed.id, *_fields(parsed), raw.hash, now))
                     added += 1
             else:
-                # No id of its own: the same content anywhere is the same item.
+                # No id of its own: the same content anywhere is the same item (the k-th line
+                # with it is the k-th such item), and nothing else is.
                 candidates = by_hash.get(raw.hash)
-                while candidates and candidates[0] in matched:
-                    candidates.popleft()
                 if candidates:
                     key = candidates.popleft()
                     matched.add(key)
                     if rows[key][1] != raw.line:
                         moves.append((raw.line, key))
                         moved += 1
-                else:
-                    item_id = parsed.id
-                    key = by_id.get(item_id)
-                    if key is not None and key not in matched:
-                        matched.add(key)  # the line at the same place, edited
-                        edit(key, raw, parsed, "edited")
-                    else:
-                        n = 2
-                        while item_id in by_id or item_id in seen:  # its line-N id is held by an item that moved
-                            item_id = f"{parsed.id}.{n}"
-                            n += 1
-                        key = None
-                    if key is None:
-                        seen[item_id] = raw.line
-                        inserts.append((info.id, raw.line, item_id, *_fields(parsed), raw.hash, now))
-                        added += 1
-                if key is not None:
                     seen[rows[key][0]] = raw.line
+                else:
+                    item_id, n = parsed.id, 2
+                    while item_id in by_id or item_id in seen:  # its line-N label is another item's
+                        item_id = f"{parsed.id}.{n}"
+                        n += 1
+                    seen[item_id] = raw.line
+                    inserts.append((info.id, raw.line, item_id, *_fields(parsed), raw.hash, now))
+                    added += 1
+            if key is not None:
+                placed[key] = raw.line
             if len(moves) + len(edits) + len(inserts) >= _CHUNK:
                 _flush(c, moves, edits, keeps, inserts, notes)
         if dups:
@@ -237,6 +238,7 @@ def reconcile(
             )
         _flush(c, moves, edits, keeps, inserts, notes)
         gone = [k for k, r in rows.items() if k not in matched and r[3] != ItemState.REMOVED]
+        _keep_removed_in_place(c, rows, placed, last + 1)
         for chunk in _chunks(gone):
             c.executemany(
                 f"UPDATE items SET state = '{ItemState.REMOVED.value}', updated = {float(now)!r} WHERE key = ?",
@@ -265,6 +267,23 @@ def reconcile(
             (str(path), size, fingerprint, size, last, total, now, info.id),
         )
     return Reconciled(added=added, removed=len(gone), edited=edited, moved=moved)
+
+
+def _keep_removed_in_place(
+    c: Any, rows: dict[int, tuple[str, int, str | None, str, int]], placed: dict[int, int], end: int
+) -> None:
+    """Every item not in the new file (removed now or before) takes the line of the item
+    that followed it in the old order (the export's: line, removed ones first, key)."""
+    order = sorted(rows, key=lambda k: (rows[k][1], rows[k][3] != ItemState.REMOVED, k))
+    after = end  # nothing follows the last ones: they go after the file's last line
+    updates: list[tuple[int, int]] = []
+    for k in reversed(order):
+        if k in placed:
+            after = placed[k]
+        elif rows[k][1] != after:
+            updates.append((after, k))
+    for i in range(0, len(updates), _CHUNK):
+        c.executemany("UPDATE items SET line = ? WHERE key = ?", updates[i : i + _CHUNK])
 
 
 def _flush(

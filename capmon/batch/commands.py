@@ -20,6 +20,8 @@ or plain values, returning the exit code (:mod:`capmon.exitcodes`).
 from __future__ import annotations
 
 import asyncio
+import atexit
+import contextlib
 import os
 import signal
 import sys
@@ -43,7 +45,7 @@ from capmon.core.config import Config
 from capmon.core.events import BatchProgress, Event, Notice
 from capmon.core.exceptions import BatchError
 from capmon.exitcodes import EXIT_FAILED_ITEMS, EXIT_INTERRUPTED, EXIT_OK
-from capmon.report import shown
+from capmon.report import settings_text, shown
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -85,10 +87,11 @@ class Interrupts:
     """SIGINT, SIGTERM and SIGUSR1 for the whole of a batch command.
 
     Python-level handlers, installed before anything starts and kept until the command
-    returns: the event loop's own handlers are dropped when the loop closes, and a
-    SIGTERM that came then met the default action (death, exit 143) instead of the
-    clean stop. The first SIGINT or SIGTERM stops the job cleanly (or, outside the
-    job, raises KeyboardInterrupt); a second only waits for that; a third exits at once.
+    returns (and, once a signal has stopped it, until the process exits): the event
+    loop's own handlers are dropped when the loop closes, and a SIGTERM that came then
+    met the default action (death, exit 143) instead of the clean stop. The first SIGINT
+    or SIGTERM stops the job cleanly (or, outside the job, raises KeyboardInterrupt); a
+    second only waits for that; a third exits at once.
     """
 
     def __init__(self) -> None:
@@ -112,6 +115,15 @@ class Interrupts:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        if self.by:
+            # Stopped by a signal: the command ends in exit 130, and the process with it. The
+            # handlers hold until then (a second signal is still ignored, a third exits 130 at
+            # once), and from the interpreter's teardown on, the signals are ignored: Python
+            # puts the default action back there, and in the tens of milliseconds its teardown
+            # takes a second SIGTERM killed the process with 143.
+            self._saved.clear()
+            atexit.register(_ignore_stop_signals)
+            return
         for sig, old in self._saved.items():
             signal.signal(sig, old)
         self._saved.clear()
@@ -143,6 +155,14 @@ class Interrupts:
             self._loop.call_soon_threadsafe(self._stop)
         elif not self._in_loop:
             raise KeyboardInterrupt
+
+
+def _ignore_stop_signals() -> None:
+    """At exit after a clean stop: every result is saved, and the exit code is 130 whatever comes now.
+    SIG_IGN is the one disposition Python's teardown leaves as it is."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(ValueError, OSError):
+            signal.signal(sig, signal.SIG_IGN)
 
 
 # ---------------------------------------------------------------- run / resume
@@ -239,6 +259,8 @@ async def _drive(
             if isinstance(event, BatchProgress) and event.job == job:
                 progress.update(event)
             elif isinstance(event, Notice):  # the runner's: a changed input taken, a save that failed
+                if runner.halt is not None and event.message == str(runner.halt):
+                    return  # the halt itself: the run raises it, and the CLI prints it once
                 progress.clear()
                 _say(f"capmon: {event.message}")
 
@@ -375,7 +397,6 @@ def show_job(db: Path | None, job: str, out: TextIO | None = None) -> int:
     state = job_state(j, clock.wall())
     s = j.settings
     name = shown(j.name)
-    remap = ", ".join(f"{shown(k)}={shown(v)}" for k, v in (s.get("remap") or {}).items())
     lines = [
         f"job        {name}",
         f"state      {state}"
@@ -386,8 +407,7 @@ def show_job(db: Path | None, job: str, out: TextIO | None = None) -> int:
         ),
         f"input      {shown(j.input_path)}",
         f"created    {_when(j.created)}   updated {_when(j.updated)}",
-        f"settings   concurrency {s.get('concurrency', '-')}, rate {s.get('rate') or '-'}/s, "
-        f"window {s.get('window') or '-'}" + (f", remap {remap}" if remap else ""),
+        f"settings   {settings_text(s)}",
         f"items      {j.total} total: {counts[ItemState.DONE]} done, {counts[ItemState.FAILED]} failed, "
         f"{counts[ItemState.PARKED]} parked, {counts[ItemState.PENDING]} pending, "
         f"{counts[ItemState.IN_FLIGHT]} in flight"

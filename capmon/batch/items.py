@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,8 +57,18 @@ Parsed = Item | LineError
 
 
 def line_id(line: int) -> str:
-    """The stable id of an item that has none: it depends only on its line number."""
+    """The id an item without one is shown and stored by: the line it was first read from.
+    It is a label, not its identity: a changed input matches such items by content."""
     return f"line-{line}"
+
+
+_LINE_LABEL = re.compile(r"line-[0-9]+(\.[0-9]+)?")
+
+
+def is_line_label(item_id: str) -> bool:
+    """Whether a stored id is one capmon gave an item that had none (``line-12``, or
+    ``line-12.2`` for a line added later where ``line-12`` was taken)."""
+    return _LINE_LABEL.fullmatch(item_id) is not None
 
 
 def _type_name(value: Any) -> str:

@@ -48,7 +48,7 @@ from capmon.batch.ingest import Ingest, Refused
 from capmon.batch.pacing import Pacing, Window
 from capmon.batch.scheduler import Scheduler
 from capmon.batch.states import BatchKind, ItemState, JobState
-from capmon.batch.store import JobInfo, JobStore, Outcome, StoredItem
+from capmon.batch.store import DatabaseGone, JobInfo, JobStore, Outcome, StoredItem
 from capmon.batch.writer import LOW_DISK_BYTES, WRITE_GIVE_UP, ResultWriter
 from capmon.core import events as ev
 from capmon.core.clock import Clock
@@ -204,6 +204,11 @@ class BatchRunner:
     @property
     def paused(self) -> bool:
         return self._scheduler.paused
+
+    @property
+    def halt(self) -> BatchError | None:
+        """The error that halts the job (``run()`` raises it when it ends), once there is one."""
+        return self._halt
 
     @property
     def save_error(self) -> BatchError | None:
@@ -376,6 +381,13 @@ class BatchRunner:
             self._phase = final
             if final is JobState.HALTED and self._halt is not None:
                 self._message = str(self._halt)
+            gone = self._writer.save_error if isinstance(self._writer.save_error, DatabaseGone) else store.gone()
+            if gone is not None:
+                # The last results go into the open file, and the rescue copies it out.
+                store.keep_open_file()
+                self._writer.save_error = gone
+                if self._halt is None:  # found only now, as the job ended
+                    self._halt = self._writer.halt_error(gone)
             if self._info is not None:
                 try:
                     self._writer.flush(force=True)
@@ -403,10 +415,30 @@ class BatchRunner:
                         )
                     log.info("job %r: last save failed: %s", self.job, e)
                 self.bus.publish(self.progress())
+            if gone is not None:
+                self._rescue(store)
         finally:
             store.close()
             self._store = None
             self._writer.unbind()
+
+    def _rescue(self, store: JobStore) -> None:
+        """The database was deleted or replaced under the job: its file lives on only while this
+        connection holds it open, so copy it out (every result, the last ones included) and say where."""
+        done = self._writer.done
+        try:
+            copy = store.rescue()
+        except BatchError as e:
+            self._halt = DatabaseGone(
+                f"{self._halt}; its {done} saved results could not be copied out ({e}) and are lost: "
+                f"the job must be run again"
+            )
+            return
+        self._halt = DatabaseGone(
+            f"{self._halt}; the job as it stood ({done} done) was copied from the still-open file to {copy}: "
+            f"to go on, move it back (mv {copy} {store.path}) or pass --db {copy}, "
+            f"then run `capmon batch resume {self.job}`"
+        )
 
     # ------------------------------------------------------------ opening
 

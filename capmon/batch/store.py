@@ -18,6 +18,12 @@ cause (``database or disk is full``); nothing committed before it is touched.
 Schema 2 added ``items.line_hash`` (each input line's fingerprint) and the ``removed``
 item state; a schema-1 database is upgraded in place when it is opened for writing.
 
+A store opened for writing checks before every transaction that its path still leads
+to the file it opened (the same device and inode): a database deleted or replaced while
+a job runs would otherwise take every later commit into a file nobody can open again
+(SQLite writes on into the open, unlinked file). That raises :class:`DatabaseGone`, which
+no retry can mend; :meth:`JobStore.rescue` copies the open file out before it closes.
+
 Every query of the database is here, the report's too (``capmon report`` reads the
 audit trail through :class:`JobStore`), so the schema has one owner.
 """
@@ -101,6 +107,23 @@ CREATE TABLE IF NOT EXISTS items (
 CREATE INDEX IF NOT EXISTS items_by_state ON items(job_id, state);
 CREATE INDEX IF NOT EXISTS items_by_id ON items(job_id, id);
 """
+
+
+class DatabaseGone(BatchError):
+    """The job database's path no longer leads to the file the store opened: deleted, or
+    another file put there. Saving again cannot help (the file saved to is gone for good)."""
+
+
+_SIDECARS = ("", "-wal", "-shm")  # the database file, its WAL and the WAL's index
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    """(device, inode) of the file at ``path``, None when there is none."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 def default_db_path(environ: Mapping[str, str] | None = None) -> Path:
@@ -289,6 +312,9 @@ class JobStore:
                 self._upgrade()
                 audit.ensure_schema(self.conn)
                 self.conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+        # The files this connection has open (they exist now: the schema was written), by suffix.
+        self._opened = {} if readonly else {sfx: _identity(self._sidecar(sfx)) for sfx in _SIDECARS}
+        self._checking = not readonly
 
     # ------------------------------------------------------------ errors
 
@@ -308,6 +334,13 @@ class JobStore:
                     f"{self.path}: the job database is read-only ({text}); pass --db to use another"
                 ) from None
             if "unable to open" in text:
+                folder = self.path.absolute().parent
+                if not self.readonly and folder.is_dir() and not os.access(folder, os.W_OK):
+                    # SQLite makes the database, its WAL and the WAL's index there.
+                    raise BatchError(
+                        f"{self.path}: the folder {folder} is not writable (read-only, or not yours), "
+                        f"so the job database cannot be written there; pass --db to use another"
+                    ) from None
                 raise BatchError(f"{self.path}: cannot open the job database ({text})") from None
             if "disk is full" in text:
                 raise BatchError(
@@ -339,7 +372,15 @@ class JobStore:
             self.conn.execute("ALTER TABLE items ADD COLUMN line_hash TEXT")
 
     def close(self) -> None:
+        moved = self.gone() is not None
         self.conn.close()
+        if moved:
+            # SQLite leaves the WAL and its index of a file that moved at the path; the next
+            # database opened there would read them as its own. Only the ones this store had.
+            for sfx in _SIDECARS[1:]:
+                if self._opened[sfx] is not None and _identity(self._sidecar(sfx)) == self._opened[sfx]:
+                    with contextlib.suppress(OSError):
+                        os.unlink(self._sidecar(sfx))
 
     def __enter__(self) -> JobStore:
         return self
@@ -347,8 +388,47 @@ class JobStore:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def gone(self) -> DatabaseGone | None:
+        """Why the path no longer leads to the file opened for writing, or None while it does."""
+        if not self._opened:
+            return None
+        now = _identity(self.path)
+        if now == self._opened[""]:
+            return None
+        what = "deleted" if now is None else "replaced by another file"
+        return DatabaseGone(
+            f"job database {self.path.absolute()} was {what} while the job ran "
+            f"(results saved now would go to a file nobody can open again)"
+        )
+
+    def keep_open_file(self) -> None:
+        """Write on into the file as opened, wherever its path leads now: only this connection
+        sees it, and :meth:`rescue` copies it out."""
+        self._checking = False
+
+    def _sidecar(self, suffix: str) -> Path:
+        return self.path.with_name(self.path.name + suffix)
+
+    def rescue(self) -> Path:
+        """Copy the database as this connection sees it into a new file beside the path
+        (``jobs.db.rescued``, then ``-2``, ...); raises BatchError when it cannot."""
+        n = 1
+        while (dest := self.path.with_name(f"{self.path.name}.rescued" + (f"-{n}" if n > 1 else ""))).exists():
+            n += 1
+        try:
+            target = sqlite3.connect(dest)
+            try:
+                self.conn.backup(target)
+            finally:
+                target.close()
+        except (sqlite3.Error, OSError) as e:
+            raise BatchError(f"{dest}: cannot write a copy of the job database there ({e})") from None
+        return dest
+
     @contextlib.contextmanager
     def transaction(self, doing: str = "write") -> Iterator[sqlite3.Connection]:
+        if self._checking and (gone := self.gone()) is not None:
+            raise gone
         with self._errors(doing):
             self.conn.execute("BEGIN IMMEDIATE")
             try:
@@ -614,7 +694,7 @@ class JobStore:
         with self._errors("reading results"):
             cur = self.conn.execute(
                 "SELECT key, line, id, state, metadata, attempts, model, content, fell_back, error_kind, error_message "
-                "FROM items WHERE job_id = ? ORDER BY line, key",
+                f"FROM items WHERE job_id = ? ORDER BY line, state != '{ItemState.REMOVED.value}', key",
                 (job_id,),
             )
             for r in cur:

@@ -11,6 +11,8 @@
   written by the next try. The first failure, or a disk found (nearly) full, calls
   ``on_failing``; the next commit that succeeds calls ``on_saved``; still failing after
   ``give_up`` seconds calls ``on_give_up`` with the error that halts the job.
+* A database deleted or replaced under the job (:class:`~capmon.batch.store.DatabaseGone`)
+  is not retried: no save can bring the file back, so it calls ``on_give_up`` at once.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from typing import Any
 from capmon.audit import AuditLog
 from capmon.batch.pacing import wait_event
 from capmon.batch.states import ItemState
-from capmon.batch.store import JobStore, Outcome
+from capmon.batch.store import DatabaseGone, JobStore, Outcome
 from capmon.core import events as ev
 from capmon.core.clock import Clock
 from capmon.core.exceptions import BatchError
@@ -186,12 +188,30 @@ class ResultWriter:
             self.failing(e)
 
     def failing(self, error: BatchError) -> None:
-        """A save failed (or will: the disk is full): ``on_failing`` the first time."""
-        first = self.save_error is None
-        self.save_error = error
+        """A save failed (or will: the disk is full): ``on_failing`` the first time; a
+        database that is gone halts the job at once."""
+        before, self.save_error = self.save_error, error
+        if isinstance(error, DatabaseGone):
+            if not isinstance(before, DatabaseGone):
+                self._on_give_up(self.halt_error(error))
+            return
+        first = before is None
         if first:
             self._failing_since = self.clock.now()
             self._on_failing(error)
+
+    def halt_error(self, cause: BatchError) -> BatchError:
+        """The error that halts the job because results cannot be saved."""
+        lost = self.finished_uncommitted
+        if isinstance(cause, DatabaseGone):
+            return DatabaseGone(f"job {self.job!r} halted: results cannot be saved: {cause}; nothing more was sent")
+        return BatchError(
+            f"job {self.job!r} halted: results cannot be saved: {cause}; "
+            f"nothing new was sent after the first failed save ({self.give_up:g}s ago), "
+            f"every result saved before it is kept"
+            + (f", {lost} answers received since could not be kept and will be sent again" if lost else "")
+            + f"; fix it, then run `capmon batch resume {self.job}`"
+        )
 
     def _saved(self) -> None:
         if self.save_error is None:
@@ -219,21 +239,14 @@ class ResultWriter:
             else:
                 self._saved()
             cause = self.save_error
+            if isinstance(cause, DatabaseGone):
+                return  # halted already, by failing()
             if (
                 cause is not None
                 and self._failing_since is not None
                 and self.clock.now() - self._failing_since >= self.give_up
             ):
-                lost = self.finished_uncommitted
-                self._on_give_up(
-                    BatchError(
-                        f"job {self.job!r} halted: results cannot be saved: {cause}; "
-                        f"nothing new was sent after the first failed save ({self.give_up:g}s ago), "
-                        f"every result saved before it is kept"
-                        + (f", {lost} answers received since could not be kept and will be sent again" if lost else "")
-                        + f"; fix it, then run `capmon batch resume {self.job}`"
-                    )
-                )
+                self._on_give_up(self.halt_error(cause))
                 return
 
     # ------------------------------------------------------------ the disk

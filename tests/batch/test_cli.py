@@ -168,3 +168,49 @@ def test_remap_on_the_command_line(env: dict[str, Path], capsys: pytest.CaptureF
     # An item naming a model the config does not have is a bad line at ingest; --remap is for models that leave later.
     assert batch(env, "run", str(src), "--no-progress") == 1
     assert "model: 'gone' is not in the config" in capsys.readouterr().err
+
+
+def test_a_refused_key_halts_with_its_line_printed_once(
+    env: dict[str, Path], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    scenario = env["dir"] / "fast.toml"
+    scenario.write_text(scenario.read_text().replace('keys = ["*"]', 'keys = ["sk-the-right-one"]'))
+    monkeypatch.setenv("CAPMON_SIM_API_KEY", "sk-a-wrong-one")
+    assert batch(env, "run", str(write_items(env["dir"] / "in.jsonl", 5)), "--no-progress") == 2
+    err = capsys.readouterr().err
+    assert "the provider refused the key" in err and err.count("halted") == 1, err  # it was printed twice
+
+
+def test_a_full_disk_halts_with_its_line_printed_once(
+    env: dict[str, Path], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from capmon.batch.runner import BatchRunner
+    from capmon.batch.writer import ResultWriter
+
+    # The disk fills once 5 results are saved (statvfs says so), and the job gives up after 0.3 s, not 30.
+    monkeypatch.setattr(ResultWriter, "free_bytes", lambda self: 0 if self.done >= 5 else 1 << 30)
+    monkeypatch.setitem(BatchRunner.__init__.__kwdefaults__, "write_give_up", 0.3)
+    src = write_items(env["dir"] / "in.jsonl", 200)
+    assert batch(env, "run", str(src), "--no-progress", "--concurrency", "2") == 2
+    err = capsys.readouterr().err
+    assert "database or disk is full" in err and err.count("halted") == 1, err  # it was printed twice
+
+
+def test_a_read_only_folder_is_named_as_such(env: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    import contextlib
+    import os
+
+    from tests.reliability.test_disk_full import tmpfs
+
+    with contextlib.ExitStack() as stack:
+        if os.geteuid() == 0:  # root writes into any folder: only a read-only mount refuses it
+            folder = stack.enter_context(tmpfs(env["dir"] / "ro", "1m", read_only=True))
+        else:
+            folder = env["dir"] / "ro"
+            folder.mkdir()
+            folder.chmod(0o555)
+            stack.callback(folder.chmod, 0o755)
+        env["db"] = folder / "jobs.db"
+        assert batch(env, "run", str(write_items(env["dir"] / "in.jsonl", 3)), "--no-progress") == 2
+    err = capsys.readouterr().err
+    assert f"the folder {folder} is not writable" in err and "--db" in err, err  # was: "unable to open database file"

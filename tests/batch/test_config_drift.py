@@ -5,12 +5,14 @@ are refused before anything is sent, unless ``remap`` says where they go; other 
 from __future__ import annotations
 
 import asyncio
+import io
 from pathlib import Path
 
 import pytest
 
 from capmon.batch import BatchRunner
 from capmon.core.exceptions import BatchError
+from capmon.report import ReportOptions, run_report
 from tests.batch.helpers import Recorder, client_for, config, item, rows, scenario_app, write_jsonl
 from tests.support.configs import three_models
 
@@ -67,6 +69,10 @@ async def test_remap_sends_them_to_the_model_it_names_and_is_remembered(tmp_path
     served = dict(rows(tmp_path / "jobs.db", "SELECT id, model FROM items"))
     assert {served[i] for i in left} == {"medium"}
     assert {m for _, m, c in rec.seen[sent:] if c in left} == {"medium"}  # asked of medium, not a silent stand-in
+    # The text report names the remap too, as `batch show` and `report --json` do (it did not).
+    out = io.StringIO()
+    run_report(ReportOptions(job="j", db=tmp_path / "jobs.db"), out)
+    assert "settings: concurrency 16, rate -/s, window -, remap small=medium;" in out.getvalue()
 
 
 async def test_a_new_endpoint_or_key_is_fine(tmp_path: Path) -> None:

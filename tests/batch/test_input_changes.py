@@ -87,7 +87,8 @@ async def test_accepting_a_changed_input_adds_removes_and_resends_what_changed(t
     assert (summary.total, summary.done, summary.failed) == (1201, 1201, 0)
 
     db = tmp_path / "jobs.db"
-    assert rows(db, "SELECT state, line FROM items WHERE id = 'it-00900'") == [("removed", 900)]
+    # Removed, kept where its line was: it takes the line of the item that followed it (it-00901, now 901).
+    assert rows(db, "SELECT state, line FROM items WHERE id = 'it-00900'") == [("removed", 901)]
     assert rows(db, "SELECT line FROM items WHERE id = 'it-05000'") == [(11,)]
     assert rows(db, "SELECT line FROM items WHERE id = 'it-00800'") == [(801,)]  # moved down by one
     # The edited item's earlier result is kept in the audit, and its report says so.
@@ -194,3 +195,86 @@ async def test_a_job_from_before_line_hashes_is_upgraded_and_checked_from_then_o
     write_jsonl(src, lines)
     with pytest.raises(BatchError, match=r"line 1150 differs"):
         await finish(tmp_path, src, rec)
+
+
+def anonymous(text: str) -> str:
+    """A line without an id: the job knows it only by its content."""
+    return json.dumps({"messages": [{"role": "user", "content": text}]})
+
+
+async def _finish_noting(tmp_path: Path, src: Path, rec: Recorder, **kw: Any) -> tuple[Any, list[str]]:
+    from capmon.core.events import EventBus, Notice
+
+    bus = EventBus()
+    notes: list[str] = []
+    bus.subscribe(lambda e: notes.append(e.message) if isinstance(e, Notice) else None)
+    async with client_for(rec, bus=bus) as client:
+        runner = BatchRunner(client, tmp_path / "jobs.db", "j", input_path=src, concurrency=32, **kw)
+        return await runner.run(), notes
+
+
+async def test_a_line_inserted_above_lines_without_ids_sends_only_that_line(tmp_path: Path) -> None:
+    rec = Recorder(scenario_app(latency=0.01))
+    lines = [anonymous(f"prompt {i}") for i in range(1, 51)]
+    src = write_jsonl(tmp_path / "in.jsonl", lines)
+    await finish(tmp_path, src, rec)
+    sent = len(rec.seen)
+    write_jsonl(src, [anonymous("a new first line"), *lines])
+    summary, notes = await _finish_noting(tmp_path, src, rec, accept_changed_input=True)
+    # It was "1 added, 50 edited (sent again)" and 51 requests: they were matched by line number.
+    assert rec.items()[sent:] == ["a new first line"]
+    assert any("1 added, 0 removed, 0 edited (sent again), 50 moved" in n for n in notes), notes
+    assert (summary.total, summary.done) == (51, 51)
+    db = tmp_path / "jobs.db"
+    assert rows(db, "SELECT line FROM items WHERE id = 'line-1'") == [(2,)]  # the label stays; the line moved
+    assert rows(db, "SELECT id FROM items WHERE line = 1") == [("line-1.2",)]
+
+
+async def test_3000_lines_without_ids_3_inserted_1_deleted_send_3_and_mark_1_removed(tmp_path: Path) -> None:
+    rec = Recorder(scenario_app(latency=0.01))
+    lines = [anonymous(f"prompt {i}") for i in range(1, 3001)]
+    lines[1000] = lines[2000] = anonymous("the same prompt twice")  # duplicates keep their own results
+    src = write_jsonl(tmp_path / "in.jsonl", lines)
+    await finish(tmp_path, src, rec)
+    sent = len(rec.seen)
+    new = list(lines)
+    del new[1500]  # "prompt 1501"
+    new.insert(2500, anonymous("new C"))
+    new.insert(700, anonymous("new B"))
+    new.insert(0, anonymous("new A"))
+    write_jsonl(src, new)
+    summary, notes = await _finish_noting(tmp_path, src, rec, accept_changed_input=True)
+    # It re-sent 3,004 and did not mark the deleted line removed.
+    assert sorted(rec.items()[sent:]) == ["new A", "new B", "new C"]
+    assert any("3 added, 1 removed, 0 edited (sent again)" in n for n in notes), notes
+    assert (summary.total, summary.done) == (3002, 3002)
+    db = tmp_path / "jobs.db"
+    assert rows(db, "SELECT id, state FROM items WHERE state = 'removed'") == [("line-1501", "removed")]
+    # The export keeps the removed line where it was: after prompt 1500, before prompt 1502.
+    out = tmp_path / "out.jsonl"
+    export_job(db, "j", out)
+    ids = [json.loads(x)["id"] for x in out.read_text().splitlines()]
+    assert ids[ids.index("line-1501") - 1 : ids.index("line-1501") + 2] == ["line-1500", "line-1501", "line-1502"]
+    assert len(ids) == 3003
+
+
+async def test_a_removed_item_is_exported_in_its_place_when_lines_around_it_go_too(tmp_path: Path) -> None:
+    rec = Recorder(scenario_app(latency=0.01))
+    lines = [json.dumps({"id": c, "messages": [{"role": "user", "content": c}]}) for c in "abcdef"]
+    src = write_jsonl(tmp_path / "in.jsonl", lines)
+    await finish(tmp_path, src, rec)
+    write_jsonl(src, [lines[0], lines[3], lines[4], lines[5]])  # b and c removed
+    await finish(tmp_path, src, rec, accept_changed_input=True)
+    write_jsonl(src, [lines[0], lines[4], lines[5]])  # then d too: it was exported after e
+    await finish(tmp_path, src, rec, accept_changed_input=True)
+    out = tmp_path / "out.jsonl"
+    export_job(tmp_path / "jobs.db", "j", out)
+    records = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [(r["id"], bool(r.get("removed"))) for r in records] == [
+        ("a", False),
+        ("b", True),
+        ("c", True),
+        ("d", True),
+        ("e", False),
+        ("f", False),
+    ]

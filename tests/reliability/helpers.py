@@ -9,8 +9,10 @@ import math as _math
 import os
 import re as _re
 import socket
+import sqlite3
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -49,6 +51,28 @@ def scenario(
             for m in models
         ),
     )
+
+
+def cli_config(folder: Path, base_latency: float) -> Path:
+    """The shipped config.toml for a real `capmon batch` process: its embedded simulator on a free
+    loopback port, serving the CLI tests' fast scenario at ``base_latency``."""
+    from tests.batch.test_cli import ROOT, SCENARIO
+    from tests.support.scripted import free_port
+
+    (folder / "fast.toml").write_text(SCENARIO.replace("base_latency = 0.005", f"base_latency = {base_latency}"))
+    text = (ROOT / "config.toml").read_text().replace("127.0.0.1:8089", f"127.0.0.1:{free_port()}")
+    cfg = folder / "config.toml"
+    cfg.write_text(text.replace('scenario = "demo"', 'scenario = "fast.toml"'))
+    return cfg
+
+
+def read_only_query(db: Path, sql: str) -> list[tuple[Any, ...]]:
+    """Rows of ``sql`` on a job database, opened read-only (the runner may hold it)."""
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        return conn.execute(sql).fetchall()
+    finally:
+        conn.close()
 
 
 def dead_url() -> str:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import sqlite3
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -28,19 +27,11 @@ from capmon.core.exceptions import BatchError
 from capmon.core.router import FallbackClient
 from capmon.sim.server import running_simulator
 from tests.batch.helpers import write_items
-from tests.reliability.helpers import ENV, scenario, sim_config
+from tests.reliability.helpers import ENV, read_only_query, scenario, sim_config
 
 pytestmark = pytest.mark.looptime
 
 N = 400
-
-
-def _q(db: Path, sql: str) -> list[tuple[Any, ...]]:
-    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-    try:
-        return conn.execute(sql).fetchall()
-    finally:
-        conn.close()
 
 
 class Sends:
@@ -74,7 +65,7 @@ async def _fill_and_resume(
             task = asyncio.create_task(runner.run())
             while runner.progress().done < 100:
                 await asyncio.sleep(0.01)
-            saved_before = {r[0] for r in _q(db, "SELECT id FROM items WHERE state = 'done'")}
+            saved_before = {r[0] for r in read_only_query(db, "SELECT id FROM items WHERE state = 'done'")}
             fill(runner)
             filled_at = loop.time()
             with pytest.raises(BatchError) as halted:
@@ -90,7 +81,7 @@ async def _fill_and_resume(
         }
 
         # Everything saved before the disk filled is still there, and the job says why it stopped.
-        still = {r[0] for r in _q(db, "SELECT id FROM items WHERE state = 'done'")}
+        still = {r[0] for r in read_only_query(db, "SELECT id FROM items WHERE state = 'done'")}
         assert saved_before <= still
         assert read_progress(db, "full").state == "stopped"
 
@@ -99,7 +90,7 @@ async def _fill_and_resume(
         async with FallbackClient(sim_config(sim.base_url), environ=ENV, bus=bus2) as client:
             summary = await BatchRunner(client, db, "full", concurrency=16).run()
     assert (summary.done, summary.failed, summary.state) == (N, 0, "finished")
-    ok = dict(_q(db, "SELECT item, count(*) FROM attempts WHERE decision = 'ok' GROUP BY item"))
+    ok = dict(read_only_query(db, "SELECT item, count(*) FROM attempts WHERE decision = 'ok' GROUP BY item"))
     assert len(ok) == N and set(ok.values()) == {1}  # every item once in the store, none lost
     figures["error"] = error
     return figures
@@ -135,11 +126,11 @@ async def test_sqlite_full_pauses_sends_at_the_first_failed_save_and_resume_lose
 
 
 @contextlib.contextmanager
-def tmpfs(path: Path, size: str) -> Iterator[Path]:
+def tmpfs(path: Path, size: str, *, read_only: bool = False) -> Iterator[Path]:
     path.mkdir()
     try:
         subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+            ["mount", "-t", "tmpfs", "-o", f"size={size}" + (",ro" if read_only else ""), "tmpfs", str(path)],
             check=True,
             capture_output=True,
             timeout=10,
