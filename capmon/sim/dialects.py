@@ -20,8 +20,8 @@ import enum
 import json
 import math
 from collections.abc import Mapping
-from datetime import UTC, datetime
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from capmon.core.hints import MAX_HINT

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from starlette.requests import Request
@@ -16,6 +17,25 @@ from starlette.types import Receive, Scope, Send
 from capmon.sim import dialects
 from capmon.sim.dialects import AZURE_API_VERSION, Api, Wire, WireError, speaks
 from capmon.sim.model import Decision, NoCapacity, Penalised, Simulator, TooLong, UnknownModel, Unsupported
+
+
+@dataclass(frozen=True)
+class Via:
+    """How a request reached an OpenAI handler: OpenAI's own URLs, or Azure's (where a
+    classic URL's ``deployment`` names the model and ``api_version`` is the query's)."""
+
+    wire: Wire = Wire.OPENAI
+    deployment: str | None = None
+    api_version: str | None = None
+
+    def body(self, body: Any) -> Any:
+        """The body as the handler reads it: an Azure deployment URL overrides its model."""
+        if self.deployment is not None and isinstance(body, dict):
+            return {**body, "model": self.deployment}
+        return body
+
+
+OPENAI_VIA = Via()
 
 
 class BadRequest(Exception):
@@ -75,9 +95,7 @@ def refusal(
         return wire(dialects.unsupported_parameter(decision.dialect, decision.param, decision.instead), headers)
     if isinstance(decision, TooLong):
         return wire(
-            dialects.context_length_exceeded(
-                decision.context_window, decision.prompt_tokens, decision.max_tokens, on
-            ),
+            dialects.context_length_exceeded(decision.context_window, decision.prompt_tokens, decision.max_tokens, on),
             headers,
         )
     if isinstance(decision, NoCapacity):
