@@ -2,7 +2,7 @@
 ``api`` is ``azure`` (or ``all``):
 
   POST /openai/deployments/{deployment}/chat/completions?api-version=...   (classic)
-  POST /openai/deployments/{deployment}/responses?api-version=...
+  POST /openai/responses?api-version=...                                   (model in the body)
   POST /openai/v1/chat/completions, /openai/v1/responses                  (v1; api-version optional)
 
 The key is Azure's ``api-key`` header (Bearer works too, as Entra tokens do there). On the
@@ -37,7 +37,7 @@ def _classic(serve: Handler) -> Endpoint:
         version = request.query_params.get(API_VERSION)
         if not version:
             return wire(dialects.azure_error(400, "BadRequest", dialects.AZURE_MISSING_VERSION))
-        return await serve(request, Via(Wire.AZURE, request.path_params["deployment"], version))
+        return await serve(request, Via(Wire.AZURE, request.path_params.get("deployment"), version))
 
     return endpoint
 
@@ -53,7 +53,7 @@ def routes(chat: Handler, responses: Handler) -> list[Route]:
     """Azure's routes onto the chat completions and Responses handlers."""
     return [
         Route("/openai/deployments/{deployment}/chat/completions", _classic(chat), methods=["POST"]),
-        Route("/openai/deployments/{deployment}/responses", _classic(responses), methods=["POST"]),
+        Route("/openai/responses", _classic(responses), methods=["POST"]),
         Route("/openai/v1/chat/completions", _v1(chat), methods=["POST"]),
         Route("/openai/v1/responses", _v1(responses), methods=["POST"]),
     ]
