@@ -1,5 +1,6 @@
-"""The simulated provider as an ASGI app: an OpenAI-compatible API that really runs out
-of capacity, plus admin endpoints to steer it.
+"""The simulated provider as an ASGI app: OpenAI's API (also on Azure's URLs) and
+Anthropic's Messages API, that really run out of capacity, plus admin endpoints to steer it.
+A model is served on the wire its scenario ``api`` names (openai, azure, anthropic or all).
 
 API (OpenAI format; key as ``Authorization: Bearer KEY``, ``api-key`` or ``x-api-key``):
   POST /v1/chat/completions   plain JSON, or SSE when "stream": true, framed per the model's
@@ -9,7 +10,12 @@ API (OpenAI format; key as ``Authorization: Bearer KEY``, ``api-key`` or ``x-api
                               (a model with token_param = "max_completion_tokens" answers
                               max_tokens with 400 unsupported_parameter)
   POST /v1/responses          the Responses API, plain or streamed (see responses.py)
-  GET  /v1/models, /v1/models/{name}
+  GET  /v1/models, /v1/models/{name}   the OpenAI-wire models (with anthropic-version: the Anthropic ones, in its shape)
+  Azure's URLs for the two POSTs above (see azure.py): /openai/deployments/{deployment}/chat/completions
+                              and /openai/responses with ?api-version=..., /openai/v1/chat/completions,
+                              /openai/v1/responses; Azure's 401, 404 DeploymentNotFound and 400s
+  POST /v1/messages           Anthropic's Messages API, plain or streamed, anthropic-version 2026-10-21
+                              or 2023-06-01 (see messages.py); POST /v1/messages/count_tokens
 
 A full model rejects at once in its dialect: an HTTP error (openai-429, openai-503, ...), or
 inside a 200 stream (openrouter-stream, anthropic-stream, gemini-openai-stream, vllm-stream,
@@ -30,6 +36,7 @@ needs the admin key, sent as ``Authorization: Bearer KEY`` or ``x-admin-key``, o
   POST   /admin/faults                {"mode": "reset", "count": 2} | {"mode": "hang", "rate": 0.1}
                                       | {"mode": "stream_error", "after": 3, "dialect": "vllm-stream"}
                                       | {"mode": "huge", "bytes": 100000000, "valid": false}
+                                      | {"mode": "error", "status": 403} (in the wire's own shape)
                                       | {"mode": ..., "model": "sim-small", ...} | a list | {"mode": "off"}
   DELETE /admin/faults                switch faults off
 
@@ -258,28 +265,41 @@ async def _faulted(
     return HTMLResponse(HTML_500_PAGE, status_code=500)
 
 
-def _model_entry(name: str, created: int) -> dict[str, Any]:
+def _model_entry(name: str, created: int, on: Wire) -> dict[str, Any]:
+    if on is Wire.ANTHROPIC:
+        return {"type": "model", "id": name, "display_name": name, "created_at": dialects.rfc3339(created)}
     return {"id": name, "object": "model", "created": created, "owned_by": "capmon-sim"}
+
+
+def _models_wire(request: Request) -> Wire:
+    """GET /v1/models is both OpenAI's and Anthropic's: the anthropic-version header says whose."""
+    return Wire.ANTHROPIC if messages.VERSION_HEADER in request.headers else Wire.OPENAI
 
 
 async def list_models(request: Request) -> Response:
     sim = simulator(request)
-    token = bearer(request)
+    on = _models_wire(request)
+    token = bearer(request, on)
     if not sim.is_accepted(token):
-        return wire(dialects.invalid_api_key(token))
+        return wire(dialects.invalid_api_key(token, on))
     created = int(sim.clock.wall())
-    return JSONResponse({"object": "list", "data": [_model_entry(n, created) for n in sim.model_names()]})
+    data = [_model_entry(n, created, on) for n in sim.model_names(on)]
+    if on is Wire.ANTHROPIC:
+        first, last = (data[0]["id"], data[-1]["id"]) if data else (None, None)
+        return JSONResponse({"data": data, "has_more": False, "first_id": first, "last_id": last})
+    return JSONResponse({"object": "list", "data": data})
 
 
 async def get_model(request: Request) -> Response:
     sim = simulator(request)
-    token = bearer(request)
+    on = _models_wire(request)
+    token = bearer(request, on)
     if not sim.is_accepted(token):
-        return wire(dialects.invalid_api_key(token))
+        return wire(dialects.invalid_api_key(token, on))
     name = request.path_params["name"]
-    if not sim.has_model(name):
-        return wire(dialects.model_not_found(name))
-    return JSONResponse(_model_entry(name, int(sim.clock.wall())))
+    if not sim.has_model(name, on):
+        return wire(dialects.model_not_found(name, on))
+    return JSONResponse(_model_entry(name, int(sim.clock.wall()), on))
 
 
 async def index(request: Request) -> Response:
@@ -288,7 +308,11 @@ async def index(request: Request) -> Response:
     return PlainTextResponse(
         f"capmon simulated provider, scenario {sim.scenario.name!r}.\n"
         f"OpenAI API under /v1: POST /v1/chat/completions, POST /v1/responses, GET /v1/models "
-        f"(models: {', '.join(sim.model_names())}).\n{policy.describe()}.\n"
+        f"(models: {', '.join(sim.model_names(Wire.OPENAI)) or 'none'}).\n"
+        f"Azure OpenAI under /openai: /openai/deployments/{{deployment}}/chat/completions?api-version=..., "
+        f"/openai/v1/... (deployments: {', '.join(sim.model_names(Wire.AZURE)) or 'none'}).\n"
+        f"Anthropic's Messages API: POST /v1/messages, POST /v1/messages/count_tokens "
+        f"(models: {', '.join(sim.model_names(Wire.ANTHROPIC)) or 'none'}).\n{policy.describe()}.\n"
     )
 
 

@@ -178,7 +178,7 @@ def _retry_after(hint: float) -> str:
     return str(max(0, math.ceil(hint)))
 
 
-def _rfc3339(epoch: float) -> str:
+def rfc3339(epoch: float) -> str:
     return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
@@ -295,7 +295,7 @@ def _anthropic_rate_limited(model: str, slots: int, hint: float | None, now: flo
     RFC 3339. The simulator's limit is concurrency, so the token figures are what the
     model's slots could hold at once (its context window each)."""
     limit = max(slots, 0)
-    reset = _rfc3339(math.ceil(now + (hint or 0.0)))  # never before the real reset
+    reset = rfc3339(math.ceil(now + (hint or 0.0)))  # never before the real reset
     headers = {
         "anthropic-ratelimit-requests-limit": str(limit),
         "anthropic-ratelimit-requests-remaining": "0",

@@ -47,6 +47,7 @@ WEATHER: Any = {
     },
 }
 OLD_VERSION = "2023-06-01"
+OVERLOADED = {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
 
 
 @pytest.fixture
@@ -173,6 +174,13 @@ async def test_the_event_sequence_on_the_wire(sim: SimHandle) -> None:
     assert last["delta"] == {"stop_reason": "end_turn", "stop_sequence": None} and last["usage"]["output_tokens"] == 12
 
 
+async def test_models_list_is_per_wire(client: anthropic.AsyncAnthropic, sim: SimHandle) -> None:
+    assert [m.id async for m in client.models.list()] == ["sim-claude"]
+    assert (await client.models.retrieve("sim-claude")).type == "model"
+    with pytest.raises(anthropic.NotFoundError):
+        await client.models.retrieve("sim-gpt")
+
+
 # ---------------------------------------------------------------- versions
 
 
@@ -241,7 +249,7 @@ async def test_overloaded_529(sim: SimHandle, client: anthropic.AsyncAnthropic) 
     with pytest.raises(anthropic.OverloadedError) as info:
         await client.messages.create(model="sim-claude", max_tokens=10, messages=HELLO)
     assert info.value.status_code == 529
-    assert info.value.body == {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
+    assert info.value.body == OVERLOADED
 
 
 async def test_rate_limited_429_with_its_headers(sim: SimHandle, client: anthropic.AsyncAnthropic) -> None:
@@ -317,7 +325,7 @@ async def _stream_until_error(client: anthropic.AsyncAnthropic) -> tuple[list[st
 
 
 def _overloaded(err: anthropic.APIStatusError) -> bool:
-    return cast(Any, err.body) == {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
+    return bool(cast(Any, err.body) == OVERLOADED)
 
 
 async def test_full_model_rejects_inside_the_stream(sim: SimHandle, client: anthropic.AsyncAnthropic) -> None:
