@@ -73,6 +73,7 @@ from capmon.sim.replies import (
     SlotStream,
     Via,
     bearer,
+    hold,
     read_request,
     refusal,
     simulator,
@@ -217,12 +218,7 @@ async def serve_chat(request: Request, via: Via) -> Response | DropConnection:
     if chat.stream:
         plan = StreamPlan(ticket, created, style=state.stream_style, include_usage=chat.include_usage, tool_call=call)
         return SlotStream(chat_stream(sim.clock, plan), lambda done: sim.release(ticket, completed=done), headers)
-    completed = False
-    try:
-        await sim.clock.sleep(ticket.service_time)
-        completed = True
-    finally:
-        sim.release(ticket, completed=completed)
+    await hold(sim, ticket)
     return JSONResponse(_completion(ticket, created, call), headers=headers)
 
 

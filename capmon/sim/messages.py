@@ -39,7 +39,7 @@ from capmon.sim import dialects
 from capmon.sim.dialects import Api, Wire
 from capmon.sim.faults import HANG_SECONDS, HTML_500_PAGE, DropConnection, FaultMode
 from capmon.sim.model import Admitted, Faulted, Simulator, Ticket
-from capmon.sim.replies import BadRequest, SlotStream, read_request, refusal, simulator, wire
+from capmon.sim.replies import BadRequest, SlotStream, hold, read_request, refusal, simulator, wire
 from capmon.sim.streams import answer_pieces, answer_text, argument_pieces, tokens_of
 from capmon.sim.tools import ToolCall, ToolError, ToolRequest, make_call, parse_anthropic_tools
 
@@ -345,12 +345,7 @@ async def create_message(request: Request) -> Response:
         return SlotStream(
             message_stream(sim.clock, mid, ticket, call), lambda done: sim.release(ticket, completed=done), headers
         )
-    completed = False
-    try:
-        await sim.clock.sleep(ticket.service_time)
-        completed = True
-    finally:
-        sim.release(ticket, completed=completed)
+    await hold(sim, ticket)
     return JSONResponse(complete_message(mid, ticket, call), headers=headers)
 
 

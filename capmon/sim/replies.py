@@ -16,7 +16,16 @@ from starlette.types import Receive, Scope, Send
 
 from capmon.sim import dialects
 from capmon.sim.dialects import AZURE_API_VERSION, Api, Wire, WireError, speaks
-from capmon.sim.model import Decision, NoCapacity, Penalised, Simulator, TooLong, UnknownModel, Unsupported
+from capmon.sim.model import (
+    Decision,
+    NoCapacity,
+    Penalised,
+    Simulator,
+    Ticket,
+    TooLong,
+    UnknownModel,
+    Unsupported,
+)
 
 
 @dataclass(frozen=True)
@@ -115,6 +124,17 @@ def refusal(
             headers,
         )
     return None
+
+
+async def hold(sim: Simulator, ticket: Ticket) -> None:
+    """A plain answer's work: hold the slot for the service time, then free it (as
+    cancelled when the client went away first)."""
+    completed = False
+    try:
+        await sim.clock.sleep(ticket.service_time)
+        completed = True
+    finally:
+        sim.release(ticket, completed=completed)
 
 
 class SlotStream(StreamingResponse):

@@ -31,7 +31,7 @@ from capmon.sim import dialects
 from capmon.sim.dialects import Api, Wire
 from capmon.sim.faults import HANG_SECONDS, HTML_500_PAGE, DropConnection, FaultMode
 from capmon.sim.model import Admitted, Faulted, Simulator, Ticket
-from capmon.sim.replies import OPENAI_VIA, BadRequest, SlotStream, Via, read_request, refusal, wire
+from capmon.sim.replies import OPENAI_VIA, BadRequest, SlotStream, Via, hold, read_request, refusal, wire
 from capmon.sim.streams import STREAM_CHUNK_TOKENS, answer_text
 
 MIN_OUTPUT_TOKENS = 16  # the Responses API refuses a smaller max_output_tokens
@@ -317,12 +317,7 @@ async def serve_response(request: Request, via: Via) -> Response:
         return SlotStream(
             response_stream(sim.clock, ticket, req, created), lambda done: sim.release(ticket, completed=done), {}
         )
-    completed = False
-    try:
-        await sim.clock.sleep(ticket.service_time)
-        completed = True
-    finally:
-        sim.release(ticket, completed=completed)
+    await hold(sim, ticket)
     return JSONResponse(complete_response(ticket, req, created))
 
 
