@@ -1,5 +1,6 @@
-"""The simulated provider as an ASGI app: an OpenAI-compatible API that really runs out
-of capacity, plus admin endpoints to steer it.
+"""The simulated provider as an ASGI app: OpenAI's API (also on Azure's URLs) and
+Anthropic's Messages API, that really run out of capacity, plus admin endpoints to steer it.
+A model is served on the wire its scenario ``api`` names (openai, azure, anthropic or all).
 
 API (OpenAI format; key as ``Authorization: Bearer KEY``, ``api-key`` or ``x-api-key``):
   POST /v1/chat/completions   plain JSON, or SSE when "stream": true, framed per the model's
@@ -9,7 +10,12 @@ API (OpenAI format; key as ``Authorization: Bearer KEY``, ``api-key`` or ``x-api
                               (a model with token_param = "max_completion_tokens" answers
                               max_tokens with 400 unsupported_parameter)
   POST /v1/responses          the Responses API, plain or streamed (see responses.py)
-  GET  /v1/models, /v1/models/{name}
+  GET  /v1/models, /v1/models/{name}   the OpenAI-wire models (with anthropic-version: the Anthropic ones, in its shape)
+  Azure's URLs for the two POSTs above (see azure.py): /openai/deployments/{deployment}/chat/completions
+                              and /openai/responses with ?api-version=..., /openai/v1/chat/completions,
+                              /openai/v1/responses; Azure's 401, 404 DeploymentNotFound and 400s
+  POST /v1/messages           Anthropic's Messages API, plain or streamed, anthropic-version 2026-10-21
+                              or 2023-06-01 (see messages.py); POST /v1/messages/count_tokens
 
 A full model rejects at once in its dialect: an HTTP error (openai-429, openai-503, ...), or
 inside a 200 stream (openrouter-stream, anthropic-stream, gemini-openai-stream, vllm-stream,
@@ -30,6 +36,7 @@ needs the admin key, sent as ``Authorization: Bearer KEY`` or ``x-admin-key``, o
   POST   /admin/faults                {"mode": "reset", "count": 2} | {"mode": "hang", "rate": 0.1}
                                       | {"mode": "stream_error", "after": 3, "dialect": "vllm-stream"}
                                       | {"mode": "huge", "bytes": 100000000, "valid": false}
+                                      | {"mode": "error", "status": 403} (in the wire's own shape)
                                       | {"mode": ..., "model": "sim-small", ...} | a list | {"mode": "off"}
   DELETE /admin/faults                switch faults off
 
@@ -54,13 +61,24 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from capmon.core.clock import Clock
 from capmon.core.tokens import estimate_tokens
-from capmon.sim import admin, dialects, responses
+from capmon.sim import admin, azure, dialects, messages, responses
 from capmon.sim.admin import AdminGuard, AdminPolicy
-from capmon.sim.dialects import Api
+from capmon.sim.dialects import Api, Wire
 from capmon.sim.faults import HANG_SECONDS, HTML_500_PAGE, DropConnection, FaultMode
 from capmon.sim.huge import huge_body, huge_stream
 from capmon.sim.model import Admitted, Faulted, Simulator, Ticket
-from capmon.sim.replies import BadRequest, SlotStream, bearer, read_request, refusal, simulator, wire
+from capmon.sim.replies import (
+    OPENAI_VIA,
+    BadRequest,
+    SlotStream,
+    Via,
+    bearer,
+    hold,
+    read_request,
+    refusal,
+    simulator,
+    wire,
+)
 from capmon.sim.scenario import Scenario, load_scenario
 from capmon.sim.streams import FINGERPRINT, StreamPlan, answer_text, chat_stream, rejection_stream, tokens_of, usage
 from capmon.sim.tools import ToolCall, ToolError, ToolRequest, make_call, parse_tools
@@ -160,7 +178,12 @@ UNPARSABLE = (
 
 
 async def chat_completions(request: Request) -> Response | DropConnection:
-    read = await read_request(request, parse_chat, UNPARSABLE)
+    return await serve_chat(request, OPENAI_VIA)
+
+
+async def serve_chat(request: Request, via: Via) -> Response | DropConnection:
+    """Chat completions, reached through OpenAI's URL or one of Azure's (``via``)."""
+    read = await read_request(request, lambda body: parse_chat(via.body(body)), UNPARSABLE, via.wire)
     if isinstance(read, Response):
         return read
     sim, alias, chat = read
@@ -171,13 +194,22 @@ async def chat_completions(request: Request) -> Response | DropConnection:
         max_tokens=chat.max_tokens,
         stream=chat.stream,
         sent_max_tokens=chat.sent_max_tokens,
+        wire=via.wire,
     )
-    refused = refusal(decision, api=Api.CHAT, stream=chat.stream, in_stream=rejection_stream)
+    refused = refusal(
+        decision,
+        api=Api.CHAT,
+        stream=chat.stream,
+        in_stream=rejection_stream,
+        on=via.wire,
+        now=sim.clock.wall(),
+        api_version=via.api_version,
+    )
     if refused is not None:
         return refused
     created = int(sim.clock.wall())
     if isinstance(decision, Faulted):
-        return await _faulted(sim, decision, chat, created)
+        return await _faulted(sim, decision, chat, created, via.wire)
     assert isinstance(decision, Admitted)
     ticket = decision.ticket
     state = sim.state(chat.model)
@@ -186,16 +218,13 @@ async def chat_completions(request: Request) -> Response | DropConnection:
     if chat.stream:
         plan = StreamPlan(ticket, created, style=state.stream_style, include_usage=chat.include_usage, tool_call=call)
         return SlotStream(chat_stream(sim.clock, plan), lambda done: sim.release(ticket, completed=done), headers)
-    completed = False
-    try:
-        await sim.clock.sleep(ticket.service_time)
-        completed = True
-    finally:
-        sim.release(ticket, completed=completed)
+    await hold(sim, ticket)
     return JSONResponse(_completion(ticket, created, call), headers=headers)
 
 
-async def _faulted(sim: Simulator, decision: Faulted, chat: ChatRequest, created: int) -> Response | DropConnection:
+async def _faulted(
+    sim: Simulator, decision: Faulted, chat: ChatRequest, created: int, on: Wire
+) -> Response | DropConnection:
     rule, ticket, state = decision.rule, decision.ticket, decision.state
     if rule.mode in (FaultMode.STREAM_CUT, FaultMode.STREAM_ERROR):
         plan = StreamPlan(
@@ -212,6 +241,8 @@ async def _faulted(sim: Simulator, decision: Faulted, chat: ChatRequest, created
     if rule.mode is FaultMode.HANG:
         await sim.clock.sleep(HANG_SECONDS)
         return PlainTextResponse("Gateway Timeout", status_code=504)
+    if rule.mode is FaultMode.ERROR:
+        return wire(dialects.status_error(rule.status, on))
     await sim.clock.sleep(ticket.first_token)
     if rule.mode is FaultMode.HUGE:
         if chat.stream:
@@ -230,28 +261,41 @@ async def _faulted(sim: Simulator, decision: Faulted, chat: ChatRequest, created
     return HTMLResponse(HTML_500_PAGE, status_code=500)
 
 
-def _model_entry(name: str, created: int) -> dict[str, Any]:
+def _model_entry(name: str, created: int, on: Wire) -> dict[str, Any]:
+    if on is Wire.ANTHROPIC:
+        return {"type": "model", "id": name, "display_name": name, "created_at": dialects.rfc3339(created)}
     return {"id": name, "object": "model", "created": created, "owned_by": "capmon-sim"}
+
+
+def _models_wire(request: Request) -> Wire:
+    """GET /v1/models is both OpenAI's and Anthropic's: the anthropic-version header says whose."""
+    return Wire.ANTHROPIC if messages.VERSION_HEADER in request.headers else Wire.OPENAI
 
 
 async def list_models(request: Request) -> Response:
     sim = simulator(request)
-    token = bearer(request)
+    on = _models_wire(request)
+    token = bearer(request, on)
     if not sim.is_accepted(token):
-        return wire(dialects.invalid_api_key(token))
+        return wire(dialects.invalid_api_key(token, on))
     created = int(sim.clock.wall())
-    return JSONResponse({"object": "list", "data": [_model_entry(n, created) for n in sim.model_names()]})
+    data = [_model_entry(n, created, on) for n in sim.model_names(on)]
+    if on is Wire.ANTHROPIC:
+        first, last = (data[0]["id"], data[-1]["id"]) if data else (None, None)
+        return JSONResponse({"data": data, "has_more": False, "first_id": first, "last_id": last})
+    return JSONResponse({"object": "list", "data": data})
 
 
 async def get_model(request: Request) -> Response:
     sim = simulator(request)
-    token = bearer(request)
+    on = _models_wire(request)
+    token = bearer(request, on)
     if not sim.is_accepted(token):
-        return wire(dialects.invalid_api_key(token))
+        return wire(dialects.invalid_api_key(token, on))
     name = request.path_params["name"]
-    if not sim.has_model(name):
-        return wire(dialects.model_not_found(name))
-    return JSONResponse(_model_entry(name, int(sim.clock.wall())))
+    if not sim.has_model(name, on):
+        return wire(dialects.model_not_found(name, on))
+    return JSONResponse(_model_entry(name, int(sim.clock.wall()), on))
 
 
 async def index(request: Request) -> Response:
@@ -260,7 +304,11 @@ async def index(request: Request) -> Response:
     return PlainTextResponse(
         f"capmon simulated provider, scenario {sim.scenario.name!r}.\n"
         f"OpenAI API under /v1: POST /v1/chat/completions, POST /v1/responses, GET /v1/models "
-        f"(models: {', '.join(sim.model_names())}).\n{policy.describe()}.\n"
+        f"(models: {', '.join(sim.model_names(Wire.OPENAI)) or 'none'}).\n"
+        f"Azure OpenAI under /openai: /openai/deployments/{{deployment}}/chat/completions?api-version=..., "
+        f"/openai/v1/... (deployments: {', '.join(sim.model_names(Wire.AZURE)) or 'none'}).\n"
+        f"Anthropic's Messages API: POST /v1/messages, POST /v1/messages/count_tokens "
+        f"(models: {', '.join(sim.model_names(Wire.ANTHROPIC)) or 'none'}).\n{policy.describe()}.\n"
     )
 
 
@@ -307,6 +355,9 @@ def create_app(
         Route("/", index),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/responses", responses.create_response, methods=["POST"]),
+        Route("/v1/messages", messages.create_message, methods=["POST"]),
+        Route("/v1/messages/count_tokens", messages.count_tokens, methods=["POST"]),
+        *azure.routes(serve_chat, responses.serve_response),
         Route("/v1/models", list_models),
         Route("/v1/models/{name:path}", get_model),
         *admin.ROUTES,
