@@ -54,13 +54,23 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from capmon.core.clock import Clock
 from capmon.core.tokens import estimate_tokens
-from capmon.sim import admin, dialects, responses
+from capmon.sim import admin, azure, dialects, messages, responses
 from capmon.sim.admin import AdminGuard, AdminPolicy
-from capmon.sim.dialects import Api
+from capmon.sim.dialects import Api, Wire
 from capmon.sim.faults import HANG_SECONDS, HTML_500_PAGE, DropConnection, FaultMode
 from capmon.sim.huge import huge_body, huge_stream
 from capmon.sim.model import Admitted, Faulted, Simulator, Ticket
-from capmon.sim.replies import BadRequest, SlotStream, bearer, read_request, refusal, simulator, wire
+from capmon.sim.replies import (
+    OPENAI_VIA,
+    BadRequest,
+    SlotStream,
+    Via,
+    bearer,
+    read_request,
+    refusal,
+    simulator,
+    wire,
+)
 from capmon.sim.scenario import Scenario, load_scenario
 from capmon.sim.streams import FINGERPRINT, StreamPlan, answer_text, chat_stream, rejection_stream, tokens_of, usage
 from capmon.sim.tools import ToolCall, ToolError, ToolRequest, make_call, parse_tools
@@ -160,7 +170,12 @@ UNPARSABLE = (
 
 
 async def chat_completions(request: Request) -> Response | DropConnection:
-    read = await read_request(request, parse_chat, UNPARSABLE)
+    return await serve_chat(request, OPENAI_VIA)
+
+
+async def serve_chat(request: Request, via: Via) -> Response | DropConnection:
+    """Chat completions, reached through OpenAI's URL or one of Azure's (``via``)."""
+    read = await read_request(request, lambda body: parse_chat(via.body(body)), UNPARSABLE, via.wire)
     if isinstance(read, Response):
         return read
     sim, alias, chat = read
@@ -171,13 +186,22 @@ async def chat_completions(request: Request) -> Response | DropConnection:
         max_tokens=chat.max_tokens,
         stream=chat.stream,
         sent_max_tokens=chat.sent_max_tokens,
+        wire=via.wire,
     )
-    refused = refusal(decision, api=Api.CHAT, stream=chat.stream, in_stream=rejection_stream)
+    refused = refusal(
+        decision,
+        api=Api.CHAT,
+        stream=chat.stream,
+        in_stream=rejection_stream,
+        on=via.wire,
+        now=sim.clock.wall(),
+        api_version=via.api_version,
+    )
     if refused is not None:
         return refused
     created = int(sim.clock.wall())
     if isinstance(decision, Faulted):
-        return await _faulted(sim, decision, chat, created)
+        return await _faulted(sim, decision, chat, created, via.wire)
     assert isinstance(decision, Admitted)
     ticket = decision.ticket
     state = sim.state(chat.model)
@@ -195,7 +219,9 @@ async def chat_completions(request: Request) -> Response | DropConnection:
     return JSONResponse(_completion(ticket, created, call), headers=headers)
 
 
-async def _faulted(sim: Simulator, decision: Faulted, chat: ChatRequest, created: int) -> Response | DropConnection:
+async def _faulted(
+    sim: Simulator, decision: Faulted, chat: ChatRequest, created: int, on: Wire
+) -> Response | DropConnection:
     rule, ticket, state = decision.rule, decision.ticket, decision.state
     if rule.mode in (FaultMode.STREAM_CUT, FaultMode.STREAM_ERROR):
         plan = StreamPlan(
@@ -212,6 +238,8 @@ async def _faulted(sim: Simulator, decision: Faulted, chat: ChatRequest, created
     if rule.mode is FaultMode.HANG:
         await sim.clock.sleep(HANG_SECONDS)
         return PlainTextResponse("Gateway Timeout", status_code=504)
+    if rule.mode is FaultMode.ERROR:
+        return wire(dialects.status_error(rule.status, on))
     await sim.clock.sleep(ticket.first_token)
     if rule.mode is FaultMode.HUGE:
         if chat.stream:
@@ -307,6 +335,9 @@ def create_app(
         Route("/", index),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/responses", responses.create_response, methods=["POST"]),
+        Route("/v1/messages", messages.create_message, methods=["POST"]),
+        Route("/v1/messages/count_tokens", messages.count_tokens, methods=["POST"]),
+        *azure.routes(serve_chat, responses.serve_response),
         Route("/v1/models", list_models),
         Route("/v1/models/{name:path}", get_model),
         *admin.ROUTES,

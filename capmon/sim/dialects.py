@@ -9,7 +9,7 @@ A model's ``hint`` (seconds) is carried the way that provider would carry it
 "try again in 1.5s"); with no hint, a rejection carries no hint at all.
 
 Some providers say "no" inside a 200 stream instead (the ``*-stream`` and ``responses-*``
-dialects): each speaks one API's stream (:func:`stream_api`), and answers a request it
+dialects): each speaks one API's stream (:func:`speaks`), and answers a request it
 cannot answer that way (a plain request, or the other API's stream) with the HTTP error
 that its in-stream frame describes. Where each shape comes from is cited beside it.
 """
@@ -21,6 +21,7 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from capmon.core.hints import MAX_HINT
@@ -28,12 +29,22 @@ from capmon.core.hints import MAX_HINT
 OPENAI_429 = "openai-429"
 OPENAI_503 = "openai-503"
 ANTHROPIC_529 = "anthropic-529"
+ANTHROPIC_429 = "anthropic-429"  # rate_limit_error with retry-after and the anthropic-ratelimit-* headers
 GEMINI_429 = "gemini-429"
 GEMINI_503 = "gemini-503"
 AZURE_429 = "azure-429"
 CAPACITY_TEXT = "capacity-text"
 
-DIALECTS: tuple[str, ...] = (OPENAI_429, OPENAI_503, ANTHROPIC_529, GEMINI_429, GEMINI_503, AZURE_429, CAPACITY_TEXT)
+DIALECTS: tuple[str, ...] = (
+    OPENAI_429,
+    OPENAI_503,
+    ANTHROPIC_529,
+    ANTHROPIC_429,
+    GEMINI_429,
+    GEMINI_503,
+    AZURE_429,
+    CAPACITY_TEXT,
+)
 
 # In-stream capacity dialects: a 200 stream whose only (or next) frame is the rejection.
 OPENROUTER_STREAM = "openrouter-stream"  # error.code 429: the upstream provider rate-limits
@@ -75,6 +86,16 @@ OLLAMA_BUSY_MESSAGE = "server busy, please try again.  maximum pending requests 
 # vLLM's error shape, with vLLM's HTTPStatus-named error type.
 VLLM_OVERLOADED_MESSAGE = "The server is overloaded: too many requests are waiting. Please try again later."
 SLOW_DOWN_MESSAGE = "Too many requests arrived at once. Please slow down and try again later."
+AZURE_API_VERSION = "2024-10-21"  # the GA version an Azure 429 names when the request named none
+AZURE_ACCESS_DENIED = (
+    "Access denied due to invalid subscription key or wrong API endpoint. Make sure to provide a valid "
+    "key for an active subscription and use a correct regional API endpoint for your resource."
+)
+AZURE_DEPLOYMENT_NOT_FOUND = (
+    "The API deployment for this resource does not exist. If you created the deployment within the "
+    "last 5 minutes, please wait a moment and try again."
+)
+AZURE_MISSING_VERSION = "Missing required query parameter: api-version"
 
 
 @dataclass(frozen=True)
@@ -99,15 +120,42 @@ class Api(str, enum.Enum):
 
     CHAT = "chat"  # POST /v1/chat/completions
     RESPONSES = "responses"  # POST /v1/responses
+    MESSAGES = "messages"  # POST /v1/messages (Anthropic)
 
 
-def stream_api(dialect: str) -> Api | None:
-    """The API whose stream carries this dialect's rejection; None for HTTP dialects."""
-    if dialect in CHAT_STREAM_DIALECTS:
-        return Api.CHAT
-    if dialect in RESPONSES_STREAM_DIALECTS:
-        return Api.RESPONSES
-    return None
+class Wire(str, enum.Enum):
+    """Whose URLs, keys and error shapes a request came in on."""
+
+    OPENAI = "openai"  # /v1/chat/completions, /v1/responses
+    AZURE = "azure"  # /openai/deployments/{deployment}/..., /openai/v1/...
+    ANTHROPIC = "anthropic"  # /v1/messages
+
+
+# A scenario model's `api`: the wire it is served on, or all of them.
+ALL_WIRES = "all"
+MODEL_APIS: tuple[str, ...] = (*(w.value for w in Wire), ALL_WIRES)
+# What a model says when full unless its scenario names a dialect: its provider's own.
+WIRE_DIALECTS: dict[str, str] = {
+    Wire.OPENAI.value: OPENAI_503,
+    Wire.AZURE.value: AZURE_429,
+    Wire.ANTHROPIC.value: ANTHROPIC_529,
+    ALL_WIRES: OPENAI_503,
+}
+
+
+def serves(api: str, wire: Wire) -> bool:
+    """Whether a model whose scenario says ``api`` is served on ``wire``."""
+    return api in (ALL_WIRES, wire.value)
+
+
+def speaks(dialect: str, api: Api) -> bool:
+    """Whether ``dialect``'s in-stream rejection is a frame of ``api``'s stream. Anthropic's
+    ``event: error`` is one in both a chat stream (as some proxies send it) and its own."""
+    if api is Api.CHAT:
+        return dialect in CHAT_STREAM_DIALECTS
+    if api is Api.RESPONSES:
+        return dialect in RESPONSES_STREAM_DIALECTS
+    return dialect == ANTHROPIC_STREAM
 
 
 def format_duration(seconds: float) -> str:
@@ -130,6 +178,23 @@ def _retry_after(hint: float) -> str:
     return str(max(0, math.ceil(hint)))
 
 
+def _rfc3339(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def anthropic_error(status: int, type: str, message: str, headers: Mapping[str, str] | None = None) -> WireError:
+    """Anthropic's error body (docs.anthropic.com/en/api/errors)."""
+    return _json(status, {"type": "error", "error": {"type": type, "message": message}}, headers)
+
+
+ANTHROPIC_OVERLOADED = {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
+
+
+def anthropic_error_event() -> bytes:
+    """Anthropic's in-stream ``error`` event: the stream says overloaded after its 200."""
+    return b"event: error\ndata: " + json.dumps(ANTHROPIC_OVERLOADED).encode() + b"\n\n"
+
+
 def openai_error(
     status: int,
     message: str,
@@ -142,8 +207,18 @@ def openai_error(
     return _json(status, {"error": {"message": message, "type": type, "param": param, "code": code}}, headers)
 
 
-def capacity_rejection(dialect: str, *, model: str, slots: int, hint: float | None) -> WireError:
-    """The answer to a request that found no free slot on ``model``."""
+def capacity_rejection(
+    dialect: str,
+    *,
+    model: str,
+    slots: int,
+    hint: float | None,
+    now: float = 0.0,
+    api_version: str = AZURE_API_VERSION,
+    context_window: int = 0,
+) -> WireError:
+    """The answer to a request that found no free slot on ``model``. ``now`` (wall-clock
+    seconds) dates Anthropic's reset headers; ``api_version`` is the Azure request's."""
     headers: dict[str, str] = {}
     if hint is not None:
         hint = min(max(0.0, float(hint)), MAX_HINT)  # keep every rendering finite
@@ -167,7 +242,9 @@ def capacity_rejection(dialect: str, *, model: str, slots: int, hint: float | No
     if dialect == ANTHROPIC_529:
         if hint is not None:
             headers["retry-after"] = _retry_after(hint)
-        return _json(529, {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}, headers)
+        return _json(529, ANTHROPIC_OVERLOADED, headers)
+    if dialect == ANTHROPIC_429:
+        return _anthropic_rate_limited(model, slots, hint, now, context_window)
     if dialect in (GEMINI_429, GEMINI_503):
         details: list[dict[str, Any]] = []
         if dialect == GEMINI_429:
@@ -195,7 +272,7 @@ def capacity_rejection(dialect: str, *, model: str, slots: int, hint: float | No
         return _json(status, {"error": error})
     if dialect == AZURE_429:
         message = (
-            f"Requests to the ChatCompletions_Create Operation under Azure OpenAI API version 2024-10-21 "
+            f"Requests to the ChatCompletions_Create Operation under Azure OpenAI API version {api_version} "
             f"have exceeded call rate limit of your current OpenAI S0 pricing tier for {model}."
         )
         if hint is not None:
@@ -212,8 +289,35 @@ def capacity_rejection(dialect: str, *, model: str, slots: int, hint: float | No
     raise ValueError(f"unknown dialect {dialect!r}; expected one of {', '.join(CAPACITY_DIALECTS)}")
 
 
-def penalty_rejection(remaining: float) -> WireError:
+def _anthropic_rate_limited(model: str, slots: int, hint: float | None, now: float, window: int) -> WireError:
+    """Anthropic's 429 (docs.anthropic.com/en/api/rate-limits): ``retry-after`` and the
+    ``anthropic-ratelimit-{requests,tokens}-{limit,remaining,reset}`` headers, resets in
+    RFC 3339. The simulator's limit is concurrency, so the token figures are what the
+    model's slots could hold at once (its context window each)."""
+    limit = max(slots, 0)
+    reset = _rfc3339(math.ceil(now + (hint or 0.0)))  # never before the real reset
+    headers = {
+        "anthropic-ratelimit-requests-limit": str(limit),
+        "anthropic-ratelimit-requests-remaining": "0",
+        "anthropic-ratelimit-requests-reset": reset,
+        "anthropic-ratelimit-tokens-limit": str(limit * window),
+        "anthropic-ratelimit-tokens-remaining": "0",
+        "anthropic-ratelimit-tokens-reset": reset,
+    }
+    if hint is not None:
+        headers["retry-after"] = _retry_after(hint)
+    message = (
+        f"This request would exceed the rate limit for your organization (org-capmon-sim) of {limit} "
+        f"concurrent requests to {model}. For details, refer to: https://docs.claude.com/en/api/rate-limits. "
+        f"You can see the response headers for current usage."
+    )
+    return anthropic_error(429, "rate_limit_error", message, headers)
+
+
+def penalty_rejection(remaining: float, wire: Wire = Wire.OPENAI) -> WireError:
     """A key that kept hammering after rejections; the hint is the real time left."""
+    if wire is Wire.ANTHROPIC:
+        return anthropic_error(429, "rate_limit_error", PENALTY_MESSAGE, {"retry-after": _retry_after(remaining)})
     return openai_error(
         429,
         PENALTY_MESSAGE,
@@ -223,7 +327,17 @@ def penalty_rejection(remaining: float) -> WireError:
     )
 
 
-def invalid_api_key(token: str | None) -> WireError:
+def azure_error(status: int, code: str, message: str) -> WireError:
+    """Azure OpenAI's own error body (its front end's, before a request reaches a model)."""
+    return _json(status, {"error": {"code": code, "message": message}})
+
+
+def invalid_api_key(token: str | None, wire: Wire = Wire.OPENAI) -> WireError:
+    if wire is Wire.AZURE:
+        return azure_error(401, "401", AZURE_ACCESS_DENIED)
+    if wire is Wire.ANTHROPIC:
+        # Anthropic names the header it read, whichever the caller used.
+        return anthropic_error(401, "authentication_error", "invalid x-api-key")
     if not token:
         message = (
             "You didn't provide an API key. You need to provide your API key in an Authorization header "
@@ -236,7 +350,11 @@ def invalid_api_key(token: str | None) -> WireError:
     return openai_error(401, message, type="invalid_request_error", code="invalid_api_key")
 
 
-def model_not_found(model: str) -> WireError:
+def model_not_found(model: str, wire: Wire = Wire.OPENAI) -> WireError:
+    if wire is Wire.AZURE:
+        return azure_error(404, "DeploymentNotFound", AZURE_DEPLOYMENT_NOT_FOUND)
+    if wire is Wire.ANTHROPIC:
+        return anthropic_error(404, "not_found_error", f"model: {model}")
     return openai_error(
         404,
         f"The model `{model}` does not exist or you do not have access to it.",
@@ -245,7 +363,18 @@ def model_not_found(model: str) -> WireError:
     )
 
 
-def context_length_exceeded(window: int, prompt_tokens: int, max_tokens: int) -> WireError:
+def context_length_exceeded(window: int, prompt_tokens: int, max_tokens: int, wire: Wire = Wire.OPENAI) -> WireError:
+    if wire is Wire.ANTHROPIC:
+        if prompt_tokens > window:
+            return anthropic_error(
+                400, "invalid_request_error", f"prompt is too long: {prompt_tokens} tokens > {window} maximum"
+            )
+        return anthropic_error(
+            400,
+            "invalid_request_error",
+            f"input length and `max_tokens` exceed context limit: {prompt_tokens} + {max_tokens} > {window}, "
+            f"decrease input length or `max_tokens` and try again",
+        )
     message = (
         f"This model's maximum context length is {window} tokens. However, you requested "
         f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the messages, {max_tokens} in the "
@@ -254,8 +383,54 @@ def context_length_exceeded(window: int, prompt_tokens: int, max_tokens: int) ->
     return openai_error(400, message, type="invalid_request_error", code="context_length_exceeded", param="messages")
 
 
-def bad_request(message: str, param: str | None = None) -> WireError:
+def bad_request(message: str, param: str | None = None, wire: Wire = Wire.OPENAI) -> WireError:
+    if wire is Wire.ANTHROPIC:
+        return anthropic_error(400, "invalid_request_error", message)
     return openai_error(400, message, type="invalid_request_error", code=None, param=param)
+
+
+# The statuses the `error` fault answers with, worded as each provider words them:
+# (Anthropic's error type and message, OpenAI's type, code and message).
+STATUS_ERRORS: dict[int, tuple[str, str, str, str | None, str]] = {
+    400: ("invalid_request_error", "Invalid request.", "invalid_request_error", None, "Invalid request."),
+    401: ("authentication_error", "invalid x-api-key", "invalid_request_error", "invalid_api_key", "Invalid key."),
+    403: (
+        "permission_error",
+        "Your API key does not have permission to use the specified resource.",
+        "invalid_request_error",
+        "permission_denied",
+        "You are not allowed to sample from this model.",
+    ),
+    404: ("not_found_error", "Not found.", "invalid_request_error", None, "Not found."),
+    413: (
+        "request_too_large",
+        "Request exceeds the maximum allowed number of bytes.",
+        "invalid_request_error",
+        None,
+        "Request too large.",
+    ),
+    429: ("rate_limit_error", "Rate limited.", "requests", "rate_limit_exceeded", "Rate limit reached."),
+    500: (
+        "api_error",
+        "Internal server error",
+        "server_error",
+        None,
+        "The server had an error while processing your request. Sorry about that!",
+    ),
+    503: ("api_error", "Service unavailable.", "server_error", None, "Service unavailable."),
+    504: ("timeout_error", "Request timed out.", "server_error", None, "Request timed out."),
+    529: ("overloaded_error", "Overloaded", "server_error", "server_is_overloaded", OPENAI_OVERLOADED_MESSAGE),
+}
+
+
+def status_error(status: int, wire: Wire = Wire.OPENAI) -> WireError:
+    """The ``error`` fault's answer: ``status`` in the wire's own error shape."""
+    a_type, a_message, o_type, o_code, o_message = STATUS_ERRORS[status]
+    if wire is Wire.ANTHROPIC:
+        return anthropic_error(status, a_type, a_message)
+    if wire is Wire.AZURE and status == 401:
+        return invalid_api_key(None, wire)
+    return openai_error(status, o_message, type=o_type, code=o_code)
 
 
 # ---------------------------------------------------------------- errors inside a 200 stream
@@ -358,11 +533,7 @@ def chat_stream_error(dialect: str, *, model: str, chunk: Mapping[str, Any] | No
         )
     if dialect == ANTHROPIC_STREAM:
         # Anthropic Messages streaming: an `error` event (docs.anthropic.com, "Error events").
-        return (
-            b"event: error\ndata: "
-            + json.dumps({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}).encode()
-            + b"\n\n"
-        )
+        return anthropic_error_event()
     if dialect == GEMINI_OPENAI_STREAM:
         # Google's error object as a data frame; the stream ends with no [DONE].
         return _sse_data(_gemini_unavailable(None))

@@ -4,9 +4,10 @@ Rules are set through ``POST /admin/faults`` and apply to chat requests that pas
 auth and validation, before the capacity check: a faulted request takes no slot, so a
 test that injects faults still knows exactly how much capacity is left.
 
-A rule applies to chat completions and to the Responses API alike, except where its mode
-says otherwise: ``stream_cut`` needs a stream; ``stream_error`` needs a stream of the API
-its ``dialect`` speaks; ``huge`` answers chat completions only.
+A rule applies to chat completions, the Responses API and Anthropic's Messages API alike,
+except where its mode says otherwise: ``stream_cut`` needs a stream; ``stream_error`` needs
+a stream of the API its ``dialect`` speaks; ``huge`` answers chat completions only;
+``error`` answers ``status`` in the shape of the wire the request came in on.
 
 Pure: the rules and a raw-ASGI response that drops the connection; no web framework.
 """
@@ -19,7 +20,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
-from capmon.sim.dialects import OPENROUTER_STREAM, STREAM_DIALECTS, Api, stream_api
+from capmon.sim.dialects import OPENROUTER_STREAM, STATUS_ERRORS, STREAM_DIALECTS, Api, speaks
 
 # Long enough to outlast any client timeout; on a fast-forwarded clock it costs nothing.
 HANG_SECONDS = 24 * 3600.0
@@ -42,13 +43,14 @@ class FaultMode(str, enum.Enum):
     STREAM_CUT = "stream_cut"  # a stream stops halfway, no [DONE]; streaming requests only
     STREAM_ERROR = "stream_error"  # `after` content chunks, then `dialect`'s in-stream error frame
     HUGE = "huge"  # 200 with a generated body of `bytes` bytes: a real completion (`valid`) or not JSON
+    ERROR = "error"  # an HTTP error of `status` (401, 403, 500...) in the wire's own shape
 
 
 @dataclass(frozen=True)
 class FaultRule:
     """Apply ``mode`` to the next ``count`` requests, or to each with probability ``rate``;
     to one model only when ``model`` is set. ``after`` and ``dialect`` shape a stream_error,
-    ``bytes`` and ``valid`` a huge body."""
+    ``bytes`` and ``valid`` a huge body, ``status`` an error."""
 
     mode: FaultMode
     count: int | None = None
@@ -58,6 +60,7 @@ class FaultRule:
     dialect: str = OPENROUTER_STREAM
     bytes: int = 0
     valid: bool = True
+    status: int = 500
 
     def __post_init__(self) -> None:
         if (self.count is None) == (self.rate is None):
@@ -70,6 +73,8 @@ class FaultRule:
             raise ValueError(f"after must be a whole number >= 0, got {self.after}")
         if self.dialect not in STREAM_DIALECTS:
             raise ValueError(f"dialect must be one of {', '.join(STREAM_DIALECTS)}, got {self.dialect!r}")
+        if self.mode is FaultMode.ERROR and self.status not in STATUS_ERRORS:
+            raise ValueError(f"status must be one of {', '.join(map(str, STATUS_ERRORS))}, got {self.status}")
         if self.mode is FaultMode.HUGE and not 1 <= self.bytes <= MAX_HUGE_BYTES:
             raise ValueError(f"bytes must be a whole number from 1 to {MAX_HUGE_BYTES}, got {self.bytes}")
 
@@ -80,7 +85,7 @@ class FaultRule:
         if self.mode is FaultMode.STREAM_CUT:
             return stream
         if self.mode is FaultMode.STREAM_ERROR:
-            return stream and stream_api(self.dialect) is api
+            return stream and speaks(self.dialect, api)
         if self.mode is FaultMode.HUGE:
             return api is Api.CHAT
         return True
@@ -91,6 +96,8 @@ class FaultRule:
             out.update(after=self.after, dialect=self.dialect)
         elif self.mode is FaultMode.HUGE:
             out.update(bytes=self.bytes, valid=self.valid)
+        elif self.mode is FaultMode.ERROR:
+            out.update(status=self.status)
         return out
 
 
@@ -100,6 +107,7 @@ _MODE_FIELDS: dict[str, FaultMode] = {
     "dialect": FaultMode.STREAM_ERROR,
     "bytes": FaultMode.HUGE,
     "valid": FaultMode.HUGE,
+    "status": FaultMode.ERROR,
 }
 
 
@@ -133,6 +141,7 @@ def parse_rules(raw: Any) -> tuple[FaultRule, ...]:
             if name in item and fault is not owner:
                 raise ValueError(f"{name!r} applies only to mode {owner.value!r}")
         count, after, size = _whole(item, "count"), _whole(item, "after"), _whole(item, "bytes")
+        status = _whole(item, "status")
         rate, model, dialect, valid = item.get("rate"), item.get("model"), item.get("dialect"), item.get("valid")
         if rate is not None and (isinstance(rate, bool) or not isinstance(rate, (int, float))):
             raise ValueError(f"rate must be a number, got {rate!r}")
@@ -154,6 +163,7 @@ def parse_rules(raw: Any) -> tuple[FaultRule, ...]:
                 dialect=OPENROUTER_STREAM if dialect is None else dialect,
                 bytes=size or 0,
                 valid=True if valid is None else valid,
+                status=500 if status is None else status,
             )
         )
     return tuple(rules)

@@ -20,7 +20,7 @@ from typing import Any
 
 from capmon.core.clock import Clock, default_clock
 from capmon.core.hints import MAX_HINT
-from capmon.sim.dialects import CAPACITY_DIALECTS, UNSUPPORTED_DIALECTS, Api
+from capmon.sim.dialects import CAPACITY_DIALECTS, UNSUPPORTED_DIALECTS, Api, Wire, serves
 from capmon.sim.faults import FaultInjector, FaultMode, FaultRule
 from capmon.sim.scenario import (
     ANY_KEY,
@@ -70,6 +70,8 @@ class ModelState:
     tools: str = "auto"
     token_param: str = "max_tokens"
     unsupported_dialect: str = "openai"
+    api: str = "openai"  # the wire(s) it is served on
+    context_window: int = 0
 
     @property
     def free(self) -> int:
@@ -258,11 +260,13 @@ class Simulator:
 
     # ------------------------------------------------------------ models
 
-    def model_names(self) -> list[str]:
-        return list(self._models)
+    def model_names(self, wire: Wire | None = None) -> list[str]:
+        """Every model, or those served on ``wire``."""
+        return [n for n, rt in self._models.items() if wire is None or serves(rt.spec.api, wire)]
 
-    def has_model(self, name: str) -> bool:
-        return name in self._models
+    def has_model(self, name: str, wire: Wire | None = None) -> bool:
+        rt = self._models.get(name)
+        return rt is not None and (wire is None or serves(rt.spec.api, wire))
 
     def state(self, name: str) -> ModelState:
         rt = self._models[name]
@@ -296,6 +300,8 @@ class Simulator:
             tools=o.get("tools", spec.tools),
             token_param=o.get("token_param", spec.token_param),
             unsupported_dialect=o.get("unsupported_dialect", spec.unsupported_dialect),
+            api=spec.api,
+            context_window=spec.context_window,
         )
 
     def configure(
@@ -417,9 +423,11 @@ class Simulator:
         stream: bool = False,
         api: Api = Api.CHAT,
         sent_max_tokens: bool = False,
+        wire: Wire = Wire.OPENAI,
     ) -> Decision:
-        """Decide one authenticated, well-formed request (chat, or the Responses API).
-        ``sent_max_tokens``: the request used the legacy ``max_tokens`` parameter."""
+        """Decide one authenticated, well-formed request (chat, Responses or Messages).
+        ``sent_max_tokens``: the request used the legacy ``max_tokens`` parameter. A model
+        not served on ``wire`` is unknown there, as another provider's model would be."""
         alias = self._key(alias)
         key = self._keys[alias]
         counters = self._counters(alias, model)
@@ -430,7 +438,7 @@ class Simulator:
         if key.penalised_until > now:
             return self._penalise(counters, key.penalised_until - now)
         rt = self._models.get(model)
-        if rt is None:
+        if rt is None or not serves(rt.spec.api, wire):
             for c in counters:
                 c.bad_request += 1
             return UnknownModel(model)
@@ -542,6 +550,7 @@ class Simulator:
             s = self.state(name)
             models[name] = {
                 **rt.counters.as_dict(),
+                "api": rt.spec.api,
                 "slots": s.slots,
                 "free": s.free,
                 "latency_factor": s.latency_factor,

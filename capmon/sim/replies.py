@@ -1,12 +1,13 @@
-"""What both APIs (chat completions and Responses) share on the wire: reading the key,
-turning a refused request into its HTTP answer (or its in-stream rejection), and the
-stream response that frees its slot however the stream ends.
+"""What every API (chat completions, Responses, Messages) shares on the wire: reading the
+key, turning a refused request into its HTTP answer in the wire's own shape (or its
+in-stream rejection), and the stream response that frees its slot however the stream ends.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from starlette.requests import Request
@@ -14,8 +15,27 @@ from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from capmon.sim import dialects
-from capmon.sim.dialects import Api, WireError, stream_api
+from capmon.sim.dialects import AZURE_API_VERSION, Api, Wire, WireError, speaks
 from capmon.sim.model import Decision, NoCapacity, Penalised, Simulator, TooLong, UnknownModel, Unsupported
+
+
+@dataclass(frozen=True)
+class Via:
+    """How a request reached an OpenAI handler: OpenAI's own URLs, or Azure's (where a
+    classic URL's ``deployment`` names the model and ``api_version`` is the query's)."""
+
+    wire: Wire = Wire.OPENAI
+    deployment: str | None = None
+    api_version: str | None = None
+
+    def body(self, body: Any) -> Any:
+        """The body as the handler reads it: an Azure deployment URL overrides its model."""
+        if self.deployment is not None and isinstance(body, dict):
+            return {**body, "model": self.deployment}
+        return body
+
+
+OPENAI_VIA = Via()
 
 
 class BadRequest(Exception):
@@ -27,13 +47,17 @@ class BadRequest(Exception):
         self.model = model
 
 
-def bearer(request: Request) -> str | None:
+def bearer(request: Request, wire: Wire = Wire.OPENAI) -> str | None:
+    """The caller's key: ``Authorization: Bearer``, or Azure's ``api-key`` / Anthropic's
+    ``x-api-key``. On Anthropic's wire ``x-api-key`` wins when both are sent, as there."""
+    anthropic_key = request.headers.get("x-api-key") or None
+    if wire is Wire.ANTHROPIC and anthropic_key:
+        return anthropic_key
     auth = request.headers.get("authorization", "")
     scheme, _, token = auth.partition(" ")
     if scheme.lower() == "bearer" and token.strip():
         return token.strip()
-    # Azure and Anthropic clients send the key in their own headers.
-    return request.headers.get("api-key") or request.headers.get("x-api-key") or None
+    return request.headers.get("api-key") or anthropic_key
 
 
 def wire(err: WireError, extra: dict[str, str] | None = None) -> Response:
@@ -48,26 +72,48 @@ def simulator(request: Request) -> Simulator:
 
 
 def refusal(
-    decision: Decision, *, api: Api, stream: bool, in_stream: Callable[[str, str], AsyncIterator[bytes]] | None = None
+    decision: Decision,
+    *,
+    api: Api,
+    stream: bool,
+    in_stream: Callable[[str, str], AsyncIterator[bytes]] | None = None,
+    on: Wire = Wire.OPENAI,
+    now: float = 0.0,
+    api_version: str | None = None,
+    headers: dict[str, str] | None = None,
 ) -> Response | None:
     """The answer to a request the simulator did not admit, or None when it was admitted or
     faulted. A full model whose dialect says "no" inside a stream of this API answers 200
-    with ``in_stream(dialect, model)`` as the body; every other refusal is an HTTP error."""
+    with ``in_stream(dialect, model)`` as the body; every other refusal is an HTTP error,
+    in the shape of the wire ``on`` except for a full model (its dialect says how). ``now``
+    (wall clock) and ``api_version`` (Azure's) fill the rejections that carry them."""
     if isinstance(decision, Penalised):
-        return wire(dialects.penalty_rejection(decision.remaining))
+        return wire(dialects.penalty_rejection(decision.remaining, on), headers)
     if isinstance(decision, UnknownModel):
-        return wire(dialects.model_not_found(decision.model))
+        return wire(dialects.model_not_found(decision.model, on), headers)
     if isinstance(decision, Unsupported):
-        return wire(dialects.unsupported_parameter(decision.dialect, decision.param, decision.instead))
+        return wire(dialects.unsupported_parameter(decision.dialect, decision.param, decision.instead), headers)
     if isinstance(decision, TooLong):
         return wire(
-            dialects.context_length_exceeded(decision.context_window, decision.prompt_tokens, decision.max_tokens)
+            dialects.context_length_exceeded(decision.context_window, decision.prompt_tokens, decision.max_tokens, on),
+            headers,
         )
     if isinstance(decision, NoCapacity):
         s = decision.state
-        if stream and in_stream is not None and stream_api(s.dialect) is api:
-            return StreamingResponse(in_stream(s.dialect, s.name), media_type="text/event-stream")
-        return wire(dialects.capacity_rejection(s.dialect, model=s.name, slots=s.slots, hint=s.hint))
+        if stream and in_stream is not None and speaks(s.dialect, api):
+            return StreamingResponse(in_stream(s.dialect, s.name), media_type="text/event-stream", headers=headers)
+        return wire(
+            dialects.capacity_rejection(
+                s.dialect,
+                model=s.name,
+                slots=s.slots,
+                hint=s.hint,
+                now=now,
+                api_version=api_version or AZURE_API_VERSION,
+                context_window=s.context_window,
+            ),
+            headers,
+        )
     return None
 
 
@@ -92,23 +138,27 @@ P = TypeVar("P")  # what an endpoint parses its body into
 
 
 async def read_request(
-    request: Request, parse: Callable[[Any], P], unparsable: str
+    request: Request,
+    parse: Callable[[Any], P],
+    unparsable: str,
+    on: Wire = Wire.OPENAI,
+    headers: dict[str, str] | None = None,
 ) -> tuple[Simulator, str, P] | Response:
     """An endpoint's first steps: the caller's key, then its JSON body parsed by ``parse``.
     A wrong key, a body that is not JSON (``unparsable`` says so) or one ``parse``
-    refuses is the provider's error answer, counted as a bad request."""
+    refuses is the provider's error answer (in wire ``on``'s shape), counted as a bad request."""
     sim = simulator(request)
-    token = bearer(request)
+    token = bearer(request, on)
     alias = sim.authenticate(token)
     if alias is None:
-        return wire(dialects.invalid_api_key(token))
+        return wire(dialects.invalid_api_key(token, on), headers)
     try:
         body = json.loads(await request.body())
     except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: deeply nested JSON
         sim.bad_request(alias)
-        return wire(dialects.bad_request(unparsable))
+        return wire(dialects.bad_request(unparsable, wire=on), headers)
     try:
         return sim, alias, parse(body)
     except BadRequest as e:
         sim.bad_request(alias, e.model)
-        return wire(dialects.bad_request(str(e), e.param))
+        return wire(dialects.bad_request(str(e), e.param, on), headers)

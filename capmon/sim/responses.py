@@ -28,10 +28,10 @@ from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, R
 from capmon.core.clock import Clock
 from capmon.core.tokens import tokens_for_chars
 from capmon.sim import dialects
-from capmon.sim.dialects import Api
+from capmon.sim.dialects import Api, Wire
 from capmon.sim.faults import HANG_SECONDS, HTML_500_PAGE, DropConnection, FaultMode
 from capmon.sim.model import Admitted, Faulted, Simulator, Ticket
-from capmon.sim.replies import BadRequest, SlotStream, read_request, refusal
+from capmon.sim.replies import OPENAI_VIA, BadRequest, SlotStream, Via, read_request, refusal, wire
 from capmon.sim.streams import STREAM_CHUNK_TOKENS, answer_text
 
 MIN_OUTPUT_TOKENS = 16  # the Responses API refuses a smaller max_output_tokens
@@ -274,7 +274,17 @@ def _stub_ticket(req: ResponsesRequest) -> Ticket:
 
 
 async def create_response(request: Request) -> Response:
-    read = await read_request(request, parse_responses, "We could not parse the JSON body of your request.")
+    return await serve_response(request, OPENAI_VIA)
+
+
+async def serve_response(request: Request, via: Via) -> Response:
+    """The Responses API, reached through OpenAI's URL or one of Azure's (``via``)."""
+    read = await read_request(
+        request,
+        lambda body: parse_responses(via.body(body)),
+        "We could not parse the JSON body of your request.",
+        via.wire,
+    )
     if isinstance(read, Response):
         return read
     sim, alias, req = read
@@ -285,6 +295,7 @@ async def create_response(request: Request) -> Response:
         max_tokens=req.max_output_tokens,
         stream=req.stream,
         api=Api.RESPONSES,
+        wire=via.wire,
     )
     created = int(sim.clock.wall())
     refused = refusal(
@@ -292,11 +303,14 @@ async def create_response(request: Request) -> Response:
         api=Api.RESPONSES,
         stream=req.stream,
         in_stream=lambda d, m: rejection_stream(d, m, req, _stub_ticket(req), created),
+        on=via.wire,
+        now=sim.clock.wall(),
+        api_version=via.api_version,
     )
     if refused is not None:
         return refused
     if isinstance(decision, Faulted):
-        return await _faulted(sim, decision, req, created)
+        return await _faulted(sim, decision, req, created, via.wire)
     assert isinstance(decision, Admitted)
     ticket = decision.ticket
     if req.stream:
@@ -312,7 +326,7 @@ async def create_response(request: Request) -> Response:
     return JSONResponse(complete_response(ticket, req, created))
 
 
-async def _faulted(sim: Simulator, decision: Faulted, req: ResponsesRequest, created: int) -> Response:
+async def _faulted(sim: Simulator, decision: Faulted, req: ResponsesRequest, created: int, on: Wire) -> Response:
     rule, ticket = decision.rule, decision.ticket
     if rule.mode in (FaultMode.STREAM_CUT, FaultMode.STREAM_ERROR):
         error_after = rule.after if rule.mode is FaultMode.STREAM_ERROR else None
@@ -331,6 +345,8 @@ async def _faulted(sim: Simulator, decision: Faulted, req: ResponsesRequest, cre
     if rule.mode is FaultMode.HANG:
         await sim.clock.sleep(HANG_SECONDS)
         return PlainTextResponse("Gateway Timeout", status_code=504)
+    if rule.mode is FaultMode.ERROR:
+        return wire(dialects.status_error(rule.status, on))
     await sim.clock.sleep(ticket.first_token)
     if rule.mode is FaultMode.RESET:
         return DropConnection()  # type: ignore[return-value]

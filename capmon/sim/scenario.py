@@ -18,13 +18,22 @@ from capmon.core.config import SIMULATOR_DEMO_KEY
 from capmon.core.exceptions import ConfigError
 from capmon.core.hints import MAX_HINT  # the client ignores longer hints anyway
 from capmon.core.schema import Loader, parse_toml, read_text, spec
-from capmon.sim.dialects import CAPACITY_DIALECTS, OPENAI_503, UNSUPPORTED_DIALECTS
+from capmon.sim.dialects import (
+    CAPACITY_DIALECTS,
+    MODEL_APIS,
+    UNSUPPORTED_AZURE,
+    UNSUPPORTED_DIALECTS,
+    UNSUPPORTED_OPENAI,
+    WIRE_DIALECTS,
+    Wire,
+)
 
 SCENARIO_DIR = Path(__file__).resolve().parent / "scenarios"
 
 # The demo key first; the numbered ones let a config try "another key" against the simulator.
 DEFAULT_KEYS: tuple[str, ...] = (SIMULATOR_DEMO_KEY, "sk-capmon-sim-1", "sk-capmon-sim-2", "sk-capmon-sim-3")
 ANY_KEY = "*"
+ANTHROPIC_MAX_REQUEST_BYTES = 32 * 1024 * 1024  # the Messages API's limit (docs.anthropic.com/en/api/overview)
 
 # Upper bounds that keep every computed time finite (a latency of 1e308 times a factor
 # is infinity, and a request that sleeps forever is a fault, not a scenario).
@@ -34,6 +43,8 @@ MAX_LATENCY_FACTOR = 1000.0
 
 # How a successful stream is framed (capmon/sim/streams.py says where each shape comes from).
 STREAM_STYLES: tuple[str, ...] = ("openai", "azure", "openrouter", "vllm", "ollama")
+# A model's dialect, stream_style and unsupported_dialect default to its wire's own.
+AUTO = "auto"
 # "auto": a tool call only when tool_choice asks for one ("required" or a named function);
 # "always": any request that carries tools is answered with a call (unless tool_choice is "none").
 TOOL_MODES: tuple[str, ...] = ("auto", "always")
@@ -69,15 +80,34 @@ class ModelSpec:
     noise: float = _number(0.1, min=0.0, max=1.0, doc="service time is multiplied by U(1 - noise, 1 + noise)")
     answer_tokens: int = spec(150, min=1, doc="a typical answer; max_tokens can only shorten it")
     context_window: int = spec(32_000, min=1)
-    dialect: str = spec(OPENAI_503, choices=CAPACITY_DIALECTS)
+    api: str = spec(
+        Wire.OPENAI.value,
+        choices=MODEL_APIS,
+        doc="the wire it is served on: openai (/v1/chat/completions, /v1/responses), azure "
+        "(/openai/deployments/{name}/..., /openai/v1/...), anthropic (/v1/messages), or all",
+    )
+    dialect: str = spec(AUTO, choices=(*CAPACITY_DIALECTS, AUTO), doc="auto: the wire's own (anthropic-529...)")
     hint: float | None = _number(None, min=0.0, max=MAX_HINT, doc="seconds; carried by rejections as the dialect does")
     schedule: tuple[Phase, ...] = spec((), expected="a list of [[{key}]] tables")
-    stream_style: str = spec("openai", choices=STREAM_STYLES)
+    stream_style: str = spec(AUTO, choices=(*STREAM_STYLES, AUTO), doc="auto: azure on the azure wire, else openai")
     tools: str = spec("auto", choices=TOOL_MODES)
     token_param: str = spec(
         "max_tokens", choices=TOKEN_PARAMS, doc='"max_completion_tokens": a request that sends max_tokens gets 400'
     )
-    unsupported_dialect: str = spec("openai", choices=UNSUPPORTED_DIALECTS, doc="how that 400 is worded")
+    unsupported_dialect: str = spec(
+        AUTO, choices=(*UNSUPPORTED_DIALECTS, AUTO), doc="how that 400 is worded; auto: the wire's own"
+    )
+
+    def __post_init__(self) -> None:
+        # "auto" becomes the wire's own here, so everything downstream sees a real value.
+        azure = self.api == Wire.AZURE.value
+        for name, value in (
+            ("dialect", WIRE_DIALECTS.get(self.api, WIRE_DIALECTS[Wire.OPENAI.value])),
+            ("stream_style", "azure" if azure else "openai"),
+            ("unsupported_dialect", UNSUPPORTED_AZURE if azure else UNSUPPORTED_OPENAI),
+        ):
+            if getattr(self, name) == AUTO:
+                object.__setattr__(self, name, value)
 
 
 @dataclass(frozen=True)
@@ -108,6 +138,9 @@ class Scenario:
         doc=f'"{ANY_KEY}" accepts any non-empty key',
     )
     penalty: PenaltySpec = spec(factory=PenaltySpec)
+    max_request_bytes: int = spec(
+        ANTHROPIC_MAX_REQUEST_BYTES, min=1, doc="a bigger /v1/messages body gets Anthropic's 413 request_too_large"
+    )
     models: tuple[ModelSpec, ...] = spec(
         missing="expected at least one [[models]] table", nonempty=True, expected="at least one [[models]] table"
     )

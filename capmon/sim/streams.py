@@ -42,6 +42,19 @@ def answer_text(ticket: Ticket) -> list[str]:
     return [_WORDS[(start + i) % len(_WORDS)] for i in range(ticket.completion_tokens)]
 
 
+def answer_pieces(ticket: Ticket) -> tuple[list[str], list[int]]:
+    """The answer as stream pieces of ``STREAM_CHUNK_TOKENS`` words, and each piece's tokens."""
+    words = answer_text(ticket)
+    groups = [words[i : i + STREAM_CHUNK_TOKENS] for i in range(0, len(words), STREAM_CHUNK_TOKENS)]
+    return [(" " if i else "") + " ".join(g) for i, g in enumerate(groups)], [len(g) for g in groups]
+
+
+def argument_pieces(arguments: str) -> list[str]:
+    """A tool call's JSON arguments in pieces, as providers stream them (several, always)."""
+    size = max(1, min(TOOL_ARGUMENT_PIECE, len(arguments) // 2))
+    return [arguments[i : i + size] for i in range(0, len(arguments), size)]
+
+
 def tokens_of(text: str) -> int:
     return max(1, math.ceil(len(text) / 4))
 
@@ -126,9 +139,7 @@ class OpenAIFrames:
         return self.chunk({"content": piece}, finish)
 
     def tool_pieces(self, call: ToolCall) -> list[str]:
-        args = call.arguments
-        size = max(1, min(TOOL_ARGUMENT_PIECE, len(args) // 2))
-        return [args[i : i + size] for i in range(0, len(args), size)]
+        return argument_pieces(call.arguments)
 
     def tool_args(self, call: ToolCall, piece: str, finish: str | None = None) -> bytes:
         return self.chunk({"tool_calls": [{"index": 0, "function": {"arguments": piece}}]}, finish)
@@ -345,10 +356,7 @@ async def chat_stream(clock: Clock, plan: StreamPlan) -> AsyncIterator[bytes]:
         yield prelude  # sent while the model "thinks": before the first token
     await clock.sleep(ticket.first_token)
     if call is None:
-        words = answer_text(ticket)
-        groups = [words[i : i + STREAM_CHUNK_TOKENS] for i in range(0, len(words), STREAM_CHUNK_TOKENS)]
-        pieces = [(" " if i else "") + " ".join(g) for i, g in enumerate(groups)]
-        costs = [len(g) for g in groups]  # one token per word
+        pieces, costs = answer_pieces(ticket)  # one token per word
         reason, completion = ticket.finish_reason, ticket.completion_tokens
     else:
         pieces = frames.tool_pieces(call)

@@ -1,6 +1,7 @@
-"""Tool calls: read a request's ``tools`` and ``tool_choice``, decide whether the answer
-is a call, and build its arguments from the function's JSON Schema so that they are valid
-JSON a client can parse and check against that schema.
+"""Tool calls: read a request's ``tools`` and ``tool_choice`` (OpenAI's or Anthropic's
+shape, into one :class:`ToolRequest`), decide whether the answer is a call, and build its
+arguments from the function's JSON Schema so that they are valid JSON a client can parse
+and check against that schema.
 
 Pure: no web framework. A bad ``tools`` or ``tool_choice`` raises :class:`ToolError`
 with the parameter to name in the 400.
@@ -98,9 +99,49 @@ def parse_tools(body: dict[str, Any]) -> ToolRequest | None:
     )
 
 
-def make_call(tool: Tool) -> ToolCall:
+# Anthropic's tool_choice types -> the ToolRequest choice they mean.
+_ANTHROPIC_CHOICES = {"auto": "auto", "any": "required", "none": "none", "tool": "function"}
+
+
+def parse_anthropic_tools(body: dict[str, Any]) -> ToolRequest | None:
+    """Anthropic's ``tools`` (``{"name", "input_schema", ...}``; server tools, which carry a
+    ``type`` of their own, are never called by the simulator) and ``tool_choice``
+    (``{"type": "auto" | "any" | "none" | "tool", "name"?}``). Raises ToolError."""
+    raw = body.get("tools")
+    choice = body.get("tool_choice")
+    if raw is None:
+        return None
+    if not isinstance(raw, list):
+        raise ToolError("tools: Input should be a valid list", "tools")
+    tools: list[Tool] = []
+    for i, item in enumerate(raw):
+        if not isinstance(item, dict) or not isinstance(item.get("name"), str) or not item["name"]:
+            raise ToolError(f"tools.{i}.name: Field required", f"tools.{i}")
+        if item.get("type") not in (None, "custom"):
+            continue
+        schema = item.get("input_schema")
+        if not isinstance(schema, dict):
+            raise ToolError(f"tools.{i}.custom.input_schema: Field required", f"tools.{i}.input_schema")
+        tools.append(Tool(item["name"], schema))
+    if choice is None:
+        return ToolRequest(tuple(tools), "auto")
+    kind = choice.get("type") if isinstance(choice, dict) else None
+    if kind not in _ANTHROPIC_CHOICES:
+        raise ToolError("tool_choice: Input tag does not match any of 'auto', 'any', 'tool', 'none'", "tool_choice")
+    assert isinstance(choice, dict)
+    if kind != "tool":
+        return ToolRequest(tuple(tools), _ANTHROPIC_CHOICES[kind])
+    name = choice.get("name")
+    if name not in {t.name for t in tools}:
+        raise ToolError(f"tool_choice: no tool named {name!r} in tools", "tool_choice")
+    return ToolRequest(tuple(tools), "function", name)
+
+
+def make_call(tool: Tool, prefix: str = "call_") -> ToolCall:
+    """A call of ``tool`` with arguments valid against its schema; ``prefix`` starts its id
+    (OpenAI's ``call_``, Anthropic's ``toolu_``)."""
     arguments = json.dumps(example_value(tool.parameters), separators=(",", ":"))
-    return ToolCall(id=f"call_{secrets.token_hex(12)}", name=tool.name, arguments=arguments)
+    return ToolCall(id=f"{prefix}{secrets.token_hex(12)}", name=tool.name, arguments=arguments)
 
 
 def example_value(schema: Any, depth: int = 0) -> Any:

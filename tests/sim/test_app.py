@@ -271,6 +271,10 @@ def _expect(dialect: str, r: httpx.Response, hint: float | None) -> None:
     elif dialect == "anthropic-529":
         assert r.status_code == 529
         assert r.json() == {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
+    elif dialect == "anthropic-429":
+        assert r.status_code == 429 and r.json()["error"]["type"] == "rate_limit_error"
+        assert h["anthropic-ratelimit-requests-remaining"] == "0"
+        assert h.get("retry-after") == (None if hint is None else "2")
     elif dialect == "gemini-429":
         assert r.status_code == 429
         error = r.json()["error"]
