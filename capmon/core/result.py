@@ -91,7 +91,8 @@ class ChatRequest:
         )
 
     @staticmethod
-    def responses(
+    def of_body(
+        api: Api,
         body: Mapping[str, Any],
         *,
         model: str | None = None,
@@ -99,33 +100,11 @@ class ChatRequest:
         deadline: float | None = None,
         item_id: str | None = None,
     ) -> ChatRequest:
-        """A Responses API request: ``body`` is sent as it is, but ``model``, ``stream``
-        and the token cap (``max_output_tokens``), which the client owns."""
-        cap = body.get("max_output_tokens")
-        return ChatRequest(
-            messages=(),
-            model=model,
-            max_tokens=cap if isinstance(cap, int) and cap > 0 else None,
-            extra=dict(body),
-            item_id=item_id,
-            priority=Priority(priority),
-            deadline=deadline,
-            api=Api.RESPONSES,
-        )
-
-    @staticmethod
-    def anthropic(
-        body: Mapping[str, Any],
-        *,
-        model: str | None = None,
-        priority: Priority = Priority.INTERACTIVE,
-        deadline: float | None = None,
-        item_id: str | None = None,
-    ) -> ChatRequest:
-        """An Anthropic Messages request: ``body`` is sent as it is to an Anthropic-wire
-        model, but ``model``, ``stream`` and the token cap (``max_tokens``), which the
-        client owns; to an OpenAI-wire model it is translated (or that model is skipped)."""
-        cap = body.get("max_tokens")
+        """A request in ``api``'s own format (the Responses API, Anthropic's Messages):
+        ``body`` is sent as it is to a target of that format, but ``model``, ``stream`` and
+        the token cap (``max_output_tokens``, ``max_tokens``), which the client owns; to a
+        target of another format it is translated, or that target is skipped."""
+        cap = body.get(_CAP_FIELD[api])
         return ChatRequest(
             messages=(),
             model=model,
@@ -134,8 +113,21 @@ class ChatRequest:
             item_id=item_id,
             priority=Priority(priority),
             deadline=deadline,
-            api=Api.MESSAGES,
+            api=api,
         )
+
+    @staticmethod
+    def responses(body: Mapping[str, Any], **kw: Any) -> ChatRequest:
+        """A Responses API request (see :meth:`of_body`)."""
+        return ChatRequest.of_body(Api.RESPONSES, body, **kw)
+
+    @staticmethod
+    def anthropic(body: Mapping[str, Any], **kw: Any) -> ChatRequest:
+        """An Anthropic Messages request (see :meth:`of_body`)."""
+        return ChatRequest.of_body(Api.MESSAGES, body, **kw)
+
+
+_CAP_FIELD = {Api.CHAT: "max_tokens", Api.RESPONSES: "max_output_tokens", Api.MESSAGES: "max_tokens"}
 
 
 @dataclass(frozen=True, slots=True)
