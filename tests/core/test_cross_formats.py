@@ -6,6 +6,7 @@ two URL shapes with the api-key header, whose key shows nowhere."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from collections.abc import AsyncIterator
@@ -266,3 +267,61 @@ async def test_an_azure_key_refused_shows_in_no_exception_log_or_snapshot(
     assert e.value.failure.kind is Kind.AUTH and e.value.failure.status == 401
     for text in (str(e.value), repr(e.value.failure), caplog.text, snapshot, repr(e.value.attempts)):
         assert WRONG_KEY not in text
+
+
+# ---------------------------------------------------------------- Anthropic's failures
+
+
+@pytest.mark.parametrize(
+    ("status", "kind"),
+    [(401, Kind.AUTH), (403, Kind.AUTH), (413, Kind.TOO_LARGE), (500, Kind.TRANSIENT), (400, Kind.BAD_REQUEST)],
+)
+async def test_anthropics_http_errors_are_classified_like_every_other(sim: Any, status: int, kind: Kind) -> None:
+    await set_fault(sim, mode="error", status=status, model="sim-claude", count=1)
+    async with two_providers(sim, first="claude") as client:
+        try:
+            result = await client.messages({"messages": [{"role": "user", "content": "hi"}]})
+            first = result.attempts[0]
+        except RequestFailed as e:  # a bad request is the caller's: never retried elsewhere
+            first = e.attempts[0]
+    assert (first.model, first.status, first.kind) == ("claude", status, kind)
+
+
+@pytest.mark.parametrize(
+    ("dialect", "kind", "status"),
+    [("anthropic-529", Kind.CAPACITY, 529), ("anthropic-429", Kind.RATE_LIMITED, 429)],
+)
+async def test_anthropics_capacity_and_rate_limit_answers_are_classified_with_their_hints(
+    dialect: str, kind: Kind, status: int
+) -> None:
+    models = (sim_model("flagship", 4), sim_model("claude", 0, api="anthropic", dialect=dialect, hint=2.0))
+    server = await start_simulator(Scenario(models=models, keys=(SIMULATOR_DEMO_KEY,)))
+    try:
+        async with two_providers(server, first="claude") as client:
+            result = await client.chat("hi")
+    finally:
+        await server.stop()
+    first = result.attempts[0]
+    assert (first.model, first.kind, first.status) == ("claude", kind, status) and result.model == "flagship"
+    if kind is Kind.RATE_LIMITED:
+        assert first.hint is not None and first.hint >= 2.0  # retry-after / anthropic-ratelimit-* read
+
+
+async def test_a_prompt_too_long_for_the_anthropic_model_is_too_large_there_and_goes_to_a_larger_one() -> None:
+    big = dataclasses.replace(sim_model("flagship", 4), context_window=1_000_000)
+    server = await start_simulator(
+        Scenario(models=(big, sim_model("claude", 4, api="anthropic")), keys=(SIMULATOR_DEMO_KEY,))
+    )
+    try:
+        async with two_providers(server, first="claude") as client:
+            # The config believes claude's window (200,000) larger than the simulator's (128,000):
+            # the API's own "prompt is too long" 400 is what tells the client.
+            for t in client.targets:
+                window = 200_000 if t.model.name == "claude" else 1_000_000
+                t.model = dataclasses.replace(t.model, context_window=window)
+            result = await client.chat("word " * 120_000)
+    finally:
+        await server.stop()
+    first = result.attempts[0]
+    assert (first.model, first.status, first.kind) == ("claude", 400, Kind.TOO_LARGE)
+    assert "prompt is too long" in first.reason and result.model == "flagship"
