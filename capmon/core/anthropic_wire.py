@@ -4,8 +4,8 @@ what each refuses, plain answers, stream events and the answer they assemble int
 The counterpart of :mod:`capmon.core.wire` (OpenAI's wire), in the same vocabulary: a
 stream frame becomes an :class:`~capmon.core.wire.Event` with a
 :class:`~capmon.core.wire.FrameKind`, so the attempt reads either wire with one loop.
-Field names follow the anthropic SDK's types (``anthropic/types``). Not wired into the
-router yet (see ARCHITECTURE.md, "The core, module by module").
+Field names follow the anthropic SDK's types (``anthropic/types``). The attempt reaches it
+through capmon/core/formats.py (see ARCHITECTURE.md, "Across formats").
 
 Pure functions on dicts and one small class; no I/O.
 """

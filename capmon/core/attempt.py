@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
+from capmon.core import formats
 from capmon.core.config import Config
 from capmon.core.errors import (
     QUOTA_HINT,
@@ -26,25 +27,17 @@ from capmon.core.errors import (
     classify_event,
     classify_exception,
     classify_response,
-    parse_completion,
 )
 from capmon.core.result import Api, Attempt, ChatRequest, ChatResult
+from capmon.core.translate_chat_anthropic import Untranslatable
 from capmon.core.transport import Sender
 from capmon.core.wire import (
-    Assembler,
     FrameKind,
     Oversized,
     SSEParser,
     TokenParam,
-    chat_body,
-    completion_text,
     oversized_failure,
-    parse_response,
     read_capped,
-    read_frame,
-    read_responses_frame,
-    response_text,
-    responses_body,
 )
 
 if TYPE_CHECKING:
@@ -57,6 +50,8 @@ class Answer:
     failure: Failure | None = None
     response: Mapping[str, Any] | None = None
     output_sent: bool = False  # a stream's output reached the caller: a failure now cannot be retried
+    wire: Api = Api.CHAT  # the format the attempt sent (the answer is in the caller's)
+    dropped: tuple[str, ...] = ()  # fields left out because the target's API version refuses them
 
 
 def result_of(
@@ -69,12 +64,13 @@ def result_of(
         model=t.model.name,
         endpoint=t.endpoint.name,
         target=t.id,
-        content=response_text(response) if api is Api.RESPONSES else completion_text(response),
+        content=formats.text_of(api, response),
         response=response,
         attempts=attempts,
         latency=latency,
         usage=usage if isinstance(usage, Mapping) else {},
         request_id=request_id,
+        api=t.endpoint.api,
     )
 
 
@@ -85,7 +81,15 @@ class Request:
     timeout: float  # seconds the whole attempt may take, a stream's reads after its first output included
     cap: int  # bytes the answer may take
     quota_hint: float = QUOTA_HINT  # a hint this long means a quota ([backoff] max_hint)
-    api: Api = Api.CHAT
+    api: Api = Api.CHAT  # the format sent (the target's wire)
+    dropped: tuple[str, ...] = ()
+    request: ChatRequest | None = None  # the caller's request (None: a probe, answered in its own wire)
+
+    @property
+    def caller(self) -> Api | None:
+        """The caller's format when the answer must cross back to it, else None."""
+        r = self.request
+        return r.api if r is not None and r.api is not self.api else None
 
 
 def chat_request(
@@ -97,24 +101,18 @@ def chat_request(
     *,
     time_left: float | None = None,
 ) -> Request:
-    """The request one attempt sends to ``t``: the caller's fields, this model's cap, and
-    ``[client] attempt_timeout`` cut to the request's ``time_left`` (seconds)."""
+    """The request one attempt sends to ``t``: the caller's fields in the target's format
+    (capmon/core/formats.py), this model's cap, and ``[client] attempt_timeout`` cut to the
+    request's ``time_left`` (seconds)."""
     cap = t.model.max_tokens
     limit = min(request.max_tokens or cap, cap)
-    if request.api is Api.RESPONSES:
-        body = responses_body(request.extra, model=t.model.wire_name, max_output_tokens=limit, stream=stream)
-    else:
-        body = chat_body(
-            request.messages,
-            request.extra,
-            model=t.model.wire_name,
-            token_param=token_param,
-            max_tokens=limit,
-            temperature=request.temperature,
-            stream=stream,
-        )
+    rule = config.client.refused_sampling
+    out = formats.outbound(request, t, token_param=token_param, limit=limit, stream=stream, rule=rule)
     timeout = config.client.attempt_timeout if time_left is None else min(config.client.attempt_timeout, time_left)
-    return Request(t, body, max(0.0, timeout), config.client.max_response_bytes, config.backoff.max_hint, request.api)
+    cc = config.client
+    return Request(
+        t, out.body, max(0.0, timeout), cc.max_response_bytes, config.backoff.max_hint, out.wire, out.dropped, request
+    )
 
 
 def _failed_response(status: int, headers: Any, body: bytes, wall: float, quota_hint: float) -> Failure:
@@ -131,14 +129,24 @@ def _failed_response(status: int, headers: Any, body: bytes, wall: float, quota_
 
 
 def _build(http: Sender, req: Request) -> httpx.Request:
-    url = req.target.responses_url if req.api is Api.RESPONSES else req.target.http_url
-    return http.request(url, req.target.http_headers, json.dumps(req.body).encode())
+    return http.request(req.target.urls[req.api], req.target.http_headers, json.dumps(req.body).encode())
+
+
+def _crossed(req: Request, answer: Answer, response: Mapping[str, Any], wall: float) -> None:
+    """The answer in the caller's format, or why it cannot be told in it."""
+    if req.caller is None:
+        answer.response = response
+        return
+    try:
+        answer.response = formats.answer_in(req.caller, req.api, response, created=int(wall))
+    except Untranslatable as e:
+        answer.failure = Failure(Kind.TRANSIENT, f"an answer the {req.caller.value} format cannot carry: {e}", 200)
 
 
 async def plain(http: Sender, req: Request, *, wall: float) -> Answer:
     """Send a non-streaming request; every failure is classified, never raised (but
     cancellation)."""
-    answer = Answer()
+    answer = Answer(wire=req.api, dropped=req.dropped)
     try:
         async with asyncio.timeout(req.timeout):
             resp = await http.send(_build(http, req))
@@ -151,15 +159,12 @@ async def plain(http: Sender, req: Request, *, wall: float) -> Answer:
                     return answer
             finally:
                 await resp.aclose()
-        if req.api is Api.RESPONSES:
-            parsed = parse_response(resp.status_code, body)
-            if parsed is None and 200 <= resp.status_code < 300:
-                # A 200 that is no finished response: a failed one says why, like its stream would.
-                answer.failure = _failed_response(resp.status_code, resp.headers, body, wall, req.quota_hint)
-        else:
-            parsed = parse_completion(resp.status_code, body)
+        parsed = formats.parse_plain(req.api, resp.status_code, body)
+        if parsed is None and req.api is Api.RESPONSES and 200 <= resp.status_code < 300:
+            # A 200 that is no finished response: a failed one says why, like its stream would.
+            answer.failure = _failed_response(resp.status_code, resp.headers, body, wall, req.quota_hint)
         if parsed is not None:
-            answer.response = parsed
+            _crossed(req, answer, parsed, wall)
         elif answer.failure is None:
             answer.failure = classify_response(
                 resp.status_code, resp.headers, body, now=wall, quota_hint=req.quota_hint
@@ -194,22 +199,26 @@ async def _drain(pieces: AsyncIterator[bytes], seconds: float) -> None:
 
 @dataclass
 class Stream:
-    """A streaming attempt. Iterate :meth:`chunks` for the provider's chunks; ``answer``
-    says how it ended once iteration stops. Closing the iterator early (``aclose()``)
-    releases the connection."""
+    """A streaming attempt. Iterate :meth:`chunks` for the chunks (in the caller's format:
+    a stream in another wire is translated as it comes, capmon/core/formats.py);
+    ``answer`` says how it ended once iteration stops. Closing the iterator early
+    (``aclose()``) releases the connection."""
 
     http: Sender
     req: Request
     clock_now: Any  # () -> float, the loop's clock
     wall: float
     answer: Answer = field(default_factory=Answer)
-    assembler: Assembler = field(default_factory=Assembler)
 
     async def chunks(self) -> AsyncIterator[Mapping[str, Any]]:
         answer = self.answer
+        answer.wire, answer.dropped = self.req.api, self.req.dropped
         deadline = self.clock_now() + self.req.timeout
         resp: httpx.Response | None = None
         held: list[Mapping[str, Any]] = []
+        reader = formats.WireReader(self.req.api)
+        r = self.req.request
+        codec = formats.stream_codec(r, self.req.api, created=int(self.wall)) if r is not None else formats.SAME
         try:
             async with asyncio.timeout(max(0.0, deadline - self.clock_now())):
                 resp = await self.http.send(_build(self.http, self.req))
@@ -225,11 +234,8 @@ class Stream:
                 )
                 return
             parser = SSEParser()
-            responses = self.req.api is Api.RESPONSES
-            reader = read_responses_frame if responses else read_frame
-            final: Any = None
             size = 0
-            done = finished = False
+            done = False
             pieces = resp.aiter_bytes()
             while not done:
                 # The deadline guards the reads only: a timeout scope around a yield would
@@ -249,45 +255,37 @@ class Stream:
                         return
                     frames = parser.feed(piece)
                 for frame in frames:
-                    event = reader(frame, now=self.wall, quota_hint=self.req.quota_hint)
+                    event = reader.read(frame, now=self.wall, quota_hint=self.req.quota_hint)
                     kind = event.kind
-                    if kind is FrameKind.DONE and event.chunk is not None:
-                        # The Responses API's last event is the answer; it goes to the caller too.
-                        final = event.chunk.get("response")
-                        for c in held:
-                            yield c
-                        held.clear()
-                        answer.output_sent = True
-                        yield event.chunk
-                    if kind is FrameKind.CHUNK:
-                        assert event.chunk is not None
-                        if not responses:
-                            self.assembler.add(event.chunk)
-                            if self.assembler.finish_reason:
-                                finished = True
-                        if answer.output_sent:
-                            yield event.chunk
-                        elif event.output:
+                    if kind in (FrameKind.ERROR, FrameKind.BROKEN):
+                        answer.failure = event.failure
+                        return
+                    last = kind is FrameKind.DONE
+                    if event.chunk is not None and (last or kind is FrameKind.CHUNK):
+                        # The Responses and Messages wires' last event goes to the caller too.
+                        reader.add(event.chunk, last)
+                        out = codec.feed(event.chunk)
+                        if answer.output_sent or event.output or last:
                             answer.output_sent = True
                             for c in held:
                                 yield c
                             held.clear()
-                            yield event.chunk
+                            for c in out:
+                                yield c
                         else:
-                            held.append(event.chunk)
-                    elif kind is FrameKind.DONE:
-                        finished = done = True
+                            held += out
+                    if last:
+                        reader.finished = done = True
                         await _drain(pieces, min(_DRAIN_SECONDS, max(0.0, deadline - self.clock_now())))
                         break
-                    elif kind in (FrameKind.ERROR, FrameKind.BROKEN):
-                        answer.failure = event.failure
-                        return
-            if not finished:
+            if not reader.finished:
                 answer.failure = Failure(Kind.TRANSIENT, "stream ended before [DONE]", resp.status_code)
                 return
-            for c in held:  # an answer with no output at all (rare, but complete)
+            for c in [*held, *codec.close()]:  # held: an answer with no output at all (rare, but complete)
                 yield c
-            answer.response = final if responses and isinstance(final, Mapping) else self.assembler.completion()
+            whole = reader.answer()
+            if whole is not None:
+                _crossed(self.req, answer, whole, self.wall)
         except asyncio.CancelledError:
             raise
         except Exception as e:  # timeouts, resets mid-stream: classified

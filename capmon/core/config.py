@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import enum
 import ipaddress
 import os
 import re
@@ -18,6 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from capmon.core.anthropic_wire import DEFAULT_VERSION, AnthropicVersion
 from capmon.core.exceptions import ConfigError
 from capmon.core.schema import Loader, key_text, parse_toml, read_text
 from capmon.core.schema import spec as _f
@@ -31,6 +33,27 @@ SIMULATOR_DEMO_KEY = "sk-capmon-sim-demo"
 # (the [dashboard] key and the --refresh flag).
 DEFAULT_LISTEN = "127.0.0.1:8089"
 REFRESH_MIN, REFRESH_MAX = 0.05, 10.0
+
+
+class EndpointApi(enum.StrEnum):
+    """Which provider API an endpoint speaks (``[[endpoints]] api``)."""
+
+    OPENAI = "openai"  # {base_url}/chat/completions and /responses, Authorization: Bearer
+    ANTHROPIC = "anthropic"  # {base_url}/v1/messages, x-api-key and anthropic-version
+    AZURE = "azure"  # Azure OpenAI's deployment URLs or its v1 API, the api-key header
+
+
+class SamplingRule(enum.StrEnum):
+    """What to do with sampling parameters (temperature, top_p, top_k) a target's API
+    version refuses (``[client] refused_sampling``)."""
+
+    DROP = "drop"  # send without them; the attempt record says which were left out
+    SKIP = "skip"  # do not send the request there: the target is skipped as incapable
+
+
+# Azure's v1 API ({base_url}/openai/v1/...) takes no api-version; any other value is the
+# classic deployment URL's ?api-version=.
+AZURE_V1 = "v1"
 
 
 @dataclass(frozen=True)
@@ -51,6 +74,10 @@ class ClientConfig:
         "aiohttp",
         choices=("httpx", "aiohttp"),
         doc="the HTTP transport under httpx's API: aiohttp (fast) or httpx (httpcore)",
+    )
+    refused_sampling: SamplingRule = _f(
+        SamplingRule.DROP,
+        doc="sampling parameters a target's API version refuses: drop (send without, recorded) or skip the target",
     )
 
 
@@ -101,6 +128,18 @@ class EndpointConfig:
     keys: tuple[KeyConfig, ...] = _f(factory=tuple)
     simulated: bool = _f(False, doc="served by the bundled simulator: a missing key uses its demo key")
     headers: Mapping[str, str] = _f(factory=dict)
+    api: EndpointApi = _f(EndpointApi.OPENAI, doc="the provider API it speaks: openai, anthropic or azure")
+    anthropic_version: AnthropicVersion = _f(
+        DEFAULT_VERSION, doc="api = anthropic: the anthropic-version header (2026-10-21 or 2023-06-01)"
+    )
+    api_version: str = _f(
+        "", doc='api = azure: the classic deployment URL\'s api-version; "" or "v1" for the v1 API (/openai/v1)'
+    )
+
+    @property
+    def azure_classic(self) -> bool:
+        """Azure's deployment URL (``/openai/deployments/{model}/...?api-version=``)."""
+        return self.api is EndpointApi.AZURE and self.api_version not in ("", AZURE_V1)
 
 
 @dataclass(frozen=True)
@@ -255,6 +294,7 @@ def _new_name(fail: Callable[[str, str], ConfigError], key: str, name: str, seen
 
 
 _HEADER_NAME = re.compile(r"[A-Za-z0-9!#$%&'*+.^_`|~-]+")
+_API_VERSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
 def _check(cfg: Config, file: str) -> Config:
@@ -270,6 +310,13 @@ def _check(cfg: Config, file: str) -> Config:
         _new_name(fail, f"endpoints[{i}].name", e.name, seen, "endpoint")
         if not e.base_url.startswith(("http://", "https://")):
             raise fail(f"endpoints[{i}].base_url", f"expected an http:// or https:// URL, got {e.base_url!r}")
+        if e.api_version and e.api is not EndpointApi.AZURE:
+            raise fail(f"endpoints[{i}].api_version", f'only for api = "azure" (this endpoint is api = "{e.api}")')
+        if e.api_version and not _API_VERSION.fullmatch(e.api_version):
+            raise fail(
+                f"endpoints[{i}].api_version",
+                f'expected an Azure api-version such as "2024-10-21", or "v1", got {e.api_version!r}',
+            )
         if not e.keys:
             raise fail(f"endpoints[{i}].keys", 'expected at least one key, e.g. keys = [{ env = "OPENAI_API_KEY" }]')
         for name, value in e.headers.items():

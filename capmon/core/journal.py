@@ -99,6 +99,7 @@ class Journal:
         wait: float,
         latency: float,
         decision: Decision,
+        dropped: tuple[str, ...] = (),
     ) -> None:
         attempt = Attempt(
             number=number,
@@ -114,8 +115,10 @@ class Journal:
             wait=wait,
             latency=latency,
             decision=decision,
+            api=t.endpoint.api,
+            dropped=dropped,
         )
-        r.attempts.append(attempt)
+        self._append(r, attempt)
         log.debug(
             "request %d attempt %d on %s: %s %s -> %s",
             r.id,
@@ -125,6 +128,31 @@ class Journal:
             failure.kind.value if failure else "ok",
             decision.value,
         )
+
+    def skipped(self, r: Routing, t: Target) -> None:
+        """A target passed over because it cannot carry the request: on the record, never sent."""
+        reason = f"incapable: {r.incapable[t.id]}"
+        attempt = Attempt(
+            number=0,
+            model=t.model.name,
+            target=t.id,
+            endpoint=t.endpoint.name,
+            key_alias=t.key.alias,
+            started=self._clock.wall(),
+            status=None,
+            kind=None,
+            reason=reason,
+            hint=None,
+            wait=0.0,
+            latency=0.0,
+            decision=Decision.SKIP,
+            api=t.endpoint.api,
+        )
+        log.debug("request %d skips %s: %s", r.id, t.id, reason)
+        self._append(r, attempt)
+
+    def _append(self, r: Routing, attempt: Attempt) -> None:
+        r.attempts.append(attempt)
         for fn in list(self._observers):
             try:
                 fn(r.request, attempt)
@@ -137,7 +165,7 @@ class Journal:
             request_id=r.id,
             item_id=r.request.item_id,
             model=r.stick_to,
-            attempt=len(r.attempts) + 1,
+            attempt=r.sent + 1,
             max_attempts=self._max_attempts,
             reason=reason,
             deadline=self._clock.now() + wait,

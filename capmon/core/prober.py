@@ -20,12 +20,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from capmon.core import events as ev
-from capmon.core import wire
+from capmon.core import formats, wire
 from capmon.core.attempt import Answer, Request, plain
 from capmon.core.breaker import State
 from capmon.core.errors import Kind
 from capmon.core.exceptions import RequestFailed
-from capmon.core.result import ChatRequest
+from capmon.core.result import Api, ChatRequest
 from capmon.core.routing import Routing
 from capmon.core.state import Admission
 from capmon.core.tasks import cancel_and_wait
@@ -148,15 +148,12 @@ class Prober:
         try:
             for _ in range(2):  # a refused token parameter is learned, then sent again
                 param = client._token_param[t.model.name]
+                api, body = formats.probe_body(t, param)
                 req = Request(
-                    t,
-                    wire.probe_body(t.model.wire_name, param),
-                    client.config.client.attempt_timeout,
-                    _PROBE_CAP,
-                    client.config.backoff.max_hint,
+                    t, body, client.config.client.attempt_timeout, _PROBE_CAP, client.config.backoff.max_hint, api
                 )
                 answer = await plain(client._http, req, wall=clock.wall())
-                if answer.failure is None or not wire.refused_token_param(answer.failure, param):
+                if answer.failure is None or api is not Api.CHAT or not wire.refused_token_param(answer.failure, param):
                     break
                 client._token_param.learn(t.model.name, param, answer.failure.reason)
         except BaseException:

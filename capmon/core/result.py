@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from capmon.core.config import EndpointApi
 from capmon.core.errors import Kind
 
 
@@ -18,6 +19,7 @@ class Decision(enum.StrEnum):
     FALLBACK = "fallback"
     PARK = "park"  # a batch item put aside to come back later
     FAIL = "fail"
+    SKIP = "skip"  # not sent: the target cannot carry the request (the reason says why)
 
 
 class Priority(enum.StrEnum):
@@ -29,15 +31,16 @@ class Priority(enum.StrEnum):
 
 
 class Api(enum.StrEnum):
-    """Which OpenAI API a request speaks."""
+    """Which request format a request speaks (the caller's), or an attempt sends (the target's)."""
 
-    CHAT = "chat"  # /chat/completions
-    RESPONSES = "responses"  # /responses
+    CHAT = "chat"  # OpenAI's /chat/completions
+    RESPONSES = "responses"  # OpenAI's /responses
+    MESSAGES = "messages"  # Anthropic's /v1/messages
 
 
 @dataclass(frozen=True, slots=True)
 class ChatRequest:
-    """One OpenAI request (chat completions, or the Responses API), before routing.
+    """One request (chat completions, the Responses API or Anthropic's Messages), before routing.
 
     ``model`` (optional) is the model to try first; the rest of the preference
     list still serves as fallbacks. A model pinned by hand wins over it.
@@ -88,7 +91,8 @@ class ChatRequest:
         )
 
     @staticmethod
-    def responses(
+    def of_body(
+        api: Api,
         body: Mapping[str, Any],
         *,
         model: str | None = None,
@@ -96,19 +100,34 @@ class ChatRequest:
         deadline: float | None = None,
         item_id: str | None = None,
     ) -> ChatRequest:
-        """A Responses API request: ``body`` is sent as it is, but ``model``, ``stream``
-        and the token cap (``max_output_tokens``), which the client owns."""
-        cap = body.get("max_output_tokens")
+        """A request in ``api``'s own format (the Responses API, Anthropic's Messages):
+        ``body`` is sent as it is to a target of that format, but ``model``, ``stream`` and
+        the token cap (``max_output_tokens``, ``max_tokens``), which the client owns; to a
+        target of another format it is translated, or that target is skipped."""
+        cap = body.get(_CAP_FIELD[api])
         return ChatRequest(
             messages=(),
             model=model,
-            max_tokens=cap if isinstance(cap, int) and cap > 0 else None,
+            max_tokens=cap if isinstance(cap, int) and not isinstance(cap, bool) and cap > 0 else None,
             extra=dict(body),
             item_id=item_id,
             priority=Priority(priority),
             deadline=deadline,
-            api=Api.RESPONSES,
+            api=api,
         )
+
+    @staticmethod
+    def responses(body: Mapping[str, Any], **kw: Any) -> ChatRequest:
+        """A Responses API request (see :meth:`of_body`)."""
+        return ChatRequest.of_body(Api.RESPONSES, body, **kw)
+
+    @staticmethod
+    def anthropic(body: Mapping[str, Any], **kw: Any) -> ChatRequest:
+        """An Anthropic Messages request (see :meth:`of_body`)."""
+        return ChatRequest.of_body(Api.MESSAGES, body, **kw)
+
+
+_CAP_FIELD = {Api.CHAT: "max_tokens", Api.RESPONSES: "max_output_tokens", Api.MESSAGES: "max_tokens"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +145,8 @@ class Attempt:
     wait: float  # how long the client waited after this attempt before the next one
     latency: float
     decision: Decision
+    api: EndpointApi = EndpointApi.OPENAI  # the API of the target's endpoint
+    dropped: tuple[str, ...] = ()  # fields left out because the target's API version refuses them
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +160,12 @@ class ChatResult:
     latency: float  # from the call to the answer, waits included
     usage: Mapping[str, Any] = field(default_factory=dict)
     request_id: int = 0  # the client's number for the request (events and attempts carry it too)
+    api: EndpointApi = EndpointApi.OPENAI  # the API that served it (the answer is in the caller's format)
+
+    @property
+    def dropped(self) -> tuple[str, ...]:
+        """Fields the serving attempt left out because its API version refuses them."""
+        return self.attempts[-1].dropped if self.attempts else ()
 
     @property
     def fell_back(self) -> bool:

@@ -16,16 +16,17 @@ from __future__ import annotations
 import itertools
 import logging
 import random
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
 import httpx
 
 from capmon.core import events as ev
-from capmon.core import wire
+from capmon.core import formats, wire
 from capmon.core.attempt import Answer, Request, Stream, chat_request, plain, result_of
 from capmon.core.backoff import Backoff
+from capmon.core.calls import FormatCalls
 from capmon.core.clock import Clock, default_clock
 from capmon.core.config import Config, ResolvedKey, resolve_keys
 from capmon.core.controls import ManualControls
@@ -57,7 +58,7 @@ class _End:
     out: ChatResult | Grant | None
 
 
-class FallbackClient(ManualControls):
+class FallbackClient(FormatCalls, ManualControls):
     """The shared fallback client. Use it as an async context manager or call
     :meth:`aclose` when done. ``state`` builds the state seam's implementation from the
     targets (default: :class:`~capmon.core.state.MemoryState`, this process only)."""
@@ -175,15 +176,6 @@ class FallbackClient(ManualControls):
         r = self._new(request, kw)
         return ChatStream(lambda s: self._stream(r, s))
 
-    def responses(self, body: Mapping[str, Any], **kw: Any) -> Awaitable[ChatResult]:
-        """A Responses API request (``POST /v1/responses``), routed like a chat request;
-        ``kw``: model, priority, deadline, item_id."""
-        return self.chat(ChatRequest.responses(body, **kw))
-
-    def stream_responses(self, body: Mapping[str, Any], **kw: Any) -> ChatStream:
-        """A streaming Responses API request: the events, fallbacks before the first output."""
-        return self.stream_chunks(ChatRequest.responses(body, **kw))
-
     async def _stream(self, r: Routing, s: ChatStream) -> AsyncIterator[Mapping[str, Any]]:
         s.request_id = r.id
         try:
@@ -239,6 +231,7 @@ class FallbackClient(ManualControls):
         deadline, own = min(asked, cap), asked < cap
         r = Routing(next(self._ids), req, estimate_tokens(req.messages), now + deadline, now, self._backoff.schedule())
         r.own_deadline = own
+        r.incapable = formats.incapable_targets(req, self.targets, self.config.client.refused_sampling)
         return r
 
     def _failed(self, r: Routing, e: BaseException) -> None:
@@ -300,7 +293,9 @@ class FallbackClient(ManualControls):
     # ------------------------------------------------------------ attempts
 
     def _begin(self, r: Routing, t: Target, stream: bool) -> tuple[int, float, float, Request]:
-        number = len(r.attempts) + 1
+        number = r.sent + 1
+        for u in r.passed_over(self.targets, t):
+            self.journal.skipped(r, u)
         self.journal.started(r, t, number)
         now = self.clock.now()
         req = chat_request(t, r.request, self._token_param[t.model.name], self.config, stream, time_left=r.left(now))
@@ -344,10 +339,10 @@ class FallbackClient(ManualControls):
         t.stats.record_attempt(now, answer.status, failure.kind if failure else None, latency)
 
         def record(decision: Decision, wait: float = 0.0) -> None:
-            self.journal.record(r, t, number, wall, answer.status, failure, wait, latency, decision)
+            self.journal.record(r, t, number, wall, answer.status, failure, wait, latency, decision, answer.dropped)
 
         param = self._token_param[t.model.name]
-        if failure is not None and not answer.output_sent and not r.switched and r.request.api is Api.CHAT:
+        if failure is not None and not answer.output_sent and not r.switched and answer.wire is Api.CHAT:
             if wire.refused_token_param(failure, param):
                 await self._cancelled(t, adm)
                 # Send the other one from now on, and again at once on the same model (once:
@@ -357,7 +352,7 @@ class FallbackClient(ManualControls):
                 record(Decision.RETRY)
                 return None
         # An attempt the deadline cut short is a transient timeout: by policy.py, no news to the breaker.
-        await t.state.settle(adm, failure, used_tokens=wire.total_tokens(answer.response))
+        await t.state.settle(adm, failure, used_tokens=formats.used_tokens(r.request.api, answer.response))
         self._queue.kick()
         if t.state.probe_due_at() is not None:
             self.prober.kick()

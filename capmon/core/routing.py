@@ -42,6 +42,27 @@ class Routing:
     switched: bool = False  # the token parameter was switched once for this request
     stuck: int = 0  # failures in a row on the model it sticks to
     own_deadline: bool = False  # the deadline is the request's own, shorter than [client] deadline
+    # target id -> why it cannot carry the request (capmon/core/formats.py): never tried,
+    # like a model whose context window is too small; ``noted``: skips already on the record.
+    incapable: dict[str, str] = field(default_factory=dict)
+    noted: set[str] = field(default_factory=set)
+
+    @property
+    def sent(self) -> int:
+        """Attempts sent so far (the record also holds the targets skipped as incapable)."""
+        return sum(1 for a in self.attempts if a.decision is not Decision.SKIP)
+
+    def passed_over(self, targets: Sequence[Target], t: Target) -> list[Target]:
+        """The incapable targets the route would have tried before ``t``, not yet on the record."""
+        out = [
+            u
+            for u in targets
+            if u.id in self.incapable
+            and u.id not in self.noted
+            and (u.rank < t.rank or u.model.name in (self.request.model, self.stick_to))
+        ]
+        self.noted.update(u.id for u in out)
+        return out
 
     def left(self, now: float) -> float:
         """Seconds until its deadline: what any attempt or wait of it may take at most."""
@@ -60,8 +81,13 @@ class Routing:
 
     def why_nothing(self, targets: Sequence[Target]) -> Failure:
         """Why a request that has not been tried yet has no target at all."""
-        keys = [t for t in targets if not t.state.usable()]
-        if len(keys) == len(targets):
+        capable = [t for t in targets if t.id not in self.incapable]
+        if not capable:
+            why = {f"{t.model.name} ({t.endpoint.api.value})": self.incapable[t.id] for t in targets}
+            listed = "; ".join(f"{name}: {reason}" for name, reason in why.items())
+            return Failure(Kind.BAD_REQUEST, f"no model can carry this request: {listed}")
+        keys = [t for t in capable if not t.state.usable()]
+        if len(keys) == len(capable):
             aliases = ", ".join(sorted({f"{t.key.alias} at {t.endpoint.name}" for t in keys}))
             return Failure(Kind.AUTH, f"every key is disabled after an auth failure ({aliases}); reset it by hand")
         return Failure(Kind.TOO_LARGE, f"no model's context window fits about {self.prompt_tokens} prompt tokens")
@@ -77,6 +103,8 @@ class Routing:
         out = []
         for t in targets:
             if t.id in self.excluded or t.model.context_window <= self.min_window or not t.state.usable():
+                continue
+            if t.id in self.incapable:
                 continue
             wanted = min(self.request.max_tokens or t.model.max_tokens, t.model.max_tokens, 16)
             if self.prompt_tokens + wanted > t.model.context_window:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import enum
 import os
 import re
 import tomllib
@@ -95,6 +96,8 @@ def describe(tp: Any) -> str:
         return _TYPE_WORDS[tp]
     if dataclasses.is_dataclass(tp):
         return "a table"
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return "one of " + ", ".join(repr(m.value) for m in tp)
     origin = typing.get_origin(tp)
     if origin in (tuple, list):
         return f"a list of {describe(typing.get_args(tp)[0]).removeprefix('a ')}s"
@@ -197,6 +200,15 @@ class Loader:
             return raw
         if tp is str:
             return self._string(raw, key, meta, wrong)
+        if isinstance(tp, type) and issubclass(tp, enum.Enum):  # a StrEnum: its values are the choices
+            if not isinstance(raw, str):
+                raise wrong()
+            try:
+                return tp(raw)
+            except ValueError:
+                close = difflib.get_close_matches(raw, [str(m.value) for m in tp], n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                raise self.fail(key, f"expected {describe(tp)}, got {raw!r}{hint}") from None
         if tp is int:
             if isinstance(raw, bool) or not isinstance(raw, int):
                 raise wrong()

@@ -28,6 +28,10 @@ _SHAPES = re.compile(
     r"|(?i:bearer)\s+[A-Za-z0-9._~+/\-]{12,}=*|(?i:(?:api[_-]?key|key)=)[^&\s\"']{8,}|\b[A-Za-z0-9]{40,}\b"
 )
 _KEEP = 6
+# A key in the header Azure (``api-key``) or Anthropic (``x-api-key``) reads, as an HTTP
+# library or a provider may print it (``api-key: ...``, ``'x-api-key': '...'``): its value
+# goes whole, as no shape tells an Azure key (32 hex digits) from a request id.
+_KEY_HEADER = re.compile(r"""(?i)(\b(?:x-)?api[-_]key["']?\s*[:=]\s*["']?)[A-Za-z0-9._~+/\-]{8,}""")
 # A key a provider already masked when it echoed it (OpenAI's ``sk-abc****wxyz``, the
 # simulator's ``CAN****Q777``): its visible ends are still part of the key.
 _MASKED = re.compile(r"[A-Za-z0-9_\-]*\*{3,}[A-Za-z0-9_\-]*")
@@ -86,6 +90,7 @@ def redact(text: str, *, hints: bool = True) -> str:
     for value in sorted(_VALUES, key=len, reverse=True):  # longest first: one key may hold another
         if value in text:
             text = text.replace(value, "[redacted]")
+    text = _KEY_HEADER.sub(r"\1****", text)
     if hints:
         return _SHAPES.sub(_mask, text)
     return _MASKED.sub("****", _SHAPES.sub(functools.partial(_mask, keep=0), text))

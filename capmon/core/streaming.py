@@ -1,4 +1,5 @@
-"""A stream of a provider's chunks (chat completions) or events (the Responses API),
+"""A stream of chunks (chat completions) or events (the Responses API, Anthropic's
+Messages), in the caller's format,
 with what the client knows about it as it goes: which request it is, which model and
 target serve it once output has started, the attempts before, and the result at the
 end. The gateway reads these to write its response headers before the first byte."""
@@ -8,8 +9,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
+from capmon.core.formats import chunk_text
 from capmon.core.result import Attempt, ChatResult
-from capmon.core.wire import chunk_text
 
 
 class ChatStream:
@@ -37,7 +38,7 @@ class ChatStream:
         self.model, self.endpoint, self.target, self.attempts = model, endpoint, target, attempts
 
     async def texts(self) -> AsyncIterator[str]:
-        """The answer's text as it comes (chat completions), the chunks read and dropped."""
+        """The answer's text as it comes (any format), the chunks read and dropped."""
         try:
             async for chunk in self:
                 text = chunk_text(chunk)

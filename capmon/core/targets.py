@@ -9,9 +9,11 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from capmon.core import formats
 from capmon.core.config import Config, EndpointConfig, ModelConfig, ResolvedKey
 from capmon.core.errors import Kind
 from capmon.core.exceptions import CapmonError
+from capmon.core.result import Api
 from capmon.core.state import KeyRef, TargetSpec, TargetState
 from capmon.core.stats import RollingStats
 from capmon.core.transport import Sender
@@ -31,20 +33,19 @@ class Target:
     key: ResolvedKey
     state: TargetState
     stats: RollingStats = field(default_factory=RollingStats)
-    url: str = field(default="", repr=False)
     last_status: int | None = None
     last_kind: Kind | None = None
     probe_latency: float | None = None
-    # What every attempt sends, parsed and encoded once (the key is in the headers).
-    http_url: httpx.URL = field(default=None, repr=False)  # type: ignore[assignment]
-    responses_url: httpx.URL = field(default=None, repr=False)  # type: ignore[assignment]
+    # What every attempt sends, parsed and encoded once (the key is in the headers): the
+    # URL of each wire the endpoint's API serves (capmon/core/formats.py).
+    urls: dict[Api, httpx.URL] = field(default_factory=dict, repr=False)
     http_headers: list[tuple[bytes, bytes]] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
-        if self.url and self.http_url is None:
-            self.http_url = httpx.URL(self.url)
-            self.responses_url = httpx.URL(self.endpoint.base_url.rstrip("/") + "/responses")
-            self.http_headers = Sender.headers(dict(self.endpoint.headers), self.key.secret.reveal())
+        if not self.urls:
+            self.urls = {w: httpx.URL(u) for w, u in formats.urls(self.endpoint, self.model).items()}
+            secret = self.key.secret.reveal()
+            self.http_headers = Sender.headers(dict(self.endpoint.headers), formats.credentials(self.endpoint, secret))
 
     @property
     def key_ref(self) -> KeyRef:
@@ -71,7 +72,6 @@ def build_targets(config: Config, keys: Mapping[tuple[str, str], ResolvedKey]) -
                         ep,
                         key,
                         state=None,  # type: ignore[arg-type]
-                        url=ep.base_url.rstrip("/") + "/chat/completions",
                     )
                 )
     if not out:

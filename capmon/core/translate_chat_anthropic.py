@@ -8,7 +8,7 @@ below with what becomes of them. Model, the final token cap and ``stream`` are t
 (:func:`capmon.core.wire.chat_body`, :func:`capmon.core.anthropic_wire.messages_body`).
 
 Field names follow the SDKs' types (``openai/types/chat``, ``anthropic/types``). Pure
-functions on dicts and two small stateful stream translators. Not wired in yet.
+functions on dicts and two small stateful stream translators; capmon/core/formats.py uses them.
 """
 
 from __future__ import annotations

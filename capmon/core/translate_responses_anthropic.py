@@ -5,7 +5,7 @@ a Responses request is first the chat request it means (instructions, input item
 function tools), so the chat <-> Messages rules (tool choice, images, tool results, the
 refusals) have one home. Answers and streams map directly, with the usage and stop-reason
 tables of the chat module. Field names follow ``openai/types/responses`` and
-``anthropic/types``. Pure functions and one stream translator. Not wired in yet.
+``anthropic/types``. Pure functions and one stream translator; capmon/core/formats.py uses them.
 """
 
 from __future__ import annotations

@@ -336,11 +336,13 @@ class Sender:
         self._timeout = httpx.Timeout(attempt_timeout, connect=connect_timeout).as_dict()
 
     @staticmethod
-    def headers(extra: dict[str, str], secret: str) -> list[tuple[bytes, bytes]]:
-        """A target's fixed headers, encoded once: defaults, the endpoint's own, its key."""
+    def headers(extra: dict[str, str], credentials: dict[str, str]) -> list[tuple[bytes, bytes]]:
+        """A target's fixed headers, encoded once: defaults, the endpoint's own, then its
+        key in the header its API reads (``Authorization: Bearer``, ``x-api-key`` with
+        ``anthropic-version``, Azure's ``api-key``; capmon/core/formats.py)."""
         out = list(_DEFAULT_HEADERS)
         out += [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in extra.items()]
-        out.append((b"authorization", f"Bearer {secret}".encode("latin-1")))
+        out += [(k.encode("latin-1"), v.encode("latin-1")) for k, v in credentials.items()]
         return out
 
     def request(self, url: httpx.URL, headers: list[tuple[bytes, bytes]], body: bytes) -> httpx.Request:

@@ -12,6 +12,7 @@ import asyncio
 import collections.abc
 import dataclasses
 import datetime as dt
+import enum
 import functools
 import json
 import math
@@ -106,6 +107,8 @@ def _plausible(tp: Any) -> st.SearchStrategy[Any]:
         return st.floats(-1, 5000) | st.sampled_from([0.0, 0.001, math.nan, math.inf, -math.inf])
     if tp is str:
         return _PLAUSIBLE_STRINGS | st.text(max_size=10)
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):  # a StrEnum key: its values, or a near miss
+        return st.sampled_from([m.value for m in tp]) | _PLAUSIBLE_STRINGS
     origin = typing.get_origin(tp)
     if origin is tuple:
         (inner,) = typing.get_args(tp)[:1]

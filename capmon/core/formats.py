@@ -1,0 +1,361 @@
+"""Which format an attempt speaks, and how a request crosses from the caller's format to
+the target's and its answer back.
+
+A caller speaks one :class:`~capmon.core.result.Api` (chat completions, the Responses
+API, Anthropic's Messages); a target's endpoint speaks one provider API
+(:class:`~capmon.core.config.EndpointApi`). This module is the one place that pairs them:
+
+* the *wire* an attempt sends (:func:`wire_of`): an Anthropic endpoint always speaks
+  Messages; an OpenAI or Azure one speaks the caller's format, and chat completions for
+  a Messages caller;
+* the URL and credential headers per endpoint API (:func:`urls`, :func:`credentials`);
+* the body (:func:`outbound`): the same format untouched but the token cap and ``n``, as
+  always; across formats translated by the pure modules (``translate_*``); the sampling
+  fields a target's API version refuses dropped or refused by ``[client] refused_sampling``;
+* why a target cannot carry a request (:func:`incapable`): the target is then skipped,
+  as one whose context window is too small, and the attempt record says why;
+* the answer and the stream events in the caller's format (:func:`answer_in`,
+  :func:`stream_codec`), and the wire's own frame reader and assembler (:class:`WireReader`).
+
+See ARCHITECTURE.md, "Across formats".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from capmon.core import anthropic_wire as aw
+from capmon.core import translate_chat_anthropic as tca
+from capmon.core import translate_responses_anthropic as tra
+from capmon.core import wire
+from capmon.core.config import EndpointApi, EndpointConfig, ModelConfig, SamplingRule
+from capmon.core.errors import QUOTA_HINT, parse_completion
+from capmon.core.result import Api, ChatRequest
+
+if TYPE_CHECKING:
+    from capmon.core.targets import Target
+
+
+def wire_of(caller: Api, endpoint: EndpointConfig) -> Api:
+    """The format an attempt for a ``caller`` request sends to ``endpoint``."""
+    if endpoint.api is EndpointApi.ANTHROPIC:
+        return Api.MESSAGES
+    return Api.CHAT if caller is Api.MESSAGES else caller
+
+
+# ---------------------------------------------------------------- where and with which key
+
+
+def urls(endpoint: EndpointConfig, model: ModelConfig) -> dict[Api, str]:
+    """The URL of each wire the endpoint serves. Azure's classic deployment URL names the
+    model's wire name (``api_model``, else its name) as the deployment and serves chat
+    completions only."""
+    base = endpoint.base_url.rstrip("/")
+    if endpoint.api is EndpointApi.ANTHROPIC:
+        return {Api.MESSAGES: base + aw.MESSAGES_PATH}
+    if endpoint.azure_classic:
+        query = "?api-version=" + endpoint.api_version
+        return {Api.CHAT: f"{base}/openai/deployments/{model.wire_name}/chat/completions{query}"}
+    if endpoint.api is EndpointApi.AZURE:
+        base += "/openai/v1"
+    return {Api.CHAT: base + "/chat/completions", Api.RESPONSES: base + "/responses"}
+
+
+def credentials(endpoint: EndpointConfig, secret: str) -> dict[str, str]:
+    """The key (and version) headers of the endpoint's API. Anthropic: ``x-api-key``,
+    which every version and every compatible server takes (see
+    :func:`capmon.core.anthropic_wire.request_headers`); Azure: ``api-key``."""
+    if endpoint.api is EndpointApi.ANTHROPIC:
+        return aw.request_headers(secret, endpoint.anthropic_version)
+    if endpoint.api is EndpointApi.AZURE:
+        return {"api-key": secret}
+    return {"authorization": f"Bearer {secret}"}
+
+
+# ---------------------------------------------------------------- requests
+
+
+def caller_body(request: ChatRequest) -> dict[str, Any]:
+    """The request in its own format, as the caller would have sent it."""
+    if request.api is not Api.CHAT:
+        return dict(request.extra)
+    body = {**request.extra, "messages": list(request.messages)}
+    if request.temperature is not None:
+        body["temperature"] = request.temperature
+    if request.max_tokens is not None:
+        body.setdefault("max_tokens", request.max_tokens)
+    return body
+
+
+_TO_WIRE: Mapping[tuple[Api, Api], Callable[[Mapping[str, Any]], dict[str, Any]]] = {
+    (Api.CHAT, Api.MESSAGES): tca.chat_to_messages,
+    (Api.RESPONSES, Api.MESSAGES): tra.responses_to_messages,
+    (Api.MESSAGES, Api.CHAT): tca.messages_to_chat,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Outbound:
+    """What one attempt sends: the body in the target's wire, and the fields left out."""
+
+    wire: Api
+    body: dict[str, Any]
+    dropped: tuple[str, ...] = ()
+
+
+class Incapable(tca.Untranslatable):
+    """The target cannot carry this request (the message says why)."""
+
+
+def _translated(request: ChatRequest, target_wire: Api) -> Mapping[str, Any] | None:
+    """The caller's body in the target's wire, without the fields capmon owns; None when
+    the formats are the same (the caller's fields then pass through untouched)."""
+    if request.api is target_wire:
+        return None
+    translate = _TO_WIRE.get((request.api, target_wire))
+    if translate is None:
+        raise Incapable(f"{request.api.value} requests cannot be sent as {target_wire.value}")
+    return translate(caller_body(request))
+
+
+def _reachable(request: ChatRequest, endpoint: EndpointConfig, target_wire: Api) -> None:
+    if endpoint.azure_classic and target_wire is Api.RESPONSES:
+        raise Incapable(
+            f"Azure's deployment URL (api_version = {endpoint.api_version}) serves chat completions only; "
+            'api_version = "v1" serves the Responses API'
+        )
+
+
+def _version_rules(body: dict[str, Any], endpoint: EndpointConfig, rule: SamplingRule) -> tuple[str, ...]:
+    """Anthropic's API version rules on a Messages body: what it refuses whatever is left
+    out is incapable; refused sampling fields are dropped (returned) or, by the rule,
+    make the target incapable."""
+    version = endpoint.anthropic_version
+    why = aw.version_incapable(body, version)
+    if why:
+        raise Incapable(why)
+    refused = aw.refused_sampling(body, version)
+    if refused and rule is SamplingRule.SKIP:
+        names = ", ".join(refused)
+        raise Incapable(f'{names} (refused by anthropic-version {version.value}; [client] refused_sampling = "skip")')
+    return refused
+
+
+def outbound(
+    request: ChatRequest,
+    t: Target,
+    *,
+    token_param: wire.TokenParam,
+    limit: int,
+    stream: bool,
+    rule: SamplingRule,
+) -> Outbound:
+    """The body one attempt sends to ``t``. Raises :class:`~capmon.core.translate_chat_anthropic.Untranslatable`
+    when ``t`` cannot carry the request (:func:`incapable` says so before any attempt)."""
+    target_wire = wire_of(request.api, t.endpoint)
+    _reachable(request, t.endpoint, target_wire)
+    translated = _translated(request, target_wire)
+    model = t.model.wire_name
+    if target_wire is Api.MESSAGES:
+        body = aw.messages_body(
+            caller_body(request) if translated is None else translated, model=model, max_tokens=limit, stream=stream
+        )
+        dropped = _version_rules(body, t.endpoint, rule)
+        return Outbound(target_wire, aw.without(body, dropped) if dropped else body, dropped)
+    if target_wire is Api.RESPONSES:
+        body = wire.responses_body(request.extra, model=model, max_output_tokens=limit, stream=stream)
+        return Outbound(target_wire, body)
+    if translated is None:
+        messages, extra, temperature = request.messages, request.extra, request.temperature
+    else:
+        messages, extra, temperature = tuple(translated["messages"]), translated, None
+        if stream:  # the Messages stream's closing usage comes from OpenAI's last chunk
+            extra = {**extra, "stream_options": {"include_usage": True}}
+    body = wire.chat_body(
+        messages, extra, model=model, token_param=token_param, max_tokens=limit, temperature=temperature, stream=stream
+    )
+    return Outbound(target_wire, body)
+
+
+def incapable(request: ChatRequest, t: Target, rule: SamplingRule) -> str | None:
+    """Why ``t`` cannot carry ``request``, or None. The check is the translation itself
+    (:func:`outbound`), so the check and the body sent cannot disagree; a request in the
+    target's own format on an OpenAI-wire endpoint is never checked (it passes untouched)."""
+    target_wire = wire_of(request.api, t.endpoint)
+    if request.api is target_wire and target_wire is not Api.MESSAGES and not t.endpoint.azure_classic:
+        return None
+    try:
+        outbound(request, t, token_param=wire.TokenParam.MAX_TOKENS, limit=1, stream=False, rule=rule)
+    except tca.Untranslatable as e:
+        return str(e)
+    return None
+
+
+def probe_body(t: Target, token_param: wire.TokenParam) -> tuple[Api, dict[str, Any]]:
+    """The smallest request that proves ``t`` answers, in its own wire."""
+    if t.endpoint.api is EndpointApi.ANTHROPIC:
+        body = {"messages": [{"role": "user", "content": "ping"}]}
+        return Api.MESSAGES, aw.messages_body(body, model=t.model.wire_name, max_tokens=1, stream=False)
+    return Api.CHAT, wire.probe_body(t.model.wire_name, token_param)
+
+
+# ---------------------------------------------------------------- answers
+
+
+def parse_plain(target_wire: Api, status: int, body: bytes) -> Mapping[str, Any] | None:
+    """A plain answer in the target's wire, or None (then the classifier says what it is)."""
+    if target_wire is Api.MESSAGES:
+        return aw.parse_message(status, body)
+    if target_wire is Api.RESPONSES:
+        return wire.parse_response(status, body)
+    return parse_completion(status, body)
+
+
+_ANSWER: Mapping[tuple[Api, Api], Callable[[Mapping[str, Any], int], dict[str, Any]]] = {
+    (Api.CHAT, Api.MESSAGES): lambda m, created: tca.message_to_completion(m, created=created),
+    (Api.RESPONSES, Api.MESSAGES): lambda m, created: tra.message_to_response(m, created=created),
+    (Api.MESSAGES, Api.CHAT): lambda c, _created: tca.completion_to_message(c),
+}
+
+
+def answer_in(caller: Api, target_wire: Api, response: Mapping[str, Any], *, created: int) -> Mapping[str, Any]:
+    """The target's answer in the caller's format. Raises ``Untranslatable`` (an answer
+    the caller's format cannot carry, such as tool arguments that are no JSON object)."""
+    if caller is target_wire:
+        return response
+    return _ANSWER[(caller, target_wire)](response, created)
+
+
+def text_of(caller: Api, response: Mapping[str, Any]) -> str:
+    """An answer's text, in the caller's format."""
+    if caller is Api.MESSAGES:
+        return aw.message_text(response)
+    if caller is Api.RESPONSES:
+        return wire.response_text(response)
+    return wire.completion_text(response)
+
+
+def used_tokens(caller: Api, response: Mapping[str, Any] | None) -> int | None:
+    """The tokens an answer (in the caller's format) says it used."""
+    if caller is Api.MESSAGES:
+        return aw.usage_total((response or {}).get("usage"))
+    return wire.total_tokens(response)
+
+
+# ---------------------------------------------------------------- streams
+
+
+class Codec(Protocol):
+    """Turns the target's stream events into the caller's: per event, then at the end."""
+
+    def feed(self, chunk: Mapping[str, Any]) -> Sequence[Mapping[str, Any]]: ...
+
+    def close(self) -> Sequence[Mapping[str, Any]]: ...
+
+
+class _Same:
+    def feed(self, chunk: Mapping[str, Any]) -> Sequence[Mapping[str, Any]]:
+        return (chunk,)  # passed through as the provider sent it
+
+    def close(self) -> Sequence[Mapping[str, Any]]:
+        return ()
+
+
+class _Closed:
+    """A translator that ends by itself (on the Messages stream's ``message_stop``)."""
+
+    def __init__(self, inner: tca.MessagesToChatStream | tra.MessagesToResponsesStream) -> None:
+        self._inner = inner
+
+    def feed(self, chunk: Mapping[str, Any]) -> Sequence[Mapping[str, Any]]:
+        return self._inner.feed(chunk)
+
+    def close(self) -> Sequence[Mapping[str, Any]]:
+        return ()
+
+
+SAME = _Same()
+
+
+def stream_codec(request: ChatRequest, target_wire: Api, *, created: int) -> Codec:
+    """The translator of one streaming attempt's events into the caller's format."""
+    if request.api is target_wire:
+        return SAME
+    if request.api is Api.CHAT:
+        options = request.extra.get("stream_options")
+        usage = isinstance(options, Mapping) and bool(options.get("include_usage"))
+        return _Closed(tca.MessagesToChatStream(created=created, include_usage=usage))
+    if request.api is Api.RESPONSES:
+        return _Closed(tra.MessagesToResponsesStream(created=created))
+    return tca.ChatToMessagesStream()
+
+
+class WireReader:
+    """Reads one target's stream in its own wire: each SSE frame as a
+    :class:`~capmon.core.wire.Event`, and the whole answer the events make."""
+
+    def __init__(self, target_wire: Api) -> None:
+        self.wire = target_wire
+        self.finished = False  # the answer is whole (a finish reason, the final event)
+        self._chat = wire.Assembler() if target_wire is Api.CHAT else None
+        self._messages = aw.MessageAssembler() if target_wire is Api.MESSAGES else None
+        self._final: Mapping[str, Any] | None = None
+        if target_wire is Api.MESSAGES:
+            self._read: Callable[..., wire.Event] = aw.read_frame
+        elif target_wire is Api.RESPONSES:
+            self._read = wire.read_responses_frame
+        else:
+            self._read = wire.read_frame
+
+    def read(self, frame: wire.Frame, *, now: float, quota_hint: float = QUOTA_HINT) -> wire.Event:
+        return self._read(frame, now=now, quota_hint=quota_hint)
+
+    def add(self, chunk: Mapping[str, Any], done: bool) -> None:
+        """One event with a chunk (``done``: the stream's last, which carries one on the
+        Responses and Messages wires)."""
+        if self._chat is not None:
+            self._chat.add(chunk)
+            self.finished = self.finished or bool(self._chat.finish_reason)
+        elif self._messages is not None:
+            self._messages.add(chunk)
+        elif done:
+            final = chunk.get("response")
+            self._final = final if isinstance(final, Mapping) else None
+
+    def answer(self) -> Mapping[str, Any] | None:
+        """The whole answer in the target's wire."""
+        if self._chat is not None:
+            return self._chat.completion()
+        if self._messages is not None:
+            return self._messages.message()
+        return self._final
+
+
+def incapable_targets(request: ChatRequest, targets: Sequence[Target], rule: SamplingRule) -> dict[str, str]:
+    """Per target that cannot carry ``request``, why (checked once per endpoint: the
+    reason depends on its API and version, not on the model or key)."""
+    by_endpoint: dict[str, str | None] = {}
+    out: dict[str, str] = {}
+    for t in targets:
+        name = t.endpoint.name
+        if name not in by_endpoint:
+            by_endpoint[name] = incapable(request, t, rule)
+        why = by_endpoint[name]
+        if why is not None:
+            out[t.id] = why
+    return out
+
+
+def chunk_text(chunk: Mapping[str, Any]) -> str:
+    """The text a stream chunk or event adds, whatever its format ("" when none)."""
+    kind = chunk.get("type")
+    if kind == "content_block_delta":
+        delta = chunk.get("delta")
+        text = delta.get("text") if isinstance(delta, Mapping) and delta.get("type") == "text_delta" else None
+    elif kind == "response.output_text.delta":
+        text = chunk.get("delta")
+    else:
+        return wire.chunk_text(chunk)
+    return text if isinstance(text, str) else ""

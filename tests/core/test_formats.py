@@ -1,0 +1,303 @@
+"""Each endpoint's API: the URL, the key header, the body per (caller format, target API,
+version), the refusals that skip a target as incapable, the sampling rule, and the config
+keys through the one schema. Pure: no I/O."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import httpx
+import pytest
+
+from capmon.core import formats
+from capmon.core.anthropic_wire import AnthropicVersion
+from capmon.core.attempt import chat_request
+from capmon.core.config import ClientConfig, Config, EndpointApi, SamplingRule, parse_config, resolve_keys
+from capmon.core.exceptions import ConfigError
+from capmon.core.result import Api, ChatRequest
+from capmon.core.secrets import redact
+from capmon.core.targets import Target, build_targets
+from capmon.core.transport import _scrub
+from capmon.core.wire import TokenParam
+
+KEY = "azure0123456789abcdef0123456789ab"  # Azure keys are 32 hex-ish characters: no pattern finds them
+
+
+def config(api: str = "openai", extra: str = "", client: str = "", base: str = "https://example.test") -> str:
+    return (
+        f"[client]\n{client}\n"
+        f'[[endpoints]]\nname = "ep"\nbase_url = "{base}"\napi = "{api}"\nkeys = [{{ env = "K" }}]\n{extra}\n'
+        '[[models]]\nname = "m"\napi_model = "deploy-4o"\nendpoints = ["ep"]\nmax_tokens = 100\n'
+    )
+
+
+def target(api: str = "openai", extra: str = "", client: str = "", base: str = "https://example.test") -> Target:
+    cfg = parse_config(config(api, extra, client, base), "t.toml")
+    _, targets = build_targets(cfg, resolve_keys(cfg, {"K": KEY}))
+    return targets[0]
+
+
+def headers(t: Target) -> dict[str, str]:
+    return {k.decode(): v.decode() for k, v in t.http_headers}
+
+
+def body(t: Target, request: ChatRequest, *, stream: bool = False, rule: SamplingRule = SamplingRule.DROP) -> dict:
+    """What one attempt sends (attempt.chat_request: the cap, the rule, the translation)."""
+    cfg = dataclasses.replace(Config(), client=ClientConfig(refused_sampling=rule))
+    out = chat_request(t, request, TokenParam.MAX_TOKENS, cfg, stream)
+    return {"wire": out.api, "dropped": out.dropped, **out.body}
+
+
+# ---------------------------------------------------------------- URLs and headers
+
+
+@pytest.mark.parametrize(
+    ("api", "extra", "base", "expected"),
+    [
+        ("openai", "", "https://api.openai.com/v1", {Api.CHAT: "https://api.openai.com/v1/chat/completions"}),
+        ("anthropic", "", "https://api.anthropic.com", {Api.MESSAGES: "https://api.anthropic.com/v1/messages"}),
+        (
+            "azure",
+            'api_version = "2024-10-21"',
+            "https://res.openai.azure.com/",
+            {
+                Api.CHAT: "https://res.openai.azure.com/openai/deployments/deploy-4o/chat/completions"
+                "?api-version=2024-10-21"
+            },
+        ),
+        (
+            "azure",
+            "",
+            "https://res.openai.azure.com",
+            {Api.CHAT: "https://res.openai.azure.com/openai/v1/chat/completions"},
+        ),
+        (
+            "azure",
+            'api_version = "v1"',
+            "https://res.openai.azure.com",
+            {Api.RESPONSES: "https://res.openai.azure.com/openai/v1/responses"},
+        ),
+    ],
+)
+def test_each_api_has_its_own_url(api: str, extra: str, base: str, expected: dict) -> None:
+    t = target(api, extra, base=base)
+    for wire, url in expected.items():
+        assert str(t.urls[wire]) == url
+
+
+@pytest.mark.parametrize(
+    ("api", "extra", "expected", "absent"),
+    [
+        ("openai", "", {"authorization": f"Bearer {KEY}"}, ("x-api-key", "api-key")),
+        (
+            "anthropic",
+            "",
+            {"x-api-key": KEY, "anthropic-version": "2026-10-21"},
+            ("authorization", "api-key"),
+        ),
+        (
+            "anthropic",
+            'anthropic_version = "2023-06-01"\nheaders = { anthropic-beta = "tools-2024" }',
+            {"x-api-key": KEY, "anthropic-version": "2023-06-01", "anthropic-beta": "tools-2024"},
+            ("authorization",),
+        ),
+        ("azure", 'api_version = "2024-10-21"', {"api-key": KEY}, ("authorization", "x-api-key")),
+        ("azure", "", {"api-key": KEY}, ("authorization",)),
+    ],
+)
+def test_each_api_sends_the_key_in_its_own_header(api: str, extra: str, expected: dict, absent: tuple) -> None:
+    h = headers(target(api, extra))
+    assert {k: h.get(k) for k in expected} == expected
+    assert not any(name in h for name in absent)
+
+
+def test_the_config_refuses_a_wrong_api_version_or_key_naming_file_and_key() -> None:
+    with pytest.raises(ConfigError) as e:
+        parse_config(config("anthropics"), "my.toml")
+    assert "my.toml" in str(e.value) and "endpoints[0].api" in str(e.value) and "'anthropic'" in str(e.value)
+    with pytest.raises(ConfigError) as e:
+        parse_config(config("anthropic", 'anthropic_version = "2024-01-01"'), "my.toml")
+    assert "endpoints[0].anthropic_version" in str(e.value) and "'2023-06-01'" in str(e.value)
+    with pytest.raises(ConfigError) as e:
+        parse_config(config("openai", 'api_version = "2024-10-21"'), "my.toml")
+    assert "endpoints[0].api_version" in str(e.value) and "azure" in str(e.value)
+    with pytest.raises(ConfigError) as e:
+        parse_config(config("azure", 'api_version = "2024 10"'), "my.toml")
+    assert "endpoints[0].api_version" in str(e.value)
+    with pytest.raises(ConfigError) as e:
+        parse_config(config(client='refused_sampling = "ignore"'), "my.toml")
+    assert "client.refused_sampling" in str(e.value) and "'drop'" in str(e.value)
+    cfg = parse_config(config(), "my.toml")
+    assert cfg.endpoints[0].api is EndpointApi.OPENAI  # the default: today's behaviour
+    assert cfg.endpoints[0].anthropic_version is AnthropicVersion.V2026_10_21
+    assert cfg.client.refused_sampling is SamplingRule.DROP
+
+
+# ---------------------------------------------------------------- bodies
+
+
+def test_same_format_passes_every_field_through_but_the_cap_and_n() -> None:
+    request = ChatRequest.of("hi", temperature=0.3, seed=7, logprobs=True, stream_options={"include_usage": True})
+    out = body(target("openai"), request, stream=True)
+    assert out == {
+        "wire": Api.CHAT,
+        "dropped": (),
+        "seed": 7,
+        "logprobs": True,
+        "stream_options": {"include_usage": True},
+        "model": "deploy-4o",
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 100,
+        "n": 1,
+        "temperature": 0.3,
+        "stream": True,
+    }
+    anthropic = {"messages": [{"role": "user", "content": "hi"}], "top_k": 5, "thinking": {"type": "enabled"}}
+    out = body(target("anthropic", 'anthropic_version = "2023-06-01"'), ChatRequest.anthropic(anthropic))
+    assert out == {"wire": Api.MESSAGES, "dropped": (), **anthropic, "model": "deploy-4o", "max_tokens": 100}
+
+
+def test_a_chat_request_to_an_anthropic_endpoint_is_translated() -> None:
+    request = ChatRequest.of(
+        [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}],
+        max_tokens=500,
+        stop=["END"],
+    )
+    out = body(target("anthropic", 'anthropic_version = "2023-06-01"'), request, stream=True)
+    assert out == {
+        "wire": Api.MESSAGES,
+        "dropped": (),
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
+        "system": "be brief",
+        "stop_sequences": ["END"],
+        "model": "deploy-4o",
+        "max_tokens": 100,  # the caller's 500, capped at the model's 100
+        "stream": True,
+    }
+
+
+def test_a_messages_request_to_an_openai_endpoint_is_translated_and_streams_ask_for_usage() -> None:
+    request = ChatRequest.anthropic(
+        {"system": "be brief", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 50, "temperature": 0.2}
+    )
+    out = body(target("azure"), request, stream=True)
+    assert out == {
+        "wire": Api.CHAT,
+        "dropped": (),
+        "temperature": 0.2,
+        "stream_options": {"include_usage": True},
+        "model": "deploy-4o",
+        "messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}],
+        "max_tokens": 50,
+        "n": 1,
+        "stream": True,
+    }
+
+
+@pytest.mark.parametrize("caller", ["chat", "messages"])
+def test_sampling_refused_by_2026_10_21_is_dropped_and_said_or_skips_by_the_rule(caller: str) -> None:
+    messages = [{"role": "user", "content": "hi"}]
+    request = (
+        ChatRequest.of(messages, temperature=0.5, top_p=0.9)
+        if caller == "chat"
+        else ChatRequest.anthropic({"messages": messages, "temperature": 0.5, "top_p": 0.9, "top_k": 3})
+    )
+    current = target("anthropic")
+    out = body(current, request)
+    assert out["dropped"] == (("temperature", "top_p") if caller == "chat" else ("temperature", "top_p", "top_k"))
+    assert not {"temperature", "top_p", "top_k"} & set(out)
+    assert formats.incapable(request, current, SamplingRule.DROP) is None
+    why = formats.incapable(request, current, SamplingRule.SKIP)
+    assert why is not None and why.startswith("temperature, top_p") and "2026-10-21" in why and '"skip"' in why
+    older = target("anthropic", 'anthropic_version = "2023-06-01"')
+    kept = body(older, request)
+    assert kept["dropped"] == () and kept["temperature"] == 0.5  # 2023-06-01 takes them
+    assert formats.incapable(request, older, SamplingRule.SKIP) is None
+
+
+@pytest.mark.parametrize(
+    ("request_", "api", "extra", "reason"),
+    [
+        (ChatRequest.of("hi", n=2), "anthropic", "", "n = 2"),
+        (ChatRequest.of("hi", logprobs=True), "anthropic", "", "logprobs"),
+        (ChatRequest.of("hi", modalities=["text", "audio"]), "anthropic", "", "audio"),
+        (ChatRequest.responses({"input": "hi", "tools": [{"type": "web_search"}]}), "anthropic", "", "web_search"),
+        (
+            ChatRequest.anthropic({"messages": [{"role": "user", "content": "hi"}], "thinking": {"type": "enabled"}}),
+            "openai",
+            "",
+            "thinking",
+        ),
+        (
+            ChatRequest.anthropic(
+                {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi", "cache_control": {}}]}]}
+            ),
+            "openai",
+            "",
+            "",  # an empty cache_control asks for nothing
+        ),
+        (
+            ChatRequest.anthropic(
+                {
+                    "messages": [
+                        {
+                            "role": "user",
+                            "content": [{"type": "text", "text": "hi", "cache_control": {"type": "ephemeral"}}],
+                        }
+                    ]
+                }
+            ),
+            "openai",
+            "",
+            "cache_control",
+        ),
+        (
+            ChatRequest.anthropic(
+                {"messages": [{"role": "user", "content": [{"type": "text", "text": "a", "citations": [{}]}]}]}
+            ),
+            "anthropic",
+            "",
+            "citations on a user text block",  # the version's own refusal, same format
+        ),
+        (ChatRequest.responses({"input": "hi"}), "azure", 'api_version = "2024-10-21"', "deployment URL"),
+        (ChatRequest.responses({"input": "hi"}), "azure", "", ""),
+        (ChatRequest.of("hi", n=2), "azure", "", ""),  # same format: untouched, never checked
+    ],
+)
+def test_what_a_target_cannot_carry_makes_it_incapable_with_the_reason(
+    request_: ChatRequest, api: str, extra: str, reason: str
+) -> None:
+    why = formats.incapable(request_, target(api, extra), SamplingRule.DROP)
+    if reason:
+        assert why is not None and reason in why
+    else:
+        assert why is None
+
+
+def test_the_probe_speaks_the_targets_own_wire() -> None:
+    api, probe = formats.probe_body(target("anthropic"), TokenParam.MAX_TOKENS)
+    assert api is Api.MESSAGES and probe["max_tokens"] == 1 and probe["model"] == "deploy-4o"
+    api, probe = formats.probe_body(target("azure"), TokenParam.MAX_COMPLETION_TOKENS)
+    assert api is Api.CHAT and probe["max_completion_tokens"] == 1
+
+
+# ---------------------------------------------------------------- keys never shown
+
+
+def test_an_azure_or_anthropic_key_header_is_redacted_even_when_capmon_does_not_hold_it() -> None:
+    unheld = "0f1e2d3c4b5a69788796a5b4c3d2e1f0"
+    for line in (f"api-key: {unheld}", f"'x-api-key': '{unheld}'", f'"Api-Key": "{unheld}"', f"x-api-key={unheld}"):
+        assert unheld not in redact(line), line
+        assert unheld not in redact(line, hints=False), line
+    assert "request-id: 0f1e2d3c4b5a69788796a5b4c3d2e1f0" == redact(f"request-id: {unheld}")  # ids stay
+
+
+def test_a_held_key_never_reaches_an_exception_or_a_log_line(caplog: pytest.LogCaptureFixture) -> None:
+    t = target("azure", 'api_version = "2024-10-21"')
+    request = httpx.Request("POST", t.urls[Api.CHAT], headers=[(k, v) for k, v in t.http_headers])
+    assert KEY not in _scrub(f"boom {dict(request.headers)}", request)
+    with caplog.at_level(logging.DEBUG, logger="httpx"):
+        logging.getLogger("httpx").debug("sent headers %s", dict(request.headers))
+    assert KEY not in caplog.text and "[redacted]" in caplog.text
+    assert KEY not in repr(t) and KEY not in repr(t.key)
