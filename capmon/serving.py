@@ -142,6 +142,11 @@ class Throttled:
             self._flush = None
 
 
+# asyncio.constants.ACCEPT_RETRY_DELAY: how long its accept loop waits after EMFILE.
+ACCEPT_RETRY_DELAY = 1.0
+RETRY_SLACK = 0.1
+
+
 class AcceptErrors:
     """The loop's exception handler while a server runs in it. Out of descriptors,
     asyncio's accept loop logs every failed accept with its traceback (Python 3.11 goes on
@@ -153,14 +158,22 @@ class AcceptErrors:
         self.where = where
         self.previous = loop.get_exception_handler()
         self.throttle = Throttled(logging.getLogger("capmon.serving"), logging.ERROR)
+        self._retry_at: float | None = None
 
     def __call__(self, loop: asyncio.AbstractEventLoop, context: dict[str, object]) -> None:
         exc = context.get("exception")
-        if isinstance(exc, OSError) and str(context.get("message", "")).startswith("socket.accept()"):
+        message = str(context.get("message", ""))
+        if isinstance(exc, OSError) and message.startswith("socket.accept()"):
+            # asyncio stops reading the socket and tries again in ACCEPT_RETRY_DELAY.
+            self._retry_at = loop.time() + ACCEPT_RETRY_DELAY
             self.throttle.note(
                 f"{self.where} cannot accept a connection: {exc.strerror or exc} (the process's descriptor "
                 f"limit, ulimit -n, is reached; new connections wait in the backlog)"
             )
+            return
+        if isinstance(exc, ValueError | OSError | KeyError) and "_start_serving" in message:
+            # That retry, come after the server closed its socket: nothing is left to accept on.
+            logging.getLogger("capmon.serving").debug("%s: an accept retry after close: %r", self.where, exc)
             return
         if self.previous is not None:
             self.previous(loop, context)
@@ -172,8 +185,16 @@ class AcceptErrors:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.loop.set_exception_handler(self.previous)
         self.throttle.close()
+        # An accept retry still pending would fail on the closed socket after we are gone.
+        if self._retry_at is not None and self.loop.time() < self._retry_at + RETRY_SLACK and not self.loop.is_closed():
+            self.loop.call_at(self._retry_at + RETRY_SLACK, self._restore)
+        else:
+            self._restore()
+
+    def _restore(self) -> None:
+        if self.loop.get_exception_handler() is self:
+            self.loop.set_exception_handler(self.previous)
 
 
 def raise_descriptor_limit(wanted: int) -> int:
