@@ -317,7 +317,7 @@ class RedisState:
 
     async def _beating(self) -> None:
         """Register, renew this process's leases and probes, list the fleet."""
-        while True:
+        while not self.supervisor.closed:  # redis-py can turn a cancellation into a timeout
             if self.link.ok and not self.joining:
                 try:
                     await self._heartbeat()
@@ -327,7 +327,7 @@ class RedisState:
 
     async def _reconciling(self) -> None:
         """Read everything: the backstop against missed news."""
-        while True:
+        while not self.supervisor.closed:  # redis-py can turn a cancellation into a timeout
             if self.link.ok and not self.joining:
                 try:
                     await self._reconcile()
@@ -338,7 +338,7 @@ class RedisState:
     async def _rejoining(self) -> None:
         """While degraded: repair the garbage found, reconnect, rejoin."""
         repaired = 0
-        while True:
+        while not self.supervisor.closed:
             if self.link.ok:
                 self._wake.clear()
                 await self._wake.wait()
