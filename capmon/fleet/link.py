@@ -66,10 +66,10 @@ class Link:
         self.losses = 0
         self.on_change: Callable[[], None] | None = None
 
-    def _client(self, timeout: float | None) -> Redis:
+    def _client(self, timeout: float | None, decode: bool = True) -> Redis:
         return Redis.from_url(
             self.settings.url,
-            decode_responses=True,
+            decode_responses=decode,
             socket_timeout=timeout,
             socket_connect_timeout=COMMAND_TIMEOUT,
             retry=Retry(NoBackoff(), 0),
@@ -78,7 +78,9 @@ class Link:
         )
 
     def subscriber(self) -> Redis:
-        return self._client(None)
+        """Messages come as bytes: one that is not UTF-8 is the decoder's to refuse
+        (capmon/fleet/codec.py), not an error inside redis-py's reader."""
+        return self._client(None, decode=False)
 
     @property
     def ok(self) -> bool:

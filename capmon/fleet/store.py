@@ -366,22 +366,24 @@ class RedisState:
     async def _repair_all(self) -> None:
         while self._garbage:
             g = next(iter(self._garbage.values()))
-            for key in await self._suspects(g):
-                await self._repair(key, g)
+            keys = await self._suspects(g)
+            for key in keys:  # every bad key goes first: re-seeding one may read another
+                await self._remove(key, g)
+            for key in keys:
+                await self._reseed(key)
             self._garbage.pop(g.where, None)
 
     async def _suspects(self, g: Garbage) -> list[str]:
         keys = [k for k in g.suspects if self.keys.type_of(k) is not None]
-        if self.keys.procs in keys:  # the heartbeat reads every registered process's hash
+        if self.keys.procs in keys and await self.link.client.type(self.keys.procs) == "zset":
+            # the heartbeat reads every registered process's hash
             members = await self.link.client.zrange(self.keys.procs, 0, -1)
             keys += [self.keys.proc(str(m)) for m in members]
         return keys
 
-    async def _repair(self, key: str, g: Garbage) -> None:
-        """If ``key`` still holds what no process writes (a wrong type, a bad field),
-        delete it and write back what this process knows of it (a target: seeded from
-        the mirror; the pin, the budget, our leases: as mirrored; the rest the scripts
-        rebuild on their own)."""
+    async def _remove(self, key: str, g: Garbage) -> None:
+        """Delete ``key`` if it still holds what no process writes (a wrong type, a bad
+        field); :meth:`_reseed` then writes back what this process knows of it."""
         client = self.link.client
         expected = self.keys.type_of(key)
         actual = await client.type(key)
@@ -399,7 +401,6 @@ class RedisState:
             await client.delete(key)
             if self._first_time(f"repair {key}"):
                 _log.warning("shared state: removed garbage from Redis key %r (%s); re-seeding it", key, describe(g))
-        await self._reseed(key)
 
     async def _check(self, key: str) -> None:
         """Read ``key`` and parse it as the store does: Garbage if it holds any."""
@@ -417,6 +418,9 @@ class RedisState:
             codec.key_disabled(await client.hget(key, "disabled"), key)
 
     async def _reseed(self, key: str) -> None:
+        """What this process knows of ``key``, written where Redis has none: a target
+        seeded from the mirror; the pin, the budget, our leases and a disabled key as
+        mirrored. The rest (buckets, the registry, the waiting list) the scripts rebuild."""
         client = self.link.client
         if key in self._by_key:
             await self._targets[self._by_key[key]].seed()  # only if missing: another may have been first
