@@ -41,6 +41,7 @@ def wrong_type(exc: BaseException, suspects: list[str]) -> Garbage | None:
         return Garbage(suspects[0] if suspects else "?", "", None, "a key of the wrong type", tuple(suspects))
     return None
 
+
 COMMAND_TIMEOUT = 0.5  # seconds: a call slower than this counts as Redis lost
 
 
