@@ -86,6 +86,7 @@ class RedisState:
         self._garbage: dict[str, Garbage] = {}  # keys to repair before rejoining, by key
         self._named: set[str] = set()  # keys (and kinds of message) already logged as garbage
         self._by_key = {self.keys.target(s.id): s.id for s in specs}
+        self._reconnect = False  # Redis was lost: the pooled connections may be dead; drop them before rejoining
         self._pubsub: PubSub | None = None
         self._wake = asyncio.Event()
         self._started = False
@@ -235,6 +236,7 @@ class RedisState:
                     f"{self.settings.file}: shared.required: Redis at {self.settings.shown} is unreachable ({reason}); "
                     f"start it, or set required = false to run on local state"
                 ) from None
+            self._reconnect = True
             self._degrade(
                 f"shared state: Redis at {self.settings.shown} unreachable ({reason}); running on local state"
             )
@@ -282,6 +284,7 @@ class RedisState:
                 quiet=not first,
             )
             return
+        self._reconnect = True
         self._degrade(f"shared state: Redis at {self.settings.shown} lost ({describe(exc)}); running on local state")
 
     def _first_time(self, what: str) -> bool:
@@ -347,7 +350,9 @@ class RedisState:
             try:
                 await self._repair_all()
                 await self._drop_pubsub()
-                await self.link.drop_connections()
+                if self._reconnect:  # not after garbage: the pool is sound, and calls may be in flight on it
+                    self._reconnect = False
+                    await self.link.drop_connections()
                 await self._join()
             except Garbage as g:  # found while rejoining: repaired on the next turn
                 self.lost(g)

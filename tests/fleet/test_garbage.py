@@ -7,10 +7,11 @@ answered with an error; no background task dies; forged leases do not fill a tar
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import pytest
@@ -43,6 +44,17 @@ def _script() -> Script:
     return script
 
 
+@contextlib.asynccontextmanager
+async def _two(redis_url: str, namespace: str, script: Script) -> AsyncIterator[tuple[FallbackClient, FallbackClient]]:
+    """Two processes of one fleet on the scripted upstream, each with one request served."""
+    async with serve(script) as url:
+        cfg = fleet_config(url, redis_url, namespace)
+        async with client(cfg) as a, client(cfg) as b:
+            await a.chat("hi")
+            await b.chat("hi")
+            yield a, b
+
+
 async def _load(cs: tuple[FallbackClient, ...], seconds: float, models: list[str]) -> None:
     """Requests from every process for ``seconds``: each must be answered (an error raises)."""
     loop = asyncio.get_running_loop()
@@ -63,22 +75,17 @@ async def test_a_bogus_breaker_state_answers_every_request_and_is_repaired_withi
 ) -> None:
     # main: every request raised ValueError ("'bogus' is not a valid State"), and the supervisor died
     caplog.set_level(logging.WARNING, logger="capmon.fleet")
-    script = _script()
-    async with serve(script) as url:
-        cfg = fleet_config(url, redis_url, namespace)
-        async with client(cfg) as a, client(cfg) as b:
-            await a.chat("hi")
-            await b.chat("hi")
-            key = f"{namespace}:t:{{{FLAGSHIP}}}"
-            admin.hset(key, "state", "bogus")
-            t0 = time.perf_counter()
-            models: list[str] = []
-            await _load((a, b), 1.0, models)  # every request answered: none raises
-            await until(lambda: _healthy(a, b) and admin.hget(key, "state") == "closed", timeout=HEALTHY_WITHIN)
-            took = time.perf_counter() - t0
-            assert store(a).link.losses + store(b).link.losses >= 1  # it was a fault: degraded, visibly
-            assert store(a).supervisor.task("heartbeat") is not None
-            assert (await a.chat("hi")).model == "flagship"
+    async with _two(redis_url, namespace, _script()) as (a, b):
+        key = f"{namespace}:t:{{{FLAGSHIP}}}"
+        admin.hset(key, "state", "bogus")
+        t0 = time.perf_counter()
+        models: list[str] = []
+        await _load((a, b), 1.0, models)  # every request answered: none raises
+        await until(lambda: _healthy(a, b) and admin.hget(key, "state") == "closed", timeout=HEALTHY_WITHIN)
+        took = time.perf_counter() - t0
+        assert store(a).link.losses + store(b).link.losses >= 1  # it was a fault: degraded, visibly
+        assert store(a).supervisor.task("heartbeat") is not None
+        assert (await a.chat("hi")).model == "flagship"
     assert len(models) > 30 and set(models) <= {"flagship", "medium"}
     assert took < HEALTHY_WITHIN
     named = [r.getMessage() for r in caplog.records if "bogus" in r.getMessage()]
@@ -89,19 +96,15 @@ async def test_a_budget_of_abc_degrades_for_a_moment_and_both_processes_are_heal
     redis_url: str, namespace: str, admin: redis.Redis
 ) -> None:
     # main: both processes stayed degraded, even after the value was fixed
-    async with serve(_script()) as url:
-        cfg = fleet_config(url, redis_url, namespace)
-        async with client(cfg) as a, client(cfg) as b:
-            await a.chat("hi")
-            await b.chat("hi")
-            await until(lambda: admin.exists(f"{namespace}:budget") == 1)
-            admin.hset(f"{namespace}:budget", "balance", "abc")
-            t0 = time.perf_counter()
-            await until(lambda: store(a).link.losses + store(b).link.losses >= 1, timeout=2.0)
-            await until(lambda: _healthy(a, b), timeout=HEALTHY_WITHIN)
-            took = time.perf_counter() - t0
-            assert float(admin.hget(f"{namespace}:budget", "balance") or "nan") >= 0  # re-seeded from the mirror
-            assert (await b.chat("hi")).model == "flagship"
+    async with _two(redis_url, namespace, _script()) as (a, b):
+        await until(lambda: admin.exists(f"{namespace}:budget") == 1)
+        admin.hset(f"{namespace}:budget", "balance", "abc")
+        t0 = time.perf_counter()
+        await until(lambda: store(a).link.losses + store(b).link.losses >= 1, timeout=2.0)
+        await until(lambda: _healthy(a, b), timeout=HEALTHY_WITHIN)
+        took = time.perf_counter() - t0
+        assert float(admin.hget(f"{namespace}:budget", "balance") or "nan") >= 0  # re-seeded from the mirror
+        assert (await b.chat("hi")).model == "flagship"
     assert took < HEALTHY_WITHIN
 
 
@@ -135,20 +138,16 @@ async def test_a_string_where_a_hash_belongs_is_replaced_and_the_process_rejoins
     redis_url: str, namespace: str, admin: redis.Redis
 ) -> None:
     # main: WRONGTYPE at every reconciliation: degraded until a person deleted the key
-    async with serve(_script()) as url:
-        cfg = fleet_config(url, redis_url, namespace)
-        async with client(cfg) as a, client(cfg) as b:
-            await a.chat("hi")
-            await b.chat("hi")
-            key = f"{namespace}:t:{{{FLAGSHIP}}}"
-            admin.delete(key)
-            admin.set(key, "not a hash")
-            t0 = time.perf_counter()
-            models: list[str] = []
-            await _load((a, b), 0.5, models)
-            await until(lambda: _healthy(a, b) and admin.type(key) == "hash", timeout=HEALTHY_WITHIN)
-            took = time.perf_counter() - t0
-            assert (await a.chat("hi")).model == "flagship"
+    async with _two(redis_url, namespace, _script()) as (a, b):
+        key = f"{namespace}:t:{{{FLAGSHIP}}}"
+        admin.delete(key)
+        admin.set(key, "not a hash")
+        t0 = time.perf_counter()
+        models: list[str] = []
+        await _load((a, b), 0.5, models)
+        await until(lambda: _healthy(a, b) and admin.type(key) == "hash", timeout=HEALTHY_WITHIN)
+        took = time.perf_counter() - t0
+        assert (await a.chat("hi")).model == "flagship"
     assert took < HEALTHY_WITHIN and models
 
 
