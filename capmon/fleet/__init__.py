@@ -17,10 +17,9 @@ from capmon.core.clock import Clock
 from capmon.core.config import Config
 from capmon.core.events import Event
 from capmon.core.state import TargetSpec
+from capmon.fleet.codec import ROLES
 from capmon.fleet.settings import SharedStateUnavailable, resolve, show_url
 from capmon.fleet.store import RedisState
-
-ROLES = ("gateway", "batch", "dashboard", "library")
 
 __all__ = ["ROLES", "RedisState", "SharedStateUnavailable", "shared_state", "show_url"]
 

@@ -19,18 +19,28 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 
 from capmon.core import secrets
 from capmon.core.clock import Clock
 from capmon.core.snapshot import LinkState
+from capmon.fleet.codec import Garbage, number
 from capmon.fleet.scripts import Scripts
 from capmon.fleet.settings import Settings
 
 log = logging.getLogger("capmon.fleet")
 
-# What a lost, restarting or hung Redis raises through redis-py.
-ERRORS: tuple[type[BaseException], ...] = (RedisError, OSError, asyncio.TimeoutError)
+# What a lost, restarting or hung Redis raises through redis-py, and what garbage in
+# Redis raises (capmon/fleet/codec.py): both are faults the process degrades for.
+ERRORS: tuple[type[BaseException], ...] = (RedisError, OSError, asyncio.TimeoutError, Garbage)
+
+
+def wrong_type(exc: BaseException, suspects: list[str]) -> Garbage | None:
+    """A WRONGTYPE from a command or a script, as Garbage naming the keys it may be in."""
+    if isinstance(exc, ResponseError) and "WRONGTYPE" in str(exc):
+        return Garbage(suspects[0] if suspects else "?", "", None, "a key of the wrong type", tuple(suspects))
+    return None
+
 
 COMMAND_TIMEOUT = 0.5  # seconds: a call slower than this counts as Redis lost
 
@@ -57,10 +67,10 @@ class Link:
         self.losses = 0
         self.on_change: Callable[[], None] | None = None
 
-    def _client(self, timeout: float | None) -> Redis:
+    def _client(self, timeout: float | None, decode: bool = True) -> Redis:
         return Redis.from_url(
             self.settings.url,
-            decode_responses=True,
+            decode_responses=decode,
             socket_timeout=timeout,
             socket_connect_timeout=COMMAND_TIMEOUT,
             retry=Retry(NoBackoff(), 0),
@@ -69,7 +79,9 @@ class Link:
         )
 
     def subscriber(self) -> Redis:
-        return self._client(None)
+        """Messages come as bytes: one that is not UTF-8 is the decoder's to refuse
+        (capmon/fleet/codec.py), not an error inside redis-py's reader."""
+        return self._client(None, decode=False)
 
     @property
     def ok(self) -> bool:
@@ -77,12 +89,25 @@ class Link:
 
     def observe(self, redis_now: Any) -> float:
         """Redis's clock as a script returned it: the offset to this process's clock."""
-        self.offset = self._clock.now() - float(redis_now)
+        self.offset = self._clock.now() - number(redis_now, "a script's answer", "now", 0.0)
         return self.offset
 
-    async def call(self, kind: str, script: Any, keys: list[str], args: list[Any], hot: bool = False) -> Any:
+    async def call(
+        self,
+        kind: str,
+        script: Any,
+        keys: list[str],
+        args: list[Any],
+        hot: bool = False,
+        suspects: list[str] | None = None,
+    ) -> Any:
+        """One script; a WRONGTYPE raises Garbage naming ``suspects`` (its keys unless the
+        script also touches keys named in its arguments)."""
         t0 = self._clock.now()
-        out = await script(keys=keys, args=args)
+        try:
+            out = await script(keys=keys, args=args)
+        except ResponseError as e:
+            raise (wrong_type(e, suspects or keys) or e) from None
         self.calls[kind] += 1
         if hot:
             self.hot.append(self._clock.now() - t0)

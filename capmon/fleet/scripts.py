@@ -7,10 +7,8 @@ Redis's own clock and returns it, so the process can convert shared times to its
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
@@ -92,13 +90,18 @@ class Keys:
     def key(self, key_ref: tuple[str, str]) -> str:
         return f"{self.ns}:key:{key_ref[0]}/{key_ref[1]}"
 
+    def type_of(self, key: str) -> str | None:
+        """The Redis type each key of the namespace must have (None: not a key of ours,
+        or the events channel, which is no key): what a WRONGTYPE is checked against."""
+        if not key.startswith(f"{self.ns}:"):
+            return None
+        rest = key[len(self.ns) + 1 :]
+        if rest.startswith("t:{") and "}" in rest:
+            return _TARGET_TYPES.get(rest[rest.rfind("}") + 1 :])
+        if rest.startswith(("proc:", "key:")):
+            return "hash"
+        return _TYPES.get(rest)
 
-def as_hash(flat: Any) -> dict[str, str]:
-    """A hash as a script returns it (one JSON object), as HGETALL does (a dict) or as a
-    flat [field, value, ...] list, as a dict of strings."""
-    if isinstance(flat, str):
-        flat = json.loads(flat) if flat else {}
-    if isinstance(flat, dict):
-        return {str(k): str(v) for k, v in flat.items()}
-    items = list(flat or ())
-    return {str(items[i]): str(items[i + 1]) for i in range(0, len(items) - 1, 2)}
+
+_TARGET_TYPES = {"": "hash", ":leases": "zset", ":waiting": "zset", ":rpm": "hash", ":tpm": "hash"}
+_TYPES = {"pin": "string", "budget": "hash", "procs": "zset", "meta": "hash", "events": None}

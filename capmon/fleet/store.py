@@ -32,13 +32,16 @@ from capmon.core.events import Event, Notice
 from capmon.core.snapshot import FleetProcess, LinkState, SharedStatus
 from capmon.core.state import MemoryState, TargetSpec
 from capmon.core.tasks import cancel_and_wait
-from capmon.fleet.codec import fnum
-from capmon.fleet.link import ERRORS, Link, describe
-from capmon.fleet.scripts import Keys, as_hash
+from capmon.fleet import codec
+from capmon.fleet.codec import Garbage
+from capmon.fleet.link import ERRORS, Link, describe, wrong_type
+from capmon.fleet.scripts import Keys
 from capmon.fleet.settings import Settings, SharedStateUnavailable
+from capmon.fleet.supervisor import Supervisor
 from capmon.fleet.target import RedisTarget
 
 REJOIN_EVERY = 1.0  # seconds between reconnect attempts while degraded
+REPAIRS_AT_ONCE = 16  # keys repaired in a row before the next rejoin waits its turn
 _BUDGET_START, _BUDGET_CAP = 10.0, 100.0  # capmon/core/limiter.py, Budget's defaults
 
 _log = logging.getLogger("capmon.fleet")
@@ -78,8 +81,12 @@ class RedisState:
         self._processes: tuple[FleetProcess, ...] = ()
         self._pending_manual: list[tuple[str | None, str, str]] = []  # (target or None for the pin, action, arg)
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._supervisor: asyncio.Task[None] | None = None
+        self.supervisor = Supervisor(clock)
         self._listen_task: asyncio.Task[None] | None = None
+        self._garbage: dict[str, Garbage] = {}  # keys to repair before rejoining, by key
+        self._named: set[str] = set()  # keys (and kinds of message) already logged as garbage
+        self._by_key = {self.keys.target(s.id): s.id for s in specs}
+        self._reconnect = False  # Redis was lost: the pooled connections may be dead; drop them before rejoining
         self._pubsub: PubSub | None = None
         self._wake = asyncio.Event()
         self._started = False
@@ -137,7 +144,13 @@ class RedisState:
             self.lost(e)
             return
         self._spending -= 1
-        self.mirror_budget(float(res[1]), int(res[2]))
+        try:
+            budget = codec.budget(res[1], res[2], self.keys.budget, self.budget_cap)
+        except Garbage as e:
+            self.lost(e)
+            return
+        if budget is not None:
+            self.mirror_budget(*budget)
 
     def on_request(self) -> None:
         self.local.on_request()
@@ -211,6 +224,9 @@ class RedisState:
         self._started = True
         try:
             await self._join()
+        except Garbage as e:
+            await self._drop_pubsub()
+            self.lost(e)  # Redis is there: repaired by the rejoin task
         except ERRORS as e:
             await self._drop_pubsub()
             reason = describe(e)
@@ -220,6 +236,7 @@ class RedisState:
                     f"{self.settings.file}: shared.required: Redis at {self.settings.shown} is unreachable ({reason}); "
                     f"start it, or set required = false to run on local state"
                 ) from None
+            self._reconnect = True
             self._degrade(
                 f"shared state: Redis at {self.settings.shown} unreachable ({reason}); running on local state"
             )
@@ -232,7 +249,9 @@ class RedisState:
                 self.role,
             )
             self._changed()  # what the fleet knew before this process came: an open breaker's probe, say
-        self._supervisor = asyncio.ensure_future(self._supervise())
+        self.supervisor.run("heartbeat", self._beating)
+        self.supervisor.run("reconciliation", self._reconciling)
+        self.supervisor.run("rejoin", self._rejoining)
 
     async def _join(self) -> None:
         await self.link.client.ping()
@@ -254,18 +273,41 @@ class RedisState:
         self.link.joined()
 
     def lost(self, exc: BaseException) -> None:
-        """A call to Redis failed: this one and every one after it use local state."""
+        """A call to Redis failed, or found garbage: this one and every one after it use
+        local state until the rejoin task has repaired what was found and rejoined."""
+        if isinstance(exc, Garbage):
+            self._garbage[exc.where] = exc
+            first = self._first_time(exc.where)
+            self._degrade(
+                f"shared state: garbage in Redis at {self.settings.shown} ({describe(exc)}); "
+                "running on local state while it is re-seeded from this process's state",
+                quiet=not first,
+            )
+            return
+        self._reconnect = True
         self._degrade(f"shared state: Redis at {self.settings.shown} lost ({describe(exc)}); running on local state")
 
-    def _degrade(self, message: str) -> None:
+    def _first_time(self, what: str) -> bool:
+        """Garbage is named in the log once per key (or kind of message), not at every sighting."""
+        if what in self._named:
+            return False
+        self._named.add(what)
+        return True
+
+    def _degrade(self, message: str, *, quiet: bool = False) -> None:
         if not self.link.degrade(message):
             return
         live = sum(1 for p in self._processes if not p.degraded) or len(self._processes) or 1
         for t in self._targets.values():
             t.go_local(live)
-        self._notice("warning", message)
-        if self._listen_task is not None and not self._listen_task.done():
-            self._listen_task.cancel()
+        if quiet:
+            _log.debug("%s", message)
+        else:
+            self._notice("warning", message)
+        task, self._listen_task = self._listen_task, None
+        self.supervisor.forget("listener")
+        if task is not None and not task.done():
+            task.cancel()
         self._wake.set()
         self._changed()
 
@@ -273,40 +315,133 @@ class RedisState:
         getattr(_log, level if level in ("info", "warning", "error") else "warning")("%s", message)
         self.publish(Notice(at=self.clock.now(), wall=self.clock.wall(), level=level, message=message))
 
-    async def _supervise(self) -> None:
-        sc = self.settings.config
-        next_beat = next_check = self.clock.now()
-        while not self._closed:
-            if self.link.ok:
-                now = self.clock.now()
+    # The three loops below run under the supervisor (capmon/fleet/supervisor.py): one
+    # that raises or is cancelled is logged and started again, never lost for good.
+
+    async def _beating(self) -> None:
+        """Register, renew this process's leases and probes, list the fleet."""
+        while not self.supervisor.closed:  # redis-py can turn a cancellation into a timeout
+            if self.link.ok and not self.joining:
                 try:
-                    if now >= next_beat:
-                        next_beat = now + sc.heartbeat
-                        await self._heartbeat()
-                    if now >= next_check:
-                        next_check = now + sc.reconcile
-                        await self._reconcile()
+                    await self._heartbeat()
                 except ERRORS as e:
                     self.lost(e)
-                    continue
-                delay = max(0.0, min(next_beat, next_check) - self.clock.now())
-            else:
+            await asyncio.sleep(self.settings.config.heartbeat)
+
+    async def _reconciling(self) -> None:
+        """Read everything: the backstop against missed news."""
+        while not self.supervisor.closed:  # redis-py can turn a cancellation into a timeout
+            if self.link.ok and not self.joining:
                 try:
-                    await self._drop_pubsub()
-                    await self.link.drop_connections()
-                    await self._join()
-                except ERRORS:
-                    delay = min(REJOIN_EVERY, sc.heartbeat)
-                else:
-                    self._notice("info", f"shared state: rejoined Redis at {self.settings.shown}")
-                    self._changed()
-                    next_beat = next_check = self.clock.now() + min(sc.heartbeat, sc.reconcile)
-                    continue
-            self._wake.clear()
+                    await self._reconcile()
+                except ERRORS as e:
+                    self.lost(e)
+            await asyncio.sleep(self.settings.config.reconcile)
+
+    async def _rejoining(self) -> None:
+        """While degraded: repair the garbage found, reconnect, rejoin."""
+        repaired = 0
+        while not self.supervisor.closed:
+            if self.link.ok:
+                self._wake.clear()
+                await self._wake.wait()
+                repaired = 0
+                continue
             try:
-                await asyncio.wait_for(self._wake.wait(), delay)
-            except TimeoutError:
-                pass
+                await self._repair_all()
+                await self._drop_pubsub()
+                if self._reconnect:  # not after garbage: the pool is sound, and calls may be in flight on it
+                    self._reconnect = False
+                    await self.link.drop_connections()
+                await self._join()
+            except Garbage as g:  # found while rejoining: repaired on the next turn
+                self.lost(g)
+                repaired += 1
+                if repaired >= REPAIRS_AT_ONCE:
+                    repaired = 0
+                    await asyncio.sleep(REJOIN_EVERY)
+            except ERRORS:
+                await asyncio.sleep(min(REJOIN_EVERY, self.settings.config.heartbeat))
+            else:
+                self._notice("info", f"shared state: rejoined Redis at {self.settings.shown}")
+                self._changed()
+
+    # ------------------------------------------------------------ repairing garbage
+
+    async def _repair_all(self) -> None:
+        while self._garbage:
+            g = next(iter(self._garbage.values()))
+            keys = await self._suspects(g)
+            for key in keys:  # every bad key goes first: re-seeding one may read another
+                await self._remove(key, g)
+            for key in keys:
+                await self._reseed(key)
+            self._garbage.pop(g.where, None)
+
+    async def _suspects(self, g: Garbage) -> list[str]:
+        keys = [k for k in g.suspects if self.keys.type_of(k) is not None]
+        if self.keys.procs in keys and await self.link.client.type(self.keys.procs) == "zset":
+            # the heartbeat reads every registered process's hash
+            members = await self.link.client.zrange(self.keys.procs, 0, -1)
+            keys += [self.keys.proc(str(m)) for m in members]
+        return keys
+
+    async def _remove(self, key: str, g: Garbage) -> None:
+        """Delete ``key`` if it still holds what no process writes (a wrong type, a bad
+        field); :meth:`_reseed` then writes back what this process knows of it."""
+        client = self.link.client
+        expected = self.keys.type_of(key)
+        actual = await client.type(key)
+        if actual == "none":
+            bad = False
+        elif actual != expected:
+            bad = True
+        else:
+            try:
+                await self._check(key)
+                bad = False
+            except Garbage:
+                bad = True
+        if bad:
+            await client.delete(key)
+            if self._first_time(f"repair {key}"):
+                _log.warning("shared state: removed garbage from Redis key %r (%s); re-seeding it", key, describe(g))
+
+    async def _check(self, key: str) -> None:
+        """Read ``key`` and parse it as the store does: Garbage if it holds any."""
+        client = self.link.client
+        if key in self._by_key:
+            codec.target(codec.flat_hash(await client.hgetall(key), key), key, self._by_key[key])
+        elif key == self.keys.pin:
+            codec.pin(await client.get(key), key)
+        elif key == self.keys.budget:
+            balance, ver = await client.hmget(key, "balance", "ver")
+            codec.budget(balance, ver, key, self.budget_cap)
+        elif key.startswith(self.keys.proc_prefix):
+            codec.process(codec.flat_hash(await client.hgetall(key), key), key, self.id)
+        elif key.startswith(f"{self.keys.ns}:key:"):
+            codec.key_disabled(await client.hget(key, "disabled"), key)
+
+    async def _reseed(self, key: str) -> None:
+        """What this process knows of ``key``, written where Redis has none: a target
+        seeded from the mirror; the pin, the budget, our leases and a disabled key as
+        mirrored. The rest (buckets, the registry, the waiting list) the scripts rebuild."""
+        client = self.link.client
+        if key in self._by_key:
+            await self._targets[self._by_key[key]].seed()  # only if missing: another may have been first
+        elif key == self.keys.pin and self.local.pinned is not None:
+            await client.set(key, self.local.pinned, nx=True)
+        elif key == self.keys.budget:
+            await client.hsetnx(key, "balance", f"{self._balance:.17g}")
+        else:
+            for t in self._targets.values():
+                ours = self._leases[t.id]
+                if key == self.keys.leases(t.id) and ours:
+                    redis_now = self.clock.now() - self.link.offset
+                    expiry = redis_now + self.settings.config.lease_ttl
+                    await client.zadd(key, {lease: expiry for lease in ours}, nx=True)
+                elif key == self.keys.key(t.spec.key_ref) and t.spec.key_ref in t.local._keys.disabled:
+                    await client.hsetnx(key, "disabled", t.local._keys.disabled[t.spec.key_ref])
 
     # ------------------------------------------------------------ pub/sub
 
@@ -321,20 +456,22 @@ class RedisState:
             await client.aclose()
             raise
         self._pubsub = ps
-        self._listen_task = asyncio.ensure_future(self._listen(ps, client))
+        self._listen_task = task = asyncio.ensure_future(self._listen(ps, client))
+        self.supervisor.watch("listener", task, self._relisten)
 
     async def _listen(self, ps: PubSub, client: Any) -> None:
+        """Read the channel until the subscription breaks (the supervisor then has it
+        subscribe again). A message that cannot be applied is skipped, never fatal."""
         try:
             while True:
                 msg = await ps.get_message(ignore_subscribe_messages=True, timeout=1.0)
-                if msg is not None and msg.get("type") == "message":
+                if msg is None or msg.get("type") != "message":
+                    continue
+                try:
                     self._on_message(msg.get("data"))
-        except asyncio.CancelledError:
-            raise
-        except ERRORS as e:
-            if not self._closed and self._listen_task is asyncio.current_task():
-                self._listen_task = self._pubsub = None
-                self._spawn(self._resubscribe(e))
+                except Exception as e:  # a bug applying news must not cost the news after it
+                    if self._first_time(f"message failed {type(e).__name__}"):
+                        _log.exception("shared state: a message could not be applied; skipped")
         finally:
             try:
                 await ps.aclose()  # type: ignore[no-untyped-call]
@@ -342,9 +479,17 @@ class RedisState:
             except ERRORS:
                 pass
 
-    async def _resubscribe(self, exc: BaseException) -> None:
-        """The subscription broke: subscribe again and read everything, since news may
-        have gone by meanwhile; if Redis itself is gone, that is the degraded mode."""
+    def _relisten(self) -> None:
+        """The listener ended without being asked to (its subscription broke, or it was
+        cancelled or failed): subscribe again, unless Redis itself is gone (then the
+        rejoin task subscribes)."""
+        if self._listen_task is not None and self._listen_task.done():
+            self._listen_task = self._pubsub = None
+        if not self._closed:
+            self._spawn(self._resubscribe())
+
+    async def _resubscribe(self) -> None:
+        """Subscribe again and read everything, since news may have gone by meanwhile."""
         if self._listen_task is not None or not self.link.ok:
             return
         try:
@@ -353,39 +498,36 @@ class RedisState:
         except ERRORS as e:
             self.lost(e)
         else:
-            _log.info("shared state: subscribed again after %s", describe(exc))
+            _log.info("shared state: subscribed again to %s", self.keys.events)
 
     async def _drop_pubsub(self) -> None:
+        self.supervisor.forget("listener")
         task, self._listen_task, self._pubsub = self._listen_task, None, None
         if task is not None and not task.done():
             task.cancel()
             await cancel_and_wait([task])
 
     def _on_message(self, data: Any) -> None:
+        """Apply one message; a malformed one is skipped and named once per kind of fault."""
         try:
-            msg = json.loads(data)
-        except (TypeError, ValueError):
+            msg = codec.message(data, self.keys.events)
+        except Garbage as g:
+            if self._first_time(f"message {g.field}"):
+                _log.warning("shared state: skipped a malformed message (%s)", describe(g))
             return
-        kind = msg.get("k")
-        if kind == "b":
-            h = as_hash(msg.get("h") or {})
-            t = self._targets.get(h.get("id", ""))
+        if isinstance(msg, codec.TargetNews):
+            t = self._targets.get(msg.hash.id)
             if t is None:
                 return
-            disabled = msg.get("disabled")  # the key's state, which holds for every target of that key here
-            t.apply(h, self.link.offset, disabled if isinstance(disabled, str) else None)
-        elif kind == "freed":
-            t = self._targets.get(str(msg.get("id")))
-            if t is None or msg.get("to", self.id) != self.id:
+            # the key's state, which holds for every target of that key here
+            t.apply(msg.hash, self.link.offset, msg.disabled)
+        elif isinstance(msg, codec.SlotFreed):
+            t = self._targets.get(msg.id)
+            if t is None or (msg.to and msg.to != self.id):
                 return  # another process's turn
             t.slot_freed()
-        elif kind == "pin":
-            if msg.get("origin") != self.id:
-                model = msg.get("model") or None
-                if model != self.local.pinned:
-                    self.local.pin(model)
-        else:
-            return
+        elif msg.origin != self.id and msg.model != self.local.pinned:
+            self.local.pin(msg.model)
         self.messages += 1
         self._changed()
 
@@ -397,37 +539,51 @@ class RedisState:
         meanwhile; one that another process changed is adopted as it is."""
         targets = list(self._targets.values())
         pipe = self.link.client.pipeline(transaction=False)
+        read: list[str] = []
         for t in targets:
             pipe.hgetall(self.keys.target(t.id))
             pipe.hget(self.keys.key(t.spec.key_ref), "disabled")
+            read += [self.keys.target(t.id), self.keys.key(t.spec.key_ref)]
         pipe.get(self.keys.pin)
         pipe.hmget(self.keys.budget, "balance", "ver")
-        out = await pipe.execute()
+        read += [self.keys.pin, self.keys.budget]
+        out = await pipe.execute(raise_on_error=False)
         self.link.calls["reconcile"] += 1
+        for key, answer in zip(read, out, strict=True):
+            if isinstance(answer, Exception):
+                raise wrong_type(answer, [key]) or answer
+        # all of it parsed before any of it is applied: garbage anywhere changes nothing
+        hashes = [
+            (
+                codec.target(codec.flat_hash(out[2 * i], read[2 * i]), read[2 * i], t.id),
+                codec.key_disabled(out[2 * i + 1], read[2 * i + 1]),
+            )
+            for i, t in enumerate(targets)
+        ]
+        pin = codec.pin(out[-2], self.keys.pin)
+        budget = codec.budget(out[-1][0], out[-1][1], self.keys.budget, self.budget_cap)
         offset = self.link.offset
         changed = False
-        for i, t in enumerate(targets):
-            h, disabled = as_hash(out[2 * i]), out[2 * i + 1]
-            if not h:
+        for t, (h, disabled) in zip(targets, hashes, strict=True):
+            if h is None:
                 await t.seed()
                 changed = True
                 continue
-            unchanged = h.get("run") == t._run and int(fnum(h, "ver")) == t._ver
+            unchanged = h.run == t._run and h.ver == t._ver
             if rejoin and unchanged:
-                t.apply_key(disabled or "")
+                t.apply_key(disabled)
                 await t.push()
             else:
-                changed = t.apply(h, offset, disabled or "", force=rejoin) or changed
-        pin, balance = out[-2], out[-1]
+                changed = t.apply(h, offset, disabled, force=rejoin) or changed
         if rejoin and fresh and self.local.pinned is not None and pin is None:
             await self.link.call(
                 "pin", self.link.scripts.pin, [self.keys.pin, self.keys.events], [self.local.pinned, self.id]
             )
-        elif (pin or None) != self.local.pinned and not any(m[0] is None for m in self._pending_manual):
-            self.local.pin(pin or None)
+        elif pin != self.local.pinned and not any(m[0] is None for m in self._pending_manual):
+            self.local.pin(pin)
             self._changed()
-        if balance[0] is not None:
-            self.mirror_budget(float(balance[0]), int(balance[1] or 0))
+        if budget is not None:
+            self.mirror_budget(*budget)
         if changed:
             self._changed()  # a probe schedule or a slot may have come with it
 
@@ -446,10 +602,11 @@ class RedisState:
         }
         leases = {self.keys.leases(tid): sorted(ids) for tid, ids in self._leases.items() if ids}
         probes = {self.keys.target(t.id): True for t in self._targets.values() if t._probe_lease is not None}
+        own = [self.keys.procs, self.keys.proc(self.id), self.keys.meta]
         res = await self.link.call(
             "heartbeat",
             self.link.scripts.heartbeat,
-            [self.keys.procs, self.keys.proc(self.id), self.keys.meta],
+            own,
             [
                 self.id,
                 ttl,
@@ -460,26 +617,16 @@ class RedisState:
                 self.keys.proc_prefix,
                 self.new_token(),
             ],
+            suspects=[*own, *leases, *probes],
         )
-        self.link.observe(res[0])
         procs = []
-        for raw in res[2]:
-            p = as_hash(raw)
-            procs.append(
-                FleetProcess(
-                    id=p.get("id", ""),
-                    host=p.get("host", ""),
-                    pid=int(fnum(p, "pid")),
-                    role=p.get("role", ""),
-                    in_flight=int(fnum(p, "in_flight")),
-                    started=fnum(p, "started"),
-                    seen=fnum(p, "seen"),
-                    degraded=p.get("degraded") == "1",
-                    this=p.get("id") == self.id,
-                )
-            )
+        for raw in res[2] if isinstance(res[2], list) else ():
+            registered = codec.flat_hash(raw, self.keys.procs)
+            procs.append(codec.process(registered, self.keys.proc(registered.get("id", "")), self.id))
+        fresh = codec.integer(res[1], self.keys.meta, "fresh", 0, 1) == 1
+        self.link.observe(res[0])
         self._processes = tuple(sorted(procs, key=lambda p: (p.host, p.pid, p.id)))
-        return int(res[1]) == 1
+        return fresh
 
     # ------------------------------------------------------------ status and closing
 
@@ -499,7 +646,8 @@ class RedisState:
         if self._closed:
             return
         self._closed = True
-        await cancel_and_wait([self._supervisor, *self._tasks])
+        await self.supervisor.aclose()
+        await cancel_and_wait(self._tasks)
         await self._drop_pubsub()
         if self.link.ok:
             try:  # leave the registry and give back what is still held

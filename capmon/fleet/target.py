@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from capmon.core.breaker import State
@@ -29,12 +28,13 @@ from capmon.core.policy import CANCELLED, BreakerSignal, KeyAction, LimiterSigna
 from capmon.core.state import DEFAULT_QUOTA_PARK, Admission, KeyState, MemoryTarget, TargetSpec, TargetView
 from capmon.fleet import codec
 from capmon.fleet.link import ERRORS
-from capmon.fleet.scripts import as_hash
 
 if TYPE_CHECKING:
     from capmon.fleet.store import RedisState
 
 log = logging.getLogger("capmon.fleet")
+
+_VERDICTS = frozenset(("ok", "full", "state", "disabled", "parked", "hint", "rpm", "tpm"))
 
 # After an ADMIT found the target full, no call is made until a slot frees (news on
 # pub/sub, or a settle here) or this long: a safety net for a missed message.
@@ -121,7 +121,7 @@ class RedisTarget:
 
     def apply(
         self,
-        h: Mapping[str, str],
+        h: codec.SharedTarget | None,
         offset: float,
         disabled: str | None = None,
         *,
@@ -129,35 +129,35 @@ class RedisTarget:
         redis_now: float | None = None,
     ) -> bool:
         """Take a shared hash into the mirror if it is not older than the last one."""
-        if not h or "gen" not in h:
+        if h is None:
             return False
-        run, ver = h.get("run", ""), int(codec.fnum(h, "ver"))
+        run, ver = h.run, h.ver
         if run == self._run and ver < self._ver and not force:
             return False
         self._run, self._ver = run, ver
-        origin = h.get("origin", "")
+        origin = h.origin
         label = None if origin == self._store.id else f"fleet: {origin}" if origin else "fleet"
         b = self.local.breaker
-        gen = int(codec.fnum(h, "gen"))
+        gen = h.gen
         pending = b.changes != self._synced_changes
         if force or not (pending and gen == self._synced_gen):
-            b.adopt(codec.record_of(h, offset), label)
+            b.adopt(h.record(offset), label)
             self._synced_gen, self._synced_changes = gen, b.changes
-        self._probe_owner = h.get("probe_owner", "")
-        until = codec.fnum(h, "probe_until")
+        self._probe_owner = h.probe_owner
+        until = h.probe_until
         self._probe_until = until + offset if until > 0 and b.state is State.HALF_OPEN else None
         if self._shared or self._store.joining:
-            self._fleet_learned = codec.learned_of(h)
+            self._fleet_learned = h.learned()
             self.local.limiter.mirror(self._fleet_learned)
-        self._epoch = int(codec.fnum(h, "epoch"))
-        nb = codec.fnum(h, "not_before")
+        self._epoch = h.epoch
+        nb = h.not_before
         self.local.not_before = nb + offset if nb > 0 else 0.0
         now_local = self._store.clock.now()
         keys = self.local._keys
-        park = codec.fnum(h, "park_until")
+        park = h.park_until
         was = keys.state(self.spec.key_ref, self.id, now_local)[0]
         if park > 0 and park + offset > now_local:
-            keys.parked[self.id] = (park + offset, h.get("park_reason", ""))
+            keys.parked[self.id] = (park + offset, h.park_reason)
         else:
             keys.parked.pop(self.id, None)
         if disabled is not None:
@@ -180,10 +180,16 @@ class RedisTarget:
     def slot_freed(self) -> None:
         self._full_until = 0.0
 
-    def _took(self, res: Any, start: int) -> tuple[float, dict[str, str]]:
-        """(offset, hash) from a script's answer whose hash starts at index ``start``."""
-        offset = self._store.link.observe(res[1])
-        return offset, as_hash(res[start])
+    def _took(self, res: Any, start: int) -> tuple[float, codec.SharedTarget | None]:
+        """(offset, hash) from a script's answer whose hash is at index ``start``
+        (Garbage if any of it is)."""
+        if not isinstance(res, list) or len(res) <= start:
+            raise codec.Garbage(self._hash, "", res, "not a script's answer")
+        h = codec.target(codec.flat_hash(res[start], self._hash), self._hash, self.id)
+        return self._store.link.observe(res[1]), h
+
+    def _disabled(self, raw: object) -> str:
+        return codec.key_disabled(raw, self._key)
 
     def _pending(self) -> tuple[str, int, int] | None:
         """The local breaker's move not yet written: (transition JSON, its generation, change count)."""
@@ -226,7 +232,7 @@ class RedisTarget:
             [fields, keys.disabled.get(self.spec.key_ref, ""), store.new_token(), store.id],
         )
         offset, h = self._took(res, 3)
-        self.apply(h, offset, res[2], force=res[0] == "seeded" or h.get("run") != self._run)
+        self.apply(h, offset, self._disabled(res[2]), force=res[0] == "seeded" or h is None or h.run != self._run)
 
     # ------------------------------------------------------------ attempts
 
@@ -242,45 +248,45 @@ class RedisTarget:
             or self.local._keys.state(self.spec.key_ref, self.id, now)[0] is not KeyState.OK
         ):
             return None
+        try:
+            return await self._admit(cost, now)
+        except ERRORS as e:
+            store.lost(e)
+            return await self.local.admit(cost)
+
+    async def _admit(self, cost: int, now: float) -> Admission | None:
+        store = self._store
         for _ in range(2):
             lease = store.new_lease()
             pending = self._pending()
-            try:
-                res = await store.link.call(
-                    "admit",
-                    store.link.scripts.admit,
-                    [
-                        self._hash,
-                        self._leases,
-                        self._key,
-                        self._rpm,
-                        self._tpm,
-                        store.keys.budget,
-                        store.keys.events,
-                        self._waiting,
-                    ],
-                    [
-                        lease,
-                        store.config.shared.lease_ttl,
-                        cost,
-                        *self._admit_args,
-                        store.take_earned(),
-                        store.budget_cap,
-                        store.budget_start,
-                        store.id,
-                        pending[0] if pending else "",
-                    ],
-                    hot=True,
-                )
-            except ERRORS as e:
-                store.lost(e)
-                return await self.local.admit(cost)
+            res = await store.link.call(
+                "admit",
+                store.link.scripts.admit,
+                [
+                    self._hash,
+                    self._leases,
+                    self._key,
+                    self._rpm,
+                    self._tpm,
+                    store.keys.budget,
+                    store.keys.events,
+                    self._waiting,
+                ],
+                [
+                    lease,
+                    store.config.shared.lease_ttl,
+                    cost,
+                    *self._admit_args,
+                    store.take_earned(),
+                    store.budget_cap,
+                    store.budget_start,
+                    store.id,
+                    pending[0] if pending else "",
+                ],
+                hot=True,
+            )
             if res[0] == "missing":
-                try:
-                    await self.seed()
-                except ERRORS as e:
-                    store.lost(e)
-                    return await self.local.admit(cost)
+                await self.seed()
                 continue
             return self._admitted(res, lease, pending, cost, now)
         return None
@@ -288,16 +294,19 @@ class RedisTarget:
     def _admitted(
         self, res: Any, lease: str, pending: tuple[str, int, int] | None, cost: int, now: float
     ) -> Admission | None:
-        verdict, count, retry_at, balance, cas, disabled = (
-            res[0],
-            int(res[2]),
-            float(res[3]),
-            float(res[4]),
-            res[5],
-            res[6],
-        )
+        # everything parsed before anything is used: garbage leaves no half-applied answer
         offset, h = self._took(res, 7)
-        self._store.mirror_budget(balance, int(res[8]))
+        where = self._hash
+        if res[0] not in _VERDICTS or len(res) < 9:
+            raise codec.Garbage(where, "verdict", res[0], "not ADMIT's answer")
+        verdict, count = res[0], codec.integer(res[2], where, "leases")
+        retry_at = codec.number(res[3], where, "retry_at", 0.0)
+        budget = codec.budget(res[4], res[8], self._store.keys.budget, self._store.budget_cap)
+        cas, disabled = codec.text(res[5], where, "cas"), self._disabled(res[6])
+        if h is None:
+            raise codec.Garbage(where, "", None, "ADMIT answered without the target")
+        if budget is not None:
+            self._store.mirror_budget(*budget)
         self.apply(h, offset, disabled, force=self._cas_done(cas, pending))
         self.fleet_in_flight = count
         self._store.link.verdicts[verdict] += 1
@@ -308,9 +317,9 @@ class RedisTarget:
             self._store.track(self.id, lease)
             return Admission(
                 self.id,
-                int(codec.fnum(h, "gen")),
+                h.gen,
                 False,
-                Slot(count, int(codec.fnum(h, "epoch"))),
+                Slot(count, h.epoch),
                 cost,
                 now,
                 lease=lease,
@@ -321,16 +330,16 @@ class RedisTarget:
             self._retry_at = retry_at + offset
         return None
 
-    def _cap(self, h: Mapping[str, str], offset: float) -> int:
+    def _cap(self, h: codec.SharedTarget, offset: float) -> int:
         """How many leases the target admits at once now (ADMIT's own rule)."""
-        limit = codec.fnum(h, "limit", 1.0)
+        limit = h.limit
         b = self._store.config.breaker
-        if h.get("state") == "ramp" and b.ramp_duration > 0:
-            since = self._store.clock.now() - (codec.fnum(h, "ramp_from") + offset)
+        if h.state is State.RAMP and b.ramp_duration > 0:
+            since = self._store.clock.now() - (h.ramp_from + offset)
             share = min(
                 1.0,
                 max(
-                    codec.fnum(h, "ramp_share", b.ramp_start),
+                    h.ramp_share,
                     b.ramp_start + (1.0 - b.ramp_start) * since / b.ramp_duration,
                 ),
             )
@@ -348,26 +357,28 @@ class RedisTarget:
             return None
         if self.local._keys.state(self.spec.key_ref, self.id, now)[0] is not KeyState.OK:
             return None
+        try:
+            return await self._begin_probe(now)
+        except ERRORS as e:
+            store.lost(e)
+            return await self.local.begin_probe()
+
+    async def _begin_probe(self, now: float) -> Admission | None:
+        store = self._store
         for _ in range(2):
             lease = store.new_lease()
-            try:
-                res = await store.link.call(
-                    "begin_probe",
-                    store.link.scripts.begin_probe,
-                    [self._hash, self._leases, store.keys.events],
-                    [self._synced_gen, store.id, store.config.shared.lease_ttl, lease, store.config.shared.lease_ttl],
-                )
-            except ERRORS as e:
-                store.lost(e)
-                return await self.local.begin_probe()
+            res = await store.link.call(
+                "begin_probe",
+                store.link.scripts.begin_probe,
+                [self._hash, self._leases, store.keys.events],
+                [self._synced_gen, store.id, store.config.shared.lease_ttl, lease, store.config.shared.lease_ttl],
+            )
             if res[0] == "missing":
-                try:
-                    await self.seed()
-                except ERRORS as e:
-                    store.lost(e)
-                    return await self.local.begin_probe()
+                await self.seed()
                 continue
             offset, h = self._took(res, 2)
+            if h is None:
+                raise codec.Garbage(self._hash, "", None, "BEGIN_PROBE answered without the target")
             if res[0] != "ok":
                 self.apply(h, offset, force=True)
                 self._probe_hold = store.clock.now() + 0.02  # not due in Redis's time yet, or taken
@@ -376,7 +387,7 @@ class RedisTarget:
             self.apply(h, offset, force=True)
             self._local_slots[lease] = self.local.limiter.take()
             store.track(self.id, lease)
-            return Admission(self.id, int(codec.fnum(h, "gen")), True, Slot(1, self._epoch), 0, now, lease=lease)
+            return Admission(self.id, h.gen, True, Slot(1, self._epoch), 0, now, lease=lease)
         return None
 
     def holds(self, adm: Admission) -> bool:
@@ -468,9 +479,15 @@ class RedisTarget:
                         store.keys.proc_prefix,
                         self._rpm_rate,
                         int(unused),
+                        store.config.shared.lease_ttl,
                     ],
                     hot=True,
                 )
+                if res[0] == "missing":
+                    await self.seed()
+                    continue
+                offset, h = self._took(res, 5)
+                self.apply(h, offset, self._disabled(res[4]), force=self._cas_done(res[3], pending))
             except ERRORS as e:
                 store.lost(e)
                 if pol.hint_blocks and hint is not None and self.local.limiter.in_flight == 0 and not adm.probe:
@@ -478,15 +495,6 @@ class RedisTarget:
                         self.local.not_before, now + min(hint, store.config.breaker.cooldown_max)
                     )
                 break
-            if res[0] == "missing":
-                try:
-                    await self.seed()
-                except ERRORS as e:
-                    store.lost(e)
-                    break
-                continue
-            offset, h = self._took(res, 5)
-            self.apply(h, offset, res[4], force=self._cas_done(res[3], pending))
             news = res[2] == 1 or res[2] == "1"
             break
         return news or pol.breaker is BreakerSignal.DOWN
@@ -536,7 +544,7 @@ class RedisTarget:
                 await self.seed()
                 continue
             offset, h = self._took(res, 3)
-            self.apply(h, offset, res[2], force=True)
+            self.apply(h, offset, self._disabled(res[2]), force=True)
             return
 
     async def push(self) -> None:

@@ -109,6 +109,5 @@ async def deafen(state: RedisState) -> None:
     """Make a process hear nothing from the fleet (its subscription and its
     reconciliation stop), so that only its own calls meet Redis: a process that is
     behind, whose writes must not undo what it has not heard of."""
-    assert state._supervisor is not None
-    state._supervisor.cancel()
+    await state.supervisor.aclose()  # its heartbeat, reconciliation and rejoin stop for good
     await state._drop_pubsub()

@@ -12,7 +12,7 @@ local now = now_s()
 if redis.call('EXISTS', KEYS[1]) == 0 then return {'missing', f6(now)} end
 
 local b = redis.call('HMGET', KEYS[6], 'balance', 'ver')
-local balance, bver = num(b[1], tonumber(ARGV[10])), num(b[2], 0)
+local balance, bver = math.max(0, math.min(tonumber(ARGV[9]), num(b[1], tonumber(ARGV[10])))), num(b[2], 0)
 local earned = tonumber(ARGV[8])
 if earned > 0 then
   balance = math.min(tonumber(ARGV[9]), balance + earned)
@@ -24,14 +24,16 @@ local h = load(KEYS[1])
 local cas = ''
 if ARGV[12] ~= '' then cas, h = transition(KEYS[1], KEYS[7], h, cjson.decode(ARGV[12]), now, ARGV[11]) end
 
-redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', f6(now))
-local count = redis.call('ZCARD', KEYS[2])
+local count = live_leases(KEYS[2], now, tonumber(ARGV[2]))
 local disabled = redis.call('HGET', KEYS[3], 'disabled')
 local verdict, retry_at = 'ok', 0
 
 local function bucket(key, rate)
   local v = redis.call('HMGET', key, 'tokens', 'at')
   local tokens, at = num(v[1], rate), num(v[2], now)
+  -- what no take or refund leaves (more than full, a debt beyond one request at the
+  -- whole rate, a time to come) is garbage: the bucket starts full again
+  if tokens > rate or tokens < -rate * 1000 or at > now + 1 then tokens, at = rate, now end
   if now > at then tokens = math.min(rate, tokens + (now - at) * rate / 60.0) end
   return tokens
 end

@@ -18,6 +18,7 @@ end
 if why == nil then return {'refused', f6(now), flat(h)} end
 h = commit(KEYS[1], h, {state = 'half-open', gen = num(h.gen, 0) + 1, reason = why, probe_owner = ARGV[2],
                      probe_until = f6(now + tonumber(ARGV[3])), next_probe = 0, streak = 0, streak_hint = ''}, ARGV[2])
+live_leases(KEYS[2], now, tonumber(ARGV[5]))
 redis.call('ZADD', KEYS[2], f6(now + tonumber(ARGV[5])), ARGV[4])
 publish(KEYS[3], 'b', h)
 return {'ok', f6(now), flat(h)}

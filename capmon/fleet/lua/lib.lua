@@ -11,11 +11,25 @@ local function f6(x)
   return string.format('%.6f', x)
 end
 
+-- A number read from Redis, or ``d``: garbage ("abc", and "nan", "inf" or hex, which
+-- Lua's tonumber takes) never reaches the math. The process that reads the hash finds
+-- the garbage too (capmon/fleet/codec.py) and repairs it.
 local function num(v, d)
   if v == nil or v == false or v == '' then return d end
   local n = tonumber(v)
-  if n == nil then return d end
+  if n == nil or n ~= n or n == math.huge or n == -math.huge then return d end
   return n
+end
+
+-- Leases that count: expired ones go, and so do ones expiring further ahead than any
+-- process sets (now + lease ttl, renewed by heartbeats), plus a slack for the time a
+-- call takes: such an entry was forged or left by a clock that jumped, and would hold
+-- a slot for ever. Returns how many are left.
+local LEASE_SLACK = 1.0
+local function live_leases(key, now, ttl)
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', f6(now))
+  redis.call('ZREMRANGEBYSCORE', key, '(' .. f6(now + ttl + LEASE_SLACK), '+inf')
+  return redis.call('ZCARD', key)
 end
 
 local function load(key)
@@ -79,7 +93,7 @@ end
 -- outage is not a capacity signal (capmon/core/limiter.py, AdaptiveLimiter.restore).
 local function restore(h, w)
   if h.saved == '1' then
-    w.limit, w.capacity, w.hold = h.s_limit, h.s_capacity, h.s_hold
+    w.limit, w.capacity, w.hold = num(h.s_limit, num(h.limit, 1)), num(h.s_capacity, -1), num(h.s_hold, 4.0)
     w.saved = 0
     w.epoch = num(h.epoch, 0) + 1
     w.below = 0

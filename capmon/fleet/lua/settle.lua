@@ -11,7 +11,7 @@
 --       16 limiter min, 17 limiter max, 18 limiter decrease, 19 failure_threshold, 20 probe_interval,
 --       21 cooldown_multiplier, 22 cooldown, 23 cooldown_max, 24 origin, 25 a pending transition (JSON) or '',
 --       26 the registry's key prefix (namespace .. ':proc:'), 27 rpm, 28 unused (1: given back before
---       anything was sent: its bucket charges are refunded too)
+--       anything was sent: its bucket charges are refunded too), 29 lease ttl
 -- Returns {status, now, news (0/1), cas, key disabled reason, hash...}; status: ok | missing.
 local now = now_s()
 if redis.call('EXISTS', KEYS[1]) == 0 then return {'missing', f6(now)} end
@@ -19,8 +19,7 @@ local channel, origin = KEYS[5], ARGV[24]
 local h = load(KEYS[1])
 local w = {}
 
-redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', f6(now))
-local held = redis.call('ZCARD', KEYS[2])
+local held = live_leases(KEYS[2], now, tonumber(ARGV[29]))
 local present = redis.call('ZREM', KEYS[2], ARGV[1])
 local busy = held + 1 - present  -- our requests in flight there, this one included (an expired lease counts too)
 local left = held - present
@@ -149,7 +148,7 @@ local function refund(key, rate, amount)
   if amount <= 0 or rate <= 0 then return end
   local v = redis.call('HMGET', key, 'tokens', 'at')
   if v[1] then
-    local tokens, at = tonumber(v[1]), num(v[2], now)
+    local tokens, at = num(v[1], rate), num(v[2], now)
     if now > at then tokens = math.min(rate, tokens + (now - at) * rate / 60.0) end
     redis.call('HSET', key, 'tokens', math.min(rate, tokens + amount), 'at', f6(now))
   end
