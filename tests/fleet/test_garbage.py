@@ -55,14 +55,18 @@ async def _two(redis_url: str, namespace: str, script: Script) -> AsyncIterator[
             yield a, b
 
 
-async def _load(cs: tuple[FallbackClient, ...], seconds: float, models: list[str]) -> None:
-    """Requests from every process for ``seconds``: each must be answered (an error raises)."""
+async def _load(cs: tuple[FallbackClient, ...], seconds: float, models: list[str], each: int = 6) -> None:
+    """Requests from every process for ``seconds``, and at least ``each`` per worker (so a
+    loaded machine makes no fewer than the test counts on): each must be answered (an
+    error raises)."""
     loop = asyncio.get_running_loop()
     stop = loop.time() + seconds
 
     async def worker(c: FallbackClient) -> None:
-        while loop.time() < stop:
+        done = 0
+        while loop.time() < stop or done < each:
             models.append((await c.chat("hi")).model)
+            done += 1
 
     await asyncio.gather(*(worker(c) for c in cs for _ in range(3)))
 
