@@ -1,6 +1,7 @@
 """The gateway as an ASGI app: the OpenAI API (capmon/gateway/openai_api.py), Anthropic's
-Messages API (capmon/gateway/anthropic_api.py), the control API (capmon/gateway/control.py), /metrics, /health and /ready, around one
-shared FallbackClient that the caller owns (``capmon serve`` opens it with the engine).
+Messages API (capmon/gateway/anthropic_api.py), the control API (capmon/gateway/control.py),
+/metrics, /health and /ready, around one shared FallbackClient that the caller owns
+(``capmon serve`` opens it with the engine).
 
 Every error the gateway answers is in the OpenAI shape, 404 and 405 included, but on
 Anthropic's paths (``/v1/messages...``), where it is in Anthropic's.
@@ -19,10 +20,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from capmon.core.router import FallbackClient
 from capmon.gateway import anthropic_api, control, openai_api
+from capmon.gateway.anthropic_errors import shaped_for
 from capmon.gateway.auth import Access, Authenticator
 from capmon.gateway.browsers import BrowserGuard, add_cors
 from capmon.gateway.context import Gateway, gateway_of
-from capmon.gateway.anthropic_errors import shaped_for
 from capmon.gateway.errors import ApiError
 from capmon.gateway.feed import EventFeed
 from capmon.gateway.metrics import CONTENT_TYPE, GatewayMetrics

@@ -238,7 +238,7 @@ def anthropic_system(body: Mapping[str, Any]) -> str | list[dict[str, Any]] | No
     for j, block in enumerate(value):
         where = f"system[{j}]"
         if not isinstance(block, dict) or block.get("type") != "text":
-            raise bad(f"{where}: expected a text block ({{\"type\": \"text\", \"text\": ...}})", where)
+            raise bad(f'{where}: expected a text block ({{"type": "text", "text": ...}})', where)
         if not isinstance(block.get("text"), str):
             raise _expected(f"{where}.text", "a string", block.get("text"))
     return value

@@ -1,8 +1,9 @@
-"""The answers to proxied requests (the OpenAI APIs and Anthropic's Messages), as ASGI callables that do their own work: each
-runs the client call while watching the connection (capmon/gateway/disconnect.py), so
-a client that goes away cancels its attempt. A stream waits for the first chunk before
-it sends the response start, so fallbacks and retries happen before the first byte and
-the headers name the model that serves. Errors and stream framing are in the caller's
+"""The answers to proxied requests (the OpenAI APIs and Anthropic's Messages), as ASGI
+callables that do their own work: each runs the client call while watching the
+connection (capmon/gateway/disconnect.py), so a client that goes away cancels its
+attempt. A stream waits for the first chunk before it sends the response start, so
+fallbacks and retries happen before the first byte and the headers name the model that
+serves. Errors and stream framing are in the caller's
 format (a Messages request gets Anthropic's, capmon/gateway/anthropic_errors.py)."""
 
 from __future__ import annotations

@@ -30,7 +30,9 @@ def main(origin: str, key: str) -> None:
             model="auto", max_tokens=50, messages=HI, tools=[TOOL], tool_choice={"type": "any"}, stream=True
         )
     )
-    pieces = [e.delta.partial_json for e in events if e.type == "content_block_delta" and e.delta.type == "input_json_delta"]
+    pieces = [
+        e.delta.partial_json for e in events if e.type == "content_block_delta" and e.delta.type == "input_json_delta"
+    ]
     stops = [e.delta.stop_reason for e in events if e.type == "message_delta"]
     out["tool"] = {"input": json.loads("".join(pieces)), "stop": stops, "last": events[-1].type}
     out["count"] = sdk.messages.count_tokens(model="auto", messages=HI).input_tokens

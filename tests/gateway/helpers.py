@@ -92,7 +92,9 @@ def config(
         )
     for m in models:
         where = "anthropic" if m in anthropic else "sim"
-        text += f'\n[[models]]\nname = "{m}"\napi_model = "sim-{m}"\nendpoints = ["{where}"]\nmax_tokens = {max_tokens}\n'
+        text += (
+            f'\n[[models]]\nname = "{m}"\napi_model = "sim-{m}"\nendpoints = ["{where}"]\nmax_tokens = {max_tokens}\n'
+        )
     text += f"\n{extra}\n"
     if gateway:
         text += f"\n[gateway]\n{gateway}\n"

@@ -82,7 +82,9 @@ async def test_a_streamed_tool_use_comes_as_input_json_deltas(style: str) -> Non
     starts = [e.content_block for e in events if e.type == "content_block_start"]
     tool = next(b for b in starts if b.type == "tool_use")
     assert tool.name == "get_weather" and tool.id.startswith("toolu_")
-    pieces = [e.delta.partial_json for e in events if e.type == "content_block_delta" and e.delta.type == "input_json_delta"]
+    pieces = [
+        e.delta.partial_json for e in events if e.type == "content_block_delta" and e.delta.type == "input_json_delta"
+    ]
     assert len(pieces) > 1 and json.loads("".join(pieces))["city"]  # arguments arrive in pieces
     (delta,) = [e for e in events if e.type == "message_delta"]
     assert delta.delta.stop_reason == "tool_use" and delta.usage.output_tokens > 0
@@ -101,11 +103,18 @@ async def test_every_model_at_capacity_until_the_deadline_is_anthropics_529_over
                     )
                 with pytest.raises(anthropic.OverloadedError) as streamed:
                     await sdk.messages.create(
-                        model="claude", max_tokens=10, messages=HI, stream=True, extra_headers={"x-capmon-deadline": "2"}
+                        model="claude",
+                        max_tokens=10,
+                        messages=HI,
+                        stream=True,
+                        extra_headers={"x-capmon-deadline": "2"},
                     )
             r = info.value.response
             assert r.status_code == 529 and int(r.headers["retry-after"]) >= 1
-            assert info.value.body == {"type": "error", "error": {"type": "overloaded_error", "message": r.json()["error"]["message"]}}
+            assert info.value.body == {
+                "type": "error",
+                "error": {"type": "overloaded_error", "message": r.json()["error"]["message"]},
+            }
             assert "within its deadline" in r.json()["error"]["message"]
             # every model was tried before the deadline passed (then their breakers are open)
             assert int(r.headers["x-capmon-attempts"]) >= (2 if style == HEADER_STYLES[0] else 0)
@@ -119,7 +128,9 @@ async def test_every_model_rate_limited_is_a_429_with_the_providers_retry_after(
     running_one = running(limited, models=("claude",), anthropic=("claude",), gateway=KEYS, environ=ENVIRON)
     async with running_one as gw, gw.anthropic(CLIENT, style=style) as sdk:
         with pytest.raises(anthropic.RateLimitError) as info:
-            await sdk.messages.create(model="claude", max_tokens=10, messages=HI, extra_headers={"x-capmon-deadline": "3"})
+            await sdk.messages.create(
+                model="claude", max_tokens=10, messages=HI, extra_headers={"x-capmon-deadline": "3"}
+            )
     r = info.value.response
     assert r.status_code == 429 and r.headers["retry-after"] == "7"
     assert r.json()["error"]["type"] == "rate_limit_error" and "rate-limited" in r.json()["error"]["message"]
@@ -140,7 +151,9 @@ async def test_the_gateways_refusals_are_the_sdks_typed_exceptions(style: str) -
                 await sdk.messages.create(model="auto", max_tokens=0, messages=HI)
             with pytest.raises(anthropic.BadRequestError) as role:
                 await sdk.messages.create(
-                    model="auto", max_tokens=10, messages=[{"role": "system", "content": "hi"}]  # type: ignore[list-item]
+                    model="auto",
+                    max_tokens=10,
+                    messages=[{"role": "system", "content": "hi"}],  # type: ignore[list-item]
                 )
             with pytest.raises(anthropic.BadRequestError) as missing:
                 await sdk.messages.create(model="auto", max_tokens=10, messages=HI, extra_body={"max_tokens": None})

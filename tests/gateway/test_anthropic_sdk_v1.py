@@ -26,7 +26,17 @@ def sdk_v1() -> Path:
     target = Path(sys.prefix) / ".cache" / f"anthropic-{V1}"
     if not (target / "anthropic" / "__init__.py").exists():
         done = subprocess.run(
-            [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(target), f"anthropic=={V1}"],
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--no-deps",
+                "--target",
+                str(target),
+                f"anthropic=={V1}",
+            ],
             capture_output=True,
             text=True,
             timeout=300,
@@ -52,8 +62,16 @@ async def test_the_anthropic_sdk_1x_against_the_gateway(sdk_v1: Path) -> None:
     assert seen["version"] == V1
     assert seen["sent"] == {"anthropic-version": "2023-06-01", "x-api-key": CLIENT, "authorization": None}
     assert seen["served"] == "claude"
-    assert seen["plain"]["stop"] == "end_turn" and seen["plain"]["usage"] == 12 and len(seen["plain"]["text"].split()) == 12
+    assert (
+        seen["plain"]["stop"] == "end_turn"
+        and seen["plain"]["usage"] == 12
+        and len(seen["plain"]["text"].split()) == 12
+    )
     assert seen["stream"]["stop"] == "max_tokens" and len(seen["stream"]["text"].split()) == 5
-    assert seen["tool"]["input"]["city"] and seen["tool"]["stop"] == ["tool_use"] and seen["tool"]["last"] == "message_stop"
+    assert (
+        seen["tool"]["input"]["city"]
+        and seen["tool"]["stop"] == ["tool_use"]
+        and seen["tool"]["last"] == "message_stop"
+    )
     assert seen["count"] > 0
     assert seen["errors"] == {"unknown": "NotFoundError", "bad": "BadRequestError", "auth": "AuthenticationError"}

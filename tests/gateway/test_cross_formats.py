@@ -51,7 +51,9 @@ def sim() -> Any:
 async def test_the_anthropic_sdk_is_served_by_the_openai_model_when_its_anthropic_model_is_tripped() -> None:
     async with running(sim(), **providers("claude")) as gw, gw.anthropic() as sdk:
         gw.client.trip("claude")
-        raw = await sdk.messages.with_raw_response.create(model="claude", max_tokens=100, system="Be brief.", messages=HI)
+        raw = await sdk.messages.with_raw_response.create(
+            model="claude", max_tokens=100, system="Be brief.", messages=HI
+        )
         plain = await raw.parse()
         async with sdk.messages.stream(model="claude", max_tokens=100, messages=HI) as stream:
             texts = [t async for t in stream.text_stream]
@@ -91,7 +93,10 @@ async def test_the_openai_sdk_is_served_by_the_anthropic_model_when_the_flagship
             )
         ]
         called = await sdk.chat.completions.create(
-            model="flagship", messages=PARIS, tools=[WEATHER_TOOL], tool_choice="required"  # type: ignore[list-item]
+            model="flagship",
+            messages=PARIS,
+            tools=[WEATHER_TOOL],
+            tool_choice="required",  # type: ignore[list-item]
         )
         (call,) = called.choices[0].message.tool_calls or []
         answered = await sdk.chat.completions.create(
@@ -117,7 +122,12 @@ async def test_the_openai_sdk_is_served_by_the_anthropic_model_when_the_flagship
             model="flagship",
             input=[
                 {"role": "user", "content": "Weather in Paris?"},
-                {"type": "function_call", "call_id": r_call.call_id, "name": r_call.name, "arguments": r_call.arguments},
+                {
+                    "type": "function_call",
+                    "call_id": r_call.call_id,
+                    "name": r_call.name,
+                    "arguments": r_call.arguments,
+                },
                 {"type": "function_call_output", "call_id": r_call.call_id, "output": "18C, sunny"},
             ],
         )
