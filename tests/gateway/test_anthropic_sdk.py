@@ -190,3 +190,17 @@ async def test_a_2023_client_sending_sampling_fields_to_a_2026_target_follows_re
     answer = await raw.parse()
     assert answer.stop_reason == "max_tokens" and events[-1] == "message_stop"
     assert snap.succeeded == 2
+
+
+@pytest.mark.parametrize("style", HEADER_STYLES)
+async def test_a_hanging_upstream_past_the_deadline_is_a_504_timeout_error(style: str) -> None:
+    hang = "[client]\nattempt_timeout = 5.0\nmax_attempts = 50"
+    async with running(two_providers(), **TWO, extra=hang) as gw, gw.anthropic(CLIENT, style=style) as sdk:
+        await gw.sim_admin("faults", {"mode": "hang", "rate": 1.0})
+        with pytest.raises(anthropic.InternalServerError) as info:
+            await sdk.messages.create(
+                model="claude", max_tokens=10, messages=HI, extra_headers={"x-capmon-deadline": "2"}
+            )
+    r = info.value.response
+    assert r.status_code == 504 and r.json()["error"]["type"] == "timeout_error"
+    assert "the request's own deadline of 2s passed" in r.json()["error"]["message"]
