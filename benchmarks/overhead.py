@@ -84,7 +84,53 @@ STREAM = [
     _sse({}, "stop"),
     b"data: [DONE]\n\n",
 ]
+STREAM_USAGE = (
+    b"data: "
+    + json.dumps(
+        {
+            "id": "chatcmpl-instant",
+            "object": "chat.completion.chunk",
+            "created": 1767225600,
+            "model": "instant",
+            "choices": [],
+            "usage": {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8},
+        }
+    ).encode()
+    + b"\n\n"
+)
 STREAM_TEXT = "ok!"
+
+
+def _event(name: str, **fields: Any) -> bytes:
+    return f"event: {name}\ndata: ".encode() + json.dumps({"type": name, **fields}).encode() + b"\n\n"
+
+
+def _message(content: list[dict[str, Any]], stop: str | None, output_tokens: int) -> dict[str, Any]:
+    usage = {"input_tokens": 5, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
+    return {
+        "id": "msg_instant",
+        "type": "message",
+        "role": "assistant",
+        "model": "instant",
+        "content": content,
+        "stop_reason": stop,
+        "stop_sequence": None,
+        "usage": {**usage, "output_tokens": output_tokens},
+    }
+
+
+# Anthropic's Messages API, the same answer: a message, or the stream Anthropic sends
+# (with its ping), each event its own write.
+MESSAGE = json.dumps(_message([{"type": "text", "text": "ok"}], "end_turn", 1)).encode()
+MESSAGE_STREAM = [
+    _event("message_start", message=_message([], None, 1)),
+    _event("content_block_start", index=0, content_block={"type": "text", "text": ""}),
+    _event("ping"),
+    *(_event("content_block_delta", index=0, delta={"type": "text_delta", "text": t}) for t in STREAM_TEXT),
+    _event("content_block_stop", index=0),
+    _event("message_delta", delta={"stop_reason": "end_turn", "stop_sequence": None}, usage={"output_tokens": 3}),
+    _event("message_stop"),
+]
 KEY = "sk-capmon-sim-demo"
 WARMUP = 300
 KINDS = ["aiohttp", "httpx", "httpx-aiohttp", "capmon-httpx", "capmon-aiohttp"]
@@ -92,6 +138,17 @@ KINDS = ["aiohttp", "httpx", "httpx-aiohttp", "capmon-httpx", "capmon-aiohttp"]
 EXTRA_KINDS = ["httpx-aiohttp-pkg"]
 MODES = ["plain", "stream"]
 GOAL = 3.0  # capmon's CPU per request at most this many times raw aiohttp's
+# Across formats (--cross): FallbackClient.chat() / .messages() with two models, one per
+# wire, the named one preferred; kind -> (the caller's format, the serving model's wire).
+CROSS_KINDS = {
+    "chat-on-openai": ("chat", "openai"),
+    "chat-on-anthropic": ("chat", "anthropic"),
+    "messages-on-anthropic": ("messages", "anthropic"),
+    "messages-on-openai": ("messages", "openai"),
+}
+CROSS_PAIRS = [("chat-on-anthropic", "chat-on-openai"), ("messages-on-openai", "messages-on-anthropic")]
+CROSS_GOAL = 1.25  # a cross-format request's CPU at most this many times the same-format one's
+ALL_KINDS = KINDS + EXTRA_KINDS + list(CROSS_KINDS)
 
 
 # ---------------------------------------------------------------- the instant endpoint
@@ -112,6 +169,7 @@ async def instant_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         msg = await receive()
         body += msg.get("body", b"")
         more = msg.get("more_body", False)
+    anthropic = scope["path"].endswith("/messages")
     if b'"stream": true' in body or b'"stream":true' in body:
         await send(
             {
@@ -120,18 +178,25 @@ async def instant_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
                 "headers": [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")],
             }
         )
-        for piece in STREAM:
+        if anthropic:
+            pieces = MESSAGE_STREAM
+        elif b'"include_usage": true' in body or b'"include_usage":true' in body:
+            pieces = [*STREAM[:-1], STREAM_USAGE, STREAM[-1]]
+        else:
+            pieces = STREAM
+        for piece in pieces:
             await send({"type": "http.response.body", "body": piece, "more_body": True})
         await send({"type": "http.response.body", "body": b""})
         return
+    answer = MESSAGE if anthropic else ANSWER
     await send(
         {
             "type": "http.response.start",
             "status": 200,
-            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(ANSWER)).encode())],
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(answer)).encode())],
         }
     )
-    await send({"type": "http.response.body", "body": ANSWER})
+    await send({"type": "http.response.body", "body": answer})
 
 
 def serve(port: int) -> None:
@@ -154,16 +219,38 @@ def serve(port: int) -> None:
 def _config(base_url: str, concurrency: int):
     from benchmarks.peers.capmon_client import bench_config
 
+    return bench_config(base_url, _limits(concurrency))
+
+
+def _limits(concurrency: int) -> list[str]:
     # Room for the whole concurrency on the first model from the start, so the measured
     # part is routing, not queueing behind a limiter still slow-starting.
-    return bench_config(
-        base_url,
-        [
-            f"limiter.initial={concurrency}",
-            f"limiter.max={max(64, concurrency)}",
-            f"client.max_connections={concurrency}",
-        ],
+    return [
+        f"limiter.initial={concurrency}",
+        f"limiter.max={max(64, concurrency)}",
+        f"client.max_connections={concurrency}",
+    ]
+
+
+def _cross_config(base_url: str, concurrency: int, serving: str):
+    """An OpenAI-wire model ("gpt") and an Anthropic-wire one ("claude") on the instant
+    endpoint, the one on the ``serving`` wire first (the other is the fallback, as in a
+    real two-provider config: each request checks whether it could carry it)."""
+    from benchmarks.peers.capmon_client import bench_config
+
+    origin = base_url.removesuffix("/v1")
+    endpoints = (
+        f'[simulator]\nenabled = false\n\n[[endpoints]]\nname = "openai"\nbase_url = "{base_url}"\n'
+        f'keys = [{{ env = "KEY" }}]\n\n[[endpoints]]\nname = "anthropic"\napi = "anthropic"\n'
+        f'base_url = "{origin}"\nkeys = [{{ env = "KEY" }}]\n'
     )
+    models = {
+        wire: f'[[models]]\nname = "{name}"\nendpoints = ["{wire}"]\ncontext_window = 128000\nmax_tokens = 512\n'
+        for name, wire in (("gpt", "openai"), ("claude", "anthropic"))
+    }
+    order = [serving, *(w for w in models if w != serving)]
+    head = endpoints + "\n" + "\n".join(models[w] for w in order)
+    return bench_config(base_url, _limits(concurrency), head=head)
 
 
 async def _drive(call: Callable[[], Awaitable[None]], n: int, concurrency: int) -> None:
@@ -270,7 +357,36 @@ async def _client(kind: str, mode: str, base_url: str, concurrency: int) -> tupl
             _check_text(r.content, "ok")
 
         return call, fc.aclose
+    if kind in CROSS_KINDS:
+        return _cross_client(kind, stream, base_url, concurrency)
     raise ValueError(kind)
+
+
+def _cross_client(
+    kind: str, stream: bool, base_url: str, concurrency: int
+) -> tuple[Callable[[], Awaitable[None]], Any]:
+    from capmon.core.router import FallbackClient
+
+    caller, serving = CROSS_KINDS[kind]
+    fc = FallbackClient(_cross_config(base_url, concurrency, serving), environ={"KEY": KEY})
+    served = "gpt" if serving == "openai" else "claude"
+    body = {"messages": [{"role": "user", "content": "Say ok."}], "max_tokens": 512}
+
+    def check(model: str | None) -> None:
+        if model != served:
+            raise RuntimeError(f"{kind}: served by {model}, not {served}")
+
+    async def call() -> None:
+        if stream:
+            s = fc.stream_chunks("Say ok.") if caller == "chat" else fc.stream_messages(body)
+            _check_text("".join([piece async for piece in s.texts()]), STREAM_TEXT)
+            check(s.model)
+            return
+        r = await (fc.chat("Say ok.") if caller == "chat" else fc.messages(body))
+        _check_text(r.content, "ok")
+        check(r.model)
+
+    return call, fc.aclose
 
 
 async def measure(kind: str, mode: str, base_url: str, n: int, concurrency: int) -> dict[str, float]:
@@ -357,7 +473,38 @@ def report(runs: dict[tuple[str, str], list[dict[str, float]]], kinds: list[str]
                     ratio = med[(kind, mode)] / base
                     verdict = "**met**" if ratio <= GOAL else f"missed by {(ratio - GOAL) * base:.0f} us / request"
                     lines.append(f"- goal {kind} {mode} <= {GOAL:g}x raw aiohttp: {verdict} ({ratio:.2f}x)")
+    lines.extend(cross_report(runs, modes))
     return "\n".join(lines)
+
+
+def cross_report(runs: dict[tuple[str, str], list[dict[str, float]]], modes: list[str]) -> list[str]:
+    """Each cross-format kind against its same-format one: the ratio of each repetition's
+    pair (measured one after the other, so both met the same load), their median, and the
+    goal judged on it; the ratio of the two medians beside it."""
+    rows = []
+    for cross, same in CROSS_PAIRS:
+        for mode in modes:
+            a, b = runs.get((cross, mode)), runs.get((same, mode))
+            if not a or not b:
+                continue
+            ratios = [x["cpu_per_request_us"] / y["cpu_per_request_us"] for x, y in zip(a, b, strict=True)]
+            paired = statistics.median(ratios)
+            medians = statistics.median(x["cpu_per_request_us"] for x in a) / statistics.median(
+                y["cpu_per_request_us"] for y in b
+            )
+            verdict = "**met**" if paired <= CROSS_GOAL else f"missed by {paired - CROSS_GOAL:.2f}x"
+            each = ", ".join(f"{r:.2f}" for r in ratios)
+            rows.append(f"| {cross} / {same} | {mode} | {paired:.2f}x | {medians:.2f}x | {each} | {verdict} |")
+    if not rows:
+        return []
+    return [
+        "",
+        f"Across formats (goal: cross-format CPU per request <= {CROSS_GOAL:g}x the same-format path's):",
+        "",
+        "| cross / same | mode | median of paired ratios | ratio of medians | paired ratio per repetition | goal |",
+        "|---|---|---|---|---|---|",
+        *rows,
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -368,15 +515,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--kinds",
         nargs="+",
-        choices=KINDS + EXTRA_KINDS,
-        default=KINDS,
-        help=f"clients to measure (default: {' '.join(KINDS)})",
+        choices=ALL_KINDS,
+        help=f"clients to measure (default: {' '.join(KINDS)}; with --cross: {' '.join(CROSS_KINDS)})",
+    )
+    ap.add_argument(
+        "--cross",
+        action="store_true",
+        help="capmon across formats: chat and messages() requests served on each wire (the four cross kinds)",
     )
     ap.add_argument("--modes", nargs="+", choices=MODES, default=MODES, help="plain and / or streaming requests")
     ap.add_argument("--profile", metavar="FILE", help="also profile one kind with cProfile; stats to FILE")
-    ap.add_argument("--profile-kind", choices=KINDS + EXTRA_KINDS, default="capmon-aiohttp")
+    ap.add_argument("--profile-kind", choices=ALL_KINDS, default="capmon-aiohttp")
     ap.add_argument("--profile-mode", choices=MODES, default="plain")
-    ap.add_argument("--worker", choices=KINDS + EXTRA_KINDS, help=argparse.SUPPRESS)
+    ap.add_argument("--worker", choices=ALL_KINDS, help=argparse.SUPPRESS)
     ap.add_argument("--mode", choices=MODES, default="plain", help=argparse.SUPPRESS)
     ap.add_argument("--url", help=argparse.SUPPRESS)
     ap.add_argument("--serve", type=int, metavar="PORT", help=argparse.SUPPRESS)
@@ -388,7 +539,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(asyncio.run(measure(args.worker, args.mode, args.url, args.requests, args.concurrency))))
         return 0
 
-    kinds = [k for k in KINDS + EXTRA_KINDS if k in args.kinds]
+    asked = args.kinds or (list(CROSS_KINDS) if args.cross else KINDS)
+    kinds = [k for k in ALL_KINDS if k in asked or (args.cross and k in CROSS_KINDS)]
     modes = [m for m in MODES if m in args.modes]
     port = free_port()
     server = spawn([sys.executable, "-m", "benchmarks.overhead", "--serve", str(port)])

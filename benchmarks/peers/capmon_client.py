@@ -32,8 +32,12 @@ def _coerce(old: Any, raw: str) -> Any:
     return raw
 
 
-def bench_config(base_url: str, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+def bench_config(base_url: str, overrides: list[str] | tuple[str, ...] = (), *, head: str | None = None) -> Config:
+    """``capmon-bench.toml`` on ``base_url``, with ``overrides``; ``head``: other endpoints
+    and models in place of the file's (its [client], [backoff]... sections kept)."""
     text = CONFIG.read_text(encoding="utf-8").replace("http://SIMULATOR/v1", base_url)
+    if head is not None:
+        text = head + "\n" + text[text.index("[client]") :]
     cfg = parse_config(text, str(CONFIG))
     for o in overrides:
         key, _, raw = o.partition("=")

@@ -190,7 +190,14 @@ class FallbackClient(FormatCalls, ManualControls):
                             end = chunk
                             continue
                         if s.model is None:
-                            s.serving(t.model.name, t.endpoint.name, t.id, tuple(r.attempts))
+                            s.serving(
+                                t.model.name,
+                                t.endpoint.name,
+                                t.id,
+                                tuple(r.attempts),
+                                api=t.endpoint.api,
+                                dropped=r.sending_dropped,
+                            )
                         yield chunk
                 finally:
                     await attempt.aclose()  # type: ignore[attr-defined]
@@ -299,6 +306,7 @@ class FallbackClient(FormatCalls, ManualControls):
         self.journal.started(r, t, number)
         now = self.clock.now()
         req = chat_request(t, r.request, self._token_param[t.model.name], self.config, stream, time_left=r.left(now))
+        r.sending_dropped = req.dropped
         self.journal.in_flight += 1
         return number, self.clock.wall(), now, req
 

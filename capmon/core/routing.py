@@ -46,6 +46,7 @@ class Routing:
     # like a model whose context window is too small; ``noted``: skips already on the record.
     incapable: dict[str, str] = field(default_factory=dict)
     noted: set[str] = field(default_factory=set)
+    sending_dropped: tuple[str, ...] = ()  # the fields the latest attempt left out (a stream's headers say so)
 
     @property
     def sent(self) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
+from capmon.core.config import EndpointApi
 from capmon.core.formats import chunk_text
 from capmon.core.result import Attempt, ChatResult
 
@@ -20,6 +21,8 @@ class ChatStream:
         self.endpoint: str | None = None
         self.target: str | None = None
         self.attempts: tuple[Attempt, ...] = ()  # the failed attempts before the one streaming
+        self.api: EndpointApi | None = None  # the API of the endpoint that serves it
+        self.dropped: tuple[str, ...] = ()  # fields the serving attempt left out (its API version refuses them)
         self.result: ChatResult | None = None  # set when the stream has ended complete
         self._chunks = run(self)
 
@@ -33,9 +36,19 @@ class ChatStream:
         """Stop early: the attempt is cancelled and its slot given back."""
         await self._chunks.aclose()  # type: ignore[attr-defined]
 
-    def serving(self, model: str, endpoint: str, target: str, attempts: tuple[Attempt, ...]) -> None:
+    def serving(
+        self,
+        model: str,
+        endpoint: str,
+        target: str,
+        attempts: tuple[Attempt, ...],
+        *,
+        api: EndpointApi | None = None,
+        dropped: tuple[str, ...] = (),
+    ) -> None:
         """Output has started: who serves it, after which failed attempts."""
         self.model, self.endpoint, self.target, self.attempts = model, endpoint, target, attempts
+        self.api, self.dropped = api, dropped
 
     async def texts(self) -> AsyncIterator[str]:
         """The answer's text as it comes (any format), the chunks read and dropped."""

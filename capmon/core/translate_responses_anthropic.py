@@ -26,11 +26,12 @@ from capmon.core.translate_chat_anthropic import (
 )
 
 # Fields that mean nothing to the answer (bookkeeping, cache keys, what extra the reply
-# carries), left out toward Anthropic.
+# carries), left out toward Anthropic. ``client_metadata``: Codex CLI's session and turn ids.
 _NO_MEANING = frozenset(
     {
         "store",
         "metadata",
+        "client_metadata",
         "include",
         "prompt_cache_key",
         "prompt_cache_retention",
@@ -55,6 +56,7 @@ _CARRIED = frozenset(
         "text",
         "user",
         "truncation",
+        "reasoning",
     }
 )
 
@@ -79,6 +81,7 @@ def responses_to_chat(body: Mapping[str, Any]) -> dict[str, Any]:
             raise Untranslatable(f"{name} (no Anthropic counterpart)")
     if body.get("truncation") not in (None, "disabled"):
         raise Untranslatable("truncation = auto (the Responses API would cut the conversation itself)")
+    _reasoning(body.get("reasoning"))
     messages: list[dict[str, Any]] = []
     if isinstance(body.get("instructions"), str) and body["instructions"]:
         messages.append({"role": "system", "content": body["instructions"]})
@@ -101,6 +104,20 @@ def responses_to_chat(body: Mapping[str, Any]) -> dict[str, Any]:
     _tools(body, out)
     _text_format(body.get("text"), out)
     return out
+
+
+def _reasoning(reasoning: object) -> None:
+    """A reasoning object that asks for no effort (absent or ``none``) asks for nothing an
+    Anthropic model without thinking does not give: a summary is only ever of reasoning
+    done, so ``summary`` alone (Codex CLI sends ``{"summary": "auto"}``) is left out. An
+    effort is refused: Anthropic's thinking is not translated."""
+    if reasoning is None:
+        return
+    if not isinstance(reasoning, Mapping) or set(reasoning) - {"effort", "summary"}:
+        raise Untranslatable("reasoning options other than effort and summary")
+    effort = reasoning.get("effort")
+    if effort not in (None, "none"):
+        raise Untranslatable(f"reasoning effort = {effort} (Anthropic's thinking is not translated)")
 
 
 def _item(item: object, i: int, messages: list[dict[str, Any]]) -> None:

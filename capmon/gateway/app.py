@@ -1,8 +1,10 @@
-"""The gateway as an ASGI app: the OpenAI API (capmon/gateway/openai_api.py), the
-control API (capmon/gateway/control.py), /metrics, /health and /ready, around one
-shared FallbackClient that the caller owns (``capmon serve`` opens it with the engine).
+"""The gateway as an ASGI app: the OpenAI API (capmon/gateway/openai_api.py), Anthropic's
+Messages API (capmon/gateway/anthropic_api.py), the control API (capmon/gateway/control.py),
+/metrics, /health and /ready, around one shared FallbackClient that the caller owns
+(``capmon serve`` opens it with the engine).
 
-Every error the gateway answers is in the OpenAI shape, 404 and 405 included.
+Every error the gateway answers is in the OpenAI shape, 404 and 405 included, but on
+Anthropic's paths (``/v1/messages...``), where it is in Anthropic's.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from capmon.core.router import FallbackClient
-from capmon.gateway import control, openai_api
+from capmon.gateway import anthropic_api, control, openai_api
+from capmon.gateway.anthropic_errors import shaped_for
 from capmon.gateway.auth import Access, Authenticator
 from capmon.gateway.browsers import BrowserGuard, add_cors
 from capmon.gateway.context import Gateway, gateway_of
@@ -49,7 +52,7 @@ async def metrics(request: Request) -> Response:
 
 async def _api_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ApiError)
-    return error_reply(exc)
+    return error_reply(shaped_for(request.url.path, exc))
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
@@ -59,9 +62,8 @@ async def _http_error(request: Request, exc: Exception) -> Response:
         404: f"no such endpoint: {request.method} {request.url.path}"[:200],
         405: f"{request.method} is not allowed on {request.url.path}"[:200],
     }.get(exc.status_code, exc.detail)
-    return error_reply(
-        ApiError(exc.status_code, message, "invalid_request_error", kind, headers=dict(exc.headers or {}))
-    )
+    err = ApiError(exc.status_code, message, "invalid_request_error", kind, headers=dict(exc.headers or {}))
+    return error_reply(shaped_for(request.url.path, err))
 
 
 def _api_of(path: str) -> str:
@@ -69,6 +71,8 @@ def _api_of(path: str) -> str:
         return "chat"
     if path.startswith("/v1/responses"):
         return "responses"
+    if path.startswith("/v1/messages"):
+        return "messages"
     if path.startswith("/v1/models"):
         return "models"
     if path.startswith("/capmon/"):
@@ -112,6 +116,7 @@ def create_app(client: FallbackClient, settings: GatewaySettings) -> Starlette:
     )
     routes = [
         *openai_api.ROUTES,
+        *anthropic_api.ROUTES,
         *control.ROUTES,
         Route("/metrics", metrics, methods=["GET"]),
         Route("/health", health, methods=["GET"]),

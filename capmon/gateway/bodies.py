@@ -1,4 +1,5 @@
-"""What a client asked for: the JSON body of a chat-completions or Responses request,
+"""What a client asked for: the JSON body of a chat-completions, Responses or Anthropic
+Messages request,
 checked as far as the gateway and the core read it (the rest passes to the provider
 untouched), and the per-request headers ``x-capmon-deadline`` and
 ``x-capmon-priority``. Each field has its one strict parser in capmon/gateway/fields.py."""
@@ -9,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from capmon.core.anthropic_wire import AnthropicVersion
 from capmon.core.result import ChatRequest, Priority
 from capmon.gateway import fields
 from capmon.gateway.auth import Caller
@@ -16,6 +18,7 @@ from capmon.gateway.models import ModelNames
 
 DEADLINE_HEADER = "x-capmon-deadline"
 PRIORITY_HEADER = "x-capmon-priority"
+VERSION_HEADER = "anthropic-version"
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,3 +89,43 @@ def responses(body: dict[str, Any], headers: Mapping[str, str], caller: Caller, 
     priority = _priority(headers, caller)
     request = ChatRequest.responses(body, model=model, priority=priority, deadline=_deadline(headers))
     return Wanted(request, stream, priority)
+
+
+def anthropic_version(headers: Mapping[str, str]) -> AnthropicVersion | None:
+    """The caller's ``anthropic-version``: either version is served alike (the target's own
+    version decides what it refuses: ``[client] refused_sampling``); an unknown one is a 400
+    naming the header, a missing one is taken as the current version's client."""
+    return fields.choice(headers.get(VERSION_HEADER), VERSION_HEADER, AnthropicVersion)
+
+
+def _anthropic_fields(body: Mapping[str, Any], names: ModelNames, headers: Mapping[str, str]) -> str | None:
+    """The checks a Messages and a count_tokens body share; the model to try first."""
+    anthropic_version(headers)
+    model = _model(body, names)
+    fields.anthropic_messages(body)
+    fields.anthropic_system(body)
+    fields.objects(body, "tools")
+    fields.typed_object(body, "tool_choice")
+    fields.typed_object(body, "thinking")
+    return model
+
+
+def messages(body: dict[str, Any], headers: Mapping[str, str], caller: Caller, names: ModelNames) -> Wanted:
+    """An Anthropic Messages request: the body goes as it is (translated for a target on
+    another wire), but model, stream and max_tokens, which the API requires."""
+    model = _anthropic_fields(body, names, headers)
+    fields.required_positive_int(body, "max_tokens")
+    stream = fields.flag(body, "stream")
+    for name in ("temperature", "top_p"):
+        fields.number(body, name)
+    fields.positive_int(body, "top_k")
+    fields.strings(body, "stop_sequences")
+    priority = _priority(headers, caller)
+    request = ChatRequest.anthropic(body, model=model, priority=priority, deadline=_deadline(headers))
+    return Wanted(request, stream, priority)
+
+
+def count_tokens(body: dict[str, Any], headers: Mapping[str, str], names: ModelNames) -> dict[str, Any]:
+    """A count_tokens body (a Messages body without max_tokens), checked like one."""
+    _anthropic_fields(body, names, headers)
+    return body

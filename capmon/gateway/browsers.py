@@ -26,6 +26,7 @@ from starlette.datastructures import Headers
 from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from capmon.gateway.anthropic_errors import shaped_for
 from capmon.gateway.errors import ApiError
 from capmon.gateway.replies import error_reply
 from capmon.gateway.settings import GatewaySettings
@@ -35,6 +36,8 @@ EXPOSED = (
     "retry-after",
     "x-capmon-model",
     "x-capmon-endpoint",
+    "x-capmon-api",
+    "x-capmon-dropped",
     "x-capmon-target",
     "x-capmon-attempts",
     "x-capmon-fallbacks",
@@ -42,6 +45,7 @@ EXPOSED = (
     "x-capmon-priority",
     "x-litellm-model-id",
     "x-litellm-attempted-fallbacks",
+    "request-id",
 )
 
 
@@ -117,7 +121,7 @@ class BrowserGuard:
         if scope["type"] == "http":
             err = self.refusal(scope["method"], Headers(scope=scope))
             if err is not None:
-                await error_reply(err)(scope, receive, send)
+                await error_reply(shaped_for(scope.get("path", ""), err))(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 

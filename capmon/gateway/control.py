@@ -36,7 +36,7 @@ from capmon.gateway.context import Gateway, gateway_of
 from capmon.gateway.disconnect import ClientGone, until_disconnect
 from capmon.gateway.errors import ApiError, json_bytes
 from capmon.gateway.feed import EventFeed
-from capmon.gateway.openai_api import read_body
+from capmon.gateway.inbound import read_body
 from capmon.gateway.replies import JsonReply, Nothing
 
 API_VERSION = 1

@@ -203,6 +203,93 @@ def response_input(body: Mapping[str, Any]) -> None:
             _content(item, param)
 
 
+ANTHROPIC_ROLES = ("user", "assistant")
+
+
+def anthropic_messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Anthropic's messages: a non-empty list of objects, each with role user or assistant
+    and content a string or a list of content blocks (objects with a string type)."""
+    value = body.get("messages")
+    if not isinstance(value, list) or not value:
+        raise bad("messages: expected a non-empty list of message objects", "messages")
+    for i, message in enumerate(value):
+        param = f"messages[{i}]"
+        if not isinstance(message, dict):
+            raise _expected(param, "a message object", message)
+        _role(message, param)
+        if message["role"] not in ANTHROPIC_ROLES:
+            shown = repr(message["role"])[:40]
+            raise bad(f"{param}.role: expected 'user' or 'assistant', got {shown}", f"{param}.role")
+        content = message.get("content")
+        if isinstance(content, list):
+            _parts(content, f"{param}.content")
+        elif not isinstance(content, str):
+            raise _expected(f"{param}.content", "a string or a list of content blocks", content)
+    return value
+
+
+def anthropic_system(body: Mapping[str, Any]) -> str | list[dict[str, Any]] | None:
+    """Anthropic's top-level system prompt: a string or a list of text blocks."""
+    value = body.get("system")
+    if value is None or isinstance(value, str):
+        return value
+    if not isinstance(value, list):
+        raise _expected("system", "a string or a list of text blocks", value)
+    for j, block in enumerate(value):
+        where = f"system[{j}]"
+        if not isinstance(block, dict) or block.get("type") != "text":
+            raise bad(f'{where}: expected a text block ({{"type": "text", "text": ...}})', where)
+        if not isinstance(block.get("text"), str):
+            raise _expected(f"{where}.text", "a string", block.get("text"))
+    return value
+
+
+def required_positive_int(body: Mapping[str, Any], name: str) -> int:
+    """A whole number of at least 1 that the request must carry (Anthropic's max_tokens)."""
+    value = positive_int(body, name)
+    if value is None:
+        raise bad(f"{name}: Field required (a whole number of at least 1)", name, "missing_required_parameter")
+    return value
+
+
+def strings(body: Mapping[str, Any], name: str) -> list[str] | None:
+    """A list of strings (stop_sequences); None when absent."""
+    value = body.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        raise _expected(name, "a list of strings", value)
+    for j, item in enumerate(value):
+        if not isinstance(item, str):
+            raise _expected(f"{name}[{j}]", "a string", item)
+    return value
+
+
+def objects(body: Mapping[str, Any], name: str) -> list[dict[str, Any]] | None:
+    """A list of objects (Anthropic's tools); None when absent."""
+    value = body.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        raise _expected(name, "a list of objects", value)
+    for j, item in enumerate(value):
+        if not isinstance(item, dict):
+            raise _expected(f"{name}[{j}]", "an object", item)
+    return value
+
+
+def typed_object(body: Mapping[str, Any], name: str) -> dict[str, Any] | None:
+    """An object with a string ``type`` (Anthropic's tool_choice, thinking); None when absent."""
+    value = body.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise _expected(name, "an object", value)
+    if not isinstance(value.get("type"), str):
+        raise _expected(f"{name}.type", "a string", value.get("type"))
+    return value
+
+
 # ---------------------------------------------------------------------- the headers
 
 

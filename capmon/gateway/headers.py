@@ -1,11 +1,13 @@
-"""The response headers that say who served a request: capmon's own, and LiteLLM's
-names for them so tools written against LiteLLM's proxy read them unchanged."""
+"""The response headers that say who served a request: capmon's own (the model, its
+endpoint and API, the attempts and fallbacks, the request's number, the sampling fields
+left out for a target whose API version refuses them), and LiteLLM's names for them so
+tools written against LiteLLM's proxy read them unchanged."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from capmon.core.result import ChatResult, Priority
+from capmon.core.result import Api, ChatResult, Priority
 from capmon.core.streaming import ChatStream
 
 
@@ -17,22 +19,33 @@ class Served:
     attempts: int  # the serving attempt included
     fallbacks: int
     request_id: int
+    api: str = ""  # the endpoint API that served: openai, anthropic, azure
+    dropped: tuple[str, ...] = ()  # fields left out by [client] refused_sampling = "drop"
 
     @staticmethod
     def of_result(r: ChatResult) -> Served:
-        return Served(r.model, r.endpoint, r.target, max(1, len(r.attempts)), r.fallbacks, r.request_id)
+        attempts = max(1, len(r.attempts))
+        return Served(r.model, r.endpoint, r.target, attempts, r.fallbacks, r.request_id, r.api.value, r.dropped)
 
     @staticmethod
     def of_stream(s: ChatStream) -> Served:
         """Read when the first chunk is out: ``s.attempts`` are the failed ones before it."""
-        return Served(s.model or "", s.endpoint or "", s.target or "", len(s.attempts) + 1, s.fallbacks, s.request_id)
+        api = s.api.value if s.api is not None else ""
+        attempts = len(s.attempts) + 1
+        return Served(
+            s.model or "", s.endpoint or "", s.target or "", attempts, s.fallbacks, s.request_id, api, s.dropped
+        )
 
-    def headers(self, priority: Priority) -> dict[str, str]:
+    def headers(self, priority: Priority, caller: Api = Api.CHAT) -> dict[str, str]:
+        own = {"x-capmon-dropped": ",".join(self.dropped)} if self.dropped else {}
+        if caller is Api.MESSAGES:  # what the anthropic SDKs read as a reply's _request_id
+            own["request-id"] = f"capmon-{self.request_id}"
         return {
             name: header_value(value)
             for name, value in {
                 "x-capmon-model": self.model,
                 "x-capmon-endpoint": self.endpoint,
+                "x-capmon-api": self.api,
                 "x-capmon-target": self.target,
                 "x-capmon-attempts": str(self.attempts),
                 "x-capmon-fallbacks": str(self.fallbacks),
@@ -40,6 +53,7 @@ class Served:
                 "x-capmon-priority": priority.value,
                 "x-litellm-model-id": self.target,
                 "x-litellm-attempted-fallbacks": str(self.fallbacks),
+                **own,
             }.items()
         }
 

@@ -1,8 +1,10 @@
-"""The answers to OpenAI API requests, as ASGI callables that do their own work: each
-runs the client call while watching the connection (capmon/gateway/disconnect.py), so
-a client that goes away cancels its attempt. A stream waits for the first chunk before
-it sends the response start, so fallbacks and retries happen before the first byte and
-the headers name the model that serves."""
+"""The answers to proxied requests (the OpenAI APIs and Anthropic's Messages), as ASGI
+callables that do their own work: each runs the client call while watching the
+connection (capmon/gateway/disconnect.py), so a client that goes away cancels its
+attempt. A stream waits for the first chunk before it sends the response start, so
+fallbacks and retries happen before the first byte and the headers name the model that
+serves. Errors and stream framing are in the caller's
+format (a Messages request gets Anthropic's, capmon/gateway/anthropic_errors.py)."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from capmon.core.exceptions import RequestFailed
 from capmon.core.result import Api
 from capmon.core.secrets import redact
 from capmon.gateway import sse
+from capmon.gateway.anthropic_errors import AnthropicError
 from capmon.gateway.bodies import Wanted
 from capmon.gateway.context import Gateway
 from capmon.gateway.disconnect import ClientGone, until_disconnect
@@ -45,7 +48,7 @@ async def send_json(send: Send, status: int, body: Any, headers: Mapping[str, st
     await send({"type": "http.response.body", "body": data})
 
 
-def _failed(gw: Gateway, e: RequestFailed) -> ApiError:
+def _failed(gw: Gateway, e: RequestFailed, caller: Api) -> ApiError:
     targets = gw.client.targets
     # With every key disabled the core refuses at once ("no model can serve this request"):
     # that is the gateway's own key problem, whatever kind the core gives it.
@@ -54,15 +57,17 @@ def _failed(gw: Gateway, e: RequestFailed) -> ApiError:
         if any(t.state.usable() for t in targets)
         else tuple(dict.fromkeys(f"{t.key.alias!r} at endpoint {t.endpoint.name!r}" for t in targets))
     )
-    return from_failure(e, retry_after=retry_after(gw.client), disabled_keys=disabled)
+    err = from_failure(e, retry_after=retry_after(gw.client), disabled_keys=disabled)
+    return AnthropicError.of(err, e.failure.kind) if caller is Api.MESSAGES else err
 
 
-def _internal(e: BaseException) -> ApiError:
+def _internal(e: BaseException, caller: Api) -> ApiError:
     # Where and what, redacted; not the traceback, whose text no log filter sees.
     tb = traceback.extract_tb(e.__traceback__)[-1:] if e.__traceback__ else []
     where = f" at {tb[0].filename}:{tb[0].lineno}" if tb else ""
     log.error("request failed inside the gateway%s: %s", where, redact(f"{type(e).__name__}: {e}"))
-    return ApiError(500, "the gateway failed to handle the request; see its log", "server_error", "internal_error")
+    err = ApiError(500, "the gateway failed to handle the request; see its log", "server_error", "internal_error")
+    return AnthropicError.of(err) if caller is Api.MESSAGES else err
 
 
 class JsonReply(Response):
@@ -111,21 +116,25 @@ class PlainReply(_Proxied):
         try:
             result = await self.gw.client.chat(w.request)  # a Responses request too: it says which API it is
         except RequestFailed as e:
-            err = _failed(self.gw, e)
+            err = _failed(self.gw, e, w.request.api)
             await send_json(send, err.status, err.body(), err.headers)
             return
         except Exception as e:
-            err = _internal(e)
+            err = _internal(e, w.request.api)
             await send_json(send, err.status, err.body())
             return
-        await send_json(send, 200, result.response, Served.of_result(result).headers(w.priority))
+        await send_json(send, 200, result.response, Served.of_result(result).headers(w.priority, w.request.api))
 
 
 class StreamReply(_Proxied):
     async def _work(self, send: Send) -> None:
         w = self.wanted
-        framing: sse.ChatFraming | sse.ResponsesFraming = (
-            sse.ResponsesFraming() if w.request.api is Api.RESPONSES else sse.ChatFraming()
+        framing: sse.Framing = (
+            sse.ResponsesFraming()
+            if w.request.api is Api.RESPONSES
+            else sse.MessagesFraming()
+            if w.request.api is Api.MESSAGES
+            else sse.ChatFraming()
         )
         stream = self.gw.client.stream_chunks(w.request)
         try:
@@ -134,14 +143,14 @@ class StreamReply(_Proxied):
             except StopAsyncIteration:
                 first = None
             except RequestFailed as e:
-                err = _failed(self.gw, e)
+                err = _failed(self.gw, e, w.request.api)
                 await send_json(send, err.status, err.body(), err.headers)
                 return
             except Exception as e:
-                err = _internal(e)
+                err = _internal(e, w.request.api)
                 await send_json(send, err.status, err.body())
                 return
-            headers = {**sse.HEADERS, **Served.of_stream(stream).headers(w.priority)}
+            headers = {**sse.HEADERS, **Served.of_stream(stream).headers(w.priority, w.request.api)}
             await send({"type": "http.response.start", "status": 200, "headers": _raw(headers)})
             try:
                 if first is not None:
@@ -152,7 +161,7 @@ class StreamReply(_Proxied):
             except RequestFailed as e:
                 end = framing.error(e)
             except Exception as e:  # a bug must still end the stream as broken, not as complete
-                _internal(e)
+                _internal(e, w.request.api)
                 end = framing.error(RequestFailed(Failure(Kind.TRANSIENT, f"the gateway failed ({type(e).__name__})")))
             await send({"type": "http.response.body", "body": end, "more_body": False})
         finally:

@@ -6,7 +6,9 @@ response.completed (or response.incomplete). A stream that breaks after its firs
 ends with an error frame instead, never with [DONE] or a completed event, so no client
 mistakes a cut answer for a whole one: ``data: {"error": {...}}`` for chat (the
 openai SDKs raise on it), a ``response.failed`` event for the Responses API (what
-Codex and the SDKs read as a failed response).
+Codex and the SDKs read as a failed response). Anthropic's Messages API: ``event: TYPE`` +
+``data: {event}`` frames, the last being ``message_stop``; a stream that breaks ends with
+Anthropic's ``event: error`` (the anthropic SDKs raise on it), never a ``message_stop``.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from capmon.core.exceptions import RequestFailed
+from capmon.gateway import anthropic_errors
 from capmon.gateway.errors import in_stream, json_bytes
 
 HEADERS = {"content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache", "x-accel-buffering": "no"}
@@ -40,15 +43,13 @@ class ResponsesFraming:
         self.sequence = -1
 
     def frame(self, event: Mapping[str, Any]) -> bytes:
-        kind = event.get("type")
-        name = kind if isinstance(kind, str) and kind.isprintable() and "\n" not in kind else "message"
         seq = event.get("sequence_number")
         if isinstance(seq, int):
             self.sequence = max(self.sequence, seq)
         response = event.get("response")
         if isinstance(response, Mapping):
             self.response = dict(response)
-        return b"event: " + name.encode("utf-8", "replace") + b"\ndata: " + json_bytes(event) + b"\n\n"
+        return named(event)
 
     def done(self) -> bytes:
         return b""  # the provider's response.completed was the last event
@@ -58,6 +59,28 @@ class ResponsesFraming:
         failed = {**self.response, "status": "failed", "error": {"code": err["code"], "message": err["message"]}}
         event = {"type": "response.failed", "sequence_number": self.sequence + 1, "response": failed}
         return self.frame(event)
+
+
+class MessagesFraming:
+    def frame(self, event: Mapping[str, Any]) -> bytes:
+        return named(event)
+
+    def done(self) -> bytes:
+        return b""  # the provider's (or the translation's) message_stop was the last event
+
+    def error(self, e: RequestFailed) -> bytes:
+        return named(anthropic_errors.in_stream(e))
+
+
+Framing = ChatFraming | ResponsesFraming | MessagesFraming
+
+
+def named(event: Mapping[str, Any]) -> bytes:
+    """An ``event: TYPE`` frame, the type taken from the event (``message`` when it has none
+    fit for an SSE field)."""
+    kind = event.get("type")
+    name = kind if isinstance(kind, str) and kind.isprintable() and "\n" not in kind else "message"
+    return b"event: " + name.encode("utf-8", "replace") + b"\ndata: " + json_bytes(event) + b"\n\n"
 
 
 def comment(text: str) -> bytes:

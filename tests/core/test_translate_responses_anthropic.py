@@ -152,7 +152,9 @@ REFUSED = [
     ("web-search", req("Hi", tools=[{"type": "web_search"}]), "built-in web_search tool"),
     ("file-search", req("Hi", tools=[{"type": "file_search", "vector_store_ids": ["vs"]}]), "built-in file_search"),
     ("previous-response", req("Hi", previous_response_id="resp_1"), "previous_response_id"),
-    ("reasoning", req("Hi", reasoning={"effort": "high"}), "reasoning"),
+    ("reasoning", req("Hi", reasoning={"effort": "high"}), "reasoning effort = high"),
+    ("reasoning-minimal", req("Hi", reasoning={"effort": "minimal", "summary": "auto"}), "reasoning effort = minimal"),
+    ("reasoning-unknown-option", req("Hi", reasoning={"summary": "auto", "budget": 9}), "reasoning options"),
     ("reasoning-item", req([{"type": "reasoning", "id": "rs_1", "summary": []}]), "reasoning item"),
     (
         "file-image",
@@ -181,6 +183,23 @@ def test_codex_like_bookkeeping_does_not_stop_a_request() -> None:
         "Hi", store=False, include=["reasoning.encrypted_content"], prompt_cache_key="s1", parallel_tool_calls=True
     )
     assert tr.responses_incapable(body) is None
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        # what Codex CLI 0.171 sends with every turn (its tools aside): a summary asked of
+        # whatever reasoning happens, and its session and turn ids
+        {"reasoning": {"summary": "auto"}, "client_metadata": {"session_id": "s1", "turn_id": "t1"}},
+        {"reasoning": {"effort": "none", "summary": "detailed"}},
+        {"reasoning": {"effort": None}},
+    ],
+    ids=["codex", "effort-none", "effort-null"],
+)
+def test_a_reasoning_object_asking_no_effort_and_codex_metadata_are_left_out(fields: dict[str, Any]) -> None:
+    body = req("Hi", **fields)
+    assert tr.responses_incapable(body) is None
+    assert tr.responses_to_messages(body) == tr.responses_to_messages(req("Hi"))
 
 
 def test_messages_with_stop_sequences_cannot_go_to_the_responses_api() -> None:

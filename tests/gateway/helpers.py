@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import anthropic
 import httpx
 import openai
 from starlette.applications import Starlette
@@ -24,6 +25,7 @@ from capmon.sim.server import SimHandle, start_simulator
 MODELS = ("flagship", "medium", "small")
 ENV = {"GW_PROVIDER_KEY": SIMULATOR_DEMO_KEY}
 HELLO = [{"role": "user", "content": "Say something about capacity."}]
+HEADER_STYLES = ("2026-10-21", "2023-06-01")  # SDK 2.x's (Bearer), and the previous major's (x-api-key)
 WEATHER_TOOL = {
     "type": "function",
     "function": {
@@ -31,6 +33,11 @@ WEATHER_TOOL = {
         "description": "the weather in a city",
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
     },
+}
+CLAUDE_WEATHER_TOOL = {
+    "name": "get_weather",
+    "description": "the weather in a city",
+    "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
 }
 
 
@@ -68,13 +75,26 @@ def config(
     gateway: str = "",
     key_env: str = "GW_PROVIDER_KEY",
     max_tokens: int = 64,
+    anthropic: tuple[str, ...] = (),
+    anthropic_version: str = "2026-10-21",
 ) -> Config:
+    """The models in ``models``' order, on the simulator's OpenAI wire (endpoint ``sim``),
+    but those in ``anthropic``, on its Anthropic wire (endpoint ``anthropic``, the simulator's
+    origin, ``anthropic_version``)."""
     text = (
         f'[simulator]\nenabled = false\n\n[[endpoints]]\nname = "sim"\nbase_url = "{base_url}"\n'
         f'keys = [{{ env = "{key_env}", alias = "sim-key" }}]\n'
     )
+    if anthropic:
+        text += (
+            f'\n[[endpoints]]\nname = "anthropic"\napi = "anthropic"\nbase_url = "{base_url.removesuffix("/v1")}"\n'
+            f'anthropic_version = "{anthropic_version}"\nkeys = [{{ env = "{key_env}", alias = "claude-key" }}]\n'
+        )
     for m in models:
-        text += f'\n[[models]]\nname = "{m}"\napi_model = "sim-{m}"\nendpoints = ["sim"]\nmax_tokens = {max_tokens}\n'
+        where = "anthropic" if m in anthropic else "sim"
+        text += (
+            f'\n[[models]]\nname = "{m}"\napi_model = "sim-{m}"\nendpoints = ["{where}"]\nmax_tokens = {max_tokens}\n'
+        )
     text += f"\n{extra}\n"
     if gateway:
         text += f"\n[gateway]\n{gateway}\n"
@@ -98,6 +118,14 @@ class Running:
 
     def openai(self, key: str = "any-key-works-here") -> openai.AsyncOpenAI:
         return openai.AsyncOpenAI(base_url=self.base_url, api_key=key, max_retries=0)
+
+    def anthropic(self, key: str = "any-key-works-here", *, style: str = "2026-10-21") -> anthropic.AsyncAnthropic:
+        """The anthropic SDK (2.x) at the gateway, sending its key and version as SDK 2.x
+        does (``2026-10-21``: Bearer) or as the previous major did (``2023-06-01``: x-api-key)."""
+        if style == "2026-10-21":
+            return anthropic.AsyncAnthropic(base_url=self.origin, api_key=key, max_retries=0)
+        old = {"anthropic-version": "2023-06-01", "x-api-key": key, "Authorization": anthropic.omit}
+        return anthropic.AsyncAnthropic(base_url=self.origin, api_key=key, max_retries=0, default_headers=old)
 
     def http(self, key: str | None = None) -> httpx.AsyncClient:
         # JSON, as every API client says: the open gateway refuses a POST that is not (browsers.py).

@@ -1,0 +1,54 @@
+"""Anthropic's Messages API on the gateway: ``POST /v1/messages`` (plain or ``"stream":
+true``) and ``POST /v1/messages/count_tokens``.
+
+A Messages request is routed like any other (the same models, aliases, deadline, priority
+and fallbacks) and answered in Anthropic's shapes whichever model served it: the core's
+``ChatRequest.anthropic`` request is translated for an OpenAI-wire target and its answer
+and events back (capmon/core/formats.py). The key comes as ``x-api-key`` (Anthropic's
+SDKs before 2.x, Claude Code) or ``Authorization: Bearer`` (SDK 2.x); ``anthropic-version``
+2023-06-01 and 2026-10-21 are both taken. Errors on these paths are Anthropic's
+(capmon/gateway/anthropic_errors.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from capmon.core.tokens import estimate_tokens
+from capmon.gateway import bodies, fields
+from capmon.gateway.auth import Access
+from capmon.gateway.context import gateway_of
+from capmon.gateway.inbound import proxied, read_body
+from capmon.gateway.replies import JsonReply, Nothing
+
+
+async def messages(request: Request) -> Response:
+    return await proxied(request, bodies.messages)
+
+
+def input_tokens(body: dict[str, Any]) -> int:
+    """The project's one estimate (capmon/core/tokens.py) over the system prompt, as one
+    more message, and the messages: what the simulator counts as a prompt's input tokens."""
+    system = body.get("system")
+    framed = [{"content": system}, *body["messages"]] if system else body["messages"]
+    return estimate_tokens(framed)
+
+
+async def count_tokens(request: Request) -> Response:
+    gw = gateway_of(request)
+    gw.auth.require(request.headers, Access.USE)
+    raw = await read_body(request, gw.settings.max_body_bytes)
+    if raw is None:
+        return Nothing()
+    body = bodies.count_tokens(fields.json_object(raw), request.headers, gw.names)
+    return JsonReply({"input_tokens": input_tokens(body)})
+
+
+ROUTES = [
+    Route("/v1/messages", messages, methods=["POST"]),
+    Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
+]
