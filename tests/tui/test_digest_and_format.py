@@ -62,9 +62,18 @@ def test_durations(seconds: float, shown: str) -> None:
 
 def test_the_cool_down_is_a_deadline_minus_the_snapshot_clock() -> None:
     t = target("m", 0, state="open", cooldown_until=1020.0)
-    assert fmt.cooldown_text(t, 1000.0).plain == "20s"
-    assert fmt.cooldown_text(t, 1015.5).plain == "4.5s"
-    assert fmt.cooldown_text(t, 1021.0).plain == "-"
+    assert fmt.breaker_cell(t, 1000.0).plain == "○ open, probe 20s"
+    assert fmt.breaker_cell(t, 1015.5).plain == "○ open, probe 4.5s"
+    assert fmt.breaker_cell(t, 1021.0).plain == "○ open"
+
+
+def test_the_breaker_cell_counts_failures_toward_a_trip_only_while_closed() -> None:
+    assert fmt.breaker_cell(target("m", 0, fails=2), 0.0).plain == "● closed, 2 fails"
+    assert fmt.breaker_cell(target("m", 0, fails=1), 0.0).plain == "● closed, 1 fail"
+    assert fmt.breaker_cell(target("m", 0), 0.0).plain == "● closed"
+    # Tripped by hand: no probe comes, the word says so.
+    held = target("m", 0, state="forced-open", fails=3, cooldown_until=50.0)
+    assert fmt.breaker_cell(held, 0.0).plain == "✋ open (manual)"
 
 
 def test_the_spark_has_one_block_per_point_on_a_shared_scale() -> None:
