@@ -55,6 +55,7 @@ class EventDigester:
         # (from, from api, to, to api, second) -> [count, first wall time, reason], until the
         # second is over.
         self._fallbacks: dict[tuple[str, str, str, str, int], list[Any]] = {}
+        self._crossed: set[tuple[str, str, str, str]] = set()  # (from, from api, to, to api) toasted
 
     @staticmethod
     def wants(event: ev.Event) -> bool:
@@ -74,6 +75,8 @@ class EventDigester:
         entries: list[tuple[float, int, Text]] = []
         for e in events:
             if isinstance(e, ev.FellBack):
+                if e.crosses_providers:
+                    self._provider_toast(e, out)
                 k = (e.from_model, e.from_api, e.to_model, e.to_api, int(e.wall))
                 if k not in self._fallbacks:
                     self._fallbacks[k] = [0, e.wall, e.reason]
@@ -138,6 +141,15 @@ class EventDigester:
                 self._toast(out, f"notice:{e.message}", e.at, Toast(e.message, "error", "Error"))
             return fmt.notice_line(e)
         return None
+
+    def _provider_toast(self, e: ev.FellBack, out: Digest) -> None:
+        # The first fallback from one provider to another is news; the log counts the rest.
+        pair = (e.from_model, e.from_api, e.to_model, e.to_api)
+        if pair in self._crossed or len(out.toasts) >= self.max_toasts:
+            return
+        self._crossed.add(pair)
+        what = fmt.fallback_pair(e.from_model, e.to_model, e.from_api, e.to_api).plain
+        self._toast(out, None, e.at, Toast(what, "information", "Fell back across providers"))
 
     def _breaker_toast(self, e: ev.BreakerChanged, out: Digest) -> None:
         if e.new == State.OPEN and e.old != State.HALF_OPEN:  # a failed probe re-opens it: the log says so, no toast
