@@ -410,41 +410,25 @@ def outage() -> FakeSource:
         manual=False,
         cooldown_until=clock.now() + 20.0,
     )
-    for n in range(37):
-        source.later(
-            ev.FellBack,
-            request_id=100 + n,
-            item_id=f"item-{100 + n:05d}",
-            from_model="flagship",
-            to_model="claude",
-            reason="Selected model is at capacity. Please try a different model.",
-            from_api="openai",
-            to_api="anthropic",
-        )
-    clock.advance(0.6)
-    for n in range(9):
-        source.later(
-            ev.FellBack,
-            request_id=150 + n,
-            item_id=f"item-{150 + n:05d}",
-            from_model="claude",
-            to_model="medium",
-            reason="529 overloaded_error: Overloaded",
-            from_api="anthropic",
-            to_api="openai",
-        )
-    clock.advance(0.4)
-    for n in range(12):
-        source.later(
-            ev.FellBack,
-            request_id=200 + n,
-            item_id=f"item-{200 + n:05d}",
-            from_model="medium",
-            to_model="small",
-            reason="Rate limit reached for requests",
-            from_api="openai",
-            to_api="openai",
-        )
+    apis = {"flagship": "openai", "claude": "anthropic", "medium": "openai"}
+    moves = [
+        (37, 100, "flagship", "claude", "Selected model is at capacity. Please try a different model.", 0.6),
+        (9, 150, "claude", "medium", "529 overloaded_error: Overloaded", 0.4),
+        (12, 200, "medium", "small", "Rate limit reached for requests", 0.0),
+    ]
+    for count, first, a, b, reason, then in moves:
+        for n in range(first, first + count):
+            source.later(
+                ev.FellBack,
+                request_id=n,
+                item_id=f"item-{n:05d}",
+                from_model=a,
+                to_model=b,
+                reason=reason,
+                from_api=apis[a],
+                to_api=apis.get(b, "openai"),
+            )
+        clock.advance(then)
     source.later(
         ev.KeyParked,
         target=target_id("medium", "sim", "backup-key"),
