@@ -43,8 +43,11 @@ CREATE TABLE IF NOT EXISTS attempts (
     hint REAL,             -- the server's retry hint, seconds
     wait REAL,             -- how long the client (or the runner, for a park) waited after it
     latency REAL,
-    decision TEXT NOT NULL,  -- ok | retry | fallback | fail, or one of RUNNER_DECISIONS
-    reason TEXT NOT NULL DEFAULT ''
+    decision TEXT NOT NULL,  -- ok | retry | fallback | fail | skip (not sent: the model cannot carry
+                             -- the request, the reason says why), or one of RUNNER_DECISIONS
+    reason TEXT NOT NULL DEFAULT '',
+    api TEXT               -- the endpoint's provider API: openai | anthropic | azure (NULL: a runner's
+                           -- decision, or a row written before capmon recorded it)
 );
 CREATE INDEX IF NOT EXISTS attempts_by_item ON attempts(job, item);
 CREATE TABLE IF NOT EXISTS replaced_results (
@@ -94,6 +97,7 @@ COLUMNS = (
     "latency",
     "decision",
     "reason",
+    "api",
 )
 INSERT = f"INSERT INTO attempts ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})"
 
@@ -106,6 +110,12 @@ Row = tuple[Any, ...]
 
 def ensure_schema(conn: sqlite3.Connection) -> None:
     conn.executescript(SCHEMA)
+    if "api" not in _columns(conn):  # a database from before the api column: add it, rows keep NULL
+        conn.execute("ALTER TABLE attempts ADD COLUMN api TEXT")
+
+
+def _columns(conn: sqlite3.Connection) -> set[str]:
+    return {r[1] for r in conn.execute("PRAGMA table_info(attempts)")}
 
 
 def _reason(text: str) -> str:
@@ -131,6 +141,7 @@ class AuditRow:
     latency: float | None
     decision: str
     reason: str
+    api: str | None = None  # openai | anthropic | azure; None for a runner's decision or an older row
 
     @staticmethod
     def of(row: Sequence[Any]) -> AuditRow:
@@ -153,6 +164,7 @@ def attempt_row(request: ChatRequest, attempt: Attempt, number: int | None = Non
         attempt.latency,
         attempt.decision,
         _reason(attempt.reason),
+        attempt.api.value,
     )
 
 
@@ -223,6 +235,7 @@ class AuditLog:
                 None,
                 RunnerDecision(decision),
                 _reason(reason),
+                None,
             )
         )
 
@@ -260,14 +273,32 @@ def decision_row(decision: RunnerDecision, *, job: str, item: str, at: float, at
         None,
         RunnerDecision(decision),
         _reason(reason),
+        None,
     )
 
 
 def read_attempts(conn: sqlite3.Connection, job: str, item: str | None = None) -> list[AuditRow]:
     """Attempts of a job (or of one of its items) in the order they were written."""
-    sql = f"SELECT {', '.join(COLUMNS)} FROM attempts WHERE job = ?"
+    # A database opened read-only is never migrated: one from before the api column reads NULL.
+    have = _columns(conn)
+    sql = f"SELECT {', '.join(c if c in have else f'NULL AS {c}' for c in COLUMNS)} FROM attempts WHERE job = ?"
     args: tuple[Any, ...] = (job,)
     if item is not None:
         sql += " AND item = ?"
         args += (item,)
     return [AuditRow.of(r) for r in conn.execute(sql + " ORDER BY rowid", args)]
+
+
+def model_apis(conn: sqlite3.Connection, job: str) -> dict[str, tuple[str, ...]]:
+    """Per model, the provider APIs a job's attempts went to (rows without one left out)."""
+    if "api" not in _columns(conn):
+        return {}
+    out: dict[str, list[str]] = {}
+    rows = conn.execute(
+        "SELECT model, api FROM attempts WHERE job = ? AND model IS NOT NULL AND api IS NOT NULL "
+        "GROUP BY model, api ORDER BY model, api",
+        (job,),
+    )
+    for model, api in rows:
+        out.setdefault(model, []).append(api)
+    return {m: tuple(a) for m, a in out.items()}

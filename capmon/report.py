@@ -88,12 +88,15 @@ def format_report(r: JobReport, items_shown: int = ITEMS_SHOWN_TEXT, advice: Seq
         f"{r.attempts} attempts from {_when(r.first_attempt)} to {_when(r.last_attempt)}",
         "",
     ]
-    rows = [("model", "served", "share", "attempts", "429", "503", "other errors", "fell back from", "mean", "p99")]
+    rows = [
+        ("model", "api", "served", "share", "attempts", "429", "503", "other errors", "fell back from", "mean", "p99")
+    ]
     for m in r.models:
         other = sum(m.by_kind.values()) - m.status_429 - m.status_503
         rows.append(
             (
                 shown(m.model),
+                ", ".join(m.apis) or "-",
                 str(m.served),
                 f"{m.served / r.done:.0%}" if r.done else "-",
                 str(m.attempts),
@@ -151,7 +154,21 @@ def format_item(r: ItemReport) -> str:
     if r.error:
         lines.append(f"error: {shown(r.error)}")
     rows = [
-        ("#", "time", "model", "endpoint", "key", "status", "kind", "hint", "wait", "latency", "decision", "reason")
+        (
+            "#",
+            "time",
+            "model",
+            "endpoint",
+            "api",
+            "key",
+            "status",
+            "kind",
+            "hint",
+            "wait",
+            "latency",
+            "decision",
+            "reason",
+        )
     ]
     for a in r.attempts:
         rows.append(
@@ -160,6 +177,7 @@ def format_item(r: ItemReport) -> str:
                 text.timestamp(a.at, precision="ms"),
                 shown(a.model or "-"),
                 shown(a.endpoint or "-"),
+                shown(a.api or "-"),
                 shown(a.key_alias or "-"),
                 str(a.status or "-"),
                 shown(a.kind or "-"),
@@ -197,6 +215,7 @@ def write_csv(r: JobReport, out: TextIO) -> None:
     w.writerow(
         [
             "model",
+            "api",
             "served",
             "attempts",
             "ok",
@@ -213,6 +232,7 @@ def write_csv(r: JobReport, out: TextIO) -> None:
         w.writerow(
             [
                 m.model,
+                " ".join(m.apis),
                 m.served,
                 m.attempts,
                 m.ok,

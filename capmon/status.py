@@ -61,7 +61,21 @@ def _shared(shared: SharedStatus) -> list[str]:
 
 def format_snapshot(snap: EngineSnapshot) -> str:
     rows = [
-        ("model", "target", "state", "limit", "in-flight", "req/s", "429/min", "503/min", "err%", "p50", "p99", "last")
+        (
+            "model",
+            "api",
+            "target",
+            "state",
+            "limit",
+            "in-flight",
+            "req/s",
+            "429/min",
+            "503/min",
+            "err%",
+            "p50",
+            "p99",
+            "last",
+        )
     ]
     for t in snap.targets:
         w60 = t.window(60)
@@ -69,6 +83,7 @@ def format_snapshot(snap: EngineSnapshot) -> str:
         rows.append(
             (
                 pin + t.model,
+                t.api,
                 t.target,
                 _state(t, snap.now),
                 f"{t.limit:.1f}",

@@ -86,7 +86,7 @@ async def test_status_connect_prints_the_gateways_table() -> None:
         local = gw.client.snapshot()
     assert run.code == 0, run.err
     lines = run.out.splitlines()
-    assert lines[0].split()[:4] == ["model", "target", "state", "limit"]
+    assert lines[0].split()[:4] == ["model", "api", "target", "state"]
     rows = {line.split()[0]: line for line in lines[1:4]}
     assert set(rows) == {"flagship", "medium", "small"}
     assert "forced-open [manual]" in rows["medium"] and "closed" in rows["flagship"]

@@ -48,6 +48,7 @@ class ModelRow:
     p99_latency: float | None
     items: tuple[str, ...]  # the first items it served, in input order
     items_more: int
+    apis: tuple[str, ...] = ()  # the provider APIs its attempts went to (openai, anthropic, azure)
 
 
 @dataclass(frozen=True)
@@ -166,8 +167,8 @@ def build_report(store: JobStore, job: str, items_shown: int = ITEMS_SHOWN_DATA)
             parks += n
             parks_by_kind[kind or "?"] += n
             continue
-        if decision in RUNNER_DECISIONS:
-            continue
+        if decision in RUNNER_DECISIONS or decision == Decision.SKIP:
+            continue  # not attempts of the client: nothing was sent
         total_attempts += n
         m = per_model.setdefault(model or "?", _Tally())
         m.attempts += n
@@ -199,6 +200,7 @@ def build_report(store: JobStore, job: str, items_shown: int = ITEMS_SHOWN_DATA)
             pairs[(last_model, model)] += 1
         last_item, last_model = item, model
     first, last, active = store.attempt_span(job)
+    apis = store.attempt_apis(job)
 
     # Items.
     served: dict[str, int] = {}
@@ -247,6 +249,7 @@ def build_report(store: JobStore, job: str, items_shown: int = ITEMS_SHOWN_DATA)
                 p99_latency=percentile(lat, 0.99),
                 items=listed,
                 items_more=max(0, n_served - len(listed)),
+                apis=apis.get(name, ()),
             )
         )
     models.sort(key=lambda r: -r.served)
@@ -327,6 +330,8 @@ def explain(attempts: Sequence[AuditRow]) -> tuple[str, ...]:
             out.append(f"{what}{reason}: failed, retrying cannot help.")
         elif a.decision == Decision.OK:
             out.append(f"answered by {shown(a.model)} in {fmt_seconds(a.latency)}.")
+        elif a.decision == Decision.SKIP:
+            out.append(f"not sent to {shown(a.model)}{reason}.")
         elif a.decision == RunnerDecision.REFUSE:
             out.append(f"refused by the runner: {shown(a.reason)}.")
         elif a.decision in (RunnerDecision.SUPERSEDED, RunnerDecision.REMOVED):

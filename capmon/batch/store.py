@@ -54,8 +54,9 @@ DEFAULT_MAX_RESPONSE_BYTES = 8 * 1024 * 1024
 
 _DONE, _FAILED, _PENDING = (f"'{s.value}'" for s in (ItemState.DONE, ItemState.FAILED, ItemState.PENDING))
 _UNFINISHED = ", ".join(f"'{s.value}'" for s in UNFINISHED)
-# The runner's own decisions are not attempts of the client: left out of attempt counts.
-_NOT_ATTEMPTS = "(" + ", ".join(f"'{d.value}'" for d in audit.RunnerDecision) + ")"
+# The runner's own decisions are not attempts of the client, nor a target skipped as
+# unable to carry the request (nothing was sent): left out of attempt counts.
+_NOT_ATTEMPTS = "(" + ", ".join(f"'{d.value}'" for d in (*audit.RunnerDecision, Decision.SKIP)) + ")"
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -763,6 +764,11 @@ class JobStore:
                     (job, Decision.OK),
                 )
             }
+
+    def attempt_apis(self, job: str) -> dict[str, tuple[str, ...]]:
+        """Per model, the provider APIs the job's attempts went to."""
+        with self._errors("reading the audit trail"):
+            return audit.model_apis(self.conn, job)
 
     def attempts(self, job: str, item: str | None = None) -> list[audit.AuditRow]:
         with self._errors("reading the audit trail"):

@@ -73,6 +73,14 @@ class FellBack(Event):
     from_model: str
     to_model: str
     reason: str
+    # The provider API (EndpointApi's value) of the target each side was sent to: a change
+    # of provider is what a person watching wants to see. "" from a source older than these.
+    from_api: str = ""
+    to_api: str = ""
+
+    @property
+    def crosses_providers(self) -> bool:
+        return bool(self.from_api and self.to_api and self.from_api != self.to_api)
 
 
 @dataclass(frozen=True, slots=True)

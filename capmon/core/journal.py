@@ -21,6 +21,14 @@ log = logging.getLogger("capmon.client")
 AttemptObserver = Callable[[ChatRequest, Attempt], None]
 
 
+def _last_sent_api(r: Routing) -> str:
+    """The API of the endpoint the request's last attempt went to ("" before any)."""
+    for a in reversed(r.attempts):
+        if a.decision is not Decision.SKIP:
+            return a.api.value
+    return ""
+
+
 class Journal:
     def __init__(self, clock: Clock, bus: ev.EventBus, max_attempts: int) -> None:
         self._clock = clock
@@ -46,6 +54,8 @@ class Journal:
                 from_model=r.last_model,
                 to_model=t.model.name,
                 reason=r.last_failure.reason if r.last_failure else "",
+                from_api=_last_sent_api(r),
+                to_api=t.endpoint.api.value,
             )
         r.last_model = t.model.name
         self.publish(

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from capmon.core.breaker import State
+from capmon.core.config import EndpointApi
 from capmon.core.errors import Kind
 from capmon.core.state import KeyState
 from capmon.core.stats import WindowStats
@@ -50,6 +51,9 @@ class TargetSnapshot:
     ramp_slots: int | None = None  # while ramping: requests admitted at once
     capacity: int | None = None  # the concurrency the limiter learned; None until the first rejection
     token_param: str = "max_tokens"
+    # The provider API of the target's endpoint. A snapshot from a gateway older than this
+    # field has none: every endpoint then spoke OpenAI's wire.
+    api: EndpointApi = EndpointApi.OPENAI
 
     def window(self, seconds: int) -> WindowStats:
         for w in self.windows:
@@ -164,6 +168,7 @@ def build_snapshot(client: FallbackClient, journal: Journal, queued: int) -> Eng
                 ramp_slots=v.ramp_slots,
                 capacity=lim.capacity,
                 token_param=client.token_param(t.model.name),
+                api=t.endpoint.api,
             )
         )
     return EngineSnapshot(

@@ -10,6 +10,7 @@ Per target (a model at an endpoint with a key) and per model:
 
 | metric | LiteLLM's nearest |
 |---|---|
+| capmon_target_info{model,target,endpoint,api} 1: the target's provider API (openai, anthropic, azure) | |
 | capmon_deployment_state{model,target}: 0 healthy, 1 ramp or half-open, 2 open | litellm_deployment_state |
 | capmon_breaker_state{model,target,state} 1 for the state it is in | |
 | capmon_breaker_trips_total{model,target} | litellm_deployment_cooled_down |
@@ -20,10 +21,18 @@ Per target (a model at an endpoint with a key) and per model:
 | capmon_requests_total{model,outcome} (model "" when none served) | litellm_deployment_total_requests |
 | capmon_request_latency_seconds{model}, waits included | litellm_llm_api_latency_metric |
 | capmon_fallbacks_total{from_model,to_model} | litellm_deployment_successful_fallbacks |
+| capmon_api_fallbacks_total{from_api,to_api}: the same by provider API (openai -> anthropic...) | |
 | capmon_retry_waits_total{model}, capmon_retry_wait_seconds | |
 | capmon_waiting_requests (queued for any model), capmon_retry_waiting, capmon_in_flight_requests | |
 | capmon_pinned{model} | |
 | capmon_gateway_responses_total{api,status}, _disconnects_total{api} | litellm_proxy_total_requests_metric |
+
+The API is an info metric rather than a label on every series: a target's API never
+changes while it runs, and PromQL joins it where wanted
+(``capmon_attempts_total * on(target) group_left(api) capmon_target_info``). In
+``capmon_gateway_responses_total`` ``api`` is the route the caller used (chat,
+responses, messages...), not a provider. No metric carries a key: targets are named by
+their key's alias.
 """
 
 from __future__ import annotations
@@ -74,8 +83,14 @@ class _SnapshotCollector(Collector):
         key = GaugeMetricFamily(
             "capmon_key_usable", "1 while the target's key is usable, 0 while parked or disabled", labels=labels
         )
+        info = GaugeMetricFamily(
+            "capmon_target_info",
+            "1 per target, labelled with its endpoint and that endpoint's provider API",
+            labels=[*labels, "endpoint", "api"],
+        )
         for t in snap.targets:
             ids = [t.model, t.target]
+            info.add_metric([*ids, t.endpoint, str(t.api)], 1.0)
             state = str(t.state)
             deployment.add_metric(ids, _DEPLOYMENT.get(state, 1))
             for s in BREAKER_STATES if state in BREAKER_STATES else (*BREAKER_STATES, state):
@@ -86,7 +101,7 @@ class _SnapshotCollector(Collector):
                 capacity.add_metric(ids, t.capacity)
             in_flight.add_metric(ids, t.in_flight)
             key.add_metric(ids, 1.0 if str(t.key_state) == "ok" else 0.0)
-        yield from (deployment, breaker, trips, limit, capacity, in_flight, key)
+        yield from (info, deployment, breaker, trips, limit, capacity, in_flight, key)
         yield GaugeMetricFamily(
             "capmon_waiting_requests", "requests waiting for any model to admit them", value=snap.queued
         )
@@ -135,6 +150,12 @@ class GatewayMetrics:
         self.fallbacks = Counter(
             "capmon_fallbacks", "requests that moved from one model to another", ["from_model", "to_model"], registry=r
         )
+        self.api_fallbacks = Counter(
+            "capmon_api_fallbacks",
+            "fallbacks by each side's provider API (from_api != to_api: across providers)",
+            ["from_api", "to_api"],
+            registry=r,
+        )
         self.retry_waits = Counter(
             "capmon_retry_waits", 'backoff waits before a retry (model "": any)', ["model"], registry=r
         )
@@ -173,6 +194,7 @@ class GatewayMetrics:
                 self.request_latency.labels(model).observe(max(0.0, e.latency))
         elif isinstance(e, ev.FellBack):
             self.fallbacks.labels(e.from_model, e.to_model).inc()
+            self.api_fallbacks.labels(e.from_api, e.to_api).inc()
         elif isinstance(e, ev.RetryScheduled):
             self.retry_waits.labels(e.model or "").inc()
             self.retry_wait_seconds.observe(max(0.0, e.wait))

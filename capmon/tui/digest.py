@@ -3,7 +3,7 @@
 The bus can carry thousands of events a second under load; the log must stay
 readable and cheap. Only the events people act on are kept (breaker moves,
 fallbacks, key parking, pins, notices); fallbacks are coalesced per second and
-model pair; each digest writes at most ``max_lines`` lines and says how many it
+model pair (a change of provider names both APIs); each digest writes at most ``max_lines`` lines and says how many it
 left out; toasts are throttled per target.
 """
 
@@ -52,8 +52,10 @@ class EventDigester:
         self.max_toasts = max_toasts
         self.toast_every = toast_every  # seconds between two toasts about the same target
         self._last_toast: dict[str, float] = {}
-        # (from, to, second) -> [count, first wall time, reason], until the second is over.
-        self._fallbacks: dict[tuple[str, str, int], list[Any]] = {}
+        # (from, from api, to, to api, second) -> [count, first wall time, reason], until the
+        # second is over.
+        self._fallbacks: dict[tuple[str, str, str, str, int], list[Any]] = {}
+        self._crossed: set[tuple[str, str, str, str]] = set()  # (from, from api, to, to api) toasted
 
     @staticmethod
     def wants(event: ev.Event) -> bool:
@@ -73,7 +75,9 @@ class EventDigester:
         entries: list[tuple[float, int, Text]] = []
         for e in events:
             if isinstance(e, ev.FellBack):
-                k = (e.from_model, e.to_model, int(e.wall))
+                if e.crosses_providers:
+                    self._provider_toast(e, out)
+                k = (e.from_model, e.from_api, e.to_model, e.to_api, int(e.wall))
                 if k not in self._fallbacks:
                     self._fallbacks[k] = [0, e.wall, e.reason]
                 self._fallbacks[k][0] += 1
@@ -82,9 +86,10 @@ class EventDigester:
             if line is not None:
                 entries.append((e.wall, len(entries), line))
         for k in list(self._fallbacks):
-            if now_wall is None or k[2] < int(now_wall):
+            if now_wall is None or k[4] < int(now_wall):
                 n, wall, reason = self._fallbacks.pop(k)
-                entries.append((wall, len(entries), fmt.fallback_line(k[0], k[1], n, reason)))
+                line = fmt.fallback_line(k[0], k[2], n, reason, from_api=k[1], to_api=k[3])
+                entries.append((wall, len(entries), line))
         entries.sort(key=lambda entry: entry[:2])
         for wall, _, line in entries:
             if len(out.lines) < self.max_lines:
@@ -136,6 +141,15 @@ class EventDigester:
                 self._toast(out, f"notice:{e.message}", e.at, Toast(e.message, "error", "Error"))
             return fmt.notice_line(e)
         return None
+
+    def _provider_toast(self, e: ev.FellBack, out: Digest) -> None:
+        # The first fallback from one provider to another is news; the log counts the rest.
+        pair = (e.from_model, e.from_api, e.to_model, e.to_api)
+        if pair in self._crossed or len(out.toasts) >= self.max_toasts:
+            return
+        self._crossed.add(pair)
+        what = fmt.fallback_pair(e.from_model, e.to_model, e.from_api, e.to_api).plain
+        self._toast(out, None, e.at, Toast(what, "information", "Fell back across providers"))
 
     def _breaker_toast(self, e: ev.BreakerChanged, out: Digest) -> None:
         if e.new == State.OPEN and e.old != State.HALF_OPEN:  # a failed probe re-opens it: the log says so, no toast

@@ -48,12 +48,25 @@ def state_text(t: TargetSnapshot) -> Text:
     return Text(f"{look.glyph} {word}", style=look.style)
 
 
-def cooldown_text(t: TargetSnapshot, now: float) -> Text:
-    if t.state == State.FORCED_OPEN:
-        return Text("manual", style="red")
-    if t.cooldown_until is not None and t.cooldown_until > now:
-        return Text(text.countdown(t.cooldown_until - now), style="bold red")
-    return Text("-", style="dim")
+def breaker_cell(t: TargetSnapshot, now: float) -> Text:
+    """The models table's breaker cell: the state, and what is next for it: the failures
+    counting toward a trip while closed, the countdown to the next probe while open."""
+    cell = state_text(t)
+    if t.state == State.CLOSED and t.consecutive_failures:
+        n = t.consecutive_failures
+        cell.append(f", {n} fail{'s' if n != 1 else ''}", style="bold red")
+    elif t.state != State.FORCED_OPEN and t.cooldown_until is not None and t.cooldown_until > now:
+        cell.append(", probe ", style="dim")
+        cell.append(text.countdown(t.cooldown_until - now), style="bold red")
+    return cell
+
+
+# The provider APIs in their own colours, so a change of provider reads at a glance.
+API_STYLES: dict[str, str] = {"openai": "green", "anthropic": "magenta", "azure": "blue"}
+
+
+def api_text(api: str) -> Text:
+    return Text(api, style=API_STYLES.get(api, ""))
 
 
 def latency(seconds: float | None) -> Text:
@@ -149,9 +162,25 @@ def token_param_line(e: ev.TokenParamLearned) -> Text:
     return _why(Text.assemble((f"⚙ {e.model}", "bold"), f" sends {e.param} from now on"), e.reason)
 
 
-def fallback_line(from_model: str, to_model: str, n: int, reason: str) -> Text:
+def fallback_pair(from_model: str, to_model: str, from_api: str = "", to_api: str = "") -> Text:
+    """``flagship → medium``; across providers each side names its API, the change being
+    the news (``flagship (openai) → claude (anthropic)``). Within one provider the APIs
+    would repeat on every line and say nothing."""
+    crosses = bool(from_api and to_api and from_api != to_api)
+    out = Text()
+    for i, (model, api) in enumerate(((from_model, from_api), (to_model, to_api))):
+        if i:
+            out.append(" → ", style="bold magenta" if crosses else "")
+        out.append(model, style="bold")
+        if crosses:
+            out.append(f" ({api})", style=API_STYLES.get(api, ""))
+    return out
+
+
+def fallback_line(from_model: str, to_model: str, n: int, reason: str, from_api: str = "", to_api: str = "") -> Text:
     count = f"{n} fallback{'s' if n != 1 else ''} " if n > 1 else "fell back "
-    return _why(Text.assemble(("↪ ", "yellow"), count, (from_model, "bold"), " → ", (to_model, "bold")), reason)
+    line = Text.assemble(("↪ ", "yellow"), count, fallback_pair(from_model, to_model, from_api, to_api))
+    return _why(line, reason)
 
 
 def key_line(e: ev.KeyParked) -> Text:

@@ -25,6 +25,13 @@ per_token = 0.0
 noise = 0.0
 answer_tokens = 10
 [[models]]
+name = "sim-claude"
+api = "anthropic"
+slots = 64
+base_latency = 0.005
+per_token = 0.0
+answer_tokens = 10
+[[models]]
 name = "sim-medium"
 slots = 64
 base_latency = 0.005

@@ -47,8 +47,8 @@ async def test_a_report_shows_models_statuses_fallbacks_latency_and_items(tmp_pa
     assert "job j: 30 items, 30 done, 0 failed" in text
     medium = next(line for line in text.splitlines() if line.startswith("medium"))
     flagship = next(line for line in text.splitlines() if line.startswith("flagship"))
-    assert medium.split()[:4] == ["medium", "30", "100%", "30"]
-    assert flagship.split()[:6] == ["flagship", "0", "0%", "3", "0", "3"]  # tripped after three 503s
+    assert medium.split()[:5] == ["medium", "openai", "30", "100%", "30"]
+    assert flagship.split()[:7] == ["flagship", "openai", "0", "0%", "3", "0", "3"]  # tripped after three 503s
     assert "errors by status: 503 x3" in text
     assert "fallbacks: 3 items" in text and "flagship -> medium 3" in text
     assert "medium: it-0001, it-0002" in text and "... and 20 more" in text  # long lists are cut
@@ -107,7 +107,9 @@ class Trail:
         rows = []
         for _ in range(count):
             self.t += 0.1
-            rows.append(("j", f"i{self.n}", self.t, 1, model, "ep", key, status, kind, None, 0.0, 0.2, decision, ""))
+            rows.append(
+                ("j", f"i{self.n}", self.t, 1, model, "ep", key, status, kind, None, 0.0, 0.2, decision, "", "openai")
+            )
             self.n += 1
         self.store.commit(self.info.id, started=[], outcomes=[], audit_rows=rows, job_fields={}, now=self.t)
 

@@ -30,14 +30,15 @@ endpoints = ["openai"]
 
 def test_the_shipped_config_loads_and_matches_the_bundled_default() -> None:
     cfg = load_config(ROOT / "config.toml")
-    assert [m.name for m in cfg.models] == ["flagship", "medium", "small"]
+    assert [m.name for m in cfg.models] == ["flagship", "claude", "medium", "small"]
+    assert [(e.name, e.api) for e in cfg.endpoints] == [("sim", "openai"), ("sim-anthropic", "anthropic")]
     assert (ROOT / "config.toml").read_text() == bundled_config_path().read_text()
 
 
 def test_the_simulated_endpoint_works_with_no_key_in_the_environment() -> None:
     keys = resolve_keys(load_config(ROOT / "config.toml"), environ={})
-    (key,) = keys.values()
-    assert key.secret.reveal() == SIMULATOR_DEMO_KEY
+    assert len(keys) == 2  # OpenAI's wire and Anthropic's, both on the simulator
+    assert {key.secret.reveal() for key in keys.values()} == {SIMULATOR_DEMO_KEY}
 
 
 @pytest.mark.parametrize(

@@ -12,6 +12,7 @@ from typing import Any
 from capmon.core import events as ev
 from capmon.core.breaker import State
 from capmon.core.clock import ManualClock
+from capmon.core.config import EndpointApi
 from capmon.core.events import BatchProgress, EventBus
 from capmon.core.exceptions import CapmonError
 from capmon.core.snapshot import EngineSnapshot, FleetProcess, LinkState, SharedStatus, TargetSnapshot, WaitingRetry
@@ -73,6 +74,7 @@ def target(
     key_reason: str = "",
     last_status: int | None = 200,
     probe_latency: float | None = None,
+    api: str = "openai",
 ) -> TargetSnapshot:
     windows = tuple(window(s, rps, r429_min, r503_min, other_min, p50, p99) for s in (10, 60, 300))
     return TargetSnapshot(
@@ -98,6 +100,7 @@ def target(
         last_status=last_status,
         last_kind=None,
         probe_latency=probe_latency,
+        api=EndpointApi(api),
     )
 
 
@@ -324,8 +327,20 @@ def steady(*, readonly: bool = False) -> FakeSource:
             spark=(0,) * 20 + (0, 1, 0, 0),
         ),
         target(
-            "medium",
+            "claude",
             1,
+            api="anthropic",
+            rps=2.9,
+            p50=0.96,
+            p99=1.48,
+            in_flight=4,
+            limit=8,
+            probe_latency=0.93,
+            spark=(0,) * 22 + (1, 0),
+        ),
+        target(
+            "medium",
+            2,
             rps=6.8,
             r429_min=2,
             p50=0.74,
@@ -335,29 +350,39 @@ def steady(*, readonly: bool = False) -> FakeSource:
             probe_latency=0.71,
             spark=(0,) * 14 + (1, 0, 0, 2, 0, 0, 0, 1, 0, 0),
         ),
-        target("small", 2, rps=4.1, p50=0.41, p99=0.63, in_flight=8, limit=16, probe_latency=0.40),
+        target("small", 3, rps=4.1, p50=0.41, p99=0.63, in_flight=8, limit=16, probe_latency=0.40),
     ]
     batch = progress(
         clock,
         done=648,
         failed=1,
         in_flight=24,
-        per_model=[("flagship", 301), ("medium", 262), ("small", 85)],
+        per_model=[("flagship", 301), ("claude", 98), ("medium", 182), ("small", 67)],
         rate=14.3,
         eta=92.0,
     )
     source = FakeSource(targets, clock=clock, batch=batch, readonly=readonly)
-    source.emit(ev.Notice, level="info", message="demo job started: 2,000 items through 3 models")
+    source.emit(ev.Notice, level="info", message="demo job started: 2,000 items through 4 models")
+    apis = {t.model: str(t.api) for t in targets}
     history = [
-        (1.6, "flagship", "medium", 6, "503 server_is_overloaded: The engine is currently overloaded"),
+        (1.6, "flagship", "claude", 6, "503 server_is_overloaded: The engine is currently overloaded"),
         (2.3, "medium", "small", 2, "429 rate_limit_exceeded: Rate limit reached for sim-medium"),
-        (4.1, "flagship", "medium", 3, "503 server_is_overloaded: The engine is currently overloaded"),
-        (9.4, "flagship", "small", 1, "503 server_is_overloaded: The engine is currently overloaded"),
+        (4.1, "flagship", "claude", 3, "503 server_is_overloaded: The engine is currently overloaded"),
+        (9.4, "claude", "medium", 1, "529 overloaded_error: Overloaded"),
     ]
     for at, a, b, n, reason in history:
         clock.advance(at - (clock.now() - 1000.0))
         for i in range(n):
-            source.emit(ev.FellBack, request_id=i, item_id=None, from_model=a, to_model=b, reason=reason)
+            source.emit(
+                ev.FellBack,
+                request_id=i,
+                item_id=None,
+                from_model=a,
+                to_model=b,
+                reason=reason,
+                from_api=apis[a],
+                to_api=apis[b],
+            )
         if at == 4.1:
             clock.advance(1.0)
             source.emit(ev.ModelPinned, model="small")
@@ -372,7 +397,7 @@ def outage() -> FakeSource:
     flush_pending() after mount for the trip, the fallbacks and the toast."""
     clock = ManualClock()
     source = FakeSource([], clock=clock)
-    source.emit(ev.Notice, level="info", message="demo job started: 2,000 items through 3 models")
+    source.emit(ev.Notice, level="info", message="demo job started: 2,000 items through 4 models")
     clock.advance(20.3)
     flagship = target_id("flagship", "sim", "sim-key")
     source.later(
@@ -385,25 +410,25 @@ def outage() -> FakeSource:
         manual=False,
         cooldown_until=clock.now() + 20.0,
     )
-    for n in range(37):
-        source.later(
-            ev.FellBack,
-            request_id=100 + n,
-            item_id=f"item-{100 + n:05d}",
-            from_model="flagship",
-            to_model="medium",
-            reason="Selected model is at capacity. Please try a different model.",
-        )
-    clock.advance(1.0)
-    for n in range(12):
-        source.later(
-            ev.FellBack,
-            request_id=200 + n,
-            item_id=f"item-{200 + n:05d}",
-            from_model="medium",
-            to_model="small",
-            reason="Rate limit reached for requests",
-        )
+    apis = {"flagship": "openai", "claude": "anthropic", "medium": "openai"}
+    moves = [
+        (37, 100, "flagship", "claude", "Selected model is at capacity. Please try a different model.", 0.6),
+        (9, 150, "claude", "medium", "529 overloaded_error: Overloaded", 0.4),
+        (12, 200, "medium", "small", "Rate limit reached for requests", 0.0),
+    ]
+    for count, first, a, b, reason, then in moves:
+        for n in range(first, first + count):
+            source.later(
+                ev.FellBack,
+                request_id=n,
+                item_id=f"item-{n:05d}",
+                from_model=a,
+                to_model=b,
+                reason=reason,
+                from_api=apis[a],
+                to_api=apis.get(b, "openai"),
+            )
+        clock.advance(then)
     source.later(
         ev.KeyParked,
         target=target_id("medium", "sim", "backup-key"),
@@ -469,8 +494,22 @@ def outage() -> FakeSource:
                 spark=(0,) * 18 + (0, 0, 4, 19, 31, 12),
             ),
             target(
-                "medium",
+                "claude",
                 1,
+                api="anthropic",
+                rps=6.1,
+                r503_min=9,
+                p50=0.98,
+                p99=1.71,
+                in_flight=8,
+                limit=8,
+                last_status=200,
+                probe_latency=0.91,
+                spark=(0,) * 20 + (1, 2, 4, 2),
+            ),
+            target(
+                "medium",
+                2,
                 rps=9.6,
                 r429_min=41,
                 p50=0.81,
@@ -483,7 +522,7 @@ def outage() -> FakeSource:
             ),
             target(
                 "medium",
-                1,
+                2,
                 key="backup-key",
                 rps=0.0,
                 in_flight=0,
@@ -496,7 +535,7 @@ def outage() -> FakeSource:
             ),
             target(
                 "small",
-                2,
+                3,
                 rps=7.2,
                 r503_min=3,
                 p50=0.44,
@@ -508,7 +547,7 @@ def outage() -> FakeSource:
             ),
         ]
     }
-    source.models = ["flagship", "medium", "small"]
+    source.models = ["flagship", "claude", "medium", "small"]
     source.waiting = tuple(
         WaitingRetry(
             request_id=300 + i,
@@ -537,7 +576,7 @@ def outage() -> FakeSource:
         failed=1,
         parked=4,
         in_flight=24,
-        per_model=[("flagship", 388), ("medium", 401), ("small", 123)],
+        per_model=[("flagship", 388), ("claude", 214), ("medium", 223), ("small", 87)],
         rate=9.8,
         eta=109.0,
     )

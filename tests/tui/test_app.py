@@ -53,6 +53,7 @@ async def test_rows_for_every_target_in_preference_order_and_the_batch() -> None
     async with running(steady()) as (app, pilot):
         assert [str(k.value) for k in app.table.rows] == [
             "flagship@sim/sim-key",
+            "claude@sim/sim-key",
             "medium@sim/sim-key",
             "small@sim/sim-key",
         ]
@@ -69,7 +70,8 @@ async def test_the_outage_shows_the_countdown_retries_fallbacks_and_a_toast() ->
         text = screen_text(app)
         assert "○ open" in text and "14s" in text  # cool-down from the deadline and the clock
         assert "Retries waiting (6)" in text and "item-00310" in text and "1.9s" in text
-        assert "37 fallbacks flagship → medium" in text
+        assert "37 fallbacks flagship (openai) → claude (anthropic)" in text
+        assert "12 fallbacks medium → small" in text  # within one provider: no APIs
         assert "parked 59m" in text
         assert any(n.title == "Breaker tripped" for n in app._notifications)
 
@@ -77,11 +79,11 @@ async def test_the_outage_shows_the_countdown_retries_fallbacks_and_a_toast() ->
 async def test_countdowns_follow_the_clock_not_a_sleeping_widget() -> None:
     source = outage()
     async with running(source) as (app, pilot):
-        assert app.table.get_cell("flagship@sim/sim-key", "cooldown").plain == "14s"
+        assert app.table.get_cell("flagship@sim/sim-key", "state").plain == "○ open, probe 14s"
         source.clock.advance(5.0)
         app.refresh_view()
         await pilot.pause()
-        assert app.table.get_cell("flagship@sim/sim-key", "cooldown").plain == "9.2s"
+        assert app.table.get_cell("flagship@sim/sim-key", "state").plain == "○ open, probe 9.2s"
         assert "4.6s" in screen_text(app)  # the 9.6 s retry, 5 s later
 
 
@@ -117,7 +119,7 @@ async def test_the_fleet_panel_shows_the_processes_and_a_degraded_link_and_hides
 async def test_trip_asks_first_and_trips_the_selected_row_on_yes() -> None:
     source = steady()
     async with running(source) as (app, pilot):
-        await pilot.press("down", "t")
+        await pilot.press("down", "down", "t")
         assert isinstance(app.screen, ConfirmScreen)
         assert "Trip medium?" in screen_text(app)
         await pilot.press("y")
@@ -150,7 +152,7 @@ async def test_the_confirmation_buttons_work_with_the_mouse() -> None:
 async def test_a_click_selects_the_row_that_t_then_trips() -> None:
     source = steady()
     async with running(source) as (app, pilot):
-        await pilot.click("ModelsTable", offset=(4, 4))  # border, header, flagship, medium, small
+        await pilot.click("ModelsTable", offset=(4, 5))  # border, header, flagship, claude, medium, small
         await pilot.press("t", "y")
         await pilot.pause()
         assert source.calls == [("trip", "small@sim/sim-key")]
@@ -159,7 +161,7 @@ async def test_a_click_selects_the_row_that_t_then_trips() -> None:
 async def test_reset_closes_the_selected_breaker_at_once() -> None:
     source = outage()
     async with running(source) as (app, pilot):
-        assert row_states(app)["flagship@sim/sim-key"] == "○ open"
+        assert row_states(app)["flagship@sim/sim-key"] == "○ open, probe 14s"
         await pilot.press("r")
         await pilot.pause()
         assert source.calls == [("reset", "flagship@sim/sim-key")]
@@ -191,7 +193,7 @@ async def test_pin_from_the_model_switch_and_back_to_automatic() -> None:
     async with running(source) as (app, pilot):
         await pilot.press("m")
         assert isinstance(app.screen, ModelSwitchScreen)
-        await pilot.press("down", "down", "enter")  # automatic, flagship, [medium]
+        await pilot.press("down", "down", "down", "enter")  # automatic, flagship, claude, [medium]
         await settle(app, pilot)
         assert source.pinned == "medium"
         text = screen_text(app)
@@ -247,20 +249,20 @@ async def test_pause_freezes_the_screen_while_data_keeps_coming() -> None:
     async with running(source, refresh=0.1) as (app, pilot):
         await pilot.press("p")
         assert app.paused and "PAUSED" in screen_text(app)
-        before = app.table.get_cell("flagship@sim/sim-key", "cooldown").plain
+        before = app.table.get_cell("flagship@sim/sim-key", "state").plain
         source.clock.advance(3.0)
         source.emit(ev.Notice, level="info", message="arrived while paused")
         await pilot.pause(0.2)
         app.drain_events(flush=True)
         await pilot.pause()
-        assert app.table.get_cell("flagship@sim/sim-key", "cooldown").plain == before
+        assert app.table.get_cell("flagship@sim/sim-key", "state").plain == before
         assert "arrived while paused" not in screen_text(app)
         assert "1 held while paused" in screen_text(app)  # the log says it is holding lines
 
         await pilot.press("p")
         await pilot.pause()
         assert not app.paused and "PAUSED" not in screen_text(app)
-        assert app.table.get_cell("flagship@sim/sim-key", "cooldown").plain == "11s"
+        assert app.table.get_cell("flagship@sim/sim-key", "state").plain == "○ open, probe 11s"
         assert "arrived while paused" in screen_text(app)
 
 
@@ -277,7 +279,7 @@ async def test_filter_narrows_the_rows_and_escape_clears_it() -> None:
 
         await pilot.press("slash", "escape")
         await pilot.pause()
-        assert app.needle == "" and app.table.row_count == 4
+        assert app.needle == "" and app.table.row_count == 5
 
         await pilot.press("slash", "q", "t", "p")  # letters go to the filter, not to the bindings
         assert app.is_running and not app.paused and not isinstance(app.screen, ConfirmScreen)

@@ -62,9 +62,18 @@ def test_durations(seconds: float, shown: str) -> None:
 
 def test_the_cool_down_is_a_deadline_minus_the_snapshot_clock() -> None:
     t = target("m", 0, state="open", cooldown_until=1020.0)
-    assert fmt.cooldown_text(t, 1000.0).plain == "20s"
-    assert fmt.cooldown_text(t, 1015.5).plain == "4.5s"
-    assert fmt.cooldown_text(t, 1021.0).plain == "-"
+    assert fmt.breaker_cell(t, 1000.0).plain == "○ open, probe 20s"
+    assert fmt.breaker_cell(t, 1015.5).plain == "○ open, probe 4.5s"
+    assert fmt.breaker_cell(t, 1021.0).plain == "○ open"
+
+
+def test_the_breaker_cell_counts_failures_toward_a_trip_only_while_closed() -> None:
+    assert fmt.breaker_cell(target("m", 0, fails=2), 0.0).plain == "● closed, 2 fails"
+    assert fmt.breaker_cell(target("m", 0, fails=1), 0.0).plain == "● closed, 1 fail"
+    assert fmt.breaker_cell(target("m", 0), 0.0).plain == "● closed"
+    # Tripped by hand: no probe comes, the word says so.
+    held = target("m", 0, state="forced-open", fails=3, cooldown_until=50.0)
+    assert fmt.breaker_cell(held, 0.0).plain == "✋ open (manual)"
 
 
 def test_the_spark_has_one_block_per_point_on_a_shared_scale() -> None:
@@ -132,3 +141,33 @@ def test_trip_toasts_are_throttled_per_target_but_manual_ones_never() -> None:
     assert len(d.digest([tripped(6.0, "medium")]).toasts) == 1
     assert len(d.digest([tripped(7.0, new="forced-open"), tripped(7.5, new="forced-open")]).toasts) == 2
     assert d.digest([tripped(20.0)], toasts=False).toasts == []
+
+
+def test_a_fallback_across_providers_names_both_apis_and_is_toasted_once() -> None:
+    def crossing(wall: float, a: str = "flagship", b: str = "claude", api_a: str = "openai", api_b: str = "anthropic"):
+        return ev.FellBack(
+            at=wall,
+            wall=wall,
+            request_id=1,
+            item_id=None,
+            from_model=a,
+            to_model=b,
+            reason="full",
+            from_api=api_a,
+            to_api=api_b,
+        )
+
+    d = EventDigester()
+    out = d.digest([crossing(5.1), crossing(5.4), crossing(5.6, "medium", "small", "openai", "openai")])
+    assert [line.plain for _, line in out.lines] == [
+        "↪ 2 fallbacks flagship (openai) → claude (anthropic) (full)",
+        "↪ fell back medium → small (full)",  # one provider: the APIs would say nothing
+    ]
+    assert [(t.title, t.message) for t in out.toasts] == [
+        ("Fell back across providers", "flagship (openai) → claude (anthropic)")
+    ]
+    assert not d.digest([crossing(20.0)]).toasts  # news once; the log counts the rest
+    # An event from a source older than the API fields: plain, as before.
+    old = ev.FellBack(at=1.0, wall=1.0, request_id=1, item_id=None, from_model="a", to_model="b", reason="")
+    assert not old.crosses_providers
+    assert fmt.fallback_line("a", "b", 1, "", old.from_api, old.to_api).plain == "↪ fell back a → b"

@@ -24,10 +24,10 @@ class Column:
 
 # Fixed widths: auto-sized columns would re-measure and jitter on every refresh.
 COLUMNS: tuple[Column, ...] = (
-    Column("model", "model", 16),
-    Column("state", "breaker", 18),
-    Column("fails", "fails", 5, right=True),
-    Column("cooldown", "probe in", 8, right=True),
+    Column("model", "model", 19),
+    Column("api", "api", 9),  # the endpoint's provider API: openai, anthropic, azure
+    # The state with what is next for it (failures toward a trip, the next probe's countdown).
+    Column("state", "breaker", 21),
     Column("slots", "in/lim", 6, right=True),
     Column("rps", "req/s", 5, right=True),
     Column("r429", "429/m", 5, right=True),
@@ -154,12 +154,10 @@ class ModelsTable(DataTable[Text]):
         # One scale for all rows so they compare by eye; a floor so that one stray 429
         # does not draw a full bar.
         top = max(SPARK_FLOOR, max((max(o.spark, default=0) for o in snap.targets), default=0))
-        fails = Text(str(t.consecutive_failures), style="bold red" if t.consecutive_failures else "dim")
         return {
             "model": self._label(t, snap),
-            "state": fmt.state_text(t),
-            "fails": _right(fails),
-            "cooldown": _right(fmt.cooldown_text(t, now)),
+            "api": fmt.api_text(t.api),
+            "state": fmt.breaker_cell(t, now),
             # While ramping, the ramp's own ceiling is what admits requests.
             "slots": _right(f"{t.in_flight}/{t.ramp_slots if t.ramp_slots is not None else round(t.limit)}"),
             "rps": _right(f"{w10.per_second:.1f}"),

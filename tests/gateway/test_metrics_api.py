@@ -1,0 +1,84 @@
+"""/metrics names each target's provider API (an info metric) and counts fallbacks by
+API pair, against the real simulator serving one model on OpenAI's wire and one on
+Anthropic's; the provider key appears nowhere in a scrape."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from capmon.core.config import parse_config
+from capmon.core.router import FallbackClient
+from capmon.gateway import close_app, create_app, load_settings, start_server
+from capmon.sim.server import start_simulator
+from tests.gateway.helpers import HELLO, scenario, spec
+
+pytestmark = pytest.mark.looptime
+
+PROVIDER_KEY = "sk-canary-provider-metrics-7d1e0c9b5a3f2e84"
+
+
+def two_providers(openai_url: str, anthropic_url: str) -> str:
+    return f"""
+[simulator]
+enabled = false
+
+[[endpoints]]
+name = "oai"
+base_url = "{openai_url}"
+keys = [{{ env = "PROVIDER_KEY", alias = "oai-key" }}]
+
+[[endpoints]]
+name = "ant"
+api = "anthropic"
+base_url = "{anthropic_url}"
+keys = [{{ env = "PROVIDER_KEY", alias = "ant-key" }}]
+
+[[models]]
+name = "flagship"
+api_model = "sim-flagship"
+endpoints = ["oai"]
+max_tokens = 64
+
+[[models]]
+name = "claude"
+api_model = "sim-claude"
+endpoints = ["ant"]
+max_tokens = 64
+"""
+
+
+async def test_a_scrape_names_each_targets_api_and_counts_fallbacks_across_providers_without_a_key() -> None:
+    # The flagship holds nothing: every request falls back to claude, on Anthropic's wire.
+    scn = scenario(spec("flagship", slots=0), spec("claude", api="anthropic"), keys=(PROVIDER_KEY,))
+    sim = await start_simulator(scn)
+    try:
+        origin = sim.base_url.removesuffix("/v1")
+        cfg = parse_config(two_providers(sim.base_url, origin), "metrics-api.toml")
+        env = {"PROVIDER_KEY": PROVIDER_KEY}
+        async with FallbackClient(cfg, environ=env) as client:
+            app = create_app(client, load_settings(cfg, listen="127.0.0.1:0", environ=env))
+            server = await start_server(app, "127.0.0.1", 0)
+            try:
+                async with httpx.AsyncClient(base_url=server.origin, trust_env=False, timeout=60) as http:
+                    for _ in range(2):
+                        r = await http.post("/v1/chat/completions", json={"model": "flagship", "messages": HELLO})
+                        assert r.status_code == 200, r.text
+                    text = (await http.get("/metrics")).text
+            finally:
+                close_app(app)
+                await server.stop()
+    finally:
+        await sim.stop()
+
+    def value(line_start: str) -> float:
+        found = [ln for ln in text.splitlines() if ln.startswith(line_start)]
+        assert len(found) == 1, (line_start, found)
+        return float(found[0].rsplit(" ", 1)[1])
+
+    assert value('capmon_target_info{api="openai",endpoint="oai",model="flagship",target="flagship@oai/oai-key"}') == 1
+    assert value('capmon_target_info{api="anthropic",endpoint="ant",model="claude",target="claude@ant/ant-key"}') == 1
+    assert value('capmon_fallbacks_total{from_model="flagship",to_model="claude"}') == 2
+    assert value('capmon_api_fallbacks_total{from_api="openai",to_api="anthropic"}') == 2
+    assert value('capmon_requests_total{model="claude",outcome="ok"}') == 2
+    assert PROVIDER_KEY not in text and PROVIDER_KEY[:12] not in text

@@ -1,0 +1,99 @@
+"""`capmon report` says which provider API served each item: a real batch run through
+the simulator, the OpenAI-wire flagship out and claude on Anthropic's wire taking its
+work; and an audit trail from before the api column still reads (and is migrated when
+opened for writing)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from capmon import audit
+from capmon.batch.runner import BatchRunner
+from capmon.batch.store import JobStore
+from capmon.core.config import parse_config
+from capmon.core.router import FallbackClient
+from capmon.report import OutputFormat, ReportOptions, run_report
+from capmon.sim.server import start_simulator
+from tests.batch.helpers import write_items
+from tests.gateway.helpers import scenario, spec
+from tests.gateway.test_metrics_api import PROVIDER_KEY, two_providers
+
+
+def report(db: Path, fmt: OutputFormat = OutputFormat.TEXT, **kw: Any) -> str:
+    out = io.StringIO()
+    assert run_report(ReportOptions(job="j", db=db, format=fmt, **kw), out) == 0
+    return out.getvalue()
+
+
+@pytest.mark.looptime
+async def test_the_report_names_the_api_of_each_model_and_of_each_attempt(tmp_path: Path) -> None:
+    sim = await start_simulator(
+        scenario(spec("flagship", slots=0), spec("claude", api="anthropic"), keys=(PROVIDER_KEY,))
+    )
+    db = tmp_path / "db"
+    try:
+        cfg = parse_config(two_providers(sim.base_url, sim.base_url.removesuffix("/v1")), "report-api.toml")
+        async with FallbackClient(cfg, environ={"PROVIDER_KEY": PROVIDER_KEY}) as client:
+            await BatchRunner(client, db, "j", input_path=write_items(tmp_path / "in.jsonl", 6), concurrency=1).run()
+    finally:
+        await sim.stop()
+
+    text = report(db)
+    rows = {line.split()[0]: line.split() for line in text.splitlines() if line.startswith(("claude", "flagship"))}
+    assert rows["claude"][:3] == ["claude", "anthropic", "6"]  # served all six
+    assert rows["flagship"][:3] == ["flagship", "openai", "0"]
+
+    data = json.loads(report(db, OutputFormat.JSON))
+    assert {m["model"]: m["apis"] for m in data["models"]} == {"claude": ["anthropic"], "flagship": ["openai"]}
+    table = list(csv.DictReader(io.StringIO(report(db, OutputFormat.CSV))))
+    assert {r["model"]: r["api"] for r in table} == {"claude": "anthropic", "flagship": "openai"}
+
+    # it-0001 tried the flagship first (before its breaker tripped), then claude answered.
+    item = report(db, item="it-0001")
+    lines = [line.split() for line in item.splitlines() if line[:1].isdigit()]
+    assert (lines[-1][2], lines[-1][4]) == ("claude", "anthropic") and "ok" in lines[-1]
+    assert ("flagship", "openai") in [(ln[2], ln[4]) for ln in lines]
+    attempts = json.loads(report(db, OutputFormat.JSON, item="it-0001"))["attempts"]
+    assert [a["api"] for a in attempts][-1] == "anthropic"
+    assert "api" in next(csv.reader(io.StringIO(report(db, OutputFormat.CSV, item="it-0001"))))
+
+
+OLD_ATTEMPTS = """
+CREATE TABLE attempts (
+    job TEXT, item TEXT, at REAL NOT NULL, attempt INTEGER NOT NULL, model TEXT, endpoint TEXT,
+    key_alias TEXT, status INTEGER, kind TEXT, hint REAL, wait REAL, latency REAL,
+    decision TEXT NOT NULL, reason TEXT NOT NULL DEFAULT ''
+);
+"""
+
+
+def test_an_audit_trail_from_before_the_api_column_reads_and_is_migrated(tmp_path: Path) -> None:
+    db = tmp_path / "db"
+    JobStore(db).close()  # today's schema, then the attempts table as an older capmon made it
+    with sqlite3.connect(db) as c:
+        c.execute("DROP TABLE attempts")
+        c.executescript(OLD_ATTEMPTS)
+        c.execute(
+            "INSERT INTO attempts VALUES ('j', 'i1', 1e9, 1, 'flagship', 'ep', 'k', 200, NULL, NULL, 0, 0.2, 'ok', '')"
+        )
+    c.close()
+    with JobStore(db, readonly=True) as store:  # read-only: never migrated, the api reads as unknown
+        [row] = store.attempts("j")
+        assert row.model == "flagship" and row.api is None
+        assert store.attempt_apis("j") == {}
+    assert "flagship  -" in report(db)
+    with JobStore(db) as store:  # opened for writing: the column is added, old rows keep NULL
+        assert "api" in {r[1] for r in store.conn.execute("PRAGMA table_info(attempts)")}
+        [row] = store.attempts("j")
+        assert row.api is None and row.decision == "ok"
+        audit.write_rows(
+            store.conn, [("j", "i2", 1e9 + 1, 1, "claude", "ant", "k", 200, None, None, 0, 0.1, "ok", "", "anthropic")]
+        )
+        assert store.attempt_apis("j") == {"claude": ("anthropic",)}
