@@ -238,7 +238,7 @@ class FallbackClient(FormatCalls, ManualControls):
         deadline, own = min(asked, cap), asked < cap
         r = Routing(next(self._ids), req, estimate_tokens(req.messages), now + deadline, now, self._backoff.schedule())
         r.own_deadline = own
-        r.incapable = formats.incapable_targets(req, self.targets, self.config.client.refused_sampling)
+        r.incapable = formats.incapable_targets(req, self.targets, self.config.client)
         return r
 
     def _failed(self, r: Routing, e: BaseException) -> None:

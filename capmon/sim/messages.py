@@ -45,6 +45,9 @@ from capmon.sim.tools import ToolCall, ToolError, ToolRequest, make_call, parse_
 
 VERSION_HEADER = "anthropic-version"
 SAMPLING_PARAMS = ("temperature", "top_p", "top_k")
+# "system": a mid-conversation system message (the SDK's SystemMessageParam, Claude Code's
+# mid-conversation-system beta), as the API takes it.
+ROLES = ("user", "assistant", "system")
 UNPARSABLE = "There was an error parsing the body of your request. Please ensure it is valid JSON."
 
 
@@ -124,8 +127,8 @@ def parse_messages(body: Any, version: ApiVersion, *, counting: bool = False) ->
     if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
         raise BadRequest("messages: Field required", "messages", model)
     for i, m in enumerate(messages):
-        if m.get("role") not in ("user", "assistant"):
-            raise BadRequest(f"messages.{i}.role: Input should be 'user' or 'assistant'", "messages", model)
+        if m.get("role") not in ROLES:
+            raise BadRequest(f"messages.{i}.role: Input should be 'user', 'assistant' or 'system'", "messages", model)
         if not isinstance(m.get("content"), (str, list)):
             raise BadRequest(f"messages.{i}.content: Field required", "messages", model)
     system = body.get("system")
