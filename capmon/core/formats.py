@@ -116,7 +116,7 @@ def _by_rule(names: tuple[str, ...], rule: DropRule, why: str) -> tuple[str, ...
     whose absence changes no answer's meaning) are dropped (returned, to be said on the
     attempt record and ``x-capmon-dropped``) or, by ``rule``, make the target incapable."""
     if names and rule is DropRule.SKIP:
-        raise Incapable(f"{', '.join(names)} ({why} = \"skip\")")
+        raise Incapable(f'{", ".join(names)} ({why} = "skip")')
     return names
 
 
@@ -131,7 +131,8 @@ def _translated(
     translate = _TO_WIRE.get((request.api, target_wire))
     if translate is None:
         raise Incapable(f"{request.api.value} requests cannot be sent as {target_wire.value}")
-    body, hints = caller_body(request), ()
+    body: Mapping[str, Any] = caller_body(request)
+    hints: tuple[str, ...] = ()
     if request.api is Api.MESSAGES:
         body, hints = tca.without_hints(body)
         why = f"hints {target_wire.value} cannot honour; [client] unhonoured_hints"

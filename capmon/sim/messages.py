@@ -34,7 +34,8 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from capmon.core.clock import Clock
-from capmon.core.tokens import estimate_tokens
+from capmon.core.result import Api as CallerApi
+from capmon.core.tokens import estimate_body
 from capmon.sim import dialects
 from capmon.sim.dialects import Api, Wire
 from capmon.sim.faults import HANG_SECONDS, HTML_500_PAGE, DropConnection, FaultMode
@@ -110,12 +111,6 @@ def _check_version_rules(body: dict[str, Any], messages: list[dict[str, Any]], v
             raise BadRequest(f"{name}: Input should be less than or equal to {high:g}", name)
 
 
-def prompt_tokens(system: Any, messages: list[dict[str, Any]]) -> int:
-    """The project's one estimate, over the system prompt (as one more message) and the messages."""
-    framed = [{"content": system}, *messages] if system else messages
-    return estimate_tokens(framed)
-
-
 def parse_messages(body: Any, version: ApiVersion, *, counting: bool = False) -> MessagesRequest:
     """A Messages request (``counting``: a count_tokens request, no max_tokens). Raises BadRequest."""
     if not isinstance(body, dict):
@@ -154,7 +149,7 @@ def parse_messages(body: Any, version: ApiVersion, *, counting: bool = False) ->
         raise BadRequest(str(e), e.param, model) from None
     return MessagesRequest(
         model,
-        prompt_tokens(system, messages),
+        estimate_body(CallerApi.MESSAGES, body),  # the project's one estimate, as the gateway counts
         max_tokens if isinstance(max_tokens, int) and not counting else 0,
         stream and not counting,
         version,
