@@ -106,8 +106,7 @@ def chat_request(
     request's ``time_left`` (seconds)."""
     cap = t.model.max_tokens
     limit = min(request.max_tokens or cap, cap)
-    rule = config.client.refused_sampling
-    out = formats.outbound(request, t, token_param=token_param, limit=limit, stream=stream, rule=rule)
+    out = formats.outbound(request, t, token_param=token_param, limit=limit, stream=stream, client=config.client)
     timeout = config.client.attempt_timeout if time_left is None else min(config.client.attempt_timeout, time_left)
     cc = config.client
     return Request(

@@ -43,12 +43,17 @@ class EndpointApi(enum.StrEnum):
     AZURE = "azure"  # Azure OpenAI's deployment URLs or its v1 API, the api-key header
 
 
-class SamplingRule(enum.StrEnum):
-    """What to do with sampling parameters (temperature, top_p, top_k) a target's API
-    version refuses (``[client] refused_sampling``)."""
+class DropRule(enum.StrEnum):
+    """What to do with fields a target cannot take but whose absence leaves an answer's
+    meaning whole: sampling parameters (temperature, top_p, top_k) its API version refuses
+    (``[client] refused_sampling``), and Anthropic's caching and thinking hints an OpenAI-wire
+    target cannot honour (``[client] unhonoured_hints``)."""
 
-    DROP = "drop"  # send without them; the attempt record says which were left out
+    DROP = "drop"  # send without them; the attempt record and x-capmon-dropped say which
     SKIP = "skip"  # do not send the request there: the target is skipped as incapable
+
+
+SamplingRule = DropRule  # the name the sampling rule had first
 
 
 # Azure's v1 API ({base_url}/openai/v1/...) takes no api-version; any other value is the
@@ -75,9 +80,16 @@ class ClientConfig:
         choices=("httpx", "aiohttp"),
         doc="the HTTP transport under httpx's API: aiohttp (fast) or httpx (httpcore)",
     )
-    refused_sampling: SamplingRule = _f(
-        SamplingRule.DROP,
+    refused_sampling: DropRule = _f(
+        DropRule.DROP,
         doc="sampling parameters a target's API version refuses: drop (send without, recorded) or skip the target",
+    )
+    unhonoured_hints: DropRule = _f(
+        DropRule.DROP,
+        doc=(
+            "Anthropic hints an OpenAI-wire target cannot honour (cache_control, thinking adaptive or"
+            " disabled, the default effort): drop (send without, recorded) or skip the target"
+        ),
     )
 
 

@@ -10,8 +10,10 @@ API, Anthropic's Messages); a target's endpoint speaks one provider API
   a Messages caller;
 * the URL and credential headers per endpoint API (:func:`urls`, :func:`credentials`);
 * the body (:func:`outbound`): the same format untouched but the token cap and ``n``, as
-  always; across formats translated by the pure modules (``translate_*``); the sampling
-  fields a target's API version refuses dropped or refused by ``[client] refused_sampling``;
+  always; across formats translated by the pure modules (``translate_*``); the fields a
+  target cannot take but whose absence changes no answer's meaning (sampling fields its API
+  version refuses, Anthropic's hints an OpenAI-wire target cannot honour) dropped and said,
+  or the target refused, by the config's rule (:func:`_by_rule`);
 * why a target cannot carry a request (:func:`incapable`): the target is then skipped,
   as one whose context window is too small, and the attempt record says why;
 * the answer and the stream events in the caller's format (:func:`answer_in`,
@@ -30,7 +32,7 @@ from capmon.core import anthropic_wire as aw
 from capmon.core import translate_chat_anthropic as tca
 from capmon.core import translate_responses_anthropic as tra
 from capmon.core import wire
-from capmon.core.config import EndpointApi, EndpointConfig, ModelConfig, SamplingRule
+from capmon.core.config import ClientConfig, DropRule, EndpointApi, EndpointConfig, ModelConfig
 from capmon.core.errors import QUOTA_HINT, parse_completion
 from capmon.core.result import Api, ChatRequest
 
@@ -109,15 +111,33 @@ class Incapable(tca.Untranslatable):
     """The target cannot carry this request (the message says why)."""
 
 
-def _translated(request: ChatRequest, target_wire: Api) -> Mapping[str, Any] | None:
-    """The caller's body in the target's wire, without the fields capmon owns; None when
-    the formats are the same (the caller's fields then pass through untouched)."""
+def _by_rule(names: tuple[str, ...], rule: DropRule, why: str) -> tuple[str, ...]:
+    """The one home of the drop-or-skip rule: ``names`` (fields the target cannot take,
+    whose absence changes no answer's meaning) are dropped (returned, to be said on the
+    attempt record and ``x-capmon-dropped``) or, by ``rule``, make the target incapable."""
+    if names and rule is DropRule.SKIP:
+        raise Incapable(f'{", ".join(names)} ({why} = "skip")')
+    return names
+
+
+def _translated(
+    request: ChatRequest, target_wire: Api, client: ClientConfig
+) -> tuple[Mapping[str, Any] | None, tuple[str, ...]]:
+    """The caller's body in the target's wire, without the fields capmon owns, and the
+    hints left out; None when the formats are the same (the caller's fields then pass
+    through untouched)."""
     if request.api is target_wire:
-        return None
+        return None, ()
     translate = _TO_WIRE.get((request.api, target_wire))
     if translate is None:
         raise Incapable(f"{request.api.value} requests cannot be sent as {target_wire.value}")
-    return translate(caller_body(request))
+    body: Mapping[str, Any] = caller_body(request)
+    hints: tuple[str, ...] = ()
+    if request.api is Api.MESSAGES:
+        body, hints = tca.without_hints(body)
+        why = f"hints {target_wire.value} cannot honour; [client] unhonoured_hints"
+        hints = _by_rule(hints, client.unhonoured_hints, why)
+    return translate(body), hints
 
 
 def _reachable(request: ChatRequest, endpoint: EndpointConfig, target_wire: Api) -> None:
@@ -128,7 +148,7 @@ def _reachable(request: ChatRequest, endpoint: EndpointConfig, target_wire: Api)
         )
 
 
-def _version_rules(body: dict[str, Any], endpoint: EndpointConfig, rule: SamplingRule) -> tuple[str, ...]:
+def _version_rules(body: dict[str, Any], endpoint: EndpointConfig, rule: DropRule) -> tuple[str, ...]:
     """Anthropic's API version rules on a Messages body: what it refuses whatever is left
     out is incapable; refused sampling fields are dropped (returned) or, by the rule,
     make the target incapable."""
@@ -137,10 +157,7 @@ def _version_rules(body: dict[str, Any], endpoint: EndpointConfig, rule: Samplin
     if why:
         raise Incapable(why)
     refused = aw.refused_sampling(body, version)
-    if refused and rule is SamplingRule.SKIP:
-        names = ", ".join(refused)
-        raise Incapable(f'{names} (refused by anthropic-version {version.value}; [client] refused_sampling = "skip")')
-    return refused
+    return _by_rule(refused, rule, f"refused by anthropic-version {version.value}; [client] refused_sampling")
 
 
 def outbound(
@@ -150,19 +167,19 @@ def outbound(
     token_param: wire.TokenParam,
     limit: int,
     stream: bool,
-    rule: SamplingRule,
+    client: ClientConfig,
 ) -> Outbound:
     """The body one attempt sends to ``t``. Raises :class:`~capmon.core.translate_chat_anthropic.Untranslatable`
     when ``t`` cannot carry the request (:func:`incapable` says so before any attempt)."""
     target_wire = wire_of(request.api, t.endpoint)
     _reachable(request, t.endpoint, target_wire)
-    translated = _translated(request, target_wire)
+    translated, hints = _translated(request, target_wire, client)
     model = t.model.wire_name
     if target_wire is Api.MESSAGES:
         body = aw.messages_body(
             caller_body(request) if translated is None else translated, model=model, max_tokens=limit, stream=stream
         )
-        dropped = _version_rules(body, t.endpoint, rule)
+        dropped = _version_rules(body, t.endpoint, client.refused_sampling)
         return Outbound(target_wire, aw.without(body, dropped) if dropped else body, dropped)
     if target_wire is Api.RESPONSES:
         body = wire.responses_body(request.extra, model=model, max_output_tokens=limit, stream=stream)
@@ -176,10 +193,10 @@ def outbound(
     body = wire.chat_body(
         messages, extra, model=model, token_param=token_param, max_tokens=limit, temperature=temperature, stream=stream
     )
-    return Outbound(target_wire, body)
+    return Outbound(target_wire, body, hints)
 
 
-def incapable(request: ChatRequest, t: Target, rule: SamplingRule) -> str | None:
+def incapable(request: ChatRequest, t: Target, client: ClientConfig) -> str | None:
     """Why ``t`` cannot carry ``request``, or None. The check is the translation itself
     (:func:`outbound`), so the check and the body sent cannot disagree; a request in the
     target's own format on an OpenAI-wire endpoint is never checked (it passes untouched)."""
@@ -187,7 +204,7 @@ def incapable(request: ChatRequest, t: Target, rule: SamplingRule) -> str | None
     if request.api is target_wire and target_wire is not Api.MESSAGES and not t.endpoint.azure_classic:
         return None
     try:
-        outbound(request, t, token_param=wire.TokenParam.MAX_TOKENS, limit=1, stream=False, rule=rule)
+        outbound(request, t, token_param=wire.TokenParam.MAX_TOKENS, limit=1, stream=False, client=client)
     except tca.Untranslatable as e:
         return str(e)
     return None
@@ -333,7 +350,7 @@ class WireReader:
         return self._final
 
 
-def incapable_targets(request: ChatRequest, targets: Sequence[Target], rule: SamplingRule) -> dict[str, str]:
+def incapable_targets(request: ChatRequest, targets: Sequence[Target], client: ClientConfig) -> dict[str, str]:
     """Per target that cannot carry ``request``, why (checked once per endpoint: the
     reason depends on its API and version, not on the model or key)."""
     by_endpoint: dict[str, str | None] = {}
@@ -341,7 +358,7 @@ def incapable_targets(request: ChatRequest, targets: Sequence[Target], rule: Sam
     for t in targets:
         name = t.endpoint.name
         if name not in by_endpoint:
-            by_endpoint[name] = incapable(request, t, rule)
+            by_endpoint[name] = incapable(request, t, client)
         why = by_endpoint[name]
         if why is not None:
             out[t.id] = why

@@ -40,7 +40,7 @@ from capmon.core.snapshot import EngineSnapshot, build_snapshot
 from capmon.core.state import Admission, MemoryState, StateStore, TargetSpec
 from capmon.core.streaming import ChatStream
 from capmon.core.targets import Target, admits_in, build_targets
-from capmon.core.tokens import estimate_tokens
+from capmon.core.tokens import estimate_request
 from capmon.core.transport import Sender, make_transport
 from capmon.core.waiting import WaitQueue
 
@@ -236,9 +236,9 @@ class FallbackClient(FormatCalls, ManualControls):
         cap = self.config.client.deadline
         asked = req.deadline if req.deadline is not None and req.deadline > 0 else cap
         deadline, own = min(asked, cap), asked < cap
-        r = Routing(next(self._ids), req, estimate_tokens(req.messages), now + deadline, now, self._backoff.schedule())
+        r = Routing(next(self._ids), req, estimate_request(req), now + deadline, now, self._backoff.schedule())
         r.own_deadline = own
-        r.incapable = formats.incapable_targets(req, self.targets, self.config.client.refused_sampling)
+        r.incapable = formats.incapable_targets(req, self.targets, self.config.client)
         return r
 
     def _failed(self, r: Routing, e: BaseException) -> None:

@@ -4,9 +4,12 @@ test agree on what a prompt costs."""
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterable, Mapping
 from typing import Any
+
+from capmon.core.result import Api, ChatRequest
 
 # Role and framing: OpenAI's own accounting adds about this many tokens per message.
 PER_MESSAGE = 4
@@ -17,18 +20,79 @@ def tokens_for_chars(chars: int) -> int:
     return math.ceil(chars / 4)
 
 
+def _chars(content: object, *, nested: bool = True) -> int:
+    """The text of a message's content: a string, or its parts' text, a tool call's
+    input (as JSON) and a tool result's own content (one level down, so a hostile
+    nesting costs nothing)."""
+    if isinstance(content, str):
+        return len(content)
+    if not isinstance(content, list):
+        return 0
+    chars = 0
+    for part in content:
+        if not isinstance(part, Mapping):
+            continue
+        if isinstance(part.get("text"), str):
+            chars += len(part["text"])
+        if nested and "content" in part:
+            chars += _chars(part["content"], nested=False)
+        if isinstance(part.get("input"), Mapping):
+            chars += len(json.dumps(part["input"], default=str))
+    return chars
+
+
 def estimate_tokens(messages: Iterable[Any]) -> int:
-    """About four characters a token over the text of the messages (string content or
-    text parts), plus the framing of each message. Anything else counts nothing."""
+    """About four characters a token over the text of the messages (see :func:`_chars`),
+    plus the framing of each message. Anything else counts nothing."""
     chars = 0
     n = 0
     for m in messages:
         n += 1
-        content = m.get("content") if isinstance(m, Mapping) else None
-        if isinstance(content, str):
-            chars += len(content)
-        elif isinstance(content, list):
-            for part in content:
-                if isinstance(part, Mapping) and isinstance(part.get("text"), str):
-                    chars += len(part["text"])
+        chars += _chars(m.get("content") if isinstance(m, Mapping) else None)
     return tokens_for_chars(chars) + PER_MESSAGE * n
+
+
+def _tools(tools: object) -> int:
+    """Tool definitions count as the text of their JSON (names, descriptions, schemas)."""
+    if not isinstance(tools, list) or not tools:
+        return 0
+    return tokens_for_chars(len(json.dumps(tools, default=str)))
+
+
+def _responses_items(body: Mapping[str, Any]) -> list[Any]:
+    given = body.get("input")
+    if isinstance(given, str):
+        return [{"content": given}]
+    items = []
+    for item in given if isinstance(given, list) else []:
+        if not isinstance(item, Mapping):
+            continue
+        if "content" in item:
+            items.append(item)
+        else:  # a function call's arguments, a function call's output
+            items.append({"content": item.get("arguments", item.get("output"))})
+    return items
+
+
+def estimate_body(api: Api, body: Mapping[str, Any]) -> int:
+    """A request body's prompt by its API, tools included: chat's messages; Anthropic's
+    messages with the system prompt as one more message; the Responses API's input items
+    with the instructions as one more."""
+    if api is Api.MESSAGES:
+        framed, preamble = body.get("messages"), body.get("system")
+    elif api is Api.RESPONSES:
+        framed, preamble = _responses_items(body), body.get("instructions")
+    else:
+        framed, preamble = body.get("messages"), None
+    messages = list(framed) if isinstance(framed, list) else []
+    if preamble:
+        messages.insert(0, {"content": preamble})
+    return estimate_tokens(messages) + _tools(body.get("tools"))
+
+
+def estimate_request(request: ChatRequest) -> int:
+    """The prompt of a request, whatever its API: what routing checks context windows and
+    charges token budgets with."""
+    if request.api is Api.CHAT:
+        return estimate_tokens(request.messages) + _tools(request.extra.get("tools"))
+    return estimate_body(request.api, request.extra)

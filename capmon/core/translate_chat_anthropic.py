@@ -223,9 +223,11 @@ def chat_to_messages(body: Mapping[str, Any]) -> dict[str, Any]:
             raise Untranslatable(f"messages[{i}]: not a chat message")
         role = m["role"]
         if role in ("system", "developer"):
-            if out:
-                raise Untranslatable(f"messages[{i}]: a {role} message after the conversation began")
-            system += _text_blocks(m.get("content"), f"messages[{i}]")
+            blocks = _text_blocks(m.get("content"), f"messages[{i}]")
+            if out:  # after the conversation began: Messages' own mid-conversation system message
+                out.append({"role": "system", "content": blocks})
+            else:
+                system += blocks
         elif role == "tool":
             block = {
                 "type": "tool_result",
@@ -447,12 +449,79 @@ def _messages_fields(body: Mapping[str, Any]) -> None:
             continue
         raise Untranslatable(f"{name} (no OpenAI counterpart)")
     _cache_control(body, "the request")
-    thinking = body.get("thinking")
-    if isinstance(thinking, Mapping) and thinking.get("type") != "disabled":
+    if isinstance(body.get("thinking"), Mapping):
         raise Untranslatable("thinking (OpenAI's chat completions cannot carry Anthropic's thinking)")
     stop = body.get("stop_sequences")
     if isinstance(stop, list) and len(stop) > OPENAI_MAX_STOP:
         raise Untranslatable(f"{len(stop)} stop sequences (OpenAI takes {OPENAI_MAX_STOP})")
+
+
+# Hints: fields that say how to serve a request, never what its answer means. A caching
+# breakpoint; thinking left to the model (adaptive) or off; Anthropic's default effort
+# ("high": the same as none asked); context edits that only clear thinking blocks (none
+# cross: thinking in the history is refused). OpenAI's chat cannot honour them, so
+# :func:`without_hints` takes them out for the config's rule ([client] unhonoured_hints:
+# left out and said, or the target skipped); :func:`messages_to_chat` itself refuses them.
+HINTS = ("cache_control", "thinking", "output_config.effort", "context_management")
+_HINT_THINKING = frozenset({"adaptive", "disabled"})
+_DEFAULT_EFFORT = "high"
+_CLEAR_THINKING = "clear_thinking_"
+
+
+def without_hints(body: Mapping[str, Any]) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """``body`` without its hints (see :data:`HINTS`), and the names of those taken out.
+    ``thinking`` that asks for reasoning (``enabled`` with a budget) is no hint: it stays,
+    and the translation refuses it."""
+    found: set[str] = set()
+    out = dict(body)
+    if out.get("cache_control"):
+        del out["cache_control"]
+        found.add("cache_control")
+    for name in ("system", "tools"):
+        if isinstance(out.get(name), list):
+            out[name] = _uncached(out[name], found)
+    if isinstance(out.get("messages"), list):
+        out["messages"] = [
+            {**m, "content": _uncached(m["content"], found)}
+            if isinstance(m, Mapping) and isinstance(m.get("content"), list)
+            else m
+            for m in out["messages"]
+        ]
+    thinking = out.get("thinking")
+    if isinstance(thinking, Mapping) and thinking.get("type") in _HINT_THINKING:
+        del out["thinking"]
+        found.add("thinking")
+    config = out.get("output_config")
+    if isinstance(config, Mapping) and config.get("effort") == _DEFAULT_EFFORT:
+        rest = {k: v for k, v in config.items() if k != "effort"}
+        if rest:
+            out["output_config"] = rest
+        else:
+            del out["output_config"]
+        found.add("output_config.effort")
+    edits = sub_object(out, "context_management").get("edits")
+    if (
+        set(sub_object(out, "context_management")) == {"edits"}
+        and isinstance(edits, list)
+        and all(isinstance(e, Mapping) and str(e.get("type", "")).startswith(_CLEAR_THINKING) for e in edits)
+    ):
+        del out["context_management"]
+        found.add("context_management")
+    return out, tuple(name for name in HINTS if name in found)
+
+
+def _uncached(blocks: list[Any], found: set[str]) -> list[Any]:
+    """Blocks (and a tool result's own blocks) without their cache breakpoints."""
+    out = []
+    for block in blocks:
+        if isinstance(block, Mapping):
+            if block.get("cache_control"):
+                block = {k: v for k, v in block.items() if k != "cache_control"}
+                found.add("cache_control")
+            if isinstance(block.get("content"), list):
+                block = {**block, "content": _uncached(block["content"], found)}
+        out.append(block)
+    return out
 
 
 def messages_to_chat(body: Mapping[str, Any]) -> dict[str, Any]:

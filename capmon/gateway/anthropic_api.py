@@ -18,7 +18,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from capmon.core.tokens import estimate_tokens
+from capmon.core.result import Api
+from capmon.core.tokens import estimate_body
 from capmon.gateway import bodies, fields
 from capmon.gateway.auth import Access
 from capmon.gateway.context import gateway_of
@@ -31,11 +32,9 @@ async def messages(request: Request) -> Response:
 
 
 def input_tokens(body: dict[str, Any]) -> int:
-    """The project's one estimate (capmon/core/tokens.py) over the system prompt, as one
-    more message, and the messages: what the simulator counts as a prompt's input tokens."""
-    system = body.get("system")
-    framed = [{"content": system}, *body["messages"]] if system else body["messages"]
-    return estimate_tokens(framed)
+    """The project's one estimate (capmon/core/tokens.py) of a Messages body: the system
+    prompt, the messages and the tools, as routing and the simulator count them."""
+    return estimate_body(Api.MESSAGES, body)
 
 
 async def count_tokens(request: Request) -> Response:

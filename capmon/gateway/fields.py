@@ -203,12 +203,15 @@ def response_input(body: Mapping[str, Any]) -> None:
             _content(item, param)
 
 
-ANTHROPIC_ROLES = ("user", "assistant")
+# "system": a mid-conversation system message (the SDK's SystemMessageParam; Claude Code
+# sends one under the mid-conversation-system beta), text only like the top-level prompt.
+ANTHROPIC_ROLES = ("user", "assistant", "system")
 
 
 def anthropic_messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Anthropic's messages: a non-empty list of objects, each with role user or assistant
-    and content a string or a list of content blocks (objects with a string type)."""
+    """Anthropic's messages: a non-empty list of objects, each with role user, assistant
+    or system and content a string or a list of content blocks (objects with a string
+    type; a system message's are text blocks)."""
     value = body.get("messages")
     if not isinstance(value, list) or not value:
         raise bad("messages: expected a non-empty list of message objects", "messages")
@@ -219,28 +222,36 @@ def anthropic_messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
         _role(message, param)
         if message["role"] not in ANTHROPIC_ROLES:
             shown = repr(message["role"])[:40]
-            raise bad(f"{param}.role: expected 'user' or 'assistant', got {shown}", f"{param}.role")
+            raise bad(f"{param}.role: expected 'user', 'assistant' or 'system', got {shown}", f"{param}.role")
         content = message.get("content")
-        if isinstance(content, list):
+        if message["role"] == "system":
+            _system_text(content, f"{param}.content")
+        elif isinstance(content, list):
             _parts(content, f"{param}.content")
         elif not isinstance(content, str):
             raise _expected(f"{param}.content", "a string or a list of content blocks", content)
     return value
 
 
-def anthropic_system(body: Mapping[str, Any]) -> str | list[dict[str, Any]] | None:
-    """Anthropic's top-level system prompt: a string or a list of text blocks."""
-    value = body.get("system")
-    if value is None or isinstance(value, str):
-        return value
+def _system_text(value: object, param: str) -> None:
+    """A system prompt: a string or a list of text blocks."""
+    if isinstance(value, str):
+        return
     if not isinstance(value, list):
-        raise _expected("system", "a string or a list of text blocks", value)
+        raise _expected(param, "a string or a list of text blocks", value)
     for j, block in enumerate(value):
-        where = f"system[{j}]"
+        where = f"{param}[{j}]"
         if not isinstance(block, dict) or block.get("type") != "text":
             raise bad(f'{where}: expected a text block ({{"type": "text", "text": ...}})', where)
         if not isinstance(block.get("text"), str):
             raise _expected(f"{where}.text", "a string", block.get("text"))
+
+
+def anthropic_system(body: Mapping[str, Any]) -> str | list[dict[str, Any]] | None:
+    """Anthropic's top-level system prompt: a string or a list of text blocks."""
+    value = body.get("system")
+    if value is not None:
+        _system_text(value, "system")
     return value
 
 

@@ -34,7 +34,8 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from capmon.core.clock import Clock
-from capmon.core.tokens import estimate_tokens
+from capmon.core.result import Api as CallerApi
+from capmon.core.tokens import estimate_body
 from capmon.sim import dialects
 from capmon.sim.dialects import Api, Wire
 from capmon.sim.faults import HANG_SECONDS, HTML_500_PAGE, DropConnection, FaultMode
@@ -45,6 +46,9 @@ from capmon.sim.tools import ToolCall, ToolError, ToolRequest, make_call, parse_
 
 VERSION_HEADER = "anthropic-version"
 SAMPLING_PARAMS = ("temperature", "top_p", "top_k")
+# "system": a mid-conversation system message (the SDK's SystemMessageParam, Claude Code's
+# mid-conversation-system beta), as the API takes it.
+ROLES = ("user", "assistant", "system")
 UNPARSABLE = "There was an error parsing the body of your request. Please ensure it is valid JSON."
 
 
@@ -107,12 +111,6 @@ def _check_version_rules(body: dict[str, Any], messages: list[dict[str, Any]], v
             raise BadRequest(f"{name}: Input should be less than or equal to {high:g}", name)
 
 
-def prompt_tokens(system: Any, messages: list[dict[str, Any]]) -> int:
-    """The project's one estimate, over the system prompt (as one more message) and the messages."""
-    framed = [{"content": system}, *messages] if system else messages
-    return estimate_tokens(framed)
-
-
 def parse_messages(body: Any, version: ApiVersion, *, counting: bool = False) -> MessagesRequest:
     """A Messages request (``counting``: a count_tokens request, no max_tokens). Raises BadRequest."""
     if not isinstance(body, dict):
@@ -124,8 +122,8 @@ def parse_messages(body: Any, version: ApiVersion, *, counting: bool = False) ->
     if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
         raise BadRequest("messages: Field required", "messages", model)
     for i, m in enumerate(messages):
-        if m.get("role") not in ("user", "assistant"):
-            raise BadRequest(f"messages.{i}.role: Input should be 'user' or 'assistant'", "messages", model)
+        if m.get("role") not in ROLES:
+            raise BadRequest(f"messages.{i}.role: Input should be 'user', 'assistant' or 'system'", "messages", model)
         if not isinstance(m.get("content"), (str, list)):
             raise BadRequest(f"messages.{i}.content: Field required", "messages", model)
     system = body.get("system")
@@ -151,7 +149,7 @@ def parse_messages(body: Any, version: ApiVersion, *, counting: bool = False) ->
         raise BadRequest(str(e), e.param, model) from None
     return MessagesRequest(
         model,
-        prompt_tokens(system, messages),
+        estimate_body(CallerApi.MESSAGES, body),  # the project's one estimate, as the gateway counts
         max_tokens if isinstance(max_tokens, int) and not counting else 0,
         stream and not counting,
         version,

@@ -5,6 +5,7 @@ keys through the one schema. Pure: no I/O."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 
 import httpx
@@ -40,6 +41,9 @@ def target(api: str = "openai", extra: str = "", client: str = "", base: str = "
 
 def headers(t: Target) -> dict[str, str]:
     return {k.decode(): v.decode() for k, v in t.http_headers}
+
+
+SKIP_SAMPLING = ClientConfig(refused_sampling=SamplingRule.SKIP)
 
 
 def body(t: Target, request: ChatRequest, *, stream: bool = False, rule: SamplingRule = SamplingRule.DROP) -> dict:
@@ -207,13 +211,63 @@ def test_sampling_refused_by_2026_10_21_is_dropped_and_said_or_skips_by_the_rule
     out = body(current, request)
     assert out["dropped"] == (("temperature", "top_p") if caller == "chat" else ("temperature", "top_p", "top_k"))
     assert not {"temperature", "top_p", "top_k"} & set(out)
-    assert formats.incapable(request, current, SamplingRule.DROP) is None
-    why = formats.incapable(request, current, SamplingRule.SKIP)
+    assert formats.incapable(request, current, ClientConfig()) is None
+    why = formats.incapable(request, current, SKIP_SAMPLING)
     assert why is not None and why.startswith("temperature, top_p") and "2026-10-21" in why and '"skip"' in why
     older = target("anthropic", 'anthropic_version = "2023-06-01"')
     kept = body(older, request)
     assert kept["dropped"] == () and kept["temperature"] == 0.5  # 2023-06-01 takes them
-    assert formats.incapable(request, older, SamplingRule.SKIP) is None
+    assert formats.incapable(request, older, SKIP_SAMPLING) is None
+
+
+# Claude Code 2.1.197's first request, cut down: every hint it sends and a mid-conversation
+# system message (captured from `claude -p "Say hello"` against capmon serve).
+CACHED = {"type": "ephemeral"}
+CLAUDE_CODE = {
+    "system": [
+        {"type": "text", "text": "billing"},
+        {"type": "text", "text": "You are an agent.", "cache_control": CACHED},
+    ],
+    "messages": [
+        {"role": "user", "content": [{"type": "text", "text": "Say hello", "cache_control": CACHED}]},
+        {"role": "system", "content": "Available agent types: claude."},
+    ],
+    "tools": [
+        {"name": "Read", "description": "Read a file", "input_schema": {"type": "object"}, "cache_control": CACHED}
+    ],
+    "metadata": {"user_id": "device-1"},
+    "max_tokens": 32000,
+    "thinking": {"type": "adaptive"},
+    "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
+    "output_config": {"effort": "high"},
+}
+HINTS = ("cache_control", "thinking", "output_config.effort", "context_management")
+
+
+def test_anthropic_hints_an_openai_target_cannot_honour_are_dropped_and_said_or_skip_by_the_rule() -> None:
+    request = ChatRequest.anthropic(CLAUDE_CODE)
+    openai_target = target("openai")
+    out = body(openai_target, request)
+    assert out["wire"] is Api.CHAT and out["dropped"] == HINTS
+    assert "cache_control" not in json.dumps([out["messages"], out["tools"]]) and not {
+        "thinking",
+        "output_config",
+        "context_management",
+    } & set(out)
+    assert [m["role"] for m in out["messages"]] == ["system", "user", "system"]
+    assert out["messages"][2]["content"] == "Available agent types: claude."
+    assert out["tools"][0]["function"]["name"] == "Read"
+    assert formats.incapable(request, openai_target, ClientConfig()) is None
+    why = formats.incapable(request, openai_target, ClientConfig(unhonoured_hints=SamplingRule.SKIP))
+    assert why is not None and why.startswith(", ".join(HINTS)) and 'unhonoured_hints = "skip"' in why
+    # the same format: every field passes through untouched, nothing said
+    same = body(target("anthropic"), request)
+    assert (
+        same["dropped"] == () and same["thinking"] == {"type": "adaptive"} and same["system"] == CLAUDE_CODE["system"]
+    )
+    assert (
+        same["messages"] == CLAUDE_CODE["messages"] and same["context_management"] == CLAUDE_CODE["context_management"]
+    )
 
 
 @pytest.mark.parametrize(
@@ -240,17 +294,32 @@ def test_sampling_refused_by_2026_10_21_is_dropped_and_said_or_skips_by_the_rule
         (
             ChatRequest.anthropic(
                 {
-                    "messages": [
-                        {
-                            "role": "user",
-                            "content": [{"type": "text", "text": "hi", "cache_control": {"type": "ephemeral"}}],
-                        }
-                    ]
+                    "messages": [{"role": "user", "content": "hi"}],
+                    "thinking": {"type": "enabled", "budget_tokens": 2048},
                 }
             ),
             "openai",
             "",
-            "cache_control",
+            "thinking",  # asks for reasoning output: no hint
+        ),
+        (
+            ChatRequest.anthropic(
+                {"messages": [{"role": "user", "content": "hi"}], "output_config": {"effort": "low"}}
+            ),
+            "openai",
+            "",
+            "effort",  # less than the default effort changes the answer
+        ),
+        (
+            ChatRequest.anthropic(
+                {
+                    "messages": [{"role": "user", "content": "hi"}],
+                    "context_management": {"edits": [{"type": "clear_tool_uses_20250919"}]},
+                }
+            ),
+            "openai",
+            "",
+            "context_management",  # clearing tool results changes what the model sees
         ),
         (
             ChatRequest.anthropic(
@@ -268,7 +337,7 @@ def test_sampling_refused_by_2026_10_21_is_dropped_and_said_or_skips_by_the_rule
 def test_what_a_target_cannot_carry_makes_it_incapable_with_the_reason(
     request_: ChatRequest, api: str, extra: str, reason: str
 ) -> None:
-    why = formats.incapable(request_, target(api, extra), SamplingRule.DROP)
+    why = formats.incapable(request_, target(api, extra), ClientConfig())
     if reason:
         assert why is not None and reason in why
     else:

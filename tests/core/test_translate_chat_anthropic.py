@@ -212,6 +212,18 @@ BOTH_WAYS: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
         },
     ),
     (
+        # Claude Code's mid-conversation system message (the SDK's SystemMessageParam)
+        "mid-conversation-system",
+        chat(user("Hi"), {"role": "assistant", "content": "Hello!"}, {"role": "system", "content": "Now in French."}),
+        {
+            "messages": [
+                user([{"type": "text", "text": "Hi"}]),
+                {"role": "assistant", "content": [{"type": "text", "text": "Hello!"}]},
+                {"role": "system", "content": [{"type": "text", "text": "Now in French."}]},
+            ]
+        },
+    ),
+    (
         "user-id",
         chat(user("Hi"), user="u-42"),
         {"messages": [user([{"type": "text", "text": "Hi"}])], "metadata": {"user_id": "u-42"}},
@@ -314,7 +326,6 @@ CHAT_REFUSED = [
     ),
     ("temperature-over-1", chat(user("Hi"), temperature=1.5), "temperature = 1.5"),
     ("penalty", chat(user("Hi"), frequency_penalty=0.5), "frequency_penalty"),
-    ("late-system", chat(user("Hi"), {"role": "system", "content": "Now be rude."}), "after the conversation began"),
     ("web-search", chat(user("Hi"), web_search_options={"search_context_size": "low"}), "web_search_options"),
     ("bmp-image", chat(user([{"type": "image_url", "image_url": {"url": "data:image/bmp;base64,Qk0="}}])), "image/bmp"),
     ("file-part", chat(user([{"type": "file", "file": {"file_id": "file-1"}}])), "file part"),
@@ -339,8 +350,13 @@ def test_chat_requests_anthropic_cannot_carry_are_refused(name: str, body: dict[
         tr.chat_to_messages(body)
 
 
+THINKING_ON = {"type": "enabled", "budget_tokens": 2048}
+LOW_EFFORT = {"effort": "low"}
+CLEAR_TOOLS = {"edits": [{"type": "clear_tool_uses_20250919"}]}
 MESSAGES_REFUSED = [
-    ("thinking", anthropic(user("Hi"), thinking={"type": "enabled", "budget_tokens": 2048}), "thinking"),
+    ("thinking", anthropic(user("Hi"), thinking=THINKING_ON), "thinking"),
+    ("thinking-off", anthropic(user("Hi"), thinking={"type": "disabled"}), "thinking"),  # a hint: see HINTED
+    ("clear-tool-uses", anthropic(user("Hi"), context_management=CLEAR_TOOLS), "context_management"),
     ("adaptive-thinking", anthropic(user("Hi"), thinking={"type": "adaptive"}), "thinking"),
     ("top-level-cache-control", anthropic(user("Hi"), cache_control={"type": "ephemeral"}), "cache_control"),
     (
@@ -407,7 +423,105 @@ def test_fields_that_mean_nothing_to_the_answer_do_not_stop_a_request() -> None:
         logprobs=False,
     )
     assert tr.chat_incapable(body) is None
-    assert tr.messages_incapable(anthropic(user("Hi"), service_tier="auto", thinking={"type": "disabled"})) is None
+    assert tr.messages_incapable(anthropic(user("Hi"), service_tier="auto")) is None
+
+
+# (name, Messages request, the hints taken out, the request without them): fields that say
+# how to serve, never what an answer means, which OpenAI's chat cannot honour.
+CACHE = {"type": "ephemeral"}
+HINTED = [
+    ("top-level-cache", anthropic(user("Hi"), cache_control=CACHE), ("cache_control",), anthropic(user("Hi"))),
+    (
+        "block-system-tool-and-tool-result-cache",
+        anthropic(
+            user([{"type": "text", "text": "Hi", "cache_control": CACHE}]),
+            {"role": "assistant", "content": [USE]},
+            user(
+                [
+                    {
+                        "type": "tool_result",
+                        "tool_use_id": "call_1",
+                        "content": [{"type": "text", "text": "18C", "cache_control": CACHE}],
+                    }
+                ]
+            ),
+            system=[{"type": "text", "text": "S", "cache_control": CACHE}],
+            tools=[{**ANTHROPIC_TOOL, "cache_control": CACHE}],
+        ),
+        ("cache_control",),
+        anthropic(
+            user([{"type": "text", "text": "Hi"}]),
+            {"role": "assistant", "content": [USE]},
+            user([{"type": "tool_result", "tool_use_id": "call_1", "content": [{"type": "text", "text": "18C"}]}]),
+            system=[{"type": "text", "text": "S"}],
+            tools=[ANTHROPIC_TOOL],
+        ),
+    ),
+    ("adaptive-thinking", anthropic(user("Hi"), thinking={"type": "adaptive"}), ("thinking",), anthropic(user("Hi"))),
+    ("thinking-off", anthropic(user("Hi"), thinking={"type": "disabled"}), ("thinking",), anthropic(user("Hi"))),
+    (
+        "default-effort",
+        anthropic(user("Hi"), output_config={"effort": "high"}),
+        ("output_config.effort",),
+        anthropic(user("Hi")),
+    ),
+    (
+        "default-effort-and-a-format",
+        anthropic(user("Hi"), output_config={"effort": "high", "format": {"type": "json_schema", "schema": WEATHER}}),
+        ("output_config.effort",),
+        anthropic(user("Hi"), output_config={"format": {"type": "json_schema", "schema": WEATHER}}),
+    ),
+    (
+        "clear-thinking-edits",
+        anthropic(user("Hi"), context_management={"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]}),
+        ("context_management",),
+        anthropic(user("Hi")),
+    ),
+    (
+        "claude-code-all-four",
+        anthropic(
+            user("Hi"),
+            cache_control=CACHE,
+            thinking={"type": "adaptive"},
+            output_config={"effort": "high"},
+            context_management={"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
+        ),
+        ("cache_control", "thinking", "output_config.effort", "context_management"),
+        anthropic(user("Hi")),
+    ),
+    # not hints: they stay, and the translation refuses them (MESSAGES_REFUSED)
+    (
+        "thinking-with-a-budget",
+        anthropic(user("Hi"), thinking=THINKING_ON),
+        (),
+        anthropic(user("Hi"), thinking=THINKING_ON),
+    ),
+    (
+        "low-effort",
+        anthropic(user("Hi"), output_config=LOW_EFFORT),
+        (),
+        anthropic(user("Hi"), output_config=LOW_EFFORT),
+    ),
+    (
+        "clear-tool-uses",
+        anthropic(user("Hi"), context_management=CLEAR_TOOLS),
+        (),
+        anthropic(user("Hi"), context_management=CLEAR_TOOLS),
+    ),
+]
+
+
+@pytest.mark.parametrize(("name", "body", "hints", "rest"), HINTED, ids=[c[0] for c in HINTED])
+def test_hints_are_taken_out_and_named_and_the_rest_translates_or_is_refused(
+    name: str, body: dict[str, Any], hints: tuple[str, ...], rest: dict[str, Any]
+) -> None:
+    ANTHROPIC_BODY.validate_python(body)
+    assert tr.without_hints(body) == (rest, hints)
+    if hints:
+        assert tr.messages_incapable(body) is not None  # the translation alone never drops them silently
+        assert tr.messages_incapable(rest) is None
+    else:
+        assert tr.messages_incapable(rest) is not None
 
 
 def test_sampling_a_2026_target_refuses_is_named_after_translation() -> None:

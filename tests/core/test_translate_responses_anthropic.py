@@ -122,6 +122,16 @@ TABLE: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
         },
     ),
     (
+        "mid-conversation-developer",
+        req([{"role": "user", "content": "Hi"}, {"role": "developer", "content": "Answer in French."}]),
+        {
+            "messages": [
+                text_user("Hi"),
+                {"role": "system", "content": [{"type": "text", "text": "Answer in French."}]},
+            ]
+        },
+    ),
+    (
         "json-schema-text-format",
         req("Hi", text={"format": {"type": "json_schema", "name": "output", "schema": WEATHER}}),
         {"messages": [text_user("Hi")], "output_config": {"format": {"type": "json_schema", "schema": WEATHER}}},

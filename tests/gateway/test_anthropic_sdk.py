@@ -153,7 +153,7 @@ async def test_the_gateways_refusals_are_the_sdks_typed_exceptions(style: str) -
                 await sdk.messages.create(
                     model="auto",
                     max_tokens=10,
-                    messages=[{"role": "system", "content": "hi"}],  # type: ignore[list-item]
+                    messages=[{"role": "tool", "content": "hi"}],  # type: ignore[list-item]
                 )
             with pytest.raises(anthropic.BadRequestError) as missing:
                 await sdk.messages.create(model="auto", max_tokens=10, messages=HI, extra_body={"max_tokens": None})

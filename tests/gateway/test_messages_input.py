@@ -31,7 +31,12 @@ BODIES: list[tuple[Any, str]] = [
     ({k: v for k, v in OK.items() if k != "model"}, "model parameter"),
     ({**OK, "messages": []}, "messages: expected a non-empty list"),
     ({**OK, "messages": "hi"}, "messages: expected a non-empty list"),
-    ({**OK, "messages": [{"role": "system", "content": "x"}]}, "messages[0].role: expected 'user' or 'assistant'"),
+    ({**OK, "messages": [{"role": "tool", "content": "x"}]}, "messages[0].role: expected 'user', 'assistant' or"),
+    ({**OK, "messages": [*HI, {"role": "system", "content": 5}]}, "messages[1].content: expected a string or a list"),
+    (
+        {**OK, "messages": [*HI, {"role": "system", "content": [{"type": "image"}]}]},
+        "messages[1].content[0]: expected a text block",
+    ),
     ({**OK, "messages": [{"content": "x"}]}, "messages[0].role: missing"),
     ({**OK, "messages": [{"role": "user", "content": 5}]}, "messages[0].content: expected a string or a list"),
     ({**OK, "messages": [{"role": "user"}]}, "messages[0].content: expected a string or a list"),

@@ -1,0 +1,94 @@
+"""A request's prompt is estimated by its API (capmon/core/tokens.py), so context windows
+and token budgets see Anthropic Messages and Responses requests as they are, not as
+empty chat requests: a long one skips a model whose window is too small, without
+sending, and is served by a larger one. Over real HTTP against the simulator."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+
+from capmon.core.config import SIMULATOR_DEMO_KEY, parse_config
+from capmon.core.errors import Kind
+from capmon.core.exceptions import RequestFailed
+from capmon.core.result import Api, ChatRequest
+from capmon.core.router import FallbackClient
+from capmon.core.tokens import estimate_body, estimate_request, estimate_tokens
+from capmon.sim.scenario import Scenario
+from capmon.sim.server import start_simulator
+from tests.support.simulated import sim_model
+
+pytestmark = pytest.mark.looptime
+
+LONG = "word " * 8_000  # 40,000 characters: about 10,000 tokens
+TOOL = {"name": "Read", "description": "Read a file " * 100, "input_schema": {"type": "object"}}
+
+
+def test_each_apis_prompt_is_counted_with_its_system_prompt_and_tools() -> None:
+    text = [{"role": "user", "content": "x" * 400}]
+    assert estimate_body(Api.MESSAGES, {"messages": text}) == estimate_tokens(text) == 104
+    assert estimate_body(Api.MESSAGES, {"messages": text, "system": "y" * 400}) == 208
+    tools = estimate_body(Api.MESSAGES, {"messages": text, "tools": [TOOL]}) - 104
+    assert tools > 300  # the tool's JSON, description and schema, as text
+    result = [
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": "t", "content": [{"type": "text", "text": "z" * 400}]}],
+        },
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {"q": "q" * 391}}]},
+    ]
+    # the tool result's text, the tool call's input as JSON ({"q": "..."}: 9 characters around it)
+    assert estimate_body(Api.MESSAGES, {"messages": result}) == 100 + 100 + 2 * 4
+    responses = {
+        "instructions": "y" * 400,
+        "input": [
+            {"role": "user", "content": "x" * 400},
+            {"type": "function_call", "call_id": "c", "name": "f", "arguments": "a" * 400},
+            {"type": "function_call_output", "call_id": "c", "output": "o" * 400},
+        ],
+    }
+    assert estimate_body(Api.RESPONSES, responses) == 4 * 104
+    assert estimate_body(Api.RESPONSES, {"input": "x" * 400}) == 104
+    assert estimate_request(ChatRequest.anthropic({"messages": text, "system": "y" * 400})) == 208
+    assert estimate_request(ChatRequest.responses({"input": "x" * 400, "instructions": "y" * 400})) == 208
+    assert estimate_request(ChatRequest.of(text)) == 104
+
+
+def _client(server: Any, api: str) -> FallbackClient:
+    """small (a 4,000-token window) first, then large, both on the simulator's ``api`` wire."""
+    base = server.origin if api == "anthropic" else server.base_url
+    text = (
+        f'[simulator]\nenabled = false\n\n[[endpoints]]\nname = "ep"\napi = "{api}"\nbase_url = "{base}"\n'
+        f'keys = [{{ env = "KEY" }}]\n'
+    )
+    for name, window in (("small", 4_000), ("large", 128_000)):
+        text += (
+            f'\n[[models]]\nname = "{name}"\napi_model = "sim-{name}"\nendpoints = ["ep"]\n'
+            f"context_window = {window}\nmax_tokens = 64\n"
+        )
+    return FallbackClient(parse_config(text, "test.toml"), environ={"KEY": SIMULATOR_DEMO_KEY})
+
+
+@pytest.mark.parametrize("api", ["anthropic", "openai"])
+async def test_a_long_messages_or_responses_request_skips_a_window_too_small_and_falls_back(api: str) -> None:
+    small = dataclasses.replace(sim_model("small", api=api), context_window=4_000)
+    server = await start_simulator(Scenario(models=(small, sim_model("large", api=api)), keys=(SIMULATOR_DEMO_KEY,)))
+    try:
+        async with _client(server, api) as client:
+            if api == "anthropic":
+                result = await client.messages({"max_tokens": 64, "messages": [{"role": "user", "content": LONG}]})
+                call = client.messages({"max_tokens": 64, "messages": [{"role": "user", "content": LONG * 40}]})
+            else:
+                result = await client.responses({"input": [{"role": "user", "content": LONG}]})
+                call = client.responses({"input": LONG * 40})
+            with pytest.raises(RequestFailed) as info:  # 400,000 tokens: over every window
+                await call
+            stats = server.simulator.stats()["models"]
+    finally:
+        await server.stop()
+    # small was never sent the request: its window (4,000) cannot hold ~10,000 tokens
+    assert result.model == "large" and [a.model for a in result.attempts] == ["large"]
+    assert info.value.failure.kind is Kind.TOO_LARGE and "context window" in info.value.failure.reason
+    assert stats["sim-small"]["requests"] == 0 and stats["sim-large"]["requests"] == 1, stats
