@@ -324,8 +324,8 @@ async def test_garbage_in_every_key_and_channel_loses_no_request_and_heals_withi
             await until(lambda: admin.exists(f"{namespace}:budget", f"{_target(namespace)}:rpm") == 2)
             await until(lambda: b.pinned == "flagship")
             models: list[str] = []
-            load = asyncio.ensure_future(_load((a, b), 0.8, models))
-            await asyncio.sleep(0.2)
+            load = asyncio.ensure_future(_load((a, b), 0.5, models))
+            await asyncio.sleep(0.1)
             write(admin, where(namespace))
             t0 = time.perf_counter()
             await load  # every request answered: an error or a 500-worthy exception raises here
