@@ -128,7 +128,10 @@ def _failed_response(status: int, headers: Any, body: bytes, wall: float, quota_
 
 
 def _build(http: Sender, req: Request) -> httpx.Request:
-    return http.request(req.target.urls[req.api], req.target.http_headers, json.dumps(req.body).encode())
+    headers = req.target.http_headers
+    if req.request is not None and req.request.betas and req.api is Api.MESSAGES is req.request.api:
+        headers = formats.with_betas(headers, req.request.betas)
+    return http.request(req.target.urls[req.api], headers, json.dumps(req.body).encode())
 
 
 def _crossed(req: Request, answer: Answer, response: Mapping[str, Any], wall: float) -> None:

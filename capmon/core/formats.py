@@ -76,6 +76,16 @@ def credentials(endpoint: EndpointConfig, secret: str) -> dict[str, str]:
     return {"authorization": f"Bearer {secret}"}
 
 
+def with_betas(headers: list[tuple[bytes, bytes]], betas: tuple[str, ...]) -> list[tuple[bytes, bytes]]:
+    """A target's headers with the caller's Anthropic betas added to the endpoint's own
+    ``anthropic-beta`` (one header, the endpoint's first, each beta once)."""
+    mine = [v.decode("latin-1") for k, v in headers if k == b"anthropic-beta"]
+    names = [b.strip() for v in mine for b in v.split(",") if b.strip()]
+    names += [b for b in betas if b not in names]
+    rest = [(k, v) for k, v in headers if k != b"anthropic-beta"]
+    return [*rest, (b"anthropic-beta", ",".join(names).encode("latin-1"))]
+
+
 # ---------------------------------------------------------------- requests
 
 

@@ -57,6 +57,9 @@ class ChatRequest:
     priority: Priority = Priority.INTERACTIVE
     deadline: float | None = None
     api: Api = Api.CHAT
+    # Anthropic beta features the caller asked for (its ``anthropic-beta`` header): sent on
+    # to an Anthropic-wire target that serves the request in its own format, nowhere else.
+    betas: tuple[str, ...] = ()
 
     @staticmethod
     def of(
@@ -99,6 +102,7 @@ class ChatRequest:
         priority: Priority = Priority.INTERACTIVE,
         deadline: float | None = None,
         item_id: str | None = None,
+        betas: tuple[str, ...] = (),
     ) -> ChatRequest:
         """A request in ``api``'s own format (the Responses API, Anthropic's Messages):
         ``body`` is sent as it is to a target of that format, but ``model``, ``stream`` and
@@ -114,6 +118,7 @@ class ChatRequest:
             priority=Priority(priority),
             deadline=deadline,
             api=api,
+            betas=betas,
         )
 
     @staticmethod

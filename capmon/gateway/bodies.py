@@ -17,6 +17,7 @@ from capmon.gateway.auth import Caller
 from capmon.gateway.models import ModelNames
 
 DEADLINE_HEADER = "x-capmon-deadline"
+BETA_HEADER = "anthropic-beta"  # forwarded to Anthropic-wire targets of a same-format request
 PRIORITY_HEADER = "x-capmon-priority"
 VERSION_HEADER = "anthropic-version"
 
@@ -121,7 +122,8 @@ def messages(body: dict[str, Any], headers: Mapping[str, str], caller: Caller, n
     fields.positive_int(body, "top_k")
     fields.strings(body, "stop_sequences")
     priority = _priority(headers, caller)
-    request = ChatRequest.anthropic(body, model=model, priority=priority, deadline=_deadline(headers))
+    betas = fields.betas(headers.get(BETA_HEADER), BETA_HEADER)
+    request = ChatRequest.anthropic(body, model=model, priority=priority, deadline=_deadline(headers), betas=betas)
     return Wanted(request, stream, priority)
 
 

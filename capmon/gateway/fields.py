@@ -28,6 +28,8 @@ E = TypeVar("E", bound=enum.Enum)
 _SECONDS = re.compile(r"[0-9]{1,9}(?:\.[0-9]{1,6})?")
 # An event number: bounded ASCII digits, far past any gateway's lifetime of events.
 _EVENT_NUMBER = re.compile(r"[0-9]{1,18}")
+_BETA = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+MAX_BETAS = 32
 _HEADER_SHOWN = 40  # characters of a refused value repeated in the error
 
 
@@ -342,3 +344,17 @@ def event_number(raw: str | None, name: str) -> int | None:
     if not _EVENT_NUMBER.fullmatch(text):
         raise bad(f"{name}: expected the number of an event (up to 18 digits), got {_shown(raw)}", name)
     return int(text)
+
+
+def betas(raw: str | None, name: str) -> tuple[str, ...]:
+    """Anthropic's ``anthropic-beta``: feature names, comma-separated (as the SDKs send
+    them), each a short token; anything else is a 400 naming the header."""
+    if raw is None or not raw.strip():
+        return ()
+    names = [b.strip() for b in raw.split(",")]
+    if len(names) > MAX_BETAS or not all(_BETA.fullmatch(b) for b in names):
+        raise bad(
+            f"{name}: expected beta feature names separated by commas (at most {MAX_BETAS}), got {_shown(raw)}",
+            name,
+        )
+    return tuple(dict.fromkeys(names))

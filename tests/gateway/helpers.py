@@ -77,10 +77,11 @@ def config(
     max_tokens: int = 64,
     anthropic: tuple[str, ...] = (),
     anthropic_version: str = "2026-10-21",
+    anthropic_headers: str = "",
 ) -> Config:
     """The models in ``models``' order, on the simulator's OpenAI wire (endpoint ``sim``),
     but those in ``anthropic``, on its Anthropic wire (endpoint ``anthropic``, the simulator's
-    origin, ``anthropic_version``)."""
+    origin, ``anthropic_version``, ``anthropic_headers`` as a TOML inline table)."""
     text = (
         f'[simulator]\nenabled = false\n\n[[endpoints]]\nname = "sim"\nbase_url = "{base_url}"\n'
         f'keys = [{{ env = "{key_env}", alias = "sim-key" }}]\n'
@@ -90,6 +91,7 @@ def config(
             f'\n[[endpoints]]\nname = "anthropic"\napi = "anthropic"\nbase_url = "{base_url.removesuffix("/v1")}"\n'
             f'anthropic_version = "{anthropic_version}"\nkeys = [{{ env = "{key_env}", alias = "claude-key" }}]\n'
         )
+        text += f"headers = {anthropic_headers}\n" if anthropic_headers else ""
     for m in models:
         where = "anthropic" if m in anthropic else "sim"
         text += (
