@@ -165,6 +165,7 @@ async def sample_wal(db: Path, texts: Texts, stop: asyncio.Event) -> int:
     return seen
 
 
+@pytest.mark.timeout(180)  # about 20 s; three times that and more on a loaded machine
 async def test_a_batch_job_leaves_the_key_nowhere(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG)
     for name in ("capmon", "httpx", "httpcore", "asyncio", "textual"):

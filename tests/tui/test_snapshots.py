@@ -7,17 +7,31 @@ and look at every changed SVG before committing it.
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 from textual.pilot import Pilot
 
+import capmon.tui.app
 from capmon.tui.app import CapmonApp
 from tests.tui.conftest import SIZE
 from tests.tui.fakes import FakeSource, fleet, outage, steady
 
 
+class StillApp(CapmonApp):
+    """The dashboard with toasts that stay: a toast's timeout runs on the real clock, so on
+    a loaded machine the snapshot could be taken after a 5 s toast was gone."""
+
+    CSS_PATH = str(Path(capmon.tui.app.__file__).with_name(CapmonApp.CSS_PATH))  # beside the app's module
+
+    def notify(self, message: str, *args: Any, **kw: Any) -> None:
+        kw["timeout"] = 3600.0
+        super().notify(message, *args, **kw)
+
+
 def app_for(source: FakeSource) -> CapmonApp:
     # A long refresh: the first refresh happens on start, and nothing moves after it.
-    return CapmonApp(source, refresh=10.0, drain_every=0.0)
+    return StillApp(source, refresh=10.0, drain_every=0.0)
 
 
 def settled(source: FakeSource) -> Callable[[Pilot], object]:
