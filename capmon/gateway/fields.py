@@ -265,30 +265,27 @@ def required_positive_int(body: Mapping[str, Any], name: str) -> int:
     return value
 
 
-def strings(body: Mapping[str, Any], name: str) -> list[str] | None:
-    """A list of strings (stop_sequences); None when absent."""
+def _list_of(body: Mapping[str, Any], name: str, kind: type, what: str) -> list[Any] | None:
+    """A list whose every item is a ``kind`` (``what``, for the error); None when absent."""
     value = body.get(name)
     if value is None:
         return None
     if not isinstance(value, list):
-        raise _expected(name, "a list of strings", value)
+        raise _expected(name, f"a list of {what}s", value)
     for j, item in enumerate(value):
-        if not isinstance(item, str):
-            raise _expected(f"{name}[{j}]", "a string", item)
+        if not isinstance(item, kind):
+            raise _expected(f"{name}[{j}]", f"a{'n' if what[0] in 'aeiou' else ''} {what}", item)
     return value
+
+
+def strings(body: Mapping[str, Any], name: str) -> list[str] | None:
+    """A list of strings (stop_sequences); None when absent."""
+    return _list_of(body, name, str, "string")
 
 
 def objects(body: Mapping[str, Any], name: str) -> list[dict[str, Any]] | None:
     """A list of objects (Anthropic's tools); None when absent."""
-    value = body.get(name)
-    if value is None:
-        return None
-    if not isinstance(value, list):
-        raise _expected(name, "a list of objects", value)
-    for j, item in enumerate(value):
-        if not isinstance(item, dict):
-            raise _expected(f"{name}[{j}]", "an object", item)
-    return value
+    return _list_of(body, name, dict, "object")
 
 
 def typed_object(body: Mapping[str, Any], name: str) -> dict[str, Any] | None:

@@ -19,6 +19,7 @@ from starlette.applications import Starlette
 from capmon.core.config import SIMULATOR_DEMO_KEY, Config, parse_config
 from capmon.core.router import FallbackClient
 from capmon.gateway import GatewayServer, close_app, create_app, load_settings, start_server
+from capmon.gateway.connections import ConnectionLimits
 from capmon.sim.scenario import ModelSpec, Scenario
 from capmon.sim.server import SimHandle, start_simulator
 
@@ -213,3 +214,14 @@ def sse_frames(text: str) -> list[dict[str, Any]]:
 
 def data_of(frames: list[dict[str, Any]]) -> list[Any]:
     return [json.loads(f["data"]) for f in frames if "data" in f and f["data"] != "[DONE]"]
+
+
+@contextlib.asynccontextmanager
+async def upstream(app: Starlette) -> AsyncIterator[str]:
+    """A test's own upstream (an app that is not a gateway) on a loopback port: its /v1 URL."""
+    limits = ConnectionLimits(header_timeout=10, keep_alive_timeout=15, write_timeout=30, max_connections=100)
+    server = await start_server(app, "127.0.0.1", 0, limits=limits)
+    try:
+        yield server.base_url
+    finally:
+        await server.stop()

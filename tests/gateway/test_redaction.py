@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -19,9 +18,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from capmon.audit import AuditLog
-from capmon.gateway import start_server
-from capmon.gateway.connections import ConnectionLimits
-from tests.gateway.helpers import HELLO, gateway_for, running, sse_frames
+from tests.gateway.helpers import HELLO, gateway_for, running, sse_frames, upstream
 
 pytestmark = pytest.mark.looptime
 
@@ -57,43 +54,32 @@ def _hostile_upstream(echo: dict[str, str]) -> Starlette:
     return Starlette(routes=[Route("/v1/{path:path}", answer, methods=["POST"])])
 
 
-async def _upstream(echo: dict[str, str]) -> AsyncIterator[str]:
-    limits = ConnectionLimits(header_timeout=10, keep_alive_timeout=15, write_timeout=30, max_connections=100)
-    server = await start_server(_hostile_upstream(echo), "127.0.0.1", 0, limits=limits)
-    try:
-        yield server.base_url
-    finally:
-        await server.stop()
-
-
 @pytest.mark.parametrize("field", ["message", "param", "code", "type", "top-level", "nested", "stream"])
 async def test_a_key_echoed_in_any_field_of_a_providers_error_never_reaches_client_log_or_audit(
     field: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.DEBUG)
     echo = {"field": field}
-    upstreams = _upstream(echo)
-    base_url = await anext(upstreams)
-    try:
-        async with gateway_for(base_url, environ={"GW_PROVIDER_KEY": CANARY}, extra="[client]\nmax_attempts = 2") as (
+    async with (
+        upstream(_hostile_upstream(echo)) as base_url,
+        gateway_for(base_url, environ={"GW_PROVIDER_KEY": CANARY}, extra="[client]\nmax_attempts = 2") as (
             client,
             _,
             server,
-        ):
-            audit = AuditLog(clock=client.clock)
-            client.add_observer(audit.observe)
-            async with httpx.AsyncClient(base_url=server.origin, trust_env=False, timeout=60) as http:
-                stream = field == "stream"
-                r = await http.post("/v1/chat/completions", json={"model": "auto", "messages": HELLO, "stream": stream})
-                snapshot = await http.get("/capmon/snapshot")
-                async with http.stream("GET", "/capmon/events") as events:
-                    lines = []
-                    async for line in events.aiter_lines():
-                        lines.append(line)
-                        if line.startswith("data:") and "RequestDone" in line:
-                            break
-    finally:
-        await upstreams.aclose()
+        ),
+    ):
+        audit = AuditLog(clock=client.clock)
+        client.add_observer(audit.observe)
+        async with httpx.AsyncClient(base_url=server.origin, trust_env=False, timeout=60) as http:
+            stream = field == "stream"
+            r = await http.post("/v1/chat/completions", json={"model": "auto", "messages": HELLO, "stream": stream})
+            snapshot = await http.get("/capmon/snapshot")
+            async with http.stream("GET", "/capmon/events") as events:
+                lines = []
+                async for line in events.aiter_lines():
+                    lines.append(line)
+                    if line.startswith("data:") and "RequestDone" in line:
+                        break
     rows = audit.drain()
     assert r.status_code == (502 if field == "stream" else 400), r.text
     assert rows, "the audit saw the attempts"
