@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from capmon.core.errors import QUOTA_HINT, Failure, Kind, classify_event
-from capmon.core.wire import Event, Frame, FrameKind
+from capmon.core.wire import Event, Frame, FrameKind, typed_event
 
 MESSAGES_PATH = "/v1/messages"
 COUNT_TOKENS_PATH = "/v1/messages/count_tokens"
@@ -220,15 +220,10 @@ def read_frame(frame: Frame, *, now: float | None = None, quota_hint: float = QU
     unknown event types (Anthropic says new ones may appear) are ignored; a delta that
     carries text, tool input or thinking, and ``message_delta`` (the stop reason), are output.
     """
-    data = frame.data.strip()
-    try:
-        obj = json.loads(data) if data else None
-    except (ValueError, RecursionError):
-        return Event(
-            FrameKind.BROKEN, failure=Failure(Kind.TRANSIENT, "200 with a broken stream event (not JSON)", 200)
-        )
-    kind = obj.get("type") if isinstance(obj, dict) else None
-    name = frame.event or (kind if isinstance(kind, str) else "")
+    decoded = typed_event(frame)
+    if isinstance(decoded, Event):
+        return decoded
+    obj, kind, name = decoded
     if name == "error" or kind == "error":
         return Event(FrameKind.ERROR, failure=event_failure(obj, now=now, quota_hint=quota_hint))
     if name == "ping":

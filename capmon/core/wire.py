@@ -459,12 +459,10 @@ def parse_response(status: int, body: bytes | None) -> Mapping[str, Any] | None:
     return None
 
 
-def read_responses_frame(frame: Frame, *, now: float | None = None, quota_hint: float = QUOTA_HINT) -> Event:
-    """What one SSE frame of a Responses API stream is. Never raises.
-
-    ``response.completed`` / ``response.incomplete`` is DONE (its ``response`` is the
-    answer); ``response.failed`` and ``error`` are errors; the preamble events are held;
-    every other event is output."""
+def typed_event(frame: Frame) -> Event | tuple[Any, Any, str]:
+    """A frame of a stream whose events carry a ``type`` (the Responses API, Anthropic's
+    Messages): (the decoded data, its type, the event's name: the ``event:`` line or the
+    type), or the BROKEN event when the data is not JSON."""
     data = frame.data.strip()
     try:
         obj = json.loads(data) if data else None
@@ -473,7 +471,19 @@ def read_responses_frame(frame: Frame, *, now: float | None = None, quota_hint: 
             FrameKind.BROKEN, failure=Failure(Kind.TRANSIENT, "200 with a broken stream event (not JSON)", 200)
         )
     kind = obj.get("type") if isinstance(obj, dict) else None
-    name = frame.event or (kind if isinstance(kind, str) else "")
+    return obj, kind, frame.event or (kind if isinstance(kind, str) else "")
+
+
+def read_responses_frame(frame: Frame, *, now: float | None = None, quota_hint: float = QUOTA_HINT) -> Event:
+    """What one SSE frame of a Responses API stream is. Never raises.
+
+    ``response.completed`` / ``response.incomplete`` is DONE (its ``response`` is the
+    answer); ``response.failed`` and ``error`` are errors; the preamble events are held;
+    every other event is output."""
+    decoded = typed_event(frame)
+    if isinstance(decoded, Event):
+        return decoded
+    obj, kind, name = decoded
     if name in _ERROR_EVENTS or (
         isinstance(obj, dict)
         and "error" in obj
