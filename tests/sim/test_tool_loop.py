@@ -19,6 +19,7 @@ from capmon.core.config import SIMULATOR_DEMO_KEY
 from capmon.sim.scenario import ModelSpec, Scenario
 from capmon.sim.server import SimHandle, running_simulator
 from capmon.sim.tools import LastTurn, Tool, ToolRequest
+from tests.sim.helpers import openai_sdk
 
 EXEC_SCHEMA = {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]}
 SHELL_SCHEMA = {
@@ -100,7 +101,7 @@ async def sim() -> AsyncIterator[SimHandle]:
 
 @pytest.fixture
 async def client(sim: SimHandle) -> AsyncIterator[openai.AsyncOpenAI]:
-    async with openai.AsyncOpenAI(base_url=sim.base_url, api_key=SIMULATOR_DEMO_KEY, max_retries=0) as c:
+    async with openai_sdk(sim.base_url) as c:
         yield c
 
 
