@@ -5,8 +5,9 @@ A model is served on the wire its scenario ``api`` names (openai, azure, anthrop
 API (OpenAI format; key as ``Authorization: Bearer KEY``, ``api-key`` or ``x-api-key``):
   POST /v1/chat/completions   plain JSON, or SSE when "stream": true, framed per the model's
                               stream_style (openai, azure, openrouter, vllm, ollama; see
-                              streams.py); tool calls when tool_choice asks for one (or the
-                              model's tools = "always"); max_tokens or max_completion_tokens
+                              streams.py); tool calls when tool_choice asks for one, when
+                              the last user message asks for a tool (see tools.py), or the
+                              model's tools = "always"; max_tokens or max_completion_tokens
                               (a model with token_param = "max_completion_tokens" answers
                               max_tokens with 400 unsupported_parameter)
   POST /v1/responses          the Responses API, plain or streamed (see responses.py)
@@ -81,7 +82,7 @@ from capmon.sim.replies import (
 )
 from capmon.sim.scenario import Scenario, load_scenario
 from capmon.sim.streams import FINGERPRINT, StreamPlan, answer_text, chat_stream, rejection_stream, tokens_of, usage
-from capmon.sim.tools import ToolCall, ToolError, ToolRequest, make_call, parse_tools
+from capmon.sim.tools import LastTurn, ToolCall, ToolError, ToolRequest, make_call, parse_tools, text_of
 
 SIM_HEADER = "x-capmon-simulator"
 
@@ -98,6 +99,15 @@ class ChatRequest:
     include_usage: bool
     sent_max_tokens: bool = False  # the legacy `max_tokens` was sent (some models refuse it)
     tools: ToolRequest | None = None
+    turn: LastTurn | None = None
+
+
+def last_turn(messages: list[dict[str, Any]]) -> LastTurn | None:
+    """The user's words or the tool's result that the conversation ends with."""
+    last = messages[-1]
+    if last.get("role") not in ("user", "tool"):
+        return None
+    return LastTurn(text_of(last.get("content")), is_tool_result=last["role"] == "tool")
 
 
 def parse_chat(body: Any) -> ChatRequest:
@@ -132,15 +142,19 @@ def parse_chat(body: Any) -> ChatRequest:
         include_usage,
         sent_max_tokens=body.get("max_tokens") is not None,
         tools=tools,
+        turn=last_turn(messages),
     )
 
 
 # ---------------------------------------------------------------- answers
 
 
-def _completion(ticket: Ticket, created: int, call: ToolCall | None = None) -> dict[str, Any]:
+def _completion(
+    ticket: Ticket, created: int, call: ToolCall | None = None, tool_result: str | None = None
+) -> dict[str, Any]:
     if call is None:
-        message: dict[str, Any] = {"role": "assistant", "content": " ".join(answer_text(ticket)), "refusal": None}
+        text = " ".join(answer_text(ticket, tool_result))
+        message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
         finish, completion = ticket.finish_reason, ticket.completion_tokens
     else:
         message = {
@@ -164,7 +178,7 @@ def _completion(ticket: Ticket, created: int, call: ToolCall | None = None) -> d
 
 
 def _tool_call(chat: ChatRequest, mode: str) -> ToolCall | None:
-    tool = chat.tools.wants_call(mode) if chat.tools is not None else None
+    tool = chat.tools.wants_call(mode, chat.turn) if chat.tools is not None else None
     return None if tool is None else make_call(tool)
 
 
@@ -215,11 +229,19 @@ async def serve_chat(request: Request, via: Via) -> Response | DropConnection:
     state = sim.state(chat.model)
     call = _tool_call(chat, state.tools)
     headers = {"x-request-id": f"req_{secrets.token_hex(12)}"}
+    result = chat.turn.tool_result if chat.turn is not None else None
     if chat.stream:
-        plan = StreamPlan(ticket, created, style=state.stream_style, include_usage=chat.include_usage, tool_call=call)
+        plan = StreamPlan(
+            ticket,
+            created,
+            style=state.stream_style,
+            include_usage=chat.include_usage,
+            tool_call=call,
+            tool_result=result,
+        )
         return SlotStream(chat_stream(sim.clock, plan), lambda done: sim.release(ticket, completed=done), headers)
     await hold(sim, ticket)
-    return JSONResponse(_completion(ticket, created, call), headers=headers)
+    return JSONResponse(_completion(ticket, created, call, result), headers=headers)
 
 
 async def _faulted(

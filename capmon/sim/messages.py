@@ -42,7 +42,7 @@ from capmon.sim.faults import HANG_SECONDS, HTML_500_PAGE, DropConnection, Fault
 from capmon.sim.model import Admitted, Faulted, Simulator, Ticket
 from capmon.sim.replies import BadRequest, SlotStream, hold, read_request, refusal, simulator, wire
 from capmon.sim.streams import answer_pieces, answer_text, argument_pieces, tokens_of
-from capmon.sim.tools import ToolCall, ToolError, ToolRequest, make_call, parse_anthropic_tools
+from capmon.sim.tools import LastTurn, ToolCall, ToolError, ToolRequest, make_call, parse_anthropic_tools, text_of
 
 VERSION_HEADER = "anthropic-version"
 SAMPLING_PARAMS = ("temperature", "top_p", "top_k")
@@ -69,6 +69,18 @@ class MessagesRequest:
     stream: bool
     version: ApiVersion
     tools: ToolRequest | None = None
+    turn: LastTurn | None = None
+
+
+def last_turn(messages: list[dict[str, Any]]) -> LastTurn | None:
+    """The user's words or the tools' results (``tool_result`` blocks) the conversation ends with."""
+    if not messages or messages[-1].get("role") != "user":
+        return None
+    content = messages[-1].get("content")
+    results = [b for b in _blocks(content) if isinstance(b, dict) and b.get("type") == "tool_result"]
+    if results:
+        return LastTurn(text_of(results), is_tool_result=True)
+    return LastTurn(text_of(content))
 
 
 def api_version(header: str | None) -> ApiVersion:
@@ -154,6 +166,7 @@ def parse_messages(body: Any, version: ApiVersion, *, counting: bool = False) ->
         stream and not counting,
         version,
         tools,
+        last_turn(messages),
     )
 
 
@@ -199,9 +212,9 @@ def _tool_block(call: ToolCall, *, whole: bool) -> dict[str, Any]:
     return {"type": "tool_use", "id": call.id, "name": call.name, "input": json.loads(call.arguments) if whole else {}}
 
 
-def complete_message(mid: str, ticket: Ticket, call: ToolCall | None) -> dict[str, Any]:
+def complete_message(mid: str, ticket: Ticket, call: ToolCall | None, tool_result: str | None = None) -> dict[str, Any]:
     if call is None:
-        content = [{"type": "text", "text": " ".join(answer_text(ticket))}]
+        content = [{"type": "text", "text": " ".join(answer_text(ticket, tool_result))}]
         reason, output = STOP_REASONS[ticket.finish_reason], ticket.completion_tokens
     else:
         content, reason, output = [_tool_block(call, whole=True)], "tool_use", tokens_of(call.arguments)
@@ -226,6 +239,7 @@ async def message_stream(
     ticket: Ticket,
     call: ToolCall | None,
     *,
+    tool_result: str | None = None,
     cut: bool = False,
     error_after: int | None = None,
 ) -> AsyncIterator[bytes]:
@@ -236,7 +250,7 @@ async def message_stream(
         yield dialects.anthropic_error_event()  # after message_start, before any output
         return
     if call is None:
-        pieces, costs = answer_pieces(ticket)
+        pieces, costs = answer_pieces(ticket, tool_result)
         block: dict[str, Any] = {"type": "text", "text": ""}
         reason, output = STOP_REASONS[ticket.finish_reason], ticket.completion_tokens
 
@@ -299,7 +313,7 @@ async def _read(
 
 
 def _tool_call(req: MessagesRequest, mode: str) -> ToolCall | None:
-    tool = req.tools.wants_call(mode) if req.tools is not None else None
+    tool = req.tools.wants_call(mode, req.turn) if req.tools is not None else None
     return None if tool is None else make_call(tool, prefix="toolu_sim")
 
 
@@ -339,12 +353,15 @@ async def create_message(request: Request) -> Response:
     assert isinstance(decision, Admitted)
     ticket = decision.ticket
     call = _tool_call(req, sim.state(req.model).tools)
+    result = req.turn.tool_result if req.turn is not None else None
     if req.stream:
         return SlotStream(
-            message_stream(sim.clock, mid, ticket, call), lambda done: sim.release(ticket, completed=done), headers
+            message_stream(sim.clock, mid, ticket, call, tool_result=result),
+            lambda done: sim.release(ticket, completed=done),
+            headers,
         )
     await hold(sim, ticket)
-    return JSONResponse(complete_message(mid, ticket, call), headers=headers)
+    return JSONResponse(complete_message(mid, ticket, call, result), headers=headers)
 
 
 async def _faulted(

@@ -9,6 +9,12 @@ response.content_part.added, response.output_text.delta ..., response.output_tex
 response.content_part.done, response.output_item.done, then response.completed (or
 response.incomplete when ``max_output_tokens`` cut the answer short, as OpenAI does).
 
+Function tools (``{"type": "function", "name", "parameters"}``) are called by the rule of
+tools.py: the answer is then a ``function_call`` output item (streamed as
+response.output_item.added, response.function_call_arguments.delta ...,
+response.function_call_arguments.done, response.output_item.done), and an ``input`` that
+ends with a ``function_call_output`` is answered in text that quotes the result.
+
 A full model whose dialect is ``responses-failed`` / ``responses-slow-down`` /
 ``responses-error`` rejects inside a 200 stream: response.failed with error code
 server_is_overloaded / slow_down, or an ``error`` event (the codes OpenAI's Codex client
@@ -32,7 +38,16 @@ from capmon.sim.dialects import Api, Wire
 from capmon.sim.faults import HANG_SECONDS, HTML_500_PAGE, DropConnection, FaultMode
 from capmon.sim.model import Admitted, Faulted, Simulator, Ticket
 from capmon.sim.replies import OPENAI_VIA, BadRequest, SlotStream, Via, hold, read_request, refusal, wire
-from capmon.sim.streams import STREAM_CHUNK_TOKENS, answer_text
+from capmon.sim.streams import STREAM_CHUNK_TOKENS, answer_text, argument_pieces, tokens_of
+from capmon.sim.tools import (
+    LastTurn,
+    ToolCall,
+    ToolError,
+    ToolRequest,
+    make_call,
+    parse_response_tools,
+    text_of,
+)
 
 MIN_OUTPUT_TOKENS = 16  # the Responses API refuses a smaller max_output_tokens
 
@@ -44,6 +59,28 @@ class ResponsesRequest:
     max_output_tokens: int | None
     stream: bool
     instructions: str | None
+    tools: ToolRequest | None = None
+    turn: LastTurn | None = None
+    echo_tools: tuple[Any, ...] = ()  # the request's tools and tool_choice, echoed in the response
+    echo_choice: Any = "auto"
+
+
+# Input items that carry a tool's result back to the model.
+RESULT_ITEMS = ("function_call_output", "custom_tool_call_output", "local_shell_call_output")
+
+
+def last_turn(given: str | list[dict[str, Any]]) -> LastTurn | None:
+    """The user's words or the tool's result that the input ends with."""
+    if isinstance(given, str):
+        return LastTurn(given)
+    if not given:
+        return None
+    last = given[-1]
+    if last.get("type") in RESULT_ITEMS:
+        return LastTurn(text_of(last.get("output")), is_tool_result=True)
+    if last.get("type", "message") == "message" and last.get("role") == "user":
+        return LastTurn(text_of(last.get("content")))
+    return None
 
 
 def _text_of(value: Any) -> int:
@@ -84,8 +121,27 @@ def parse_responses(body: Any) -> ResponsesRequest:
     stream = body.get("stream") or False
     if not isinstance(stream, bool):
         raise BadRequest(f"Invalid 'stream': expected a boolean, got {stream!r}.", "stream", model)
+    try:
+        tools = parse_response_tools(body)
+    except ToolError as e:
+        raise BadRequest(str(e), e.param, model) from None
     chars = _text_of(given) + len(instructions or "")
-    return ResponsesRequest(model, tokens_for_chars(chars), cap, stream, instructions)
+    return ResponsesRequest(
+        model,
+        tokens_for_chars(chars),
+        cap,
+        stream,
+        instructions,
+        tools,
+        last_turn(given),
+        tuple(body.get("tools") or ()),
+        body.get("tool_choice") or "auto",
+    )
+
+
+def tool_call(req: ResponsesRequest, mode: str) -> ToolCall | None:
+    tool = req.tools.wants_call(mode, req.turn) if req.tools is not None else None
+    return None if tool is None else make_call(tool)
 
 
 # ---------------------------------------------------------------- shapes
@@ -97,6 +153,18 @@ def _ids(ticket: Ticket) -> tuple[str, str]:
 
 def _part(text: str) -> dict[str, Any]:
     return {"type": "output_text", "annotations": [], "logprobs": [], "text": text}
+
+
+def _function_call(ticket: Ticket, call: ToolCall, status: str, arguments: str) -> dict[str, Any]:
+    """ResponseFunctionToolCall: ``id`` is the item's, ``call_id`` what function_call_output answers."""
+    return {
+        "id": f"fc_sim{ticket.id:016d}",
+        "type": "function_call",
+        "status": status,
+        "arguments": arguments,
+        "call_id": call.id,
+        "name": call.name,
+    }
 
 
 def _message(ticket: Ticket, status: str, text: str | None) -> dict[str, Any]:
@@ -118,7 +186,9 @@ def response_object(
     output: list[dict[str, Any]],
     usage: bool,
     error: dict[str, Any] | None = None,
+    output_tokens: int | None = None,
 ) -> dict[str, Any]:
+    completion = ticket.completion_tokens if output_tokens is None else output_tokens
     incomplete = {"reason": "max_output_tokens"} if status == "incomplete" else None
     return {
         "id": _ids(ticket)[0],
@@ -140,8 +210,8 @@ def response_object(
         "store": True,
         "temperature": 1.0,
         "text": {"format": {"type": "text"}, "verbosity": "medium"},
-        "tool_choice": "auto",
-        "tools": [],
+        "tool_choice": req.echo_choice,
+        "tools": list(req.echo_tools),
         "top_logprobs": 0,
         "top_p": 1.0,
         "truncation": "disabled",
@@ -150,9 +220,9 @@ def response_object(
         else {
             "input_tokens": ticket.prompt_tokens,
             "input_tokens_details": {"cached_tokens": 0},
-            "output_tokens": ticket.completion_tokens,
+            "output_tokens": completion,
             "output_tokens_details": {"reasoning_tokens": 0},
-            "total_tokens": ticket.prompt_tokens + ticket.completion_tokens,
+            "total_tokens": ticket.prompt_tokens + completion,
         },
         "user": None,
         "metadata": {},
@@ -163,16 +233,16 @@ def final_status(ticket: Ticket) -> str:
     return "incomplete" if ticket.finish_reason == "length" else "completed"
 
 
-def complete_response(ticket: Ticket, req: ResponsesRequest, created: int) -> dict[str, Any]:
+def complete_response(
+    ticket: Ticket, req: ResponsesRequest, created: int, call: ToolCall | None = None
+) -> dict[str, Any]:
+    if call is not None:
+        item = _function_call(ticket, call, "completed", call.arguments)
+        spent = tokens_of(call.arguments)
+        return response_object(ticket, req, created, status="completed", usage=True, output=[item], output_tokens=spent)
     status = final_status(ticket)
-    return response_object(
-        ticket,
-        req,
-        created,
-        status=status,
-        usage=True,
-        output=[_message(ticket, status, " ".join(answer_text(ticket)))],
-    )
+    text = " ".join(answer_text(ticket, req.turn.tool_result if req.turn is not None else None))
+    return response_object(ticket, req, created, status=status, usage=True, output=[_message(ticket, status, text)])
 
 
 class _Events:
@@ -205,6 +275,7 @@ async def response_stream(
     req: ResponsesRequest,
     created: int,
     *,
+    call: ToolCall | None = None,
     cut: bool = False,
     error_after: int | None = None,
     error_dialect: str = dialects.RESPONSES_FAILED,
@@ -218,10 +289,14 @@ async def response_stream(
     if error_after == 0:
         yield _failure(event, error_dialect, ticket, req, created, [])
         return
+    if call is not None:
+        async for frame in _call_events(clock, event, ticket, req, created, call, cut, error_after, error_dialect):
+            yield frame
+        return
     yield event("response.output_item.added", output_index=0, item=_message(ticket, "in_progress", None))
     at = {"item_id": item_id, "output_index": 0, "content_index": 0}
     yield event("response.content_part.added", **at, part=_part(""))
-    words = answer_text(ticket)
+    words = answer_text(ticket, req.turn.tool_result if req.turn is not None else None)
     groups = [words[i : i + STREAM_CHUNK_TOKENS] for i in range(0, len(words), STREAM_CHUNK_TOKENS)]
     text = ""
     for i, group in enumerate(groups):
@@ -243,6 +318,43 @@ async def response_stream(
     yield event("response.output_item.done", output_index=0, item=item)
     done = response_object(ticket, req, created, status=status, output=[item], usage=True)
     yield event("response.completed" if status == "completed" else "response.incomplete", response=done)
+
+
+async def _call_events(
+    clock: Clock,
+    event: _Events,
+    ticket: Ticket,
+    req: ResponsesRequest,
+    created: int,
+    call: ToolCall,
+    cut: bool,
+    error_after: int | None,
+    error_dialect: str,
+) -> AsyncIterator[bytes]:
+    """A function_call output item, its arguments in several deltas, then response.completed."""
+    added = _function_call(ticket, call, "in_progress", "")
+    yield event("response.output_item.added", output_index=0, item=added)
+    at = {"item_id": added["id"], "output_index": 0}
+    pieces = argument_pieces(call.arguments)
+    sent = ""
+    for i, piece in enumerate(pieces):
+        if cut and i >= len(pieces) // 2:
+            return  # the stream just stops: no response.completed
+        await clock.sleep(ticket.per_token * tokens_of(piece))
+        sent += piece
+        yield event("response.function_call_arguments.delta", **at, delta=piece)
+        if error_after is not None and i + 1 >= error_after:
+            break
+    if error_after is not None:
+        partial = [_function_call(ticket, call, "incomplete", sent)]
+        yield _failure(event, error_dialect, ticket, req, created, partial)
+        return
+    yield event("response.function_call_arguments.done", **at, arguments=call.arguments)
+    item = _function_call(ticket, call, "completed", call.arguments)
+    yield event("response.output_item.done", output_index=0, item=item)
+    spent = tokens_of(call.arguments)
+    done = response_object(ticket, req, created, status="completed", output=[item], usage=True, output_tokens=spent)
+    yield event("response.completed", response=done)
 
 
 async def rejection_stream(
@@ -313,12 +425,15 @@ async def serve_response(request: Request, via: Via) -> Response:
         return await _faulted(sim, decision, req, created, via.wire)
     assert isinstance(decision, Admitted)
     ticket = decision.ticket
+    call = tool_call(req, sim.state(req.model).tools)
     if req.stream:
         return SlotStream(
-            response_stream(sim.clock, ticket, req, created), lambda done: sim.release(ticket, completed=done), {}
+            response_stream(sim.clock, ticket, req, created, call=call),
+            lambda done: sim.release(ticket, completed=done),
+            {},
         )
     await hold(sim, ticket)
-    return JSONResponse(complete_response(ticket, req, created))
+    return JSONResponse(complete_response(ticket, req, created, call))
 
 
 async def _faulted(sim: Simulator, decision: Faulted, req: ResponsesRequest, created: int, on: Wire) -> Response:
@@ -331,6 +446,7 @@ async def _faulted(sim: Simulator, decision: Faulted, req: ResponsesRequest, cre
                 ticket,
                 req,
                 created,
+                call=tool_call(req, decision.state.tools),
                 cut=rule.mode is FaultMode.STREAM_CUT,
                 error_after=error_after,
                 error_dialect=rule.dialect,

@@ -45,7 +45,8 @@ MAX_LATENCY_FACTOR = 1000.0
 STREAM_STYLES: tuple[str, ...] = ("openai", "azure", "openrouter", "vllm", "ollama")
 # A model's dialect, stream_style and unsupported_dialect default to its wire's own.
 AUTO = "auto"
-# "auto": a tool call only when tool_choice asks for one ("required" or a named function);
+# "auto": a tool call when tool_choice asks for one ("required" or a named function) or the
+# last user message asks for a tool (the rule in tools.py);
 # "always": any request that carries tools is answered with a call (unless tool_choice is "none").
 TOOL_MODES: tuple[str, ...] = ("auto", "always")
 TOKEN_PARAMS: tuple[str, ...] = ("max_tokens", "max_completion_tokens")

@@ -36,15 +36,23 @@ _WORDS = (
 ).split()
 
 
-def answer_text(ticket: Ticket) -> list[str]:
-    """``completion_tokens`` words (one token each), starting somewhere different per request."""
+RESULT_WORDS = 40  # words of a tool's result that an answer quotes
+
+
+def answer_text(ticket: Ticket, tool_result: str | None = None) -> list[str]:
+    """``completion_tokens`` words (one token each), starting somewhere different per request;
+    after a tool's result, they start by quoting it (so a client sees its result was read)."""
     start = ticket.id * 7 % len(_WORDS)
-    return [_WORDS[(start + i) % len(_WORDS)] for i in range(ticket.completion_tokens)]
+    words = [_WORDS[(start + i) % len(_WORDS)] for i in range(ticket.completion_tokens)]
+    if tool_result is None:
+        return words
+    quoted = tool_result.split()[:RESULT_WORDS] or ["nothing."]
+    return ["The", "tool", "returned:", *quoted, *words][: ticket.completion_tokens]
 
 
-def answer_pieces(ticket: Ticket) -> tuple[list[str], list[int]]:
+def answer_pieces(ticket: Ticket, tool_result: str | None = None) -> tuple[list[str], list[int]]:
     """The answer as stream pieces of ``STREAM_CHUNK_TOKENS`` words, and each piece's tokens."""
-    words = answer_text(ticket)
+    words = answer_text(ticket, tool_result)
     groups = [words[i : i + STREAM_CHUNK_TOKENS] for i in range(0, len(words), STREAM_CHUNK_TOKENS)]
     return [(" " if i else "") + " ".join(g) for i, g in enumerate(groups)], [len(g) for g in groups]
 
@@ -80,6 +88,7 @@ class StreamPlan:
     style: str = "openai"
     include_usage: bool = False
     tool_call: ToolCall | None = None
+    tool_result: str | None = None  # the tool's result the answer quotes
     cut: bool = False  # stop halfway: no finish_reason, no [DONE]
     error_after: int | None = None  # this many content chunks, then the error frame
     error_dialect: str = dialects.OPENROUTER_STREAM
@@ -356,7 +365,7 @@ async def chat_stream(clock: Clock, plan: StreamPlan) -> AsyncIterator[bytes]:
         yield prelude  # sent while the model "thinks": before the first token
     await clock.sleep(ticket.first_token)
     if call is None:
-        pieces, costs = answer_pieces(ticket)  # one token per word
+        pieces, costs = answer_pieces(ticket, plan.tool_result)  # one token per word
         reason, completion = ticket.finish_reason, ticket.completion_tokens
     else:
         pieces = frames.tool_pieces(call)

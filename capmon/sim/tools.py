@@ -1,7 +1,16 @@
-"""Tool calls: read a request's ``tools`` and ``tool_choice`` (OpenAI's or Anthropic's
-shape, into one :class:`ToolRequest`), decide whether the answer is a call, and build its
-arguments from the function's JSON Schema so that they are valid JSON a client can parse
-and check against that schema.
+"""Tool calls: read a request's ``tools`` and ``tool_choice`` (chat's, the Responses API's
+or Anthropic's shape, into one :class:`ToolRequest`), decide whether the answer is a call,
+and build its arguments from the function's JSON Schema so that they are valid JSON a
+client can parse and check against that schema.
+
+Under ``tool_choice: "auto"`` the conversation's last turn decides, deterministically, so
+that a client's tool loop (Codex's ``exec_command`` / ``shell``) runs end to end:
+- a tool's result (chat's ``tool`` message, the Responses API's ``function_call_output``,
+  Anthropic's ``tool_result``) is answered in text that quotes it: the loop ends;
+- a user message that names one of the tools (its whole name, any case) calls that tool;
+- a user message with one of :data:`ASKING_WORDS` calls the first tool that takes a
+  ``command`` or ``cmd``, else the first tool;
+- anything else is answered in text.
 
 Pure: no web framework. A bad ``tools`` or ``tool_choice`` raises :class:`ToolError`
 with the parameter to name in the 400.
@@ -11,11 +20,17 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import secrets
 from dataclasses import dataclass
 from typing import Any
 
 MAX_SCHEMA_DEPTH = 8  # deeper schemas get {} there: a request cannot make the answer explode
+# Words of a user message that ask for a tool under tool_choice "auto" (whole words, any case).
+ASKING_WORDS = frozenset({"run", "execute", "call", "tool", "tools", "command", "shell"})
+# Properties that hold a command to run: a call fills them with one that works in any shell.
+COMMAND_PROPERTIES = ("command", "cmd")
+EXAMPLE_COMMAND = ("echo", "hello")
 
 
 class ToolError(ValueError):
@@ -31,20 +46,63 @@ class Tool:
 
 
 @dataclass(frozen=True)
+class LastTurn:
+    """What a conversation ends with: the user's words, or a tool's result."""
+
+    text: str
+    is_tool_result: bool = False
+
+    @property
+    def tool_result(self) -> str | None:
+        return self.text if self.is_tool_result else None
+
+
+@dataclass(frozen=True)
 class ToolRequest:
     tools: tuple[Tool, ...]
     choice: str  # "none" | "auto" | "required" | "function" (then `name`)
     name: str | None = None
 
-    def wants_call(self, mode: str) -> Tool | None:
-        """The tool to call under the model's ``tools`` mode ("auto" | "always"), or None."""
+    def wants_call(self, mode: str, turn: LastTurn | None = None) -> Tool | None:
+        """The tool to call under the model's ``tools`` mode ("auto" | "always") after
+        ``turn``, or None (see the module's docstring for the rule)."""
         if not self.tools or self.choice == "none":
             return None
         if self.choice == "function":
             return next(t for t in self.tools if t.name == self.name)
+        asked = self.asked_for(turn)
         if self.choice == "required" or mode == "always":
-            return self.tools[0]
-        return None
+            return asked or self.tools[0]
+        return asked
+
+    def asked_for(self, turn: LastTurn | None) -> Tool | None:
+        if turn is None or turn.is_tool_result:
+            return None
+        for tool in self.tools:
+            if re.search(rf"(?<![\w-]){re.escape(tool.name)}(?![\w-])", turn.text, re.IGNORECASE):
+                return tool
+        if ASKING_WORDS.isdisjoint(re.findall(r"[a-z]+", turn.text.lower())):
+            return None
+        return next((t for t in self.tools if _takes_command(t)), self.tools[0])
+
+
+def _takes_command(tool: Tool) -> bool:
+    props = tool.parameters.get("properties") if isinstance(tool.parameters, dict) else None
+    return isinstance(props, dict) and any(name in props for name in COMMAND_PROPERTIES)
+
+
+def text_of(content: Any) -> str:
+    """The text of a message's content: a string, or a list of parts / blocks with ``text``
+    (a tool result's nested ``content`` or ``output`` included)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return " ".join(t for t in (text_of(part) for part in content) if t)
+    if isinstance(content, dict):
+        for key in ("text", "content", "output"):
+            if key in content:
+                return text_of(content[key])
+    return ""
 
 
 @dataclass(frozen=True)
@@ -137,6 +195,47 @@ def parse_anthropic_tools(body: dict[str, Any]) -> ToolRequest | None:
     return ToolRequest(tuple(tools), "function", name)
 
 
+def parse_response_tools(body: dict[str, Any]) -> ToolRequest | None:
+    """The Responses API's ``tools`` (``{"type": "function", "name", "parameters", ...}``;
+    hosted and custom tools, such as web_search or Codex's apply_patch, are never called by
+    the simulator) and ``tool_choice`` ("none" | "auto" | "required" |
+    ``{"type": "function", "name"}``; a hosted tool's or ``allowed_tools`` counts as "auto").
+    Raises ToolError."""
+    raw = body.get("tools")
+    choice = body.get("tool_choice")
+    if raw is None:
+        return None
+    if not isinstance(raw, list):
+        raise ToolError(f"Invalid type for 'tools': expected an array, but got {type(raw).__name__} instead.", "tools")
+    tools: list[Tool] = []
+    for i, item in enumerate(raw):
+        if not isinstance(item, dict) or not isinstance(item.get("type"), str):
+            raise ToolError(f"Invalid 'tools[{i}]': expected an object with a 'type'.", f"tools[{i}]")
+        if item["type"] != "function":
+            continue
+        name = item.get("name")
+        if not isinstance(name, str) or not name:
+            raise ToolError(f"Missing required parameter: 'tools[{i}].name'.", f"tools[{i}].name")
+        params = item.get("parameters")
+        params = {"type": "object", "properties": {}} if params is None else params
+        if not isinstance(params, dict):
+            raise ToolError(f"Invalid 'tools[{i}].parameters': expected an object.", f"tools[{i}].parameters")
+        tools.append(Tool(name, params))
+    if choice is None or choice in ("none", "auto", "required"):
+        return ToolRequest(tuple(tools), choice or "auto")
+    if isinstance(choice, dict) and choice.get("type") == "function":
+        name = choice.get("name")
+        if name not in {t.name for t in tools}:
+            raise ToolError(f"Invalid value for 'tool_choice': no function named {name!r} in 'tools'.", "tool_choice")
+        return ToolRequest(tuple(tools), "function", name)
+    if isinstance(choice, dict) and isinstance(choice.get("type"), str):
+        return ToolRequest(tuple(tools), "auto")
+    raise ToolError(
+        "Invalid value for 'tool_choice': expected 'none', 'auto', 'required' or an object with a 'type'.",
+        "tool_choice",
+    )
+
+
 def make_call(tool: Tool, prefix: str = "call_") -> ToolCall:
     """A call of ``tool`` with arguments valid against its schema; ``prefix`` starts its id
     (OpenAI's ``call_``, Anthropic's ``toolu_``)."""
@@ -144,10 +243,11 @@ def make_call(tool: Tool, prefix: str = "call_") -> ToolCall:
     return ToolCall(id=f"{prefix}{secrets.token_hex(12)}", name=tool.name, arguments=arguments)
 
 
-def example_value(schema: Any, depth: int = 0) -> Any:
+def example_value(schema: Any, depth: int = 0, name: str | None = None) -> Any:
     """A value that satisfies the common JSON Schema keywords of ``schema``: const, enum,
     default, type (object / array / string / integer / number / boolean / null, with
-    their bounds), and the first branch of anyOf / oneOf / allOf."""
+    their bounds), and the first branch of anyOf / oneOf / allOf. ``name``, the property
+    that holds the value: a command (:data:`COMMAND_PROPERTIES`) gets one a shell can run."""
     if not isinstance(schema, dict) or depth > MAX_SCHEMA_DEPTH:
         return {}
     if "const" in schema:
@@ -159,7 +259,7 @@ def example_value(schema: Any, depth: int = 0) -> Any:
     for key in ("anyOf", "oneOf", "allOf"):
         branches = schema.get(key)
         if isinstance(branches, list) and branches:
-            return example_value(branches[0], depth + 1)
+            return example_value(branches[0], depth + 1, name)
     kind = schema.get("type")
     if isinstance(kind, list):
         kind = next((k for k in kind if k != "null"), "null")
@@ -170,11 +270,15 @@ def example_value(schema: Any, depth: int = 0) -> Any:
         props = props if isinstance(props, dict) else {}
         required = schema.get("required")
         names = [n for n in required if n in props] if isinstance(required, list) and required else list(props)
-        return {str(n): example_value(props[n], depth + 1) for n in names}
+        return {str(n): example_value(props[n], depth + 1, str(n)) for n in names}
+    command = name in COMMAND_PROPERTIES
     if kind == "array":
         count = schema.get("minItems", 1)
         count = count if isinstance(count, int) and not isinstance(count, bool) and 0 <= count <= 8 else 1
-        return [example_value(schema.get("items", {"type": "string"}), depth + 1) for _ in range(count)]
+        items = schema.get("items", {"type": "string"})
+        if command and _plain_string(items) and _fits(schema, "maxItems", len(EXAMPLE_COMMAND)):
+            return [*EXAMPLE_COMMAND, *[EXAMPLE_COMMAND[-1]] * (count - len(EXAMPLE_COMMAND))]
+        return [example_value(items, depth + 1) for _ in range(count)]
     if kind == "integer":
         return _bounded(schema, 1, whole=True)
     if kind == "number":
@@ -183,7 +287,7 @@ def example_value(schema: Any, depth: int = 0) -> Any:
         return True
     if kind == "null":
         return None
-    text = "sample"
+    text = " ".join(EXAMPLE_COMMAND) if command else "sample"
     low = schema.get("minLength")
     if isinstance(low, int) and not isinstance(low, bool) and 0 <= low <= 1024:
         text = text.ljust(low, "x")
@@ -191,6 +295,16 @@ def example_value(schema: Any, depth: int = 0) -> Any:
     if isinstance(high, int) and not isinstance(high, bool) and 0 <= high < len(text):
         text = text[:high]
     return text
+
+
+def _plain_string(schema: Any) -> bool:
+    """A string schema with no keyword that "echo" might break."""
+    return isinstance(schema, dict) and schema.get("type") == "string" and set(schema) <= {"type", "description"}
+
+
+def _fits(schema: dict[str, Any], key: str, size: int) -> bool:
+    bound = schema.get(key)
+    return not isinstance(bound, int) or isinstance(bound, bool) or bound >= size
 
 
 def _bounded(schema: dict[str, Any], value: float, *, whole: bool) -> Any:

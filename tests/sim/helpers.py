@@ -7,6 +7,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+import openai
+
 from capmon.core.config import SIMULATOR_DEMO_KEY
 from capmon.sim.scenario import ModelSpec, Scenario
 
@@ -32,6 +34,11 @@ def fast_scenario(*, answer_tokens: int = 10, slots: int = 4, **model: Any) -> S
             ModelSpec(name="sim-b", slots=4, base_latency=0.001, per_token=0.0, noise=0.0, answer_tokens=5),
         ),
     )
+
+
+def openai_sdk(base_url: str) -> openai.AsyncOpenAI:
+    """The real SDK on the simulator: the demo key, no retries (a test sees each answer)."""
+    return openai.AsyncOpenAI(base_url=base_url, api_key=SIMULATOR_DEMO_KEY, max_retries=0)
 
 
 def chat_body(model: str = "sim-a", **extra: Any) -> dict[str, Any]:
