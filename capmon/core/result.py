@@ -75,6 +75,7 @@ class ChatRequest:
         job: str | None = None,
         priority: Priority = Priority.INTERACTIVE,
         deadline: float | None = None,
+        request_id: str | None = None,
         **extra: Any,
     ) -> ChatRequest:
         """A request from text or messages; any other keyword (tools, response_format,
@@ -94,6 +95,7 @@ class ChatRequest:
             job=job,
             priority=Priority(priority),
             deadline=deadline,
+            request_id=request_id,
         )
 
     @staticmethod

@@ -84,6 +84,7 @@ class FallbackClient(FormatCalls, ManualControls):
         for t in self.targets:
             t.state = self.state.target(t.id)
         self._by_id = {t.id: t for t in self.targets}
+        self._first_model = min(self.targets, key=lambda t: t.rank).model.name if self.targets else ""
         self._token_param = wire.TokenParams(
             {m.name: m.token_param for m in config.models},
             lambda model, param, reason: self.journal.publish(
@@ -240,8 +241,8 @@ class FallbackClient(FormatCalls, ManualControls):
         r.own_deadline = own
         # The model it counts on first: serving any other is a fallback, tried or not (a
         # breaker open or tripped by hand skips it without an attempt).
-        first = req.model or self.state.pinned or min(self.targets, key=lambda t: t.rank).model.name
-        r.first_choice = r.last_model = first
+        r.first_choice = req.model or self.state.pinned or self._first_model
+        r.last_model = r.first_choice or None
         r.incapable = formats.incapable_targets(req, self.targets, self.config.client)
         return r
 
