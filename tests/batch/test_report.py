@@ -109,7 +109,24 @@ class Trail:
         for _ in range(count):
             self.t += 0.1
             rows.append(
-                ("j", f"i{self.n}", self.t, 1, model, "ep", key, status, kind, None, 0.0, 0.2, decision, "", "openai", None)
+                (
+                    "j",
+                    f"i{self.n}",
+                    self.t,
+                    1,
+                    model,
+                    "ep",
+                    key,
+                    status,
+                    kind,
+                    None,
+                    0.0,
+                    0.2,
+                    decision,
+                    "",
+                    "openai",
+                    None,
+                )
             )
             self.n += 1
         self.store.commit(self.info.id, started=[], outcomes=[], audit_rows=rows, job_fields={}, now=self.t)
