@@ -46,8 +46,10 @@ CREATE TABLE IF NOT EXISTS attempts (
     decision TEXT NOT NULL,  -- ok | retry | fallback | fail | skip (not sent: the model cannot carry
                              -- the request, the reason says why), or one of RUNNER_DECISIONS
     reason TEXT NOT NULL DEFAULT '',
-    api TEXT               -- the endpoint's provider API: openai | anthropic | azure (NULL: a runner's
+    api TEXT,              -- the endpoint's provider API: openai | anthropic | azure (NULL: a runner's
                            -- decision, or a row written before capmon recorded it)
+    request_id TEXT        -- the caller's id for the request (ChatRequest.request_id: a gateway's
+                           -- x-request-id); NULL when it gave none, for a runner's decision, or an older row
 );
 CREATE INDEX IF NOT EXISTS attempts_by_item ON attempts(job, item);
 CREATE TABLE IF NOT EXISTS replaced_results (
@@ -98,6 +100,7 @@ COLUMNS = (
     "decision",
     "reason",
     "api",
+    "request_id",
 )
 INSERT = f"INSERT INTO attempts ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})"
 
@@ -110,8 +113,10 @@ Row = tuple[Any, ...]
 
 def ensure_schema(conn: sqlite3.Connection) -> None:
     conn.executescript(SCHEMA)
-    if "api" not in _columns(conn):  # a database from before the api column: add it, rows keep NULL
-        conn.execute("ALTER TABLE attempts ADD COLUMN api TEXT")
+    have = _columns(conn)
+    for column in ("api", "request_id"):  # a database from before the column: add it, rows keep NULL
+        if column not in have:
+            conn.execute(f"ALTER TABLE attempts ADD COLUMN {column} TEXT")
 
 
 def _columns(conn: sqlite3.Connection) -> set[str]:
@@ -142,6 +147,7 @@ class AuditRow:
     decision: str
     reason: str
     api: str | None = None  # openai | anthropic | azure; None for a runner's decision or an older row
+    request_id: str | None = None  # the caller's id for the request (ChatRequest.request_id)
 
     @staticmethod
     def of(row: Sequence[Any]) -> AuditRow:
@@ -165,6 +171,7 @@ def attempt_row(request: ChatRequest, attempt: Attempt, number: int | None = Non
         attempt.decision,
         _reason(attempt.reason),
         attempt.api.value,
+        request.request_id,
     )
 
 
@@ -236,6 +243,7 @@ class AuditLog:
                 RunnerDecision(decision),
                 _reason(reason),
                 None,
+                None,
             )
         )
 
@@ -274,12 +282,13 @@ def decision_row(decision: RunnerDecision, *, job: str, item: str, at: float, at
         RunnerDecision(decision),
         _reason(reason),
         None,
+        None,
     )
 
 
 def read_attempts(conn: sqlite3.Connection, job: str, item: str | None = None) -> list[AuditRow]:
     """Attempts of a job (or of one of its items) in the order they were written."""
-    # A database opened read-only is never migrated: one from before the api column reads NULL.
+    # A database opened read-only is never migrated: one from before a column reads it NULL.
     have = _columns(conn)
     sql = f"SELECT {', '.join(c if c in have else f'NULL AS {c}' for c in COLUMNS)} FROM attempts WHERE job = ?"
     args: tuple[Any, ...] = (job,)

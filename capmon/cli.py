@@ -129,6 +129,11 @@ def build_parser() -> argparse.ArgumentParser:
     gateway.add_argument(
         "--listen", metavar="HOST:PORT", help="where to listen (default from config [gateway] listen: 127.0.0.1:4000)"
     )
+    gateway.add_argument(
+        "--access-log",
+        metavar="PATH",
+        help="one JSON line per request to PATH (appended; - for stderr); default from config [gateway] access_log",
+    )
 
     status = sub.add_parser("status", help="print the client's snapshot without the dashboard")
     _add_config(status)
@@ -197,7 +202,7 @@ def _run_sim(args: argparse.Namespace) -> int:
 def _run_serve(args: argparse.Namespace) -> int:
     from capmon.gateway.serve import ServeOptions, serve
 
-    return serve(ServeOptions(listen=args.listen, config=args.config))
+    return serve(ServeOptions(listen=args.listen, config=args.config, access_log=args.access_log))
 
 
 def _run_status(args: argparse.Namespace) -> int:

@@ -116,8 +116,10 @@ def format_report(r: JobReport, items_shown: int = ITEMS_SHOWN_TEXT, advice: Seq
         lines.append("errors by kind: " + ", ".join(f"{shown(k)} {n}" for k, n in r.by_kind.items()))
     pairs = ", ".join(f"{shown(a)} -> {shown(b)} {n}" for a, b, n in r.fallback_pairs)
     lines.append(
-        f"fallbacks: {r.fell_back_items} items served by another model than they first tried"
-        + (f" ({pairs})" if pairs else "")
+        # Items whose first choice served them not, tried or skipped (its breaker open); the
+        # pairs are the moves between attempts the audit holds.
+        f"fallbacks: {r.fell_back_items} items served by another model than their first choice"
+        + (f" (moves between attempts: {pairs})" if pairs else "")
     )
     if r.parks:
         lines.append(

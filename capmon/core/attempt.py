@@ -55,7 +55,13 @@ class Answer:
 
 
 def result_of(
-    answer: Answer, t: Target, api: Api, attempts: tuple[Attempt, ...], latency: float, request_id: int
+    answer: Answer,
+    t: Target,
+    api: Api,
+    attempts: tuple[Attempt, ...],
+    latency: float,
+    request_id: int,
+    requested: str = "",
 ) -> ChatResult:
     """A successful answer as the caller gets it: which target served, its text, its usage."""
     response = answer.response or {}
@@ -71,6 +77,7 @@ def result_of(
         usage=usage if isinstance(usage, Mapping) else {},
         request_id=request_id,
         api=t.endpoint.api,
+        requested=requested,
     )
 
 

@@ -225,6 +225,7 @@ class GatewayConfig:
     cors_origins: tuple[str, ...] = _f(
         factory=tuple, doc="browser origins (scheme://host[:port]) allowed to call the gateway, with CORS"
     )
+    access_log: str = _f("", doc="a file (appended to) for one JSON line per request, - for stderr; empty: none")
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ class _OfAttempt(Event):
 
 @dataclass(frozen=True, slots=True)
 class AttemptStarted(_OfAttempt):
-    pass
+    caller_request_id: str | None = None  # the caller's id (ChatRequest.request_id: the gateway's x-request-id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +47,7 @@ class AttemptFailed(_OfAttempt):
     status: int | None
     reason: str
     hint: float | None
+    caller_request_id: str | None = None  # the caller's id (ChatRequest.request_id: the gateway's x-request-id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +60,7 @@ class RetryScheduled(Event):
     reason: str
     wait: float
     deadline: float  # clock.now() at which the retry fires
+    caller_request_id: str | None = None  # the caller's id (ChatRequest.request_id: the gateway's x-request-id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +79,7 @@ class FellBack(Event):
     # of provider is what a person watching wants to see. "" from a source older than these.
     from_api: str = ""
     to_api: str = ""
+    caller_request_id: str | None = None  # the caller's id (ChatRequest.request_id: the gateway's x-request-id)
 
     @property
     def crosses_providers(self) -> bool:
@@ -153,6 +156,7 @@ class RequestDone(Event):
     attempts: int
     latency: float
     kind: str | None  # failure kind when not ok
+    caller_request_id: str | None = None  # the caller's id (ChatRequest.request_id: the gateway's x-request-id)
 
 
 @dataclass(frozen=True, slots=True)

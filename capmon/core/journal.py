@@ -53,9 +53,10 @@ class Journal:
                 item_id=r.request.item_id,
                 from_model=r.last_model,
                 to_model=t.model.name,
-                reason=r.last_failure.reason if r.last_failure else "",
+                reason=r.last_failure.reason if r.last_failure else f"{r.last_model} is not usable now",
                 from_api=_last_sent_api(r),
                 to_api=t.endpoint.api.value,
+                caller_request_id=r.request.request_id,
             )
         r.last_model = t.model.name
         self.publish(
@@ -65,6 +66,7 @@ class Journal:
             model=t.model.name,
             target=t.id,
             attempt=number,
+            caller_request_id=r.request.request_id,
         )
 
     def failed_attempt(self, r: Routing, t: Target, number: int, status: int | None, failure: Failure) -> None:
@@ -79,6 +81,7 @@ class Journal:
             status=status,
             reason=failure.reason,
             hint=failure.retry_after,
+            caller_request_id=r.request.request_id,
         )
 
     def done(self, r: Routing, t: Target | None, ok: bool, kind: str | None = None) -> None:
@@ -96,6 +99,7 @@ class Journal:
             attempts=len(r.attempts),
             latency=self._clock.now() - r.started,
             kind=kind,
+            caller_request_id=r.request.request_id,
         )
 
     def record(
@@ -191,6 +195,7 @@ class Journal:
             reason=reason,
             wait=wait,
             deadline=info.deadline,
+            caller_request_id=r.request.request_id,
         )
 
     def unwait(self, r: Routing) -> None:

@@ -60,6 +60,9 @@ class ChatRequest:
     # Anthropic beta features the caller asked for (its ``anthropic-beta`` header): sent on
     # to an Anthropic-wire target that serves the request in its own format, nowhere else.
     betas: tuple[str, ...] = ()
+    # The caller's id for the request (the gateway's x-request-id): on its events and audit
+    # records, so one request is found in each. None: a library call that gave none.
+    request_id: str | None = None
 
     @staticmethod
     def of(
@@ -72,6 +75,7 @@ class ChatRequest:
         job: str | None = None,
         priority: Priority = Priority.INTERACTIVE,
         deadline: float | None = None,
+        request_id: str | None = None,
         **extra: Any,
     ) -> ChatRequest:
         """A request from text or messages; any other keyword (tools, response_format,
@@ -91,6 +95,7 @@ class ChatRequest:
             job=job,
             priority=Priority(priority),
             deadline=deadline,
+            request_id=request_id,
         )
 
     @staticmethod
@@ -103,6 +108,7 @@ class ChatRequest:
         deadline: float | None = None,
         item_id: str | None = None,
         betas: tuple[str, ...] = (),
+        request_id: str | None = None,
     ) -> ChatRequest:
         """A request in ``api``'s own format (the Responses API, Anthropic's Messages):
         ``body`` is sent as it is to a target of that format, but ``model``, ``stream`` and
@@ -119,6 +125,7 @@ class ChatRequest:
             deadline=deadline,
             api=api,
             betas=betas,
+            request_id=request_id,
         )
 
     @staticmethod
@@ -166,6 +173,9 @@ class ChatResult:
     usage: Mapping[str, Any] = field(default_factory=dict)
     request_id: int = 0  # the client's number for the request (events and attempts carry it too)
     api: EndpointApi = EndpointApi.OPENAI  # the API that served it (the answer is in the caller's format)
+    # The model the request counted on first: the one it asked for, else the pinned one, else
+    # the first of the preference order. "" from a source older than this: not counted.
+    requested: str = ""
 
     @property
     def dropped(self) -> tuple[str, ...]:
@@ -174,12 +184,13 @@ class ChatResult:
 
     @property
     def fell_back(self) -> bool:
-        return len({a.model for a in self.attempts}) > 1
+        return self.fallbacks > 0
 
     @property
     def fallbacks(self) -> int:
-        """How many times the request moved to another model."""
-        return sum(1 for a, b in zip(self.attempts, self.attempts[1:], strict=False) if a.model != b.model)
+        """How many times the request moved to another model, the move away from the model
+        it asked for included when that one was never tried (its breaker open, tripped by hand)."""
+        return fallbacks(self.requested, [a.model for a in self.attempts])
 
     @property
     def tool_calls(self) -> list[Mapping[str, Any]]:
@@ -189,3 +200,10 @@ class ChatResult:
         except (KeyError, IndexError, TypeError, AttributeError):
             return []
         return list(calls) if isinstance(calls, list) else []
+
+
+def fallbacks(requested: str, models: list[str]) -> int:
+    """The moves between models along ``models`` (each attempt's, the serving one last),
+    starting from ``requested`` (the model the request counted on first; "" for none)."""
+    path = [requested, *models] if requested else models
+    return sum(1 for a, b in zip(path, path[1:], strict=False) if a != b)

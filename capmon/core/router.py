@@ -84,6 +84,7 @@ class FallbackClient(FormatCalls, ManualControls):
         for t in self.targets:
             t.state = self.state.target(t.id)
         self._by_id = {t.id: t for t in self.targets}
+        self._first_model = min(self.targets, key=lambda t: t.rank).model.name if self.targets else ""
         self._token_param = wire.TokenParams(
             {m.name: m.token_param for m in config.models},
             lambda model, param, reason: self.journal.publish(
@@ -177,7 +178,7 @@ class FallbackClient(FormatCalls, ManualControls):
         return ChatStream(lambda s: self._stream(r, s))
 
     async def _stream(self, r: Routing, s: ChatStream) -> AsyncIterator[Mapping[str, Any]]:
-        s.request_id = r.id
+        s.request_id, s.requested = r.id, r.first_choice
         try:
             grant: Grant | None = None
             while True:
@@ -238,6 +239,10 @@ class FallbackClient(FormatCalls, ManualControls):
         deadline, own = min(asked, cap), asked < cap
         r = Routing(next(self._ids), req, estimate_request(req), now + deadline, now, self._backoff.schedule())
         r.own_deadline = own
+        # The model it counts on first: serving any other is a fallback, tried or not (a
+        # breaker open or tripped by hand skips it without an attempt).
+        r.first_choice = req.model or self.state.pinned or self._first_model
+        r.last_model = r.first_choice or None
         r.incapable = formats.incapable_targets(req, self.targets, self.config.client)
         return r
 
@@ -367,7 +372,7 @@ class FallbackClient(FormatCalls, ManualControls):
         if failure is None:
             record(Decision.OK)
             self.journal.done(r, t, ok=True)
-            return result_of(answer, t, r.request.api, tuple(r.attempts), now - r.started, r.id)
+            return result_of(answer, t, r.request.api, tuple(r.attempts), now - r.started, r.id, r.first_choice)
         self.journal.failed_attempt(r, t, number, answer.status, failure)
         r.last_failure = failure
         if answer.output_sent:  # a stream that broke after output reached the caller: never retried

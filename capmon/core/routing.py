@@ -39,6 +39,7 @@ class Routing:
     stick_to: str | None = None  # rate_limited / transient: retry this model
     last_failure: Failure | None = None
     last_model: str | None = None
+    first_choice: str = ""  # the model it counts on first (ChatResult.requested)
     switched: bool = False  # the token parameter was switched once for this request
     stuck: int = 0  # failures in a row on the model it sticks to
     own_deadline: bool = False  # the deadline is the request's own, shorter than [client] deadline

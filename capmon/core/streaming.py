@@ -11,12 +11,13 @@ from typing import Any
 
 from capmon.core.config import EndpointApi
 from capmon.core.formats import chunk_text
-from capmon.core.result import Attempt, ChatResult
+from capmon.core.result import Attempt, ChatResult, fallbacks
 
 
 class ChatStream:
     def __init__(self, run: Callable[[ChatStream], AsyncIterator[Mapping[str, Any]]]) -> None:
         self.request_id = 0
+        self.requested = ""  # the model the request counted on first (ChatResult.requested)
         self.model: str | None = None  # set when the first chunk is out
         self.endpoint: str | None = None
         self.target: str | None = None
@@ -63,4 +64,4 @@ class ChatStream:
     @property
     def fallbacks(self) -> int:
         models = [a.model for a in self.attempts] + ([self.model] if self.model else [])
-        return sum(1 for a, b in zip(models, models[1:], strict=False) if a != b)
+        return fallbacks(self.requested if self.model else "", models)

@@ -20,11 +20,13 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from capmon.core.router import FallbackClient
 from capmon.gateway import anthropic_api, control, openai_api
+from capmon.gateway.access_log import AccessLog
 from capmon.gateway.anthropic_errors import shaped_for
 from capmon.gateway.auth import Access, Authenticator
 from capmon.gateway.browsers import BrowserGuard, add_cors
 from capmon.gateway.context import Gateway, gateway_of
 from capmon.gateway.errors import ApiError
+from capmon.gateway.exchange import Exchanges, api_of, exchange_of
 from capmon.gateway.feed import EventFeed
 from capmon.gateway.metrics import CONTENT_TYPE, GatewayMetrics
 from capmon.gateway.models import ModelNames
@@ -50,8 +52,15 @@ async def metrics(request: Request) -> Response:
     return Response(gw.metrics.exposition(), media_type=CONTENT_TYPE)
 
 
+def _refused(request: Request, err: ApiError) -> None:
+    ex = exchange_of(request)
+    if ex is not None:
+        ex.failed(err.code or err.type)
+
+
 async def _api_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ApiError)
+    _refused(request, exc)
     return error_reply(shaped_for(request.url.path, exc))
 
 
@@ -63,21 +72,8 @@ async def _http_error(request: Request, exc: Exception) -> Response:
         405: f"{request.method} is not allowed on {request.url.path}"[:200],
     }.get(exc.status_code, exc.detail)
     err = ApiError(exc.status_code, message, "invalid_request_error", kind, headers=dict(exc.headers or {}))
+    _refused(request, err)
     return error_reply(shaped_for(request.url.path, err))
-
-
-def _api_of(path: str) -> str:
-    if path.startswith("/v1/chat/"):
-        return "chat"
-    if path.startswith("/v1/responses"):
-        return "responses"
-    if path.startswith("/v1/messages"):
-        return "messages"
-    if path.startswith("/v1/models"):
-        return "models"
-    if path.startswith("/capmon/"):
-        return "control"
-    return path[1:] if path in ("/metrics", "/health", "/ready") else "other"
 
 
 class CountResponses:
@@ -91,7 +87,7 @@ class CountResponses:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        api = _api_of(scope.get("path", ""))
+        api = api_of(scope.get("path", ""))
 
         async def counted(message: Message) -> None:
             if message["type"] == "http.response.start":
@@ -113,6 +109,7 @@ def create_app(client: FallbackClient, settings: GatewaySettings) -> Starlette:
         metrics=GatewayMetrics(client),
         feed=EventFeed(client.bus),
         started=int(client.clock.wall()),
+        access_log=AccessLog(settings.access_log) if settings.access_log else None,
     )
     routes = [
         *openai_api.ROUTES,
@@ -129,6 +126,7 @@ def create_app(client: FallbackClient, settings: GatewaySettings) -> Starlette:
         add_cors(app, settings)
     app.add_middleware(BrowserGuard, settings=settings)
     app.add_middleware(CountResponses, gateway=gw)
+    app.add_middleware(Exchanges, clock=client.clock, log=gw.access_log)  # outermost: every reply has its id
     return app
 
 

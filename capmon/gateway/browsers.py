@@ -41,11 +41,13 @@ EXPOSED = (
     "x-capmon-target",
     "x-capmon-attempts",
     "x-capmon-fallbacks",
+    "x-capmon-requested-model",
     "x-capmon-request-id",
     "x-capmon-priority",
     "x-litellm-model-id",
     "x-litellm-attempted-fallbacks",
     "request-id",
+    "x-request-id",
 )
 
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from starlette.requests import Request
 
 from capmon.core.router import FallbackClient
+from capmon.gateway.access_log import AccessLog
 from capmon.gateway.auth import Authenticator
 from capmon.gateway.feed import EventFeed
 from capmon.gateway.metrics import GatewayMetrics
@@ -24,10 +25,13 @@ class Gateway:
     metrics: GatewayMetrics
     feed: EventFeed
     started: int  # wall-clock seconds: the "created" of /v1/models
+    access_log: AccessLog | None = None
 
     def close(self) -> None:
         self.metrics.close()
         self.feed.close()
+        if self.access_log is not None:
+            self.access_log.close()
 
 
 def gateway_of(request: Request) -> Gateway:

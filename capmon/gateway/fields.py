@@ -355,3 +355,15 @@ def betas(raw: str | None, name: str) -> tuple[str, ...]:
             name,
         )
     return tuple(dict.fromkeys(names))
+
+
+# A client's request id (``x-request-id`` / ``x-client-request-id``): kept when it is
+# printable ASCII without spaces and at most this long, so it is safe in a header, a log
+# line and a database; anything else is replaced, never refused (an id is no reason to fail).
+MAX_REQUEST_ID = 128
+_REQUEST_ID = re.compile(rf"[!-~]{{1,{MAX_REQUEST_ID}}}")
+
+
+def request_id(raw: str | None) -> str | None:
+    """A client's own request id when it is sane, else None (the gateway makes one)."""
+    return raw if raw is not None and _REQUEST_ID.fullmatch(raw) else None

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from capmon.core.result import Api, ChatResult, Priority
+from capmon.core.result import ChatResult, Priority
 from capmon.core.streaming import ChatStream
 
 
@@ -36,10 +36,9 @@ class Served:
             s.model or "", s.endpoint or "", s.target or "", attempts, s.fallbacks, s.request_id, api, s.dropped
         )
 
-    def headers(self, priority: Priority, caller: Api = Api.CHAT) -> dict[str, str]:
+    def headers(self, priority: Priority) -> dict[str, str]:
+        """Beside these, every reply has ``x-request-id`` (capmon/gateway/exchange.py)."""
         own = {"x-capmon-dropped": ",".join(self.dropped)} if self.dropped else {}
-        if caller is Api.MESSAGES:  # what the anthropic SDKs read as a reply's _request_id
-            own["request-id"] = f"capmon-{self.request_id}"
         return {
             name: header_value(value)
             for name, value in {

@@ -5,17 +5,22 @@ API the gateway speaks; an error raised here is told in the shape of the route's
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
+from capmon.core.secrets import redact
 from capmon.gateway import fields
 from capmon.gateway.auth import Access
 from capmon.gateway.bodies import Wanted
 from capmon.gateway.context import gateway_of
 from capmon.gateway.errors import ApiError
+from capmon.gateway.exchange import exchange_of
 from capmon.gateway.replies import Nothing, PlainReply, StreamReply
+
+MAX_MODEL_NAME = 200  # characters of the model a client asked for kept for its header and log line
 
 
 async def read_body(request: Request, cap: int) -> bytes | None:
@@ -46,8 +51,18 @@ async def proxied(request: Request, parse: Callable[..., Wanted]) -> Response:
     bodies.messages)."""
     gw = gateway_of(request)
     caller = gw.auth.require(request.headers, Access.USE)
+    ex = exchange_of(request)
     raw = await read_body(request, gw.settings.max_body_bytes)
     if raw is None:
         return Nothing()
-    wanted = parse(fields.json_object(raw), request.headers, caller, gw.names)
-    return StreamReply(gw, wanted) if wanted.stream else PlainReply(gw, wanted)
+    body = fields.json_object(raw)
+    if ex is not None:
+        ex.caller = caller.alias
+        model = body.get("model")
+        # redacted: a key pasted where a model name goes is echoed nowhere
+        ex.model_requested = redact(model[:MAX_MODEL_NAME]) if isinstance(model, str) else None
+    wanted = parse(body, request.headers, caller, gw.names)
+    if ex is not None:
+        ex.priority = wanted.priority.value
+        wanted = dataclasses.replace(wanted, request=dataclasses.replace(wanted.request, request_id=ex.request_id))
+    return StreamReply(gw, wanted, ex) if wanted.stream else PlainReply(gw, wanted, ex)

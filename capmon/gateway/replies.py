@@ -26,6 +26,7 @@ from capmon.gateway.bodies import Wanted
 from capmon.gateway.context import Gateway
 from capmon.gateway.disconnect import ClientGone, until_disconnect
 from capmon.gateway.errors import ApiError, from_failure, json_bytes
+from capmon.gateway.exchange import Exchange
 from capmon.gateway.headers import Served
 from capmon.gateway.readiness import retry_after
 
@@ -95,10 +96,12 @@ class _Proxied(Response):
     """An answer to one proxied request: worked out while watching for the client to go
     away (then the work is cancelled, and its slot given back)."""
 
-    def __init__(self, gw: Gateway, wanted: Wanted) -> None:
+    def __init__(self, gw: Gateway, wanted: Wanted, exchange: Exchange | None = None) -> None:
         super().__init__()
         self.gw = gw
         self.wanted = wanted
+        # Always one to fill in (a test's app without the Exchanges layer gets a loose one).
+        self.ex = exchange or Exchange(wanted.request.request_id or "", "POST", "", "", 0.0, 0.0)
 
     async def _work(self, send: Send) -> None:
         raise NotImplementedError
@@ -107,7 +110,16 @@ class _Proxied(Response):
         try:
             await until_disconnect(receive, self._work(send))
         except ClientGone:
+            self.ex.failed("client_gone")
             self.gw.metrics.disconnects.labels(self.wanted.request.api.value).inc()
+
+    def _failed(self, e: RequestFailed) -> ApiError:
+        self.ex.failed(e.failure.kind.value, len(e.attempts))
+        return _failed(self.gw, e, self.wanted.request.api)
+
+    def _internal(self, e: Exception) -> ApiError:
+        self.ex.failed("internal_error")
+        return _internal(e, self.wanted.request.api)
 
 
 class PlainReply(_Proxied):
@@ -116,14 +128,17 @@ class PlainReply(_Proxied):
         try:
             result = await self.gw.client.chat(w.request)  # a Responses request too: it says which API it is
         except RequestFailed as e:
-            err = _failed(self.gw, e, w.request.api)
+            err = self._failed(e)
             await send_json(send, err.status, err.body(), err.headers)
             return
         except Exception as e:
-            err = _internal(e, w.request.api)
+            err = self._internal(e)
             await send_json(send, err.status, err.body())
             return
-        await send_json(send, 200, result.response, Served.of_result(result).headers(w.priority, w.request.api))
+        served = Served.of_result(result)
+        self.ex.served(served)
+        self.ex.used(result.usage)
+        await send_json(send, 200, result.response, served.headers(w.priority))
 
 
 class StreamReply(_Proxied):
@@ -143,14 +158,16 @@ class StreamReply(_Proxied):
             except StopAsyncIteration:
                 first = None
             except RequestFailed as e:
-                err = _failed(self.gw, e, w.request.api)
+                err = self._failed(e)
                 await send_json(send, err.status, err.body(), err.headers)
                 return
             except Exception as e:
-                err = _internal(e, w.request.api)
+                err = self._internal(e)
                 await send_json(send, err.status, err.body())
                 return
-            headers = {**sse.HEADERS, **Served.of_stream(stream).headers(w.priority, w.request.api)}
+            served = Served.of_stream(stream)
+            self.ex.served(served)
+            headers = {**sse.HEADERS, **served.headers(w.priority)}
             await send({"type": "http.response.start", "status": 200, "headers": _raw(headers)})
             try:
                 if first is not None:
@@ -158,11 +175,15 @@ class StreamReply(_Proxied):
                 async for chunk in stream:
                     await send({"type": "http.response.body", "body": framing.frame(chunk), "more_body": True})
                 end = framing.done()
+                if stream.result is not None:
+                    self.ex.used(stream.result.usage)
             except RequestFailed as e:
-                end = framing.error(e)
+                self.ex.failed(e.failure.kind.value)
+                end = framing.error(e, self.ex.request_id)
             except Exception as e:  # a bug must still end the stream as broken, not as complete
-                _internal(e, w.request.api)
-                end = framing.error(RequestFailed(Failure(Kind.TRANSIENT, f"the gateway failed ({type(e).__name__})")))
+                self._internal(e)
+                broken = RequestFailed(Failure(Kind.TRANSIENT, f"the gateway failed ({type(e).__name__})"))
+                end = framing.error(broken, self.ex.request_id)
             await send({"type": "http.response.body", "body": end, "more_body": False})
         finally:
             await stream.aclose()

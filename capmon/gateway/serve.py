@@ -39,6 +39,7 @@ class ServeOptions:
     listen: str | None = None  # HOST:PORT; None: [gateway] listen
     config: str | None = None  # None: $CAPMON_CONFIG, ./config.toml, the user config, the bundled demo
     environ: Mapping[str, str] | None = None  # None: os.environ
+    access_log: str | None = None  # PATH or - (stderr); None: [gateway] access_log
 
 
 def check_exposure(config: Config, settings: GatewaySettings) -> None:
@@ -129,7 +130,7 @@ def serve(options: ServeOptions, out: TextIO | None = None) -> int:
     """Run the gateway until a signal stops it. Raises CapmonError when it cannot start."""
     env = os.environ if options.environ is None else options.environ
     config = load(options.config)
-    settings = load_settings(config, listen=options.listen, environ=env)
+    settings = load_settings(config, listen=options.listen, environ=env, access_log=options.access_log)
     check_exposure(config, settings)
     root = logging.getLogger()
     handler = log_handler(sys.stderr)

@@ -88,6 +88,9 @@ def _config(app: Starlette, limits: ConnectionLimits | None) -> uvicorn.Config:
         http=protocol_for(limits),  # h11 with the gateway's limits, whether or not httptools is installed
         lifespan="off",
         access_log=False,
+        # The gateway writes a Date of now on each reply (capmon/gateway/exchange.py): uvicorn's
+        # is refreshed every ten ticks, ten seconds stale with the gateway's TICK.
+        date_header=getattr(app.state, "gateway", None) is None,
         log_level="warning",
         log_config=None,
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN,

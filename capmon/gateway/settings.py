@@ -43,6 +43,7 @@ class GatewaySettings:
     write_timeout: float = 30.0  # seconds an answer's bytes may stay untaken before it is cancelled
     max_connections: int = 1000  # open client connections at most
     cors_origins: tuple[str, ...] = ()  # browser origins allowed (CORS); every other Origin is refused
+    access_log: str = ""  # a file for one JSON line per request, "-" for stderr; "": none
 
     @property
     def listen(self) -> str:
@@ -111,9 +112,14 @@ def _aliases(cfg: Config) -> dict[str, str | None]:
 
 
 def load_settings(
-    cfg: Config, *, listen: str | None = None, environ: Mapping[str, str] | None = None
+    cfg: Config,
+    *,
+    listen: str | None = None,
+    environ: Mapping[str, str] | None = None,
+    access_log: str | None = None,
 ) -> GatewaySettings:
-    """The gateway's settings from ``cfg`` (``listen`` overrides ``[gateway] listen``).
+    """The gateway's settings from ``cfg`` (``listen`` overrides ``[gateway] listen``,
+    ``access_log`` ``[gateway] access_log``).
     Raises ConfigError naming the file and key."""
     env = os.environ if environ is None else environ
     g = cfg.gateway
@@ -171,4 +177,5 @@ def load_settings(
         write_timeout=g.write_timeout,
         max_connections=g.max_connections,
         cors_origins=_origins(cfg),
+        access_log=access_log if access_log is not None else g.access_log,
     )

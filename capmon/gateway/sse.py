@@ -3,7 +3,7 @@
 Chat completions: ``data: {chunk}`` frames, then ``data: [DONE]``. The Responses API:
 ``event: TYPE`` + ``data: {event}`` frames, the last being the provider's
 response.completed (or response.incomplete). A stream that breaks after its first byte
-ends with an error frame instead, never with [DONE] or a completed event, so no client
+ends with an error frame instead (naming the request's id), never with [DONE] or a completed event, so no client
 mistakes a cut answer for a whole one: ``data: {"error": {...}}`` for chat (the
 openai SDKs raise on it), a ``response.failed`` event for the Responses API (what
 Codex and the SDKs read as a failed response). Anthropic's Messages API: ``event: TYPE`` +
@@ -30,8 +30,8 @@ class ChatFraming:
     def done(self) -> bytes:
         return b"data: [DONE]\n\n"
 
-    def error(self, e: RequestFailed) -> bytes:
-        return b"data: " + json_bytes({"error": in_stream(e)}) + b"\n\n"
+    def error(self, e: RequestFailed, request_id: str) -> bytes:
+        return b"data: " + json_bytes({"error": {**in_stream(e), "request_id": request_id}}) + b"\n\n"
 
 
 class ResponsesFraming:
@@ -54,9 +54,10 @@ class ResponsesFraming:
     def done(self) -> bytes:
         return b""  # the provider's response.completed was the last event
 
-    def error(self, e: RequestFailed) -> bytes:
+    def error(self, e: RequestFailed, request_id: str) -> bytes:
         err = in_stream(e)
-        failed = {**self.response, "status": "failed", "error": {"code": err["code"], "message": err["message"]}}
+        error = {"code": err["code"], "message": err["message"], "request_id": request_id}
+        failed = {**self.response, "status": "failed", "error": error}
         event = {"type": "response.failed", "sequence_number": self.sequence + 1, "response": failed}
         return self.frame(event)
 
@@ -68,8 +69,8 @@ class MessagesFraming:
     def done(self) -> bytes:
         return b""  # the provider's (or the translation's) message_stop was the last event
 
-    def error(self, e: RequestFailed) -> bytes:
-        return named(anthropic_errors.in_stream(e))
+    def error(self, e: RequestFailed, request_id: str) -> bytes:
+        return named({**anthropic_errors.in_stream(e), "request_id": request_id})  # where Anthropic's errors have it
 
 
 Framing = ChatFraming | ResponsesFraming | MessagesFraming

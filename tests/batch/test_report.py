@@ -50,7 +50,8 @@ async def test_a_report_shows_models_statuses_fallbacks_latency_and_items(tmp_pa
     assert medium.split()[:5] == ["medium", "openai", "30", "100%", "30"]
     assert flagship.split()[:7] == ["flagship", "openai", "0", "0%", "3", "0", "3"]  # tripped after three 503s
     assert "errors by status: 503 x3" in text
-    assert "fallbacks: 3 items" in text and "flagship -> medium 3" in text
+    # all 30 served by medium instead of flagship: 3 after trying it, 27 while its breaker was open
+    assert "fallbacks: 30 items" in text and "flagship -> medium 3" in text
     assert "medium: it-0001, it-0002" in text and "... and 20 more" in text  # long lists are cut
 
     data = json.loads(report_text(db, json=True))
@@ -108,7 +109,24 @@ class Trail:
         for _ in range(count):
             self.t += 0.1
             rows.append(
-                ("j", f"i{self.n}", self.t, 1, model, "ep", key, status, kind, None, 0.0, 0.2, decision, "", "openai")
+                (
+                    "j",
+                    f"i{self.n}",
+                    self.t,
+                    1,
+                    model,
+                    "ep",
+                    key,
+                    status,
+                    kind,
+                    None,
+                    0.0,
+                    0.2,
+                    decision,
+                    "",
+                    "openai",
+                    None,
+                )
             )
             self.n += 1
         self.store.commit(self.info.id, started=[], outcomes=[], audit_rows=rows, job_fields={}, now=self.t)

@@ -52,7 +52,7 @@ async def test_messages_create_plain_and_streamed_with_usage_and_stop_reason(sty
         "0",
     )
     assert h["x-capmon-attempts"] == "1" and "x-capmon-dropped" not in h
-    assert plain._request_id == f"capmon-{h['x-capmon-request-id']}"
+    assert plain._request_id == h["x-request-id"] and h["request-id"] == h["x-request-id"]
     assert len("".join(texts).split()) == 5 and final.stop_reason == "max_tokens" and final.usage.output_tokens == 5
 
 

@@ -5,6 +5,7 @@ gateway that cannot start says why in one line with exit code 2."""
 from __future__ import annotations
 
 import io
+import json
 import logging
 import os
 import re
@@ -71,8 +72,10 @@ def test_the_readme_examples_run_as_written_against_capmon_serve(tmp_path: Path)
     port = _free_port()
     config = _shipped_config(tmp_path)
     env = {k: v for k, v in os.environ.items() if not k.startswith("CAPMON_")}
+    access = tmp_path / "access.jsonl"
+    argv = ["serve", "--config", str(config), "--listen", f"127.0.0.1:{port}", "--access-log", str(access)]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "capmon.cli", "serve", "--config", str(config), "--listen", f"127.0.0.1:{port}"],
+        [sys.executable, "-m", "capmon.cli", *argv],
         cwd=tmp_path,
         env=env,
         stdout=subprocess.PIPE,
@@ -104,6 +107,11 @@ def test_the_readme_examples_run_as_written_against_capmon_serve(tmp_path: Path)
     assert "x-capmon-priority: batch" in head and "x-litellm-attempted-fallbacks: 0" in head
     assert '"choices"' in body
     assert proc.returncode == 130 and "capmon gateway: stopped" in err and "Traceback" not in err
+    lines = [json.loads(line) for line in access.read_text().splitlines()]
+    served = [line for line in lines if line["path"] == "/v1/chat/completions"]
+    assert len(served) >= 3 and all(line["status"] == 200 and line["model_served"] for line in served)
+    curls = re.findall(r"^x-request-id: (\S+)$", head, re.M)
+    assert len(curls) == 1 and curls[0] in {line["request_id"] for line in served}
 
 
 @pytest.mark.parametrize(
@@ -142,6 +150,7 @@ def test_the_readme_examples_run_as_written_against_capmon_serve(tmp_path: Path)
             r"gateway\.admin_key_env: environment variable GW_NOT_SET_ANYWHERE is not set",
         ),
         ("listn = 1", [], r"gateway\.listn: unknown key; did you mean 'listen'\?"),
+        ("", ["--access-log", "/no/such/dir/a.log"], r"gateway\.access_log: cannot open the access log: No such file"),
     ],
 )
 def test_a_gateway_that_cannot_start_says_why_in_one_line(

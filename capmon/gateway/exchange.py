@@ -1,0 +1,194 @@
+"""One HTTP request to the gateway and its answer, as the operator sees it: its request id
+(the client's ``x-request-id`` / ``x-client-request-id`` when sane, else a new one), and
+what the answer came to (who asked, which model served, the attempts and fallbacks, the
+status, the time to the first byte and in all, the tokens), written to the access log
+(capmon/gateway/access_log.py) when the answer is done.
+
+:class:`Exchanges` is the outermost ASGI layer: every reply of the gateway, refusals of
+the browser checks and 404s included, gets ``x-request-id`` (and ``request-id``, which
+Anthropic's SDKs read, on ``/v1/messages``), ``x-capmon-requested-model`` once the body
+named one, and a ``Date`` of now (uvicorn's own is refreshed on its ticks, which the
+gateway makes long: capmon/gateway/server.py TICK)."""
+
+from __future__ import annotations
+
+import datetime
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass
+from email.utils import formatdate
+from typing import Any
+
+from starlette.requests import Request
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from capmon.core.clock import Clock
+from capmon.gateway import fields
+from capmon.gateway.access_log import AccessLog
+from capmon.gateway.anthropic_errors import on_messages_path
+from capmon.gateway.headers import Served, header_value
+
+REQUEST_ID_HEADERS = (b"x-request-id", b"x-client-request-id")  # the OpenAI SDKs send the second
+_STATE_KEY = "capmon_exchange"
+
+
+def new_request_id() -> str:
+    return "req_" + secrets.token_hex(12)
+
+
+def api_of(path: str) -> str:
+    """Which of the gateway's APIs a path belongs to (the metrics' and the access log's ``api``)."""
+    if path.startswith("/v1/chat/"):
+        return "chat"
+    if path.startswith("/v1/responses"):
+        return "responses"
+    if on_messages_path(path):
+        return "messages"
+    if path.startswith("/v1/models"):
+        return "models"
+    if path.startswith("/capmon/"):
+        return "control"
+    return path[1:] if path in ("/metrics", "/health", "/ready") else "other"
+
+
+def _count(usage: Mapping[str, Any], *names: str) -> int | None:
+    for name in names:
+        value = usage.get(name)
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            return value
+    return None
+
+
+@dataclass(eq=False)
+class Exchange:
+    """Filled in as the answer is worked out (capmon/gateway/inbound.py, replies.py)."""
+
+    request_id: str
+    method: str
+    path: str
+    api: str
+    started: float  # clock.now()
+    wall: float  # clock.wall() when it came
+    caller: str | None = None  # the client key's alias, never the key
+    model_requested: str | None = None  # the name the client sent (auto, an alias, a model)
+    model_served: str | None = None
+    endpoint: str | None = None
+    served_api: str | None = None  # the serving endpoint's provider API: openai | anthropic | azure
+    attempts: int = 0
+    fallbacks: int = 0
+    status: int | None = None  # None: no answer was sent (the client went away first)
+    error_kind: str | None = None
+    priority: str | None = None
+    ttfb: float | None = None  # seconds to the response start (a stream's: its first chunk)
+    latency: float | None = None
+    tokens_in: int | None = None
+    tokens_out: int | None = None
+
+    def served(self, s: Served) -> None:
+        self.model_served, self.endpoint, self.served_api = s.model, s.endpoint, s.api or None
+        self.attempts, self.fallbacks = s.attempts, s.fallbacks
+
+    def used(self, usage: Mapping[str, Any]) -> None:
+        """The answer's usage in any API's words (chat's prompt/completion, the others' input/output)."""
+        self.tokens_in = _count(usage, "input_tokens", "prompt_tokens")
+        self.tokens_out = _count(usage, "output_tokens", "completion_tokens")
+
+    def failed(self, kind: str, attempts: int | None = None) -> None:
+        self.error_kind = kind
+        if attempts is not None:
+            self.attempts = attempts
+
+    def line(self) -> dict[str, Any]:
+        """The access log's line: no key, no prompt or answer text."""
+        at = datetime.datetime.fromtimestamp(self.wall, datetime.UTC)
+        return {
+            "time": at.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+            "request_id": self.request_id,
+            "caller": self.caller,
+            "method": self.method,
+            "path": self.path,
+            "model_requested": self.model_requested,
+            "model_served": self.model_served,
+            "endpoint": self.endpoint,
+            "api": self.api,
+            "served_api": self.served_api,
+            "attempts": self.attempts,
+            "fallbacks": self.fallbacks,
+            "status": self.status,
+            "error_kind": self.error_kind,
+            "priority": self.priority,
+            "latency_ms": _ms(self.latency),
+            "ttfb_ms": _ms(self.ttfb),
+            "tokens_in": self.tokens_in,
+            "tokens_out": self.tokens_out,
+        }
+
+
+def _ms(seconds: float | None) -> float | None:
+    return round(seconds * 1000, 1) if seconds is not None else None
+
+
+def exchange_of(request: Request) -> Exchange | None:
+    """The exchange :class:`Exchanges` opened for ``request`` (None for an app without it)."""
+    ex = request.scope.get("state", {}).get(_STATE_KEY)
+    return ex if isinstance(ex, Exchange) else None
+
+
+def _own_id(scope: Scope) -> str | None:
+    for name, value in scope.get("headers", ()):
+        if name in REQUEST_ID_HEADERS:
+            own = fields.request_id(value.decode("latin-1"))
+            if own is not None:
+                return own
+    return None
+
+
+class Exchanges:
+    """Opens an :class:`Exchange` per HTTP request, stamps its headers on the reply, and
+    hands it to the access log when the reply is done (pure ASGI: streams stay streams)."""
+
+    def __init__(self, app: ASGIApp, clock: Clock, log: AccessLog | None) -> None:
+        self.app = app
+        self.clock = clock
+        self.log = log
+        self._date: tuple[int, bytes] = (-1, b"")
+
+    def http_date(self) -> bytes:
+        second = int(self.clock.wall())
+        if second != self._date[0]:  # formatted once a second, not per reply
+            self._date = (second, formatdate(second, usegmt=True).encode())
+        return self._date[1]
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = scope.get("path", "")
+        ex = Exchange(
+            _own_id(scope) or new_request_id(),
+            scope.get("method", ""),
+            path,
+            api_of(path),
+            self.clock.now(),
+            self.clock.wall(),
+        )
+        scope.setdefault("state", {})[_STATE_KEY] = ex
+        rid = ex.request_id.encode()
+        ids = [(b"x-request-id", rid), (b"request-id", rid)] if ex.api == "messages" else [(b"x-request-id", rid)]
+
+        async def stamped(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                ex.status = message["status"]
+                ex.ttfb = self.clock.now() - ex.started
+                own = [(b"date", self.http_date()), *ids]
+                if ex.model_requested is not None:
+                    own.append((b"x-capmon-requested-model", header_value(ex.model_requested).encode("latin-1")))
+                message = {**message, "headers": [*message.get("headers", ()), *own]}
+            await send(message)
+
+        try:
+            await self.app(scope, receive, stamped)
+        finally:
+            ex.latency = self.clock.now() - ex.started
+            if self.log is not None:
+                self.log.write(ex.line())

@@ -1,0 +1,129 @@
+"""The access log (issue 18, item 2): one JSON line per request, every field there, never
+a key or prompt text, and a log that cannot be written never fails a request."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+from pathlib import Path
+
+import openai
+import pytest
+
+from capmon.gateway.access_log import AccessLog
+from tests.gateway.helpers import HELLO, running
+
+pytestmark = pytest.mark.looptime
+
+CLIENT = "sk-gw-client-canary-9e8d7c6b5a41"
+PROMPT = "PROMPT-CANARY-31415 tell me about capacity"
+KEYS = 'keys = [{ env = "GW_CLIENT", alias = "team" }]'
+FIELDS = {
+    "time",
+    "request_id",
+    "caller",
+    "method",
+    "path",
+    "model_requested",
+    "model_served",
+    "endpoint",
+    "api",
+    "served_api",
+    "attempts",
+    "fallbacks",
+    "status",
+    "error_kind",
+    "priority",
+    "latency_ms",
+    "ttfb_ms",
+    "tokens_in",
+    "tokens_out",
+}
+
+
+def _lines(path: Path) -> list[dict[str, object]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+async def test_one_line_per_request_with_every_field_and_no_key_or_prompt(tmp_path: Path) -> None:
+    where = tmp_path / "access.jsonl"
+    gateway = f'{KEYS}\naccess_log = "{where}"'
+    async with running(gateway=gateway, environ={"GW_CLIENT": CLIENT}) as gw, gw.openai(CLIENT) as sdk:
+        gw.client.trip("flagship")
+        plain = await sdk.chat.completions.with_raw_response.create(
+            model="flagship", messages=[{"role": "user", "content": PROMPT}]
+        )
+        async for _ in await sdk.responses.create(model="auto", input=PROMPT, stream=True):
+            pass
+        with pytest.raises(openai.NotFoundError):
+            await sdk.chat.completions.create(model=CLIENT, messages=[{"role": "user", "content": PROMPT}])
+        with pytest.raises(openai.AuthenticationError):
+            await gw.openai("sk-wrong-key-000000000000").models.list()
+    text = where.read_text()
+    assert CLIENT not in text and "PROMPT-CANARY" not in text
+    lines = _lines(where)
+    assert len(lines) == 4 and all(set(line) == FIELDS for line in lines)
+    chat, stream, missing, refused = lines
+    assert chat["request_id"] == plain.headers["x-request-id"]
+    assert chat["caller"] == "team" and chat["method"] == "POST" and chat["path"] == "/v1/chat/completions"
+    assert (chat["model_requested"], chat["model_served"], chat["endpoint"], chat["api"]) == (
+        "flagship",
+        "medium",
+        "sim",
+        "chat",
+    )
+    assert (chat["attempts"], chat["fallbacks"], chat["status"], chat["error_kind"]) == (1, 1, 200, None)
+    assert chat["priority"] == "interactive" and chat["served_api"] == "openai"
+    assert isinstance(chat["tokens_in"], int) and chat["tokens_in"] > 0 and chat["tokens_out"] == 12
+    assert isinstance(chat["latency_ms"], float) and isinstance(chat["ttfb_ms"], float)
+    assert str(chat["time"]).endswith("Z")
+    assert (stream["api"], stream["model_requested"], stream["model_served"], stream["status"]) == (
+        "responses",
+        "auto",
+        "medium",
+        200,
+    )
+    assert stream["fallbacks"] == 1 and stream["tokens_out"] == 12  # auto's first choice, flagship, is tripped
+    assert (missing["status"], missing["error_kind"], missing["model_requested"]) == (
+        404,
+        "model_not_found",
+        "[redacted]",
+    )
+    assert (refused["status"], refused["caller"], refused["path"]) == (401, None, "/v1/models")
+
+
+async def test_a_log_that_cannot_be_written_never_fails_a_request(caplog: pytest.LogCaptureFixture) -> None:
+    # /dev/full: every write fails as on a full disk
+    with caplog.at_level(logging.WARNING, "capmon.gateway"):
+        async with running(gateway='access_log = "/dev/full"') as gw, gw.openai() as sdk:
+            answers = [await sdk.chat.completions.create(model="auto", messages=HELLO) for _ in range(3)]
+            log = gw.app.state.gateway.access_log
+    assert all(a.choices[0].message.content for a in answers)
+    assert log is not None and log.dropped == 3 and log.written == 0
+    said = [r.getMessage() for r in caplog.records if "access log" in r.getMessage()]
+    assert len(said) == 2 and "No space left" in said[0] and "3 line(s) dropped" in said[1]  # once, then the count
+
+
+def test_dev_full_and_a_closed_pipe_drop_lines_and_count_them() -> None:
+    full = AccessLog("/dev/full")
+    for i in range(5):
+        full.write({"n": i})
+    full.close()
+    assert full.dropped == 5 and full.written == 0
+    r, w = os.pipe()
+    os.close(r)
+    piped = AccessLog("pipe", stream=os.fdopen(w, "w"))
+    piped.write({"n": 1})
+    piped.close()
+    assert piped.dropped == 1
+
+
+def test_a_full_queue_drops_rather_than_waits() -> None:
+    out = io.StringIO()
+    log = AccessLog("mem", capacity=1, stream=out)
+    for i in range(2000):
+        log.write({"n": i})
+    log.close()
+    assert log.written + log.dropped == 2000 and log.written >= 1

@@ -1,0 +1,160 @@
+"""Request ids, honest fallback headers and a fresh Date (issue 18, items 1, 3 and 7), with
+the real openai and anthropic SDKs against a real gateway on the simulator."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import sqlite3
+from email.utils import parsedate_to_datetime
+
+import openai
+import pytest
+
+from capmon import audit
+from capmon.core import events as ev
+from capmon.core.clock import default_clock
+from capmon.core.result import Attempt, ChatRequest, Decision
+from tests.gateway.helpers import HELLO, running, scenario, sse_frames
+
+NEW_ID = re.compile(r"req_[0-9a-f]{24}")
+
+
+@pytest.mark.looptime
+async def test_every_reply_has_an_x_request_id_which_the_openai_sdk_reads() -> None:
+    async with running() as gw, gw.openai() as sdk, gw.http() as http:
+        plain = await sdk.chat.completions.create(model="auto", messages=HELLO)
+        raw = await sdk.chat.completions.with_raw_response.create(model="auto", messages=HELLO, stream=True)
+        async for _ in raw.parse():
+            pass
+        with pytest.raises(openai.NotFoundError) as missing:
+            await sdk.chat.completions.create(model="no-such-model", messages=HELLO)
+        with pytest.raises(openai.BadRequestError) as bad:
+            await sdk.chat.completions.create(model="auto", messages=[])
+        routes = [await http.get("/nowhere"), await http.get("/health"), await http.get("/v1/models")]
+        # every model failing: a 5xx (or the 429 of capacity) within the request's deadline
+        for model in ("flagship", "medium", "small"):
+            await gw.sim_admin(f"outage/sim-{model}", {"duration": 60})
+        failed = await http.post(
+            "/v1/chat/completions", headers={"x-capmon-deadline": "2"}, json={"model": "auto", "messages": HELLO}
+        )
+        events = gw.client.bus.recent(types=[ev.RequestDone])
+    assert plain._request_id is not None and NEW_ID.fullmatch(plain._request_id)
+    assert NEW_ID.fullmatch(raw.headers["x-request-id"]) and raw.headers["x-request-id"] != plain._request_id
+    assert missing.value.request_id is not None and NEW_ID.fullmatch(missing.value.request_id)
+    assert bad.value.request_id is not None and NEW_ID.fullmatch(bad.value.request_id)
+    assert [r.status_code for r in routes] == [404, 200, 200]
+    assert all(NEW_ID.fullmatch(r.headers["x-request-id"]) for r in routes)
+    assert failed.status_code >= 429 and NEW_ID.fullmatch(failed.headers["x-request-id"])
+    # the request's events carry the same id
+    done = {e.caller_request_id for e in events if isinstance(e, ev.RequestDone)}
+    assert {plain._request_id, raw.headers["x-request-id"], failed.headers["x-request-id"]} <= done
+
+
+@pytest.mark.looptime
+async def test_a_clients_own_id_is_kept_when_sane_and_replaced_when_not() -> None:
+    async with running() as gw, gw.openai() as sdk, gw.http() as http:
+        own = await sdk.chat.completions.with_raw_response.create(
+            model="auto", messages=HELLO, extra_headers={"x-request-id": "trace-42/a.b:c"}
+        )
+        client = await http.post(
+            "/v1/chat/completions", headers={"x-client-request-id": "cli-7"}, json={"model": "auto", "messages": HELLO}
+        )
+        refused = [
+            await http.post("/v1/chat/completions", headers={"x-request-id": bad}, json={"model": "nope"})
+            for bad in ("has space", "x" * 129, "tab\there", "")
+        ]
+        started = gw.client.bus.recent(types=[ev.AttemptStarted])
+    assert own.headers["x-request-id"] == "trace-42/a.b:c"
+    assert client.headers["x-request-id"] == "cli-7"
+    assert [r.status_code for r in refused] == [404] * 4  # a bad id is replaced, never a reason to refuse
+    assert all(NEW_ID.fullmatch(r.headers["x-request-id"]) for r in refused)
+    assert {"trace-42/a.b:c", "cli-7"} <= {e.caller_request_id for e in started if isinstance(e, ev.AttemptStarted)}
+
+
+@pytest.mark.looptime
+async def test_messages_replies_carry_the_id_as_anthropic_sdks_read_it() -> None:
+    async with running() as gw, gw.anthropic() as sdk:
+        reply = await sdk.messages.with_raw_response.create(
+            model="auto",
+            max_tokens=32,
+            messages=[{"role": "user", "content": "hi"}],
+            extra_headers={"x-request-id": "claude-run-1"},
+        )
+        message = await reply.parse()
+        with pytest.raises(Exception) as missing:
+            await sdk.messages.create(model="nope", max_tokens=32, messages=[{"role": "user", "content": "hi"}])
+    assert message._request_id == "claude-run-1" == reply.headers["x-request-id"]
+    assert NEW_ID.fullmatch(getattr(missing.value, "request_id", "") or "")
+
+
+@pytest.mark.looptime
+async def test_a_broken_stream_names_its_request_id_in_the_error_event() -> None:
+    async with running() as gw, gw.http() as http:
+        await gw.sim_admin("faults", {"mode": "stream_cut", "count": 1})
+        cut = await http.post("/v1/chat/completions", json={"model": "auto", "messages": HELLO, "stream": True})
+        await gw.sim_admin("faults", {"mode": "stream_cut", "count": 1})
+        failed = await http.post("/v1/responses", json={"model": "auto", "input": "hi", "stream": True})
+        await gw.sim_admin("faults", {"mode": "stream_cut", "count": 1})
+        anth = await http.post(
+            "/v1/messages",
+            headers={"anthropic-version": "2023-06-01"},
+            json={"model": "auto", "max_tokens": 32, "messages": [{"role": "user", "content": "hi"}], "stream": True},
+        )
+    chat_error = json.loads(sse_frames(cut.text)[-1]["data"])["error"]
+    assert chat_error["request_id"] == cut.headers["x-request-id"]
+    response_failed = json.loads(sse_frames(failed.text)[-1]["data"])
+    assert response_failed["type"] == "response.failed"
+    assert response_failed["response"]["error"]["request_id"] == failed.headers["x-request-id"]
+    anth_error = json.loads(sse_frames(anth.text)[-1]["data"])
+    assert anth_error["type"] == "error" and anth_error["request_id"] == anth.headers["request-id"]
+
+
+def test_the_audit_keeps_the_request_id_and_an_older_database_gains_the_column() -> None:
+    conn = sqlite3.connect(":memory:")
+    conn.execute("CREATE TABLE attempts (job TEXT, item TEXT, at REAL NOT NULL, attempt INTEGER NOT NULL, model TEXT,"
+                 " endpoint TEXT, key_alias TEXT, status INTEGER, kind TEXT, hint REAL, wait REAL, latency REAL,"
+                 " decision TEXT NOT NULL, reason TEXT NOT NULL DEFAULT '', api TEXT)")  # fmt: skip
+    conn.execute("INSERT INTO attempts (job, at, attempt, decision) VALUES ('j', 1, 1, 'ok')")
+    audit.ensure_schema(conn)
+    request = ChatRequest(messages=(), job="j", item_id="i", request_id="req_abc")
+    attempt = Attempt(1, "flagship", "t", "sim", "k", 2.0, 200, None, "", None, 0.0, 0.1, Decision.OK)
+    audit.write_rows(conn, [audit.attempt_row(request, attempt)])
+    rows = audit.read_attempts(conn, "j")
+    assert [r.request_id for r in rows] == [None, "req_abc"]
+
+
+@pytest.mark.looptime
+async def test_a_request_for_a_tripped_model_served_by_another_says_it_fell_back() -> None:
+    async with running() as gw, gw.openai() as sdk:
+        gw.client.trip("flagship")
+        raw = await sdk.chat.completions.with_raw_response.create(model="flagship", messages=HELLO)
+        streamed = await sdk.chat.completions.with_raw_response.create(model="flagship", messages=HELLO, stream=True)
+        async for _ in streamed.parse():
+            pass
+        auto = await sdk.chat.completions.with_raw_response.create(model="auto", messages=HELLO)
+        gw.client.reset("flagship")
+        asked = await sdk.chat.completions.with_raw_response.create(model="flagship", messages=HELLO)
+        result = await gw.client.chat(ChatRequest.of(HELLO, model="medium"))
+        fell = gw.client.bus.recent(types=[ev.FellBack])
+    for reply in (raw, streamed, auto):
+        h = reply.headers
+        assert (h["x-capmon-model"], h["x-capmon-fallbacks"], h["x-capmon-attempts"]) == ("medium", "1", "1")
+        assert h["x-litellm-attempted-fallbacks"] == "1"
+    assert raw.headers["x-capmon-requested-model"] == "flagship" and auto.headers["x-capmon-requested-model"] == "auto"
+    assert (asked.headers["x-capmon-model"], asked.headers["x-capmon-fallbacks"]) == ("flagship", "0")
+    assert result.model == "medium" and result.fallbacks == 0 and result.requested == "medium"
+    moves = [(e.from_model, e.to_model) for e in fell if isinstance(e, ev.FellBack)]
+    assert moves == [("flagship", "medium")] * 3  # the metrics' capmon_fallbacks_total counts these
+
+
+async def test_the_date_header_is_the_time_of_the_reply() -> None:
+    # uvicorn refreshes its own Date every ten ticks: with the gateway's 1 s tick, up to 10 s old.
+    async with running(scenario()) as gw, gw.http() as http:
+        await asyncio.sleep(2.5)
+        reply = await http.get("/health")
+        now = default_clock().wall()
+    dated = parsedate_to_datetime(reply.headers["date"]).timestamp()
+    assert reply.headers.get_list("date") == [reply.headers["date"]]  # one Date, not uvicorn's as well
+    assert now - 1.5 < dated <= now
