@@ -166,6 +166,7 @@ class ChatResult:
     usage: Mapping[str, Any] = field(default_factory=dict)
     request_id: int = 0  # the client's number for the request (events and attempts carry it too)
     api: EndpointApi = EndpointApi.OPENAI  # the API that served it (the answer is in the caller's format)
+    max_tokens_lowered: int | None = None  # the output cap sent when [client] cap_client_tokens cut the caller's
 
     @property
     def dropped(self) -> tuple[str, ...]:

@@ -3,6 +3,8 @@
 
 | the core says | the client gets |
 |---|---|
+| CannotWait: no model it may use can admit it before its deadline, and waiting cannot help (tripped by hand, keys disabled or out of quota) | 503 at once, code ``models_unavailable`` / ``no_usable_key``, ``x-should-retry: false``, Retry-After only when a quota's reset is known |
+| CannotWait for a prompt over every window | 400 ``context_length_exceeded`` (OpenAI's own answer, which clients compact on) |
 | capacity, rate_limited, quota; DeadlineExceeded after those (or with no attempt) | 429 with Retry-After |
 | DeadlineExceeded after any other failure (an upstream that hangs or keeps failing) | 504 |
 | bad_request, too_large | the provider's 4xx and message (400 when no provider answered) |
@@ -23,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from capmon.core.errors import Failure, Kind
-from capmon.core.exceptions import DeadlineExceeded, RequestFailed
+from capmon.core.exceptions import CannotWait, DeadlineExceeded, RequestFailed, Unavailable
 from capmon.core.secrets import redact
 
 
@@ -76,6 +78,13 @@ def from_failure(e: RequestFailed, *, retry_after: float = 1.0, disabled_keys: S
     them, when no key is left; a request refused without an attempt then failed for that."""
     f = e.failure
     attempts = {"x-capmon-attempts": str(len(e.attempts))}
+    if isinstance(e, CannotWait) and e.why is not Unavailable.WINDOW:
+        # The SDKs retry a 503 at once unless told not to; a known reset is the only time to name.
+        headers = {"x-should-retry": "false", **attempts}
+        if e.retry_after is not None:
+            headers["retry-after"] = str(max(1, math.ceil(e.retry_after)))
+        own = " (this is not about the key you sent)" if e.why is Unavailable.KEYS else ""
+        return ApiError(503, f"{e.why.value}: {e}{own}", "service_unavailable", e.why.value, headers=headers)
     if disabled_keys and not e.attempts:
         return ApiError(
             502,

@@ -6,6 +6,7 @@ API the gateway speaks; an error raised here is told in the shape of the route's
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
@@ -50,4 +51,6 @@ async def proxied(request: Request, parse: Callable[..., Wanted]) -> Response:
     if raw is None:
         return Nothing()
     wanted = parse(fields.json_object(raw), request.headers, caller, gw.names)
+    if wanted.request.deadline is None:  # no x-capmon-deadline: the gateway's own default
+        wanted = replace(wanted, request=replace(wanted.request, deadline=gw.client.config.gateway.deadline))
     return StreamReply(gw, wanted) if wanted.stream else PlainReply(gw, wanted)
