@@ -3,13 +3,17 @@
 
 | the core says | the client gets |
 |---|---|
-| CannotWait: no model it may use can admit it before its deadline, and waiting cannot help (tripped by hand, keys disabled or out of quota) | 503 at once, code ``models_unavailable`` / ``no_usable_key``, ``x-should-retry: false``, Retry-After only when a quota's reset is known |
-| CannotWait for a prompt over every window | 400 ``context_length_exceeded`` (OpenAI's own answer, which clients compact on) |
+| CannotWait (waiting cannot help: tripped by hand, keys disabled or out of quota) | 503 at once (below) |
+| CannotWait for a prompt over every window | 400 ``context_length_exceeded`` (clients compact on it) |
 | capacity, rate_limited, quota; DeadlineExceeded after those (or with no attempt) | 429 with Retry-After |
 | DeadlineExceeded after any other failure (an upstream that hangs or keeps failing) | 504 |
 | bad_request, too_large | the provider's 4xx and message (400 when no provider answered) |
 | transient, oversized | 502: the upstream failed, retries are spent |
 | auth | 502 naming the gateway's provider key by its alias: the gateway's problem, not the client's |
+
+A CannotWait 503's code is why (``models_unavailable``, ``no_usable_key``); it carries
+``x-should-retry: false``, which the openai and anthropic SDKs obey instead of retrying, and
+a Retry-After only when the time something admits again is known (a quota's reset).
 
 Every message, param and code passes :func:`capmon.core.secrets.redact` (the core's
 classifier already redacted what it took from the provider); a provider's text about
