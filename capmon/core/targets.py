@@ -92,14 +92,19 @@ def token_limit(asked: int | None, t: Target, ceiling: bool) -> int:
 
 def admits_in(targets: list[Target], now: float) -> dict[str, float | None]:
     """Per target, seconds until it may admit a request (0: now; a full one counts as now,
-    it frees a slot by itself), or None when only a person can bring it back (a disabled
-    key, tripped by hand): what a gateway's /ready and Retry-After are made of."""
+    it frees a slot by itself, and so does a half-open one, whose probe is out), or None
+    when only a person can bring it back (:func:`held`: a disabled key, tripped by hand):
+    what a gateway's /ready and Retry-After are made of, by the rule a request's wait is."""
     out: dict[str, float | None] = {}
     for t in targets:
-        at = t.state.ready_at(now, 1) if t.state.usable() else None
-        if at is None and t.state.usable():
+        hold = held(t, now)
+        if hold is not None:
+            out[t.id] = None if hold.until is None else max(0.0, hold.until - now)
+            continue
+        at = t.state.ready_at(now, 1)
+        if at is None:
             at = t.state.probe_due_at()  # an open breaker admits again once its probe answers
-        out[t.id] = None if at is None else max(0.0, at - now)
+        out[t.id] = 0.0 if at is None else max(0.0, at - now)
     return out
 
 
