@@ -1,11 +1,14 @@
 """A request waits only while some model it may use can admit it before its deadline.
-When none can (tripped by hand, keys disabled or out of quota past the deadline, no window
-large enough) it fails at once with CannotWait saying why; a model whose breaker opened by
-itself, which admits again once its probe answers, is waited for."""
+When none can (tripped by hand, keys disabled or out of quota past the deadline; no window
+large enough: tests/core/test_router_behaviour.py) it fails at once with CannotWait saying
+why; a model whose breaker opened by itself, which admits again once its probe answers, is
+waited for."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
+from typing import TypeVar
 
 import pytest
 
@@ -17,8 +20,20 @@ from tests.support.configs import ENV, three_models
 from tests.support.scripted import OVERLOADED, Reply, Script, serve
 
 pytestmark = pytest.mark.looptime
+E = TypeVar("E", bound=BaseException)
 
 MODELS = ("flagship", "medium", "small")
+
+
+async def failure_of(call: Awaitable[object], kind: type[E]) -> tuple[E, float]:
+    """The error ``call`` raises, and how long (loop time) it took to come."""
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    with pytest.raises(kind) as info:
+        await call
+    return info.value, loop.time() - t0
+
+
 QUOTA = Reply(
     429,
     {
@@ -37,12 +52,7 @@ async def test_every_model_tripped_by_hand_fails_at_once_with_the_reason() -> No
         async with FallbackClient(three_models(url), environ=ENV) as client:
             for m in MODELS:
                 client.trip(m)
-            loop = asyncio.get_running_loop()
-            t0 = loop.time()
-            with pytest.raises(CannotWait) as info:
-                await client.chat("hi")
-            took = loop.time() - t0
-    e = info.value
+            e, took = await failure_of(client.chat("hi"), CannotWait)
     assert took < 1.0 and script.served() == 0
     assert e.why is Unavailable.MODELS and e.retry_after is None and e.attempts == ()
     assert "flagship is tripped by hand" in str(e) and "small is tripped by hand" in str(e)
@@ -56,13 +66,8 @@ async def test_keys_out_of_quota_past_the_deadline_fail_at_once_with_the_reset_t
         async with FallbackClient(three_models(url), environ=ENV) as client:
             with pytest.raises(RequestFailed) as first:  # it meets the quotas one by one
                 await client.chat("hi")
-            loop = asyncio.get_running_loop()
-            t0 = loop.time()
-            with pytest.raises(CannotWait) as info:
-                await client.chat(ChatRequest.of("hi", deadline=60))
-            took = loop.time() - t0
+            e, took = await failure_of(client.chat(ChatRequest.of("hi", deadline=60)), CannotWait)
     assert first.value.failure.kind is Kind.QUOTA and not isinstance(first.value, CannotWait)
-    e = info.value
     assert took < 1.0 and script.served() == 3  # the second request sent nothing
     assert e.why is Unavailable.KEYS and e.failure.kind is Kind.QUOTA
     assert e.retry_after is not None and e.retry_after > 60  # the reset is known, and past the deadline
@@ -76,20 +81,9 @@ async def test_every_key_disabled_fails_at_once() -> None:
         async with FallbackClient(three_models(url), environ=ENV) as client:
             with pytest.raises(RequestFailed):
                 await client.chat("hi")
-            with pytest.raises(CannotWait) as info:
-                await client.chat("hi")
-    assert info.value.why is Unavailable.KEYS and info.value.failure.kind is Kind.AUTH and script.served() == 1
-    assert info.value.retry_after is None
-
-
-async def test_a_prompt_over_every_window_fails_at_once() -> None:
-    script = Script()
-    async with serve(script) as url:
-        async with FallbackClient(three_models(url), environ=ENV) as client:
-            with pytest.raises(CannotWait) as info:
-                await client.chat("x" * 4 * 130_000)
-    assert info.value.why is Unavailable.WINDOW and info.value.failure.kind is Kind.TOO_LARGE
-    assert script.served() == 0
+            e, took = await failure_of(client.chat("hi"), CannotWait)
+    assert e.why is Unavailable.KEYS and e.failure.kind is Kind.AUTH and script.served() == 1
+    assert e.retry_after is None and took < 1.0
 
 
 async def test_a_breaker_open_by_itself_is_waited_for_until_the_deadline() -> None:
@@ -102,12 +96,8 @@ async def test_a_breaker_open_by_itself_is_waited_for_until_the_deadline() -> No
                 with pytest.raises(RequestFailed):
                     await client.chat(ChatRequest.of("hi", deadline=1))
             assert {t.state.view().breaker.state for t in client.targets} == {"open"}
-            loop = asyncio.get_running_loop()
-            t0 = loop.time()
-            with pytest.raises(DeadlineExceeded) as info:
-                await client.chat(ChatRequest.of("hi", deadline=20))
-            took = loop.time() - t0
-    assert not isinstance(info.value, CannotWait)
+            e, took = await failure_of(client.chat(ChatRequest.of("hi", deadline=20)), DeadlineExceeded)
+    assert not isinstance(e, CannotWait)
     assert took >= 19.9  # it waited for a probe to find a model back, as long as it was allowed
 
 
@@ -123,11 +113,7 @@ async def test_a_waiting_request_ends_when_the_last_model_it_waits_for_is_trippe
             waiting = asyncio.ensure_future(client.chat(ChatRequest.of("hi", deadline=300)))
             await asyncio.sleep(10)
             assert not waiting.done()
-            loop = asyncio.get_running_loop()
-            t0 = loop.time()
             for m in MODELS:
                 client.trip(m)
-            with pytest.raises(CannotWait) as info:
-                await waiting
-            took = loop.time() - t0
-    assert took < 1.0 and info.value.why is Unavailable.MODELS
+            e, took = await failure_of(waiting, CannotWait)
+    assert took < 1.0 and e.why is Unavailable.MODELS

@@ -8,7 +8,7 @@ import pytest
 
 from capmon.core import events as ev
 from capmon.core.errors import Kind
-from capmon.core.exceptions import DeadlineExceeded, RequestFailed
+from capmon.core.exceptions import CannotWait, DeadlineExceeded, RequestFailed, Unavailable
 from capmon.core.result import ChatRequest
 from capmon.core.router import FallbackClient
 from capmon.sim.app import create_app
@@ -79,9 +79,10 @@ async def test_a_prompt_larger_than_every_window_fails_without_sending() -> None
     script = Script()
     async with serve(script) as url:
         async with FallbackClient(three_models(url), environ=ENV) as client:
-            with pytest.raises(RequestFailed) as info:
+            with pytest.raises(CannotWait) as info:  # at once: no wait can make a window larger
                 await client.chat("x" * 4 * 130_000)
     assert info.value.failure.kind is Kind.TOO_LARGE and script.served() == 0
+    assert info.value.why is Unavailable.WINDOW
 
 
 async def test_a_bad_request_fails_with_the_providers_message_and_no_retry() -> None:

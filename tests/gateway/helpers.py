@@ -19,6 +19,7 @@ from starlette.applications import Starlette
 from capmon.core.config import SIMULATOR_DEMO_KEY, Config, parse_config
 from capmon.core.router import FallbackClient
 from capmon.gateway import GatewayServer, close_app, create_app, load_settings, start_server
+from capmon.gateway.connections import ConnectionLimits
 from capmon.sim.scenario import ModelSpec, Scenario
 from capmon.sim.server import SimHandle, start_simulator
 
@@ -39,6 +40,26 @@ CLAUDE_WEATHER_TOOL = {
     "description": "the weather in a city",
     "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
 }
+
+
+CHAT_ANSWER = {
+    "id": "c1",
+    "object": "chat.completion",
+    "created": 0,
+    "model": "sim-flagship",
+    "choices": [{"index": 0, "message": {"role": "assistant", "content": "hello"}, "finish_reason": "stop"}],
+}
+
+
+@contextlib.asynccontextmanager
+async def upstream(app: Starlette) -> AsyncIterator[str]:
+    """A test's own upstream (``app``, served by real uvicorn on a loopback port): its base URL."""
+    limits = ConnectionLimits(header_timeout=10, keep_alive_timeout=15, write_timeout=30, max_connections=100)
+    server = await start_server(app, "127.0.0.1", 0, limits=limits)
+    try:
+        yield server.base_url
+    finally:
+        await server.stop()
 
 
 def spec(

@@ -5,7 +5,6 @@ that is no list of beta names is a 400 in Anthropic's shape."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 
 import httpx
 import pytest
@@ -14,9 +13,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from capmon.gateway import start_server
-from capmon.gateway.connections import ConnectionLimits
-from tests.gateway.helpers import gateway_for
+from tests.gateway.helpers import CHAT_ANSWER, gateway_for, upstream
 
 CLAUDE_ANSWER = {
     "id": "msg_1",
@@ -27,13 +24,6 @@ CLAUDE_ANSWER = {
     "stop_reason": "end_turn",
     "stop_sequence": None,
     "usage": {"input_tokens": 3, "output_tokens": 1},
-}
-CHAT_ANSWER = {
-    "id": "c1",
-    "object": "chat.completion",
-    "created": 0,
-    "model": "sim-flagship",
-    "choices": [{"index": 0, "message": {"role": "assistant", "content": "hello"}, "finish_reason": "stop"}],
 }
 BODY = {"model": "auto", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]}
 
@@ -55,42 +45,29 @@ def _upstream(seen: list[tuple[str, str | None]]) -> Starlette:
     )
 
 
-async def _serve(seen: list[tuple[str, str | None]]) -> AsyncIterator[str]:
-    limits = ConnectionLimits(header_timeout=10, keep_alive_timeout=15, write_timeout=30, max_connections=100)
-    server = await start_server(_upstream(seen), "127.0.0.1", 0, limits=limits)
-    try:
-        yield server.base_url
-    finally:
-        await server.stop()
-
-
 @pytest.mark.parametrize("endpoint_beta", [None, "files-api-2025-04-14"])
 async def test_the_callers_betas_reach_an_anthropic_target_of_the_same_format_only(endpoint_beta: str | None) -> None:
     seen: list[tuple[str, str | None]] = []
-    upstream = _serve(seen)
-    base_url = await anext(upstream)
     own = f'{{ "anthropic-beta" = "{endpoint_beta}" }}' if endpoint_beta else ""
-    try:
-        async with gateway_for(
-            base_url, models=("claude", "flagship"), anthropic=("claude",), anthropic_headers=own
-        ) as (
+    async with (
+        upstream(_upstream(seen)) as base_url,
+        gateway_for(base_url, models=("claude", "flagship"), anthropic=("claude",), anthropic_headers=own) as (
             client,
             _app,
             server,
-        ):
-            headers = {"anthropic-version": "2023-06-01", "anthropic-beta": "mid-conversation-system-2026-04-07, x-1"}
-            async with httpx.AsyncClient(base_url=server.origin, trust_env=False) as http:
-                same = await http.post("/v1/messages", json=BODY, headers=headers)
-                client.trip("claude")
-                crossed = await http.post("/v1/messages", json=BODY, headers=headers)
-                chat = await http.post(
-                    "/v1/chat/completions",
-                    json={"model": "auto", "messages": BODY["messages"]},
-                    headers={"anthropic-beta": "x-1", "content-type": "application/json"},
-                )
-                bad = await http.post("/v1/messages", json=BODY, headers={"anthropic-beta": "a b;c"})
-    finally:
-        await upstream.aclose()
+        ),
+    ):
+        headers = {"anthropic-version": "2023-06-01", "anthropic-beta": "mid-conversation-system-2026-04-07, x-1"}
+        async with httpx.AsyncClient(base_url=server.origin, trust_env=False) as http:
+            same = await http.post("/v1/messages", json=BODY, headers=headers)
+            client.trip("claude")
+            crossed = await http.post("/v1/messages", json=BODY, headers=headers)
+            chat = await http.post(
+                "/v1/chat/completions",
+                json={"model": "auto", "messages": BODY["messages"]},
+                headers={"anthropic-beta": "x-1", "content-type": "application/json"},
+            )
+            bad = await http.post("/v1/messages", json=BODY, headers={"anthropic-beta": "a b;c"})
     assert same.status_code == 200 and same.headers["x-capmon-model"] == "claude", same.text
     assert crossed.status_code == 200 and crossed.headers["x-capmon-model"] == "flagship", crossed.text
     assert chat.status_code == 200, chat.text

@@ -6,7 +6,6 @@ reply says so (``x-capmon-max-tokens``). Seen by an upstream that records each b
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 import openai
@@ -16,20 +15,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from capmon.gateway import start_server
-from capmon.gateway.connections import ConnectionLimits
-from tests.gateway.helpers import HELLO, gateway_for
+from tests.gateway.helpers import CHAT_ANSWER, HELLO, gateway_for, upstream
 
 pytestmark = pytest.mark.looptime
 
-CHAT_ANSWER = {
-    "id": "c1",
-    "object": "chat.completion",
-    "created": 0,
-    "model": "sim-flagship",
-    "choices": [{"index": 0, "message": {"role": "assistant", "content": "hello"}, "finish_reason": "stop"}],
-    "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
-}
 RESPONSE_ANSWER = {
     "id": "resp_1",
     "object": "response",
@@ -53,7 +42,7 @@ MODEL_CAP = 64  # the helper's config: every model's max_tokens
 def _upstream(seen: list[dict[str, Any]]) -> Starlette:
     async def chat(request: Request) -> Response:
         seen.append(json.loads(await request.body()))
-        return JSONResponse(CHAT_ANSWER)
+        return JSONResponse({**CHAT_ANSWER, "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}})
 
     async def responses(request: Request) -> Response:
         seen.append(json.loads(await request.body()))
@@ -67,53 +56,35 @@ def _upstream(seen: list[dict[str, Any]]) -> Starlette:
     )
 
 
-async def _serve(seen: list[dict[str, Any]]) -> AsyncIterator[str]:
-    limits = ConnectionLimits(header_timeout=10, keep_alive_timeout=15, write_timeout=30, max_connections=100)
-    server = await start_server(_upstream(seen), "127.0.0.1", 0, limits=limits)
-    try:
-        yield server.base_url
-    finally:
-        await server.stop()
-
-
 def _cap(body: dict[str, Any]) -> Any:
     return body.get("max_output_tokens", body.get("max_completion_tokens", body.get("max_tokens")))
 
 
 async def test_the_clients_own_cap_is_kept_and_the_models_is_the_default() -> None:
     seen: list[dict[str, Any]] = []
-    upstream = _serve(seen)
-    base_url = await anext(upstream)
-    try:
-        async with gateway_for(base_url) as (_client, _app, server):
-            sdk = openai.AsyncOpenAI(base_url=server.base_url, api_key="k", max_retries=0)
-            kept = await sdk.responses.with_raw_response.create(model="auto", input="hi", max_output_tokens=4000)
-            chat = await sdk.chat.completions.with_raw_response.create(
-                model="auto", messages=HELLO, max_completion_tokens=4000
-            )
-            await sdk.chat.completions.create(model="auto", messages=HELLO, max_tokens=3000)
-            await sdk.responses.create(model="auto", input="hi")  # none given, as Codex sends
-            await sdk.chat.completions.create(model="auto", messages=HELLO)
-    finally:
-        await upstream.aclose()
+    async with upstream(_upstream(seen)) as base_url, gateway_for(base_url) as (_client, _app, server):
+        sdk = openai.AsyncOpenAI(base_url=server.base_url, api_key="k", max_retries=0)
+        kept = await sdk.responses.with_raw_response.create(model="auto", input="hi", max_output_tokens=4000)
+        chat = await sdk.chat.completions.with_raw_response.create(
+            model="auto", messages=HELLO, max_completion_tokens=4000
+        )
+        await sdk.chat.completions.create(model="auto", messages=HELLO, max_tokens=3000)
+        await sdk.responses.create(model="auto", input="hi")  # none given, as Codex sends
+        await sdk.chat.completions.create(model="auto", messages=HELLO)
     assert [_cap(b) for b in seen] == [4000, 4000, 3000, MODEL_CAP, MODEL_CAP]
     assert "x-capmon-max-tokens" not in kept.headers and "x-capmon-max-tokens" not in chat.headers
 
 
 async def test_with_cap_client_tokens_the_models_cap_is_a_ceiling_and_the_reply_says_so() -> None:
     seen: list[dict[str, Any]] = []
-    upstream = _serve(seen)
-    base_url = await anext(upstream)
-    try:
-        async with gateway_for(base_url, extra="[client]\ncap_client_tokens = true") as (_client, _app, server):
-            sdk = openai.AsyncOpenAI(base_url=server.base_url, api_key="k", max_retries=0)
-            lowered = await sdk.responses.with_raw_response.create(model="auto", input="hi", max_output_tokens=4000)
-            chat = await sdk.chat.completions.with_raw_response.create(
-                model="auto", messages=HELLO, max_completion_tokens=4000
-            )
-            below = await sdk.chat.completions.with_raw_response.create(model="auto", messages=HELLO, max_tokens=10)
-    finally:
-        await upstream.aclose()
+    ceiling = "[client]\ncap_client_tokens = true"
+    async with upstream(_upstream(seen)) as base_url, gateway_for(base_url, extra=ceiling) as (_c, _a, server):
+        sdk = openai.AsyncOpenAI(base_url=server.base_url, api_key="k", max_retries=0)
+        lowered = await sdk.responses.with_raw_response.create(model="auto", input="hi", max_output_tokens=4000)
+        chat = await sdk.chat.completions.with_raw_response.create(
+            model="auto", messages=HELLO, max_completion_tokens=4000
+        )
+        below = await sdk.chat.completions.with_raw_response.create(model="auto", messages=HELLO, max_tokens=10)
     assert [_cap(b) for b in seen] == [MODEL_CAP, MODEL_CAP, 10]
     assert lowered.headers["x-capmon-max-tokens"] == str(MODEL_CAP)
     assert chat.headers["x-capmon-max-tokens"] == str(MODEL_CAP)
