@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from capmon.core.exceptions import DeadlineExceeded, RequestFailed
-from capmon.core.result import ChatRequest
+from capmon.core.exceptions import DeadlineExceeded
 from capmon.core.router import FallbackClient
+from tests.support.breakers import open_every_breaker
 from tests.support.configs import ENV, three_models
 from tests.support.scripted import OVERLOADED, Script, ok, serve
 
@@ -27,12 +27,6 @@ def outage(script: Script) -> dict[str, bool]:
     for m in MODELS:
         script.set(m, lambda n, body, m=m: OVERLOADED if down["on"] else ok(m))
     return down
-
-
-async def open_every_breaker(client: FallbackClient) -> None:
-    while {t.state.view().breaker.state for t in client.targets} != {"open"}:
-        with pytest.raises(RequestFailed):
-            await client.chat(ChatRequest.of("trip", deadline=1))
 
 
 def count_waits(client: FallbackClient, limit: int) -> list[int]:
