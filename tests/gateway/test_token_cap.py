@@ -15,7 +15,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from tests.gateway.helpers import CHAT_ANSWER, HELLO, gateway_for, upstream
+from tests.gateway.helpers import CHAT_ANSWER, HELLO, gateway_for, running, upstream
 
 pytestmark = pytest.mark.looptime
 
@@ -89,3 +89,12 @@ async def test_with_cap_client_tokens_the_models_cap_is_a_ceiling_and_the_reply_
     assert lowered.headers["x-capmon-max-tokens"] == str(MODEL_CAP)
     assert chat.headers["x-capmon-max-tokens"] == str(MODEL_CAP)
     assert "x-capmon-max-tokens" not in below.headers  # not lowered: nothing to say
+
+
+async def test_a_stream_whose_cap_was_lowered_says_so_in_its_headers() -> None:
+    async with running(extra="[client]\ncap_client_tokens = true") as gw, gw.openai() as sdk:
+        async with sdk.chat.completions.with_streaming_response.create(
+            model="auto", messages=HELLO, max_tokens=4000, stream=True
+        ) as r:
+            assert r.headers["x-capmon-max-tokens"] == str(MODEL_CAP)
+            assert [line async for line in r.iter_lines() if line.startswith("data: [DONE]")]
