@@ -7,7 +7,7 @@ The public API::
 See README.md ("Use it as a library") and ARCHITECTURE.md.
 """
 
-from capmon.core.exceptions import CapmonError, ConfigError, DeadlineExceeded, RequestFailed
+from capmon.core.exceptions import CannotWait, CapmonError, ConfigError, DeadlineExceeded, RequestFailed
 from capmon.core.result import Attempt, ChatRequest, ChatResult
 from capmon.core.router import FallbackClient
 from capmon.runtime import Engine, open_engine
@@ -17,6 +17,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Attempt",
+    "CannotWait",
     "CapmonError",
     "ChatRequest",
     "ChatResult",

@@ -29,6 +29,7 @@ from capmon.core.errors import (
     classify_response,
 )
 from capmon.core.result import Api, Attempt, ChatRequest, ChatResult
+from capmon.core.targets import token_limit
 from capmon.core.translate_chat_anthropic import Untranslatable
 from capmon.core.transport import Sender
 from capmon.core.wire import (
@@ -62,6 +63,7 @@ def result_of(
     latency: float,
     request_id: int,
     requested: str = "",
+    lowered: int | None = None,
 ) -> ChatResult:
     """A successful answer as the caller gets it: which target served, its text, its usage."""
     response = answer.response or {}
@@ -78,6 +80,7 @@ def result_of(
         request_id=request_id,
         api=t.endpoint.api,
         requested=requested,
+        max_tokens_lowered=lowered,
     )
 
 
@@ -91,6 +94,7 @@ class Request:
     api: Api = Api.CHAT  # the format sent (the target's wire)
     dropped: tuple[str, ...] = ()
     request: ChatRequest | None = None  # the caller's request (None: a probe, answered in its own wire)
+    lowered: int | None = None  # the output cap sent when [client] cap_client_tokens cut the caller's to it
 
     @property
     def caller(self) -> Api | None:
@@ -111,13 +115,21 @@ def chat_request(
     """The request one attempt sends to ``t``: the caller's fields in the target's format
     (capmon/core/formats.py), this model's cap, and ``[client] attempt_timeout`` cut to the
     request's ``time_left`` (seconds)."""
-    cap = t.model.max_tokens
-    limit = min(request.max_tokens or cap, cap)
+    limit = token_limit(request.max_tokens, t, config.client.cap_client_tokens)
+    lowered = limit if request.max_tokens is not None and limit < request.max_tokens else None
     out = formats.outbound(request, t, token_param=token_param, limit=limit, stream=stream, client=config.client)
     timeout = config.client.attempt_timeout if time_left is None else min(config.client.attempt_timeout, time_left)
     cc = config.client
     return Request(
-        t, out.body, max(0.0, timeout), cc.max_response_bytes, config.backoff.max_hint, out.wire, out.dropped, request
+        t,
+        out.body,
+        max(0.0, timeout),
+        cc.max_response_bytes,
+        config.backoff.max_hint,
+        out.wire,
+        out.dropped,
+        request,
+        lowered,
     )
 
 

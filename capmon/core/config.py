@@ -84,6 +84,13 @@ class ClientConfig:
         DropRule.DROP,
         doc="sampling parameters a target's API version refuses: drop (send without, recorded) or skip the target",
     )
+    cap_client_tokens: bool = _f(
+        False,
+        doc=(
+            "a model's max_tokens is a ceiling on the caller's own max_tokens / max_completion_tokens /"
+            " max_output_tokens (false: the caller's is sent as given; the model's is the default when it gives none)"
+        ),
+    )
     unhonoured_hints: DropRule = _f(
         DropRule.DROP,
         doc=(
@@ -205,6 +212,14 @@ class GatewayConfig:
     """``capmon serve`` (capmon/gateway): checked against the models when the gateway starts."""
 
     listen: str = _f("127.0.0.1:4000", doc="HOST:PORT; beyond loopback only with client keys")
+    deadline: float = _f(
+        540.0,
+        min=0.001,
+        doc=(
+            "seconds a request without x-capmon-deadline may take, waits included (at most [client] deadline):"
+            " below the openai SDKs' 600 s timeout, so a client sees the answer rather than its own timeout"
+        ),
+    )
     keys: tuple[GatewayKeyConfig, ...] = _f(factory=tuple)
     admin_key_env: str = _f("", doc="variable holding the key the control API's actions need; read-only without")
     aliases: Mapping[str, str] = _f(factory=dict, doc="a model name clients send -> a configured model (or auto)")

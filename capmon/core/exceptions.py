@@ -6,6 +6,7 @@ contain an API key: keys are only ever referred to by their alias.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -54,6 +55,34 @@ class DeadlineExceeded(RequestFailed):
     ) -> None:
         super().__init__(failure, attempts, message)
         self.passed = passed
+
+
+class Unavailable(enum.StrEnum):
+    """Why waiting cannot help a request: the code a gateway's error gives."""
+
+    MODELS = "models_unavailable"  # every model it may use is tripped by hand (or held off past its deadline)
+    KEYS = "no_usable_key"  # every key it may use is disabled, or out of quota past its deadline
+    WINDOW = "context_length_exceeded"  # its prompt fits no model's context window
+
+
+class CannotWait(RequestFailed):
+    """The request was answered at once, before or between attempts: no model it may use
+    can admit it before its deadline, and only a person (a reset, a key fixed) or a time
+    past the deadline (``retry_after``: seconds until a quota resets) changes that. A
+    model whose breaker opened by itself, or that is merely full, is waited for instead."""
+
+    def __init__(
+        self,
+        failure: Failure,
+        why: Unavailable,
+        attempts: Sequence[Attempt] = (),
+        message: str | None = None,
+        *,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(failure, attempts, message)
+        self.why = why
+        self.retry_after = retry_after
 
 
 class BatchError(CapmonError):

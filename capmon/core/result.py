@@ -176,6 +176,7 @@ class ChatResult:
     # The model the request counted on first: the one it asked for, else the pinned one, else
     # the first of the preference order. "" from a source older than this: not counted.
     requested: str = ""
+    max_tokens_lowered: int | None = None  # the output cap sent when [client] cap_client_tokens cut the caller's
 
     @property
     def dropped(self) -> tuple[str, ...]:

@@ -100,6 +100,7 @@ class FallbackClient(FormatCalls, ManualControls):
             lambda r, now: r.ready_at(self.targets, self.state.pinned, now),
             lambda r: r.group(self.targets, self.state.pinned, self.clock.now(), self._by_cost),
             batch_share=config.client.batch_share,
+            refuse=lambda r: r.refusal(self.targets, self.state.pinned, self.clock.now()),
         )
         self.state.set_listener(self._news)
         self.prober = Prober(self)
@@ -198,6 +199,7 @@ class FallbackClient(FormatCalls, ManualControls):
                                 tuple(r.attempts),
                                 api=t.endpoint.api,
                                 dropped=r.sending_dropped,
+                                lowered=r.sending_lowered,
                             )
                         yield chunk
                 finally:
@@ -238,7 +240,7 @@ class FallbackClient(FormatCalls, ManualControls):
         asked = req.deadline if req.deadline is not None and req.deadline > 0 else cap
         deadline, own = min(asked, cap), asked < cap
         r = Routing(next(self._ids), req, estimate_request(req), now + deadline, now, self._backoff.schedule())
-        r.own_deadline = own
+        r.own_deadline, r.cap_ceiling = own, self.config.client.cap_client_tokens
         # The model it counts on first: serving any other is a fallback, tried or not (a
         # breaker open or tripped by hand skips it without an attempt).
         r.first_choice = req.model or self.state.pinned or self._first_model
@@ -273,11 +275,9 @@ class FallbackClient(FormatCalls, ManualControls):
     async def _acquire(self, r: Routing) -> Grant:
         if r.expired(self.clock.now()):
             self._give_up(r)
-        if not r.usable(self.targets, self.state.pinned):
-            failure = r.last_failure or r.why_nothing(self.targets)
-            raise RequestFailed(
-                failure, r.attempts, f"no model can serve this request; last: {failure.kind.value}: {failure.reason}"
-            )
+        refused = r.refusal(self.targets, self.state.pinned, self.clock.now())
+        if refused is not None:
+            raise refused
         # Nobody waiting: go now if a target admits. Otherwise take a place in line.
         grant = None if len(self._queue) else await self._admit_any(r)
         while grant is None:
@@ -311,7 +311,7 @@ class FallbackClient(FormatCalls, ManualControls):
         self.journal.started(r, t, number)
         now = self.clock.now()
         req = chat_request(t, r.request, self._token_param[t.model.name], self.config, stream, time_left=r.left(now))
-        r.sending_dropped = req.dropped
+        r.sending_dropped, r.sending_lowered = req.dropped, req.lowered
         self.journal.in_flight += 1
         return number, self.clock.wall(), now, req
 
@@ -372,7 +372,9 @@ class FallbackClient(FormatCalls, ManualControls):
         if failure is None:
             record(Decision.OK)
             self.journal.done(r, t, ok=True)
-            return result_of(answer, t, r.request.api, tuple(r.attempts), now - r.started, r.id, r.first_choice)
+            return result_of(
+                answer, t, r.request.api, tuple(r.attempts), now - r.started, r.id, r.first_choice, r.sending_lowered
+            )
         self.journal.failed_attempt(r, t, number, answer.status, failure)
         r.last_failure = failure
         if answer.output_sent:  # a stream that broke after output reached the caller: never retried

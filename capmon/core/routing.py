@@ -10,9 +10,10 @@ from dataclasses import dataclass, field
 
 from capmon.core.backoff import Schedule
 from capmon.core.errors import Failure, Kind
+from capmon.core.exceptions import CannotWait, RequestFailed, Unavailable
 from capmon.core.policy import Next, policy_for
 from capmon.core.result import Attempt, ChatRequest, Decision, Priority
-from capmon.core.targets import Target
+from capmon.core.targets import Target, held, token_limit
 from capmon.core.waiting import BATCH, INTERACTIVE
 
 # Retries of one request on the model it sticks to (rate-limited, transient) before it
@@ -48,6 +49,8 @@ class Routing:
     incapable: dict[str, str] = field(default_factory=dict)
     noted: set[str] = field(default_factory=set)
     sending_dropped: tuple[str, ...] = ()  # the fields the latest attempt left out (a stream's headers say so)
+    sending_lowered: int | None = None  # the latest attempt's output cap when cut to the model's
+    cap_ceiling: bool = False  # [client] cap_client_tokens: a model's max_tokens bounds the caller's
 
     @property
     def sent(self) -> int:
@@ -81,23 +84,52 @@ class Routing:
         )
         return f"{which} passed; given up {now - self.started:.1f}s after the request started"
 
-    def why_nothing(self, targets: Sequence[Target]) -> Failure:
+    def refusal(self, targets: Sequence[Target], pinned: str | None, now: float) -> RequestFailed | None:
+        """What the request is answered with at once, before it waits: no model it may use
+        can admit it before its deadline, and waiting cannot change that (tripped by hand,
+        keys disabled or out of quota past the deadline, no window large enough). None
+        while one can: an automatically open breaker, a half-open or a full target admits
+        again by itself, so the request waits for it."""
+        usable = self.usable(targets, pinned)
+        if not usable:
+            failure = self.last_failure
+            if failure is None:
+                return self._nothing(targets)
+            return RequestFailed(failure, self.attempts, _none(failure))
+        holds = []
+        for t in usable:
+            h = held(t, now)
+            if h is None or (h.until is not None and h.until < self.deadline):
+                return None
+            holds.append(h)
+        whys, kinds = {h.why for h in holds}, {h.kind for h in holds}
+        why = whys.pop() if len(whys) == 1 else Unavailable.MODELS
+        kind = kinds.pop() if len(kinds) == 1 else Kind.CAPACITY
+        untils = [h.until for h in holds if h.until is not None]
+        retry = max(0.0, min(untils) - now) if untils else None
+        reasons = "; ".join(dict.fromkeys(h.reason for h in holds))
+        message = f"no model can serve this request before its deadline and waiting cannot help: {reasons}"
+        return CannotWait(Failure(kind, reasons, retry_after=retry), why, self.attempts, message, retry_after=retry)
+
+    def _nothing(self, targets: Sequence[Target]) -> RequestFailed:
         """Why a request that has not been tried yet has no target at all."""
         capable = [t for t in targets if t.id not in self.incapable]
         if not capable:
             why = {f"{t.model.name} ({t.endpoint.api.value})": self.incapable[t.id] for t in targets}
             listed = "; ".join(f"{name}: {reason}" for name, reason in why.items())
-            return Failure(Kind.BAD_REQUEST, f"no model can carry this request: {listed}")
+            failure = Failure(Kind.BAD_REQUEST, f"no model can carry this request: {listed}")
+            return RequestFailed(failure, self.attempts, _none(failure))
         keys = [t for t in capable if not t.state.usable()]
         if len(keys) == len(capable):
             aliases = ", ".join(sorted({f"{t.key.alias} at {t.endpoint.name}" for t in keys}))
-            return Failure(Kind.AUTH, f"every key is disabled after an auth failure ({aliases}); reset it by hand")
-        return Failure(Kind.TOO_LARGE, f"no model's context window fits about {self.prompt_tokens} prompt tokens")
+            failure = Failure(Kind.AUTH, f"every key is disabled after an auth failure ({aliases}); reset it by hand")
+            return CannotWait(failure, Unavailable.KEYS, self.attempts, _none(failure))
+        failure = Failure(Kind.TOO_LARGE, f"no model's context window fits about {self.prompt_tokens} prompt tokens")
+        return CannotWait(failure, Unavailable.WINDOW, self.attempts, _none(failure))
 
     def cost(self, t: Target) -> int:
         """Tokens the request may use on ``t``: charged to a tpm bucket up front."""
-        cap = t.model.max_tokens
-        return self.prompt_tokens + min(self.request.max_tokens or cap, cap)
+        return self.prompt_tokens + token_limit(self.request.max_tokens, t, self.cap_ceiling)
 
     def usable(self, targets: Sequence[Target], pinned: str | None) -> list[Target]:
         """The targets this request could ever use, in the order it should try them: a
@@ -108,7 +140,7 @@ class Routing:
                 continue
             if t.id in self.incapable:
                 continue
-            wanted = min(self.request.max_tokens or t.model.max_tokens, t.model.max_tokens, 16)
+            wanted = min(token_limit(self.request.max_tokens, t, self.cap_ceiling), 16)
             if self.prompt_tokens + wanted > t.model.context_window:
                 continue
             out.append(t)
@@ -140,6 +172,10 @@ class Routing:
         times += [u for u in self.skip.values() if u > now]
         found = [x for x in times if x is not None]
         return min(found) if found else None
+
+
+def _none(failure: Failure) -> str:
+    return f"no model can serve this request; last: {failure.kind.value}: {failure.reason}"
 
 
 @dataclass(frozen=True, slots=True)

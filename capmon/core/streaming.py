@@ -24,6 +24,7 @@ class ChatStream:
         self.attempts: tuple[Attempt, ...] = ()  # the failed attempts before the one streaming
         self.api: EndpointApi | None = None  # the API of the endpoint that serves it
         self.dropped: tuple[str, ...] = ()  # fields the serving attempt left out (its API version refuses them)
+        self.max_tokens_lowered: int | None = None  # the output cap sent when [client] cap_client_tokens cut it
         self.result: ChatResult | None = None  # set when the stream has ended complete
         self._chunks = run(self)
 
@@ -46,10 +47,11 @@ class ChatStream:
         *,
         api: EndpointApi | None = None,
         dropped: tuple[str, ...] = (),
+        lowered: int | None = None,
     ) -> None:
         """Output has started: who serves it, after which failed attempts."""
         self.model, self.endpoint, self.target, self.attempts = model, endpoint, target, attempts
-        self.api, self.dropped = api, dropped
+        self.api, self.dropped, self.max_tokens_lowered = api, dropped, lowered
 
     async def texts(self) -> AsyncIterator[str]:
         """The answer's text as it comes (any format), the chunks read and dropped."""

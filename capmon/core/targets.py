@@ -10,11 +10,12 @@ from dataclasses import dataclass, field
 import httpx
 
 from capmon.core import formats
+from capmon.core.breaker import State
 from capmon.core.config import Config, EndpointConfig, ModelConfig, ResolvedKey
 from capmon.core.errors import Kind
-from capmon.core.exceptions import CapmonError
+from capmon.core.exceptions import CapmonError, Unavailable
 from capmon.core.result import Api
-from capmon.core.state import KeyRef, TargetSpec, TargetState
+from capmon.core.state import KeyRef, KeyState, TargetSpec, TargetState
 from capmon.core.stats import RollingStats
 from capmon.core.transport import Sender
 
@@ -79,14 +80,56 @@ def build_targets(config: Config, keys: Mapping[tuple[str, str], ResolvedKey]) -
     return specs, out
 
 
+def token_limit(asked: int | None, t: Target, ceiling: bool) -> int:
+    """The output cap an attempt on ``t`` sends: the caller's own, the model's
+    ``max_tokens`` when it gives none, and never more than the model's with ``ceiling``
+    (``[client] cap_client_tokens``)."""
+    cap = t.model.max_tokens
+    if asked is None:
+        return cap
+    return min(asked, cap) if ceiling else asked
+
+
 def admits_in(targets: list[Target], now: float) -> dict[str, float | None]:
     """Per target, seconds until it may admit a request (0: now; a full one counts as now,
-    it frees a slot by itself), or None when only a person can bring it back (a disabled
-    key, tripped by hand): what a gateway's /ready and Retry-After are made of."""
+    it frees a slot by itself, and so does a half-open one, whose probe is out), or None
+    when only a person can bring it back (:func:`held`: a disabled key, tripped by hand):
+    what a gateway's /ready and Retry-After are made of, by the rule a request's wait is."""
     out: dict[str, float | None] = {}
     for t in targets:
-        at = t.state.ready_at(now, 1) if t.state.usable() else None
-        if at is None and t.state.usable():
+        hold = held(t, now)
+        if hold is not None:
+            out[t.id] = None if hold.until is None else max(0.0, hold.until - now)
+            continue
+        at = t.state.ready_at(now, 1)
+        if at is None:
             at = t.state.probe_due_at()  # an open breaker admits again once its probe answers
-        out[t.id] = None if at is None else max(0.0, at - now)
+        out[t.id] = 0.0 if at is None else max(0.0, at - now)
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """What keeps a target from admitting that no release, probe or bucket lifts."""
+
+    why: Unavailable
+    kind: Kind  # what a request refused for it failed of
+    reason: str
+    until: float | None  # clock time it lifts by itself (a quota's reset); None: only a person lifts it
+
+
+def held(t: Target, now: float) -> Hold | None:
+    """Why ``t`` cannot admit until a person acts or a known time passes: a key disabled
+    after an auth failure, a breaker tripped by hand, a key out of quota. None for every
+    other state, an automatically open breaker (its probe is due), a half-open one and a
+    full target included: those admit again by themselves."""
+    v = t.state.view()
+    where = f"key {t.key.alias} at {t.endpoint.name}"
+    if v.key_state is KeyState.DISABLED:
+        return Hold(Unavailable.KEYS, Kind.AUTH, f"{where} is disabled ({v.key_reason}); reset it by hand", None)
+    if v.breaker.state is State.FORCED_OPEN:
+        return Hold(Unavailable.MODELS, Kind.CAPACITY, f"{t.model.name} is tripped by hand ({v.breaker.reason})", None)
+    if v.key_state is KeyState.PARKED and v.key_until is not None:
+        left = max(0.0, v.key_until - now)
+        return Hold(Unavailable.KEYS, Kind.QUOTA, f"{where} is out of quota for {left:.0f}s more", v.key_until)
+    return None

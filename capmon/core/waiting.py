@@ -59,7 +59,9 @@ class WaitQueue(Generic[G]):
     """``admit(key)`` tries to admit a waiting request now (a grant or None);
     ``release(grant)`` gives back a grant nobody took; ``ready_at(key)`` is the
     earliest clock time a time-driven gate opens for it (None: only an event);
-    ``group_of(key)`` is ``(INTERACTIVE or BATCH, anything hashable)``."""
+    ``group_of(key)`` is ``(INTERACTIVE or BATCH, anything hashable)``; ``refuse(key)``,
+    asked of every waiter when something changed by hand (a trip, a key disabled), is
+    the error it ends with at once when waiting can no longer help it (None: it waits on)."""
 
     def __init__(
         self,
@@ -69,8 +71,10 @@ class WaitQueue(Generic[G]):
         ready_at: Callable[[Any, float], float | None],
         group_of: Callable[[Any], tuple[int, Hashable]],
         batch_share: float = 0.2,
+        refuse: Callable[[Any], BaseException | None] | None = None,
     ) -> None:
         self._clock = clock
+        self._refuse = refuse
         self._admit = admit
         self._release = release
         self._ready_at = ready_at
@@ -115,11 +119,16 @@ class WaitQueue(Generic[G]):
             self._remove(waiter)
 
     def regroup(self) -> None:
-        """Recompute every waiter's group (the pin or the order changed) and run a pass."""
+        """Recompute every waiter's group (the pin or the order changed), end those that
+        waiting can no longer help, and run a pass."""
         waiters = [w for q in self._groups.values() for w in q]
         self._groups.clear()
         self._count = 0
         for w in sorted(waiters, key=lambda w: w.seq):
+            refused = self._refuse(w.key) if self._refuse is not None and not w.fut.done() else None
+            if refused is not None:
+                w.fut.set_exception(refused)
+                continue
             w.group = self._group_of(w.key)
             self._insert(w)
         self.kick()

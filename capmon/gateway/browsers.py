@@ -38,6 +38,7 @@ EXPOSED = (
     "x-capmon-endpoint",
     "x-capmon-api",
     "x-capmon-dropped",
+    "x-capmon-max-tokens",
     "x-capmon-target",
     "x-capmon-attempts",
     "x-capmon-fallbacks",

@@ -3,11 +3,17 @@
 
 | the core says | the client gets |
 |---|---|
+| CannotWait (waiting cannot help: tripped by hand, keys disabled or out of quota) | 503 at once (below) |
+| CannotWait for a prompt over every window | 400 ``context_length_exceeded`` (clients compact on it) |
 | capacity, rate_limited, quota; DeadlineExceeded after those (or with no attempt) | 429 with Retry-After |
 | DeadlineExceeded after any other failure (an upstream that hangs or keeps failing) | 504 |
 | bad_request, too_large | the provider's 4xx and message (400 when no provider answered) |
 | transient, oversized | 502: the upstream failed, retries are spent |
 | auth | 502 naming the gateway's provider key by its alias: the gateway's problem, not the client's |
+
+A CannotWait 503's code is why (``models_unavailable``, ``no_usable_key``); it carries
+``x-should-retry: false``, which the openai and anthropic SDKs obey instead of retrying, and
+a Retry-After only when the time something admits again is known (a quota's reset).
 
 Every message, param and code passes :func:`capmon.core.secrets.redact` (the core's
 classifier already redacted what it took from the provider); a provider's text about
@@ -23,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from capmon.core.errors import Failure, Kind
-from capmon.core.exceptions import DeadlineExceeded, RequestFailed
+from capmon.core.exceptions import CannotWait, DeadlineExceeded, RequestFailed, Unavailable
 from capmon.core.secrets import redact
 
 
@@ -76,6 +82,13 @@ def from_failure(e: RequestFailed, *, retry_after: float = 1.0, disabled_keys: S
     them, when no key is left; a request refused without an attempt then failed for that."""
     f = e.failure
     attempts = {"x-capmon-attempts": str(len(e.attempts))}
+    if isinstance(e, CannotWait) and e.why is not Unavailable.WINDOW:
+        # The SDKs retry a 503 at once unless told not to; a known reset is the only time to name.
+        headers = {"x-should-retry": "false", **attempts}
+        if e.retry_after is not None:
+            headers["retry-after"] = str(max(1, math.ceil(e.retry_after)))
+        own = " (this is not about the key you sent)" if e.why is Unavailable.KEYS else ""
+        return ApiError(503, f"{e.why.value}: {e}{own}", "service_unavailable", e.why.value, headers=headers)
     if disabled_keys and not e.attempts:
         return ApiError(
             502,

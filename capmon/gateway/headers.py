@@ -21,11 +21,22 @@ class Served:
     request_id: int
     api: str = ""  # the endpoint API that served: openai, anthropic, azure
     dropped: tuple[str, ...] = ()  # fields left out by [client] refused_sampling = "drop"
+    max_tokens: int | None = None  # the output cap sent when [client] cap_client_tokens lowered the caller's
 
     @staticmethod
     def of_result(r: ChatResult) -> Served:
         attempts = max(1, len(r.attempts))
-        return Served(r.model, r.endpoint, r.target, attempts, r.fallbacks, r.request_id, r.api.value, r.dropped)
+        return Served(
+            r.model,
+            r.endpoint,
+            r.target,
+            attempts,
+            r.fallbacks,
+            r.request_id,
+            r.api.value,
+            r.dropped,
+            r.max_tokens_lowered,
+        )
 
     @staticmethod
     def of_stream(s: ChatStream) -> Served:
@@ -33,12 +44,22 @@ class Served:
         api = s.api.value if s.api is not None else ""
         attempts = len(s.attempts) + 1
         return Served(
-            s.model or "", s.endpoint or "", s.target or "", attempts, s.fallbacks, s.request_id, api, s.dropped
+            s.model or "",
+            s.endpoint or "",
+            s.target or "",
+            attempts,
+            s.fallbacks,
+            s.request_id,
+            api,
+            s.dropped,
+            s.max_tokens_lowered,
         )
 
     def headers(self, priority: Priority) -> dict[str, str]:
         """Beside these, every reply has ``x-request-id`` (capmon/gateway/exchange.py)."""
         own = {"x-capmon-dropped": ",".join(self.dropped)} if self.dropped else {}
+        if self.max_tokens is not None:
+            own["x-capmon-max-tokens"] = str(self.max_tokens)
         return {
             name: header_value(value)
             for name, value in {

@@ -62,6 +62,10 @@ async def proxied(request: Request, parse: Callable[..., Wanted]) -> Response:
         # redacted: a key pasted where a model name goes is echoed nowhere
         ex.model_requested = redact(model[:MAX_MODEL_NAME]) if isinstance(model, str) else None
     wanted = parse(body, request.headers, caller, gw.names)
+    if wanted.request.deadline is None:  # no x-capmon-deadline: the gateway's own default
+        wanted = dataclasses.replace(
+            wanted, request=dataclasses.replace(wanted.request, deadline=gw.client.config.gateway.deadline)
+        )
     if ex is not None:
         ex.priority = wanted.priority.value
         wanted = dataclasses.replace(wanted, request=dataclasses.replace(wanted.request, request_id=ex.request_id))

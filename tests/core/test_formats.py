@@ -176,7 +176,7 @@ def test_a_chat_request_to_an_anthropic_endpoint_is_translated() -> None:
         "system": "be brief",
         "stop_sequences": ["END"],
         "model": "deploy-4o",
-        "max_tokens": 100,  # the caller's 500, capped at the model's 100
+        "max_tokens": 500,  # the caller's own 500 is kept, above the model's 100 (the default)
         "stream": True,
     }
 

@@ -8,7 +8,7 @@ import pytest
 
 from capmon.core import events as ev
 from capmon.core.errors import Kind
-from capmon.core.exceptions import DeadlineExceeded, RequestFailed
+from capmon.core.exceptions import CannotWait, DeadlineExceeded, RequestFailed, Unavailable
 from capmon.core.result import ChatRequest
 from capmon.core.router import FallbackClient
 from capmon.sim.app import create_app
@@ -31,13 +31,27 @@ async def test_a_pinned_model_wins_over_the_order_and_unpinning_goes_back() -> N
                 client.pin("huge")
 
 
-async def test_requests_are_kept_lean_max_tokens_capped_and_n_1() -> None:
+async def test_requests_are_kept_lean_the_callers_max_tokens_kept_and_n_1() -> None:
     script = Script()
     async with serve(script) as url:
         async with FallbackClient(three_models(url), environ=ENV) as client:
-            await client.chat(ChatRequest.of("hi", max_tokens=99999, extra={"n": 5, "top_p": 0.5}))
+            kept = await client.chat(ChatRequest.of("hi", max_tokens=99999, extra={"n": 5, "top_p": 0.5}))
+            await client.chat(ChatRequest.of("hi"))
     body = script.seen[0].body
-    assert body["max_tokens"] == 1024 and body["n"] == 1 and body["top_p"] == 0.5
+    assert body["max_tokens"] == 99999 and body["n"] == 1 and body["top_p"] == 0.5
+    assert kept.max_tokens_lowered is None
+    assert script.seen[1].body["max_tokens"] == 1024  # none given: the model's own max_tokens
+
+
+async def test_with_cap_client_tokens_the_models_max_tokens_is_a_ceiling_and_the_result_says_so() -> None:
+    script = Script()
+    async with serve(script) as url:
+        config = three_models(url, extra="[client]\ncap_client_tokens = true")
+        async with FallbackClient(config, environ=ENV) as client:
+            lowered = await client.chat(ChatRequest.of("hi", max_tokens=99999))
+            below = await client.chat(ChatRequest.of("hi", max_tokens=10))
+    assert [s.body["max_tokens"] for s in script.seen] == [1024, 10]
+    assert lowered.max_tokens_lowered == 1024 and below.max_tokens_lowered is None
 
 
 async def test_too_large_falls_back_only_to_a_model_whose_window_is_larger() -> None:
@@ -65,9 +79,10 @@ async def test_a_prompt_larger_than_every_window_fails_without_sending() -> None
     script = Script()
     async with serve(script) as url:
         async with FallbackClient(three_models(url), environ=ENV) as client:
-            with pytest.raises(RequestFailed) as info:
+            with pytest.raises(CannotWait) as info:  # at once: no wait can make a window larger
                 await client.chat("x" * 4 * 130_000)
     assert info.value.failure.kind is Kind.TOO_LARGE and script.served() == 0
+    assert info.value.why is Unavailable.WINDOW
 
 
 async def test_a_bad_request_fails_with_the_providers_message_and_no_retry() -> None:

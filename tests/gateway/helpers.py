@@ -42,6 +42,26 @@ CLAUDE_WEATHER_TOOL = {
 }
 
 
+CHAT_ANSWER = {
+    "id": "c1",
+    "object": "chat.completion",
+    "created": 0,
+    "model": "sim-flagship",
+    "choices": [{"index": 0, "message": {"role": "assistant", "content": "hello"}, "finish_reason": "stop"}],
+}
+
+
+@contextlib.asynccontextmanager
+async def upstream(app: Starlette) -> AsyncIterator[str]:
+    """A test's own upstream (``app``, served by real uvicorn on a loopback port): its base URL."""
+    limits = ConnectionLimits(header_timeout=10, keep_alive_timeout=15, write_timeout=30, max_connections=100)
+    server = await start_server(app, "127.0.0.1", 0, limits=limits)
+    try:
+        yield server.base_url
+    finally:
+        await server.stop()
+
+
 def spec(
     name: str,
     slots: int = 8,
@@ -214,14 +234,3 @@ def sse_frames(text: str) -> list[dict[str, Any]]:
 
 def data_of(frames: list[dict[str, Any]]) -> list[Any]:
     return [json.loads(f["data"]) for f in frames if "data" in f and f["data"] != "[DONE]"]
-
-
-@contextlib.asynccontextmanager
-async def upstream(app: Starlette) -> AsyncIterator[str]:
-    """A test's own upstream (an app that is not a gateway) on a loopback port: its /v1 URL."""
-    limits = ConnectionLimits(header_timeout=10, keep_alive_timeout=15, write_timeout=30, max_connections=100)
-    server = await start_server(app, "127.0.0.1", 0, limits=limits)
-    try:
-        yield server.base_url
-    finally:
-        await server.stop()

@@ -13,7 +13,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from tests.gateway.helpers import gateway_for, upstream
+from tests.gateway.helpers import CHAT_ANSWER, gateway_for, upstream
 
 CLAUDE_ANSWER = {
     "id": "msg_1",
@@ -24,13 +24,6 @@ CLAUDE_ANSWER = {
     "stop_reason": "end_turn",
     "stop_sequence": None,
     "usage": {"input_tokens": 3, "output_tokens": 1},
-}
-CHAT_ANSWER = {
-    "id": "c1",
-    "object": "chat.completion",
-    "created": 0,
-    "model": "sim-flagship",
-    "choices": [{"index": 0, "message": {"role": "assistant", "content": "hello"}, "finish_reason": "stop"}],
 }
 BODY = {"model": "auto", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]}
 

@@ -111,10 +111,14 @@ async def test_a_refused_provider_key_is_the_gateways_problem_and_never_shown() 
     async with running(environ={"GW_PROVIDER_KEY": wrong}) as gw, gw.http() as http:
         r = await http.post("/v1/chat/completions", json={"model": "auto", "messages": HELLO})
         streamed = await http.post("/v1/chat/completions", json={"model": "auto", "messages": HELLO, "stream": True})
+    # The first is refused by the provider; the second finds every key disabled and is
+    # answered at once, without an attempt (waiting cannot help: only a person resets a key).
+    assert r.status_code == 502 and _error(r)["code"] == "upstream_auth_failed" and "'sim-key'" in _error(r)["message"]
+    assert streamed.status_code == 503 and _error(streamed)["code"] == "no_usable_key"
+    assert "retry-after" not in streamed.headers and streamed.headers["x-capmon-attempts"] == "0"
     for answer in (r, streamed):
         err = _error(answer)
-        assert answer.status_code == 502 and err["code"] == "upstream_auth_failed"
-        assert "'sim-key'" in err["message"] and "not about the key you sent" in err["message"]
+        assert "sim-key" in err["message"] and "not about the key you sent" in err["message"]
         everything = answer.text + json.dumps(dict(answer.headers))
         assert wrong not in everything and wrong[-4:] not in everything  # not even the provider's masked echo
 

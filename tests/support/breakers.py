@@ -1,0 +1,17 @@
+"""Bringing a client's breakers to a state for a test, through real failed requests."""
+
+from __future__ import annotations
+
+import pytest
+
+from capmon.core.exceptions import RequestFailed
+from capmon.core.result import ChatRequest
+from capmon.core.router import FallbackClient
+
+
+async def open_every_breaker(client: FallbackClient) -> None:
+    """Fail short requests until every target's breaker has opened by itself (every model
+    must be failing with capacity errors)."""
+    while {t.state.view().breaker.state for t in client.targets} != {"open"}:
+        with pytest.raises(RequestFailed):
+            await client.chat(ChatRequest.of("trip", deadline=1))
