@@ -6,6 +6,7 @@ inside count there too, so only EVALSHA is compared)."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from typing import Any
 
@@ -42,7 +43,11 @@ async def test_a_request_costs_two_round_trips(redis_server: Any, namespace: str
         cfg = _quiet(fleet_config(url, redis_server.url, namespace))
         async with client(cfg) as c:
             await c.chat("warm up")  # seeds the target, loads the scripts
-            await until(lambda: store(c).link.calls["heartbeat"] >= 2)  # the supervisor's first round is done
+            # The background loops' first rounds (a heartbeat and a reconciliation each, besides
+            # the join's) are done, and nothing of them is still on its way to Redis.
+            calls = store(c).link.calls
+            await until(lambda: calls["heartbeat"] >= 2 and calls["reconcile"] >= 2)
+            await _quiet_for(writes, 0.1)
             admin = redis_server.client()
             admin.config_resetstat()
             n = 40
@@ -79,6 +84,15 @@ async def test_a_target_the_mirror_knows_is_open_costs_no_round_trip(
             admin.close()
     assert sent == 40  # medium's ADMIT and SETTLE; flagship's open breaker: nothing
     assert calls["evalsha"] == 40, calls
+
+
+async def _quiet_for(writes: list[int], seconds: float) -> None:
+    """Until no write has gone to Redis for ``seconds``."""
+    last, still = writes[0], 0.0
+    while still < seconds:
+        await asyncio.sleep(0.02)
+        still = still + 0.02 if writes[0] == last else 0.0
+        last = writes[0]
 
 
 def _quiet(cfg: Config) -> Config:
