@@ -16,7 +16,7 @@ import enum
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, TypeVar
 
 from capmon.gateway.errors import ApiError
@@ -157,10 +157,8 @@ def _role(message: Mapping[str, Any], param: str) -> None:
         raise _expected(f"{param}.role", "a string", message["role"])
 
 
-def messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Chat messages: a non-empty list of objects, each with a string role, content a
-    string, a list of content parts or null, and, where present, a string name and
-    tool_call_id and a list of tool calls."""
+def _each_message(body: Mapping[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Each message of a non-empty list of objects with a string role, and where it is."""
     value = body.get("messages")
     if not isinstance(value, list) or not value:
         raise bad("messages: expected a non-empty list of message objects", "messages")
@@ -169,6 +167,14 @@ def messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
         if not isinstance(message, dict):
             raise _expected(param, "a message object", message)
         _role(message, param)
+        yield param, message
+
+
+def messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Chat messages: a non-empty list of objects, each with a string role, content a
+    string, a list of content parts or null, and, where present, a string name and
+    tool_call_id and a list of tool calls."""
+    for param, message in _each_message(body):
         _content(message, param)
         for name in ("name", "tool_call_id"):
             if message.get(name) is not None and not isinstance(message[name], str):
@@ -180,6 +186,7 @@ def messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
             for j, call in enumerate(calls):
                 if not isinstance(call, dict):
                     raise _expected(f"{param}.tool_calls[{j}]", "a tool call object", call)
+    value: list[dict[str, Any]] = body["messages"]
     return value
 
 
@@ -209,14 +216,7 @@ ANTHROPIC_ROLES = ("user", "assistant")
 def anthropic_messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Anthropic's messages: a non-empty list of objects, each with role user or assistant
     and content a string or a list of content blocks (objects with a string type)."""
-    value = body.get("messages")
-    if not isinstance(value, list) or not value:
-        raise bad("messages: expected a non-empty list of message objects", "messages")
-    for i, message in enumerate(value):
-        param = f"messages[{i}]"
-        if not isinstance(message, dict):
-            raise _expected(param, "a message object", message)
-        _role(message, param)
+    for param, message in _each_message(body):
         if message["role"] not in ANTHROPIC_ROLES:
             shown = repr(message["role"])[:40]
             raise bad(f"{param}.role: expected 'user' or 'assistant', got {shown}", f"{param}.role")
@@ -225,6 +225,7 @@ def anthropic_messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
             _parts(content, f"{param}.content")
         elif not isinstance(content, str):
             raise _expected(f"{param}.content", "a string or a list of content blocks", content)
+    value: list[dict[str, Any]] = body["messages"]
     return value
 
 
@@ -252,30 +253,27 @@ def required_positive_int(body: Mapping[str, Any], name: str) -> int:
     return value
 
 
-def strings(body: Mapping[str, Any], name: str) -> list[str] | None:
-    """A list of strings (stop_sequences); None when absent."""
+def _list_of(body: Mapping[str, Any], name: str, kind: type, each: str) -> list[Any] | None:
+    """A list whose every item is a ``kind``; None when absent."""
     value = body.get(name)
     if value is None:
         return None
     if not isinstance(value, list):
-        raise _expected(name, "a list of strings", value)
+        raise _expected(name, f"a list of {each}s", value)
     for j, item in enumerate(value):
-        if not isinstance(item, str):
-            raise _expected(f"{name}[{j}]", "a string", item)
+        if not isinstance(item, kind):
+            raise _expected(f"{name}[{j}]", f"an {each}" if each[0] in "aeiou" else f"a {each}", item)
     return value
+
+
+def strings(body: Mapping[str, Any], name: str) -> list[str] | None:
+    """A list of strings (stop_sequences); None when absent."""
+    return _list_of(body, name, str, "string")
 
 
 def objects(body: Mapping[str, Any], name: str) -> list[dict[str, Any]] | None:
     """A list of objects (Anthropic's tools); None when absent."""
-    value = body.get(name)
-    if value is None:
-        return None
-    if not isinstance(value, list):
-        raise _expected(name, "a list of objects", value)
-    for j, item in enumerate(value):
-        if not isinstance(item, dict):
-            raise _expected(f"{name}[{j}]", "an object", item)
-    return value
+    return _list_of(body, name, dict, "object")
 
 
 def typed_object(body: Mapping[str, Any], name: str) -> dict[str, Any] | None:
