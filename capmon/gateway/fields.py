@@ -16,7 +16,7 @@ import enum
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, TypeVar
 
 from capmon.gateway.errors import ApiError
@@ -159,10 +159,8 @@ def _role(message: Mapping[str, Any], param: str) -> None:
         raise _expected(f"{param}.role", "a string", message["role"])
 
 
-def messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Chat messages: a non-empty list of objects, each with a string role, content a
-    string, a list of content parts or null, and, where present, a string name and
-    tool_call_id and a list of tool calls."""
+def _each_message(body: Mapping[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Each message of a non-empty list of objects with a string role, and where it is."""
     value = body.get("messages")
     if not isinstance(value, list) or not value:
         raise bad("messages: expected a non-empty list of message objects", "messages")
@@ -171,6 +169,14 @@ def messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
         if not isinstance(message, dict):
             raise _expected(param, "a message object", message)
         _role(message, param)
+        yield param, message
+
+
+def messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Chat messages: a non-empty list of objects, each with a string role, content a
+    string, a list of content parts or null, and, where present, a string name and
+    tool_call_id and a list of tool calls."""
+    for param, message in _each_message(body):
         _content(message, param)
         for name in ("name", "tool_call_id"):
             if message.get(name) is not None and not isinstance(message[name], str):
@@ -182,6 +188,7 @@ def messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
             for j, call in enumerate(calls):
                 if not isinstance(call, dict):
                     raise _expected(f"{param}.tool_calls[{j}]", "a tool call object", call)
+    value: list[dict[str, Any]] = body["messages"]
     return value
 
 
@@ -214,14 +221,7 @@ def anthropic_messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Anthropic's messages: a non-empty list of objects, each with role user, assistant
     or system and content a string or a list of content blocks (objects with a string
     type; a system message's are text blocks)."""
-    value = body.get("messages")
-    if not isinstance(value, list) or not value:
-        raise bad("messages: expected a non-empty list of message objects", "messages")
-    for i, message in enumerate(value):
-        param = f"messages[{i}]"
-        if not isinstance(message, dict):
-            raise _expected(param, "a message object", message)
-        _role(message, param)
+    for param, message in _each_message(body):
         if message["role"] not in ANTHROPIC_ROLES:
             shown = repr(message["role"])[:40]
             raise bad(f"{param}.role: expected 'user', 'assistant' or 'system', got {shown}", f"{param}.role")
@@ -232,6 +232,7 @@ def anthropic_messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
             _parts(content, f"{param}.content")
         elif not isinstance(content, str):
             raise _expected(f"{param}.content", "a string or a list of content blocks", content)
+    value: list[dict[str, Any]] = body["messages"]
     return value
 
 
