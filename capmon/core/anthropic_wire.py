@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from capmon.core.errors import QUOTA_HINT, Failure, Kind, classify_event
-from capmon.core.wire import Event, Frame, FrameKind, typed_event
+from capmon.core.wire import Event, Frame, FrameKind, owned_body, typed_event
 
 MESSAGES_PATH = "/v1/messages"
 COUNT_TOKENS_PATH = "/v1/messages/count_tokens"
@@ -52,18 +52,10 @@ def request_headers(secret: str, version: AnthropicVersion = DEFAULT_VERSION) ->
     return {"x-api-key": secret, "anthropic-version": version.value}
 
 
-_OWNED = frozenset({"model", "max_tokens", "stream"})
-
-
 def messages_body(extra: Mapping[str, Any], *, model: str, max_tokens: int, stream: bool) -> dict[str, Any]:
-    """A Messages body: the caller's fields untouched but the model, the cap (required by
-    the API: the model's cap when the caller gave none) and ``stream``, which capmon owns."""
-    body = {k: v for k, v in extra.items() if k not in _OWNED}
-    body["model"] = model
-    body["max_tokens"] = max_tokens
-    if stream:
-        body["stream"] = True
-    return body
+    """A Messages body (see :func:`capmon.core.wire.owned_body`); the cap is required by the
+    API: the model's cap when the caller gave none."""
+    return owned_body(extra, model=model, cap_field="max_tokens", cap=max_tokens, stream=stream)
 
 
 def refused_sampling(body: Mapping[str, Any], version: AnthropicVersion) -> tuple[str, ...]:

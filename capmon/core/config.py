@@ -53,9 +53,6 @@ class DropRule(enum.StrEnum):
     SKIP = "skip"  # do not send the request there: the target is skipped as incapable
 
 
-SamplingRule = DropRule  # the name the sampling rule had first
-
-
 # Azure's v1 API ({base_url}/openai/v1/...) takes no api-version; any other value is the
 # classic deployment URL's ?api-version=.
 AZURE_V1 = "v1"

@@ -425,20 +425,26 @@ def completion_text(response: Mapping[str, Any]) -> str:
 
 # ---------------------------------------------------------------- the Responses API
 
-_RESPONSES_OWNED = frozenset({"model", "stream", "max_output_tokens"})
 # Events that carry no answer yet: held back, so an error after them can still fall back.
 _RESPONSES_PREAMBLE = frozenset({"response.created", "response.in_progress", "response.queued"})
 _RESPONSES_DONE = frozenset({"response.completed", "response.incomplete"})
 
 
-def responses_body(extra: Mapping[str, Any], *, model: str, max_output_tokens: int, stream: bool) -> dict[str, Any]:
-    """A Responses API body: the caller's fields untouched but the model, the cap and ``stream``."""
-    body = {k: v for k, v in extra.items() if k not in _RESPONSES_OWNED}
+def owned_body(extra: Mapping[str, Any], *, model: str, cap_field: str, cap: int, stream: bool) -> dict[str, Any]:
+    """A body in the caller's own format (the Responses API, Anthropic's Messages): the
+    caller's fields untouched but the model, the token cap (``cap_field``) and ``stream``,
+    which capmon owns."""
+    body = {k: v for k, v in extra.items() if k not in ("model", "stream", cap_field)}
     body["model"] = model
-    body["max_output_tokens"] = max_output_tokens
+    body[cap_field] = cap
     if stream:
         body["stream"] = True
     return body
+
+
+def responses_body(extra: Mapping[str, Any], *, model: str, max_output_tokens: int, stream: bool) -> dict[str, Any]:
+    """A Responses API body (see :func:`owned_body`)."""
+    return owned_body(extra, model=model, cap_field="max_output_tokens", cap=max_output_tokens, stream=stream)
 
 
 def parse_response(status: int, body: bytes | None) -> Mapping[str, Any] | None:

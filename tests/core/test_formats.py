@@ -14,7 +14,7 @@ import pytest
 from capmon.core import formats
 from capmon.core.anthropic_wire import AnthropicVersion
 from capmon.core.attempt import chat_request
-from capmon.core.config import ClientConfig, Config, EndpointApi, SamplingRule, parse_config, resolve_keys
+from capmon.core.config import ClientConfig, Config, DropRule, EndpointApi, parse_config, resolve_keys
 from capmon.core.exceptions import ConfigError
 from capmon.core.result import Api, ChatRequest
 from capmon.core.secrets import redact
@@ -43,10 +43,10 @@ def headers(t: Target) -> dict[str, str]:
     return {k.decode(): v.decode() for k, v in t.http_headers}
 
 
-SKIP_SAMPLING = ClientConfig(refused_sampling=SamplingRule.SKIP)
+SKIP_SAMPLING = ClientConfig(refused_sampling=DropRule.SKIP)
 
 
-def body(t: Target, request: ChatRequest, *, stream: bool = False, rule: SamplingRule = SamplingRule.DROP) -> dict:
+def body(t: Target, request: ChatRequest, *, stream: bool = False, rule: DropRule = DropRule.DROP) -> dict:
     """What one attempt sends (attempt.chat_request: the cap, the rule, the translation)."""
     cfg = dataclasses.replace(Config(), client=ClientConfig(refused_sampling=rule))
     out = chat_request(t, request, TokenParam.MAX_TOKENS, cfg, stream)
@@ -135,7 +135,7 @@ def test_the_config_refuses_a_wrong_api_version_or_key_naming_file_and_key() -> 
     cfg = parse_config(config(), "my.toml")
     assert cfg.endpoints[0].api is EndpointApi.OPENAI  # the default: today's behaviour
     assert cfg.endpoints[0].anthropic_version is AnthropicVersion.V2026_10_21
-    assert cfg.client.refused_sampling is SamplingRule.DROP
+    assert cfg.client.refused_sampling is DropRule.DROP
 
 
 # ---------------------------------------------------------------- bodies
@@ -258,7 +258,7 @@ def test_anthropic_hints_an_openai_target_cannot_honour_are_dropped_and_said_or_
     assert out["messages"][2]["content"] == "Available agent types: claude."
     assert out["tools"][0]["function"]["name"] == "Read"
     assert formats.incapable(request, openai_target, ClientConfig()) is None
-    why = formats.incapable(request, openai_target, ClientConfig(unhonoured_hints=SamplingRule.SKIP))
+    why = formats.incapable(request, openai_target, ClientConfig(unhonoured_hints=DropRule.SKIP))
     assert why is not None and why.startswith(", ".join(HINTS)) and 'unhonoured_hints = "skip"' in why
     # the same format: every field passes through untouched, nothing said
     same = body(target("anthropic"), request)
