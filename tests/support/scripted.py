@@ -110,7 +110,16 @@ def free_port() -> int:
 async def serve(script: Script) -> AsyncIterator[str]:
     """Serve ``script`` on a loopback port; yields the base URL (``.../v1``)."""
     port = free_port()
-    config = uvicorn.Config(build_app(script), host="127.0.0.1", port=port, log_level="warning", lifespan="off")
+    # A bounded graceful shutdown: a reply still sleeping (a hung upstream's delay of an hour) is
+    # cancelled instead of waited for, in uvicorn's 0.1 s polls (tens of thousands under looptime).
+    config = uvicorn.Config(
+        build_app(script),
+        host="127.0.0.1",
+        port=port,
+        log_level="warning",
+        lifespan="off",
+        timeout_graceful_shutdown=1.0,
+    )
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve())
     while not server.started:
