@@ -16,6 +16,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TypeVar
 
+from capmon.core.states import JobState, State
+
 log = logging.getLogger("capmon.events")
 
 
@@ -90,8 +92,8 @@ class FellBack(Event):
 class BreakerChanged(Event):
     target: str
     model: str
-    old: str
-    new: str
+    old: State
+    new: State
     reason: str
     manual: bool
     cooldown_until: float | None
@@ -161,13 +163,9 @@ class RequestDone(Event):
 
 @dataclass(frozen=True, slots=True)
 class BatchProgress(Event):
-    """A batch job's counters.
-
-    ``state`` is one of: starting, ingesting (reading the input), running, paused,
-    waiting-window, finished, stopped (cancelled, or its process is gone), halted (a
-    key or a quota stopped it; ``message`` says what to fix). ``done`` and ``failed``
-    count committed results only; ``in_flight`` counts items sent whose result is not
-    committed yet.
+    """A batch job's counters and its :class:`JobState` (halted or stopped: ``message``
+    says why). ``done`` and ``failed`` count committed results only; ``in_flight`` counts
+    items sent whose result is not committed yet.
     """
 
     job: str
@@ -180,8 +178,8 @@ class BatchProgress(Event):
     per_model: tuple[tuple[str, int], ...]
     rate: float  # items per second, recent
     eta: float | None  # seconds
-    state: str
-    opens_at: float | None = None  # wall time the --window opens, while state is waiting-window
+    state: JobState
+    opens_at: float | None = None  # wall time the --window opens, while state is WAITING_WINDOW
     message: str = ""  # why a job halted or stopped
 
 
