@@ -125,6 +125,15 @@ class ItemReport:
         return d
 
 
+def settings_text(s: dict[str, Any]) -> str:
+    """A job's settings in one phrase, as `capmon report` and `capmon batch show` print them."""
+    remap = ", ".join(f"{shown(k)}={shown(v)}" for k, v in (s.get("remap") or {}).items())
+    return (
+        f"concurrency {s.get('concurrency', '-')}, rate {s.get('rate') or '-'}/s, window {s.get('window') or '-'}"
+        + (f", remap {remap}" if remap else "")
+    )
+
+
 def _status_key(status: int | None) -> str:
     return "none" if status is None else str(status)
 
