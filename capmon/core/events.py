@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TypeVar
 
+from capmon.core.errors import Kind
 from capmon.core.states import JobState, State
 
 log = logging.getLogger("capmon.events")
@@ -45,7 +46,7 @@ class AttemptStarted(_OfAttempt):
 
 @dataclass(frozen=True, slots=True)
 class AttemptFailed(_OfAttempt):
-    kind: str
+    kind: Kind
     status: int | None
     reason: str
     hint: float | None
@@ -117,7 +118,7 @@ class ProbeFinished(Event):
     model: str
     ok: bool | None
     status: int | None
-    kind: str | None
+    kind: Kind | None
     latency: float | None
     reason: str
     next_probe_at: float | None  # while the breaker stays open
@@ -157,7 +158,7 @@ class RequestDone(Event):
     target: str | None
     attempts: int
     latency: float
-    kind: str | None  # failure kind when not ok
+    kind: Kind | None  # failure kind when not ok
     caller_request_id: str | None = None  # the caller's id (ChatRequest.request_id: the gateway's x-request-id)
 
 
