@@ -6,8 +6,9 @@ provider's dialect (Azure's empty first chunk, OpenRouter's comment lines, an
 ``event: error`` frame, a usage-only last chunk) is handled here once. See
 ARCHITECTURE.md, "The wire".
 
-Pure functions and small classes, no I/O of their own except :func:`read_capped` and
-:func:`iter_capped`, which pull bytes from an httpx response and stop at a cap.
+Pure functions and small classes, no I/O of their own except :func:`read_capped`, which
+pulls a body from an httpx response and stops at a cap (a stream's reads count against
+the cap in capmon/core/attempt.py, between its per-read timeouts).
 """
 
 from __future__ import annotations
