@@ -6,7 +6,7 @@ that tests or benchmarks use is used (public API such as ``ManualClock`` or
 
 Confidence 60 is the level at which vulture reports unused functions, methods,
 classes, attributes, properties and variables at all; above it only unused imports
-(90, which ruff's F401 finds too) and unreachable code (100) remain. So 60, with
+(90, which ruff's F401 finds too), unused arguments and unreachable code (100) remain. So 60, with
 IGNORED below for the names a framework calls or reads by name, which vulture cannot
 see. A new Textual handler, uvicorn override or serialised-only field goes there, with
 its reason; anything else vulture names is dead: delete it.
