@@ -191,7 +191,6 @@ class AuditLog:
         self._numbering = numbering
         self._accept = accept
         self._rows: list[Row] = []
-        self.recorded = 0
         self.dropped = 0
 
     def observe(self, request: ChatRequest, attempt: Attempt) -> None:
@@ -203,7 +202,6 @@ class AuditLog:
 
     def add(self, row: Row) -> None:
         self._rows.append(row)
-        self.recorded += 1
         if len(self._rows) > MAX_BUFFER:
             drop = len(self._rows) - MAX_BUFFER
             del self._rows[:drop]

@@ -109,14 +109,20 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     sim = sub.add_parser("sim", help="serve the simulated provider")
-    sim.add_argument("--listen", default=DEFAULT_LISTEN, metavar="HOST:PORT")
+    sim.add_argument(
+        "--listen",
+        default=DEFAULT_LISTEN,
+        metavar="HOST:PORT",
+        help=f"where to listen (default {DEFAULT_LISTEN}; port 0: a free one)",
+    )
     sim.add_argument(
         "--scenario",
         default=SimulatorConfig.scenario,
         metavar="NAME|PATH",
-        help="bundled: demo, steady, peak-hours, outage, brownout",
+        help=f"a bundled scenario (--list shows them) or a scenario TOML file (default {SimulatorConfig.scenario})",
     )
     sim.add_argument("--list", action="store_true", help="list the bundled scenarios and exit")
+    sim.add_argument("--access-log", action="store_true", help="log every request")
     sim.add_argument(
         "--admin-key-env",
         metavar="NAME",
@@ -189,14 +195,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _run_sim(args: argparse.Namespace) -> int:
-    from capmon.sim.scenario import bundled_scenarios
-    from capmon.sim.server import serve
+    from capmon.sim.command import SimOptions, run_sim
 
-    if args.list:
-        print("\n".join(bundled_scenarios()))
-        return EXIT_OK
-    serve(args.listen, args.scenario, admin_key_env=args.admin_key_env, open_admin=args.open_admin)
-    return EXIT_OK
+    return run_sim(
+        SimOptions(
+            listen=args.listen,
+            scenario=args.scenario,
+            access_log=args.access_log,
+            admin_key_env=args.admin_key_env,
+            open_admin=args.open_admin,
+            list_scenarios=args.list,
+        )
+    )
 
 
 def _run_serve(args: argparse.Namespace) -> int:

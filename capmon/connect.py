@@ -28,6 +28,7 @@ from capmon.core.exceptions import CapmonError
 from capmon.core.secrets import Secret, redact
 from capmon.core.serial import event_from_json, snapshot_from_json
 from capmon.core.snapshot import EngineSnapshot
+from capmon.core.wire import SSEParser
 
 DEFAULT_KEY_ENV = "CAPMON_GATEWAY_KEY"  # a client key of the gateway: reads
 DEFAULT_ADMIN_KEY_ENV = "CAPMON_ADMIN_KEY"  # the gateway's admin key (gateway.admin_key_env there): actions
@@ -316,25 +317,13 @@ class GatewayClient:
                     self._check(response, "/capmon/events", key, self.address.describe_read_key())
                 if not response.headers.get("content-type", "").startswith("text/event-stream"):
                     raise GatewayError(f"{self.address.origin}/capmon/events is no event stream: not a capmon gateway")
-                seq: int | None = None
-                kind = ""
-                data: list[str] = []
-                async for line in response.aiter_lines():
-                    if line == "":  # a frame ends
-                        if seq is not None and data:
-                            yield seq, _event("\n".join(data)) if wanted is None or kind in wanted else None
-                        seq, kind, data = None, "", []
-                    elif line.startswith(":"):
-                        continue  # a comment: keepalive, or how many a lagging reader lost
-                    else:
-                        name, _, value = line.partition(":")
-                        value = value[1:] if value.startswith(" ") else value
-                        if name == "id" and value.isdigit():
-                            seq = int(value)
-                        elif name == "event":
-                            kind = value
-                        elif name == "data":
-                            data.append(value)
+                # A frame the stream ends inside is incomplete and not read (as the SSE spec says).
+                parser = SSEParser()
+                async for piece in response.aiter_bytes():
+                    for frame in parser.feed(piece):
+                        if frame.id.isdigit() and frame.data:
+                            wanted_one = wanted is None or frame.event in wanted
+                            yield int(frame.id), _event(frame.data) if wanted_one else None
         except httpx.TransportError as e:
             reason = _transport_reason(e)
             raise GatewayUnreachable(

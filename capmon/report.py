@@ -23,7 +23,16 @@ from typing import Any, Protocol, TextIO
 
 from capmon import audit
 from capmon.advice import Advice, advise
-from capmon.batch.figures import ItemReport, JobReport, build_item_report, build_report, explain, fmt_seconds, shown
+from capmon.batch.figures import (
+    ItemReport,
+    JobReport,
+    build_item_report,
+    build_report,
+    explain,
+    fmt_seconds,
+    settings_text,
+    shown,
+)
 from capmon.batch.states import ItemState
 from capmon.batch.store import JobStore, default_db_path
 from capmon.core import text
@@ -68,15 +77,6 @@ class ReportOptions:
 
 def _when(wall: float | None) -> str:
     return text.timestamp(wall, date=True)
-
-
-def settings_text(s: dict[str, Any]) -> str:
-    """A job's settings in one phrase, as `capmon report` and `capmon batch show` print them."""
-    remap = ", ".join(f"{shown(k)}={shown(v)}" for k, v in (s.get("remap") or {}).items())
-    return (
-        f"concurrency {s.get('concurrency', '-')}, rate {s.get('rate') or '-'}/s, window {s.get('window') or '-'}"
-        + (f", remap {remap}" if remap else "")
-    )
 
 
 def format_report(r: JobReport, items_shown: int = ITEMS_SHOWN_TEXT, advice: Sequence[Advice] = ()) -> str:

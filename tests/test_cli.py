@@ -31,7 +31,7 @@ def test_capmon_sim_answers_its_models_once_started() -> None:
     port = free_port()
     started = time.monotonic()
     proc = subprocess.Popen(
-        [*CAPMON, "sim", "--listen", f"127.0.0.1:{port}", "--scenario", "steady"],
+        [*CAPMON, "sim", "--listen", f"127.0.0.1:{port}", "--scenario", "steady", "--access-log"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -54,12 +54,20 @@ def test_capmon_sim_answers_its_models_once_started() -> None:
         assert [m["id"] for m in r.json()["data"]] == ["sim-flagship", "sim-medium", "sim-small"]
     finally:
         proc.terminate()
-        proc.wait(timeout=10)
+        out, _ = proc.communicate(timeout=10)
+    assert f"listening on http://127.0.0.1:{port}/v1" in out
+    assert '"GET /v1/models HTTP/1.1" 200' in out  # --access-log: every request
 
 
-def test_capmon_sim_lists_its_scenarios() -> None:
+def test_capmon_sim_lists_its_scenarios_and_python_m_capmon_sim_is_the_same_command() -> None:
     out = subprocess.run([*CAPMON, "sim", "--list"], capture_output=True, text=True, check=True)
-    assert {"demo", "steady", "peak-hours", "outage", "brownout"} <= set(out.stdout.split())
+    names = [line.split()[0] for line in out.stdout.splitlines()]
+    assert {"demo", "steady", "peak-hours", "outage", "brownout"} <= set(names)
+    assert "Flagship has 0 slots" in out.stdout  # each with its description
+    module = [sys.executable, "-m", "capmon.sim"]
+    assert subprocess.run([*module, "--list"], capture_output=True, text=True, check=True).stdout == out.stdout
+    bad = subprocess.run([*module, "--listen", "nowhere"], capture_output=True, text=True)
+    assert bad.returncode == 2 and bad.stderr.startswith("capmon: ")  # the one CLI's errors and exit codes
 
 
 def test_status_prints_a_snapshot_as_json_with_the_embedded_simulator(tmp_path: Path) -> None:

@@ -7,8 +7,12 @@ if any core module needed them, importing it would fail.
 
 from __future__ import annotations
 
+import ast
+import functools
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 CODE = """
 import sys
@@ -60,3 +64,76 @@ def test_the_core_does_not_pull_in_the_dashboard() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+# ---------------------------------------------------------------- the layers, as ARCHITECTURE.md draws them
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "capmon"
+UNLAYERED = {"__init__", "exitcodes"}  # outside the order: the public API and the exit codes (ARCHITECTURE.md)
+
+
+def _layers() -> dict[str, int]:
+    """Each top-level part of capmon (``cli``, ``tui``, ``report``...) and its line in the
+    block under "## Layers", 0 at the top; the parts named on one line share it."""
+    block = (ROOT / "ARCHITECTURE.md").read_text().split("## Layers", 1)[1].split("```", 2)[1]
+    heads = [re.split(r"\s{2,}", line)[0] for line in block.splitlines() if line.startswith("capmon/")]
+    return {
+        name: level
+        for level, head in enumerate(heads)
+        for name in re.findall(r"([a-z_]+)(?:\.py\b|/)", head.removeprefix("capmon/"))
+    }
+
+
+def _part(path: Path) -> str:
+    rel = path.relative_to(PACKAGE)
+    return rel.parts[0] if len(rel.parts) > 1 else rel.stem
+
+
+@functools.cache  # parsing capmon takes a second or two: once for every test here
+def _imported(path: Path) -> frozenset[str]:
+    """Every module ``path`` imports, at its top or inside a function, and its ``from`` names."""
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out |= {node.module, *(f"{node.module}.{a.name}" for a in node.names)}
+        elif isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+    return frozenset(out)
+
+
+def _parts_imported(path: Path) -> set[str]:
+    out = set()
+    for name in _imported(path):
+        parts = name.split(".")
+        if parts[0] == "capmon" and len(parts) > 1:
+            if (PACKAGE / parts[1]).is_dir() or (PACKAGE / f"{parts[1]}.py").is_file():
+                out.add(parts[1])
+    return out
+
+
+def test_architecture_md_draws_every_part_of_capmon() -> None:
+    parts = {_part(p) for p in PACKAGE.rglob("*.py")}
+    assert parts - UNLAYERED == set(_layers())
+
+
+def test_each_layer_imports_only_the_layers_below_it() -> None:
+    levels = _layers()
+    wrong = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        part = _part(path)
+        if part in UNLAYERED or path.name == "__main__.py":  # entry points stand above every layer
+            continue
+        for other in sorted(_parts_imported(path) - UNLAYERED - {part}):
+            if levels[other] < levels[part]:
+                wrong.append(f"{path.relative_to(ROOT)} imports capmon.{other}, a layer above it")
+    assert wrong == []
+
+
+def test_only_the_command_line_sees_argparse() -> None:
+    seen = [
+        str(p.relative_to(ROOT))
+        for p in sorted(PACKAGE.rglob("*.py"))
+        if p.name != "cli.py" and any(n.split(".")[0] == "argparse" for n in _imported(p))
+    ]
+    assert seen == []

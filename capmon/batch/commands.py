@@ -34,6 +34,7 @@ from typing import Any, TextIO
 
 from capmon.batch.defaults import DEFAULT_CONCURRENCY
 from capmon.batch.export import check_writable, export_job
+from capmon.batch.figures import settings_text, shown
 from capmon.batch.pacing import Pacing
 from capmon.batch.progress import ProgressLine
 from capmon.batch.runner import BatchRunner, JobSummary
@@ -45,7 +46,6 @@ from capmon.core.config import Config
 from capmon.core.events import BatchProgress, Event, Notice
 from capmon.core.exceptions import BatchError
 from capmon.exitcodes import EXIT_FAILED_ITEMS, EXIT_INTERRUPTED, EXIT_OK
-from capmon.report import settings_text, shown
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -47,7 +47,6 @@ class ModelRow:
     mean_latency: float | None  # seconds, successful attempts
     p99_latency: float | None
     items: tuple[str, ...]  # the first items it served, in input order
-    items_more: int
     apis: tuple[str, ...] = ()  # the provider APIs its attempts went to (openai, anthropic, azure)
 
 
@@ -55,7 +54,6 @@ class ModelRow:
 class TokenFigures:
     items: int  # done items with both figures
     requested_median: int | None  # max_tokens sent
-    requested_max: int | None
     used_median: int | None  # usage.completion_tokens
     used_p95: int | None
     used_p99: int | None
@@ -125,6 +123,15 @@ class ItemReport:
         d = asdict(self)
         d["attempts"] = [asdict(a) for a in self.attempts]
         return d
+
+
+def settings_text(s: dict[str, Any]) -> str:
+    """A job's settings in one phrase, as `capmon report` and `capmon batch show` print them."""
+    remap = ", ".join(f"{shown(k)}={shown(v)}" for k, v in (s.get("remap") or {}).items())
+    return (
+        f"concurrency {s.get('concurrency', '-')}, rate {s.get('rate') or '-'}/s, window {s.get('window') or '-'}"
+        + (f", remap {remap}" if remap else "")
+    )
 
 
 def _status_key(status: int | None) -> str:
@@ -209,7 +216,7 @@ def build_report(store: JobStore, job: str, items_shown: int = ITEMS_SHOWN_DATA)
     failures: dict[str, int] = {}
     samples: list[tuple[int, str, str, str]] = []
     fell_back = 0
-    tokens = TokenFigures(0, None, None, None, None, None, None)
+    tokens = TokenFigures(0, None, None, None, None, None)
     state = "unknown"
     total = 0
     if info is not None:
@@ -248,7 +255,6 @@ def build_report(store: JobStore, job: str, items_shown: int = ITEMS_SHOWN_DATA)
                 mean_latency=sum(lat) / len(lat) if lat else None,
                 p99_latency=percentile(lat, 0.99),
                 items=listed,
-                items_more=max(0, n_served - len(listed)),
                 apis=apis.get(name, ()),
             )
         )
@@ -284,17 +290,16 @@ def build_report(store: JobStore, job: str, items_shown: int = ITEMS_SHOWN_DATA)
 
 def _tokens(use: list[tuple[int, int]]) -> TokenFigures:
     if not use:
-        return TokenFigures(0, None, None, None, None, None, None)
+        return TokenFigures(0, None, None, None, None, None)
     requested = sorted(r for r, _ in use)
     used = sorted(u for _, u in use)
     return TokenFigures(
-        len(used),
-        requested[len(requested) // 2],
-        requested[-1],
-        used[len(used) // 2],
-        _int(percentile(used, 0.95)),
-        _int(percentile(used, 0.99)),
-        used[-1],
+        items=len(used),
+        requested_median=requested[len(requested) // 2],
+        used_median=used[len(used) // 2],
+        used_p95=_int(percentile(used, 0.95)),
+        used_p99=_int(percentile(used, 0.99)),
+        used_max=used[-1],
     )
 
 

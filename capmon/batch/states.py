@@ -2,33 +2,15 @@
 
 str enums: they are written to SQLite and JSON as their values and compare equal to
 them, so the stored and printed forms are what they always were ("done",
-"waiting-window"). The dashboard's batch panel reads :class:`JobState` from
-``BatchProgress.state``.
+"waiting-window"). :class:`JobState` lives in capmon/core/states.py, since the core's
+``BatchProgress.state`` carries it; the dashboard's batch panel reads it there.
 """
 
 from __future__ import annotations
 
 import enum
 
-
-class JobState(enum.StrEnum):
-    STARTING = "starting"  # a runner made, nothing opened yet
-    INGESTING = "ingesting"  # reading the input; an ingest cut short stays here and goes on
-    READY = "ready"  # read whole, not run yet
-    RUNNING = "running"
-    PAUSED = "paused"  # by hand, or while results cannot be saved
-    WAITING_WINDOW = "waiting-window"  # outside the daily --window
-    STOPPED = "stopped"  # cancelled, or its process is gone
-    HALTED = "halted"  # a key or a quota stopped it, or saving failed for too long: the message says what to fix
-    FINISHED = "finished"
-
-    @property
-    def live(self) -> bool:
-        """A runner says it holds the job (whether it still does, its lease tells)."""
-        return self in _LIVE
-
-
-_LIVE = frozenset({JobState.RUNNING, JobState.PAUSED, JobState.WAITING_WINDOW})
+from capmon.core.states import JobState as JobState  # in the core: BatchProgress carries it
 
 
 class ItemState(enum.StrEnum):

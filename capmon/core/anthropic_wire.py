@@ -22,7 +22,6 @@ from capmon.core.errors import QUOTA_HINT, Failure, Kind, classify_event
 from capmon.core.wire import Event, Frame, FrameKind, owned_body, typed_event
 
 MESSAGES_PATH = "/v1/messages"
-COUNT_TOKENS_PATH = "/v1/messages/count_tokens"
 
 
 class AnthropicVersion(enum.StrEnum):

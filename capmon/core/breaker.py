@@ -32,7 +32,6 @@ cannot close an open breaker and a late failure from before a reset cannot trip 
 
 from __future__ import annotations
 
-import enum
 import logging
 import math
 from collections import deque
@@ -43,26 +42,9 @@ from capmon.core.clock import Clock
 from capmon.core.config import BreakerConfig
 from capmon.core.events import BreakerChanged, Event, RampStep
 from capmon.core.policy import BreakerSignal
+from capmon.core.states import State as State  # its home is below events.py, which names it
 
 log = logging.getLogger("capmon.breaker")
-
-
-class State(enum.StrEnum):
-    CLOSED = "closed"
-    OPEN = "open"
-    HALF_OPEN = "half-open"
-    RAMP = "ramp"
-    FORCED_OPEN = "forced-open"
-    FORCED_CLOSED = "forced-closed"
-
-    @property
-    def manual(self) -> bool:
-        return self in (State.FORCED_OPEN, State.FORCED_CLOSED)
-
-    @property
-    def admits(self) -> bool:
-        """Whether user requests may be admitted in this state (RAMP: up to its share)."""
-        return self in (State.CLOSED, State.FORCED_CLOSED, State.RAMP)
 
 
 @dataclass(frozen=True, slots=True)
@@ -304,8 +286,8 @@ class CircuitBreaker:
                 wall=self._clock.wall(),
                 target=self.target,
                 model=self.model,
-                old=old.value,
-                new=rec.state.value,
+                old=old,
+                new=rec.state,
                 reason=reason,
                 manual=rec.state.manual,
                 cooldown_until=self._next_probe,
@@ -540,8 +522,8 @@ class CircuitBreaker:
                 wall=self._clock.wall(),
                 target=self.target,
                 model=self.model,
-                old=old.value,
-                new=new.value,
+                old=old,
+                new=new,
                 reason=reason,
                 manual=manual,
                 cooldown_until=next_probe,

@@ -16,6 +16,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TypeVar
 
+from capmon.core.errors import Kind
+from capmon.core.states import JobState, State
+
 log = logging.getLogger("capmon.events")
 
 
@@ -43,7 +46,7 @@ class AttemptStarted(_OfAttempt):
 
 @dataclass(frozen=True, slots=True)
 class AttemptFailed(_OfAttempt):
-    kind: str
+    kind: Kind
     status: int | None
     reason: str
     hint: float | None
@@ -90,8 +93,8 @@ class FellBack(Event):
 class BreakerChanged(Event):
     target: str
     model: str
-    old: str
-    new: str
+    old: State
+    new: State
     reason: str
     manual: bool
     cooldown_until: float | None
@@ -115,7 +118,7 @@ class ProbeFinished(Event):
     model: str
     ok: bool | None
     status: int | None
-    kind: str | None
+    kind: Kind | None
     latency: float | None
     reason: str
     next_probe_at: float | None  # while the breaker stays open
@@ -155,19 +158,15 @@ class RequestDone(Event):
     target: str | None
     attempts: int
     latency: float
-    kind: str | None  # failure kind when not ok
+    kind: Kind | None  # failure kind when not ok
     caller_request_id: str | None = None  # the caller's id (ChatRequest.request_id: the gateway's x-request-id)
 
 
 @dataclass(frozen=True, slots=True)
 class BatchProgress(Event):
-    """A batch job's counters.
-
-    ``state`` is one of: starting, ingesting (reading the input), running, paused,
-    waiting-window, finished, stopped (cancelled, or its process is gone), halted (a
-    key or a quota stopped it; ``message`` says what to fix). ``done`` and ``failed``
-    count committed results only; ``in_flight`` counts items sent whose result is not
-    committed yet.
+    """A batch job's counters and its :class:`JobState` (halted or stopped: ``message``
+    says why). ``done`` and ``failed`` count committed results only; ``in_flight`` counts
+    items sent whose result is not committed yet.
     """
 
     job: str
@@ -180,8 +179,8 @@ class BatchProgress(Event):
     per_model: tuple[tuple[str, int], ...]
     rate: float  # items per second, recent
     eta: float | None  # seconds
-    state: str
-    opens_at: float | None = None  # wall time the --window opens, while state is waiting-window
+    state: JobState
+    opens_at: float | None = None  # wall time the --window opens, while state is WAITING_WINDOW
     message: str = ""  # why a job halted or stopped
 
 

@@ -8,6 +8,7 @@ as ``capmon report`` computes them: capmon/core/text.py).
 
 from __future__ import annotations
 
+import enum
 import random
 from dataclasses import dataclass
 
@@ -17,6 +18,15 @@ from capmon.core.text import percentile
 HORIZON = 300  # seconds kept: the longest window
 WINDOWS = (10, 60, 300)
 _SAMPLES_PER_BUCKET = 64
+
+
+class Outcome(enum.StrEnum):
+    """Where an attempt counts on the dashboard."""
+
+    OK = "ok"
+    RATE_LIMITED = "rate_limited"  # 429s
+    CAPACITY = "capacity"  # 503 / 529 and other capacity answers
+    OTHER = "other"
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,28 +82,27 @@ class RollingStats:
     def record_attempt(self, now: float, status: int | None, kind: Kind | None, latency: float) -> None:
         """One attempt, counted where the dashboard shows it: ok, 429s, 503s or other."""
         if kind is None:
-            outcome = "ok"
+            outcome = Outcome.OK
         elif status == 429 or kind is Kind.RATE_LIMITED:
-            outcome = "rate_limited"
+            outcome = Outcome.RATE_LIMITED
         elif status in (503, 529) or kind is Kind.CAPACITY:
-            outcome = "capacity"
+            outcome = Outcome.CAPACITY
         else:
-            outcome = "other"
+            outcome = Outcome.OTHER
         self.record(now, outcome, latency)
 
-    def record(self, now: float, outcome: str, latency: float | None = None) -> None:
-        """``outcome``: ok | rate_limited | capacity | other."""
+    def record(self, now: float, outcome: Outcome, latency: float | None = None) -> None:
         b = self._bucket(now)
         b.requests += 1
-        if outcome == "ok":
+        if outcome is Outcome.OK:
             b.ok += 1
-        elif outcome == "rate_limited":
+        elif outcome is Outcome.RATE_LIMITED:
             b.rate_limited += 1
-        elif outcome == "capacity":
+        elif outcome is Outcome.CAPACITY:
             b.capacity += 1
         else:
             b.other += 1
-        if latency is not None and outcome == "ok":
+        if latency is not None and outcome is Outcome.OK:
             # Reservoir sampling keeps the per-bucket cost bounded under heavy load.
             b.seen += 1
             if len(b.latencies) < _SAMPLES_PER_BUCKET:

@@ -6,8 +6,9 @@ provider's dialect (Azure's empty first chunk, OpenRouter's comment lines, an
 ``event: error`` frame, a usage-only last chunk) is handled here once. See
 ARCHITECTURE.md, "The wire".
 
-Pure functions and small classes, no I/O of their own except :func:`read_capped` and
-:func:`iter_capped`, which pull bytes from an httpx response and stop at a cap.
+Pure functions and small classes, no I/O of their own except :func:`read_capped`, which
+pulls a body from an httpx response and stops at a cap (a stream's reads count against
+the cap in capmon/core/attempt.py, between its per-read timeouts).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import enum
 import json
 import logging
 import re
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -148,40 +149,34 @@ async def read_capped(resp: httpx.Response, cap: int) -> bytes:
     return b"".join(parts)
 
 
-async def iter_capped(resp: httpx.Response, cap: int) -> AsyncIterator[bytes]:
-    size = 0
-    async for piece in resp.aiter_bytes():
-        size += len(piece)
-        if size > cap:
-            raise Oversized(cap)
-        yield piece
-
-
 # ---------------------------------------------------------------- server-sent events
 
 
 @dataclass(frozen=True, slots=True)
 class Frame:
-    """One server-sent event: its ``event:`` name (``""`` when none) and its data."""
+    """One server-sent event: its ``event:`` name (``""`` when none), its data, and its
+    own ``id:`` (``""`` when none; the gateway's control API numbers its events so)."""
 
     event: str
     data: str
+    id: str = ""
 
 
 class SSEParser:
     """Bytes in, frames out, as the SSE spec reads them: ``data:`` lines join until a
-    blank line; ``event:`` names the frame; comment lines (``: keep-alive``,
-    ``: OPENROUTER PROCESSING``) and ``id:`` / ``retry:`` are dropped.
+    blank line; ``event:`` names the frame and ``id:`` numbers it; comment lines
+    (``: keep-alive``, ``: OPENROUTER PROCESSING``) and ``retry:`` are dropped.
 
     One leniency: servers that forget the blank line between two ``data:`` lines each
     holding a whole JSON object get two frames, not one unparseable one.
     """
 
-    __slots__ = ("_buffer", "_event", "_data")
+    __slots__ = ("_buffer", "_event", "_data", "_id")
 
     def __init__(self) -> None:
         self._buffer = b""
         self._event = ""
+        self._id = ""
         self._data: list[str] = []
 
     def feed(self, chunk: bytes) -> list[Frame]:
@@ -220,13 +215,16 @@ class SSEParser:
             if self._data:  # an event line after data with no blank line: a new frame
                 self._dispatch(out)
             self._event = value.strip()
+        elif name == "id" and "\0" not in value:
+            self._id = value
 
     def _dispatch(self, out: list[Frame]) -> None:
         if self._data:
-            out.append(Frame(self._event, "\n".join(self._data)))
+            out.append(Frame(self._event, "\n".join(self._data), self._id))
         elif self._event:
-            out.append(Frame(self._event, ""))
+            out.append(Frame(self._event, "", self._id))
         self._event = ""
+        self._id = ""
         self._data = []
 
 

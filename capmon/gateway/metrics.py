@@ -38,6 +38,7 @@ their key's alias.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import assert_never
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -46,6 +47,8 @@ from prometheus_client.registry import Collector
 from capmon.core import events as ev
 from capmon.core.result import Attempt, ChatRequest
 from capmon.core.router import FallbackClient
+from capmon.core.state import KeyState
+from capmon.core.states import State
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -53,8 +56,19 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 WAIT_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 
-_DEPLOYMENT = {"closed": 0, "forced-closed": 0, "ramp": 1, "half-open": 1, "open": 2, "forced-open": 2}
-BREAKER_STATES = ("closed", "open", "half-open", "ramp", "forced-open", "forced-closed")
+
+def deployment_state(state: State) -> int:
+    """litellm_deployment_state's reading of a breaker state: 0 healthy, 1 partial, 2 down
+    (a match, so that mypy names a new state this forgets)."""
+    match state:
+        case State.CLOSED | State.FORCED_CLOSED:
+            return 0
+        case State.RAMP | State.HALF_OPEN:
+            return 1
+        case State.OPEN | State.FORCED_OPEN:
+            return 2
+        case _:
+            assert_never(state)
 
 
 class _SnapshotCollector(Collector):
@@ -91,16 +105,15 @@ class _SnapshotCollector(Collector):
         for t in snap.targets:
             ids = [t.model, t.target]
             info.add_metric([*ids, t.endpoint, str(t.api)], 1.0)
-            state = str(t.state)
-            deployment.add_metric(ids, _DEPLOYMENT.get(state, 1))
-            for s in BREAKER_STATES if state in BREAKER_STATES else (*BREAKER_STATES, state):
-                breaker.add_metric([*ids, s], 1.0 if s == state else 0.0)
+            deployment.add_metric(ids, deployment_state(t.state))
+            for s in State:
+                breaker.add_metric([*ids, s.value], 1.0 if s is t.state else 0.0)
             trips.add_metric(ids, t.trips)
             limit.add_metric(ids, t.limit)
             if t.capacity is not None:
                 capacity.add_metric(ids, t.capacity)
             in_flight.add_metric(ids, t.in_flight)
-            key.add_metric(ids, 1.0 if str(t.key_state) == "ok" else 0.0)
+            key.add_metric(ids, 1.0 if t.key_state is KeyState.OK else 0.0)
         yield from (info, deployment, breaker, trips, limit, capacity, in_flight, key)
         yield GaugeMetricFamily(
             "capmon_waiting_requests", "requests waiting for any model to admit them", value=snap.queued

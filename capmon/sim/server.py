@@ -337,6 +337,8 @@ def serve(
     sock = _bind(host, port)
     _quiet_deliberate_drops()
     server = uvicorn.Server(_config(app, embedded=False, access_log=access_log))
+    if access_log:  # log_level "warning" (uvicorn's own chatter) also silenced the access log's INFO lines
+        logging.getLogger("uvicorn.access").setLevel(logging.INFO)
 
     async def announce() -> None:
         while not server.started:

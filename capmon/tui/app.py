@@ -31,6 +31,7 @@ from capmon.core.config import REFRESH_MAX, REFRESH_MIN, DashboardConfig
 from capmon.core.events import BatchProgress, Event
 from capmon.core.exceptions import CapmonError
 from capmon.core.snapshot import EngineSnapshot, TargetSnapshot
+from capmon.core.states import JobState
 from capmon.exitcodes import EXIT_OK, EXIT_USAGE
 from capmon.tui.commands import ModelCommands
 from capmon.tui.digest import LOGGED, EventDigester
@@ -98,7 +99,7 @@ class CapmonApp(App[int]):
         self._hold_timer: Timer | None = None
         self._unsubscribe: Callable[[], None] | None = None
         self._stopped = False
-        self._batch_state: str | None = None
+        self._batch_state: JobState | None = None
         self._errors_shown: set[str] = set()
         self._widgets_found = False  # on_mount has found the widgets the watchers below draw on
 
@@ -183,7 +184,7 @@ class CapmonApp(App[int]):
 
     def _watch_batch_state(self, batch: BatchProgress | None) -> None:
         state = batch.state if batch is not None else None
-        if state != self._batch_state and state == "finished" and batch is not None:
+        if state != self._batch_state and state is JobState.FINISHED and batch is not None:
             self.log_view.add(
                 batch.wall,
                 Text(f"✔ batch {batch.job} finished: {batch.done:,} done, {batch.failed:,} failed", style="bold cyan"),

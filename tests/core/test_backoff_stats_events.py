@@ -7,7 +7,7 @@ from capmon.core import events as ev
 from capmon.core.backoff import Backoff
 from capmon.core.config import BackoffConfig
 from capmon.core.errors import Failure, Kind
-from capmon.core.stats import RollingStats
+from capmon.core.stats import Outcome, RollingStats
 
 CAPACITY = Failure(Kind.CAPACITY, "overloaded", 503)
 
@@ -47,11 +47,11 @@ def test_transient_waits_are_short() -> None:
 def test_rolling_windows_and_sparkline() -> None:
     s = RollingStats()
     for second in range(300):
-        s.record(1000.0 + second, "ok", 0.1)
+        s.record(1000.0 + second, Outcome.OK, 0.1)
         if second % 10 == 0:
-            s.record(1000.0 + second, "capacity")
+            s.record(1000.0 + second, Outcome.CAPACITY)
         if second % 30 == 0:
-            s.record(1000.0 + second, "rate_limited")
+            s.record(1000.0 + second, Outcome.RATE_LIMITED)
     now = 1299.5
     w10, w60, w300 = s.windows(now)
     assert (w10.ok, w60.ok, w300.ok) == (10, 60, 300)

@@ -87,9 +87,10 @@ def test_any_split_of_the_bytes_gives_the_same_frames(cuts: list[int]) -> None:
     assert got == expected
 
 
-def test_comment_and_id_lines_are_dropped_and_event_names_kept() -> None:
-    frames = SSEParser().feed(b': hello\nid: 7\nretry: 100\nevent: error\ndata: {"a": 1}\n\n')
-    assert [(f.event, f.data) for f in frames] == [("error", '{"a": 1}')]
+def test_comments_are_dropped_and_event_names_and_ids_kept() -> None:
+    frames = SSEParser().feed(b': hello\nid: 7\nretry: 100\nevent: error\ndata: {"a": 1}\n\ndata: 2\n\n')
+    # An id belongs to its own frame (the control API numbers each one; the next has none).
+    assert [(f.event, f.data, f.id) for f in frames] == [("error", '{"a": 1}', "7"), ("", "2", "")]
 
 
 def test_multi_line_data_joins_as_the_spec_says() -> None:

@@ -17,6 +17,7 @@ from capmon.core.events import BatchProgress, EventBus
 from capmon.core.exceptions import CapmonError
 from capmon.core.snapshot import EngineSnapshot, FleetProcess, LinkState, SharedStatus, TargetSnapshot, WaitingRetry
 from capmon.core.state import KeyState
+from capmon.core.states import JobState
 from capmon.core.stats import WindowStats
 from capmon.core.targets import target_id
 from capmon.tui.source import WorkerSpec, refuse_if_readonly
@@ -116,7 +117,7 @@ def progress(
     per_model: Iterable[tuple[str, int]] = (),
     rate: float = 0.0,
     eta: float | None = None,
-    state: str = "running",
+    state: JobState | str = JobState.RUNNING,
 ) -> BatchProgress:
     pending = max(0, total - done - failed - parked - in_flight)
     return BatchProgress(
@@ -132,7 +133,7 @@ def progress(
         per_model=tuple(per_model),
         rate=rate,
         eta=eta,
-        state=state,
+        state=JobState(state),
     )
 
 
@@ -207,7 +208,7 @@ class FakeSource:
 
     def batch(self) -> BatchProgress | None:
         if self._batch is not None and self._batch_paused:
-            return dataclasses.replace(self._batch, state="paused", in_flight=0)
+            return dataclasses.replace(self._batch, state=JobState.PAUSED, in_flight=0)
         return self._batch
 
     @property

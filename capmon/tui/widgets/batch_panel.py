@@ -9,13 +9,14 @@ from textual.widgets import ProgressBar, Static
 
 from capmon.core import text
 from capmon.core.events import BatchProgress
+from capmon.core.states import JobState
 from capmon.tui.widgets.panel import panel_css
 
 STATE_STYLE = {
-    "running": "bold green",
-    "paused": "bold black on yellow",
-    "waiting-window": "yellow",
-    "finished": "bold cyan",
+    JobState.RUNNING: "bold green",
+    JobState.PAUSED: "bold black on yellow",
+    JobState.WAITING_WINDOW: "yellow",
+    JobState.FINISHED: "bold cyan",
 }
 
 
@@ -69,9 +70,9 @@ class BatchPanel(Vertical):
             return
         state = Text(progress.state, style=STATE_STYLE.get(progress.state, ""))
         self.border_title = f"Batch: {progress.job} · {progress.state}"
-        if progress.state == "paused":
+        if progress.state is JobState.PAUSED:
             self.border_subtitle = "b: resume" if can_pause else "paused elsewhere"
-        elif progress.state in ("running", "waiting-window"):
+        elif progress.state in (JobState.RUNNING, JobState.WAITING_WINDOW):
             self.border_subtitle = "b: pause" if can_pause else ""
         else:
             self.border_subtitle = ""

@@ -42,11 +42,8 @@ class FilterBar(Horizontal):
 
         text: str
 
-    @dataclass
     class Done(Message):
         """Enter or escape: give the focus back to the table."""
-
-        cleared: bool
 
     def compose(self) -> ComposeResult:
         yield Label("filter /")
@@ -68,10 +65,10 @@ class FilterBar(Horizontal):
         event.stop()
         if not event.value.strip():
             self.remove_class("-open")
-        self.post_message(self.Done(cleared=False))
+        self.post_message(self.Done())
 
     def action_clear(self) -> None:
         self.input.value = ""
         self.remove_class("-open")
         self.post_message(self.Changed(""))
-        self.post_message(self.Done(cleared=True))
+        self.post_message(self.Done())

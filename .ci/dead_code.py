@@ -1,0 +1,105 @@
+"""Dead code in capmon/: vulture (pinned in the test extra), run by .ci/run.
+
+vulture reads capmon/, tests/ and benchmarks/ but reports only what is in capmon/: a name
+that tests or benchmarks use is used (public API such as ``ManualClock`` or
+``running_simulator`` lives for them and for users). Tests are not checked themselves.
+
+Confidence 60 is the level at which vulture reports unused functions, methods,
+classes, attributes, properties and variables at all; above it only unused imports
+(90, which ruff's F401 finds too), unused arguments and unreachable code (100) remain. So 60, with
+IGNORED below for the names a framework calls or reads by name, which vulture cannot
+see. A new Textual handler, uvicorn override or serialised-only field goes there, with
+its reason; anything else vulture names is dead: delete it.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import vulture
+
+MIN_CONFIDENCE = 60
+ROOT = Path(__file__).resolve().parents[1]
+READ = ("capmon", "tests", "benchmarks")
+CHECKED = ROOT / "capmon"
+
+IGNORED = {
+    # Textual calls these by name: compose, message handlers (on_*), watchers of reactives
+    # (watch_*), key-binding actions (action_*), check_action, a command provider's discover.
+    "compose",
+    "on_mount",
+    "on_unmount",
+    "on_resize",
+    "on_capmon_app_events_arrived",
+    "on_worker_state_changed",
+    "on_filter_bar_changed",
+    "on_filter_bar_done",
+    "on_button_pressed",
+    "on_input_changed",
+    "on_input_submitted",
+    "on_option_list_option_selected",
+    "watch_paused",
+    "watch_needle",
+    "check_action",
+    "action_help",
+    "action_toggle_pause",
+    "action_filter",
+    "action_quit",
+    "action_switch_model",
+    "action_automatic",
+    "action_trip",
+    "action_reset",
+    "action_force_close",
+    "action_toggle_batch",
+    "action_answer",
+    "action_close",
+    "action_cancel",
+    "action_clear",
+    "discover",
+    # ... and reads these class variables and reactives (an OptionList's highlighted row; a
+    # Rich Text's justify when it renders).
+    "TITLE",
+    "CSS_PATH",
+    "DEFAULT_CSS",
+    "border_title",
+    "border_subtitle",
+    "highlighted",
+    "justify",
+    # uvicorn calls these overrides (capmon/serving.py's GuestServer, capmon/gateway/connections.py's
+    # protocol) and reads the protocol's keep-alive timeout.
+    "capture_signals",
+    "main_loop",
+    "send_400_response",
+    "timeout_keep_alive",
+    # tenacity reads its retry state's idle_for (capmon/core/backoff.py keeps it true).
+    "idle_for",
+    # Snapshot fields no capmon code reads by name: they are for the JSON a gateway's control
+    # API and `capmon status --json` serve (core/serial.py writes every field).
+    "breaker_reason",
+    "events_published",
+}
+
+
+def main() -> int:
+    scan = vulture.Vulture(ignore_names=sorted(IGNORED))
+    scan.scavenge([str(ROOT / part) for part in READ])
+    dead = [
+        item
+        for item in scan.get_unused_code(min_confidence=MIN_CONFIDENCE)
+        if Path(item.filename).resolve().is_relative_to(CHECKED)
+    ]
+    for item in dead:
+        print(item.get_report(), file=sys.stderr)
+    if dead:
+        print(
+            f"vulture: {len(dead)} unused name(s) in capmon/ (delete them, or, when a framework uses one "
+            f"by name, add it to IGNORED in .ci/dead_code.py with the reason)",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
