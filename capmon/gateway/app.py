@@ -112,7 +112,7 @@ def create_app(client: FallbackClient, settings: GatewaySettings, *, tracer: Exc
         feed=EventFeed(client.bus),
         started=int(client.clock.wall()),
         access_log=AccessLog(settings.access_log) if settings.access_log else None,
-        tracer=tracer or open_tracer(client),
+        tracer=tracer if tracer is not None else open_tracer(client),
     )
     routes = [
         *openai_api.ROUTES,

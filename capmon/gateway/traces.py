@@ -67,7 +67,7 @@ def otlp_provider(config: Config) -> TracerProvider:
     (OTEL_EXPORTER_OTLP_HEADERS for a token, OTEL_TRACES_SAMPLER, OTEL_BSP_*)."""
     exporter = OTLPSpanExporter(endpoint=otlp_url(config.telemetry.otlp_endpoint), timeout=EXPORT_TIMEOUT)
     provider = TracerProvider(resource=resource(config))
-    provider.add_span_processor(BatchSpanProcessor(exporter, export_timeout_millis=EXPORT_TIMEOUT * 1000))
+    provider.add_span_processor(BatchSpanProcessor(exporter))
     return provider
 
 
@@ -141,7 +141,6 @@ class GatewayTraces:
             "http.request.method": ex.method,
             "url.path": ex.path,
             "capmon.request_id": ex.request_id,
-            "capmon.api": ex.api,
             "capmon.attempts": ex.attempts,
             "capmon.fallbacks": ex.fallbacks,
         }
@@ -189,7 +188,6 @@ class GatewayTraces:
             "capmon.model": a.model,
             "capmon.endpoint": a.endpoint,
             "capmon.target": a.target,
-            "capmon.endpoint_api": a.api.value,
             "capmon.attempt": a.number,
             "capmon.decision": a.decision.value,
             "capmon.wait_s": _seconds(a.wait),

@@ -8,6 +8,9 @@ of OpenTelemetry is imported."""
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -16,6 +19,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import httpx
+import openai
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
@@ -36,6 +41,7 @@ from capmon.gateway.traces import GatewayTraces, otlp_url, resource
 from capmon.sim.server import start_simulator
 from tests.gateway.helpers import ENV, HELLO, Running, config, gateway_for, scenario, until
 
+ROOT = Path(__file__).resolve().parents[2]
 PARENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_SPAN = "00f067aa0ba902b7"
 MINIMAL = (
@@ -119,7 +125,6 @@ async def test_a_request_span_with_its_attempt_a_stream_and_a_failure() -> None:
         "http.response.status_code": 200,
         "url.path": "/v1/chat/completions",
         "capmon.request_id": raw.headers["x-request-id"],
-        "capmon.api": "chat",
         "capmon.model": "flagship",
         "capmon.endpoint": "sim",
         "capmon.attempts": 1,
@@ -276,6 +281,64 @@ async def test_the_attempt_spans_of_a_fallback_reach_an_otlp_receiver() -> None:
     assert all(s.trace_id == root.trace_id for s in children)
 
 
+FAST_SCENARIO = 'name = "fast"\n' + "".join(
+    f'[[models]]\nname = "sim-{m}"\nslots = 16\nbase_latency = 0.02\nper_token = 0.0\nnoise = 0.0\n'
+    f"answer_tokens = 8\ncontext_window = 200000\n{api}"
+    for m, api in (("flagship", ""), ("claude", 'api = "anthropic"\n'), ("medium", ""), ("small", ""))
+)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_capmon_serve_exports_a_fallback_across_providers_and_flushes_it_when_stopped(tmp_path: Path) -> None:
+    """The shipped config (flagship, then claude on Anthropic's wire) with [telemetry], as a user runs it."""
+    sim, port = _free_port(), _free_port()
+    (tmp_path / "fast.toml").write_text(FAST_SCENARIO)
+    shipped = (ROOT / "config.toml").read_text().replace("127.0.0.1:8089", f"127.0.0.1:{sim}")
+    config = tmp_path / "config.toml"
+    with otlp_receiver() as (url, got, _):
+        config.write_text(
+            shipped.replace('scenario = "demo"', 'scenario = "fast.toml"') + f'\n[telemetry]\notlp_endpoint = "{url}"\n'
+        )
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("CAPMON_", "OTEL_"))}
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "capmon.cli", "serve", "--config", str(config), "--listen", f"127.0.0.1:{port}"],
+            cwd=tmp_path,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert proc.stdout is not None
+            banner = proc.stdout.readline()
+            assert f"; traces to {url};" in banner, proc.stderr.read() if proc.stderr else ""
+            httpx.post(f"http://127.0.0.1:{sim}/admin/outage/sim-flagship", json={"duration": 60}).raise_for_status()
+            sdk = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="any", max_retries=0)
+            raw = sdk.chat.completions.with_raw_response.create(model="flagship", messages=HELLO)
+        finally:
+            proc.send_signal(signal.SIGINT)
+            _, err = proc.communicate(timeout=30)
+        assert proc.returncode == 130 and "Traceback" not in err, err
+    assert (raw.headers["x-capmon-model"], raw.headers["x-capmon-fallbacks"]) == ("claude", "1")
+    spans = [s for request in got for rs in request.resource_spans for ss in rs.scope_spans for s in ss.spans]
+    attrs = {s.span_id: {a.key: _value(a.value) for a in s.attributes} for s in spans}
+    [root] = [s for s in spans if s.kind == s.SPAN_KIND_SERVER]  # sent when the gateway stopped: batched
+    children = sorted((s for s in spans if s.parent_span_id == root.span_id), key=lambda s: s.start_time_unix_nano)
+    assert attrs[root.span_id]["capmon.request_id"] == raw.headers["x-request-id"]
+    assert attrs[root.span_id]["gen_ai.provider.name"] == "anthropic"
+    assert [
+        (s.name, attrs[s.span_id]["gen_ai.provider.name"], attrs[s.span_id].get("error.type")) for s in children
+    ] == [
+        ("chat sim-flagship", "openai", "capacity"),
+        ("chat sim-claude", "anthropic", None),
+    ]
+
+
 # ---------------------------------------------------------------- config and the extra
 
 
@@ -326,12 +389,11 @@ print(sorted(n for n in sys.modules if n.startswith(("opentelemetry", "capmon.ga
 
 
 def test_without_telemetry_nothing_of_opentelemetry_is_imported() -> None:
-    root = Path(__file__).resolve().parents[2]
     out = subprocess.run(
         [sys.executable, "-c", NOTHING_WITHOUT_TELEMETRY, MINIMAL],
         capture_output=True,
         text=True,
-        cwd=root,
+        cwd=ROOT,
         check=False,
     )
     assert out.returncode == 0, out.stderr[-2000:]
