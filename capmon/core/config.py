@@ -411,6 +411,7 @@ def _check_otlp(fail: Callable[[str, str], ConfigError], url: str) -> None:
         return
     try:
         parts = urllib.parse.urlsplit(url)
+        # .port raises ValueError for a port that is not a number from 0 to 65535
         good = parts.scheme in ("http", "https") and bool(parts.hostname) and (parts.port or 0) >= 0
     except ValueError:
         good = False

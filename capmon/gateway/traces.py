@@ -12,6 +12,8 @@ off the event loop; stopping the gateway flushes what is left.
 
 Only imported when ``[telemetry] otlp_endpoint`` is set (capmon/gateway/telemetry.py).
 No prompt or answer text, no key and no error message from a provider goes into a span.
+Every attribute costs CPU twice (made on the loop, encoded by the exporter's thread), so
+each span carries what the request's story needs and no copy of what another span says.
 """
 
 from __future__ import annotations
@@ -138,7 +140,6 @@ class GatewayTraces:
         end = ex.wall + (ex.latency or 0.0)
         attrs: dict[str, AttributeValue] = {
             "gen_ai.operation.name": OPERATION,
-            "http.request.method": ex.method,
             "url.path": ex.path,
             "capmon.request_id": ex.request_id,
             "capmon.attempts": ex.attempts,
@@ -151,8 +152,6 @@ class GatewayTraces:
         if ex.model_served is not None:
             attrs["capmon.model"] = ex.model_served
             attrs["gen_ai.response.model"] = ex.response_model or self.wire_names.get(ex.model_served, ex.model_served)
-        if ex.endpoint is not None:
-            attrs["capmon.endpoint"] = ex.endpoint
         if ex.status is not None:
             attrs["http.response.status_code"] = ex.status
         if ex.tokens_in is not None:
@@ -172,6 +171,8 @@ class GatewayTraces:
             attrs["error.type"] = ex.error_kind
         name = f"{OPERATION} {requested}" if requested else OPERATION
         span = self.tracer.start_span(name, parent, SpanKind.SERVER, attrs, start_time=_ns(start))
+        if not span.is_recording():  # not sampled (the client's traceparent, OTEL_TRACES_SAMPLER): nothing more to make
+            return
         if ex.error_kind is not None:
             span.set_status(Status(StatusCode.ERROR, ex.error_kind))
         context = trace.set_span_in_context(span)
@@ -187,10 +188,7 @@ class GatewayTraces:
             "gen_ai.request.model": wire,
             "capmon.model": a.model,
             "capmon.endpoint": a.endpoint,
-            "capmon.target": a.target,
-            "capmon.attempt": a.number,
             "capmon.decision": a.decision.value,
-            "capmon.wait_s": _seconds(a.wait),
         }
         server = self.servers.get(a.endpoint)
         if server is not None:
@@ -199,6 +197,8 @@ class GatewayTraces:
             attrs["http.response.status_code"] = a.status
         if a.kind is not None:
             attrs["error.type"] = a.kind.value
+        if a.wait > 0:
+            attrs["capmon.wait_s"] = _seconds(a.wait)
         if a.hint is not None:
             attrs["capmon.hint_s"] = _seconds(a.hint)
         if a.dropped:
@@ -206,12 +206,8 @@ class GatewayTraces:
         target = self.targets.get(a.target)
         if target is not None:  # as it is now, after this request: whether the attempt's failures tripped it
             attrs["capmon.breaker_state"] = target.state.view().breaker.state.value
-        if a.decision is Decision.OK:
+        if a.decision is Decision.OK:  # the usage is the request span's only: summed over spans, it counts once
             attrs["gen_ai.response.model"] = ex.response_model or wire
-            if ex.tokens_in is not None:
-                attrs["gen_ai.usage.input_tokens"] = ex.tokens_in
-            if ex.tokens_out is not None:
-                attrs["gen_ai.usage.output_tokens"] = ex.tokens_out
         span = self.tracer.start_span(f"{OPERATION} {wire}", context, SpanKind.CLIENT, attrs, start_time=_ns(a.started))
         if a.kind is not None:
             span.set_status(Status(StatusCode.ERROR, a.kind.value))

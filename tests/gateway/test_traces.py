@@ -121,34 +121,29 @@ async def test_a_request_span_with_its_attempt_a_stream_and_a_failure() -> None:
         "gen_ai.response.model": "sim-flagship",
         "gen_ai.usage.input_tokens": reply.usage.prompt_tokens,
         "gen_ai.usage.output_tokens": 8,
-        "http.request.method": "POST",
         "http.response.status_code": 200,
         "url.path": "/v1/chat/completions",
         "capmon.request_id": raw.headers["x-request-id"],
         "capmon.model": "flagship",
-        "capmon.endpoint": "sim",
         "capmon.attempts": 1,
         "capmon.fallbacks": 0,
         "capmon.priority": "interactive",
         "capmon.ttfb_s": plain.attributes["capmon.ttfb_s"],
         "capmon.wait_s": plain.attributes["capmon.wait_s"],
     }
-    assert {
-        k: v for k, v in attempt.attributes.items() if k.startswith(("gen_ai", "capmon.b", "capmon.d", "http"))
-    } == {
+    assert dict(attempt.attributes) == {
         "gen_ai.operation.name": "chat",
         "gen_ai.provider.name": "openai",
         "gen_ai.request.model": "sim-flagship",
         "gen_ai.response.model": "sim-flagship",
-        "gen_ai.usage.input_tokens": reply.usage.prompt_tokens,
-        "gen_ai.usage.output_tokens": 8,
+        "server.address": "127.0.0.1",
+        "server.port": int(gw.sim.base_url.split(":")[-1].split("/")[0]),
         "http.response.status_code": 200,
+        "capmon.model": "flagship",
+        "capmon.endpoint": "sim",
         "capmon.decision": "ok",
         "capmon.breaker_state": "closed",
     }
-    assert attempt.attributes["server.address"] == "127.0.0.1" and attempt.attributes["capmon.target"] == (
-        "flagship@sim/sim-key"
-    )
     assert plain.status.status_code is StatusCode.UNSET and attempt.status.status_code is StatusCode.UNSET
     # the attempt lies within its request, and the trace is one
     assert plain.context is not None and attempt.context is not None and plain.parent is None
