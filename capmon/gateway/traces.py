@@ -7,8 +7,10 @@ target's breaker). A ``traceparent`` the client sent is continued.
 The spans are made after the fact, when the reply is done (capmon/gateway/exchange.py
 calls :meth:`GatewayTraces.finish`), from the exchange and its attempts' records with
 their own start and end times: nothing is added on the way to the first byte, and the
-core knows nothing of tracing. A BatchSpanProcessor exports them from its own thread,
-off the event loop; stopping the gateway flushes what is left.
+core knows nothing of tracing. A BatchSpanProcessor hands them in batches, from its own
+thread, to a relay process that encodes and sends them (capmon/gateway/trace_relay.py:
+OTLP's encoder would hold the GIL the event loop needs); stopping the gateway flushes
+what is left.
 
 Only imported when ``[telemetry] otlp_endpoint`` is set (capmon/gateway/telemetry.py).
 No prompt or answer text, no key and no error message from a provider goes into a span.
@@ -19,13 +21,13 @@ each span carries what the request's story needs and no copy of what another spa
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import urllib.parse
 from collections.abc import Mapping
 
 from opentelemetry import trace
 from opentelemetry.context import Context
-from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
@@ -40,6 +42,7 @@ from capmon.core.result import Attempt, Decision
 from capmon.core.router import FallbackClient
 from capmon.core.secrets import redact
 from capmon.gateway.exchange import Exchange
+from capmon.gateway.trace_relay import STOP_WAIT, RelayExporter
 
 log = logging.getLogger("capmon.gateway")
 
@@ -52,8 +55,11 @@ PROVIDER = {  # gen_ai.provider.name of an endpoint's API
 }
 _PROVIDER_BY_NAME = {api.value: name for api, name in PROVIDER.items()}
 _TRACE_HEADERS = (b"traceparent", b"tracestate")
-SHUTDOWN_S = 6.0  # seconds stopping the gateway waits for the last spans to go out
+SHUTDOWN_S = STOP_WAIT + 1.0  # seconds stopping the gateway waits for the last spans to go out
 EXPORT_TIMEOUT = 5.0  # seconds per export request to the collector
+# Spans per batch handed to the relay (the SDK's default is 512): flattening one holds the
+# GIL while the event loop may wait for it, so batches are kept to well under a millisecond.
+EXPORT_BATCH = 64
 
 
 def otlp_url(endpoint: str) -> str:
@@ -65,11 +71,13 @@ def otlp_url(endpoint: str) -> str:
 
 def otlp_provider(config: Config) -> TracerProvider:
     """The tracer provider ``capmon serve`` exports with: batched, over OTLP/HTTP (protobuf)
-    to ``[telemetry] otlp_endpoint``. The exporter's standard variables apply
-    (OTEL_EXPORTER_OTLP_HEADERS for a token, OTEL_TRACES_SAMPLER, OTEL_BSP_*)."""
-    exporter = OTLPSpanExporter(endpoint=otlp_url(config.telemetry.otlp_endpoint), timeout=EXPORT_TIMEOUT)
+    to ``[telemetry] otlp_endpoint`` from the relay process (capmon/gateway/trace_relay.py).
+    The SDK's standard variables apply (OTEL_EXPORTER_OTLP_HEADERS for a token, read by the
+    relay; OTEL_TRACES_SAMPLER, OTEL_BSP_*)."""
+    exporter = RelayExporter(otlp_url(config.telemetry.otlp_endpoint), config.telemetry.service_name, EXPORT_TIMEOUT)
     provider = TracerProvider(resource=resource(config))
-    provider.add_span_processor(BatchSpanProcessor(exporter))
+    batch = None if os.environ.get("OTEL_BSP_MAX_EXPORT_BATCH_SIZE") else EXPORT_BATCH
+    provider.add_span_processor(BatchSpanProcessor(exporter, max_export_batch_size=batch))
     return provider
 
 

@@ -28,7 +28,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
@@ -37,6 +37,7 @@ from capmon.core.config import parse_config
 from capmon.core.exceptions import ConfigError
 from capmon.core.router import FallbackClient
 from capmon.gateway import close_app, create_app, load_settings, start_server
+from capmon.gateway.trace_relay import RESTART_AFTER, RelayExporter
 from capmon.gateway.traces import GatewayTraces, otlp_url, resource
 from capmon.sim.server import start_simulator
 from tests.gateway.helpers import ENV, HELLO, Running, config, gateway_for, scenario, until
@@ -332,6 +333,27 @@ def test_capmon_serve_exports_a_fallback_across_providers_and_flushes_it_when_st
         ("chat sim-flagship", "openai", "capacity"),
         ("chat sim-claude", "anthropic", None),
     ]
+
+
+def test_a_relay_that_died_costs_spans_not_answers_and_is_started_again() -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    provider.get_tracer("t").start_span("chat m", attributes={"capmon.fallbacks": 1}).end()
+    spans = exporter.get_finished_spans()
+    with otlp_receiver() as (url, got, _):
+        relay = RelayExporter(otlp_url(url), "relayed", 5.0)
+        assert relay.proc is not None
+        relay.proc.kill()
+        relay.proc.wait()
+        assert relay.export(spans) is SpanExportResult.FAILURE  # dropped, not raised
+        relay.started -= RESTART_AFTER  # as if it had run for a while before it died
+        assert relay.export(spans) is SpanExportResult.SUCCESS
+        relay.shutdown()  # sends what it has, then ends
+    [request] = got
+    [span] = [s for rs in request.resource_spans for ss in rs.scope_spans for s in ss.spans]
+    assert span.name == "chat m" and [(a.key, _value(a.value)) for a in span.attributes] == [("capmon.fallbacks", 1)]
+    assert relay.proc is None
 
 
 # ---------------------------------------------------------------- config and the extra
