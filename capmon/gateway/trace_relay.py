@@ -2,8 +2,9 @@
 
 OTLP's encoder is Python: about 60 µs of CPU per span, under the GIL, in the batch
 processor's thread, while the event loop waits for the GIL up to the interpreter's 5 ms
-switch interval at a time (at 500 requests a second, the loop's p99 lag went from about
-1 ms to 6-8 ms). So the gateway's BatchSpanProcessor hands each batch to
+switch interval at a time. At 500 requests a second on a shared 2-core machine the loop's
+p99 lag was 2 to 3 times as long with the spans encoded in process as with them relayed
+(and relayed, about what making the spans alone costs). So the gateway's BatchSpanProcessor hands each batch to
 :class:`RelayExporter`, which only flattens the spans to plain values (``marshal``, about
 7 µs a span) and writes them to a pipe; the relay (capmon/gateway/relay_process.py) at the
 other end rebuilds them and sends them with OpenTelemetry's own OTLP/HTTP exporter (its
