@@ -14,7 +14,7 @@ what is left.
 
 Only imported when ``[telemetry] otlp_endpoint`` is set (capmon/gateway/telemetry.py).
 No prompt or answer text, no key and no error message from a provider goes into a span.
-Every attribute costs CPU twice (made on the loop, encoded by the exporter's thread), so
+Every attribute costs CPU twice (made on the loop, flattened by the exporter's thread), so
 each span carries what the request's story needs and no copy of what another span says.
 """
 
@@ -100,7 +100,6 @@ class GatewayTraces:
         self.provider = provider
         self.tracer = provider.get_tracer("capmon.gateway", __version__)
         self.propagator = TraceContextTextMapPropagator()
-        self.client = client
         config = client.config
         self.names = frozenset(m.name for m in config.models) | frozenset(config.gateway.aliases) | {"auto"}
         self.wire_names = {m.name: m.wire_name for m in config.models}
