@@ -99,7 +99,7 @@ def no_text(spans: list[ReadableSpan], *texts: str) -> None:
 
 
 @pytest.mark.looptime
-async def test_a_request_span_with_its_attempt_a_stream_and_a_failure() -> None:
+async def test_a_request_span_with_its_attempt_a_stream_a_failure_and_a_messages_request() -> None:
     async with traced() as (gw, exporter), gw.openai() as sdk:
         raw = await sdk.chat.completions.with_raw_response.create(model="flagship", messages=HELLO, max_tokens=8)
         reply = raw.parse()
@@ -110,9 +110,11 @@ async def test_a_request_span_with_its_attempt_a_stream_and_a_failure() -> None:
         with pytest.raises(Exception, match="does not exist"):
             await sdk.chat.completions.create(model="no-such-model-xyz", messages=HELLO)
         await gw.http().get("/health")
-        spans = await spans_of(exporter, 3)
-    (plain, [attempt]), (streamed, [stream_attempt]), (failed, no_attempts) = tree(spans)
-    assert len(spans) == 5 and no_attempts == []  # /health has none
+        async with gw.anthropic() as claude:
+            message = await claude.messages.create(model="small", max_tokens=8, messages=HELLO)
+        spans = await spans_of(exporter, 4)
+    (plain, [attempt]), (streamed, [stream_attempt]), (failed, no_attempts), (messages, [_]) = tree(spans)
+    assert len(spans) == 7 and no_attempts == []  # /health has none
     assert plain.name == "chat flagship" and attempt.name == "chat sim-flagship" and attempt.kind is SpanKind.CLIENT
     assert plain.attributes is not None and attempt.attributes is not None and reply.usage is not None
     assert dict(plain.attributes) == {
@@ -165,6 +167,13 @@ async def test_a_request_span_with_its_attempt_a_stream_and_a_failure() -> None:
         failed.attributes["error.type"] == "model_not_found" and failed.attributes["http.response.status_code"] == 404
     )
     assert "gen_ai.request.model" not in failed.attributes and failed.status.status_code is StatusCode.ERROR
+    # Anthropic's Messages API: its own usage words
+    assert messages.name == "chat small" and messages.attributes is not None
+    assert messages.attributes["url.path"] == "/v1/messages"
+    assert (messages.attributes["gen_ai.usage.input_tokens"], messages.attributes["gen_ai.usage.output_tokens"]) == (
+        message.usage.input_tokens,
+        message.usage.output_tokens,
+    )
     no_text(spans, HELLO[0]["content"], reply.choices[0].message.content or "?", "sk-capmon")
 
 
