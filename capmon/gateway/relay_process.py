@@ -14,6 +14,7 @@ import logging
 import marshal
 import struct
 import sys
+from collections.abc import Callable
 from typing import IO, Any
 
 from opentelemetry.sdk.resources import Resource
@@ -67,7 +68,8 @@ def main(argv: list[str]) -> int:
         if body is None:
             break
         exporter.export([rebuilt(t, resource, scope) for t in marshal.loads(body)])
-    exporter.shutdown()  # type: ignore[no-untyped-call]
+    stop: Callable[[], object] = exporter.shutdown  # untyped in some SDK versions, typed in others
+    stop()
     return 0
 
 
