@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import marshal
+import signal
 import struct
 import sys
 from collections.abc import Callable
@@ -58,6 +59,10 @@ def main(argv: list[str]) -> int:
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
     endpoint, service_name, version, timeout = argv[0], argv[1], argv[2], float(argv[3])
+    # A stop meant for the gateway (Ctrl+C, a service manager's SIGTERM to the group) is the
+    # gateway's: it closes the pipe when it has handed over its last spans, and that ends this.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.basicConfig(level=logging.WARNING, format="capmon gateway: %(levelname)s traces: %(message)s")
     exporter = OTLPSpanExporter(endpoint=endpoint, timeout=timeout)
     resource = Resource.create({"service.name": service_name, "service.version": version})

@@ -10,8 +10,9 @@ p99 lag was 2 to 3 times as long with the spans encoded in process as with them 
 other end rebuilds them and sends them with OpenTelemetry's own OTLP/HTTP exporter (its
 standard variables, OTEL_EXPORTER_OTLP_HEADERS included, read there).
 
-The relay gets its own session, so a Ctrl+C meant for the gateway does not cut it short:
-it ends when the pipe closes (the gateway stopping, or dying), after sending what it has.
+The relay gets its own session and ignores SIGINT and SIGTERM, so a stop meant for the
+gateway does not cut it short: it ends when the pipe closes (the gateway stopping, or
+dying), after sending what it has.
 """
 
 from __future__ import annotations
