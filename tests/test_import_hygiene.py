@@ -42,7 +42,8 @@ def test_the_core_imports_without_textual_or_rich() -> None:
 
 CORE_WITHOUT_WEB = """
 import sys
-for name in ("starlette", "uvicorn", "prometheus_client", "capmon.gateway", "capmon.serving", "capmon.fleet"):
+for name in ("starlette", "uvicorn", "prometheus_client", "opentelemetry", "capmon.gateway", "capmon.serving",
+             "capmon.fleet"):
     sys.modules[name] = None  # any import of these now raises ImportError
 import importlib, pkgutil, capmon, capmon.core
 for m in pkgutil.walk_packages(capmon.core.__path__, "capmon.core."):

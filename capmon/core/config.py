@@ -15,6 +15,7 @@ import enum
 import ipaddress
 import os
 import re
+import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -255,6 +256,18 @@ class SharedConfig:
 
 
 @dataclass(frozen=True)
+class TelemetryConfig:
+    """``[telemetry]``: the gateway's traces (OpenTelemetry, the ``otel`` extra: capmon/gateway/traces.py).
+    Export headers (a collector's token) come from OTEL_EXPORTER_OTLP_HEADERS, never from this file."""
+
+    otlp_endpoint: str = _f(
+        "",
+        doc="OTLP/HTTP collector, e.g. http://127.0.0.1:4318 (/v1/traces added when it has no path); empty: no traces",
+    )
+    service_name: str = _f("capmon-gateway", nonempty=True, printable=True, doc="the spans' service.name")
+
+
+@dataclass(frozen=True)
 class Config:
     models: tuple[ModelConfig, ...] = _f(factory=tuple)
     endpoints: tuple[EndpointConfig, ...] = _f(factory=tuple)
@@ -266,6 +279,7 @@ class Config:
     dashboard: DashboardConfig = _f(factory=DashboardConfig)
     gateway: GatewayConfig = _f(factory=GatewayConfig)
     shared: SharedConfig = _f(factory=SharedConfig)
+    telemetry: TelemetryConfig = _f(factory=TelemetryConfig)
     path: str = field(default="<defaults>", compare=False)
 
     def model(self, name: str) -> ModelConfig:
@@ -388,7 +402,29 @@ def _check(cfg: Config, file: str) -> Config:
         parse_listen(cfg.simulator.listen, fixed=True)
     except ValueError as e:
         raise fail("simulator.listen", str(e)) from None
+    _check_otlp(fail, cfg.telemetry.otlp_endpoint)
     return cfg
+
+
+def _check_otlp(fail: Callable[[str, str], ConfigError], url: str) -> None:
+    if not url:
+        return
+    try:
+        parts = urllib.parse.urlsplit(url)
+        # .port raises ValueError for a port that is not a number from 0 to 65535
+        good = parts.scheme in ("http", "https") and bool(parts.hostname) and (parts.port or 0) >= 0
+    except ValueError:
+        good = False
+    if "@" in url or "?" in url:  # a collector's token goes in OTEL_EXPORTER_OTLP_HEADERS, and is not echoed
+        raise fail(
+            "telemetry.otlp_endpoint",
+            "expected a URL without credentials or a query (a token: the "
+            "OTEL_EXPORTER_OTLP_HEADERS environment variable)",
+        )
+    if not good:
+        raise fail(
+            "telemetry.otlp_endpoint", f"expected an http:// or https:// URL such as http://127.0.0.1:4318, got {url!r}"
+        )
 
 
 def parse_config(text: str, file: str = "<string>") -> Config:

@@ -21,6 +21,9 @@ attaches to. The core never imports this package.
 | ``metrics.py`` | the Prometheus registry |
 | ``feed.py``, ``control.py`` | numbered events for SSE readers; the /capmon/ control API |
 | ``readiness.py`` | /ready, and a 429's Retry-After |
+| ``exchange.py``, ``access_log.py`` | one request as the operator sees it: its id, its access log line |
+| ``telemetry.py``, ``traces.py`` | ``[telemetry]``: the OpenTelemetry spans of each request and its attempts |
+| ``trace_relay.py``, ``relay_process.py`` | the spans sent by a relay process, off the event loop's GIL |
 """
 
 from capmon.gateway.app import close_app, create_app

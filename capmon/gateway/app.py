@@ -26,13 +26,14 @@ from capmon.gateway.auth import Access, Authenticator
 from capmon.gateway.browsers import BrowserGuard, add_cors
 from capmon.gateway.context import Gateway, gateway_of
 from capmon.gateway.errors import ApiError
-from capmon.gateway.exchange import Exchanges, api_of, exchange_of
+from capmon.gateway.exchange import Exchanges, ExchangeTracer, api_of, exchange_of
 from capmon.gateway.feed import EventFeed
 from capmon.gateway.metrics import CONTENT_TYPE, GatewayMetrics
 from capmon.gateway.models import ModelNames
 from capmon.gateway.readiness import readiness
 from capmon.gateway.replies import JsonReply, error_reply
 from capmon.gateway.settings import GatewaySettings
+from capmon.gateway.telemetry import open_tracer
 
 log = logging.getLogger("capmon.gateway")
 
@@ -97,9 +98,10 @@ class CountResponses:
         await self.app(scope, receive, counted)
 
 
-def create_app(client: FallbackClient, settings: GatewaySettings) -> Starlette:
+def create_app(client: FallbackClient, settings: GatewaySettings, *, tracer: ExchangeTracer | None = None) -> Starlette:
     """The gateway in front of ``client``. Call it in the event loop that serves it; call
-    ``close_app(app)`` when done (the client stays the caller's)."""
+    ``close_app(app)`` when done (the client stays the caller's). Its traces go to
+    ``tracer``, else where the config's ``[telemetry]`` says (none without it)."""
     names = ModelNames(settings.models, settings.aliases)
     gw = Gateway(
         client=client,
@@ -110,6 +112,7 @@ def create_app(client: FallbackClient, settings: GatewaySettings) -> Starlette:
         feed=EventFeed(client.bus),
         started=int(client.clock.wall()),
         access_log=AccessLog(settings.access_log) if settings.access_log else None,
+        tracer=tracer if tracer is not None else open_tracer(client),
     )
     routes = [
         *openai_api.ROUTES,
@@ -126,7 +129,9 @@ def create_app(client: FallbackClient, settings: GatewaySettings) -> Starlette:
         add_cors(app, settings)
     app.add_middleware(BrowserGuard, settings=settings)
     app.add_middleware(CountResponses, gateway=gw)
-    app.add_middleware(Exchanges, clock=client.clock, log=gw.access_log)  # outermost: every reply has its id
+    app.add_middleware(
+        Exchanges, clock=client.clock, log=gw.access_log, tracer=gw.tracer
+    )  # outermost: every reply has its id
     return app
 
 

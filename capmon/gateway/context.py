@@ -10,6 +10,7 @@ from starlette.requests import Request
 from capmon.core.router import FallbackClient
 from capmon.gateway.access_log import AccessLog
 from capmon.gateway.auth import Authenticator
+from capmon.gateway.exchange import ExchangeTracer
 from capmon.gateway.feed import EventFeed
 from capmon.gateway.metrics import GatewayMetrics
 from capmon.gateway.models import ModelNames
@@ -26,12 +27,15 @@ class Gateway:
     feed: EventFeed
     started: int  # wall-clock seconds: the "created" of /v1/models
     access_log: AccessLog | None = None
+    tracer: ExchangeTracer | None = None  # [telemetry] otlp_endpoint: capmon/gateway/traces.py
 
     def close(self) -> None:
         self.metrics.close()
         self.feed.close()
         if self.access_log is not None:
             self.access_log.close()
+        if self.tracer is not None:
+            self.tracer.close()  # flushes the spans not yet exported
 
 
 def gateway_of(request: Request) -> Gateway:

@@ -14,15 +14,16 @@ from __future__ import annotations
 
 import datetime
 import secrets
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from email.utils import formatdate
-from typing import Any
+from typing import Any, Protocol
 
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from capmon.core.clock import Clock
+from capmon.core.result import Attempt, ChatResult
 from capmon.gateway import fields
 from capmon.gateway.access_log import AccessLog
 from capmon.gateway.anthropic_errors import on_messages_path
@@ -83,6 +84,8 @@ class Exchange:
     latency: float | None = None
     tokens_in: int | None = None
     tokens_out: int | None = None
+    records: tuple[Attempt, ...] = ()  # the attempts, when known: for traces (capmon/gateway/traces.py)
+    response_model: str | None = None  # the model the provider's answer names
 
     def served(self, s: Served) -> None:
         self.model_served, self.endpoint, self.served_api = s.model, s.endpoint, s.api or None
@@ -93,10 +96,17 @@ class Exchange:
         self.tokens_in = _count(usage, "input_tokens", "prompt_tokens")
         self.tokens_out = _count(usage, "output_tokens", "completion_tokens")
 
-    def failed(self, kind: str, attempts: int | None = None) -> None:
+    def answered(self, result: ChatResult) -> None:
+        """The answer is complete (a stream's too): its usage and its attempts."""
+        self.used(result.usage)
+        self.records = result.attempts
+        model = result.response.get("model")
+        self.response_model = model if isinstance(model, str) else None
+
+    def failed(self, kind: str, attempts: Sequence[Attempt] | None = None) -> None:
         self.error_kind = kind
         if attempts is not None:
-            self.attempts = attempts
+            self.attempts, self.records = len(attempts), tuple(attempts)
 
     def line(self) -> dict[str, Any]:
         """The access log's line: no key, no prompt or answer text."""
@@ -143,14 +153,24 @@ def _own_id(scope: Scope) -> str | None:
     return None
 
 
+class ExchangeTracer(Protocol):
+    """Told of every exchange when its reply is done (capmon/gateway/traces.py, only when
+    ``[telemetry]`` asks for traces): its spans are made then, off the reply's path."""
+
+    def finish(self, ex: Exchange, scope: Scope) -> None: ...
+    def close(self) -> None: ...
+
+
 class Exchanges:
     """Opens an :class:`Exchange` per HTTP request, stamps its headers on the reply, and
-    hands it to the access log when the reply is done (pure ASGI: streams stay streams)."""
+    hands it to the access log (and the tracer) when the reply is done (pure ASGI:
+    streams stay streams)."""
 
-    def __init__(self, app: ASGIApp, clock: Clock, log: AccessLog | None) -> None:
+    def __init__(self, app: ASGIApp, clock: Clock, log: AccessLog | None, tracer: ExchangeTracer | None = None) -> None:
         self.app = app
         self.clock = clock
         self.log = log
+        self.tracer = tracer
         self._date: tuple[int, bytes] = (-1, b"")
 
     def http_date(self) -> bytes:
@@ -192,3 +212,5 @@ class Exchanges:
             ex.latency = self.clock.now() - ex.started
             if self.log is not None:
                 self.log.write(ex.line())
+            if self.tracer is not None:
+                self.tracer.finish(ex, scope)

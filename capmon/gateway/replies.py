@@ -114,7 +114,7 @@ class _Proxied(Response):
             self.gw.metrics.disconnects.labels(self.wanted.request.api.value).inc()
 
     def _failed(self, e: RequestFailed) -> ApiError:
-        self.ex.failed(e.failure.kind.value, len(e.attempts))
+        self.ex.failed(e.failure.kind.value, e.attempts)
         return _failed(self.gw, e, self.wanted.request.api)
 
     def _internal(self, e: Exception) -> ApiError:
@@ -137,7 +137,7 @@ class PlainReply(_Proxied):
             return
         served = Served.of_result(result)
         self.ex.served(served)
-        self.ex.used(result.usage)
+        self.ex.answered(result)
         await send_json(send, 200, result.response, served.headers(w.priority))
 
 
@@ -176,9 +176,9 @@ class StreamReply(_Proxied):
                     await send({"type": "http.response.body", "body": framing.frame(chunk), "more_body": True})
                 end = framing.done()
                 if stream.result is not None:
-                    self.ex.used(stream.result.usage)
+                    self.ex.answered(stream.result)
             except RequestFailed as e:
-                self.ex.failed(e.failure.kind.value)
+                self.ex.failed(e.failure.kind.value, e.attempts)
                 end = framing.error(e, self.ex.request_id)
             except Exception as e:  # a bug must still end the stream as broken, not as complete
                 self._internal(e)

@@ -26,6 +26,7 @@ from capmon.exitcodes import EXIT_INTERRUPTED, EXIT_OK
 from capmon.gateway.app import close_app, create_app
 from capmon.gateway.server import bind, start_server
 from capmon.gateway.settings import GatewaySettings, load_settings
+from capmon.gateway.telemetry import require_otel
 from capmon.runtime import Engine, load, open_engine
 from capmon.serving import AcceptErrors, raise_descriptor_limit
 
@@ -72,6 +73,8 @@ def banner(settings: GatewaySettings, engine: Engine, port: int) -> str:
     shared = engine.client.state.shared_status()
     if shared.state is not LinkState.OFF:  # which fleet it joined, or that it could not
         sim += f"; {shared.label} ({shared.url} {shared.namespace})"
+    if engine.client.config.telemetry.otlp_endpoint:
+        sim += f"; traces to {engine.client.config.telemetry.otlp_endpoint}"
     return (
         f"capmon gateway: listening on http://{host}:{port}/v1 (models: {', '.join(settings.models)}; "
         f"aliases: {aliases}; {auth}; {admin}{sim}; Ctrl+C to stop)"
@@ -132,6 +135,7 @@ def serve(options: ServeOptions, out: TextIO | None = None) -> int:
     config = load(options.config)
     settings = load_settings(config, listen=options.listen, environ=env, access_log=options.access_log)
     check_exposure(config, settings)
+    require_otel(config)  # before anything starts: traces asked for without the otel extra
     root = logging.getLogger()
     handler = log_handler(sys.stderr)
     root.addHandler(handler)
