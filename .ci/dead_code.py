@@ -74,6 +74,8 @@ IGNORED = {
     "timeout_keep_alive",
     # tenacity reads its retry state's idle_for (capmon/core/backoff.py keeps it true).
     "idle_for",
+    # OpenTelemetry's span processor calls its exporter's force_flush (capmon/gateway/trace_relay.py).
+    "force_flush",
     # Snapshot fields no capmon code reads by name: they are for the JSON a gateway's control
     # API and `capmon status --json` serve (core/serial.py writes every field).
     "breaker_reason",

@@ -111,4 +111,5 @@ class RelayExporter(SpanExporter):
             proc.wait()
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
+        del timeout_millis  # the SpanExporter interface's; a batch is in the pipe once export returns
         return True
