@@ -13,6 +13,7 @@ gateway makes long: capmon/gateway/server.py TICK)."""
 from __future__ import annotations
 
 import datetime
+import logging
 import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -26,10 +27,12 @@ from capmon.core.clock import Clock
 from capmon.core.result import Attempt, ChatResult
 from capmon.gateway import fields
 from capmon.gateway.access_log import AccessLog
-from capmon.gateway.anthropic_errors import on_messages_path
+from capmon.gateway.anthropic_errors import on_messages_path, shaped_for
+from capmon.gateway.errors import ApiError, json_bytes
 from capmon.gateway.headers import Served, header_value
 
 REQUEST_ID_HEADERS = (b"x-request-id", b"x-client-request-id")  # the OpenAI SDKs send the second
+log = logging.getLogger(__name__)
 _STATE_KEY = "capmon_exchange"
 
 
@@ -208,9 +211,28 @@ class Exchanges:
 
         try:
             await self.app(scope, receive, stamped)
+        except Exception:
+            if ex.status is not None:  # the reply had begun: uvicorn closes the connection
+                raise
+            # Answered here, not by Starlette's ServerErrorMiddleware, which sits outside this
+            # layer: the 500 has its request id, the API's error shape and its access-log line.
+            log.exception("internal error answering %s %s (request %s)", ex.method, path, ex.request_id)
+            await self._internal_error(ex, stamped)
         finally:
             ex.latency = self.clock.now() - ex.started
             if self.log is not None:
                 self.log.write(ex.line())
             if self.tracer is not None:
                 self.tracer.finish(ex, scope)
+
+    @staticmethod
+    async def _internal_error(ex: Exchange, send: Send) -> None:
+        err = shaped_for(
+            ex.path,
+            ApiError(500, f"internal error in the gateway (request {ex.request_id})", "server_error", "internal_error"),
+        )
+        ex.error_kind = "internal"
+        body = json_bytes(err.body())
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+        await send({"type": "http.response.start", "status": 500, "headers": headers})
+        await send({"type": "http.response.body", "body": body})

@@ -158,3 +158,31 @@ async def test_the_date_header_is_the_time_of_the_reply() -> None:
     dated = parsedate_to_datetime(reply.headers["date"]).timestamp()
     assert reply.headers.get_list("date") == [reply.headers["date"]]  # one Date, not uvicorn's as well
     assert now - 1.5 < dated <= now
+
+
+async def test_an_internal_error_is_a_500_in_the_apis_shape_with_its_request_id_and_log_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import httpx
+
+    from capmon.gateway.exchange import Exchanges
+
+    lines: list[dict[str, object]] = []
+
+    class Log:
+        def write(self, line: dict[str, object]) -> None:
+            lines.append(line)
+
+    async def broken(scope: object, receive: object, send: object) -> None:
+        raise RuntimeError("a bug")
+
+    app = Exchanges(broken, clock=default_clock(), log=Log())  # type: ignore[arg-type]
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as http:
+        chat = await http.post("/v1/chat/completions", headers={"x-request-id": "mine-1"}, json={})
+        messages = await http.post("/v1/messages", json={})
+    assert chat.status_code == 500 and chat.headers["x-request-id"] == "mine-1"
+    assert chat.json()["error"]["code"] == "internal_error" and "mine-1" in chat.json()["error"]["message"]
+    assert messages.status_code == 500 and messages.json()["type"] == "error"
+    assert messages.json()["error"]["type"] == "api_error" and messages.headers["request-id"]
+    assert [(line["status"], line["error_kind"]) for line in lines] == [(500, "internal"), (500, "internal")]
+    assert "a bug" in caplog.text and "mine-1" in caplog.text
