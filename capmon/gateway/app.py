@@ -103,15 +103,16 @@ def create_app(client: FallbackClient, settings: GatewaySettings, *, tracer: Exc
     ``close_app(app)`` when done (the client stays the caller's). Its traces go to
     ``tracer``, else where the config's ``[telemetry]`` says (none without it)."""
     names = ModelNames(settings.models, settings.aliases)
+    access_log = AccessLog(settings.access_log) if settings.access_log else None
     gw = Gateway(
         client=client,
         settings=settings,
         auth=Authenticator(settings),
         names=names,
-        metrics=GatewayMetrics(client),
+        metrics=GatewayMetrics(client, access_log),
         feed=EventFeed(client.bus),
         started=int(client.clock.wall()),
-        access_log=AccessLog(settings.access_log) if settings.access_log else None,
+        access_log=access_log,
         tracer=tracer if tracer is not None else open_tracer(client),
     )
     routes = [

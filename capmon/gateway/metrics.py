@@ -49,6 +49,7 @@ from capmon.core.result import Attempt, ChatRequest
 from capmon.core.router import FallbackClient
 from capmon.core.state import KeyState
 from capmon.core.states import State
+from capmon.gateway.access_log import AccessLog
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -130,8 +131,20 @@ class _SnapshotCollector(Collector):
         yield pinned
 
 
+class _AccessLogCollector(Collector):
+    def __init__(self, access_log: AccessLog) -> None:
+        self.access_log = access_log
+
+    def collect(self) -> Iterable[Metric]:
+        yield CounterMetricFamily(
+            "capmon_access_log_dropped",
+            "access-log lines dropped because the log could not keep up or be written (a full disk, a closed pipe)",
+            value=self.access_log.dropped,
+        )
+
+
 class GatewayMetrics:
-    def __init__(self, client: FallbackClient) -> None:
+    def __init__(self, client: FallbackClient, access_log: AccessLog | None = None) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.attempts = Counter(
@@ -185,6 +198,8 @@ class GatewayMetrics:
             registry=r,
         )
         r.register(_SnapshotCollector(client))
+        if access_log is not None:
+            r.register(_AccessLogCollector(access_log))
         self._undo: list[Callable[[], None]] = [client.add_observer(self._attempt), client.bus.subscribe(self._event)]
 
     def close(self) -> None:

@@ -3,6 +3,7 @@ a key or prompt text, and a log that cannot be written never fails a request."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import logging
@@ -97,13 +98,21 @@ async def test_one_line_per_request_with_every_field_and_no_key_or_prompt(tmp_pa
 async def test_a_log_that_cannot_be_written_never_fails_a_request(caplog: pytest.LogCaptureFixture) -> None:
     # /dev/full: every write fails as on a full disk
     with caplog.at_level(logging.WARNING, "capmon.gateway"):
-        async with running(gateway='access_log = "/dev/full"') as gw, gw.openai() as sdk:
+        async with running(gateway='access_log = "/dev/full"') as gw, gw.openai() as sdk, gw.http() as http:
             answers = [await sdk.chat.completions.create(model="auto", messages=HELLO) for _ in range(3)]
             log = gw.app.state.gateway.access_log
+            reads = 0
+            while reads < 200:  # the writer thread drops them a moment after the replies
+                metrics = (await http.get("/metrics")).text
+                reads += 1
+                if "capmon_access_log_dropped_total 3.0" in metrics:
+                    break
+                await asyncio.sleep(0.01)
+            assert "capmon_access_log_dropped_total 3.0" in metrics  # an operator sees it too
     assert all(a.choices[0].message.content for a in answers)
-    assert log is not None and log.dropped == 3 and log.written == 0
+    assert log is not None and log.dropped == 3 + reads and log.written == 0  # the /metrics reads' lines too
     said = [r.getMessage() for r in caplog.records if "access log" in r.getMessage()]
-    assert len(said) == 2 and "No space left" in said[0] and "3 line(s) dropped" in said[1]  # once, then the count
+    assert len(said) == 2 and "No space left" in said[0] and f"{3 + reads} line(s) dropped" in said[1]
 
 
 def test_dev_full_and_a_closed_pipe_drop_lines_and_count_them() -> None:
