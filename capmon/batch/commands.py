@@ -34,6 +34,7 @@ from typing import Any, TextIO
 
 from capmon.batch.defaults import DEFAULT_CONCURRENCY
 from capmon.batch.export import check_writable, export_job
+from capmon.batch.options import RunnerOptions
 from capmon.batch.pacing import Pacing
 from capmon.batch.progress import ProgressLine
 from capmon.batch.runner import BatchRunner, JobSummary
@@ -247,12 +248,14 @@ async def _drive(
             engine.client,
             db,
             job,
-            input_path=input_path,
-            concurrency=pacing.concurrency,
-            rate=pacing.rate,
-            window=pacing.window,
-            remap=options.remap,
-            accept_changed_input=options.accept_changed_input,
+            RunnerOptions(
+                input_path=input_path,
+                concurrency=pacing.concurrency,
+                rate=pacing.rate,
+                window=pacing.window,
+                remap=options.remap,
+                accept_changed_input=options.accept_changed_input,
+            ),
         )
 
         def show(event: Event) -> None:

@@ -40,8 +40,12 @@ class Traffic(Protocol):
 
 def _default_factory() -> RunnerFactory:
     from capmon.batch import BatchRunner
+    from capmon.batch.options import RunnerOptions
 
-    return BatchRunner
+    def make(client: Any, db: Path, job: str, *, input_path: Path, concurrency: int) -> Any:
+        return BatchRunner(client, db, job, RunnerOptions(input_path=input_path, concurrency=concurrency))
+
+    return make
 
 
 class NoTraffic:
