@@ -39,14 +39,16 @@ from typing import Any
 from capmon.audit import AuditLog
 from capmon.batch import lease
 from capmon.batch.client import BatchClient
+from capmon.batch.defaults import DEFAULT_LEASE_TTL
 from capmon.batch.ingest import Ingest, Refused
 from capmon.batch.meter import Counts, ProgressMeter, counters
-from capmon.batch.options import RunnerOptions
+from capmon.batch.options import OptionError, RunnerOptions
 from capmon.batch.outcomes import Finish, OutcomePolicy, Verdict, back
 from capmon.batch.pacing import Pacing
 from capmon.batch.scheduler import Scheduler
 from capmon.batch.states import ItemState, JobState
-from capmon.batch.store import DatabaseGone, JobInfo, JobStore, Outcome, StoredItem
+from capmon.batch.store import DatabaseGone, JobInfo, Outcome, StoredItem
+from capmon.batch.stores import Db, PgLocation, Store, open_store
 from capmon.batch.writer import LOW_DISK_BYTES, WRITE_GIVE_UP, ResultWriter
 from capmon.core import events as ev
 from capmon.core.clock import Clock
@@ -54,6 +56,11 @@ from capmon.core.exceptions import BatchError, RequestFailed
 from capmon.core.result import ChatRequest
 
 log = logging.getLogger("capmon.batch")
+
+CLAIM_MAX = 64  # items claimed at once from a shared store, at most
+SHARED_WRITE_GIVE_UP = 600.0  # a server restarting or failing over: pause this long before halting
+RECOUNT = 2.0  # seconds between reads of a shared job's counts
+INGEST_WAIT = 0.25  # seconds between looks at an ingest another worker does
 
 
 @dataclass(frozen=True)
@@ -68,7 +75,7 @@ class JobSummary:
     per_model: tuple[tuple[str, int], ...]
     sent: int  # items sent by this run
     elapsed: float  # clock seconds this run took
-    db_path: Path
+    db_path: Db
 
     @property
     def ok(self) -> bool:
@@ -79,7 +86,7 @@ class BatchRunner:
     def __init__(
         self,
         client: BatchClient,
-        db_path: Path,
+        db_path: Db,
         job: str,
         options: RunnerOptions | None = None,
         *,
@@ -91,7 +98,8 @@ class BatchRunner:
         o = self.options = options or RunnerOptions()
         self.pacing = Pacing.of(o.concurrency, o.rate, o.window)
         self.client = client
-        self.db_path = Path(db_path)
+        self.db_path: Db = db_path if isinstance(db_path, PgLocation) else Path(db_path)
+        shared = isinstance(self.db_path, PgLocation)
         self.job = job
         self.input_path = Path(o.input_path) if o.input_path is not None else None
         self.concurrency = self.pacing.concurrency
@@ -105,7 +113,7 @@ class BatchRunner:
         self._remap: dict[str, str] = {}
         self.max_response_bytes = client.config.client.max_response_bytes
 
-        self._store: JobStore | None = None
+        self._store: Store | None = None
         self._info: JobInfo | None = None
         self._owner = lease.new_owner()
         self._phase = JobState.STARTING  # then ingesting, running, and at the end finished | stopped | halted
@@ -118,8 +126,20 @@ class BatchRunner:
         self.sent = 0
 
         self._meter = ProgressMeter(job, self.clock, self.window)
+        # A shared store's items are claimed a few at a time (the rest stay free for the other
+        # workers); a worker that dies gives them back when their leases expire.
+        if o.lease_ttl is not None and not 0.1 <= o.lease_ttl <= 3600:
+            raise OptionError("lease_ttl", "expected seconds between 0.1 and 3600", value=f"{o.lease_ttl:g}")
+        self.lease_ttl = o.lease_ttl or DEFAULT_LEASE_TTL
         self._scheduler = Scheduler(
-            self.clock, self.pacing, self._page, park_base=o.park_base, park_cap=o.park_cap, rng=o.rng
+            self.clock,
+            self.pacing,
+            self._page,
+            page_size=max(4, min(CLAIM_MAX, self.pacing.concurrency)) if shared else None,
+            poll=min(1.0, self.lease_ttl / 4),
+            park_base=o.park_base,
+            park_cap=o.park_cap,
+            rng=o.rng,
         )
         self._audit = AuditLog(
             clock=self.clock,
@@ -129,7 +149,7 @@ class BatchRunner:
         self._policy = OutcomePolicy(job, client.config, self.clock, self._audit, self._scheduler.park_delay)
         self._writer = ResultWriter(
             job,
-            self.db_path,
+            str(self.db_path),
             self.clock,
             self.bus,
             self._audit,
@@ -139,7 +159,7 @@ class BatchRunner:
             on_give_up=self._stop_for,
             flush_interval=o.flush_interval,
             flush_rows=o.flush_rows,
-            give_up=WRITE_GIVE_UP if o.write_give_up is None else o.write_give_up,
+            give_up=o.write_give_up or (SHARED_WRITE_GIVE_UP if shared else WRITE_GIVE_UP),
         )
 
     # ------------------------------------------------------------ control
@@ -233,6 +253,8 @@ class BatchRunner:
                 for i in range(self.concurrency)
             ]
             tasks = [*workers, asyncio.create_task(self._writer.run()), asyncio.create_task(self._ticker())]
+            if self._store is not None and self._store.shared:
+                tasks.append(asyncio.create_task(self._renew_leases()))
             # Not gather: on a halt the workers are cancelled, and that is not this task's cancellation.
             await asyncio.wait(workers)
             for w in workers:
@@ -270,10 +292,39 @@ class BatchRunner:
         )
 
     async def _ticker(self) -> None:
+        last_count = self.clock.now()
         while True:
             await self.clock.sleep(self.progress_interval)
+            if self._store is not None and self._store.shared and self.clock.now() - last_count >= RECOUNT:
+                last_count = self.clock.now()
+                self._recount()
             self._sample()
             self._publish_progress()
+
+    def _recount(self) -> None:
+        """The job's counts as the store has them: other workers finish items too."""
+        if self._store is None or self._info is None or self._writer.save_error is not None:
+            return
+        try:
+            counts = self._store.counts(self._info.id)
+            served = self._store.served_by_model(self._info.id)
+        except BatchError as e:
+            self._writer.failing(e)
+            return
+        self._writer.count(done=counts[ItemState.DONE], failed=counts[ItemState.FAILED], per_model=served)
+
+    async def _renew_leases(self) -> None:
+        """Keep the leases of every item this worker holds (queued, in flight, parked, or with
+        an answer not committed yet); a worker that stops renewing gives them back."""
+        while True:
+            await self.clock.sleep(self.lease_ttl / 3)
+            if self._store is None or self._info is None:
+                continue
+            keys = sorted({*self._active, *self._scheduler.held(), *self._writer.unwritten()})
+            try:
+                self._store.renew(self._info.id, keys)
+            except BatchError as e:
+                self._writer.failing(e)
 
     async def _close(self, final: JobState) -> None:
         """Put unanswered items back, commit everything, give up the lease."""
@@ -296,6 +347,8 @@ class BatchRunner:
             if self._info is not None:
                 try:
                     self._writer.flush(force=True)
+                    if store.shared:
+                        self._recount()
                     p = self.progress()
                     # An ingest cut short stays "ingesting": the next run goes on reading the file.
                     state = final if self._info.ingested else JobState.INGESTING
@@ -327,7 +380,7 @@ class BatchRunner:
             self._store = None
             self._writer.unbind()
 
-    def _rescue(self, store: JobStore) -> None:
+    def _rescue(self, store: Store) -> None:
         """The database was deleted or replaced under the job: its file lives on only while this
         connection holds it open, so copy it out (every result, the last ones included) and say where."""
         done = self._writer.done
@@ -341,14 +394,27 @@ class BatchRunner:
             return
         self._halt = DatabaseGone(
             f"{self._halt}; the job as it stood ({done} done) was copied from the still-open file to {copy}: "
-            f"to go on, move it back (mv {copy} {store.path}) or pass --db {copy}, "
+            f"to go on, move it back (mv {copy} {store.where}) or pass --db {copy}, "
             f"then run `capmon batch resume {self.job}`"
         )
 
     # ------------------------------------------------------------ opening
 
     async def _open(self) -> None:
-        store = self._store = JobStore(self.db_path)
+        store = self._store = open_store(self.db_path, lease_ttl=self.lease_ttl)
+        waited = False
+        # Ingest happens once: in a shared store another worker may be creating or reading the job.
+        while not store.lock_ingest(self.job):
+            if not waited:
+                self._note(f"job {self.job!r}: another worker is reading its input; waiting for it", "info")
+                waited = True
+            await self.clock.sleep(INGEST_WAIT)
+        try:
+            await self._open_locked(store)
+        finally:
+            store.unlock_ingest(self.job)
+
+    async def _open_locked(self, store: Store) -> None:
         ingest = Ingest(
             store,
             self.job,
@@ -369,7 +435,7 @@ class BatchRunner:
             free = self._writer.free_bytes()
             if free is not None and free < LOW_DISK_BYTES:
                 raise BatchError(
-                    f"{self.db_path}: database or disk is full: {free:,} bytes free on the disk that holds "
+                    f"{store.where}: database or disk is full: {free:,} bytes free on the disk that holds "
                     f"it; nothing was sent; free space, then run `capmon batch resume {self.job}`"
                 )
             if not created:  # a new job was fingerprinted a moment ago
@@ -413,9 +479,21 @@ class BatchRunner:
             "remap": self._remap,
         }
 
-    def _page(self, after_key: int, limit: int) -> list[StoredItem]:
+    def _page(self, after_key: int, limit: int) -> list[StoredItem] | None:
         assert self._store is not None and self._info is not None
-        return self._store.pending_page(self._info.id, after_key, limit)
+        try:
+            page = self._store.take(self._info.id, after_key, limit)
+        except BatchError as e:
+            if not self._store.shared:
+                raise
+            # The server is unreachable: sending pauses (visibly) until a save succeeds again.
+            self._writer.failing(e)
+            return None
+        if page and self._store.shared:
+            # An item of ours whose lease ran out (the server was away) can come back to us: held once.
+            held = {*self._active, *self._scheduler.held()}
+            page = [i for i in page if i.key not in held] or None
+        return page
 
     # ------------------------------------------------------------ workers
 

@@ -183,6 +183,7 @@ class BatchProgress(Event):
     state: str
     opens_at: float | None = None  # wall time the --window opens, while state is waiting-window
     message: str = ""  # why a job halted or stopped
+    workers: tuple[tuple[str, int], ...] = ()  # a shared job's workers (host:pid) and the items each did
 
 
 @dataclass(frozen=True, slots=True)

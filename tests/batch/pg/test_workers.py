@@ -1,0 +1,74 @@
+"""Runners sharing one job in PostgreSQL: through the real client and simulator, and the
+commands that read a job (list, show, export, report, attach) reading it back."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+from capmon import cli
+from capmon.batch.commands import show_job
+from capmon.batch.export import export_job
+from capmon.batch.options import RunnerOptions
+from capmon.batch.runner import BatchRunner
+from capmon.batch.stores import PgLocation, read_progress
+from capmon.core.events import Notice
+from capmon.report import ReportOptions, run_report
+from tests.batch.helpers import Recorder, client_for, scenario_app, write_items
+
+N = 120
+
+
+async def test_two_workers_share_a_job_each_item_once_in_input_order(
+    tmp_path: Path, pg_db: PgLocation, capsys: pytest.CaptureFixture[str]
+) -> None:
+    src = write_items(tmp_path / "in.jsonl", N)
+    rec = Recorder(scenario_app(latency=0.01))
+    async with client_for(rec) as one, client_for(rec) as two:
+        notes: list[str] = []
+        one.bus.subscribe(lambda e: notes.append(e.message) if isinstance(e, Notice) else None)
+        runners = [
+            BatchRunner(c, pg_db, "j", RunnerOptions(input_path=src, concurrency=4, lease_ttl=2.0)) for c in (one, two)
+        ]
+        summaries = await asyncio.gather(*(r.run() for r in runners))
+    assert {s.state for s in summaries} == {"finished"}
+    assert sum(s.sent for s in summaries) == N  # nothing was sent twice
+    assert all(s.sent > 0 for s in summaries)
+    assert sorted(rec.items()) == [f"it-{i:04d}" for i in range(1, N + 1)]
+    out = tmp_path / "out.jsonl"
+    summary = export_job(pg_db, "j", out)
+    ids = [json.loads(line)["id"] for line in out.read_text().splitlines()]
+    assert (summary.done, ids) == (N, [f"it-{i:04d}" for i in range(1, N + 1)])
+    progress = read_progress(pg_db, "j")
+    assert (progress.state, progress.done, sum(n for _, n in progress.workers)) == ("finished", N, N)
+    assert len(progress.workers) == 2
+    show_job(pg_db, "j")
+    assert run_report(ReportOptions(job="j", db=pg_db)) == 0
+    shown = capsys.readouterr().out
+    assert "state      finished" in shown and "workers    " in shown
+    assert f"job j: {N} items, {N} done, 0 failed" in shown
+
+
+def test_a_url_with_a_password_on_the_command_line_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    code = cli.main(["batch", "list", "--db", "postgresql://postgres:hunter2pw@127.0.0.1:5432/test"])
+    err = capsys.readouterr().err
+    assert code == 2 and "hunter2pw" not in err
+    assert err.count("\n") == 1 and "holds a password" in err
+
+
+@pytest.mark.parametrize(
+    "url", ["postgresql://postgres:hunter2pw@127.0.0.1:1/test", "postgresql://postgres:hunter2pw@127.0.0.1:5432/nodb_x"]
+)
+def test_a_wrong_url_is_one_line_and_exit_2_without_the_password(
+    url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], pg_url: str
+) -> None:
+    monkeypatch.setenv("JOBS_URL", url)
+    for argv in (["batch", "list"], ["batch", "show", "j"], ["report", "j"]):
+        code = cli.main([*argv, "--db-url-env", "JOBS_URL"])
+        err = capsys.readouterr().err
+        assert code == 2, err
+        assert "hunter2pw" not in err and err.count("\n") == 1
+        assert err.startswith("capmon: postgresql://postgres@127.0.0.1:") and "cannot connect" in err
