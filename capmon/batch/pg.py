@@ -45,6 +45,19 @@ from psycopg import sql
 from capmon import audit
 from capmon.batch import lease
 from capmon.batch.defaults import DEFAULT_LEASE_TTL
+from capmon.batch.pg_schema import (
+    CLAIM_SQL,
+    COMMIT_SQL,
+    DDL,
+    HELD,
+    INGEST_LOCK,
+    LIVE,
+    NOT_ATTEMPTS,
+    NOW,
+    OPEN,
+    OUTCOME_FIELDS,
+    SCHEMA_VERSION,
+)
 from capmon.batch.states import UNFINISHED, ItemState, JobState
 from capmon.batch.store import DatabaseGone, JobInfo, Outcome, ResultRecord, StoredItem
 from capmon.batch.stores import PgLocation
@@ -54,161 +67,8 @@ from capmon.core.events import BatchProgress
 from capmon.core.exceptions import BatchError
 from capmon.core.result import Decision
 
-SCHEMA_VERSION = 1
 CONNECT_TIMEOUT = 5  # seconds to reach the server (libpq's connect_timeout)
 BACKOFF_FIRST, BACKOFF_MAX = 0.2, 5.0  # seconds between reconnects while the server is unreachable
-_NOW = "extract(epoch FROM clock_timestamp())"  # the server's clock: leases never compare two machines'
-_OPEN = "('pending', 'in_flight', 'parked')"
-_HELD = "('in_flight', 'parked')"
-_LIVE = tuple(s.value for s in (JobState.RUNNING, JobState.PAUSED, JobState.WAITING_WINDOW))
-_NOT_ATTEMPTS = tuple(d.value for d in (*audit.RunnerDecision, Decision.SKIP))
-_INGEST_LOCK = 0x63617063  # advisory lock class of capmon's ingests ("capc")
-
-DDL = """
-CREATE TABLE IF NOT EXISTS meta (version INTEGER NOT NULL);
-CREATE TABLE IF NOT EXISTS jobs (
-    id BIGSERIAL PRIMARY KEY,
-    name TEXT NOT NULL UNIQUE,
-    created DOUBLE PRECISION NOT NULL,
-    updated DOUBLE PRECISION NOT NULL,
-    input_path TEXT,
-    input_size BIGINT,
-    input_fingerprint TEXT,
-    ingest_offset BIGINT NOT NULL DEFAULT 0,
-    ingest_line BIGINT NOT NULL DEFAULT 0,
-    total BIGINT NOT NULL DEFAULT 0,
-    state TEXT NOT NULL,
-    message TEXT NOT NULL DEFAULT '',
-    settings TEXT NOT NULL DEFAULT '{}',
-    counters TEXT NOT NULL DEFAULT '{}',
-    owner TEXT,
-    heartbeat DOUBLE PRECISION
-);
-CREATE TABLE IF NOT EXISTS items (
-    key BIGSERIAL PRIMARY KEY,  -- increases in input order within a job (one ingest at a time)
-    job_id BIGINT NOT NULL,
-    line BIGINT NOT NULL,
-    id TEXT NOT NULL,
-    state TEXT NOT NULL,
-    messages TEXT,
-    req_model TEXT,
-    req_max_tokens INTEGER,
-    temperature DOUBLE PRECISION,
-    metadata TEXT,
-    attempts INTEGER NOT NULL DEFAULT 0,
-    parks INTEGER NOT NULL DEFAULT 0,
-    not_before DOUBLE PRECISION,
-    first_model TEXT,
-    model TEXT,
-    endpoint TEXT,
-    content TEXT,
-    fell_back BOOLEAN,
-    max_tokens INTEGER,
-    prompt_tokens INTEGER,
-    completion_tokens INTEGER,
-    latency DOUBLE PRECISION,
-    error_kind TEXT,
-    error_message TEXT,
-    updated DOUBLE PRECISION,
-    line_hash TEXT,
-    lease_owner TEXT,                 -- the worker holding it (in flight, parked), or that finished it
-    lease_expires DOUBLE PRECISION    -- the server's epoch seconds the lease lasts until
-);
-CREATE INDEX IF NOT EXISTS items_by_state ON items(job_id, state);
-CREATE INDEX IF NOT EXISTS items_by_id ON items(job_id, id);
-CREATE INDEX IF NOT EXISTS items_open ON items(job_id, key) WHERE state IN ('pending', 'in_flight', 'parked');
-CREATE TABLE IF NOT EXISTS workers (
-    job_id BIGINT NOT NULL,
-    owner TEXT NOT NULL,              -- host:pid:token, as lease_owner
-    host TEXT NOT NULL,
-    pid INTEGER NOT NULL,
-    started DOUBLE PRECISION NOT NULL,
-    beat DOUBLE PRECISION NOT NULL,   -- the server's clock at its last commit or renewal
-    ttl DOUBLE PRECISION NOT NULL,    -- its lease_ttl: gone once beat is older than this
-    state TEXT NOT NULL,
-    message TEXT NOT NULL DEFAULT '',
-    counters TEXT NOT NULL DEFAULT '{}',
-    last_commit TEXT,                 -- the token of its last commit (a lost answer is found again)
-    PRIMARY KEY (job_id, owner)
-);
-CREATE TABLE IF NOT EXISTS attempts (
-    seq BIGSERIAL PRIMARY KEY,
-    job TEXT, item TEXT, at DOUBLE PRECISION NOT NULL, attempt INTEGER NOT NULL, model TEXT, endpoint TEXT,
-    key_alias TEXT, status INTEGER, kind TEXT, hint DOUBLE PRECISION, wait DOUBLE PRECISION,
-    latency DOUBLE PRECISION, decision TEXT NOT NULL, reason TEXT NOT NULL DEFAULT '', api TEXT, request_id TEXT
-);
-CREATE INDEX IF NOT EXISTS attempts_by_item ON attempts(job, item);
-CREATE TABLE IF NOT EXISTS replaced_results (
-    seq BIGSERIAL PRIMARY KEY,
-    job TEXT NOT NULL, item TEXT NOT NULL, line INTEGER, at DOUBLE PRECISION NOT NULL, why TEXT NOT NULL,
-    state TEXT, model TEXT, endpoint TEXT, content TEXT, fell_back BOOLEAN, attempts INTEGER,
-    error_kind TEXT, error_message TEXT
-);
-"""
-
-# One commit is one statement (one round trip, atomic as any statement): the outcomes of items
-# still under this worker's lease, the audit rows, and the worker's row with its counters and
-# the commit's token. The keys it returns are the outcomes applied.
-_COMMIT_SQL = f"""
-WITH o AS (
-    UPDATE items AS i SET state = v.state, attempts = v.attempts, parks = v.parks, not_before = v.not_before,
-        first_model = v.first_model, model = v.model, endpoint = v.endpoint, content = v.content,
-        fell_back = v.fell_back, max_tokens = v.max_tokens, prompt_tokens = v.prompt_tokens,
-        completion_tokens = v.completion_tokens, latency = v.latency, error_kind = v.error_kind,
-        error_message = v.error_message, updated = %(now)s,
-        lease_owner = CASE WHEN v.state = 'pending' THEN NULL ELSE i.lease_owner END,
-        lease_expires = CASE WHEN v.state = 'parked' THEN i.lease_expires ELSE NULL END
-    FROM unnest(%(key)s::bigint[], %(state)s::text[], %(attempts)s::int[], %(parks)s::int[],
-        %(not_before)s::float8[], %(first_model)s::text[], %(model)s::text[], %(endpoint)s::text[],
-        %(content)s::text[], %(fell_back)s::bool[], %(max_tokens)s::int[], %(prompt_tokens)s::int[],
-        %(completion_tokens)s::int[], %(latency)s::float8[], %(error_kind)s::text[], %(error_message)s::text[])
-        AS v(key, state, attempts, parks, not_before, first_model, model, endpoint, content, fell_back, max_tokens,
-             prompt_tokens, completion_tokens, latency, error_kind, error_message)
-    WHERE i.key = v.key AND i.job_id = %(job)s AND i.lease_owner = %(me)s AND i.state IN {_HELD}
-    RETURNING i.key
-), a AS (
-    INSERT INTO attempts ({", ".join(audit.COLUMNS)})
-    SELECT * FROM unnest(%(a_job)s::text[], %(a_item)s::text[], %(a_at)s::float8[], %(a_attempt)s::int[],
-        %(a_model)s::text[], %(a_endpoint)s::text[], %(a_key_alias)s::text[], %(a_status)s::int[],
-        %(a_kind)s::text[], %(a_hint)s::float8[], %(a_wait)s::float8[], %(a_latency)s::float8[],
-        %(a_decision)s::text[], %(a_reason)s::text[], %(a_api)s::text[], %(a_request_id)s::text[])
-), w AS (
-    UPDATE workers SET counters = %(counters)s, state = %(wstate)s, message = %(message)s, beat = {_NOW},
-        last_commit = %(token)s
-    WHERE job_id = %(job)s AND owner = %(me)s
-)
-SELECT key FROM o
-"""
-
-_FIELDS = (
-    "state",
-    "attempts",
-    "parks",
-    "not_before",
-    "first_model",
-    "model",
-    "endpoint",
-    "content",
-    "fell_back",
-    "max_tokens",
-    "prompt_tokens",
-    "completion_tokens",
-    "latency",
-    "error_kind",
-    "error_message",
-)
-
-_CLAIM_SQL = f"""
-WITH c AS (
-    SELECT key FROM items
-    WHERE job_id = %(job)s AND state IN {_OPEN}
-      AND (state = 'pending' OR lease_expires IS NULL OR lease_expires < {_NOW})
-    ORDER BY key LIMIT %(n)s FOR UPDATE SKIP LOCKED
-)
-UPDATE items AS i SET state = 'in_flight', lease_owner = %(me)s, lease_expires = {_NOW} + %(ttl)s
-FROM c WHERE i.key = c.key
-RETURNING i.{", i.".join(c.strip() for c in StoredItem.COLUMNS.split(","))}
-"""
 
 
 def _text(value: str | None) -> str | None:
@@ -326,7 +186,7 @@ class PgStore:
         c = self._connection()
         with c.transaction():
             # Workers starting together must not race to create the same tables.
-            c.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (_INGEST_LOCK, "schema"))
+            c.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (INGEST_LOCK, "schema"))
             c.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(self.location.schema)))
             c.execute(DDL)
             row = c.execute("SELECT version FROM meta").fetchone()
@@ -416,8 +276,8 @@ class PgStore:
         rows = self._rows(
             "reading the workers",
             f"SELECT owner, host, pid, state, counters FROM workers WHERE job_id = %s AND state = ANY(%s) "
-            f"AND beat > {_NOW} - ttl ORDER BY started",
-            (job_id, list(_LIVE)),
+            f"AND beat > {NOW} - ttl ORDER BY started",
+            (job_id, list(LIVE)),
         )
         return [(r[0], r[1], int(r[2]), r[3], _loads(r[4])) for r in rows]
 
@@ -490,7 +350,7 @@ class PgStore:
 
     def lock_ingest(self, name: str) -> bool:
         row = self._one(
-            "locking the job", "SELECT pg_try_advisory_lock(%s, hashtext(%s))", (_INGEST_LOCK, self._lock_name(name))
+            "locking the job", "SELECT pg_try_advisory_lock(%s, hashtext(%s))", (INGEST_LOCK, self._lock_name(name))
         )
         return bool(row and row[0])
 
@@ -499,7 +359,7 @@ class PgStore:
             self._one(
                 "unlocking the job",
                 "SELECT pg_advisory_unlock(%s, hashtext(%s))",
-                (_INGEST_LOCK, self._lock_name(name)),
+                (INGEST_LOCK, self._lock_name(name)),
             )
 
     def _lock_name(self, name: str) -> str:
@@ -620,7 +480,7 @@ class PgStore:
         with self._errors("joining the job"):
             self._connection().execute(
                 f"INSERT INTO workers (job_id, owner, host, pid, started, beat, ttl, state) "
-                f"VALUES (%s, %s, %s, %s, {_NOW}, {_NOW}, %s, %s) "
+                f"VALUES (%s, %s, %s, %s, {NOW}, {NOW}, %s, %s) "
                 f"ON CONFLICT (job_id, owner) DO UPDATE SET beat = EXCLUDED.beat, state = EXCLUDED.state",
                 (job_id, owner, host, int(rest.partition(":")[0] or 0), self.lease_ttl, JobState.STARTING),
             )
@@ -641,7 +501,7 @@ class PgStore:
                     (job_id, owner),
                 )
                 c.execute(
-                    f"UPDATE items SET lease_expires = {_NOW} "
+                    f"UPDATE items SET lease_expires = {NOW} "
                     "WHERE job_id = %s AND lease_owner = %s AND state = 'parked'",
                     (job_id, owner),
                 )
@@ -659,11 +519,11 @@ class PgStore:
                     return
                 others = c.execute(
                     f"SELECT count(*) FROM workers WHERE job_id = %s AND owner <> %s AND state = ANY(%s) "
-                    f"AND beat > {_NOW} - ttl",
-                    (job_id, owner, list(_LIVE)),
+                    f"AND beat > {NOW} - ttl",
+                    (job_id, owner, list(LIVE)),
                 ).fetchone()
                 left = c.execute(
-                    f"SELECT count(*) FROM items WHERE job_id = %s AND state IN {_OPEN}", (job_id,)
+                    f"SELECT count(*) FROM items WHERE job_id = %s AND state IN {OPEN}", (job_id,)
                 ).fetchone()
                 if state is JobState.FINISHED and left and left[0]:
                     state = JobState.STOPPED
@@ -690,11 +550,11 @@ class PgStore:
         me = self._owner
         with self._errors("claiming items"):
             c = self._connection()
-            rows = c.execute(_CLAIM_SQL, {"job": job_id, "n": limit, "me": me, "ttl": self.lease_ttl}).fetchall()
+            rows = c.execute(CLAIM_SQL, {"job": job_id, "n": limit, "me": me, "ttl": self.lease_ttl}).fetchall()
             if rows:
                 return sorted((StoredItem(*r) for r in rows), key=lambda i: i.key)
             row = c.execute(
-                f"SELECT EXISTS (SELECT 1 FROM items WHERE job_id = %s AND state IN {_OPEN} "
+                f"SELECT EXISTS (SELECT 1 FROM items WHERE job_id = %s AND state IN {OPEN} "
                 f"AND lease_owner IS DISTINCT FROM %s)",
                 (job_id, me),
             ).fetchone()
@@ -706,11 +566,11 @@ class PgStore:
             with c.transaction():
                 if keys:
                     c.execute(
-                        f"UPDATE items SET lease_expires = {_NOW} + %s WHERE key = ANY(%s) AND lease_owner = %s "
-                        f"AND state IN {_HELD}",
+                        f"UPDATE items SET lease_expires = {NOW} + %s WHERE key = ANY(%s) AND lease_owner = %s "
+                        f"AND state IN {HELD}",
                         (self.lease_ttl, list(keys), self._owner),
                     )
-                c.execute(f"UPDATE workers SET beat = {_NOW} WHERE job_id = %s AND owner = %s", (job_id, self._owner))
+                c.execute(f"UPDATE workers SET beat = {NOW} WHERE job_id = %s AND owner = %s", (job_id, self._owner))
 
     def counts(self, job_id: int) -> dict[ItemState, int]:
         rows = self._rows(
@@ -776,10 +636,10 @@ class PgStore:
             token = uuid.uuid4().hex
             self._unsure = (token, len(outcomes), len(audit_rows), skip_o, skip_a)
             latest = {o.key: o for o in outcomes[skip_o:]}  # an item parked, then done: the last one wins
-            params: dict[str, Any] = {f: [] for f in ("key", *_FIELDS)}
+            params: dict[str, Any] = {f: [] for f in ("key", *OUTCOME_FIELDS)}
             for o in latest.values():
                 params["key"].append(o.key)
-                for f in _FIELDS:
+                for f in OUTCOME_FIELDS:
                     v = getattr(o, f)
                     params[f].append(_text(v) if isinstance(v, str) else v)
             rows = audit_rows[skip_a:]
@@ -794,7 +654,7 @@ class PgStore:
                 wstate=job_fields.get("state") or JobState.RUNNING,
                 message=job_fields.get("message") or "",
             )
-            applied = {r[0] for r in c.execute(_COMMIT_SQL, params)}
+            applied = {r[0] for r in c.execute(COMMIT_SQL, params)}
             discarded = [k for k in latest if k not in applied]
         self._unsure = None
         return discarded
@@ -851,14 +711,14 @@ class PgStore:
         yield from self._stream(
             "reading the audit trail",
             "SELECT item, model FROM attempts WHERE job = %s AND decision <> ALL(%s) ORDER BY item, seq",
-            (job, list(_NOT_ATTEMPTS)),
+            (job, list(NOT_ATTEMPTS)),
         )
 
     def attempt_span(self, job: str) -> tuple[float | None, float | None, int]:
         row = self._one(
             "reading the audit trail",
             "SELECT min(at), max(at), count(DISTINCT floor(at)) FROM attempts WHERE job = %s AND decision <> ALL(%s)",
-            (job, list(_NOT_ATTEMPTS)),
+            (job, list(NOT_ATTEMPTS)),
         )
         if row is None:
             return None, None, 0
