@@ -134,7 +134,7 @@ class PgStore:
             self.location.url,
             autocommit=True,
             connect_timeout=CONNECT_TIMEOUT,
-            application_name="capmon-batch",
+            application_name=f"capmon-batch {schema}"[:63],  # which job store, in pg_stat_activity
             # synchronous_commit off: a commit waits for no disk flush, the durability of the SQLite
             # store's synchronous=NORMAL (a crash of the server's machine may roll back the last
             # commits: those items are sent again), at a fraction of the time per item.

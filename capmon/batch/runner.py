@@ -61,6 +61,7 @@ CLAIM_MAX = 64  # items claimed at once from a shared store, at most
 SHARED_WRITE_GIVE_UP = 600.0  # a server restarting or failing over: pause this long before halting
 RECOUNT = 2.0  # seconds between reads of a shared job's counts
 INGEST_WAIT = 0.25  # seconds between looks at an ingest another worker does
+POLL = 0.25  # seconds between claims while the other workers hold every item left
 
 
 @dataclass(frozen=True)
@@ -136,7 +137,7 @@ class BatchRunner:
             self.pacing,
             self._page,
             page_size=max(4, min(CLAIM_MAX, self.pacing.concurrency)) if shared else None,
-            poll=min(1.0, self.lease_ttl / 4),
+            poll=min(POLL, self.lease_ttl / 4),
             park_base=o.park_base,
             park_cap=o.park_cap,
             rng=o.rng,
@@ -309,7 +310,7 @@ class BatchRunner:
             counts = self._store.counts(self._info.id)
             served = self._store.served_by_model(self._info.id)
         except BatchError as e:
-            self._writer.failing(e)
+            self._writer.store_failing(e)
             return
         self._writer.count(done=counts[ItemState.DONE], failed=counts[ItemState.FAILED], per_model=served)
 
@@ -324,7 +325,7 @@ class BatchRunner:
             try:
                 self._store.renew(self._info.id, keys)
             except BatchError as e:
-                self._writer.failing(e)
+                self._writer.store_failing(e)
 
     async def _close(self, final: JobState) -> None:
         """Put unanswered items back, commit everything, give up the lease."""
@@ -487,7 +488,7 @@ class BatchRunner:
             if not self._store.shared:
                 raise
             # The server is unreachable: sending pauses (visibly) until a save succeeds again.
-            self._writer.failing(e)
+            self._writer.store_failing(e)
             return None
         if page and self._store.shared:
             # An item of ours whose lease ran out (the server was away) can come back to us: held once.

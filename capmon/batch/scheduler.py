@@ -113,6 +113,7 @@ class Scheduler:
 
     def unblock(self) -> None:
         self._saving.open()
+        self._ask_at = None  # a claim that failed while saving did is asked again at once
         self.notify()
 
     def halt(self) -> None:

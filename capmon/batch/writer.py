@@ -233,6 +233,12 @@ class ResultWriter:
             self._failing_since = self.clock.now()
             self._on_failing(error)
 
+    def store_failing(self, error: BatchError) -> None:
+        """A shared store's claim or lease renewal failed (the server is unreachable): saving
+        counts as failing, and :meth:`run` tries again at once rather than at the next beat."""
+        self.failing(error)
+        self._dirty.set()
+
     def halt_error(self, cause: BatchError) -> BatchError:
         """The error that halts the job because results cannot be saved."""
         lost = self.finished_uncommitted

@@ -7,6 +7,7 @@ import asyncio
 import json
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from capmon import cli
@@ -15,11 +16,32 @@ from capmon.batch.export import export_job
 from capmon.batch.options import RunnerOptions
 from capmon.batch.runner import BatchRunner
 from capmon.batch.stores import PgLocation, read_progress
-from capmon.core.events import Notice
+from capmon.core.events import BatchProgress, Notice
 from capmon.report import ReportOptions, run_report
 from tests.batch.helpers import Recorder, client_for, scenario_app, write_items
 
 N = 120
+
+
+async def panel_shows(progress: BatchProgress) -> None:
+    """The dashboard's batch panel, as `capmon --attach JOB` fills it, shows every worker's share."""
+    from textual.app import App, ComposeResult
+
+    from capmon.tui.widgets.batch_panel import BatchPanel
+    from tests.tui.screen_text import screen_text
+
+    class Panel(App[None]):
+        def compose(self) -> ComposeResult:
+            yield BatchPanel(id="batch")
+
+    app = Panel()
+    async with app.run_test(size=(120, 14)) as pilot:
+        app.query_one(BatchPanel).show(progress, can_pause=False)
+        await pilot.pause()
+        shown = screen_text(app)
+    assert "workers: " in shown
+    for label, n in progress.workers:
+        assert f"{label} {n}" in shown
 
 
 async def test_two_workers_share_a_job_each_item_once_in_input_order(
@@ -28,8 +50,6 @@ async def test_two_workers_share_a_job_each_item_once_in_input_order(
     src = write_items(tmp_path / "in.jsonl", N)
     rec = Recorder(scenario_app(latency=0.01))
     async with client_for(rec) as one, client_for(rec) as two:
-        notes: list[str] = []
-        one.bus.subscribe(lambda e: notes.append(e.message) if isinstance(e, Notice) else None)
         runners = [
             BatchRunner(c, pg_db, "j", RunnerOptions(input_path=src, concurrency=4, lease_ttl=2.0)) for c in (one, two)
         ]
@@ -45,11 +65,46 @@ async def test_two_workers_share_a_job_each_item_once_in_input_order(
     progress = read_progress(pg_db, "j")
     assert (progress.state, progress.done, sum(n for _, n in progress.workers)) == ("finished", N, N)
     assert len(progress.workers) == 2
+    await panel_shows(progress)
     show_job(pg_db, "j")
     assert run_report(ReportOptions(job="j", db=pg_db)) == 0
     shown = capsys.readouterr().out
     assert "state      finished" in shown and "workers    " in shown
     assert f"job j: {N} items, {N} done, 0 failed" in shown
+
+
+async def test_connections_cut_again_and_again_pause_the_worker_and_lose_or_double_nothing(
+    tmp_path: Path, pg_db: PgLocation, pg_url: str
+) -> None:
+    n = 80
+    src = write_items(tmp_path / "in.jsonl", n)
+    rec = Recorder(scenario_app(latency=0.02))
+    cuts = 0
+
+    async def cut_every_connection() -> None:
+        nonlocal cuts
+        for _ in range(5):
+            await asyncio.sleep(0.2)
+            with psycopg.connect(pg_url, autocommit=True) as admin:
+                killed = admin.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s",
+                    (f"capmon-batch {pg_db.schema}",),
+                ).fetchall()
+            cuts += len(killed)
+
+    async with client_for(rec) as client:
+        notes: list[str] = []
+        client.bus.subscribe(lambda e: notes.append(e.message) if isinstance(e, Notice) else None)
+        runner = BatchRunner(client, pg_db, "j", RunnerOptions(input_path=src, concurrency=4, rate=100.0))
+        cutter = asyncio.create_task(cut_every_connection())
+        summary = await runner.run()
+        cutter.cancel()
+    assert summary.state == "finished" and cuts >= 2
+    assert any("sending paused" in m for m in notes) and any("saved again" in m for m in notes), notes
+    out = tmp_path / "out.jsonl"
+    export_job(pg_db, "j", out)
+    assert [json.loads(line)["id"] for line in out.read_text().splitlines()] == [f"it-{i:04d}" for i in range(1, n + 1)]
+    assert read_progress(pg_db, "j").done == n
 
 
 def test_a_url_with_a_password_on_the_command_line_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
