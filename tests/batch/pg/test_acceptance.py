@@ -27,7 +27,8 @@ import pytest
 from capmon.batch.export import export_job
 from capmon.batch.pg import PgStore
 from capmon.batch.states import ItemState
-from capmon.batch.stores import PgLocation, pg_location
+from capmon.batch.stores import PgLocation, pg_location, read_progress
+from capmon.core.exceptions import BatchError
 from capmon.sim.scenario import parse_scenario
 from capmon.sim.server import running_simulator
 from tests.batch.helpers import write_items
@@ -162,7 +163,15 @@ async def test_the_server_restarted_mid_run_the_workers_pause_reconnect_and_fini
             cfg = write_config(tmp_path / "config.toml", sim.base_url)
             argv = argv_for(src, cfg, 3.0, concurrency=8)
             procs = [await worker(argv, url) for _ in range(2)]
-            await asyncio.sleep(2.0)
+            while True:  # both workers in the job and sending
+                await asyncio.sleep(0.1)
+                try:
+                    p = await asyncio.to_thread(read_progress, db, "shared")
+                except BatchError:
+                    continue
+                if len(p.workers) == 2 and p.done >= 100:
+                    break
+                assert all(w.returncode is None for w in procs)
             await asyncio.to_thread(pg.stop)
             await asyncio.sleep(2.0)  # down for two seconds
             await asyncio.to_thread(pg.start)
