@@ -546,17 +546,17 @@ class PgStore:
         return 0  # an item in flight is another live worker's, or its lease expires and it is taken again
 
     def take(self, job_id: int, after_key: int, limit: int) -> list[StoredItem] | None:
-        """Claim up to ``limit`` items; [] when every item is finished, None when the others hold the rest."""
+        """Claim up to ``limit`` items; [] when every item is finished, None when none can be claimed now."""
         me = self._owner
         with self._errors("claiming items"):
             c = self._connection()
             rows = c.execute(CLAIM_SQL, {"job": job_id, "n": limit, "me": me, "ttl": self.lease_ttl}).fetchall()
             if rows:
                 return sorted((StoredItem(*r) for r in rows), key=lambda i: i.key)
+            # Any item not finished, ours too: one whose claim's answer we lost comes back to us
+            # when its lease expires, so the job is over only when every item is finished.
             row = c.execute(
-                f"SELECT EXISTS (SELECT 1 FROM items WHERE job_id = %s AND state IN {OPEN} "
-                f"AND lease_owner IS DISTINCT FROM %s)",
-                (job_id, me),
+                f"SELECT EXISTS (SELECT 1 FROM items WHERE job_id = %s AND state IN {OPEN})", (job_id,)
             ).fetchone()
         return None if row and row[0] else []
 
