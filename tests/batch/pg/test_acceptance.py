@@ -96,6 +96,21 @@ def argv_for(src: Path, cfg: Path, ttl: float, concurrency: int = 16) -> list[st
     ]
 
 
+async def done_by(db: PgLocation, pid: int, timeout: float = 30.0) -> int:
+    """Until the worker of process ``pid`` has results saved; how many."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            p = await asyncio.to_thread(read_progress, db, "shared")
+        except BatchError:
+            p = None
+        mine = [n for label, n in (p.workers if p else ()) if label.endswith(f":{pid}")]
+        if mine and mine[0] > 0:
+            return mine[0]
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"the worker of pid {pid} saved nothing in {timeout:g}s")
+
+
 def check_export(db: PgLocation, tmp_path: Path, n: int) -> dict[str, Any]:
     out = tmp_path / "out.jsonl"
     summary = export_job(db, "shared", out)
@@ -129,13 +144,15 @@ async def test_four_workers_two_killed_and_restarted_every_item_once_in_order(tm
             cfg = write_config(tmp_path / "config.toml", sim.base_url)
             argv = argv_for(src, cfg, ttl)
             procs = [await worker(argv, url) for _ in range(4)]
-            kills: list[tuple[int, float]] = []
+            kills: list[tuple[int, float, int]] = []  # (worker, seconds in, its results saved)
             for victim in rng.sample(range(4), 2):
-                await asyncio.sleep(rng.uniform(1.5, 4.0))
+                # Once the victim has results of its own saved, at a random moment after.
+                await done_by(db, procs[victim].pid)
+                await asyncio.sleep(rng.uniform(0.0, 1.5))
                 if procs[victim].returncode is None:
                     procs[victim].send_signal(signal.SIGKILL)
                     await procs[victim].wait()
-                    kills.append((victim, round(time.monotonic() - t0, 2)))
+                    kills.append((victim, round(time.monotonic() - t0, 2), await done_by(db, procs[victim].pid)))
                     procs[victim] = await worker(argv, url)  # the same command again
             results = await asyncio.wait_for(asyncio.gather(*(p.communicate() for p in procs)), 180)
             for p, (_, err) in zip(procs, results, strict=True):

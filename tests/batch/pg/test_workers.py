@@ -127,3 +127,17 @@ def test_a_wrong_url_is_one_line_and_exit_2_without_the_password(
         assert code == 2, err
         assert "hunter2pw" not in err and err.count("\n") == 1
         assert err.startswith("capmon: postgresql://postgres@127.0.0.1:") and "cannot connect" in err
+
+
+async def test_a_worker_with_another_input_is_refused_and_sends_nothing(tmp_path: Path, pg_db: PgLocation) -> None:
+    from capmon.core.exceptions import BatchError
+
+    src = write_items(tmp_path / "in.jsonl", 10)
+    other = write_items(tmp_path / "other.jsonl", 11)  # another machine's copy, one line longer
+    rec = Recorder(scenario_app(latency=0.001))
+    async with client_for(rec) as client:
+        await BatchRunner(client, pg_db, "j", RunnerOptions(input_path=src, concurrency=2)).run()
+        sent = len(rec.items())
+        with pytest.raises(BatchError, match="is a different file"):
+            await BatchRunner(client, pg_db, "j", RunnerOptions(input_path=other, concurrency=2)).run()
+    assert len(rec.items()) == sent == 10
