@@ -234,9 +234,11 @@ def main() -> None:
                 f"{r['commit_call_ms_p99']:.2f}",
             )
         )
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(
         f"{args.items} items, {args.concurrency} in flight per worker, answers after {args.latency:g}s "
-        f"(a simulator with room for all)"
+        f"(a simulator with room for all); {os.cpu_count()} cores, load average {load:.1f} at the end "
+        f"(the p99s are mostly the wait for a core when it is high)"
     )
     print("\n".join(table(lines, numbers_right=True)))
     four = next((r for r in rows if r["store"] == "postgresql" and r["workers"] == 4), None)

@@ -136,7 +136,7 @@ class BatchRunner:
             self.clock,
             self.pacing,
             self._page,
-            page_size=max(4, min(CLAIM_MAX, self.pacing.concurrency)) if shared else None,
+            page_size=max(4, min(CLAIM_MAX, 2 * self.pacing.concurrency)) if shared else None,
             poll=min(POLL, self.lease_ttl / 4),
             park_base=o.park_base,
             park_cap=o.park_cap,
