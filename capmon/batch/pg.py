@@ -247,9 +247,9 @@ class PgStore:
         with self._errors(doing):
             c = self._connection()
             with c.transaction(), c.cursor(name=f"capmon_{uuid.uuid4().hex[:8]}") as cur:
-                cur.itersize = 2000
                 cur.execute(query, args)
-                yield from cur
+                while rows := cur.fetchmany(2000):
+                    yield from rows
 
     # ------------------------------------------------------------ jobs
 

@@ -34,7 +34,7 @@ from capmon import audit
 from capmon.batch.defaults import DEFAULT_LEASE_TTL
 from capmon.batch.options import OptionError
 from capmon.batch.states import ItemState, JobState
-from capmon.batch.store import DatabaseGone, JobInfo, Outcome, ResultRecord, StoredItem
+from capmon.batch.store import DatabaseGone, JobInfo, Outcome, ResultRecord, StoredItem, default_db_path
 from capmon.core import secrets
 from capmon.core.events import BatchProgress
 from capmon.core.exceptions import BatchError
@@ -102,11 +102,6 @@ def pg_location(url: str, *, from_env: bool, what: str = "db") -> PgLocation:
     return PgLocation(libpq, show_pg_url(url), schema)
 
 
-def default_sqlite_path(environ: Mapping[str, str]) -> Path:
-    base = environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
-    return Path(base) / "capmon" / "jobs.db"
-
-
 def locate(db: str | Path | None = None, *, url_env: str | None = None, environ: Mapping[str, str] | None = None) -> Db:
     """The store a command names: ``--db`` (a path or a URL without a password), else the URL
     in the variable ``url_env`` names, else ``$CAPMON_DB``, else the user data dir's jobs.db."""
@@ -128,9 +123,7 @@ def locate(db: str | Path | None = None, *, url_env: str | None = None, environ:
     value = env.get("CAPMON_DB", "")
     if value and is_pg_url(value):
         return pg_location(value, from_env=True, what="CAPMON_DB")
-    if value:
-        return Path(value).expanduser()
-    return default_sqlite_path(env)
+    return default_db_path(env)
 
 
 def open_store(db: Db, *, readonly: bool = False, lease_ttl: float | None = None) -> Store:
