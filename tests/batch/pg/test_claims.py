@@ -17,7 +17,7 @@ from capmon.batch.store import Outcome
 from capmon.batch.stores import PgLocation
 from capmon.core.exceptions import BatchError
 
-TTL = 0.3
+TTL = 0.2
 
 
 def make_job(db: PgLocation, n: int) -> tuple[PgStore, int]:

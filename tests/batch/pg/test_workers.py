@@ -20,7 +20,7 @@ from capmon.core.events import BatchProgress, Notice
 from capmon.report import ReportOptions, run_report
 from tests.batch.helpers import Recorder, client_for, scenario_app, write_items
 
-N = 120
+N = 60
 
 
 async def panel_shows(progress: BatchProgress) -> None:
@@ -76,7 +76,7 @@ async def test_two_workers_share_a_job_each_item_once_in_input_order(
 async def test_connections_cut_again_and_again_pause_the_worker_and_lose_or_double_nothing(
     tmp_path: Path, pg_db: PgLocation, pg_url: str
 ) -> None:
-    n = 80
+    n = 40
     src = write_items(tmp_path / "in.jsonl", n)
     rec = Recorder(scenario_app(latency=0.02))
     cuts = 0
@@ -95,7 +95,7 @@ async def test_connections_cut_again_and_again_pause_the_worker_and_lose_or_doub
     async with client_for(rec) as client:
         notes: list[str] = []
         client.bus.subscribe(lambda e: notes.append(e.message) if isinstance(e, Notice) else None)
-        runner = BatchRunner(client, pg_db, "j", RunnerOptions(input_path=src, concurrency=4, rate=100.0))
+        runner = BatchRunner(client, pg_db, "j", RunnerOptions(input_path=src, concurrency=4, rate=60.0))
         cutter = asyncio.create_task(cut_every_connection())
         summary = await runner.run()
         cutter.cancel()
