@@ -31,6 +31,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from capmon.batch.options import RunnerOptions
+
 INSTANT = """
 name = "instant"
 keys = ["*"]
@@ -175,7 +177,7 @@ async def phase_batch(n: int, concurrency: int, workdir: Path) -> dict[str, Any]
     client = make_client(concurrency)
     base = rss_mb()
     sampler = Sampler()
-    runner = BatchRunner(client, db, "bench", input_path=input_path, concurrency=concurrency)
+    runner = BatchRunner(client, db, "bench", RunnerOptions(input_path=input_path, concurrency=concurrency))
     t0 = time.perf_counter()
     sampling = asyncio.create_task(sampler.run())
     summary = await runner.run()

@@ -22,6 +22,7 @@ from capmon.core.config import DEFAULT_LISTEN, DashboardConfig, SimulatorConfig
 from capmon.exitcodes import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 
 if TYPE_CHECKING:
+    from capmon.batch.stores import Db
     from capmon.connect import ConnectOptions
 
 
@@ -82,6 +83,12 @@ def _add_job_checks(p: argparse.ArgumentParser) -> None:
         action="append",
         metavar="OLD=NEW",
         help="send items that name model OLD (gone from the config) to NEW; repeatable, remembered by the job",
+    )
+    p.add_argument(
+        "--lease-ttl",
+        type=float,
+        metavar="SECONDS",
+        help="a job in PostgreSQL: how long a worker that died keeps its items from the others (default 30)",
     )
 
 
@@ -160,7 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--rate", type=float, metavar="R", help="at most R items started per second")
     run.add_argument("--window", metavar="HH:MM-HH:MM", help="send only inside this daily window (local time)")
-    run.add_argument("--db", metavar="PATH", help="job database (default: $CAPMON_DB or the user data dir)")
+    _add_db(run)
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add_job_checks(run)
     resume = bsub.add_parser("resume", help="go on with a stopped job")
@@ -170,22 +177,22 @@ def build_parser() -> argparse.ArgumentParser:
     resume.add_argument("--concurrency", type=int, metavar="N")
     resume.add_argument("--rate", type=float, metavar="R")
     resume.add_argument("--window", metavar="HH:MM-HH:MM")
-    resume.add_argument("--db", metavar="PATH")
+    _add_db(resume)
     resume.add_argument("--no-progress", action="store_true")
     _add_job_checks(resume)
     export = bsub.add_parser("export", help="write a job's results in input order")
     export.add_argument("job", metavar="JOB")
     export.add_argument("--out", metavar="OUT.jsonl", required=True)
-    export.add_argument("--db", metavar="PATH")
+    _add_db(export)
     lst = bsub.add_parser("list", help="list jobs")
-    lst.add_argument("--db", metavar="PATH")
+    _add_db(lst)
     show = bsub.add_parser("show", help="one job's state")
     show.add_argument("job", metavar="JOB")
-    show.add_argument("--db", metavar="PATH")
+    _add_db(show)
 
     report = sub.add_parser("report", help="what happened in a job: models, errors, fallbacks, latency")
     report.add_argument("job", metavar="JOB")
-    report.add_argument("--db", metavar="PATH")
+    _add_db(report)
     fmt = report.add_mutually_exclusive_group()
     fmt.add_argument("--json", action="store_true")
     fmt.add_argument("--csv", action="store_true")
@@ -223,8 +230,23 @@ def _run_status(args: argparse.Namespace) -> int:
     return run_status(StatusOptions(config=args.config, json=args.json, probe=args.probe, connect=connect))
 
 
-def _db(args: argparse.Namespace) -> Path | None:
-    return Path(args.db) if args.db else None
+def _add_db(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--db",
+        metavar="PATH|URL",
+        help="job store: a SQLite file, or postgresql://USER@HOST:PORT/DB (no password here) to share a job "
+        "among many workers (default: $CAPMON_DB or the user data dir)",
+    )
+    parser.add_argument(
+        "--db-url-env", metavar="NAME", help="environment variable holding the PostgreSQL URL (one with a password)"
+    )
+
+
+def _db(args: argparse.Namespace) -> Db:
+    """The job store the flags name."""
+    from capmon.batch.stores import locate
+
+    return locate(args.db or None, url_env=args.db_url_env)
 
 
 def _run_batch(args: argparse.Namespace) -> int:
@@ -233,33 +255,37 @@ def _run_batch(args: argparse.Namespace) -> int:
 
     action = args.batch_command
     with _flags():
+        db = _db(args)
         if action in ("run", "resume"):
             start = {
                 "out": args.out,
                 "concurrency": args.concurrency,
                 "rate": args.rate,
                 "window": args.window,
-                "db": _db(args),
+                "db": db,
                 "config": args.config,
                 "show_progress": not args.no_progress,
                 "accept_changed_input": args.accept_changed_input,
                 "remap": parse_remap(args.remap or ()),
+                "lease_ttl": args.lease_ttl,
             }
             if action == "run":
                 return c.run_job(c.RunOptions(input=Path(args.input), job=args.job, **start))
             return c.resume_job(c.ResumeOptions(job=args.job, **start))
         if action == "export":
-            return c.export_command(_db(args), args.job, args.out)
+            return c.export_command(db, args.job, args.out)
         if action == "list":
-            return c.list_jobs(_db(args))
-        return c.show_job(_db(args), args.job)
+            return c.list_jobs(db)
+        return c.show_job(db, args.job)
 
 
 def _run_report(args: argparse.Namespace) -> int:
     from capmon.report import OutputFormat, ReportOptions, run_report
 
     fmt = OutputFormat.JSON if args.json else OutputFormat.CSV if args.csv else OutputFormat.TEXT
-    return run_report(ReportOptions(job=args.job, db=_db(args), format=fmt, advice=args.advice, item=args.item))
+    with _flags():
+        db = _db(args)
+    return run_report(ReportOptions(job=args.job, db=db, format=fmt, advice=args.advice, item=args.item))
 
 
 @contextlib.contextmanager
@@ -294,9 +320,8 @@ def _run_dashboard(args: argparse.Namespace) -> int:
     if not sys.stdout.isatty() and args.attach:
         # Not a terminal: the attached job's status, as `capmon batch show` prints it.
         from capmon.batch.commands import show_job
-        from capmon.batch.store import default_db_path
 
-        return show_job(default_db_path(), args.attach)
+        return show_job(None, args.attach)
     if not sys.stdout.isatty():
         # Not a terminal (a pipe, a file, CI): print the snapshot instead of drawing.
         from capmon.status import StatusOptions, run_status

@@ -18,7 +18,6 @@ import json
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Protocol, TextIO
 
 from capmon import audit
@@ -34,7 +33,7 @@ from capmon.batch.figures import (
     shown,
 )
 from capmon.batch.states import ItemState
-from capmon.batch.store import JobStore, default_db_path
+from capmon.batch.stores import Db, locate, open_store
 from capmon.core import text
 from capmon.exitcodes import EXIT_OK
 
@@ -66,7 +65,7 @@ class OutputFormat(enum.StrEnum):
 @dataclass(frozen=True)
 class ReportOptions:
     job: str
-    db: Path | None = None  # None: $CAPMON_DB or the user data dir
+    db: Db | None = None  # None: $CAPMON_DB or the user data dir
     format: OutputFormat = OutputFormat.TEXT
     advice: bool = False  # say what to change (text and JSON)
     item: str | None = None  # one item: every attempt, and why
@@ -310,7 +309,7 @@ def _write(output: _Output, fmt: OutputFormat, out: TextIO) -> None:
 
 def run_report(options: ReportOptions, out: TextIO | None = None) -> int:
     """`capmon report JOB [--item ID] [--advice] [--json | --csv]`."""
-    store = JobStore(options.db.expanduser() if options.db is not None else default_db_path(), readonly=True)
+    store = open_store(options.db if options.db is not None else locate(), readonly=True)
     try:
         output: _Output
         if options.item is not None:

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from capmon import audit
+from capmon.batch.options import RunnerOptions
 from capmon.batch.runner import BatchRunner
 from capmon.batch.store import JobStore
 from capmon.core.config import parse_config
@@ -41,7 +42,9 @@ async def test_the_report_names_the_api_of_each_model_and_of_each_attempt(tmp_pa
     try:
         cfg = parse_config(two_providers(sim.base_url, sim.base_url.removesuffix("/v1")), "report-api.toml")
         async with FallbackClient(cfg, environ={"PROVIDER_KEY": PROVIDER_KEY}) as client:
-            await BatchRunner(client, db, "j", input_path=write_items(tmp_path / "in.jsonl", 6), concurrency=1).run()
+            await BatchRunner(
+                client, db, "j", RunnerOptions(input_path=write_items(tmp_path / "in.jsonl", 6), concurrency=1)
+            ).run()
     finally:
         await sim.stop()
 

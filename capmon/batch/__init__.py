@@ -16,7 +16,8 @@ if TYPE_CHECKING:
     from capmon.batch.demo import write_demo_input
     from capmon.batch.runner import BatchRunner, JobSummary
     from capmon.batch.states import ItemState, JobState
-    from capmon.batch.store import JobStore, default_db_path, read_progress
+    from capmon.batch.store import JobStore, default_db_path
+    from capmon.batch.stores import read_progress
 
 _WHERE = {
     "write_demo_input": "demo",
@@ -26,7 +27,7 @@ _WHERE = {
     "JobState": "states",
     "JobStore": "store",
     "default_db_path": "store",
-    "read_progress": "store",
+    "read_progress": "stores",
 }
 
 __all__ = [

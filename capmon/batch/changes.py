@@ -38,6 +38,7 @@ from capmon import audit
 from capmon.batch.items import Item, is_line_label, line_id, parse_line, read_lines
 from capmon.batch.states import BatchKind, ItemState
 from capmon.batch.store import JobInfo, JobStore
+from capmon.batch.stores import Store
 from capmon.core.exceptions import BatchError
 
 _CHUNK = 2000  # rows per executemany
@@ -63,7 +64,7 @@ class Reconciled:
         return f"{self.added} added, {self.removed} removed, {self.edited} edited (sent again), {self.moved} moved"
 
 
-def first_difference(store: JobStore, info: JobInfo, path: Path, *, upto: int | None = None) -> Difference:
+def first_difference(store: Store, info: JobInfo, path: Path, *, upto: int | None = None) -> Difference:
     """The first line where ``path`` and the job's stored lines part. ``upto``: only the
     first lines were stored (an unfinished ingest)."""
     stored = store.stored_lines(info.id)

@@ -35,13 +35,13 @@ from typing import Any, TextIO
 from capmon.batch.defaults import DEFAULT_CONCURRENCY
 from capmon.batch.export import check_writable, export_job
 from capmon.batch.figures import settings_text, shown
+from capmon.batch.options import RunnerOptions
 from capmon.batch.pacing import Pacing
 from capmon.batch.progress import ProgressLine
 from capmon.batch.runner import BatchRunner, JobSummary
 from capmon.batch.states import ItemState, JobState
-from capmon.batch.store import JobStore, default_db_path, job_state
+from capmon.batch.stores import Db, PgLocation, locate, open_store
 from capmon.core import text
-from capmon.core.clock import default_clock
 from capmon.core.config import Config
 from capmon.core.events import BatchProgress, Event, Notice
 from capmon.core.exceptions import BatchError
@@ -57,11 +57,12 @@ class StartOptions:
     concurrency: int | None = None
     rate: float | None = None  # items started per second, at most
     window: str | None = None  # HH:MM-HH:MM, local time
-    db: Path | None = None  # the job database; None: $CAPMON_DB or the user data dir
+    db: Db | None = None  # the job store (a path or a PostgreSQL location); None: $CAPMON_DB or the user data dir
     config: str | None = None  # the config file; None: found as capmon.core.config.find_config finds it
     show_progress: bool = True  # a progress line, when stderr is a terminal
     accept_changed_input: bool = False
     remap: Mapping[str, str] = field(default_factory=dict)  # OLD model -> NEW, for items naming a model gone
+    lease_ttl: float | None = None  # a shared job's item leases (seconds); None: the default
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -75,8 +76,13 @@ class ResumeOptions(StartOptions):
     job: str
 
 
-def resolve_db(db: Path | None) -> Path:
-    return db.expanduser() if db is not None else default_db_path()
+def resolve_db(db: Db | str | None) -> Db:
+    return db if isinstance(db, PgLocation) else locate(db)
+
+
+def _db_flag(db: Db) -> str:
+    """`` --db ...`` for a command to copy, when the store is not the default one."""
+    return f" --db {db}" if db != locate() else ""
 
 
 def _say(text: str, err: TextIO | None = None) -> None:
@@ -183,7 +189,7 @@ def run_job(options: RunOptions) -> int:
 
 def resume_job(options: ResumeOptions) -> int:
     """`capmon batch resume JOB`: go on with the job's own input and, unless told, its own pacing."""
-    store = JobStore(resolve_db(options.db), readonly=True)
+    store = open_store(resolve_db(options.db), readonly=True)
     try:
         info = store.require(options.job)
     finally:
@@ -232,7 +238,7 @@ def _start(options: StartOptions, job: str, input_path: Path | None, pacing: Pac
 
 async def _drive(
     config: Config,
-    db: Path,
+    db: Db,
     job: str,
     input_path: Path | None,
     pacing: Pacing,
@@ -247,12 +253,15 @@ async def _drive(
             engine.client,
             db,
             job,
-            input_path=input_path,
-            concurrency=pacing.concurrency,
-            rate=pacing.rate,
-            window=pacing.window,
-            remap=options.remap,
-            accept_changed_input=options.accept_changed_input,
+            RunnerOptions(
+                input_path=input_path,
+                concurrency=pacing.concurrency,
+                rate=pacing.rate,
+                window=pacing.window,
+                remap=options.remap,
+                accept_changed_input=options.accept_changed_input,
+                lease_ttl=options.lease_ttl,
+            ),
         )
 
         def show(event: Event) -> None:
@@ -289,7 +298,7 @@ async def _drive(
             _say(
                 f"stopped by {interrupts.by}: {p.done} done, {p.failed} failed, "
                 f"{(p.total or 0) - p.done - p.failed} left; {saved}. "
-                f"Go on with: capmon batch resume {shown(job)}" + (f" --db {db}" if db != default_db_path() else "")
+                f"Go on with: capmon batch resume {shown(job)}" + _db_flag(db)
             )
             return None
         finally:
@@ -309,8 +318,8 @@ def describe_summary(s: JobSummary) -> str:
     )
 
 
-def _failures(db: Path, job: str, limit: int = 5) -> str:
-    store = JobStore(db, readonly=True)
+def _failures(db: Db, job: str, limit: int = 5) -> str:
+    store = open_store(db, readonly=True)
     try:
         info = store.require(job)
         rows = store.failed_items(info.id, limit)
@@ -330,7 +339,7 @@ def _failures(db: Path, job: str, limit: int = 5) -> str:
 # ---------------------------------------------------------------- export / list / show
 
 
-def export_command(db: Path | None, job: str, out: str) -> int:
+def export_command(db: Db | str | None, job: str, out: str) -> int:
     """`capmon batch export JOB --out FILE` ("-": stdout)."""
     result = export_job(resolve_db(db), job, out)
     note = f"; {result.unfinished} items not finished yet (capmon batch resume {job})" if result.unfinished else ""
@@ -346,17 +355,16 @@ def _when(wall: float | None) -> str:
     return text.timestamp(wall or None, date=True, precision="min")
 
 
-def list_jobs(db: Path | None, out: TextIO | None = None) -> int:
+def list_jobs(db: Db | str | None, out: TextIO | None = None) -> int:
     """`capmon batch list`."""
     out = out or sys.stdout
     db = resolve_db(db)
-    if not db.exists():
+    if isinstance(db, Path) and not db.exists():
         print(f"no jobs yet ({db} does not exist)", file=out)
         return EXIT_OK
-    store = JobStore(db, readonly=True)
+    store = open_store(db, readonly=True)
     try:
         jobs = store.jobs()
-        wall = default_clock().wall()
         rows = [("name", "created", "total", "done", "failed", "parked", "state")]
         for j in jobs:
             c = store.counts(j.id)
@@ -368,7 +376,7 @@ def list_jobs(db: Path | None, out: TextIO | None = None) -> int:
                     str(c[ItemState.DONE]),
                     str(c[ItemState.FAILED]),
                     str(c[ItemState.PARKED]),
-                    job_state(j, wall),
+                    store.state_of(j),
                 )
             )
     finally:
@@ -380,21 +388,21 @@ def list_jobs(db: Path | None, out: TextIO | None = None) -> int:
     return EXIT_OK
 
 
-def show_job(db: Path | None, job: str, out: TextIO | None = None) -> int:
+def show_job(db: Db | str | None, job: str, out: TextIO | None = None) -> int:
     """`capmon batch show JOB` (and `capmon --attach JOB` without a terminal)."""
     out = out or sys.stdout
     db = resolve_db(db)
-    store = JobStore(db, readonly=True)
+    store = open_store(db, readonly=True)
     try:
         j = store.require(job)
         counts = store.counts(j.id)
         served = store.served_by_model(j.id)
         kinds = store.failure_kinds(j.id)
         failed = store.failed_items(j.id, 10)
+        state = store.state_of(j)
+        workers = store.progress(job).workers if store.shared else ()
     finally:
         store.close()
-    clock = default_clock()
-    state = job_state(j, clock.wall())
     s = j.settings
     name = shown(j.name)
     lines = [
@@ -413,7 +421,9 @@ def show_job(db: Path | None, job: str, out: TextIO | None = None) -> int:
         f"{counts[ItemState.IN_FLIGHT]} in flight"
         + (f"; {counts[ItemState.REMOVED]} removed from the input" if counts[ItemState.REMOVED] else ""),
     ]
-    if state is JobState.RUNNING:
+    if workers:
+        lines.append("workers    " + ", ".join(f"{shown(w)} {n} done" for w, n in workers))
+    if state is JobState.RUNNING and not store.shared:
         c = j.counters
         lines.append(f"progress   {float(c.get('rate') or 0):.1f} items/s, ETA {text.duration(c.get('eta'))}")
     if served:
@@ -426,7 +436,7 @@ def show_job(db: Path | None, job: str, out: TextIO | None = None) -> int:
         ]
         if sum(kinds.values()) > len(failed):
             lines.append(f"  ... and {sum(kinds.values()) - len(failed)} more")
-    extra = f" --db {db}" if db != default_db_path() else ""
+    extra = _db_flag(db)
     if state is not JobState.FINISHED:
         lines.append(f"go on      capmon batch resume {name}{extra}")
     lines.append(f"results    capmon batch export {name} --out {name}.out.jsonl{extra}")

@@ -29,7 +29,8 @@ from typing import Any, TextIO
 
 from capmon.batch.options import OptionError
 from capmon.batch.states import ItemState
-from capmon.batch.store import DEFAULT_MAX_RESPONSE_BYTES, JobStore, ResultRecord
+from capmon.batch.store import DEFAULT_MAX_RESPONSE_BYTES, ResultRecord
+from capmon.batch.stores import Db, Store, open_store
 from capmon.core.errors import Kind
 
 STDOUT = "-"
@@ -100,7 +101,7 @@ def record(r: ResultRecord, removed: bool = False) -> dict[str, Any]:
 
 
 def write_records(
-    store: JobStore, job_id: int, f: TextIO, max_bytes: int = DEFAULT_MAX_RESPONSE_BYTES
+    store: Store, job_id: int, f: TextIO, max_bytes: int = DEFAULT_MAX_RESPONSE_BYTES
 ) -> tuple[int, int, int, int]:
     """(done, failed, unfinished, removed)."""
     done = failed = unfinished = removed = 0
@@ -129,9 +130,9 @@ def _max_bytes(settings: dict[str, Any]) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else DEFAULT_MAX_RESPONSE_BYTES
 
 
-def export_job(db_path: Path, job: str, out: Path | str) -> ExportSummary:
+def export_job(db_path: Db, job: str, out: Path | str) -> ExportSummary:
     check_writable(out)
-    store = JobStore(db_path, readonly=True)
+    store = open_store(db_path, readonly=True)
     try:
         info = store.require(job)
         max_bytes = _max_bytes(info.settings)

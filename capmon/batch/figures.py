@@ -16,8 +16,7 @@ from typing import Any
 
 from capmon.audit import RUNNER_DECISIONS, AuditRow, RunnerDecision
 from capmon.batch.states import ItemState
-from capmon.batch.store import JobStore, job_state
-from capmon.core.clock import default_clock
+from capmon.batch.stores import Store
 from capmon.core.errors import Kind
 from capmon.core.exceptions import BatchError
 from capmon.core.result import Decision
@@ -156,7 +155,7 @@ class _Tally:
     fallbacks: int = 0
 
 
-def build_report(store: JobStore, job: str, items_shown: int = ITEMS_SHOWN_DATA) -> JobReport:
+def build_report(store: Store, job: str, items_shown: int = ITEMS_SHOWN_DATA) -> JobReport:
     info = store.job(job)
     if info is None and not store.has_attempts(job):
         store.require(job)  # raises, naming the jobs there are
@@ -228,7 +227,7 @@ def build_report(store: JobStore, job: str, items_shown: int = ITEMS_SHOWN_DATA)
             items_of[str(model)].append(item_id)
         fell_back = store.fell_back_count(info.id)
         tokens = _tokens(store.token_use(info.id))
-        state = job_state(info, default_clock().wall())
+        state = store.state_of(info)
         total = info.total
     else:
         # Attempts without a job row (a program that set ChatRequest.job itself).
@@ -344,7 +343,7 @@ def explain(attempts: Sequence[AuditRow]) -> tuple[str, ...]:
     return tuple(out)
 
 
-def build_item_report(store: JobStore, job: str, item_id: str) -> ItemReport:
+def build_item_report(store: Store, job: str, item_id: str) -> ItemReport:
     info = store.job(job)
     row = store.item(info.id, item_id) if info is not None else None
     attempts = tuple(store.attempts(job, item_id))

@@ -31,6 +31,7 @@ from capmon.batch.items import Item, parse_line, read_lines, sniff_file
 from capmon.batch.options import OptionError
 from capmon.batch.states import BatchKind, ItemState, JobState
 from capmon.batch.store import JobInfo, JobStore
+from capmon.batch.stores import Store
 from capmon.core.clock import Clock
 from capmon.core.exceptions import BatchError
 
@@ -94,7 +95,7 @@ class Ingest:
 
     def __init__(
         self,
-        store: JobStore,
+        store: Store,
         job: str,
         input_path: Path | None,
         *,
@@ -117,7 +118,7 @@ class Ingest:
         """Create the job from the run's file, fingerprinted before anything else."""
         if self.input_path is None:
             raise BatchError(
-                f"no job named {self.job!r} in {self.store.path}; start it with "
+                f"no job named {self.job!r} in {self.store.where}; start it with "
                 f"`capmon batch run INPUT.jsonl --job {self.job}`"
             )
         check_text(self.input_path)
@@ -213,6 +214,12 @@ class Ingest:
         if not self.accept_changed_input:
             raise self._changed(info, path, difference)
         check_text(path)
+        if not isinstance(store, JobStore):
+            raise BatchError(
+                f"{path} changed since job {self.job!r} was created ({difference}); taking a changed input "
+                f"(--accept-changed-input) is done in a SQLite job store only, not in {store.where}; nothing "
+                f"was sent: put the old file back, or start a new job with --job NAME"
+            )
         done = changes.reconcile(
             store, info, path, size=size, fingerprint=fp, models=self.models, now=self.clock.wall()
         )

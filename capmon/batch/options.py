@@ -1,4 +1,4 @@
-"""Errors in a job's options, and the one option that is parsed from text pairs.
+"""A runner's options, errors in a job's options, and the one option parsed from text pairs.
 
 An option's error names the option and its value, never a command-line flag: the CLI
 adds its flag when it reports one (``concurrency: ...`` is shown as
@@ -7,9 +7,17 @@ adds its flag when it reports one (``concurrency: ...`` is shown as
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import random
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
 
+from capmon.batch.defaults import DEFAULT_CONCURRENCY
 from capmon.core.exceptions import BatchError
+
+if TYPE_CHECKING:  # pacing reads this module's OptionError
+    from capmon.batch.pacing import Window
 
 
 class OptionError(BatchError):
@@ -38,3 +46,24 @@ def parse_remap(pairs: Iterable[str]) -> dict[str, str]:
             raise OptionError("remap", f"given twice ({out[old]} and {new})", value=old)
         out[old] = new
     return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunnerOptions:
+    """How a :class:`~capmon.batch.runner.BatchRunner` runs its job (the pacing is checked by
+    :meth:`capmon.batch.pacing.Pacing.of` when the runner is made)."""
+
+    input_path: Path | None = None  # the job's input; None: the job's own (a resume)
+    concurrency: int = DEFAULT_CONCURRENCY
+    rate: float | None = None  # items started per second, at most
+    window: Window | str | None = None  # HH:MM-HH:MM, local time
+    accept_changed_input: bool = False
+    remap: Mapping[str, str] = field(default_factory=dict)  # OLD model -> NEW
+    flush_interval: float = 0.1  # seconds a batch of results gathers before its commit
+    flush_rows: int = 500  # outcomes that make a commit at once
+    progress_interval: float = 0.5  # seconds between progress events
+    park_base: float = 5.0  # the first park's delay, doubling up to park_cap
+    park_cap: float = 300.0
+    rng: random.Random | None = field(default=None, compare=False)  # the parks' jitter
+    write_give_up: float | None = None  # seconds of failing saves before halting; None: the store's default
+    lease_ttl: float | None = None  # a shared store's item lease; None: its default

@@ -29,43 +29,39 @@ the :mod:`~capmon.batch.writer`. What it promises:
 from __future__ import annotations
 
 import asyncio
-import collections
-import dataclasses
 import json
 import logging
-import random
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from capmon.audit import AuditLog, RunnerDecision
+from capmon.audit import AuditLog
 from capmon.batch import lease
 from capmon.batch.client import BatchClient
-from capmon.batch.defaults import DEFAULT_CONCURRENCY
+from capmon.batch.defaults import DEFAULT_LEASE_TTL
 from capmon.batch.ingest import Ingest, Refused
-from capmon.batch.pacing import Pacing, Window
+from capmon.batch.meter import Counts, ProgressMeter, counters
+from capmon.batch.options import OptionError, RunnerOptions
+from capmon.batch.outcomes import Finish, OutcomePolicy, Verdict, back
+from capmon.batch.pacing import Pacing
 from capmon.batch.scheduler import Scheduler
-from capmon.batch.states import BatchKind, ItemState, JobState
-from capmon.batch.store import DatabaseGone, JobInfo, JobStore, Outcome, StoredItem
+from capmon.batch.states import ItemState, JobState
+from capmon.batch.store import DatabaseGone, JobInfo, Outcome, StoredItem
+from capmon.batch.stores import Db, PgLocation, Store, open_store
 from capmon.batch.writer import LOW_DISK_BYTES, WRITE_GIVE_UP, ResultWriter
 from capmon.core import events as ev
 from capmon.core.clock import Clock
-from capmon.core.errors import Kind
-from capmon.core.exceptions import BatchError, CapmonError, DeadlineExceeded, RequestFailed
-from capmon.core.result import Attempt, ChatRequest, ChatResult
+from capmon.core.exceptions import BatchError, RequestFailed
+from capmon.core.result import ChatRequest
 
 log = logging.getLogger("capmon.batch")
 
-# Kinds the runner parks: they say "not now", not "never".
-PARK_KINDS = frozenset({Kind.CAPACITY, Kind.RATE_LIMITED, Kind.TRANSIENT})
-# Kinds that say "not with this key": the job halts until a person fixes it.
-HALT_KINDS = frozenset({Kind.AUTH, Kind.QUOTA})
-MAX_ERROR_MESSAGE = 2000  # characters of an error message stored with an item
-RATE_SPAN = 30.0  # seconds of history behind the rate shown
-
-_SURROGATE = re.compile("[\ud800-\udfff]")
+CLAIM_MAX = 64  # items claimed at once from a shared store, at most
+SHARED_WRITE_GIVE_UP = 600.0  # a server restarting or failing over: pause this long before halting
+RECOUNT = 2.0  # seconds between reads of a shared job's counts
+INGEST_WAIT = 0.25  # seconds between looks at an ingest another worker does
+POLL = 0.25  # seconds between claims while the other workers hold every item left
 
 
 @dataclass(frozen=True)
@@ -80,90 +76,45 @@ class JobSummary:
     per_model: tuple[tuple[str, int], ...]
     sent: int  # items sent by this run
     elapsed: float  # clock seconds this run took
-    db_path: Path
+    db_path: Db
 
     @property
     def ok(self) -> bool:
         return self.state is JobState.FINISHED and self.failed == 0
 
 
-def _utf8_size(text: str) -> tuple[int, str]:
-    """(bytes, text) of an answer as stored: a lone surrogate (a JSON "\\ud800") cannot
-    be stored, so it becomes U+FFFD."""
-    if text.isascii():
-        return len(text), text
-    try:
-        return len(text.encode("utf-8")), text
-    except UnicodeEncodeError:
-        text = _SURROGATE.sub("\ufffd", text)
-        return len(text.encode("utf-8")), text
-
-
-def _cap(message: str | None) -> str | None:
-    if message is None or len(message) <= MAX_ERROR_MESSAGE:
-        return message
-    return message[: MAX_ERROR_MESSAGE - 1] + "…"
-
-
-# (ok, model, kind) of a finished item, for its BatchItemDone.
-Finish = tuple[bool, str | None, str | None]
-
-
-def _failed(item: StoredItem, attempts: int, first: str | None, kind: str, message: str | None) -> Outcome:
-    """An item that failed for good, with why."""
-    return Outcome(
-        item.key,
-        ItemState.FAILED,
-        attempts=attempts,
-        parks=item.parks,
-        first_model=first,
-        error_kind=kind,
-        error_message=message,
-    )
-
-
 class BatchRunner:
     def __init__(
         self,
         client: BatchClient,
-        db_path: Path,
+        db_path: Db,
         job: str,
+        options: RunnerOptions | None = None,
         *,
-        input_path: Path | None = None,
-        concurrency: int = DEFAULT_CONCURRENCY,
-        rate: float | None = None,
-        window: Window | str | None = None,
         clock: Clock | None = None,
         bus: ev.EventBus | None = None,
-        flush_interval: float = 0.1,
-        flush_rows: int = 500,
-        progress_interval: float = 0.5,
-        park_base: float = 5.0,
-        park_cap: float = 300.0,
-        rng: random.Random | None = None,
-        accept_changed_input: bool = False,
-        remap: Mapping[str, str] | None = None,
-        write_give_up: float = WRITE_GIVE_UP,
     ) -> None:
         if not job or not job.strip():
             raise BatchError("a job needs a name")
-        self.pacing = Pacing.of(concurrency, rate, window)
+        o = self.options = options or RunnerOptions()
+        self.pacing = Pacing.of(o.concurrency, o.rate, o.window)
         self.client = client
-        self.db_path = Path(db_path)
+        self.db_path: Db = db_path if isinstance(db_path, PgLocation) else Path(db_path)
+        shared = isinstance(self.db_path, PgLocation)
         self.job = job
-        self.input_path = Path(input_path) if input_path is not None else None
+        self.input_path = Path(o.input_path) if o.input_path is not None else None
         self.concurrency = self.pacing.concurrency
         self.rate = self.pacing.rate
         self.window = self.pacing.window
         self.clock: Clock = clock or client.clock
         self.bus: ev.EventBus = bus or client.bus
-        self.progress_interval = progress_interval
-        self.accept_changed_input = accept_changed_input
-        self._remap_asked = dict(remap or {})
+        self.progress_interval = o.progress_interval
+        self.accept_changed_input = o.accept_changed_input
+        self._remap_asked = dict(o.remap)
         self._remap: dict[str, str] = {}
         self.max_response_bytes = client.config.client.max_response_bytes
 
-        self._store: JobStore | None = None
+        self._store: Store | None = None
         self._info: JobInfo | None = None
         self._owner = lease.new_owner()
         self._phase = JobState.STARTING  # then ingesting, running, and at the end finished | stopped | halted
@@ -172,21 +123,34 @@ class BatchRunner:
         self._total: int | None = None
         self._active: dict[int, StoredItem] = {}  # in flight, by key
         self._attempt_base: dict[str, int] = {}  # item id -> attempts before this send (audit numbering)
-        self._rate_samples: collections.deque[tuple[float, int]] = collections.deque()
         self._workers: list[asyncio.Task[None]] = []
         self.sent = 0
 
+        self._meter = ProgressMeter(job, self.clock, self.window)
+        # A shared store's items are claimed a few at a time (the rest stay free for the other
+        # workers); a worker that dies gives them back when their leases expire.
+        if o.lease_ttl is not None and not 0.1 <= o.lease_ttl <= 3600:
+            raise OptionError("lease_ttl", "expected seconds between 0.1 and 3600", value=f"{o.lease_ttl:g}")
+        self.lease_ttl = o.lease_ttl or DEFAULT_LEASE_TTL
         self._scheduler = Scheduler(
-            self.clock, self.pacing, self._page, park_base=park_base, park_cap=park_cap, rng=rng
+            self.clock,
+            self.pacing,
+            self._page,
+            page_size=max(4, min(CLAIM_MAX, 2 * self.pacing.concurrency)) if shared else None,
+            poll=min(POLL, self.lease_ttl / 4),
+            park_base=o.park_base,
+            park_cap=o.park_cap,
+            rng=o.rng,
         )
         self._audit = AuditLog(
             clock=self.clock,
             accept=lambda r: r.job == self.job,
             numbering=lambda r, a: self._attempt_base.get(r.item_id or "", 0) + a.number,
         )
+        self._policy = OutcomePolicy(job, client.config, self.clock, self._audit, self._scheduler.park_delay)
         self._writer = ResultWriter(
             job,
-            self.db_path,
+            str(self.db_path),
             self.clock,
             self.bus,
             self._audit,
@@ -194,9 +158,9 @@ class BatchRunner:
             on_failing=self._save_failing,
             on_saved=self._saved_again,
             on_give_up=self._stop_for,
-            flush_interval=flush_interval,
-            flush_rows=flush_rows,
-            give_up=write_give_up,
+            flush_interval=o.flush_interval,
+            flush_rows=o.flush_rows,
+            give_up=o.write_give_up or (SHARED_WRITE_GIVE_UP if shared else WRITE_GIVE_UP),
         )
 
     # ------------------------------------------------------------ control
@@ -237,67 +201,29 @@ class BatchRunner:
             return JobState.WAITING_WINDOW
         return JobState.RUNNING
 
-    def _rate_now(self) -> float:
-        s = self._rate_samples
-        if len(s) < 2 or s[-1][0] - s[0][0] < 1.0:
-            return 0.0
-        return (s[-1][1] - s[0][1]) / (s[-1][0] - s[0][0])
-
     def _sample(self) -> None:
-        now = self.clock.now()
-        self._rate_samples.append((now, self._writer.done + self._writer.failed))
-        while len(self._rate_samples) > 2 and now - self._rate_samples[0][0] > RATE_SPAN:
-            self._rate_samples.popleft()
+        self._meter.sample(self._writer.done + self._writer.failed)
 
     def progress(self) -> ev.BatchProgress:
         """Cheap, in-memory counters. ``done`` and ``failed`` count committed results only."""
-        now, wall = self.clock.now(), self.clock.wall()
         w = self._writer
-        state = self._state()
-        in_flight = len(self._active) + w.finished_uncommitted
-        parked = self._scheduler.parked
-        total = self._total
-        pending = max(0, total - w.done - w.failed - parked - in_flight) if total is not None else 0
-        rate = self._rate_now() if state is JobState.RUNNING else 0.0
-        remaining = (total - w.done - w.failed) if total is not None else None
-        eta = remaining / rate if rate > 0 and remaining is not None else None
-        opens = self.window.opens_at(wall) if state is JobState.WAITING_WINDOW and self.window else None
-        return ev.BatchProgress(
-            at=now,
-            wall=wall,
-            job=self.job,
-            total=total,
-            done=w.done,
-            failed=w.failed,
-            parked=parked,
-            pending=pending,
-            in_flight=in_flight,
-            per_model=tuple(w.per_model.most_common()),
-            rate=rate,
-            eta=eta,
-            state=state,
-            opens_at=opens,
-            message=self._message,
+        return self._meter.progress(
+            Counts(
+                state=self._state(),
+                total=self._total,
+                done=w.done,
+                failed=w.failed,
+                parked=self._scheduler.parked,
+                in_flight=len(self._active) + w.finished_uncommitted,
+                per_model=tuple(w.per_model.most_common()),
+                message=self._message,
+            )
         )
-
-    @staticmethod
-    def _counters(p: ev.BatchProgress) -> dict[str, Any]:
-        return {
-            "done": p.done,
-            "failed": p.failed,
-            "parked": p.parked,
-            "pending": p.pending,
-            "in_flight": p.in_flight,
-            "per_model": dict(p.per_model),
-            "rate": round(p.rate, 3),
-            "eta": None if p.eta is None else round(p.eta, 1),
-            "opens_at": p.opens_at,
-        }
 
     def _job_fields(self) -> dict[str, Any]:
         """What every commit writes to the job row: the counters it makes true."""
         p = self.progress()
-        return {"counters": self._counters(p), "state": p.state, "message": self._message}
+        return {"counters": counters(p), "state": p.state, "message": self._message}
 
     def _publish_progress(self) -> None:
         self.bus.publish(self.progress())
@@ -328,6 +254,8 @@ class BatchRunner:
                 for i in range(self.concurrency)
             ]
             tasks = [*workers, asyncio.create_task(self._writer.run()), asyncio.create_task(self._ticker())]
+            if self._store is not None and self._store.shared:
+                tasks.append(asyncio.create_task(self._renew_leases()))
             # Not gather: on a halt the workers are cancelled, and that is not this task's cancellation.
             await asyncio.wait(workers)
             for w in workers:
@@ -365,10 +293,39 @@ class BatchRunner:
         )
 
     async def _ticker(self) -> None:
+        last_count = self.clock.now()
         while True:
             await self.clock.sleep(self.progress_interval)
+            if self._store is not None and self._store.shared and self.clock.now() - last_count >= RECOUNT:
+                last_count = self.clock.now()
+                self._recount()
             self._sample()
             self._publish_progress()
+
+    def _recount(self) -> None:
+        """The job's counts as the store has them: other workers finish items too."""
+        if self._store is None or self._info is None or self._writer.save_error is not None:
+            return
+        try:
+            counts = self._store.counts(self._info.id)
+            served = self._store.served_by_model(self._info.id)
+        except BatchError as e:
+            self._writer.store_failing(e)
+            return
+        self._writer.count(done=counts[ItemState.DONE], failed=counts[ItemState.FAILED], per_model=served)
+
+    async def _renew_leases(self) -> None:
+        """Keep the leases of every item this worker holds (queued, in flight, parked, or with
+        an answer not committed yet); a worker that stops renewing gives them back."""
+        while True:
+            await self.clock.sleep(self.lease_ttl / 3)
+            if self._store is None or self._info is None:
+                continue
+            keys = sorted({*self._active, *self._scheduler.held(), *self._writer.unwritten()})
+            try:
+                self._store.renew(self._info.id, keys)
+            except BatchError as e:
+                self._writer.store_failing(e)
 
     async def _close(self, final: JobState) -> None:
         """Put unanswered items back, commit everything, give up the lease."""
@@ -377,7 +334,7 @@ class BatchRunner:
             return
         try:
             for item in list(self._active.values()):
-                self._record(item, self._back(item), None)
+                self._record(item, back(item), None)
             self._phase = final
             if final is JobState.HALTED and self._halt is not None:
                 self._message = str(self._halt)
@@ -391,6 +348,8 @@ class BatchRunner:
             if self._info is not None:
                 try:
                     self._writer.flush(force=True)
+                    if store.shared:
+                        self._recount()
                     p = self.progress()
                     # An ingest cut short stays "ingesting": the next run goes on reading the file.
                     state = final if self._info.ingested else JobState.INGESTING
@@ -399,7 +358,7 @@ class BatchRunner:
                         self._owner,
                         state=state,
                         message=self._message,
-                        counters=self._counters(p),
+                        counters=counters(p),
                         heartbeat=self.clock.wall(),
                         updated=self.clock.wall(),
                     )
@@ -422,7 +381,7 @@ class BatchRunner:
             self._store = None
             self._writer.unbind()
 
-    def _rescue(self, store: JobStore) -> None:
+    def _rescue(self, store: Store) -> None:
         """The database was deleted or replaced under the job: its file lives on only while this
         connection holds it open, so copy it out (every result, the last ones included) and say where."""
         done = self._writer.done
@@ -436,14 +395,27 @@ class BatchRunner:
             return
         self._halt = DatabaseGone(
             f"{self._halt}; the job as it stood ({done} done) was copied from the still-open file to {copy}: "
-            f"to go on, move it back (mv {copy} {store.path}) or pass --db {copy}, "
+            f"to go on, move it back (mv {copy} {store.where}) or pass --db {copy}, "
             f"then run `capmon batch resume {self.job}`"
         )
 
     # ------------------------------------------------------------ opening
 
     async def _open(self) -> None:
-        store = self._store = JobStore(self.db_path)
+        store = self._store = open_store(self.db_path, lease_ttl=self.lease_ttl)
+        waited = False
+        # Ingest happens once: in a shared store another worker may be creating or reading the job.
+        while not store.lock_ingest(self.job):
+            if not waited:
+                self._note(f"job {self.job!r}: another worker is reading its input; waiting for it", "info")
+                waited = True
+            await self.clock.sleep(INGEST_WAIT)
+        try:
+            await self._open_locked(store)
+        finally:
+            store.unlock_ingest(self.job)
+
+    async def _open_locked(self, store: Store) -> None:
         ingest = Ingest(
             store,
             self.job,
@@ -464,7 +436,7 @@ class BatchRunner:
             free = self._writer.free_bytes()
             if free is not None and free < LOW_DISK_BYTES:
                 raise BatchError(
-                    f"{self.db_path}: database or disk is full: {free:,} bytes free on the disk that holds "
+                    f"{store.where}: database or disk is full: {free:,} bytes free on the disk that holds "
                     f"it; nothing was sent; free space, then run `capmon batch resume {self.job}`"
                 )
             if not created:  # a new job was fingerprinted a moment ago
@@ -508,9 +480,21 @@ class BatchRunner:
             "remap": self._remap,
         }
 
-    def _page(self, after_key: int, limit: int) -> list[StoredItem]:
+    def _page(self, after_key: int, limit: int) -> list[StoredItem] | None:
         assert self._store is not None and self._info is not None
-        return self._store.pending_page(self._info.id, after_key, limit)
+        try:
+            page = self._store.take(self._info.id, after_key, limit)
+        except BatchError as e:
+            if not self._store.shared:
+                raise
+            # The server is unreachable: sending pauses (visibly) until a save succeeds again.
+            self._writer.store_failing(e)
+            return None
+        if page and self._store.shared:
+            # An item of ours whose lease ran out (the server was away) can come back to us: held once.
+            held = {*self._active, *self._scheduler.held()}
+            page = [i for i in page if i.key not in held] or None
+        return page
 
     # ------------------------------------------------------------ workers
 
@@ -555,124 +539,22 @@ class BatchRunner:
         try:
             result = await self.client.chat(self._request(item))
         except asyncio.CancelledError:
-            self._record(item, self._back(item), None)
+            self._record(item, back(item), None)
             raise
         except RequestFailed as e:
-            self._on_failed(item, e)
+            self._apply(item, self._policy.request_failed(item, e))
         except Exception as e:
             log.exception("item %s: the client raised %s", item.id, type(e).__name__)
-            kind = BatchKind.INTERNAL if not isinstance(e, CapmonError) else BatchKind.ERROR
-            failed = _failed(item, item.attempts, item.first_model, kind, _cap(f"{type(e).__name__}: {e}"))
-            self._record(item, failed, (False, None, kind))
+            self._apply(item, self._policy.raised(item, e))
         else:
-            self._on_done(item, result)
+            self._apply(item, self._policy.done(item, result))
 
-    # ------------------------------------------------------------ what became of an item
-
-    @staticmethod
-    def _back(item: StoredItem, attempts: int | None = None, first: str | None = None) -> Outcome:
-        """Back to pending, as it was (a parked item keeps its parks and due time)."""
-        return Outcome(
-            item.key,
-            ItemState.PENDING,
-            attempts=item.attempts if attempts is None else attempts,
-            parks=item.parks,
-            not_before=item.not_before,
-            first_model=first or item.first_model,
-        )
-
-    def _on_done(self, item: StoredItem, result: ChatResult) -> None:
-        first = item.first_model or (result.attempts[0].model if result.attempts else result.model)
-        attempts = item.attempts + len(result.attempts)
-        size, content = _utf8_size(result.content or "")
-        if size > self.max_response_bytes:
-            self._refuse_oversized(item, result, size, attempts, first)
-            return
-        usage = result.usage if isinstance(result.usage, dict) else dict(result.usage or {})
-        sent_max: int | None
-        try:
-            cap = self.client.config.model(result.model).max_tokens
-            sent_max = min(item.max_tokens or cap, cap)
-        except KeyError:
-            sent_max = item.max_tokens
-        outcome = Outcome(
-            item.key,
-            ItemState.DONE,
-            attempts=attempts,
-            parks=item.parks,
-            first_model=first,
-            model=result.model,
-            endpoint=result.endpoint,
-            content=content if result.content is not None else None,
-            fell_back=result.fell_back or first != result.model,
-            max_tokens=sent_max,
-            prompt_tokens=_int(usage.get("prompt_tokens")),
-            completion_tokens=_int(usage.get("completion_tokens")),
-            latency=result.latency,
-        )
-        self._record(item, outcome, (True, result.model, None))
-
-    def _refuse_oversized(
-        self, item: StoredItem, result: ChatResult, size: int, attempts: int, first: str | None
-    ) -> None:
-        reason = (
-            f"the answer from {result.model} is {size:,} bytes, over client.max_response_bytes "
-            f"({self.max_response_bytes:,}): not stored"
-        )
-        last = result.attempts[-1] if result.attempts else None
-        self._audit.decision(
-            RunnerDecision.REFUSE,
-            job=self.job,
-            item=item.id,
-            attempt=attempts,
-            model=result.model,
-            endpoint=result.endpoint,
-            key_alias=last.key_alias if last else None,
-            status=last.status if last else None,
-            kind=Kind.OVERSIZED,
-            reason=reason,
-        )
-        self._record(item, _failed(item, attempts, first, Kind.OVERSIZED, reason), (False, None, Kind.OVERSIZED))
-
-    def _on_failed(self, item: StoredItem, e: RequestFailed) -> None:
-        kind = e.failure.kind
-        attempts = item.attempts + len(e.attempts)
-        first = item.first_model or (e.attempts[0].model if e.attempts else None)
-        if isinstance(e, DeadlineExceeded) or kind in PARK_KINDS:
-            self._park(item, e, attempts, first)
-        elif kind in HALT_KINDS:
-            self._record(item, self._back(item, attempts, first), None)
-            self._stop_for(BatchError(_halt_message(self.job, kind, str(e))))
-        else:
-            self._record(item, _failed(item, attempts, first, kind, _cap(str(e))), (False, None, kind))
-
-    def _park(self, item: StoredItem, e: RequestFailed, attempts: int, first: str | None) -> None:
-        parks = item.parks + 1
-        hint = e.failure.retry_after
-        delay = self._scheduler.park_delay(parks, hint)
-        last: Attempt | None = e.attempts[-1] if e.attempts else None
-        self._audit.decision(
-            RunnerDecision.PARK,
-            job=self.job,
-            item=item.id,
-            attempt=attempts,
-            model=last.model if last else None,
-            endpoint=last.endpoint if last else None,
-            key_alias=last.key_alias if last else None,
-            status=e.failure.status,
-            kind=e.failure.kind,
-            hint=hint,
-            wait=delay,
-            reason=f"parked for {delay:.1f}s (park {parks}): {e}",
-        )
-        due_wall = self.clock.wall() + delay
-        parked = dataclasses.replace(item, attempts=attempts, parks=parks, not_before=due_wall, first_model=first)
-        self._record(
-            item,
-            Outcome(item.key, ItemState.PARKED, attempts=attempts, parks=parks, not_before=due_wall, first_model=first),
-            None,
-        )
-        self._scheduler.park(parked, delay)
+    def _apply(self, item: StoredItem, verdict: Verdict) -> None:
+        self._record(item, verdict.outcome, verdict.finished)
+        if verdict.park is not None:
+            self._scheduler.park(*verdict.park)
+        if verdict.halt is not None:
+            self._stop_for(verdict.halt)
 
     def _record(self, item: StoredItem, outcome: Outcome, finished: Finish | None) -> None:
         """Hand an outcome to the writer; done / failed ones count once committed."""
@@ -712,20 +594,3 @@ class BatchRunner:
         self._message = ""
         self._scheduler.unblock()
         self._note(f"job {self.job!r}: results are saved again; sending goes on", "info")
-
-
-def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _halt_message(job: str, kind: Kind, detail: str) -> str:
-    if kind is Kind.AUTH:
-        what = (
-            "the provider refused the key (401/403): that is the key, not capacity; fix the key (or the model's access)"
-        )
-    else:
-        what = (
-            "a quota or spend limit is used up: that is billing, not capacity, and retrying will not help; "
-            "raise the limit or wait for its reset"
-        )
-    return f"job {job!r} halted: {what}, then run `capmon batch resume {job}`. Last error: {detail}"

@@ -1,6 +1,9 @@
 """Which item a batch worker sends next, and when it may.
 
-* Pending items are read from the store a page at a time, in input order.
+* Pending items are read from the store a page at a time, in input order (from a
+  shared store: claimed a few at a time; while other workers hold every item left, the
+  page is None and the scheduler asks again every ``poll`` seconds: a worker that dies
+  gives its items back when its leases expire).
 * Parked items (capacity ran out) wait in a heap ordered by when they are due, and go
   before pending ones once due; the delay grows with every park, with jitter, and a
   server's hint longer than it wins.
@@ -55,14 +58,17 @@ class _Gate:
 
 
 class Scheduler:
-    """``page(after_key, limit)`` reads the next pending items from the store."""
+    """``page(after_key, limit)`` reads the next pending items from the store (None: none now,
+    ask again after ``poll`` seconds)."""
 
     def __init__(
         self,
         clock: Clock,
         pacing: Pacing,
-        page: Callable[[int, int], list[StoredItem]],
+        page: Callable[[int, int], list[StoredItem] | None],
         *,
+        page_size: int | None = None,
+        poll: float = 1.0,
         park_base: float = 5.0,
         park_cap: float = 300.0,
         rng: random.Random | None = None,
@@ -72,7 +78,9 @@ class Scheduler:
         self.window = pacing.window
         self._rate_gate = RateGate(pacing.rate, clock) if pacing.rate else None
         self._page = page
-        self._page_size = max(256, 4 * pacing.concurrency)
+        self._page_size = page_size or max(256, 4 * pacing.concurrency)
+        self.poll = poll
+        self._ask_at: float | None = None  # when to ask for a page again, after a None
         self.park_base = park_base
         self.park_cap = park_cap
         self._rng = rng or random.Random()
@@ -105,6 +113,7 @@ class Scheduler:
 
     def unblock(self) -> None:
         self._saving.open()
+        self._ask_at = None  # a claim that failed while saving did is asked again at once
         self.notify()
 
     def halt(self) -> None:
@@ -163,14 +172,21 @@ class Scheduler:
         """The next item to send: a parked one that is due, else the next pending one."""
         if self._parked and self._parked[0][0] <= self.clock.now() + _DUE_SLACK:
             return heapq.heappop(self._parked)[2]
-        if not self._queue and not self._exhausted:
+        if not self._queue and not self._exhausted and (self._ask_at is None or self.clock.now() >= self._ask_at):
             page = self._page(self._after_key, self._page_size)
-            if page:
+            self._ask_at = None
+            if page is None:
+                self._ask_at = self.clock.now() + self.poll
+            elif page:
                 self._after_key = page[-1].key
                 self._queue.extend(page)
             else:
                 self._exhausted = True
         return self._queue.popleft() if self._queue else None
+
+    def held(self) -> list[int]:
+        """Keys of the items taken and not sent yet (queued or parked)."""
+        return [i.key for i in self._queue] + [k for _, k, _ in self._parked]
 
     def put_back(self, item: StoredItem) -> None:
         """An item taken and not sent goes first again (a parked one: due now)."""
@@ -209,5 +225,6 @@ class Scheduler:
 
     async def idle(self) -> None:
         """Nothing to send now: wait for a parked item to fall due or for anything to change."""
-        timeout = max(1e-3, self._parked[0][0] - self.clock.now()) if self._parked else None
-        await self.wait_changed(timeout)
+        now = self.clock.now()
+        due = [t for t in (self._parked[0][0] if self._parked else None, self._ask_at) if t is not None]
+        await self.wait_changed(max(1e-3, min(due) - now) if due else None)

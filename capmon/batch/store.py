@@ -317,6 +317,22 @@ class JobStore:
         self._opened = {} if readonly else {sfx: _identity(self._sidecar(sfx)) for sfx in _SIDECARS}
         self._checking = not readonly
 
+    # One runner at a time (the job's lease), its file on this machine's disk.
+    shared = False
+
+    @property
+    def where(self) -> str:
+        return str(self.path)
+
+    def free_bytes(self) -> int | None:
+        try:
+            v = os.statvfs(self.path.absolute().parent)
+        except (OSError, AttributeError):  # no statvfs (Windows), or the folder is gone: the next save says
+            return None
+        # root may write into the blocks a filesystem reserves for it, and SQLite would.
+        blocks = v.f_bfree if hasattr(os, "geteuid") and os.geteuid() == 0 else v.f_bavail
+        return int(blocks * v.f_frsize)
+
     # ------------------------------------------------------------ errors
 
     @contextlib.contextmanager
@@ -596,6 +612,19 @@ class JobStore:
         lease.forget_owner(owner)
         self.set_job(job_id, owner=None, **fields)
 
+    def lock_ingest(self, name: str) -> bool:
+        return True  # the job's lease keeps every other runner out
+
+    def unlock_ingest(self, name: str) -> None:
+        pass
+
+    def state_of(self, job: JobInfo) -> JobState:
+        return job_state(job, default_clock().wall())
+
+    def progress(self, name: str) -> BatchProgress:
+        clock = default_clock()
+        return progress_of(self.require(name), clock.now(), clock.wall())
+
     # ------------------------------------------------------------ items
 
     def requeue_in_flight(self, job_id: int) -> int:
@@ -644,6 +673,13 @@ class JobStore:
                 )
             ]
 
+    def take(self, job_id: int, after_key: int, limit: int) -> list[StoredItem]:
+        """The next page of pending items: the runner holds the whole job."""
+        return self.pending_page(job_id, after_key, limit)
+
+    def renew(self, job_id: int, keys: Sequence[int]) -> None:
+        pass  # the job's lease is renewed by every commit
+
     def pending_page(self, job_id: int, after_key: int, limit: int) -> list[StoredItem]:
         with self._errors("reading items"):
             rows = self.conn.execute(
@@ -670,9 +706,10 @@ class JobStore:
         audit_rows: Sequence[audit.Row],
         job_fields: Mapping[str, Any],
         now: float,
-    ) -> None:
+    ) -> Sequence[int]:
         """One transaction: items now in flight, outcomes, their audit rows, and the job's
-        counters (so another process always reads counters that match the items)."""
+        counters (so another process always reads counters that match the items). Nothing
+        is discarded: the job is this runner's alone."""
         values = [(_dumps(v) if k in ("settings", "counters") else v) for k, v in job_fields.items()]
         with self.transaction("saving results") as c:
             if started:
@@ -689,6 +726,7 @@ class JobStore:
                     f"UPDATE jobs SET {', '.join(f'{k} = ?' for k in job_fields)}, updated = ? WHERE id = ?",
                     (*values, now, job_id),
                 )
+        return ()
 
     def results(self, job_id: int) -> Iterator[ResultRecord]:
         """Every item in input order, streamed (an item removed from the input stays where its line was)."""
@@ -847,14 +885,3 @@ def progress_of(job: JobInfo, now: float, now_wall: float) -> BatchProgress:
         opens_at=c.get("opens_at") if state is JobState.WAITING_WINDOW else None,
         message=job.message,
     )
-
-
-def read_progress(db_path: Path, job: str) -> BatchProgress:
-    """A job's progress, read-only, from any process (the dashboard's ``--attach``)."""
-    clock = default_clock()
-    store = JobStore(db_path, readonly=True)
-    try:
-        info = store.require(job)
-    finally:
-        store.close()
-    return progress_of(info, clock.now(), clock.wall())

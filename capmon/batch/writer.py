@@ -13,13 +13,14 @@
   ``give_up`` seconds calls ``on_give_up`` with the error that halts the job.
 * A database deleted or replaced under the job (:class:`~capmon.batch.store.DatabaseGone`)
   is not retried: no save can bring the file back, so it calls ``on_give_up`` at once.
+* A shared store may discard an outcome (a late answer for an item another worker took
+  once this one's lease expired): it is not counted, and a Notice says how many.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,8 @@ from typing import Any
 from capmon.audit import AuditLog
 from capmon.batch.pacing import wait_event
 from capmon.batch.states import ItemState
-from capmon.batch.store import DatabaseGone, JobStore, Outcome
+from capmon.batch.store import DatabaseGone, Outcome
+from capmon.batch.stores import Store
 from capmon.core import events as ev
 from capmon.core.clock import Clock
 from capmon.core.exceptions import BatchError
@@ -47,7 +49,7 @@ class ResultWriter:
     def __init__(
         self,
         job: str,
-        db_path: Path,
+        where: Path | str,
         clock: Clock,
         bus: ev.EventBus,
         audit: AuditLog,
@@ -61,7 +63,7 @@ class ResultWriter:
         give_up: float = WRITE_GIVE_UP,
     ) -> None:
         self.job = job
-        self.db_path = Path(db_path)
+        self.where = str(where)  # the store, as messages name it
         self.clock = clock
         self.bus = bus
         self.audit = audit
@@ -72,7 +74,7 @@ class ResultWriter:
         self.flush_interval = flush_interval
         self.flush_rows = flush_rows
         self.give_up = give_up
-        self._store: JobStore | None = None
+        self._store: Store | None = None
         self._job_id = 0
         # Committed counters: what the database says.
         self.done = 0
@@ -82,13 +84,14 @@ class ResultWriter:
         # Waiting to be written.
         self._started: dict[int, None] = {}  # keys sent since the last commit (an ordered set)
         self._outcomes: list[Outcome] = []
-        self._events: list[Finished] = []  # published as BatchItemDone once committed
+        self._events: list[tuple[int, Finished]] = []  # (key, its event): published as BatchItemDone once committed
+        self.discarded = 0  # outcomes a shared store refused: another worker's items by then
         self._dirty = asyncio.Event()
         self._last_beat = float("-inf")
         self.save_error: BatchError | None = None  # the last failed save, while saving fails
         self._failing_since: float | None = None
 
-    def bind(self, store: JobStore, job_id: int) -> None:
+    def bind(self, store: Store, job_id: int) -> None:
         """Write to ``store``'s job ``job_id``."""
         self._store, self._job_id = store, job_id
 
@@ -115,9 +118,13 @@ class ResultWriter:
         self._dirty.set()
         if finished is not None:
             self.finished_uncommitted += 1
-            self._events.append(finished)
+            self._events.append((outcome.key, finished))
         if len(self._outcomes) >= self.flush_rows:
             self.flush_quietly()
+
+    def unwritten(self) -> list[int]:
+        """Keys of the outcomes waiting for their commit."""
+        return [o.key for o in self._outcomes]
 
     @property
     def waiting(self) -> bool:
@@ -154,7 +161,7 @@ class ResultWriter:
         self.per_model.update(per_model)
         self.finished_uncommitted -= done + failed
         try:
-            store.commit(
+            discarded = store.commit(
                 self._job_id,
                 started=started,
                 outcomes=outcomes,
@@ -173,9 +180,35 @@ class ResultWriter:
             self.audit.requeue(rows)
             raise
         self._last_beat = at = self.clock.now()
+        if discarded:
+            self._uncount(outcomes, set(discarded))
+            events = [e for e in events if e[0] not in discarded]
         publish = self.bus.publish
-        for item_id, ok, model, kind in events:
+        for _, (item_id, ok, model, kind) in events:
             publish(ev.BatchItemDone(at=at, wall=wall, job=self.job, item_id=item_id, ok=ok, model=model, kind=kind))
+
+    def _uncount(self, outcomes: list[Outcome], discarded: set[int]) -> None:
+        """Outcomes the store discarded were counted as this commit's: they are not."""
+        n = 0
+        for o in outcomes:
+            if o.key not in discarded:
+                continue
+            n += 1
+            if o.state is ItemState.DONE:
+                self.done -= 1
+                self.per_model[o.model or "?"] -= 1
+            elif o.state is ItemState.FAILED:
+                self.failed -= 1
+        self.discarded += n
+        self.bus.publish(
+            ev.Notice(
+                at=self.clock.now(),
+                wall=self.clock.wall(),
+                level="info",
+                message=f"job {self.job!r}: {n} late answers discarded: their leases had expired and other "
+                f"workers took the items (each is stored once)",
+            )
+        )
 
     def flush_quietly(self) -> None:
         """Flush now; a failure pauses sending and is left to :meth:`run`, which retries
@@ -199,6 +232,12 @@ class ResultWriter:
         if first:
             self._failing_since = self.clock.now()
             self._on_failing(error)
+
+    def store_failing(self, error: BatchError) -> None:
+        """A shared store's claim or lease renewal failed (the server is unreachable): saving
+        counts as failing, and :meth:`run` tries again at once rather than at the next beat."""
+        self.failing(error)
+        self._dirty.set()
 
     def halt_error(self, cause: BatchError) -> BatchError:
         """The error that halts the job because results cannot be saved."""
@@ -252,13 +291,7 @@ class ResultWriter:
     # ------------------------------------------------------------ the disk
 
     def free_bytes(self) -> int | None:
-        try:
-            v = os.statvfs(self.db_path.parent)
-        except (OSError, AttributeError):  # no statvfs (Windows), or the folder is gone: the next save says
-            return None
-        # root may write into the blocks a filesystem reserves for it, and SQLite would.
-        blocks = v.f_bfree if hasattr(os, "geteuid") and os.geteuid() == 0 else v.f_bavail
-        return int(blocks * v.f_frsize)
+        return self._store.free_bytes() if self._store is not None else None
 
     def disk_full(self) -> bool:
         """True, and saving counted as failing, when the database's disk is (nearly) full."""
@@ -267,7 +300,7 @@ class ResultWriter:
             return False
         self.failing(
             BatchError(
-                f"{self.db_path}: database or disk is full: {free:,} bytes free on the disk "
+                f"{self.where}: database or disk is full: {free:,} bytes free on the disk "
                 f"that holds it (nothing is sent below {LOW_DISK_BYTES:,})"
             )
         )

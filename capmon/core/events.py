@@ -182,6 +182,7 @@ class BatchProgress(Event):
     state: JobState
     opens_at: float | None = None  # wall time the --window opens, while state is WAITING_WINDOW
     message: str = ""  # why a job halted or stopped
+    workers: tuple[tuple[str, int], ...] = ()  # a shared job's workers (host:pid) and the items each did
 
 
 @dataclass(frozen=True, slots=True)

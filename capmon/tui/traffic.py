@@ -11,10 +11,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from capmon.core.clock import Clock, default_clock
 from capmon.core.events import BatchProgress, Notice
+
+if TYPE_CHECKING:
+    from capmon.batch.stores import Db
 
 # (client, db_path, job, *, input_path, concurrency) -> an object with BatchRunner's API.
 RunnerFactory = Callable[..., Any]
@@ -40,8 +43,12 @@ class Traffic(Protocol):
 
 def _default_factory() -> RunnerFactory:
     from capmon.batch import BatchRunner
+    from capmon.batch.options import RunnerOptions
 
-    return BatchRunner
+    def make(client: Any, db: Path, job: str, *, input_path: Path, concurrency: int) -> Any:
+        return BatchRunner(client, db, job, RunnerOptions(input_path=input_path, concurrency=concurrency))
+
+    return make
 
 
 class NoTraffic:
@@ -119,12 +126,12 @@ class RunnerTraffic:
 
     @classmethod
     def for_job(
-        cls, client: Any, input_path: Path, db_path: Path | None = None, factory: RunnerFactory | None = None
+        cls, client: Any, input_path: Path, db_path: Db | None = None, factory: RunnerFactory | None = None
     ) -> RunnerTraffic:
-        from capmon.batch import default_db_path
+        from capmon.batch.stores import locate
 
         make = factory or _default_factory()
-        db = db_path or default_db_path()
+        db = db_path or locate()
         job = input_path.stem  # the name `capmon batch run` would give it
 
         def make_runner(round_: int) -> Any:
@@ -183,10 +190,10 @@ class AttachedJob:
     def __init__(
         self,
         job: str,
-        db_path: Path | None = None,
+        db_path: Db | None = None,
         *,
         clock: Clock | None = None,
-        reader: Callable[[Path, str], BatchProgress] | None = None,
+        reader: Callable[[Db, str], BatchProgress] | None = None,
     ) -> None:
         self.job = job
         self.name = f"attached job {job}"
@@ -205,11 +212,11 @@ class AttachedJob:
         raise RuntimeError(f"job {self.job} runs in another process: resume it there")
 
     async def run(self) -> None:
-        from capmon.batch import default_db_path, read_progress
+        from capmon.batch.stores import locate, read_progress
 
         reader = self._reader or read_progress
-        db = self._db_path or default_db_path()
+        db = self._db_path or locate()
         while True:
-            # SQLite reads block: keep them off the loop that draws the screen.
+            # Store reads block: keep them off the loop that draws the screen.
             self._last = await asyncio.to_thread(reader, db, self.job)
             await self._clock.sleep(ATTACH_POLL)

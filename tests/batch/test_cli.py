@@ -191,12 +191,12 @@ def test_a_refused_key_halts_with_its_line_printed_once(
 def test_a_full_disk_halts_with_its_line_printed_once(
     env: dict[str, Path], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from capmon.batch.runner import BatchRunner
+    from capmon.batch.options import RunnerOptions
     from capmon.batch.writer import ResultWriter
 
     # The disk fills once 5 results are saved (statvfs says so), and the job gives up after 0.3 s, not 30.
     monkeypatch.setattr(ResultWriter, "free_bytes", lambda self: 0 if self.done >= 5 else 1 << 30)
-    monkeypatch.setitem(BatchRunner.__init__.__kwdefaults__, "write_give_up", 0.3)
+    monkeypatch.setitem(RunnerOptions.__init__.__kwdefaults__, "write_give_up", 0.3)
     src = write_items(env["dir"] / "in.jsonl", 200)
     assert batch(env, "run", str(src), "--no-progress", "--concurrency", "2") == 2
     err = capsys.readouterr().err

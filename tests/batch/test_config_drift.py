@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from capmon.batch import BatchRunner
+from capmon.batch.options import RunnerOptions
 from capmon.core.exceptions import BatchError
 from capmon.report import ReportOptions, run_report
 from tests.batch.helpers import Recorder, client_for, config, item, rows, scenario_app, write_jsonl
@@ -28,7 +29,7 @@ async def _stopped_job(tmp_path: Path, rec: Recorder) -> Path:
     """A job of 40 items, 20 naming `small`, stopped after a few are done."""
     src = write_jsonl(tmp_path / "in.jsonl", [item(i, **({"model": "small"} if i % 2 else {})) for i in range(1, 41)])
     async with client_for(rec) as client:
-        runner = BatchRunner(client, tmp_path / "jobs.db", "j", input_path=src, concurrency=2)
+        runner = BatchRunner(client, tmp_path / "jobs.db", "j", RunnerOptions(input_path=src, concurrency=2))
         task = asyncio.create_task(runner.run())
         while runner.progress().done < 6:
             await asyncio.sleep(0.05)
@@ -61,8 +62,8 @@ async def test_remap_sends_them_to_the_model_it_names_and_is_remembered(tmp_path
     sent = len(rec.seen)
     async with client_for(rec, config=without_small()) as client:
         with pytest.raises(BatchError, match="^remap small=tiny: no model named 'tiny'"):
-            await BatchRunner(client, tmp_path / "jobs.db", "j", remap={"small": "tiny"}).run()
-        summary = await BatchRunner(client, tmp_path / "jobs.db", "j", remap={"small": "medium"}).run()
+            await BatchRunner(client, tmp_path / "jobs.db", "j", RunnerOptions(remap={"small": "tiny"})).run()
+        summary = await BatchRunner(client, tmp_path / "jobs.db", "j", RunnerOptions(remap={"small": "medium"})).run()
         assert summary.done == 40
         # Remembered: a later resume needs no --remap.
         assert (await BatchRunner(client, tmp_path / "jobs.db", "j").run()).sent == 0

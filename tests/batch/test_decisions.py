@@ -10,6 +10,7 @@ import pytest
 
 from capmon.batch import BatchRunner, write_demo_input
 from capmon.batch.items import Item, parse_line
+from capmon.batch.options import RunnerOptions
 from capmon.core.clock import LoopClock
 from capmon.core.errors import Failure, Kind
 from capmon.core.events import EventBus
@@ -103,7 +104,9 @@ def failed(kind: Kind, cls: type[RequestFailed] = RequestFailed, hint: float | N
 )
 async def test_not_now_kinds_park_the_item_and_it_comes_back(tmp_path: Path, error: RequestFailed) -> None:
     client = StubClient(error)
-    runner = BatchRunner(client, tmp_path / "db", "j", input_path=write_items(tmp_path / "in.jsonl", 3), park_base=7.0)
+    runner = BatchRunner(
+        client, tmp_path / "db", "j", RunnerOptions(input_path=write_items(tmp_path / "in.jsonl", 3), park_base=7.0)
+    )
     loop = asyncio.get_running_loop()
     t0 = loop.time()
     summary = await runner.run()
@@ -118,8 +121,7 @@ async def test_a_server_hint_longer_than_the_park_delay_wins(tmp_path: Path) -> 
         StubClient(failed(Kind.RATE_LIMITED, hint=60.0)),
         tmp_path / "db",
         "j",
-        input_path=write_items(tmp_path / "in.jsonl", 1),
-        park_base=1.0,
+        RunnerOptions(input_path=write_items(tmp_path / "in.jsonl", 1), park_base=1.0),
     )
     loop = asyncio.get_running_loop()
     t0 = loop.time()
@@ -130,7 +132,7 @@ async def test_a_server_hint_longer_than_the_park_delay_wins(tmp_path: Path) -> 
 @pytest.mark.parametrize("kind", [Kind.BAD_REQUEST, Kind.TOO_LARGE])
 async def test_item_kinds_fail_the_item(tmp_path: Path, kind: Kind) -> None:
     summary = await BatchRunner(
-        StubClient(failed(kind)), tmp_path / "db", "j", input_path=write_items(tmp_path / "in.jsonl", 2)
+        StubClient(failed(kind)), tmp_path / "db", "j", RunnerOptions(input_path=write_items(tmp_path / "in.jsonl", 2))
     ).run()
     assert (summary.done, summary.failed) == (0, 2)
     assert rows(tmp_path / "db", "SELECT DISTINCT error_kind FROM items") == [(kind.value,)]
@@ -143,14 +145,15 @@ async def test_key_kinds_halt_the_job(tmp_path: Path, kind: Kind) -> None:
             StubClient(failed(kind)),
             tmp_path / "db",
             "j",
-            input_path=write_items(tmp_path / "in.jsonl", 5),
-            concurrency=2,
+            RunnerOptions(input_path=write_items(tmp_path / "in.jsonl", 5), concurrency=2),
         ).run()
     assert rows(tmp_path / "db", "SELECT DISTINCT state FROM items") == [("pending",)]
 
 
 async def test_progress_before_and_after_a_run(tmp_path: Path) -> None:
-    runner = BatchRunner(StubClient(None), tmp_path / "db", "j", input_path=write_items(tmp_path / "in.jsonl", 4))
+    runner = BatchRunner(
+        StubClient(None), tmp_path / "db", "j", RunnerOptions(input_path=write_items(tmp_path / "in.jsonl", 4))
+    )
     before = runner.progress()
     assert (before.state, before.total, before.done) == ("starting", None, 0)
     await runner.run()
@@ -166,11 +169,11 @@ async def test_resume_without_an_input_needs_an_existing_job(tmp_path: Path) -> 
 
 def test_bad_settings_are_refused_at_once(tmp_path: Path) -> None:
     with pytest.raises(BatchError, match="^concurrency: "):
-        BatchRunner(StubClient(None), tmp_path / "db", "j", concurrency=0)
+        BatchRunner(StubClient(None), tmp_path / "db", "j", RunnerOptions(concurrency=0))
     with pytest.raises(BatchError, match="^window: "):
-        BatchRunner(StubClient(None), tmp_path / "db", "j", window="soon")
+        BatchRunner(StubClient(None), tmp_path / "db", "j", RunnerOptions(window="soon"))
     with pytest.raises(BatchError, match="^rate: "):
-        BatchRunner(StubClient(None), tmp_path / "db", "j", rate=-1)
+        BatchRunner(StubClient(None), tmp_path / "db", "j", RunnerOptions(rate=-1))
 
 
 def test_the_demo_input_is_valid_deterministic_and_realistic(tmp_path: Path) -> None:

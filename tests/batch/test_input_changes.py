@@ -15,6 +15,7 @@ import pytest
 from capmon.batch import BatchRunner, JobStore
 from capmon.batch import ingest as ingest_mod
 from capmon.batch.export import export_job
+from capmon.batch.options import RunnerOptions
 from capmon.core.exceptions import BatchError
 from capmon.report import build_item_report, format_item
 from tests.batch.helpers import Recorder, client_for, rows, scenario_app, write_jsonl
@@ -35,7 +36,9 @@ def lines_of(n: int) -> list[str]:
 
 async def finish(tmp_path: Path, src: Path, rec: Recorder, **kw: Any) -> Any:
     async with client_for(rec) as client:
-        return await BatchRunner(client, tmp_path / "jobs.db", "j", input_path=src, concurrency=32, **kw).run()
+        return await BatchRunner(
+            client, tmp_path / "jobs.db", "j", RunnerOptions(input_path=src, concurrency=32, **kw)
+        ).run()
 
 
 async def test_a_same_size_edit_past_the_first_64_kib_is_refused_naming_the_line(tmp_path: Path) -> None:
@@ -119,7 +122,7 @@ async def test_an_interrupted_ingest_resumes_only_against_the_same_file(
     src = write_jsonl(tmp_path / "in.jsonl", lines)
     db = tmp_path / "jobs.db"
     async with client_for(rec) as client:
-        runner = BatchRunner(client, db, "j", input_path=src, concurrency=32)
+        runner = BatchRunner(client, db, "j", RunnerOptions(input_path=src, concurrency=32))
         task = asyncio.create_task(runner.run())
         while (runner.progress().total or 0) < 1200:
             await asyncio.sleep(0)
@@ -209,7 +212,7 @@ async def _finish_noting(tmp_path: Path, src: Path, rec: Recorder, **kw: Any) ->
     notes: list[str] = []
     bus.subscribe(lambda e: notes.append(e.message) if isinstance(e, Notice) else None)
     async with client_for(rec, bus=bus) as client:
-        runner = BatchRunner(client, tmp_path / "jobs.db", "j", input_path=src, concurrency=32, **kw)
+        runner = BatchRunner(client, tmp_path / "jobs.db", "j", RunnerOptions(input_path=src, concurrency=32, **kw))
         return await runner.run(), notes
 
 

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from capmon.advice import advise
+from capmon.batch.options import RunnerOptions
 from capmon.batch.runner import BatchRunner
 from capmon.batch.states import ItemState
 from capmon.batch.store import JobStore, Outcome
@@ -42,7 +43,9 @@ async def test_a_report_shows_models_statuses_fallbacks_latency_and_items(tmp_pa
     script.always("medium", slow)
     db = tmp_path / "db"
     async with client_for(build_app(script)) as client:
-        await BatchRunner(client, db, "j", input_path=write_items(tmp_path / "in.jsonl", 30), concurrency=1).run()
+        await BatchRunner(
+            client, db, "j", RunnerOptions(input_path=write_items(tmp_path / "in.jsonl", 30), concurrency=1)
+        ).run()
     text = report_text(db)
     assert "job j: 30 items, 30 done, 0 failed" in text
     medium = next(line for line in text.splitlines() if line.startswith("medium"))

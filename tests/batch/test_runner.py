@@ -11,6 +11,7 @@ import pytest
 
 from capmon.batch import BatchRunner, JobStore, read_progress
 from capmon.batch import ingest as ingest_mod
+from capmon.batch.options import RunnerOptions
 from capmon.core import events as ev
 from capmon.core.events import EventBus
 from capmon.core.exceptions import BatchError
@@ -28,7 +29,9 @@ async def test_a_job_sends_every_item_once_and_stores_who_served_it(tmp_path: Pa
     progress_events = collect(bus, ev.BatchProgress)
     db = tmp_path / "jobs.db"
     async with client_for(rec, bus=bus) as client:
-        runner = BatchRunner(client, db, "j", input_path=write_items(tmp_path / "in.jsonl", 120), concurrency=8)
+        runner = BatchRunner(
+            client, db, "j", RunnerOptions(input_path=write_items(tmp_path / "in.jsonl", 120), concurrency=8)
+        )
         summary = await runner.run()
     assert (summary.total, summary.done, summary.failed, summary.state) == (120, 120, 0, "finished")
     assert sorted(rec.items()) == [f"it-{i:04d}" for i in range(1, 121)]  # each exactly once
@@ -49,7 +52,10 @@ async def test_concurrency_bounds_what_is_in_flight_at_the_server(tmp_path: Path
     rec = Recorder(scenario_app(latency=0.2))
     async with client_for(rec, extra="[limiter]\ninitial = 64\nmax = 64") as client:
         runner = BatchRunner(
-            client, tmp_path / "db", "j", input_path=write_items(tmp_path / "in.jsonl", 60), concurrency=3
+            client,
+            tmp_path / "db",
+            "j",
+            RunnerOptions(input_path=write_items(tmp_path / "in.jsonl", 60), concurrency=3),
         )
         await runner.run()
     assert rec.peak == 3
@@ -59,7 +65,10 @@ async def test_rate_limits_how_many_items_start_per_second(tmp_path: Path) -> No
     rec = Recorder(scenario_app(latency=0.01))
     async with client_for(rec) as client:
         runner = BatchRunner(
-            client, tmp_path / "db", "j", input_path=write_items(tmp_path / "in.jsonl", 21), concurrency=16, rate=5.0
+            client,
+            tmp_path / "db",
+            "j",
+            RunnerOptions(input_path=write_items(tmp_path / "in.jsonl", 21), concurrency=16, rate=5.0),
         )
         await runner.run()
     starts = sorted(t for t, _, _ in rec.seen)
@@ -74,7 +83,7 @@ async def test_cancelling_stops_cleanly_and_resume_sends_nothing_already_done(tm
     db = tmp_path / "jobs.db"
     src = write_items(tmp_path / "in.jsonl", 100)
     async with client_for(rec) as client:
-        runner = BatchRunner(client, db, "j", input_path=src, concurrency=10)
+        runner = BatchRunner(client, db, "j", RunnerOptions(input_path=src, concurrency=10))
         task = asyncio.create_task(runner.run())
         await asyncio.sleep(2.25)  # four rounds done, the fifth in flight
         assert runner.progress().in_flight == 10
@@ -87,7 +96,7 @@ async def test_cancelling_stops_cleanly_and_resume_sends_nothing_already_done(tm
         assert read_progress(db, "j").state == "stopped"
         sent_before = len(rec.seen)
 
-        again = BatchRunner(client, db, "j", input_path=src, concurrency=10)  # the same command again
+        again = BatchRunner(client, db, "j", RunnerOptions(input_path=src, concurrency=10))  # the same command again
         summary = await again.run()
     assert summary.done == 100 and summary.sent == 60
     resent = rec.items()[sent_before:]
@@ -100,7 +109,7 @@ async def test_items_left_in_flight_by_a_crash_go_back_to_pending(tmp_path: Path
     rec = Recorder(scenario_app(latency=0.01))
     src = write_items(tmp_path / "in.jsonl", 10)
     async with client_for(rec) as client:
-        await BatchRunner(client, db, "j", input_path=src).run()
+        await BatchRunner(client, db, "j", RunnerOptions(input_path=src)).run()
         # What a kill -9 leaves behind: rows marked in flight, a lease held by a dead process.
         store = JobStore(db)
         store.conn.execute("UPDATE items SET state = 'in_flight', content = NULL WHERE line IN (3, 7)")
@@ -127,7 +136,10 @@ async def test_capacity_never_fails_an_item_it_is_parked_and_comes_back(tmp_path
     extra = "[client]\ndeadline = 10"
     async with client_for(build_app(script), extra=extra, bus=bus, cooldown=5, ramp_duration=1) as client:
         runner = BatchRunner(
-            client, db, "j", input_path=write_items(tmp_path / "in.jsonl", 12), concurrency=4, park_base=5, park_cap=20
+            client,
+            db,
+            "j",
+            RunnerOptions(input_path=write_items(tmp_path / "in.jsonl", 12), concurrency=4, park_base=5, park_cap=20),
         )
         summary = await runner.run()
     assert (summary.done, summary.failed) == (12, 0)
@@ -157,13 +169,13 @@ async def test_auth_halts_the_job_with_a_clear_error_and_resume_goes_on(tmp_path
     src = write_items(tmp_path / "in.jsonl", 30)
     async with client_for(build_app(script)) as client:
         with pytest.raises(BatchError, match="halted.*key, not capacity.*capmon batch resume j"):
-            await BatchRunner(client, db, "j", input_path=src, concurrency=4).run()
+            await BatchRunner(client, db, "j", RunnerOptions(input_path=src, concurrency=4)).run()
     states = dict(rows(db, "SELECT state, count(*) FROM items GROUP BY state"))
     assert states == {"pending": 30}  # nothing failed: it was the key, not the items
     assert read_progress(db, "j").state == "halted"
     state["bad"] = False
     async with client_for(build_app(script)) as client:  # a fresh client: the key was fixed
-        summary = await BatchRunner(client, db, "j", concurrency=4).run()
+        summary = await BatchRunner(client, db, "j", RunnerOptions(concurrency=4)).run()
     assert summary.done == 30
 
 
@@ -183,7 +195,9 @@ async def test_quota_halts_the_job_too(tmp_path: Path) -> None:
         script.always(m, spent)
     async with client_for(build_app(script)) as client:
         with pytest.raises(BatchError, match="billing, not capacity"):
-            await BatchRunner(client, tmp_path / "db", "j", input_path=write_items(tmp_path / "in.jsonl", 5)).run()
+            await BatchRunner(
+                client, tmp_path / "db", "j", RunnerOptions(input_path=write_items(tmp_path / "in.jsonl", 5))
+            ).run()
 
 
 async def test_a_bad_request_fails_only_that_item_with_kind_and_message(tmp_path: Path) -> None:
@@ -199,7 +213,9 @@ async def test_a_bad_request_fails_only_that_item_with_kind_and_message(tmp_path
     script.set("flagship", reply)
     db = tmp_path / "jobs.db"
     async with client_for(build_app(script)) as client:
-        summary = await BatchRunner(client, db, "j", input_path=write_items(tmp_path / "in.jsonl", 3)).run()
+        summary = await BatchRunner(
+            client, db, "j", RunnerOptions(input_path=write_items(tmp_path / "in.jsonl", 3))
+        ).run()
     assert (summary.done, summary.failed, summary.ok) == (2, 1, False)
     [(state, kind, message)] = rows(db, "SELECT state, error_kind, error_message FROM items WHERE id = 'it-0002'")
     assert (state, kind) == ("failed", "bad_request") and "too odd" in message
@@ -209,7 +225,10 @@ async def test_pause_starts_nothing_new_and_resume_goes_on(tmp_path: Path) -> No
     rec = Recorder(scenario_app(latency=1.0))
     async with client_for(rec) as client:
         runner = BatchRunner(
-            client, tmp_path / "db", "j", input_path=write_items(tmp_path / "in.jsonl", 20), concurrency=2
+            client,
+            tmp_path / "db",
+            "j",
+            RunnerOptions(input_path=write_items(tmp_path / "in.jsonl", 20), concurrency=2),
         )
         task = asyncio.create_task(runner.run())
         await asyncio.sleep(2.5)
@@ -233,8 +252,7 @@ async def test_a_window_waits_visibly_until_it_opens(tmp_path: Path) -> None:
             client,
             tmp_path / "db",
             "j",
-            input_path=write_items(tmp_path / "in.jsonl", 5),
-            window="22:00-06:00",
+            RunnerOptions(input_path=write_items(tmp_path / "in.jsonl", 5), window="22:00-06:00"),
             clock=clock,
         )
         task = asyncio.create_task(runner.run())
@@ -257,9 +275,7 @@ async def test_a_window_that_wraps_midnight_closes_and_opens_again(tmp_path: Pat
             client,
             tmp_path / "db",
             "j",
-            input_path=write_items(tmp_path / "in.jsonl", 20),
-            concurrency=1,
-            window="01:10-01:00",
+            RunnerOptions(input_path=write_items(tmp_path / "in.jsonl", 20), concurrency=1, window="01:10-01:00"),
             clock=clock,
         )  # open all day but 01:00-01:10
         task = asyncio.create_task(runner.run())
@@ -276,7 +292,9 @@ async def test_the_audit_records_every_attempt_with_the_key_alias_never_the_key(
     script.always("flagship", OVERLOADED)
     db = tmp_path / "jobs.db"
     async with client_for(build_app(script)) as client:
-        await BatchRunner(client, db, "j", input_path=write_items(tmp_path / "in.jsonl", 4), concurrency=1).run()
+        await BatchRunner(
+            client, db, "j", RunnerOptions(input_path=write_items(tmp_path / "in.jsonl", 4), concurrency=1)
+        ).run()
     audit = rows(
         db,
         "SELECT job, item, attempt, model, endpoint, key_alias, status, kind, decision, latency, at "
@@ -301,7 +319,7 @@ async def test_duplicate_ids_are_refused_before_anything_is_sent(tmp_path: Path)
     src = write_jsonl(tmp_path / "in.jsonl", [item("a"), item("b"), item("c"), item("a"), "", item("b")])
     async with client_for(rec) as client:
         with pytest.raises(BatchError, match=r"duplicate ids: 'a' on lines 1, 4; 'b' on lines 2, 6.*nothing was sent"):
-            await BatchRunner(client, tmp_path / "db", "j", input_path=src).run()
+            await BatchRunner(client, tmp_path / "db", "j", RunnerOptions(input_path=src)).run()
     assert rec.seen == []
     assert rows(tmp_path / "db", "SELECT count(*) FROM jobs") == [(0,)]  # fix the file and run again
 
@@ -312,7 +330,7 @@ async def test_an_empty_file_says_so(tmp_path: Path, text: str) -> None:
     src.write_text(text)
     async with client_for(scenario_app()) as client:
         with pytest.raises(BatchError, match="is empty"):
-            await BatchRunner(client, tmp_path / "db", "j", input_path=src).run()
+            await BatchRunner(client, tmp_path / "db", "j", RunnerOptions(input_path=src)).run()
 
 
 async def test_bad_lines_fail_with_their_line_numbers_while_the_rest_run(tmp_path: Path) -> None:
@@ -330,7 +348,7 @@ async def test_bad_lines_fail_with_their_line_numbers_while_the_rest_run(tmp_pat
     )
     db = tmp_path / "db"
     async with client_for(rec) as client:
-        summary = await BatchRunner(client, db, "j", input_path=src).run()
+        summary = await BatchRunner(client, db, "j", RunnerOptions(input_path=src)).run()
     assert (summary.done, summary.failed) == (2, 4)
     assert sorted(rec.items()) == ["it-0001", "no id"]
     failed = rows(db, "SELECT line, id, error_kind, error_message FROM items WHERE state = 'failed' ORDER BY line")
@@ -351,19 +369,19 @@ async def test_bad_lines_fail_with_their_line_numbers_while_the_rest_run(tmp_pat
 async def test_an_existing_job_refuses_a_different_input(tmp_path: Path) -> None:
     db = tmp_path / "db"
     async with client_for(scenario_app(latency=0.01)) as client:
-        await BatchRunner(client, db, "j", input_path=write_items(tmp_path / "a.jsonl", 3)).run()
+        await BatchRunner(client, db, "j", RunnerOptions(input_path=write_items(tmp_path / "a.jsonl", 3))).run()
         with pytest.raises(BatchError, match="different file.*--job NAME.*capmon batch resume j"):
-            await BatchRunner(client, db, "j", input_path=write_items(tmp_path / "b.jsonl", 4)).run()
+            await BatchRunner(client, db, "j", RunnerOptions(input_path=write_items(tmp_path / "b.jsonl", 4))).run()
 
 
 async def test_a_job_run_by_another_live_runner_is_refused(tmp_path: Path) -> None:
     db = tmp_path / "db"
     src = write_items(tmp_path / "in.jsonl", 50)
     async with client_for(scenario_app(latency=1.0)) as client:
-        first = asyncio.create_task(BatchRunner(client, db, "j", input_path=src, concurrency=2).run())
+        first = asyncio.create_task(BatchRunner(client, db, "j", RunnerOptions(input_path=src, concurrency=2)).run())
         await asyncio.sleep(1.5)
         with pytest.raises(BatchError, match="being run by another process"):
-            await BatchRunner(client, db, "j", input_path=src).run()
+            await BatchRunner(client, db, "j", RunnerOptions(input_path=src)).run()
         first.cancel()
         with pytest.raises(asyncio.CancelledError):
             await first
@@ -388,10 +406,10 @@ async def test_an_ingest_cut_short_goes_on_from_where_it_stopped(
     rec = Recorder(scenario_app(latency=0.01))
     async with client_for(rec) as client:
         with pytest.raises(KeyboardInterrupt):
-            await BatchRunner(client, db, "j", input_path=src).run()
+            await BatchRunner(client, db, "j", RunnerOptions(input_path=src)).run()
         assert rows(db, "SELECT count(*), max(line) FROM items") == [(14, 14)]  # two chunks of seven, in one piece
         assert rec.seen == []
-        summary = await BatchRunner(client, db, "j", input_path=src).run()
+        summary = await BatchRunner(client, db, "j", RunnerOptions(input_path=src)).run()
     assert summary.total == 30 and summary.done == 30
     assert sorted(r[0] for r in rows(db, "SELECT line FROM items")) == list(range(1, 31))
 
@@ -399,7 +417,9 @@ async def test_an_ingest_cut_short_goes_on_from_where_it_stopped(
 async def test_read_progress_from_outside_matches_the_runner(tmp_path: Path) -> None:
     db = tmp_path / "db"
     async with client_for(scenario_app(latency=0.5)) as client:
-        runner = BatchRunner(client, db, "j", input_path=write_items(tmp_path / "in.jsonl", 40), concurrency=4)
+        runner = BatchRunner(
+            client, db, "j", RunnerOptions(input_path=write_items(tmp_path / "in.jsonl", 40), concurrency=4)
+        )
         task = asyncio.create_task(runner.run())
         await asyncio.sleep(2.2)
         inside, outside = runner.progress(), read_progress(db, "j")
@@ -424,7 +444,10 @@ async def test_a_result_counts_as_done_only_once_committed(tmp_path: Path) -> No
     bus.subscribe(check)
     async with client_for(scenario_app(latency=0.05), bus=bus) as client:
         runner = BatchRunner(
-            client, db, "j", input_path=write_items(tmp_path / "in.jsonl", 30), concurrency=5, flush_interval=1.0
+            client,
+            db,
+            "j",
+            RunnerOptions(input_path=write_items(tmp_path / "in.jsonl", 30), concurrency=5, flush_interval=1.0),
         )
         await runner.run()
     assert len(seen) == 30 and all(c == 1 for c, _ in seen)

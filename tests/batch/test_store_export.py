@@ -12,6 +12,7 @@ import pytest
 from capmon.batch import JobStore, default_db_path, read_progress
 from capmon.batch import store as store_mod
 from capmon.batch.export import check_writable, export_job
+from capmon.batch.options import RunnerOptions
 from capmon.batch.runner import BatchRunner
 from capmon.core.exceptions import BatchError
 from tests.batch.helpers import client_for, item, rows, write_jsonl
@@ -105,7 +106,7 @@ async def test_export_is_in_input_order_with_errors_and_leaves_unfinished_items_
     src = write_jsonl(tmp_path / "in.jsonl", [item("b", metadata={"n": 1}), "{broken", item("c"), item("a")])
     db = tmp_path / "db"
     async with client_for(build_app(script)) as client:
-        await BatchRunner(client, db, "j", input_path=src).run()
+        await BatchRunner(client, db, "j", RunnerOptions(input_path=src)).run()
     out = tmp_path / "out.jsonl"
     result = export_job(db, "j", out)
     records = [json.loads(line) for line in out.read_text().splitlines()]

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from capmon.batch import BatchRunner, read_progress
+from capmon.batch.options import RunnerOptions
 from capmon.cli import main
 from capmon.core.events import EventBus
 from capmon.core.exceptions import BatchError
@@ -88,7 +89,7 @@ async def test_database_replaced_mid_run_halts_and_leaves_the_new_file_alone(tmp
     db = tmp_path / "jobs.db"
     async with running_simulator(scenario(base_latency=0.05)) as sim:
         async with FallbackClient(sim_config(sim.base_url), environ=ENV, bus=EventBus()) as client:
-            runner = BatchRunner(client, db, "swap", input_path=src, concurrency=16)
+            runner = BatchRunner(client, db, "swap", RunnerOptions(input_path=src, concurrency=16))
             task = asyncio.create_task(runner.run())
             while runner.progress().done < 100:
                 await asyncio.sleep(0.01)

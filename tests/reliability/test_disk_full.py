@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from capmon.batch import BatchRunner, read_progress
+from capmon.batch.options import RunnerOptions
 from capmon.core import events as ev
 from capmon.core.events import EventBus
 from capmon.core.exceptions import BatchError
@@ -61,7 +62,7 @@ async def _fill_and_resume(
         bus = EventBus(history=100)
         sends = Sends(bus)
         async with FallbackClient(sim_config(sim.base_url), environ=ENV, bus=bus) as client:
-            runner = BatchRunner(client, db, "full", input_path=src, concurrency=16)
+            runner = BatchRunner(client, db, "full", RunnerOptions(input_path=src, concurrency=16))
             task = asyncio.create_task(runner.run())
             while runner.progress().done < 100:
                 await asyncio.sleep(0.01)
@@ -88,7 +89,7 @@ async def _fill_and_resume(
         free()
         bus2 = EventBus(history=100)
         async with FallbackClient(sim_config(sim.base_url), environ=ENV, bus=bus2) as client:
-            summary = await BatchRunner(client, db, "full", concurrency=16).run()
+            summary = await BatchRunner(client, db, "full", RunnerOptions(concurrency=16)).run()
     assert (summary.done, summary.failed, summary.state) == (N, 0, "finished")
     ok = dict(read_only_query(db, "SELECT item, count(*) FROM attempts WHERE decision = 'ok' GROUP BY item"))
     assert len(ok) == N and set(ok.values()) == {1}  # every item once in the store, none lost
@@ -167,7 +168,7 @@ async def test_space_freed_while_paused_lets_the_job_go_on_with_nothing_sent_twi
         bus = EventBus(history=100)
         sends = Sends(bus)
         async with FallbackClient(sim_config(sim.base_url), environ=ENV, bus=bus) as client:
-            runner = BatchRunner(client, db, "full", input_path=src, concurrency=16)
+            runner = BatchRunner(client, db, "full", RunnerOptions(input_path=src, concurrency=16))
             task = asyncio.create_task(runner.run())
             while runner.progress().done < 100:
                 await asyncio.sleep(0.01)

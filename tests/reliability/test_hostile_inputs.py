@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from capmon.batch import BatchRunner, JobStore, commands
+from capmon.batch.options import RunnerOptions
 from capmon.cli import main
 from capmon.core.exceptions import BatchError
 from capmon.report import build_item_report, build_report, format_item, format_report
@@ -40,7 +41,7 @@ async def test_report_text_escapes_control_characters_in_ids_and_messages(tmp_pa
     db = tmp_path / "jobs.db"
     src = write_jsonl(tmp_path / "in.jsonl", [item(i) for i in EVIL_IDS] + ['{"id": "\\u001b]0;title\\u0007", "oops"'])
     async with client_for(build_app(script)) as client:
-        await BatchRunner(client, db, "j", input_path=src).run()
+        await BatchRunner(client, db, "j", RunnerOptions(input_path=src)).run()
     with JobStore(db, readonly=True) as store:
         report = build_report(store, "j")
         text = format_report(report)
@@ -66,7 +67,7 @@ async def test_a_utf8_bom_does_not_fail_line_1(tmp_path: Path) -> None:
     src = tmp_path / "bom.jsonl"
     src.write_bytes(b"\xef\xbb\xbf" + "\n".join(json.dumps(item(i)) for i in range(1, 4)).encode() + b"\n")
     async with client_for(build_app(Script())) as client:
-        summary = await BatchRunner(client, tmp_path / "db", "j", input_path=src).run()
+        summary = await BatchRunner(client, tmp_path / "db", "j", RunnerOptions(input_path=src)).run()
     assert (summary.done, summary.failed) == (3, 0)
     assert rows(tmp_path / "db", "SELECT id, line FROM items ORDER BY key")[0] == ("it-0001", 1)
 
@@ -110,7 +111,7 @@ async def test_a_utf16_or_binary_input_is_one_whole_file_error(tmp_path: Path, m
     script = Script()
     async with client_for(build_app(script)) as client:
         with pytest.raises(BatchError) as e:
-            await BatchRunner(client, tmp_path / "db", "j", input_path=src).run()
+            await BatchRunner(client, tmp_path / "db", "j", RunnerOptions(input_path=src)).run()
     message = str(e.value)
     assert message.startswith(f"{src}: ") and expected in message and "UTF-8" in message and "\n" not in message
     assert not script.seen and rows(tmp_path / "db", "SELECT count(*) FROM jobs") == [(0,)]
@@ -173,7 +174,7 @@ async def test_half_a_utf16_pair_fails_its_line_not_the_job(tmp_path: Path) -> N
         ],
     )
     async with client_for(build_app(Script())) as client:
-        summary = await BatchRunner(client, tmp_path / "db", "j", input_path=src).run()
+        summary = await BatchRunner(client, tmp_path / "db", "j", RunnerOptions(input_path=src)).run()
     assert (summary.done, summary.failed) == (1, 4)
     failed = dict(rows(tmp_path / "db", "SELECT line, error_message FROM items WHERE state = 'failed'"))
     assert "\\ud800" in failed[1] and failed[1].startswith("id: ")

@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from capmon.batch.options import RunnerOptions
 from capmon.batch.runner import BatchRunner
 from capmon.cli import main
 from capmon.core.config import load_config
@@ -137,7 +138,7 @@ async def cli(*argv: str) -> tuple[int, str, str]:
 
 
 async def run_job(client: FallbackClient, db: Path, job: str, src: Path, texts: Texts) -> Any:
-    runner = BatchRunner(client, db, job, input_path=src, concurrency=6, park_base=0.05, park_cap=0.2)
+    runner = BatchRunner(client, db, job, RunnerOptions(input_path=src, concurrency=6, park_base=0.05, park_cap=0.2))
     try:
         summary = await asyncio.wait_for(runner.run(), 60)
     except BatchError as e:  # a halted job raises: its message is searched too

@@ -13,6 +13,7 @@ import pytest
 from capmon.advice import advise
 from capmon.batch import BatchRunner
 from capmon.batch.export import export_job
+from capmon.batch.options import RunnerOptions
 from capmon.batch.store import JobStore
 from capmon.core.router import FallbackClient
 from capmon.report import build_item_report, build_report, format_item, format_report
@@ -50,7 +51,9 @@ async def test_an_answer_over_max_response_bytes_is_never_stored_and_the_audit_s
     async with serve(script) as url:
         cfg = single_config(url, extra=f"[client]\nmax_response_bytes = {CAP}")
         async with FallbackClient(cfg, environ=ENV) as client:
-            summary = await BatchRunner(client, db, "big", input_path=write_items(tmp_path / "in.jsonl", 3)).run()
+            summary = await BatchRunner(
+                client, db, "big", RunnerOptions(input_path=write_items(tmp_path / "in.jsonl", 3))
+            ).run()
     assert (summary.done, summary.failed) == (2, 1)
 
     # The store: nothing over the cap, for any item.

@@ -107,6 +107,10 @@ class BatchPanel(Vertical):
             split.append("█" * filled, style="cyan")
             split.append("░" * (20 - filled), style="dim")
         lines = len(progress.per_model)
+        if progress.workers:  # a job shared by workers in PostgreSQL: each one's share
+            shares = " · ".join(f"{w} {n:,}" for w, n in progress.workers)
+            split.append(("\n" if lines else "") + text.shorten(f"workers: {shares}", 120), style="dim")
+            lines += 1
         if message:
             split.append(("\n" if lines else "") + text.shorten(message, 120), style="italic")
             lines += 1
