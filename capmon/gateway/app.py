@@ -97,9 +97,11 @@ class CountResponses:
         await self.app(scope, receive, counted)
 
 
-def create_app(client: FallbackClient, settings: GatewaySettings) -> Starlette:
+def create_app(client: FallbackClient, settings: GatewaySettings, *, in_process: bool = False) -> Starlette:
     """The gateway in front of ``client``. Call it in the event loop that serves it; call
-    ``close_app(app)`` when done (the client stays the caller's)."""
+    ``close_app(app)`` when done (the client stays the caller's). ``in_process``: for the
+    SDK clients' transport in this process (capmon/inprocess), without the browser checks
+    and CORS: no browser can reach an app that has no socket."""
     names = ModelNames(settings.models, settings.aliases)
     gw = Gateway(
         client=client,
@@ -122,9 +124,10 @@ def create_app(client: FallbackClient, settings: GatewaySettings) -> Starlette:
     app = Starlette(routes=routes, exception_handlers={ApiError: _api_error, HTTPException: _http_error})
     app.state.gateway = gw
     # Added innermost first: the counting sees every answer, the browser checks' refusals included.
-    if settings.cors_origins:
-        add_cors(app, settings)
-    app.add_middleware(BrowserGuard, settings=settings)
+    if not in_process:
+        if settings.cors_origins:
+            add_cors(app, settings)
+        app.add_middleware(BrowserGuard, settings=settings)
     app.add_middleware(CountResponses, gateway=gw)
     app.add_middleware(Exchanges, clock=client.clock, log=gw.access_log)  # outermost: every reply has its id
     return app
