@@ -57,7 +57,8 @@ def write_config(where: Path, *, full: Iterable[str] = (), extra: str = "") -> P
     )
     for name, api in MODELS:
         endpoint = "sim-anthropic" if api == "anthropic" else "sim"
-        text += f'\n[[models]]\nname = "{name}"\napi_model = "sim-{name}"\nendpoints = ["{endpoint}"]\nmax_tokens = 64\n'
+        text += f'\n[[models]]\nname = "{name}"\napi_model = "sim-{name}"\nendpoints = ["{endpoint}"]\n'
+        text += "max_tokens = 64\n"
     path = where / "capmon.toml"
     path.write_text(text + extra)
     return path
