@@ -272,7 +272,7 @@ class Runtime:
             return home
         if home is None or home.gone():
             home = self._live(loop)
-        if home.loop is not loop and not home.loop.is_running():
+        if not home.ours and home.loop is not loop and not home.loop.is_running():
             raise _paused()
         if home.state is not HomeState.READY:
             await asyncio.wrap_future(home.ready)

@@ -291,11 +291,13 @@ def transports(http: ModuleType) -> tuple[type[httpx.BaseTransport], type[httpx.
             inbox = _Inbox(loop)
             near = home.loop is loop
             call = _Call(app, _scope(request), body, inbox.put if near else inbox.put_from_afar)
+            timeout = _read_timeout(request)
+            if near and b'"stream"' not in body:
+                return await self._inline(call, inbox, request, timeout)
             if near:
                 call.start()
             else:
                 home.loop.call_soon_threadsafe(call.start)
-            timeout = _read_timeout(request)
             try:
                 while True:
                     item = await inbox.get(timeout)
@@ -313,6 +315,24 @@ def transports(http: ModuleType) -> tuple[type[httpx.BaseTransport], type[httpx.
             if whole is not None:  # a plain reply has come whole: nothing to stream
                 return response(item, http.ByteStream(whole))
             return response(item, AsyncBody(inbox, call, home, request, timeout, near))
+
+        @staticmethod
+        async def _inline(call: _Call, inbox: _Inbox, request: httpx.Request, timeout: float | None) -> httpx.Response:
+            """A request that cannot stream, on the caller's own loop: the app runs in the
+            caller's task (its answer is whole when it returns), with no task of its own."""
+            try:
+                async with asyncio.timeout(timeout):
+                    await call.run()
+            except TimeoutError:
+                raise timed_out("did not answer") from None
+            items = inbox.items
+            start = items.popleft() if items else _End(None)
+            if isinstance(start, _End) or start["type"] != _START:
+                raise failed(start if isinstance(start, _End) else _End(None), request)
+            whole = _whole(items)
+            if whole is None:
+                raise broken(request, "capmon's in-process gateway ended the answer before its end")
+            return response(start, http.ByteStream(whole))
 
     class SyncBody(http.SyncByteStream):  # type: ignore[misc,name-defined]
         def __init__(
