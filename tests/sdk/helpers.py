@@ -32,6 +32,7 @@ CLAUDE_WEATHER_TOOL = {
 }
 MODELS = (("flagship", "openai"), ("claude", "anthropic"), ("medium", "openai"))
 ANSWER_TOKENS = 6
+BASE_LATENCY = 0.002  # seconds: every simulated model answers at once, as near as a real socket allows
 
 
 def _scenario(full: Iterable[str]) -> str:
@@ -39,7 +40,7 @@ def _scenario(full: Iterable[str]) -> str:
     for name, api in MODELS:
         out += (
             f'\n[[models]]\nname = "sim-{name}"\napi = "{api}"\nslots = {0 if name in full else 16}\n'
-            f"base_latency = 0.002\nper_token = 0.0\nnoise = 0.0\nanswer_tokens = {ANSWER_TOKENS}\n"
+            f"base_latency = {BASE_LATENCY}\nper_token = 0.0\nnoise = 0.0\nanswer_tokens = {ANSWER_TOKENS}\n"
         )
     return out
 
@@ -85,15 +86,20 @@ async def afill(cfg: Config, *models: str) -> None:
             (await http.post(f"{admin_url(cfg)}/models/sim-{m}", json={"slots": 0})).raise_for_status()
 
 
+def slow(cfg: Config, model: str, seconds: float) -> None:
+    """Make a simulated model take ``seconds`` to answer."""
+    with httpx.Client(trust_env=False, timeout=10) as http:
+        factor = seconds / BASE_LATENCY
+        http.post(f"{admin_url(cfg)}/models/sim-{model}", json={"latency_factor": factor}).raise_for_status()
+
+
 @contextlib.contextmanager
 def fresh_engine() -> Iterator[None]:
     """Each test starts with no engine and no config in the process, and leaves none."""
     RUNTIME.close()
     RUNTIME.config = None
-    built = RUNTIME.built
     try:
         yield
     finally:
         RUNTIME.close()
         RUNTIME.config = None
-        assert RUNTIME.built >= built

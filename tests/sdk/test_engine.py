@@ -21,7 +21,7 @@ import pytest
 
 import capmon
 from capmon.inprocess.home import RUNTIME, THREAD_NAME
-from tests.sdk.helpers import ANSWER_TOKENS, HELLO, config, write_config
+from tests.sdk.helpers import ANSWER_TOKENS, HELLO, config, slow, write_config
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -147,6 +147,22 @@ def test_other_loops_and_threads_reach_the_one_engine_and_what_would_hang_is_ref
     assert capmon.inprocess.engine() is None  # it closed with its loop
     assert sync.chat.completions.create(model="auto", messages=HELLO).choices[0].message.content
     assert RUNTIME.built == built + 2 and len(engine_threads()) == 1
+
+
+def test_the_sdks_timeout_bounds_the_wait_and_cancels_the_attempt(tmp_path: Path) -> None:
+    cfg = config(tmp_path)
+    sdk = capmon.openai_client(cfg, timeout=0.2)
+    assert sdk.chat.completions.create(model="auto", messages=HELLO).choices[0].message.content
+    slow(cfg, "flagship", 0.5)
+    with pytest.raises(openai.APITimeoutError):
+        sdk.chat.completions.create(model="auto", messages=HELLO)
+    # the caller went away: the engine cancelled its attempt and gave the slot back
+    for _ in range(200):
+        if capmon.inprocess.call_in_engine(lambda e: e.client.snapshot().in_flight) == 0:
+            break
+        threading.Event().wait(0.01)
+    snap = capmon.inprocess.call_in_engine(lambda e: e.client.snapshot())
+    assert snap.in_flight == 0 and snap.requests == 2 and snap.succeeded == 1  # not left to answer in 0.5 s
 
 
 def test_another_config_while_the_engine_runs_is_a_clear_error(tmp_path: Path) -> None:
