@@ -40,13 +40,16 @@ import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from starlette.applications import Starlette
 
 from capmon.core.config import Config, resolve_keys
 from capmon.core.exceptions import CapmonError
 from capmon.runtime import Engine, load, open_engine
+
+if TYPE_CHECKING:
+    from capmon.gateway.settings import GatewaySettings
 
 log = logging.getLogger("capmon.inprocess")
 
@@ -68,7 +71,7 @@ class HomeState(enum.Enum):
     CLOSED = "closed"  # closed, failed to start, or its loop is gone
 
 
-def settings_for(config: Config) -> Any:
+def settings_for(config: Config) -> GatewaySettings:
     """The gateway's settings for in-process use: no client keys or admin key (nothing
     outside the process can reach the app, and the SDKs' placeholder keys are ignored), no
     CORS and no access log (the gateway's log is the gateway process's); the rest, the
@@ -357,6 +360,8 @@ class Runtime:
         if home is None or home.engine is None:
             raise InProcessError("capmon's in-process engine is not running (it starts on a client's first request)")
         engine = home.engine
+        if asyncio.events._get_running_loop() is home.loop:
+            raise InProcessError("call_in_engine() waits for the engine's loop; on that loop, use the engine directly")
 
         async def run() -> T:
             return fn(engine)
