@@ -165,6 +165,22 @@ def test_the_sdks_timeout_bounds_the_wait_and_cancels_the_attempt(tmp_path: Path
     assert snap.in_flight == 0 and snap.requests == 2 and snap.succeeded == 1  # not left to answer in 0.5 s
 
 
+def test_an_engine_on_a_loop_that_is_not_running_is_a_clear_error_and_closes_there(tmp_path: Path) -> None:
+    cfg = config(tmp_path)
+    loop = asyncio.new_event_loop()
+    try:
+        sdk = capmon.async_openai_client(cfg)
+        answer = loop.run_until_complete(sdk.chat.completions.create(model="auto", messages=HELLO))
+        assert answer.choices[0].message.content  # the engine lives on `loop`, which is paused now
+        with pytest.raises(openai.APIConnectionError) as info:
+            capmon.openai_client().chat.completions.create(model="auto", messages=HELLO)
+        assert "event loop that is not running now" in str(info.value.__cause__)
+        capmon.close_engine()  # runs that loop until the engine is closed
+        assert capmon.inprocess.engine() is None
+    finally:
+        loop.close()
+
+
 def test_another_config_while_the_engine_runs_is_a_clear_error(tmp_path: Path) -> None:
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
