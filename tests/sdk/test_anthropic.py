@@ -47,7 +47,7 @@ def test_sync_plain_streamed_tools_fallback_and_overloaded(tmp_path: Path) -> No
 
     fill(cfg, "flagship", "medium")
     with pytest.raises(anthropic.OverloadedError) as info:
-        sdk.messages.create(model="auto", max_tokens=64, messages=HELLO, extra_headers={"x-capmon-deadline": "0.3"})
+        sdk.messages.create(model="auto", max_tokens=64, messages=HELLO, extra_headers={"x-capmon-deadline": "0.1"})
     assert info.value.status_code == 529 and info.value.body["error"]["type"] == "overloaded_error"  # type: ignore[index]
     assert RUNTIME.built == built + 1
 

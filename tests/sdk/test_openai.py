@@ -47,7 +47,7 @@ def test_sync_plain_streamed_tools_fallback_and_rate_limit(tmp_path: Path) -> No
 
     fill(cfg, "claude", "medium")
     with pytest.raises(openai.RateLimitError) as info:
-        sdk.chat.completions.create(model="auto", messages=HELLO, extra_headers={"x-capmon-deadline": "0.3"})
+        sdk.chat.completions.create(model="auto", messages=HELLO, extra_headers={"x-capmon-deadline": "0.1"})
     r = info.value.response
     assert r.status_code == 429 and info.value.code == "model_at_capacity" and int(r.headers["retry-after"]) >= 1
     assert RUNTIME.built == built + 1
