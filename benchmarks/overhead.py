@@ -3,6 +3,7 @@ and capmon's FallbackClient on each transport, for plain and streaming requests.
 
     python -m benchmarks.overhead [--requests 5000] [--concurrency 32] [--reps 5]
                                   [--kinds KIND ...] [--modes plain stream]
+                                  [--cross | --sdk]
                                   [--profile FILE] [--profile-kind KIND] [--profile-mode MODE]
 
 An instant OpenAI-style endpoint (a bare ASGI app under uvicorn, no sleep) runs in its
@@ -32,6 +33,25 @@ What each kind does per request (the least a correct client does, or capmon's wh
   and ``transport=make_transport(...)``: choose a target (breaker, limiter, buckets),
   send, classify, update breaker / limiter / stats, publish events on a bus with no
   subscriber, build the ChatResult.
+
+In-process SDK clients (``--sdk``: these kinds and ``capmon-aiohttp``, the library's own
+``client.chat``, in one run), each the real openai SDK's ``AsyncOpenAI`` (``sdk-*-sync``:
+``OpenAI`` from ``--concurrency`` threads) on the same three-model config:
+
+* ``sdk-null`` / ``sdk-null-sync``: the SDK on a transport that answers from memory (the
+  instant endpoint's bytes, no HTTP): what the SDK itself costs (its request building, its
+  pydantic parsing; the sync one, the threads too);
+* ``sdk-direct``: the SDK straight at the instant endpoint on its own HTTP stack, no capmon;
+* ``sdk-inprocess`` / ``sdk-inprocess-sync``: ``capmon.async_openai_client(cfg)`` /
+  ``capmon.openai_client(cfg)``: the SDK, capmon's in-process transport, the gateway's app
+  and the FallbackClient (async: on the caller's loop; sync: the engine's background thread);
+* ``sdk-gateway``: the SDK at ``capmon serve``'s app under uvicorn on a loopback port, in
+  the same process (so the CPU counted is the SDK's, the gateway's and the client's alike).
+
+The report says what capmon costs under the SDK (a kind minus ``sdk-null``, or
+``sdk-null-sync`` for the sync kind: the transport, the gateway's request handling, the
+FallbackClient and its HTTP to the endpoint) against what ``client.chat`` costs
+(``capmon-aiohttp``: the FallbackClient and its HTTP); goal: at most 1.2x.
 
 ``--profile FILE`` also runs one kind once under cProfile and prints the top functions.
 """
@@ -148,7 +168,18 @@ CROSS_KINDS = {
 }
 CROSS_PAIRS = [("chat-on-anthropic", "chat-on-openai"), ("messages-on-openai", "messages-on-anthropic")]
 CROSS_GOAL = 1.25  # a cross-format request's CPU at most this many times the same-format one's
-ALL_KINDS = KINDS + EXTRA_KINDS + list(CROSS_KINDS)
+# In-process SDK clients (--sdk), against the library's own client.chat (capmon-aiohttp).
+SDK_KINDS = [
+    "capmon-aiohttp",
+    "sdk-null",
+    "sdk-null-sync",
+    "sdk-direct",
+    "sdk-inprocess",
+    "sdk-inprocess-sync",
+    "sdk-gateway",
+]
+SDK_GOAL = 1.2  # capmon's in-process SDK client's CPU per request at most this many times client.chat's
+ALL_KINDS = list(dict.fromkeys(KINDS + EXTRA_KINDS + list(CROSS_KINDS) + SDK_KINDS))
 
 
 # ---------------------------------------------------------------- the instant endpoint
@@ -359,7 +390,118 @@ async def _client(kind: str, mode: str, base_url: str, concurrency: int) -> tupl
         return call, fc.aclose
     if kind in CROSS_KINDS:
         return _cross_client(kind, stream, base_url, concurrency)
+    if kind.startswith("sdk-"):
+        return await _sdk_client(kind, stream, base_url, concurrency)
     raise ValueError(kind)
+
+
+async def _sdk_client(
+    kind: str, stream: bool, base_url: str, concurrency: int
+) -> tuple[Callable[[], Awaitable[None]], Any]:
+    """The real openai SDK, straight at the endpoint, through capmon in process, or at
+    capmon's gateway in this process."""
+    import openai
+
+    import capmon
+
+    cfg = _config(base_url, concurrency)
+    messages = [{"role": "user", "content": "Say ok."}]
+    closers: list[Callable[[], Awaitable[None]]] = []
+    if kind == "sdk-inprocess-sync":
+        return _sync_sdk_client(capmon.openai_client(cfg), stream, concurrency)
+    if kind == "sdk-null-sync":
+        return _sync_sdk_client(_null_sdk(stream, sync=True), stream, concurrency)
+    if kind == "sdk-null":
+        sdk = _null_sdk(stream, sync=False)
+    elif kind == "sdk-direct":
+        sdk = openai.AsyncOpenAI(base_url=base_url, api_key=KEY, max_retries=0)
+    elif kind == "sdk-inprocess":
+        sdk = capmon.async_openai_client(cfg)
+        closers.append(capmon.aclose_engine)
+    elif kind == "sdk-gateway":
+        from capmon.core.router import FallbackClient
+        from capmon.gateway import close_app, create_app, load_settings, start_server
+
+        fc = FallbackClient(cfg, environ={})
+        app = create_app(fc, load_settings(cfg, listen="127.0.0.1:0", environ={}))
+        server = await start_server(app, "127.0.0.1", 0)
+        sdk = openai.AsyncOpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
+
+        async def close_gateway() -> None:
+            close_app(app)
+            await server.stop()
+            await fc.aclose()
+
+        closers.append(close_gateway)
+    else:
+        raise ValueError(kind)
+
+    async def call() -> None:
+        if stream:
+            chunks = await sdk.chat.completions.create(model="auto", messages=messages, stream=True)  # type: ignore[arg-type]
+            _check_text("".join([c.choices[0].delta.content or "" async for c in chunks if c.choices]), STREAM_TEXT)
+            return
+        r = await sdk.chat.completions.create(model="auto", messages=messages)  # type: ignore[arg-type]
+        _check_text(r.choices[0].message.content or "", "ok")
+
+    async def close() -> None:
+        await sdk.close()
+        for closer in closers:
+            await closer()
+
+    return call, close
+
+
+def _null_sdk(stream: bool, *, sync: bool) -> Any:
+    """The openai SDK on a transport of its own HTTP package that answers from memory."""
+    import openai
+    from openai import _base_client
+
+    http = getattr(_base_client, "httpx2", None) or _base_client.httpx  # type: ignore[attr-defined]
+    if stream:
+        body, headers = b"".join(STREAM), {"content-type": "text/event-stream"}
+    else:
+        body, headers = ANSWER, {"content-type": "application/json"}
+
+    def answer(request: Any) -> Any:
+        return http.Response(200, headers=headers, content=body)
+
+    transport = http.MockTransport(answer)
+    if sync:
+        return openai.OpenAI(
+            base_url="http://null.invalid/v1", api_key=KEY, max_retries=0, http_client=http.Client(transport=transport)
+        )
+    return openai.AsyncOpenAI(
+        base_url="http://null.invalid/v1", api_key=KEY, max_retries=0, http_client=http.AsyncClient(transport=transport)
+    )
+
+
+def _sync_sdk_client(sdk: Any, stream: bool, concurrency: int) -> tuple[Callable[[], Awaitable[None]], Any]:
+    """The sync SDK from ``concurrency`` threads (``_drive``'s tasks each hand their call to one)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import capmon
+
+    pool = ThreadPoolExecutor(concurrency)
+    messages = [{"role": "user", "content": "Say ok."}]
+
+    def one() -> None:
+        if stream:
+            chunks = sdk.chat.completions.create(model="auto", messages=messages, stream=True)
+            _check_text("".join(c.choices[0].delta.content or "" for c in chunks if c.choices), STREAM_TEXT)
+            return
+        r = sdk.chat.completions.create(model="auto", messages=messages)
+        _check_text(r.choices[0].message.content or "", "ok")
+
+    async def call() -> None:
+        await asyncio.get_running_loop().run_in_executor(pool, one)
+
+    async def close() -> None:
+        pool.shutdown()
+        sdk.close()
+        capmon.close_engine()
+
+    return call, close
 
 
 def _cross_client(
@@ -474,7 +616,50 @@ def report(runs: dict[tuple[str, str], list[dict[str, float]]], kinds: list[str]
                     verdict = "**met**" if ratio <= GOAL else f"missed by {(ratio - GOAL) * base:.0f} us / request"
                     lines.append(f"- goal {kind} {mode} <= {GOAL:g}x raw aiohttp: {verdict} ({ratio:.2f}x)")
     lines.extend(cross_report(runs, modes))
+    lines.extend(sdk_report(med, modes))
     return "\n".join(lines)
+
+
+def sdk_report(med: dict[tuple[str, str], float], modes: list[str]) -> list[str]:
+    """The in-process SDK clients against the library's own client.chat (capmon-aiohttp):
+    what capmon costs under the SDK (the kind minus the SDK alone, sdk-null), and its ratio."""
+    rows = []
+    for mode in modes:
+        lib = med.get(("capmon-aiohttp", mode))
+        if not lib:
+            continue
+        for kind, alone in (
+            ("sdk-inprocess", "sdk-null"),
+            ("sdk-inprocess-sync", "sdk-null-sync"),
+            ("sdk-gateway", "sdk-null"),
+            ("sdk-direct", "sdk-null"),
+        ):
+            got, base = med.get((kind, mode)), med.get((alone, mode))
+            if got is None or base is None:
+                continue
+            under = got - base
+            ratio = under / lib
+            verdict = (
+                "-"
+                if kind == "sdk-direct"
+                else "**met**"
+                if ratio <= SDK_GOAL
+                else f"missed by {(ratio - SDK_GOAL) * lib:.0f} us / request"
+            )
+            rows.append(
+                f"| {kind} | {mode} | {got:.0f} | {base:.0f} ({alone}) | {under:.0f} | {ratio:.2f}x | {verdict} |"
+            )
+    if not rows:
+        return []
+    return [
+        "",
+        f"In-process SDK clients: what capmon costs under the openai SDK (the kind minus the SDK alone) against "
+        f"client.chat (capmon-aiohttp); goal: at most {SDK_GOAL:g}x (sdk-direct: the SDK's own HTTP, for scale):",
+        "",
+        "| kind | mode | CPU us / request | the SDK alone | under the SDK | x client.chat | goal |",
+        "|---|---|---|---|---|---|---|",
+        *rows,
+    ]
 
 
 def cross_report(runs: dict[tuple[str, str], list[dict[str, float]]], modes: list[str]) -> list[str]:
@@ -523,6 +708,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="capmon across formats: chat and messages() requests served on each wire (the four cross kinds)",
     )
+    ap.add_argument(
+        "--sdk",
+        action="store_true",
+        help="the openai SDK: alone, through capmon in process (async and sync) and at the gateway, "
+        "against client.chat",
+    )
     ap.add_argument("--modes", nargs="+", choices=MODES, default=MODES, help="plain and / or streaming requests")
     ap.add_argument("--profile", metavar="FILE", help="also profile one kind with cProfile; stats to FILE")
     ap.add_argument("--profile-kind", choices=ALL_KINDS, default="capmon-aiohttp")
@@ -539,8 +730,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(asyncio.run(measure(args.worker, args.mode, args.url, args.requests, args.concurrency))))
         return 0
 
-    asked = args.kinds or (list(CROSS_KINDS) if args.cross else KINDS)
-    kinds = [k for k in ALL_KINDS if k in asked or (args.cross and k in CROSS_KINDS)]
+    asked = args.kinds or (list(CROSS_KINDS) if args.cross else SDK_KINDS if args.sdk else KINDS)
+    kinds = [k for k in ALL_KINDS if k in asked or (args.cross and k in CROSS_KINDS) or (args.sdk and k in SDK_KINDS)]
     modes = [m for m in MODES if m in args.modes]
     port = free_port()
     server = spawn([sys.executable, "-m", "benchmarks.overhead", "--serve", str(port)])

@@ -4,14 +4,47 @@ The public API::
 
     from capmon import FallbackClient, ChatRequest, ChatResult, RequestFailed, load_config, open_engine
 
-See README.md ("Use it as a library") and ARCHITECTURE.md.
+and the in-process SDK clients (capmon/inprocess, imported on first use, with openai or
+anthropic only when their constructor is called)::
+
+    client = capmon.openai_client()        # also async_openai_client, anthropic_client,
+                                           # async_anthropic_client, httpx_client, async_httpx_client
+
+See README.md ("Use it as a library", "Your SDK, in process") and ARCHITECTURE.md.
 """
+
+from typing import TYPE_CHECKING
 
 from capmon.core.exceptions import CannotWait, CapmonError, ConfigError, DeadlineExceeded, RequestFailed
 from capmon.core.result import Attempt, ChatRequest, ChatResult
 from capmon.core.router import FallbackClient
+from capmon.lazy import lazy_exports
 from capmon.runtime import Engine, open_engine
 from capmon.runtime import load as load_config
+
+if TYPE_CHECKING:
+    from capmon.inprocess import (
+        aclose_engine,
+        anthropic_client,
+        async_anthropic_client,
+        async_httpx_client,
+        async_openai_client,
+        close_engine,
+        httpx_client,
+        openai_client,
+    )
+
+_IN_PROCESS = (
+    "openai_client",
+    "async_openai_client",
+    "anthropic_client",
+    "async_anthropic_client",
+    "httpx_client",
+    "async_httpx_client",
+    "close_engine",
+    "aclose_engine",
+)
+__getattr__ = lazy_exports("capmon", dict.fromkeys(_IN_PROCESS, "capmon.inprocess"))
 
 __version__ = "0.1.0"
 
@@ -26,6 +59,14 @@ __all__ = [
     "Engine",
     "FallbackClient",
     "RequestFailed",
+    "aclose_engine",
+    "anthropic_client",
+    "async_anthropic_client",
+    "async_httpx_client",
+    "async_openai_client",
+    "close_engine",
+    "httpx_client",
     "load_config",
     "open_engine",
+    "openai_client",
 ]

@@ -69,6 +69,16 @@ class GuestServer(uvicorn.Server):
                 await asyncio.wait_for(self._exit.wait(), self._tick)
             should_exit = await self.on_tick(counter)
 
+    async def serve(self, sockets: list[socket.socket] | None = None) -> None:
+        try:
+            await super().serve(sockets)
+        finally:
+            # Cancelled with its loop (the end of an asyncio.run that an in-process engine
+            # ran in) it never reaches its shutdown: stop listening all the same, so the
+            # address is free for the next engine (capmon/inprocess/home.py).
+            for server in getattr(self, "servers", ()):
+                server.close()
+
     def exit_now(self, force: bool = False) -> None:
         self.should_exit = True
         self.force_exit = self.force_exit or force

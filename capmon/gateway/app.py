@@ -98,10 +98,14 @@ class CountResponses:
         await self.app(scope, receive, counted)
 
 
-def create_app(client: FallbackClient, settings: GatewaySettings, *, tracer: ExchangeTracer | None = None) -> Starlette:
+def create_app(
+    client: FallbackClient, settings: GatewaySettings, *, tracer: ExchangeTracer | None = None, in_process: bool = False
+) -> Starlette:
     """The gateway in front of ``client``. Call it in the event loop that serves it; call
     ``close_app(app)`` when done (the client stays the caller's). Its traces go to
-    ``tracer``, else where the config's ``[telemetry]`` says (none without it)."""
+    ``tracer``, else where the config's ``[telemetry]`` says (none without it).
+    ``in_process``: for the SDK clients' transport in this process (capmon/inprocess),
+    without the browser checks and CORS: no browser can reach an app that has no socket."""
     names = ModelNames(settings.models, settings.aliases)
     access_log = AccessLog(settings.access_log) if settings.access_log else None
     gw = Gateway(
@@ -126,9 +130,10 @@ def create_app(client: FallbackClient, settings: GatewaySettings, *, tracer: Exc
     app = Starlette(routes=routes, exception_handlers={ApiError: _api_error, HTTPException: _http_error})
     app.state.gateway = gw
     # Added innermost first: the counting sees every answer, the browser checks' refusals included.
-    if settings.cors_origins:
-        add_cors(app, settings)
-    app.add_middleware(BrowserGuard, settings=settings)
+    if not in_process:
+        if settings.cors_origins:
+            add_cors(app, settings)
+        app.add_middleware(BrowserGuard, settings=settings)
     app.add_middleware(CountResponses, gateway=gw)
     app.add_middleware(
         Exchanges, clock=client.clock, log=gw.access_log, tracer=gw.tracer
