@@ -76,6 +76,8 @@ IGNORED = {
     "idle_for",
     # OpenTelemetry's span processor calls its exporter's force_flush (capmon/gateway/trace_relay.py).
     "force_flush",
+    # httpx calls its transports' handle_request (capmon/inprocess/transport.py).
+    "handle_request",
     # Snapshot fields no capmon code reads by name: they are for the JSON a gateway's control
     # API and `capmon status --json` serve (core/serial.py writes every field).
     "breaker_reason",
