@@ -94,6 +94,11 @@ class AdaptiveLimiter:
     def capacity(self) -> int | None:
         return self._capacity
 
+    @property
+    def epoch(self) -> int:
+        """Cuts so far (and restores): a slot of an older epoch was sent before the last one."""
+        return self._epoch
+
     def room(self, cap: float | None = None) -> int:
         """Free slots now; ``cap`` (a ramp's share of the limit) may lower the limit."""
         limit = self._limit if cap is None else min(self._limit, cap)

@@ -82,7 +82,7 @@ local function flat(h)
 end
 
 -- The ramp's share now: what clean rounds earned, or the time ceiling if higher
--- (capmon/core/breaker.py, CircuitBreaker._ramp_share).
+-- (capmon/core/breaker.py, ramp_share).
 local function ramp_share_now(h, now, ramp_start, ramp_duration)
   if ramp_duration <= 0 then return 1.0 end
   local by_time = ramp_start + (1.0 - ramp_start) * (now - num(h.ramp_from, now)) / ramp_duration
@@ -119,6 +119,7 @@ local function transition(key, channel, h, tr, now, origin)
              ramp_share = tr.ramp_share, ramp_from = f6(now - tr.ramp_ago), streak = 0, streak_hint = '',
              probe_owner = '', probe_until = 0}
   if tr.next_in >= 0 then w.next_probe = f6(now + tr.next_in) else w.next_probe = 0 end
+  -- decisions.trip_restores
   if tr.state == 'open' and (h.state == 'closed' or h.state == 'ramp') then restore(h, w) end
   h = commit(key, h, w, origin)
   publish(channel, 'b', h)
