@@ -204,7 +204,6 @@ class MemoryTarget:
     # ------------------------------------------------------------ attempts
 
     async def admit(self, cost: int) -> Admission | None:
-        now = self._clock.now()
         lim = self.limiter
         room = decisions.Room(
             lim.limit,
@@ -212,6 +211,7 @@ class MemoryTarget:
             None if self.rpm is None else self.rpm.available_at(1),
             None if self.tpm is None else self.tpm.available_at(cost),
         )
+        now = self._clock.now()  # read after the buckets: a bucket ready then is ready now
         if not decisions.admit(self.gates(now), room).admitted:
             return None
         if self.rpm is not None:

@@ -78,7 +78,9 @@ class RedisTarget:
         self._synced_changes = local.breaker.changes
         self._epoch = 0  # the shared limiter's cut count, mirrored
         self._full_until = 0.0
-        self._retry_at = 0.0
+        # After ADMIT found a bucket empty: (until, the least cost it holds off). A smaller
+        # request may still fit the tpm bucket, and a refund here refills it: both ask again.
+        self._bucket_wait = (0.0, 0)
         self._probe_hold = 0.0
         self._probe_until: float | None = None
         self._probe_lease: str | None = None
@@ -100,7 +102,7 @@ class RedisTarget:
         key, until, _ = self.local._keys.state(self.spec.key_ref, self.id, now)
         if key is KeyState.DISABLED or not self.local.breaker.state.admits:
             return None
-        return max(self.local.not_before, until or 0.0, self._retry_at)
+        return max(self.local.not_before, until or 0.0, self._bucket_until(cost))
 
     def probe_due_at(self) -> float | None:
         b = self.local.breaker
@@ -123,12 +125,13 @@ class RedisTarget:
         self,
         h: codec.SharedTarget | None,
         offset: float,
-        disabled: str | None = None,
+        key: codec.KeyNews | None = None,
         *,
         force: bool = False,
-        redis_now: float | None = None,
+        force_key: bool = False,
     ) -> bool:
-        """Take a shared hash into the mirror if it is not older than the last one."""
+        """Take a shared hash into the mirror if it is not older than the last one, and
+        the key's state if it is not older than the last one (``apply_key``)."""
         if h is None:
             return False
         run, ver = h.run, h.ver
@@ -159,21 +162,33 @@ class RedisTarget:
             keys.parked[self.id] = (park + offset, h.park_reason)
         else:
             keys.parked.pop(self.id, None)
-        if disabled is not None:
-            if disabled:
-                keys.disabled[self.spec.key_ref] = disabled
-            else:
-                keys.disabled.pop(self.spec.key_ref, None)
+        if key is not None:
+            self.apply_key(key, force=force_key)
         now_state, until_local, reason = keys.state(self.spec.key_ref, self.id, now_local)
         if now_state is not was and now_state is not KeyState.OK and label is not None:
             self.local.emit_key(KeyMove(now_state, reason).kind, until_local, f"{reason} [{label}]")
         return True
 
-    def apply_key(self, disabled: str) -> None:
-        if disabled:
-            self.local._keys.disabled[self.spec.key_ref] = disabled
+    def apply_key(self, key: codec.KeyNews, *, force: bool = False) -> None:
+        """Take the key's state unless this process already took (or made) a newer one:
+        a read from before a settle disabled the key, or before a reset, answered late,
+        must not undo it. ``force``: rejoining, Redis's state is the fleet's."""
+        ref = self.spec.key_ref
+        versions = self._store.key_versions
+        if not force and key.ver < versions.get(ref, -1.0):
+            return
+        versions[ref] = key.ver
+        if key.disabled:
+            self.local._keys.disabled[ref] = key.disabled
         else:
-            self.local._keys.disabled.pop(self.spec.key_ref, None)
+            self.local._keys.disabled.pop(ref, None)
+
+    def _key_moved(self) -> None:
+        """This process changed the key's state here first: until Redis answers with the
+        version that change makes, no read of the version before it is taken."""
+        versions = self._store.key_versions
+        ref = self.spec.key_ref
+        versions[ref] = versions.get(ref, 0.0) + 0.5
 
     def slot_freed(self) -> None:
         self._full_until = 0.0
@@ -186,8 +201,8 @@ class RedisTarget:
         h = codec.target(codec.flat_hash(res[start], self._hash), self._hash, self.id)
         return self._store.link.observe(res[1]), h
 
-    def _disabled(self, raw: object) -> str:
-        return codec.key_disabled(raw, self._key)
+    def _disabled(self, raw: object) -> codec.KeyNews:
+        return codec.key_news(raw, self._key)
 
     def _pending(self) -> tuple[str, int, int] | None:
         """The local breaker's move not yet written: (transition JSON, its generation, change count)."""
@@ -239,7 +254,7 @@ class RedisTarget:
             return await self.local.admit(cost)
         store = self._store
         now = store.clock.now()
-        if now < self._full_until or now < self._retry_at or decisions.gate(self.local.gates(now)) is not None:
+        if now < self._full_until or now < self._bucket_until(cost) or decisions.gate(self.local.gates(now)):
             return None  # the mirror already says no: no round trip
         try:
             return await self._admit(cost, now)
@@ -318,9 +333,15 @@ class RedisTarget:
             )
         if verdict == "full":
             self._full_until = now + FULL_NAP
-        elif retry_at > 0:
-            self._retry_at = retry_at + offset
+        elif verdict == Verdict.RPM and retry_at > 0:
+            self._bucket_wait = (retry_at + offset, 0)
+        elif verdict == Verdict.TPM and retry_at > 0:
+            self._bucket_wait = (retry_at + offset, cost)
         return None
+
+    def _bucket_until(self, cost: int) -> float:
+        until, least = self._bucket_wait
+        return until if cost >= least else 0.0
 
     def _cap(self, h: codec.SharedTarget, offset: float) -> int:
         """How many leases the target admits at once now (ADMIT's own rule)."""
@@ -429,7 +450,11 @@ class RedisTarget:
         key = plan.key
         if key is not None:
             self.local.move_key(key, now)
+            if key.state is KeyState.DISABLED:
+                self._key_moved()
         self._full_until = 0.0
+        if plan.refund_tokens or plan.refund_request:
+            self._bucket_wait = (0.0, 0)
         for _ in range(2):
             pending = self._pending()
             try:
@@ -487,7 +512,8 @@ class RedisTarget:
         self._manual("force_close", reason, self.local.force_close)
 
     def reset(self, reason: str) -> None:
-        self._retry_at = self._full_until = 0.0
+        self._bucket_wait, self._full_until = (0.0, 0), 0.0
+        self._key_moved()
         self._manual("reset", reason, self.local.reset)
 
     def _manual(self, action: str, reason: str, apply_locally: Any) -> None:
@@ -539,7 +565,8 @@ class RedisTarget:
         clock = self._store.clock
         self.local.rpm = TokenBucket(max(1e-3, self._rpm_rate / n), clock) if self._rpm_rate else None
         self.local.tpm = TokenBucket(max(1e-3, self._tpm_rate / n), clock) if self._tpm_rate else None
-        self._full_until = self._retry_at = self._probe_hold = 0.0
+        self._full_until = self._probe_hold = 0.0
+        self._bucket_wait = (0.0, 0)
         b = self.local.breaker
         if self._probe_lease is None and b.state is State.HALF_OPEN:
             # Another process's probe, whose outcome this one can no longer hear: back to

@@ -6,7 +6,7 @@
 -- ARGV: 1 lease id, 2 lease ttl, 3 cost (tokens), 4 rpm (0: none), 5 tpm (0: none),
 --       6 ramp_start, 7 ramp_duration, 8 retry budget earned since the last call,
 --       9 budget cap, 10 budget start, 11 origin, 12 a pending transition (JSON) or ''
--- Returns {verdict, now, leases, retry_at, budget, cas, key disabled reason, hash..., budget version};
+-- Returns {verdict, now, leases, retry_at, budget, cas, key state (lib.lua, key_state), hash..., budget version};
 -- verdict: ok | full | state | disabled | parked | hint | rpm | tpm | missing.
 local now = now_s()
 if redis.call('EXISTS', KEYS[1]) == 0 then return {'missing', f6(now)} end
@@ -94,4 +94,4 @@ else
     end
   end
 end
-return {verdict, f6(now), count, f6(retry_at), f6(balance), cas, disabled or '', flat(h), bver}
+return {verdict, f6(now), count, f6(retry_at), f6(balance), cas, key_state(KEYS[3]), flat(h), bver}

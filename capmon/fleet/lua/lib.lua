@@ -55,6 +55,20 @@ local function save(key, w)
   if #flat > 0 then redis.call('HSET', key, unpack(flat)) end
 end
 
+-- A key's state as scripts return and publish it: "<version>:<disabled reason>" (the
+-- reason '' while the key is usable). Every change of ``disabled`` raises the key's
+-- version (key_changed), so that a process takes a key's state only from a read no
+-- older than the last it took (capmon/fleet/target.py, RedisTarget.apply_key): a
+-- reconciliation or a message read before a settle disabled the key cannot undo it.
+local function key_state(key)
+  local v = redis.call('HMGET', key, 'disabled', 'ver')
+  return string.format('%d', num(v[2], 0)) .. ':' .. (v[1] or '')
+end
+
+local function key_changed(key)
+  redis.call('HINCRBY', key, 'ver', 1)
+end
+
 local function admits(state)
   return state == 'closed' or state == 'forced-closed' or state == 'ramp'
 end

@@ -15,7 +15,7 @@
 --       21 cooldown_multiplier, 22 cooldown, 23 cooldown_max, 24 origin, 25 a pending transition (JSON) or '',
 --       26 the registry's key prefix (namespace .. ':proc:'), 27 rpm, 28 refund the rpm token (1: given
 --       back before anything was sent), 29 lease ttl
--- Returns {status, now, news (0/1), cas, key disabled reason, hash...}; status: ok | missing.
+-- Returns {status, now, news (0/1), cas, key state (lib.lua, key_state), hash...}; status: ok | missing.
 local now = now_s()
 if redis.call('EXISTS', KEYS[1]) == 0 then return {'missing', f6(now)} end
 local channel, origin = KEYS[5], ARGV[24]
@@ -135,6 +135,7 @@ local gate = w.tripped ~= nil
 w.tripped = nil
 if action == 'disable' then
   redis.call('HSET', KEYS[3], 'disabled', key_reason)
+  key_changed(KEYS[3])
   gate = true
 elseif action == 'park' then
   w.park_until, w.park_reason = f6(now + tonumber(ARGV[12])), key_reason
@@ -163,8 +164,8 @@ end
 refund(KEYS[4], tonumber(ARGV[15]), tonumber(ARGV[14]))
 if ARGV[28] == '1' then refund(KEYS[7], tonumber(ARGV[27]), 1) end
 h = commit(KEYS[1], h, w, origin)
-local disabled = redis.call('HGET', KEYS[3], 'disabled') or ''
-if gate then publish(channel, 'b', h, {disabled = disabled}) end
+local key = key_state(KEYS[3])
+if gate then publish(channel, 'b', h, {disabled = key}) end
 if not probe then
   for _ = 1, 3 do
     local waiter = redis.call('ZPOPMIN', KEYS[6])
@@ -178,4 +179,4 @@ if not probe then
 end
 local n = 0
 if news then n = 1 end
-return {'ok', f6(now), n, cas, disabled, flat(h)}
+return {'ok', f6(now), n, cas, key, flat(h)}
