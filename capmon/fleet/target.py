@@ -245,7 +245,8 @@ class RedisTarget:
             [fields, keys.disabled.get(self.spec.key_ref, ""), store.new_token(), store.id],
         )
         offset, h = self._took(res, 3)
-        self.apply(h, offset, self._disabled(res[2]), force=res[0] == "seeded" or h is None or h.run != self._run)
+        seeded = res[0] == "seeded"  # a Redis that lost the target may have lost the key's versions too
+        self.apply(h, offset, self._disabled(res[2]), force=seeded or h is None or h.run != self._run, force_key=seeded)
 
     # ------------------------------------------------------------ attempts
 
