@@ -352,8 +352,12 @@ def message(data: object, channel: str) -> Message:
         h = target(flat_hash(msg.get("h"), f"{channel} b"), f"{channel} b")
         if h is None:
             raise Garbage(channel, "b.h", msg.get("h"), "empty")
-        disabled = msg.get("disabled")
-        return TargetNews(h, None if disabled is None else key_news(disabled, f"{channel} b"))
+        disabled, kv = msg.get("disabled"), msg.get("kv")
+        if disabled is None:
+            return TargetNews(h, None)
+        where = f"{channel} b"
+        # no version (a process of an older release): older than anything read since
+        return TargetNews(h, KeyNews(key_disabled(disabled, where), -1 if kv is None else integer(kv, where, "kv")))
     if kind == "freed":
         return SlotFreed(text(msg.get("id"), channel, "freed.id"), text(msg.get("to", ""), channel, "freed.to"))
     if kind == "pin":

@@ -60,9 +60,23 @@ end
 -- version (key_changed), so that a process takes a key's state only from a read no
 -- older than the last it took (capmon/fleet/target.py, RedisTarget.apply_key): a
 -- reconciliation or a message read before a settle disabled the key cannot undo it.
-local function key_state(key)
+-- A message carries the two apart (``disabled``, ``kv``: key_message), so a process of
+-- an older release still reads the reason it always read.
+local function key_fields(key)
   local v = redis.call('HMGET', key, 'disabled', 'ver')
-  return string.format('%d', num(v[2], 0)) .. ':' .. (v[1] or '')
+  return v[1] or '', string.format('%d', num(v[2], 0))
+end
+
+local function key_state(key)
+  local reason, ver = key_fields(key)
+  return ver .. ':' .. reason
+end
+
+local function key_message(key, extra)
+  local reason, ver = key_fields(key)
+  extra = extra or {}
+  extra.disabled, extra.kv = reason, ver
+  return extra
 end
 
 local function key_changed(key)

@@ -17,5 +17,5 @@ if ARGV[1] == 'reset' then
 end
 h = commit(KEYS[1], h, w, ARGV[3])
 local key = key_state(KEYS[2])
-publish(KEYS[3], 'b', h, {disabled = key, manual = 1})
+publish(KEYS[3], 'b', h, key_message(KEYS[2], {manual = 1}))
 return {'ok', f6(now), key, flat(h)}

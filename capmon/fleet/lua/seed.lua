@@ -18,5 +18,5 @@ w.ramp_from = f6(now - (s.ramp_ago or 0))
 w.run, w.ver, w.streak, w.streak_hint, w.saved = ARGV[3], 0, 0, '', 0
 if ARGV[2] ~= '' and redis.call('HSETNX', KEYS[2], 'disabled', ARGV[2]) == 1 then key_changed(KEYS[2]) end
 local h = commit(KEYS[1], {}, w, ARGV[4])
-publish(KEYS[3], 'b', h, {disabled = key_state(KEYS[2])})
+publish(KEYS[3], 'b', h, key_message(KEYS[2]))
 return {'seeded', f6(now), key_state(KEYS[2]), flat(h)}

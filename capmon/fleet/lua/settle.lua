@@ -165,7 +165,7 @@ refund(KEYS[4], tonumber(ARGV[15]), tonumber(ARGV[14]))
 if ARGV[28] == '1' then refund(KEYS[7], tonumber(ARGV[27]), 1) end
 h = commit(KEYS[1], h, w, origin)
 local key = key_state(KEYS[3])
-if gate then publish(channel, 'b', h, {disabled = key}) end
+if gate then publish(channel, 'b', h, key_message(KEYS[3])) end
 if not probe then
   for _ = 1, 3 do
     local waiter = redis.call('ZPOPMIN', KEYS[6])
