@@ -29,15 +29,14 @@ from capmon.core import decisions
 from capmon.core.breaker import BreakerView, CircuitBreaker
 from capmon.core.clock import Clock
 from capmon.core.config import Config, ModelConfig
-from capmon.core.decisions import DEFAULT_QUOTA_PARK, KeyMove, KeyState, Outcome
+from capmon.core.decisions import KeyMove, Outcome
+from capmon.core.decisions import KeyState as KeyState  # re-exported: the seam's views carry it
 from capmon.core.errors import Failure
 from capmon.core.events import Event, KeyParked, ModelPinned
 from capmon.core.limiter import AdaptiveLimiter, Budget, LimiterView, Slot, TokenBucket
 
 if TYPE_CHECKING:
     from capmon.core.snapshot import SharedStatus
-
-__all__ = ["DEFAULT_QUOTA_PARK", "Admission", "KeyBook", "KeyState", "MemoryState", "MemoryTarget", "TargetSpec"]
 
 KeyRef = tuple[str, str]  # (endpoint name, key alias)
 
