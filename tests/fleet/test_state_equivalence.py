@@ -430,6 +430,7 @@ def test_memory_and_redis_decide_the_same(redis_url: str) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # about 100 s
 def test_memory_and_redis_decide_the_same_in_long_random_runs(redis_url: str) -> None:
     Equivalence.redis_url = redis_url
     run_state_machine_as_test(Equivalence, settings=SLOW)
