@@ -48,7 +48,7 @@ from tests.support.configs import ENV
 
 T = TypeVar("T")
 
-FAST = settings(max_examples=12, stateful_step_count=60, deadline=None, derandomize=True)
+FAST = settings(max_examples=16, stateful_step_count=60, deadline=None, derandomize=True)
 SLOW = settings(max_examples=300, stateful_step_count=120, deadline=None, derandomize=False)
 
 FLAGSHIP, MEDIUM = "flagship@ep/a", "medium@ep/a"  # two models on one key: auth disables both
@@ -78,10 +78,11 @@ OUTCOMES: dict[str, Failure | None] = {
 }
 outcomes = st.sampled_from(
     ["ok"] * 6
-    + ["capacity"] * 5
+    + ["capacity"] * 6
     + ["rate_limited"] * 2
-    + ["down"] * 2
-    + ["quota", "auth", "too_large", "bad_request", "transient", "oversized", "cancelled", "unused"]
+    + ["down"] * 3
+    + ["quota", "auth", "too_large", "bad_request", "transient", "oversized"]
+    + ["cancelled", "unused"] * 2
 )
 # whole seconds only (see the module's docstring); garbage is dropped by both stores
 hints = st.none() | st.sampled_from([1.0, 5.0, 30.0, 120.0, math.inf, -1.0, math.nan])
@@ -179,7 +180,7 @@ class Equivalence(RuleBasedStateMachine):
     redis_url: ClassVar[str] = ""
 
     @initialize(
-        threshold=st.integers(1, 3),
+        threshold=st.integers(1, 2),
         probes=st.integers(1, 2),
         interval=st.sampled_from([2.0, 10.0]),
         ratio=st.sampled_from([False, False, True]),
@@ -248,7 +249,7 @@ class Equivalence(RuleBasedStateMachine):
     # more attempts and probes than manual actions and jumps.
     @rule(
         action=st.sampled_from(
-            ["attempt"] * 5 + ["admit"] * 3 + ["settle"] * 3 + ["probe"] * 3 + ["by_hand", "jump", "jump"]
+            ["attempt"] * 5 + ["admit"] * 3 + ["settle"] * 3 + ["probe"] * 5 + ["by_hand", "jump", "jump"]
         ),
         tid=st.sampled_from([FLAGSHIP, FLAGSHIP, MEDIUM]),
         cost=st.sampled_from([0, 100, 300]),
@@ -426,7 +427,7 @@ def test_memory_and_redis_decide_the_same(redis_url: str) -> None:
     seen.clear()
     run_state_machine_as_test(Equivalence, settings=FAST)
     missing = COVERED - set(seen)
-    assert not missing, f"the derandomized run never took {sorted(missing)}: give it more steps"
+    assert not missing, f"the derandomized run never took {sorted(missing)}: give it more steps ({dict(seen)})"
 
 
 @pytest.mark.slow
