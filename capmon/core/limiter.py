@@ -256,6 +256,14 @@ class TokenBucket:
             return now
         return now + (need - self._tokens) / self._per_second
 
+    def wait(self, amount: float) -> float:
+        """Seconds until ``try_take(amount)`` will succeed (0.0: now)."""
+        need = self._need(amount)
+        self._refill(self._clock.now())
+        if self._enough(need):
+            return 0.0
+        return (need - self._tokens) / self._per_second
+
     def refund(self, amount: float) -> None:
         """Give back tokens charged but not used (never above the bucket's size)."""
         if amount < 0 or not math.isfinite(amount):

@@ -203,15 +203,18 @@ class MemoryTarget:
     # ------------------------------------------------------------ attempts
 
     async def admit(self, cost: int) -> Admission | None:
+        now = self._clock.now()
+        gates = self.gates(now)
+        if decisions.gate(gates) is not None:
+            return None
         lim = self.limiter
         room = decisions.Room(
             lim.limit,
             lim.in_flight,
-            None if self.rpm is None else self.rpm.available_at(1),
-            None if self.tpm is None else self.tpm.available_at(cost),
+            None if self.rpm is None else self.rpm.wait(1),
+            None if self.tpm is None else self.tpm.wait(cost),
         )
-        now = self._clock.now()  # read after the buckets: a bucket ready then is ready now
-        if not decisions.admit(self.gates(now), room).admitted:
+        if not decisions.counted(gates, room).admitted:
             return None
         if self.rpm is not None:
             self.rpm.try_take(1)

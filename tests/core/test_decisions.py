@@ -35,9 +35,9 @@ def fail(kind: Kind, hint: float | None = None, code: str | None = None) -> Fail
         (OPEN_GATES, Room(4.0, 4, None, None), Verdict.FULL, 0.0),
         (Gates(NOW, 0.35, KeyState.OK, None, 0.0), Room(4.0, 2, None, None), Verdict.FULL, 0.0),  # ceil(1.4)
         (Gates(NOW, 0.35, KeyState.OK, None, 0.0), Room(4.0, 1, None, None), Verdict.OK, 0.0),
-        (OPEN_GATES, Room(4.0, 4, 200.0, 300.0), Verdict.FULL, 0.0),  # a slot before the buckets
-        (OPEN_GATES, Room(4.0, 0, 200.0, 300.0), Verdict.RPM, 200.0),
-        (OPEN_GATES, Room(4.0, 0, NOW, 300.0), Verdict.TPM, 300.0),
+        (OPEN_GATES, Room(4.0, 4, 100.0, 200.0), Verdict.FULL, 0.0),  # a slot before the buckets
+        (OPEN_GATES, Room(4.0, 0, 100.0, 200.0), Verdict.RPM, 200.0),
+        (OPEN_GATES, Room(4.0, 0, 0.0, 200.0), Verdict.TPM, 300.0),
     ],
 )
 def test_an_admission_checks_the_gates_then_a_slot_then_the_buckets(
