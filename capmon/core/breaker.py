@@ -83,12 +83,22 @@ class BreakerRecord:
     basis: float  # while RAMP: the learned concurrency the share is of
 
 
-def _clean_hint(hint: float | None) -> float | None:
-    # A garbage hint (negative, NaN, infinite) is ignored rather than trusted: an
-    # infinite wait would disable the model until someone resets it by hand.
+def clean_hint(hint: float | None) -> float | None:
+    """A server's hint, or None for garbage (negative, NaN, infinite): ignored rather
+    than trusted, since an infinite wait would disable the model until someone resets it
+    by hand. Every store of the state seam reads hints through this."""
     if hint is None or not math.isfinite(hint) or hint < 0:
         return None
     return float(hint)
+
+
+def ramp_share(now: float, ramp_from: float, earned: float, ramp_start: float, ramp_duration: float) -> float:
+    """A ramp's share now: what clean rounds ``earned``, or the time ceiling if higher
+    (capmon/fleet/lua/lib.lua, ``ramp_share_now``, is the same)."""
+    if ramp_duration <= 0:
+        return 1.0
+    by_time = ramp_start + (1.0 - ramp_start) * (now - ramp_from) / ramp_duration
+    return min(1.0, max(earned, by_time))
 
 
 def _max_hint(a: float | None, b: float | None) -> float | None:
@@ -330,7 +340,7 @@ class CircuitBreaker:
         self._advance(now)
         if generation != self.generation:
             return  # stale: admitted before the last state change
-        hint = _clean_hint(hint)
+        hint = clean_hint(hint)
         s = self._state
         failed = signal is BreakerSignal.DOWN or (signal is BreakerSignal.CAPACITY and news)
         if s is State.HALF_OPEN and probe:
@@ -466,10 +476,7 @@ class CircuitBreaker:
 
     def _ramp_share(self, now: float) -> float:
         cfg = self.config
-        if cfg.ramp_duration <= 0:
-            return 1.0
-        by_time = cfg.ramp_start + (1.0 - cfg.ramp_start) * (now - self._ramp_from) / cfg.ramp_duration
-        return min(1.0, max(self._share, by_time))
+        return ramp_share(now, self._ramp_from, self._share, cfg.ramp_start, cfg.ramp_duration)
 
     def _advance(self, now: float) -> None:
         """Apply the moves that time alone makes due."""

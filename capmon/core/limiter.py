@@ -94,6 +94,11 @@ class AdaptiveLimiter:
     def capacity(self) -> int | None:
         return self._capacity
 
+    @property
+    def epoch(self) -> int:
+        """Cuts so far (and restores): a slot of an older epoch was sent before the last one."""
+        return self._epoch
+
     def room(self, cap: float | None = None) -> int:
         """Free slots now; ``cap`` (a ramp's share of the limit) may lower the limit."""
         limit = self._limit if cap is None else min(self._limit, cap)
@@ -250,6 +255,14 @@ class TokenBucket:
         if self._enough(need):
             return now
         return now + (need - self._tokens) / self._per_second
+
+    def wait(self, amount: float) -> float:
+        """Seconds until ``try_take(amount)`` will succeed (0.0: now)."""
+        need = self._need(amount)
+        self._refill(self._clock.now())
+        if self._enough(need):
+            return 0.0
+        return (need - self._tokens) / self._per_second
 
     def refund(self, amount: float) -> None:
         """Give back tokens charged but not used (never above the bucket's size)."""

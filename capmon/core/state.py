@@ -10,6 +10,10 @@ server's "not before". For the whole client: the pin and the retry budget. Routi
 * ``await target.settle(admission, failure)``: one update of all of them from the
   attempt's outcome, through the policy table (capmon/core/policy.py).
 
+What each call decides is capmon/core/decisions.py (pure functions): this module
+applies those decisions to objects in this process, and the fleet's store applies the
+very same ones to Redis.
+
 :class:`MemoryState` keeps it all in this process. A shared implementation (several
 processes acting as one client) provides the same interface; ARCHITECTURE.md, "The
 state seam", says what each call must guarantee.
@@ -17,34 +21,24 @@ state seam", says what each call must guarantee.
 
 from __future__ import annotations
 
-import enum
-import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from capmon.core.breaker import BreakerView, CircuitBreaker, State
+from capmon.core import decisions
+from capmon.core.breaker import BreakerView, CircuitBreaker
 from capmon.core.clock import Clock
 from capmon.core.config import Config, ModelConfig
+from capmon.core.decisions import KeyMove, Outcome
+from capmon.core.decisions import KeyState as KeyState  # re-exported: the seam's views carry it
 from capmon.core.errors import Failure
 from capmon.core.events import Event, KeyParked, ModelPinned
 from capmon.core.limiter import AdaptiveLimiter, Budget, LimiterView, Slot, TokenBucket
-from capmon.core.policy import CANCELLED, BreakerSignal, KeyAction, LimiterSignal, policy_for
 
 if TYPE_CHECKING:
     from capmon.core.snapshot import SharedStatus
 
-# A quota failure without a hint parks its key this long: quotas reset by the hour or
-# the day, and hammering a spent key only adds noise.
-DEFAULT_QUOTA_PARK = 3600.0
-
 KeyRef = tuple[str, str]  # (endpoint name, key alias)
-
-
-class KeyState(enum.StrEnum):
-    OK = "ok"
-    PARKED = "parked"  # quota: until a time
-    DISABLED = "disabled"  # auth: until reset by hand
 
 
 @dataclass(eq=False, slots=True)
@@ -168,10 +162,12 @@ class MemoryTarget:
     # ------------------------------------------------------------ reading
 
     def _ramp_slots(self) -> int | None:
-        share = self.breaker.share()
-        if share >= 1.0 or share <= 0.0:
-            return None
-        return max(1, math.ceil(share * max(1.0, self.limiter.limit)))
+        return decisions.ramp_slots(self.breaker.share(), self.limiter.limit)
+
+    def gates(self, now: float) -> decisions.Gates:
+        """What this target's gates say now (the mirror's, for a shared store)."""
+        key, until, _ = self._keys.state(self.spec.key_ref, self.id, now)
+        return decisions.Gates(now, self.breaker.share(), key, until, self.not_before)
 
     def usable(self) -> bool:
         """False while the key is disabled: only a person can bring it back."""
@@ -208,25 +204,23 @@ class MemoryTarget:
 
     async def admit(self, cost: int) -> Admission | None:
         now = self._clock.now()
-        if now < self.not_before:
+        gates = self.gates(now)
+        if decisions.gate(gates) is not None:
             return None
-        share = self.breaker.share()
-        if share <= 0.0:
-            return None
-        if self._keys.state(self.spec.key_ref, self.id, now)[0] is not KeyState.OK:
-            return None
-        cap = None if share >= 1.0 else max(1, math.ceil(share * max(1.0, self.limiter.limit)))
-        if self.limiter.room(cap) <= 0:
-            return None
-        if self.rpm is not None and self.rpm.available_at(1) > now:
-            return None
-        if self.tpm is not None and self.tpm.available_at(cost) > now:
+        lim = self.limiter
+        room = decisions.Room(
+            lim.limit,
+            lim.in_flight,
+            None if self.rpm is None else self.rpm.wait(1),
+            None if self.tpm is None else self.tpm.wait(cost),
+        )
+        if not decisions.counted(gates, room).admitted:
             return None
         if self.rpm is not None:
             self.rpm.try_take(1)
         if self.tpm is not None:
             self.tpm.try_take(cost)
-        return Admission(self.id, self.breaker.generation, False, self.limiter.take(), cost, now)
+        return Admission(self.id, self.breaker.generation, False, lim.take(), cost, now)
 
     async def begin_probe(self) -> Admission | None:
         now = self._clock.now()
@@ -251,54 +245,48 @@ class MemoryTarget:
         cancelled: bool = False,
         unused: bool = False,
     ) -> bool:
-        """Apply one attempt's outcome to breaker, limiter, key and buckets. Returns
-        whether a capacity failure was news (see AdaptiveLimiter.release). ``unused``:
-        the admission was given back before anything was sent, so its bucket charge is
-        refunded too."""
+        """Apply one attempt's outcome to breaker, limiter, key and buckets, as
+        capmon/core/decisions.py decides. Returns whether a capacity failure was news
+        (see AdaptiveLimiter.release). ``unused``: the admission was given back before
+        anything was sent, so its bucket charges are refunded too."""
         if adm.settled:
             return False
         adm.settled = True
         now = self._clock.now()
-        pol = CANCELLED if cancelled else policy_for(failure)
-        hint = failure.retry_after if failure is not None else None
+        plan = decisions.plan_settle(
+            Outcome(failure, cancelled, unused, used_tokens), probe=adm.probe, cost=adm.cost, max_hint=self._max_hint
+        )
         b, lim = self.breaker, self.limiter
         before = b.state
-        if adm.probe:
-            lim.release(adm.slot, LimiterSignal.NEUTRAL)  # a probe says nothing about concurrency
-            news = False
-        else:
-            starts_streak = pol.breaker is BreakerSignal.DOWN or (
-                pol.limiter is LimiterSignal.OVERLOAD and lim.is_news(adm.slot)
-            )
-            if starts_streak and before.admits and b.consecutive == 0:
-                lim.checkpoint()  # a failure streak may begin: remember what it may undo
-            news = lim.release(adm.slot, pol.limiter)
-        b.record(adm.generation, pol.breaker, sent_at=adm.at, hint=hint, news=news, probe=adm.probe, basis=lim.limit)
-        if b.state is State.OPEN and before in (State.CLOSED, State.RAMP):
-            lim.restore()  # an outage, not a full model: keep the capacity learned before it
-        if pol.key is KeyAction.DISABLE and failure is not None:
-            self._keys.disabled[self.spec.key_ref] = failure.reason
-            self._emit_key("auth", None, failure.reason)
-        elif pol.key is KeyAction.PARK and failure is not None:
-            until = now + (hint if hint is not None and hint > 0 else DEFAULT_QUOTA_PARK)
-            self._keys.parked[self.id] = (until, failure.reason)
-            self._emit_key("quota", until, failure.reason)
-        if pol.hint_blocks and hint is not None and lim.in_flight == 0 and not adm.probe:
-            # A hint stops the whole target only when nothing else of ours is being served
-            # there: otherwise the model is merely full and the limiter's cut is the answer.
-            self.not_before = max(self.not_before, now + min(hint, self._max_hint))
-        if failure is None and self.tpm is not None and used_tokens is not None:
-            self.tpm.refund(max(0, adm.cost - used_tokens))
-        if unused and not adm.probe:
-            if self.rpm is not None:
-                self.rpm.refund(1)
-            if self.tpm is not None:
-                self.tpm.refund(adm.cost)
-        if pol.breaker is BreakerSignal.DOWN:
-            news = True
-        return news
+        news = decisions.overload_is_news(plan.limiter, adm.slot.epoch, lim.epoch)
+        if decisions.starts_streak(plan, news=news, admits=before.admits, streak=b.consecutive):
+            lim.checkpoint()
+        lim.release(adm.slot, plan.limiter)
+        b.record(
+            adm.generation, plan.breaker, sent_at=adm.at, hint=plan.hint, news=news, probe=adm.probe, basis=lim.limit
+        )
+        if decisions.trip_restores(before, b.state):
+            lim.restore()
+        if plan.key is not None:
+            self.move_key(plan.key, now)
+        self.not_before = decisions.not_before_after(self.not_before, now, plan.block_for, lim.in_flight)
+        if plan.refund_tokens and self.tpm is not None:
+            self.tpm.refund(plan.refund_tokens)
+        if plan.refund_request and self.rpm is not None:
+            self.rpm.refund(1)
+        return decisions.reports_news(plan, news)
 
-    def _emit_key(self, kind: str, until: float | None, reason: str) -> None:
+    def move_key(self, move: KeyMove, now: float) -> None:
+        """Disable or park the key as a settle decided, and say so."""
+        if move.state is KeyState.DISABLED:
+            self._keys.disabled[self.spec.key_ref] = move.reason
+            until = None
+        else:
+            until = now + move.park_for
+            self._keys.parked[self.id] = (until, move.reason)
+        self.emit_key(move.kind, until, move.reason)
+
+    def emit_key(self, kind: str, until: float | None, reason: str) -> None:
         self._publish(
             KeyParked(
                 at=self._clock.now(),

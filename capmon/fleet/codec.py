@@ -244,6 +244,29 @@ def key_disabled(raw: object, where: str) -> str:
     return "" if raw is None else text(raw, where, "disabled")
 
 
+@dataclass(frozen=True, slots=True)
+class KeyNews:
+    """A key's state as Redis said it: the disabled reason ('' when usable) and the
+    key's version, raised by every change (lua/lib.lua, ``key_state``)."""
+
+    disabled: str
+    ver: int
+
+
+def key_fields(raw_disabled: object, raw_ver: object, where: str) -> KeyNews:
+    """A key's hash as read field by field (``disabled``, ``ver``)."""
+    return KeyNews(key_disabled(raw_disabled, where), 0 if raw_ver is None else integer(raw_ver, where, "ver"))
+
+
+def key_news(raw: object, where: str) -> KeyNews:
+    """A key's state as a script returns or publishes it: ``"<version>:<reason>"``."""
+    value = text(raw, where, "disabled")
+    ver, sep, reason = value.partition(":")
+    if not sep:
+        raise Garbage(where, "disabled", raw, "not <version>:<reason>")
+    return KeyNews(reason, integer(ver, where, "disabled"))
+
+
 def pin(raw: object, where: str) -> str | None:
     if raw is None or raw == "":
         return None
@@ -288,10 +311,10 @@ def process(h: Mapping[str, str], where: str, this: str) -> FleetProcess:
 
 @dataclass(frozen=True, slots=True)
 class TargetNews:
-    """A target's hash after a move (``k = b``); ``disabled``: the key's state if sent."""
+    """A target's hash after a move (``k = b``); ``key``: the key's state if sent."""
 
     hash: SharedTarget
-    disabled: str | None
+    key: KeyNews | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -329,8 +352,12 @@ def message(data: object, channel: str) -> Message:
         h = target(flat_hash(msg.get("h"), f"{channel} b"), f"{channel} b")
         if h is None:
             raise Garbage(channel, "b.h", msg.get("h"), "empty")
-        disabled = msg.get("disabled")
-        return TargetNews(h, None if disabled is None else key_disabled(disabled, f"{channel} b"))
+        disabled, kv = msg.get("disabled"), msg.get("kv")
+        if disabled is None:
+            return TargetNews(h, None)
+        where = f"{channel} b"
+        # no version (a process of an older release): older than anything read since
+        return TargetNews(h, KeyNews(key_disabled(disabled, where), -1 if kv is None else integer(kv, where, "kv")))
     if kind == "freed":
         return SlotFreed(text(msg.get("id"), channel, "freed.id"), text(msg.get("to", ""), channel, "freed.to"))
     if kind == "pin":

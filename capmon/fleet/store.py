@@ -79,6 +79,9 @@ class RedisState:
         self._budget_ver = -1
         self._listener: Callable[[], None] | None = None
         self._processes: tuple[FleetProcess, ...] = ()
+        # The version of each key's state this process last took from Redis, or made
+        # itself (then half a version ahead, until Redis answers): RedisTarget.apply_key.
+        self.key_versions: dict[tuple[str, str], float] = {}
         self._pending_manual: list[tuple[str | None, str, str]] = []  # (target or None for the pin, action, arg)
         self._tasks: set[asyncio.Task[Any]] = set()
         self.supervisor = Supervisor(clock)
@@ -420,7 +423,8 @@ class RedisState:
         elif key.startswith(self.keys.proc_prefix):
             codec.process(codec.flat_hash(await client.hgetall(key), key), key, self.id)
         elif key.startswith(f"{self.keys.ns}:key:"):
-            codec.key_disabled(await client.hget(key, "disabled"), key)
+            disabled, ver = await client.hmget(key, "disabled", "ver")
+            codec.key_fields(disabled, ver, key)
 
     async def _reseed(self, key: str) -> None:
         """What this process knows of ``key``, written where Redis has none: a target
@@ -441,7 +445,8 @@ class RedisState:
                     expiry = redis_now + self.settings.config.lease_ttl
                     await client.zadd(key, {lease: expiry for lease in ours}, nx=True)
                 elif key == self.keys.key(t.spec.key_ref) and t.spec.key_ref in t.local._keys.disabled:
-                    await client.hsetnx(key, "disabled", t.local._keys.disabled[t.spec.key_ref])
+                    if await client.hsetnx(key, "disabled", t.local._keys.disabled[t.spec.key_ref]):
+                        await client.hincrby(key, "ver", 1)
 
     # ------------------------------------------------------------ pub/sub
 
@@ -520,7 +525,7 @@ class RedisState:
             if t is None:
                 return
             # the key's state, which holds for every target of that key here
-            t.apply(msg.hash, self.link.offset, msg.disabled)
+            t.apply(msg.hash, self.link.offset, msg.key)
         elif isinstance(msg, codec.SlotFreed):
             t = self._targets.get(msg.id)
             if t is None or (msg.to and msg.to != self.id):
@@ -542,7 +547,7 @@ class RedisState:
         read: list[str] = []
         for t in targets:
             pipe.hgetall(self.keys.target(t.id))
-            pipe.hget(self.keys.key(t.spec.key_ref), "disabled")
+            pipe.hmget(self.keys.key(t.spec.key_ref), "disabled", "ver")
             read += [self.keys.target(t.id), self.keys.key(t.spec.key_ref)]
         pipe.get(self.keys.pin)
         pipe.hmget(self.keys.budget, "balance", "ver")
@@ -556,7 +561,7 @@ class RedisState:
         hashes = [
             (
                 codec.target(codec.flat_hash(out[2 * i], read[2 * i]), read[2 * i], t.id),
-                codec.key_disabled(out[2 * i + 1], read[2 * i + 1]),
+                codec.key_fields(out[2 * i + 1][0], out[2 * i + 1][1], read[2 * i + 1]),
             )
             for i, t in enumerate(targets)
         ]
@@ -571,10 +576,10 @@ class RedisState:
                 continue
             unchanged = h.run == t._run and h.ver == t._ver
             if rejoin and unchanged:
-                t.apply_key(disabled)
+                t.apply_key(disabled, force=True)
                 await t.push()
             else:
-                changed = t.apply(h, offset, disabled, force=rejoin) or changed
+                changed = t.apply(h, offset, disabled, force=rejoin, force_key=rejoin) or changed
         if rejoin and fresh and self.local.pinned is not None and pin is None:
             await self.link.call(
                 "pin", self.link.scripts.pin, [self.keys.pin, self.keys.events], [self.local.pinned, self.id]

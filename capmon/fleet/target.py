@@ -8,7 +8,9 @@ buckets, keys) fresh from every answer Redis gives, and uses it two ways:
   saves round trips (a breaker open, a key disabled, a hint not over, a target full
   until a slot frees: no call). Each attempt costs one ADMIT and one SETTLE script;
   the breaker's evidence is counted by the local breaker, and a move it makes is
-  written by compare-and-set inside those scripts;
+  written by compare-and-set inside those scripts. What a settle decides is
+  capmon/core/decisions.py's, as for a MemoryTarget: applied here to the mirror and
+  sent to SETTLE, which decides only what needs the fleet's counts;
 * while Redis is lost, the mirror *is* the state: admissions are local, with the
   fleet's limit divided among the processes last seen alive.
 """
@@ -17,15 +19,15 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 from typing import TYPE_CHECKING, Any
 
-from capmon.core.breaker import State
+from capmon.core import decisions
+from capmon.core.breaker import State, ramp_share
+from capmon.core.decisions import KeyMove, KeyState, Outcome, Verdict
 from capmon.core.errors import Failure
-from capmon.core.events import KeyParked
 from capmon.core.limiter import Learned, Slot, TokenBucket
-from capmon.core.policy import CANCELLED, BreakerSignal, KeyAction, LimiterSignal, policy_for
-from capmon.core.state import DEFAULT_QUOTA_PARK, Admission, KeyState, MemoryTarget, TargetSpec, TargetView
+from capmon.core.policy import LimiterSignal
+from capmon.core.state import Admission, MemoryTarget, TargetSpec, TargetView
 from capmon.fleet import codec
 from capmon.fleet.link import ERRORS
 
@@ -34,7 +36,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("capmon.fleet")
 
-_VERDICTS = frozenset(("ok", "full", "state", "disabled", "parked", "hint", "rpm", "tpm"))
+_VERDICTS = frozenset(v.value for v in Verdict)
 
 # After an ADMIT found the target full, no call is made until a slot frees (news on
 # pub/sub, or a settle here) or this long: a safety net for a missed message.
@@ -75,11 +77,11 @@ class RedisTarget:
         self._synced_gen = local.breaker.generation
         self._synced_changes = local.breaker.changes
         self._epoch = 0  # the shared limiter's cut count, mirrored
-        self.fleet_in_flight = 0  # leases of every process, as the last ADMIT saw them
         self._full_until = 0.0
-        self._retry_at = 0.0
+        # After ADMIT found a bucket empty: (until, the least cost it holds off). A smaller
+        # request may still fit the tpm bucket, and a refund here refills it: both ask again.
+        self._bucket_wait = (0.0, 0)
         self._probe_hold = 0.0
-        self._probe_owner = ""
         self._probe_until: float | None = None
         self._probe_lease: str | None = None
         self._local_slots: dict[str, Slot] = {}  # lease -> the local limiter's slot (in-flight count)
@@ -100,7 +102,7 @@ class RedisTarget:
         key, until, _ = self.local._keys.state(self.spec.key_ref, self.id, now)
         if key is KeyState.DISABLED or not self.local.breaker.state.admits:
             return None
-        return max(self.local.not_before, until or 0.0, self._retry_at)
+        return max(self.local.not_before, until or 0.0, self._bucket_until(cost))
 
     def probe_due_at(self) -> float | None:
         b = self.local.breaker
@@ -123,12 +125,13 @@ class RedisTarget:
         self,
         h: codec.SharedTarget | None,
         offset: float,
-        disabled: str | None = None,
+        key: codec.KeyNews | None = None,
         *,
         force: bool = False,
-        redis_now: float | None = None,
+        force_key: bool = False,
     ) -> bool:
-        """Take a shared hash into the mirror if it is not older than the last one."""
+        """Take a shared hash into the mirror if it is not older than the last one, and
+        the key's state if it is not older than the last one (``apply_key``)."""
         if h is None:
             return False
         run, ver = h.run, h.ver
@@ -143,7 +146,6 @@ class RedisTarget:
         if force or not (pending and gen == self._synced_gen):
             b.adopt(h.record(offset), label)
             self._synced_gen, self._synced_changes = gen, b.changes
-        self._probe_owner = h.probe_owner
         until = h.probe_until
         self._probe_until = until + offset if until > 0 and b.state is State.HALF_OPEN else None
         if self._shared or self._store.joining:
@@ -160,22 +162,33 @@ class RedisTarget:
             keys.parked[self.id] = (park + offset, h.park_reason)
         else:
             keys.parked.pop(self.id, None)
-        if disabled is not None:
-            if disabled:
-                keys.disabled[self.spec.key_ref] = disabled
-            else:
-                keys.disabled.pop(self.spec.key_ref, None)
+        if key is not None:
+            self.apply_key(key, force=force_key)
         now_state, until_local, reason = keys.state(self.spec.key_ref, self.id, now_local)
         if now_state is not was and now_state is not KeyState.OK and label is not None:
-            kind = "auth" if now_state is KeyState.DISABLED else "quota"
-            self._emit_key(kind, until_local, f"{reason} [{label}]")
+            self.local.emit_key(KeyMove(now_state, reason).kind, until_local, f"{reason} [{label}]")
         return True
 
-    def apply_key(self, disabled: str) -> None:
-        if disabled:
-            self.local._keys.disabled[self.spec.key_ref] = disabled
+    def apply_key(self, key: codec.KeyNews, *, force: bool = False) -> None:
+        """Take the key's state unless this process already took (or made) a newer one:
+        a read from before a settle disabled the key, or before a reset, answered late,
+        must not undo it. ``force``: rejoining, Redis's state is the fleet's."""
+        ref = self.spec.key_ref
+        versions = self._store.key_versions
+        if not force and key.ver < versions.get(ref, -1.0):
+            return
+        versions[ref] = key.ver
+        if key.disabled:
+            self.local._keys.disabled[ref] = key.disabled
         else:
-            self.local._keys.disabled.pop(self.spec.key_ref, None)
+            self.local._keys.disabled.pop(ref, None)
+
+    def _key_moved(self) -> None:
+        """This process changed the key's state here first: until Redis answers with the
+        version that change makes, no read of the version before it is taken."""
+        versions = self._store.key_versions
+        ref = self.spec.key_ref
+        versions[ref] = versions.get(ref, 0.0) + 0.5
 
     def slot_freed(self) -> None:
         self._full_until = 0.0
@@ -188,8 +201,8 @@ class RedisTarget:
         h = codec.target(codec.flat_hash(res[start], self._hash), self._hash, self.id)
         return self._store.link.observe(res[1]), h
 
-    def _disabled(self, raw: object) -> str:
-        return codec.key_disabled(raw, self._key)
+    def _disabled(self, raw: object) -> codec.KeyNews:
+        return codec.key_news(raw, self._key)
 
     def _pending(self) -> tuple[str, int, int] | None:
         """The local breaker's move not yet written: (transition JSON, its generation, change count)."""
@@ -232,7 +245,8 @@ class RedisTarget:
             [fields, keys.disabled.get(self.spec.key_ref, ""), store.new_token(), store.id],
         )
         offset, h = self._took(res, 3)
-        self.apply(h, offset, self._disabled(res[2]), force=res[0] == "seeded" or h is None or h.run != self._run)
+        seeded = res[0] == "seeded"  # a Redis that lost the target may have lost the key's versions too
+        self.apply(h, offset, self._disabled(res[2]), force=seeded or h is None or h.run != self._run, force_key=seeded)
 
     # ------------------------------------------------------------ attempts
 
@@ -241,13 +255,8 @@ class RedisTarget:
             return await self.local.admit(cost)
         store = self._store
         now = store.clock.now()
-        if now < self._full_until or now < self._retry_at or now < self.local.not_before:
+        if now < self._full_until or now < self._bucket_until(cost) or decisions.gate(self.local.gates(now)):
             return None  # the mirror already says no: no round trip
-        if (
-            self.local.breaker.share() <= 0.0
-            or self.local._keys.state(self.spec.key_ref, self.id, now)[0] is not KeyState.OK
-        ):
-            return None
         try:
             return await self._admit(cost, now)
         except ERRORS as e:
@@ -308,7 +317,6 @@ class RedisTarget:
         if budget is not None:
             self._store.mirror_budget(*budget)
         self.apply(h, offset, disabled, force=self._cas_done(cas, pending))
-        self.fleet_in_flight = count
         self._store.link.verdicts[verdict] += 1
         if verdict == "ok":
             if count >= self._cap(h, offset):
@@ -326,26 +334,25 @@ class RedisTarget:
             )
         if verdict == "full":
             self._full_until = now + FULL_NAP
-        elif retry_at > 0:
-            self._retry_at = retry_at + offset
+        elif verdict == Verdict.RPM and retry_at > 0:
+            self._bucket_wait = (retry_at + offset, 0)
+        elif verdict == Verdict.TPM and retry_at > 0:
+            self._bucket_wait = (retry_at + offset, cost)
         return None
+
+    def _bucket_until(self, cost: int) -> float:
+        until, least = self._bucket_wait
+        return until if cost >= least else 0.0
 
     def _cap(self, h: codec.SharedTarget, offset: float) -> int:
         """How many leases the target admits at once now (ADMIT's own rule)."""
-        limit = h.limit
-        b = self._store.config.breaker
-        if h.state is State.RAMP and b.ramp_duration > 0:
-            since = self._store.clock.now() - (h.ramp_from + offset)
-            share = min(
-                1.0,
-                max(
-                    h.ramp_share,
-                    b.ramp_start + (1.0 - b.ramp_start) * since / b.ramp_duration,
-                ),
+        share = 1.0
+        if h.state is State.RAMP:
+            b = self._store.config.breaker
+            share = ramp_share(
+                self._store.clock.now(), h.ramp_from + offset, h.ramp_share, b.ramp_start, b.ramp_duration
             )
-            if share < 1.0:
-                return math.floor(min(limit, max(1, math.ceil(share * max(1.0, limit)))) + 1e-9)
-        return math.floor(limit + 1e-9)
+        return decisions.slots(share, h.limit)
 
     async def begin_probe(self) -> Admission | None:
         if not self._shared:
@@ -422,35 +429,33 @@ class RedisTarget:
             )
         adm.settled = True
         self.local.limiter.release(local_slot, LimiterSignal.NEUTRAL)  # the local count of ours in flight
-        pol = CANCELLED if cancelled else policy_for(failure)
-        hint = failure.retry_after if failure is not None else None
-        hint = hint if hint is not None and math.isfinite(hint) and hint >= 0 else None
         now = store.clock.now()
-        b = self.local.breaker
+        plan = decisions.plan_settle(
+            Outcome(failure, cancelled, unused, used_tokens),
+            probe=adm.probe,
+            cost=adm.cost,
+            max_hint=store.config.breaker.cooldown_max,
+        )
         # The shared limiter decides news in SETTLE; the local breaker counts its own
         # evidence now, from the epoch the mirror knows (fresh as of the last answer).
-        news = not adm.probe and pol.limiter is LimiterSignal.OVERLOAD and adm.slot.epoch == self._epoch
-        b.record(
+        news = decisions.overload_is_news(plan.limiter, adm.slot.epoch, self._epoch)
+        self.local.breaker.record(
             adm.generation,
-            pol.breaker,
+            plan.breaker,
             sent_at=adm.at,
-            hint=hint,
+            hint=plan.hint,
             news=news,
             probe=adm.probe,
             basis=self.local.limiter.limit,
         )
-        park_for = 0.0
-        if pol.key is KeyAction.DISABLE and failure is not None:
-            self.local._keys.disabled[self.spec.key_ref] = failure.reason
-            self._emit_key("auth", None, failure.reason)
-        elif pol.key is KeyAction.PARK and failure is not None:
-            park_for = hint if hint is not None and hint > 0 else DEFAULT_QUOTA_PARK
-            self.local._keys.parked[self.id] = (now + park_for, failure.reason)
-            self._emit_key("quota", now + park_for, failure.reason)
-        refund = max(0, adm.cost - used_tokens) if failure is None and used_tokens is not None else 0
-        if unused and not adm.probe:
-            refund = adm.cost  # given back before anything was sent: its charges come back
+        key = plan.key
+        if key is not None:
+            self.local.move_key(key, now)
+            if key.state is KeyState.DISABLED:
+                self._key_moved()
         self._full_until = 0.0
+        if plan.refund_tokens or plan.refund_request:
+            self._bucket_wait = (0.0, 0)
         for _ in range(2):
             pending = self._pending()
             try:
@@ -460,25 +465,25 @@ class RedisTarget:
                     [self._hash, self._leases, self._key, self._tpm, store.keys.events, self._waiting, self._rpm],
                     [
                         adm.lease,
-                        pol.limiter.value,
+                        plan.limiter.value,
                         adm.slot.position,
                         adm.slot.epoch,
-                        pol.breaker.value,
+                        plan.breaker.value,
                         adm.generation,
                         max(0.0, now - adm.at),
-                        -1 if hint is None else hint,
+                        -1 if plan.hint is None else plan.hint,
                         int(adm.probe),
-                        pol.key.value,
-                        failure.reason if failure is not None and pol.key is not KeyAction.NONE else "",
-                        park_for,
-                        int(pol.hint_blocks),
-                        refund,
+                        "none" if key is None else "disable" if key.state is KeyState.DISABLED else "park",
+                        "" if key is None else key.reason,
+                        0.0 if key is None else key.park_for,
+                        -1 if plan.block_for is None else plan.block_for,
+                        plan.refund_tokens,
                         *self._settle_args,
                         store.id,
                         pending[0] if pending else "",
                         store.keys.proc_prefix,
                         self._rpm_rate,
-                        int(unused),
+                        int(plan.refund_request),
                         store.config.shared.lease_ttl,
                     ],
                     hot=True,
@@ -490,29 +495,14 @@ class RedisTarget:
                 self.apply(h, offset, self._disabled(res[4]), force=self._cas_done(res[3], pending))
             except ERRORS as e:
                 store.lost(e)
-                if pol.hint_blocks and hint is not None and self.local.limiter.in_flight == 0 and not adm.probe:
-                    self.local.not_before = max(
-                        self.local.not_before, now + min(hint, store.config.breaker.cooldown_max)
-                    )
+                # SETTLE's own part, on the mirror alone: the fleet's count is no longer known
+                self.local.not_before = decisions.not_before_after(
+                    self.local.not_before, now, plan.block_for, self.local.limiter.in_flight
+                )
                 break
             news = res[2] == 1 or res[2] == "1"
             break
-        return news or pol.breaker is BreakerSignal.DOWN
-
-    def _emit_key(self, kind: str, until: float | None, reason: str) -> None:
-        clock = self._store.clock
-        self._store.publish(
-            KeyParked(
-                at=clock.now(),
-                wall=clock.wall(),
-                target=self.id,
-                model=self.spec.model.name,
-                key_alias=self.spec.key_alias,
-                kind=kind,
-                until=until,
-                reason=reason,
-            )
-        )
+        return decisions.reports_news(plan, news)
 
     # ------------------------------------------------------------ by hand
 
@@ -523,7 +513,8 @@ class RedisTarget:
         self._manual("force_close", reason, self.local.force_close)
 
     def reset(self, reason: str) -> None:
-        self._retry_at = self._full_until = 0.0
+        self._bucket_wait, self._full_until = (0.0, 0), 0.0
+        self._key_moved()
         self._manual("reset", reason, self.local.reset)
 
     def _manual(self, action: str, reason: str, apply_locally: Any) -> None:
@@ -575,7 +566,8 @@ class RedisTarget:
         clock = self._store.clock
         self.local.rpm = TokenBucket(max(1e-3, self._rpm_rate / n), clock) if self._rpm_rate else None
         self.local.tpm = TokenBucket(max(1e-3, self._tpm_rate / n), clock) if self._tpm_rate else None
-        self._full_until = self._retry_at = self._probe_hold = 0.0
+        self._full_until = self._probe_hold = 0.0
+        self._bucket_wait = (0.0, 0)
         b = self.local.breaker
         if self._probe_lease is None and b.state is State.HALF_OPEN:
             # Another process's probe, whose outcome this one can no longer hear: back to

@@ -16,10 +16,11 @@ import pytest
 from capmon.core.breaker import State
 from capmon.core.clock import LoopClock, ManualClock
 from capmon.core.config import BreakerConfig, ClientConfig, Config, LimiterConfig, ModelConfig
+from capmon.core.decisions import DEFAULT_QUOTA_PARK
 from capmon.core.errors import CONNECT_FAILED, Failure, Kind
 from capmon.core.events import BreakerChanged, Event, KeyParked, ModelPinned
 from capmon.core.limiter import Slot
-from capmon.core.state import DEFAULT_QUOTA_PARK, Admission, KeyState, MemoryState, MemoryTarget, TargetSpec
+from capmon.core.state import Admission, KeyState, MemoryState, MemoryTarget, TargetSpec
 from capmon.core.waiting import GATE_SLACK, INTERACTIVE, MAX_NAP, WaitQueue
 
 A1, A2, B1 = "m1@ep/a", "m2@ep/a", "m1@ep/b"

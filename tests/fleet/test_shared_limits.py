@@ -7,8 +7,11 @@ import asyncio
 
 import pytest
 
+from capmon.core.errors import Failure, Kind
 from capmon.core.exceptions import RequestFailed
 from capmon.core.state import KeyState
+from capmon.fleet.codec import KeyNews
+from capmon.fleet.target import RedisTarget
 from tests.fleet.helpers import FLAGSHIP, MEDIUM, client, fleet_config, store, until
 from tests.support.configs import ENV
 from tests.support.scripted import Reply, Script, ok, serve
@@ -138,3 +141,24 @@ transient_cap = 0.002
             with pytest.raises(RequestFailed, match="retry budget spent"):
                 await b.chat("hi")
             assert script.served() == 12  # B found the budget spent: no retry of its own
+
+
+async def test_a_read_of_a_key_from_before_a_disable_or_a_reset_cannot_undo_it(redis_url: str, namespace: str) -> None:
+    # A reconciliation or a message read before this process's settle disabled the key (or
+    # before its reset) may be applied after it: the key's version says it is older.
+    cfg = fleet_config("http://127.0.0.1:9/v1", redis_url, namespace)
+    auth = Failure(Kind.AUTH, "Incorrect API key provided", 401, "invalid_api_key")
+    async with client(cfg) as a:
+        flagship, medium = a.target(FLAGSHIP).state, a.target(MEDIUM).state
+        assert isinstance(flagship, RedisTarget)
+        adm = await flagship.admit(1)
+        assert adm is not None
+        await flagship.settle(adm, auth)
+        flagship.apply_key(KeyNews("", 0))  # read before the disable
+        assert flagship.view().key_state is KeyState.DISABLED and not medium.usable()
+        a.reset(FLAGSHIP)
+        flagship.apply_key(KeyNews(auth.reason, 1))  # read before the reset reached Redis
+        assert flagship.view().key_state is KeyState.OK and medium.usable()
+        await asyncio.gather(*store(a)._tasks)
+        flagship.apply_key(KeyNews(auth.reason, 3))  # a newer disable, by another process
+        assert not medium.usable()

@@ -6,7 +6,7 @@
 -- ARGV: 1 lease id, 2 lease ttl, 3 cost (tokens), 4 rpm (0: none), 5 tpm (0: none),
 --       6 ramp_start, 7 ramp_duration, 8 retry budget earned since the last call,
 --       9 budget cap, 10 budget start, 11 origin, 12 a pending transition (JSON) or ''
--- Returns {verdict, now, leases, retry_at, budget, cas, key disabled reason, hash..., budget version};
+-- Returns {verdict, now, leases, retry_at, budget, cas, key state (lib.lua, key_state), hash..., budget version};
 -- verdict: ok | full | state | disabled | parked | hint | rpm | tpm | missing.
 local now = now_s()
 if redis.call('EXISTS', KEYS[1]) == 0 then return {'missing', f6(now)} end
@@ -50,7 +50,15 @@ local function take(key, tokens, amount)
   redis.call('PEXPIRE', key, 120000)  -- a bucket left alone for two minutes is full again
 end
 
-if not admits(h.state) then
+-- capmon/core/decisions.py, admit: the gates (gate), then a free slot (slots), then
+-- the buckets, in this order, so that both stores give the same verdict.
+local share = 0.0
+if h.state == 'ramp' then
+  share = ramp_share_now(h, now, tonumber(ARGV[6]), tonumber(ARGV[7]))
+elseif admits(h.state) then
+  share = 1.0
+end
+if share <= 0 then
   verdict = 'state'
 elseif disabled then
   verdict = 'disabled'
@@ -60,13 +68,9 @@ elseif num(h.not_before, 0) > now then
   verdict, retry_at = 'hint', num(h.not_before, 0)
 else
   local limit = num(h.limit, 1)
-  local share = 1.0
-  if h.state == 'ramp' then share = ramp_share_now(h, now, tonumber(ARGV[6]), tonumber(ARGV[7])) end
   local cap = limit
   if share < 1.0 then cap = math.min(limit, math.max(1, math.ceil(share * math.max(1.0, limit)))) end
-  if share <= 0 then
-    verdict = 'state'
-  elseif count >= math.floor(cap + 1e-9) then
+  if count >= math.floor(cap + 1e-9) then
     verdict = 'full'
     redis.call('ZADD', KEYS[8], 'NX', f6(now), ARGV[11])  -- a release wakes the process that waited longest
   else
@@ -90,4 +94,4 @@ else
     end
   end
 end
-return {verdict, f6(now), count, f6(retry_at), f6(balance), cas, disabled or '', flat(h), bver}
+return {verdict, f6(now), count, f6(retry_at), f6(balance), cas, key_state(KEYS[3]), flat(h), bver}

@@ -55,6 +55,34 @@ local function save(key, w)
   if #flat > 0 then redis.call('HSET', key, unpack(flat)) end
 end
 
+-- A key's state as scripts return and publish it: "<version>:<disabled reason>" (the
+-- reason '' while the key is usable). Every change of ``disabled`` raises the key's
+-- version (key_changed), so that a process takes a key's state only from a read no
+-- older than the last it took (capmon/fleet/target.py, RedisTarget.apply_key): a
+-- reconciliation or a message read before a settle disabled the key cannot undo it.
+-- A message carries the two apart (``disabled``, ``kv``: key_message), so a process of
+-- an older release still reads the reason it always read.
+local function key_fields(key)
+  local v = redis.call('HMGET', key, 'disabled', 'ver')
+  return v[1] or '', string.format('%d', num(v[2], 0))
+end
+
+local function key_state(key)
+  local reason, ver = key_fields(key)
+  return ver .. ':' .. reason
+end
+
+local function key_message(key, extra)
+  local reason, ver = key_fields(key)
+  extra = extra or {}
+  extra.disabled, extra.kv = reason, ver
+  return extra
+end
+
+local function key_changed(key)
+  redis.call('HINCRBY', key, 'ver', 1)
+end
+
 local function admits(state)
   return state == 'closed' or state == 'forced-closed' or state == 'ramp'
 end
@@ -82,7 +110,7 @@ local function flat(h)
 end
 
 -- The ramp's share now: what clean rounds earned, or the time ceiling if higher
--- (capmon/core/breaker.py, CircuitBreaker._ramp_share).
+-- (capmon/core/breaker.py, ramp_share).
 local function ramp_share_now(h, now, ramp_start, ramp_duration)
   if ramp_duration <= 0 then return 1.0 end
   local by_time = ramp_start + (1.0 - ramp_start) * (now - num(h.ramp_from, now)) / ramp_duration
@@ -119,6 +147,7 @@ local function transition(key, channel, h, tr, now, origin)
              ramp_share = tr.ramp_share, ramp_from = f6(now - tr.ramp_ago), streak = 0, streak_hint = '',
              probe_owner = '', probe_until = 0}
   if tr.next_in >= 0 then w.next_probe = f6(now + tr.next_in) else w.next_probe = 0 end
+  -- decisions.trip_restores
   if tr.state == 'open' and (h.state == 'closed' or h.state == 'ramp') then restore(h, w) end
   h = commit(key, h, w, origin)
   publish(channel, 'b', h)

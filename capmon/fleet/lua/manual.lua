@@ -1,7 +1,7 @@
 -- MANUAL: a person's trip, force-close or reset wins whatever the generation.
 -- KEYS: 1 target hash, 2 the key's hash, 3 events channel
 -- ARGV: 1 trip | force_close | reset, 2 reason, 3 origin, 4 probe_interval
--- Returns {ok | missing, now, key disabled reason, hash...}.
+-- Returns {ok | missing, now, key state (lib.lua, key_state), hash...}.
 local now = now_s()
 if redis.call('EXISTS', KEYS[1]) == 0 then return {'missing', f6(now)} end
 local h = load(KEYS[1])
@@ -13,8 +13,9 @@ if ARGV[1] == 'reset' then
   -- a person judged the model healthy: forget the interval growth, the key's state and any hint
   w.trips, w.park_until, w.park_reason, w.not_before = 0, 0, '', 0
   redis.call('HDEL', KEYS[2], 'disabled')
+  key_changed(KEYS[2])
 end
 h = commit(KEYS[1], h, w, ARGV[3])
-local disabled = redis.call('HGET', KEYS[2], 'disabled') or ''
-publish(KEYS[3], 'b', h, {disabled = disabled, manual = 1})
-return {'ok', f6(now), disabled, flat(h)}
+local key = key_state(KEYS[2])
+publish(KEYS[3], 'b', h, key_message(KEYS[2], {manual = 1}))
+return {'ok', f6(now), key, flat(h)}

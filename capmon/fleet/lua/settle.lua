@@ -2,17 +2,20 @@
 -- lease back, the limiter's learning, the breaker's evidence and a pending move of
 -- the local breaker (compare-and-set), the key action, a server's not-before, the tpm
 -- refund, and news of a free slot for processes whose admission was refused.
+-- What needs no count arrives decided (capmon/core/decisions.py, plan_settle: the
+-- signals, the cleaned hint, the key's move, how long a hint may block, the refunds);
+-- this script decides what needs the fleet's counts, by the functions named below.
 -- KEYS: 1 target hash, 2 its leases, 3 the key's hash, 4 tpm bucket, 5 events channel,
 --       6 processes waiting for a slot (zset: process id -> since), 7 rpm bucket
 -- ARGV: 1 lease id, 2 limiter signal (ok | overload | neutral), 3 position, 4 epoch,
 --       5 breaker signal (success | capacity | down | transient | neutral), 6 the admission's generation,
 --       7 seconds since it was sent, 8 hint (-1: none), 9 probe (0/1), 10 key action (none | disable | park),
---       11 key reason, 12 park seconds, 13 hint blocks (0/1), 14 tokens to refund, 15 tpm,
+--       11 key reason, 12 park seconds, 13 seconds a hint blocks the target (-1: none), 14 tokens to refund, 15 tpm,
 --       16 limiter min, 17 limiter max, 18 limiter decrease, 19 failure_threshold, 20 probe_interval,
 --       21 cooldown_multiplier, 22 cooldown, 23 cooldown_max, 24 origin, 25 a pending transition (JSON) or '',
---       26 the registry's key prefix (namespace .. ':proc:'), 27 rpm, 28 unused (1: given back before
---       anything was sent: its bucket charges are refunded too), 29 lease ttl
--- Returns {status, now, news (0/1), cas, key disabled reason, hash...}; status: ok | missing.
+--       26 the registry's key prefix (namespace .. ':proc:'), 27 rpm, 28 refund the rpm token (1: given
+--       back before anything was sent), 29 lease ttl
+-- Returns {status, now, news (0/1), cas, key state (lib.lua, key_state), hash...}; status: ok | missing.
 local now = now_s()
 if redis.call('EXISTS', KEYS[1]) == 0 then return {'missing', f6(now)} end
 local channel, origin = KEYS[5], ARGV[24]
@@ -37,9 +40,9 @@ local news = false
 local streak = num(h.streak, 0)
 local bsig = ARGV[5]
 if not probe then
-  local is_news = lsig == 'overload' and slot_epoch == epoch
+  local is_news = lsig == 'overload' and slot_epoch == epoch  -- decisions.overload_is_news
   if (bsig == 'down' or is_news) and admits(h.state) and streak == 0 then
-    -- a failure streak may begin: remember what it may undo
+    -- decisions.starts_streak: a failure streak may begin: remember what it may undo
     w.saved, w.s_limit, w.s_capacity, w.s_hold = 1, limit, capacity, hold
   end
   if lsig == 'ok' then
@@ -119,26 +122,30 @@ if not probe and tonumber(ARGV[6]) == num(h.gen, 0) and (state == 'closed' or st
       w.next_probe, w.interval, w.pfail, w.psucc = f6(now + wait), interval, 0, 0
       w.trips, w.total_trips = trips, num(h.total_trips, 0) + 1
       w.streak, w.streak_hint, w.probe_owner, w.probe_until = 0, '', '', 0
-      restore(h, w)
+      restore(h, w)  -- decisions.trip_restores
       w.tripped = 1
     end
   end
 end
 
 -- ------------------------------------------------------------ key, hint, buckets
+-- the key's move as decisions.plan_settle decided it (MemoryTarget.move_key)
 local action, key_reason = ARGV[10], ARGV[11]
 local gate = w.tripped ~= nil
 w.tripped = nil
 if action == 'disable' then
   redis.call('HSET', KEYS[3], 'disabled', key_reason)
+  key_changed(KEYS[3])
   gate = true
 elseif action == 'park' then
   w.park_until, w.park_reason = f6(now + tonumber(ARGV[12])), key_reason
   gate = true
 end
-if ARGV[13] == '1' and hint ~= nil and not probe and left == 0 then
-  -- a hint stops the whole target only when nobody's request is being served there
-  local until_ = now + math.min(hint, tonumber(ARGV[23]))  -- a hint holds a target off no longer than cooldown_max
+local block_for = tonumber(ARGV[13])
+if block_for >= 0 and left == 0 then
+  -- decisions.not_before_after: a hint stops the whole target only when nobody's
+  -- request is being served there (block_for is already capped at cooldown_max)
+  local until_ = now + block_for
   if until_ > num(h.not_before, 0) then
     w.not_before = f6(until_)
     gate = true
@@ -153,11 +160,12 @@ local function refund(key, rate, amount)
     redis.call('HSET', key, 'tokens', math.min(rate, tokens + amount), 'at', f6(now))
   end
 end
+-- the refunds decisions.plan_settle decided (TokenBucket.refund)
 refund(KEYS[4], tonumber(ARGV[15]), tonumber(ARGV[14]))
-if ARGV[28] == '1' and not probe then refund(KEYS[7], tonumber(ARGV[27]), 1) end
+if ARGV[28] == '1' then refund(KEYS[7], tonumber(ARGV[27]), 1) end
 h = commit(KEYS[1], h, w, origin)
-local disabled = redis.call('HGET', KEYS[3], 'disabled') or ''
-if gate then publish(channel, 'b', h, {disabled = disabled}) end
+local key = key_state(KEYS[3])
+if gate then publish(channel, 'b', h, key_message(KEYS[3])) end
 if not probe then
   for _ = 1, 3 do
     local waiter = redis.call('ZPOPMIN', KEYS[6])
@@ -171,4 +179,4 @@ if not probe then
 end
 local n = 0
 if news then n = 1 end
-return {'ok', f6(now), n, cas, disabled, flat(h)}
+return {'ok', f6(now), n, cas, key, flat(h)}
