@@ -78,6 +78,9 @@ IGNORED = {
     "force_flush",
     # httpx calls its transports' handle_request (capmon/inprocess/transport.py).
     "handle_request",
+    # A field of a target's Redis hash that only the scripts read (heartbeat.lua): the codec decodes
+    # it with the rest so that a garbage value in it is caught like any other (capmon/fleet/codec.py).
+    "probe_owner",
     # Snapshot fields no capmon code reads by name: they are for the JSON a gateway's control
     # API and `capmon status --json` serve (core/serial.py writes every field).
     "breaker_reason",
