@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from capmon.core.breaker import State, clean_hint
-from capmon.core.errors import Failure
+from capmon.core.errors import Failure, Kind
 from capmon.core.policy import CANCELLED, BreakerSignal, KeyAction, LimiterSignal, Policy, policy_for
 
 # A quota failure without a hint parks its key this long: quotas reset by the hour or
@@ -159,9 +159,9 @@ class KeyMove:
     park_for: float = 0.0
 
     @property
-    def kind(self) -> str:
+    def kind(self) -> Kind:
         """The KeyParked event's kind."""
-        return "auth" if self.state is KeyState.DISABLED else "quota"
+        return Kind.AUTH if self.state is KeyState.DISABLED else Kind.QUOTA
 
 
 class SettlePlan(NamedTuple):

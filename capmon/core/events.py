@@ -139,7 +139,7 @@ class KeyParked(Event):
     target: str
     model: str
     key_alias: str
-    kind: str  # quota | auth
+    kind: Kind  # Kind.QUOTA (parked) or Kind.AUTH (disabled)
     until: float | None  # None: disabled until reset by hand
     reason: str
 

@@ -31,7 +31,7 @@ from capmon.core.clock import Clock
 from capmon.core.config import Config, ModelConfig
 from capmon.core.decisions import KeyMove, Outcome
 from capmon.core.decisions import KeyState as KeyState  # re-exported: the seam's views carry it
-from capmon.core.errors import Failure
+from capmon.core.errors import Failure, Kind
 from capmon.core.events import Event, KeyParked, ModelPinned
 from capmon.core.limiter import AdaptiveLimiter, Budget, LimiterView, Slot, TokenBucket
 
@@ -286,7 +286,7 @@ class MemoryTarget:
             self._keys.parked[self.id] = (until, move.reason)
         self.emit_key(move.kind, until, move.reason)
 
-    def emit_key(self, kind: str, until: float | None, reason: str) -> None:
+    def emit_key(self, kind: Kind, until: float | None, reason: str) -> None:
         self._publish(
             KeyParked(
                 at=self._clock.now(),

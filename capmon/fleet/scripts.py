@@ -8,6 +8,7 @@ Redis's own clock and returns it, so the process can convert shared times to its
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 
 from redis.asyncio import Redis
@@ -15,6 +16,16 @@ from redis.commands.core import AsyncScript
 
 LUA = Path(__file__).resolve().parent / "lua"
 NAMES = ("admit", "settle", "begin_probe", "manual", "transition", "seed", "heartbeat", "spend", "pin")
+
+
+class ManualAction(StrEnum):
+    """What a person did by hand, as MANUAL (``manual.lua``) takes it, or the pin (``pin.lua``):
+    kept until Redis has it, while the process runs on its own state."""
+
+    TRIP = "trip"
+    FORCE_CLOSE = "force_close"
+    RESET = "reset"
+    PIN = "pin"
 
 
 def source(name: str) -> str:

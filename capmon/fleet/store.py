@@ -35,7 +35,7 @@ from capmon.core.tasks import cancel_and_wait
 from capmon.fleet import codec
 from capmon.fleet.codec import Garbage
 from capmon.fleet.link import ERRORS, Link, describe, wrong_type
-from capmon.fleet.scripts import Keys
+from capmon.fleet.scripts import Keys, ManualAction
 from capmon.fleet.settings import Settings, SharedStateUnavailable
 from capmon.fleet.supervisor import Supervisor
 from capmon.fleet.target import RedisTarget
@@ -82,7 +82,8 @@ class RedisState:
         # The version of each key's state this process last took from Redis, or made
         # itself (then half a version ahead, until Redis answers): RedisTarget.apply_key.
         self.key_versions: dict[tuple[str, str], float] = {}
-        self._pending_manual: list[tuple[str | None, str, str]] = []  # (target or None for the pin, action, arg)
+        # (the target, or None for the pin; the action; its argument)
+        self._pending_manual: list[tuple[str | None, ManualAction, str]] = []
         self._tasks: set[asyncio.Task[Any]] = set()
         self.supervisor = Supervisor(clock)
         self._listen_task: asyncio.Task[None] | None = None
@@ -109,7 +110,7 @@ class RedisState:
         if self.link.ok:
             self._spawn(self._write_pin(model))
         else:
-            self._pending_manual.append((None, "pin", model or ""))
+            self._pending_manual.append((None, ManualAction.PIN, model or ""))
 
     async def _write_pin(self, model: str | None) -> None:
         try:
@@ -118,7 +119,7 @@ class RedisState:
             )
         except ERRORS as e:
             self.lost(e)
-            self._pending_manual.append((None, "pin", model or ""))
+            self._pending_manual.append((None, ManualAction.PIN, model or ""))
 
     def target(self, target_id: str) -> RedisTarget:
         return self._targets[target_id]
@@ -199,13 +200,13 @@ class RedisState:
 
     # ------------------------------------------------------------ manual actions
 
-    def manual(self, target: RedisTarget, action: str, reason: str) -> None:
+    def manual(self, target: RedisTarget, action: ManualAction, reason: str) -> None:
         if self.link.ok:
             self._spawn(self._write_manual(target, action, reason))
         else:
             self._pending_manual.append((target.id, action, reason))
 
-    async def _write_manual(self, target: RedisTarget, action: str, reason: str) -> None:
+    async def _write_manual(self, target: RedisTarget, action: ManualAction, reason: str) -> None:
         try:
             await target.write_manual(action, reason)
         except ERRORS as e:

@@ -30,6 +30,7 @@ from capmon.core.policy import LimiterSignal
 from capmon.core.state import Admission, MemoryTarget, TargetSpec, TargetView
 from capmon.fleet import codec
 from capmon.fleet.link import ERRORS
+from capmon.fleet.scripts import ManualAction
 
 if TYPE_CHECKING:
     from capmon.fleet.store import RedisState
@@ -507,22 +508,22 @@ class RedisTarget:
     # ------------------------------------------------------------ by hand
 
     def trip(self, reason: str) -> None:
-        self._manual("trip", reason, self.local.trip)
+        self._manual(ManualAction.TRIP, reason, self.local.trip)
 
     def force_close(self, reason: str) -> None:
-        self._manual("force_close", reason, self.local.force_close)
+        self._manual(ManualAction.FORCE_CLOSE, reason, self.local.force_close)
 
     def reset(self, reason: str) -> None:
         self._bucket_wait, self._full_until = (0.0, 0), 0.0
         self._key_moved()
-        self._manual("reset", reason, self.local.reset)
+        self._manual(ManualAction.RESET, reason, self.local.reset)
 
-    def _manual(self, action: str, reason: str, apply_locally: Any) -> None:
+    def _manual(self, action: ManualAction, reason: str, apply_locally: Any) -> None:
         apply_locally(reason)  # at once here, whatever Redis does
         self._synced_changes = self.local.breaker.changes  # written by MANUAL, not by compare-and-set
         self._store.manual(self, action, reason)
 
-    async def write_manual(self, action: str, reason: str) -> None:
+    async def write_manual(self, action: ManualAction, reason: str) -> None:
         store = self._store
         for _ in range(2):
             res = await store.link.call(

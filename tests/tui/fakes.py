@@ -13,6 +13,7 @@ from capmon.core import events as ev
 from capmon.core.breaker import State
 from capmon.core.clock import ManualClock
 from capmon.core.config import EndpointApi
+from capmon.core.errors import Kind
 from capmon.core.events import BatchProgress, EventBus
 from capmon.core.exceptions import CapmonError
 from capmon.core.snapshot import EngineSnapshot, FleetProcess, LinkState, SharedStatus, TargetSnapshot, WaitingRetry
@@ -435,7 +436,7 @@ def outage() -> FakeSource:
         target=target_id("medium", "sim", "backup-key"),
         model="medium",
         key_alias="backup-key",
-        kind="quota",
+        kind=Kind.QUOTA,
         until=clock.now() + 3600,
         reason="You exceeded your current quota",
     )
