@@ -347,9 +347,11 @@ class RedisTarget:
                 return math.floor(min(limit, max(1, math.ceil(share * max(1.0, limit)))) + 1e-9)
         return math.floor(limit + 1e-9)
 
-    async def begin_probe(self) -> Admission | None:
+    async def begin_probe(self, *, early: bool = False) -> Admission | None:
+        # ``early`` (demand-driven, capmon/core/demand.py) is honoured on the mirror alone:
+        # BEGIN_PROBE grants the fleet's one probe by the shared schedule.
         if not self._shared:
-            return await self.local.begin_probe()
+            return await self.local.begin_probe(early=early)
         store = self._store
         now = store.clock.now()
         due = self.probe_due_at()
