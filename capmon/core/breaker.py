@@ -15,7 +15,9 @@ first probe comes ``probe_interval`` after the trip, each failed probe multiplie
 the interval by ``cooldown_multiplier`` up to ``cooldown``, and no probe is sent
 sooner than a server hint (itself capped at ``cooldown_max``). So a model that has
 capacity again is found within one interval, at the cost of one tiny request per
-interval while it has none.
+interval while it has none. That is the slow schedule; work waiting for the model can
+make a probe due sooner (``begin_probe(early=True)``, capmon/core/demand.py), still
+never before the hint.
 
 RAMP admits a growing share of the target's learned concurrency. The share grows
 by evidence, like TCP slow start: it doubles after each clean round (as many
