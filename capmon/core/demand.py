@@ -53,6 +53,9 @@ class Demand:
         self._on_due = on_due
         self._targets: dict[str, _Target] = {}
 
+    def __contains__(self, target: str) -> bool:
+        return target in self._targets
+
     def want(self, target: str) -> None:
         """One more request prefers ``target`` and is served elsewhere or waits."""
         if self.share <= 0.0:

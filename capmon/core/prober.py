@@ -104,7 +104,7 @@ class Prober:
         breaker's own schedule); None while no probe is to be sent."""
         scheduled = t.state.probe_due_at()
         if scheduled is None:
-            if t.id not in self._running and t.state.view().breaker.state not in _WAITING:
+            if t.id in self._demand and t.id not in self._running and t.state.view().breaker.state not in _WAITING:
                 self._demand.forget(t.id)
             return None
         by_demand = self._demand.due(t.id)
