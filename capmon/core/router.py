@@ -345,7 +345,7 @@ class FallbackClient(FormatCalls, ManualControls):
 
     def _give_up(self, r: Routing, before: str = "") -> NoReturn:
         failure = r.last_failure or Failure(Kind.CAPACITY, "no model admitted the request in time")
-        passed = r.deadline_passed(self.clock.now())  # the request's own deadline or the config's, as it was given
+        passed = r.deadline_passed(self.clock.now())
         last = f"last: {failure.kind.value}: {failure.reason}"
         raise DeadlineExceeded(failure, r.attempts, f"{before}{passed}; {last}", passed=passed)
 
@@ -423,7 +423,7 @@ class FallbackClient(FormatCalls, ManualControls):
             number=number,
             max_attempts=self.config.client.max_attempts,
             has_other=lambda tid, window: any(
-                u.id != tid and u.model.context_window > window for u in r.usable(self.targets, pinned)
+                u.id != tid and u.model.context_window > window for u in r.usable(self.targets, pinned, stick=False)
             ),
             spend_retry=self.state.spend_retry,
             now=now,
