@@ -13,7 +13,10 @@ floor. With no demand the breaker's own slow schedule (``probe_interval`` growin
 (capmon/core/breaker.py) still holds every probe back until a server's hint has passed.
 
 The credit is capped at one probe: work that wanted the model long ago buys no burst of
-probes now. See ARCHITECTURE.md, "The breaker".
+probes now. In a fleet (capmon/fleet) every process counts the work it sees and takes it
+for its share of the fleet's (``scale``: the processes alive), and a probe any process
+begins spends every process's credit (:meth:`Demand.heard`), so the fleet's probes stay
+about that share of the fleet's demand, one at a time. See ARCHITECTURE.md, "The breaker".
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ class Demand:
         self.floor = floor
         self._on_due = on_due
         self._targets: dict[str, _Target] = {}
+        self.scale = 1  # processes that share the demand (a fleet's live processes; 1 alone)
 
     def __contains__(self, target: str) -> bool:
         return target in self._targets
@@ -64,7 +68,7 @@ class Demand:
         if d is None:
             d = self._targets[target] = _Target()
         before = d.credit
-        d.credit = min(1.0, d.credit + self.share)
+        d.credit = min(1.0, d.credit + self.share * max(1, self.scale))
         d.wanted += 1
         if before < 1.0 - _EPS <= d.credit:
             self._on_due()
@@ -86,6 +90,11 @@ class Demand:
             d = self._targets[target] = _Target()
         d.credit = max(0.0, d.credit - 1.0)
         d.last = self._clock.now()
+
+    def heard(self, target: str) -> None:
+        """Another process of the fleet began a probe of ``target``: it spends this one's
+        credit too, and the floor starts."""
+        self.probed(target)
 
     def refused(self, target: str) -> None:
         """An early probe was not admitted (a server's hint, another process's probe):

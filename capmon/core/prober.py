@@ -54,7 +54,7 @@ class ProbeResult:
 class Prober:
     """``publish(event class, **fields)`` puts an event on the bus; ``acquire_on(target,
     wait)`` is a slot on that one target, in line with the requests, within ``wait``
-    seconds (or None)."""
+    seconds (or None); ``fleet_size()`` the processes that share the state (1 alone)."""
 
     def __init__(
         self,
@@ -64,6 +64,7 @@ class Prober:
         demand: Demand,
         publish: Callable[..., None],
         acquire_on: Callable[[Target, float], Awaitable[Admission | None]],
+        fleet_size: Callable[[], int] = lambda: 1,
     ) -> None:
         self._clock = clock
         self._targets = targets
@@ -71,6 +72,8 @@ class Prober:
         self._demand = demand
         self._publish = publish
         self._acquire_on = acquire_on
+        self._fleet_size = fleet_size
+        self._elsewhere: set[str] = set()  # targets whose probe another process of the fleet has out
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self._running: dict[str, asyncio.Task[ProbeResult | None]] = {}
@@ -103,18 +106,36 @@ class Prober:
         """When ``t``'s next probe is due and whether that is early (by demand, before the
         breaker's own schedule); None while no probe is to be sent."""
         scheduled = t.state.probe_due_at()
+        self._heard(t)
         if scheduled is None:
-            if t.id in self._demand and t.id not in self._running and t.state.view().breaker.state not in _WAITING:
-                self._demand.forget(t.id)
             return None
+        if t.id in self._elsewhere:
+            return scheduled, False  # another process's probe is out: only taking it over is due
         by_demand = self._demand.due(t.id)
         if by_demand is not None and by_demand < scheduled:
             return by_demand, True
         return scheduled, False
 
+    def _heard(self, t: Target) -> None:
+        """Keep demand in step with what the breaker does without this process: forget it
+        once the breaker is no longer open, spend it when another process probes."""
+        if t.id not in self._demand or t.id in self._running:
+            return
+        state = t.state.view().breaker.state
+        if state not in _WAITING:
+            self._demand.forget(t.id)
+            self._elsewhere.discard(t.id)
+        elif state is State.HALF_OPEN:
+            if t.id not in self._elsewhere:
+                self._elsewhere.add(t.id)
+                self._demand.heard(t.id)
+        else:
+            self._elsewhere.discard(t.id)
+
     async def _run(self) -> None:
         while True:
             self._wake.clear()
+            self._demand.scale = max(1, self._fleet_size())
             now = self._clock.now()
             upcoming: list[float] = []
             for t in self._targets:

@@ -119,7 +119,13 @@ class FallbackClient(FormatCalls, ManualControls):
         bc = config.breaker
         self.demand = Demand(self.clock, share=bc.probe_share, floor=bc.probe_floor, on_due=lambda: self.prober.kick())
         self.prober = Prober(
-            self.clock, self.targets, self.executor, self.demand, self.journal.publish, self._acquire_on
+            self.clock,
+            self.targets,
+            self.executor,
+            self.demand,
+            self.journal.publish,
+            self._acquire_on,
+            fleet_size=lambda: len(self.state.shared_status().processes) or 1,
         )
 
     def add_observer(self, fn: AttemptObserver) -> Callable[[], None]:
