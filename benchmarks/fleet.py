@@ -75,14 +75,21 @@ async def _worker(args: argparse.Namespace) -> None:
         state = client.state
         assert isinstance(state, RedisState)
 
+        began: dict[str, tuple[float, bool]] = {}  # target -> when this process's probe was granted, taken over
+
         def on_event(e: ev.Event) -> None:
+            if isinstance(e, ev.BreakerChanged) and e.new == "half-open" and "[fleet" not in e.reason:
+                began[e.target] = (time.time(), "taking over" in e.reason)
             if isinstance(e, ev.BreakerChanged):
                 gen = state.target(e.target).local.breaker.generation
                 moves.append(
                     {"t": time.time(), "target": e.target, "new": e.new, "gen": gen, "own": "[fleet" not in e.reason}
                 )
             elif isinstance(e, ev.ProbeFinished) and e.breaker:  # this process's probe of an open breaker
-                probes.append({"end": time.time(), "latency": e.latency, "model": e.model, "ok": e.ok})
+                # From the moment BEGIN_PROBE granted it, for as long as it took to answer (the
+                # event itself comes after SETTLE's round trip, later under load).
+                start, took_over = began.pop(e.target, (time.time() - e.latency, False))
+                probes.append({"start": start, "latency": e.latency, "model": e.model, "ok": e.ok, "over": took_over})
 
         engine.bus.subscribe(on_event)
         print("READY", flush=True)
@@ -232,19 +239,29 @@ def propagation(workers: list[dict[str, Any]]) -> list[float]:
 
 def probe_streams(workers: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
     """Per model, the probes of its open breaker the whole fleet sent, how many processes
-    sent them, and the most that were out at the same moment."""
+    sent them, the most that were out at the same moment, and how many took over a probe
+    whose owner went silent (its lease unrenewed)."""
     out: dict[str, dict[str, int]] = {}
     by_model: dict[str, list[tuple[float, float, str]]] = {}
+    over: dict[str, int] = {}
     for w in workers:
         for p in w.get("probes", []):
-            by_model.setdefault(p["model"], []).append((p["end"] - p["latency"], p["end"], w["id"]))
+            over[p["model"]] = over.get(p["model"], 0) + bool(p.get("over"))
+    for w in workers:
+        for p in w.get("probes", []):
+            by_model.setdefault(p["model"], []).append((p["start"], p["start"] + p["latency"], w["id"]))
     for model, spans in by_model.items():
         edges = sorted([(a, 1) for a, _, _ in spans] + [(b, -1) for _, b, _ in spans], key=lambda x: (x[0], x[1]))
         out_now = most = 0
         for _, step in edges:
             out_now += step
             most = max(most, out_now)
-        out[model] = {"probes": len(spans), "processes": len({who for _, _, who in spans}), "at_once": most}
+        out[model] = {
+            "probes": len(spans),
+            "processes": len({who for _, _, who in spans}),
+            "at_once": most,
+            "taken_over": over.get(model, 0),
+        }
     return out
 
 
@@ -305,14 +322,14 @@ def report(name: str, one: dict[str, Any], many: dict[str, Any], processes: int)
         rows += [
             "",
             "| probes of an open breaker | 1 process | "
-            + f"{processes} processes: probes (processes that sent them), most out at once |",
+            + f"{processes} processes: probes (processes that sent them), most out at once, taken over |",
             "|---|---|---|",
         ]
         for m in models:
             a, b = one["probes"].get(m, {}), many["probes"].get(m, {})
             rows.append(
                 f"| {m} | {a.get('probes', 0)} | {b.get('probes', 0)} ({b.get('processes', 0)}), "
-                f"{b.get('at_once', 0)} at once |"
+                f"{b.get('at_once', 0)} at once, {b.get('taken_over', 0)} taken over |"
             )
     rows += [
         "",
