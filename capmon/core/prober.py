@@ -74,6 +74,7 @@ class Prober:
         self._acquire_on = acquire_on
         self._fleet_size = fleet_size
         self._elsewhere: set[str] = set()  # targets whose probe another process of the fleet has out
+        self._failed_seen: dict[str, int] = {}  # target -> its failed probes when last looked at
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self._running: dict[str, asyncio.Task[ProbeResult | None]] = {}
@@ -118,19 +119,26 @@ class Prober:
 
     def _heard(self, t: Target) -> None:
         """Keep demand in step with what the breaker does without this process: forget it
-        once the breaker is no longer open, spend it when another process probes."""
+        once the breaker is no longer open; spend it when another process of the fleet
+        probes (its probe is out, or one more probe failed since this process last looked)."""
         if t.id not in self._demand or t.id in self._running:
             return
-        state = t.state.view().breaker.state
-        if state not in _WAITING:
+        v = t.state.view().breaker
+        if v.state not in _WAITING:
             self._demand.forget(t.id)
             self._elsewhere.discard(t.id)
-        elif state is State.HALF_OPEN:
+            self._failed_seen.pop(t.id, None)
+            return
+        seen = self._failed_seen.get(t.id, v.probes_failed)
+        self._failed_seen[t.id] = v.probes_failed
+        if v.state is State.HALF_OPEN:
             if t.id not in self._elsewhere:
                 self._elsewhere.add(t.id)
                 self._demand.heard(t.id)
-        else:
-            self._elsewhere.discard(t.id)
+            return
+        if t.id not in self._elsewhere and v.probes_failed > seen:
+            self._demand.heard(t.id)  # a probe came and went between two looks
+        self._elsewhere.discard(t.id)
 
     async def _run(self) -> None:
         while True:
@@ -170,7 +178,11 @@ class Prober:
                 self._demand.refused(t.id)
             return None
         self._demand.probed(t.id)
-        return await self._send(t, adm)
+        try:
+            return await self._send(t, adm)
+        finally:
+            # this process's own probe: its failure is not news of another's
+            self._failed_seen[t.id] = t.state.view().breaker.probes_failed
 
     async def probe_now(self, t: Target, wait: float = 0.0) -> ProbeResult:
         view = t.state.view().breaker
