@@ -20,7 +20,10 @@ Printed per scenario:
 * Redis round trips per item: the hot path (ADMIT + SETTLE, refused ADMITs included)
   and everything (heartbeats, reconciliation, probes, spends, seeds too);
 * added latency: p50 / p99 of one ADMIT or SETTLE call as the client waited for it
-  (a request makes two).
+  (a request makes two);
+* probes of an open breaker: how many the fleet sent per open model, how many processes
+  sent them, and the most that were out at once (1: one stream for the fleet, however
+  many processes; the 1-process run's count beside it).
 
 Not a test: it prints figures (benchmarks/README.md, "python -m benchmarks.fleet").
 """
@@ -66,17 +69,27 @@ async def _worker(args: argparse.Namespace) -> None:
 
     config = _config(args.base_url, args.redis, args.namespace)
     moves: list[dict[str, Any]] = []
+    probes: list[dict[str, Any]] = []
     async with open_engine(config, environ={}, role="batch") as engine:
         client = engine.client
         state = client.state
         assert isinstance(state, RedisState)
 
+        began: dict[str, tuple[float, bool]] = {}  # target -> when this process's probe was granted, taken over
+
         def on_event(e: ev.Event) -> None:
+            if isinstance(e, ev.BreakerChanged) and e.new == "half-open" and "[fleet" not in e.reason:
+                began[e.target] = (time.time(), "taking over" in e.reason)
             if isinstance(e, ev.BreakerChanged):
                 gen = state.target(e.target).local.breaker.generation
                 moves.append(
                     {"t": time.time(), "target": e.target, "new": e.new, "gen": gen, "own": "[fleet" not in e.reason}
                 )
+            elif isinstance(e, ev.ProbeFinished) and e.breaker:  # this process's probe of an open breaker
+                # From the moment BEGIN_PROBE granted it, for as long as it took to answer (the
+                # event itself comes after SETTLE's round trip, later under load).
+                start, took_over = began.pop(e.target, (time.time() - e.latency, False))
+                probes.append({"start": start, "latency": e.latency, "model": e.model, "ok": e.ok, "over": took_over})
 
         engine.bus.subscribe(on_event)
         print("READY", flush=True)
@@ -117,6 +130,7 @@ async def _worker(args: argparse.Namespace) -> None:
             "verdicts": verdicts,
             "requests": client.journal.requests,
             "moves": moves,
+            "probes": probes,
             "id": state.id,
             "degraded": state.link.losses,
         }
@@ -223,6 +237,34 @@ def propagation(workers: list[dict[str, Any]]) -> list[float]:
     return [t - made[key] for key, times in adopted.items() if key in made for t in times]
 
 
+def probe_streams(workers: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
+    """Per model, the probes of its open breaker the whole fleet sent, how many processes
+    sent them, the most that were out at the same moment, and how many took over a probe
+    whose owner went silent (its lease unrenewed)."""
+    out: dict[str, dict[str, int]] = {}
+    by_model: dict[str, list[tuple[float, float, str]]] = {}
+    over: dict[str, int] = {}
+    for w in workers:
+        for p in w.get("probes", []):
+            over[p["model"]] = over.get(p["model"], 0) + bool(p.get("over"))
+    for w in workers:
+        for p in w.get("probes", []):
+            by_model.setdefault(p["model"], []).append((p["start"], p["start"] + p["latency"], w["id"]))
+    for model, spans in by_model.items():
+        edges = sorted([(a, 1) for a, _, _ in spans] + [(b, -1) for _, b, _ in spans], key=lambda x: (x[0], x[1]))
+        out_now = most = 0
+        for _, step in edges:
+            out_now += step
+            most = max(most, out_now)
+        out[model] = {
+            "probes": len(spans),
+            "processes": len({who for _, _, who in spans}),
+            "at_once": most,
+            "taken_over": over.get(model, 0),
+        }
+    return out
+
+
 def figures(run: dict[str, Any], items: int) -> dict[str, Any]:
     ws = run["workers"]
     totals = run["sim"]["totals"]
@@ -255,6 +297,7 @@ def figures(run: dict[str, Any], items: int) -> dict[str, Any]:
         "prop_p50_ms": percentile(delays, 0.50) * 1000 if delays else float("nan"),
         "prop_p99_ms": percentile(delays, 0.99) * 1000 if delays else float("nan"),
         "degraded": sum(w["degraded"] for w in ws),
+        "probes": probe_streams(ws),
     }
 
 
@@ -274,6 +317,20 @@ def report(name: str, one: dict[str, Any], many: dict[str, Any], processes: int)
             f"{f['requests']} | {f['p50']:.2f} | {f['p99']:.2f} | {f['hot_per_item']:.2f} / "
             f"{f['all_per_item']:.2f} | {f['hot_p50_ms']:.2f} / {f['hot_p99_ms']:.2f} | {prop} |"
         )
+    models = sorted(set(one["probes"]) | set(many["probes"]))
+    if models:
+        rows += [
+            "",
+            "| probes of an open breaker | 1 process | "
+            + f"{processes} processes: probes (processes that sent them), most out at once, taken over |",
+            "|---|---|---|",
+        ]
+        for m in models:
+            a, b = one["probes"].get(m, {}), many["probes"].get(m, {})
+            rows.append(
+                f"| {m} | {a.get('probes', 0)} | {b.get('probes', 0)} ({b.get('processes', 0)}), "
+                f"{b.get('at_once', 0)} at once, {b.get('taken_over', 0)} taken over |"
+            )
     rows += [
         "",
         f"rejected, {processes} / 1: {many['rejected']} / {one['rejected']} = {ratio:.2f} (goal <= 1.2: "

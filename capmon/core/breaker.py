@@ -15,7 +15,9 @@ first probe comes ``probe_interval`` after the trip, each failed probe multiplie
 the interval by ``cooldown_multiplier`` up to ``cooldown``, and no probe is sent
 sooner than a server hint (itself capped at ``cooldown_max``). So a model that has
 capacity again is found within one interval, at the cost of one tiny request per
-interval while it has none.
+interval while it has none. That is the slow schedule; work waiting for the model can
+make a probe due sooner (``begin_probe(early=True)``, capmon/core/demand.py), still
+never before the hint.
 
 RAMP admits a growing share of the target's learned concurrency. The share grows
 by evidence, like TCP slow start: it doubles after each clean round (as many
@@ -181,9 +183,10 @@ class CircuitBreaker:
         # OPEN / HALF_OPEN
         self._interval = config.probe_interval
         self._next_probe: float | None = None
+        # While OPEN: no probe before this, a demand-driven one included (a server's hint).
+        self._hint_until = 0.0
         self._probes_failed = 0
         self._probe_successes = 0
-        self._probing = False
         # RAMP
         self._ramp_from = 0.0
         self._share = 1.0
@@ -274,6 +277,8 @@ class CircuitBreaker:
         stepped = same and old is State.RAMP and share > self._share + 1e-9
         self._state, self.generation, self._reason = rec.state, rec.generation, rec.reason
         self._next_probe = rec.next_probe if rec.state is State.OPEN else None
+        if not same:  # decided elsewhere, whose hint this process does not know: none early
+            self._hint_until = rec.next_probe or 0.0
         self._interval, self._probes_failed = rec.interval, rec.probes_failed
         self._probe_successes = rec.probe_successes
         self._trips_in_a_row, self._total_trips = rec.trips, rec.total_trips
@@ -288,7 +293,6 @@ class CircuitBreaker:
         self._streak_hint = None
         self._window.clear()
         self._round_ok = 0
-        self._probing = rec.state is State.HALF_OPEN and origin is None
         reason = rec.reason if origin is None else f"{rec.reason} [{origin}]"
         self._emit(
             BreakerChanged(
@@ -306,15 +310,19 @@ class CircuitBreaker:
 
     # ------------------------------------------------------------ probes
 
-    def begin_probe(self) -> int | None:
+    def begin_probe(self, *, early: bool = False) -> int | None:
         """Start the due probe: OPEN -> HALF_OPEN. Returns the probe's generation, or
-        None when no probe is due (not open, already probing, too early)."""
+        None when no probe may go (not open, already probing, too early). ``early``: the
+        work waiting for the model makes a probe worth sending before the schedule's time
+        (capmon/core/demand.py); it still waits out a server's hint."""
         now = self._clock.now()
         self._advance(now)
-        if self._state is not State.OPEN or self._next_probe is None or now < self._next_probe - 1e-9:
+        if self._state is not State.OPEN or self._next_probe is None:
             return None
-        self._move(State.HALF_OPEN, f"probing (interval {self._interval:g}s)", now, keep_probe_state=True)
-        self._probing = True
+        if now < (self._hint_until if early else self._next_probe) - 1e-9:
+            return None
+        why = "on demand" if now < self._next_probe - 1e-9 else f"interval {self._interval:g}s"
+        self._move(State.HALF_OPEN, f"probing ({why})", now, keep_probe_state=True)
         return self.generation
 
     # ------------------------------------------------------------ outcomes
@@ -380,7 +388,6 @@ class CircuitBreaker:
         # OPEN: nothing is admitted, so nothing current arrives; FORCED_*: outcomes ignored.
 
     def _probe_outcome(self, now: float, signal: BreakerSignal, hint: float | None, basis: float) -> None:
-        self._probing = False
         if signal is BreakerSignal.SUCCESS:
             self._probe_successes += 1
             if self._probe_successes >= self.config.half_open_probes:
@@ -427,9 +434,11 @@ class CircuitBreaker:
         if total >= cfg.ratio_min_requests and failed >= cfg.failure_ratio * total:
             self._trip(now, f"{failed} of {total} attempts failed for capacity in {cfg.ratio_window:g}s", window_hint)
 
-    def _wait(self, interval: float, hint: float | None) -> float:
-        # The server knows better than our schedule: never probe before its hint.
+    def _wait(self, now: float, interval: float, hint: float | None) -> float:
+        # The server knows better than our schedule: never probe before its hint, on
+        # demand neither.
         hint = min(hint, self.config.cooldown_max) if hint is not None else None
+        self._hint_until = now + (hint or 0.0)
         return interval if hint is None else max(interval, hint)
 
     def _trip(self, now: float, reason: str, hint: float | None) -> None:
@@ -443,7 +452,7 @@ class CircuitBreaker:
         self._interval = max(0.0, min(first, cfg.cooldown))
         self._probes_failed = 0
         self._probe_successes = 0
-        until = now + self._wait(self._interval, hint)
+        until = now + self._wait(now, self._interval, hint)
         log.info("breaker %s opened, first probe at %.1f: %s", self.target, until, reason)
         self._move(State.OPEN, reason, now, next_probe=until, keep_probe_state=True)
 
@@ -451,7 +460,7 @@ class CircuitBreaker:
         cfg = self.config
         if grow:
             self._interval = min(cfg.cooldown, max(self._interval, 1e-3) * cfg.cooldown_multiplier)
-        until = now + self._wait(self._interval, hint)
+        until = now + self._wait(now, self._interval, hint)
         self._move(State.OPEN, reason, now, next_probe=until, keep_probe_state=True)
 
     def _start_ramp(self, now: float, basis: float) -> None:
@@ -518,7 +527,6 @@ class CircuitBreaker:
         self._streak_hint = None
         self._window.clear()
         self._next_probe = next_probe
-        self._probing = False
         if not keep_probe_state:
             self._probes_failed = 0
             self._probe_successes = 0

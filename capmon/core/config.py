@@ -117,6 +117,13 @@ class BreakerConfig:
     cooldown: float = _f(60.0, min=0.0, doc="the longest interval between probes while a model stays down")
     cooldown_multiplier: float = _f(2.0, min=1.0, doc="each failed probe multiplies the interval by this")
     cooldown_max: float = _f(1800.0, min=0.0, doc="the longest a server hint may hold off the next probe")
+    probe_share: float = _f(
+        0.02,
+        min=0.0,
+        max=1.0,
+        doc="while a model is down, probes are at most this share of the requests that wanted it (0: slow schedule)",
+    )
+    probe_floor: float = _f(1.0, min=0.0, doc="seconds between two probes of a model at least, whatever the demand")
     half_open_probes: int = _f(1, min=1, doc="probes that must succeed before the ramp starts")
     ramp_start: float = _f(0.25, min=0.0, max=1.0, doc="share of the learned concurrency admitted when the ramp starts")
     ramp_duration: float = _f(60.0, min=0.0, doc="the ramp's ceiling: full traffic after this long however little came")

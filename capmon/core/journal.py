@@ -1,6 +1,8 @@
 """What the client tells the world about its requests: events on the bus, the attempt
 records observers (the audit log) receive, the request counters and the retry waits a
-snapshot shows. Routing decides; the journal only writes down what was decided."""
+snapshot shows. Routing decides; the journal only tells what was decided: it reads a
+request's route (capmon/core/routing.py) and writes nothing into it (the router puts the
+attempts it makes here on the route's record)."""
 
 from __future__ import annotations
 
@@ -58,7 +60,6 @@ class Journal:
                 to_api=t.endpoint.api.value,
                 caller_request_id=r.request.request_id,
             )
-        r.last_model = t.model.name
         self.publish(
             ev.AttemptStarted,
             request_id=r.id,
@@ -102,7 +103,7 @@ class Journal:
             caller_request_id=r.request.request_id,
         )
 
-    def record(
+    def attempt(
         self,
         r: Routing,
         t: Target,
@@ -114,7 +115,8 @@ class Journal:
         latency: float,
         decision: Decision,
         dropped: tuple[str, ...] = (),
-    ) -> None:
+    ) -> Attempt:
+        """One attempt's record (the router puts it on the route, then :meth:`observe`)."""
         attempt = Attempt(
             number=number,
             model=t.model.name,
@@ -132,7 +134,6 @@ class Journal:
             api=t.endpoint.api,
             dropped=dropped,
         )
-        self._append(r, attempt)
         log.debug(
             "request %d attempt %d on %s: %s %s -> %s",
             r.id,
@@ -142,9 +143,10 @@ class Journal:
             failure.kind.value if failure else "ok",
             decision.value,
         )
+        return attempt
 
-    def skipped(self, r: Routing, t: Target) -> None:
-        """A target passed over because it cannot carry the request: on the record, never sent."""
+    def skipped(self, r: Routing, t: Target) -> Attempt:
+        """The record of a target passed over because it cannot carry the request, never sent."""
         reason = f"incapable: {r.incapable[t.id]}"
         attempt = Attempt(
             number=0,
@@ -163,13 +165,13 @@ class Journal:
             api=t.endpoint.api,
         )
         log.debug("request %d skips %s: %s", r.id, t.id, reason)
-        self._append(r, attempt)
+        return attempt
 
-    def _append(self, r: Routing, attempt: Attempt) -> None:
-        r.attempts.append(attempt)
+    def observe(self, request: ChatRequest, attempt: Attempt) -> None:
+        """Tell every observer (the audit log) of an attempt on the record."""
         for fn in list(self._observers):
             try:
-                fn(r.request, attempt)
+                fn(request, attempt)
             except Exception:
                 log.exception("attempt observer failed")
 

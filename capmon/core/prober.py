@@ -1,14 +1,20 @@
 """The client's own probes: how an open breaker learns that its model is back.
 
 While a target's breaker is open, no user request goes there. Instead the prober
-sends one minimal request (one token of output) when the breaker says a probe is
-due, and settles it through the same state seam and policy table as any request:
-a success starts the ramp, a failure makes the next probe wait longer. Every probe
-is announced (:class:`~capmon.core.events.ProbeFinished`) so the dashboard shows it.
+sends one minimal request (one token of output) when a probe is due, by the breaker's
+slow schedule or earlier by the demand for the model (capmon/core/demand.py), and
+sends it through the one attempt executor (capmon/core/executor.py), settled through
+the same state seam and policy table as any request: a success starts the ramp, a
+failure makes the next scheduled probe wait longer. One probe per target is out at a
+time. Every probe is announced (:class:`~capmon.core.events.ProbeFinished`) so the
+dashboard shows it.
 
 A person or ``capmon status --probe`` can also probe a target now
 (:meth:`Prober.probe_now`): the due probe of an open breaker, or a small health
-request through normal admission when the breaker is closed.
+request that waits its turn for a slot when the breaker is closed.
+
+The prober is given what it uses (the clock, the targets, the executor, the demand, a
+way to publish and a way to wait in line for one target) and reaches into nothing else.
 """
 
 from __future__ import annotations
@@ -16,29 +22,23 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any
 
 from capmon.core import events as ev
-from capmon.core import formats, wire
-from capmon.core.attempt import Answer, Request, plain
 from capmon.core.breaker import State
+from capmon.core.clock import Clock
+from capmon.core.demand import Demand
 from capmon.core.errors import Kind
-from capmon.core.exceptions import RequestFailed
-from capmon.core.result import Api, ChatRequest
-from capmon.core.routing import Routing
+from capmon.core.executor import Executor, Outcome
 from capmon.core.state import Admission
+from capmon.core.targets import Target
 from capmon.core.tasks import cancel_and_wait
-
-if TYPE_CHECKING:
-    from capmon.core.router import FallbackClient
-    from capmon.core.targets import Target
 
 log = logging.getLogger("capmon.probe")
 
-# A probe's answer is one token: anything near this size is already broken.
-_PROBE_CAP = 1 << 20
-_HEALTH = ChatRequest.of("ping", max_tokens=1)
+_WAITING = (State.OPEN, State.HALF_OPEN)
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,16 +52,47 @@ class ProbeResult:
 
 
 class Prober:
-    def __init__(self, client: FallbackClient) -> None:
-        self._client = client
+    """``publish(event class, **fields)`` puts an event on the bus; ``acquire_on(target,
+    wait)`` is a slot on that one target, in line with the requests, within ``wait``
+    seconds (or None); ``fleet_size()`` the processes that share the state (1 alone)."""
+
+    def __init__(
+        self,
+        clock: Clock,
+        targets: Sequence[Target],
+        executor: Executor,
+        demand: Demand,
+        publish: Callable[..., None],
+        acquire_on: Callable[[Target, float], Awaitable[Admission | None]],
+        fleet_size: Callable[[], int] = lambda: 1,
+    ) -> None:
+        self._clock = clock
+        self._targets = targets
+        self._executor = executor
+        self._demand = demand
+        self._publish = publish
+        self._acquire_on = acquire_on
+        self._fleet_size = fleet_size
+        self._elsewhere: set[str] = set()  # targets whose probe another process of the fleet has out
+        self._failed_seen: dict[str, int] = {}  # target -> its failed probes when last looked at
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self._running: dict[str, asyncio.Task[ProbeResult | None]] = {}
         self._closed = False
         self.sent = 0
 
+    @property
+    def probing(self) -> frozenset[str]:
+        """The targets whose probe is out now."""
+        return frozenset(self._running)
+
+    @property
+    def idle(self) -> bool:
+        """Nothing runs: no schedule watched, no probe out."""
+        return (self._task is None or self._task.done()) and not self._running
+
     def kick(self) -> None:
-        """A breaker opened or changed: look at the probe schedule again."""
+        """A breaker opened or changed, or demand grew: look at the probe schedule again."""
         if self._closed:
             return
         self._wake.set()
@@ -72,22 +103,60 @@ class Prober:
         self._closed = True
         await cancel_and_wait([self._task, *self._running.values()])
 
+    def _due(self, t: Target) -> tuple[float, bool] | None:
+        """When ``t``'s next probe is due and whether that is early (by demand, before the
+        breaker's own schedule); None while no probe is to be sent."""
+        scheduled = t.state.probe_due_at()
+        self._heard(t)
+        if scheduled is None:
+            return None
+        if t.id in self._elsewhere:
+            return scheduled, False  # another process's probe is out: only taking it over is due
+        by_demand = self._demand.due(t.id)
+        if by_demand is not None and by_demand < scheduled:
+            return by_demand, True
+        return scheduled, False
+
+    def _heard(self, t: Target) -> None:
+        """Keep demand in step with what the breaker does without this process: forget it
+        once the breaker is no longer open; spend it when another process of the fleet
+        probes (its probe is out, or one more probe failed since this process last looked)."""
+        if t.id not in self._demand or t.id in self._running:
+            return
+        v = t.state.view().breaker
+        if v.state not in _WAITING:
+            self._demand.forget(t.id)
+            self._elsewhere.discard(t.id)
+            self._failed_seen.pop(t.id, None)
+            return
+        seen = self._failed_seen.get(t.id, v.probes_failed)
+        self._failed_seen[t.id] = v.probes_failed
+        if v.state is State.HALF_OPEN:
+            if t.id not in self._elsewhere:
+                self._elsewhere.add(t.id)
+                self._demand.heard(t.id)
+            return
+        if t.id not in self._elsewhere and v.probes_failed > seen:
+            self._demand.heard(t.id)  # a probe came and went between two looks
+        self._elsewhere.discard(t.id)
+
     async def _run(self) -> None:
-        clock = self._client.clock
         while True:
             self._wake.clear()
-            now = clock.now()
+            self._demand.scale = max(1, self._fleet_size())
+            now = self._clock.now()
             upcoming: list[float] = []
-            for t in self._client.targets:
-                due = t.state.probe_due_at()
-                if due is None or t.id in self._running:
+            for t in self._targets:
+                due = None if t.id in self._running else self._due(t)
+                if due is None:
                     continue
-                if due <= now + 1e-9:
-                    task = asyncio.ensure_future(self._due(t))
+                at, early = due
+                if at <= now + 1e-9:
+                    task = asyncio.ensure_future(self._scheduled(t, early))
                     self._running[t.id] = task
                     task.add_done_callback(functools.partial(self._done, t.id))
                 else:
-                    upcoming.append(due)
+                    upcoming.append(at)
             if not upcoming and not self._running:
                 return
             timeout = (min(upcoming) - now) if upcoming else None
@@ -100,21 +169,32 @@ class Prober:
         self._running.pop(tid, None)
         self.kick()  # the breaker may have re-opened with a new schedule
 
-    async def _due(self, t: Target) -> ProbeResult | None:
-        adm = await t.state.begin_probe()
+    async def _scheduled(self, t: Target, early: bool) -> ProbeResult | None:
+        adm = await t.state.begin_probe(early=early)
         if adm is None:
-            return None  # another process of the fleet probes it, or the key is out
-        return await self._send(t, adm)
+            # Another process of the fleet probes it, the key is out, or (early) a
+            # server's hint still holds it: demand tries again one floor later.
+            if early:
+                self._demand.refused(t.id)
+            return None
+        self._demand.probed(t.id)
+        try:
+            return await self._send(t, adm)
+        finally:
+            # this process's own probe: its failure is not news of another's
+            self._failed_seen[t.id] = t.state.view().breaker.probes_failed
 
     async def probe_now(self, t: Target, wait: float = 0.0) -> ProbeResult:
         view = t.state.view().breaker
         s = view.state
         if s is State.OPEN:
             assert view.next_probe_at is not None
-            wait = view.next_probe_at - self._client.clock.now()
-            if wait > 1e-9:
-                return ProbeResult(t.id, None, None, None, None, f"breaker open; next probe in {wait:.1f}s")
+            left = view.next_probe_at - self._clock.now()
+            if left > 1e-9:
+                return ProbeResult(t.id, None, None, None, None, f"breaker open; next probe in {left:.1f}s")
             adm = await t.state.begin_probe()
+            if adm is not None:
+                self._demand.probed(t.id)
         elif s is State.HALF_OPEN:
             return ProbeResult(t.id, None, None, None, None, "a probe is in flight")
         elif s is State.FORCED_OPEN:
@@ -128,64 +208,36 @@ class Prober:
             return ProbeResult(t.id, None, None, None, None, "not admitted now")
         return await self._send(t, adm)
 
-    async def _acquire_on(self, t: Target, wait: float) -> Admission | None:
-        """A slot on this one target, in line with the requests, within ``wait`` seconds."""
-        if wait <= 0:
-            return await t.state.admit(1)
-        client = self._client
-        now = client.clock.now()
-        r = Routing(-1, _HEALTH, 1, now + wait, now, excluded={o.id for o in client.targets if o is not t})
-        try:
-            return (await client._acquire(r))[1]
-        except RequestFailed:
-            return None
-
     async def _send(self, t: Target, adm: Admission) -> ProbeResult:
-        client = self._client
-        clock = client.clock
-        t0 = clock.now()
-        answer: Answer | None = None
-        try:
-            for _ in range(2):  # a refused token parameter is learned, then sent again
-                param = client._token_param[t.model.name]
-                api, body = formats.probe_body(t, param)
-                req = Request(
-                    t, body, client.config.client.attempt_timeout, _PROBE_CAP, client.config.backoff.max_hint, api
-                )
-                answer = await plain(client._http, req, wall=clock.wall())
-                if answer.failure is None or api is not Api.CHAT or not wire.refused_token_param(answer.failure, param):
-                    break
-                client._token_param.learn(t.model.name, param, answer.failure.reason)
-        except BaseException:
-            await t.state.settle(adm, None, cancelled=True)
-            raise
-        assert answer is not None
-        failure = answer.failure
-        if failure is None and answer.response is None:
-            failure = answer.failure
-        await t.state.settle(adm, failure)
+        ex = self._executor
+        out: Outcome | None = None
+        for relearn in (True, False):  # a refused token parameter is learned, then sent again
+            t0 = self._clock.now()
+            answer = await ex.send(t, adm, ex.probe_request(t))
+            out = await ex.finish(t, adm, answer, t0, relearn=relearn)
+            if not out.relearned:
+                break
+        assert out is not None
         self.sent += 1
-        latency = clock.now() - t0
-        t.probe_latency, t.last_status, t.last_kind = latency, answer.status, failure.kind if failure else None
+        failure = out.failure
         result = ProbeResult(
             t.id,
             failure is None,
-            answer.status,
+            out.answer.status,
             failure.kind if failure else None,
-            latency,
+            out.latency,
             failure.reason if failure else "ok",
         )
-        client.journal.publish(
-            ev.ProbeFinished,
-            target=t.id,
-            model=t.model.name,
-            ok=result.ok,
-            status=result.status,
-            kind=result.kind.value if result.kind else None,
-            latency=latency,
-            reason=result.reason,
-            next_probe_at=t.state.probe_due_at(),
-            breaker=adm.probe,
-        )
-        client._queue.regroup()  # a ramp may have started: waiting requests can go there now
+        fields: dict[str, Any] = {
+            "target": t.id,
+            "model": t.model.name,
+            "ok": result.ok,
+            "status": result.status,
+            "kind": result.kind.value if result.kind else None,
+            "latency": out.latency,
+            "reason": result.reason,
+            "next_probe_at": t.state.probe_due_at(),
+            "breaker": adm.probe,
+        }
+        self._publish(ev.ProbeFinished, **fields)
         return result

@@ -24,17 +24,19 @@ import httpx
 
 from capmon.core import events as ev
 from capmon.core import formats, wire
-from capmon.core.attempt import Answer, Request, Stream, chat_request, plain, result_of
+from capmon.core.attempt import Answer, Request, result_of
 from capmon.core.backoff import Backoff
 from capmon.core.calls import FormatCalls
 from capmon.core.clock import Clock, default_clock
 from capmon.core.config import Config, ResolvedKey, resolve_keys
 from capmon.core.controls import ManualControls
+from capmon.core.demand import Demand
 from capmon.core.errors import Failure, Kind
 from capmon.core.exceptions import DeadlineExceeded, RequestFailed
+from capmon.core.executor import Executor
 from capmon.core.journal import AttemptObserver, Journal
 from capmon.core.prober import Prober, ProbeResult
-from capmon.core.result import Api, ChatRequest, ChatResult, Decision
+from capmon.core.result import Attempt, ChatRequest, ChatResult, Decision
 from capmon.core.routing import Routing, plan
 from capmon.core.snapshot import EngineSnapshot, build_snapshot
 from capmon.core.state import Admission, MemoryState, StateStore, TargetSpec
@@ -47,6 +49,7 @@ from capmon.core.waiting import WaitQueue
 log = logging.getLogger("capmon.client")
 
 Grant = tuple[Target, Admission]
+_HEALTH = ChatRequest.of("ping", max_tokens=1)  # what a health probe waits in line as
 Messages = ChatRequest | str | Sequence[Mapping[str, Any]]
 __all__ = ["FallbackClient", "ProbeResult"]
 
@@ -103,7 +106,6 @@ class FallbackClient(FormatCalls, ManualControls):
             refuse=lambda r: r.refusal(self.targets, self.state.pinned, self.clock.now()),
         )
         self.state.set_listener(self._news)
-        self.prober = Prober(self)
         self.journal = Journal(self.clock, self.bus, config.client.max_attempts)
         cc = config.client
         self._http = Sender(
@@ -111,6 +113,19 @@ class FallbackClient(FormatCalls, ManualControls):
             or make_transport(cc.transport, max_connections=cc.max_connections, connect_timeout=cc.connect_timeout),
             attempt_timeout=cc.attempt_timeout,
             connect_timeout=cc.connect_timeout,
+        )
+        # One executor for every attempt, a user's or a probe (capmon/core/executor.py).
+        self.executor = Executor(config, self.clock, self._http, self._token_param, self._after_settle)
+        bc = config.breaker
+        self.demand = Demand(self.clock, share=bc.probe_share, floor=bc.probe_floor, on_due=lambda: self.prober.kick())
+        self.prober = Prober(
+            self.clock,
+            self.targets,
+            self.executor,
+            self.demand,
+            self.journal.publish,
+            self._acquire_on,
+            fleet_size=lambda: len(self.state.shared_status().processes) or 1,
         )
 
     def add_observer(self, fn: AttemptObserver) -> Callable[[], None]:
@@ -125,6 +140,14 @@ class FallbackClient(FormatCalls, ManualControls):
 
     async def start(self) -> None:
         await self.state.start()  # connect a shared store ([shared]); a no-op in memory
+
+    def _after_settle(self, t: Target, adm: Admission) -> None:
+        if adm.probe:
+            self._queue.regroup()  # a ramp may have started: waiting requests can go there now
+        else:
+            self._queue.kick()
+        if t.state.probe_due_at() is not None:
+            self.prober.kick()
 
     def _news(self) -> None:
         # A shared store heard of a change elsewhere (a trip, a reset, a free slot): look again.
@@ -154,10 +177,7 @@ class FallbackClient(FormatCalls, ManualControls):
                 t, adm = await self._next(r, grant)
                 number, wall, t0, req = self._begin(r, t, False)
                 try:
-                    answer = await plain(self._http, req, wall=wall)
-                except BaseException:
-                    await self._cancelled(t, adm)
-                    raise
+                    answer = await self.executor.send(t, adm, req)
                 finally:
                     self.journal.in_flight -= 1
                 out = await self._settle(r, t, adm, answer, number, wall, t0)
@@ -248,17 +268,48 @@ class FallbackClient(FormatCalls, ManualControls):
         r.incapable = formats.incapable_targets(req, self.targets, self.config.client)
         return r
 
+    def _note(self, r: Routing, attempt: Attempt) -> None:
+        """An attempt (or a skip) on the request's record, then to the observers."""
+        r.attempts.append(attempt)
+        self.journal.observe(r.request, attempt)
+
+    def _wanted(self, r: Routing, passed: Sequence[Target]) -> None:
+        """``r`` is served by another target than these, or waits: each of them whose breaker
+        is open (its probe schedule runs) has one more request that prefers it
+        (capmon/core/demand.py), counted once per request."""
+        for u in passed:
+            if u.id not in r.wanted and u.state.probe_due_at() is not None:
+                r.wanted.add(u.id)
+                self.demand.want(u.id)
+
     def _failed(self, r: Routing, e: BaseException) -> None:
         if isinstance(e, RequestFailed):
             self.journal.done(r, None, ok=False, kind=e.failure.kind.value)
 
     async def _admit_any(self, r: Routing, exclude: str | None = None) -> Grant | None:
+        passed: list[Target] = []
         for t in r.candidates(self.targets, self.state.pinned, self.clock.now()):
             if t.id != exclude:
                 adm = await t.state.admit(r.cost(t))
                 if adm is not None:
+                    if passed:
+                        self._wanted(r, passed)
                     return t, adm
+                passed.append(t)
         return None
+
+    async def _acquire_on(self, t: Target, wait: float) -> Admission | None:
+        """A slot on this one target, in line with the requests, within ``wait`` seconds
+        (a health probe's; see capmon/core/prober.py)."""
+        if wait <= 0:
+            return await t.state.admit(1)
+        now = self.clock.now()
+        r = Routing(-1, _HEALTH, 1, now + wait, now, excluded={o.id for o in self.targets if o is not t})
+        r.own_deadline = True
+        try:
+            return (await self._acquire(r))[1]
+        except RequestFailed:
+            return None
 
     async def _give_back(self, grant: Grant) -> None:
         await grant[0].state.settle(grant[1], None, cancelled=True, unused=True)
@@ -280,6 +331,8 @@ class FallbackClient(FormatCalls, ManualControls):
             raise refused
         # Nobody waiting: go now if a target admits. Otherwise take a place in line.
         grant = None if len(self._queue) else await self._admit_any(r)
+        if grant is None:
+            self._wanted(r, r.usable(self.targets, self.state.pinned))
         while grant is None:
             try:
                 waited = await self._queue.wait(r.id, r, r.left(self.clock.now()))
@@ -307,17 +360,19 @@ class FallbackClient(FormatCalls, ManualControls):
     def _begin(self, r: Routing, t: Target, stream: bool) -> tuple[int, float, float, Request]:
         number = r.sent + 1
         for u in r.passed_over(self.targets, t):
-            self.journal.skipped(r, u)
+            r.noted.add(u.id)
+            self._note(r, self.journal.skipped(r, u))
         self.journal.started(r, t, number)
+        r.last_model = t.model.name
         now = self.clock.now()
-        req = chat_request(t, r.request, self._token_param[t.model.name], self.config, stream, time_left=r.left(now))
+        req = self.executor.request(t, r.request, stream=stream, time_left=r.left(now))
         r.sending_dropped, r.sending_lowered = req.dropped, req.lowered
         self.journal.in_flight += 1
         return number, self.clock.wall(), now, req
 
     async def _stream_attempt(self, r: Routing, t: Target, adm: Admission) -> AsyncIterator[Any]:
         number, wall, t0, req = self._begin(r, t, True)
-        stream = Stream(self._http, req, self.clock.now, wall)
+        stream = self.executor.stream(req)
         chunks = stream.chunks()
         ended = False
         try:
@@ -331,44 +386,27 @@ class FallbackClient(FormatCalls, ManualControls):
             if not ended:
                 self.journal.in_flight -= 1
                 await chunks.aclose()  # type: ignore[attr-defined]
-                await self._cancelled(t, adm)
-
-    async def _cancelled(self, t: Target, adm: Admission) -> None:
-        if not adm.settled:
-            await t.state.settle(adm, None, cancelled=True)
-            self._queue.kick()
+                await self.executor.cancel(t, adm)
 
     async def _settle(
         self, r: Routing, t: Target, adm: Admission, answer: Answer, number: int, wall: float, t0: float
     ) -> ChatResult | Grant | None:
         """What one attempt's answer means: the result, a grant to go on with at once, or
         None (wait in line, or go on with the next target)."""
+        # Only the first refusal of the token parameter is learned: a second is a bad request.
+        out = await self.executor.finish(t, adm, answer, t0, relearn=not r.switched, api=r.request.api)
         now = self.clock.now()
-        latency = now - t0
-        failure = answer.failure
-        if failure is None and answer.response is None:
-            failure = Failure(Kind.TRANSIENT, "no answer", answer.status)
-        t.last_status, t.last_kind = answer.status, failure.kind if failure else None
-        t.stats.record_attempt(now, answer.status, failure.kind if failure else None, latency)
+        failure, latency = out.failure, out.latency
 
         def record(decision: Decision, wait: float = 0.0) -> None:
-            self.journal.record(r, t, number, wall, answer.status, failure, wait, latency, decision, answer.dropped)
+            status, dropped = answer.status, answer.dropped
+            self._note(r, self.journal.attempt(r, t, number, wall, status, failure, wait, latency, decision, dropped))
 
-        param = self._token_param[t.model.name]
-        if failure is not None and not answer.output_sent and not r.switched and answer.wire is Api.CHAT:
-            if wire.refused_token_param(failure, param):
-                await self._cancelled(t, adm)
-                # Send the other one from now on, and again at once on the same model (once:
-                # a second refusal is a bad request).
-                r.switched, r.stick_to = True, t.model.name
-                self._token_param.learn(t.model.name, param, failure.reason)
-                record(Decision.RETRY)
-                return None
-        # An attempt the deadline cut short is a transient timeout: by policy.py, no news to the breaker.
-        await t.state.settle(adm, failure, used_tokens=formats.used_tokens(r.request.api, answer.response))
-        self._queue.kick()
-        if t.state.probe_due_at() is not None:
-            self.prober.kick()
+        if out.relearned:
+            # The other token parameter from now on, and at once on the same admission.
+            r.switched = True
+            record(Decision.RETRY)
+            return t, adm
         if failure is None:
             record(Decision.OK)
             self.journal.done(r, t, ok=True)
@@ -383,16 +421,21 @@ class FallbackClient(FormatCalls, ManualControls):
                 self._give_up(r, "stream broke after output was sent: ")
             reason = f"{failure.kind.value}: {failure.reason}"
             raise RequestFailed(failure, r.attempts, f"stream broke after output was sent: {reason}")
+        pinned = self.state.pinned
         step = plan(
             r,
             t,
             failure,
             number=number,
             max_attempts=self.config.client.max_attempts,
-            has_other=lambda: bool(r.usable(self.targets, self.state.pinned)),
+            has_other=lambda tid, window: any(
+                u.id != tid and u.model.context_window > window for u in r.usable(self.targets, pinned, stick=False)
+            ),
             spend_retry=self.state.spend_retry,
             now=now,
+            elsewhere=lambda: r.earliest_elsewhere(self.targets, pinned, t.model.name, now),
         )
+        r.apply(step)
         if step.decision is not Decision.RETRY:
             record(step.decision)
             if step.expired:

@@ -1,6 +1,11 @@
 """One request's route: which targets it may use and in what order, and what it does
-after a failed attempt. Pure decisions over the request's own memory (:class:`Routing`)
-and what the state seam reports; the router (capmon/core/router.py) acts on them.
+after a failed attempt.
+
+:class:`Routing` is what one request remembers while it is routed. It has one writer,
+the router (capmon/core/router.py): its queries (``usable``, ``candidates``,
+``passed_over``, ``refusal``...) change nothing, and :func:`plan` returns a
+:class:`Step`, a value the router applies with :meth:`Routing.apply`. The journal
+(capmon/core/journal.py) only reads it.
 """
 
 from __future__ import annotations
@@ -51,6 +56,8 @@ class Routing:
     sending_dropped: tuple[str, ...] = ()  # the fields the latest attempt left out (a stream's headers say so)
     sending_lowered: int | None = None  # the latest attempt's output cap when cut to the model's
     cap_ceiling: bool = False  # [client] cap_client_tokens: a model's max_tokens bounds the caller's
+    # target ids this request was counted as demand for (capmon/core/demand.py): once each
+    wanted: set[str] = field(default_factory=set)
 
     @property
     def sent(self) -> int:
@@ -58,16 +65,15 @@ class Routing:
         return sum(1 for a in self.attempts if a.decision is not Decision.SKIP)
 
     def passed_over(self, targets: Sequence[Target], t: Target) -> list[Target]:
-        """The incapable targets the route would have tried before ``t``, not yet on the record."""
-        out = [
+        """The incapable targets the route would have tried before ``t``, not yet on the
+        record (the router notes them in ``noted`` when it records them)."""
+        return [
             u
             for u in targets
             if u.id in self.incapable
             and u.id not in self.noted
             and (u.rank < t.rank or u.model.name in (self.request.model, self.stick_to))
         ]
-        self.noted.update(u.id for u in out)
-        return out
 
     def left(self, now: float) -> float:
         """Seconds until its deadline: what any attempt or wait of it may take at most."""
@@ -131,9 +137,10 @@ class Routing:
         """Tokens the request may use on ``t``: charged to a tpm bucket up front."""
         return self.prompt_tokens + token_limit(self.request.max_tokens, t, self.cap_ceiling)
 
-    def usable(self, targets: Sequence[Target], pinned: str | None) -> list[Target]:
+    def usable(self, targets: Sequence[Target], pinned: str | None, *, stick: bool = True) -> list[Target]:
         """The targets this request could ever use, in the order it should try them: a
-        model it sticks to, then the pinned one, then its own, then the config's order."""
+        model it sticks to (only that model's targets; ``stick=False``: every model), then
+        the pinned one, then its own, then the config's order."""
         out = []
         for t in targets:
             if t.id in self.excluded or t.model.context_window <= self.min_window or not t.state.usable():
@@ -144,11 +151,11 @@ class Routing:
             if self.prompt_tokens + wanted > t.model.context_window:
                 continue
             out.append(t)
-        if self.stick_to and any(t.model.name == self.stick_to for t in out):
-            out = [t for t in out if t.model.name == self.stick_to]
-        else:
-            self.stick_to = None
-        first = [m for m in (self.stick_to, pinned, self.request.model) if m]
+        # The model it sticks to, while one of its targets is still usable; else none.
+        sticks = self.stick_to if self.stick_to and any(t.model.name == self.stick_to for t in out) else None
+        if sticks and stick:
+            out = [t for t in out if t.model.name == sticks]
+        first = [m for m in (sticks, pinned, self.request.model) if m]
         if first:
             out.sort(key=lambda t: (first.index(t.model.name) if t.model.name in first else len(first), t.rank))
         return out
@@ -166,6 +173,41 @@ class Routing:
         cls = BATCH if self.request.priority is Priority.BATCH else INTERACTIVE
         return cls, (tuple(t.id for t in self.candidates(targets, pinned, now)), self.prompt_tokens if by_cost else 0)
 
+    def preferred_over(self, targets: Sequence[Target], pinned: str | None, t: Target | None) -> list[Target]:
+        """The usable targets the request would rather use than ``t`` (None: it is served by
+        none, it waits), in its order."""
+        out = []
+        for u in self.usable(targets, pinned):
+            if u is t:
+                break
+            out.append(u)
+        return out
+
+    def earliest_elsewhere(self, targets: Sequence[Target], pinned: str | None, model: str, now: float) -> float | None:
+        """The earliest clock time a usable target of another model than ``model`` may admit
+        the request (its time-driven gates and the request's own back-off from it; a full
+        one counts as now: a release hands it over); None when none may by time alone."""
+        found = None
+        for u in self.usable(targets, pinned, stick=False):
+            if u.model.name == model:
+                continue
+            at = u.state.ready_at(now, self.cost(u))
+            if at is None:
+                continue
+            at = max(at, now, self.skip.get(u.id, 0.0))
+            found = at if found is None else min(found, at)
+        return found
+
+    def apply(self, step: Step) -> None:
+        """Take what :func:`plan` decided into the request's memory (the router calls it)."""
+        if step.exclude is not None:
+            self.excluded.add(step.exclude)
+        self.min_window = max(self.min_window, step.min_window)
+        if step.skip is not None:
+            self.skip[step.skip[0]] = step.skip[1]
+        if step.decision is Decision.RETRY:
+            self.stick_to, self.stuck = step.stick_to, step.stuck
+
     def ready_at(self, targets: Sequence[Target], pinned: str | None, now: float) -> float | None:
         """The earliest time a time-driven gate opens for it (a hint, a bucket, its own back-off)."""
         times = [t.state.ready_at(now, self.cost(t)) for t in self.candidates(targets, pinned, now)]
@@ -180,12 +222,18 @@ def _none(failure: Failure) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Step:
-    """What a request does after a failed attempt."""
+    """What a request does after a failed attempt, and what its route learns from it
+    (applied by the router with :meth:`Routing.apply`)."""
 
     decision: Decision  # FAIL, FALLBACK (another target at once) or RETRY (after ``wait``)
     wait: float = 0.0
     message: str | None = None  # why it fails, for RequestFailed
     expired: bool = False  # FAIL because its deadline passed: DeadlineExceeded
+    exclude: str | None = None  # a target id never to use again
+    min_window: int = 0  # only models with a larger context window than this
+    skip: tuple[str, float] | None = None  # (target id, until): back off from it
+    stick_to: str | None = None  # RETRY: the model it retries first (None: any)
+    stuck: int = 0  # RETRY: failures in a row on the model it sticks to
 
 
 def plan(
@@ -195,29 +243,32 @@ def plan(
     *,
     number: int,
     max_attempts: int,
-    has_other: Callable[[], bool],
+    has_other: Callable[[str, int], bool],
     spend_retry: Callable[[], bool],
     now: float,
+    elsewhere: Callable[[], float | None] = lambda: None,
 ) -> Step:
-    """Decide from the policy table, updating the request's memory. Waiting happens in
-    the queue: the request backs off from the target that failed (and only that one)
-    and keeps its place in line for every other."""
+    """Decide from the policy table; the request's memory is not touched (the router
+    applies the step). Waiting happens in the queue: the request backs off from the
+    target that failed (and only that one) and keeps its place in line for every other.
+    ``has_other(excluded, window)``: whether a usable target remains but that one, with a
+    context window larger than ``window``;
+    ``elsewhere()``: the earliest clock time a target of another model may admit it."""
     kind = failure.kind
     nxt = policy_for(failure).next
     if nxt is Next.FAIL:
         return Step(Decision.FAIL)
     if nxt in (Next.FALLBACK, Next.LARGER):
-        r.excluded.add(t.id)
-        if nxt is Next.LARGER:
-            r.min_window = max(r.min_window, t.model.context_window)
-        if number >= max_attempts or not has_other():
+        window = t.model.context_window if nxt is Next.LARGER else 0
+        if number >= max_attempts or not has_other(t.id, window):
             what = {
                 Kind.AUTH: f"key {t.key.alias} at {t.endpoint.name} is disabled",
                 Kind.QUOTA: f"key {t.key.alias} parked",
                 Kind.TOO_LARGE: "no model with a larger context window",
             }.get(kind, "no other model to fall back to")
-            return Step(Decision.FAIL, message=f"{kind.value}: {failure.reason} ({what})")
-        return Step(Decision.FALLBACK)
+            message = f"{kind.value}: {failure.reason} ({what})"
+            return Step(Decision.FAIL, message=message, exclude=t.id, min_window=window)
+        return Step(Decision.FALLBACK, exclude=t.id, min_window=window)
     if r.expired(now):  # no retry, and none of the retry budget spent on one
         return Step(Decision.FAIL, expired=True)
     if number >= max_attempts:
@@ -228,12 +279,16 @@ def plan(
     assert r.schedule is not None
     wait = r.schedule.next_wait(failure, Kind.TRANSIENT if transient else None)
     wait = max(0.0, min(wait, r.deadline - now))
-    r.skip[t.id] = now + wait
+    stick_to, stuck = None, 0
     if nxt in (Next.RETRY, Next.SAME_MODEL):
         # The same model again (another key of it first), but not for ever: a model that
-        # keeps refusing one request lets it go to the others.
-        r.stuck = r.stuck + 1 if r.stick_to == t.model.name else 1
-        r.stick_to = t.model.name if r.stuck <= STICK_LIMIT else None
-    else:
-        r.stuck = 0
-    return Step(Decision.RETRY, wait)
+        # keeps refusing one request lets it go to the others. Nor when a server's hint
+        # holds it off longer than another model takes to admit it: it goes there.
+        stuck = r.stuck + 1 if r.stick_to == t.model.name else 1
+        held_off = failure.retry_after is not None and _sooner(elsewhere(), now + wait)
+        stick_to = t.model.name if stuck <= STICK_LIMIT and not held_off else None
+    return Step(Decision.RETRY, wait, skip=(t.id, now + wait), stick_to=stick_to, stuck=stuck)
+
+
+def _sooner(at: float | None, than: float) -> bool:
+    return at is not None and at < than

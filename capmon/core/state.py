@@ -86,7 +86,7 @@ class TargetState(Protocol):
     def probe_due_at(self) -> float | None: ...
     def usable(self) -> bool: ...
     async def admit(self, cost: int) -> Admission | None: ...
-    async def begin_probe(self) -> Admission | None: ...
+    async def begin_probe(self, *, early: bool = False) -> Admission | None: ...
     async def settle(
         self,
         adm: Admission,
@@ -222,11 +222,13 @@ class MemoryTarget:
             self.tpm.try_take(cost)
         return Admission(self.id, self.breaker.generation, False, lim.take(), cost, now)
 
-    async def begin_probe(self) -> Admission | None:
+    async def begin_probe(self, *, early: bool = False) -> Admission | None:
+        """The one probe of an open breaker, when it is due (``early``: due by the demand
+        for the model, capmon/core/demand.py, before the breaker's own schedule)."""
         now = self._clock.now()
         if self._keys.state(self.spec.key_ref, self.id, now)[0] is not KeyState.OK:
             return None
-        generation = self.breaker.begin_probe()
+        generation = self.breaker.begin_probe(early=early)
         if generation is None:
             return None
         return Admission(self.id, generation, True, self.limiter.take(), 0, now)

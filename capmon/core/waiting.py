@@ -88,6 +88,7 @@ class WaitQueue(Generic[G]):
         self._task: asyncio.Task[None] | None = None
         self._timer: asyncio.Task[None] | None = None
         self._timer_at = float("inf")
+        self._releases: set[asyncio.Future[None]] = set()  # grants passed on after a late cancel
 
     def __len__(self) -> int:
         return self._count
@@ -110,8 +111,11 @@ class WaitQueue(Generic[G]):
             raise
         except BaseException:
             if fut.done() and not fut.cancelled() and fut.exception() is None:
-                grant = fut.result()
-                asyncio.ensure_future(self._release(grant))  # cancelled after the hand-over: pass it on
+                # Cancelled after the hand-over: pass it on. The task is kept until it ends
+                # (the loop holds only a weak reference to a task).
+                release = asyncio.ensure_future(self._release(fut.result()))
+                self._releases.add(release)
+                release.add_done_callback(self._releases.discard)
             raise
         finally:
             if not fut.done():
@@ -271,3 +275,5 @@ class WaitQueue(Generic[G]):
 
     async def aclose(self) -> None:
         await cancel_and_wait([self._timer, self._task])
+        if self._releases:  # grants being given back: let them finish, they free slots
+            await asyncio.gather(*self._releases, return_exceptions=True)

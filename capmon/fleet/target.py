@@ -355,23 +355,31 @@ class RedisTarget:
             )
         return decisions.slots(share, h.limit)
 
-    async def begin_probe(self) -> Admission | None:
+    async def begin_probe(self, *, early: bool = False) -> Admission | None:
+        # ``early``: this process's demand makes a probe due before the shared schedule
+        # (capmon/core/demand.py); BEGIN_PROBE grants it unless a server's hint or the
+        # fleet's last probe (the floor) holds it, so the fleet still sends one at a time.
         if not self._shared:
-            return await self.local.begin_probe()
+            return await self.local.begin_probe(early=early)
         store = self._store
         now = store.clock.now()
         due = self.probe_due_at()
-        if due is None or due > now + 1e-9:
+        if due is None:
+            return None
+        early = early and due > now + 1e-9
+        if early and (self.local.breaker.state is not State.OPEN or now < self._probe_hold):
+            return None
+        if due > now + 1e-9 and not early:
             return None
         if self.local._keys.state(self.spec.key_ref, self.id, now)[0] is not KeyState.OK:
             return None
         try:
-            return await self._begin_probe(now)
+            return await self._begin_probe(now, early)
         except ERRORS as e:
             store.lost(e)
-            return await self.local.begin_probe()
+            return await self.local.begin_probe(early=early)
 
-    async def _begin_probe(self, now: float) -> Admission | None:
+    async def _begin_probe(self, now: float, early: bool = False) -> Admission | None:
         store = self._store
         for _ in range(2):
             lease = store.new_lease()
@@ -379,7 +387,15 @@ class RedisTarget:
                 "begin_probe",
                 store.link.scripts.begin_probe,
                 [self._hash, self._leases, store.keys.events],
-                [self._synced_gen, store.id, store.config.shared.lease_ttl, lease, store.config.shared.lease_ttl],
+                [
+                    self._synced_gen,
+                    store.id,
+                    store.config.shared.lease_ttl,
+                    lease,
+                    store.config.shared.lease_ttl,
+                    "1" if early else "0",
+                    store.config.breaker.probe_floor,
+                ],
             )
             if res[0] == "missing":
                 await self.seed()

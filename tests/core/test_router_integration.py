@@ -137,6 +137,9 @@ async def test_retry_after_ms_is_honoured() -> None:
     script.set("flagship", lambda n, body: limited if n == 1 else ok("flagship"))
     async with serve(script) as url:
         async with FallbackClient(three_models(url), environ=ENV) as client:
+            # No other model may admit it sooner than the hint (else it would go there).
+            client.trip("medium")
+            client.trip("small")
             result = await client.chat("hi")
     times = [s.at for s in script.seen]
     assert result.model == "flagship"  # rate limited: the same model again, after the hint

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
 import redis
 
 from capmon.core.breaker import State
@@ -103,6 +104,47 @@ async def test_one_probe_for_the_fleet_while_the_model_is_down(redis_url: str, n
             assert min(gaps) > 0.15, gaps
             await asyncio.sleep(0.4)  # the ramp's ceiling (0.3 s) has passed: closed everywhere
             assert all(t.view().breaker.state is State.CLOSED for t in targets)
+
+
+@pytest.mark.parametrize("hint", [None, 0.6], ids=["no hint", "a 0.6 s hint"])
+async def test_work_waiting_for_a_down_model_probes_it_sooner_one_probe_at_a_time_for_the_fleet(
+    redis_url: str, namespace: str, hint: float | None
+) -> None:
+    script = Script()
+    probes: list[float] = []
+    hinted = Reply(OVERLOADED.status, OVERLOADED.body, {"retry-after": str(hint)} if hint else {})
+
+    def flagship(n: int, body: dict) -> Reply:
+        if is_probe(body):
+            probes.append(time.perf_counter())
+            return hinted  # a server's hint holds the next probe, on demand too, in every process
+        return OVERLOADED
+
+    script.set("flagship", flagship)
+    script.set("medium", lambda n, body: Reply(200, ok("medium").body, delay=0.02))
+    # The slow schedule's first probe is 30 s away: every probe here is one demand bought.
+    demand = (
+        "[breaker]\nfailure_threshold = 3\nprobe_interval = 30\ncooldown = 60\nprobe_share = 1.0\n"
+        "probe_floor = 0.25\nramp_duration = 0.3\n"
+    )
+    async with serve(script) as url:
+        cfg = fleet_config(url, redis_url, namespace, breaker=demand)
+        async with client(cfg) as a, client(cfg) as b, client(cfg) as c:
+            for _ in range(3):
+                await a.chat("hi")
+            await until(lambda: all(x.target(FLAGSHIP).state.view().breaker.state is State.OPEN for x in (b, c)))
+            t0 = time.perf_counter()
+
+            async def work(x: object) -> None:
+                while time.perf_counter() - t0 < 1.5:
+                    await x.chat("wants the flagship")  # type: ignore[attr-defined]
+
+            await asyncio.gather(*(work(x) for x in (a, b, c) for _ in range(2)))
+    sent = [p - t0 for p in probes if p >= t0]
+    floor = hint or 0.25
+    assert 2 <= len(sent) <= 1.5 / floor + 1, sent  # every process wants one each floor: the fleet sends one
+    gaps = [b2 - b1 for b1, b2 in zip(sent, sent[1:], strict=False)]
+    assert min(gaps) >= 0.8 * floor, gaps  # as the server saw them arrive: granted by Redis a floor apart
 
 
 async def test_a_probe_whose_prober_went_silent_is_taken_over(redis_url: str, namespace: str) -> None:

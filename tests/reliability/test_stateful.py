@@ -653,7 +653,7 @@ class RouterMachine(RuleBasedStateMachine):
         snap = self.client.snapshot()
         assert len(self.client._queue) == 0 and snap.queued == 0 and snap.waiting == ()
         assert snap.in_flight == 0
-        probing = self.client.prober._running
+        probing = self.client.prober.probing
         for t in self.client.targets:
             in_flight = self._state(t.id).limiter.in_flight
             assert in_flight <= (1 if t.id in probing else 0), f"{t.id} holds {in_flight} slot(s) nobody uses"
@@ -763,8 +763,7 @@ async def test_no_probe_runs_after_the_client_is_closed() -> None:
         await client.aclose()
         before = flagship.view().breaker
         await asyncio.sleep(60)
-        task = client.prober._task
-        assert task is None or task.done(), "the prober still runs after aclose()"
+        assert client.prober.idle, "the prober still runs after aclose()"
         assert flagship.view().breaker.probes_failed == before.probes_failed
 
 

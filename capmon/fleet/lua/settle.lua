@@ -89,6 +89,11 @@ end
 
 local hint = tonumber(ARGV[8])
 if hint < 0 then hint = nil end
+if hint ~= nil then
+  -- no probe on demand before a server's hint (BEGIN_PROBE), capped like every hint
+  local until_ = now + math.min(hint, tonumber(ARGV[23]))
+  if until_ > num(h.hint_until, 0) then w.hint_until = f6(until_) end
+end
 local state = h.state
 -- Failures in a row counted across the fleet, in send order (CircuitBreaker._streak,
 -- _success): every process counts its own evidence too, but a model that went down
