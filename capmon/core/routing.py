@@ -173,16 +173,6 @@ class Routing:
         cls = BATCH if self.request.priority is Priority.BATCH else INTERACTIVE
         return cls, (tuple(t.id for t in self.candidates(targets, pinned, now)), self.prompt_tokens if by_cost else 0)
 
-    def preferred_over(self, targets: Sequence[Target], pinned: str | None, t: Target | None) -> list[Target]:
-        """The usable targets the request would rather use than ``t`` (None: it is served by
-        none, it waits), in its order."""
-        out = []
-        for u in self.usable(targets, pinned):
-            if u is t:
-                break
-            out.append(u)
-        return out
-
     def earliest_elsewhere(self, targets: Sequence[Target], pinned: str | None, model: str, now: float) -> float | None:
         """The earliest clock time a usable target of another model than ``model`` may admit
         the request (its time-driven gates and the request's own back-off from it; a full

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from capmon.core import text
-from capmon.core.stats import RollingStats
+from capmon.core.stats import Outcome, RollingStats
 from tests.support.clocks import utc_zone
 
 NOON = 1_764_590_400.0  # 2025-12-01 12:00:00 UTC, a Monday
@@ -90,7 +90,7 @@ def test_the_dashboard_windows_use_the_same_percentile_as_the_report() -> None:
     s = RollingStats()
     latencies = [0.1 * i for i in range(1, 11)]  # one bucket, fewer than its sample cap
     for x in latencies:
-        s.record(1000.0, "ok", x)
+        s.record(1000.0, Outcome.OK, x)
     w = s.window(1000.5, 10)
     assert (w.p50, w.p99) == (text.percentile(latencies, 0.5), text.percentile(latencies, 0.99))
     assert (w.p50, w.p99) == (latencies[4], latencies[9])
