@@ -16,7 +16,6 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from capmon.core.router import FallbackClient
 from capmon.gateway import anthropic_api, control, openai_api
@@ -26,7 +25,7 @@ from capmon.gateway.auth import Access, Authenticator
 from capmon.gateway.browsers import BrowserGuard, add_cors
 from capmon.gateway.context import Gateway, gateway_of
 from capmon.gateway.errors import ApiError
-from capmon.gateway.exchange import Exchanges, api_of, exchange_of
+from capmon.gateway.exchange import Exchanges, exchange_of
 from capmon.gateway.feed import EventFeed
 from capmon.gateway.metrics import CONTENT_TYPE, GatewayMetrics
 from capmon.gateway.models import ModelNames
@@ -76,27 +75,6 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     return error_reply(shaped_for(request.url.path, err))
 
 
-class CountResponses:
-    """Counts every HTTP answer by API and status (pure ASGI: streams stay streams)."""
-
-    def __init__(self, app: ASGIApp, gateway: Gateway) -> None:
-        self.app = app
-        self.gateway = gateway
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        api = api_of(scope.get("path", ""))
-
-        async def counted(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                self.gateway.metrics.responses.labels(api, str(message["status"])).inc()
-            await send(message)
-
-        await self.app(scope, receive, counted)
-
-
 def create_app(client: FallbackClient, settings: GatewaySettings) -> Starlette:
     """The gateway in front of ``client``. Call it in the event loop that serves it; call
     ``close_app(app)`` when done (the client stays the caller's)."""
@@ -106,7 +84,7 @@ def create_app(client: FallbackClient, settings: GatewaySettings) -> Starlette:
         settings=settings,
         auth=Authenticator(settings),
         names=names,
-        metrics=GatewayMetrics(client),
+        metrics=GatewayMetrics(client, shared_dir=settings.metrics_dir),
         feed=EventFeed(client.bus),
         started=int(client.clock.wall()),
         access_log=AccessLog(settings.access_log) if settings.access_log else None,
@@ -121,12 +99,14 @@ def create_app(client: FallbackClient, settings: GatewaySettings) -> Starlette:
     ]
     app = Starlette(routes=routes, exception_handlers={ApiError: _api_error, HTTPException: _http_error})
     app.state.gateway = gw
-    # Added innermost first: the counting sees every answer, the browser checks' refusals included.
+    # Added innermost first. Outermost, the exchange: every reply has its id and is counted
+    # (the browser checks' refusals included).
     if settings.cors_origins:
         add_cors(app, settings)
     app.add_middleware(BrowserGuard, settings=settings)
-    app.add_middleware(CountResponses, gateway=gw)
-    app.add_middleware(Exchanges, clock=client.clock, log=gw.access_log)  # outermost: every reply has its id
+    app.add_middleware(
+        Exchanges, clock=client.clock, log=gw.access_log, count=gw.metrics.response, worker=settings.worker
+    )
     return app
 
 

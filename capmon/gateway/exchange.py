@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import datetime
 import secrets
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from email.utils import formatdate
 from typing import Any
@@ -147,10 +147,21 @@ class Exchanges:
     """Opens an :class:`Exchange` per HTTP request, stamps its headers on the reply, and
     hands it to the access log when the reply is done (pure ASGI: streams stay streams)."""
 
-    def __init__(self, app: ASGIApp, clock: Clock, log: AccessLog | None) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        clock: Clock,
+        log: AccessLog | None,
+        count: Callable[[str, int], None] | None = None,
+        worker: int | None = None,
+    ) -> None:
+        """``count(api, status)`` is told every answer (the metrics); ``worker``: this
+        process's number among several serving one port, stamped as ``x-capmon-worker``."""
         self.app = app
         self.clock = clock
         self.log = log
+        self.count = count
+        self._worker = [(b"x-capmon-worker", str(worker).encode())] if worker is not None else []
         self._date: tuple[int, bytes] = (-1, b"")
 
     def http_date(self) -> bytes:
@@ -180,7 +191,9 @@ class Exchanges:
             if message["type"] == "http.response.start":
                 ex.status = message["status"]
                 ex.ttfb = self.clock.now() - ex.started
-                own = [(b"date", self.http_date()), *ids]
+                if self.count is not None:
+                    self.count(ex.api, ex.status)
+                own = [(b"date", self.http_date()), *ids, *self._worker]
                 if ex.model_requested is not None:
                     own.append((b"x-capmon-requested-model", header_value(ex.model_requested).encode("latin-1")))
                 message = {**message, "headers": [*message.get("headers", ()), *own]}
