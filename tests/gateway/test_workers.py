@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 
 import httpx
-import pytest
 
 from tests.fleet.conftest import namespace, redis_url  # noqa: F401  (fixtures: a real Redis, a namespace of our own)
 from tests.gateway.test_serve import _shipped_config
