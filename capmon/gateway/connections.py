@@ -312,6 +312,38 @@ class _Recording:
         return getattr(self._parser, name)
 
 
+class _Corked:
+    """The transport as one answer's cycle sees it: the answer's head (status line and
+    headers) is held until its first body part, and both go out in one write. uvicorn
+    writes them apart, and on loopback each write is a send that costs the gateway more
+    than anything else it does for a request. Every answer sends its first body part
+    right after its head (a stream's head waits for its first chunk: capmon/gateway/replies.py)."""
+
+    def __init__(self, transport: asyncio.Transport, cycle: Any) -> None:
+        self._transport = transport
+        self._cycle = cycle
+        self._head: bytes | None = None
+        self._headed = False
+
+    def write(self, data: bytes) -> None:
+        if not self._headed and self._cycle.response_started:
+            self._headed = True  # the head: uvicorn marks the answer started, then writes it
+            self._head = data
+            return
+        if self._head is not None:
+            data, self._head = self._head + data, None
+        self._transport.write(data)
+
+    def close(self) -> None:
+        if self._head is not None:
+            self._transport.write(self._head)
+            self._head = None
+        self._transport.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
 class HttpToolsGatewayProtocol(_Guarded, HttpToolsProtocol):
     """uvicorn's httptools protocol (llhttp, in C: a fraction of h11's CPU per request)
     with the limits. llhttp has no limit of its own on a request's head, so it is counted
@@ -364,6 +396,8 @@ class HttpToolsGatewayProtocol(_Guarded, HttpToolsProtocol):
         self._in_head = False
         self.headers_complete()
         super().on_headers_complete()
+        if self.cycle is not None and not isinstance(self.cycle.transport, _Corked):
+            self.cycle.transport = _Corked(self.transport, self.cycle)  # type: ignore[assignment]
 
     def on_message_complete(self) -> None:
         self._in_head = True

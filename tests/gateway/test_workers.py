@@ -14,7 +14,9 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
+from capmon.cli import main
 from tests.fleet.conftest import namespace, redis_url  # noqa: F401  (fixtures: a real Redis, a namespace of our own)
 from tests.gateway.test_serve import _shipped_config
 
@@ -106,11 +108,13 @@ def test_two_workers_serve_one_port_as_one_client_and_stop_together(
     assert not any(_alive(pid) for pid in pids)
 
 
-def test_more_than_one_worker_without_shared_redis_is_one_line_and_exit_2(tmp_path: Path) -> None:
+def test_more_than_one_worker_without_shared_redis_is_one_line_and_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     config = _shipped_config(tmp_path)
-    argv = [sys.executable, "-m", "capmon.cli", "serve", "--config", str(config), "--listen", "127.0.0.1:0"]
-    done = subprocess.run([*argv, "--workers", "2"], cwd=tmp_path, env=_env(), capture_output=True, text=True)
-    assert done.returncode == 2
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and str(config) in lines[0] and "shared.backend" in lines[0], done.stderr
-    assert 'backend = "redis"' in lines[0] and done.stdout == ""
+    code = main(["serve", "--config", str(config), "--listen", "127.0.0.1:0", "--workers", "2"])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and str(config) in lines[0] and "shared.backend" in lines[0], err
+    assert 'backend = "redis"' in lines[0]
