@@ -3,11 +3,12 @@ machine serves (one Python process fills one core).
 
 The supervisor (this module, in the process the user started) holds the port, bound with
 SO_REUSEPORT but not listening, so a taken port says so at once and port 0 picks one
-port for all; then it starts N workers, each ``capmon serve`` of its own (its own event
-loop, uvicorn server and engine) on that port with SO_REUSEPORT, and the kernel spreads
-new connections over them. The workers act as one client through the fleet: N > 1 needs
-``[shared] backend = "redis"`` (capmon/gateway/settings.py says so, exit 2), so a
-breaker, a trip, a pin, the learned limits and the leases are the whole gateway's.
+port for all; then it starts N workers (the first alone, the others once it serves), each
+``capmon serve`` of its own (its own event loop, uvicorn server and engine) on that port
+with SO_REUSEPORT, and the kernel spreads new connections over them. The workers act as
+one client through the fleet: N > 1 needs ``[shared] backend = "redis"``
+(capmon/gateway/settings.py says so, exit 2), so a breaker, a trip, a pin, the learned
+limits and the leases are the whole gateway's.
 
 What each worker answers for: the proxied APIs and the control API's actions and reads of
 the shared state, like any process of a fleet. ``/metrics`` adds up every worker's
@@ -106,23 +107,32 @@ class Supervisor:
                     w.proc.send_signal(signum)
 
     async def start(self, metrics_dir: str) -> None:
+        """The first worker, then, once it serves, the others together: what a process
+        makes when it finds none (the embedded simulator on its port, the namespace's
+        first state in Redis) is made once, and the others borrow and join it."""
         env = {**self.env, METRICS_DIR_ENV: metrics_dir}
-        for number in range(1, self.settings.workers + 1):
-            proc = await asyncio.create_subprocess_exec(
-                *worker_argv(self.options, self.settings, number),
-                env=env,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,  # its banner; its log goes to our stderr
-                preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
-                process_group=0,
-            )
-            self.workers.append(Worker(number, proc))
-        for w in self.workers:
-            assert w.proc.stdout is not None
-            line = await asyncio.wait_for(w.proc.stdout.readline(), START_TIMEOUT)
-            if not line:  # it exited first; what went wrong is on stderr already
-                raise _WorkerExited(w)
-            w.banner = line.decode(errors="replace").strip()
+        numbers = list(range(1, self.settings.workers + 1))
+        for batch in (numbers[:1], numbers[1:]):
+            started = [await self._spawn(number, env) for number in batch]
+            for w in started:
+                assert w.proc.stdout is not None
+                line = await asyncio.wait_for(w.proc.stdout.readline(), START_TIMEOUT)
+                if not line:  # it exited first; what went wrong is on stderr already
+                    raise _WorkerExited(w)
+                w.banner = line.decode(errors="replace").strip()
+
+    async def _spawn(self, number: int, env: Mapping[str, str]) -> Worker:
+        proc = await asyncio.create_subprocess_exec(
+            *worker_argv(self.options, self.settings, number),
+            env=env,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,  # its banner; its log goes to our stderr
+            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+            process_group=0,
+        )
+        worker = Worker(number, proc)
+        self.workers.append(worker)
+        return worker
 
     async def _relay(self, w: Worker) -> None:
         """What a worker prints after its banner (its "stopped" goes to stderr)."""

@@ -68,7 +68,10 @@ def test_two_workers_serve_one_port_as_one_client_and_stop_together(
         assert proc.stdout is not None
         banner = proc.stdout.readline()
         found = BANNER.search(banner)
-        assert found, (banner, proc.poll(), proc.stderr.read() if proc.poll() is not None and proc.stderr else "")
+        if not found:  # say why: the supervisor's and the workers' log
+            proc.terminate()
+            _, err = proc.communicate(timeout=20)
+            raise AssertionError(f"no banner: {banner!r}, exit {proc.returncode}, stderr: {err[-3000:]}")
         origin = f"http://127.0.0.1:{found.group(1)}"
         pids = [int(found.group(2)), int(found.group(3))]
 
