@@ -1,7 +1,8 @@
 """The gateway's added latency: ``capmon serve`` and LiteLLM's proxy against direct calls
 to an endpoint that answers at once, under open-loop load, in one run.
 
-    python -m benchmarks.gateway [--rates 100 500 1000] [--seconds 30] [--rows direct capmon litellm]
+    python -m benchmarks.gateway [--rates 100 500 1000] [--seconds 30] [--rows direct capmon ... litellm]
+                                 [--before DIR] [--capmon-arg ARG ...] [--redis URL]
                                  [--soak SECONDS] [--json FILE]
 
 Every process has its own, listens on 127.0.0.1 on a free port and is stopped at the end
@@ -13,8 +14,15 @@ Every process has its own, listens on 127.0.0.1 on a free port and is stopped at
   taken from the gateway and the load generator. The instant app does the least an HTTP
   server can, so the rows differ by the proxy in between;
 * ``capmon serve``: the library peer's config (benchmarks/capmon-bench.toml: three models,
-  the aiohttp transport), on the endpoint, with a client key; the limiter starts at its
-  maximum, as in overhead.py, so the first seconds measure routing, not a slow start;
+  the aiohttp transport), on the endpoint, with a client key and its access log on (to a
+  file); the limiter starts at its maximum, as in overhead.py, so the first seconds
+  measure routing, not a slow start. Its rows: in memory, one process (``capmon``); on
+  Redis (``--redis``, a namespace of the run's own) with one worker (``capmon-redis``) and
+  with ``--workers 2`` (``capmon-w2``); on uvloop (``capmon-uvloop``); and, with
+  ``--before DIR``, the same as ``capmon`` from another checkout of capmon (``git archive
+  REV | tar -x -C DIR``): before and after a change, in one run. ``--capmon-arg ARG``
+  (repeatable) gives every capmon row more of capmon serve's arguments (traces, when the
+  gateway has a flag for them);
 * LiteLLM's proxy (``litellm --config``, one worker, as it ships: uvloop, a master key),
   one model on the endpoint;
 * the load generator, a fresh process per measurement: aiohttp in an open loop. Request i
@@ -26,8 +34,10 @@ Every process has its own, listens on 127.0.0.1 on a free port and is stopped at
 For each rate the rows are measured in turn, the order rotated from rate to rate so that
 drift on a shared machine does not always fall on the same row: a 2 s warm-up at the
 rate (not counted), then ``--seconds`` at the rate. "Added" is a proxy's percentile minus
-direct's at the same rate. ``--soak SECONDS`` instead runs ``capmon serve`` alone at
-500 requests per second and samples its RSS every 10 s.
+direct's at the same rate; a proxy's CPU per request is its process's CPU time (its
+workers' included) over the requests sent in the measurement and its warm-up.
+``--soak SECONDS`` instead runs ``capmon serve`` alone at 500 requests per second and
+samples its RSS every 10 s.
 """
 
 from __future__ import annotations
@@ -54,13 +64,14 @@ from typing import Any
 from benchmarks.ideal import percentile
 from benchmarks.peers.capmon_gateway import start_gateway
 from benchmarks.procs import (
-    cpu_seconds,
+    descendants,
     free_port,
     markdown_table,
     open_fds,
     rss_mb,
     spawn,
     stop,
+    tree_cpu_seconds,
     wait_http,
     wait_port,
 )
@@ -68,11 +79,15 @@ from benchmarks.procs import (
 RATES = (100, 500, 1000)
 ROWS = {  # --rows name -> the table's label
     "direct": "direct",
+    "capmon-before": "capmon serve, --before",
     "capmon": "capmon serve",
+    "capmon-redis": "capmon serve, Redis, 1 worker",
+    "capmon-w2": "capmon serve, Redis, --workers 2",
+    "capmon-uvloop": "capmon serve --loop uvloop",
     "litellm": "LiteLLM proxy",
-    "capmon-uvloop": "capmon serve on uvloop (what-if)",
 }
-DEFAULT_ROWS = ("direct", "capmon", "litellm")
+DEFAULT_ROWS = ("direct", "capmon", "capmon-redis", "capmon-w2", "litellm")
+REDIS_URL = "redis://127.0.0.1:6379/15"
 MODEL = "sim-flagship"  # a model of capmon-bench.toml; LiteLLM's one model has the same name
 BODY = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "Say ok."}], "max_tokens": 16}).encode()
 TIMEOUT = 10.0  # seconds: a request not answered by then is a timeout
@@ -83,9 +98,11 @@ LOAD_KEY_ENV = "CAPMON_BENCH_LOAD_KEY"  # the key the generator sends (from the 
 # Room for the whole load on the first model from the start: the measurement is routing, not learning.
 CAPMON_SET = ("limiter.initial=64",)
 
-# Goals on 2 cores (issue 12, item 5).
+# Goals on 2 cores (issue 12, item 5; issue 18, item 8).
 GOAL_ADDED_P99_MS, GOAL_ADDED_AT = 5.0, 500
 GOAL_CLEAN_AT = 1000
+GOAL_CPU_US = 500.0  # the gateway's CPU per request, at GOAL_ADDED_AT
+GOAL_ADDED_P99_HIGH_MS = 20.0  # added p99 at GOAL_CLEAN_AT
 SOAK_RATE, SOAK_PERIOD, SOAK_SETTLED = 500, 10.0, 60.0
 # "Flat": from the first minute on (pools, caches and the allocator's arenas fill), RSS
 # grows by at most 0.1 MiB a minute: 144 MiB a day, about 3.5 bytes per request at 500/s.
@@ -201,14 +218,57 @@ def start_endpoint(stack: contextlib.ExitStack, logs: Path) -> str:
     return f"http://127.0.0.1:{port}/v1"
 
 
-def start_capmon(stack: contextlib.ExitStack, logs: Path, upstream: str, name: str, uvloop: bool) -> Row:
+@dataclass(frozen=True)
+class CapmonRows:
+    """What the capmon rows are run with (main's options)."""
+
+    before: Path | None = None
+    args: tuple[str, ...] = ()
+    redis: str = REDIS_URL
+    namespace: str = ""
+
+
+def start_capmon(stack: contextlib.ExitStack, logs: Path, upstream: str, name: str, how: CapmonRows) -> Row:
     log = stack.enter_context(_log(logs, name))
+    args = ["--access-log", str(logs / f"{name}.access.jsonl"), *how.args]
+    tables, env = "", {}
+    if name in ("capmon-redis", "capmon-w2"):
+        tables = f'\n[shared]\nbackend = "redis"\nurl = "{how.redis}"\nnamespace = "{how.namespace}-{name}"\n'
+        tables += "required = true\n"
+    if name == "capmon-w2":
+        args += ["--workers", "2"]
+    if name == "capmon-uvloop":
+        args += ["--loop", "uvloop"]
+    if name == "capmon-before":
+        if how.before is None:
+            return Row(ROWS[name], None, why="no --before DIR")
+        env = {"PYTHONPATH": str(how.before.resolve())}
     try:
-        gw = start_gateway(upstream, CAPMON_SET, uvloop=uvloop, stderr=log)
+        gw = start_gateway(upstream, CAPMON_SET, stderr=log, args=args, tables=tables, env=env)
     except RuntimeError as e:
         return Row(ROWS[name], None, why=str(e))
     stack.callback(gw.stop)
-    return Row(ROWS[name], gw.base_url + "/chat/completions", gw.key, gw.proc.pid, rss=gw.rss_mb)
+    pid = gw.proc.pid
+    return Row(ROWS[name], gw.base_url + "/chat/completions", gw.key, pid, rss=lambda: _tree_rss(pid))
+
+
+def _tree_rss(pid: int) -> float:
+    return sum(rss_mb(p) for p in [pid, *descendants(pid)])
+
+
+def forget_namespace(url: str, namespace: str) -> None:
+    """The run's keys out of Redis (every row's namespace starts with ``namespace``)."""
+    import redis
+
+    client = redis.Redis.from_url(url, socket_timeout=2.0)
+    try:
+        keys = list(client.scan_iter(match=f"{namespace}-*", count=500))
+        if keys:
+            client.delete(*keys)
+    except (redis.RedisError, OSError):
+        pass
+    finally:
+        client.close()
 
 
 def litellm_config(upstream: str) -> dict[str, Any]:
@@ -239,7 +299,9 @@ def start_litellm(stack: contextlib.ExitStack, logs: Path, upstream: str) -> Row
     return Row(ROWS["litellm"], url, key, proc.pid, rss=lambda: rss_mb(proc.pid))
 
 
-def start_rows(names: Sequence[str], stack: contextlib.ExitStack, logs: Path, upstream: str) -> dict[str, Row]:
+def start_rows(
+    names: Sequence[str], stack: contextlib.ExitStack, logs: Path, upstream: str, how: CapmonRows
+) -> dict[str, Row]:
     rows: dict[str, Row] = {}
     for name in names:
         if name == "direct":
@@ -247,7 +309,7 @@ def start_rows(names: Sequence[str], stack: contextlib.ExitStack, logs: Path, up
         elif name == "litellm":
             rows[name] = start_litellm(stack, logs, upstream)
         else:
-            rows[name] = start_capmon(stack, logs, upstream, name, uvloop=name == "capmon-uvloop")
+            rows[name] = start_capmon(stack, logs, upstream, name, how)
     return rows
 
 
@@ -259,7 +321,7 @@ def run_generator(row: Row, rate: float, seconds: float, warmup: float, logs: Pa
     assert row.url is not None
     cmd = [sys.executable, "-m", "benchmarks.gateway", "--generate", row.url, "--rate", str(rate)]
     cmd += ["--seconds", str(seconds), "--warmup", str(warmup)]
-    cpu0 = cpu_seconds(row.pid) if row.pid else 0.0
+    cpu0 = tree_cpu_seconds(row.pid) if row.pid else 0.0
     with open(logs / "generator.log", "a") as log:
         proc = spawn(cmd, {LOAD_KEY_ENV: row.key}, stdout=subprocess.PIPE, stderr=log, text=True)
         try:
@@ -270,7 +332,7 @@ def run_generator(row: Row, rate: float, seconds: float, warmup: float, logs: Pa
         raise RuntimeError(f"the load generator failed (exit {proc.returncode}); see {logs / 'generator.log'}")
     result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
     if row.pid:
-        result["proxy_cpu_us"] = (cpu_seconds(row.pid) - cpu0) / result["sent_in_all"] * 1e6
+        result["proxy_cpu_us"] = (tree_cpu_seconds(row.pid) - cpu0) / result["sent_in_all"] * 1e6
     return result
 
 
@@ -390,44 +452,67 @@ def _verdict(met: bool, value: str, by: str) -> str:
     return f"**met** ({value})" if met else f"missed by {by} ({value})"
 
 
+CAPMON_ROWS = ("capmon", "capmon-redis", "capmon-w2", "capmon-uvloop", "capmon-before")
+
+
+def _added_p99(by_row: dict[str, Any], name: str) -> float:
+    return float(by_row[name]["p99_ms"] - by_row["direct"]["p99_ms"])
+
+
 def goals(results: dict[int, dict[str, Any]]) -> list[str]:
-    """capmon serve against its latency and error goals, from the level figures."""
+    """capmon serve's rows against their latency, CPU and error goals, from the level figures."""
     out = []
-    at = results.get(GOAL_ADDED_AT, {})
-    if "capmon" in at and "direct" in at:
-        gw, direct = at["capmon"]["p99_ms"], at["direct"]["p99_ms"]
-        added = gw - direct
-        out.append(
-            f"- p99 added <= {GOAL_ADDED_P99_MS:g} ms at {GOAL_ADDED_AT} QPS: "
-            + _verdict(
-                added <= GOAL_ADDED_P99_MS,
-                f"{added:.2f} ms = {gw:.2f} - {direct:.2f}",
-                f"{added - GOAL_ADDED_P99_MS:.2f} ms",
+    at, high = results.get(GOAL_ADDED_AT, {}), results.get(GOAL_CLEAN_AT, {})
+    for name in CAPMON_ROWS:
+        label = ROWS[name]
+        if name in at and "direct" in at:
+            gw, direct = at[name]["p99_ms"], at["direct"]["p99_ms"]
+            added = gw - direct
+            out.append(
+                f"- {label}: p99 added <= {GOAL_ADDED_P99_MS:g} ms at {GOAL_ADDED_AT} QPS: "
+                + _verdict(
+                    added <= GOAL_ADDED_P99_MS,
+                    f"{added:.2f} ms = {gw:.2f} - {direct:.2f}",
+                    f"{added - GOAL_ADDED_P99_MS:.2f} ms",
+                )
             )
-        )
-    else:
-        out.append(f"- p99 added at {GOAL_ADDED_AT} QPS: not measured (needs --rates {GOAL_ADDED_AT} and both rows)")
-    clean = results.get(GOAL_CLEAN_AT, {}).get("capmon")
-    if clean is not None:
-        errors = sum(clean["errors"].values())
-        out.append(
-            f"- {GOAL_CLEAN_AT:,} QPS with no errors: "
-            + _verdict(
-                errors == 0,
-                f"{clean['ok']} of {clean['sent']} answered 200, {clean['answered_per_s']:.0f} / s",
-                f"{errors} errors: {_errors(clean)}",
+        if name in at and "proxy_cpu_us" in at[name]:
+            cpu = at[name]["proxy_cpu_us"]
+            out.append(
+                f"- {label}: CPU <= {GOAL_CPU_US:g} us per request at {GOAL_ADDED_AT} QPS: "
+                + _verdict(cpu <= GOAL_CPU_US, f"{cpu:.0f} us", f"{cpu - GOAL_CPU_US:.0f} us")
             )
-        )
-    else:
-        out.append(f"- {GOAL_CLEAN_AT:,} QPS with no errors: not measured (needs --rates {GOAL_CLEAN_AT})")
-    ratios = []
-    for rate, by_row in results.items():
-        if {"capmon", "litellm", "direct"} <= by_row.keys():
-            ours = by_row["capmon"]["p99_ms"] - by_row["direct"]["p99_ms"]
-            theirs = by_row["litellm"]["p99_ms"] - by_row["direct"]["p99_ms"]
-            ratios.append(f"{rate} QPS {ours:.2f} vs {theirs:.2f} ms")
-    if ratios:
-        out.append("- added p99, capmon serve vs LiteLLM proxy: " + "; ".join(ratios))
+        if name in high and "direct" in high:
+            added = _added_p99(high, name)
+            out.append(
+                f"- {label}: p99 added <= {GOAL_ADDED_P99_HIGH_MS:g} ms at {GOAL_CLEAN_AT:,} QPS: "
+                + _verdict(
+                    added <= GOAL_ADDED_P99_HIGH_MS, f"{added:.2f} ms", f"{added - GOAL_ADDED_P99_HIGH_MS:.2f} ms"
+                )
+            )
+        if name in high:
+            clean = high[name]
+            errors = sum(clean["errors"].values())
+            out.append(
+                f"- {label}: {GOAL_CLEAN_AT:,} QPS with no errors: "
+                + _verdict(
+                    errors == 0,
+                    f"{clean['ok']} of {clean['sent']} answered 200, {clean['answered_per_s']:.0f} / s",
+                    f"{errors} errors: {_errors(clean)}",
+                )
+            )
+    if not at:
+        out.append(f"- at {GOAL_ADDED_AT} QPS: not measured (needs --rates {GOAL_ADDED_AT})")
+    for a, b in (("capmon-w2", "capmon-redis"), ("capmon", "capmon-before"), ("capmon", "litellm")):
+        pairs = []
+        for rate, by_row in results.items():
+            if {a, b, "direct"} <= by_row.keys():
+                cpu = ""
+                if "proxy_cpu_us" in by_row[a] and "proxy_cpu_us" in by_row[b]:
+                    cpu = f", CPU {by_row[a]['proxy_cpu_us']:.0f} vs {by_row[b]['proxy_cpu_us']:.0f} us / req"
+                pairs.append(f"{rate} QPS {_added_p99(by_row, a):.2f} vs {_added_p99(by_row, b):.2f} ms{cpu}")
+        if pairs:
+            out.append(f"- added p99, {ROWS[a]} vs {ROWS[b]}: " + "; ".join(pairs))
     return out
 
 
@@ -527,6 +612,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rates", nargs="+", type=int, default=list(RATES), help="requests per second (100 500 1000)")
     ap.add_argument("--seconds", type=float, default=30.0, help="seconds per rate and row (30)")
     ap.add_argument("--rows", nargs="+", choices=list(ROWS), default=list(DEFAULT_ROWS), help="which ways to go")
+    ap.add_argument("--before", metavar="DIR", type=Path, help="a checkout of capmon for the capmon-before row")
+    ap.add_argument(
+        "--capmon-arg", action="append", default=[], metavar="ARG", help="more of capmon serve's arguments (repeatable)"
+    )
+    ap.add_argument("--redis", default=REDIS_URL, metavar="URL", help=f"the Redis of the Redis rows ({REDIS_URL})")
     ap.add_argument("--soak", type=float, metavar="SECONDS", help=f"capmon serve alone at {SOAK_RATE}/s, RSS sampled")
     ap.add_argument("--json", metavar="FILE", help="every figure, raw")
     ap.add_argument("--generate", metavar="URL", help=argparse.SUPPRESS)  # the load generator's process
@@ -540,17 +630,23 @@ def main(argv: list[str] | None = None) -> int:
     print(_header(argv if argv is not None else sys.argv[1:]), flush=True)
     logs = Path(tempfile.mkdtemp(prefix="capmon-gateway-bench-"))
     raw: dict[str, Any] = {}
+    names = list(args.rows)
+    if args.before is not None and "capmon-before" not in names:
+        names.insert(1, "capmon-before")
+    how = CapmonRows(args.before, tuple(args.capmon_arg), args.redis, f"capmon-bench-{secrets.token_hex(4)}")
     try:
         with contextlib.ExitStack() as stack:
+            if any(n in ("capmon-redis", "capmon-w2") for n in names):
+                stack.callback(forget_namespace, how.redis, how.namespace)
             upstream = start_endpoint(stack, logs)
             if args.soak:
-                row = start_rows(["capmon"], stack, logs, upstream)["capmon"]
+                row = start_rows(["capmon"], stack, logs, upstream, how)["capmon"]
                 if row.url is None:
                     raise RuntimeError(row.why)
                 raw["soak"] = run_soak(row, args.soak, logs)
                 print("\n".join(soak_report(raw["soak"], args.soak)))
             else:
-                rows = start_rows(args.rows, stack, logs, upstream)
+                rows = start_rows(names, stack, logs, upstream, how)
                 raw["levels"] = run_levels(rows, args.rates, args.seconds, logs)
                 print()
                 print(levels_table(rows, raw["levels"]))

@@ -165,6 +165,34 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
 
 
+def descendants(pid: int) -> list[int]:
+    """``pid``'s children, theirs, and so on (a supervisor's workers), from /proc."""
+    parents: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue  # gone meanwhile
+            ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
+            parents.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        kids = parents.get(todo.pop(), [])
+        out += kids
+        todo += kids
+    return out
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds of ``pid`` and every live descendant of it (a gateway and its workers)."""
+    total = 0.0
+    for p in [pid, *descendants(pid)]:
+        with contextlib.suppress(OSError):
+            total += cpu_seconds(p)
+    return total
+
+
 def rss_mb(pid: int) -> float:
     """``pid``'s resident set size in MiB, from /proc."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():

@@ -147,6 +147,16 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="PATH",
         help="one JSON line per request to PATH (appended; - for stderr); default from config [gateway] access_log",
     )
+    gateway.add_argument(
+        "--workers",
+        type=int,
+        metavar="N",
+        help="N processes on the port, one client through [shared] redis (default [gateway] workers: 1)",
+    )
+    gateway.add_argument(
+        "--loop", choices=("asyncio", "uvloop"), help="the event loop (default [gateway] loop: asyncio)"
+    )
+    gateway.add_argument("--worker", type=int, help=argparse.SUPPRESS)  # set by the supervisor in its workers
 
     status = sub.add_parser("status", help="print the client's snapshot without the dashboard")
     _add_config(status)
@@ -219,7 +229,16 @@ def _run_sim(args: argparse.Namespace) -> int:
 def _run_serve(args: argparse.Namespace) -> int:
     from capmon.gateway.serve import ServeOptions, serve
 
-    return serve(ServeOptions(listen=args.listen, config=args.config, access_log=args.access_log))
+    return serve(
+        ServeOptions(
+            listen=args.listen,
+            config=args.config,
+            access_log=args.access_log,
+            workers=args.workers,
+            loop=args.loop,
+            worker=args.worker,
+        )
+    )
 
 
 def _run_status(args: argparse.Namespace) -> int:

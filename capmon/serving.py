@@ -26,8 +26,13 @@ class ListenError(OSError):
         self.in_use = in_use
 
 
-def listen(host: str, port: int, backlog: int = 1024) -> socket.socket:
-    """A bound, listening, non-blocking socket for ``host:port`` (port 0: any free one)."""
+def listen(
+    host: str, port: int, backlog: int = 1024, *, reuse_port: bool = False, listening: bool = True
+) -> socket.socket:
+    """A bound, listening, non-blocking socket for ``host:port`` (port 0: any free one).
+    ``reuse_port``: SO_REUSEPORT, so that several processes listen on the port and the
+    kernel spreads connections over them; ``listening`` False: bound only (a process
+    that holds the port for its workers without taking connections itself)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     # IPPROTO_TCP named, not implied: asyncio sets TCP_NODELAY only on sockets that say they
     # are TCP, and accepted connections inherit it. Without it every answer written in two
@@ -35,8 +40,11 @@ def listen(host: str, port: int, backlog: int = 1024) -> socket.socket:
     sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         sock.bind((host, port))
-        sock.listen(backlog)
+        if listening:
+            sock.listen(backlog)
         sock.setblocking(False)
     except OSError as e:
         sock.close()

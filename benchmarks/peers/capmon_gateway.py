@@ -118,10 +118,13 @@ class Gateway:
         self.workdir.cleanup()
 
 
-def gateway_command(config: Path, whatif: Sequence[str] = (), uvloop: bool = False) -> list[str]:
-    """``capmon serve`` on ``config``, on a port the kernel picks (the banner says which);
-    through this module's launcher only when something must be patched in first."""
-    serve = ["serve", "--config", str(config), "--listen", "127.0.0.1:0"]
+def gateway_command(
+    config: Path, whatif: Sequence[str] = (), uvloop: bool = False, args: Sequence[str] = ()
+) -> list[str]:
+    """``capmon serve`` on ``config``, on a port the kernel picks (the banner says which),
+    with ``args`` after; through this module's launcher only when something must be
+    patched in first."""
+    serve = ["serve", "--config", str(config), "--listen", "127.0.0.1:0", *args]
     if not whatif and not uvloop:
         return [sys.executable, "-m", "capmon.cli", *serve]
     patches = [a for w in whatif for a in ("--whatif", str(Path(w).resolve()))]
@@ -136,16 +139,21 @@ def start_gateway(
     uvloop: bool = False,
     stderr: Any = None,
     timeout: float = 60.0,
+    args: Sequence[str] = (),
+    tables: str = "",
+    env: dict[str, str] | None = None,
 ) -> Gateway:
     """Start ``capmon serve`` in front of ``upstream`` (an OpenAI base URL) and wait for
-    its banner. Its log goes to ``stderr`` (a file, or None: ours)."""
+    its banner. Its log goes to ``stderr`` (a file, or None: ours). ``args``: more of
+    capmon serve's arguments; ``tables``: TOML tables added to its config (``[shared]``);
+    ``env``: more of its environment (PYTHONPATH: another checkout of capmon)."""
     workdir = tempfile.TemporaryDirectory(prefix="capmon-bench-gateway-")
     config = Path(workdir.name) / "gateway.toml"
-    config.write_text(config_text(upstream, overrides), encoding="utf-8")
+    config.write_text(config_text(upstream, overrides) + tables, encoding="utf-8")
     key = "sk-bench-" + secrets.token_hex(16)
     proc = spawn(
-        gateway_command(config, whatif, uvloop),
-        env={KEY_ENV: key},
+        gateway_command(config, whatif, uvloop, args),
+        env={**(env or {}), KEY_ENV: key},
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,  # the banner only; never the peer's stdout, where the runner reads READY / DONE
         stderr=stderr,

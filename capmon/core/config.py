@@ -246,6 +246,16 @@ class GatewayConfig:
         factory=tuple, doc="browser origins (scheme://host[:port]) allowed to call the gateway, with CORS"
     )
     access_log: str = _f("", doc="a file (appended to) for one JSON line per request, - for stderr; empty: none")
+    workers: int = _f(
+        1,
+        min=1,
+        max=64,
+        doc="processes serving one port (SO_REUSEPORT); more than 1 shares their state through [shared] redis",
+    )
+    http: str = _f(
+        "httptools", choices=("httptools", "h11"), doc="the HTTP/1.1 parser: httptools (C, the default) or h11"
+    )
+    loop: str = _f("asyncio", choices=("asyncio", "uvloop"), doc="the event loop: asyncio, or uvloop when installed")
 
 
 @dataclass(frozen=True)

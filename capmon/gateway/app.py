@@ -16,7 +16,6 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from capmon.core.router import FallbackClient
 from capmon.gateway import anthropic_api, control, openai_api
@@ -26,7 +25,7 @@ from capmon.gateway.auth import Access, Authenticator
 from capmon.gateway.browsers import BrowserGuard, add_cors
 from capmon.gateway.context import Gateway, gateway_of
 from capmon.gateway.errors import ApiError
-from capmon.gateway.exchange import Exchanges, ExchangeTracer, api_of, exchange_of
+from capmon.gateway.exchange import Exchanges, ExchangeTracer, exchange_of
 from capmon.gateway.feed import EventFeed
 from capmon.gateway.metrics import CONTENT_TYPE, GatewayMetrics
 from capmon.gateway.models import ModelNames
@@ -77,27 +76,6 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     return error_reply(shaped_for(request.url.path, err))
 
 
-class CountResponses:
-    """Counts every HTTP answer by API and status (pure ASGI: streams stay streams)."""
-
-    def __init__(self, app: ASGIApp, gateway: Gateway) -> None:
-        self.app = app
-        self.gateway = gateway
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        api = api_of(scope.get("path", ""))
-
-        async def counted(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                self.gateway.metrics.responses.labels(api, str(message["status"])).inc()
-            await send(message)
-
-        await self.app(scope, receive, counted)
-
-
 def create_app(
     client: FallbackClient, settings: GatewaySettings, *, tracer: ExchangeTracer | None = None, in_process: bool = False
 ) -> Starlette:
@@ -113,7 +91,7 @@ def create_app(
         settings=settings,
         auth=Authenticator(settings),
         names=names,
-        metrics=GatewayMetrics(client, access_log),
+        metrics=GatewayMetrics(client, access_log, shared_dir=settings.metrics_dir),
         feed=EventFeed(client.bus),
         started=int(client.clock.wall()),
         access_log=access_log,
@@ -129,15 +107,20 @@ def create_app(
     ]
     app = Starlette(routes=routes, exception_handlers={ApiError: _api_error, HTTPException: _http_error})
     app.state.gateway = gw
-    # Added innermost first: the counting sees every answer, the browser checks' refusals included.
+    # Added innermost first. Outermost, the exchange: every reply has its id and is counted
+    # (the browser checks' refusals included).
     if not in_process:
         if settings.cors_origins:
             add_cors(app, settings)
         app.add_middleware(BrowserGuard, settings=settings)
-    app.add_middleware(CountResponses, gateway=gw)
     app.add_middleware(
-        Exchanges, clock=client.clock, log=gw.access_log, tracer=gw.tracer
-    )  # outermost: every reply has its id
+        Exchanges,
+        clock=client.clock,
+        log=gw.access_log,
+        count=gw.metrics.response,
+        worker=settings.worker,
+        tracer=gw.tracer,
+    )
     return app
 
 

@@ -45,6 +45,7 @@ EXPOSED = (
     "x-capmon-requested-model",
     "x-capmon-request-id",
     "x-capmon-priority",
+    "x-capmon-worker",
     "x-litellm-model-id",
     "x-litellm-attempted-fallbacks",
     "request-id",

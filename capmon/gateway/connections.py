@@ -1,11 +1,12 @@
-"""The gateway's HTTP/1.1 connections: uvicorn's h11 protocol with the limits it lacks.
+"""The gateway's HTTP/1.1 connections: uvicorn's protocols (httptools, the default, or
+h11: ``[gateway] http``) with the limits they lack.
 
 uvicorn closes a connection only when it has been idle after an answer
 (``timeout_keep_alive``); it has no limit on how long a client may take to send its
 headers, on how many connections are open (``limit_concurrency`` answers 503 per
 *request*, once headers came), or on how long a client may leave an answer unread
 (a stream then waits on a full socket for ever, its slot and upstream held). And its
-answer to malformed HTTP is plain text. This protocol adds, per connection:
+answer to malformed HTTP is plain text. Both protocols here add, per connection:
 
 - a header timeout: from the connection's opening, or the first byte of a next request,
   to the end of the request's headers (408 in JSON when part of a request came, else
@@ -16,11 +17,12 @@ answer to malformed HTTP is plain text. This protocol adds, per connection:
 - a write timeout: when the answer's bytes stay unsent past the transport's high-water
   mark for that long, the connection is aborted; the app sees the client gone, which
   cancels its work, upstream included, and frees its slot (capmon/gateway/disconnect.py);
-- malformed HTTP answered in the API's JSON error shape (h11's status: 400, or 431 for a
-  header section too large).
+- malformed HTTP answered in the API's JSON error shape (400, or 431 for a request line
+  and headers over MAX_HEAD).
 
-The gateway always serves with this protocol (``uvicorn.Config(http=...)``), so
-whether httptools is installed makes no difference.
+The gateway always serves with one of these (``uvicorn.Config(http=...)``); the limits
+live in one mixin (``_Guarded``), and each parser's protocol says only when a request's
+headers are complete and whether it waits for a request.
 """
 
 from __future__ import annotations
@@ -35,10 +37,12 @@ import struct
 import termios
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import h11
+import httptools
 from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from capmon.gateway.errors import ApiError, json_bytes
 from capmon.serving import Throttled
@@ -52,6 +56,7 @@ LINGER = 1.0  # seconds a refused connection may take to read its 503 and close
 # keeps both small and still carries about 2.5 MB/s per connection at a 100 ms round trip.
 SEND_BUFFER = 128 * 1024
 _OUTQ = getattr(termios, "TIOCOUTQ", None)  # Linux: a socket's unacknowledged bytes (SIOCOUTQ)
+MAX_HEAD = 16 * 1024  # bytes of a request's line and headers the gateway reads (h11's own default)
 
 
 @dataclass(frozen=True)
@@ -85,7 +90,7 @@ class _Parser(h11.Connection):
     """h11's connection, telling its protocol when a request's headers are complete and
     keeping the parse error that uvicorn's protocol drops."""
 
-    def __init__(self, protocol: GatewayProtocol, max_incomplete_event_size: int) -> None:
+    def __init__(self, protocol: H11GatewayProtocol, max_incomplete_event_size: int) -> None:
         super().__init__(h11.SERVER, max_incomplete_event_size)
         self.protocol = protocol
         self.error: h11.RemoteProtocolError | None = None
@@ -101,19 +106,21 @@ class _Parser(h11.Connection):
         return event
 
 
-class GatewayProtocol(H11Protocol):
-    """Bound to one server's limits by :func:`protocol_for` (uvicorn builds a protocol
-    per connection from a class)."""
+class _Guarded(asyncio.Protocol):
+    """The limits, whichever parser reads the requests: mixed in before uvicorn's protocol
+    (whose methods ``super()`` reaches). A parser's protocol says when a request's headers
+    are complete (:meth:`headers_complete`), whether it waits for the next request's
+    first byte (:meth:`_between_requests`) and whether part of one came (:meth:`_partial`)."""
 
     limits: ClassVar[ConnectionLimits]
     refusals: ClassVar[Throttled]
     stalls: ClassVar[Throttled]
+    # uvicorn's protocols have these
+    transport: asyncio.Transport
+    loop: asyncio.AbstractEventLoop
+    connections: set[Any]
 
-    def __init__(self, *args: Any, **kw: Any) -> None:
-        super().__init__(*args, **kw)
-        self.parser = _Parser(self, self.conn._max_incomplete_event_size)
-        self.conn = self.parser
-        self.timeout_keep_alive = self.limits.keep_alive_timeout  # type: ignore[assignment]  # uvicorn's is whole seconds
+    def _guard(self) -> None:
         self._refused = False  # past the cap: never counted among the connections
         self._lingering = False  # answered and closing: what still comes is dropped
         self._header_timer: asyncio.TimerHandle | None = None
@@ -121,9 +128,16 @@ class GatewayProtocol(H11Protocol):
         self._linger_timer: asyncio.TimerHandle | None = None
         self._unsent = 0  # bytes waiting in the transport when the write timer was armed
 
+    def _between_requests(self) -> bool:
+        raise NotImplementedError
+
+    def _partial(self) -> bool:
+        raise NotImplementedError
+
     # the cap
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+        # uvloop's transports are not asyncio.Transport subclasses, only alike: no isinstance.
+        transport = cast(asyncio.Transport, transport)
         if len(self.connections) >= self.limits.max_connections:
             self._refuse(transport)
             return
@@ -173,9 +187,9 @@ class GatewayProtocol(H11Protocol):
 
     def _headers_late(self) -> None:
         self._header_timer = None
-        if self.transport.is_closing() or self.conn.their_state is not h11.IDLE:
+        if self.transport.is_closing() or not self._between_requests():
             return
-        if self.conn.trailing_data[0]:  # part of a request came: say why it is closed
+        if self._partial():  # part of a request came: say why it is closed
             seconds = f"{self.limits.header_timeout:g}"
             err = ApiError(
                 408,
@@ -190,7 +204,7 @@ class GatewayProtocol(H11Protocol):
     def data_received(self, data: bytes) -> None:
         if self._lingering:
             return  # a refused or answered connection's bytes are not read
-        if self.conn.their_state is h11.IDLE:
+        if self._between_requests():
             self._arm_header_timer()  # the first byte of a next request on a kept-alive connection
         super().data_received(data)
 
@@ -209,7 +223,7 @@ class GatewayProtocol(H11Protocol):
         if sock is not None and _OUTQ is not None:
             with contextlib.suppress(OSError, ValueError):
                 queued = struct.unpack("i", fcntl.ioctl(sock.fileno(), _OUTQ, b"\0\0\0\0"))[0]
-        return self.transport.get_write_buffer_size() + queued
+        return int(self.transport.get_write_buffer_size()) + queued
 
     def _arm_write_timer(self) -> None:
         self._unsent = self._unsent_bytes()
@@ -238,13 +252,9 @@ class GatewayProtocol(H11Protocol):
         self.transport.abort()  # buffered bytes dropped: a close would wait for the client to read them
 
     # malformed HTTP
-    def send_400_response(self, msg: str) -> None:
-        error = self.parser.error
-        status = error.error_status_hint if error is not None and 400 <= error.error_status_hint < 500 else 400
-        detail = str(error) if error is not None and str(error) else msg
+    def _malformed(self, status: int, detail: str) -> None:
         if status == 431:
-            limit = self.conn._max_incomplete_event_size
-            detail = f"its request line and headers are longer than the {limit} bytes the gateway reads"
+            detail = f"its request line and headers are longer than the {MAX_HEAD} bytes the gateway reads"
         err = ApiError(status, f"malformed HTTP request: {detail}", "invalid_request_error", "malformed_http")
         self._answer_and_close(raw_answer(err))
 
@@ -258,10 +268,159 @@ class GatewayProtocol(H11Protocol):
         super().connection_lost(exc)
 
 
-def protocol_for(limits: ConnectionLimits) -> type[GatewayProtocol]:
-    """A protocol class for one server: its limits, and its own log throttles."""
+class H11GatewayProtocol(_Guarded, H11Protocol):
+    """uvicorn's h11 protocol (pure Python) with the limits."""
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.parser = _Parser(self, MAX_HEAD)
+        self.conn = self.parser
+        self.timeout_keep_alive = self.limits.keep_alive_timeout  # type: ignore[assignment]  # uvicorn's: whole s
+        self._guard()
+
+    def _between_requests(self) -> bool:
+        return self.conn.their_state is h11.IDLE
+
+    def _partial(self) -> bool:
+        return bool(self.conn.trailing_data[0])
+
+    def send_400_response(self, msg: str) -> None:
+        error = self.parser.error
+        status = error.error_status_hint if error is not None and 400 <= error.error_status_hint < 500 else 400
+        self._malformed(status, str(error) if error is not None and str(error) else msg)
+
+
+class _TooLarge(Exception):
+    """A request's line and headers went past MAX_HEAD (raised in httptools' callbacks)."""
+
+
+class _Recording:
+    """httptools' parser, keeping the text of the parse error that uvicorn's protocol drops."""
+
+    def __init__(self, parser: Any) -> None:
+        self._parser = parser
+        self.error = ""
+
+    def feed_data(self, data: bytes) -> None:
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserError as e:
+            self.error = str(e)
+            raise
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._parser, name)
+
+
+class _Corked:
+    """The transport as one answer's cycle sees it: the answer's head (status line and
+    headers) is held until its first body part, and both go out in one write. uvicorn
+    writes them apart, and on loopback each write is a send that costs the gateway more
+    than anything else it does for a request. Every answer sends its first body part
+    right after its head (a stream's head waits for its first chunk: capmon/gateway/replies.py)."""
+
+    def __init__(self, transport: asyncio.Transport, cycle: Any) -> None:
+        self._transport = transport
+        self._cycle = cycle
+        self._head: bytes | None = None
+        self._headed = False
+
+    def write(self, data: bytes) -> None:
+        if not self._headed and self._cycle.response_started:
+            self._headed = True  # the head: uvicorn marks the answer started, then writes it
+            self._head = data
+            return
+        if self._head is not None:
+            data, self._head = self._head + data, None
+        self._transport.write(data)
+
+    def close(self) -> None:
+        if self._head is not None:
+            self._transport.write(self._head)
+            self._head = None
+        self._transport.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
+class HttpToolsGatewayProtocol(_Guarded, HttpToolsProtocol):
+    """uvicorn's httptools protocol (llhttp, in C: a fraction of h11's CPU per request)
+    with the limits. llhttp has no limit of its own on a request's head, so it is counted
+    here, twice: the bytes that came while a head was incomplete (a line that never ends)
+    and the line and headers as parsed (a head that came in one read)."""
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.parser = _Recording(self.parser)  # type: ignore[assignment]  # the parser, with its error kept
+        self.timeout_keep_alive = self.limits.keep_alive_timeout  # type: ignore[assignment]  # uvicorn's: whole s
+        self._guard()
+        self._in_head = True  # waiting for (the rest of) a request's line and headers
+        self._head = 0  # bytes received since the last request ended
+        self._parsed = 0  # bytes of this request's line and headers parsed
+        self._too_large = False
+
+    def _between_requests(self) -> bool:
+        return self._in_head and (self.cycle is None or self.cycle.response_complete)
+
+    def _partial(self) -> bool:
+        return self._head > 0
+
+    def data_received(self, data: bytes) -> None:
+        if self._in_head:
+            self._head += len(data)
+        super().data_received(data)
+        if self._in_head and self._head > MAX_HEAD and not self._lingering:
+            self._too_large = True
+            self.send_400_response("")
+
+    def on_message_begin(self) -> None:
+        self._parsed = 0
+        super().on_message_begin()
+
+    def on_url(self, url: bytes) -> None:
+        self._count(len(url))
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._count(len(name) + len(value) + 4)  # "name: value\r\n"
+        super().on_header(name, value)
+
+    def _count(self, n: int) -> None:
+        self._parsed += n
+        if self._parsed > MAX_HEAD:
+            self._too_large = True
+            raise _TooLarge()  # httptools raises it again as a parse error: send_400_response
+
+    def on_headers_complete(self) -> None:
+        self._in_head = False
+        self.headers_complete()
+        super().on_headers_complete()
+        if self.cycle is not None and not isinstance(self.cycle.transport, _Corked):
+            self.cycle.transport = _Corked(self.transport, self.cycle)  # type: ignore[assignment]
+
+    def on_message_complete(self) -> None:
+        self._in_head = True
+        self._head = 0
+        super().on_message_complete()
+
+    def send_400_response(self, msg: str) -> None:
+        if self._lingering:
+            return
+        if self._too_large:
+            self._malformed(431, "")
+            return
+        error = self.parser.error if isinstance(self.parser, _Recording) else ""
+        self._malformed(400, error or msg)
+
+
+PROTOCOLS: dict[str, type[_Guarded]] = {"httptools": HttpToolsGatewayProtocol, "h11": H11GatewayProtocol}
+
+
+def protocol_for(limits: ConnectionLimits, http: str = "httptools") -> type[_Guarded]:
+    """A protocol class for one server: its parser, its limits, and its own log throttles."""
     return type(
         "BoundGatewayProtocol",
-        (GatewayProtocol,),
+        (PROTOCOLS[http],),
         {"limits": limits, "refusals": Throttled(log), "stalls": Throttled(log, logging.INFO)},
     )

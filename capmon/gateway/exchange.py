@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import datetime
 import logging
-import secrets
-from collections.abc import Mapping, Sequence
+import random
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from email.utils import formatdate
 from typing import Any, Protocol
@@ -37,7 +37,9 @@ _STATE_KEY = "capmon_exchange"
 
 
 def new_request_id() -> str:
-    return "req_" + secrets.token_hex(12)
+    # 96 random bits from the process's generator (seeded from the OS at start): an id must be
+    # unique, not secret, and os.urandom per request was a system call on the hot path.
+    return f"req_{random.getrandbits(96):024x}"
 
 
 def api_of(path: str) -> str:
@@ -169,11 +171,24 @@ class Exchanges:
     hands it to the access log (and the tracer) when the reply is done (pure ASGI:
     streams stay streams)."""
 
-    def __init__(self, app: ASGIApp, clock: Clock, log: AccessLog | None, tracer: ExchangeTracer | None = None) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        clock: Clock,
+        log: AccessLog | None,
+        count: Callable[[str, int], None] | None = None,
+        worker: int | None = None,
+        tracer: ExchangeTracer | None = None,
+    ) -> None:
+        """``count(api, status)`` is told every answer (the metrics); ``worker``: this
+        process's number among several serving one port, stamped as ``x-capmon-worker``;
+        ``tracer`` makes the exchange's spans once its reply is done."""
         self.app = app
         self.clock = clock
         self.log = log
+        self.count = count
         self.tracer = tracer
+        self._worker = [(b"x-capmon-worker", str(worker).encode())] if worker is not None else []
         self._date: tuple[int, bytes] = (-1, b"")
 
     def http_date(self) -> bytes:
@@ -203,7 +218,9 @@ class Exchanges:
             if message["type"] == "http.response.start":
                 ex.status = message["status"]
                 ex.ttfb = self.clock.now() - ex.started
-                own = [(b"date", self.http_date()), *ids]
+                if self.count is not None:
+                    self.count(ex.api, ex.status)
+                own = [(b"date", self.http_date()), *ids, *self._worker]
                 if ex.model_requested is not None:
                     own.append((b"x-capmon-requested-model", header_value(ex.model_requested).encode("latin-1")))
                 message = {**message, "headers": [*message.get("headers", ()), *own]}

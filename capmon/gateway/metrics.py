@@ -38,10 +38,11 @@ their key's alias.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import assert_never
+from typing import Any, assert_never
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from capmon.core import events as ev
@@ -144,9 +145,21 @@ class _AccessLogCollector(Collector):
 
 
 class GatewayMetrics:
-    def __init__(self, client: FallbackClient, access_log: AccessLog | None = None) -> None:
+    """``shared_dir``: this is one worker of several (capmon/gateway/workers.py), whose
+    counters and histograms prometheus_client keeps in files there (its multiprocess mode,
+    chosen by ``PROMETHEUS_MULTIPROC_DIR`` before it is imported); ``/metrics`` then adds
+    up every worker's, and the gauges are this worker's view of the shared state."""
+
+    def __init__(self, client: FallbackClient, access_log: AccessLog | None = None, shared_dir: str = "") -> None:
         self.registry = CollectorRegistry()
         r = self.registry
+        self._exposed = r
+        if shared_dir:
+            self._exposed = CollectorRegistry()
+            MultiProcessCollector(self._exposed, path=shared_dir)  # type: ignore[no-untyped-call]
+            self._exposed.register(_SnapshotCollector(client))
+        # A label lookup costs a lock and a validation: each series' child is kept.
+        self._children: dict[tuple[object, ...], Any] = {}
         self.attempts = Counter(
             "capmon_attempts",
             "attempts by target and outcome (ok or the failure kind)",
@@ -198,8 +211,8 @@ class GatewayMetrics:
             registry=r,
         )
         r.register(_SnapshotCollector(client))
-        if access_log is not None:
-            r.register(_AccessLogCollector(access_log))
+        if access_log is not None:  # this process's drops, in multiprocess mode too
+            self._exposed.register(_AccessLogCollector(access_log))
         self._undo: list[Callable[[], None]] = [client.add_observer(self._attempt), client.bus.subscribe(self._event)]
 
     def close(self) -> None:
@@ -208,18 +221,29 @@ class GatewayMetrics:
         self._undo.clear()
 
     def exposition(self) -> bytes:
-        return generate_latest(self.registry)
+        return generate_latest(self._exposed)
+
+    def _child(self, metric: Any, *labels: str) -> Any:
+        key = (id(metric), *labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
+
+    def response(self, api: str, status: int) -> None:
+        """One HTTP answer of the gateway (capmon/gateway/exchange.py tells every one)."""
+        self._child(self.responses, api, str(status)).inc()
 
     def _attempt(self, request: ChatRequest, a: Attempt) -> None:
-        self.attempts.labels(a.model, a.target, a.kind.value if a.kind is not None else "ok").inc()
-        self.attempt_latency.labels(a.model, a.target).observe(max(0.0, a.latency))
+        self._child(self.attempts, a.model, a.target, a.kind.value if a.kind is not None else "ok").inc()
+        self._child(self.attempt_latency, a.model, a.target).observe(max(0.0, a.latency))
 
     def _event(self, e: ev.Event) -> None:
         if isinstance(e, ev.RequestDone):
             model = e.model or ""
-            self.requests.labels(model, "ok" if e.ok else (e.kind or "failed")).inc()
+            self._child(self.requests, model, "ok" if e.ok else (e.kind or "failed")).inc()
             if e.ok:
-                self.request_latency.labels(model).observe(max(0.0, e.latency))
+                self._child(self.request_latency, model).observe(max(0.0, e.latency))
         elif isinstance(e, ev.FellBack):
             self.fallbacks.labels(e.from_model, e.to_model).inc()
             self.api_fallbacks.labels(e.from_api, e.to_api).inc()

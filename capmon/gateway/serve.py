@@ -14,7 +14,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TextIO
 
@@ -41,6 +41,9 @@ class ServeOptions:
     config: str | None = None  # None: $CAPMON_CONFIG, ./config.toml, the user config, the bundled demo
     environ: Mapping[str, str] | None = None  # None: os.environ
     access_log: str | None = None  # PATH or - (stderr); None: [gateway] access_log
+    workers: int | None = None  # processes on the port; None: [gateway] workers
+    loop: str | None = None  # asyncio | uvloop; None: [gateway] loop
+    worker: int | None = None  # set by the supervisor in each worker it starts (capmon/gateway/workers.py)
 
 
 def check_exposure(config: Config, settings: GatewaySettings) -> None:
@@ -56,11 +59,13 @@ def check_exposure(config: Config, settings: GatewaySettings) -> None:
         )
 
 
-def log_handler(err: TextIO) -> logging.Handler:
-    """What the gateway logs, on ``err``: every record redacted, whichever logger it comes from."""
+def log_handler(err: TextIO, worker: int | None = None) -> logging.Handler:
+    """What the gateway logs, on ``err``: every record redacted, whichever logger it comes
+    from; a worker's lines say which worker."""
     handler = logging.StreamHandler(err)
     handler.addFilter(RedactSecrets())
-    handler.setFormatter(logging.Formatter("capmon gateway: %(levelname)s %(name)s: %(message)s"))
+    who = f"capmon gateway worker {worker}" if worker is not None else "capmon gateway"
+    handler.setFormatter(logging.Formatter(who + ": %(levelname)s %(name)s: %(message)s"))
     return handler
 
 
@@ -70,6 +75,8 @@ def banner(settings: GatewaySettings, engine: Engine, port: int) -> str:
     auth = f"{len(settings.keys)} client key(s)" if settings.keys else "no client keys: loopback only, any key works"
     admin = "admin key set" if settings.admin is not None else "control API read-only (no gateway.admin_key_env)"
     sim = f"; simulator {engine.simulator_url}" if engine.simulator_url else ""
+    if settings.worker is not None:
+        sim += f"; worker {settings.worker} of {settings.workers}"
     shared = engine.client.state.shared_status()
     if shared.state is not LinkState.OFF:  # which fleet it joined, or that it could not
         sim += f"; {shared.label} ({shared.url} {shared.namespace})"
@@ -98,7 +105,9 @@ def check_descriptors(settings: GatewaySettings) -> None:
 
 
 async def _run(config: Config, settings: GatewaySettings, env: Mapping[str, str], out: TextIO) -> int:
-    sock = bind(settings.host, settings.port)  # before the engine: a taken port says so before anything starts
+    # Before the engine: a taken port says so before anything starts. A worker shares the
+    # port with the others (SO_REUSEPORT), the kernel spreading connections over them.
+    sock = bind(settings.host, settings.port, reuse_port=settings.worker is not None)
     check_descriptors(settings)
     stopped_by: list[int] = []
     try:
@@ -125,25 +134,51 @@ async def _run(config: Config, settings: GatewaySettings, env: Mapping[str, str]
                     close_app(app)
     finally:
         sock.close()
-    print("capmon gateway: stopped", file=sys.stderr, flush=True)
+    who = f"capmon gateway worker {settings.worker}" if settings.worker is not None else "capmon gateway"
+    print(f"{who}: stopped", file=sys.stderr, flush=True)
     return EXIT_INTERRUPTED if stopped_by else EXIT_OK
+
+
+def loop_factory(loop: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """The event loop ``[gateway] loop`` names (None: asyncio's own)."""
+    if loop != "uvloop":
+        return None
+    import uvloop  # checked to be installed by load_settings
+
+    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
+    return factory
 
 
 def serve(options: ServeOptions, out: TextIO | None = None) -> int:
     """Run the gateway until a signal stops it. Raises CapmonError when it cannot start."""
     env = os.environ if options.environ is None else options.environ
     config = load(options.config)
-    settings = load_settings(config, listen=options.listen, environ=env, access_log=options.access_log)
+    settings = load_settings(
+        config,
+        listen=options.listen,
+        environ=env,
+        access_log=options.access_log,
+        workers=options.workers,
+        loop=options.loop,
+        worker=options.worker,
+    )
     check_exposure(config, settings)
     require_otel(config)  # before anything starts: traces asked for without the otel extra
     root = logging.getLogger()
-    handler = log_handler(sys.stderr)
+    handler = log_handler(sys.stderr, settings.worker)
     root.addHandler(handler)
     level = root.level
     root.setLevel(logging.WARNING)
     try:
-        with contextlib.suppress(KeyboardInterrupt):  # a Ctrl+C before the handlers are in place
-            return asyncio.run(_run(config, settings, env, out or sys.stdout))
+        if settings.workers > 1 and settings.worker is None:
+            from capmon.gateway.workers import supervise
+
+            return supervise(options, settings, env, out or sys.stdout)
+        with (
+            contextlib.suppress(KeyboardInterrupt),  # a Ctrl+C before the handlers are in place
+            asyncio.Runner(loop_factory=loop_factory(settings.loop)) as runner,
+        ):
+            return runner.run(_run(config, settings, env, out or sys.stdout))
         return EXIT_INTERRUPTED
     finally:
         root.removeHandler(handler)

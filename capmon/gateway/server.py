@@ -28,9 +28,9 @@ class GatewayError(CapmonError):
     """The gateway cannot start (its address is taken, cannot be bound, or it did not start)."""
 
 
-def bind(host: str, port: int) -> socket.socket:
+def bind(host: str, port: int, *, reuse_port: bool = False, listening: bool = True) -> socket.socket:
     try:
-        return listen(host, port, backlog=2048)
+        return listen(host, port, backlog=2048, reuse_port=reuse_port, listening=listening)
     except ListenError as e:
         if e.in_use:
             raise GatewayError(
@@ -81,13 +81,16 @@ def limits_of(settings: GatewaySettings) -> ConnectionLimits:
     )
 
 
-def _config(app: Starlette, limits: ConnectionLimits | None) -> uvicorn.Config:
+def _config(app: Starlette, limits: ConnectionLimits | None, http: str) -> uvicorn.Config:
     limits = limits or limits_of(app.state.gateway.settings)
     return uvicorn.Config(
         app,
-        http=protocol_for(limits),  # h11 with the gateway's limits, whether or not httptools is installed
+        http=protocol_for(limits, http),  # uvicorn's protocol with the gateway's limits
         lifespan="off",
         access_log=False,
+        # The gateway reads no X-Forwarded-* (it has no trusted proxies to name), so uvicorn's
+        # middleware for them would only cost a call per request.
+        proxy_headers=False,
         # The gateway writes a Date of now on each reply (capmon/gateway/exchange.py): uvicorn's
         # is refreshed every ten ticks, ten seconds stale with the gateway's TICK.
         date_header=getattr(app.state, "gateway", None) is None,
@@ -104,13 +107,17 @@ async def start_server(
     sock: socket.socket | None = None,
     *,
     limits: ConnectionLimits | None = None,
+    http: str | None = None,
 ) -> GatewayServer:
     """Serve ``app`` in the running loop on ``sock`` (bound to ``host:port`` when None),
     with the connection ``limits`` of the gateway's settings unless given (an app that is
-    not a gateway, such as a test's upstream, must give them)."""
+    not a gateway, such as a test's upstream, must give them), and the settings' HTTP
+    parser unless ``http`` names one."""
     sock = sock or bind(host, port)
     bound = sock.getsockname()[1]
-    server = GuestServer(_config(app, limits), tick=TICK)
+    gateway = getattr(app.state, "gateway", None)
+    parser = http or (gateway.settings.http if gateway is not None else "httptools")
+    server = GuestServer(_config(app, limits, parser), tick=TICK)
     task = asyncio.create_task(server.serve(sockets=[sock]), name=f"capmon-gateway:{bound}")
     clock, waited, step = default_clock(), 0.0, 0.005
     while not server.started:

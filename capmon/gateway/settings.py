@@ -8,6 +8,7 @@ of capmon does; a key's value never appears in one.
 from __future__ import annotations
 
 import difflib
+import importlib.util
 import os
 import re
 from collections.abc import Mapping
@@ -20,6 +21,9 @@ from capmon.core.schema import key_text
 from capmon.core.secrets import MIN_SECRET_CHARS, Secret
 
 AUTO = "auto"  # the built-in alias: the config's preference order
+# prometheus_client reads it when it is imported: each worker's counters go to files there,
+# which every worker's /metrics adds up (the supervisor makes the directory).
+METRICS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 
 @dataclass(frozen=True)
@@ -44,6 +48,11 @@ class GatewaySettings:
     max_connections: int = 1000  # open client connections at most
     cors_origins: tuple[str, ...] = ()  # browser origins allowed (CORS); every other Origin is refused
     access_log: str = ""  # a file for one JSON line per request, "-" for stderr; "": none
+    workers: int = 1  # processes serving the port (capmon/gateway/workers.py)
+    http: str = "httptools"  # the HTTP/1.1 parser (capmon/gateway/connections.py)
+    loop: str = "asyncio"  # the event loop
+    worker: int | None = None  # this process's number when it is one worker of several
+    metrics_dir: str = ""  # a worker's: where every worker's counters live (prometheus_client's multiprocess mode)
 
     @property
     def listen(self) -> str:
@@ -117,9 +126,13 @@ def load_settings(
     listen: str | None = None,
     environ: Mapping[str, str] | None = None,
     access_log: str | None = None,
+    workers: int | None = None,
+    loop: str | None = None,
+    worker: int | None = None,
 ) -> GatewaySettings:
     """The gateway's settings from ``cfg`` (``listen`` overrides ``[gateway] listen``,
-    ``access_log`` ``[gateway] access_log``).
+    ``access_log`` ``[gateway] access_log``, ``workers`` and ``loop`` theirs; ``worker``:
+    this process is that worker of several).
     Raises ConfigError naming the file and key."""
     env = os.environ if environ is None else environ
     g = cfg.gateway
@@ -178,4 +191,35 @@ def load_settings(
         max_connections=g.max_connections,
         cors_origins=_origins(cfg),
         access_log=access_log if access_log is not None else g.access_log,
+        workers=_workers(cfg, workers),
+        http=g.http,
+        loop=_loop(cfg, loop),
+        worker=worker,
+        metrics_dir=env.get(METRICS_DIR_ENV, "") if worker is not None else "",
     )
+
+
+def _workers(cfg: Config, asked: int | None) -> int:
+    n = asked if asked is not None else cfg.gateway.workers
+    where = ("--workers", "") if asked is not None else (cfg.path, "gateway.workers")
+    if not 1 <= n <= 64:
+        raise ConfigError(*where, f"expected a number of processes from 1 to 64, got {n}")
+    if n > 1 and cfg.shared.backend != "redis":
+        # Each worker is a process with its own client: only a shared state makes them one.
+        raise ConfigError(
+            cfg.path,
+            "shared.backend",
+            f"{n} gateway workers (gateway.workers or --workers) share one client's state only through "
+            f'Redis: set [shared] backend = "redis" and its url, or serve with one worker',
+        )
+    return n
+
+
+def _loop(cfg: Config, asked: str | None) -> str:
+    loop = asked if asked is not None else cfg.gateway.loop
+    where = ("--loop", "") if asked is not None else (cfg.path, "gateway.loop")
+    if loop not in ("asyncio", "uvloop"):
+        raise ConfigError(*where, f"expected asyncio or uvloop, got {loop!r}")
+    if loop == "uvloop" and importlib.util.find_spec("uvloop") is None:
+        raise ConfigError(*where, "uvloop is not installed (pip install 'capmon[uvloop]'), or use asyncio")
+    return loop
