@@ -89,18 +89,28 @@ class Executor:
     # ------------------------------------------------------------ settling
 
     async def finish(
-        self, t: Target, adm: Admission, answer: Answer, sent_at: float, *, relearn: bool, api: Api | None = None
+        self,
+        t: Target,
+        adm: Admission,
+        answer: Answer,
+        sent_at: float,
+        *,
+        relearn: bool,
+        api: Api | None = None,
+        probe: bool = False,
     ) -> Outcome:
         """Classify ``answer`` and settle ``adm`` with it, unless the model refused the token
         parameter and ``relearn`` allows learning it (then nothing is settled: send again).
-        ``api``: the caller's format, whose answer's usage refunds a tpm bucket."""
+        ``api``: the caller's format, whose answer's usage refunds a tpm bucket. ``probe``: the
+        client's own probe (of an open breaker, or a health probe on request), shown as the
+        target's probe latency rather than counted with its traffic."""
         now = self._clock.now()
         latency = now - sent_at
         failure = answer.failure
         if failure is None and answer.response is None:
             failure = Failure(Kind.TRANSIENT, "no answer", answer.status)
         t.last_status, t.last_kind = answer.status, failure.kind if failure else None
-        if adm.probe:
+        if probe:
             t.probe_latency = latency
         else:
             t.stats.record_attempt(now, answer.status, failure.kind if failure else None, latency)

@@ -214,7 +214,7 @@ class Prober:
         for relearn in (True, False):  # a refused token parameter is learned, then sent again
             t0 = self._clock.now()
             answer = await ex.send(t, adm, ex.probe_request(t))
-            out = await ex.finish(t, adm, answer, t0, relearn=relearn)
+            out = await ex.finish(t, adm, answer, t0, relearn=relearn, probe=True)
             if not out.relearned:
                 break
         assert out is not None
