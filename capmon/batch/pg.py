@@ -59,7 +59,7 @@ from capmon.batch.pg_schema import (
     SCHEMA_VERSION,
 )
 from capmon.batch.states import UNFINISHED, ItemState, JobState
-from capmon.batch.store import DatabaseGone, JobInfo, Outcome, ResultRecord, StoredItem
+from capmon.batch.store import DatabaseGone, JobInfo, Outcome, ResultRecord, StoredItem, required
 from capmon.batch.stores import PgLocation
 from capmon.core import secrets
 from capmon.core.clock import default_clock
@@ -260,12 +260,7 @@ class PgStore:
         return JobInfo.of(row) if row else None
 
     def require(self, name: str) -> JobInfo:
-        job = self.job(name)
-        if job is None:
-            known = [j.name for j in self.jobs()]
-            hint = f"; jobs: {', '.join(known[:10])}" if known else ""
-            raise BatchError(f"no job named {name!r} in {self.where}{hint}")
-        return job
+        return required(self.job(name), name, self.where, self.jobs)
 
     def jobs(self) -> list[JobInfo]:
         rows = self._rows("listing jobs", f"SELECT {self._JOB_COLUMNS} FROM jobs ORDER BY created, id")

@@ -34,7 +34,7 @@ import contextlib
 import json
 import os
 import sqlite3
-from collections.abc import Generator, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -265,6 +265,15 @@ class ResultRecord:
     error_message: str | None
 
 
+def required(job: JobInfo | None, name: str, where: object, jobs: Callable[[], list[JobInfo]]) -> JobInfo:
+    """``job``, or the error that names the jobs ``where`` has instead (both stores')."""
+    if job is None:
+        known = [j.name for j in jobs()]
+        hint = f"; jobs: {', '.join(known[:10])}" if known else ""
+        raise BatchError(f"no job named {name!r} in {where}{hint}")
+    return job
+
+
 def _loads(text: str | None) -> dict[str, Any]:
     try:
         value = json.loads(text) if text else {}
@@ -472,12 +481,7 @@ class JobStore:
         return JobInfo.of(row) if row else None
 
     def require(self, name: str) -> JobInfo:
-        job = self.job(name)
-        if job is None:
-            known = [j.name for j in self.jobs()]
-            hint = f"; jobs: {', '.join(known[:10])}" if known else ""
-            raise BatchError(f"no job named {name!r} in {self.path}{hint}")
-        return job
+        return required(self.job(name), name, self.path, self.jobs)
 
     def jobs(self) -> list[JobInfo]:
         with self._errors("listing jobs"):
