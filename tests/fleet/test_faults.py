@@ -198,3 +198,20 @@ async def test_redis_restarted_empty_is_rebuilt_from_the_live_processes_and_no_b
                 lambda: ta.view().breaker.state is State.CLOSED and tb.view().breaker.state is State.CLOSED, timeout=3.0
             )
             assert (await b.chat("hi")).model == "flagship"
+
+
+async def test_a_burst_of_150_calls_at_once_is_not_a_lost_redis(redis_url: str) -> None:
+    # redis-py 8's asyncio pool allowed 100 connections and raised past them, which the
+    # process took for a lost Redis (a gateway at 1,000 QPS with a stall degraded).
+    from capmon.core.clock import default_clock
+    from capmon.core.config import SharedConfig
+    from capmon.fleet.link import Link
+    from capmon.fleet.settings import Settings, show_url
+
+    link = Link(Settings(SharedConfig(backend="redis"), "test.toml", redis_url, show_url(redis_url)), default_clock())
+    try:
+        ping = link.client.register_script("return redis.call('PING')")
+        answers = await asyncio.gather(*(link.call("ping", ping, [], []) for _ in range(150)))
+    finally:
+        await link.client.aclose()
+    assert answers == ["PONG"] * 150 and link.calls["ping"] == 150
