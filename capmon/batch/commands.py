@@ -81,7 +81,10 @@ def resolve_db(db: Db | str | None) -> Db:
 
 
 def _db_flag(db: Db) -> str:
-    """`` --db ...`` for a command to copy, when the store is not the default one."""
+    """`` --db ...`` (or ``--db-url-env NAME``) for a command to copy, when the store is not
+    the default one."""
+    if isinstance(db, PgLocation):
+        return f" {db.flag}" if db.flag else ""
     return f" --db {db}" if db != locate() else ""
 
 

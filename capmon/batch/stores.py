@@ -22,6 +22,7 @@ never comes from the command line: from the environment (``$CAPMON_DB``, the var
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from collections.abc import Generator, Iterator, Mapping, Sequence
@@ -51,6 +52,9 @@ class PgLocation:
     url: str = field(repr=False)
     shown: str
     schema: str = "capmon"
+    # How a command line names it again: ``--db URL`` (no password), ``--db-url-env NAME``, or
+    # nothing for ``$CAPMON_DB``, which the next command reads as this one did.
+    flag: str = field(default="", compare=False)
 
     def __str__(self) -> str:
         return self.shown
@@ -114,11 +118,12 @@ def locate(db: str | Path | None = None, *, url_env: str | None = None, environ:
             raise OptionError("db_url_env", f"environment variable {url_env} is not set", value=url_env)
         if not is_pg_url(value):
             raise OptionError("db_url_env", f"${url_env} is not a postgresql:// URL", value=url_env)
-        return pg_location(value, from_env=True, what="db_url_env")
+        return dataclasses.replace(pg_location(value, from_env=True, what="db_url_env"), flag=f"--db-url-env {url_env}")
     if db is not None:
         text = str(db)
         if is_pg_url(text):
-            return pg_location(text, from_env=False)
+            loc = pg_location(text, from_env=False)
+            return dataclasses.replace(loc, flag=f"--db {loc.shown}")
         return Path(text).expanduser()
     value = env.get("CAPMON_DB", "")
     if value and is_pg_url(value):

@@ -221,3 +221,15 @@ def test_a_read_only_folder_is_named_as_such(env: dict[str, Path], capsys: pytes
         assert batch(env, "run", str(write_items(env["dir"] / "in.jsonl", 3)), "--no-progress") == 2
     err = capsys.readouterr().err
     assert f"the folder {folder} is not writable" in err and "--db" in err, err  # was: "unable to open database file"
+
+
+def test_the_command_to_go_on_names_a_postgresql_store_as_it_was_named() -> None:
+    from capmon.batch.commands import _db_flag
+    from capmon.batch.stores import locate
+
+    env = {"JOBS_URL": "postgresql://capmon:pw-123456@db.internal:5432/jobs", "CAPMON_DB": ""}
+    assert _db_flag(locate(url_env="JOBS_URL", environ=env)) == " --db-url-env JOBS_URL"  # the password stays there
+    assert _db_flag(locate("postgresql://capmon@db.internal/jobs", environ=env)) == (
+        " --db postgresql://capmon@db.internal/jobs"
+    )
+    assert _db_flag(locate(environ={"CAPMON_DB": env["JOBS_URL"]})) == ""  # the next command reads $CAPMON_DB too
