@@ -20,14 +20,10 @@ import pytest
 from capmon.cli import main
 from capmon.core.secrets import Secret
 from capmon.gateway.serve import log_handler
+from tests.support.configs import shipped_config
+from tests.support.scripted import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _gateway_section() -> str:
@@ -59,17 +55,11 @@ context_window = 128000
 
 
 def _shipped_config(tmp_path: Path) -> Path:
-    # The shipped config on a free port (so a capmon already running here cannot interfere),
-    # its simulator playing a quick scenario.
-    (tmp_path / "fast.toml").write_text('name = "fast"\n' + FAST)
-    text = (ROOT / "config.toml").read_text().replace("127.0.0.1:8089", f"127.0.0.1:{_free_port()}")
-    path = tmp_path / "config.toml"
-    path.write_text(text.replace('scenario = "demo"', 'scenario = "fast.toml"'))
-    return path
+    return shipped_config(tmp_path, 'name = "fast"\n' + FAST)[0]
 
 
 def test_the_readme_examples_run_as_written_against_capmon_serve(tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     config = _shipped_config(tmp_path)
     env = {k: v for k, v in os.environ.items() if not k.startswith("CAPMON_")}
     access = tmp_path / "access.jsonl"

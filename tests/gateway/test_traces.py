@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -41,6 +40,8 @@ from capmon.gateway.trace_relay import RESTART_AFTER, RelayExporter
 from capmon.gateway.traces import GatewayTraces, otlp_url, resource
 from capmon.sim.server import start_simulator
 from tests.gateway.helpers import ENV, HELLO, Running, config, gateway_for, scenario, until
+from tests.support.configs import shipped_config
+from tests.support.scripted import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 PARENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -293,22 +294,11 @@ FAST_SCENARIO = 'name = "fast"\n' + "".join(
 )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_capmon_serve_exports_a_fallback_across_providers_and_flushes_it_when_stopped(tmp_path: Path) -> None:
     """The shipped config (flagship, then claude on Anthropic's wire) with [telemetry], as a user runs it."""
-    sim, port = _free_port(), _free_port()
-    (tmp_path / "fast.toml").write_text(FAST_SCENARIO)
-    shipped = (ROOT / "config.toml").read_text().replace("127.0.0.1:8089", f"127.0.0.1:{sim}")
-    config = tmp_path / "config.toml"
+    port = free_port()
     with otlp_receiver() as (url, got, _):
-        config.write_text(
-            shipped.replace('scenario = "demo"', 'scenario = "fast.toml"') + f'\n[telemetry]\notlp_endpoint = "{url}"\n'
-        )
+        config, sim = shipped_config(tmp_path, FAST_SCENARIO, extra=f'\n[telemetry]\notlp_endpoint = "{url}"\n')
         env = {k: v for k, v in os.environ.items() if not k.startswith(("CAPMON_", "OTEL_"))}
         proc = subprocess.Popen(
             [sys.executable, "-m", "capmon.cli", "serve", "--config", str(config), "--listen", f"127.0.0.1:{port}"],

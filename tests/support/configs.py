@@ -16,6 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from capmon.core.config import Config, parse_config
+from tests.support.scripted import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
 
 ENV = {"TEST_KEY_A": "sk-test-aaaaaaaaaaaaaaaa", "TEST_KEY_B": "sk-test-bbbbbbbbbbbbbbbb"}
 SIM_URL = "http://sim.test/v1"
@@ -134,3 +137,15 @@ def three_models(
     return build_config(
         base_url, keys=keys, breaker={"cooldown": cooldown, "ramp_duration": ramp_duration}, extra=extra
     )
+
+
+def shipped_config(folder: Path, scenario: str, *, extra: str = "") -> tuple[Path, int]:
+    """The shipped config.toml, written in ``folder``: its simulator on a free port (so a capmon
+    already running here cannot interfere) playing ``scenario`` (a scenario file's text), with
+    ``extra`` appended. Returns the file and the simulator's port."""
+    port = free_port()
+    (folder / "fast.toml").write_text(scenario)
+    text = (ROOT / "config.toml").read_text().replace("127.0.0.1:8089", f"127.0.0.1:{port}")
+    path = folder / "config.toml"
+    path.write_text(text.replace('scenario = "demo"', 'scenario = "fast.toml"') + extra)
+    return path, port
