@@ -21,7 +21,8 @@ import pytest
 
 from tests.gateway.helpers import running
 from tests.gateway.sockets import Received, connect, receive, request
-from tests.gateway.test_serve import _free_port, _shipped_config
+from tests.gateway.test_serve import _shipped_config
+from tests.support.scripted import free_port
 
 pytestmark = pytest.mark.looptime
 
@@ -143,7 +144,7 @@ async def test_malformed_http_gets_the_apis_json_error(raw: bytes, status: int, 
 def test_out_of_descriptors_the_accept_loop_logs_one_line_a_second(tmp_path: Path) -> None:
     # capmon serve with 60 descriptors (soft and hard, so it cannot raise them) and 150
     # connections opened at once: on main asyncio logged 35,000 tracebacks in 3 s.
-    port = _free_port()
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("CAPMON_")}
     limit = 60
 
