@@ -28,7 +28,7 @@ from capmon.gateway.replies import JsonReply, Nothing
 
 
 async def messages(request: Request) -> Response:
-    return await proxied(request, bodies.messages)
+    return await proxied(gateway_of(request), request.scope, request.receive, bodies.messages)
 
 
 def input_tokens(body: dict[str, Any]) -> int:
@@ -40,7 +40,7 @@ def input_tokens(body: dict[str, Any]) -> int:
 async def count_tokens(request: Request) -> Response:
     gw = gateway_of(request)
     gw.auth.require(request.headers, Access.USE)
-    raw = await read_body(request, gw.settings.max_body_bytes)
+    raw = await read_body(request.receive, request.headers, gw.settings.max_body_bytes)
     if raw is None:
         return Nothing()
     body = bodies.count_tokens(fields.json_object(raw), request.headers, gw.names)

@@ -20,17 +20,17 @@ from starlette.routing import Route
 from capmon.core.router import FallbackClient
 from capmon.gateway import anthropic_api, control, openai_api
 from capmon.gateway.access_log import AccessLog
-from capmon.gateway.anthropic_errors import shaped_for
 from capmon.gateway.auth import Access, Authenticator
 from capmon.gateway.browsers import BrowserGuard, add_cors
 from capmon.gateway.context import Gateway, gateway_of
 from capmon.gateway.errors import ApiError
-from capmon.gateway.exchange import Exchanges, ExchangeTracer, exchange_of
+from capmon.gateway.exchange import Exchanges, ExchangeTracer
 from capmon.gateway.feed import EventFeed
+from capmon.gateway.inbound import ProxiedRoutes, refusal
 from capmon.gateway.metrics import CONTENT_TYPE, GatewayMetrics
 from capmon.gateway.models import ModelNames
 from capmon.gateway.readiness import readiness
-from capmon.gateway.replies import JsonReply, error_reply
+from capmon.gateway.replies import JsonReply
 from capmon.gateway.settings import GatewaySettings
 from capmon.gateway.telemetry import open_tracer
 
@@ -52,16 +52,9 @@ async def metrics(request: Request) -> Response:
     return Response(gw.metrics.exposition(), media_type=CONTENT_TYPE)
 
 
-def _refused(request: Request, err: ApiError) -> None:
-    ex = exchange_of(request)
-    if ex is not None:
-        ex.failed(err.code or err.type)
-
-
 async def _api_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ApiError)
-    _refused(request, exc)
-    return error_reply(shaped_for(request.url.path, exc))
+    return refusal(request.scope, exc)
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
@@ -72,8 +65,7 @@ async def _http_error(request: Request, exc: Exception) -> Response:
         405: f"{request.method} is not allowed on {request.url.path}"[:200],
     }.get(exc.status_code, exc.detail)
     err = ApiError(exc.status_code, message, "invalid_request_error", kind, headers=dict(exc.headers or {}))
-    _refused(request, err)
-    return error_reply(shaped_for(request.url.path, err))
+    return refusal(request.scope, err)
 
 
 def create_app(
@@ -107,8 +99,10 @@ def create_app(
     ]
     app = Starlette(routes=routes, exception_handlers={ApiError: _api_error, HTTPException: _http_error})
     app.state.gateway = gw
-    # Added innermost first. Outermost, the exchange: every reply has its id and is counted
-    # (the browser checks' refusals included).
+    # Added innermost first. Innermost, the proxied APIs' own routes, ahead of Starlette's
+    # exception middleware and router (capmon/gateway/inbound.py). Outermost, the exchange:
+    # every reply has its id and is counted (the browser checks' refusals included).
+    app.add_middleware(ProxiedRoutes, gateway=gw)
     if not in_process:
         if settings.cors_origins:
             add_cors(app, settings)

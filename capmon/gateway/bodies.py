@@ -31,8 +31,10 @@ class Wanted:
     priority: Priority
 
 
-def _deadline(headers: Mapping[str, str]) -> float | None:
-    return fields.seconds(headers.get(DEADLINE_HEADER), DEADLINE_HEADER)
+def _deadline(headers: Mapping[str, str], default: float | None) -> float | None:
+    """The request's own deadline (``x-capmon-deadline``), else ``default`` (the gateway's)."""
+    own = fields.seconds(headers.get(DEADLINE_HEADER), DEADLINE_HEADER)
+    return own if own is not None else default
 
 
 def _priority(headers: Mapping[str, str], caller: Caller) -> Priority:
@@ -51,7 +53,15 @@ def _model(body: Mapping[str, Any], names: ModelNames) -> str | None:
     return names.resolve(model)
 
 
-def chat(body: dict[str, Any], headers: Mapping[str, str], caller: Caller, names: ModelNames) -> Wanted:
+def chat(
+    body: dict[str, Any],
+    headers: Mapping[str, str],
+    caller: Caller,
+    names: ModelNames,
+    *,
+    deadline: float | None = None,
+    request_id: str | None = None,
+) -> Wanted:
     """A chat-completions request. Every field but model, messages, stream, n and the
     token cap reaches the provider untouched."""
     model = _model(body, names)
@@ -74,13 +84,22 @@ def chat(body: dict[str, Any], headers: Mapping[str, str], caller: Caller, names
         max_tokens=cap,
         temperature=temperature,
         priority=priority,
-        deadline=_deadline(headers),
+        deadline=_deadline(headers, deadline),
+        request_id=request_id,
         extra=extra,
     )
     return Wanted(request, stream, priority)
 
 
-def responses(body: dict[str, Any], headers: Mapping[str, str], caller: Caller, names: ModelNames) -> Wanted:
+def responses(
+    body: dict[str, Any],
+    headers: Mapping[str, str],
+    caller: Caller,
+    names: ModelNames,
+    *,
+    deadline: float | None = None,
+    request_id: str | None = None,
+) -> Wanted:
     """A Responses API request: the body goes as it is, but model, stream and the cap."""
     model = _model(body, names)
     fields.response_input(body)
@@ -88,7 +107,9 @@ def responses(body: dict[str, Any], headers: Mapping[str, str], caller: Caller, 
     stream = fields.flag(body, "stream")
     fields.positive_int(body, "max_output_tokens")
     priority = _priority(headers, caller)
-    request = ChatRequest.responses(body, model=model, priority=priority, deadline=_deadline(headers))
+    request = ChatRequest.responses(
+        body, model=model, priority=priority, deadline=_deadline(headers, deadline), request_id=request_id
+    )
     return Wanted(request, stream, priority)
 
 
@@ -111,7 +132,15 @@ def _anthropic_fields(body: Mapping[str, Any], names: ModelNames, headers: Mappi
     return model
 
 
-def messages(body: dict[str, Any], headers: Mapping[str, str], caller: Caller, names: ModelNames) -> Wanted:
+def messages(
+    body: dict[str, Any],
+    headers: Mapping[str, str],
+    caller: Caller,
+    names: ModelNames,
+    *,
+    deadline: float | None = None,
+    request_id: str | None = None,
+) -> Wanted:
     """An Anthropic Messages request: the body goes as it is (translated for a target on
     another wire), but model, stream and max_tokens, which the API requires."""
     model = _anthropic_fields(body, names, headers)
@@ -123,7 +152,14 @@ def messages(body: dict[str, Any], headers: Mapping[str, str], caller: Caller, n
     fields.strings(body, "stop_sequences")
     priority = _priority(headers, caller)
     betas = fields.betas(headers.get(BETA_HEADER), BETA_HEADER)
-    request = ChatRequest.anthropic(body, model=model, priority=priority, deadline=_deadline(headers), betas=betas)
+    request = ChatRequest.anthropic(
+        body,
+        model=model,
+        priority=priority,
+        deadline=_deadline(headers, deadline),
+        betas=betas,
+        request_id=request_id,
+    )
     return Wanted(request, stream, priority)
 
 

@@ -44,6 +44,7 @@ import httptools
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from capmon.gateway.disconnect import DEPARTURE, Departure, departure_of
 from capmon.gateway.errors import ApiError, json_bytes
 from capmon.serving import Throttled
 
@@ -119,6 +120,7 @@ class _Guarded(asyncio.Protocol):
     transport: asyncio.Transport
     loop: asyncio.AbstractEventLoop
     connections: set[Any]
+    cycle: Any  # the request being answered (uvicorn's RequestResponseCycle), or None
 
     def _guard(self) -> None:
         self._refused = False  # past the cap: never counted among the connections
@@ -127,6 +129,7 @@ class _Guarded(asyncio.Protocol):
         self._write_timer: asyncio.TimerHandle | None = None
         self._linger_timer: asyncio.TimerHandle | None = None
         self._unsent = 0  # bytes waiting in the transport when the write timer was armed
+        self._told: Any = None  # the request cycle whose scope has its Departure
 
     def _between_requests(self) -> bool:
         raise NotImplementedError
@@ -207,6 +210,12 @@ class _Guarded(asyncio.Protocol):
         if self._between_requests():
             self._arm_header_timer()  # the first byte of a next request on a kept-alive connection
         super().data_received(data)
+        cycle = self.cycle
+        if cycle is not None and cycle is not self._told:
+            # A new request: its task is made but has not run, so its scope can still carry
+            # the departure it will watch (capmon/gateway/disconnect.py).
+            self._told = cycle
+            cycle.scope.setdefault("extensions", {})[DEPARTURE] = Departure()
 
     # the write timeout
     def pause_writing(self) -> None:
@@ -266,6 +275,11 @@ class _Guarded(asyncio.Protocol):
         if self._refused:
             return  # never counted among the connections, never given a request
         super().connection_lost(exc)
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:
+            departure = departure_of(cycle.scope)
+            if departure is not None:
+                departure.gone()
 
 
 class H11GatewayProtocol(_Guarded, H11Protocol):
@@ -397,7 +411,7 @@ class HttpToolsGatewayProtocol(_Guarded, HttpToolsProtocol):
         self.headers_complete()
         super().on_headers_complete()
         if self.cycle is not None and not isinstance(self.cycle.transport, _Corked):
-            self.cycle.transport = _Corked(self.transport, self.cycle)  # type: ignore[assignment]
+            self.cycle.transport = _Corked(self.transport, self.cycle)
 
     def on_message_complete(self) -> None:
         self._in_head = True

@@ -123,7 +123,7 @@ class EventStream(Response):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            await until_disconnect(receive, self._pump(send))
+            await until_disconnect(scope, receive, self._pump(send))
         except ClientGone:
             pass
 
@@ -135,7 +135,7 @@ async def events(request: Request) -> Response:
 
 
 async def _body(request: Request, allowed: tuple[str, ...]) -> dict[str, Any] | None:
-    raw = await read_body(request, 65536)
+    raw = await read_body(request.receive, request.headers, 65536)
     if raw is None:
         return None
     body = fields.json_object(raw, empty={})

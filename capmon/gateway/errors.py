@@ -57,9 +57,13 @@ class ApiError(Exception):
         return {"error": self.error()}
 
 
+# One encoder for every answer (json.dumps with separators builds a new one per call).
+# ASCII escapes (its default) keep a lone surrogate from a provider's JSON encodable.
+_ENCODER = json.JSONEncoder(separators=(",", ":"))
+
+
 def json_bytes(obj: Any) -> bytes:
-    # ASCII escapes keep a lone surrogate from a provider's JSON encodable.
-    return json.dumps(obj, separators=(",", ":")).encode()
+    return _ENCODER.encode(obj).encode()
 
 
 _LIMITED = (Kind.CAPACITY, Kind.RATE_LIMITED, Kind.QUOTA)

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from email.utils import formatdate
 from typing import Any, Protocol
 
-from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from capmon.core.clock import Clock
@@ -143,9 +142,9 @@ def _ms(seconds: float | None) -> float | None:
     return round(seconds * 1000, 1) if seconds is not None else None
 
 
-def exchange_of(request: Request) -> Exchange | None:
-    """The exchange :class:`Exchanges` opened for ``request`` (None for an app without it)."""
-    ex = request.scope.get("state", {}).get(_STATE_KEY)
+def exchange_of(scope: Scope) -> Exchange | None:
+    """The exchange :class:`Exchanges` opened for the request of ``scope`` (None for an app without it)."""
+    ex = scope.get("state", {}).get(_STATE_KEY)
     return ex if isinstance(ex, Exchange) else None
 
 

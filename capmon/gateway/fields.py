@@ -66,6 +66,10 @@ def _finite(text: str) -> float:
     return value
 
 
+# One decoder for every body (json.loads with hooks builds a new one per call).
+_DECODER = json.JSONDecoder(parse_constant=_no_constant, parse_float=_finite)
+
+
 def _utf8(raw: bytes) -> str:
     """The body as text: UTF-8 only (RFC 8259 §8.1), a UTF-8 byte order mark tolerated.
     ``json.loads(bytes)`` would guess UTF-16 and UTF-32 too."""
@@ -86,7 +90,7 @@ def json_object(raw: bytes, *, empty: dict[str, Any] | None = None) -> dict[str,
     if empty is not None and not text.strip():
         return empty
     try:
-        body = json.loads(text, parse_constant=_no_constant, parse_float=_finite)
+        body = _DECODER.decode(text)
     except _NotJson as e:
         raise bad(f"We could not parse the JSON body of your request: {e}.") from None
     except (ValueError, RecursionError):  # RecursionError: nested past the parser's depth

@@ -14,6 +14,10 @@ class ModelNames:
         self.models = tuple(models)
         self.aliases = dict(aliases)
 
+    def known(self, name: str) -> bool:
+        """Whether ``name`` is one of the gateway's models or aliases."""
+        return name in self.models or name in self.aliases
+
     def resolve(self, name: str) -> str | None:
         """The configured model to try first (None: the preference order). Raises the 404
         OpenAI answers for a model it does not know."""

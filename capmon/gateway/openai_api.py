@@ -15,11 +15,11 @@ from capmon.gateway.replies import JsonReply
 
 
 async def chat_completions(request: Request) -> Response:
-    return await proxied(request, bodies.chat)
+    return await proxied(gateway_of(request), request.scope, request.receive, bodies.chat)
 
 
 async def responses(request: Request) -> Response:
-    return await proxied(request, bodies.responses)
+    return await proxied(gateway_of(request), request.scope, request.receive, bodies.responses)
 
 
 async def list_models(request: Request) -> Response:

@@ -39,13 +39,10 @@ def _raw(headers: Mapping[str, str]) -> list[tuple[bytes, bytes]]:
 
 async def send_json(send: Send, status: int, body: Any, headers: Mapping[str, str] | None = None) -> None:
     data = json_bytes(body)
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": _raw({"content-type": "application/json", "content-length": str(len(data)), **(headers or {})}),
-        }
-    )
+    raw = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
+    if headers:
+        raw += _raw(headers)
+    await send({"type": "http.response.start", "status": status, "headers": raw})
     await send({"type": "http.response.body", "body": data})
 
 
@@ -108,7 +105,7 @@ class _Proxied(Response):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            await until_disconnect(receive, self._work(send))
+            await until_disconnect(scope, receive, self._work(send))
         except ClientGone:
             self.ex.failed("client_gone")
             self.gw.metrics.disconnects.labels(self.wanted.request.api.value).inc()

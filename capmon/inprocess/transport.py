@@ -36,6 +36,7 @@ from typing import Any
 import httpx
 from starlette.types import ASGIApp, Message, Scope
 
+from capmon.gateway.disconnect import DEPARTURE, Departure
 from capmon.inprocess.home import RUNTIME, Home
 
 log = logging.getLogger("capmon.inprocess")
@@ -74,6 +75,8 @@ def _scope(request: httpx.Request) -> Scope:
         "headers": [(k.lower(), v) for k, v in request.headers.raw],
         "client": None,
         "server": (url.host or "capmon.invalid", url.port or 80),
+        # How the app hears a caller that went away (capmon/gateway/disconnect.py).
+        "extensions": {DEPARTURE: Departure()},
     }
 
 
@@ -132,6 +135,7 @@ class _Call:
     def disconnect(self) -> None:
         """On the home loop: the caller went away."""
         self._gone = True
+        self.scope["extensions"][DEPARTURE].gone()
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
 
