@@ -17,7 +17,7 @@ from capmon.core.exceptions import CapmonError, Unavailable
 from capmon.core.result import Api
 from capmon.core.state import KeyRef, KeyState, TargetSpec, TargetState
 from capmon.core.stats import RollingStats
-from capmon.core.transport import Sender
+from capmon.core.transport import Head, Sender
 
 
 def target_id(model: str, endpoint: str, key_alias: str) -> str:
@@ -41,12 +41,20 @@ class Target:
     # URL of each wire the endpoint's API serves (capmon/core/formats.py).
     urls: dict[Api, httpx.URL] = field(default_factory=dict, repr=False)
     http_headers: list[tuple[bytes, bytes]] = field(default_factory=list, repr=False)
+    _heads: dict[Api, Head] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.urls:
             self.urls = {w: httpx.URL(u) for w, u in formats.urls(self.endpoint, self.model).items()}
             secret = self.key.secret.reveal()
             self.http_headers = Sender.headers(dict(self.endpoint.headers), formats.credentials(self.endpoint, secret))
+
+    def head(self, wire: Api) -> Head:
+        """The headers every attempt in ``wire`` sends, but its length (``Sender.head``)."""
+        head = self._heads.get(wire)
+        if head is None:
+            head = self._heads[wire] = Sender.head(self.urls[wire], self.http_headers)
+        return head
 
     @property
     def key_ref(self) -> KeyRef:

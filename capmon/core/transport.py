@@ -41,7 +41,7 @@ import httpx_aiohttp
 
 from capmon.core import secrets as _secrets
 
-__all__ = ["AiohttpTransport", "HttpcoreTransport", "PoolStats", "TransportKind", "make_transport"]
+__all__ = ["AiohttpTransport", "Head", "HttpcoreTransport", "PoolStats", "TransportKind", "make_transport"]
 
 # httpx.Limits' default: an idle connection is dropped after 5 s, the same on both
 # transports, and no longer than servers commonly keep one (uvicorn: 5 s).
@@ -324,6 +324,15 @@ _DEFAULT_HEADERS = (
 )
 
 
+@dataclass(frozen=True, slots=True)
+class Head:
+    """A target's ready header block for one wire (:meth:`Sender.head`)."""
+
+    headers: httpx.Headers
+    encoding: str  # the block's header encoding, worked out once
+    sized: bool  # it carries a Content-Length of its own (an endpoint's header), which httpx keeps
+
+
 class Sender:
     """Sends httpx requests on a transport: httpx's request and response models and
     its transports, without ``httpx.AsyncClient`` around them. The client's layer
@@ -334,6 +343,7 @@ class Sender:
     def __init__(self, transport: httpx.AsyncBaseTransport, *, attempt_timeout: float, connect_timeout: float) -> None:
         self.transport = transport
         self._timeout = httpx.Timeout(attempt_timeout, connect=connect_timeout).as_dict()
+        self._extensions = {"timeout": self._timeout}  # copied by each httpx.Request
 
     @staticmethod
     def headers(extra: dict[str, str], credentials: dict[str, str]) -> list[tuple[bytes, bytes]]:
@@ -345,14 +355,32 @@ class Sender:
         out += [(k.encode("latin-1"), v.encode("latin-1")) for k, v in credentials.items()]
         return out
 
-    def request(self, url: httpx.URL, headers: list[tuple[bytes, bytes]], body: bytes) -> httpx.Request:
-        return httpx.Request(
-            "POST",
-            url,
-            headers=[*headers, (b"content-type", b"application/json")],
-            content=body,
-            extensions={"timeout": self._timeout},
+    @staticmethod
+    def head(url: httpx.URL, headers: list[tuple[bytes, bytes]]) -> Head:
+        """Every header a POST of JSON to ``url`` carries but its length, in the order
+        ``httpx.Request(content=...)`` gives them (``Host`` first, unless ``headers`` have
+        one): built once per target and wire, copied per request (see :meth:`request`)."""
+        block = [*headers, (b"content-type", b"application/json")]
+        keys = {k.lower() for k, _ in headers}
+        if b"host" not in keys and url.host:
+            block.insert(0, (b"Host", url.netloc))
+        built = httpx.Headers(block)
+        return Head(built, built.encoding, b"content-length" in keys)
+
+    def request(self, url: httpx.URL, head: Head, body: bytes) -> httpx.Request:
+        """The request ``httpx.Request("POST", url, headers=..., content=body)`` makes, built
+        from the target's ready header block (:meth:`head`): httpx would encode, normalise
+        and scan every header again for each request, a sixth of capmon's own CPU per
+        request. ``tests/core/test_transport.py`` holds the two to the same request."""
+        request = httpx.Request(
+            "POST", url, headers=head.headers, stream=httpx.ByteStream(body), extensions=self._extensions
         )
+        headers = request.headers
+        headers.encoding = head.encoding  # what httpx would work out again from the same bytes
+        if not head.sized:  # httpx's setdefault: an endpoint's own Content-Length stays
+            headers["Content-Length"] = str(len(body))
+        request.read()  # the body is there already: ``request.content``, as with content=
+        return request
 
     async def send(self, request: httpx.Request) -> httpx.Response:
         response = await self.transport.handle_async_request(request)
