@@ -211,6 +211,11 @@ class CircuitBreaker:
     def consecutive(self) -> int:
         return self._consecutive
 
+    @property
+    def reason(self) -> str:
+        """Why it is in its state (read after ``state_at``: time may have moved it)."""
+        return self._reason
+
     def view(self, now: float | None = None) -> BreakerView:
         if now is None:
             now = self._clock.now()

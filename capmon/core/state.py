@@ -23,10 +23,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from capmon.core import decisions
-from capmon.core.breaker import BreakerView, CircuitBreaker
+from capmon.core.breaker import BreakerView, CircuitBreaker, State
 from capmon.core.clock import Clock
 from capmon.core.config import Config, ModelConfig
 from capmon.core.decisions import KeyMove, Outcome
@@ -67,6 +67,17 @@ class TargetView:
     not_before: float
 
 
+class Standing(NamedTuple):
+    """A view's key and breaker fields, what ``targets.held`` decides from, read without
+    building the whole view (a request asks before it waits: ``Routing.refusal``)."""
+
+    key_state: KeyState
+    key_until: float | None
+    key_reason: str
+    breaker: State
+    breaker_reason: str
+
+
 @dataclass(frozen=True, slots=True)
 class TargetSpec:
     """What the state needs to know about a target (capmon/core/targets.py has the rest)."""
@@ -101,6 +112,7 @@ class TargetState(Protocol):
     def force_close(self, reason: str) -> None: ...
     def reset(self, reason: str) -> None: ...
     def view(self) -> TargetView: ...
+    def standing(self, now: float) -> Standing: ...  # ``now``: the clock's reading just taken
 
 
 class StateStore(Protocol):
@@ -200,6 +212,11 @@ class MemoryTarget:
         return TargetView(
             self.breaker.view(now), self.limiter.view(), self._ramp_slots(now), key, until, reason, self.not_before
         )
+
+    def standing(self, now: float) -> Standing:
+        key, until, reason = self._keys.state(self.spec.key_ref, self.id, now)
+        b = self.breaker
+        return Standing(key, until, reason, b.state_at(now), b.reason)
 
     # ------------------------------------------------------------ attempts
 

@@ -131,13 +131,14 @@ def held(t: Target, now: float) -> Hold | None:
     after an auth failure, a breaker tripped by hand, a key out of quota. None for every
     other state, an automatically open breaker (its probe is due), a half-open one and a
     full target included: those admit again by themselves."""
-    v = t.state.view()
-    where = f"key {t.key.alias} at {t.endpoint.name}"
+    v = t.state.standing(now)
     if v.key_state is KeyState.DISABLED:
+        where = f"key {t.key.alias} at {t.endpoint.name}"
         return Hold(Unavailable.KEYS, Kind.AUTH, f"{where} is disabled ({v.key_reason}); reset it by hand", None)
-    if v.breaker.state is State.FORCED_OPEN:
-        return Hold(Unavailable.MODELS, Kind.CAPACITY, f"{t.model.name} is tripped by hand ({v.breaker.reason})", None)
+    if v.breaker is State.FORCED_OPEN:
+        return Hold(Unavailable.MODELS, Kind.CAPACITY, f"{t.model.name} is tripped by hand ({v.breaker_reason})", None)
     if v.key_state is KeyState.PARKED and v.key_until is not None:
         left = max(0.0, v.key_until - now)
+        where = f"key {t.key.alias} at {t.endpoint.name}"
         return Hold(Unavailable.KEYS, Kind.QUOTA, f"{where} is out of quota for {left:.0f}s more", v.key_until)
     return None
