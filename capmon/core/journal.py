@@ -145,15 +145,16 @@ class Journal:
             api=t.endpoint.api,
             dropped=dropped,
         )
-        log.debug(
-            "request %d attempt %d on %s: %s %s -> %s",
-            r.id,
-            number,
-            t.id,
-            status,
-            failure.kind.value if failure else "ok",
-            decision.value,
-        )
+        if log.isEnabledFor(logging.DEBUG):  # the arguments alone cost a request more than the check
+            log.debug(
+                "request %d attempt %d on %s: %s %s -> %s",
+                r.id,
+                number,
+                t.id,
+                status,
+                failure.kind.value if failure else "ok",
+                decision.value,
+            )
         return attempt
 
     def skipped(self, r: Routing, t: Target, wall: float | None = None) -> Attempt:

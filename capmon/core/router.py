@@ -173,8 +173,10 @@ class FallbackClient(FormatCalls, ManualControls):
         r = self._new(request, kw)
         try:
             grant: Grant | None = None
+            now: float | None = r.started  # nothing awaited since it was read
             while True:
-                t, adm = await self._next(r, grant)
+                t, adm = await self._next(r, grant, now)
+                now = None
                 number, wall, t0, req = self._begin(r, t, False)
                 try:
                     answer = await self.executor.send(t, adm, req, wall=wall)
@@ -321,16 +323,18 @@ class FallbackClient(FormatCalls, ManualControls):
         await grant[0].state.settle(grant[1], None, cancelled=True, unused=True)
         self._queue.kick()
 
-    async def _next(self, r: Routing, grant: Grant | None) -> Grant:
-        """The grant for the next attempt; the deadline is checked before each, waited for or not."""
-        grant = grant or await self._acquire(r)
+    async def _next(self, r: Routing, grant: Grant | None, now: float | None = None) -> Grant:
+        """The grant for the next attempt; the deadline is checked before each, waited for or not.
+        ``now``: the clock's reading the caller has just taken, for :meth:`_acquire`."""
+        grant = grant or await self._acquire(r, now)
         if r.expired(self.clock.now()):
             await self._give_back(grant)
             self._give_up(r)
         return grant
 
-    async def _acquire(self, r: Routing) -> Grant:
-        now = self.clock.now()  # one reading for the checks up to the first await
+    async def _acquire(self, r: Routing, now: float | None = None) -> Grant:
+        if now is None:
+            now = self.clock.now()  # one reading for the checks up to the first await
         if r.expired(now):
             self._give_up(r)
         usable = r.usable(self.targets, self.state.pinned)
