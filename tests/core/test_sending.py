@@ -90,7 +90,8 @@ PIECES = [b'{"choices": ', b"", b'[{"index": 0}]', b"}"]
 async def test_a_plain_body_read_from_the_stream_is_what_httpx_reads() -> None:
     ours, theirs = _response(PIECES), _response(PIECES)
     assert await read_capped(ours, 1 << 20) == b"".join([p async for p in theirs.aiter_bytes()]) == b"".join(PIECES)
-    assert ours.is_stream_consumed and ours.is_closed and ours.stream.closed  # type: ignore[attr-defined]
+    assert ours.is_stream_consumed and ours.is_closed
+    assert isinstance(ours.stream, _Pieces) and ours.stream.closed
     ours, theirs = _response(PIECES), _response(PIECES)
     assert [p async for p in body_pieces(ours)] == [p async for p in theirs.aiter_bytes()]
     assert ours.is_stream_consumed and ours.is_closed
