@@ -41,7 +41,9 @@ class Target:
     # URL of each wire the endpoint's API serves (capmon/core/formats.py).
     urls: dict[Api, httpx.URL] = field(default_factory=dict, repr=False)
     http_headers: list[tuple[bytes, bytes]] = field(default_factory=list, repr=False)
-    _heads: dict[Api, Head] = field(default_factory=dict, repr=False, compare=False)
+    _heads: dict[Api, Head] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )  # head(), once per wire
 
     def __post_init__(self) -> None:
         if not self.urls:
