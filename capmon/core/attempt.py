@@ -37,6 +37,7 @@ from capmon.core.wire import (
     Oversized,
     SSEParser,
     TokenParam,
+    body_pieces,
     oversized_failure,
     read_capped,
 )
@@ -147,10 +148,12 @@ def _failed_response(status: int, headers: Any, body: bytes, wall: float, quota_
 
 
 def _build(http: Sender, req: Request) -> httpx.Request:
-    headers = req.target.http_headers
+    t, url = req.target, req.target.urls[req.api]
     if req.request is not None and req.request.betas and req.api is Api.MESSAGES is req.request.api:
-        headers = formats.with_betas(headers, req.request.betas)
-    return http.request(req.target.urls[req.api], headers, json.dumps(req.body).encode())
+        head = Sender.head(url, formats.with_betas(t.http_headers, req.request.betas))
+    else:
+        head = t.head(req.api)
+    return http.request(url, head, json.dumps(req.body).encode())
 
 
 def _crossed(req: Request, answer: Answer, response: Mapping[str, Any], wall: float) -> None:
@@ -257,7 +260,7 @@ class Stream:
             parser = SSEParser()
             size = 0
             done = False
-            pieces = resp.aiter_bytes()
+            pieces = body_pieces(resp)
             while not done:
                 # The deadline guards the reads only: a timeout scope around a yield would
                 # cancel the caller's own work between chunks.

@@ -199,15 +199,26 @@ class CircuitBreaker:
 
     @property
     def state(self) -> State:
-        self._advance(self._clock.now())
+        return self.state_at(self._clock.now())
+
+    def state_at(self, now: float) -> State:
+        """The state now, ``now`` being the clock's reading the caller just took: one read
+        of the clock per step, not one per question (so with every ``now=`` below)."""
+        self._advance(now)
         return self._state
 
     @property
     def consecutive(self) -> int:
         return self._consecutive
 
-    def view(self) -> BreakerView:
-        now = self._clock.now()
+    @property
+    def reason(self) -> str:
+        """Why it is in its state (read after ``state_at``: time may have moved it)."""
+        return self._reason
+
+    def view(self, now: float | None = None) -> BreakerView:
+        if now is None:
+            now = self._clock.now()
         self._advance(now)
         s = self._state
         return BreakerView(
@@ -223,10 +234,11 @@ class CircuitBreaker:
             total_trips=self._total_trips,
         )
 
-    def share(self) -> float:
+    def share(self, now: float | None = None) -> float:
         """The share of the learned concurrency user requests may use now: 1.0 closed,
         the ramp's share in RAMP, 0.0 while open or probing."""
-        now = self._clock.now()
+        if now is None:
+            now = self._clock.now()
         self._advance(now)
         s = self._state
         if s is State.RAMP:
@@ -337,6 +349,7 @@ class CircuitBreaker:
         news: bool = True,
         probe: bool = False,
         basis: float = 1.0,
+        now: float | None = None,
     ) -> None:
         """One attempt's outcome. ``sent_at`` is when the attempt was admitted: failures
         in a row are counted in send order, so the successes of requests sent before a
@@ -344,7 +357,8 @@ class CircuitBreaker:
         is False for a capacity failure the limiter took as an echo of requests sent
         before it backed off: a model that is merely full is not one that is down.
         ``basis`` is the learned concurrency a ramp starting now is a share of."""
-        now = self._clock.now()
+        if now is None:
+            now = self._clock.now()
         self._advance(now)
         if generation != self.generation:
             return  # stale: admitted before the last state change

@@ -44,10 +44,11 @@ class LoopClock:
 
     def wall(self) -> float:
         try:
-            key = id(asyncio.get_running_loop())
+            loop = asyncio.get_running_loop()
         except RuntimeError:
-            key = 0
-        now = self.now()
+            key, now = 0, time.monotonic()
+        else:
+            key, now = id(loop), loop.time()  # what now() reads, without looking up the loop again
         anchor = self._anchors.get(key)
         if anchor is None:
             if len(self._anchors) > 64:

@@ -74,17 +74,19 @@ class Executor:
 
     # ------------------------------------------------------------ sending
 
-    async def send(self, t: Target, adm: Admission, req: Request) -> Answer:
-        """A plain attempt; a cancelled one settles its admission neutrally."""
+    async def send(self, t: Target, adm: Admission, req: Request, *, wall: float | None = None) -> Answer:
+        """A plain attempt; a cancelled one settles its admission neutrally. ``wall``: the
+        wall clock's reading the caller has just taken for it."""
         try:
-            return await plain(self._http, req, wall=self._clock.wall())
+            return await plain(self._http, req, wall=self._clock.wall() if wall is None else wall)
         except BaseException:
             await self.cancel(t, adm)
             raise
 
-    def stream(self, req: Request) -> Stream:
-        """A streaming attempt: iterate its chunks, then :meth:`finish` with its answer."""
-        return Stream(self._http, req, self._clock.now, self._clock.wall())
+    def stream(self, req: Request, *, wall: float | None = None) -> Stream:
+        """A streaming attempt: iterate its chunks, then :meth:`finish` with its answer
+        (``wall``: as in :meth:`send`)."""
+        return Stream(self._http, req, self._clock.now, self._clock.wall() if wall is None else wall)
 
     # ------------------------------------------------------------ settling
 

@@ -40,17 +40,23 @@ class Journal:
         self.waiting: dict[int, WaitingRetry] = {}
         self.in_flight = self.requests = self.succeeded = self.failed = 0
 
-    def publish(self, cls: type[ev.Event], **fields: Any) -> None:
-        self.bus.publish(cls(at=self._clock.now(), wall=self._clock.wall(), **fields))
+    def publish(self, cls: type[ev.Event], at: float | None = None, wall: float | None = None, **fields: Any) -> None:
+        """``at`` and ``wall``: the clock's readings the caller has just taken, else read here."""
+        clock = self._clock
+        self.bus.publish(
+            cls(at=clock.now() if at is None else at, wall=clock.wall() if wall is None else wall, **fields)
+        )
 
     def add_observer(self, fn: AttemptObserver) -> Callable[[], None]:
         self._observers.append(fn)
         return lambda: self._observers.remove(fn)
 
-    def started(self, r: Routing, t: Target, number: int) -> None:
+    def started(self, r: Routing, t: Target, number: int, at: float | None = None, wall: float | None = None) -> None:
         if r.last_model is not None and r.last_model != t.model.name:
             self.publish(
                 ev.FellBack,
+                at,
+                wall,
                 request_id=r.id,
                 item_id=r.request.item_id,
                 from_model=r.last_model,
@@ -62,6 +68,8 @@ class Journal:
             )
         self.publish(
             ev.AttemptStarted,
+            at,
+            wall,
             request_id=r.id,
             item_id=r.request.item_id,
             model=t.model.name,
@@ -85,20 +93,23 @@ class Journal:
             caller_request_id=r.request.request_id,
         )
 
-    def done(self, r: Routing, t: Target | None, ok: bool, kind: str | None = None) -> None:
+    def done(self, r: Routing, t: Target | None, ok: bool, kind: str | None = None, now: float | None = None) -> None:
         if ok:
             self.succeeded += 1
         else:
             self.failed += 1
+        if now is None:
+            now = self._clock.now()
         self.publish(
             ev.RequestDone,
+            now,
             request_id=r.id,
             item_id=r.request.item_id,
             ok=ok,
             model=t.model.name if t else None,
             target=t.id if t else None,
             attempts=len(r.attempts),
-            latency=self._clock.now() - r.started,
+            latency=now - r.started,
             kind=kind,
             caller_request_id=r.request.request_id,
         )
@@ -134,18 +145,19 @@ class Journal:
             api=t.endpoint.api,
             dropped=dropped,
         )
-        log.debug(
-            "request %d attempt %d on %s: %s %s -> %s",
-            r.id,
-            number,
-            t.id,
-            status,
-            failure.kind.value if failure else "ok",
-            decision.value,
-        )
+        if log.isEnabledFor(logging.DEBUG):  # the arguments alone cost a request more than the check
+            log.debug(
+                "request %d attempt %d on %s: %s %s -> %s",
+                r.id,
+                number,
+                t.id,
+                status,
+                failure.kind.value if failure else "ok",
+                decision.value,
+            )
         return attempt
 
-    def skipped(self, r: Routing, t: Target) -> Attempt:
+    def skipped(self, r: Routing, t: Target, wall: float | None = None) -> Attempt:
         """The record of a target passed over because it cannot carry the request, never sent."""
         reason = f"incapable: {r.incapable[t.id]}"
         attempt = Attempt(
@@ -154,7 +166,7 @@ class Journal:
             target=t.id,
             endpoint=t.endpoint.name,
             key_alias=t.key.alias,
-            started=self._clock.wall(),
+            started=self._clock.wall() if wall is None else wall,
             status=None,
             kind=None,
             reason=reason,

@@ -173,11 +173,13 @@ class FallbackClient(FormatCalls, ManualControls):
         r = self._new(request, kw)
         try:
             grant: Grant | None = None
+            now: float | None = r.started  # nothing awaited since it was read
             while True:
-                t, adm = await self._next(r, grant)
+                t, adm = await self._next(r, grant, now)
+                now = None
                 number, wall, t0, req = self._begin(r, t, False)
                 try:
-                    answer = await self.executor.send(t, adm, req)
+                    answer = await self.executor.send(t, adm, req, wall=wall)
                 finally:
                     self.journal.in_flight -= 1
                 out = await self._settle(r, t, adm, answer, number, wall, t0)
@@ -286,9 +288,15 @@ class FallbackClient(FormatCalls, ManualControls):
         if isinstance(e, RequestFailed):
             self.journal.done(r, None, ok=False, kind=e.failure.kind.value)
 
-    async def _admit_any(self, r: Routing, exclude: str | None = None) -> Grant | None:
+    async def _admit_any(
+        self, r: Routing, exclude: str | None = None, *, now: float | None = None, usable: list[Target] | None = None
+    ) -> Grant | None:
+        """The first candidate that admits ``r``. ``now`` and ``usable``: the clock's reading
+        and ``r.usable()`` the caller has just taken, nothing having changed since."""
         passed: list[Target] = []
-        for t in r.candidates(self.targets, self.state.pinned, self.clock.now()):
+        if now is None:
+            now = self.clock.now()
+        for t in r.candidates(self.targets, self.state.pinned, now, usable=usable):
             if t.id != exclude:
                 adm = await t.state.admit(r.cost(t))
                 if adm is not None:
@@ -315,22 +323,26 @@ class FallbackClient(FormatCalls, ManualControls):
         await grant[0].state.settle(grant[1], None, cancelled=True, unused=True)
         self._queue.kick()
 
-    async def _next(self, r: Routing, grant: Grant | None) -> Grant:
-        """The grant for the next attempt; the deadline is checked before each, waited for or not."""
-        grant = grant or await self._acquire(r)
+    async def _next(self, r: Routing, grant: Grant | None, now: float | None = None) -> Grant:
+        """The grant for the next attempt; the deadline is checked before each, waited for or not.
+        ``now``: the clock's reading the caller has just taken, for :meth:`_acquire`."""
+        grant = grant or await self._acquire(r, now)
         if r.expired(self.clock.now()):
             await self._give_back(grant)
             self._give_up(r)
         return grant
 
-    async def _acquire(self, r: Routing) -> Grant:
-        if r.expired(self.clock.now()):
+    async def _acquire(self, r: Routing, now: float | None = None) -> Grant:
+        if now is None:
+            now = self.clock.now()  # one reading for the checks up to the first await
+        if r.expired(now):
             self._give_up(r)
-        refused = r.refusal(self.targets, self.state.pinned, self.clock.now())
+        usable = r.usable(self.targets, self.state.pinned)
+        refused = r.refusal(self.targets, self.state.pinned, now, usable=usable)
         if refused is not None:
             raise refused
         # Nobody waiting: go now if a target admits. Otherwise take a place in line.
-        grant = None if len(self._queue) else await self._admit_any(r)
+        grant = None if len(self._queue) else await self._admit_any(r, now=now, usable=usable)
         if grant is None:
             self._wanted(r, r.usable(self.targets, self.state.pinned))
         while grant is None:
@@ -359,20 +371,20 @@ class FallbackClient(FormatCalls, ManualControls):
 
     def _begin(self, r: Routing, t: Target, stream: bool) -> tuple[int, float, float, Request]:
         number = r.sent + 1
+        now, wall = self.clock.now(), self.clock.wall()  # the attempt's start, its events' too
         for u in r.passed_over(self.targets, t):
             r.noted.add(u.id)
-            self._note(r, self.journal.skipped(r, u))
-        self.journal.started(r, t, number)
+            self._note(r, self.journal.skipped(r, u, wall=wall))
+        self.journal.started(r, t, number, at=now, wall=wall)
         r.last_model = t.model.name
-        now = self.clock.now()
         req = self.executor.request(t, r.request, stream=stream, time_left=r.left(now))
         r.sending_dropped, r.sending_lowered = req.dropped, req.lowered
         self.journal.in_flight += 1
-        return number, self.clock.wall(), now, req
+        return number, wall, now, req
 
     async def _stream_attempt(self, r: Routing, t: Target, adm: Admission) -> AsyncIterator[Any]:
         number, wall, t0, req = self._begin(r, t, True)
-        stream = self.executor.stream(req)
+        stream = self.executor.stream(req, wall=wall)
         chunks = stream.chunks()
         ended = False
         try:
@@ -409,7 +421,7 @@ class FallbackClient(FormatCalls, ManualControls):
             return t, adm
         if failure is None:
             record(Decision.OK)
-            self.journal.done(r, t, ok=True)
+            self.journal.done(r, t, ok=True, now=now)
             return result_of(
                 answer, t, r.request.api, tuple(r.attempts), now - r.started, r.id, r.first_choice, r.sending_lowered
             )

@@ -90,13 +90,17 @@ class Routing:
         )
         return f"{which} passed; given up {now - self.started:.1f}s after the request started"
 
-    def refusal(self, targets: Sequence[Target], pinned: str | None, now: float) -> RequestFailed | None:
+    def refusal(
+        self, targets: Sequence[Target], pinned: str | None, now: float, *, usable: list[Target] | None = None
+    ) -> RequestFailed | None:
         """What the request is answered with at once, before it waits: no model it may use
         can admit it before its deadline, and waiting cannot change that (tripped by hand,
         keys disabled or out of quota past the deadline, no window large enough). None
         while one can: an automatically open breaker, a half-open or a full target admits
-        again by itself, so the request waits for it."""
-        usable = self.usable(targets, pinned)
+        again by itself, so the request waits for it. ``usable``: :meth:`usable` of the same
+        arguments, when the caller has it already."""
+        if usable is None:
+            usable = self.usable(targets, pinned)
         if not usable:
             failure = self.last_failure
             if failure is None:
@@ -160,9 +164,12 @@ class Routing:
             out.sort(key=lambda t: (first.index(t.model.name) if t.model.name in first else len(first), t.rank))
         return out
 
-    def candidates(self, targets: Sequence[Target], pinned: str | None, now: float) -> list[Target]:
-        """The usable targets it may try now: not those it is backing off from."""
-        out = self.usable(targets, pinned)
+    def candidates(
+        self, targets: Sequence[Target], pinned: str | None, now: float, *, usable: list[Target] | None = None
+    ) -> list[Target]:
+        """The usable targets it may try now: not those it is backing off from (``usable``:
+        as in :meth:`refusal`)."""
+        out = self.usable(targets, pinned) if usable is None else usable
         if self.skip:
             out = [t for t in out if self.skip.get(t.id, 0.0) <= now]
         return out

@@ -23,10 +23,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from capmon.core import decisions
-from capmon.core.breaker import BreakerView, CircuitBreaker
+from capmon.core.breaker import BreakerView, CircuitBreaker, State
 from capmon.core.clock import Clock
 from capmon.core.config import Config, ModelConfig
 from capmon.core.decisions import KeyMove, Outcome
@@ -67,6 +67,17 @@ class TargetView:
     not_before: float
 
 
+class Standing(NamedTuple):
+    """A view's key and breaker fields, what ``targets.held`` decides from, read without
+    building the whole view (a request asks before it waits: ``Routing.refusal``)."""
+
+    key_state: KeyState
+    key_until: float | None
+    key_reason: str
+    breaker: State
+    breaker_reason: str
+
+
 @dataclass(frozen=True, slots=True)
 class TargetSpec:
     """What the state needs to know about a target (capmon/core/targets.py has the rest)."""
@@ -101,6 +112,7 @@ class TargetState(Protocol):
     def force_close(self, reason: str) -> None: ...
     def reset(self, reason: str) -> None: ...
     def view(self) -> TargetView: ...
+    def standing(self, now: float) -> Standing: ...  # ``now``: the clock's reading just taken
 
 
 class StateStore(Protocol):
@@ -161,13 +173,14 @@ class MemoryTarget:
 
     # ------------------------------------------------------------ reading
 
-    def _ramp_slots(self) -> int | None:
-        return decisions.ramp_slots(self.breaker.share(), self.limiter.limit)
+    def _ramp_slots(self, now: float | None = None) -> int | None:
+        return decisions.ramp_slots(self.breaker.share(now), self.limiter.limit)
 
     def gates(self, now: float) -> decisions.Gates:
-        """What this target's gates say now (the mirror's, for a shared store)."""
+        """What this target's gates say now (the mirror's, for a shared store); ``now``:
+        the clock's reading just taken."""
         key, until, _ = self._keys.state(self.spec.key_ref, self.id, now)
-        return decisions.Gates(now, self.breaker.share(), key, until, self.not_before)
+        return decisions.Gates(now, self.breaker.share(now), key, until, self.not_before)
 
     def usable(self) -> bool:
         """False while the key is disabled: only a person can bring it back."""
@@ -197,8 +210,13 @@ class MemoryTarget:
         now = self._clock.now()
         key, until, reason = self._keys.state(self.spec.key_ref, self.id, now)
         return TargetView(
-            self.breaker.view(), self.limiter.view(), self._ramp_slots(), key, until, reason, self.not_before
+            self.breaker.view(now), self.limiter.view(), self._ramp_slots(now), key, until, reason, self.not_before
         )
+
+    def standing(self, now: float) -> Standing:
+        key, until, reason = self._keys.state(self.spec.key_ref, self.id, now)
+        b = self.breaker
+        return Standing(key, until, reason, b.state_at(now), b.reason)
 
     # ------------------------------------------------------------ attempts
 
@@ -259,15 +277,22 @@ class MemoryTarget:
             Outcome(failure, cancelled, unused, used_tokens), probe=adm.probe, cost=adm.cost, max_hint=self._max_hint
         )
         b, lim = self.breaker, self.limiter
-        before = b.state
+        before = b.state_at(now)
         news = decisions.overload_is_news(plan.limiter, adm.slot.epoch, lim.epoch)
         if decisions.starts_streak(plan, news=news, admits=before.admits, streak=b.consecutive):
             lim.checkpoint()
         lim.release(adm.slot, plan.limiter)
         b.record(
-            adm.generation, plan.breaker, sent_at=adm.at, hint=plan.hint, news=news, probe=adm.probe, basis=lim.limit
+            adm.generation,
+            plan.breaker,
+            sent_at=adm.at,
+            hint=plan.hint,
+            news=news,
+            probe=adm.probe,
+            basis=lim.limit,
+            now=now,
         )
-        if decisions.trip_restores(before, b.state):
+        if decisions.trip_restores(before, b.state_at(now)):
             lim.restore()
         if plan.key is not None:
             self.move_key(plan.key, now)

@@ -17,7 +17,7 @@ from capmon.core.exceptions import CapmonError, Unavailable
 from capmon.core.result import Api
 from capmon.core.state import KeyRef, KeyState, TargetSpec, TargetState
 from capmon.core.stats import RollingStats
-from capmon.core.transport import Sender
+from capmon.core.transport import Head, Sender
 
 
 def target_id(model: str, endpoint: str, key_alias: str) -> str:
@@ -41,12 +41,22 @@ class Target:
     # URL of each wire the endpoint's API serves (capmon/core/formats.py).
     urls: dict[Api, httpx.URL] = field(default_factory=dict, repr=False)
     http_headers: list[tuple[bytes, bytes]] = field(default_factory=list, repr=False)
+    _heads: dict[Api, Head] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )  # head(), once per wire
 
     def __post_init__(self) -> None:
         if not self.urls:
             self.urls = {w: httpx.URL(u) for w, u in formats.urls(self.endpoint, self.model).items()}
             secret = self.key.secret.reveal()
             self.http_headers = Sender.headers(dict(self.endpoint.headers), formats.credentials(self.endpoint, secret))
+
+    def head(self, wire: Api) -> Head:
+        """The headers every attempt in ``wire`` sends, but its length (``Sender.head``)."""
+        head = self._heads.get(wire)
+        if head is None:
+            head = self._heads[wire] = Sender.head(self.urls[wire], self.http_headers)
+        return head
 
     @property
     def key_ref(self) -> KeyRef:
@@ -123,13 +133,14 @@ def held(t: Target, now: float) -> Hold | None:
     after an auth failure, a breaker tripped by hand, a key out of quota. None for every
     other state, an automatically open breaker (its probe is due), a half-open one and a
     full target included: those admit again by themselves."""
-    v = t.state.view()
-    where = f"key {t.key.alias} at {t.endpoint.name}"
+    v = t.state.standing(now)
     if v.key_state is KeyState.DISABLED:
+        where = f"key {t.key.alias} at {t.endpoint.name}"
         return Hold(Unavailable.KEYS, Kind.AUTH, f"{where} is disabled ({v.key_reason}); reset it by hand", None)
-    if v.breaker.state is State.FORCED_OPEN:
-        return Hold(Unavailable.MODELS, Kind.CAPACITY, f"{t.model.name} is tripped by hand ({v.breaker.reason})", None)
+    if v.breaker is State.FORCED_OPEN:
+        return Hold(Unavailable.MODELS, Kind.CAPACITY, f"{t.model.name} is tripped by hand ({v.breaker_reason})", None)
     if v.key_state is KeyState.PARKED and v.key_until is not None:
         left = max(0.0, v.key_until - now)
+        where = f"key {t.key.alias} at {t.endpoint.name}"
         return Hold(Unavailable.KEYS, Kind.QUOTA, f"{where} is out of quota for {left:.0f}s more", v.key_until)
     return None

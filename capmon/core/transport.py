@@ -41,7 +41,7 @@ import httpx_aiohttp
 
 from capmon.core import secrets as _secrets
 
-__all__ = ["AiohttpTransport", "HttpcoreTransport", "PoolStats", "TransportKind", "make_transport"]
+__all__ = ["AiohttpTransport", "Head", "HttpcoreTransport", "PoolStats", "TransportKind", "make_transport"]
 
 # httpx.Limits' default: an idle connection is dropped after 5 s, the same on both
 # transports, and no longer than servers commonly keep one (uvicorn: 5 s).
@@ -162,6 +162,7 @@ class AiohttpTransport(httpx_aiohttp.AiohttpTransport):
         # and the transport is often built before any loop runs.
         super().__init__(limits=limits, client=self._new_session)
         self._default_timeout = _default_timeout(connect_timeout)
+        self._timeouts: dict[tuple[float | None, float | None, float | None], aiohttp.ClientTimeout] = {}
 
     def _new_session(self) -> aiohttp.ClientSession:
         connector = _Connector(
@@ -188,11 +189,10 @@ class AiohttpTransport(httpx_aiohttp.AiohttpTransport):
         waiting = _PoolWait()
         token = _POOL_WAIT.set(waiting)
         try:
-            response = await super().handle_async_request(request)
+            response = await self._send(request)
         except (httpx.TransportError, aiohttp.ClientError, OSError) as e:
             failure = _translate(e, request, reading=False, queued=waiting.queued)
         else:
-            response.stream = _Body(response.stream, request)  # type: ignore[arg-type]  # an async stream here
             return response
         finally:
             _POOL_WAIT.reset(token)
@@ -200,31 +200,86 @@ class AiohttpTransport(httpx_aiohttp.AiohttpTransport):
         # the request and its headers) is not chained to it as its context.
         raise failure
 
+    async def _send(self, request: httpx.Request) -> httpx.Response:
+        """httpx-aiohttp 0.2.0's ``handle_async_request`` (this transport has no proxy), the aiohttp errors left
+        raw for :func:`_translate`, which reads the same cause from either (httpx-aiohttp
+        maps them to httpx exceptions chained to the aiohttp one), the body read straight
+        from aiohttp (:class:`_Body`) and the timeout built once per set of values: the
+        package's layers (a context manager per request and per body, a generator in a
+        generator) cost more CPU than the whole of capmon's routing."""
+        if not isinstance(self.client, aiohttp.ClientSession):
+            self.client = self.get_client()
+        timeout = request.extensions.get("timeout", {})
+        data: bytes | httpx.AsyncByteStream | None
+        try:
+            data = request.content or None
+        except httpx.RequestNotRead:
+            data = request.stream  # type: ignore[assignment]  # an async stream here
+            request.headers.pop("transfer-encoding", None)  # handled by aiohttp
+        response = await self.client.request(
+            method=request.method,
+            url=str(request.url) if request.url else "https://127.0.0.1:8000/",
+            headers=request.headers,
+            data=data,
+            allow_redirects=False,
+            auto_decompress=False,
+            compress=False,
+            timeout=self._client_timeout(timeout.get("connect"), timeout.get("read"), timeout.get("pool")),
+            server_hostname=request.extensions.get("sni_hostname"),
+        ).__aenter__()
+        extensions = {"http_version": b"HTTP/1.1"}
+        if response.reason:
+            extensions["reason_phrase"] = response.reason.encode()
+        return httpx.Response(
+            status_code=response.status,
+            headers=response.raw_headers,
+            stream=_Body(response, request),
+            request=request,
+            extensions=extensions,
+        )
+
+    def _client_timeout(self, connect: float | None, read: float | None, pool: float | None) -> aiohttp.ClientTimeout:
+        key = (connect, read, pool)
+        timeout = self._timeouts.get(key)
+        if timeout is None:
+            if len(self._timeouts) > 64:  # each request's own (a deadline's) would grow it for good
+                self._timeouts.clear()
+            timeout = self._timeouts[key] = aiohttp.ClientTimeout(sock_connect=connect, sock_read=read, connect=pool)
+        return timeout
+
+
+_CHUNK = httpx_aiohttp.transport.AiohttpResponseStream.CHUNK_SIZE
+
 
 class _Body(httpx.AsyncByteStream):
-    """The response body as httpx-aiohttp reads it, with its errors translated."""
+    """The response body read from aiohttp as httpx-aiohttp reads it (``iter_chunked``),
+    with its errors translated."""
 
-    def __init__(self, inner: httpx.AsyncByteStream, request: httpx.Request) -> None:
-        self._inner = inner
+    def __init__(self, response: aiohttp.ClientResponse, request: httpx.Request) -> None:
+        self._response = response
         self._request = request
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
-        chunks = self._inner.__aiter__()
+        content = self._response.content
+        content.set_read_chunk_size(_CHUNK)  # as iter_chunked does
         failure: httpx.TransportError
         while True:
             try:
-                chunk = await chunks.__anext__()
-            except StopAsyncIteration:
+                chunk = await content.read(_CHUNK)
+            except aiohttp.EofStream:
                 return
             except (httpx.TransportError, aiohttp.ClientError, OSError) as e:
                 failure = _translate(e, self._request, reading=True, queued=False)
                 break
+            if not chunk:
+                return
             yield chunk
         raise failure
 
     async def aclose(self) -> None:
         try:
-            await self._inner.aclose()  # releases the connection, or closes it if the body was not read to its end
+            # Releases the connection, or closes it if the body was not read to its end.
+            await self._response.__aexit__(None, None, None)
         except (httpx.TransportError, aiohttp.ClientError, OSError) as e:
             failure = _translate(e, self._request, reading=True, queued=False)
         else:
@@ -324,6 +379,15 @@ _DEFAULT_HEADERS = (
 )
 
 
+@dataclass(frozen=True, slots=True)
+class Head:
+    """A target's ready header block for one wire (:meth:`Sender.head`)."""
+
+    headers: httpx.Headers
+    encoding: str  # the block's header encoding, worked out once
+    sized: bool  # it carries a Content-Length of its own (an endpoint's header), which httpx keeps
+
+
 class Sender:
     """Sends httpx requests on a transport: httpx's request and response models and
     its transports, without ``httpx.AsyncClient`` around them. The client's layer
@@ -334,6 +398,7 @@ class Sender:
     def __init__(self, transport: httpx.AsyncBaseTransport, *, attempt_timeout: float, connect_timeout: float) -> None:
         self.transport = transport
         self._timeout = httpx.Timeout(attempt_timeout, connect=connect_timeout).as_dict()
+        self._extensions = {"timeout": self._timeout}  # copied by each httpx.Request
 
     @staticmethod
     def headers(extra: dict[str, str], credentials: dict[str, str]) -> list[tuple[bytes, bytes]]:
@@ -345,14 +410,32 @@ class Sender:
         out += [(k.encode("latin-1"), v.encode("latin-1")) for k, v in credentials.items()]
         return out
 
-    def request(self, url: httpx.URL, headers: list[tuple[bytes, bytes]], body: bytes) -> httpx.Request:
-        return httpx.Request(
-            "POST",
-            url,
-            headers=[*headers, (b"content-type", b"application/json")],
-            content=body,
-            extensions={"timeout": self._timeout},
+    @staticmethod
+    def head(url: httpx.URL, headers: list[tuple[bytes, bytes]]) -> Head:
+        """Every header a POST of JSON to ``url`` carries but its length, in the order
+        ``httpx.Request(content=...)`` gives them (``Host`` first, unless ``headers`` have
+        one): built once per target and wire, copied per request (see :meth:`request`)."""
+        block = [*headers, (b"content-type", b"application/json")]
+        keys = {k.lower() for k, _ in headers}
+        if b"host" not in keys and url.host:
+            block.insert(0, (b"Host", url.netloc))
+        built = httpx.Headers(block)
+        return Head(built, built.encoding, b"content-length" in keys)
+
+    def request(self, url: httpx.URL, head: Head, body: bytes) -> httpx.Request:
+        """The request ``httpx.Request("POST", url, headers=..., content=body)`` makes, built
+        from the target's ready header block (:meth:`head`): httpx would encode, normalise
+        and scan every header again for each request, a sixth of capmon's own CPU per
+        request. ``tests/core/test_transport.py`` holds the two to the same request."""
+        request = httpx.Request(
+            "POST", url, headers=head.headers, stream=httpx.ByteStream(body), extensions=self._extensions
         )
+        headers = request.headers
+        headers.encoding = head.encoding  # what httpx would work out again from the same bytes
+        if not head.sized:  # httpx's setdefault: an endpoint's own Content-Length stays
+            headers["Content-Length"] = str(len(body))
+        request.read()  # the body is there already: ``request.content``, as with content=
+        return request
 
     async def send(self, request: httpx.Request) -> httpx.Response:
         response = await self.transport.handle_async_request(request)

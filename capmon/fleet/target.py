@@ -27,7 +27,7 @@ from capmon.core.decisions import KeyMove, KeyState, Outcome, Verdict
 from capmon.core.errors import Failure
 from capmon.core.limiter import Learned, Slot, TokenBucket
 from capmon.core.policy import LimiterSignal
-from capmon.core.state import Admission, MemoryTarget, TargetSpec, TargetView
+from capmon.core.state import Admission, MemoryTarget, Standing, TargetSpec, TargetView
 from capmon.fleet import codec
 from capmon.fleet.link import ERRORS
 from capmon.fleet.scripts import ManualAction
@@ -119,6 +119,9 @@ class RedisTarget:
 
     def view(self) -> TargetView:
         return self.local.view()
+
+    def standing(self, now: float) -> Standing:
+        return self.local.standing(now)
 
     # ------------------------------------------------------------ applying what Redis says
 

@@ -253,6 +253,31 @@ async def test_a_quota_without_a_hint_parks_for_an_hour(hint: float | None) -> N
     assert w.t().view().key_until == w.clock.now() + DEFAULT_QUOTA_PARK == w.clock.now() + 3600
 
 
+async def test_a_targets_standing_is_its_views_key_and_breaker() -> None:
+    """``standing(now)`` (what ``targets.held`` reads before a request waits) says what
+    ``view()`` says of the key and the breaker, in every state that holds a target."""
+
+    def same(tid: str = A1) -> None:
+        t = w.t(tid)
+        s, v = t.standing(w.clock.now()), t.view()
+        assert (s.key_state, s.key_until, s.key_reason) == (v.key_state, v.key_until, v.key_reason)
+        assert (s.breaker, s.breaker_reason) == (v.breaker.state, v.breaker.reason)
+
+    w = World()
+    same()
+    await w.attempt(quota(hint=120))
+    same()
+    w.clock.advance(121)  # the park lifts by time
+    same()
+    await w.trip()
+    same()
+    w.t().trip("by hand")
+    same()
+    await w.attempt(AUTH, A2)  # the key, for every model it serves
+    same(A1)
+    same(A2)
+
+
 # ------------------------------------------------------------------ server hints
 
 
