@@ -35,7 +35,10 @@ For each rate the rows are measured in turn, the order rotated from rate to rate
 drift on a shared machine does not always fall on the same row: a 2 s warm-up at the
 rate (not counted), then ``--seconds`` at the rate. "Added" is a proxy's percentile minus
 direct's at the same rate; a proxy's CPU per request is its process's CPU time (its
-workers' included) over the requests sent in the measurement and its warm-up.
+workers' included) over the requests sent in the measurement and its warm-up. On the
+direct row that column is the endpoint's own (a bare ASGI app under uvicorn), and the
+generator's column is an aiohttp client's: the two halves of what any Python proxy on
+this machine costs at the least, server and client, beside the proxies' figures.
 ``--soak SECONDS`` instead runs ``capmon serve`` alone at 500 requests per second and
 samples its RSS every 10 s.
 """
@@ -209,13 +212,19 @@ def _log(logs: Path, name: str) -> Any:
     return open(logs / f"{name}.log", "w")  # noqa: SIM115 - closed with the run's ExitStack
 
 
-def start_endpoint(stack: contextlib.ExitStack, logs: Path) -> str:
+@dataclass(frozen=True)
+class Endpoint:
+    url: str  # its OpenAI base URL
+    pid: int  # its process: on the direct row, its CPU per request is a bare ASGI app's under uvicorn
+
+
+def start_endpoint(stack: contextlib.ExitStack, logs: Path) -> Endpoint:
     port = free_port()
     log = stack.enter_context(_log(logs, "endpoint"))
     proc = spawn([sys.executable, "-m", "benchmarks.overhead", "--serve", str(port)], stdout=log, stderr=log)
     stack.callback(stop, proc)
     wait_port(port, proc, "the instant endpoint")
-    return f"http://127.0.0.1:{port}/v1"
+    return Endpoint(f"http://127.0.0.1:{port}/v1", proc.pid)
 
 
 @dataclass(frozen=True)
@@ -300,12 +309,15 @@ def start_litellm(stack: contextlib.ExitStack, logs: Path, upstream: str) -> Row
 
 
 def start_rows(
-    names: Sequence[str], stack: contextlib.ExitStack, logs: Path, upstream: str, how: CapmonRows
+    names: Sequence[str], stack: contextlib.ExitStack, logs: Path, endpoint: Endpoint, how: CapmonRows
 ) -> dict[str, Row]:
     rows: dict[str, Row] = {}
+    upstream = endpoint.url
     for name in names:
         if name == "direct":
-            rows[name] = Row(ROWS[name], upstream + "/chat/completions")
+            # The endpoint's own CPU per request, on this row: what a bare ASGI app under
+            # uvicorn costs, the server half of any Python proxy's floor.
+            rows[name] = Row(ROWS[name], upstream + "/chat/completions", pid=endpoint.pid)
         elif name == "litellm":
             rows[name] = start_litellm(stack, logs, upstream)
         else:
@@ -410,6 +422,7 @@ LEVEL_HEAD = [
     "added p50 ms",
     "added p99 ms",
     "proxy CPU us / req",
+    "generator CPU us / req",
     "generator lag p99 ms",
     "LiteLLM published p99 ms",
 ]
@@ -421,7 +434,7 @@ def levels_table(rows: dict[str, Row], results: dict[int, dict[str, Any]]) -> st
         direct = by_row.get("direct")
         for name, row in rows.items():
             if name not in by_row:
-                lines.append([str(rate), row.name, "-", "-", "-", "-", "-", "-", "-", "-", "-", "-", row.why])
+                lines.append([str(rate), row.name, *["-"] * (len(LEVEL_HEAD) - 3), row.why])
                 continue
             r = by_row[name]
             added = [
@@ -441,6 +454,7 @@ def levels_table(rows: dict[str, Row], results: dict[int, dict[str, Any]]) -> st
                     _ms(r["p99_ms"]),
                     *added,
                     cpu,
+                    f"{r['generator_cpu_us']:.0f}",
                     _ms(r["lag_p99_ms"]),
                     anchor,
                 ]
@@ -463,6 +477,13 @@ def goals(results: dict[int, dict[str, Any]]) -> list[str]:
     """capmon serve's rows against their latency, CPU and error goals, from the level figures."""
     out = []
     at, high = results.get(GOAL_ADDED_AT, {}), results.get(GOAL_CLEAN_AT, {})
+    if "direct" in at and "proxy_cpu_us" in at["direct"]:
+        server, client = at["direct"]["proxy_cpu_us"], at["direct"]["generator_cpu_us"]
+        out.append(
+            f"- the least a Python proxy costs here at {GOAL_ADDED_AT} QPS, for scale: a bare ASGI app under uvicorn "
+            f"{server:.0f} us (the endpoint) + an aiohttp client {client:.0f} us (the generator) = "
+            f"{server + client:.0f} us per request"
+        )
     for name in CAPMON_ROWS:
         label = ROWS[name]
         if name in at and "direct" in at:
