@@ -227,6 +227,22 @@ def starts_streak(plan: SettlePlan, *, news: bool, admits: bool, streak: int) ->
     return plan.breaker is BreakerSignal.DOWN or news
 
 
+def checkpoint_keeps_lesson(news: bool, capacity: int | None, position: int, floor: int, start: float) -> bool:
+    """Whether the checkpoint a streak's first failure takes comes after what that failure
+    teaches the limiter rather than before it. A rejection that is news and says the
+    target holds at least what the limiter knew (its learned capacity, or before any, the
+    limit it started from) is the limiter's own learning: growth refuted, a full target's
+    answer, which a trip later in the same streak (an outage) must not undo: restored to
+    slow start, the limiter would grow past that capacity again and the ramp after the
+    recovery would aim above it. A rejection below what was known may be the outage's
+    first: the checkpoint is then what was known before it. ``floor`` is the limiter's min
+    (a rejection at ``position`` says it holds ``max(floor, position - 1)``,
+    capmon/core/limiter.py), ``start`` its initial limit."""
+    if not news:
+        return False
+    return max(floor, position - 1) >= (start if capacity is None else capacity)
+
+
 def trip_restores(before: State, after: State) -> bool:
     """A settle that tripped the breaker from closed or ramp restores the limiter's checkpoint."""
     return after is State.OPEN and before in (State.CLOSED, State.RAMP)

@@ -502,6 +502,7 @@ class RedisTarget:
                         self._rpm_rate,
                         int(plan.refund_request),
                         store.config.shared.lease_ttl,
+                        self.local.limiter.start,
                     ],
                     hot=True,
                 )

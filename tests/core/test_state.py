@@ -468,6 +468,34 @@ async def test_a_trip_restores_what_the_limiter_knew_before_the_outage() -> None
     assert t.view().ramp_slots == 2  # ceil(0.25 * 6): the ramp aims at the capacity learned before
 
 
+async def test_an_outage_right_after_slow_starts_first_rejection_keeps_the_capacity_it_taught() -> None:
+    # The benchmark's outage: slow start grows past its initial limit, its first rejection
+    # (position 7: the target holds 6) begins a streak, and the model goes down before any
+    # request sent after that answers: nothing ends the streak, the outage's rejections
+    # continue it to a trip.
+    w = World(breaker=BreakerConfig(ramp_start=0.25, ramp_duration=1e6), limiter=LimiterConfig(initial=4, min=1))
+    t = w.t()
+    held = [await w.admit() for _ in range(4)]
+    while t.limiter.limit < 8:
+        await t.settle(held.pop(0), None)  # slow start: one more slot per answer
+        while (adm := await t.admit(1)) is not None:
+            held.append(adm)
+    top = next(a for a in held if a.slot.position == 7)
+    assert await t.settle(top, capacity()) is True
+    assert (t.limiter.limit, t.limiter.capacity) == (6.0, 6)
+    for adm in held:
+        if adm is not top:  # gone before they answer (cancelled: they say nothing)
+            await t.settle(adm, None, cancelled=True)
+    for _ in range(2):  # the outage: sent after the cut and rejected, each cutting further
+        assert await w.attempt(capacity()) is True
+    assert t.breaker.state is State.OPEN
+    # A full target's answer is not the outage's: the trip restores what it taught, not the
+    # slow start before it (which would grow past 6 again, and ramp above it).
+    assert (t.limiter.limit, t.limiter.capacity) == (6.0, 6)
+    await w.probe()
+    assert t.view().ramp_slots == 2  # ceil(0.25 * 6)
+
+
 async def test_a_trip_by_connection_failures_keeps_what_the_limiter_learned() -> None:
     w = World(limiter=LimiterConfig(initial=8))
     t = w.t()
