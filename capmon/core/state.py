@@ -271,7 +271,14 @@ class MemoryTarget:
         if after:
             lim.checkpoint()
         b.record(
-            adm.generation, plan.breaker, sent_at=adm.at, hint=plan.hint, news=news, probe=adm.probe, basis=lim.limit
+            adm.generation,
+            plan.breaker,
+            sent_at=adm.at,
+            hint=plan.hint,
+            news=news,
+            probe=adm.probe,
+            basis=lim.limit,
+            floor=lim.start,
         )
         if decisions.trip_restores(before, b.state):
             lim.restore()

@@ -464,6 +464,7 @@ class RedisTarget:
             news=news,
             probe=adm.probe,
             basis=self.local.limiter.limit,
+            floor=self.local.limiter.start,
         )
         key = plan.key
         if key is not None:
