@@ -19,10 +19,12 @@ interval while it has none. That is the slow schedule; work waiting for the mode
 make a probe due sooner (``begin_probe(early=True)``, capmon/core/demand.py), still
 never before the hint.
 
-RAMP admits a growing share of the target's learned concurrency. The share grows
-by evidence, like TCP slow start: it doubles after each clean round (as many
-successes as the round admitted, with no capacity failure among them). Time is
-only a ceiling: after ``ramp_duration`` the share is 1.0 however little traffic came.
+RAMP admits a growing share of the target's learned concurrency, from ``ramp_start``
+of it but never fewer slots than the limiter's initial limit. The share grows by
+evidence, like TCP slow start: each success sent in the ramp adds one slot's worth,
+so a round of answers as large as the share doubles it, and the ramp doubles per
+round trip while its slots are in use. Time is only a ceiling: after
+``ramp_duration`` the share is 1.0 however little traffic came.
 
 There are no timers: time-driven moves are applied lazily from ``clock.now()``
 whenever the breaker is asked anything, so a fast-forwarded clock moves it too.
@@ -42,6 +44,8 @@ from dataclasses import dataclass
 
 from capmon.core.clock import Clock
 from capmon.core.config import BreakerConfig
+from capmon.core.decisions import clean_hint as clean_hint  # its home is decisions.py, which the stores share
+from capmon.core.decisions import ramp_grown, ramp_opening
 from capmon.core.events import BreakerChanged, Event, RampStep
 from capmon.core.policy import BreakerSignal
 from capmon.core.states import State as State  # its home is below events.py, which names it
@@ -83,15 +87,6 @@ class BreakerRecord:
     ramp_from: float  # while RAMP
     ramp_share: float  # while RAMP: the share clean rounds earned (time is only a ceiling)
     basis: float  # while RAMP: the learned concurrency the share is of
-
-
-def clean_hint(hint: float | None) -> float | None:
-    """A server's hint, or None for garbage (negative, NaN, infinite): ignored rather
-    than trusted, since an infinite wait would disable the model until someone resets it
-    by hand. Every store of the state seam reads hints through this."""
-    if hint is None or not math.isfinite(hint) or hint < 0:
-        return None
-    return float(hint)
 
 
 def ramp_share(now: float, ramp_from: float, earned: float, ramp_start: float, ramp_duration: float) -> float:
@@ -190,8 +185,7 @@ class CircuitBreaker:
         # RAMP
         self._ramp_from = 0.0
         self._share = 1.0
-        self._round_need = 1
-        self._round_ok = 0
+        self._reported = 1.0  # the share the last RampStep named: one is published per doubling
         self._basis = 1.0
         self._changes = 0  # state moves and ramp steps this breaker decided itself
 
@@ -295,16 +289,15 @@ class CircuitBreaker:
         self._probe_successes = rec.probe_successes
         self._trips_in_a_row, self._total_trips = rec.trips, rec.total_trips
         self._ramp_from, self._share, self._basis = rec.ramp_from, share, max(1.0, rec.basis)
-        self._round_need = max(1, math.ceil(self._share * self._basis))
+        if not same:
+            self._reported = share
         if stepped:
-            self._round_ok = 0
-            self._emit_step(now, f"share raised to {self._share:.0%}" + (f" [{origin}]" if origin else ""))
+            self._report(now, f"share raised to {self._share:.0%}" + (f" [{origin}]" if origin else ""))
         if same:
             return
         self._consecutive = 0
         self._streak_hint = None
         self._window.clear()
-        self._round_ok = 0
         reason = rec.reason if origin is None else f"{rec.reason} [{origin}]"
         self._emit(
             BreakerChanged(
@@ -349,6 +342,7 @@ class CircuitBreaker:
         news: bool = True,
         probe: bool = False,
         basis: float = 1.0,
+        floor: float = 1.0,
         now: float | None = None,
     ) -> None:
         """One attempt's outcome. ``sent_at`` is when the attempt was admitted: failures
@@ -356,7 +350,9 @@ class CircuitBreaker:
         streak began (still finishing when a model goes down) do not break it. ``news``
         is False for a capacity failure the limiter took as an echo of requests sent
         before it backed off: a model that is merely full is not one that is down.
-        ``basis`` is the learned concurrency a ramp starting now is a share of."""
+        ``basis`` is the learned concurrency a ramp starting now is a share of, ``floor``
+        the fewest slots it admits (the limiter's initial limit); ``now``: the reading
+        the caller just took, if it did."""
         if now is None:
             now = self._clock.now()
         self._advance(now)
@@ -366,7 +362,7 @@ class CircuitBreaker:
         s = self._state
         failed = signal is BreakerSignal.DOWN or (signal is BreakerSignal.CAPACITY and news)
         if s is State.HALF_OPEN and probe:
-            self._probe_outcome(now, signal, hint, basis)
+            self._probe_outcome(now, signal, hint, basis, floor)
         elif s is State.CLOSED:
             if signal is BreakerSignal.SUCCESS:
                 self._window.add(now, failed=False)
@@ -377,13 +373,11 @@ class CircuitBreaker:
         elif s is State.RAMP:
             if signal is BreakerSignal.SUCCESS:
                 self._success(sent_at)
-                self._round_ok += 1
-                if self._round_ok >= self._round_need:
-                    self._step(now)
+                self._grow(now)
             elif failed:
-                # A recovering model that is full for a moment is not sent back at once;
-                # one still down fails again and trips. Either way the round is not clean.
-                self._round_ok = 0
+                # A recovering model that is full for a moment is not sent back at once
+                # (the limiter's cut answers a full one, and the share stops growing);
+                # one still down fails again and trips.
                 self._streak(sent_at, hint)
                 if self._consecutive >= self.config.failure_threshold:
                     self._trip(now, f"{self._consecutive} capacity failures in a row during ramp", self._streak_hint)
@@ -401,11 +395,11 @@ class CircuitBreaker:
         self._streak_hint = None
         # OPEN: nothing is admitted, so nothing current arrives; FORCED_*: outcomes ignored.
 
-    def _probe_outcome(self, now: float, signal: BreakerSignal, hint: float | None, basis: float) -> None:
+    def _probe_outcome(self, now: float, signal: BreakerSignal, hint: float | None, basis: float, floor: float) -> None:
         if signal is BreakerSignal.SUCCESS:
             self._probe_successes += 1
             if self._probe_successes >= self.config.half_open_probes:
-                self._start_ramp(now, basis)
+                self._start_ramp(now, basis, floor)
             else:
                 self._reopen(now, "probe succeeded; another is needed", hint, grow=False)
         elif signal is BreakerSignal.NEUTRAL:
@@ -477,25 +471,26 @@ class CircuitBreaker:
         until = now + self._wait(now, self._interval, hint)
         self._move(State.OPEN, reason, now, next_probe=until, keep_probe_state=True)
 
-    def _start_ramp(self, now: float, basis: float) -> None:
-        cfg = self.config
+    def _start_ramp(self, now: float, basis: float, floor: float) -> None:
         self._ramp_from = now
         self._basis = max(1.0, basis)
-        self._share = cfg.ramp_start
-        self._round_ok = 0
-        self._round_need = max(1, math.ceil(self._share * self._basis))
+        self._share = self._reported = ramp_opening(self.config.ramp_start, self._basis, floor)
         self._move(State.RAMP, f"{self._probe_successes} probe(s) succeeded", now)
         self._advance(now)  # a ramp that starts at 1.0 (or lasts 0 s) closes at once
 
-    def _step(self, now: float) -> None:
-        """A clean round: double the share."""
-        self._share = min(1.0, self._share * 2.0 if self._share > 0 else 1.0 / self._basis)
-        self._round_ok = 0
-        self._round_need = max(1, math.ceil(self._share * self._basis))
+    def _grow(self, now: float) -> None:
+        """A clean answer: one slot's worth more (decisions.ramp_grown). Each is a change
+        a fleet's store hears (the step rides on the settle that brought the answer); a
+        RampStep is published per doubling, not per answer."""
+        self._share = ramp_grown(self._share, self._basis)
         self._changes += 1
-        if self._share < 1.0:
-            self._emit_step(now, f"clean round: share doubled to {self._share:.0%}")
+        self._report(now, f"clean round: share doubled to {self._share:.0%}")
         self._advance(now)
+
+    def _report(self, now: float, reason: str) -> None:
+        if self._share < 1.0 and self._share >= 2.0 * self._reported - 1e-9:
+            self._reported = self._share
+            self._emit_step(now, reason)
 
     def _ramp_share(self, now: float) -> float:
         cfg = self.config

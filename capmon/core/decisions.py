@@ -25,9 +25,9 @@ import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from capmon.core.breaker import State, clean_hint
 from capmon.core.errors import Failure, Kind
 from capmon.core.policy import CANCELLED, BreakerSignal, KeyAction, LimiterSignal, Policy, policy_for
+from capmon.core.states import State
 
 # A quota failure without a hint parks its key this long: quotas reset by the hour or
 # the day, and hammering a spent key only adds noise.
@@ -90,12 +90,50 @@ _DISABLED = AdmitDecision(Verdict.DISABLED)
 _FULL = AdmitDecision(Verdict.FULL)
 
 
+def clean_hint(hint: float | None) -> float | None:
+    """A server's hint, or None for garbage (negative, NaN, infinite): ignored rather
+    than trusted, since an infinite wait would disable the model until someone resets it
+    by hand. Every store of the state seam reads hints through this."""
+    if hint is None or not math.isfinite(hint) or hint < 0:
+        return None
+    return float(hint)
+
+
+# ------------------------------------------------------------ the ramp
+
+# A share is a sum of slots' worths (1 / basis each): the rounding of those sums must
+# not cost a whole slot (ceil(7.000000000000001) is 8) nor keep a full ramp from closing.
+_SLOT_EPS = 1e-9
+
+
+def ramp_opening(ramp_start: float, basis: float, floor: float) -> float:
+    """The share a ramp starts at (the probe answered): ``ramp_start`` of the concurrency
+    learned before the trip, ``basis``, but never fewer slots than ``floor``, the limiter's
+    initial limit: what it would admit to a target it knew nothing about, so a recovering
+    one it knows held ``basis`` earns no less. 1.0 (no ramp) when the floor is the basis
+    or more (capmon/core/breaker.py, CircuitBreaker._start_ramp; a fleet's ramp starts
+    by the transition that process writes)."""
+    b = max(1.0, basis)
+    return min(1.0, max(ramp_start, floor / b))
+
+
+def ramp_grown(share: float, basis: float) -> float:
+    """A ramp's share after one clean answer (a success sent in the ramp): one slot of the
+    ``basis`` more, as TCP's slow start grows its window by one segment per ack. A round
+    of clean answers as large as the share doubles it, so the ramp doubles per round trip
+    while its slots are in use, and every answer counts at once: a slow answer holds back
+    its own slot, not its round's (capmon/core/breaker.py, CircuitBreaker.record; a
+    fleet's share is raised by the step that process writes)."""
+    grown = share + 1.0 / max(1.0, basis)
+    return 1.0 if grown >= 1.0 - _SLOT_EPS else grown
+
+
 def slots(share: float, limit: float) -> int:
     """How many requests the target admits at once: the limit, or while a ramp admits
     a share of it, ``ceil(share * limit)`` (at least one)."""
     cap = limit
     if 0.0 < share < 1.0:
-        cap = min(limit, max(1, math.ceil(share * max(1.0, limit))))
+        cap = min(limit, max(1, math.ceil(share * max(1.0, limit) - _SLOT_EPS)))
     return max(0, math.floor(cap + 1e-9))
 
 
@@ -225,6 +263,22 @@ def starts_streak(plan: SettlePlan, *, news: bool, admits: bool, streak: int) ->
     if plan.probe or not admits or streak != 0:
         return False
     return plan.breaker is BreakerSignal.DOWN or news
+
+
+def checkpoint_keeps_lesson(news: bool, capacity: int | None, position: int, floor: int, start: float) -> bool:
+    """Whether the checkpoint a streak's first failure takes comes after what that failure
+    teaches the limiter rather than before it. A rejection that is news and says the
+    target holds at least what the limiter knew (its learned capacity, or before any, the
+    limit it started from) is the limiter's own learning: growth refuted, a full target's
+    answer, which a trip later in the same streak (an outage) must not undo: restored to
+    slow start, the limiter would grow past that capacity again and the ramp after the
+    recovery would aim above it. A rejection below what was known may be the outage's
+    first: the checkpoint is then what was known before it. ``floor`` is the limiter's min
+    (a rejection at ``position`` says it holds ``max(floor, position - 1)``,
+    capmon/core/limiter.py), ``start`` its initial limit."""
+    if not news:
+        return False
+    return max(floor, position - 1) >= (start if capacity is None else capacity)
 
 
 def trip_restores(before: State, after: State) -> bool:

@@ -102,7 +102,8 @@ class BreakerChanged(Event):
 
 @dataclass(frozen=True, slots=True)
 class RampStep(Event):
-    """A recovering breaker's ramp grew: a clean round of successes doubled its share."""
+    """A recovering breaker's ramp grew: clean answers (a slot's worth each) doubled its share
+    since the last RampStep."""
 
     target: str
     model: str

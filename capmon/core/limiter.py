@@ -71,7 +71,8 @@ class AdaptiveLimiter:
         self.max = max(1, hi)
         self.min = min(config.min, self.max)
         self.decrease = config.decrease
-        self._limit = float(min(max(config.initial, self.min), self.max))
+        self.start = float(min(max(config.initial, self.min), self.max))  # the limit before any answer
+        self._limit = self.start
         self._in_flight = 0
         self._capacity: int | None = None
         self._epoch = 0

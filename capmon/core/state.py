@@ -279,9 +279,15 @@ class MemoryTarget:
         b, lim = self.breaker, self.limiter
         before = b.state_at(now)
         news = decisions.overload_is_news(plan.limiter, adm.slot.epoch, lim.epoch)
-        if decisions.starts_streak(plan, news=news, admits=before.admits, streak=b.consecutive):
+        checkpoint = decisions.starts_streak(plan, news=news, admits=before.admits, streak=b.consecutive)
+        after = checkpoint and decisions.checkpoint_keeps_lesson(
+            news, lim.capacity, adm.slot.position, lim.min, lim.start
+        )
+        if checkpoint and not after:
             lim.checkpoint()
         lim.release(adm.slot, plan.limiter)
+        if after:
+            lim.checkpoint()
         b.record(
             adm.generation,
             plan.breaker,
@@ -290,6 +296,7 @@ class MemoryTarget:
             news=news,
             probe=adm.probe,
             basis=lim.limit,
+            floor=lim.start,
             now=now,
         )
         if decisions.trip_restores(before, b.state_at(now)):

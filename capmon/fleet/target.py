@@ -467,6 +467,7 @@ class RedisTarget:
             news=news,
             probe=adm.probe,
             basis=self.local.limiter.limit,
+            floor=self.local.limiter.start,
         )
         key = plan.key
         if key is not None:
@@ -505,6 +506,7 @@ class RedisTarget:
                         self._rpm_rate,
                         int(plan.refund_request),
                         store.config.shared.lease_ttl,
+                        self.local.limiter.start,
                     ],
                     hot=True,
                 )

@@ -17,6 +17,7 @@ import pytest
 from capmon.core.breaker import BreakerView, CircuitBreaker, State
 from capmon.core.clock import LoopClock, ManualClock
 from capmon.core.config import BreakerConfig
+from capmon.core.decisions import ramp_grown, ramp_opening
 from capmon.core.events import BreakerChanged, Event, EventBus, RampStep
 from capmon.core.policy import BreakerSignal
 
@@ -52,8 +53,11 @@ class Harness:
         news: bool = True,
         probe: bool = False,
         basis: float = 8.0,
+        floor: float = 1.0,
     ) -> None:
-        self.breaker.record(sent[0], signal, sent_at=sent[1], hint=hint, news=news, probe=probe, basis=basis)
+        self.breaker.record(
+            sent[0], signal, sent_at=sent[1], hint=hint, news=news, probe=probe, basis=basis, floor=floor
+        )
 
     def fail(
         self, n: int = 1, hint: float | None = None, signal: BreakerSignal = S.CAPACITY, news: bool = True
@@ -77,15 +81,17 @@ class Harness:
         self.clock.advance(waited)
         return waited
 
-    def probe(self, signal: BreakerSignal = S.SUCCESS, hint: float | None = None, basis: float = 8.0) -> None:
+    def probe(
+        self, signal: BreakerSignal = S.SUCCESS, hint: float | None = None, basis: float = 8.0, floor: float = 1.0
+    ) -> None:
         self.wait_for_probe()
         gen = self.breaker.begin_probe()
         assert gen is not None and self.breaker.state is State.HALF_OPEN
-        self.record((gen, self.clock.now()), signal, hint=hint, news=False, probe=True, basis=basis)
+        self.record((gen, self.clock.now()), signal, hint=hint, news=False, probe=True, basis=basis, floor=floor)
 
-    def to_ramp(self, basis: float = 8.0) -> None:
+    def to_ramp(self, basis: float = 8.0, floor: float = 1.0) -> None:
         for _ in range(self.config.half_open_probes):
-            self.probe(basis=basis)
+            self.probe(basis=basis, floor=floor)
         assert self.breaker.state is State.RAMP
 
 
@@ -410,53 +416,96 @@ def test_a_successful_probe_starts_the_ramp_at_ramp_start() -> None:
     assert h.changes[-1] == ("half-open", "ramp")
 
 
-def test_the_share_doubles_after_each_clean_round() -> None:
-    # basis 16 at 1/8: rounds of 2, 4 and 8 successes take the share to 1/4, 1/2 and 1.
+def test_each_clean_answer_adds_a_slot_so_a_round_of_them_doubles_the_share() -> None:
+    # basis 16 from 2 slots: rounds of 2, 4 and 8 answers take it to 4, 8 and 16 slots,
+    # and every answer counts at once (TCP's window grows by one per ack).
     h = Harness(ramp_start=0.125, ramp_duration=1e6)
     h.trip()
     h.to_ramp(basis=16)
     b = h.breaker
-    for share, round_size in [(0.125, 2), (0.25, 4), (0.5, 8)]:
-        h.succeed(round_size - 1)
-        assert b.state is State.RAMP and b.share() == share
-        h.succeed(1)
+    for slots_before, round_size in [(2, 2), (4, 4), (8, 8)]:
+        for k in range(round_size):
+            assert b.state is State.RAMP and b.share() == pytest.approx((slots_before + k) / 16)
+            h.succeed()
     v = b.view()
     assert v.state is State.CLOSED and v.reason == "ramp complete" and v.trips == 0
-    assert h.steps == [0.25, 0.5]  # the last doubling is the close, not a step
+    assert h.steps == [0.25, 0.5]  # one RampStep per doubling; the last doubling is the close
     assert h.changes[-1] == ("ramp", "closed")
 
 
-def test_a_round_is_rounded_up_to_whole_requests() -> None:
-    h = Harness(ramp_start=0.25, ramp_duration=1e6)
+@pytest.mark.parametrize(
+    ("basis", "ramp_start", "answers", "share"),
+    [
+        (24, 0.25, 0, 0.25),  # 6 of 24
+        (24, 0.25, 1, 7 / 24),
+        (24, 0.25, 6, 0.5),  # a round of 6: 12 of 24
+        (24, 0.25, 17, 23 / 24),
+        (24, 0.25, 18, 1.0),  # 6 -> 12 -> 24: two rounds' worth closes it (the sum's rounding too)
+        (10, 0.25, 1, 0.35),  # 2.5 slots + 1
+        (10, 0.25, 8, 1.0),  # 2.5 + 8 > 10: capped, closed
+        (2, 0.25, 1, 1.0),  # 1 of 2 (the floor), then 2 of 2
+    ],
+)
+def test_the_growth_table(basis: float, ramp_start: float, answers: int, share: float) -> None:
+    h = Harness(ramp_start=ramp_start, ramp_duration=1e6)
     h.trip()
-    h.to_ramp(basis=10)  # a round of ceil(2.5) = 3
-    h.succeed(2)
-    assert h.breaker.share() == 0.25
-    h.succeed(1)
-    assert h.breaker.share() == 0.5
+    h.to_ramp(basis=basis)
+    h.succeed(answers)
+    assert h.breaker.share() == pytest.approx(share)
+    assert (h.breaker.state is State.CLOSED) == (share == 1.0)
 
 
-def test_a_basis_below_one_still_ramps_one_request_at_a_time() -> None:
-    h = Harness(ramp_start=0.25, ramp_duration=1e6)
+def test_a_failure_in_the_ramp_adds_nothing_and_failures_in_a_row_reopen_it() -> None:
+    h = Harness(ramp_start=0.25, ramp_duration=1e6, failure_threshold=3)
     h.trip()
-    h.to_ramp(basis=0.2)
-    h.succeed()
-    assert h.breaker.share() == 0.5
-    h.succeed()
-    assert h.breaker.state is State.CLOSED
-
-
-def test_a_capacity_failure_spoils_the_round_but_an_echo_does_not() -> None:
-    h = Harness(ramp_start=0.25, ramp_duration=1e6)
-    h.trip()
-    h.to_ramp(basis=8)  # rounds of 2
+    h.to_ramp(basis=8)  # 2 of 8
     h.succeed()
     h.fail()
-    h.succeed()
-    assert h.breaker.share() == 0.25  # the round starts again after the failure
-    h.fail(news=False)  # an echo: the round goes on
+    assert h.breaker.share() == 0.375  # the success counted, the failure adds nothing
+    h.fail(news=False)  # an echo: not a failure
     h.succeed()
     assert h.breaker.share() == 0.5 and h.breaker.state is State.RAMP
+    h.fail(3)
+    assert h.breaker.state is State.OPEN
+    assert h.changes[-1] == ("ramp", "open")
+
+
+@pytest.mark.parametrize(
+    ("basis", "ramp_start", "floor", "share"),
+    [
+        (24, 0.25, 8, 1 / 3),  # the outage's flagship: max(8, 6) of 24
+        (24, 0.25, 4, 0.25),  # a quarter is more than the floor
+        (24, 0.5, 8, 0.5),
+        (8, 0.25, 8, 1.0),  # the floor is the whole limit: no ramp
+        (4, 0.25, 8, 1.0),  # learned less than the initial limit: the whole of it
+        (0.5, 0.25, 1, 1.0),
+    ],
+)
+def test_a_ramp_starts_at_no_fewer_slots_than_the_limiters_initial_limit(
+    basis: float, ramp_start: float, floor: float, share: float
+) -> None:
+    assert ramp_opening(ramp_start, basis, floor) == pytest.approx(share)
+    h = Harness(ramp_start=ramp_start, ramp_duration=1e6)
+    h.trip()
+    h.probe(basis=basis, floor=floor)
+    b = h.breaker
+    if share < 1.0:
+        assert b.state is State.RAMP and b.share() == pytest.approx(share)
+        h.succeed()  # grows from the floor
+        assert b.share() == pytest.approx(share + 1 / basis)
+    else:
+        assert b.state is State.CLOSED and b.view().reason == "ramp complete"
+
+
+def test_the_growth_rule_is_one_slot_of_the_basis_and_snaps_to_one() -> None:
+    assert ramp_grown(0.25, 8) == 0.375
+    assert ramp_grown(0.0, 8) == 0.125
+    assert ramp_grown(0.9, 8) == 1.0
+    assert ramp_grown(0.25, 0.5) == 1.0  # a basis below one is one slot
+    share = 0.25
+    for _ in range(18):
+        share = ramp_grown(share, 24)
+    assert share == 1.0  # 0.25 + 18 / 24 summed is 0.9999999999999998
 
 
 def test_ramp_duration_is_a_ceiling_on_the_ramp() -> None:

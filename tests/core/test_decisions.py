@@ -155,6 +155,20 @@ def test_a_streak_checkpoints_only_where_it_may_begin() -> None:
     assert not d.starts_streak(probe, news=False, admits=True, streak=0)
 
 
+def test_a_streaks_checkpoint_keeps_the_lesson_of_a_full_target_not_of_a_failing_one() -> None:
+    keeps = d.checkpoint_keeps_lesson
+    assert keeps(True, None, 25, 1, 8.0)  # slow start's first rejection above where it started: it holds 24
+    assert keeps(True, None, 9, 1, 8.0)
+    assert not keeps(True, None, 8, 1, 8.0)  # below where it started: perhaps an outage
+    assert not keeps(True, None, 1, 1, 8.0)
+    assert keeps(True, 24, 25, 1, 8.0)  # growth above the capacity refuted
+    assert keeps(True, 24, 30, 1, 8.0)
+    assert not keeps(True, 24, 24, 1, 8.0)  # below what it held
+    assert not keeps(True, 24, 10, 1, 8.0)
+    assert keeps(True, 2, 1, 2, 8.0)  # at the limiter's min a rejection says min
+    assert not keeps(False, None, 25, 1, 8.0)  # an echo, or a connection failure, teaches nothing
+
+
 def test_a_hint_blocks_the_target_only_with_nothing_of_ours_left_there() -> None:
     assert d.not_before_after(0.0, NOW, 5.0, 0) == NOW + 5.0
     assert d.not_before_after(0.0, NOW, 5.0, 1) == 0.0

@@ -99,11 +99,13 @@ async def test_in_saturation_the_limiter_settles_on_the_real_capacity_without_ov
 
 
 async def test_an_open_breaker_is_probed_by_the_client_and_recovers_as_fast_as_capacity_returns() -> None:
-    down = (Phase(at=0.0, slots=0), Phase(at=30.0))
+    # Up for 5 s, long enough for the limiter to learn its 8 slots from its initial 2 (a
+    # ramp admits no fewer than the initial limit: one that learned nothing more has none).
+    down = (Phase(at=5.0, slots=0), Phase(at=35.0))
     sim = await start_simulator(Scenario(models=(spec("flagship", 8, schedule=down), spec("medium", 64))))
     extra = (
         "[breaker]\nprobe_interval = 1.0\ncooldown = 8.0\ncooldown_multiplier = 2.0\nramp_start = 0.25\n"
-        "ramp_duration = 60.0\nprobe_share = 0\n[limiter]\ninitial = 8\n"  # the slow schedule alone
+        "ramp_duration = 60.0\nprobe_share = 0\n[limiter]\ninitial = 2\nmax = 8\n"  # the slow schedule alone
     )
     try:
         bus = ev.EventBus()
@@ -118,6 +120,8 @@ async def test_an_open_breaker_is_probed_by_the_client_and_recovers_as_fast_as_c
                     await client.chat("steady traffic")
 
             tasks = [asyncio.create_task(worker()) for _ in range(16)]
+            await asyncio.sleep(5)
+            assert client.snapshot().targets[0].limit == 8  # learned before the outage
             await asyncio.sleep(45)
             stop = True
             await asyncio.gather(*tasks)
@@ -132,10 +136,13 @@ async def test_an_open_breaker_is_probed_by_the_client_and_recovers_as_fast_as_c
     assert gaps[:4] == [2, 4, 8, 8] and all(g <= 8 for g in gaps), gaps
     assert all(not p.ok for p in probes[:-1]) and probes[-1].ok
     # ... the first probe after capacity returns finds it, within one interval ...
-    assert 30.0 <= sent[-1] <= 30.0 + 8.0 + 1.0
-    # ... and the ramp doubles per clean round (a round is about one service time), so the
+    assert 35.0 <= sent[-1] <= 35.0 + 8.0 + 1.0
+    # ... and the ramp, from a quarter of the 8 learned (2, the initial limit too), grows a
+    # slot per clean answer, so it doubles per round trip (about one service time): the
     # model is closed again in a few seconds, long before the 60 s ceiling.
-    assert [round(s.share, 2) for s in steps] == [0.5]
+    # One RampStep per doubling, and the second doubling is the close. (The outage's first
+    # rejection may teach 7: capmon/core/decisions.py, checkpoint_keeps_lesson; 2 of 7 is 0.29.)
+    assert len(steps) == 1 and 0.5 <= steps[0].share < 0.6, [s.share for s in steps]
     assert closed_at and closed_at[-1] - sent[-1] < 5.0
 
 

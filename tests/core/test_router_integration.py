@@ -33,7 +33,7 @@ async def test_three_capacity_503s_trip_the_breaker_and_traffic_moves_on() -> No
 
 async def test_the_clients_own_probe_finds_the_model_back_and_the_ramp_restores_traffic_gradually() -> None:
     script = Script()
-    down = {"on": True}
+    down = {"on": False}
     script.set("flagship", lambda n, body: OVERLOADED if down["on"] else Reply(200, ok("flagship").body, delay=0.5))
     for other in ("medium", "small"):  # time moves with the load
         script.set(other, lambda n, body, other=other: Reply(200, ok(other).body, delay=0.1))
@@ -41,7 +41,17 @@ async def test_the_clients_own_probe_finds_the_model_back_and_the_ramp_restores_
     events: list[ev.Event] = []
     bus.subscribe(lambda e: events.append(e) if getattr(e, "model", None) == "flagship" else None)
     async with serve(script) as url:
-        async with FallbackClient(three_models(url), environ=ENV, bus=bus) as client:
+        cfg = three_models(url, extra="[limiter]\ninitial = 2\nmax = 8\n")
+        async with FallbackClient(cfg, environ=ENV, bus=bus) as client:
+            # The limiter learns 8 slots from its initial 2 first: a ramp admits no fewer
+            # than the initial limit, so one that learned nothing more has no ramp.
+            async def warm() -> None:
+                for _ in range(10):
+                    await client.chat("warm")
+
+            await asyncio.gather(*(warm() for _ in range(8)))
+            assert client.snapshot().targets[0].limit == 8
+            down["on"] = True
             for _ in range(3):
                 await client.chat("hi")
             assert client.snapshot().targets[0].state == "open"
@@ -61,8 +71,9 @@ async def test_the_clients_own_probe_finds_the_model_back_and_the_ramp_restores_
             assert client.snapshot().targets[0].state == "closed"
     changes = [(e.old, e.new) for e in events if isinstance(e, ev.BreakerChanged)]
     assert changes == [("closed", "open"), ("open", "half-open"), ("half-open", "ramp"), ("ramp", "closed")]
-    # Gradual: the ramp admits a quarter of the limit (8) at first, doubles per clean round
-    # (one round trip, 0.5 s here) and closes after two rounds, long before its 60 s ceiling.
+    # Gradual: the ramp admits a quarter of the limit (8) at first, grows a slot per clean
+    # answer, so it doubles per round trip (0.5 s here) and closes after two, long before its
+    # 60 s ceiling.
     starts = [s.at for s in script.seen if s.model == "flagship" and s.at >= ramp_from]
     first_round = [a for a in starts if a < ramp_from + 0.5]
     assert len(first_round) <= 3  # a quarter of 8, and a little more as the time ceiling moves

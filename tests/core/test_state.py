@@ -82,6 +82,18 @@ class World:
         """One whole attempt: admitted, then settled at once."""
         return await self.t(tid).settle(await self.admit(tid), failure, **kw)
 
+    async def grow(self, to: float, tid: str = A1) -> None:
+        """Slow start until the limiter is at ``to`` (its max, say): a target learned above
+        its initial limit, whose ramp after a trip has slots to grow into."""
+        t = self.t(tid)
+        while t.limiter.limit < to:
+            held = []
+            while (adm := await t.admit(1)) is not None:
+                held.append(adm)
+            for adm in held:
+                await t.settle(adm, None)
+        assert t.limiter.limit == to
+
     async def trip(self, tid: str = A1) -> None:
         """Trip the breaker the way a real outage does: news capacity failures in a row."""
         for _ in range(self.config.breaker.failure_threshold):
@@ -159,7 +171,7 @@ async def test_a_probe_is_settled_through_the_same_table() -> None:
     await w.probe(DOWN)
     assert t.probe_due_at() == w.clock.now() + 8.0  # 2 -> 4 -> 8
     adm = await w.probe(None)
-    assert t.breaker.state is State.RAMP and adm.settled
+    assert t.breaker.state is State.CLOSED and adm.settled  # no ramp: its floor, the initial limit, is all of it
     assert t.limiter.limit == limit and t.limiter.in_flight == 0  # a probe says nothing about concurrency
 
 
@@ -177,16 +189,17 @@ async def test_a_cancelled_probe_is_repeated_after_the_same_interval() -> None:
 
 
 async def test_the_ramp_admits_its_share_of_the_learned_concurrency() -> None:
-    w = World(breaker=BreakerConfig(ramp_start=0.25, ramp_duration=1e6), limiter=LimiterConfig(initial=8))
+    w = World(breaker=BreakerConfig(ramp_start=0.25, ramp_duration=1e6), limiter=LimiterConfig(initial=2, max=8))
+    await w.grow(8)
     await w.trip()
     await w.probe()
     t = w.t()
-    assert t.limiter.limit == 8.0 and t.view().ramp_slots == 2  # ceil(0.25 * 8)
+    assert t.limiter.limit == 8.0 and t.view().ramp_slots == 2  # max(2, ceil(0.25 * 8))
     first = [await w.admit(), await w.admit()]
     assert await t.admit(1) is None  # the ramp's share is used up, though the limiter has room
     for adm in first:
         await t.settle(adm, None)
-    assert t.view().breaker.ramp_share == 0.5 and t.view().ramp_slots == 4  # a clean round doubled it
+    assert t.view().breaker.ramp_share == 0.5 and t.view().ramp_slots == 4  # a slot per clean answer: doubled
     second = [await w.admit() for _ in range(4)]
     assert await t.admit(1) is None
     for adm in second:
@@ -490,7 +503,37 @@ async def test_a_trip_restores_what_the_limiter_knew_before_the_outage() -> None
     assert (t.limiter.limit, t.limiter.capacity) == (6.0, 6)
     assert await t.settle(late, capacity()) is False and t.limiter.limit == 6.0  # an echo of the outage
     await w.probe()
-    assert t.view().ramp_slots == 2  # ceil(0.25 * 6): the ramp aims at the capacity learned before
+    # The ramp aims at the capacity learned before, but never below the initial limit (8):
+    # that is all of the 6, so no ramp.
+    assert t.breaker.state is State.CLOSED and t.limiter.limit == 6.0
+
+
+async def test_an_outage_right_after_slow_starts_first_rejection_keeps_the_capacity_it_taught() -> None:
+    # The benchmark's outage: slow start grows past its initial limit, its first rejection
+    # (position 7: the target holds 6) begins a streak, and the model goes down before any
+    # request sent after that answers: nothing ends the streak, the outage's rejections
+    # continue it to a trip.
+    w = World(breaker=BreakerConfig(ramp_start=0.25, ramp_duration=1e6), limiter=LimiterConfig(initial=4, min=1))
+    t = w.t()
+    held = [await w.admit() for _ in range(4)]
+    while t.limiter.limit < 8:
+        await t.settle(held.pop(0), None)  # slow start: one more slot per answer
+        while (adm := await t.admit(1)) is not None:
+            held.append(adm)
+    top = next(a for a in held if a.slot.position == 7)
+    assert await t.settle(top, capacity()) is True
+    assert (t.limiter.limit, t.limiter.capacity) == (6.0, 6)
+    for adm in held:
+        if adm is not top:  # gone before they answer (cancelled: they say nothing)
+            await t.settle(adm, None, cancelled=True)
+    for _ in range(2):  # the outage: sent after the cut and rejected, each cutting further
+        assert await w.attempt(capacity()) is True
+    assert t.breaker.state is State.OPEN
+    # A full target's answer is not the outage's: the trip restores what it taught, not the
+    # slow start before it (which would grow past 6 again, and ramp above it).
+    assert (t.limiter.limit, t.limiter.capacity) == (6.0, 6)
+    await w.probe()
+    assert t.view().ramp_slots == 4  # max(4, ceil(0.25 * 6)): never fewer than the initial limit
 
 
 async def test_a_trip_by_connection_failures_keeps_what_the_limiter_learned() -> None:
@@ -554,8 +597,9 @@ async def test_forced_states_by_hand() -> None:
 
 
 async def test_the_view_shows_every_gate() -> None:
-    w = World(breaker=BreakerConfig(ramp_duration=1e6), limiter=LimiterConfig(initial=8))
+    w = World(breaker=BreakerConfig(ramp_duration=1e6), limiter=LimiterConfig(initial=2, max=8))
     t = w.t()
+    await w.grow(8)
     v = t.view()
     assert (
         v.breaker.state,

@@ -147,7 +147,7 @@ heartbeat = 60
 reconcile = 60
 
 [limiter]
-initial = 4
+initial = 1
 min = 1
 max = 8
 decrease = 0.5
@@ -191,9 +191,10 @@ class Equivalence(RuleBasedStateMachine):
         self.loop = asyncio.new_event_loop()
         self.clock = JumpClock()
         self.ns = f"capmon-eq-{uuid.uuid4().hex[:12]}"
-        # A ramp grows by clean rounds only (its time ceiling a million seconds away), and
-        # 0.35 or 0.7 of a limit of at most 8 is never a whole number of slots: a ramp's
-        # slots never sit on an edge that a moment of real time could tip.
+        # A ramp grows by clean answers only (its time ceiling a million seconds away), from
+        # 0.35 of a limit of at most 8 or its floor, the initial limit (1: low, so that the
+        # limiter often learns more and a trip has a ramp to go to); the time ceiling stays
+        # below what evidence earned, so a moment of real time never tips a ramp's slots.
         breaker = (
             f"[breaker]\nfailure_threshold = {threshold}\nhalf_open_probes = {probes}\n"
             f"probe_interval = {interval}\ncooldown = 30\ncooldown_multiplier = 2.0\ncooldown_max = 60\n"
@@ -218,6 +219,17 @@ class Equivalence(RuleBasedStateMachine):
         self._run(asyncio.wait_for(first_rounds(), 5.0))
         self.open: list[tuple[Admission, Admission]] = []  # (memory's, Redis's), admitted, not settled
         self.compare()
+        # The flagship's limiter learns a few slots above its initial one first (slow start,
+        # in both stores): a ramp admits no fewer than the initial limit, so a trip of a
+        # limiter that learned nothing more has no ramp to go to.
+        while self._m(FLAGSHIP).limiter.limit < 8:
+            while self._admit(FLAGSHIP, 0):
+                pass
+            if not self.open:
+                self._jump(61.0)  # the rpm bucket is empty: full again a minute later
+            while self.open:
+                self._settle(len(self.open) - 1, "ok", None, None)
+            self.compare()
 
     def teardown(self) -> None:
         try:
@@ -428,6 +440,39 @@ def test_memory_and_redis_decide_the_same(redis_url: str) -> None:
     run_state_machine_as_test(Equivalence, settings=FAST)
     missing = COVERED - set(seen)
     assert not missing, f"the derandomized run never took {sorted(missing)}: give it more steps ({dict(seen)})"
+
+
+def test_a_ramp_grows_a_slot_per_clean_answer_in_both_stores(redis_url: str) -> None:
+    # The random runs reach a ramp now and then; this one walks through one, step by step:
+    # a fleet's share grows by the step its process writes with each settle.
+    Equivalence.redis_url = redis_url
+    m = Equivalence()
+    m.setup(threshold=2, probes=1, interval=2.0, ratio=False, rpm=0, tpm=0)  # the flagship learned 8
+    try:
+        flagship = m._m(FLAGSHIP)
+        assert flagship.limiter.limit == 8
+        for _ in range(2):  # connection failures trip it and teach the limiter nothing
+            assert m._admit(FLAGSHIP, 0)
+            m._settle(len(m.open) - 1, "down", None, None)
+        m.compare()
+        assert flagship.breaker.state.value == "open"
+        m._probe(FLAGSHIP, "ok", None, hold=False)
+        m.compare()
+        grown = []
+        for outcome in ["ok", "ok", "capacity", "ok"]:
+            while m._admit(FLAGSHIP, 0):  # every slot the ramp has, in both stores
+                pass
+            grown.append(flagship.view().ramp_slots)
+            m._settle(0, outcome, None, None)  # the oldest answers
+            m.compare()
+        # 0.35 of 8 (3 slots), a slot more per clean answer; the oldest's rejection (position
+        # 3: the target holds 2) cuts the limit under the share, 0.6 of 2, and adds nothing.
+        assert grown == [3, 4, 5, 2]
+        while m.open:
+            m._settle(0, "ok", None, None)
+            m.compare()
+    finally:
+        m.teardown()
 
 
 @pytest.mark.slow

@@ -69,7 +69,8 @@ elseif num(h.not_before, 0) > now then
 else
   local limit = num(h.limit, 1)
   local cap = limit
-  if share < 1.0 then cap = math.min(limit, math.max(1, math.ceil(share * math.max(1.0, limit)))) end
+  -- a share is a sum of slots' worths: its rounding must not cost a slot (decisions._SLOT_EPS)
+  if share < 1.0 then cap = math.min(limit, math.max(1, math.ceil(share * math.max(1.0, limit) - 1e-9))) end
   if count >= math.floor(cap + 1e-9) then
     verdict = 'full'
     redis.call('ZADD', KEYS[8], 'NX', f6(now), ARGV[11])  -- a release wakes the process that waited longest

@@ -14,7 +14,7 @@
 --       16 limiter min, 17 limiter max, 18 limiter decrease, 19 failure_threshold, 20 probe_interval,
 --       21 cooldown_multiplier, 22 cooldown, 23 cooldown_max, 24 origin, 25 a pending transition (JSON) or '',
 --       26 the registry's key prefix (namespace .. ':proc:'), 27 rpm, 28 refund the rpm token (1: given
---       back before anything was sent), 29 lease ttl
+--       back before anything was sent), 29 lease ttl, 30 the limiter's initial limit
 -- Returns {status, now, news (0/1), cas, key state (lib.lua, key_state), hash...}; status: ok | missing.
 local now = now_s()
 if redis.call('EXISTS', KEYS[1]) == 0 then return {'missing', f6(now)} end
@@ -39,10 +39,16 @@ local lsig, probe = ARGV[2], ARGV[9] == '1'
 local news = false
 local streak = num(h.streak, 0)
 local bsig = ARGV[5]
+local checkpoint, keep = false, false
 if not probe then
   local is_news = lsig == 'overload' and slot_epoch == epoch  -- decisions.overload_is_news
-  if (bsig == 'down' or is_news) and admits(h.state) and streak == 0 then
-    -- decisions.starts_streak: a failure streak may begin: remember what it may undo
+  -- decisions.starts_streak: a failure streak may begin: remember what it may undo ...
+  checkpoint = (bsig == 'down' or is_news) and admits(h.state) and streak == 0
+  -- ... after this failure's lesson when it is the limiter's own (decisions.checkpoint_keeps_lesson)
+  local known = capacity
+  if known < 0 then known = tonumber(ARGV[30]) end  -- none learned yet: the limit it started from
+  keep = checkpoint and is_news and math.max(lmin, position - 1) >= known
+  if checkpoint and not keep then
     w.saved, w.s_limit, w.s_capacity, w.s_hold = 1, limit, capacity, hold
   end
   if lsig == 'ok' then
@@ -75,6 +81,7 @@ if not probe then
   end
 end
 w.limit, w.capacity, w.epoch, w.hold, w.below = limit, capacity, epoch, hold, below
+if keep then w.saved, w.s_limit, w.s_capacity, w.s_hold = 1, limit, capacity, hold end
 -- the move below reads what was just learned (a trip restores the checkpoint)
 for k, v in pairs(w) do h[k] = str(v) end
 
