@@ -31,15 +31,26 @@ class Wanted:
     priority: Priority
 
 
-def _deadline(headers: Mapping[str, str], default: float | None) -> float | None:
-    """The request's own deadline (``x-capmon-deadline``), else ``default`` (the gateway's)."""
-    own = fields.seconds(headers.get(DEADLINE_HEADER), DEADLINE_HEADER)
-    return own if own is not None else default
+@dataclass(frozen=True, slots=True)
+class Asked:
+    """What a proxied request came with besides its body, and what the gateway adds."""
+
+    headers: Mapping[str, str]  # by lower-case name
+    caller: Caller
+    names: ModelNames
+    deadline: float | None = None  # the gateway's default, unless x-capmon-deadline says
+    request_id: str | None = None  # the exchange's
 
 
-def _priority(headers: Mapping[str, str], caller: Caller) -> Priority:
-    asked = fields.choice(headers.get(PRIORITY_HEADER), PRIORITY_HEADER, Priority)
-    if caller.priority is Priority.BATCH or asked is Priority.BATCH:  # a batch key's requests stay batch
+def _deadline(asked: Asked) -> float | None:
+    """The request's own deadline (``x-capmon-deadline``), else the gateway's."""
+    own = fields.seconds(asked.headers.get(DEADLINE_HEADER), DEADLINE_HEADER)
+    return own if own is not None else asked.deadline
+
+
+def _priority(asked: Asked) -> Priority:
+    wanted = fields.choice(asked.headers.get(PRIORITY_HEADER), PRIORITY_HEADER, Priority)
+    if asked.caller.priority is Priority.BATCH or wanted is Priority.BATCH:  # a batch key's requests stay batch
         return Priority.BATCH
     return Priority.INTERACTIVE
 
@@ -53,18 +64,10 @@ def _model(body: Mapping[str, Any], names: ModelNames) -> str | None:
     return names.resolve(model)
 
 
-def chat(
-    body: dict[str, Any],
-    headers: Mapping[str, str],
-    caller: Caller,
-    names: ModelNames,
-    *,
-    deadline: float | None = None,
-    request_id: str | None = None,
-) -> Wanted:
+def chat(body: dict[str, Any], asked: Asked) -> Wanted:
     """A chat-completions request. Every field but model, messages, stream, n and the
     token cap reaches the provider untouched."""
-    model = _model(body, names)
+    model = _model(body, asked.names)
     messages = fields.messages(body)
     n = body.get("n")
     if n is not None and n != 1:
@@ -72,7 +75,7 @@ def chat(
     cap = fields.positive_int(body, "max_completion_tokens") or fields.positive_int(body, "max_tokens")
     temperature = fields.number(body, "temperature")
     stream = fields.flag(body, "stream")
-    priority = _priority(headers, caller)
+    priority = _priority(asked)
     extra = {
         k: v
         for k, v in body.items()
@@ -84,31 +87,23 @@ def chat(
         max_tokens=cap,
         temperature=temperature,
         priority=priority,
-        deadline=_deadline(headers, deadline),
-        request_id=request_id,
+        deadline=_deadline(asked),
+        request_id=asked.request_id,
         extra=extra,
     )
     return Wanted(request, stream, priority)
 
 
-def responses(
-    body: dict[str, Any],
-    headers: Mapping[str, str],
-    caller: Caller,
-    names: ModelNames,
-    *,
-    deadline: float | None = None,
-    request_id: str | None = None,
-) -> Wanted:
+def responses(body: dict[str, Any], asked: Asked) -> Wanted:
     """A Responses API request: the body goes as it is, but model, stream and the cap."""
-    model = _model(body, names)
+    model = _model(body, asked.names)
     fields.response_input(body)
     fields.string(body, "instructions")
     stream = fields.flag(body, "stream")
     fields.positive_int(body, "max_output_tokens")
-    priority = _priority(headers, caller)
+    priority = _priority(asked)
     request = ChatRequest.responses(
-        body, model=model, priority=priority, deadline=_deadline(headers, deadline), request_id=request_id
+        body, model=model, priority=priority, deadline=_deadline(asked), request_id=asked.request_id
     )
     return Wanted(request, stream, priority)
 
@@ -132,33 +127,25 @@ def _anthropic_fields(body: Mapping[str, Any], names: ModelNames, headers: Mappi
     return model
 
 
-def messages(
-    body: dict[str, Any],
-    headers: Mapping[str, str],
-    caller: Caller,
-    names: ModelNames,
-    *,
-    deadline: float | None = None,
-    request_id: str | None = None,
-) -> Wanted:
+def messages(body: dict[str, Any], asked: Asked) -> Wanted:
     """An Anthropic Messages request: the body goes as it is (translated for a target on
     another wire), but model, stream and max_tokens, which the API requires."""
-    model = _anthropic_fields(body, names, headers)
+    model = _anthropic_fields(body, asked.names, asked.headers)
     fields.required_positive_int(body, "max_tokens")
     stream = fields.flag(body, "stream")
     for name in ("temperature", "top_p"):
         fields.number(body, name)
     fields.positive_int(body, "top_k")
     fields.strings(body, "stop_sequences")
-    priority = _priority(headers, caller)
-    betas = fields.betas(headers.get(BETA_HEADER), BETA_HEADER)
+    priority = _priority(asked)
+    betas = fields.betas(asked.headers.get(BETA_HEADER), BETA_HEADER)
     request = ChatRequest.anthropic(
         body,
         model=model,
         priority=priority,
-        deadline=_deadline(headers, deadline),
+        deadline=_deadline(asked),
         betas=betas,
-        request_id=request_id,
+        request_id=asked.request_id,
     )
     return Wanted(request, stream, priority)
 

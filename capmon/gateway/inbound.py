@@ -13,6 +13,7 @@ call the same :func:`proxied`."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from typing import Any
 
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -21,7 +22,7 @@ from capmon.core.secrets import redact
 from capmon.gateway import bodies, fields
 from capmon.gateway.anthropic_errors import shaped_for
 from capmon.gateway.auth import Access
-from capmon.gateway.bodies import Wanted
+from capmon.gateway.bodies import Asked, Wanted
 from capmon.gateway.context import Gateway
 from capmon.gateway.errors import ApiError
 from capmon.gateway.exchange import exchange_of
@@ -29,7 +30,7 @@ from capmon.gateway.replies import Nothing, PlainReply, StreamReply, error_reply
 
 MAX_MODEL_NAME = 200  # characters of the model a client asked for kept for its header and log line
 
-Parse = Callable[..., Wanted]  # bodies.chat, bodies.responses or bodies.messages
+Parse = Callable[[dict[str, Any], Asked], Wanted]  # bodies.chat, bodies.responses or bodies.messages
 
 # The proxied APIs (POST): their paths and what reads each one's body.
 PROXIED: Mapping[str, Parse] = {
@@ -100,14 +101,14 @@ async def proxied(gw: Gateway, scope: Scope, receive: Receive, parse: Parse) -> 
             # a key pasted where a model name goes is echoed nowhere: redacted, unless it is
             # one of the gateway's own names
             ex.model_requested = model if gw.names.known(model) else redact(model[:MAX_MODEL_NAME])
-    wanted = parse(
-        body,
+    asked = Asked(
         headers,
         caller,
         gw.names,
-        deadline=gw.client.config.gateway.deadline,  # unless the request says (x-capmon-deadline)
+        deadline=gw.client.config.gateway.deadline,
         request_id=ex.request_id if ex is not None else None,
     )
+    wanted = parse(body, asked)
     if ex is not None:
         ex.priority = wanted.priority.value
     return StreamReply(gw, wanted, ex) if wanted.stream else PlainReply(gw, wanted, ex)
