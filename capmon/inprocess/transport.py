@@ -230,6 +230,17 @@ def transports(http: ModuleType) -> tuple[type[httpx.BaseTransport], type[httpx.
         exc: Exception = http.ConnectError(f"capmon's in-process engine is not available: {e}", request=request)
         return exc
 
+    def _piece(item: Item, request: httpx.Request) -> tuple[bytes, bool]:
+        """What one message of the app's answer adds to the body, and whether the body is done
+        (a message that is not body adds nothing). The app ending before the body's end is a
+        broken answer, for sync and async readers alike."""
+        if isinstance(item, _End):
+            raise broken(request, "capmon's in-process gateway ended the answer before its end")
+        if item["type"] != _BODY:
+            return b"", False
+        chunk, more = _body_of(item)
+        return chunk, not more
+
     def timed_out(what: str) -> Exception:
         exc: Exception = http.ReadTimeout(f"capmon's in-process gateway {what} within the read timeout")
         return exc
@@ -258,13 +269,8 @@ def transports(http: ModuleType) -> tuple[type[httpx.BaseTransport], type[httpx.
                     item = await self._inbox.get(self._timeout)
                 except TimeoutError:
                     raise timed_out("sent nothing") from None
-                if isinstance(item, _End):
-                    self._done = True
-                    raise broken(self._request, "capmon's in-process gateway ended the answer before its end")
-                if item["type"] != _BODY:
-                    continue
-                chunk, more = _body_of(item)
-                self._done = not more
+                self._done = True  # unless the piece says more follows (an early end raises)
+                chunk, self._done = _piece(item, self._request)
                 if chunk:
                     yield chunk
 
@@ -355,13 +361,8 @@ def transports(http: ModuleType) -> tuple[type[httpx.BaseTransport], type[httpx.
                     item = self._q.get(timeout=self._timeout)
                 except queue.Empty:
                     raise timed_out("sent nothing") from None
-                if isinstance(item, _End):
-                    self._done = True
-                    raise broken(self._request, "capmon's in-process gateway ended the answer before its end")
-                if item["type"] != _BODY:
-                    continue
-                chunk, more = _body_of(item)
-                self._done = not more
+                self._done = True  # unless the piece says more follows (an early end raises)
+                chunk, self._done = _piece(item, self._request)
                 if chunk:
                     yield chunk
 
