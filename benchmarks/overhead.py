@@ -46,12 +46,21 @@ In-process SDK clients (``--sdk``: these kinds and ``capmon-aiohttp``, the libra
   ``capmon.openai_client(cfg)``: the SDK, capmon's in-process transport, the gateway's app
   and the FallbackClient (async: on the caller's loop; sync: the engine's background thread);
 * ``sdk-gateway``: the SDK at ``capmon serve``'s app under uvicorn on a loopback port, in
-  the same process (so the CPU counted is the SDK's, the gateway's and the client's alike).
+  the same process (so the CPU counted is the SDK's, the gateway's and the client's alike);
+* ``sdk-floor``: the SDK on the least a transport over ``client.chat`` can do, and no
+  more: ``json.loads`` the body, ``FallbackClient.chat`` (streaming: ``stream_chunks``,
+  each chunk a ``data:`` frame), ``json.dumps`` the answer into a response with one
+  header. No request id, no checks, no who-served headers, no error shapes: not a client
+  anyone should use, but the floor under any in-process transport, capmon's included.
 
 The report says what capmon costs under the SDK (a kind minus ``sdk-null``, or
 ``sdk-null-sync`` for the sync kind: the transport, the gateway's request handling, the
 FallbackClient and its HTTP to the endpoint) against what ``client.chat`` costs
-(``capmon-aiohttp``: the FallbackClient and its HTTP); goal: at most 1.2x.
+(``capmon-aiohttp``: the FallbackClient and its HTTP); goal: at most 1.2x. ``sdk-floor``'s
+row is what that subtraction gives for a transport that adds nothing to ``client.chat``:
+whatever it shows above 1x is what the SDK and the engine cost together beyond their
+parts (a request waiting on real I/O inside the SDK's own call, which ``sdk-null``'s
+answer from memory never does), and no transport can come in under it.
 
 ``--profile FILE`` also runs one kind once under cProfile and prints the top functions.
 """
@@ -177,6 +186,7 @@ SDK_KINDS = [
     "sdk-inprocess",
     "sdk-inprocess-sync",
     "sdk-gateway",
+    "sdk-floor",
 ]
 SDK_GOAL = 1.2  # capmon's in-process SDK client's CPU per request at most this many times client.chat's
 ALL_KINDS = list(dict.fromkeys(KINDS + EXTRA_KINDS + list(CROSS_KINDS) + SDK_KINDS))
@@ -418,6 +428,9 @@ async def _sdk_client(
     elif kind == "sdk-inprocess":
         sdk = capmon.async_openai_client(cfg)
         closers.append(capmon.aclose_engine)
+    elif kind == "sdk-floor":
+        sdk, close_floor = _floor_sdk(cfg)
+        closers.append(close_floor)
     elif kind == "sdk-gateway":
         from capmon.core.router import FallbackClient
         from capmon.gateway import close_app, create_app, load_settings, start_server
@@ -474,6 +487,52 @@ def _null_sdk(stream: bool, *, sync: bool) -> Any:
     return openai.AsyncOpenAI(
         base_url="http://null.invalid/v1", api_key=KEY, max_retries=0, http_client=http.AsyncClient(transport=transport)
     )
+
+
+def _floor_sdk(cfg: Any) -> tuple[Any, Callable[[], Awaitable[None]]]:
+    """The openai SDK on the least a transport over ``client.chat`` does (``sdk-floor``)."""
+    import openai
+    from openai import _base_client
+
+    from capmon.core.result import ChatRequest
+    from capmon.core.router import FallbackClient
+    from capmon.core.transport import make_transport
+
+    http = getattr(_base_client, "httpx2", None) or _base_client.httpx  # type: ignore[attr-defined]
+    fc = FallbackClient(
+        cfg,
+        environ={},
+        transport=make_transport(
+            "aiohttp", max_connections=cfg.client.max_connections, connect_timeout=cfg.client.connect_timeout
+        ),
+    )
+
+    class Frames(http.AsyncByteStream):  # type: ignore[misc,name-defined]
+        def __init__(self, request: ChatRequest) -> None:
+            self.request = request
+
+        async def __aiter__(self) -> Any:
+            async for chunk in fc.stream_chunks(self.request):
+                yield b"data: " + json.dumps(chunk).encode() + b"\n\n"
+            yield b"data: [DONE]\n\n"
+
+    class Floor(http.AsyncBaseTransport):  # type: ignore[misc,name-defined]
+        async def handle_async_request(self, request: Any) -> Any:
+            body = json.loads(await request.aread())
+            asked = ChatRequest.of(body["messages"])
+            if body.get("stream"):
+                return http.Response(200, headers=[(b"content-type", b"text/event-stream")], stream=Frames(asked))
+            r = await fc.chat(asked)
+            content = json.dumps(r.response).encode()
+            return http.Response(200, headers=[(b"content-type", b"application/json")], content=content)
+
+    sdk = openai.AsyncOpenAI(
+        base_url="http://floor.invalid/v1",
+        api_key=KEY,
+        max_retries=0,
+        http_client=http.AsyncClient(transport=Floor()),
+    )
+    return sdk, fc.aclose
 
 
 def _sync_sdk_client(sdk: Any, stream: bool, concurrency: int) -> tuple[Callable[[], Awaitable[None]], Any]:
@@ -633,6 +692,7 @@ def sdk_report(med: dict[tuple[str, str], float], modes: list[str]) -> list[str]
             ("sdk-inprocess-sync", "sdk-null-sync"),
             ("sdk-gateway", "sdk-null"),
             ("sdk-direct", "sdk-null"),
+            ("sdk-floor", "sdk-null"),
         ):
             got, base = med.get((kind, mode)), med.get((alone, mode))
             if got is None or base is None:
@@ -641,7 +701,7 @@ def sdk_report(med: dict[tuple[str, str], float], modes: list[str]) -> list[str]
             ratio = under / lib
             verdict = (
                 "-"
-                if kind == "sdk-direct"
+                if kind in ("sdk-direct", "sdk-floor")
                 else "**met**"
                 if ratio <= SDK_GOAL
                 else f"missed by {(ratio - SDK_GOAL) * lib:.0f} us / request"
@@ -654,7 +714,8 @@ def sdk_report(med: dict[tuple[str, str], float], modes: list[str]) -> list[str]
     return [
         "",
         f"In-process SDK clients: what capmon costs under the openai SDK (the kind minus the SDK alone) against "
-        f"client.chat (capmon-aiohttp); goal: at most {SDK_GOAL:g}x (sdk-direct: the SDK's own HTTP, for scale):",
+        f"client.chat (capmon-aiohttp); goal: at most {SDK_GOAL:g}x (sdk-direct: the SDK's own HTTP, for scale; "
+        "sdk-floor: a transport that adds nothing to client.chat, the least any can show):",
         "",
         "| kind | mode | CPU us / request | the SDK alone | under the SDK | x client.chat | goal |",
         "|---|---|---|---|---|---|---|",
