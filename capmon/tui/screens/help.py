@@ -16,7 +16,7 @@ from capmon.tui import format as fmt
 STATE_HELP = {
     State.CLOSED: "takes traffic",
     State.HALF_OPEN: "the client's probe is out: it decides",
-    State.RAMP: "recovering: admits a share, doubled per clean round",
+    State.RAMP: "recovering: admits a share, a slot more per clean answer",
     State.OPEN: "tripped: probed at growing intervals",
     State.FORCED_OPEN: "tripped by hand: no traffic until reset",
     State.FORCED_CLOSED: "closed by hand: traffic whatever happens",
