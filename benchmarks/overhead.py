@@ -48,9 +48,9 @@ In-process SDK clients (``--sdk``: these kinds and ``capmon-aiohttp``, the libra
 * ``sdk-gateway``: the SDK at ``capmon serve``'s app under uvicorn on a loopback port, in
   the same process (so the CPU counted is the SDK's, the gateway's and the client's alike);
 * ``sdk-floor``: the SDK on the least a transport over ``client.chat`` can do, and no
-  more: ``json.loads`` the body, ``FallbackClient.chat`` (streaming: ``stream_chunks``,
-  each chunk a ``data:`` frame), ``json.dumps`` the answer into a response with one
-  header. No request id, no checks, no who-served headers, no error shapes: not a client
+  more: ``json.loads`` the body, ``FallbackClient.chat`` (streaming: ``stream_chunks`` in
+  a task of its own, each chunk a ``data:`` frame through a queue), ``json.dumps`` the
+  answer into a response with one header. No request id, no checks, no who-served headers, no error shapes: not a client
   anyone should use, but the floor under any in-process transport, capmon's included.
 
 The report says what capmon costs under the SDK (a kind minus ``sdk-null``, or
@@ -507,14 +507,27 @@ def _floor_sdk(cfg: Any) -> tuple[Any, Callable[[], Awaitable[None]]]:
         ),
     )
 
+    async def produce(request: ChatRequest, out: asyncio.Queue[bytes | None]) -> None:
+        try:
+            async for chunk in fc.stream_chunks(request):
+                out.put_nowait(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+            out.put_nowait(b"data: [DONE]\n\n")
+        finally:
+            out.put_nowait(None)
+
     class Frames(http.AsyncByteStream):  # type: ignore[misc,name-defined]
+        """The stream read in a task of its own, its frames handed over by a queue: pulled
+        through the SDK's own iteration instead, every chunk would resume the whole chain
+        of generators under it, which costs more than capmon's in-process stream does."""
+
         def __init__(self, request: ChatRequest) -> None:
-            self.request = request
+            self.frames: asyncio.Queue[bytes | None] = asyncio.Queue()
+            self.task = asyncio.get_running_loop().create_task(produce(request, self.frames))
 
         async def __aiter__(self) -> Any:
-            async for chunk in fc.stream_chunks(self.request):
-                yield b"data: " + json.dumps(chunk).encode() + b"\n\n"
-            yield b"data: [DONE]\n\n"
+            while (frame := await self.frames.get()) is not None:
+                yield frame
+            await self.task
 
     class Floor(http.AsyncBaseTransport):  # type: ignore[misc,name-defined]
         async def handle_async_request(self, request: Any) -> Any:
