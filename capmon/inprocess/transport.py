@@ -251,6 +251,14 @@ def transports(http: ModuleType) -> tuple[type[httpx.BaseTransport], type[httpx.
         )
         return out
 
+    def whole_response(start: Message, whole: bytes) -> httpx.Response:
+        """A plain reply that has come whole: a response already read, so the client's own
+        read of it (which every SDK makes) returns at once instead of streaming it again."""
+        out: httpx.Response = http.Response(
+            start["status"], headers=start.get("headers", []), content=whole, extensions={"http_version": b"HTTP/1.1"}
+        )
+        return out
+
     class AsyncBody(http.AsyncByteStream):  # type: ignore[misc,name-defined]
         def __init__(
             self, inbox: _Inbox, call: _Call, home: Home, request: httpx.Request, timeout: float | None, near: bool
@@ -323,7 +331,7 @@ def transports(http: ModuleType) -> tuple[type[httpx.BaseTransport], type[httpx.
                 raise
             whole = _whole(inbox.items)
             if whole is not None:  # a plain reply has come whole: nothing to stream
-                return response(item, http.ByteStream(whole))
+                return whole_response(item, whole)
             return response(item, AsyncBody(inbox, call, home, request, timeout, near))
 
         @staticmethod
@@ -342,7 +350,7 @@ def transports(http: ModuleType) -> tuple[type[httpx.BaseTransport], type[httpx.
             whole = _whole(items)
             if whole is None:
                 raise broken(request, "capmon's in-process gateway ended the answer before its end")
-            return response(start, http.ByteStream(whole))
+            return whole_response(start, whole)
 
     class SyncBody(http.SyncByteStream):  # type: ignore[misc,name-defined]
         def __init__(
