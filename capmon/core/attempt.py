@@ -28,6 +28,7 @@ from capmon.core.errors import (
     classify_exception,
     classify_response,
 )
+from capmon.core.reads import ReadDeadline
 from capmon.core.result import Api, Attempt, ChatRequest, ChatResult
 from capmon.core.targets import token_limit
 from capmon.core.translate_chat_anthropic import Untranslatable
@@ -238,21 +239,20 @@ class Stream:
         answer = self.answer
         answer.wire, answer.dropped = self.req.api, self.req.dropped
         deadline = self.clock_now() + self.req.timeout
+        reads = ReadDeadline(self.req.timeout)  # the send and every read of the body, one timer
         resp: httpx.Response | None = None
         held: list[Mapping[str, Any]] = []
         reader = formats.WireReader(self.req.api)
         r = self.req.request
         codec = formats.stream_codec(r, self.req.api, created=int(self.wall)) if r is not None else formats.SAME
         try:
-            async with asyncio.timeout(max(0.0, deadline - self.clock_now())):
-                resp = await self.http.send(_build(self.http, self.req))
+            resp = await reads.read(self.http.send(_build(self.http, self.req)))
             answer.status = resp.status_code
             if resp.status_code >= 300:
-                async with asyncio.timeout(max(0.0, deadline - self.clock_now())):
-                    try:
-                        body = await read_capped(resp, min(self.req.cap, 1 << 20))
-                    except Oversized:
-                        body = b""
+                try:
+                    body = await reads.read(read_capped(resp, min(self.req.cap, 1 << 20)))
+                except Oversized:
+                    body = b""
                 answer.failure = classify_response(
                     resp.status_code, resp.headers, body, now=self.wall, quota_hint=self.req.quota_hint
                 )
@@ -264,11 +264,10 @@ class Stream:
             while not done:
                 # The deadline guards the reads only: a timeout scope around a yield would
                 # cancel the caller's own work between chunks.
-                async with asyncio.timeout(max(0.0, deadline - self.clock_now())):
-                    try:
-                        piece = await pieces.__anext__()
-                    except StopAsyncIteration:
-                        piece = None
+                try:
+                    piece = await reads.read(pieces.__anext__())
+                except StopAsyncIteration:
+                    piece = None
                 if piece is None:
                     frames = parser.close()
                     done = True
@@ -315,5 +314,6 @@ class Stream:
         except Exception as e:  # timeouts, resets mid-stream: classified
             answer.failure = classify_exception(e)
         finally:
+            reads.close()
             if resp is not None:
                 await resp.aclose()

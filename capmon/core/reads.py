@@ -1,0 +1,65 @@
+"""One deadline over many reads: a streaming attempt's send and every read of its body
+share a single timer, instead of an ``asyncio.timeout`` per read (each builds a Timeout,
+pushes a timer onto the loop's heap and cancels it: a tenth of a small stream's CPU).
+
+The deadline guards the reads only, as a timeout per read does: the caller's own work
+between chunks (the attempt is a generator that yields each one) is never cancelled. A
+read in flight when the deadline passes is cancelled and raises ``TimeoutError``, as
+``asyncio.timeout`` raises it; a read begun after it raises ``TimeoutError`` at once. A
+cancellation from anyone else stays a cancellation."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+class ReadDeadline:
+    """Reads bounded by one deadline ``seconds`` from now, on the running loop's time
+    (so that a test's fast-forwarded loop moves it too). Call :meth:`close` when done."""
+
+    __slots__ = ("_loop", "_at", "_timer", "_reader", "_expired")
+
+    def __init__(self, seconds: float) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._at = self._loop.time() + max(0.0, seconds)
+        self._timer: asyncio.TimerHandle | None = None
+        self._reader: asyncio.Task[object] | None = None  # the task in a read now
+        self._expired = False  # the deadline cancelled a read
+
+    async def read(self, aw: Awaitable[T]) -> T:
+        """``await aw`` within the deadline."""
+        if self._loop.time() >= self._at:
+            if asyncio.iscoroutine(aw):
+                aw.close()  # never awaited: no "was never awaited" warning
+            raise TimeoutError()
+        task = asyncio.current_task()
+        assert task is not None
+        if self._timer is None:
+            self._timer = self._loop.call_at(self._at, self._expire)
+        self._reader = task
+        try:
+            return await aw
+        except asyncio.CancelledError:
+            # Ours, and nobody else's with it: the read timed out. (uncancel() takes back
+            # only our own request; another one pending stays a cancellation.)
+            if self._expired and task.uncancel() == 0:
+                raise TimeoutError() from None
+            raise
+        finally:
+            self._reader = None
+
+    def _expire(self) -> None:
+        self._timer = None
+        reader = self._reader
+        if reader is not None and not self._expired:
+            self._expired = True
+            reader.cancel()
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
