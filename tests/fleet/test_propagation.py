@@ -39,7 +39,9 @@ async def test_trips_and_manual_actions_reach_the_other_process_within_100_ms_p9
             await b.chat("hi")
             tb = b.target(FLAGSHIP).state
             delays = []
-            for i in range(25):  # automatic trips: three capacity failures in a row in process A
+            # Over a hundred samples, so that the p99 (nearest rank) is not the single worst one:
+            # one stall of a loaded machine's scheduler is not the fleet's propagation.
+            for i in range(50):  # automatic trips: three capacity failures in a row in process A
                 down["on"] = True
                 for _ in range(3):
                     assert (await a.chat("hi")).model == "medium"
@@ -48,7 +50,7 @@ async def test_trips_and_manual_actions_reach_the_other_process_within_100_ms_p9
                 down["on"] = False
                 a.reset("flagship")
                 await until(lambda: tb.view().breaker.state is State.CLOSED)
-            for action, seen in ((a.trip, State.FORCED_OPEN), (a.reset, State.CLOSED)) * 13:
+            for action, seen in ((a.trip, State.FORCED_OPEN), (a.reset, State.CLOSED)) * 26:
                 t0 = time.perf_counter()
                 action("flagship")
                 delays.append(await until(lambda seen=seen: tb.view().breaker.state is seen))
@@ -56,7 +58,7 @@ async def test_trips_and_manual_actions_reach_the_other_process_within_100_ms_p9
             a.pin("medium")
             await until(lambda: b.pinned == "medium")
             delays.append(time.perf_counter() - t0)
-    assert len(delays) == 25 + 26 + 1
+    assert len(delays) == 50 + 52 + 1
     assert percentile(sorted(delays), 0.99) < 0.100, sorted(delays)[-5:]
 
 
