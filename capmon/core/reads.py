@@ -1,6 +1,6 @@
 """One deadline over many reads: a streaming attempt's send and every read of its body
 share a single timer, instead of an ``asyncio.timeout`` per read (each builds a Timeout,
-pushes a timer onto the loop's heap and cancels it: a tenth of a small stream's CPU).
+pushes a timer onto the loop's heap and cancels it: 5-7 us a read, against 0.5-2 us here).
 
 The deadline guards the reads only, as a timeout per read does: the caller's own work
 between chunks (the attempt is a generator that yields each one) is never cancelled. A
@@ -32,7 +32,7 @@ class ReadDeadline:
 
     async def read(self, aw: Awaitable[T]) -> T:
         """``await aw`` within the deadline."""
-        if self._loop.time() >= self._at:
+        if self._expired or self._loop.time() >= self._at:
             if asyncio.iscoroutine(aw):
                 aw.close()  # never awaited: no "was never awaited" warning
             raise TimeoutError()
@@ -42,7 +42,7 @@ class ReadDeadline:
             self._timer = self._loop.call_at(self._at, self._expire)
         self._reader = task
         try:
-            return await aw
+            result = await aw
         except asyncio.CancelledError:
             # Ours, and nobody else's with it: the read timed out. (uncancel() takes back
             # only our own request; another one pending stays a cancellation.)
@@ -51,6 +51,10 @@ class ReadDeadline:
             raise
         finally:
             self._reader = None
+        if self._expired:  # the read swallowed the deadline's cancel: it has passed all the same
+            task.uncancel()
+            raise TimeoutError()
+        return result
 
     def _expire(self) -> None:
         self._timer = None

@@ -96,3 +96,24 @@ async def test_closed_its_timer_is_gone() -> None:
         return await _later(10.0, "after")  # past the old deadline, outside any read
 
     assert await reader() == "after"
+
+
+async def test_a_read_that_swallows_the_deadlines_cancel_still_times_out() -> None:
+    async def stubborn() -> str:
+        try:
+            await asyncio.sleep(10.0)
+        except asyncio.CancelledError:
+            return "late"  # a reader that will not be cancelled
+        return "piece"
+
+    reads = ReadDeadline(5.0)
+    try:
+        with pytest.raises(TimeoutError):
+            await reads.read(stubborn())
+        with pytest.raises(TimeoutError):
+            await reads.read(_later(0.0))  # and every read after it
+    finally:
+        reads.close()
+    task = asyncio.current_task()
+    assert task is not None and task.cancelling() == 0  # the deadline's cancel was taken back
+    await asyncio.sleep(1.0)
