@@ -388,15 +388,12 @@ def _record_fields(rec: BreakerRecord, now: float) -> dict[str, object]:
     }
 
 
-def transition(rec: BreakerRecord, from_gen: int, now: float, base: float) -> str:
+def transition(rec: BreakerRecord, from_gen: int, now: float) -> str:
     """A move of the local breaker, for the compare-and-set in the scripts: a ramp
-    step keeps the generation; anything else carries the breaker's new one. ``base``:
-    the shared ramp share the local ramp grew from, so that a step adds its own growth
-    to whatever the fleet's share is by then instead of overwriting it."""
+    step keeps the generation; anything else carries the breaker's new one."""
     fields = _record_fields(rec, now)
     fields["from"] = from_gen
     fields["step"] = rec.generation == from_gen
-    fields["base"] = base
     return json.dumps(fields)
 
 

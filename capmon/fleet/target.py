@@ -77,10 +77,6 @@ class RedisTarget:
         # change count then: a local move since is written by compare-and-set.
         self._synced_gen = local.breaker.generation
         self._synced_changes = local.breaker.changes
-        # The ramp share the shared hash had when the local breaker last agreed with it: a
-        # ramp step written since adds only what the local ramp grew from there, on top of
-        # what the fleet's other processes added meanwhile (lib.lua, transition).
-        self._synced_share = 1.0  # no ramp yet; the first one's start is written whole, not as a step
         self._epoch = 0  # the shared limiter's cut count, mirrored
         self._full_until = 0.0
         # After ADMIT found a bucket empty: (until, the least cost it holds off). A smaller
@@ -153,7 +149,7 @@ class RedisTarget:
         pending = b.changes != self._synced_changes
         if force or not (pending and gen == self._synced_gen):
             b.adopt(h.record(offset), label)
-            self._synced_gen, self._synced_changes, self._synced_share = gen, b.changes, h.ramp_share
+            self._synced_gen, self._synced_changes = gen, b.changes
         until = h.probe_until
         self._probe_until = until + offset if until > 0 and b.state is State.HALF_OPEN else None
         if self._shared or self._store.joining:
@@ -218,11 +214,7 @@ class RedisTarget:
         if b.changes == self._synced_changes:
             return None
         rec = b.export()  # applies a time-driven move first (a ramp completing)
-        return (
-            codec.transition(rec, self._synced_gen, self._store.clock.now(), self._synced_share),
-            rec.generation,
-            b.changes,
-        )
+        return codec.transition(rec, self._synced_gen, self._store.clock.now()), rec.generation, b.changes
 
     def _cas_done(self, cas: str, pending: tuple[str, int, int] | None) -> bool:
         """After a script ran our compare-and-set: True when Redis's breaker must be adopted."""

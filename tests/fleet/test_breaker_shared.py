@@ -9,7 +9,7 @@ import time
 import pytest
 import redis
 
-from capmon.core.breaker import BreakerRecord, State
+from capmon.core.breaker import State
 from tests.fleet.helpers import FLAGSHIP, client, deafen, fleet_config, is_probe, store, until
 from tests.support.scripted import OVERLOADED, Reply, Script, ok, serve
 
@@ -173,48 +173,3 @@ async def test_a_probe_whose_prober_went_silent_is_taken_over(redis_url: str, na
             took = time.perf_counter() - t0
             assert took < 0.6 + 0.3, took
             await until(lambda: _shared_state(redis_url, namespace)["state"] in ("ramp", "closed"), timeout=0.5)
-
-
-async def test_ramp_steps_from_two_processes_that_have_not_heard_each_other_both_count(
-    redis_url: str, namespace: str
-) -> None:
-    # A ramp grows a slot per clean answer (decisions.ramp_grown), wherever in the fleet it
-    # came. Two processes in the same ramp, each with a clean answer and neither having
-    # heard the other's step yet, each write a step from the same share: the fleet's share
-    # grows by both slots (a step that wrote its own share over the fleet's lost one).
-    from capmon.fleet import codec
-
-    async with serve(Script()) as url:
-        cfg = fleet_config(url, redis_url, namespace)
-        async with client(cfg) as a:
-            await a.chat("hi")  # the target is in Redis
-            st = store(a)
-            fleet_target = st._targets[FLAGSHIP]
-            gen = int(_shared_state(redis_url, namespace)["gen"])
-            now = st.clock.now()
-            basis = 5.0
-
-            def move(share: float, generation: int, from_gen: int, base: float) -> str:
-                record = BreakerRecord(
-                    State.RAMP, generation, "1 probe(s) succeeded", None, 0.2, 0, 1, 1, 1, now, share, basis
-                )
-                return codec.transition(record, from_gen, now, base)
-
-            async def write(payload: str) -> str:
-                res = await st.link.call(
-                    "transition", st.link.scripts.transition, [fleet_target._hash, st.keys.events], [payload, st.id]
-                )
-                return str(res[0])
-
-            assert await write(move(0.2, gen + 1, gen, 1.0)) == "ok"  # the ramp starts at one slot of 5
-            one_slot_more = move(0.4, gen + 1, gen + 1, 0.2)  # each process's step: from 0.2, one slot
-            assert await write(one_slot_more) == "ok"
-            assert await write(one_slot_more) == "ok"  # the other process's, from the same share
-            assert float(_shared_state(redis_url, namespace)["ramp_share"]) == pytest.approx(0.6)
-            # A step from a share already counted adds nothing, and a share never falls.
-            assert await write(move(0.5, gen + 1, gen + 1, 0.6)) == "ok"
-            assert float(_shared_state(redis_url, namespace)["ramp_share"]) == pytest.approx(0.6)
-            # The last slot completes it: the share is the whole, not a hair short of it.
-            assert await write(move(0.8, gen + 1, gen + 1, 0.6)) == "ok"
-            assert await write(move(0.8, gen + 1, gen + 1, 0.6)) == "ok"
-            assert float(_shared_state(redis_url, namespace)["ramp_share"]) == 1.0

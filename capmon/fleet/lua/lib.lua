@@ -131,20 +131,13 @@ end
 -- A compare-and-set of a move one process's breaker made (capmon/core/breaker.py,
 -- CircuitBreaker.export): it applies only if the shared generation is still the one
 -- that process last agreed with, so a stale writer can never undo a newer move. A
--- ramp step keeps the generation and only raises the share: by what the process's ramp
--- grew since the share it last agreed with (tr.base), added to the share as it is now,
--- so that two processes that had not yet heard each other's clean answers both count
--- (decisions.ramp_grown: a slot per clean answer, wherever in the fleet it came).
+-- ramp step keeps the generation and only raises the share.
 local function transition(key, channel, h, tr, now, origin)
   if num(h.gen, 0) ~= tr.from then return 'conflict', h end
   if tr.step then
     if h.state ~= 'ramp' then return 'conflict', h end
-    local shared = num(h.ramp_share, 0)
-    local grown = math.max(0, tr.ramp_share - num(tr.base, tr.ramp_share))
-    local share = math.max(tr.ramp_share, shared + grown)
-    if share >= 1.0 - 1e-9 then share = 1.0 end
-    if share > shared then
-      h = commit(key, h, {ramp_share = share}, origin)
+    if tr.ramp_share > num(h.ramp_share, 0) then
+      h = commit(key, h, {ramp_share = tr.ramp_share}, origin)
       publish(channel, 'b', h)
     end
     return 'ok', h
