@@ -238,8 +238,7 @@ class Stream:
     async def chunks(self) -> AsyncIterator[Mapping[str, Any]]:
         answer = self.answer
         answer.wire, answer.dropped = self.req.api, self.req.dropped
-        deadline = self.clock_now() + self.req.timeout
-        reads = ReadDeadline(self.req.timeout)  # the send and every read of the body, one timer
+        reads = ReadDeadline(self.clock_now, self.req.timeout)  # the send and every read of the body, one timer
         resp: httpx.Response | None = None
         held: list[Mapping[str, Any]] = []
         reader = formats.WireReader(self.req.api)
@@ -299,7 +298,7 @@ class Stream:
                             held += out
                     if last:
                         reader.finished = done = True
-                        await _drain(pieces, min(_DRAIN_SECONDS, max(0.0, deadline - self.clock_now())))
+                        await _drain(pieces, min(_DRAIN_SECONDS, reads.left()))
                         break
             if not reader.finished:
                 answer.failure = Failure(Kind.TRANSIENT, "stream ended before [DONE]", resp.status_code)

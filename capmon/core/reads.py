@@ -11,35 +11,41 @@ cancellation from anyone else stays a cancellation."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 T = TypeVar("T")
 
 
 class ReadDeadline:
-    """Reads bounded by one deadline ``seconds`` from now, on the running loop's time
-    (so that a test's fast-forwarded loop moves it too). Call :meth:`close` when done."""
+    """Reads bounded by one deadline ``seconds`` from now on ``now`` (the project's clock,
+    capmon/core/clock.py: the loop's time, which a test fast-forwards). Call
+    :meth:`close` when done."""
 
-    __slots__ = ("_loop", "_at", "_timer", "_reader", "_expired")
+    __slots__ = ("_now", "_at", "_timer", "_reader", "_expired")
 
-    def __init__(self, seconds: float) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._at = self._loop.time() + max(0.0, seconds)
+    def __init__(self, now: Callable[[], float], seconds: float) -> None:
+        self._now = now
+        self._at = now() + max(0.0, seconds)
         self._timer: asyncio.TimerHandle | None = None
         self._reader: asyncio.Task[object] | None = None  # the task in a read now
         self._expired = False  # the deadline cancelled a read
 
+    def left(self) -> float:
+        """Seconds until the deadline (0 once it has passed)."""
+        return max(0.0, self._at - self._now())
+
     async def read(self, aw: Awaitable[T]) -> T:
         """``await aw`` within the deadline."""
-        if self._expired or self._loop.time() >= self._at:
+        left = self.left()
+        if self._expired or left <= 0.0:
             if asyncio.iscoroutine(aw):
                 aw.close()  # never awaited: no "was never awaited" warning
             raise TimeoutError()
         task = asyncio.current_task()
         assert task is not None
         if self._timer is None:
-            self._timer = self._loop.call_at(self._at, self._expire)
+            self._timer = asyncio.get_running_loop().call_later(left, self._expire)
         self._reader = task
         try:
             result = await aw

@@ -230,12 +230,15 @@ def transports(http: ModuleType) -> tuple[type[httpx.BaseTransport], type[httpx.
         exc: Exception = http.ConnectError(f"capmon's in-process engine is not available: {e}", request=request)
         return exc
 
+    def ended(request: httpx.Request) -> Exception:
+        return broken(request, "capmon's in-process gateway ended the answer before its end")
+
     def _piece(item: Item, request: httpx.Request) -> tuple[bytes, bool]:
         """What one message of the app's answer adds to the body, and whether the body is done
         (a message that is not body adds nothing). The app ending before the body's end is a
         broken answer, for sync and async readers alike."""
         if isinstance(item, _End):
-            raise broken(request, "capmon's in-process gateway ended the answer before its end")
+            raise ended(request)
         if item["type"] != _BODY:
             return b"", False
         chunk, more = _body_of(item)
@@ -349,7 +352,7 @@ def transports(http: ModuleType) -> tuple[type[httpx.BaseTransport], type[httpx.
                 raise failed(start if isinstance(start, _End) else _End(None), request)
             whole = _whole(items)
             if whole is None:
-                raise broken(request, "capmon's in-process gateway ended the answer before its end")
+                raise ended(request)
             return whole_response(start, whole)
 
     class SyncBody(http.SyncByteStream):  # type: ignore[misc,name-defined]

@@ -7,9 +7,14 @@ import asyncio
 
 import pytest
 
+from capmon.core.clock import LoopClock
 from capmon.core.reads import ReadDeadline
 
 pytestmark = pytest.mark.looptime
+
+
+def _deadline(seconds: float) -> ReadDeadline:
+    return ReadDeadline(LoopClock().now, seconds)
 
 
 async def _later(seconds: float, value: str = "piece") -> str:
@@ -18,7 +23,7 @@ async def _later(seconds: float, value: str = "piece") -> str:
 
 
 async def test_reads_within_the_deadline_give_their_values() -> None:
-    reads = ReadDeadline(10.0)
+    reads = _deadline(10.0)
     try:
         assert [await reads.read(_later(3.0, str(i))) for i in range(3)] == ["0", "1", "2"]
     finally:
@@ -30,7 +35,7 @@ async def test_reads_within_the_deadline_give_their_values() -> None:
 async def test_a_read_in_flight_at_the_deadline_times_out() -> None:
     loop = asyncio.get_running_loop()
     start = loop.time()
-    reads = ReadDeadline(5.0)
+    reads = _deadline(5.0)
     try:
         assert await reads.read(_later(3.0)) == "piece"
         with pytest.raises(TimeoutError):
@@ -45,7 +50,7 @@ async def test_a_read_in_flight_at_the_deadline_times_out() -> None:
 
 async def test_work_between_reads_is_never_cancelled_and_a_late_read_fails_at_once() -> None:
     loop = asyncio.get_running_loop()
-    reads = ReadDeadline(5.0)
+    reads = _deadline(5.0)
     try:
         assert await reads.read(_later(1.0)) == "piece"
         await asyncio.sleep(10.0)  # the caller's own work between chunks, past the deadline
@@ -60,7 +65,7 @@ async def test_work_between_reads_is_never_cancelled_and_a_late_read_fails_at_on
 
 
 async def test_a_cancel_from_outside_stays_a_cancel() -> None:
-    reads = ReadDeadline(5.0)
+    reads = _deadline(5.0)
 
     async def reader() -> str:
         return await reads.read(_later(10.0))
@@ -74,7 +79,7 @@ async def test_a_cancel_from_outside_stays_a_cancel() -> None:
 
 
 async def test_a_cancel_from_outside_at_the_deadline_stays_a_cancel() -> None:
-    reads = ReadDeadline(5.0)
+    reads = _deadline(5.0)
     loop = asyncio.get_running_loop()
 
     async def reader() -> str:
@@ -88,7 +93,7 @@ async def test_a_cancel_from_outside_at_the_deadline_stays_a_cancel() -> None:
 
 
 async def test_closed_its_timer_is_gone() -> None:
-    reads = ReadDeadline(5.0)
+    reads = _deadline(5.0)
 
     async def reader() -> str:
         assert await reads.read(_later(1.0)) == "piece"
@@ -106,7 +111,7 @@ async def test_a_read_that_swallows_the_deadlines_cancel_still_times_out() -> No
             return "late"  # a reader that will not be cancelled
         return "piece"
 
-    reads = ReadDeadline(5.0)
+    reads = _deadline(5.0)
     try:
         with pytest.raises(TimeoutError):
             await reads.read(stubborn())
