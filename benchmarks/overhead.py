@@ -50,8 +50,9 @@ In-process SDK clients (``--sdk``: these kinds and ``capmon-aiohttp``, the libra
 * ``sdk-floor``: the SDK on the least a transport over ``client.chat`` can do, and no
   more: ``json.loads`` the body, ``FallbackClient.chat`` (streaming: ``stream_chunks`` in
   a task of its own, each chunk a ``data:`` frame through a queue), ``json.dumps`` the
-  answer into a response with one header. No request id, no checks, no who-served headers, no error shapes: not a client
-  anyone should use, but the floor under any in-process transport, capmon's included.
+  answer into a response with one header. No request id, no checks, no who-served
+  headers, no error shapes: not a client anyone should use, but the floor under any
+  in-process transport, capmon's included.
 
 The report says what capmon costs under the SDK (a kind minus ``sdk-null``, or
 ``sdk-null-sync`` for the sync kind: the transport, the gateway's request handling, the
@@ -380,15 +381,7 @@ async def _client(kind: str, mode: str, base_url: str, concurrency: int) -> tupl
 
         return call, client.aclose
     if kind in ("capmon-httpx", "capmon-aiohttp"):
-        from capmon.core.router import FallbackClient
-
-        cfg = _config(base_url, concurrency)
-        transport = make_transport(
-            kind.split("-", 1)[1],
-            max_connections=cfg.client.max_connections,
-            connect_timeout=cfg.client.connect_timeout,
-        )
-        fc = FallbackClient(cfg, environ={}, transport=transport)
+        fc = _fallback_client(_config(base_url, concurrency), kind.split("-", 1)[1])
 
         async def call() -> None:
             if stream:
@@ -465,12 +458,29 @@ async def _sdk_client(
     return call, close
 
 
+def _fallback_client(cfg: Any, transport: str) -> Any:
+    """The library's own FallbackClient on ``make_transport(transport)`` (``client.chat``'s kinds, the floor)."""
+    from capmon.core.router import FallbackClient
+    from capmon.core.transport import make_transport
+
+    made = make_transport(
+        transport, max_connections=cfg.client.max_connections, connect_timeout=cfg.client.connect_timeout
+    )
+    return FallbackClient(cfg, environ={}, transport=made)
+
+
+def _sdk_http() -> Any:
+    """The HTTP package the openai SDK is built on (httpx2 for newer ones, else httpx)."""
+    from openai import _base_client
+
+    return getattr(_base_client, "httpx2", None) or _base_client.httpx  # type: ignore[attr-defined]
+
+
 def _null_sdk(stream: bool, *, sync: bool) -> Any:
     """The openai SDK on a transport of its own HTTP package that answers from memory."""
     import openai
-    from openai import _base_client
 
-    http = getattr(_base_client, "httpx2", None) or _base_client.httpx  # type: ignore[attr-defined]
+    http = _sdk_http()
     if stream:
         body, headers = b"".join(STREAM), {"content-type": "text/event-stream"}
     else:
@@ -492,20 +502,11 @@ def _null_sdk(stream: bool, *, sync: bool) -> Any:
 def _floor_sdk(cfg: Any) -> tuple[Any, Callable[[], Awaitable[None]]]:
     """The openai SDK on the least a transport over ``client.chat`` does (``sdk-floor``)."""
     import openai
-    from openai import _base_client
 
     from capmon.core.result import ChatRequest
-    from capmon.core.router import FallbackClient
-    from capmon.core.transport import make_transport
 
-    http = getattr(_base_client, "httpx2", None) or _base_client.httpx  # type: ignore[attr-defined]
-    fc = FallbackClient(
-        cfg,
-        environ={},
-        transport=make_transport(
-            "aiohttp", max_connections=cfg.client.max_connections, connect_timeout=cfg.client.connect_timeout
-        ),
-    )
+    http = _sdk_http()
+    fc = _fallback_client(cfg, "aiohttp")
 
     async def produce(request: ChatRequest, out: asyncio.Queue[bytes | None]) -> None:
         try:

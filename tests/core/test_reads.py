@@ -4,6 +4,8 @@ time (looptime): the figures are loop seconds."""
 from __future__ import annotations
 
 import asyncio
+import gc
+import weakref
 
 import pytest
 
@@ -93,14 +95,18 @@ async def test_a_cancel_from_outside_at_the_deadline_stays_a_cancel() -> None:
 
 
 async def test_closed_its_timer_is_gone() -> None:
-    reads = _deadline(5.0)
+    # A timer left on the loop would hold the deadline (and the stream around it) until
+    # it fired, long after the stream ended: a closed one is free to go at once.
+    class Watched(ReadDeadline):
+        __slots__ = ("__weakref__",)
 
-    async def reader() -> str:
-        assert await reads.read(_later(1.0)) == "piece"
-        reads.close()
-        return await _later(10.0, "after")  # past the old deadline, outside any read
-
-    assert await reader() == "after"
+    reads = Watched(LoopClock().now, 600.0)
+    assert await reads.read(_later(1.0)) == "piece"
+    reads.close()
+    gone = weakref.ref(reads)
+    del reads
+    gc.collect()
+    assert gone() is None
 
 
 async def test_a_read_that_swallows_the_deadlines_cancel_still_times_out() -> None:
