@@ -458,7 +458,7 @@ class RedisState:
         try:
             await ps.subscribe(self.keys.events)
         except BaseException:
-            await ps.aclose()  # type: ignore[no-untyped-call]
+            await ps.aclose()
             await client.aclose()
             raise
         self._pubsub = ps
@@ -480,7 +480,7 @@ class RedisState:
                         _log.exception("shared state: a message could not be applied; skipped")
         finally:
             try:
-                await ps.aclose()  # type: ignore[no-untyped-call]
+                await ps.aclose()
                 await client.aclose()
             except ERRORS:
                 pass
