@@ -150,7 +150,9 @@ def format_item(r: ItemReport) -> str:
     if r.model:
         head += f", served by {shown(r.model)}"
     if r.fell_back:
-        head += ", fell back"
+        head += (
+            f", fell back from {shown(r.first_model)}" if r.first_model and r.first_model != r.model else ", fell back"
+        )
     lines = [head]
     if r.error:
         lines.append(f"error: {shown(r.error)}")

@@ -15,7 +15,7 @@ from capmon.core.breaker import State
 from capmon.core.exceptions import CapmonError
 from capmon.core.snapshot import EngineSnapshot, LinkState, SharedStatus, TargetSnapshot
 from capmon.core.state import KeyState
-from capmon.exitcodes import EXIT_OK
+from capmon.exitcodes import EXIT_OK, EXIT_UNREACHABLE
 from capmon.runtime import load, open_engine
 
 
@@ -43,7 +43,14 @@ def _state(t: TargetSnapshot, now: float) -> str:
         words += " [manual]"
     if t.key_state != KeyState.OK:
         words += f" key {t.key_state}"
+    if t.unreachable_reason:
+        words += " unreachable"
     return words
+
+
+def unreachable(snap: EngineSnapshot) -> list[str]:
+    """One line per endpoint that could not be connected to at its last attempt, naming the cause."""
+    return [f"unreachable: {why}" for why in dict.fromkeys(t.unreachable_reason for t in snap.targets) if why]
 
 
 def _shared(shared: SharedStatus) -> list[str]:
@@ -101,8 +108,10 @@ def format_snapshot(snap: EngineSnapshot) -> str:
     lines.append("")
     lines.append(
         f"pinned: {snap.pinned or 'automatic'}   in flight: {snap.in_flight}   queued: {snap.queued}   "
-        f"waiting retries: {len(snap.waiting)}   requests: {snap.requests} ({snap.succeeded} ok, {snap.failed} failed)"
+        f"waiting retries: {len(snap.waiting)}   requests: {snap.requests} ({snap.succeeded} ok, {snap.failed} failed, "
+        f"{snap.cancelled} cancelled, {snap.in_progress} in progress)"
     )
+    lines.extend(unreachable(snap))
     lines.extend(_shared(snap.shared))
     return "\n".join(lines)
 
@@ -124,7 +133,9 @@ async def collect_remote(options: ConnectOptions) -> EngineSnapshot:
 
 
 def run_status(options: StatusOptions, out: TextIO | None = None) -> int:
-    """Print one snapshot, whatever state the models are in (that is what it is for)."""
+    """Print one snapshot, whatever state the models are in (that is what it is for). With
+    ``--probe`` it is a health check too: an endpoint that could not be connected to exits
+    with EXIT_UNREACHABLE, its cause printed."""
     out = out or sys.stdout
     if options.connect is not None:
         snap = asyncio.run(collect_remote(options.connect))
@@ -135,4 +146,6 @@ def run_status(options: StatusOptions, out: TextIO | None = None) -> int:
         out.write("\n")
     else:
         out.write(format_snapshot(snap) + "\n")
+    if options.probe and unreachable(snap):
+        return EXIT_UNREACHABLE
     return EXIT_OK

@@ -117,6 +117,7 @@ class ItemReport:
     attempts: tuple[AuditRow, ...]
     why: tuple[str, ...]
     replaced: tuple[dict[str, Any], ...] = ()  # earlier results of a line that changed, oldest first
+    first_model: str | None = None  # the model it counted on first: what a fallback fell back from
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -335,7 +336,7 @@ def explain(attempts: Sequence[AuditRow]) -> tuple[str, ...]:
         elif a.decision == Decision.OK:
             out.append(f"answered by {shown(a.model)} in {fmt_seconds(a.latency)}.")
         elif a.decision == Decision.SKIP:
-            out.append(f"not sent to {shown(a.model)}{reason}.")
+            out.append(f"passed over {shown(a.model)} ({shown(a.endpoint or '-')}){reason}.")
         elif a.decision == RunnerDecision.REFUSE:
             out.append(f"refused by the runner: {shown(a.reason)}.")
         elif a.decision in (RunnerDecision.SUPERSEDED, RunnerDecision.REMOVED):
@@ -365,4 +366,5 @@ def build_item_report(store: Store, job: str, item_id: str) -> ItemReport:
         attempts=attempts,
         why=explain(attempts),
         replaced=store.replaced_results(job, item_id),
+        first_model=row.get("first_model") if row else None,
     )

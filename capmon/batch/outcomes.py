@@ -2,10 +2,10 @@
 
 * An answer is stored as done, unless it is larger than ``client.max_response_bytes``:
   then the item fails as ``oversized`` and the audit trail says why.
-* Capacity, rate limiting, transient errors and a deadline park the item: it comes back
+* Capacity, rate limiting, transient errors, an unreachable endpoint and a deadline park the item: it comes back
   after a growing delay (the scheduler's), never failed for capacity reasons.
-* Auth and quota halt the job: every other item would fail the same way, so the item
-  goes back to pending and the error says what to fix.
+* Auth, quota and an endpoint never reached halt the job: every other item would fail
+  the same way, so the item goes back to pending and the error says what to fix.
 * Anything else fails the item with the client's words for it.
 
 Pure decisions, but for the audit rows they write (a park or a refusal is a decision
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,11 +26,12 @@ from capmon.batch.store import Outcome, StoredItem
 from capmon.core.clock import Clock
 from capmon.core.config import Config
 from capmon.core.errors import Kind
-from capmon.core.exceptions import BatchError, CapmonError, DeadlineExceeded, RequestFailed
-from capmon.core.result import Attempt, ChatResult
+from capmon.core.exceptions import BatchError, CannotWait, CapmonError, DeadlineExceeded, RequestFailed, Unavailable
+from capmon.core.result import Attempt, ChatResult, Decision
 
-# Kinds the runner parks: they say "not now", not "never".
-PARK_KINDS = frozenset({Kind.CAPACITY, Kind.RATE_LIMITED, Kind.TRANSIENT})
+# Kinds the runner parks: they say "not now", not "never" (an unreachable endpoint may be
+# mended while the job runs: its items wait for it rather than fail).
+PARK_KINDS = frozenset({Kind.CAPACITY, Kind.RATE_LIMITED, Kind.TRANSIENT, Kind.UNREACHABLE})
 # Kinds that say "not with this key": the job halts until a person fixes it.
 HALT_KINDS = frozenset({Kind.AUTH, Kind.QUOTA})
 MAX_ERROR_MESSAGE = 2000  # characters of an error message stored with an item
@@ -115,7 +116,8 @@ class OutcomePolicy:
         self.max_response_bytes = config.client.max_response_bytes
 
     def done(self, item: StoredItem, result: ChatResult) -> Verdict:
-        first = item.first_model or (result.attempts[0].model if result.attempts else result.model)
+        # The model it counted on first (a first choice passed over counts: its fallback is one).
+        first = item.first_model or result.requested or _first_sent(result.attempts) or result.model
         attempts = item.attempts + len(result.attempts)
         size, content = utf8_size(result.content or "")
         if size > self.max_response_bytes:
@@ -167,7 +169,11 @@ class OutcomePolicy:
     def request_failed(self, item: StoredItem, e: RequestFailed) -> Verdict:
         kind = e.failure.kind
         attempts = item.attempts + len(e.attempts)
-        first = item.first_model or (e.attempts[0].model if e.attempts else None)
+        first = item.first_model or _first_sent(e.attempts)
+        if isinstance(e, CannotWait) and e.why is Unavailable.UNREACHABLE:
+            # No endpoint the item may use was ever reached: every item would fail the same
+            # way until a person mends the address, the proxy or the network.
+            return Verdict(back(item, attempts, first), halt=BatchError(halt_message(self.job, kind, str(e))))
         if isinstance(e, DeadlineExceeded) or kind in PARK_KINDS:
             return self._park(item, e, attempts, first)
         if kind in HALT_KINDS:
@@ -207,6 +213,11 @@ class OutcomePolicy:
         return Verdict(outcome, park=(parked, delay))
 
 
+def _first_sent(attempts: Sequence[Attempt]) -> str | None:
+    """The model of the first attempt sent (skips are no attempts)."""
+    return next((a.model for a in attempts if a.decision is not Decision.SKIP), None)
+
+
 def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
@@ -215,6 +226,11 @@ def halt_message(job: str, kind: Kind, detail: str) -> str:
     if kind is Kind.AUTH:
         what = (
             "the provider refused the key (401/403): that is the key, not capacity; fix the key (or the model's access)"
+        )
+    elif kind is Kind.UNREACHABLE:
+        what = (
+            "no endpoint the items may use could be reached, and none has answered since the job started: "
+            "that is the address, DNS, a proxy or TLS, not capacity; fix the endpoint's base_url or the network"
         )
     else:
         what = (

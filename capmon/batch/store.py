@@ -91,7 +91,7 @@ CREATE TABLE IF NOT EXISTS items (
     attempts INTEGER NOT NULL DEFAULT 0,
     parks INTEGER NOT NULL DEFAULT 0,
     not_before REAL,          -- wall time a parked item comes back
-    first_model TEXT,         -- the model of the item's very first attempt
+    first_model TEXT,         -- the model the item counted on first (its first attempt's, or the one passed over)
     model TEXT,               -- the model that served it
     endpoint TEXT,
     content TEXT,

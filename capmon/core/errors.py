@@ -34,6 +34,35 @@ class Kind(enum.StrEnum):
     BAD_REQUEST = "bad_request"
     TRANSIENT = "transient"
     OVERSIZED = "oversized"  # an answer past client.max_response_bytes: reading stopped there
+    # No connection was made (DNS, refused, TLS, proxy, connect timeout): the request never
+    # reached the server, so it says nothing of the model's capacity; ``Failure.code`` is the
+    # :class:`Cause`.
+    UNREACHABLE = "unreachable"
+
+
+class Cause(enum.StrEnum):
+    """Why an endpoint could not be reached: an unreachable failure's ``code``."""
+
+    DNS = "dns_failed"
+    REFUSED = "connection_refused"
+    TLS = "tls_failed"
+    PROXY = "proxy_failed"
+    TIMEOUT = "connect_timeout"
+    NETWORK = "connect_failed"  # no route, network down, or a connect error with no more detail
+
+    @property
+    def label(self) -> str:
+        return _CAUSE_LABELS[self]
+
+
+_CAUSE_LABELS = {
+    Cause.DNS: "DNS lookup failed",
+    Cause.REFUSED: "connection refused",
+    Cause.TLS: "TLS handshake failed",
+    Cause.PROXY: "proxy error",
+    Cause.TIMEOUT: "timeout: connect",
+    Cause.NETWORK: "connection failed",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -499,10 +528,39 @@ _EXCEPTIONS: tuple[tuple[type[BaseException], str], ...] = (
 )
 
 
-# Failures where the connection was never made: the request provably never reached the
-# server, so it did no work there, and the endpoint (not the model) is what is down.
-CONNECT_FAILED = "connect_failed"
-_CONNECT_FAILURES: tuple[type[BaseException], ...] = (httpx.ConnectError, httpx.ConnectTimeout, ConnectionRefusedError)
+_CHAIN_DEPTH = 8  # causes and contexts looked through for what an exception reports
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    out: list[BaseException] = []
+    seen: BaseException | None = exc
+    while seen is not None and len(out) < _CHAIN_DEPTH and seen not in out:
+        out.append(seen)
+        seen = seen.__cause__ or seen.__context__
+    return out
+
+
+def unreachable_cause(exc: BaseException) -> Cause | None:
+    """Why no connection was made, when none was: a DNS failure, a refused connection, a TLS
+    failure while connecting, a proxy's error, a connect timeout, or another connect error
+    (no route). None when a connection was made (a reset, a read timeout): the server may
+    have done work. The transports chain the OS or TLS error a connect failed with
+    (capmon/core/transport.py), so both read the same."""
+    chain = _chain(exc)
+    connecting = any(isinstance(e, (httpx.ConnectError, httpx.ConnectTimeout, httpx.ProxyError)) for e in chain)
+    if any(isinstance(e, httpx.ProxyError) for e in chain):
+        return Cause.PROXY
+    if any(isinstance(e, socket.gaierror) for e in chain):
+        return Cause.DNS
+    if connecting and any(isinstance(e, (ssl.SSLError, ssl.CertificateError)) for e in chain):
+        return Cause.TLS
+    if any(isinstance(e, ConnectionRefusedError) for e in chain):
+        return Cause.REFUSED
+    if any(isinstance(e, httpx.ConnectTimeout) for e in chain):
+        return Cause.TIMEOUT
+    if connecting:
+        return Cause.NETWORK
+    return None
 
 
 def _exception_text(exc: BaseException) -> str:
@@ -514,10 +572,9 @@ def _exception_text(exc: BaseException) -> str:
 
 
 def classify_exception(exc: BaseException) -> Failure:
-    """Every exception is a TRANSIENT failure with a readable reason. Never raises.
-
-    A connection that was never made (refused, connect timeout) has ``code`` set to
-    :data:`CONNECT_FAILED`: the request did not reach the server.
+    """Every exception is a TRANSIENT failure with a readable reason, but one that made no
+    connection (:func:`unreachable_cause`), which is UNREACHABLE with its :class:`Cause` as
+    ``code``. Never raises.
 
     The reason names the failure and the exception's own message, never the request:
     its headers carry API keys and its URL may (Gemini's ``?key=``).
@@ -528,16 +585,19 @@ def classify_exception(exc: BaseException) -> Failure:
             failure = classify(exc.response)
             if failure is not None:
                 return failure
+        detail = _exception_text(exc)
+        name = type(exc).__name__
+        cause = unreachable_cause(exc)
+        if cause is not None:
+            reason = f"{cause.label} ({name}: {detail})" if detail else f"{cause.label} ({name})"
+            return Failure(Kind.UNREACHABLE, reason, code=cause.value)
         label = next((text for cls, text in _TIMEOUTS if isinstance(exc, cls)), None)
         if label is None:
             label = next((text for cls, text in _EXCEPTIONS if isinstance(exc, cls)), None)
-        detail = _exception_text(exc)
         if label is None:
             label = "timeout" if "timeout" in type(exc).__name__.lower() else type(exc).__name__
             return Failure(Kind.TRANSIENT, f"{label}: {detail}" if detail else label)
-        name = type(exc).__name__
-        code = CONNECT_FAILED if isinstance(exc, _CONNECT_FAILURES) else None
-        return Failure(Kind.TRANSIENT, f"{label} ({name}: {detail})" if detail else f"{label} ({name})", code=code)
+        return Failure(Kind.TRANSIENT, f"{label} ({name}: {detail})" if detail else f"{label} ({name})")
     except Exception:
         return Failure(Kind.TRANSIENT, "unclassifiable exception")
 

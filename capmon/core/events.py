@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from capmon.core.errors import Kind
+from capmon.core.result import Skip
 from capmon.core.states import JobState, State
 
 log = logging.getLogger("capmon.events")
@@ -50,6 +51,20 @@ class AttemptFailed(_OfAttempt):
     status: int | None
     reason: str
     hint: float | None
+    caller_request_id: str | None = None  # the caller's id (ChatRequest.request_id: the gateway's x-request-id)
+
+
+@dataclass(frozen=True, slots=True)
+class TargetSkipped(Event):
+    """A request passed a target over without sending to it (``skip`` says why, ``reason``
+    the detail); the attempt records and the audit have it too."""
+
+    request_id: int
+    item_id: str | None
+    model: str
+    target: str
+    skip: Skip
+    reason: str
     caller_request_id: str | None = None  # the caller's id (ChatRequest.request_id: the gateway's x-request-id)
 
 

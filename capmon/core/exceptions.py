@@ -63,13 +63,17 @@ class Unavailable(enum.StrEnum):
     MODELS = "models_unavailable"  # every model it may use is tripped by hand (or held off past its deadline)
     KEYS = "no_usable_key"  # every key it may use is disabled, or out of quota past its deadline
     WINDOW = "context_length_exceeded"  # its prompt fits no model's context window
+    # every endpoint it may use could not be connected to (DNS, refused, TLS, proxy) and has
+    # never answered since the process started: no capacity problem, a setup one
+    UNREACHABLE = "upstream_unreachable"
 
 
 class CannotWait(RequestFailed):
     """The request was answered at once, before or between attempts: no model it may use
-    can admit it before its deadline, and only a person (a reset, a key fixed) or a time
-    past the deadline (``retry_after``: seconds until a quota resets) changes that. A
-    model whose breaker opened by itself, or that is merely full, is waited for instead."""
+    can admit it before its deadline, and only a person (a reset, a key fixed, the
+    endpoint's address or network mended) or a time past the deadline (``retry_after``:
+    seconds until a quota resets) changes that. A model whose breaker opened by itself, or
+    that is merely full, is waited for instead."""
 
     def __init__(
         self,

@@ -111,6 +111,10 @@ class Executor:
         failure = answer.failure
         if failure is None and answer.response is None:
             failure = Failure(Kind.TRANSIENT, "no answer", answer.status)
+        if failure is not None and failure.kind is Kind.UNREACHABLE:
+            failure = t.reach.lost(failure, now)
+        elif answer.status is not None:
+            t.reach.reached(now)
         t.last_status, t.last_kind = answer.status, failure.kind if failure else None
         if probe:
             t.probe_latency = latency

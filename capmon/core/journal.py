@@ -13,8 +13,9 @@ from typing import Any
 from capmon.core import events as ev
 from capmon.core.clock import Clock
 from capmon.core.errors import Failure
-from capmon.core.result import Attempt, ChatRequest, Decision
+from capmon.core.result import Attempt, ChatRequest, Decision, Skip, sent
 from capmon.core.routing import Routing
+from capmon.core.secrets import redact
 from capmon.core.snapshot import WaitingRetry
 from capmon.core.targets import Target
 
@@ -31,6 +32,14 @@ def _last_sent_api(r: Routing) -> str:
     return ""
 
 
+def _passed(r: Routing, model: str) -> str:
+    """Why the request left ``model`` without a failure: its skip record, if it has one."""
+    for a in reversed(r.attempts):
+        if a.decision is Decision.SKIP and a.model == model:
+            return f"{model} skipped: {a.reason}"
+    return f"{model} is not usable now"
+
+
 class Journal:
     def __init__(self, clock: Clock, bus: ev.EventBus, max_attempts: int) -> None:
         self._clock = clock
@@ -38,7 +47,9 @@ class Journal:
         self._max_attempts = max_attempts
         self._observers: list[AttemptObserver] = []
         self.waiting: dict[int, WaitingRetry] = {}
-        self.in_flight = self.requests = self.succeeded = self.failed = 0
+        # Every request ends as exactly one of succeeded, failed (RequestFailed) or cancelled
+        # (anything else: the caller went away); the rest are still in progress.
+        self.in_flight = self.requests = self.succeeded = self.failed = self.cancelled = 0
 
     def publish(self, cls: type[ev.Event], at: float | None = None, wall: float | None = None, **fields: Any) -> None:
         """``at`` and ``wall``: the clock's readings the caller has just taken, else read here."""
@@ -61,7 +72,7 @@ class Journal:
                 item_id=r.request.item_id,
                 from_model=r.last_model,
                 to_model=t.model.name,
-                reason=r.last_failure.reason if r.last_failure else f"{r.last_model} is not usable now",
+                reason=r.last_failure.reason if r.last_failure else _passed(r, r.last_model),
                 from_api=_last_sent_api(r),
                 to_api=t.endpoint.api.value,
                 caller_request_id=r.request.request_id,
@@ -108,7 +119,7 @@ class Journal:
             ok=ok,
             model=t.model.name if t else None,
             target=t.id if t else None,
-            attempts=len(r.attempts),
+            attempts=len(sent(r.attempts)),
             latency=now - r.started,
             kind=kind,
             caller_request_id=r.request.request_id,
@@ -157,26 +168,40 @@ class Journal:
             )
         return attempt
 
-    def skipped(self, r: Routing, t: Target, wall: float | None = None) -> Attempt:
-        """The record of a target passed over because it cannot carry the request, never sent."""
-        reason = f"incapable: {r.incapable[t.id]}"
+    def skipped(self, r: Routing, t: Target, skip: Skip, reason: str, wall: float | None = None) -> Attempt:
+        """The record of a target the request passed over, never sent (``skip``: why;
+        ``reason``: the detail), and its event."""
+        wall = self._clock.wall() if wall is None else wall
+        reason = redact(reason)  # a breaker's reason may quote a provider's words
         attempt = Attempt(
             number=0,
             model=t.model.name,
             target=t.id,
             endpoint=t.endpoint.name,
             key_alias=t.key.alias,
-            started=self._clock.wall() if wall is None else wall,
+            started=wall,
             status=None,
             kind=None,
-            reason=reason,
+            reason=f"{skip.value}: {reason}",
             hint=None,
             wait=0.0,
             latency=0.0,
             decision=Decision.SKIP,
             api=t.endpoint.api,
+            skip=skip,
         )
-        log.debug("request %d skips %s: %s", r.id, t.id, reason)
+        self.publish(
+            ev.TargetSkipped,
+            wall=wall,
+            request_id=r.id,
+            item_id=r.request.item_id,
+            model=t.model.name,
+            target=t.id,
+            skip=skip,
+            reason=reason,
+            caller_request_id=r.request.request_id,
+        )
+        log.debug("request %d skips %s: %s", r.id, t.id, attempt.reason)
         return attempt
 
     def observe(self, request: ChatRequest, attempt: Attempt) -> None:

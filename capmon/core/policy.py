@@ -16,7 +16,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from capmon.core.errors import CONNECT_FAILED, Failure, Kind
+from capmon.core.errors import Failure, Kind
 
 
 class BreakerSignal(enum.StrEnum):
@@ -62,7 +62,6 @@ class Policy:
 
 SUCCESS = Policy(BreakerSignal.SUCCESS, LimiterSignal.OK, KeyAction.NONE, Next.DONE)
 CANCELLED = Policy(BreakerSignal.NEUTRAL, LimiterSignal.NEUTRAL, KeyAction.NONE, Next.FAIL)
-CONNECT = Policy(BreakerSignal.DOWN, LimiterSignal.NEUTRAL, KeyAction.NONE, Next.FALLBACK_OR_WAIT)
 
 POLICY: dict[Kind, Policy] = {
     Kind.CAPACITY: Policy(
@@ -78,14 +77,15 @@ POLICY: dict[Kind, Policy] = {
     Kind.TRANSIENT: Policy(BreakerSignal.TRANSIENT, LimiterSignal.NEUTRAL, KeyAction.NONE, Next.RETRY),
     # A model that sends hundreds of megabytes is broken, not busy: never that target again.
     Kind.OVERSIZED: Policy(BreakerSignal.NEUTRAL, LimiterSignal.NEUTRAL, KeyAction.NONE, Next.FALLBACK),
+    # The request provably never reached the server: the endpoint is down, which is news
+    # for the breaker (so the prober finds out when it answers again), and no retry budget
+    # is spent (nobody was hammered). Whether the request waits for it at all is routing's
+    # rule (capmon/core/routing.py, Routing.refusal): not for an endpoint never reached.
+    Kind.UNREACHABLE: Policy(BreakerSignal.DOWN, LimiterSignal.NEUTRAL, KeyAction.NONE, Next.FALLBACK_OR_WAIT),
 }
 
 
 def policy_for(failure: Failure | None) -> Policy:
     if failure is None:
         return SUCCESS
-    if failure.kind is Kind.TRANSIENT and failure.code == CONNECT_FAILED:
-        # The request provably never reached the server: the endpoint is down, which
-        # is news for the breaker, and no retry budget is spent (nobody was hammered).
-        return CONNECT
     return POLICY[failure.kind]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,7 +19,23 @@ class Decision(enum.StrEnum):
     FALLBACK = "fallback"
     PARK = "park"  # a batch item put aside to come back later
     FAIL = "fail"
-    SKIP = "skip"  # not sent: the target cannot carry the request (the reason says why)
+    SKIP = "skip"  # not sent: the request passed the target over (``Attempt.skip`` says why)
+
+
+class Skip(enum.StrEnum):
+    """Why a request passed a target over, never sending to it (an ``Attempt`` with
+    ``Decision.SKIP``): what ``x-capmon-skipped``, the access log, the audit, the traces and
+    ``capmon report --item`` name."""
+
+    INCAPABLE = "incapable"  # it cannot carry something the request uses (the detail says what)
+    WINDOW = "window"  # its context window is too small for the prompt
+    TRIPPED = "tripped"  # its breaker was tripped by hand
+    OPEN = "open"  # its breaker is open (or its one probe is out): it admits no request now
+    KEY_DISABLED = "key_disabled"  # its key was refused (auth): disabled until reset by hand
+    KEY_PARKED = "key_parked"  # its key is out of quota until a reset
+    UNREACHABLE = "unreachable"  # its endpoint could not be connected to at its last attempt
+    HELD_OFF = "held_off"  # a server's hint, or its rpm / tpm bucket, holds it off for now
+    FULL = "full"  # every slot it has is in use (its limit, or a ramp's share of it)
 
 
 class Priority(enum.StrEnum):
@@ -159,6 +175,17 @@ class Attempt:
     decision: Decision
     api: EndpointApi = EndpointApi.OPENAI  # the API of the target's endpoint
     dropped: tuple[str, ...] = ()  # fields left out because the target's API version refuses them
+    skip: Skip | None = None  # Decision.SKIP: why it was passed over (``reason``: the detail)
+
+
+def sent(attempts: Sequence[Attempt]) -> list[Attempt]:
+    """The attempts that were sent: the record without its skips."""
+    return [a for a in attempts if a.decision is not Decision.SKIP]
+
+
+def skipped(attempts: Sequence[Attempt]) -> list[Attempt]:
+    """The targets a request passed over, each with why (``skip``, ``reason``)."""
+    return [a for a in attempts if a.decision is Decision.SKIP]
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,6 +211,11 @@ class ChatResult:
         return self.attempts[-1].dropped if self.attempts else ()
 
     @property
+    def skipped(self) -> list[Attempt]:
+        """The targets it passed over, each with why."""
+        return skipped(self.attempts)
+
+    @property
     def fell_back(self) -> bool:
         return self.fallbacks > 0
 
@@ -191,7 +223,7 @@ class ChatResult:
     def fallbacks(self) -> int:
         """How many times the request moved to another model, the move away from the model
         it asked for included when that one was never tried (its breaker open, tripped by hand)."""
-        return fallbacks(self.requested, [a.model for a in self.attempts])
+        return fallbacks(self.requested, [a.model for a in sent(self.attempts)])
 
     @property
     def tool_calls(self) -> list[Mapping[str, Any]]:
@@ -204,7 +236,8 @@ class ChatResult:
 
 
 def fallbacks(requested: str, models: list[str]) -> int:
-    """The moves between models along ``models`` (each attempt's, the serving one last),
-    starting from ``requested`` (the model the request counted on first; "" for none)."""
+    """The moves between models along ``models`` (each sent attempt's, the serving one last;
+    a model passed over is no stop on the way), starting from ``requested`` (the model the
+    request counted on first; "" for none)."""
     path = [requested, *models] if requested else models
     return sum(1 for a, b in zip(path, path[1:], strict=False) if a != b)

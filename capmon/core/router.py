@@ -270,6 +270,15 @@ class FallbackClient(FormatCalls, ManualControls):
         r.incapable = formats.incapable_targets(req, self.targets, self.config.client)
         return r
 
+    def _skips(self, r: Routing, t: Target | None, now: float, wall: float | None = None) -> None:
+        """Put every target ``r`` passed over on its way to ``t`` on its record, with why
+        (``t`` None: every one it had, when it fails without an attempt)."""
+        passed = r.passed_over(self.targets, t, self.state.pinned) if t is not None else r.unnoted(self.targets)
+        for u in passed:
+            r.noted.add(u.id)
+            skip, reason = r.skip_reason(u, now)
+            self._note(r, self.journal.skipped(r, u, skip, reason, wall=wall))
+
     def _note(self, r: Routing, attempt: Attempt) -> None:
         """An attempt (or a skip) on the request's record, then to the observers."""
         r.attempts.append(attempt)
@@ -287,6 +296,8 @@ class FallbackClient(FormatCalls, ManualControls):
     def _failed(self, r: Routing, e: BaseException) -> None:
         if isinstance(e, RequestFailed):
             self.journal.done(r, None, ok=False, kind=e.failure.kind.value)
+        else:  # the caller went away (cancelled, a stream closed early) or a bug raised
+            self.journal.cancelled += 1
 
     async def _admit_any(
         self, r: Routing, exclude: str | None = None, *, now: float | None = None, usable: list[Target] | None = None
@@ -340,6 +351,8 @@ class FallbackClient(FormatCalls, ManualControls):
         usable = r.usable(self.targets, self.state.pinned)
         refused = r.refusal(self.targets, self.state.pinned, now, usable=usable)
         if refused is not None:
+            self._skips(r, None, now)
+            refused.attempts = tuple(r.attempts)
             raise refused
         # Nobody waiting: go now if a target admits. Otherwise take a place in line.
         grant = None if len(self._queue) else await self._admit_any(r, now=now, usable=usable)
@@ -363,7 +376,9 @@ class FallbackClient(FormatCalls, ManualControls):
 
     def _give_up(self, r: Routing, before: str = "") -> NoReturn:
         failure = r.last_failure or Failure(Kind.CAPACITY, "no model admitted the request in time")
-        passed = r.deadline_passed(self.clock.now())
+        now = self.clock.now()
+        self._skips(r, None, now)  # why it could use none of the others in time
+        passed = r.deadline_passed(now)
         last = f"last: {failure.kind.value}: {failure.reason}"
         raise DeadlineExceeded(failure, r.attempts, f"{before}{passed}; {last}", passed=passed)
 
@@ -372,9 +387,7 @@ class FallbackClient(FormatCalls, ManualControls):
     def _begin(self, r: Routing, t: Target, stream: bool) -> tuple[int, float, float, Request]:
         number = r.sent + 1
         now, wall = self.clock.now(), self.clock.wall()  # the attempt's start, its events' too
-        for u in r.passed_over(self.targets, t):
-            r.noted.add(u.id)
-            self._note(r, self.journal.skipped(r, u, wall=wall))
+        self._skips(r, t, now, wall)
         self.journal.started(r, t, number, at=now, wall=wall)
         r.last_model = t.model.name
         req = self.executor.request(t, r.request, stream=stream, time_left=r.left(now))

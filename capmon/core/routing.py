@@ -17,8 +17,10 @@ from capmon.core.backoff import Schedule
 from capmon.core.errors import Failure, Kind
 from capmon.core.exceptions import CannotWait, RequestFailed, Unavailable
 from capmon.core.policy import Next, policy_for
-from capmon.core.result import Attempt, ChatRequest, Decision, Priority
-from capmon.core.targets import Target, held, token_limit
+from capmon.core.result import Attempt, ChatRequest, Decision, Priority, Skip
+from capmon.core.state import KeyState
+from capmon.core.states import State
+from capmon.core.targets import Hold, Target, held, stranded, token_limit
 from capmon.core.waiting import BATCH, INTERACTIVE
 
 # Retries of one request on the model it sticks to (rate-limited, transient) before it
@@ -64,16 +66,57 @@ class Routing:
         """Attempts sent so far (the record also holds the targets skipped as incapable)."""
         return sum(1 for a in self.attempts if a.decision is not Decision.SKIP)
 
-    def passed_over(self, targets: Sequence[Target], t: Target) -> list[Target]:
-        """The incapable targets the route would have tried before ``t``, not yet on the
-        record (the router notes them in ``noted`` when it records them)."""
-        return [
-            u
-            for u in targets
-            if u.id in self.incapable
-            and u.id not in self.noted
-            and (u.rank < t.rank or u.model.name in (self.request.model, self.stick_to))
-        ]
+    def _first(self, pinned: str | None) -> list[str]:
+        """The models it tries before the config's order: the one it sticks to, the pinned
+        one, its own."""
+        return [m for m in (self.stick_to, pinned, self.request.model) if m]
+
+    def passed_over(self, targets: Sequence[Target], t: Target, pinned: str | None) -> list[Target]:
+        """The targets the route puts before ``t`` that it has neither tried nor put on the
+        record yet, whatever kept it from them (the router records each with
+        :meth:`skip_reason` and notes it in ``noted``)."""
+        first = self._first(pinned)
+
+        def place(u: Target) -> tuple[int, int]:
+            return (first.index(u.model.name) if u.model.name in first else len(first), u.rank)
+
+        mine = place(t)
+        tried = {a.target for a in self.attempts if a.decision is not Decision.SKIP}
+        return [u for u in targets if u is not t and place(u) < mine and u.id not in self.noted and u.id not in tried]
+
+    def unnoted(self, targets: Sequence[Target]) -> list[Target]:
+        """Every target neither tried nor on the record yet (a request that fails without
+        another attempt: why it could use none of them)."""
+        tried = {a.target for a in self.attempts if a.decision is not Decision.SKIP}
+        return [u for u in targets if u.id not in self.noted and u.id not in tried]
+
+    def skip_reason(self, u: Target, now: float) -> tuple[Skip, str]:
+        """Why the route passes ``u`` over now, and the detail: the first of the reasons
+        :meth:`usable` and an admission check, most lasting first."""
+        if u.id in self.incapable:
+            return Skip.INCAPABLE, self.incapable[u.id]
+        window = u.model.context_window
+        wanted = min(token_limit(self.request.max_tokens, u, self.cap_ceiling), 16)
+        if window <= self.min_window or self.prompt_tokens + wanted > window:
+            need = max(self.min_window + 1, self.prompt_tokens + wanted)
+            return Skip.WINDOW, f"its context window of {window:,} tokens is below the {need:,} the request needs"
+        v = u.state.standing(now)
+        if v.key_state is KeyState.DISABLED or not u.state.usable():
+            # Not the provider's words about the key: they may show part of it.
+            return Skip.KEY_DISABLED, f"key {u.key.alias} at {u.endpoint.name} is disabled after an auth failure"
+        if v.breaker is State.FORCED_OPEN:
+            return Skip.TRIPPED, f"tripped by hand ({v.breaker_reason})"
+        if v.key_state is KeyState.PARKED:
+            left = f" for {max(0.0, v.key_until - now):.0f}s more" if v.key_until is not None else ""
+            return Skip.KEY_PARKED, f"key {u.key.alias} at {u.endpoint.name} is out of quota{left}"
+        if u.reach.failure is not None and (not v.breaker.admits or not u.reach.answered):
+            return Skip.UNREACHABLE, u.reach.failure.reason
+        if not v.breaker.admits:
+            return Skip.OPEN, f"breaker {v.breaker.value} ({v.breaker_reason})" if v.breaker_reason else v.breaker.value
+        at = u.state.ready_at(now, self.cost(u))
+        if at is not None and at > now:
+            return Skip.HELD_OFF, f"held off for {at - now:.1f}s more (a server's hint, or its rpm / tpm bucket)"
+        return Skip.FULL, "every slot it has is in use"
 
     def left(self, now: float) -> float:
         """Seconds until its deadline: what any attempt or wait of it may take at most."""
@@ -108,7 +151,7 @@ class Routing:
             return RequestFailed(failure, self.attempts, _none(failure))
         holds = []
         for t in usable:
-            h = held(t, now)
+            h = held(t, now) or self._stranded(t, now)
             if h is None or (h.until is not None and h.until < self.deadline):
                 return None
             holds.append(h)
@@ -118,8 +161,26 @@ class Routing:
         untils = [h.until for h in holds if h.until is not None]
         retry = max(0.0, min(untils) - now) if untils else None
         reasons = "; ".join(dict.fromkeys(h.reason for h in holds))
-        message = f"no model can serve this request before its deadline and waiting cannot help: {reasons}"
-        return CannotWait(Failure(kind, reasons, retry_after=retry), why, self.attempts, message, retry_after=retry)
+        if why is Unavailable.UNREACHABLE:
+            message = f"no model can serve this request: {reasons}"
+        else:
+            message = f"no model can serve this request before its deadline and waiting cannot help: {reasons}"
+        code = next((h.code for h in holds if h.code), None)
+        failure = Failure(kind, reasons, code=code, retry_after=retry)
+        return CannotWait(failure, why, self.attempts, message, retry_after=retry)
+
+    def _stranded(self, t: Target, now: float) -> Hold | None:
+        """A target whose endpoint was never reached (targets.stranded) is not waited for
+        once the request itself failed to connect to it, or once its breaker admits no one
+        (it opened: only its probe tries it now). While its breaker admits, a request that
+        has not tried it does: that attempt is how a closed breaker hears it is back (or
+        opens, and its probe takes over)."""
+        h = stranded(t)
+        if h is None:
+            return None
+        if t.id in self.excluded or t.id in self.skip or not t.state.standing(now).breaker.admits:
+            return h
+        return None
 
     def _nothing(self, targets: Sequence[Target]) -> RequestFailed:
         """Why a request that has not been tried yet has no target at all."""

@@ -54,6 +54,12 @@ class TargetSnapshot:
     # The provider API of the target's endpoint. A snapshot from a gateway older than this
     # field has none: every endpoint then spoke OpenAI's wire.
     api: EndpointApi = EndpointApi.OPENAI
+    # Why its endpoint cannot be reached, while its last attempt could not connect (the
+    # failure's reason: the endpoint, its host and the cause); None while it is reachable.
+    unreachable_reason: str | None = None
+    # Its endpoint has never answered since the process started (with ``unreachable``: a
+    # request does not wait for it; capmon/core/reach.py).
+    never_reached: bool = False
 
     def window(self, seconds: int) -> WindowStats:
         for w in self.windows:
@@ -126,6 +132,12 @@ class EngineSnapshot:
     failed: int
     events_published: int
     shared: SharedStatus = field(default_factory=SharedStatus)
+    cancelled: int = 0  # ended otherwise: the caller went away (a gateway's client hung up)
+
+    @property
+    def in_progress(self) -> int:
+        """Requests neither succeeded, failed nor cancelled yet: the counts add up to ``requests``."""
+        return max(0, self.requests - self.succeeded - self.failed - self.cancelled)
 
     def to_dict(self) -> dict[str, object]:
         from dataclasses import asdict
@@ -169,6 +181,8 @@ def build_snapshot(client: FallbackClient, journal: Journal, queued: int) -> Eng
                 capacity=lim.capacity,
                 token_param=client.token_param(t.model.name),
                 api=t.endpoint.api,
+                unreachable_reason=t.reach.cause,
+                never_reached=not t.reach.answered,
             )
         )
     return EngineSnapshot(
@@ -182,6 +196,7 @@ def build_snapshot(client: FallbackClient, journal: Journal, queued: int) -> Eng
         requests=journal.requests,
         succeeded=journal.succeeded,
         failed=journal.failed,
+        cancelled=journal.cancelled,
         events_published=client.bus.published,
         shared=client.state.shared_status(),
     )

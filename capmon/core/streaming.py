@@ -11,7 +11,7 @@ from typing import Any
 
 from capmon.core.config import EndpointApi
 from capmon.core.formats import chunk_text
-from capmon.core.result import Attempt, ChatResult, fallbacks
+from capmon.core.result import Attempt, ChatResult, fallbacks, sent, skipped
 
 
 class ChatStream:
@@ -21,7 +21,7 @@ class ChatStream:
         self.model: str | None = None  # set when the first chunk is out
         self.endpoint: str | None = None
         self.target: str | None = None
-        self.attempts: tuple[Attempt, ...] = ()  # the failed attempts before the one streaming
+        self.attempts: tuple[Attempt, ...] = ()  # the failed attempts (and skips) before the one streaming
         self.api: EndpointApi | None = None  # the API of the endpoint that serves it
         self.dropped: tuple[str, ...] = ()  # fields the serving attempt left out (its API version refuses them)
         self.max_tokens_lowered: int | None = None  # the output cap sent when [client] cap_client_tokens cut it
@@ -64,6 +64,11 @@ class ChatStream:
             await self.aclose()
 
     @property
+    def skipped(self) -> list[Attempt]:
+        """The targets it passed over before the one streaming, each with why."""
+        return skipped(self.attempts)
+
+    @property
     def fallbacks(self) -> int:
-        models = [a.model for a in self.attempts] + ([self.model] if self.model else [])
+        models = [a.model for a in sent(self.attempts)] + ([self.model] if self.model else [])
         return fallbacks(self.requested if self.model else "", models)

@@ -14,6 +14,7 @@ from capmon.core.breaker import State
 from capmon.core.config import Config, EndpointConfig, ModelConfig, ResolvedKey
 from capmon.core.errors import Kind
 from capmon.core.exceptions import CapmonError, Unavailable
+from capmon.core.reach import Reach, host_of
 from capmon.core.result import Api
 from capmon.core.state import KeyRef, KeyState, TargetSpec, TargetState
 from capmon.core.stats import RollingStats
@@ -33,6 +34,8 @@ class Target:
     endpoint: EndpointConfig
     key: ResolvedKey
     state: TargetState
+    # What this process has seen of the endpoint's reachability, shared by its targets.
+    reach: Reach
     stats: RollingStats = field(default_factory=RollingStats)
     last_status: int | None = None
     last_kind: Kind | None = None
@@ -67,6 +70,7 @@ def build_targets(config: Config, keys: Mapping[tuple[str, str], ResolvedKey]) -
     """Every (model, endpoint, key) the config names and the environment holds a key for,
     in preference order. The targets' state is attached by the client (the seam decides)."""
     specs, out = [], []
+    reach = {ep.name: Reach(ep.name, host_of(ep.base_url)) for ep in config.endpoints}
     for rank, model in enumerate(config.models):
         for ep in (config.endpoint(name) for name in model.endpoints):
             for k in ep.keys:
@@ -83,6 +87,7 @@ def build_targets(config: Config, keys: Mapping[tuple[str, str], ResolvedKey]) -
                         ep,
                         key,
                         state=None,  # type: ignore[arg-type]
+                        reach=reach[ep.name],
                     )
                 )
     if not out:
@@ -103,11 +108,12 @@ def token_limit(asked: int | None, t: Target, ceiling: bool) -> int:
 def admits_in(targets: list[Target], now: float) -> dict[str, float | None]:
     """Per target, seconds until it may admit a request (0: now; a full one counts as now,
     it frees a slot by itself, and so does a half-open one, whose probe is out), or None
-    when only a person can bring it back (:func:`held`: a disabled key, tripped by hand):
-    what a gateway's /ready and Retry-After are made of, by the rule a request's wait is."""
+    when only a person can bring it back (:func:`held`: a disabled key, tripped by hand) or
+    its endpoint was never reached (:func:`stranded`): what a gateway's /ready and
+    Retry-After are made of, by the rule a request's wait is."""
     out: dict[str, float | None] = {}
     for t in targets:
-        hold = held(t, now)
+        hold = held(t, now) or stranded(t)
         if hold is not None:
             out[t.id] = None if hold.until is None else max(0.0, hold.until - now)
             continue
@@ -126,6 +132,7 @@ class Hold:
     kind: Kind  # what a request refused for it failed of
     reason: str
     until: float | None  # clock time it lifts by itself (a quota's reset); None: only a person lifts it
+    code: str | None = None  # an unreachable endpoint's errors.Cause
 
 
 def held(t: Target, now: float) -> Hold | None:
@@ -144,3 +151,13 @@ def held(t: Target, now: float) -> Hold | None:
         where = f"key {t.key.alias} at {t.endpoint.name}"
         return Hold(Unavailable.KEYS, Kind.QUOTA, f"{where} is out of quota for {left:.0f}s more", v.key_until)
     return None
+
+
+def stranded(t: Target) -> Hold | None:
+    """Why ``t`` is not worth waiting for: its endpoint could not be connected to at its
+    last attempt and has never answered since the process started (capmon/core/reach.py).
+    Its breaker's probe brings it back if it ever answers; nothing says it will."""
+    reach = t.reach
+    if reach.failure is None or reach.answered:
+        return None
+    return Hold(Unavailable.UNREACHABLE, Kind.UNREACHABLE, reach.failure.reason, None, reach.failure.code)

@@ -305,8 +305,31 @@ def _translate(exc: BaseException, request: httpx.Request, *, reading: bool, que
     except Exception:  # a broken __str__ must not hide the failure
         detail = ""
     detail = _SPACE.sub(" ", detail).strip()
-    text = f"{lead} ({type(cause).__name__}: {detail})" if detail else f"{lead} ({type(cause).__name__})"
-    return cls(_scrub(text, request), request=request)
+    named = f"{type(cause).__name__}: {detail}" if detail else type(cause).__name__
+    text = f"{lead} ({named})" if lead else named
+    failure = cls(_scrub(text, request), request=request)
+    # What a connect failed with (a DNS, refused, TLS error: the OS's or ssl's own, which
+    # holds no request) is chained as httpcore chains it, so the classifier reads the
+    # cause of an unreachable endpoint from either transport (errors.unreachable_cause).
+    reason = _connect_error(cause)
+    if reason is not None:
+        failure.__cause__ = reason
+    return failure
+
+
+def _connect_error(cause: BaseException) -> BaseException | None:
+    if not isinstance(cause, aiohttp.ClientConnectorError) or isinstance(cause, aiohttp.ClientProxyConnectionError):
+        return None
+    certificate = getattr(cause, "certificate_error", None)
+    found = certificate if isinstance(certificate, BaseException) else getattr(cause, "os_error", None)
+    if not isinstance(found, BaseException):
+        return None
+    try:
+        # A fresh one of the same type and arguments: nothing aiohttp attached (its
+        # connection key, a traceback holding the request) travels with it.
+        return type(found)(*found.args)
+    except Exception:
+        return OSError(getattr(found, "errno", None), str(found))
 
 
 def _kind_of(cause: BaseException, *, reading: bool, queued: bool) -> tuple[type[httpx.TransportError], str]:
@@ -323,7 +346,7 @@ def _kind_of(cause: BaseException, *, reading: bool, queued: bool) -> tuple[type
     if isinstance(cause, (aiohttp.ClientProxyConnectionError, aiohttp.ClientHttpProxyError)):
         return httpx.ProxyError, "proxy error"
     if isinstance(cause, aiohttp.ClientConnectorError):
-        return httpx.ConnectError, "All connection attempts failed"
+        return httpx.ConnectError, ""  # its own text says "Cannot connect to host ..." and why
     if isinstance(cause, aiohttp.ServerDisconnectedError):
         if reading:
             return httpx.RemoteProtocolError, "peer closed connection without sending complete message body"

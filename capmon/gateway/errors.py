@@ -3,6 +3,7 @@
 
 | the core says | the client gets |
 |---|---|
+| unreachable (no connection: DNS, refused, TLS, proxy), at once or at last | 502 ``upstream_unreachable`` |
 | CannotWait (waiting cannot help: tripped by hand, keys disabled or out of quota) | 503 at once (below) |
 | CannotWait for a prompt over every window | 400 ``context_length_exceeded`` (clients compact on it) |
 | capacity, rate_limited, quota; DeadlineExceeded after those (or with no attempt) | 429 with Retry-After |
@@ -11,6 +12,8 @@
 | transient, oversized | 502: the upstream failed, retries are spent |
 | auth | 502 naming the gateway's provider key by its alias: the gateway's problem, not the client's |
 
+An unreachable 502 names the endpoint and the cause, with no Retry-After (nobody knows when
+the address or the network is mended) and ``x-should-retry: false``.
 A CannotWait 503's code is why (``models_unavailable``, ``no_usable_key``); it carries
 ``x-should-retry: false``, which the openai and anthropic SDKs obey instead of retrying, and
 a Retry-After only when the time something admits again is known (a quota's reset).
@@ -30,7 +33,9 @@ from typing import Any
 
 from capmon.core.errors import Failure, Kind
 from capmon.core.exceptions import CannotWait, DeadlineExceeded, RequestFailed, Unavailable
+from capmon.core.result import sent
 from capmon.core.secrets import redact
+from capmon.gateway.headers import skipped_header
 
 
 @dataclass(eq=False)
@@ -85,7 +90,20 @@ def from_failure(e: RequestFailed, *, retry_after: float = 1.0, disabled_keys: S
     ``disabled_keys``: the gateway's provider keys disabled after the provider refused
     them, when no key is left; a request refused without an attempt then failed for that."""
     f = e.failure
-    attempts = {"x-capmon-attempts": str(len(e.attempts))}
+    attempts = {"x-capmon-attempts": str(len(sent(e.attempts)))}
+    skips = skipped_header(e.attempts)
+    if skips:
+        attempts["x-capmon-skipped"] = skips
+    if f.kind is Kind.UNREACHABLE:
+        # Not capacity, not the caller's request: the gateway cannot reach its provider (a
+        # wrong base_url, DNS, a proxy, TLS). No time to name: nobody knows when it is mended.
+        return ApiError(
+            502,
+            f"upstream_unreachable: {e}",
+            "upstream_error",
+            Unavailable.UNREACHABLE.value,
+            headers={"x-should-retry": "false", **attempts},
+        )
     if isinstance(e, CannotWait) and e.why is not Unavailable.WINDOW:
         # The SDKs retry a 503 at once unless told not to; a known reset is the only time to name.
         headers = {"x-should-retry": "false", **attempts}

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from capmon.core.clock import Clock
-from capmon.core.result import Attempt, ChatResult
+from capmon.core.result import Attempt, ChatResult, sent, skipped
 from capmon.gateway import fields
 from capmon.gateway.access_log import AccessLog
 from capmon.gateway.anthropic_errors import on_messages_path, shaped_for
@@ -91,9 +91,12 @@ class Exchange:
     records: tuple[Attempt, ...] = ()  # the attempts, when known: for traces (capmon/gateway/traces.py)
     response_model: str | None = None  # the model the provider's answer names
 
-    def served(self, s: Served) -> None:
+    def served(self, s: Served, attempts: Sequence[Attempt] = ()) -> None:
+        """``attempts``: the record so far (the skips and failures before the answer)."""
         self.model_served, self.endpoint, self.served_api = s.model, s.endpoint, s.api or None
         self.attempts, self.fallbacks = s.attempts, s.fallbacks
+        if attempts:
+            self.records = tuple(attempts)
 
     def used(self, usage: Mapping[str, Any]) -> None:
         """The answer's usage in any API's words (chat's prompt/completion, the others' input/output)."""
@@ -110,7 +113,7 @@ class Exchange:
     def failed(self, kind: str, attempts: Sequence[Attempt] | None = None) -> None:
         self.error_kind = kind
         if attempts is not None:
-            self.attempts, self.records = len(attempts), tuple(attempts)
+            self.attempts, self.records = len(sent(attempts)), tuple(attempts)
 
     def line(self) -> dict[str, Any]:
         """The access log's line: no key, no prompt or answer text."""
@@ -135,6 +138,9 @@ class Exchange:
             "ttfb_ms": _ms(self.ttfb),
             "tokens_in": self.tokens_in,
             "tokens_out": self.tokens_out,
+            # The targets passed over and why: the reason is capmon's own words (a feature, a
+            # window, a state), never the request's content.
+            "skipped": [{"target": a.target, "why": a.skip, "reason": a.reason} for a in skipped(self.records)],
         }
 
 

@@ -5,10 +5,15 @@ tools written against LiteLLM's proxy read them unchanged."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from capmon.core.result import ChatResult, Priority
+from capmon.core.result import Attempt, ChatResult, Priority, sent, skipped
+from capmon.core.secrets import redact
 from capmon.core.streaming import ChatStream
+
+SKIPPED_CHARS = 1024  # x-capmon-skipped at most: a long list ends with "; +N more"
+_SKIP_DETAIL_CHARS = 120
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,10 +27,11 @@ class Served:
     api: str = ""  # the endpoint API that served: openai, anthropic, azure
     dropped: tuple[str, ...] = ()  # fields left out by [client] refused_sampling = "drop"
     max_tokens: int | None = None  # the output cap sent when [client] cap_client_tokens lowered the caller's
+    skipped: str | None = None  # x-capmon-skipped: the targets passed over and why
 
     @staticmethod
     def of_result(r: ChatResult) -> Served:
-        attempts = max(1, len(r.attempts))
+        attempts = max(1, len(sent(r.attempts)))
         return Served(
             r.model,
             r.endpoint,
@@ -36,13 +42,15 @@ class Served:
             r.api.value,
             r.dropped,
             r.max_tokens_lowered,
+            skipped_header(r.attempts),
         )
 
     @staticmethod
     def of_stream(s: ChatStream) -> Served:
-        """Read when the first chunk is out: ``s.attempts`` are the failed ones before it."""
+        """Read when the first chunk is out: ``s.attempts`` are the failed ones (and the
+        skips) before it."""
         api = s.api.value if s.api is not None else ""
-        attempts = len(s.attempts) + 1
+        attempts = len(sent(s.attempts)) + 1
         return Served(
             s.model or "",
             s.endpoint or "",
@@ -53,6 +61,7 @@ class Served:
             api,
             s.dropped,
             s.max_tokens_lowered,
+            skipped_header(s.attempts),
         )
 
     def headers(self, priority: Priority) -> dict[str, str]:
@@ -60,6 +69,8 @@ class Served:
         own = {"x-capmon-dropped": ",".join(self.dropped)} if self.dropped else {}
         if self.max_tokens is not None:
             own["x-capmon-max-tokens"] = str(self.max_tokens)
+        if self.skipped:
+            own["x-capmon-skipped"] = self.skipped
         return {
             name: header_value(value)
             for name, value in {
@@ -83,3 +94,25 @@ def header_value(text: str) -> str:
     if text.isascii() and text.isprintable():
         return text
     return "".join(ch if ch.isprintable() and ord(ch) < 256 else "?" for ch in text)
+
+
+def skipped_header(attempts: Sequence[Attempt]) -> str | None:
+    """``x-capmon-skipped``: each target passed over as ``target=why (detail)``, joined by
+    "; ", at most SKIPPED_CHARS long (the rest counted as "+N more"); None when none was."""
+    entries = []
+    for a in skipped(attempts):
+        detail = a.reason.removeprefix(f"{a.skip}: ") if a.skip else a.reason
+        detail = redact(detail, hints=False).replace(";", ",")  # a client of the gateway sees no part of a key
+        if len(detail) > _SKIP_DETAIL_CHARS:
+            detail = detail[: _SKIP_DETAIL_CHARS - 3] + "..."
+        entries.append(f"{a.target}={a.skip or 'skip'} ({detail})")
+    if not entries:
+        return None
+    out = ""
+    for i, entry in enumerate(entries):
+        more = f"; +{len(entries) - i} more"
+        piece = entry if not out else f"; {entry}"
+        if len(out) + len(piece) + (len(more) if i + 1 < len(entries) else 0) > SKIPPED_CHARS:
+            return header_value(out + (more if out else f"+{len(entries)} skipped"))
+        out += piece
+    return header_value(out)

@@ -18,6 +18,7 @@ Per target (a model at an endpoint with a key) and per model:
 | capmon_key_usable{model,target} 0 while its key is parked (quota) or disabled (auth) | |
 | capmon_attempts_total{model,target,outcome}: ok or the kind | litellm_deployment_success/failure_responses |
 | capmon_attempt_latency_seconds{model,target} | litellm_request_total_latency_metric |
+| capmon_skips_total{model,target,why}: requests that passed a target over, never sent, and why | |
 | capmon_requests_total{model,outcome} (model "" when none served) | litellm_deployment_total_requests |
 | capmon_request_latency_seconds{model}, waits included | litellm_llm_api_latency_metric |
 | capmon_fallbacks_total{from_model,to_model} | litellm_deployment_successful_fallbacks |
@@ -173,6 +174,12 @@ class GatewayMetrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
+        self.skips = Counter(
+            "capmon_skips",
+            "requests that passed a target over without sending to it, by why (incapable, open, full, ...)",
+            ["model", "target", "why"],
+            registry=r,
+        )
         self.requests = Counter(
             "capmon_requests",
             'requests finished, by the model that served them ("" when none did) and outcome (ok or the failure kind)',
@@ -235,6 +242,9 @@ class GatewayMetrics:
         self._child(self.responses, api, str(status)).inc()
 
     def _attempt(self, request: ChatRequest, a: Attempt) -> None:
+        if a.skip is not None:  # never sent: no attempt, no latency
+            self._child(self.skips, a.model, a.target, a.skip.value).inc()
+            return
         self._child(self.attempts, a.model, a.target, a.kind.value if a.kind is not None else "ok").inc()
         self._child(self.attempt_latency, a.model, a.target).observe(max(0.0, a.latency))
 

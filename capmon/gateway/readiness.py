@@ -15,7 +15,8 @@ class TargetReadiness:
     target: str
     model: str
     state: str
-    admits_in: float | None  # seconds until it admits (0: now); None: only a person can bring it back
+    admits_in: float | None  # seconds until it admits (0: now); None: only a person (or its endpoint answering)
+    unreachable: str | None = None  # why its endpoint, never reached, cannot be (capmon/core/reach.py)
 
     def as_json(self) -> dict[str, object]:
         return {
@@ -23,6 +24,7 @@ class TargetReadiness:
             "model": self.model,
             "state": self.state,
             "admits_in": None if self.admits_in is None else round(self.admits_in, 3),
+            "unreachable": self.unreachable,
         }
 
 
@@ -49,7 +51,7 @@ def _targets(client: FallbackClient) -> tuple[TargetReadiness, ...]:
     out = []
     for t in client.snapshot().targets:
         state = str(t.state) if t.key_state == "ok" else f"{t.state}, key {t.key_state}"
-        out.append(TargetReadiness(t.target, t.model, state, admits_in.get(t.target)))
+        out.append(TargetReadiness(t.target, t.model, state, admits_in.get(t.target), t.unreachable_reason))
     return tuple(out)
 
 
@@ -86,6 +88,10 @@ def _readiness(client: FallbackClient) -> Readiness:
             f"{first.model} in {first.admits_in:.0f}s",
             targets,
         )
+    unreachable = list(dict.fromkeys(t.unreachable for t in targets if t.unreachable))
+    if unreachable:
+        rest = "" if len(unreachable) == len(targets) else "; the others are tripped by hand or their keys disabled"
+        return Readiness(False, f"no model can admit a request: {'; '.join(unreachable)}{rest}", targets)
     return Readiness(False, "no model can admit a request: every one is tripped by hand or its key disabled", targets)
 
 

@@ -17,7 +17,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from capmon.core.errors import Failure, Kind
-from capmon.core.exceptions import RequestFailed
+from capmon.core.exceptions import CannotWait, RequestFailed
 from capmon.core.result import Api
 from capmon.core.secrets import redact
 from capmon.gateway import sse
@@ -111,7 +111,9 @@ class _Proxied(Response):
             self.gw.metrics.disconnects.labels(self.wanted.request.api.value).inc()
 
     def _failed(self, e: RequestFailed) -> ApiError:
-        self.ex.failed(e.failure.kind.value, e.attempts)
+        # A request answered at once is logged as what it was refused for, not as the kind of
+        # failure the refusal carries (a model tripped by hand is no capacity failure).
+        self.ex.failed(e.why.value if isinstance(e, CannotWait) else e.failure.kind.value, e.attempts)
         return _failed(self.gw, e, self.wanted.request.api)
 
     def _internal(self, e: Exception) -> ApiError:
@@ -163,7 +165,7 @@ class StreamReply(_Proxied):
                 await send_json(send, err.status, err.body())
                 return
             served = Served.of_stream(stream)
-            self.ex.served(served)
+            self.ex.served(served, stream.attempts)
             headers = {**sse.HEADERS, **served.headers(w.priority)}
             await send({"type": "http.response.start", "status": 200, "headers": _raw(headers)})
             try:

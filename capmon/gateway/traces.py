@@ -174,6 +174,9 @@ class GatewayTraces:
         sent = [a for a in ex.records if a.decision is not Decision.SKIP]
         if sent:
             attrs["capmon.wait_s"] = _seconds(_waited(start, sent))
+        skips = [a for a in ex.records if a.decision is Decision.SKIP]
+        if skips:
+            attrs["capmon.skipped"] = [f"{a.target}={a.skip or 'skip'}" for a in skips]
         if ex.error_kind is not None:
             attrs["error.type"] = ex.error_kind
         name = f"{OPERATION} {requested}" if requested else OPERATION
@@ -183,7 +186,11 @@ class GatewayTraces:
         if ex.error_kind is not None:
             span.set_status(Status(StatusCode.ERROR, ex.error_kind))
         context = trace.set_span_in_context(span)
-        for a in ex.records:
+        for a in skips:  # never sent: an event of the request's span, not a span of a call
+            what: dict[str, AttributeValue] = {"capmon.target": a.target, "capmon.model": a.model}
+            what["capmon.skip"], what["capmon.reason"] = a.skip or "skip", a.reason
+            span.add_event("capmon.skip", what, timestamp=_ns(a.started))
+        for a in sent:
             self._attempt(a, ex, context)
         span.end(end_time=_ns(max(end, start)))
 

@@ -112,6 +112,8 @@ def key_text(t: TargetSnapshot, now: float) -> Text:
 
 
 def last_status(t: TargetSnapshot) -> Text:
+    if t.unreachable_reason:  # no status at all: the endpoint could not be connected to
+        return Text("net", style="bold red")
     if t.last_status is None:
         return Text("-", style="dim")
     style = "green" if t.last_status < 300 else "yellow" if t.last_status == 429 else "red"

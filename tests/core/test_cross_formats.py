@@ -17,7 +17,7 @@ import pytest
 from capmon.core.config import SIMULATOR_DEMO_KEY, EndpointApi, parse_config
 from capmon.core.errors import Kind
 from capmon.core.exceptions import RequestFailed
-from capmon.core.result import Decision
+from capmon.core.result import Decision, Skip
 from capmon.core.router import FallbackClient
 from capmon.core.serial import snapshot_to_json
 from capmon.sim.scenario import Scenario
@@ -187,7 +187,11 @@ async def test_a_target_that_cannot_carry_the_request_is_skipped_on_the_record_o
     skip, ok = served.attempts
     assert (skip.model, skip.decision, skip.number, skip.api) == ("flagship", Decision.SKIP, 0, EndpointApi.OPENAI)
     assert skip.reason.startswith("incapable: thinking") and ok.number == 1 and served.fell_back
-    assert e.value.failure.kind is Kind.BAD_REQUEST and e.value.attempts == ()
+    assert e.value.failure.kind is Kind.BAD_REQUEST
+    assert [(a.model, a.decision, a.skip) for a in e.value.attempts] == [
+        ("flagship", Decision.SKIP, Skip.INCAPABLE),
+        ("claude", Decision.SKIP, Skip.INCAPABLE),
+    ]
     refused = str(e.value)
     assert "flagship (openai): thinking" in refused and "claude (anthropic): messages[0]: citations" in refused
 

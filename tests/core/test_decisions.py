@@ -11,7 +11,7 @@ import pytest
 from capmon.core import decisions as d
 from capmon.core.breaker import State
 from capmon.core.decisions import DEFAULT_QUOTA_PARK, Gates, KeyState, Outcome, Room, Verdict
-from capmon.core.errors import CONNECT_FAILED, Failure, Kind
+from capmon.core.errors import Cause, Failure, Kind
 from capmon.core.policy import BreakerSignal, LimiterSignal
 
 NOW = 100.0
@@ -85,7 +85,7 @@ def test_a_ramp_admits_its_share_of_the_limit_and_at_least_one(
         ),
         (fail(Kind.AUTH, 30.0), BreakerSignal.NEUTRAL, LimiterSignal.NEUTRAL, (KeyState.DISABLED, 0.0), None),
         (fail(Kind.TRANSIENT), BreakerSignal.TRANSIENT, LimiterSignal.NEUTRAL, None, None),
-        (fail(Kind.TRANSIENT, None, CONNECT_FAILED), BreakerSignal.DOWN, LimiterSignal.NEUTRAL, None, None),
+        (fail(Kind.UNREACHABLE, None, Cause.REFUSED), BreakerSignal.DOWN, LimiterSignal.NEUTRAL, None, None),
         (fail(Kind.TOO_LARGE), BreakerSignal.NEUTRAL, LimiterSignal.NEUTRAL, None, None),
         (fail(Kind.BAD_REQUEST, 9.0), BreakerSignal.NEUTRAL, LimiterSignal.NEUTRAL, None, None),
         (fail(Kind.OVERSIZED), BreakerSignal.NEUTRAL, LimiterSignal.NEUTRAL, None, None),
@@ -144,14 +144,14 @@ def test_a_cancelled_attempt_says_nothing() -> None:
 
 
 def test_a_streak_checkpoints_only_where_it_may_begin() -> None:
-    down = d.plan_settle(Outcome(fail(Kind.TRANSIENT, None, CONNECT_FAILED)), probe=False, cost=0, max_hint=60.0)
+    down = d.plan_settle(Outcome(fail(Kind.UNREACHABLE, None, Cause.REFUSED)), probe=False, cost=0, max_hint=60.0)
     full = d.plan_settle(Outcome(fail(Kind.CAPACITY)), probe=False, cost=0, max_hint=60.0)
     assert d.starts_streak(down, news=False, admits=True, streak=0)
     assert d.starts_streak(full, news=True, admits=True, streak=0)
     assert not d.starts_streak(full, news=False, admits=True, streak=0)  # an echo
     assert not d.starts_streak(full, news=True, admits=True, streak=1)  # already under way
     assert not d.starts_streak(full, news=True, admits=False, streak=0)
-    probe = d.plan_settle(Outcome(fail(Kind.TRANSIENT, None, CONNECT_FAILED)), probe=True, cost=0, max_hint=60.0)
+    probe = d.plan_settle(Outcome(fail(Kind.UNREACHABLE, None, Cause.REFUSED)), probe=True, cost=0, max_hint=60.0)
     assert not d.starts_streak(probe, news=False, admits=True, streak=0)
 
 
@@ -186,7 +186,7 @@ def test_news_is_a_rejection_sent_since_the_last_cut_or_an_endpoint_down() -> No
     assert d.overload_is_news(LimiterSignal.OVERLOAD, 3, 3)
     assert not d.overload_is_news(LimiterSignal.OVERLOAD, 2, 3)
     assert not d.overload_is_news(LimiterSignal.NEUTRAL, 3, 3)
-    down = d.plan_settle(Outcome(fail(Kind.TRANSIENT, None, CONNECT_FAILED)), probe=False, cost=0, max_hint=60.0)
+    down = d.plan_settle(Outcome(fail(Kind.UNREACHABLE, None, Cause.REFUSED)), probe=False, cost=0, max_hint=60.0)
     assert d.reports_news(down, False) and not d.reports_news(
         d.plan_settle(Outcome(None), probe=False, cost=0, max_hint=1.0), False
     )

@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
+import ssl
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 import pytest
 
-from capmon.core.errors import Failure, Kind, classify, classify_exception, classify_response
+from capmon.core.errors import Cause, Failure, Kind, classify, classify_exception, classify_response
 
 NOW = 1_767_225_600.0  # 2026-01-01T00:00:00Z
 REQUEST = httpx.Request(
@@ -725,12 +727,8 @@ EXCEPTION_CASES = [
     pytest.param(
         httpx.ReadTimeout("The read operation timed out", request=REQUEST), "timeout: read", id="read-timeout"
     ),
-    pytest.param(httpx.ConnectTimeout("", request=REQUEST), "timeout: connect", id="connect-timeout"),
     pytest.param(httpx.WriteTimeout("", request=REQUEST), "timeout: write", id="write-timeout"),
     pytest.param(httpx.PoolTimeout("", request=REQUEST), "timeout: waiting for a pooled connection", id="pool-timeout"),
-    pytest.param(
-        httpx.ConnectError("All connection attempts failed", request=REQUEST), "connection failed", id="connect-error"
-    ),
     pytest.param(httpx.ReadError("", request=REQUEST), "connection error while reading", id="read-error"),
     pytest.param(
         httpx.RemoteProtocolError(
@@ -740,7 +738,6 @@ EXCEPTION_CASES = [
         id="remote-protocol-error",
     ),
     pytest.param(ConnectionResetError(104, "Connection reset by peer"), "connection reset", id="connection-reset"),
-    pytest.param(ConnectionRefusedError(111, "Connection refused"), "connection refused", id="connection-refused"),
     pytest.param(TimeoutError(), "timeout", id="asyncio-timeout"),
     pytest.param(OSError(101, "Network is unreachable"), "OS error", id="os-error"),
     pytest.param(json.JSONDecodeError("Expecting value", "<html>", 0), "invalid JSON", id="json-decode-error"),
@@ -748,6 +745,92 @@ EXCEPTION_CASES = [
     pytest.param(_BrokenStr(), "_BrokenStr", id="broken-str"),
     pytest.param(asyncio.CancelledError(), "CancelledError", id="cancelled"),
 ]
+
+
+def _chained(exc: BaseException, cause: BaseException) -> BaseException:
+    exc.__cause__ = cause
+    return exc
+
+
+# No connection was made: UNREACHABLE, the cause read from the chain (httpcore chains the OS
+# or TLS error; capmon's aiohttp transport chains a fresh copy of it).
+UNREACHABLE_CASES = [
+    pytest.param(httpx.ConnectTimeout("", request=REQUEST), Cause.TIMEOUT, "timeout: connect", id="connect-timeout"),
+    pytest.param(
+        httpx.ConnectError("All connection attempts failed", request=REQUEST),
+        Cause.NETWORK,
+        "connection failed",
+        id="connect-error",
+    ),
+    pytest.param(
+        _chained(
+            httpx.ConnectError("[Errno -2] Name or service not known", request=REQUEST),
+            socket.gaierror(-2, "Name or service not known"),
+        ),
+        Cause.DNS,
+        "DNS lookup failed",
+        id="dns",
+    ),
+    pytest.param(
+        _chained(
+            httpx.ConnectError("Cannot connect to host", request=REQUEST),
+            ConnectionRefusedError(111, "Connect call failed ('127.0.0.1', 1)"),
+        ),
+        Cause.REFUSED,
+        "connection refused",
+        id="refused-chained",
+    ),
+    pytest.param(ConnectionRefusedError(111, "Connection refused"), Cause.REFUSED, "connection refused", id="refused"),
+    pytest.param(
+        _chained(
+            httpx.ConnectError("[SSL: WRONG_VERSION_NUMBER] wrong version number", request=REQUEST),
+            ssl.SSLError(1, "[SSL: WRONG_VERSION_NUMBER] wrong version number"),
+        ),
+        Cause.TLS,
+        "TLS handshake failed",
+        id="tls",
+    ),
+    pytest.param(
+        _chained(
+            httpx.ConnectError("certificate verify failed", request=REQUEST),
+            ssl.SSLCertVerificationError(1, "certificate verify failed: self-signed certificate"),
+        ),
+        Cause.TLS,
+        "TLS handshake failed",
+        id="tls-certificate",
+    ),
+    pytest.param(httpx.ProxyError("407 Proxy Authentication Required"), Cause.PROXY, "proxy error", id="proxy"),
+    pytest.param(
+        _chained(httpx.ConnectError("[Errno 113] No route to host", request=REQUEST), OSError(113, "No route to host")),
+        Cause.NETWORK,
+        "connection failed",
+        id="no-route",
+    ),
+]
+
+
+@pytest.mark.parametrize(("exc", "cause", "reason_start"), UNREACHABLE_CASES)
+def test_a_connection_never_made_is_unreachable_with_its_cause(
+    exc: BaseException, cause: Cause, reason_start: str
+) -> None:
+    failure = classify_exception(exc)
+    assert failure.kind is Kind.UNREACHABLE and failure.code == cause.value, failure
+    assert failure.reason.startswith(reason_start), failure.reason
+    assert failure.retry_after is None
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        # A connection was made: the server may have done work, so it is no unreachable endpoint.
+        _chained(httpx.ReadError("", request=REQUEST), ssl.SSLError(1, "[SSL: DECRYPTION_FAILED_OR_BAD_RECORD_MAC]")),
+        _chained(httpx.ReadError("", request=REQUEST), ConnectionResetError(104, "Connection reset by peer")),
+        httpx.ReadTimeout("", request=REQUEST),
+    ],
+    ids=["tls-while-reading", "reset", "read-timeout"],
+)
+def test_a_failure_after_the_connection_was_made_is_not_unreachable(exc: BaseException) -> None:
+    assert classify_exception(exc).kind is Kind.TRANSIENT
 
 
 @pytest.mark.parametrize(("exc", "reason_start"), EXCEPTION_CASES)

@@ -15,7 +15,7 @@ import pytest
 
 from capmon.core.errors import Kind
 from capmon.core.exceptions import CannotWait, DeadlineExceeded, RequestFailed, Unavailable
-from capmon.core.result import ChatRequest
+from capmon.core.result import ChatRequest, Decision, Skip
 from capmon.core.router import FallbackClient
 from tests.support.breakers import open_every_breaker
 from tests.support.configs import ENV, three_models
@@ -64,7 +64,9 @@ async def test_every_model_tripped_by_hand_fails_at_once_with_the_reason() -> No
             client.trip(m)
         e, took = await failure_of(client.chat("hi"), CannotWait)
     assert took < 1.0 and script.served() == 0
-    assert e.why is Unavailable.MODELS and e.retry_after is None and e.attempts == ()
+    assert e.why is Unavailable.MODELS and e.retry_after is None
+    # Nothing sent; each model on the record as passed over, and why.
+    assert [(a.model, a.decision, a.skip) for a in e.attempts] == [(m, Decision.SKIP, Skip.TRIPPED) for m in MODELS]
     assert "flagship is tripped by hand" in str(e) and "small is tripped by hand" in str(e)
 
 

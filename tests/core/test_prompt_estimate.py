@@ -13,7 +13,7 @@ import pytest
 from capmon.core.config import SIMULATOR_DEMO_KEY, parse_config
 from capmon.core.errors import Kind
 from capmon.core.exceptions import RequestFailed
-from capmon.core.result import Api, ChatRequest
+from capmon.core.result import Api, ChatRequest, Skip, sent
 from capmon.core.router import FallbackClient
 from capmon.core.tokens import estimate_body, estimate_request, estimate_tokens
 from capmon.sim.scenario import Scenario
@@ -89,6 +89,7 @@ async def test_a_long_messages_or_responses_request_skips_a_window_too_small_and
     finally:
         await server.stop()
     # small was never sent the request: its window (4,000) cannot hold ~10,000 tokens
-    assert result.model == "large" and [a.model for a in result.attempts] == ["large"]
+    assert result.model == "large" and [a.model for a in sent(result.attempts)] == ["large"]
+    assert [(a.model, a.skip) for a in result.skipped] == [("small", Skip.WINDOW)]
     assert info.value.failure.kind is Kind.TOO_LARGE and "context window" in info.value.failure.reason
     assert stats["sim-small"]["requests"] == 0 and stats["sim-large"]["requests"] == 1, stats

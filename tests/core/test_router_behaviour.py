@@ -9,7 +9,7 @@ import pytest
 from capmon.core import events as ev
 from capmon.core.errors import Kind
 from capmon.core.exceptions import CannotWait, DeadlineExceeded, RequestFailed, Unavailable
-from capmon.core.result import ChatRequest
+from capmon.core.result import ChatRequest, Skip, sent
 from capmon.core.router import FallbackClient
 from capmon.sim.app import create_app
 from capmon.sim.scenario import parse_scenario
@@ -71,8 +71,11 @@ async def test_too_large_falls_back_only_to_a_model_whose_window_is_larger() -> 
             client.pin("medium")  # order: medium, then the request's own small, then flagship
             result = await client.chat(ChatRequest.of("long prompt", model="small"))
     assert result.model == "flagship"
-    assert [a.kind for a in result.attempts] == [Kind.TOO_LARGE, None]
+    assert [a.kind for a in sent(result.attempts)] == [Kind.TOO_LARGE, None]
     assert script.served("small") == 0  # its window is smaller than the one that was too small
+    # ... and the record says so
+    assert [(a.model, a.skip) for a in result.skipped] == [("small", Skip.WINDOW)]
+    assert "context window of 16,000 tokens is below" in result.skipped[0].reason
 
 
 async def test_a_prompt_larger_than_every_window_fails_without_sending() -> None:

@@ -17,7 +17,7 @@ from capmon.core.breaker import State
 from capmon.core.clock import LoopClock, ManualClock
 from capmon.core.config import BreakerConfig, ClientConfig, Config, LimiterConfig, ModelConfig
 from capmon.core.decisions import DEFAULT_QUOTA_PARK
-from capmon.core.errors import CONNECT_FAILED, Failure, Kind
+from capmon.core.errors import Cause, Failure, Kind
 from capmon.core.events import BreakerChanged, Event, KeyParked, ModelPinned
 from capmon.core.limiter import Slot
 from capmon.core.state import Admission, KeyState, MemoryState, MemoryTarget, TargetSpec
@@ -39,7 +39,7 @@ def quota(hint: float | None = None) -> Failure:
 
 
 AUTH = Failure(Kind.AUTH, "Incorrect API key provided", 401, "invalid_api_key")
-DOWN = Failure(Kind.TRANSIENT, "connection refused", None, CONNECT_FAILED)
+DOWN = Failure(Kind.UNREACHABLE, "connection refused", None, Cause.REFUSED)
 TRANSIENT = Failure(Kind.TRANSIENT, "502 bad gateway", 502)
 
 

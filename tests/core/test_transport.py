@@ -5,7 +5,7 @@ can misbehave on purpose at the byte level: hold a stream open, hang, hang up be
 in the middle of an answer, reset the connection, or answer with garbage. Every test
 runs on both transports, and every failure must come out as the httpx exception that
 capmon.core.errors classifies as a transient failure (timeouts as "timeout: ...", a
-refused connection as CONNECT_FAILED), with no key in its text or in any log.
+refused connection as UNREACHABLE, its cause read from either), with no key in its text or in any log.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import httpx
 import pytest
 
 from capmon.core import transport as transport_module
-from capmon.core.errors import CONNECT_FAILED, Kind, classify_exception
+from capmon.core.errors import Cause, Kind, classify_exception
 from capmon.core.result import ChatRequest
 from capmon.core.router import FallbackClient
 from capmon.core.transport import AiohttpTransport, HttpcoreTransport, PoolStats, TransportKind, make_transport
@@ -439,7 +439,8 @@ async def test_a_connect_that_gets_no_answer_is_a_connect_timeout(kind: str, una
         with pytest.raises(httpx.ConnectTimeout) as info:
             await c.post(f"http://127.0.0.1:{unanswered_port}/v1?key={URL_KEY}", json={}, headers=HEADERS)
     failure = classify_exception(info.value)
-    assert failure.reason.startswith("timeout: connect") and failure.code == CONNECT_FAILED
+    assert failure.reason.startswith("timeout: connect") and failure.code == Cause.TIMEOUT
+    assert failure.kind is Kind.UNREACHABLE
     no_secret_in(info.value)
 
 
@@ -482,8 +483,8 @@ async def test_a_refused_connection_is_a_connect_error(kind: str) -> None:
     finally:
         closed.close()
     failure = classify_exception(info.value)
-    assert failure.kind is Kind.TRANSIENT and failure.code == CONNECT_FAILED
-    assert failure.reason.startswith("connection failed (ConnectError: All connection attempts failed")
+    assert failure.kind is Kind.UNREACHABLE and failure.code == Cause.REFUSED, failure
+    assert failure.reason.startswith("connection refused (ConnectError: ")
     no_secret_in(info.value)
 
 

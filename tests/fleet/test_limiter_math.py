@@ -12,13 +12,13 @@ import random
 
 from capmon.core.breaker import State
 from capmon.core.clock import default_clock
-from capmon.core.errors import CONNECT_FAILED, Failure, Kind
+from capmon.core.errors import Cause, Failure, Kind
 from capmon.core.state import Admission, MemoryState, TargetSpec
 from tests.fleet.helpers import FLAGSHIP, client, fleet_config, store
 
 CAPACITY = Failure(Kind.CAPACITY, "at capacity", 503)
 RATE_LIMITED = Failure(Kind.RATE_LIMITED, "rate limited", 429)
-DOWN = Failure(Kind.TRANSIENT, "connection refused", None, CONNECT_FAILED)  # nothing reached the server
+DOWN = Failure(Kind.UNREACHABLE, "connection refused", None, Cause.REFUSED)  # nothing reached the server
 OUTCOMES = [
     None,
     None,

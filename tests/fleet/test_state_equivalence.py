@@ -39,7 +39,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, rule, run_state_machine_as_test
 
 from capmon.core.config import parse_config
-from capmon.core.errors import CONNECT_FAILED, Failure, Kind
+from capmon.core.errors import Cause, Failure, Kind
 from capmon.core.state import Admission, MemoryState, MemoryTarget, TargetSpec, TargetView
 from capmon.fleet import RedisState
 from capmon.fleet.settings import resolve
@@ -71,7 +71,7 @@ OUTCOMES: dict[str, Failure | None] = {
     "too_large": Failure(Kind.TOO_LARGE, "context length exceeded", 400, "context_length_exceeded"),
     "bad_request": Failure(Kind.BAD_REQUEST, "bad role", 422),
     "transient": Failure(Kind.TRANSIENT, "502 bad gateway", 502),
-    "down": Failure(Kind.TRANSIENT, "connection refused", None, CONNECT_FAILED),
+    "down": Failure(Kind.UNREACHABLE, "connection refused", None, Cause.REFUSED),
     "oversized": Failure(Kind.OVERSIZED, "answer larger than max_response_bytes", 200),
     "cancelled": None,
     "unused": None,

@@ -42,6 +42,7 @@ FIELDS = {
     "ttfb_ms",
     "tokens_in",
     "tokens_out",
+    "skipped",
 }
 
 
@@ -88,6 +89,11 @@ async def test_one_line_per_request_with_every_field_and_no_key_or_prompt(tmp_pa
         200,
     )
     assert stream["fallbacks"] == 1 and stream["tokens_out"] == 12  # auto's first choice, flagship, is tripped
+    # ... and each says it passed flagship over, and why
+    for line in (chat, stream):
+        assert [(s["target"], s["why"]) for s in line["skipped"]] == [("flagship@sim/sim-key", "tripped")]
+        assert line["skipped"][0]["reason"].startswith("tripped: tripped by hand")
+    assert missing["skipped"] == [] and refused["skipped"] == []
     assert (missing["status"], missing["error_kind"], missing["model_requested"]) == (
         404,
         "model_not_found",
@@ -137,3 +143,21 @@ def test_a_full_queue_drops_rather_than_waits() -> None:
         log.write({"n": i})
     log.close()
     assert log.written + log.dropped == 2000 and log.written >= 1
+
+
+async def test_a_refusal_is_logged_as_what_it_was_refused_for(tmp_path: Path) -> None:
+    where = tmp_path / "access.jsonl"
+    async with running(gateway=f'access_log = "{where}"') as gw, gw.openai() as sdk:
+        for m in ("flagship", "medium", "small"):
+            gw.client.trip(m)
+        with pytest.raises(openai.APIStatusError) as info:
+            await sdk.chat.completions.create(model="auto", messages=HELLO)
+    assert info.value.response.status_code == 503
+    (line,) = _lines(where)
+    # not "capacity": nothing failed for capacity, every model was tripped by hand
+    assert (line["status"], line["error_kind"], line["attempts"]) == (503, "models_unavailable", 0)
+    assert [(s["target"].split("@")[0], s["why"]) for s in line["skipped"]] == [
+        ("flagship", "tripped"),
+        ("medium", "tripped"),
+        ("small", "tripped"),
+    ]

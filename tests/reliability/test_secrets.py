@@ -199,7 +199,7 @@ async def test_an_exception_that_carries_the_key_is_not_repeated(collected: Coll
         collected.add_exception("connect", info.value)
         collected.add("events", events)
         collected.add("snapshot", json.dumps(client.snapshot().to_dict(), default=str))
-    assert info.value.failure.reason.startswith("connection failed (ConnectError: proxy refused")
+    assert "is unreachable: connection failed (ConnectError: proxy refused" in info.value.failure.reason
 
 
 def _status_config(tmp_path: Path, url: str) -> Path:

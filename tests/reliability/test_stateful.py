@@ -34,7 +34,7 @@ from capmon.core import events as ev
 from capmon.core.breaker import State
 from capmon.core.clock import LoopClock, ManualClock
 from capmon.core.config import BreakerConfig, ClientConfig, Config, LimiterConfig, ModelConfig
-from capmon.core.errors import CONNECT_FAILED, Failure, Kind
+from capmon.core.errors import Cause, Failure, Kind
 from capmon.core.exceptions import RequestFailed
 from capmon.core.policy import policy_for
 from capmon.core.result import ChatResult
@@ -54,7 +54,7 @@ OUTCOMES: dict[str, Failure | None] = {
     "capacity": Failure(Kind.CAPACITY, "Selected model is at capacity", 503, "server_is_overloaded"),
     "rate_limited": Failure(Kind.RATE_LIMITED, "Rate limit reached", 429, "rate_limit_exceeded"),
     "transient": Failure(Kind.TRANSIENT, "502 bad gateway", 502),
-    "down": Failure(Kind.TRANSIENT, "connection refused", None, CONNECT_FAILED),
+    "down": Failure(Kind.UNREACHABLE, "connection refused", None, Cause.REFUSED),
     "quota": Failure(Kind.QUOTA, "You exceeded your current quota", 429, "insufficient_quota"),
     "auth": Failure(Kind.AUTH, "Incorrect API key provided", 401, "invalid_api_key"),
     "bad_request": Failure(Kind.BAD_REQUEST, "bad role", 422),

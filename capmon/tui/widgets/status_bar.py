@@ -38,6 +38,11 @@ class StatusBar(Static):
             line.append(
                 f"{snap.in_flight} in flight · {snap.queued} queued · {snap.succeeded:,} ok · {snap.failed:,} failed"
             )
+            down = {t.endpoint for t in snap.targets if t.unreachable_reason}
+            if down:
+                # Not capacity: an address, DNS, a proxy or TLS (`capmon status` names the cause).
+                line.append("  │  ", style="dim")
+                line.append(f" UNREACHABLE: {', '.join(sorted(down))} ", style="bold white on red")
             shared = snap.shared
             if shared.state is LinkState.DEGRADED:
                 line.append("  │  ", style="dim")
