@@ -274,6 +274,13 @@ def _calls_of(target_wire: Api, response: Mapping[str, Any]) -> Iterator[tuple[o
             yield fn.get("name"), call.get("id") if isinstance(call, Mapping) else None, text
 
 
+def _check(name: object, call_id: object, arguments: str) -> None:
+    """Raises :class:`~capmon.core.exceptions.BrokenAnswer` when a tool call's arguments are no JSON object."""
+    failure = classify_tool_call(name, call_id, arguments)
+    if failure is not None:
+        raise BrokenAnswer(failure)
+
+
 def answer_in(caller: Api, target_wire: Api, response: Mapping[str, Any], *, created: int) -> Mapping[str, Any]:
     """The target's answer in the caller's format. Across formats its tool calls are checked
     first: raises :class:`~capmon.core.exceptions.BrokenAnswer` for arguments that are no
@@ -281,10 +288,8 @@ def answer_in(caller: Api, target_wire: Api, response: Mapping[str, Any], *, cre
     for anything else the caller's format cannot carry."""
     if caller is target_wire:
         return response
-    for name, call_id, arguments in _calls_of(target_wire, response):
-        failure = classify_tool_call(name, call_id, arguments)
-        if failure is not None:
-            raise BrokenAnswer(failure)
+    for call in _calls_of(target_wire, response):
+        _check(*call)
     return _ANSWER[(caller, target_wire)](response, created)
 
 
@@ -338,9 +343,7 @@ class _Call:
     pieces: list[str] = field(default_factory=list)
 
     def check(self) -> None:
-        failure = classify_tool_call(self.name, self.id, "".join(self.pieces))
-        if failure is not None:
-            raise BrokenAnswer(failure)
+        _check(self.name, self.id, "".join(self.pieces))
 
 
 class _MessagesCalls:

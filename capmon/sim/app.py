@@ -38,6 +38,7 @@ needs the admin key, sent as ``Authorization: Bearer KEY`` or ``x-admin-key``, o
                                       | {"mode": "stream_error", "after": 3, "dialect": "vllm-stream"}
                                       | {"mode": "huge", "bytes": 100000000, "valid": false}
                                       | {"mode": "error", "status": 403} (in the wire's own shape)
+                                      | {"mode": "broken_tool_args"} (a call whose arguments stop halfway)
                                       | {"mode": ..., "model": "sim-small", ...} | a list | {"mode": "off"}
   DELETE /admin/faults                switch faults off
 
