@@ -28,6 +28,7 @@ from capmon.core.errors import (
     classify_exception,
     classify_response,
 )
+from capmon.core.exceptions import BrokenAnswer
 from capmon.core.reads import ReadDeadline
 from capmon.core.result import Api, Attempt, ChatRequest, ChatResult
 from capmon.core.targets import token_limit
@@ -164,6 +165,8 @@ def _crossed(req: Request, answer: Answer, response: Mapping[str, Any], wall: fl
         return
     try:
         answer.response = formats.answer_in(req.caller, req.api, response, created=int(wall))
+    except BrokenAnswer as e:
+        answer.failure = e.failure
     except Untranslatable as e:
         answer.failure = Failure(Kind.TRANSIENT, f"an answer the {req.caller.value} format cannot carry: {e}", 200)
 
@@ -258,7 +261,7 @@ class Stream:
                 return
             parser = SSEParser()
             size = 0
-            done = False
+            done = drain = False
             pieces = body_pieces(resp)
             while not done:
                 # The deadline guards the reads only: a timeout scope around a yield would
@@ -297,19 +300,27 @@ class Stream:
                         else:
                             held += out
                     if last:
-                        reader.finished = done = True
-                        await _drain(pieces, min(_DRAIN_SECONDS, reads.left()))
+                        reader.finished = done = drain = True
                         break
             if not reader.finished:
                 answer.failure = Failure(Kind.TRANSIENT, "stream ended before [DONE]", resp.status_code)
                 return
-            for c in [*held, *codec.close()]:  # held: an answer with no output at all (rare, but complete)
-                yield c
+            # The wire's own end came: only now is the answer checked whole, and only a whole
+            # one gets the caller's end (across formats the codec kept it back until here).
+            end = [*held, *codec.close()]  # held: an answer with no output at all (rare, but complete)
             whole = reader.answer()
             if whole is not None:
                 _crossed(self.req, answer, whole, self.wall)
+            if answer.failure is not None:
+                return
+            for c in end:
+                yield c
+            if drain:
+                await _drain(pieces, min(_DRAIN_SECONDS, reads.left()))
         except asyncio.CancelledError:
             raise
+        except BrokenAnswer as e:  # a tool call that ended with arguments the caller cannot use
+            answer.failure = e.failure
         except Exception as e:  # timeouts, resets mid-stream: classified
             answer.failure = classify_exception(e)
         finally:

@@ -495,6 +495,29 @@ def classify_event(
         return Failure(Kind.TRANSIENT, f"unclassifiable stream error ({type(exc).__name__})", 200)
 
 
+_ARGUMENTS_CHARS = 60  # of a broken call's arguments, in its reason
+
+
+def classify_tool_call(name: object, call_id: object, arguments: str) -> Failure | None:
+    """None when a tool call's ``arguments`` (the JSON text a chat answer carries, or a
+    Messages ``input`` written out) are a JSON object, or none at all (``{}``); else the
+    broken answer it is, its reason naming the call. A 200 whose call cannot be run is a
+    broken body: transient, as another try may answer whole. Never raises."""
+    if not arguments.strip():
+        return None
+    try:
+        parsed = json.loads(arguments)
+    except (ValueError, RecursionError):
+        what = "not JSON"
+    else:
+        if isinstance(parsed, dict):
+            return None
+        what = "JSON but not an object"
+    who = _trim(_redact(f"{name} ({call_id})" if call_id else str(name)), 120)
+    text = _trim(_redact(arguments), _ARGUMENTS_CHARS)
+    return Failure(Kind.TRANSIENT, f"200 with a broken tool call {who}: its arguments are {what}: {text}", 200)
+
+
 # --- exceptions -----------------------------------------------------------------------
 
 _TIMEOUTS: tuple[tuple[type[BaseException], str], ...] = (

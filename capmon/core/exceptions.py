@@ -57,6 +57,17 @@ class DeadlineExceeded(RequestFailed):
         self.passed = passed
 
 
+class BrokenAnswer(CapmonError):
+    """An answer whose every byte came but which cannot be used as it is: a tool call whose
+    arguments are no JSON object, to be told in another format. Raised inside an attempt
+    and taken there as its ``failure`` (capmon/core/errors.py's ``classify_tool_call``), so the
+    answer is tried again before output and ends the stream as broken after it."""
+
+    def __init__(self, failure: Failure) -> None:
+        self.failure = failure
+        super().__init__(failure.reason)
+
+
 class Unavailable(enum.StrEnum):
     """Why waiting cannot help a request: the code a gateway's error gives."""
 

@@ -17,15 +17,19 @@ API, Anthropic's Messages); a target's endpoint speaks one provider API
 * why a target cannot carry a request (:func:`incapable`): the target is then skipped,
   as one whose context window is too small, and the attempt record says why;
 * the answer and the stream events in the caller's format (:func:`answer_in`,
-  :func:`stream_codec`), and the wire's own frame reader and assembler (:class:`WireReader`).
+  :func:`stream_codec`), and the wire's own frame reader and assembler (:class:`WireReader`);
+  an answer that crosses has its tool calls checked (arguments that are no JSON object are a
+  broken answer, :class:`~capmon.core.exceptions.BrokenAnswer`), and a stream that crosses
+  keeps the caller's end events back until the wire's own end is whole (:class:`_Crossing`).
 
 See ARCHITECTURE.md, "Across formats".
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+import json
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from capmon.core import anthropic_wire as aw
@@ -33,7 +37,8 @@ from capmon.core import translate_chat_anthropic as tca
 from capmon.core import translate_responses_anthropic as tra
 from capmon.core import wire
 from capmon.core.config import ClientConfig, DropRule, EndpointApi, EndpointConfig, ModelConfig
-from capmon.core.errors import QUOTA_HINT, parse_completion
+from capmon.core.errors import QUOTA_HINT, classify_tool_call, parse_completion
+from capmon.core.exceptions import BrokenAnswer
 from capmon.core.result import Api, ChatRequest
 
 if TYPE_CHECKING:
@@ -247,11 +252,44 @@ _ANSWER: Mapping[tuple[Api, Api], Callable[[Mapping[str, Any], int], dict[str, A
 }
 
 
+def _calls_of(target_wire: Api, response: Mapping[str, Any]) -> Iterator[tuple[object, object, str]]:
+    """Each tool call of a whole answer in the target's wire: its name, id and arguments as
+    JSON text (a Messages ``input`` that is an object counts as whole)."""
+    if target_wire is Api.MESSAGES:
+        blocks = response.get("content")
+        for block in blocks if isinstance(blocks, list) else []:
+            if isinstance(block, Mapping) and block.get("type") == "tool_use":
+                given = block.get("input")
+                text = "" if given is None or isinstance(given, Mapping) else json.dumps(given)
+                yield block.get("name"), block.get("id"), text
+        return
+    choices = response.get("choices")
+    for choice in choices if isinstance(choices, list) else []:
+        message = tca.sub_object(choice, "message") if isinstance(choice, Mapping) else {}
+        calls = message.get("tool_calls")
+        for call in calls if isinstance(calls, list) else []:
+            fn = tca.sub_object(call, "function") if isinstance(call, Mapping) else {}
+            given = fn.get("arguments")
+            text = given if isinstance(given, str) else "" if given is None else json.dumps(given)
+            yield fn.get("name"), call.get("id") if isinstance(call, Mapping) else None, text
+
+
+def _check(name: object, call_id: object, arguments: str) -> None:
+    """Raises :class:`~capmon.core.exceptions.BrokenAnswer` when a tool call's arguments are no JSON object."""
+    failure = classify_tool_call(name, call_id, arguments)
+    if failure is not None:
+        raise BrokenAnswer(failure)
+
+
 def answer_in(caller: Api, target_wire: Api, response: Mapping[str, Any], *, created: int) -> Mapping[str, Any]:
-    """The target's answer in the caller's format. Raises ``Untranslatable`` (an answer
-    the caller's format cannot carry, such as tool arguments that are no JSON object)."""
+    """The target's answer in the caller's format. Across formats its tool calls are checked
+    first: raises :class:`~capmon.core.exceptions.BrokenAnswer` for arguments that are no
+    JSON object (the answer is broken, whatever format tells it), and ``Untranslatable``
+    for anything else the caller's format cannot carry."""
     if caller is target_wire:
         return response
+    for call in _calls_of(target_wire, response):
+        _check(*call)
     return _ANSWER[(caller, target_wire)](response, created)
 
 
@@ -275,7 +313,10 @@ def used_tokens(caller: Api, response: Mapping[str, Any] | None) -> int | None:
 
 
 class Codec(Protocol):
-    """Turns the target's stream events into the caller's: per event, then at the end."""
+    """Turns the target's stream events into the caller's: per event, then at the end.
+    ``close`` is called only once the wire's own end has come (its last event, or [DONE]),
+    and gives the caller's end events; either may raise
+    :class:`~capmon.core.exceptions.BrokenAnswer`."""
 
     def feed(self, chunk: Mapping[str, Any]) -> Sequence[Mapping[str, Any]]: ...
 
@@ -284,26 +325,141 @@ class Codec(Protocol):
 
 class _Same:
     def feed(self, chunk: Mapping[str, Any]) -> Sequence[Mapping[str, Any]]:
-        return (chunk,)  # passed through as the provider sent it
-
-    def close(self) -> Sequence[Mapping[str, Any]]:
-        return ()
-
-
-class _Closed:
-    """A translator that ends by itself (on the Messages stream's ``message_stop``)."""
-
-    def __init__(self, inner: tca.MessagesToChatStream | tra.MessagesToResponsesStream) -> None:
-        self._inner = inner
-
-    def feed(self, chunk: Mapping[str, Any]) -> Sequence[Mapping[str, Any]]:
-        return self._inner.feed(chunk)
+        return (chunk,)  # passed through as the provider sent it, byte for byte: nothing checked
 
     def close(self) -> Sequence[Mapping[str, Any]]:
         return ()
 
 
 SAME = _Same()
+
+
+@dataclass
+class _Call:
+    """One tool call of a stream, as far as it came: its name and id, and its arguments' pieces."""
+
+    name: object = None
+    id: object = None
+    pieces: list[str] = field(default_factory=list)
+
+    def check(self) -> None:
+        _check(self.name, self.id, "".join(self.pieces))
+
+
+class _MessagesCalls:
+    """The tool calls of a Messages stream: each ``tool_use`` block ends with its
+    ``content_block_stop``, and the stream with ``message_stop``."""
+
+    def __init__(self) -> None:
+        self._open: dict[int, _Call] = {}
+
+    @staticmethod
+    def last(event: Mapping[str, Any]) -> bool:
+        return event.get("type") == "message_stop"
+
+    def feed(self, event: Mapping[str, Any]) -> None:
+        kind, index = event.get("type"), event.get("index")
+        if not isinstance(index, int):
+            return
+        if kind == "content_block_start":
+            block = tca.sub_object(event, "content_block")
+            if block.get("type") == "tool_use":
+                self._open[index] = _Call(block.get("name"), block.get("id"))
+        elif kind == "content_block_delta" and index in self._open:
+            delta = tca.sub_object(event, "delta")
+            piece = delta.get("partial_json")
+            if delta.get("type") == "input_json_delta" and isinstance(piece, str):
+                self._open[index].pieces.append(piece)
+        elif kind == "content_block_stop" and index in self._open:
+            self._open.pop(index).check()
+
+    def end(self) -> None:
+        """Blocks never stopped end with the stream."""
+        for call in self._open.values():
+            call.check()
+        self._open.clear()
+
+
+class _ChatCalls:
+    """The tool calls of a chat stream, as a Messages caller gets them: one run of deltas
+    of one call is one ``tool_use`` block, which ends when the choice moves on (to another
+    call or to text) or finishes. OpenAI streams a call's pieces in a row; a call whose
+    pieces come apart is told in pieces, each of which must be whole."""
+
+    def __init__(self) -> None:
+        self._seen: dict[int, _Call] = {}  # index -> its name and id, from its first delta
+        self._run: tuple[int, _Call] | None = None
+
+    @staticmethod
+    def last(chunk: Mapping[str, Any]) -> bool:
+        return False  # the chat stream's end is [DONE], which carries no chunk
+
+    def feed(self, chunk: Mapping[str, Any]) -> None:
+        choices = chunk.get("choices")
+        for c in choices if isinstance(choices, list) else []:
+            if not isinstance(c, Mapping) or c.get("index", 0) != 0:
+                continue
+            delta = tca.sub_object(c, "delta")
+            if any(isinstance(delta.get(k), str) and delta.get(k) for k in ("content", "refusal")):
+                self.end()
+            calls = delta.get("tool_calls")
+            for call in calls if isinstance(calls, list) else []:
+                if isinstance(call, Mapping):
+                    self._piece(call)
+            if c.get("finish_reason"):
+                self.end()
+
+    def _piece(self, call: Mapping[str, Any]) -> None:
+        index = call.get("index", 0)
+        index = index if isinstance(index, int) else 0
+        fn = tca.sub_object(call, "function")
+        known = self._seen.setdefault(index, _Call())
+        known.name = known.name or fn.get("name")
+        known.id = known.id or call.get("id")
+        if self._run is None or self._run[0] != index:
+            self.end()
+            self._run = (index, _Call(known.name, known.id))
+        arguments = fn.get("arguments")
+        if isinstance(arguments, str):
+            self._run[1].pieces.append(arguments)
+
+    def end(self) -> None:
+        if self._run is not None:
+            _, call = self._run
+            self._run = None
+            call.check()
+
+
+class _Crossing:
+    """A stream told in another format. Every event of the target's wire is checked
+    before it is translated: a tool call that ends with arguments that are no JSON object
+    raises :class:`~capmon.core.exceptions.BrokenAnswer`, before the caller sees its end.
+    What the translator gives for the wire's last event (``message_stop``: the chat finish
+    and usage chunks, ``response.completed``) and at ``close`` (``message_delta`` and
+    ``message_stop``) is the caller's end, given only by ``close``: the attempt calls it
+    once the wire's own end has come and its answer is whole, so a stream that breaks
+    never ends the way a whole one does."""
+
+    def __init__(
+        self,
+        feed: Callable[[Mapping[str, Any]], Sequence[Mapping[str, Any]]],
+        calls: _MessagesCalls | _ChatCalls,
+        close: Callable[[], Sequence[Mapping[str, Any]]] = tuple,
+    ) -> None:
+        self._feed, self._close, self._calls = feed, close, calls
+        self._end: list[Mapping[str, Any]] = []
+
+    def feed(self, chunk: Mapping[str, Any]) -> Sequence[Mapping[str, Any]]:
+        self._calls.feed(chunk)
+        out = self._feed(chunk)
+        if self._calls.last(chunk):
+            self._end += out
+            return ()
+        return out
+
+    def close(self) -> Sequence[Mapping[str, Any]]:
+        self._calls.end()
+        return [*self._end, *self._close()]
 
 
 def stream_codec(request: ChatRequest, target_wire: Api, *, created: int) -> Codec:
@@ -313,10 +469,11 @@ def stream_codec(request: ChatRequest, target_wire: Api, *, created: int) -> Cod
     if request.api is Api.CHAT:
         options = request.extra.get("stream_options")
         usage = isinstance(options, Mapping) and bool(options.get("include_usage"))
-        return _Closed(tca.MessagesToChatStream(created=created, include_usage=usage))
+        return _Crossing(tca.MessagesToChatStream(created=created, include_usage=usage).feed, _MessagesCalls())
     if request.api is Api.RESPONSES:
-        return _Closed(tra.MessagesToResponsesStream(created=created))
-    return tca.ChatToMessagesStream()
+        return _Crossing(tra.MessagesToResponsesStream(created=created).feed, _MessagesCalls())
+    chat = tca.ChatToMessagesStream()
+    return _Crossing(chat.feed, _ChatCalls(), chat.close)
 
 
 class WireReader:

@@ -38,6 +38,7 @@ needs the admin key, sent as ``Authorization: Bearer KEY`` or ``x-admin-key``, o
                                       | {"mode": "stream_error", "after": 3, "dialect": "vllm-stream"}
                                       | {"mode": "huge", "bytes": 100000000, "valid": false}
                                       | {"mode": "error", "status": 403} (in the wire's own shape)
+                                      | {"mode": "broken_tool_args"} (a call whose arguments stop halfway)
                                       | {"mode": ..., "model": "sim-small", ...} | a list | {"mode": "off"}
   DELETE /admin/faults                switch faults off
 
@@ -82,7 +83,17 @@ from capmon.sim.replies import (
 )
 from capmon.sim.scenario import Scenario, load_scenario
 from capmon.sim.streams import FINGERPRINT, StreamPlan, answer_text, chat_stream, rejection_stream, tokens_of, usage
-from capmon.sim.tools import LastTurn, ToolCall, ToolError, ToolRequest, make_call, parse_tools, text_of
+from capmon.sim.tools import (
+    LastTurn,
+    ToolCall,
+    ToolError,
+    ToolRequest,
+    broken_call,
+    make_call,
+    may_call,
+    parse_tools,
+    text_of,
+)
 
 SIM_HEADER = "x-capmon-simulator"
 
@@ -209,6 +220,7 @@ async def serve_chat(request: Request, via: Via) -> Response | DropConnection:
         stream=chat.stream,
         sent_max_tokens=chat.sent_max_tokens,
         wire=via.wire,
+        tools=may_call(chat.tools, chat.turn),
     )
     refused = refusal(
         decision,
@@ -248,13 +260,14 @@ async def _faulted(
     sim: Simulator, decision: Faulted, chat: ChatRequest, created: int, on: Wire
 ) -> Response | DropConnection:
     rule, ticket, state = decision.rule, decision.ticket, decision.state
-    if rule.mode in (FaultMode.STREAM_CUT, FaultMode.STREAM_ERROR):
+    broken = broken_call(chat.tools, chat.turn) if rule.mode is FaultMode.BROKEN_TOOL_ARGS else None
+    if rule.mode in (FaultMode.STREAM_CUT, FaultMode.STREAM_ERROR) or (broken is not None and chat.stream):
         plan = StreamPlan(
             ticket,
             created,
             style=state.stream_style,
             include_usage=chat.include_usage,
-            tool_call=_tool_call(chat, state.tools),
+            tool_call=broken or _tool_call(chat, state.tools),
             cut=rule.mode is FaultMode.STREAM_CUT,
             error_after=rule.after if rule.mode is FaultMode.STREAM_ERROR else None,
             error_dialect=rule.dialect,
@@ -266,6 +279,8 @@ async def _faulted(
     if rule.mode is FaultMode.ERROR:
         return wire(dialects.status_error(rule.status, on))
     await sim.clock.sleep(ticket.first_token)
+    if broken is not None:
+        return JSONResponse(_completion(ticket, created, broken))
     if rule.mode is FaultMode.HUGE:
         if chat.stream:
             return StreamingResponse(

@@ -7,7 +7,8 @@ test that injects faults still knows exactly how much capacity is left.
 A rule applies to chat completions, the Responses API and Anthropic's Messages API alike,
 except where its mode says otherwise: ``stream_cut`` needs a stream; ``stream_error`` needs
 a stream of the API its ``dialect`` speaks; ``huge`` answers chat completions only;
-``error`` answers ``status`` in the shape of the wire the request came in on.
+``error`` answers ``status`` in the shape of the wire the request came in on;
+``broken_tool_args`` needs a request that may call one of its tools.
 
 Pure: the rules and a raw-ASGI response that drops the connection; no web framework.
 """
@@ -44,6 +45,9 @@ class FaultMode(str, enum.Enum):
     STREAM_ERROR = "stream_error"  # `after` content chunks, then `dialect`'s in-stream error frame
     HUGE = "huge"  # 200 with a generated body of `bytes` bytes: a real completion (`valid`) or not JSON
     ERROR = "error"  # an HTTP error of `status` (401, 403, 500...) in the wire's own shape
+    # A call of the request's tool, plain or streamed, with its arguments cut halfway (not JSON)
+    # and the answer otherwise whole (finish reason, [DONE], message_stop, response.completed).
+    BROKEN_TOOL_ARGS = "broken_tool_args"
 
 
 @dataclass(frozen=True)
@@ -78,7 +82,8 @@ class FaultRule:
         if self.mode is FaultMode.HUGE and not 1 <= self.bytes <= MAX_HUGE_BYTES:
             raise ValueError(f"bytes must be a whole number from 1 to {MAX_HUGE_BYTES}, got {self.bytes}")
 
-    def applies_to(self, model: str, stream: bool, api: Api = Api.CHAT) -> bool:
+    def applies_to(self, model: str, stream: bool, api: Api = Api.CHAT, tools: bool = False) -> bool:
+        """``tools``: the request may call one of its tools."""
         if self.model is not None and self.model != model:
             return False
         # Requests a rule cannot shape pass by and do not use up its count.
@@ -88,6 +93,8 @@ class FaultRule:
             return stream and speaks(self.dialect, api)
         if self.mode is FaultMode.HUGE:
             return api is Api.CHAT
+        if self.mode is FaultMode.BROKEN_TOOL_ARGS:
+            return tools
         return True
 
     def as_json(self, left: int | None) -> dict[str, Any]:
@@ -184,10 +191,12 @@ class FaultInjector:
     def clear(self) -> None:
         self.set(())
 
-    def take_rule(self, model: str, stream: bool, rng: random.Random, api: Api = Api.CHAT) -> FaultRule | None:
+    def take_rule(
+        self, model: str, stream: bool, rng: random.Random, api: Api = Api.CHAT, tools: bool = False
+    ) -> FaultRule | None:
         """The rule that applies to this request (using up one of its count), or None."""
         for i, rule in enumerate(self._rules):
-            if not rule.applies_to(model, stream, api):
+            if not rule.applies_to(model, stream, api, tools):
                 continue
             left = self._left[i]
             if left is not None:

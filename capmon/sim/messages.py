@@ -42,7 +42,17 @@ from capmon.sim.faults import HANG_SECONDS, HTML_500_PAGE, DropConnection, Fault
 from capmon.sim.model import Admitted, Faulted, Simulator, Ticket
 from capmon.sim.replies import BadRequest, SlotStream, hold, read_request, refusal, simulator, wire
 from capmon.sim.streams import answer_pieces, answer_text, argument_pieces, tokens_of
-from capmon.sim.tools import LastTurn, ToolCall, ToolError, ToolRequest, make_call, parse_anthropic_tools, text_of
+from capmon.sim.tools import (
+    LastTurn,
+    ToolCall,
+    ToolError,
+    ToolRequest,
+    broken_call,
+    make_call,
+    may_call,
+    parse_anthropic_tools,
+    text_of,
+)
 
 VERSION_HEADER = "anthropic-version"
 SAMPLING_PARAMS = ("temperature", "top_p", "top_k")
@@ -209,7 +219,14 @@ def message_object(
 
 
 def _tool_block(call: ToolCall, *, whole: bool) -> dict[str, Any]:
-    return {"type": "tool_use", "id": call.id, "name": call.name, "input": json.loads(call.arguments) if whole else {}}
+    return {"type": "tool_use", "id": call.id, "name": call.name, "input": _input(call.arguments) if whole else {}}
+
+
+def _input(arguments: str) -> Any:
+    try:
+        return json.loads(arguments)
+    except ValueError:
+        return arguments  # a broken_tool_args fault's: the cut text where Anthropic's object belongs
 
 
 def complete_message(mid: str, ticket: Ticket, call: ToolCall | None, tool_result: str | None = None) -> dict[str, Any]:
@@ -331,6 +348,7 @@ async def create_message(request: Request) -> Response:
         stream=req.stream,
         api=Api.MESSAGES,
         wire=Wire.ANTHROPIC,
+        tools=may_call(req.tools, req.turn),
     )
     mid = message_id()
 
@@ -368,12 +386,13 @@ async def _faulted(
     sim: Simulator, decision: Faulted, req: MessagesRequest, mid: str, headers: dict[str, str]
 ) -> Response:
     rule, ticket = decision.rule, decision.ticket
-    if rule.mode in (FaultMode.STREAM_CUT, FaultMode.STREAM_ERROR):
+    broken = broken_call(req.tools, req.turn, "toolu_sim") if rule.mode is FaultMode.BROKEN_TOOL_ARGS else None
+    if rule.mode in (FaultMode.STREAM_CUT, FaultMode.STREAM_ERROR) or (broken is not None and req.stream):
         stream = message_stream(
             sim.clock,
             mid,
             ticket,
-            _tool_call(req, decision.state.tools),
+            broken or _tool_call(req, decision.state.tools),
             cut=rule.mode is FaultMode.STREAM_CUT,
             error_after=rule.after if rule.mode is FaultMode.STREAM_ERROR else None,
         )
@@ -384,6 +403,8 @@ async def _faulted(
     if rule.mode is FaultMode.ERROR:
         return wire(dialects.status_error(rule.status, Wire.ANTHROPIC), headers)
     await sim.clock.sleep(ticket.first_token)
+    if broken is not None:
+        return JSONResponse(complete_message(mid, ticket, broken), headers=headers)
     if rule.mode is FaultMode.RESET:
         return DropConnection()  # type: ignore[return-value]
     if rule.mode is FaultMode.TRUNCATE:

@@ -424,10 +424,12 @@ class Simulator:
         api: Api = Api.CHAT,
         sent_max_tokens: bool = False,
         wire: Wire = Wire.OPENAI,
+        tools: bool = False,
     ) -> Decision:
         """Decide one authenticated, well-formed request (chat, Responses or Messages).
         ``sent_max_tokens``: the request used the legacy ``max_tokens`` parameter. A model
-        not served on ``wire`` is unknown there, as another provider's model would be."""
+        not served on ``wire`` is unknown there, as another provider's model would be.
+        ``tools``: the request may call one of its tools (a fault may answer with a call)."""
         alias = self._key(alias)
         key = self._keys[alias]
         counters = self._counters(alias, model)
@@ -460,7 +462,7 @@ class Simulator:
                 c.bad_request += 1
             return TooLong(spec.context_window, prompt_tokens, asked)
 
-        rule = self.faults.take_rule(model, stream, self.rng, api)
+        rule = self.faults.take_rule(model, stream, self.rng, api, tools)
         if rule is not None:
             for c in counters:
                 c.faults += 1

@@ -44,7 +44,9 @@ from capmon.sim.tools import (
     ToolCall,
     ToolError,
     ToolRequest,
+    broken_call,
     make_call,
+    may_call,
     parse_response_tools,
     text_of,
 )
@@ -408,6 +410,7 @@ async def serve_response(request: Request, via: Via) -> Response:
         stream=req.stream,
         api=Api.RESPONSES,
         wire=via.wire,
+        tools=may_call(req.tools, req.turn),
     )
     created = int(sim.clock.wall())
     refused = refusal(
@@ -438,7 +441,8 @@ async def serve_response(request: Request, via: Via) -> Response:
 
 async def _faulted(sim: Simulator, decision: Faulted, req: ResponsesRequest, created: int, on: Wire) -> Response:
     rule, ticket = decision.rule, decision.ticket
-    if rule.mode in (FaultMode.STREAM_CUT, FaultMode.STREAM_ERROR):
+    broken = broken_call(req.tools, req.turn) if rule.mode is FaultMode.BROKEN_TOOL_ARGS else None
+    if rule.mode in (FaultMode.STREAM_CUT, FaultMode.STREAM_ERROR) or (broken is not None and req.stream):
         error_after = rule.after if rule.mode is FaultMode.STREAM_ERROR else None
         return StreamingResponse(
             response_stream(
@@ -446,7 +450,7 @@ async def _faulted(sim: Simulator, decision: Faulted, req: ResponsesRequest, cre
                 ticket,
                 req,
                 created,
-                call=tool_call(req, decision.state.tools),
+                call=broken or tool_call(req, decision.state.tools),
                 cut=rule.mode is FaultMode.STREAM_CUT,
                 error_after=error_after,
                 error_dialect=rule.dialect,
@@ -459,6 +463,8 @@ async def _faulted(sim: Simulator, decision: Faulted, req: ResponsesRequest, cre
     if rule.mode is FaultMode.ERROR:
         return wire(dialects.status_error(rule.status, on))
     await sim.clock.sleep(ticket.first_token)
+    if broken is not None:
+        return JSONResponse(complete_response(ticket, req, created, broken))
     if rule.mode is FaultMode.RESET:
         return DropConnection()  # type: ignore[return-value]
     if rule.mode is FaultMode.TRUNCATE:

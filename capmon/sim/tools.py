@@ -18,6 +18,7 @@ with the parameter to name in the 400.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -241,6 +242,26 @@ def make_call(tool: Tool, prefix: str = "call_") -> ToolCall:
     (OpenAI's ``call_``, Anthropic's ``toolu_``)."""
     arguments = json.dumps(example_value(tool.parameters), separators=(",", ":"))
     return ToolCall(id=f"{prefix}{secrets.token_hex(12)}", name=tool.name, arguments=arguments)
+
+
+def _any_call(tools: ToolRequest | None, turn: LastTurn | None) -> Tool | None:
+    return tools.wants_call("always", turn) if tools is not None else None
+
+
+def may_call(tools: ToolRequest | None, turn: LastTurn | None) -> bool:
+    """The request may be answered with a call of one of its tools (``tool_choice`` is not "none")."""
+    return _any_call(tools, turn) is not None
+
+
+def broken_call(tools: ToolRequest | None, turn: LastTurn | None, prefix: str = "call_") -> ToolCall | None:
+    """The call a ``broken_tool_args`` fault answers with: the tool the request would call
+    if the model always called one (None when it may call none), its arguments cut halfway.
+    A proper prefix of a JSON object is never JSON, so the arguments are never whole."""
+    tool = _any_call(tools, turn)
+    if tool is None:
+        return None
+    call = make_call(tool, prefix)
+    return dataclasses.replace(call, arguments=call.arguments[: len(call.arguments) // 2])
 
 
 def example_value(schema: Any, depth: int = 0, name: str | None = None) -> Any:

@@ -229,6 +229,43 @@ async def test_anthropics_in_stream_overload_after_output_fails_the_stream(sim: 
         assert not any(c.get("choices") and c["choices"][0].get("finish_reason") for c in got)
 
 
+@pytest.mark.parametrize("caller", ["chat", "responses", "messages"])
+async def test_a_broken_tool_call_across_formats_fails_the_stream_after_output_never_ending_it(
+    sim: Any, caller: str
+) -> None:
+    """The simulator's broken_tool_args fault: the call's arguments stop halfway but its
+    stream ends as a whole one would. The library's stream yields the call's pieces, then
+    raises; the caller's own end never comes before."""
+    served = "flagship" if caller == "messages" else "claude"  # the model on the other wire
+    await set_fault(sim, mode="broken_tool_args", model=f"sim-{served}", count=1)
+    paris = [{"role": "user", "content": "Weather in Paris?"}]
+    async with two_providers(sim, first=served) as client:
+        if caller == "chat":
+            stream = client.stream_chunks(paris, tools=TOOLS, tool_choice="required")
+        elif caller == "responses":
+            tool = {"type": "function", **TOOLS[0]["function"]}  # type: ignore[dict-item]
+            stream = client.stream_responses({"input": paris, "tools": [tool], "tool_choice": "required"})
+        else:
+            body = {"messages": paris, "tools": ANTHROPIC_TOOLS, "tool_choice": {"type": "any"}}
+            stream = client.stream_messages(body)
+        got: list[Any] = []
+        with pytest.raises(RequestFailed) as e:
+            async for c in stream:
+                got.append(c)
+    assert e.value.failure.kind is Kind.TRANSIENT and "after output" in str(e.value)
+    assert "broken tool call get_weather" in str(e.value) and stream.model == served and stream.result is None
+    if caller == "messages":
+        assert [c["type"] for c in got][-1] == "content_block_delta"
+    elif caller == "responses":
+        assert [c["type"] for c in got][-1] == "response.function_call_arguments.delta"
+    else:
+        assert got[-1]["choices"][0]["delta"]["tool_calls"] and not any(
+            c["choices"][0].get("finish_reason") for c in got
+        )
+    (record,) = e.value.attempts
+    assert (record.model, record.kind, record.status) == (served, Kind.TRANSIENT, 200)
+
+
 # ---------------------------------------------------------------- Azure
 
 

@@ -16,7 +16,15 @@ from typing import Any
 import httpx
 import pytest
 
-from capmon.core.errors import Cause, Failure, Kind, classify, classify_exception, classify_response
+from capmon.core.errors import (
+    Cause,
+    Failure,
+    Kind,
+    classify,
+    classify_exception,
+    classify_response,
+    classify_tool_call,
+)
 
 NOW = 1_767_225_600.0  # 2026-01-01T00:00:00Z
 REQUEST = httpx.Request(
@@ -927,3 +935,33 @@ def test_a_failure_keeps_the_providers_message_and_param_for_passing_it_through(
     assert failure is not None and failure.param == "temperature"
     assert failure.message.startswith("Invalid value for 'temperature':") and len(failure.message) > 300
     assert "abcdefghijklmnop" not in failure.message
+
+
+@pytest.mark.parametrize(
+    ("arguments", "what"),
+    [
+        ('{"city": "Par', "not JSON"),
+        ("[1, 2]", "JSON but not an object"),
+        ('"Paris"', "JSON but not an object"),
+        ("[" * 100_000, "not JSON"),  # nested too deep for the parser: still just broken
+    ],
+)
+def test_a_tool_call_whose_arguments_are_no_json_object_is_a_broken_answer_naming_the_call(
+    arguments: str, what: str
+) -> None:
+    failure = classify_tool_call("get_weather", "call_1", arguments)
+    assert failure is not None and (failure.kind, failure.status) == (Kind.TRANSIENT, 200)
+    assert failure.reason.startswith(f"200 with a broken tool call get_weather (call_1): its arguments are {what}: ")
+    assert len(failure.reason) < 200
+
+
+def test_whole_tool_call_arguments_are_no_failure_and_a_key_in_broken_ones_is_redacted() -> None:
+    assert classify_tool_call("f", "c", '{"a": [1, {"b": null}]}') is None
+    assert classify_tool_call("f", "c", "") is None and classify_tool_call("f", None, "  ") is None  # none: {}
+    key = "sk-live-0123456789abcdefghijklmnop"
+    failure = classify_tool_call("f", None, f'{{"key": "{key}')
+    assert (
+        failure is not None
+        and key not in failure.reason
+        and failure.reason.startswith("200 with a broken tool call f:")
+    )

@@ -5,6 +5,7 @@ SDK's own models (anthropic's and openai's)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 import anthropic.types as at
@@ -16,10 +17,14 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk, completion_cr
 from pydantic import TypeAdapter
 
 from capmon.core import anthropic_wire as aw
+from capmon.core import formats
 from capmon.core import translate_chat_anthropic as tr
 from capmon.core.anthropic_wire import MessageAssembler
+from capmon.core.errors import Kind
+from capmon.core.exceptions import BrokenAnswer
+from capmon.core.result import Api, ChatRequest
 from capmon.core.wire import Assembler
-from tests.core.test_anthropic_wire import OVERLOADED, TEXT_ANSWER, TOOL_ANSWER
+from tests.core.test_anthropic_wire import OVERLOADED, TEXT_ANSWER, TOOL_ANSWER, json_piece
 
 ANTHROPIC_BODY: TypeAdapter[Any] = TypeAdapter(message_create_params.MessageCreateParamsNonStreaming)
 CHAT_BODY: TypeAdapter[Any] = TypeAdapter(completion_create_params.CompletionCreateParamsNonStreaming)
@@ -763,3 +768,124 @@ def test_stream_round_trip_keeps_the_answer() -> None:
         original.add(e)
     assert back.message()["content"] == original.message()["content"]
     assert back.message()["stop_reason"] == "tool_use"
+
+
+# ---------------------------------------------------------------- streams across formats: how they end
+
+
+def codec(caller: Api, target_wire: Api, **extra: Any) -> formats.Codec:
+    """The one translator an attempt uses (capmon/core/formats.py), end checks included."""
+    return formats.stream_codec(ChatRequest((), api=caller, extra=extra), target_wire, created=1)
+
+
+def run(c: formats.Codec, events: list[dict[str, Any]]) -> tuple[list[Mapping[str, Any]], BrokenAnswer | None]:
+    """What the caller is sent, event by event, and the broken answer that stopped it (its
+    end comes only from ``close``, which the attempt calls once the wire's own end came)."""
+    out: list[Mapping[str, Any]] = []
+    try:
+        for e in events:
+            out += c.feed(e)
+        out += c.close()
+    except BrokenAnswer as e:
+        return out, e
+    return out, None
+
+
+def chat_broken(arguments: list[str]) -> list[dict[str, Any]]:
+    """A chat stream of one call of ``weather`` whose arguments come in ``arguments``, finished
+    as a whole one is: finish reason tool_calls, usage."""
+    head = tool_delta(0, id="call_1", type="function", function={"name": "weather", "arguments": ""})
+    pieces = [tool_delta(0, function={"arguments": a}) for a in arguments]
+    return [chunk({"role": "assistant", "content": None}), head, *pieces, chunk({}, "tool_calls"), USAGE_CHUNK]
+
+
+def messages_broken(arguments: list[str]) -> list[dict[str, Any]]:
+    """TOOL_ANSWER with the tool_use block's pieces replaced by ``arguments``."""
+    pieces = [json_piece(1, a) for a in arguments]
+    return [*TOOL_ANSWER[:5], *pieces, *TOOL_ANSWER[-3:]]
+
+
+def test_a_chat_stream_whose_tool_call_is_not_json_never_ends_as_a_messages_answer() -> None:
+    out, broken = run(codec(Api.MESSAGES, Api.CHAT), chat_broken(['{"city": "Par']))
+    assert broken is not None and broken.failure.kind is Kind.TRANSIENT and broken.failure.status == 200
+    assert "weather (call_1)" in broken.failure.reason and "not JSON" in broken.failure.reason
+    # the call's pieces went out; the block's stop, the stop reason and message_stop did not
+    assert [e["type"] for e in out] == ["message_start", "content_block_start", "content_block_delta"]
+
+
+def test_a_chat_call_is_checked_when_the_next_begins_before_its_block_stops() -> None:
+    events = chat_broken(['{"city": "Par'])
+    events.insert(3, tool_delta(1, id="call_2", type="function", function={"name": "weather", "arguments": "{}"}))
+    out, broken = run(codec(Api.MESSAGES, Api.CHAT), events)
+    assert broken is not None and "weather (call_1)" in broken.failure.reason
+    assert "content_block_stop" not in [e["type"] for e in out]
+
+
+@pytest.mark.parametrize("arguments", [["[1, 2]"], ['"Paris"'], ["{", "}}"]], ids=["array", "string", "extra-brace"])
+def test_chat_arguments_that_are_no_json_object_break_the_answer(arguments: list[str]) -> None:
+    out, broken = run(codec(Api.MESSAGES, Api.CHAT), chat_broken(arguments))
+    assert broken is not None and "message_stop" not in [e["type"] for e in out]
+
+
+def test_a_whole_chat_tool_stream_still_ends_as_anthropics_does() -> None:
+    out, broken = run(codec(Api.MESSAGES, Api.CHAT), CHAT_TOOLS)
+    assert broken is None
+    assert [e["type"] for e in out][-4:] == [
+        "content_block_delta",
+        "content_block_stop",
+        "message_delta",
+        "message_stop",
+    ]
+    assert out[-2]["delta"]["stop_reason"] == "tool_use"  # type: ignore[index]
+    # no arguments at all is an empty object, as for Anthropic's own tool_use without input
+    assert run(codec(Api.MESSAGES, Api.CHAT), chat_broken([]))[1] is None
+
+
+def test_the_messages_end_waits_for_close_even_after_the_finish_reason() -> None:
+    c = codec(Api.MESSAGES, Api.CHAT)
+    sent = [e["type"] for event in CHAT_TOOLS for e in c.feed(event)]
+    assert "message_delta" not in sent and "message_stop" not in sent
+    assert [e["type"] for e in c.close()][-2:] == ["message_delta", "message_stop"]
+
+
+def test_an_anthropic_tool_block_that_is_not_json_never_ends_as_a_chat_answer() -> None:
+    out, broken = run(
+        codec(Api.CHAT, Api.MESSAGES, stream_options={"include_usage": True}), messages_broken(['{"city": "Pa', "ris"])
+    )
+    assert broken is not None and "weather (toolu_1)" in broken.failure.reason
+    assert out and not any(c["choices"] and c["choices"][0]["finish_reason"] for c in out)
+    assert not any(c.get("usage") for c in out)  # the closing usage chunk did not go out either
+    pieces = [c["choices"][0]["delta"]["tool_calls"][0]["function"]["arguments"] for c in out[2:]]
+    assert pieces == ["", '{"city": "Pa', "ris"]  # the call and its pieces went out, then nothing
+
+
+def test_an_anthropic_tool_block_never_stopped_is_checked_at_the_end() -> None:
+    events = [
+        e for e in messages_broken(['{"city": "Pa']) if not (e["type"] == "content_block_stop" and e["index"] == 1)
+    ]
+    c = codec(Api.CHAT, Api.MESSAGES)
+    sent = [x for e in events for x in c.feed(e)]
+    assert not any(x["choices"][0]["finish_reason"] for x in sent)  # message_stop's finish is held
+    with pytest.raises(BrokenAnswer, match="weather"):
+        c.close()
+
+
+def test_the_chat_end_waits_for_close_after_message_stop() -> None:
+    c = codec(Api.CHAT, Api.MESSAGES, stream_options={"include_usage": True})
+    sent = [x for e in TOOL_ANSWER for x in c.feed(e)]
+    assert not any(x["choices"] and x["choices"][0]["finish_reason"] for x in sent)
+    end = c.close()
+    assert end[0]["choices"][0]["finish_reason"] == "tool_calls" and end[1]["usage"]["completion_tokens"] == 30
+
+
+def test_a_plain_answer_with_a_broken_tool_call_is_broken_in_both_directions() -> None:
+    completion = tr.message_to_completion(MESSAGE, created=1)
+    completion["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"] = '{"city": "Par'
+    with pytest.raises(BrokenAnswer, match=r"weather \(call_1\).*not JSON"):
+        formats.answer_in(Api.MESSAGES, Api.CHAT, completion, created=1)
+    for not_object in ('{"city": "Par', ["Paris"]):  # an input that is no object, whatever its shape
+        message = {**MESSAGE, "content": [{**USE, "input": not_object}]}
+        for caller in (Api.CHAT, Api.RESPONSES):
+            with pytest.raises(BrokenAnswer, match=r"weather \(call_1\)"):
+                formats.answer_in(caller, Api.MESSAGES, message, created=1)
+    assert formats.answer_in(Api.MESSAGES, Api.MESSAGES, {**MESSAGE, "content": [{**USE, "input": "x"}]}, created=1)

@@ -14,10 +14,14 @@ from openai.types.responses import response_create_params
 from pydantic import TypeAdapter
 
 from capmon.core import anthropic_wire as aw
+from capmon.core import formats
 from capmon.core import translate_responses_anthropic as tr
 from capmon.core.anthropic_wire import MessageAssembler
+from capmon.core.errors import Kind
+from capmon.core.exceptions import BrokenAnswer
+from capmon.core.result import Api, ChatRequest
 from capmon.core.translate_chat_anthropic import Untranslatable
-from tests.core.test_anthropic_wire import TEXT_ANSWER, TOOL_ANSWER, end, start
+from tests.core.test_anthropic_wire import TEXT_ANSWER, TOOL_ANSWER, end, json_piece, start
 from tests.core.test_translate_chat_anthropic import ANTHROPIC_TOOL, PNG, WEATHER
 
 ANTHROPIC_BODY: TypeAdapter[Any] = TypeAdapter(message_create_params.MessageCreateParamsNonStreaming)
@@ -320,3 +324,26 @@ def test_an_error_after_output_never_completes_the_response() -> None:
     out = stream(TEXT_ANSWER[:4])  # message_start, block, ping, one text delta: then the overload
     assert "response.completed" not in [r["type"] for r in out]
     assert any(r["type"] == "response.output_text.delta" for r in out)
+
+
+def test_an_anthropic_tool_block_that_is_not_json_never_completes_the_response() -> None:
+    """Through the one codec an attempt uses: the call's deltas go out, but neither its
+    arguments' ``.done``, its ``output_item.done`` nor ``response.completed``."""
+    events = [*TOOL_ANSWER[:5], json_piece(1, '{"city": "Pa'), *TOOL_ANSWER[-3:]]
+    c = formats.stream_codec(ChatRequest((), api=Api.RESPONSES), Api.MESSAGES, created=1)
+    sent: list[Any] = []
+    with pytest.raises(BrokenAnswer, match=r"weather \(toolu_1\).*not JSON") as broken:
+        for e in events:
+            sent += c.feed(e)
+    assert broken.value.failure.kind is Kind.TRANSIENT
+    types = [r["type"] for r in sent]
+    assert types[-2:] == ["response.output_item.added", "response.function_call_arguments.delta"]
+    assert not {"response.function_call_arguments.done", "response.completed"} & set(types)
+
+
+def test_the_responses_end_waits_for_close_after_message_stop() -> None:
+    c = formats.stream_codec(ChatRequest((), api=Api.RESPONSES), Api.MESSAGES, created=1)
+    sent = [r for e in TOOL_ANSWER for r in c.feed(e)]
+    assert sent[-1]["type"] == "response.output_item.done"
+    (done,) = c.close()
+    assert done["type"] == "response.completed" and done["sequence_number"] == len(sent)

@@ -14,10 +14,11 @@ import pytest
 
 from capmon.core.config import SIMULATOR_DEMO_KEY
 from capmon.core.exceptions import ConfigError
+from capmon.sim.faults import parse_rules
 from capmon.sim.scenario import parse_scenario
 from capmon.sim.server import SimHandle, running_simulator
 from capmon.sim.tools import example_value
-from tests.sim.helpers import AUTH, HELLO, chat_body, data_frames, fast_scenario
+from tests.sim.helpers import AUTH, HELLO, chat_body, data_frames, fast_scenario, frames
 
 WEATHER = {
     "type": "function",
@@ -211,3 +212,69 @@ def test_tools_mode_is_a_scenario_key() -> None:
     with pytest.raises(ConfigError) as info:
         parse_scenario('[[models]]\nname = "a"\ntools = "sometimes"\n', "s.toml")
     assert info.value.key == "models[0].tools" and "expected one of auto, always" in str(info.value)
+
+
+BROKEN = {"mode": "broken_tool_args", "count": 6}
+CLAUDE_WEATHER = {"name": "get_weather", "input_schema": WEATHER["function"]["parameters"]}  # type: ignore[index]
+
+
+def _not_json(arguments: str) -> bool:
+    try:
+        json.loads(arguments)
+    except ValueError:
+        return True
+    return False
+
+
+async def test_the_broken_tool_args_fault_cuts_a_calls_arguments_on_every_wire_plain_and_streamed() -> None:
+    """Only the arguments are broken (half of a valid call's): the answer otherwise ends whole,
+    with its finish reason, [DONE], message_stop or response.completed; a request that may
+    call no tool passes by and leaves the rule's count."""
+    async with running_simulator(fast_scenario(api="all")) as sim, httpx.AsyncClient(trust_env=False) as http:
+        await http.post(f"{sim.admin_url}/faults", json=BROKEN)
+        untouched = await post(sim, http)  # no tools: not shaped, not counted
+        chat = (await post(sim, http, tools=TOOLS, tool_choice="required")).json()
+        chat_stream = (await post(sim, http, tools=TOOLS, tool_choice="required", stream=True)).text
+        claude = {"model": "sim-a", "max_tokens": 50, "messages": HELLO, "tools": [CLAUDE_WEATHER]}
+        claude["tool_choice"] = {"type": "any"}
+        head = {**AUTH, "anthropic-version": "2023-06-01"}
+        message = (await http.post(f"{sim.origin}/v1/messages", json=claude, headers=head)).json()
+        message_stream = (
+            await http.post(f"{sim.origin}/v1/messages", json={**claude, "stream": True}, headers=head)
+        ).text
+        tool = {"type": "function", "name": "get_weather", "parameters": WEATHER["function"]["parameters"]}  # type: ignore[index]
+        asked = {"model": "sim-a", "input": "Weather?", "tools": [tool], "tool_choice": "required"}
+        response = (await http.post(f"{sim.base_url}/responses", json=asked, headers=AUTH)).json()
+        response_stream = (
+            await http.post(f"{sim.base_url}/responses", json={**asked, "stream": True}, headers=AUTH)
+        ).text
+        left = (await http.get(f"{sim.admin_url}/faults")).json()
+    assert untouched.json()["choices"][0]["finish_reason"] == "stop"
+    (call,) = chat["choices"][0]["message"]["tool_calls"]
+    assert chat["choices"][0]["finish_reason"] == "tool_calls" and _not_json(call["function"]["arguments"])
+    chunks = data_frames(chat_stream)
+    pieces = [tc["function"].get("arguments", "") for c in chunks[:-1] for tc in c["choices"][0]["delta"]["tool_calls"]]
+    assert _not_json("".join(pieces)) and chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+    assert chat_stream.endswith("data: [DONE]\n\n")
+    (block,) = message["content"]
+    assert message["stop_reason"] == "tool_use" and block["type"] == "tool_use" and isinstance(block["input"], str)
+    assert _not_json(block["input"])
+    events = [f.json() for f in frames(message_stream) if f.data]
+    partial = "".join(e["delta"]["partial_json"] for e in events if e["type"] == "content_block_delta")
+    assert _not_json(partial) and [e["type"] for e in events][-3:] == [
+        "content_block_stop",
+        "message_delta",
+        "message_stop",
+    ]
+    (item,) = response["output"]
+    assert response["status"] == "completed" and item["type"] == "function_call" and _not_json(item["arguments"])
+    streamed = [f.json() for f in frames(response_stream) if f.data]
+    assert streamed[-1]["type"] == "response.completed"
+    assert _not_json(streamed[-1]["response"]["output"][0]["arguments"])
+    assert left == {"faults": []}  # six requests with tools took its six
+
+
+def test_a_broken_tool_args_rule_applies_only_to_a_request_that_may_call_a_tool() -> None:
+    (rule,) = parse_rules({"mode": "broken_tool_args", "count": 1})
+    assert rule.applies_to("m", stream=False, tools=True) and rule.applies_to("m", stream=True, tools=True)
+    assert not rule.applies_to("m", stream=True)
