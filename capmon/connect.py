@@ -275,9 +275,9 @@ class GatewayClient:
         except ValueError as e:
             raise GatewayError(f"{self.address.origin}/capmon/snapshot: {e}") from None
 
-    async def act(self, path: str, body: Mapping[str, Any]) -> EngineSnapshot:
-        """POST an action (/capmon/trip, /capmon/pin, ...) with the admin key; the
-        gateway's snapshot right after it."""
+    async def act(self, path: str, body: Mapping[str, Any]) -> Mapping[str, Any]:
+        """POST an action (/capmon/trip, /capmon/pin, ...) with the admin key; its answer
+        (what it changed: the targets' new states, or the pinned model)."""
         key = self.address.admin_key
         if key is None:
             raise KeyRefused(f"no admin key: set {self.address.admin_key_env} to the gateway's admin key")
@@ -289,10 +289,9 @@ class GatewayClient:
         if response.status_code == 403:
             raise KeyRefused(f"the gateway refused: {_message(response)}")
         data = self._check(response, path, key, f"the admin key in ${self.address.admin_key_env}")
-        try:
-            return snapshot_from_json(data["snapshot"])
-        except (KeyError, TypeError, ValueError) as e:
-            raise GatewayError(f"{self.address.origin}{path}: the answer holds no snapshot ({e})") from None
+        if not isinstance(data, Mapping) or data.get("ok") is not True:
+            raise GatewayError(f"{self.address.origin}{path}: not an answer to an action")
+        return data
 
     async def events(
         self,

@@ -67,8 +67,9 @@ async def test_the_event_stream_decodes_only_what_is_asked_and_resumes() -> None
         address = GatewayAddress(gw.origin, admin_key=Secret(ADMIN, "admin"))
         async with GatewayClient(address) as client:
             info = await client.info()
-            snap = await client.act("/capmon/trip", {"target": "small"})
-            assert snap.targets[2].state == State.FORCED_OPEN and info.readonly is False
+            done = await client.act("/capmon/trip", {"target": "small"})
+            assert [t["state"] for t in done["targets"]] == [State.FORCED_OPEN] and info.readonly is False
+            assert (await client.snapshot()).targets[2].state == State.FORCED_OPEN
             got: list[tuple[int, ev.Event | None]] = []
             async with contextlib.aclosing(client.events(None, (ev.BreakerChanged,))) as stream:
                 async for item in stream:

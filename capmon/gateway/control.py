@@ -10,7 +10,10 @@
   POST /capmon/reset        {"target": NAME}
   POST /capmon/force-close  {"target": NAME}
 
-Actions need the admin key (403 without it) and answer ``{"ok": true, "snapshot": ...}``.
+Actions need the admin key (403 without it) and answer with what they changed, not the
+whole snapshot: ``{"ok": true, "targets": [{"target", "model", "endpoint", "state",
+"manual", "reason"}, ...]}`` for trip, reset and force-close (each target of the model named,
+or the one target), ``{"ok": true, "pinned": NAME | null}`` for pin.
 Reads need a client key or the admin key when the gateway has client keys. Every
 reason and message in them is redacted; only the admin sees the first characters of a
 masked key (``sk-pro****``), anyone else no part of a provider key, only its alias.
@@ -150,8 +153,21 @@ async def _body(request: Request, allowed: tuple[str, ...]) -> dict[str, Any] | 
     return body
 
 
-def _done(gw: Gateway) -> Response:
-    return JsonReply({"ok": True, "snapshot": snapshot_to_json(gw.client.snapshot())})
+def _states(gw: Gateway, name: str) -> Response:
+    """The new state of each target an action on ``name`` (a model or a target id) moved."""
+    rows = [t for t in gw.client.snapshot().targets if name in (t.model, t.target)]
+    targets = [
+        {
+            "target": t.target,
+            "model": t.model,
+            "endpoint": t.endpoint,
+            "state": t.state.value,
+            "manual": t.manual,
+            "reason": redact(t.breaker_reason),
+        }
+        for t in rows
+    ]
+    return JsonReply({"ok": True, "targets": targets})
 
 
 def _not_found(e: CapmonError) -> ApiError:
@@ -173,7 +189,7 @@ async def pin(request: Request) -> Response:
         gw.client.pin(model)
     except CapmonError as e:
         raise _not_found(e) from None
-    return _done(gw)
+    return JsonReply({"ok": True, "pinned": gw.client.pinned})
 
 
 def _action(act: Callable[[Gateway, str, str], None], what: str) -> Callable[[Request], Any]:
@@ -191,7 +207,7 @@ def _action(act: Callable[[Gateway, str, str], None], what: str) -> Callable[[Re
             act(gw, target, redact(body.get("reason") or f"{what} by hand through the gateway"))
         except CapmonError as e:
             raise _not_found(e) from None
-        return _done(gw)
+        return _states(gw, target)
 
     return endpoint
 

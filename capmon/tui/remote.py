@@ -309,7 +309,7 @@ class RemoteSource:
     # ------------------------------------------------------------ manual actions
 
     def _send(self, what: str, path: str, body: Mapping[str, Any]) -> None:
-        """Start the action; its answer replaces the snapshot, a refusal becomes an error
+        """Start the action; the snapshot after it replaces ours, a refusal becomes an error
         notice (a toast and a log line). Raises CapmonError when it cannot be sent at all."""
         http = self._client()
         if self.down_since is not None:
@@ -320,7 +320,8 @@ class RemoteSource:
 
     async def _act(self, http: GatewayClient, what: str, path: str, body: Mapping[str, Any]) -> None:
         try:
-            snap = await http.act(path, body)
+            await http.act(path, body)
+            snap = await http.snapshot()  # the action answers with what it moved; show the whole at once
         except GatewayError as e:
             self._say("error", f"{what} not done: {e}")
             return

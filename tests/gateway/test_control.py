@@ -50,12 +50,26 @@ async def test_pin_trip_reset_and_force_close_steer_the_gateway() -> None:
         bad = await http.post("/capmon/trip", json={"model": "flagship"})
         bad_pin = await http.post("/capmon/pin", json={"model": "gpt-9"})
     assert (before, after_trip, after_pin, after_reset) == ("flagship", "medium", "small", "flagship")
-    states = [t["state"] for t in tripped.json()["snapshot"]["targets"]]
-    assert tripped.status_code == 200 and tripped.json()["ok"] is True and states[0] == "forced-open"
-    assert tripped.json()["snapshot"]["targets"][0]["breaker_reason"] == "maintenance"
-    assert pinned.json()["snapshot"]["pinned"] == "small" and unpinned.json()["snapshot"]["pinned"] is None
-    assert reset.json()["snapshot"]["targets"][0]["state"] == "closed"
-    assert closed.json()["snapshot"]["targets"][1]["state"] == "forced-closed"
+    # Each action answers with what it moved, not the whole snapshot.
+    assert tripped.status_code == 200 and tripped.json() == {
+        "ok": True,
+        "targets": [
+            {
+                "target": "flagship@sim/sim-key",
+                "model": "flagship",
+                "endpoint": "sim",
+                "state": "forced-open",
+                "manual": True,
+                "reason": "maintenance",
+            }
+        ],
+    }
+    assert len(tripped.content) < 300
+    assert pinned.json() == {"ok": True, "pinned": "small"} and unpinned.json() == {"ok": True, "pinned": None}
+    assert [(t["target"], t["state"], t["manual"]) for t in reset.json()["targets"]] == [
+        ("flagship@sim/sim-key", "closed", False)
+    ]
+    assert [(t["model"], t["state"]) for t in closed.json()["targets"]] == [("medium", "forced-closed")]
     assert unknown.status_code == 404 and "gpt-9" in unknown.json()["error"]["message"]
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "model"
     assert bad_pin.status_code == 404
