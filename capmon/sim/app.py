@@ -82,7 +82,16 @@ from capmon.sim.replies import (
 )
 from capmon.sim.scenario import Scenario, load_scenario
 from capmon.sim.streams import FINGERPRINT, StreamPlan, answer_text, chat_stream, rejection_stream, tokens_of, usage
-from capmon.sim.tools import LastTurn, ToolCall, ToolError, ToolRequest, make_call, parse_tools, text_of
+from capmon.sim.tools import (
+    LastTurn,
+    ToolCall,
+    ToolError,
+    ToolRequest,
+    Voice,
+    closing_turn,
+    make_call,
+    parse_tools,
+)
 
 SIM_HEADER = "x-capmon-simulator"
 
@@ -102,12 +111,13 @@ class ChatRequest:
     turn: LastTurn | None = None
 
 
+# chat's roles -> who they speak for (any other role is the model's)
+_VOICES = {"user": Voice.USER, "tool": Voice.RESULT, "system": Voice.ASIDE, "developer": Voice.ASIDE}
+
+
 def last_turn(messages: list[dict[str, Any]]) -> LastTurn | None:
-    """The user's words or the tool's result that the conversation ends with."""
-    last = messages[-1]
-    if last.get("role") not in ("user", "tool"):
-        return None
-    return LastTurn(text_of(last.get("content")), is_tool_result=last["role"] == "tool")
+    """The user's words or the tools' results the conversation ends with (tools.closing_turn)."""
+    return closing_turn((_VOICES.get(str(m.get("role")), Voice.MODEL), m.get("content")) for m in reversed(messages))
 
 
 def parse_chat(body: Any) -> ChatRequest:
