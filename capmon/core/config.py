@@ -227,7 +227,10 @@ class GatewayConfig:
     )
     keys: tuple[GatewayKeyConfig, ...] = _f(factory=tuple)
     admin_key_env: str = _f("", doc="variable holding the key the control API's actions need; read-only without")
-    aliases: Mapping[str, str] = _f(factory=dict, doc="a model name clients send -> a configured model (or auto)")
+    aliases: Mapping[str, str] = _f(
+        factory=dict,
+        doc="a model name clients send, or a pattern of them (claude-*), -> a configured model (or auto)",
+    )
     max_body_bytes: int = _f(16 * 1024 * 1024, min=1024, doc="largest request body the gateway reads")
     header_timeout: float = _f(
         10.0, min=0.01, max=3600.0, doc="seconds a connection has to send a request's complete headers"

@@ -12,7 +12,7 @@ attaches to. The core never imports this package.
 | ``openai_api.py`` | /v1/chat/completions, /v1/responses, /v1/models |
 | ``bodies.py`` | a request body and the per-request headers -> a ChatRequest |
 | ``fields.py`` | one strict parser per field read from outside: JSON bodies, headers, the event number |
-| ``models.py`` | model names and aliases a client may send |
+| ``models.py`` | model names, aliases and alias patterns a client may send |
 | ``replies.py`` | plain and streamed answers, run while watching the connection |
 | ``disconnect.py`` | cancel a request's work when its client goes away |
 | ``sse.py`` | the two APIs' SSE framing, and how a broken stream ends |

@@ -1,8 +1,10 @@
 """The gateway's settings: the config's ``[gateway]`` table checked against its models,
 with the client keys and the admin key read from their environment variables.
 
-Every error names the config file and the key (``gateway.aliases.gpt-5``), as the rest
-of capmon does; a key's value never appears in one.
+Every error names the config file and the key (``gateway.aliases.gpt-5``,
+``gateway.aliases."claude-*"``), as the rest of capmon does; a key's value never appears in
+one. An alias's name may be a pattern (capmon/gateway/models.py); its target is checked as
+any alias's.
 """
 
 from __future__ import annotations
@@ -108,7 +110,7 @@ def _aliases(cfg: Config) -> dict[str, str | None]:
             raise ConfigError(cfg.path, where, "expected a name without control characters")
         if name == AUTO:
             raise ConfigError(cfg.path, where, "'auto' is built in (the preference order); choose another name")
-        if name in models:
+        if name in models:  # a pattern may match a model's name: the model wins (capmon/gateway/models.py)
             raise ConfigError(cfg.path, where, "is already the name of a model; an alias needs a name of its own")
         if target != AUTO and target not in models:
             close = difflib.get_close_matches(target, models, n=1)

@@ -42,6 +42,8 @@ from capmon.core.result import Attempt, Decision
 from capmon.core.router import FallbackClient
 from capmon.core.secrets import redact
 from capmon.gateway.exchange import Exchange
+from capmon.gateway.models import ModelNames
+from capmon.gateway.settings import AUTO
 from capmon.gateway.trace_relay import STOP_WAIT, RelayExporter
 
 log = logging.getLogger("capmon.gateway")
@@ -101,7 +103,8 @@ class GatewayTraces:
         self.tracer = provider.get_tracer("capmon.gateway", __version__)
         self.propagator = TraceContextTextMapPropagator()
         config = client.config
-        self.names = frozenset(m.name for m in config.models) | frozenset(config.gateway.aliases) | {"auto"}
+        # the names a request may ask for (the targets do not matter here: only whether it may)
+        self.names = ModelNames([m.name for m in config.models], {**dict.fromkeys(config.gateway.aliases), AUTO: None})
         self.wire_names = {m.name: m.wire_name for m in config.models}
         self.servers: dict[str, tuple[str, int]] = {}
         for e in config.endpoints:
@@ -142,7 +145,8 @@ class GatewayTraces:
     def _spans(self, ex: Exchange, scope: Scope) -> None:
         carrier = self._parent(scope)
         parent = self.propagator.extract(carrier) if carrier else None
-        requested = ex.model_requested if ex.model_requested in self.names else None
+        asked = ex.model_requested
+        requested = asked if asked is not None and self.names.accepts(asked) else None
         start = ex.wall
         end = ex.wall + (ex.latency or 0.0)
         attrs: dict[str, AttributeValue] = {

@@ -88,11 +88,12 @@ from capmon.sim.tools import (
     ToolCall,
     ToolError,
     ToolRequest,
+    Voice,
     broken_call,
+    closing_turn,
     make_call,
     may_call,
     parse_tools,
-    text_of,
 )
 
 SIM_HEADER = "x-capmon-simulator"
@@ -113,12 +114,13 @@ class ChatRequest:
     turn: LastTurn | None = None
 
 
+# chat's roles -> who they speak for (any other role is the model's)
+_VOICES = {"user": Voice.USER, "tool": Voice.RESULT, "system": Voice.ASIDE, "developer": Voice.ASIDE}
+
+
 def last_turn(messages: list[dict[str, Any]]) -> LastTurn | None:
-    """The user's words or the tool's result that the conversation ends with."""
-    last = messages[-1]
-    if last.get("role") not in ("user", "tool"):
-        return None
-    return LastTurn(text_of(last.get("content")), is_tool_result=last["role"] == "tool")
+    """The user's words or the tools' results the conversation ends with (tools.closing_turn)."""
+    return closing_turn((_VOICES.get(str(m.get("role")), Voice.MODEL), m.get("content")) for m in reversed(messages))
 
 
 def parse_chat(body: Any) -> ChatRequest:

@@ -47,11 +47,12 @@ from capmon.sim.tools import (
     ToolCall,
     ToolError,
     ToolRequest,
+    Voice,
     broken_call,
+    closing_turn,
     make_call,
     may_call,
     parse_anthropic_tools,
-    text_of,
 )
 
 VERSION_HEADER = "anthropic-version"
@@ -82,15 +83,21 @@ class MessagesRequest:
     turn: LastTurn | None = None
 
 
-def last_turn(messages: list[dict[str, Any]]) -> LastTurn | None:
-    """The user's words or the tools' results (``tool_result`` blocks) the conversation ends with."""
-    if not messages or messages[-1].get("role") != "user":
-        return None
-    content = messages[-1].get("content")
+def _voice(message: dict[str, Any]) -> tuple[Voice, Any]:
+    """A message's voice and what it says: a user message with ``tool_result`` blocks speaks
+    for the tools (their results), whatever text comes with them."""
+    role, content = message.get("role"), message.get("content")
+    if role == "system":  # a mid-conversation system message
+        return Voice.ASIDE, content
+    if role != "user":
+        return Voice.MODEL, content
     results = [b for b in _blocks(content) if isinstance(b, dict) and b.get("type") == "tool_result"]
-    if results:
-        return LastTurn(text_of(results), is_tool_result=True)
-    return LastTurn(text_of(content))
+    return (Voice.RESULT, results) if results else (Voice.USER, content)
+
+
+def last_turn(messages: list[dict[str, Any]]) -> LastTurn | None:
+    """The user's words or the tools' results the conversation ends with (tools.closing_turn)."""
+    return closing_turn(_voice(m) for m in reversed(messages))
 
 
 def api_version(header: str | None) -> ApiVersion:

@@ -44,11 +44,12 @@ from capmon.sim.tools import (
     ToolCall,
     ToolError,
     ToolRequest,
+    Voice,
     broken_call,
+    closing_turn,
     make_call,
     may_call,
     parse_response_tools,
-    text_of,
 )
 
 MIN_OUTPUT_TOKENS = 16  # the Responses API refuses a smaller max_output_tokens
@@ -71,18 +72,24 @@ class ResponsesRequest:
 RESULT_ITEMS = ("function_call_output", "custom_tool_call_output", "local_shell_call_output")
 
 
+# A message item's role -> who it speaks for (any other role is the model's).
+_VOICES = {"user": Voice.USER, "system": Voice.ASIDE, "developer": Voice.ASIDE}
+
+
+def _voice(item: dict[str, Any]) -> tuple[Voice, Any]:
+    kind = item.get("type", "message")
+    if kind in RESULT_ITEMS:
+        return Voice.RESULT, item.get("output")
+    if kind == "message":
+        return _VOICES.get(str(item.get("role")), Voice.MODEL), item.get("content")
+    return Voice.MODEL, None  # the model's calls and reasoning
+
+
 def last_turn(given: str | list[dict[str, Any]]) -> LastTurn | None:
-    """The user's words or the tool's result that the input ends with."""
+    """The user's words or the tools' results the input ends with (tools.closing_turn)."""
     if isinstance(given, str):
         return LastTurn(given)
-    if not given:
-        return None
-    last = given[-1]
-    if last.get("type") in RESULT_ITEMS:
-        return LastTurn(text_of(last.get("output")), is_tool_result=True)
-    if last.get("type", "message") == "message" and last.get("role") == "user":
-        return LastTurn(text_of(last.get("content")))
-    return None
+    return closing_turn(_voice(item) for item in reversed(given))
 
 
 def _text_of(value: Any) -> int:

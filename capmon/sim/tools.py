@@ -4,13 +4,17 @@ and build its arguments from the function's JSON Schema so that they are valid J
 client can parse and check against that schema.
 
 Under ``tool_choice: "auto"`` the conversation's last turn decides, deterministically, so
-that a client's tool loop (Codex's ``exec_command`` / ``shell``) runs end to end:
-- a tool's result (chat's ``tool`` message, the Responses API's ``function_call_output``,
-  Anthropic's ``tool_result``) is answered in text that quotes it: the loop ends;
-- a user message that names one of the tools (its whole name, any case) calls that tool;
-- a user message with one of :data:`ASKING_WORDS` calls the first tool that takes a
+that a client's tool loop (Codex's ``exec_command`` / ``shell``, Claude Code's ``Bash``) runs
+end to end. The last turn is what came after the model last spoke (:func:`closing_turn`),
+system and developer messages left out: they instruct the model, they are nobody's turn
+(Claude Code ends its conversation with one, an agent list, after the user's words). Then:
+- a tool's result in it (chat's ``tool`` message, the Responses API's
+  ``function_call_output``, Anthropic's ``tool_result``) is answered in text that quotes
+  it, whatever user text came with it: the loop ends;
+- else its last user message: one that names one of the tools (its whole name, any case)
+  calls that tool; one with one of :data:`ASKING_WORDS` calls the first tool that takes a
   ``command`` or ``cmd``, else the first tool;
-- anything else is answered in text.
+- anything else (no user message after the model's: a prefill) is answered in text.
 
 Pure: no web framework. A bad ``tools`` or ``tool_choice`` raises :class:`ToolError`
 with the parameter to name in the 400.
@@ -23,7 +27,9 @@ import json
 import math
 import re
 import secrets
+from collections.abc import Iterable
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any
 
 MAX_SCHEMA_DEPTH = 8  # deeper schemas get {} there: a request cannot make the answer explode
@@ -56,6 +62,34 @@ class LastTurn:
     @property
     def tool_result(self) -> str | None:
         return self.text if self.is_tool_result else None
+
+
+class Voice(Enum):
+    """Who a message of a conversation speaks for, as the tool rule reads it."""
+
+    USER = "user"  # the user's words
+    RESULT = "result"  # a tool's result
+    MODEL = "model"  # the model's own turn: its answer, its calls, its reasoning
+    ASIDE = "aside"  # system and developer messages: instructions, nobody's turn
+
+
+def closing_turn(backwards: Iterable[tuple[Voice, Any]]) -> LastTurn | None:
+    """The turn a conversation ends with, from its messages read from the last (each its
+    voice and its content): what came after the model last spoke, asides left out. Any
+    tool result in it makes it the results' turn; else it is its last user message's; None
+    when nothing came after the model's message (or the conversation is empty)."""
+    results: list[Any] = []
+    words: list[Any] = []  # the user messages' contents, the last first
+    for voice, content in backwards:
+        if voice is Voice.MODEL:
+            break
+        if voice is Voice.RESULT:
+            results.append(content)
+        elif voice is Voice.USER:
+            words.append(content)
+    if results:
+        return LastTurn(text_of(results[::-1]), is_tool_result=True)
+    return LastTurn(text_of(words[0])) if words else None
 
 
 @dataclass(frozen=True)

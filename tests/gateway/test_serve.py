@@ -119,12 +119,6 @@ def test_the_readme_examples_run_as_written_against_capmon_serve(tmp_path: Path)
             r"capmon: --listen: expected HOST:PORT such as 127\.0\.0\.1:4000, got 'localhost'",
         ),
         (
-            'aliases = { "gpt-5" = "flagshp" }',
-            [],
-            r"capmon: .*config\.toml: gateway\.aliases\.gpt-5: no model named 'flagshp'; did you mean 'flagship'\?",
-        ),
-        ('aliases = { "auto" = "flagship" }', [], r"gateway\.aliases\.auto: 'auto' is built in"),
-        (
             'keys = [{ env = "GW_NOT_SET_ANYWHERE" }]',
             [],
             r"gateway\.keys\[0\]\.env: environment variable GW_NOT_SET_ANYWHERE is not set",
@@ -150,6 +144,33 @@ def test_a_gateway_that_cannot_start_says_why_in_one_line(
     if gateway:
         config.write_text(config.read_text() + f"\n[gateway]\n{gateway}\n")
     assert main(["serve", "--config", str(config), *argv]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert re.search(expected, err), err
+
+
+@pytest.mark.parametrize(
+    "alias, expected",
+    [
+        (
+            '"gpt-5" = "flagshp"',
+            r"capmon: .*config\.toml: gateway\.aliases\.gpt-5: no model named 'flagshp'; did you mean 'flagship'\?",
+        ),
+        (
+            '"claude-opus-*" = "claud"',
+            r'capmon: .*config\.toml: gateway\.aliases\."claude-opus-\*": no model named \'claud\'; did you mean',
+        ),
+        ('"auto" = "flagship"', r"gateway\.aliases\.auto: 'auto' is built in"),
+    ],
+)
+def test_a_bad_alias_in_the_shipped_table_says_why_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], alias: str, expected: str
+) -> None:
+    config = _shipped_config(tmp_path)
+    text = config.read_text()
+    assert text.count("\n[gateway.aliases]\n") == 1
+    config.write_text(text.replace("\n[gateway.aliases]\n", f"\n[gateway.aliases]\n{alias}\n"))
+    assert main(["serve", "--config", str(config)]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
     assert re.search(expected, err), err

@@ -39,6 +39,10 @@ def test_a_full_gateway_table() -> None:
     [
         ('aliases = { "flagship" = "small" }', "gateway.aliases.flagship", "is already the name of a model"),
         ('aliases = { "" = "small" }', 'gateway.aliases.""', "expected a name"),
+        # a pattern's target is checked as any alias's: a configured model or auto
+        ('aliases = { "claude-*" = "claud" }', 'gateway.aliases."claude-*"', "no model named 'claud'"),
+        ('aliases = { "gpt-?" = "flagshp" }', 'gateway.aliases."gpt-?"', "did you mean 'flagship'?"),
+        ('aliases = { "o[34]*" = "" }', 'gateway.aliases."o[34]*"', "expected one of flagship, medium, small or auto"),
         (
             'keys = [{ env = "A", alias = "x" }, { env = "B", alias = "x" }]',
             "gateway.keys[1].alias",

@@ -214,6 +214,23 @@ async def test_a_fallback_is_a_request_span_with_both_attempts_and_a_traceparent
     assert first.end_time is not None and second.start_time is not None and first.end_time <= second.start_time
 
 
+@pytest.mark.looptime
+async def test_a_name_an_alias_pattern_matches_is_the_spans_requested_model() -> None:
+    async with traced(gateway='aliases = { "claude-*" = "medium" }') as (gw, exporter), gw.openai() as sdk:
+        await sdk.chat.completions.create(model="claude-opus-4-8", messages=HELLO)
+        with pytest.raises(openai.NotFoundError):
+            await sdk.chat.completions.create(model="llama-3", messages=HELLO)
+        spans = await spans_of(exporter, 2)
+    (served, _), (unknown, _) = tree(spans)
+    assert served.attributes is not None and unknown.attributes is not None
+    assert (served.name, served.attributes["gen_ai.request.model"], served.attributes["capmon.model"]) == (
+        "chat claude-opus-4-8",
+        "claude-opus-4-8",
+        "medium",
+    )
+    assert unknown.name == "chat" and "gen_ai.request.model" not in unknown.attributes  # no name it does not know
+
+
 # ---------------------------------------------------------------- OTLP/HTTP, as configured
 
 

@@ -3,7 +3,8 @@ real HTTP: under tool_choice "auto" a last user message that asks for a tool get
 one of the given function tools, with arguments valid against its schema (Codex's
 ``exec_command`` and ``shell``); the tool's result comes back and the answer is text that
 quotes it, so the loop ends. On the Responses API (plain and streamed, as the SDK's event
-types say), chat completions and Anthropic's Messages API."""
+types say), chat completions and Anthropic's Messages API; and so when the conversation
+ends with a system or developer message after the user's words (Claude Code's agent list)."""
 
 from __future__ import annotations
 
@@ -16,10 +17,14 @@ import openai
 import pytest
 
 from capmon.core.config import SIMULATOR_DEMO_KEY
+from capmon.sim.app import last_turn as chat_turn
+from capmon.sim.messages import last_turn as messages_turn
+from capmon.sim.responses import last_turn as responses_turn
 from capmon.sim.scenario import ModelSpec, Scenario
 from capmon.sim.server import SimHandle, running_simulator
 from capmon.sim.tools import LastTurn, Tool, ToolRequest
 from tests.sim.helpers import openai_sdk
+from tests.support import claude_code
 
 EXEC_SCHEMA = {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]}
 SHELL_SCHEMA = {
@@ -271,3 +276,143 @@ async def test_messages_auto_calls_then_answers_the_result(sim: SimHandle) -> No
         second = await c.messages.create(model="sim-claude", max_tokens=200, messages=history, tools=tools)
     assert second.stop_reason == "end_turn" and second.content[0].type == "text"
     assert "hello-from-the-tool" in second.content[0].text
+
+
+# ---------------------------------------------------------------- a conversation that ends with an aside
+# System and developer messages are nobody's turn: the rule reads the user's words or the tools'
+# results before them (Claude Code ends every conversation with one, its agent list).
+
+SYSTEM_NOTE = "Available agent types: claude."
+
+
+@pytest.mark.parametrize(
+    "messages, turn",
+    [
+        ([{"role": "user", "content": ASK}, {"role": "system", "content": SYSTEM_NOTE}], LastTurn(ASK)),
+        ([{"role": "user", "content": ASK}, {"role": "developer", "content": "run tools"}], LastTurn(ASK)),
+        (  # the gateway's translation of an Anthropic tool_result that came with text: the loop ends
+            [
+                {"role": "user", "content": ASK},
+                {"role": "assistant", "tool_calls": [{"id": "c", "type": "function", "function": {"name": "shell"}}]},
+                {"role": "tool", "tool_call_id": "c", "content": RESULT},
+                {"role": "user", "content": "<system-reminder>run the tests</system-reminder>"},
+                {"role": "system", "content": SYSTEM_NOTE},
+            ],
+            LastTurn(RESULT, is_tool_result=True),
+        ),
+        ([{"role": "user", "content": ASK}, {"role": "assistant", "content": "Sure"}], None),  # a prefill: text
+        ([{"role": "system", "content": "run"}], None),
+        ([{"role": "user", "content": "first"}, {"role": "user", "content": "Say hi"}], LastTurn("Say hi")),
+    ],
+)
+def test_the_chat_turn_skips_trailing_asides(messages: list[dict[str, Any]], turn: LastTurn | None) -> None:
+    assert chat_turn(messages) == turn
+
+
+@pytest.mark.parametrize(
+    "given, turn",
+    [
+        (
+            [{"role": "user", "content": ASK}, {"type": "message", "role": "developer", "content": SYSTEM_NOTE}],
+            LastTurn(ASK),
+        ),
+        ([{"role": "user", "content": ASK}, {"role": "system", "content": SYSTEM_NOTE}], LastTurn(ASK)),
+        (
+            [
+                {"role": "user", "content": ASK},
+                {"type": "reasoning", "summary": []},
+                {"type": "function_call", "call_id": "c", "name": "shell", "arguments": "{}"},
+                {"type": "function_call_output", "call_id": "c", "output": RESULT},
+                {"role": "developer", "content": SYSTEM_NOTE},
+            ],
+            LastTurn(RESULT, is_tool_result=True),
+        ),
+        ([{"role": "user", "content": ASK}, {"type": "function_call", "call_id": "c", "name": "shell"}], None),
+        ([], None),
+    ],
+)
+def test_the_responses_turn_skips_trailing_asides(given: list[dict[str, Any]], turn: LastTurn | None) -> None:
+    assert responses_turn(given) == turn
+
+
+@pytest.mark.parametrize(
+    "messages, turn",
+    [
+        (claude_code.first_turn(), LastTurn(f"{claude_code.REMINDER} {claude_code.ASK}")),
+        (
+            claude_code.after_call({"type": "tool_use", "id": "toolu_1", "name": "Bash", "input": {}}),
+            LastTurn(claude_code.RESULT, is_tool_result=True),
+        ),
+        (  # a tool's result with text beside it is still the results' turn
+            [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "tool_result", "tool_use_id": "toolu_1", "content": RESULT},
+                        {"type": "text", "text": "now run the tests"},
+                    ],
+                },
+                claude_code.AGENT_LIST,
+            ],
+            LastTurn(RESULT, is_tool_result=True),
+        ),
+        ([{"role": "user", "content": ASK}, {"role": "assistant", "content": "I will"}], None),
+    ],
+)
+def test_the_messages_turn_skips_trailing_system_messages(
+    messages: list[dict[str, Any]], turn: LastTurn | None
+) -> None:
+    assert messages_turn(messages) == turn
+
+
+async def test_claude_codes_conversation_calls_bash_then_ends_in_text(sim: SimHandle) -> None:
+    async with anthropic.AsyncAnthropic(base_url=sim.origin, api_key=SIMULATOR_DEMO_KEY, max_retries=0) as c:
+        async with c.messages.stream(
+            **claude_code.request(claude_code.first_turn(), model="sim-claude", max_tokens=2000)
+        ) as s:
+            first = await s.get_final_message()
+        (block,) = first.content
+        assert first.stop_reason == "tool_use" and block.type == "tool_use" and block.name == "Bash"
+        assert block.input == {"command": "echo hello"} and conforms(block.input, claude_code.BASH_SCHEMA)
+        history = claude_code.after_call(block.model_dump())
+        async with c.messages.stream(**claude_code.request(history, model="sim-claude", max_tokens=2000)) as s:
+            second = await s.get_final_message()
+    assert second.stop_reason == "end_turn" and [b.type for b in second.content] == ["text"]
+    assert "hello-from-ls" in second.content[0].text  # type: ignore[union-attr]
+
+
+async def test_chat_with_a_trailing_system_message_calls_then_answers_the_result(client: openai.AsyncOpenAI) -> None:
+    asked: Any = [{"role": "user", "content": ASK}, {"role": "system", "content": SYSTEM_NOTE}]
+    first = await client.chat.completions.create(model="sim-a", messages=asked, tools=CHAT_TOOLS)
+    assert first.choices[0].finish_reason == "tool_calls"
+    (call,) = first.choices[0].message.tool_calls or []
+    assert call.function.name == "exec_command" and check_call(call.function.name, call.function.arguments)
+    history: Any = [
+        asked[0],
+        first.choices[0].message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": RESULT},
+        asked[1],
+    ]
+    stream = await client.chat.completions.create(model="sim-a", messages=history, tools=CHAT_TOOLS, stream=True)
+    chunks = [c async for c in stream if c.choices]
+    assert not any(c.choices[0].delta.tool_calls for c in chunks)
+    assert "hello-from-the-tool" in "".join(c.choices[0].delta.content or "" for c in chunks)
+
+
+async def test_responses_with_a_trailing_developer_message_calls_then_answers(client: openai.AsyncOpenAI) -> None:
+    note: Any = {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": SYSTEM_NOTE}]}
+    asked: Any = [{"role": "user", "content": [{"type": "input_text", "text": ASK}]}, note]
+    first = await client.responses.create(model="sim-a", input=asked, tools=CODEX_TOOLS, stream=True)
+    events = [e async for e in first]
+    done = [e.item for e in events if e.type == "response.output_item.done"]
+    assert [(item.type, getattr(item, "name", None)) for item in done] == [("function_call", "exec_command")]
+    call: Any = done[0]
+    check_call(call.name, call.arguments)
+    history: Any = [
+        asked[0],
+        {"type": "function_call", "call_id": call.call_id, "name": call.name, "arguments": call.arguments},
+        {"type": "function_call_output", "call_id": call.call_id, "output": RESULT},
+        note,
+    ]
+    second = await client.responses.create(model="sim-a", input=history, tools=CODEX_TOOLS)
+    assert [item.type for item in second.output] == ["message"] and "hello-from-the-tool" in second.output_text
