@@ -101,3 +101,57 @@ def test_an_audit_trail_from_before_the_api_column_reads_and_is_migrated(tmp_pat
             [("j", "i2", 1e9 + 1, 1, "claude", "ant", "k", 200, None, None, 0, 0.1, "ok", "", "anthropic", None)],
         )
         assert store.attempt_apis("j") == {"claude": ("anthropic",)}
+
+
+CLAUDE_FIRST = """
+[simulator]
+enabled = false
+
+[[endpoints]]
+name = "ant"
+api = "anthropic"
+base_url = "{anthropic_url}"
+keys = [{{ env = "PROVIDER_KEY", alias = "ant-key" }}]
+
+[[endpoints]]
+name = "oai"
+base_url = "{openai_url}"
+keys = [{{ env = "PROVIDER_KEY", alias = "oai-key" }}]
+
+[[models]]
+name = "claude"
+api_model = "sim-claude"
+endpoints = ["ant"]
+max_tokens = 64
+
+[[models]]
+name = "flagship"
+api_model = "sim-flagship"
+endpoints = ["oai"]
+max_tokens = 64
+"""
+
+
+@pytest.mark.looptime
+async def test_the_item_report_shows_each_skip_with_why_and_what_the_fallback_fell_back_from(tmp_path: Path) -> None:
+    sim = await start_simulator(scenario(spec("flagship"), spec("claude", api="anthropic"), keys=(PROVIDER_KEY,)))
+    db = tmp_path / "db"
+    try:
+        text = CLAUDE_FIRST.format(anthropic_url=sim.base_url.removesuffix("/v1"), openai_url=sim.base_url)
+        # A temperature Anthropic does not take: claude, first in the order, cannot carry it.
+        items = write_items(tmp_path / "in.jsonl", 2, temperature=1.5)
+        async with FallbackClient(parse_config(text, "skips.toml"), environ={"PROVIDER_KEY": PROVIDER_KEY}) as client:
+            await BatchRunner(client, db, "j", RunnerOptions(input_path=items, concurrency=1)).run()
+    finally:
+        await sim.stop()
+    item = report(db, item="it-0001")
+    head = item.splitlines()[0]
+    assert "served by flagship, fell back from claude" in head, head
+    rows = [line.split() for line in item.splitlines() if line[:1].isdigit()]
+    assert "claude" in rows[0] and "skip" in rows[0] and "flagship" in rows[1] and "ok" in rows[1]
+    assert "passed over claude (ant) (incapable: temperature = 1.5 (Anthropic takes 0 to 1))." in item
+    attempts = json.loads(report(db, OutputFormat.JSON, item="it-0001"))["attempts"]
+    assert [(a["model"], a["decision"]) for a in attempts] == [("claude", "skip"), ("flagship", "ok")]
+    assert attempts[0]["reason"].startswith("incapable: temperature = 1.5")
+    summary = json.loads(report(db, OutputFormat.JSON))
+    assert {m["model"]: m["attempts"] for m in summary["models"]}.get("claude", 0) == 0  # a skip is no attempt

@@ -90,7 +90,7 @@ async def test_status_connect_prints_the_gateways_table() -> None:
     rows = {line.split()[0]: line for line in lines[1:4]}
     assert set(rows) == {"flagship", "medium", "small"}
     assert "forced-open [manual]" in rows["medium"] and "closed" in rows["flagship"]
-    assert "requests: 2 (2 ok, 0 failed)" in run.out
+    assert "requests: 2 (2 ok, 0 failed, 0 cancelled, 0 in progress)" in run.out
     # The same table `capmon status` prints for a local client, from the gateway's own snapshot.
     assert run.out.splitlines()[0] == format_snapshot(local).splitlines()[0]
     assert run.err == ""
@@ -116,7 +116,7 @@ async def test_the_dashboard_command_prints_the_status_when_not_on_a_terminal() 
         await http.post("/v1/chat/completions", json={"model": "auto", "messages": HELLO})
         run = await capmon("--connect", gw.origin)
     assert run.code == 0, run.err
-    assert "requests: 1 (1 ok, 0 failed)" in run.out
+    assert "requests: 1 (1 ok, 0 failed, 0 cancelled, 0 in progress)" in run.out
 
 
 async def test_wrong_addresses_are_one_line_and_exit_2(

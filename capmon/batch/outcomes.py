@@ -27,7 +27,7 @@ from capmon.core.clock import Clock
 from capmon.core.config import Config
 from capmon.core.errors import Kind
 from capmon.core.exceptions import BatchError, CannotWait, CapmonError, DeadlineExceeded, RequestFailed, Unavailable
-from capmon.core.result import Attempt, ChatResult, Decision
+from capmon.core.result import Attempt, ChatResult, Decision, sent
 
 # Kinds the runner parks: they say "not now", not "never" (an unreachable endpoint may be
 # mended while the job runs: its items wait for it rather than fail).
@@ -118,7 +118,7 @@ class OutcomePolicy:
     def done(self, item: StoredItem, result: ChatResult) -> Verdict:
         # The model it counted on first (a first choice passed over counts: its fallback is one).
         first = item.first_model or result.requested or _first_sent(result.attempts) or result.model
-        attempts = item.attempts + len(result.attempts)
+        attempts = item.attempts + len(sent(result.attempts))  # a target passed over is no attempt
         size, content = utf8_size(result.content or "")
         if size > self.max_response_bytes:
             return self._oversized(item, result, size, attempts, first)
@@ -168,7 +168,7 @@ class OutcomePolicy:
 
     def request_failed(self, item: StoredItem, e: RequestFailed) -> Verdict:
         kind = e.failure.kind
-        attempts = item.attempts + len(e.attempts)
+        attempts = item.attempts + len(sent(e.attempts))
         first = item.first_model or _first_sent(e.attempts)
         if isinstance(e, CannotWait) and e.why is Unavailable.UNREACHABLE:
             # No endpoint the item may use was ever reached: every item would fail the same
