@@ -106,8 +106,11 @@ def check_descriptors(settings: GatewaySettings) -> None:
 
 async def _run(config: Config, settings: GatewaySettings, env: Mapping[str, str], out: TextIO) -> int:
     # Before the engine: a taken port says so before anything starts. A worker shares the
-    # port with the others (SO_REUSEPORT), the kernel spreading connections over them.
-    sock = bind(settings.host, settings.port, reuse_port=settings.worker is not None)
+    # port with the others (SO_REUSEPORT), the kernel spreading connections over them; it
+    # listens only once it serves (the server's start listens), so that no connection
+    # waits on it while its engine starts, or is reset when it cannot start (a restart).
+    worker = settings.worker is not None
+    sock = bind(settings.host, settings.port, reuse_port=worker, listening=not worker)
     check_descriptors(settings)
     stopped_by: list[int] = []
     try:
