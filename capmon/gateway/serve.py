@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
@@ -44,6 +45,7 @@ class ServeOptions:
     workers: int | None = None  # processes on the port; None: [gateway] workers
     loop: str | None = None  # asyncio | uvloop; None: [gateway] loop
     worker: int | None = None  # set by the supervisor in each worker it starts (capmon/gateway/workers.py)
+    standby: bool = False  # the supervisor's spare: imported, it waits on stdin for the number of a worker to be
 
 
 def check_exposure(config: Config, settings: GatewaySettings) -> None:
@@ -154,6 +156,13 @@ def loop_factory(loop: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
 
 def serve(options: ServeOptions, out: TextIO | None = None) -> int:
     """Run the gateway until a signal stops it. Raises CapmonError when it cannot start."""
+    if options.standby:
+        from capmon.gateway.workers import stand_by
+
+        number = stand_by(sys.stdin)
+        if number is None:  # the supervisor stopped without needing it
+            return EXIT_OK
+        options = dataclasses.replace(options, standby=False, worker=number)
     env = os.environ if options.environ is None else options.environ
     config = load(options.config)
     settings = load_settings(
