@@ -157,6 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--loop", choices=("asyncio", "uvloop"), help="the event loop (default [gateway] loop: asyncio)"
     )
     gateway.add_argument("--worker", type=int, help=argparse.SUPPRESS)  # set by the supervisor in its workers
+    gateway.add_argument("--standby", action="store_true", help=argparse.SUPPRESS)  # the supervisor's spare worker
 
     status = sub.add_parser("status", help="print the client's snapshot without the dashboard")
     _add_config(status)
@@ -237,6 +238,7 @@ def _run_serve(args: argparse.Namespace) -> int:
             workers=args.workers,
             loop=args.loop,
             worker=args.worker,
+            standby=args.standby,
         )
     )
 

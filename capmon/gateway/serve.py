@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
@@ -44,6 +45,7 @@ class ServeOptions:
     workers: int | None = None  # processes on the port; None: [gateway] workers
     loop: str | None = None  # asyncio | uvloop; None: [gateway] loop
     worker: int | None = None  # set by the supervisor in each worker it starts (capmon/gateway/workers.py)
+    standby: bool = False  # the supervisor's spare: imported, it waits on stdin for the number of a worker to be
 
 
 def check_exposure(config: Config, settings: GatewaySettings) -> None:
@@ -106,8 +108,11 @@ def check_descriptors(settings: GatewaySettings) -> None:
 
 async def _run(config: Config, settings: GatewaySettings, env: Mapping[str, str], out: TextIO) -> int:
     # Before the engine: a taken port says so before anything starts. A worker shares the
-    # port with the others (SO_REUSEPORT), the kernel spreading connections over them.
-    sock = bind(settings.host, settings.port, reuse_port=settings.worker is not None)
+    # port with the others (SO_REUSEPORT), the kernel spreading connections over them; it
+    # listens only once it serves (the server's start listens), so that no connection
+    # waits on it while its engine starts, or is reset when it cannot start (a restart).
+    worker = settings.worker is not None
+    sock = bind(settings.host, settings.port, reuse_port=worker, listening=not worker)
     check_descriptors(settings)
     stopped_by: list[int] = []
     try:
@@ -151,6 +156,13 @@ def loop_factory(loop: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
 
 def serve(options: ServeOptions, out: TextIO | None = None) -> int:
     """Run the gateway until a signal stops it. Raises CapmonError when it cannot start."""
+    if options.standby:
+        from capmon.gateway.workers import stand_by
+
+        number = stand_by(sys.stdin)
+        if number is None:  # the supervisor stopped without needing it
+            return EXIT_OK
+        options = dataclasses.replace(options, standby=False, worker=number)
     env = os.environ if options.environ is None else options.environ
     config = load(options.config)
     settings = load_settings(
