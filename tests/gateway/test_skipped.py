@@ -66,14 +66,15 @@ async def test_a_codex_request_skips_the_model_that_cannot_carry_web_search_and_
 
 
 def test_the_skipped_header_is_bounded_and_says_how_many_more() -> None:
-    from capmon.core.config import EndpointApi
     from capmon.core.result import Attempt, Decision
 
+    detail = "full: every slot; it has is in use " + "and more " * 30
+
     def skip(i: int) -> Attempt:
+        target = f"m{i}@ep/k"
         return Attempt(
-            0, f"m{i}", f"m{i}@ep/k", "ep", "k", 0.0, None, None, "full: every slot; it has is in use " + "and more " * 30,
-            None, 0.0, 0.0, Decision.SKIP, EndpointApi.OPENAI, skip=Skip.FULL,
-        )  # fmt: skip
+            0, f"m{i}", target, "ep", "k", 0.0, None, None, detail, None, 0.0, 0.0, Decision.SKIP, skip=Skip.FULL
+        )
 
     header = skipped_header([skip(i) for i in range(40)])
     assert header is not None and len(header) <= SKIPPED_CHARS
