@@ -139,6 +139,10 @@ class LimiterConfig:
     )
 
 
+# The alias of the one target of an endpoint with ``keys = []``: it sends no key.
+NO_KEY = "no-key"
+
+
 @dataclass(frozen=True)
 class KeyConfig:
     env: str = _f(doc="name of the environment variable that holds the key")
@@ -149,7 +153,7 @@ class KeyConfig:
 class EndpointConfig:
     name: str = _f()
     base_url: str = _f()
-    keys: tuple[KeyConfig, ...] = _f(factory=tuple)
+    keys: tuple[KeyConfig, ...] = _f(factory=tuple, doc="the variables holding its keys; [] for a server without keys")
     simulated: bool = _f(False, doc="served by the bundled simulator: a missing key uses its demo key")
     headers: Mapping[str, str] = _f(factory=dict)
     api: EndpointApi = _f(EndpointApi.OPENAI, doc="the provider API it speaks: openai, anthropic or azure")
@@ -376,8 +380,6 @@ def _check(cfg: Config, file: str) -> Config:
                 f"endpoints[{i}].api_version",
                 f'expected an Azure api-version such as "2024-10-21", or "v1", got {e.api_version!r}',
             )
-        if not e.keys:
-            raise fail(f"endpoints[{i}].keys", 'expected at least one key, e.g. keys = [{ env = "OPENAI_API_KEY" }]')
         for name, value in e.headers.items():
             where = f"endpoints[{i}].headers.{key_text(name)}"
             if not _HEADER_NAME.fullmatch(name):
@@ -501,6 +503,8 @@ def resolve_keys(cfg: Config, environ: Mapping[str, str] | None = None) -> dict[
     out: dict[tuple[str, str], ResolvedKey] = {}
     missing: list[str] = []
     for i, e in enumerate(cfg.endpoints):
+        if not e.keys:  # keys = []: a server that takes none (a local vLLM, Ollama): nothing is sent
+            out[(e.name, NO_KEY)] = ResolvedKey(e.name, NO_KEY, "", Secret("", NO_KEY))
         for j, k in enumerate(e.keys):
             alias = k.alias or k.env
             value = env.get(k.env, "")

@@ -75,7 +75,10 @@ def credentials(endpoint: EndpointConfig, secret: str) -> dict[str, str]:
     which every version and every compatible server takes (see
     :func:`capmon.core.anthropic_wire.request_headers`); Azure: ``api-key``."""
     if endpoint.api is EndpointApi.ANTHROPIC:
-        return aw.request_headers(secret, endpoint.anthropic_version)
+        headers = aw.request_headers(secret, endpoint.anthropic_version)
+        return headers if secret else {k: v for k, v in headers.items() if k != "x-api-key"}
+    if not secret:  # keys = []: a server that takes no key gets no key header
+        return {}
     if endpoint.api is EndpointApi.AZURE:
         return {"api-key": secret}
     return {"authorization": f"Bearer {secret}"}

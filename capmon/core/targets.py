@@ -11,7 +11,7 @@ import httpx
 
 from capmon.core import formats
 from capmon.core.breaker import State
-from capmon.core.config import Config, EndpointConfig, ModelConfig, ResolvedKey
+from capmon.core.config import NO_KEY, Config, EndpointConfig, KeyConfig, ModelConfig, ResolvedKey
 from capmon.core.errors import Kind
 from capmon.core.exceptions import CapmonError, Unavailable
 from capmon.core.reach import Reach, host_of
@@ -73,7 +73,7 @@ def build_targets(config: Config, keys: Mapping[tuple[str, str], ResolvedKey]) -
     reach = {ep.name: Reach(ep.name, host_of(ep.base_url)) for ep in config.endpoints}
     for rank, model in enumerate(config.models):
         for ep in (config.endpoint(name) for name in model.endpoints):
-            for k in ep.keys:
+            for k in ep.keys or (KeyConfig(env="", alias=NO_KEY),):
                 key = keys.get((ep.name, k.alias or k.env))
                 if key is None:
                     continue
