@@ -149,3 +149,20 @@ def test_job_and_attach_are_one_or_the_other(capsys: pytest.CaptureFixture[str])
         main(["--job", "in.jsonl", "--attach", "nightly"])
     assert info.value.code == 2
     assert "argument --attach: not allowed with argument --job" in capsys.readouterr().err
+
+
+def test_status_probe_exits_3_and_names_the_cause_when_an_endpoint_cannot_be_reached(tmp_path: Path) -> None:
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(
+        '[simulator]\nenabled = false\n\n[[endpoints]]\nname = "openai"\n'
+        'base_url = "https://capmon-no-such-host.invalid/v1"\nkeys = []\n\n'
+        '[[models]]\nname = "gpt-4o"\nendpoints = ["openai"]\n'
+    )
+    out = subprocess.run(
+        [*CAPMON, "status", "--once", "--probe", "--config", str(cfg)], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 3, out
+    line = next(ln for ln in out.stdout.splitlines() if ln.startswith("unreachable: "))
+    assert "endpoint openai (capmon-no-such-host.invalid) is unreachable: DNS lookup failed" in line
+    row = next(ln for ln in out.stdout.splitlines() if ln.startswith("gpt-4o"))
+    assert "unreachable" in row and row.split()[-1] == "-"  # no status: nothing answered

@@ -113,6 +113,21 @@ async def test_the_fleet_panel_shows_the_processes_and_a_degraded_link_and_hides
         assert app.fleet_panel.has_class("-degraded")
 
 
+async def test_an_unreachable_endpoint_shows_in_the_status_bar_and_the_last_column() -> None:
+    source = steady()
+    async with running(source) as (app, pilot):
+        assert "UNREACHABLE" not in screen_text(app)
+        flagship = next(t for t in source.targets.values() if t.model == "flagship")
+        why = "endpoint sim (api.example.invalid) is unreachable: DNS lookup failed (...)"
+        source.targets[flagship.target] = dataclasses.replace(
+            flagship, unreachable_reason=why, never_reached=True, last_status=None
+        )
+        app.refresh_view()
+        await pilot.pause()
+        assert "UNREACHABLE: sim" in screen_text(app)
+        assert app.table.get_cell(flagship.target, "last").plain == "net"
+
+
 # ---------------------------------------------------------------- trip, reset, force close
 
 
