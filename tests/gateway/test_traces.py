@@ -231,6 +231,20 @@ async def test_a_name_an_alias_pattern_matches_is_the_spans_requested_model() ->
     assert unknown.name == "chat" and "gen_ai.request.model" not in unknown.attributes  # no name it does not know
 
 
+async def test_a_model_passed_over_is_an_event_of_the_request_span_not_a_call() -> None:
+    async with traced() as (gw, exporter), gw.openai() as sdk:
+        gw.client.trip("flagship", "maintenance")
+        await sdk.chat.completions.create(model="auto", messages=HELLO)
+        spans = await spans_of(exporter, 1)
+    ((root, calls),) = tree(spans)
+    assert root.attributes is not None
+    assert list(root.attributes["capmon.skipped"]) == ["flagship@sim/sim-key=tripped"]  # type: ignore[arg-type]
+    (event,) = [e for e in root.events if e.name == "capmon.skip"]
+    assert event.attributes is not None and event.attributes["capmon.skip"] == "tripped"
+    assert str(event.attributes["capmon.reason"]).startswith("tripped: tripped by hand (maintenance)")
+    assert [c.attributes["capmon.model"] for c in calls if c.attributes] == ["medium"]  # no span for the skip
+
+
 # ---------------------------------------------------------------- OTLP/HTTP, as configured
 
 
