@@ -1,6 +1,8 @@
 """The gateway's own log: what capmon and every library under it (OpenTelemetry, uvicorn,
-asyncio, httpx, Python's warnings) log in ``capmon serve``, through the root logger, on
-stderr; every record redacted, whichever logger it comes from.
+asyncio, httpx) log in ``capmon serve``, through the root logger, on stderr; every record
+redacted, whichever logger it comes from. What would otherwise reach stderr around the root
+logger goes the same way: logging's handler of last resort (a logger that does not
+propagate), Python's warnings and its unraisable exceptions (in a ``__del__``).
 
 Only one thread of its own ever waits on stderr. A record is put on a bounded queue
 without waiting (the stdlib's QueueHandler, which on a full queue would print the error
@@ -39,6 +41,8 @@ _PLAIN = "capmon_plain"  # a record attribute: the line is written as it is (Gat
 
 
 class _Format(logging.Formatter):
+    """The last line (GatewayLog.last) as it is; every other prefixed with who, level and logger."""
+
     def format(self, record: logging.LogRecord) -> str:
         return record.getMessage() if getattr(record, _PLAIN, False) else super().format(record)
 
@@ -74,6 +78,13 @@ def _record(message: str, level: int = logging.WARNING, *, plain: bool = False) 
         {"name": "capmon.gateway", "levelno": level, "levelname": logging.getLevelName(level), "msg": message}
         | ({_PLAIN: True} if plain else {})
     )
+
+
+def _unraisable(unraisable: sys.UnraisableHookArgs) -> None:
+    """An exception Python cannot raise (in a ``__del__``, say): logged, where the default
+    hook would write it to sys.stderr from whichever thread it happened in."""
+    what = unraisable.err_msg or "Exception ignored in"
+    logging.getLogger("capmon.gateway").error("%s: %r", what, unraisable.object, exc_info=unraisable.exc_value)
 
 
 class _Inlet(logging.handlers.QueueHandler):
@@ -121,9 +132,9 @@ class _Writer(logging.handlers.QueueListener):
 
 
 class GatewayLog:
-    """``with GatewayLog(worker):`` the process's log (the root logger's, at WARNING, and
-    Python's warnings) goes through the queue to stderr; at the end, stopped within
-    STOP_TIMEOUT and the root logger as it was."""
+    """``with GatewayLog(worker):`` the process's log (the root logger's, at WARNING, logging's
+    handler of last resort and Python's warnings) goes through the queue to stderr; at the
+    end, stopped within STOP_TIMEOUT and logging as it was."""
 
     def __init__(self, worker: int | None = None, *, err: TextIO | None = None, capacity: int = QUEUE_RECORDS) -> None:
         records: queue.Queue[logging.LogRecord | None] = queue.Queue(capacity)
@@ -131,6 +142,8 @@ class GatewayLog:
         self._writer = _Writer(records, log_handler(err if err is not None else stderr(), worker), self._inlet)
         self._stopped = threading.Event()
         self._level = logging.NOTSET
+        self._last_resort: logging.Handler | None = None
+        self._unraisable = sys.unraisablehook
         self.last = ""  # a line written as it is when the log stops, after all else (the gateway's "stopped")
 
     @property
@@ -142,25 +155,31 @@ class GatewayLog:
         self._level = root.level
         root.addHandler(self._inlet)
         root.setLevel(logging.WARNING)
+        # What a logger that does not propagate and has no handler of its own logs (uvicorn's
+        # access logger) would go to logging's handler of last resort: sys.stderr, directly.
+        self._last_resort, logging.lastResort = logging.lastResort, self._inlet
         logging.captureWarnings(True)  # warnings.showwarning writes to sys.stderr itself
+        self._unraisable, sys.unraisablehook = sys.unraisablehook, _unraisable  # as does this one
         self._writer.start()
         return self
 
     def __exit__(
         self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
     ) -> None:
-        logging.captureWarnings(False)
         root = logging.getLogger()
-        if self.stop():
+        if self._stop():
+            logging.captureWarnings(False)
+            sys.unraisablehook = self._unraisable
+            logging.lastResort = self._last_resort
             root.removeHandler(self._inlet)
         else:
             # The writer is stuck in a write, holding its handler's lock: logging's flush of
-            # every handler at exit would wait for it for ever. And the queue stays the root
-            # logger's, so that nothing logged from now on waits on stderr either.
+            # every handler at exit would wait for it for ever. And everything stays routed
+            # through the queue, so that nothing logged from now on waits on stderr either.
             atexit.unregister(logging.shutdown)
         root.setLevel(self._level)
 
-    def stop(self) -> bool:
+    def _stop(self) -> bool:
         """Hand the writer the count of what was dropped (if any), the last line, then its
         end; wait for it at most STOP_TIMEOUT. Returns whether it finished."""
         # Each step may wait for the writer (for room in the queue, for its thread to end;

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -207,13 +208,22 @@ def test_an_access_log_fifo_nobody_reads_is_refused_at_start_in_one_line(tmp_pat
     ]
 
 
+class _Unraisable:
+    def __del__(self) -> None:
+        raise ValueError("raised in __del__")
+
+
 def test_the_gateways_log_never_waits_on_a_stalled_stderr_and_says_what_it_dropped() -> None:
     """In process, on a real pipe: while nobody reads it, logging returns at once (what the
     queue cannot hold is dropped and counted); once it is read, the writer says once that
-    lines were dropped, and the count when it stops; every line is written or counted."""
+    lines were dropped, and the count when it stops; every line is written or counted. What
+    would reach stderr around the root logger (a logger that does not propagate, Python's
+    warnings, an exception in a __del__) goes the same way."""
     r, w = os.pipe()
     err = os.fdopen(w, "w")
     logger = logging.getLogger("some.library")
+    unpropagated = logging.getLogger("some.library.quiet")
+    unpropagated.propagate = False
     got = bytearray()
 
     def drain() -> None:
@@ -223,6 +233,11 @@ def test_the_gateways_log_never_waits_on_a_stalled_stderr_and_says_what_it_dropp
     reader = threading.Thread(target=drain)
     try:
         with GatewayLog(err=err, capacity=10) as gateway_log:
+            # A logger that does not propagate, with no handler of its own (as uvicorn's access
+            # logger): logging's handler of last resort, through the queue too.
+            unpropagated.warning("not propagated")
+            _Unraisable()  # an exception in __del__: Python's hook would write it to sys.stderr
+            warnings.warn("a library's warning", UserWarning, stacklevel=1)  # and so would warnings'
             for i in range(2000):  # about 450 KB: seven pipes' worth, while nobody reads
                 logger.warning("line %d %s", i, "and more " * 24)
             dropped = gateway_log.dropped
@@ -233,6 +248,7 @@ def test_the_gateways_log_never_waits_on_a_stalled_stderr_and_says_what_it_dropp
         reader.join(10)
     finally:
         os.close(r)
+        unpropagated.propagate = True
     lines = got.decode().splitlines()
     written = [line for line in lines if "WARNING some.library: line " in line]
     assert lines[-2:] == [
@@ -241,3 +257,6 @@ def test_the_gateways_log_never_waits_on_a_stalled_stderr_and_says_what_it_dropp
     ]
     assert sum("cannot keep up" in line for line in lines) == 1
     assert len(written) + dropped == 2000
+    assert "capmon gateway: WARNING some.library.quiet: not propagated" in lines
+    assert "ValueError: raised in __del__" in lines
+    assert any("WARNING py.warnings: " in line and "UserWarning: a library's warning" in line for line in lines)
