@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import logging
 import os
 import signal
@@ -88,6 +89,7 @@ class _Stalled:
         else:
             os.mkfifo(fifo)
             self.r, self.w = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK), -1
+        fcntl.fcntl(self.r, fcntl.F_SETPIPE_SZ, PIPE_BYTES)  # the usual size, whatever the machine's pages
 
     def given(self) -> None:
         """The write end is the process's now: ours is closed."""
