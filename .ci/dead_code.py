@@ -78,6 +78,11 @@ IGNORED = {
     "force_flush",
     # httpx calls its transports' handle_request (capmon/inprocess/transport.py).
     "handle_request",
+    # logging calls its queue handler's enqueue and handleError, its queue listener's enqueue_sentinel
+    # (capmon/gateway/gateway_log.py).
+    "enqueue",
+    "handleError",
+    "enqueue_sentinel",
     # A field of a target's Redis hash that only the scripts read (heartbeat.lua): the codec decodes
     # it with the rest so that a garbage value in it is caught like any other (capmon/fleet/codec.py).
     "probe_owner",

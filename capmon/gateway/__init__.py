@@ -22,6 +22,7 @@ attaches to. The core never imports this package.
 | ``feed.py``, ``control.py`` | numbered events for SSE readers; the /capmon/ control API |
 | ``readiness.py`` | /ready, and a 429's Retry-After |
 | ``exchange.py``, ``access_log.py`` | one request as the operator sees it: its id, its access log line |
+| ``gateway_log.py`` | the process's own log (every logger's) on stderr, never waited on by a request |
 | ``telemetry.py``, ``traces.py`` | ``[telemetry]``: the OpenTelemetry spans of each request and its attempts |
 | ``trace_relay.py``, ``relay_process.py`` | the spans sent by a relay process, off the event loop's GIL |
 """

@@ -21,10 +21,10 @@ from typing import TextIO
 
 from capmon.core.config import Config, is_loopback
 from capmon.core.exceptions import ConfigError
-from capmon.core.secrets import RedactSecrets
 from capmon.core.snapshot import LinkState
 from capmon.exitcodes import EXIT_INTERRUPTED, EXIT_OK
 from capmon.gateway.app import close_app, create_app
+from capmon.gateway.gateway_log import GatewayLog
 from capmon.gateway.server import bind, start_server
 from capmon.gateway.settings import GatewaySettings, load_settings
 from capmon.gateway.telemetry import require_otel
@@ -59,16 +59,6 @@ def check_exposure(config: Config, settings: GatewaySettings) -> None:
             f"least one client key, e.g. keys = [{{ env = "
             f'"CAPMON_GATEWAY_KEY", alias = "team" }}]',
         )
-
-
-def log_handler(err: TextIO, worker: int | None = None) -> logging.Handler:
-    """What the gateway logs, on ``err``: every record redacted, whichever logger it comes
-    from; a worker's lines say which worker."""
-    handler = logging.StreamHandler(err)
-    handler.addFilter(RedactSecrets())
-    who = f"capmon gateway worker {worker}" if worker is not None else "capmon gateway"
-    handler.setFormatter(logging.Formatter(who + ": %(levelname)s %(name)s: %(message)s"))
-    return handler
 
 
 def banner(settings: GatewaySettings, engine: Engine, port: int) -> str:
@@ -139,8 +129,6 @@ async def _run(config: Config, settings: GatewaySettings, env: Mapping[str, str]
                     close_app(app)
     finally:
         sock.close()
-    who = f"capmon gateway worker {settings.worker}" if settings.worker is not None else "capmon gateway"
-    print(f"{who}: stopped", file=sys.stderr, flush=True)
     return EXIT_INTERRUPTED if stopped_by else EXIT_OK
 
 
@@ -176,12 +164,7 @@ def serve(options: ServeOptions, out: TextIO | None = None) -> int:
     )
     check_exposure(config, settings)
     require_otel(config)  # before anything starts: traces asked for without the otel extra
-    root = logging.getLogger()
-    handler = log_handler(sys.stderr, settings.worker)
-    root.addHandler(handler)
-    level = root.level
-    root.setLevel(logging.WARNING)
-    try:
+    with GatewayLog(settings.worker) as gateway_log:
         if settings.workers > 1 and settings.worker is None:
             from capmon.gateway.workers import supervise
 
@@ -190,8 +173,9 @@ def serve(options: ServeOptions, out: TextIO | None = None) -> int:
             contextlib.suppress(KeyboardInterrupt),  # a Ctrl+C before the handlers are in place
             asyncio.Runner(loop_factory=loop_factory(settings.loop)) as runner,
         ):
-            return runner.run(_run(config, settings, env, out or sys.stdout))
+            code = runner.run(_run(config, settings, env, out or sys.stdout))
+            # The log's last line, not a print: a stderr nobody reads must not keep the gateway from exiting.
+            who = f"capmon gateway worker {settings.worker}" if settings.worker is not None else "capmon gateway"
+            gateway_log.last = f"{who}: stopped"
+            return code
         return EXIT_INTERRUPTED
-    finally:
-        root.removeHandler(handler)
-        root.setLevel(level)

@@ -9,12 +9,14 @@ import json
 import logging
 import os
 import re
+import time
 from pathlib import Path
 
 import openai
 import pytest
 
-from capmon.gateway.access_log import AccessLog
+from capmon.core.exceptions import ConfigError
+from capmon.gateway.access_log import CLOSE_TIMEOUT, AccessLog
 from tests.gateway.helpers import HELLO, running
 
 pytestmark = pytest.mark.looptime
@@ -161,3 +163,40 @@ async def test_a_refusal_is_logged_as_what_it_was_refused_for(tmp_path: Path) ->
         ("medium", "tripped"),
         ("small", "tripped"),
     ]
+
+
+def test_closing_an_access_log_stuck_on_a_pipe_nobody_reads_is_bounded_and_counts_what_it_lost() -> None:
+    """Its writer is stuck in a write (the pipe full): close() never writes itself, gives the
+    writer up once nothing moved for a second rather than the whole CLOSE_TIMEOUT, and counts
+    every line it did not write as dropped."""
+    r, w = os.pipe()
+    log = AccessLog("stalled", stream=os.fdopen(w, "w"))
+    try:
+        for i in range(1000):  # about 420 KB: several times what the pipe holds
+            log.write({"n": i, "pad": "x" * 400})
+        began = time.monotonic()
+        log.close()
+        took = time.monotonic() - began
+        assert took < CLOSE_TIMEOUT, took
+        assert log.dropped > 0 and log.written + log.dropped == 1000
+    finally:
+        os.close(r)  # the stuck write fails now (a broken pipe), and the thread ends
+
+
+def test_an_access_log_fifo_is_refused_without_a_reader_and_written_with_one(tmp_path: Path) -> None:
+    fifo = tmp_path / "access.fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(ConfigError) as e:  # opening it for writing would wait for a reader
+        AccessLog(str(fifo))
+    assert str(e.value) == (
+        f"{fifo}: gateway.access_log: cannot open the access log: "
+        "it is a FIFO (named pipe) that nothing reads; start its reader first"
+    )
+    r = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        log = AccessLog(str(fifo))
+        log.write({"n": 1})
+        log.close()
+        assert os.read(r, 1000) == b'{"n":1}\n' and log.written == 1
+    finally:
+        os.close(r)

@@ -19,7 +19,7 @@ import pytest
 
 from capmon.cli import main
 from capmon.core.secrets import Secret
-from capmon.gateway.serve import log_handler
+from capmon.gateway.gateway_log import log_handler
 from tests.support.configs import shipped_config
 from tests.support.scripted import free_port
 
