@@ -8,8 +8,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import socket
+import os
+import signal
+import subprocess
+import sys
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import httpx
 import openai
@@ -17,15 +21,9 @@ import pytest
 
 from capmon.sim.server import start_simulator
 from tests.gateway.helpers import HELLO, gateway_for, scenario
+from tests.support.scripted import free_port
 
 pytestmark = pytest.mark.looptime
-
-
-def _closed_port() -> int:
-    """A loopback port nothing listens on (bound, then closed)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextlib.asynccontextmanager
@@ -46,7 +44,7 @@ async def _base_url(case: str) -> AsyncIterator[str]:
     if case == "dns":
         yield "https://capmon-no-such-host.invalid/v1"
     elif case == "refused":
-        yield f"http://127.0.0.1:{_closed_port()}/v1"
+        yield f"http://127.0.0.1:{free_port()}/v1"
     else:
         async with _plain_http() as port:
             yield f"https://127.0.0.1:{port}/v1"
@@ -87,7 +85,7 @@ async def test_an_unreachable_endpoint_is_a_502_at_once_never_capacity(
 
 
 async def test_the_same_endpoint_back_serves_again_without_a_restart() -> None:
-    port = _closed_port()
+    port = free_port()
     async with gateway_for(f"http://127.0.0.1:{port}/v1", models=("flagship",)) as (client, _app, server):
         sdk = openai.AsyncOpenAI(base_url=server.base_url, api_key="k", max_retries=0)
         for _ in range(3):  # enough to open its breaker: its probe is what finds it back
@@ -112,3 +110,36 @@ async def test_the_same_endpoint_back_serves_again_without_a_restart() -> None:
             assert snap.targets[0].unreachable_reason is None
         finally:
             await sim.stop()
+
+
+def test_capmon_serve_says_it_once_on_stderr_however_many_requests_fail(tmp_path: Path) -> None:
+    port = free_port()
+    config = tmp_path / "config.toml"
+    config.write_text(
+        '[simulator]\nenabled = false\n\n[[endpoints]]\nname = "openai"\n'
+        'base_url = "https://capmon-no-such-host.invalid/v1"\nkeys = []\n\n'
+        '[[models]]\nname = "gpt-4o"\nendpoints = ["openai"]\n'
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CAPMON_")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "capmon.cli", "serve", "--config", str(config), "--listen", f"127.0.0.1:{port}"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        assert "listening on" in proc.stdout.readline()
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", trust_env=False, timeout=30) as http:
+            answers = [http.post("/v1/chat/completions", json={"model": "auto", "messages": HELLO}) for _ in range(6)]
+            ready = http.get("/ready")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    assert [a.status_code for a in answers] == [502] * 6
+    assert all(a.json()["error"]["code"] == "upstream_unreachable" for a in answers)
+    assert ready.status_code == 503 and "DNS lookup failed" in ready.json()["reason"]
+    lines = [line for line in err.splitlines() if line.strip() and "capmon gateway: stopped" not in line]
+    assert len(lines) == 1, err
+    assert "endpoint openai (capmon-no-such-host.invalid) is unreachable: DNS lookup failed" in lines[0]
