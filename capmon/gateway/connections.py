@@ -331,7 +331,8 @@ class _Corked:
     headers) is held until its first body part, and both go out in one write. uvicorn
     writes them apart, and on loopback each write is a send that costs the gateway more
     than anything else it does for a request. Every answer sends its first body part
-    right after its head (a stream's head waits for its first chunk: capmon/gateway/replies.py)."""
+    right after its head (a stream's head waits for its first chunk: capmon/gateway/replies.py),
+    but an answer to HEAD, which is a head alone and is not corked."""
 
     def __init__(self, transport: asyncio.Transport, cycle: Any) -> None:
         self._transport = transport
@@ -410,8 +411,10 @@ class HttpToolsGatewayProtocol(_Guarded, HttpToolsProtocol):
         self._in_head = False
         self.headers_complete()
         super().on_headers_complete()
-        if self.cycle is not None and not isinstance(self.cycle.transport, _Corked):
-            self.cycle.transport = _Corked(self.transport, self.cycle)
+        cycle = self.cycle
+        # The answer to HEAD is its head alone: nothing comes after to carry it.
+        if cycle is not None and cycle.scope["method"] != "HEAD" and not isinstance(cycle.transport, _Corked):
+            cycle.transport = _Corked(self.transport, cycle)
 
     def on_message_complete(self) -> None:
         self._in_head = True
