@@ -72,6 +72,10 @@ IGNORED = {
     "main_loop",
     "send_400_response",
     "timeout_keep_alive",
+    # ... and its request cycle reads disconnected (set when a body proves malformed); h11's
+    # readers call the receive buffer's maybe_extract_lines (capmon/gateway/framing.py's StrictBuffer).
+    "disconnected",
+    "maybe_extract_lines",
     # tenacity reads its retry state's idle_for (capmon/core/backoff.py keeps it true).
     "idle_for",
     # OpenTelemetry's span processor calls its exporter's force_flush (capmon/gateway/trace_relay.py).

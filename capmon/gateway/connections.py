@@ -18,7 +18,10 @@ answer to malformed HTTP is plain text. Both protocols here add, per connection:
   mark for that long, the connection is aborted; the app sees the client gone, which
   cancels its work, upstream included, and frees its slot (capmon/gateway/disconnect.py);
 - malformed HTTP answered in the API's JSON error shape (400, or 431 for a request line
-  and headers over MAX_HEAD).
+  and headers over MAX_HEAD), ambiguous framing included: both parsers refuse what
+  capmon/gateway/framing.py says, so a request hidden inside another is never answered;
+- a request that asks to upgrade to a protocol the gateway does not speak answered and its
+  connection closed (llhttp reads nothing after it; h11 read on).
 
 The gateway always serves with one of these (``uvicorn.Config(http=...)``); the limits
 live in one mixin (``_Guarded``), and each parser's protocol says only when a request's
@@ -46,6 +49,14 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from capmon.gateway.disconnect import DEPARTURE, Departure, departure_of
 from capmon.gateway.errors import ApiError, json_bytes
+from capmon.gateway.framing import (
+    Refused,
+    asks_upgrade,
+    check_hosts,
+    check_request_line,
+    check_transfer_encoding,
+    read_strictly,
+)
 from capmon.serving import Throttled
 
 log = logging.getLogger("capmon.gateway")
@@ -88,15 +99,30 @@ def raw_answer(err: ApiError, headers: Mapping[str, str] | None = None) -> bytes
 
 
 class _Parser(h11.Connection):
-    """h11's connection, telling its protocol when a request's headers are complete and
-    keeping the parse error that uvicorn's protocol drops."""
+    """h11's connection, reading requests as strictly as llhttp (framing.StrictBuffer),
+    telling its protocol when a request's headers are complete and keeping the parse error
+    that uvicorn's protocol drops."""
 
     def __init__(self, protocol: H11GatewayProtocol, max_incomplete_event_size: int) -> None:
         super().__init__(h11.SERVER, max_incomplete_event_size)
+        read_strictly(self)
         self.protocol = protocol
         self.error: h11.RemoteProtocolError | None = None
+        self.in_body = False  # whether the last event read (or failed to read) was of a request's body
+
+    def send(self, event: Any) -> Any:
+        cycle = self.protocol.cycle
+        if isinstance(event, h11.Response) and cycle is not None and not cycle.keep_alive:
+            # The answer after which the connection closes says so, as uvicorn's httptools
+            # protocol has it say (h11 adds it only when it decides the close itself).
+            fields = [(k, v) for k, v in event.headers.raw_items() if k.lower() != b"connection"]
+            event = h11.Response(
+                status_code=event.status_code, headers=[*fields, (b"connection", b"close")], reason=event.reason
+            )
+        return super().send(event)
 
     def next_event(self) -> Any:
+        self.in_body = self.their_state is h11.SEND_BODY
         try:
             event = super().next_event()
         except h11.RemoteProtocolError as e:
@@ -110,8 +136,10 @@ class _Parser(h11.Connection):
 class _Guarded(asyncio.Protocol):
     """The limits, whichever parser reads the requests: mixed in before uvicorn's protocol
     (whose methods ``super()`` reaches). A parser's protocol says when a request's headers
-    are complete (:meth:`headers_complete`), whether it waits for the next request's
-    first byte (:meth:`_between_requests`) and whether part of one came (:meth:`_partial`)."""
+    are complete (:meth:`headers_complete`) and when a request's answer begins
+    (:meth:`_request_began`), whether it waits for the next request's first byte
+    (:meth:`_between_requests`), whether part of one came (:meth:`_partial`) and whether a
+    parse error is in the body of the request being answered (:meth:`_reading_body`)."""
 
     limits: ClassVar[ConnectionLimits]
     refusals: ClassVar[Throttled]
@@ -136,6 +164,20 @@ class _Guarded(asyncio.Protocol):
 
     def _partial(self) -> bool:
         raise NotImplementedError
+
+    def _reading_body(self) -> bool:
+        raise NotImplementedError
+
+    def _request_began(self) -> None:
+        """A new request's cycle is made: its task has not run, so its scope can still carry
+        the departure it will watch (capmon/gateway/disconnect.py)."""
+        cycle = self.cycle
+        if cycle is None or cycle is self._told:
+            return
+        self._told = cycle
+        cycle.scope.setdefault("extensions", {})[DEPARTURE] = Departure()
+        if asks_upgrade(cycle.scope["headers"]):
+            cycle.keep_alive = False  # answered, then closed: what follows it is not read as HTTP
 
     # the cap
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -210,12 +252,6 @@ class _Guarded(asyncio.Protocol):
         if self._between_requests():
             self._arm_header_timer()  # the first byte of a next request on a kept-alive connection
         super().data_received(data)
-        cycle = self.cycle
-        if cycle is not None and cycle is not self._told:
-            # A new request: its task is made but has not run, so its scope can still carry
-            # the departure it will watch (capmon/gateway/disconnect.py).
-            self._told = cycle
-            cycle.scope.setdefault("extensions", {})[DEPARTURE] = Departure()
 
     # the write timeout
     def pause_writing(self) -> None:
@@ -262,6 +298,15 @@ class _Guarded(asyncio.Protocol):
 
     # malformed HTTP
     def _malformed(self, status: int, detail: str) -> None:
+        cycle = self.cycle if self._reading_body() else None  # the malformed request's own answer
+        if cycle is not None and not cycle.response_complete:
+            cycle.disconnected = True  # its app's answer goes nowhere: the connection ends here
+            cycle.message_event.set()
+        if cycle is not None and cycle.response_started:
+            # Its answer went (or began) before the body proved malformed: a 400 after it would
+            # be read as the answer to the client's next request, or a proxy's next client's.
+            self._answer_and_close(b"")
+            return
         if status == 431:
             detail = f"its request line and headers are longer than the {MAX_HEAD} bytes the gateway reads"
         err = ApiError(status, f"malformed HTTP request: {detail}", "invalid_request_error", "malformed_http")
@@ -298,6 +343,13 @@ class H11GatewayProtocol(_Guarded, H11Protocol):
     def _partial(self) -> bool:
         return bool(self.conn.trailing_data[0])
 
+    def _reading_body(self) -> bool:
+        return self.parser.in_body
+
+    def handle_events(self) -> None:
+        super().handle_events()  # from data_received, and from on_response_complete for a pipelined request
+        self._request_began()
+
     def send_400_response(self, msg: str) -> None:
         error = self.parser.error
         status = error.error_status_hint if error is not None and 400 <= error.error_status_hint < 500 else 400
@@ -309,7 +361,9 @@ class _TooLarge(Exception):
 
 
 class _Recording:
-    """httptools' parser, keeping the text of the parse error that uvicorn's protocol drops."""
+    """httptools' parser, keeping the text of the parse error that uvicorn's protocol drops
+    (or why the gateway refused the request, from a callback: httptools raises that again as
+    a parse error)."""
 
     def __init__(self, parser: Any) -> None:
         self._parser = parser
@@ -319,7 +373,7 @@ class _Recording:
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserError as e:
-            self.error = str(e)
+            self.error = str(e.__context__) if isinstance(e.__context__, Refused) else str(e)
             raise
 
     def __getattr__(self, name: str) -> Any:
@@ -331,7 +385,8 @@ class _Corked:
     headers) is held until its first body part, and both go out in one write. uvicorn
     writes them apart, and on loopback each write is a send that costs the gateway more
     than anything else it does for a request. Every answer sends its first body part
-    right after its head (a stream's head waits for its first chunk: capmon/gateway/replies.py)."""
+    right after its head (a stream's head waits for its first chunk: capmon/gateway/replies.py),
+    but an answer to HEAD, which is a head alone and is not corked."""
 
     def __init__(self, transport: asyncio.Transport, cycle: Any) -> None:
         self._transport = transport
@@ -372,6 +427,7 @@ class HttpToolsGatewayProtocol(_Guarded, HttpToolsProtocol):
         self._in_head = True  # waiting for (the rest of) a request's line and headers
         self._head = 0  # bytes received since the last request ended
         self._parsed = 0  # bytes of this request's line and headers parsed
+        self._hosts = 0  # this request's Host fields
         self._too_large = False
 
     def _between_requests(self) -> bool:
@@ -379,6 +435,9 @@ class HttpToolsGatewayProtocol(_Guarded, HttpToolsProtocol):
 
     def _partial(self) -> bool:
         return self._head > 0
+
+    def _reading_body(self) -> bool:
+        return not self._in_head
 
     def data_received(self, data: bytes) -> None:
         if self._in_head:
@@ -390,6 +449,7 @@ class HttpToolsGatewayProtocol(_Guarded, HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         self._parsed = 0
+        self._hosts = 0
         super().on_message_begin()
 
     def on_url(self, url: bytes) -> None:
@@ -398,6 +458,11 @@ class HttpToolsGatewayProtocol(_Guarded, HttpToolsProtocol):
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._count(len(name) + len(value) + 4)  # "name: value\r\n"
+        field = name.lower()
+        if field == b"transfer-encoding":
+            check_transfer_encoding(value)  # llhttp takes any list that ends in chunked
+        elif field == b"host":
+            self._hosts += 1
         super().on_header(name, value)
 
     def _count(self, n: int) -> None:
@@ -407,11 +472,18 @@ class HttpToolsGatewayProtocol(_Guarded, HttpToolsProtocol):
             raise _TooLarge()  # httptools raises it again as a parse error: send_400_response
 
     def on_headers_complete(self) -> None:
+        # Before a cycle is made, and while a refusal is still of a head (not of a body whose answer began).
+        version = self.parser.get_http_version().encode()
+        check_request_line(self.parser.get_method(), version)
+        check_hosts(self._hosts, version)
         self._in_head = False
         self.headers_complete()
         super().on_headers_complete()
-        if self.cycle is not None and not isinstance(self.cycle.transport, _Corked):
-            self.cycle.transport = _Corked(self.transport, self.cycle)
+        self._request_began()
+        cycle = self.cycle
+        # The answer to HEAD is its head alone: nothing comes after to carry it.
+        if cycle is not None and cycle.scope["method"] != "HEAD" and not isinstance(cycle.transport, _Corked):
+            cycle.transport = _Corked(self.transport, cycle)
 
     def on_message_complete(self) -> None:
         self._in_head = True

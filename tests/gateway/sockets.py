@@ -64,3 +64,20 @@ def request(method: str, path: str, body: bytes = b"", **headers: str) -> bytes:
         fields.setdefault("content-length", str(len(body)))
     head = f"{method} {path} HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in fields.items()) + "\r\n"
     return head.encode("latin-1") + body
+
+
+def answers(data: bytes) -> list[bytes]:
+    """The answers in ``data``, one after another, each whole (its head and its
+    Content-Length of body): what a client reads back when it sent several requests on
+    one connection. A count read from the text alone would be fooled by an error message
+    that quotes a request line."""
+    found = []
+    while data:
+        end = data.find(b"\r\n\r\n")
+        assert end > 0 and data.startswith(b"HTTP/1.1 "), f"not an answer's head: {data[:200]!r}"
+        length = Received(data[: end + 4], False).headers.get("content-length", "0")
+        whole = end + 4 + int(length)
+        assert len(data) >= whole, f"an answer cut short: {data[:300]!r}"
+        found.append(data[:whole])
+        data = data[whole:]
+    return found
