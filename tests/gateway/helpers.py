@@ -7,8 +7,12 @@ import asyncio
 import contextlib
 import inspect
 import json
+import os
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -234,3 +238,20 @@ def sse_frames(text: str) -> list[dict[str, Any]]:
 
 def data_of(frames: list[dict[str, Any]]) -> list[Any]:
     return [json.loads(f["data"]) for f in frames if "data" in f and f["data"] != "[DONE]"]
+
+
+def serve_process(
+    config: Path, port: int, *argv: str, cwd: Path | None = None, drop: tuple[str, ...] = ("CAPMON_",)
+) -> subprocess.Popen[str]:
+    """``capmon serve`` as a user runs it, in a process of its own on ``config`` and ``port``
+    (the environment without variables starting with ``drop``), its stdout and stderr piped:
+    the caller reads the banner line and stops it with a signal."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
+    return subprocess.Popen(
+        [sys.executable, "-m", "capmon.cli", "serve", "--config", str(config), "--listen", f"127.0.0.1:{port}", *argv],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )

@@ -9,10 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +19,7 @@ import anthropic
 import httpx
 import openai
 
+from tests.gateway.helpers import serve_process
 from tests.support import claude_code
 from tests.support.configs import shipped_config
 from tests.support.scripted import free_port
@@ -45,15 +43,7 @@ class Served:
 def capmon_serve(tmp_path: Path) -> Iterator[Served]:
     config, sim = shipped_config(tmp_path, SCENARIO)
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CAPMON_")}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "capmon.cli", "serve", "--config", str(config), "--listen", f"127.0.0.1:{port}"],
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = serve_process(config, port, cwd=tmp_path)
     try:
         assert proc.stdout is not None
         banner = proc.stdout.readline()

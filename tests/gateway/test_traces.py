@@ -8,7 +8,6 @@ of OpenTelemetry is imported."""
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 import subprocess
 import sys
@@ -39,7 +38,7 @@ from capmon.gateway import close_app, create_app, load_settings, start_server
 from capmon.gateway.trace_relay import RESTART_AFTER, RelayExporter
 from capmon.gateway.traces import GatewayTraces, otlp_url, resource
 from capmon.sim.server import start_simulator
-from tests.gateway.helpers import ENV, HELLO, Running, config, gateway_for, scenario, until
+from tests.gateway.helpers import ENV, HELLO, Running, config, gateway_for, scenario, serve_process, until
 from tests.support.configs import shipped_config
 from tests.support.scripted import free_port
 
@@ -330,15 +329,7 @@ def test_capmon_serve_exports_a_fallback_across_providers_and_flushes_it_when_st
     port = free_port()
     with otlp_receiver() as (url, got, _):
         config, sim = shipped_config(tmp_path, FAST_SCENARIO, extra=f'\n[telemetry]\notlp_endpoint = "{url}"\n')
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("CAPMON_", "OTEL_"))}
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "capmon.cli", "serve", "--config", str(config), "--listen", f"127.0.0.1:{port}"],
-            cwd=tmp_path,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        proc = serve_process(config, port, cwd=tmp_path, drop=("CAPMON_", "OTEL_"))
         try:
             assert proc.stdout is not None
             banner = proc.stdout.readline()

@@ -8,10 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import signal
-import subprocess
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -20,7 +17,7 @@ import openai
 import pytest
 
 from capmon.sim.server import start_simulator
-from tests.gateway.helpers import HELLO, gateway_for, scenario
+from tests.gateway.helpers import HELLO, gateway_for, scenario, serve_process
 from tests.support.scripted import free_port
 
 pytestmark = pytest.mark.looptime
@@ -120,14 +117,7 @@ def test_capmon_serve_says_it_once_on_stderr_however_many_requests_fail(tmp_path
         'base_url = "https://capmon-no-such-host.invalid/v1"\nkeys = []\n\n'
         '[[models]]\nname = "gpt-4o"\nendpoints = ["openai"]\n'
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CAPMON_")}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "capmon.cli", "serve", "--config", str(config), "--listen", f"127.0.0.1:{port}"],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = serve_process(config, port)
     try:
         assert proc.stdout is not None
         assert "listening on" in proc.stdout.readline()
