@@ -76,6 +76,8 @@ class Routing:
         record yet, whatever kept it from them (the router records each with
         :meth:`skip_reason` and notes it in ``noted``)."""
         first = self._first(pinned)
+        if t is targets[0] and (not first or first[0] == t.model.name):
+            return []  # the common case, on every request's path: nothing comes before the first
 
         def place(u: Target) -> tuple[int, int]:
             return (first.index(u.model.name) if u.model.name in first else len(first), u.rank)
