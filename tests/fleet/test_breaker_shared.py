@@ -144,7 +144,10 @@ async def test_work_waiting_for_a_down_model_probes_it_sooner_one_probe_at_a_tim
     floor = hint or 0.25
     assert 2 <= len(sent) <= 1.5 / floor + 1, sent  # every process wants one each floor: the fleet sends one
     gaps = [b2 - b1 for b1, b2 in zip(sent, sent[1:], strict=False)]
-    assert min(gaps) >= 0.8 * floor, gaps  # as the server saw them arrive: granted by Redis a floor apart
+    # As the server saw them arrive: granted by Redis a floor apart, each sent when its process got
+    # the CPU (a stall of a loaded machine moves one arrival, and shortens the gap after it; three
+    # probers of their own would send gaps near zero).
+    assert min(gaps) >= 0.5 * floor, gaps
 
 
 async def test_a_probe_whose_prober_went_silent_is_taken_over(redis_url: str, namespace: str) -> None:
