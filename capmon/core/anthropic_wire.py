@@ -81,7 +81,7 @@ def version_incapable(body: Mapping[str, Any], version: AnthropicVersion) -> str
         if not isinstance(message, Mapping) or not isinstance(message.get("content"), list):
             continue
         for block in message["content"]:
-            if not isinstance(block, Mapping):
+            if type(block) is not dict and not isinstance(block, Mapping):  # dict first: the cheap check
                 continue
             if message.get("role") == "assistant" and block.get("type") == "document":
                 return f"messages[{i}]: a document block in an assistant message (refused by {version.value})"

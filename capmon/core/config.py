@@ -236,6 +236,17 @@ class GatewayConfig:
         doc="a model name clients send, or a pattern of them (claude-*), -> a configured model (or auto)",
     )
     max_body_bytes: int = _f(16 * 1024 * 1024, min=1024, doc="largest request body the gateway reads")
+    # What a body costs is its objects, not its bytes (600,000 tiny blocks in 16 MiB parse into
+    # 150 MB, and every check, the estimate and a translation walk them again): these bound
+    # them, far above real traffic (Claude Code sends a few hundred blocks and about 100 tools,
+    # a long session a few thousand messages; OpenAI itself takes 128 tools).
+    max_messages: int = _f(5_000, min=1, doc="messages (a Responses request's input items) a request may carry")
+    max_content_blocks: int = _f(
+        10_000,
+        min=1,
+        doc="content blocks a request may carry in all: content parts, tool calls, tool results' blocks, system blocks",
+    )
+    max_tools: int = _f(1_000, min=1, doc="tools a request may offer")
     header_timeout: float = _f(
         10.0, min=0.01, max=3600.0, doc="seconds a connection has to send a request's complete headers"
     )

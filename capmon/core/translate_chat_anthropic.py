@@ -439,7 +439,7 @@ def messages_incapable(body: Mapping[str, Any]) -> str | None:
 
 
 def _cache_control(obj: object, where: str) -> None:
-    if isinstance(obj, Mapping) and obj.get("cache_control"):
+    if (type(obj) is dict or isinstance(obj, Mapping)) and obj.get("cache_control"):
         raise Untranslatable(f"{where}: cache_control (OpenAI caches on its own terms)")
 
 
@@ -511,17 +511,22 @@ def without_hints(body: Mapping[str, Any]) -> tuple[dict[str, Any], tuple[str, .
 
 
 def _uncached(blocks: list[Any], found: set[str]) -> list[Any]:
-    """Blocks (and a tool result's own blocks) without their cache breakpoints."""
-    out = []
+    """Blocks (and a tool result's own blocks) without their cache breakpoints: the same
+    list when none has one (a body's blocks are not copied for nothing)."""
+    out, changed = [], False
     for block in blocks:
-        if isinstance(block, Mapping):
+        given = block
+        if type(block) is dict or isinstance(block, Mapping):
             if block.get("cache_control"):
                 block = {k: v for k, v in block.items() if k != "cache_control"}
                 found.add("cache_control")
             if isinstance(block.get("content"), list):
-                block = {**block, "content": _uncached(block["content"], found)}
+                content = _uncached(block["content"], found)
+                if content is not block["content"]:
+                    block = {**block, "content": content}
+        changed = changed or block is not given
         out.append(block)
-    return out
+    return out if changed else blocks
 
 
 def messages_to_chat(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -580,8 +585,9 @@ def _plain_text(content: object, where: str) -> str:
 def _blocks(content: object) -> list[Mapping[str, Any]]:
     if isinstance(content, str):
         return [{"type": "text", "text": content}]
-    if isinstance(content, list) and all(isinstance(b, Mapping) for b in content):
-        return list(content)
+    # dict first: a body's blocks are dicts, and the ABC's check costs five times as much a block
+    if isinstance(content, list) and all(type(b) is dict or isinstance(b, Mapping) for b in content):
+        return content
     raise Untranslatable("content that is neither text nor blocks")
 
 
@@ -589,7 +595,7 @@ def _user_messages(content: object, i: int) -> list[dict[str, Any]]:
     """Tool results become tool messages (first, as OpenAI wants them right after the
     call); the rest of the turn one user message."""
     tools: list[dict[str, Any]] = []
-    parts: list[dict[str, Any]] = []
+    parts: list[Mapping[str, Any]] = []
     where = f"messages[{i}]"
     for block in _blocks(content):
         _cache_control(block, where)
@@ -597,7 +603,10 @@ def _user_messages(content: object, i: int) -> list[dict[str, Any]]:
         if kind == "text":
             if block.get("citations"):
                 raise Untranslatable(f"{where}: citations")
-            parts.append({"type": "text", "text": str(block.get("text", ""))})
+            if type(block) is dict and len(block) == 2 and type(block.get("text")) is str:
+                parts.append(block)  # already a chat text part: shared, not copied (a body may hold thousands)
+            else:
+                parts.append({"type": "text", "text": str(block.get("text", ""))})
         elif kind == "image":
             parts.append({"type": "image_url", "image_url": {"url": image_to_url(block)}})
         elif kind == "tool_result":

@@ -20,15 +20,15 @@ from starlette.routing import Route
 
 from capmon.core.result import Api
 from capmon.core.tokens import estimate_body
-from capmon.gateway import bodies, fields
+from capmon.gateway import bodies, shape
 from capmon.gateway.auth import Access
 from capmon.gateway.context import gateway_of
-from capmon.gateway.inbound import proxied, read_body
+from capmon.gateway.inbound import MESSAGES, checked_body, proxied
 from capmon.gateway.replies import JsonReply, Nothing
 
 
 async def messages(request: Request) -> Response:
-    return await proxied(gateway_of(request), request.scope, request.receive, bodies.messages)
+    return await proxied(gateway_of(request), request.scope, request.receive, MESSAGES)
 
 
 def input_tokens(body: dict[str, Any]) -> int:
@@ -40,10 +40,10 @@ def input_tokens(body: dict[str, Any]) -> int:
 async def count_tokens(request: Request) -> Response:
     gw = gateway_of(request)
     gw.auth.require(request.headers, Access.USE)
-    raw = await read_body(request.receive, request.headers, gw.settings.max_body_bytes)
-    if raw is None:
+    body = await checked_body(gw, request.receive, request.headers, shape.MESSAGES)
+    if body is None:
         return Nothing()
-    body = bodies.count_tokens(fields.json_object(raw), request.headers, gw.names)
+    body = bodies.count_tokens(body, request.headers, gw.names)
     return JsonReply({"input_tokens": input_tokens(body)})
 
 

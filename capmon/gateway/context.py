@@ -3,7 +3,7 @@ around it. One per app; routes find it on ``request.app.state.gateway``."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from starlette.requests import Request
 
@@ -15,6 +15,7 @@ from capmon.gateway.feed import EventFeed
 from capmon.gateway.metrics import GatewayMetrics
 from capmon.gateway.models import ModelNames
 from capmon.gateway.settings import GatewaySettings
+from capmon.gateway.shape import BodyReader
 
 
 @dataclass(eq=False)
@@ -28,6 +29,10 @@ class Gateway:
     started: int  # wall-clock seconds: the "created" of /v1/models
     access_log: AccessLog | None = None
     tracer: ExchangeTracer | None = None  # [telemetry] otlp_endpoint: capmon/gateway/traces.py
+    reader: BodyReader = field(init=False)  # the proxied bodies, against the settings' limits
+
+    def __post_init__(self) -> None:
+        self.reader = BodyReader(self.settings.body_limits)
 
     def close(self) -> None:
         self.metrics.close()

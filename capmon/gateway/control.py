@@ -39,7 +39,7 @@ from capmon.gateway.context import Gateway, gateway_of
 from capmon.gateway.disconnect import ClientGone, until_disconnect
 from capmon.gateway.errors import ApiError, json_bytes
 from capmon.gateway.feed import EventFeed
-from capmon.gateway.inbound import read_body
+from capmon.gateway.inbound import read_text
 from capmon.gateway.replies import JsonReply, Nothing
 
 API_VERSION = 1
@@ -138,10 +138,10 @@ async def events(request: Request) -> Response:
 
 
 async def _body(request: Request, allowed: tuple[str, ...]) -> dict[str, Any] | None:
-    raw = await read_body(request.receive, request.headers, 65536)
-    if raw is None:
+    text = await read_text(request.receive, request.headers, 65536)
+    if text is None:
         return None
-    body = fields.json_object(raw, empty={})
+    body = fields.json_object(text, empty={})
     unknown = sorted(set(body) - set(allowed))
     if unknown:
         raise ApiError(

@@ -12,6 +12,7 @@ raw text.
 
 from __future__ import annotations
 
+import codecs
 import enum
 import json
 import math
@@ -66,38 +67,82 @@ def _finite(text: str) -> float:
     return value
 
 
-# One decoder for every body (json.loads with hooks builds a new one per call).
-_DECODER = json.JSONDecoder(parse_constant=_no_constant, parse_float=_finite)
+# One decoder for every body (json.loads with hooks builds a new one per call); the
+# sliced reader (capmon/gateway/sliced.py) uses its scanner for what it does not walk.
+DECODER = json.JSONDecoder(parse_constant=_no_constant, parse_float=_finite)
 
 
-def _utf8(raw: bytes) -> str:
-    """The body as text: UTF-8 only (RFC 8259 §8.1), a UTF-8 byte order mark tolerated.
-    ``json.loads(bytes)`` would guess UTF-16 and UTF-32 too."""
-    utf16 = raw[:2] in (b"\xff\xfe", b"\xfe\xff") or b"\x00" in raw  # no JSON text holds a NUL byte
-    if utf16:
-        raise bad("the request body must be JSON encoded as UTF-8; this looks like UTF-16 or UTF-32")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise bad(f"the request body must be JSON encoded as UTF-8; byte {e.start} is not UTF-8") from None
-    return text.removeprefix("\ufeff")
+_UTF16_MARKS = (b"\xff\xfe", b"\xfe\xff")
 
 
-def json_object(raw: bytes, *, empty: dict[str, Any] | None = None) -> dict[str, Any]:
-    """A request body that must be a JSON object. ``empty``: what an empty body means
-    (None: an empty body is refused like any other non-object)."""
-    text = _utf8(raw)
-    if empty is not None and not text.strip():
-        return empty
-    try:
-        body = _DECODER.decode(text)
-    except _NotJson as e:
-        raise bad(f"We could not parse the JSON body of your request: {e}.") from None
-    except (ValueError, RecursionError):  # RecursionError: nested past the parser's depth
-        raise bad("We could not parse the JSON body of your request: expected a JSON object.") from None
+def _not_utf8(what: str) -> ApiError:
+    return bad(f"the request body must be JSON encoded as UTF-8; {what}")
+
+
+class BodyText:
+    """A body's text, decoded piece by piece as the body arrives (a big body is never held
+    as bytes and text at once, nor decoded in one go): UTF-8 only (RFC 8259 §8.1), a UTF-8
+    byte order mark tolerated. ``json.loads(bytes)`` would guess UTF-16 and UTF-32 too."""
+
+    def __init__(self) -> None:
+        self._decoder = codecs.getincrementaldecoder("utf-8")()
+        self._parts: list[str] = []
+        self._head = b""  # the body's first byte, until there are two to tell UTF-16 by
+        self._size = 0  # bytes decoded
+
+    def add(self, piece: bytes) -> None:
+        if self._size == 0 and len(self._head) + len(piece) < 2:
+            self._head += piece
+            return
+        self._decode(self._head + piece if self._head else piece)
+        self._head = b""
+
+    def text(self) -> str:
+        """The whole text, once the last piece is in."""
+        if self._head:  # a body of one byte
+            self._decode(self._head)
+            self._head = b""
+        self._decode(b"", final=True)
+        text = "".join(self._parts)
+        self._parts = []
+        return text.removeprefix("\ufeff")
+
+    def _decode(self, piece: bytes, *, final: bool = False) -> None:
+        if (self._size == 0 and piece[:2] in _UTF16_MARKS) or b"\x00" in piece:  # no JSON text holds a NUL byte
+            raise _not_utf8("this looks like UTF-16 or UTF-32")
+        held = len(self._decoder.getstate()[0])  # the first bytes of a character cut between pieces
+        try:
+            self._parts.append(self._decoder.decode(piece, final=final))
+        except UnicodeDecodeError as e:
+            raise _not_utf8(f"byte {self._size - held + e.start} is not UTF-8") from None
+        self._size += len(piece)
+
+
+def unreadable(e: Exception) -> ApiError:
+    """What a body the JSON reader refused with ``e`` gets."""
+    if isinstance(e, _NotJson):
+        return bad(f"We could not parse the JSON body of your request: {e}.")
+    # ValueError, or RecursionError: nested past the parser's depth
+    return bad("We could not parse the JSON body of your request: expected a JSON object.")
+
+
+def an_object(body: object) -> dict[str, Any]:
+    """``body`` when it is a JSON object (a request body must be one)."""
     if not isinstance(body, dict):
         raise bad(f"expected a JSON object as the request body, got {type_name(body)}")
     return body
+
+
+def json_object(text: str, *, empty: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A request body (its text) that must be a JSON object. ``empty``: what an empty body
+    means (None: an empty body is refused like any other non-object)."""
+    if empty is not None and not text.strip():
+        return empty
+    try:
+        body = DECODER.decode(text)
+    except (ValueError, RecursionError) as e:
+        raise unreadable(e) from None
+    return an_object(body)
 
 
 def _expected(param: str, what: str, value: object) -> ApiError:

@@ -1,7 +1,8 @@
-"""A proxied request as it comes in: the caller's key, the body within the gateway's cap,
-the checked body, and the reply that routes it (plain or streamed). The same for every
-API the gateway speaks; an error raised here is told in the shape of the route's API
-(:func:`refusal`, capmon/gateway/anthropic_errors.py).
+"""A proxied request as it comes in: the caller's key, the body within the gateway's cap
+and its limits of shape (capmon/gateway/shape.py), the checked body, and the reply that
+routes it (plain or streamed). The same for every API the gateway speaks; an error raised
+here is told in the shape of the route's API (:func:`refusal`,
+capmon/gateway/anthropic_errors.py).
 
 :class:`ProxiedRoutes` answers the proxied APIs' POSTs ahead of Starlette's exception
 middleware and router, which cost a third of the gateway's own work per request and do
@@ -13,13 +14,14 @@ call the same :func:`proxied`."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from capmon.core.secrets import redact
-from capmon.gateway import bodies, fields
+from capmon.gateway import bodies, fields, shape
 from capmon.gateway.anthropic_errors import shaped_for
 from capmon.gateway.auth import Access
 from capmon.gateway.bodies import Asked, Wanted
@@ -32,20 +34,30 @@ MAX_MODEL_NAME = 200  # characters of the model a client asked for kept for its 
 
 Parse = Callable[[dict[str, Any], Asked], Wanted]  # bodies.chat, bodies.responses or bodies.messages
 
-# The proxied APIs (POST): their paths and what reads each one's body.
-PROXIED: Mapping[str, Parse] = {
-    "/v1/chat/completions": bodies.chat,
-    "/v1/responses": bodies.responses,
-    "/v1/messages": bodies.messages,
-}
+
+@dataclass(frozen=True)
+class ProxiedApi:
+    """A proxied API: where its body's counted arrays are, and what reads the body."""
+
+    shape: shape.Shape
+    parse: Parse
 
 
-async def read_body(receive: Receive, headers: Mapping[str, str], cap: int) -> bytes | None:
-    """The body, at most ``cap`` bytes (413 past it); None when the client went away."""
+CHAT = ProxiedApi(shape.CHAT, bodies.chat)
+RESPONSES = ProxiedApi(shape.RESPONSES, bodies.responses)
+MESSAGES = ProxiedApi(shape.MESSAGES, bodies.messages)
+
+# The proxied APIs (POST) by path.
+PROXIED: Mapping[str, ProxiedApi] = {"/v1/chat/completions": CHAT, "/v1/responses": RESPONSES, "/v1/messages": MESSAGES}
+
+
+async def read_text(receive: Receive, headers: Mapping[str, str], cap: int) -> str | None:
+    """The body's text (:class:`capmon.gateway.fields.BodyText`: decoded as it arrives), at
+    most ``cap`` bytes (413 past it); None when the client went away."""
     length = headers.get("content-length", "")
     if length.isdigit() and int(length) > cap:
         raise _too_large(cap)
-    pieces, size = [], 0
+    text, size = fields.BodyText(), 0
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
@@ -54,9 +66,18 @@ async def read_body(receive: Receive, headers: Mapping[str, str], cap: int) -> b
         size += len(piece)
         if size > cap:
             raise _too_large(cap)
-        pieces.append(piece)
+        text.add(piece)
         if not message.get("more_body", False):
-            return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+            return text.text()
+
+
+async def checked_body(
+    gw: Gateway, receive: Receive, headers: Mapping[str, str], of: shape.Shape
+) -> dict[str, Any] | None:
+    """A proxied request's body: a JSON object within the gateway's cap and its limits of
+    shape (a 413 or 400 else); None when the client went away."""
+    text = await read_text(receive, headers, gw.settings.max_body_bytes)
+    return None if text is None else await gw.reader.read(text, of)
 
 
 def _too_large(cap: int) -> ApiError:
@@ -85,15 +106,14 @@ def header_map(scope: Scope) -> dict[str, str]:
     return out
 
 
-async def proxied(gw: Gateway, scope: Scope, receive: Receive, parse: Parse) -> Response:
+async def proxied(gw: Gateway, scope: Scope, receive: Receive, api: ProxiedApi) -> Response:
     """Read, check and route one request."""
     headers = header_map(scope)
     caller = gw.auth.require(headers, Access.USE)
     ex = exchange_of(scope)
-    raw = await read_body(receive, headers, gw.settings.max_body_bytes)
-    if raw is None:
+    body = await checked_body(gw, receive, headers, api.shape)
+    if body is None:
         return Nothing()
-    body = fields.json_object(raw)
     if ex is not None:
         ex.caller = caller.alias
         model = body.get("model")
@@ -108,7 +128,7 @@ async def proxied(gw: Gateway, scope: Scope, receive: Receive, parse: Parse) -> 
         deadline=gw.client.config.gateway.deadline,
         request_id=ex.request_id if ex is not None else None,
     )
-    wanted = parse(body, asked)
+    wanted = api.parse(body, asked)
     if ex is not None:
         ex.priority = wanted.priority.value
     return StreamReply(gw, wanted, ex) if wanted.stream else PlainReply(gw, wanted, ex)
@@ -122,12 +142,12 @@ class ProxiedRoutes:
         self.gw = gateway
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        parse = PROXIED.get(scope["path"]) if scope["type"] == "http" and scope["method"] == "POST" else None
-        if parse is None or scope.get("root_path"):
+        api = PROXIED.get(scope["path"]) if scope["type"] == "http" and scope["method"] == "POST" else None
+        if api is None or scope.get("root_path"):
             await self.app(scope, receive, send)
             return
         try:
-            reply = await proxied(self.gw, scope, receive, parse)
+            reply = await proxied(self.gw, scope, receive, api)
         except ApiError as err:
             reply = refusal(scope, err)
         await reply(scope, receive, send)

@@ -7,19 +7,18 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from capmon.gateway import bodies
 from capmon.gateway.auth import Access
 from capmon.gateway.context import gateway_of
-from capmon.gateway.inbound import proxied
+from capmon.gateway.inbound import CHAT, RESPONSES, proxied
 from capmon.gateway.replies import JsonReply
 
 
 async def chat_completions(request: Request) -> Response:
-    return await proxied(gateway_of(request), request.scope, request.receive, bodies.chat)
+    return await proxied(gateway_of(request), request.scope, request.receive, CHAT)
 
 
 async def responses(request: Request) -> Response:
-    return await proxied(gateway_of(request), request.scope, request.receive, bodies.responses)
+    return await proxied(gateway_of(request), request.scope, request.receive, RESPONSES)
 
 
 async def list_models(request: Request) -> Response:

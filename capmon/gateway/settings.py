@@ -21,6 +21,7 @@ from capmon.core.exceptions import ConfigError
 from capmon.core.result import Priority
 from capmon.core.schema import key_text
 from capmon.core.secrets import MIN_SECRET_CHARS, Secret
+from capmon.gateway.shape import BodyLimits
 
 AUTO = "auto"  # the built-in alias: the config's preference order
 # prometheus_client reads it when it is imported: each worker's counters go to files there,
@@ -44,6 +45,7 @@ class GatewaySettings:
     aliases: Mapping[str, str | None]  # what a client may send as "model" -> a model (None: the preference order)
     models: tuple[str, ...]
     max_body_bytes: int
+    body_limits: BodyLimits  # [gateway] max_messages, max_content_blocks, max_tools
     header_timeout: float = 10.0  # seconds to send a request's complete headers
     keep_alive_timeout: float = 15.0  # seconds an idle connection stays open between requests
     write_timeout: float = 30.0  # seconds an answer's bytes may stay untaken before it is cancelled
@@ -187,6 +189,7 @@ def load_settings(
         aliases=_aliases(cfg),
         models=tuple(m.name for m in cfg.models),
         max_body_bytes=g.max_body_bytes,
+        body_limits=BodyLimits(messages=g.max_messages, content_blocks=g.max_content_blocks, tools=g.max_tools),
         header_timeout=g.header_timeout,
         keep_alive_timeout=g.keep_alive_timeout,
         write_timeout=g.write_timeout,

@@ -8,6 +8,7 @@ import pytest
 from capmon.core.exceptions import ConfigError
 from capmon.core.result import Priority
 from capmon.gateway.settings import load_settings
+from capmon.gateway.shape import BodyLimits
 from tests.gateway.helpers import config
 
 ENV = {"A": "sk-client-aaaaaaaaaaaa", "B": "sk-client-bbbbbbbbbbbb", "ADMIN": "sk-admin-cccccccccccc", "SHORT": "abc"}
@@ -31,6 +32,9 @@ def test_a_full_gateway_table() -> None:
     assert [(k.alias, k.priority) for k in s.keys] == [("team", Priority.INTERACTIVE), ("B", Priority.BATCH)]
     assert s.aliases == {"auto": None, "gpt-5": "flagship", "default": None} and s.admin is not None
     assert "sk-" not in repr(s)  # keys are Secrets: their repr shows the alias only
+    assert s.body_limits == BodyLimits(messages=5_000, content_blocks=10_000, tools=1_000)  # the defaults
+    limits = settings("max_messages = 7\nmax_content_blocks = 8\nmax_tools = 9").body_limits  # type: ignore[attr-defined]
+    assert limits == BodyLimits(messages=7, content_blocks=8, tools=9)
     assert settings("", listen="127.0.0.1:0").port == 0  # type: ignore[attr-defined]
 
 
@@ -54,6 +58,10 @@ def test_a_full_gateway_table() -> None:
         ('keys = [{ env = "not a name" }]', "gateway.keys[0].env", "expected an environment variable name"),
         ('listen = "4000"', "gateway.listen", "expected HOST:PORT"),
         ("max_body_bytes = 10", "gateway.max_body_bytes", "expected a whole number >= 1024"),
+        ("max_messages = 0", "gateway.max_messages", "expected a whole number >= 1, got 0"),
+        ("max_content_blocks = 2.5", "gateway.max_content_blocks", "expected a whole number, got 2.5"),
+        ('max_tools = "many"', "gateway.max_tools", "expected a whole number, got 'many'"),
+        ("max_content_block = 5", "gateway.max_content_block", "did you mean 'max_content_blocks'?"),
     ],
 )
 def test_mistakes_name_the_file_and_the_key(gateway: str, key: str, message: str) -> None:
