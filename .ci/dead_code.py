@@ -78,6 +78,8 @@ IGNORED = {
     "force_flush",
     # httpx calls its transports' handle_request (capmon/inprocess/transport.py).
     "handle_request",
+    # Starlette's router reads its redirect_slashes (capmon/gateway/app.py turns it off).
+    "redirect_slashes",
     # A field of a target's Redis hash that only the scripts read (heartbeat.lua): the codec decodes
     # it with the rest so that a garbage value in it is caught like any other (capmon/fleet/codec.py).
     "probe_owner",

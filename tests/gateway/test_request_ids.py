@@ -7,8 +7,8 @@ import asyncio
 import json
 import re
 import sqlite3
-from pathlib import Path
 from email.utils import parsedate_to_datetime
+from pathlib import Path
 
 import openai
 import pytest

@@ -58,6 +58,7 @@ async def hostile(gw: Running, mode: str) -> None:
 
 
 MESSAGES = {"max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]}
+WITH_USAGE = {"stream": True, "stream_options": {"include_usage": True}}
 ANTHROPIC = {"anthropic-version": "2023-06-01"}
 
 
@@ -78,12 +79,12 @@ async def test_hostile_usage_reaches_the_client_the_log_and_a_span_bounded(
             chat = await http.post("/v1/chat/completions", json={"model": "flagship", "messages": HELLO})
             chat_stream = await http.post(
                 "/v1/chat/completions",
-                json={"model": "flagship", "messages": HELLO, "stream": True, "stream_options": {"include_usage": True}},
+                json={"model": "flagship", "messages": HELLO, **WITH_USAGE},
             )
             across = await http.post("/v1/chat/completions", json={"model": "small", "messages": HELLO})
             across_stream = await http.post(
                 "/v1/chat/completions",
-                json={"model": "small", "messages": HELLO, "stream": True, "stream_options": {"include_usage": True}},
+                json={"model": "small", "messages": HELLO, **WITH_USAGE},
             )
             responses = await http.post("/v1/responses", json={"model": "medium", "input": "hi"})
             responses_stream = await http.post("/v1/responses", json={"model": "medium", "input": "hi", "stream": True})
