@@ -87,6 +87,8 @@ IGNORED = {
     "enqueue",
     "handleError",
     "enqueue_sentinel",
+    # Starlette's router reads its redirect_slashes (capmon/gateway/app.py turns it off).
+    "redirect_slashes",
     # A field of a target's Redis hash that only the scripts read (heartbeat.lua): the codec decodes
     # it with the rest so that a garbage value in it is caught like any other (capmon/fleet/codec.py).
     "probe_owner",

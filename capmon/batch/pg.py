@@ -23,6 +23,10 @@ a job needs on top:
 * **Reconnects.** A lost connection raises BatchError at once (the runner pauses sending and
   says so); the next call connects again, no sooner than a backoff that doubles from 0.2 s
   to 5 s while the server stays unreachable.
+* **Permanent errors.** An error that no retry fixes as things stand (:data:`PERMANENT`: the
+  store's table or schema dropped, a grant revoked, a statement the server refuses) raises
+  :class:`~capmon.batch.store.StoreRefuses`, naming its SQLSTATE: the job halts at once
+  rather than pausing as for a server that restarts.
 
 The driver is psycopg 3 (its synchronous connection): the store's interface is synchronous,
 as SQLite's is, and every call is one round trip (claims and results in batches).
@@ -59,7 +63,7 @@ from capmon.batch.pg_schema import (
     SCHEMA_VERSION,
 )
 from capmon.batch.states import UNFINISHED, ItemState, JobState
-from capmon.batch.store import DatabaseGone, JobInfo, Outcome, ResultRecord, StoredItem, required
+from capmon.batch.store import DatabaseGone, JobInfo, Outcome, ResultRecord, StoredItem, StoreRefuses, required
 from capmon.batch.stores import PgLocation
 from capmon.core import secrets
 from capmon.core.clock import default_clock
@@ -68,6 +72,18 @@ from capmon.core.exceptions import BatchError
 from capmon.core.result import Decision
 
 CONNECT_TIMEOUT = 5  # seconds to reach the server (libpq's connect_timeout)
+# Errors a retry meets again until someone changes the database, by psycopg's classes of
+# SQLSTATE: ProgrammingError is class 42 (an undefined table, column or function, permission
+# denied, a syntax error) and 3D / 3F (no such database or schema); DataError (22) and
+# IntegrityError (23) are a statement the server refuses for what it carries; NotSupportedError
+# (0A). Everything else, a lost connection, a shutdown (57P01), a serialization failure or a
+# deadlock (40), a timeout, a full disk, a read-only server mid-failover, is waited out.
+PERMANENT: tuple[type[psycopg.Error], ...] = (
+    psycopg.ProgrammingError,
+    psycopg.DataError,
+    psycopg.IntegrityError,
+    psycopg.NotSupportedError,
+)
 BACKOFF_FIRST, BACKOFF_MAX = 0.2, 5.0  # seconds between reconnects while the server is unreachable
 
 
@@ -172,6 +188,9 @@ class PgStore:
     def _errors(self, doing: str) -> Iterator[None]:
         try:
             yield
+        except PERMANENT as e:
+            code = f"SQLSTATE {e.sqlstate}, " if e.sqlstate else ""
+            raise StoreRefuses(f"{self.where}: {doing} failed: {_why(e)} ({code}{type(e).__name__})") from None
         except psycopg.OperationalError as e:
             c = self._conn
             if c is not None and (c.broken or c.closed):

@@ -110,7 +110,13 @@ CREATE INDEX IF NOT EXISTS items_by_id ON items(job_id, id);
 """
 
 
-class DatabaseGone(BatchError):
+class StoreRefuses(BatchError):
+    """The job store refuses what the job needs for a reason that waiting cannot fix (a
+    table dropped, a grant revoked, the database file gone): the job halts at once instead
+    of pausing for a server to come back (capmon/batch/writer.py)."""
+
+
+class DatabaseGone(StoreRefuses):
     """The job database's path no longer leads to the file the store opened: deleted, or
     another file put there. Saving again cannot help (the file saved to is gone for good)."""
 

@@ -11,8 +11,9 @@
   written by the next try. The first failure, or a disk found (nearly) full, calls
   ``on_failing``; the next commit that succeeds calls ``on_saved``; still failing after
   ``give_up`` seconds calls ``on_give_up`` with the error that halts the job.
-* A database deleted or replaced under the job (:class:`~capmon.batch.store.DatabaseGone`)
-  is not retried: no save can bring the file back, so it calls ``on_give_up`` at once.
+* A database deleted or replaced under the job (:class:`~capmon.batch.store.DatabaseGone`),
+  or a store that refuses for a reason waiting cannot fix (a table dropped, a grant revoked:
+  :class:`~capmon.batch.store.StoreRefuses`), is not retried: it calls ``on_give_up`` at once.
 * A shared store may discard an outcome (a late answer for an item another worker took
   once this one's lease expired): it is not counted, and a Notice says how many.
 """
@@ -28,7 +29,7 @@ from typing import Any
 from capmon.audit import AuditLog
 from capmon.batch.pacing import wait_event
 from capmon.batch.states import ItemState
-from capmon.batch.store import DatabaseGone, Outcome
+from capmon.batch.store import DatabaseGone, Outcome, StoreRefuses
 from capmon.batch.stores import Store
 from capmon.core import events as ev
 from capmon.core.clock import Clock
@@ -222,10 +223,10 @@ class ResultWriter:
 
     def failing(self, error: BatchError) -> None:
         """A save failed (or will: the disk is full): ``on_failing`` the first time; a
-        database that is gone halts the job at once."""
+        database that is gone, or a store that refuses for good, halts the job at once."""
         before, self.save_error = self.save_error, error
-        if isinstance(error, DatabaseGone):
-            if not isinstance(before, DatabaseGone):
+        if isinstance(error, StoreRefuses):
+            if not isinstance(before, StoreRefuses):
                 self._on_give_up(self.halt_error(error))
             return
         first = before is None
@@ -244,6 +245,12 @@ class ResultWriter:
         lost = self.finished_uncommitted
         if isinstance(cause, DatabaseGone):
             return DatabaseGone(f"job {self.job!r} halted: results cannot be saved: {cause}; nothing more was sent")
+        if isinstance(cause, StoreRefuses):
+            return StoreRefuses(
+                f"job {self.job!r} halted at once: {cause}; waiting cannot fix that, so nothing more was sent"
+                + (f"; {lost} answers received since could not be saved and will be sent again" if lost else "")
+                + f"; fix it, then run `capmon batch resume {self.job}`"
+            )
         return BatchError(
             f"job {self.job!r} halted: results cannot be saved: {cause}; "
             f"nothing new was sent after the first failed save ({self.give_up:g}s ago), "

@@ -18,6 +18,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from capmon.core import usage as counts
 from capmon.core.errors import QUOTA_HINT, Failure, Kind, classify_event
 from capmon.core.wire import Event, Frame, FrameKind, owned_body, typed_event
 
@@ -181,8 +182,7 @@ def message_text(message: Mapping[str, Any]) -> str:
 
 
 def _count(usage: Mapping[str, Any], name: str) -> int:
-    value = usage.get(name)
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+    return counts.count(usage.get(name)) or 0
 
 
 def usage_total(usage: Mapping[str, Any] | None) -> int | None:

@@ -27,6 +27,7 @@ See ARCHITECTURE.md, "Across formats".
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -35,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from capmon.core import anthropic_wire as aw
 from capmon.core import translate_chat_anthropic as tca
 from capmon.core import translate_responses_anthropic as tra
-from capmon.core import wire
+from capmon.core import usage, wire
 from capmon.core.config import ClientConfig, DropRule, EndpointApi, EndpointConfig, ModelConfig
 from capmon.core.errors import QUOTA_HINT, classify_tool_call, parse_completion
 from capmon.core.exceptions import BrokenAnswer
@@ -240,12 +241,15 @@ def probe_body(t: Target, token_param: wire.TokenParam) -> tuple[Api, dict[str, 
 
 
 def parse_plain(target_wire: Api, status: int, body: bytes) -> Mapping[str, Any] | None:
-    """A plain answer in the target's wire, or None (then the classifier says what it is)."""
+    """A plain answer in the target's wire, or None (then the classifier says what it is);
+    its usage bounded (capmon/core/usage.py), so no reader sees a count no answer can have."""
     if target_wire is Api.MESSAGES:
-        return aw.parse_message(status, body)
-    if target_wire is Api.RESPONSES:
-        return wire.parse_response(status, body)
-    return parse_completion(status, body)
+        answer = aw.parse_message(status, body)
+    elif target_wire is Api.RESPONSES:
+        answer = wire.parse_response(status, body)
+    else:
+        answer = parse_completion(status, body)
+    return None if answer is None else usage.bounded(answer)
 
 
 _ANSWER: Mapping[tuple[Api, Api], Callable[[Mapping[str, Any], int], dict[str, Any]]] = {
@@ -471,8 +475,8 @@ def stream_codec(request: ChatRequest, target_wire: Api, *, created: int) -> Cod
         return SAME
     if request.api is Api.CHAT:
         options = request.extra.get("stream_options")
-        usage = isinstance(options, Mapping) and bool(options.get("include_usage"))
-        return _Crossing(tca.MessagesToChatStream(created=created, include_usage=usage).feed, _MessagesCalls())
+        asked = isinstance(options, Mapping) and bool(options.get("include_usage"))
+        return _Crossing(tca.MessagesToChatStream(created=created, include_usage=asked).feed, _MessagesCalls())
     if request.api is Api.RESPONSES:
         return _Crossing(tra.MessagesToResponsesStream(created=created).feed, _MessagesCalls())
     chat = tca.ChatToMessagesStream()
@@ -497,7 +501,14 @@ class WireReader:
             self._read = wire.read_frame
 
     def read(self, frame: wire.Frame, *, now: float, quota_hint: float = QUOTA_HINT) -> wire.Event:
-        return self._read(frame, now=now, quota_hint=quota_hint)
+        """One frame's event, its usage bounded (capmon/core/usage.py): what the caller, the
+        assembler and the translators get."""
+        event = self._read(frame, now=now, quota_hint=quota_hint)
+        if event.chunk is not None:
+            chunk = usage.bounded(event.chunk)
+            if chunk is not event.chunk:
+                return dataclasses.replace(event, chunk=chunk)
+        return event
 
     def add(self, chunk: Mapping[str, Any], done: bool) -> None:
         """One event with a chunk (``done``: the stream's last, which carries one on the

@@ -96,6 +96,12 @@ def redact(text: str, *, hints: bool = True) -> str:
     return _MASKED.sub("****", _SHAPES.sub(functools.partial(_mask, keep=0), text))
 
 
+def carries_key(text: str) -> bool:
+    """Whether :func:`redact` would take anything out of ``text`` (for what is kept whole or
+    not at all, such as a caller's request id: a redacted id would no longer be its own)."""
+    return redact(text, hints=False) != text
+
+
 class RedactSecrets(logging.Filter):
     """A logging filter that redacts a record's message: HTTP libraries log headers at
     DEBUG, and a provider may echo a key in one."""

@@ -23,6 +23,7 @@ from typing import Any
 
 import httpx
 
+from capmon.core import usage as counts
 from capmon.core.errors import QUOTA_HINT, Failure, Kind, classify_event
 
 log = logging.getLogger("capmon.client")
@@ -463,8 +464,7 @@ class Assembler:
 def total_tokens(response: Mapping[str, Any] | None) -> int | None:
     """The tokens an answer says it used (``usage.total_tokens``), if it says so sensibly."""
     usage = (response or {}).get("usage")
-    used = usage.get("total_tokens") if isinstance(usage, Mapping) else None
-    return used if isinstance(used, int) and not isinstance(used, bool) else None
+    return counts.count(usage.get("total_tokens")) if isinstance(usage, Mapping) else None
 
 
 def completion_text(response: Mapping[str, Any]) -> str:

@@ -4,7 +4,8 @@ Messages API (capmon/gateway/anthropic_api.py), the control API (capmon/gateway/
 (``capmon serve`` opens it with the engine).
 
 Every error the gateway answers is in the OpenAI shape, 404 and 405 included, but on
-Anthropic's paths (``/v1/messages...``), where it is in Anthropic's.
+Anthropic's paths (``/v1/messages...``), where it is in Anthropic's. Paths are exact: a
+trailing slash is a 404, never a redirect.
 """
 
 from __future__ import annotations
@@ -98,6 +99,10 @@ def create_app(
         Route("/ready", ready, methods=["GET"]),
     ]
     app = Starlette(routes=routes, exception_handlers={ApiError: _api_error, HTTPException: _http_error})
+    # A path with a slash too many or too few is a 404 naming it, not Starlette's redirect: that
+    # redirect's Location is built from the client's Host (a hostile name when client keys let
+    # any Host in), and the SDKs do not follow a redirected POST anyway.
+    app.router.redirect_slashes = False
     app.state.gateway = gw
     # Added innermost first. Innermost, the proxied APIs' own routes, ahead of Starlette's
     # exception middleware and router (capmon/gateway/inbound.py). Outermost, the exchange:

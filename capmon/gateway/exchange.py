@@ -24,6 +24,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from capmon.core.clock import Clock
 from capmon.core.result import Attempt, ChatResult, sent, skipped
+from capmon.core.usage import count
 from capmon.gateway import fields
 from capmon.gateway.access_log import AccessLog
 from capmon.gateway.anthropic_errors import on_messages_path, shaped_for
@@ -58,8 +59,8 @@ def api_of(path: str) -> str:
 
 def _count(usage: Mapping[str, Any], *names: str) -> int | None:
     for name in names:
-        value = usage.get(name)
-        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        value = count(usage.get(name))
+        if value is not None:
             return value
     return None
 

@@ -20,6 +20,7 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import Any, TypeVar
 
+from capmon.core.secrets import carries_key
 from capmon.gateway.errors import ApiError
 
 E = TypeVar("E", bound=enum.Enum)
@@ -415,5 +416,11 @@ _REQUEST_ID = re.compile(rf"[!-~]{{1,{MAX_REQUEST_ID}}}")
 
 
 def request_id(raw: str | None) -> str | None:
-    """A client's own request id when it is sane, else None (the gateway makes one)."""
-    return raw if raw is not None and _REQUEST_ID.fullmatch(raw) else None
+    """A client's own request id when it is sane, else None (the gateway makes one). An id
+    the redactor would change (a key capmon holds, or anything shaped like a key) is not
+    sane: it is echoed in the reply, the access log, events, traces and the audit, and
+    replaced whole rather than redacted in place, so every id stays unique and the one the
+    reply carries is the one every record names."""
+    if raw is None or not _REQUEST_ID.fullmatch(raw) or carries_key(raw):
+        return None
+    return raw

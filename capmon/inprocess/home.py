@@ -101,6 +101,9 @@ class Home:
         self._stop: asyncio.Event | None = None
         self._stop_asked = False
         self._keeper: asyncio.Task[None] | None = None
+        # The tasks of the requests in flight on this loop (capmon/inprocess/transport.py), touched
+        # only on it: closing the home ends them, so none is destroyed pending when the process exits.
+        self.calls: set[asyncio.Task[None]] = set()
 
     @property
     def ours(self) -> bool:
@@ -157,11 +160,18 @@ class Home:
             self._stop.set()
 
     async def shutdown(self) -> None:
-        """On the home loop: close the engine and wait until it is closed."""
+        """On the home loop: close the engine and wait until it is closed, then end the
+        requests still in flight (streams nobody read to their end): a caller's loop that
+        is not asyncio.run's would keep them pending until the process exits."""
         self.ask_stop()
         if self._keeper is not None:
             with contextlib.suppress(Exception):
                 await asyncio.shield(self._keeper)
+        calls = [t for t in self.calls if not t.done()]
+        for task in calls:
+            task.cancel()
+        if calls:
+            await asyncio.gather(*calls, return_exceptions=True)
 
     def silence(self) -> None:
         """Nothing left of this home is ever reported (an abandoned loop's leftovers, at GC)."""
@@ -286,8 +296,7 @@ class Runtime:
         else on a background thread of its own."""
         old = self._home
         if old is not None and old.state is not HomeState.CLOSED:
-            old.silence()  # its loop was closed under it: nothing of it can be closed any more
-            self._abandoned.append(old)
+            self._abandon(old)  # its loop was closed under it: nothing of it can be closed any more
         if self.config is None:
             self.config = _checked(load(None))
         if not self._atexit:
@@ -305,6 +314,11 @@ class Runtime:
             home.begin()
         return home
 
+    def _abandon(self, home: Home) -> None:
+        """A home nothing can close any more: never reported, and kept (never collected)."""
+        home.silence()
+        self._abandoned.append(home)
+
     def current(self) -> Home | None:
         home = self._home
         return home if home is not None and not home.gone() else None
@@ -317,6 +331,8 @@ class Runtime:
         with self._lock:
             home = self._home
             if home is None or home.gone():
+                if home is not None and home.state is not HomeState.CLOSED:
+                    self._abandon(home)  # its loop was closed with the engine open on it (at exit too)
                 self._home = None
                 return
             running = asyncio.events._get_running_loop()
@@ -332,8 +348,7 @@ class Runtime:
         elif running is None:
             home.loop.run_until_complete(home.shutdown())  # a caller's loop, not running now
         else:
-            home.silence()
-            self._abandoned.append(home)
+            self._abandon(home)
 
     async def aclose(self) -> None:
         home = self.current()
@@ -350,8 +365,7 @@ class Runtime:
         self._lock = threading.Lock()
         old, self._home = self._home, None
         if old is not None:
-            old.silence()
-            self._abandoned.append(old)
+            self._abandon(old)
 
     def call(self, fn: Callable[[Engine], T]) -> T:
         """``fn(engine)`` on the engine's loop (a trip, a pin, a snapshot taken there), from a

@@ -100,9 +100,11 @@ class _Call:
         self._waiter: asyncio.Future[None] | None = None
         self._read = False
 
-    def start(self) -> None:
-        """On the home loop."""
-        self.task = asyncio.get_running_loop().create_task(self.run())
+    def start(self, calls: set[asyncio.Task[None]]) -> None:
+        """On the home loop; ``calls``: its home's requests in flight (home.Home.calls)."""
+        self.task = task = asyncio.get_running_loop().create_task(self.run())
+        calls.add(task)
+        task.add_done_callback(calls.discard)
 
     async def run(self) -> None:
         try:
@@ -316,9 +318,9 @@ def transports(http: ModuleType) -> tuple[type[httpx.BaseTransport], type[httpx.
             if near and b'"stream"' not in body:
                 return await self._inline(call, inbox, request, timeout)
             if near:
-                call.start()
+                call.start(home.calls)
             else:
-                home.loop.call_soon_threadsafe(call.start)
+                home.loop.call_soon_threadsafe(call.start, home.calls)
             try:
                 while True:
                     item = await inbox.get(timeout)
@@ -396,7 +398,7 @@ def transports(http: ModuleType) -> tuple[type[httpx.BaseTransport], type[httpx.
             body = request.read()
             q: queue.SimpleQueue[Item] = queue.SimpleQueue()
             call = _Call(app, _scope(request), body, q.put)
-            home.loop.call_soon_threadsafe(call.start)
+            home.loop.call_soon_threadsafe(call.start, home.calls)
             timeout = _read_timeout(request)
             try:
                 while True:

@@ -38,6 +38,7 @@ MODEL_FIELDS = (
     "tools",
     "token_param",
     "unsupported_dialect",
+    "usage",
 )
 
 

@@ -32,6 +32,7 @@ needs the admin key, sent as ``Authorization: Bearer KEY`` or ``x-admin-key``, o
                                       {"dialect": "openai-503"} {"reset_schedule": true}
                                       {"stream_style": "azure"} {"tools": "always"}
                                       {"token_param": "max_completion_tokens"} {"unsupported_dialect": "azure"}
+                                      {"usage": "huge"} (or negative, float, string; honest)
   POST   /admin/outage/{name}         {"duration": 30, "dialect": "capacity-text"?}
   GET    /admin/faults                the active fault rules
   POST   /admin/faults                {"mode": "reset", "count": 2} | {"mode": "hang", "rate": 0.1}
@@ -186,7 +187,7 @@ def _completion(
         "model": ticket.model,
         "system_fingerprint": FINGERPRINT,
         "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish}],
-        "usage": usage(ticket.prompt_tokens, completion),
+        "usage": usage(ticket, completion),
     }
 
 

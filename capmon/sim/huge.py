@@ -46,7 +46,7 @@ def _completion_parts(ticket: Ticket, created: int, size: int) -> tuple[bytes, b
                 "finish_reason": "stop",
             }
         ],
-        "usage": usage(ticket.prompt_tokens, max(1, size // 4)),
+        "usage": usage(ticket, max(1, size // 4)),
     }
     head, tail = json.dumps(body).split(json.dumps(_MARK)[1:-1])
     return head.encode(), tail.encode()

@@ -54,6 +54,7 @@ from capmon.sim.tools import (
     may_call,
     parse_anthropic_tools,
 )
+from capmon.sim.usage import HONEST, reported
 
 VERSION_HEADER = "anthropic-version"
 SAMPLING_PARAMS = ("temperature", "top_p", "top_k")
@@ -194,14 +195,15 @@ def message_id() -> str:
     return f"msg_sim{secrets.token_hex(12)}"
 
 
-def _usage(input_tokens: int, output_tokens: int) -> dict[str, Any]:
-    return {
+def _usage(input_tokens: int, output_tokens: int, report: str) -> dict[str, Any]:
+    counts = {
         "input_tokens": input_tokens,
         "cache_creation_input_tokens": 0,
         "cache_read_input_tokens": 0,
         "output_tokens": output_tokens,
         "service_tier": "standard",
     }
+    return reported(counts, report)
 
 
 def message_object(
@@ -212,7 +214,9 @@ def message_object(
     content: list[dict[str, Any]],
     stop_reason: str | None,
     output_tokens: int,
+    report: str = HONEST,
 ) -> dict[str, Any]:
+    """A Messages answer; ``report``: how its model reports the tokens used (capmon/sim/usage.py)."""
     return {
         "id": mid,
         "type": "message",
@@ -221,7 +225,7 @@ def message_object(
         "content": content,
         "stop_reason": stop_reason,
         "stop_sequence": None,
-        "usage": _usage(input_tokens, output_tokens),
+        "usage": _usage(input_tokens, output_tokens, report),
     }
 
 
@@ -243,7 +247,13 @@ def complete_message(mid: str, ticket: Ticket, call: ToolCall | None, tool_resul
     else:
         content, reason, output = [_tool_block(call, whole=True)], "tool_use", tokens_of(call.arguments)
     return message_object(
-        mid, ticket.model, ticket.prompt_tokens, content=content, stop_reason=reason, output_tokens=output
+        mid,
+        ticket.model,
+        ticket.prompt_tokens,
+        content=content,
+        stop_reason=reason,
+        output_tokens=output,
+        report=ticket.usage,
     )
 
 
@@ -251,9 +261,9 @@ def event(name: str, **fields: Any) -> bytes:
     return f"event: {name}\ndata: ".encode() + json.dumps({"type": name, **fields}).encode() + b"\n\n"
 
 
-def _started(mid: str, model: str, input_tokens: int) -> bytes:
+def _started(mid: str, model: str, input_tokens: int, report: str = HONEST) -> bytes:
     # Anthropic counts the first output token in message_start's usage already.
-    started = message_object(mid, model, input_tokens, content=[], stop_reason=None, output_tokens=1)
+    started = message_object(mid, model, input_tokens, content=[], stop_reason=None, output_tokens=1, report=report)
     return event("message_start", message=started)
 
 
@@ -268,7 +278,7 @@ async def message_stream(
     error_after: int | None = None,
 ) -> AsyncIterator[bytes]:
     """The whole stream of one admitted (or faulted) request."""
-    yield _started(mid, ticket.model, ticket.prompt_tokens)
+    yield _started(mid, ticket.model, ticket.prompt_tokens, ticket.usage)
     await clock.sleep(ticket.first_token)
     if error_after == 0:
         yield dialects.anthropic_error_event()  # after message_start, before any output
@@ -301,7 +311,8 @@ async def message_stream(
         yield dialects.anthropic_error_event()  # after output: the stream fails, never a truncated success
         return
     yield event("content_block_stop", index=0)
-    yield event("message_delta", delta={"stop_reason": reason, "stop_sequence": None}, usage={"output_tokens": output})
+    used = reported({"output_tokens": output}, ticket.usage)
+    yield event("message_delta", delta={"stop_reason": reason, "stop_sequence": None}, usage=used)
     yield event("message_stop")
 
 

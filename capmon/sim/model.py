@@ -32,6 +32,7 @@ from capmon.sim.scenario import (
     Phase,
     Scenario,
 )
+from capmon.sim.usage import HONEST, USAGE_MODES
 
 # Per-key counters are kept for at most this many keys; beyond it (only possible with
 # keys = ["*"]) new keys share one bucket so a key-spraying client cannot grow memory.
@@ -72,6 +73,7 @@ class ModelState:
     unsupported_dialect: str = "openai"
     api: str = "openai"  # the wire(s) it is served on
     context_window: int = 0
+    usage: str = HONEST  # how its answers report the tokens used (capmon/sim/usage.py)
 
     @property
     def free(self) -> int:
@@ -90,6 +92,7 @@ class Ticket:
     finish_reason: str  # "stop", or "length" when max_tokens cut the answer short
     first_token: float  # seconds to the first token
     per_token: float  # seconds per completion token after that
+    usage: str = HONEST  # how the answer reports the tokens used (capmon/sim/usage.py)
 
     @property
     def service_time(self) -> float:
@@ -302,6 +305,7 @@ class Simulator:
             unsupported_dialect=o.get("unsupported_dialect", spec.unsupported_dialect),
             api=spec.api,
             context_window=spec.context_window,
+            usage=o.get("usage", spec.usage),
         )
 
     def configure(
@@ -317,6 +321,7 @@ class Simulator:
         tools: Any = UNSET,
         token_param: Any = UNSET,
         unsupported_dialect: Any = UNSET,
+        usage: Any = UNSET,
     ) -> ModelState:
         """Override a model while running. ``reset_schedule`` drops earlier overrides and any
         outage first, so the schedule applies again. Raises KeyError / ValueError."""
@@ -351,6 +356,7 @@ class Simulator:
             ("tools", tools, TOOL_MODES),
             ("token_param", token_param, TOKEN_PARAMS),
             ("unsupported_dialect", unsupported_dialect, UNSUPPORTED_DIALECTS),
+            ("usage", usage, USAGE_MODES),
         ):
             if value is not UNSET:
                 if not isinstance(value, str) or value not in choices:
@@ -530,6 +536,7 @@ class Simulator:
             finish_reason="length" if limit < spec.answer_tokens else "stop",
             first_token=spec.base_latency * factor,
             per_token=spec.per_token * factor,
+            usage=state.usage,
         )
 
     def release(self, ticket: Ticket, *, completed: bool = True) -> None:
@@ -564,6 +571,7 @@ class Simulator:
                 "stream_style": s.stream_style,
                 "tools": s.tools,
                 "token_param": s.token_param,
+                "usage": s.usage,
             }
         keys = {
             alias: {**k.counters.as_dict(), "penalised_for": round(max(0.0, k.penalised_until - now), 3)}

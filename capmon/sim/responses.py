@@ -51,6 +51,7 @@ from capmon.sim.tools import (
     may_call,
     parse_response_tools,
 )
+from capmon.sim.usage import reported
 
 MIN_OUTPUT_TOKENS = 16  # the Responses API refuses a smaller max_output_tokens
 
@@ -226,13 +227,16 @@ def response_object(
         "truncation": "disabled",
         "usage": None
         if not usage
-        else {
-            "input_tokens": ticket.prompt_tokens,
-            "input_tokens_details": {"cached_tokens": 0},
-            "output_tokens": completion,
-            "output_tokens_details": {"reasoning_tokens": 0},
-            "total_tokens": ticket.prompt_tokens + completion,
-        },
+        else reported(
+            {
+                "input_tokens": ticket.prompt_tokens,
+                "input_tokens_details": {"cached_tokens": 0},
+                "output_tokens": completion,
+                "output_tokens_details": {"reasoning_tokens": 0},
+                "total_tokens": ticket.prompt_tokens + completion,
+            },
+            ticket.usage,
+        ),
         "user": None,
         "metadata": {},
     }

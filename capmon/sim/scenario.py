@@ -27,6 +27,7 @@ from capmon.sim.dialects import (
     WIRE_DIALECTS,
     Wire,
 )
+from capmon.sim.usage import HONEST, USAGE_MODES
 
 SCENARIO_DIR = Path(__file__).resolve().parent / "scenarios"
 
@@ -97,6 +98,12 @@ class ModelSpec:
     )
     unsupported_dialect: str = spec(
         AUTO, choices=(*UNSUPPORTED_DIALECTS, AUTO), doc="how that 400 is worded; auto: the wire's own"
+    )
+    usage: str = spec(
+        HONEST,
+        choices=USAGE_MODES,
+        doc="how its answers report the tokens used: honest, or huge, negative, "
+        "float or string counts (a broken or hostile provider)",
     )
 
     def __post_init__(self) -> None:

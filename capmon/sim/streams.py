@@ -21,6 +21,7 @@ from capmon.core.clock import Clock
 from capmon.sim import dialects
 from capmon.sim.model import Ticket
 from capmon.sim.tools import ToolCall
+from capmon.sim.usage import reported
 
 STREAM_CHUNK_TOKENS = 4  # tokens per SSE chunk: realistic enough, far fewer events than one per token
 TOOL_ARGUMENT_PIECE = 8  # characters of function.arguments per delta
@@ -67,12 +68,15 @@ def tokens_of(text: str) -> int:
     return max(1, math.ceil(len(text) / 4))
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {
+def usage(ticket: Ticket, completion_tokens: int) -> dict[str, Any]:
+    """A chat answer's usage, as the ticket's model reports it (capmon/sim/usage.py)."""
+    prompt_tokens = ticket.prompt_tokens
+    counts = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
     }
+    return reported(counts, ticket.usage)
 
 
 def sse(payload: Any) -> bytes:
@@ -162,7 +166,7 @@ class OpenAIFrames:
     def epilogue(self, text_length: int) -> bytes:
         return b""
 
-    def usage_chunk(self, used: dict[str, int]) -> bytes:
+    def usage_chunk(self, used: dict[str, Any]) -> bytes:
         return sse({**self.envelope, "system_fingerprint": FINGERPRINT, "choices": [], "usage": used})
 
 
@@ -257,7 +261,7 @@ class OpenRouterFrames(OpenAIFrames):
     def between(self, emitted: int) -> bytes:
         return dialects.OPENROUTER_COMMENT if emitted % self.comment_every == 0 else b""
 
-    def usage_chunk(self, used: dict[str, int]) -> bytes:
+    def usage_chunk(self, used: dict[str, Any]) -> bytes:
         return sse({**self.envelope, "provider": "Capmon", "choices": [], "usage": used})
 
 
@@ -288,7 +292,7 @@ class VllmFrames(OpenAIFrames):
             }
         )
 
-    def usage_chunk(self, used: dict[str, int]) -> bytes:
+    def usage_chunk(self, used: dict[str, Any]) -> bytes:
         return sse({**self.envelope, "choices": [], "usage": used})
 
 
@@ -336,7 +340,7 @@ class OllamaFrames(OpenAIFrames):
     def finish(self, reason: str) -> bytes:
         return self.chunk({"role": "assistant", "content": ""}, reason)
 
-    def usage_chunk(self, used: dict[str, int]) -> bytes:
+    def usage_chunk(self, used: dict[str, Any]) -> bytes:
         return sse({**self.envelope, "system_fingerprint": "fp_ollama", "choices": [], "usage": used})
 
 
@@ -406,7 +410,7 @@ async def chat_stream(clock: Clock, plan: StreamPlan) -> AsyncIterator[bytes]:
     if epilogue:
         yield epilogue
     if plan.include_usage:
-        yield frames.usage_chunk(usage(ticket.prompt_tokens, completion))
+        yield frames.usage_chunk(usage(ticket, completion))
     yield DONE
 
 

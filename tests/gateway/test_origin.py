@@ -142,3 +142,22 @@ async def test_with_client_keys_any_host_is_served_but_origins_are_still_refused
 )
 def test_loopback_host(host: str, loopback: bool) -> None:
     assert loopback_host(host) is loopback
+
+
+async def test_a_trailing_slash_is_a_404_in_the_apis_shape_never_a_redirect_to_the_clients_host() -> None:
+    # With client keys any Host is served; Starlette's redirect_slashes built its Location from it.
+    keys = 'keys = [{ env = "GW_CLIENT_KEY", alias = "team" }]'
+    async with running(gateway=keys, environ={"GW_CLIENT_KEY": KEY}) as gw, gw.http(KEY) as http:
+        hostile = {"host": "evil.example", "anthropic-version": "2023-06-01"}
+        body = {"model": "auto", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+        messages = await http.post("/v1/messages/", json=body, headers=hostile)
+        chat = await http.post("/v1/chat/completions/", content=CHAT, headers={"host": "evil.example"})
+        models = await http.get("/v1/models/", headers={"host": "evil.example"})
+        snapshot = await http.get("/capmon/snapshot/", headers={"host": "evil.example"})
+    for reply in (messages, chat, models, snapshot):
+        assert reply.status_code == 404, (reply.request.url, reply.status_code, reply.headers)
+        assert "location" not in reply.headers
+    assert messages.json()["type"] == "error" and messages.json()["error"]["type"] == "not_found_error"
+    assert "/v1/messages/" in messages.json()["error"]["message"]
+    assert error_code(chat) == "not_found" and error_code(snapshot) == "not_found"
+    assert error_code(models) == "model_not_found"  # /v1/models/{id} with an empty id

@@ -8,6 +8,7 @@ import json
 import re
 import sqlite3
 from email.utils import parsedate_to_datetime
+from pathlib import Path
 
 import openai
 import pytest
@@ -186,3 +187,57 @@ async def test_an_internal_error_is_a_500_in_the_apis_shape_with_its_request_id_
     assert messages.json()["error"]["type"] == "api_error" and messages.headers["request-id"]
     assert [(line["status"], line["error_kind"]) for line in lines] == [(500, "internal"), (500, "internal")]
     assert "a bug" in caplog.text and "mine-1" in caplog.text
+
+
+@pytest.mark.looptime
+async def test_a_clients_id_holding_a_provider_key_is_replaced_everywhere_it_would_be_echoed(tmp_path: Path) -> None:
+    # The provider key is a real key variable of the endpoint, which the simulator accepts; it has
+    # no key's shape (as an Azure key has none), so only the registry of held keys knows it.
+    key = "CANARY-provider-key-0123456789-Q777"
+    where = tmp_path / "access.jsonl"
+    keys = 'keys = [{ env = "GW_TEAM", alias = "team" }, { env = "GW_BATCH", alias = "nightly", priority = "batch" }]'
+    team, batch = "team-key-0123456789abcdef", "batch-key-0123456789abcdef"
+    async with (
+        running(
+            scenario(keys=(key,)),
+            environ={"GW_PROVIDER_KEY": key, "GW_TEAM": team, "GW_BATCH": batch},
+            gateway=f'{keys}\naccess_log = "{where}"',
+        ) as gw,
+        gw.openai(team) as sdk,
+        gw.http(batch) as as_batch,
+    ):
+        auditor = audit.AuditLog(clock=gw.client.clock)
+        gw.client.add_observer(auditor.observe)
+        leaked = [f"trace-{key}", key, f"a{key}b"]
+        replies = [
+            await sdk.chat.completions.with_raw_response.create(
+                model="auto", messages=HELLO, extra_headers={"x-request-id": rid}
+            )
+            for rid in leaked
+        ]
+        lines = []
+        async with as_batch.stream("GET", "/capmon/events") as events:
+            async for line in events.aiter_lines():
+                lines.append(line)
+                if sum(x.startswith("data:") and "RequestDone" in x for x in lines) >= len(leaked):
+                    break
+        rows = auditor.drain()
+    log = where.read_text()
+    stored = sqlite3.connect(":memory:")  # the audit as a job's database stores it
+    audit.ensure_schema(stored)
+    audit.write_rows(stored, rows)
+    table = stored.execute("SELECT * FROM attempts").fetchall()
+    ids = [r.headers["x-request-id"] for r in replies]
+    assert all(NEW_ID.fullmatch(i) for i in ids) and len(set(ids)) == 3  # a fresh id for each, as for any bad id
+    seen = {
+        "the replies": json.dumps([dict(r.headers) for r in replies]) + "".join(r.text for r in replies),
+        "the access log": log,
+        "the events": "\n".join(lines),
+        "the audit": repr(table),
+    }
+    for what, text in seen.items():
+        assert "0123456789-Q777" not in text, f"the key reached {what}"
+    assert {json.loads(x)["request_id"] for x in log.splitlines()} == set(ids)
+    assert {r for (r,) in stored.execute("SELECT request_id FROM attempts")} == set(ids)  # the same fresh ids
+    done = [json.loads(f["data"]) for f in sse_frames("\n".join(lines)) if f.get("event") == "RequestDone"]
+    assert {d["caller_request_id"] for d in done} == set(ids)

@@ -37,6 +37,7 @@ from capmon.core.router import FallbackClient
 from capmon.gateway import close_app, create_app, load_settings, start_server
 from capmon.gateway.trace_relay import RESTART_AFTER, RelayExporter
 from capmon.gateway.traces import GatewayTraces, otlp_url, resource
+from capmon.sim.scenario import Scenario
 from capmon.sim.server import start_simulator
 from tests.gateway.helpers import ENV, HELLO, Running, config, gateway_for, scenario, serve_process, until
 from tests.support.configs import shipped_config
@@ -52,10 +53,10 @@ MINIMAL = (
 
 
 @contextlib.asynccontextmanager
-async def traced(**config_kw: Any) -> AsyncIterator[tuple[Running, InMemorySpanExporter]]:
-    """A gateway on the simulator whose spans go to an in-memory exporter, one by one."""
+async def traced(scn: Scenario | None = None, **config_kw: Any) -> AsyncIterator[tuple[Running, InMemorySpanExporter]]:
+    """A gateway on the simulator (``scn``) whose spans go to an in-memory exporter, one by one."""
     exporter = InMemorySpanExporter()
-    sim = await start_simulator(scenario())
+    sim = await start_simulator(scn or scenario())
     try:
         cfg = config(sim.base_url, **config_kw)
         async with FallbackClient(cfg, environ=ENV) as client:

@@ -226,3 +226,58 @@ def test_a_process_exits_cleanly_after_using_the_clients(tmp_path: Path) -> None
     got = json.loads(out.stdout)
     assert got["light"] == []  # `import capmon` imports neither the SDKs nor the gateway
     assert len(got["streamed"].split()) == ANSWER_TOKENS and len(got["plain"].split()) == ANSWER_TOKENS
+
+
+OPEN_STREAMS_SCRIPT = """
+import asyncio, sys
+import capmon
+
+config, how = sys.argv[1], sys.argv[2]
+hi = [{"role": "user", "content": "hi"}]
+streams = []  # open at exit: read to their first chunk, never to their end, never closed
+
+async def open_async(n):
+    sdk = capmon.async_openai_client(config)
+    for _ in range(n):
+        stream = await sdk.chat.completions.create(model="auto", messages=hi, stream=True)
+        await stream.__anext__()
+        streams.append(stream)
+
+def open_sync(n):
+    sdk = capmon.openai_client(config)
+    for _ in range(n):
+        stream = sdk.chat.completions.create(model="auto", messages=hi, stream=True)
+        next(stream)
+        streams.append(stream)
+
+if how == "sync and async":  # the engine on capmon's thread; async requests reach it from asyncio.run's loop
+    open_sync(8)
+    asyncio.run(open_async(8))
+else:  # the engine on the first async request's loop, run by hand, not by asyncio.run
+    loop = asyncio.new_event_loop()
+    loop.run_until_complete(open_async(16))
+    if how == "async, the loop closed":
+        loop.close()  # with the engine still open on it
+print(len(streams))
+"""
+
+
+@pytest.mark.parametrize("how", ["sync and async", "async, the loop left open", "async, the loop closed"])
+def test_a_process_exits_quietly_with_16_streams_open(tmp_path: Path, how: str) -> None:
+    path = write_config(tmp_path)
+    scenario = tmp_path / "scenario.toml"  # answers that take 20 s: every stream is still open at exit
+    scenario.write_text(scenario.read_text().replace("per_token = 0.0", "per_token = 0.3"))
+    # ResourceWarnings shown, but the one for the loop the script leaves open on purpose
+    warnings = "default,ignore:unclosed event loop:ResourceWarning"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONWARNINGS": warnings}
+    out = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(OPEN_STREAMS_SCRIPT), str(path), how],
+        capture_output=True,
+        text=True,
+        timeout=50,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert (out.returncode, out.stdout.strip()) == (0, "16"), out.stderr
+    assert "Exception ignored" not in out.stderr and "Traceback" not in out.stderr, out.stderr
+    assert out.stderr == "", out.stderr  # nothing destroyed pending, no request's failure logged
