@@ -125,8 +125,11 @@ async def test_hostile_usage_reaches_the_client_the_log_and_a_span_bounded(
             value = (span.attributes or {}).get(name)
             assert value is None or (type(value) is int and 0 <= value <= MAX_COUNT), (span.name, name, value)
     encode_spans(spans)  # what the relay does with them: OTLP's int64 holds every value
-    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
-    assert "Traceback" not in caplog.text and not errors, errors
+    # capmon's own and the trace exporter's logs: another test's client collected here by the
+    # garbage collector may log its own troubles (an SDK's aclose on a closed loop) meanwhile.
+    ours = [r for r in caplog.records if r.name.startswith(("capmon", "opentelemetry"))]
+    errors = [r.getMessage() for r in ours if r.levelno >= logging.ERROR or r.exc_info]
+    assert not errors, errors
 
 
 @pytest.mark.looptime

@@ -239,14 +239,14 @@ streams = []  # open at exit: read to their first chunk, never to their end, nev
 async def open_async(n):
     sdk = capmon.async_openai_client(config)
     for _ in range(n):
-        stream = await sdk.chat.completions.create(model="auto", messages=hi, stream=True)
+        stream = await sdk.chat.completions.create(model="auto", messages=hi, stream=True, max_tokens=1000)
         await stream.__anext__()
         streams.append(stream)
 
 def open_sync(n):
     sdk = capmon.openai_client(config)
     for _ in range(n):
-        stream = sdk.chat.completions.create(model="auto", messages=hi, stream=True)
+        stream = sdk.chat.completions.create(model="auto", messages=hi, stream=True, max_tokens=1000)
         next(stream)
         streams.append(stream)
 
@@ -265,8 +265,11 @@ print(len(streams))
 @pytest.mark.parametrize("how", ["sync and async", "async, the loop left open", "async, the loop closed"])
 def test_a_process_exits_quietly_with_16_streams_open(tmp_path: Path, how: str) -> None:
     path = write_config(tmp_path)
-    scenario = tmp_path / "scenario.toml"  # answers that take 20 s: every stream is still open at exit
-    scenario.write_text(scenario.read_text().replace("per_token = 0.0", "per_token = 0.3"))
+    # Answers of 1,000 tokens at 0.02 s each: a stream's first chunk (4 tokens) comes at once, its
+    # end 20 s later, so every stream is still open at exit and opening 16 takes about a second.
+    scenario = tmp_path / "scenario.toml"
+    text = scenario.read_text().replace("per_token = 0.0", "per_token = 0.02")
+    scenario.write_text(text.replace(f"answer_tokens = {ANSWER_TOKENS}", "answer_tokens = 1000"))
     # ResourceWarnings shown, but the one for the loop the script leaves open on purpose
     warnings = "default,ignore:unclosed event loop:ResourceWarning"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONWARNINGS": warnings}
