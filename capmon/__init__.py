@@ -10,7 +10,8 @@ anthropic only when their constructor is called)::
     client = capmon.openai_client()        # also async_openai_client, anthropic_client,
                                            # async_anthropic_client, httpx_client, async_httpx_client
 
-See README.md ("Use it as a library", "Your SDK, in process") and ARCHITECTURE.md.
+See README.md ("Use it as a library", "Your SDK, in process"), docs/library.md and docs/sdk.md
+(the whole of each), and ARCHITECTURE.md.
 """
 
 from typing import TYPE_CHECKING

@@ -1,4 +1,4 @@
-"""The exit codes of every capmon command, documented in the README.
+"""The exit codes of every capmon command, documented in docs/cli.md.
 
 Here, and nowhere else, so the command line and the command functions below it
 (``capmon.batch.commands``, ``capmon.report``) agree without importing each other.

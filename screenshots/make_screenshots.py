@@ -1,4 +1,4 @@
-"""Make the README's screenshots: deterministic runs of the dashboard on scripted
+"""Make the screenshots of the README and docs/: deterministic runs of the dashboard on scripted
 data (tests/tui/fakes.py) and a fixed clock, saved as SVG.
 
     python screenshots/make_screenshots.py          # writes screenshots/*.svg

@@ -1,4 +1,5 @@
-"""The README's library example runs as written."""
+"""The library's examples run as written: the README's short one, and the whole one in
+docs/library.md."""
 
 from __future__ import annotations
 
@@ -18,10 +19,9 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def test_the_library_example_runs_as_written(tmp_path: Path) -> None:
-    readme = (ROOT / "README.md").read_text()
-    blocks = re.findall(r"```python\n(.*?)```", readme, re.S)
-    assert blocks, "no python example in the README"
+def _run_first_python_block(doc: str, tmp_path: Path) -> str:
+    blocks = re.findall(r"```python\n(.*?)```", (ROOT / doc).read_text(), re.S)
+    assert blocks, f"no python example in {doc}"
     example = tmp_path / "example.py"
     example.write_text(blocks[0])
     # The shipped config, on a free port so a running capmon on 8089 cannot interfere.
@@ -33,3 +33,14 @@ def test_the_library_example_runs_as_written(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr[-3000:]
     assert "answered:" in out.stdout and "attempt 1: flagship 200 ok" in out.stdout
     assert re.search(r"streamed [1-9]\d* pieces", out.stdout)
+    return out.stdout
+
+
+def test_the_readme_library_example_runs_as_written(tmp_path: Path) -> None:
+    _run_first_python_block("README.md", tmp_path)
+
+
+def test_the_whole_library_example_runs_as_written(tmp_path: Path) -> None:
+    out = _run_first_python_block("docs/library.md", tmp_path)
+    # its Anthropic-shaped request, answered in Anthropic's format by a model on OpenAI's wire
+    assert re.search(r"^flagship \(openai\) (end_turn|max_tokens) ", out, re.M), out

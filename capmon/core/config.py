@@ -66,7 +66,7 @@ class ClientConfig:
     deadline: float = _f(900.0, min=0.001, doc="seconds a request may take, waits included")
     max_attempts: int = _f(50, min=1, doc="attempts per request across all models")
     retry_budget: float = _f(0.2, min=0.0, max=10.0, doc="transient retries allowed per first attempt")
-    max_connections: int = _f(256, min=1)
+    max_connections: int = _f(256, min=1, doc="connections to the providers held open at most (the transport's pool)")
     batch_share: float = _f(
         0.2, min=0.0, max=1.0, doc="share of freed slots batch requests keep while interactive ones wait"
     )
@@ -100,9 +100,9 @@ class ClientConfig:
 
 @dataclass(frozen=True)
 class BackoffConfig:
-    base: float = _f(0.5, min=0.0)
-    cap: float = _f(30.0, min=0.0)
-    transient_cap: float = _f(5.0, min=0.0)
+    base: float = _f(0.5, min=0.0, doc="full jitter: the n-th retry waits U(0, min(cap, base * 2^n)) seconds")
+    cap: float = _f(30.0, min=0.0, doc="the longest a retry waits when the server gave no hint")
+    transient_cap: float = _f(5.0, min=0.0, doc="the cap after a transient failure (timeouts, resets, 5xx): shorter")
     hint_spread: float = _f(0.5, min=0.0, max=10.0, doc="a hint h waits U(h, h * (1 + spread))")
     max_hint: float = _f(3600.0, min=0.0, doc="a 429 whose hint is this long or longer is a quota that resets later")
 
@@ -110,9 +110,11 @@ class BackoffConfig:
 @dataclass(frozen=True)
 class BreakerConfig:
     failure_threshold: int = _f(3, min=1, doc="consecutive capacity failures that trip the breaker")
-    failure_ratio: float = _f(0.5, min=0.0, max=1.0)
-    ratio_window: float = _f(60.0, min=1.0)
-    ratio_min_requests: int = _f(20, min=1)
+    failure_ratio: float = _f(
+        0.5, min=0.0, max=1.0, doc="... or this share of attempts failing for capacity over ratio_window trips it"
+    )
+    ratio_window: float = _f(60.0, min=1.0, doc="seconds of attempts the failure ratio is taken over")
+    ratio_min_requests: int = _f(20, min=1, doc="attempts the window must hold before its ratio can trip the breaker")
     probe_interval: float = _f(2.0, min=0.0, doc="seconds from a trip to the first probe of the open model")
     cooldown: float = _f(60.0, min=0.0, doc="the longest interval between probes while a model stays down")
     cooldown_multiplier: float = _f(2.0, min=1.0, doc="each failed probe multiplies the interval by this")
@@ -131,9 +133,9 @@ class BreakerConfig:
 
 @dataclass(frozen=True)
 class LimiterConfig:
-    initial: int = _f(8, min=1)
-    min: int = _f(1, min=1)
-    max: int = _f(64, min=1)
+    initial: int = _f(8, min=1, doc="a target's concurrency limit before any answer (from min to max)")
+    min: int = _f(1, min=1, doc="the lowest the limit goes (at most max)")
+    max: int = _f(64, min=1, doc="the highest the limit goes; a model's max_concurrency may lower it")
     decrease: float = _f(
         0.5, min=0.01, max=0.99, doc="multiplicative decrease when rejections come below the learned capacity"
     )
@@ -151,11 +153,11 @@ class KeyConfig:
 
 @dataclass(frozen=True)
 class EndpointConfig:
-    name: str = _f()
-    base_url: str = _f()
+    name: str = _f(doc="what models call it in their endpoints (unique)")
+    base_url: str = _f(doc="the provider's http:// or https:// URL; the endpoint's API adds its own paths (api)")
     keys: tuple[KeyConfig, ...] = _f(factory=tuple, doc="the variables holding its keys; [] for a server without keys")
     simulated: bool = _f(False, doc="served by the bundled simulator: a missing key uses its demo key")
-    headers: Mapping[str, str] = _f(factory=dict)
+    headers: Mapping[str, str] = _f(factory=dict, doc="extra headers every request to it sends (anthropic-beta = ...)")
     api: EndpointApi = _f(EndpointApi.OPENAI, doc="the provider API it speaks: openai, anthropic or azure")
     anthropic_version: AnthropicVersion = _f(
         DEFAULT_VERSION, doc="api = anthropic: the anthropic-version header (2026-10-21 or 2023-06-01)"
@@ -172,18 +174,35 @@ class EndpointConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    name: str = _f()
+    name: str = _f(doc="the name callers use (model= in a request, x-capmon-model in a reply; unique)")
     api_model: str = _f("", doc="the model name sent to the provider; defaults to name")
-    endpoints: tuple[str, ...] = _f(factory=tuple)
-    context_window: int = _f(128_000, min=1)
-    max_tokens: int = _f(1024, min=1, doc="requests ask for at most this many tokens")
-    rpm: int = _f(0, min=0, doc="requests per minute, 0 for no bucket")
-    tpm: int = _f(0, min=0, doc="tokens per minute, 0 for no bucket")
-    max_concurrency: int = _f(0, min=0, doc="cap on the adaptive limit, 0 for the [limiter] max")
+    endpoints: tuple[str, ...] = _f(
+        factory=tuple, doc="the endpoints that serve it, in the order they are tried (at least one)"
+    )
+    context_window: int = _f(
+        128_000,
+        min=1,
+        doc="the prompt a request may bring, with its output; a request that does not fit skips the model",
+    )
+    max_tokens: int = _f(
+        1024,
+        min=1,
+        doc=(
+            "the output cap sent when the caller gives none (a ceiling on the caller's too with"
+            " [client] cap_client_tokens); at most context_window"
+        ),
+    )
+    rpm: int = _f(0, min=0, doc="requests per minute it may send with each endpoint and key (a bucket each); 0: none")
+    tpm: int = _f(
+        0, min=0, doc="tokens per minute, the same way (a request is charged its prompt and output cap); 0: none"
+    )
+    max_concurrency: int = _f(
+        0, min=0, doc="requests in flight to one target at most: a ceiling on the adaptive limit; 0: the [limiter] max"
+    )
     token_param: str = _f(
         "max_tokens",
         choices=("max_tokens", "max_completion_tokens"),
-        doc="how the token cap is sent; reasoning models want max_completion_tokens",
+        doc="how the token cap is sent; reasoning models want max_completion_tokens (learned after one refusal anyway)",
     )
 
     @property
@@ -193,16 +212,16 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class SimulatorConfig:
-    enabled: bool = _f(True)
-    listen: str = _f(DEFAULT_LISTEN)
+    enabled: bool = _f(True, doc="start the simulated provider in-process (or use one already listening at listen)")
+    listen: str = _f(DEFAULT_LISTEN, doc="HOST:PORT the simulator listens on (a fixed port)")
     scenario: str = _f("demo", doc="a bundled scenario name or a path to a scenario TOML")
 
 
 @dataclass(frozen=True)
 class DashboardConfig:
     refresh: float = _f(0.33, min=REFRESH_MIN, max=REFRESH_MAX, doc="seconds between table refreshes")
-    probe_interval: float = _f(5.0, min=0.1)
-    demo_items: int = _f(2000, min=0)
+    probe_interval: float = _f(5.0, min=0.1, doc="seconds between the dashboard's own probes of every target")
+    demo_items: int = _f(2000, min=0, doc="items in each round of the demo job, the dashboard's traffic without --job")
 
 
 @dataclass(frozen=True)
@@ -229,7 +248,9 @@ class GatewayConfig:
             " below the openai SDKs' 600 s timeout, so a client sees the answer rather than its own timeout"
         ),
     )
-    keys: tuple[GatewayKeyConfig, ...] = _f(factory=tuple)
+    keys: tuple[GatewayKeyConfig, ...] = _f(
+        factory=tuple, doc="the client keys; without any the gateway takes any key and listens on loopback only"
+    )
     admin_key_env: str = _f("", doc="variable holding the key the control API's actions need; read-only without")
     aliases: Mapping[str, str] = _f(
         factory=dict,
@@ -304,17 +325,33 @@ class TelemetryConfig:
 
 @dataclass(frozen=True)
 class Config:
-    models: tuple[ModelConfig, ...] = _f(factory=tuple)
-    endpoints: tuple[EndpointConfig, ...] = _f(factory=tuple)
-    client: ClientConfig = _f(factory=ClientConfig)
-    backoff: BackoffConfig = _f(factory=BackoffConfig)
-    breaker: BreakerConfig = _f(factory=BreakerConfig)
-    limiter: LimiterConfig = _f(factory=LimiterConfig)
-    simulator: SimulatorConfig = _f(factory=SimulatorConfig)
-    dashboard: DashboardConfig = _f(factory=DashboardConfig)
-    gateway: GatewayConfig = _f(factory=GatewayConfig)
-    shared: SharedConfig = _f(factory=SharedConfig)
-    telemetry: TelemetryConfig = _f(factory=TelemetryConfig)
+    models: tuple[ModelConfig, ...] = _f(
+        factory=tuple, doc="the models, in preference order: the first that admits a request gets it (at least one)"
+    )
+    endpoints: tuple[EndpointConfig, ...] = _f(
+        factory=tuple,
+        doc="where the models are served: each a URL, the provider API it speaks and its keys (at least one)",
+    )
+    client: ClientConfig = _f(factory=ClientConfig, doc="how each request is sent, and how long it may take")
+    backoff: BackoffConfig = _f(factory=BackoffConfig, doc="how long a request waits before it tries again")
+    breaker: BreakerConfig = _f(
+        factory=BreakerConfig, doc="when a target's breaker trips, how it is probed while down, how traffic ramps back"
+    )
+    limiter: LimiterConfig = _f(
+        factory=LimiterConfig, doc="the adaptive concurrency limit of each target, which learns the provider's capacity"
+    )
+    simulator: SimulatorConfig = _f(factory=SimulatorConfig, doc="the bundled simulated provider")
+    dashboard: DashboardConfig = _f(factory=DashboardConfig, doc="the dashboard (capmon)")
+    gateway: GatewayConfig = _f(
+        factory=GatewayConfig, doc="capmon serve: the OpenAI- and Anthropic-compatible HTTP gateway"
+    )
+    shared: SharedConfig = _f(
+        factory=SharedConfig, doc="several processes acting as one client through Redis (the fleet)"
+    )
+    telemetry: TelemetryConfig = _f(
+        factory=TelemetryConfig,
+        doc="the gateway's traces (OpenTelemetry, the otel extra); none without an otlp_endpoint",
+    )
     path: str = field(default="<defaults>", compare=False)
 
     def model(self, name: str) -> ModelConfig:

@@ -20,7 +20,7 @@ import tomllib
 import types
 import typing
 from collections.abc import Mapping, Sequence
-from dataclasses import field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -241,3 +241,122 @@ class Loader:
         if meta.get("printable") and not raw.isprintable():
             raise self.fail(key, f"expected a name without control characters, got {raw!r}")
         return raw
+
+
+# ---------------------------------------------------------------- the schema as a reference
+
+
+@dataclass(frozen=True)
+class KeyDoc:
+    """One key of a table as a reference shows it (:func:`document`)."""
+
+    name: str
+    kind: str  # what its value is: "a number", "a list of strings", "a table"
+    default: str | None  # as TOML writes it ("" for a table: its own keys' defaults); None: must be given
+    allowed: str  # its range, choices and rules ("at least 0.001", "one of: httpx, aiohttp"); "": any
+    doc: str
+
+
+@dataclass(frozen=True)
+class TableDoc:
+    """One table of a schema: ``""`` (the file itself), ``client`` (``[client]``), ``models``
+    (``[[models]]``: an array of tables), ``endpoints.keys`` (each item of an endpoint's keys)."""
+
+    path: str
+    array: bool
+    doc: str  # the doc of the key that holds it ("" for the file itself)
+    keys: tuple[KeyDoc, ...]
+
+
+def document(cls: Any) -> tuple[TableDoc, ...]:
+    """Every table of the schema rooted at the dataclass ``cls``, the file itself first, then
+    each table before the tables inside it, every key in declaration order with its kind,
+    default, what is allowed and its ``doc``: what the loader reads, so a reference built
+    from it cannot drift from the loader."""
+    out: list[TableDoc] = []
+    _document(cls, "", False, "", out)
+    return tuple(out)
+
+
+def _document(cls: Any, path: str, array: bool, doc: str, out: list[TableDoc]) -> None:
+    hints = typing.get_type_hints(cls)
+    keys: list[KeyDoc] = []
+    nested: list[tuple[Any, str, bool, str]] = []
+    for f in dataclasses.fields(cls):
+        if not f.metadata.get(_SPEC):
+            continue
+        tp = _optional(hints[f.name])
+        meta = f.metadata
+        keys.append(KeyDoc(f.name, _kind(tp), _default(f), _allowed(tp, meta), meta["doc"]))
+        inner = typing.get_args(tp)[0] if typing.get_origin(tp) is tuple else tp
+        if dataclasses.is_dataclass(inner):
+            nested.append((inner, f"{path}.{f.name}" if path else f.name, inner is not tp, meta["doc"]))
+    out.append(TableDoc(path, array, doc, tuple(keys)))
+    for inner, sub, is_array, sub_doc in nested:
+        _document(inner, sub, is_array, sub_doc, out)
+
+
+def _kind(tp: Any) -> str:
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return "a string"  # its values are the choices (_allowed)
+    return describe(tp)
+
+
+def _default(f: dataclasses.Field[Any]) -> str | None:
+    if f.default is not dataclasses.MISSING:
+        return toml_text(f.default)
+    if f.default_factory is not dataclasses.MISSING:
+        return toml_text(f.default_factory())
+    return None
+
+
+def toml_text(value: Any) -> str:
+    """A default as TOML writes it: ``60.0``, ``"aiohttp"``, ``false``, ``[]``; ``""`` for a
+    table (its keys have their own defaults); ``"(not set)"`` for None (TOML has no null:
+    the key is left out)."""
+    if value is None:
+        return "(not set)"
+    if dataclasses.is_dataclass(value):
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, enum.Enum):
+        return toml_text(value.value)
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, Mapping):
+        return "{" + ", ".join(f"{key_text(k)} = {toml_text(v)}" for k, v in value.items()) + "}" if value else "{}"
+    if isinstance(value, (tuple, list)):
+        return "[" + ", ".join(toml_text(v) for v in value) + "]"
+    raise TypeError(f"no TOML text for {value!r}")  # pragma: no cover - a schema bug
+
+
+def _allowed(tp: Any, meta: Mapping[str, Any]) -> str:
+    rules: list[str] = []
+    choices = meta.get("choices")
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        choices = [str(m.value) for m in tp]
+    if choices:
+        rules.append("one of: " + ", ".join(choices))
+    lo, hi, above = meta.get("min"), meta.get("max"), meta.get("above")
+    if lo is not None and hi is not None:
+        rules.append(f"{lo:g} to {hi:g}")
+    else:
+        if lo is not None:
+            rules.append(f"at least {lo:g}")
+        if above is not None:
+            rules.append(f"above {above:g}")
+        if hi is not None:
+            rules.append(f"at most {hi:g}")
+    if meta.get("nonempty"):
+        rules.append("not empty")
+    if meta.get("printable"):
+        rules.append("no control characters")
+    each = meta.get("each")
+    if each:
+        inner = typing.get_args(tp)[0] if typing.get_origin(tp) is tuple else tp
+        if text := _allowed(inner, each):
+            rules.append(f"each item: {text}")
+    return "; ".join(rules)

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from capmon.core.exceptions import ConfigError
-from capmon.core.schema import Loader, parse_toml, spec
+from capmon.core.schema import KeyDoc, Loader, document, parse_toml, spec, toml_text
 
 
 @dataclass(frozen=True)
@@ -73,3 +73,34 @@ def test_errors_name_the_file_the_key_and_what_was_expected(doc: str, key: str, 
 def test_bad_toml_names_the_file() -> None:
     with pytest.raises(ConfigError, match=r"^p.toml: not valid TOML"):
         load("name = ")
+
+
+def test_document_lists_every_table_and_key_as_the_loader_reads_them() -> None:
+    root, steps = document(Plan)
+    assert (root.path, root.array, steps.path, steps.array) == ("", False, "steps", True)
+    keys = {k.name: k for k in root.keys}
+    assert list(keys) == ["name", "mode", "tags", "steps", "count"]  # origin is not read from the file
+    assert keys["name"] == KeyDoc("name", "a string", '"plan"', "not empty; no control characters", "")
+    assert keys["mode"].allowed == "one of: fast, slow"
+    assert (keys["tags"].kind, keys["tags"].default, keys["tags"].allowed) == (
+        "a list of strings",
+        '["a"]',
+        "not empty; each item: not empty",
+    )
+    assert (keys["steps"].kind, keys["steps"].default) == ("a list of tables", "[]")
+    assert keys["count"].allowed == "at least 1"
+    at, factor = steps.keys
+    assert (at.default, at.allowed) == (None, "at least 0")  # None: it must be given
+    assert (factor.default, factor.allowed) == ("(not set)", "above 0; at most 10")
+
+
+def test_toml_text_writes_defaults_as_toml_does() -> None:
+    assert [toml_text(v) for v in (60.0, 3, False, 'a "b"', (), {}, {"x y": "1"})] == [
+        "60.0",
+        "3",
+        "false",
+        '"a \\"b\\""',
+        "[]",
+        "{}",
+        '{"x y" = "1"}',
+    ]

@@ -1,5 +1,5 @@
-"""langchain-openai's ChatOpenAI through capmon.httpx_client() (the one changed line in the
-README): its answer comes from the process's engine, which fell back from a model at capacity.
+"""langchain-openai's ChatOpenAI through capmon.httpx_client() (the one changed line in
+docs/sdk.md): its answer comes from the process's engine, which fell back from a model at capacity.
 Needs the ``langchain`` extra (``pip install -e '.[test,langchain]'``, as CI does)."""
 
 from __future__ import annotations
