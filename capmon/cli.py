@@ -228,6 +228,9 @@ def _run_sim(args: argparse.Namespace) -> int:
 
 
 def _run_serve(args: argparse.Namespace) -> int:
+    from capmon.core.extras import Extra, require
+
+    require(Extra.GATEWAY, "capmon serve")  # before importing the gateway, which imports them all
     from capmon.gateway.serve import ServeOptions, serve
 
     return serve(

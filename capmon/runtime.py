@@ -8,6 +8,10 @@ With ``[shared] backend = "redis"`` the client's state is shared with every proc
 the same Redis namespace (capmon/fleet): the engine joins the fleet at start under its
 ``role`` (gateway, batch, dashboard, library), and leaves it when it stops.
 
+What the config asks of capmon's extras (the embedded simulator: ``sim``; Redis:
+``fleet``; the aiohttp transport by name: ``aiohttp``) is checked before anything starts
+(:func:`require_extras`): one line naming the setting and the extra to install.
+
 When the config's simulator address already has a simulator (another capmon process's),
 the engine borrows it and watches it: if that process exits, the engine says so at once
 (a warning Notice on its bus, and in the log) and serves the address itself.
@@ -26,7 +30,9 @@ from capmon.core.clock import Clock, default_clock
 from capmon.core.config import Config, find_config, load_config, resolve_keys
 from capmon.core.events import EventBus, Notice
 from capmon.core.exceptions import ConfigError
+from capmon.core.extras import Extra, require
 from capmon.core.router import FallbackClient
+from capmon.core.transport import resolve
 
 if TYPE_CHECKING:
     from capmon.sim.server import BorrowedSimulator
@@ -48,6 +54,17 @@ def load(explicit: str | None = None) -> Config:
     return load_config(find_config(explicit))
 
 
+def require_extras(config: Config, *, with_simulator: bool = True) -> None:
+    """Raise MissingExtra, naming the config file and its setting, when the config asks
+    for what an extra that is not installed brings. A command calls it before anything
+    starts (the dashboard before its screen opens); :func:`open_engine` calls it too."""
+    if config.simulator.enabled and with_simulator:
+        require(Extra.SIM, f"{config.path}: simulator.enabled = true")
+    if config.shared.backend == "redis":
+        require(Extra.FLEET, f'{config.path}: shared.backend = "redis"')
+    resolve(config.client.transport, config.path)
+
+
 def scenario_ref(config: Config) -> str:
     """A scenario named in the config: a bundled name, or a path relative to the config file."""
     ref = config.simulator.scenario
@@ -67,6 +84,7 @@ async def open_engine(
     with_simulator: bool = True,
     role: str = "library",
 ) -> AsyncIterator[Engine]:
+    require_extras(config, with_simulator=with_simulator)
     keys = resolve_keys(config, environ)  # a missing key variable is reported now, before anything starts
     bus = bus or EventBus()
     shared = None

@@ -14,6 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.support.blocked import NOT_IN_THE_CORE, loaded_anyway, run_without
+
 CODE = """
 import sys
 for name in ("textual", "rich", "capmon.tui"):
@@ -56,6 +58,31 @@ def test_the_core_imports_without_the_web_server_the_gateway_or_the_fleet() -> N
     out = subprocess.run([sys.executable, "-c", CORE_WITHOUT_WEB], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "ok"
+
+
+# What `pip install capmon` (no extra) runs: the library, the dashboard (local or --connect),
+# batch jobs in SQLite, reports, status, the simulator's scenarios (`capmon sim --list`).
+CORE_INSTALL = """
+import importlib, pkgutil
+import capmon
+for package in ("capmon.core", "capmon.tui", "capmon.batch"):
+    for m in pkgutil.walk_packages(importlib.import_module(package).__path__, package + "."):
+        if m.name not in ("capmon.core.transport_aiohttp", "capmon.batch.pg"):  # the aiohttp, postgres extras
+            importlib.import_module(m.name)
+for name in ("capmon.cli", "capmon.runtime", "capmon.status", "capmon.connect", "capmon.report", "capmon.advice",
+             "capmon.audit", "capmon.probe", "capmon.sim", "capmon.sim.command", "capmon.exitcodes"):
+    importlib.import_module(name)
+print(len([n for n in sys.modules if n.startswith("capmon.")]))
+"""
+
+
+def test_the_library_and_the_dashboard_import_with_no_extra_installed() -> None:
+    # The packages of every extra refused as if not installed (tests/support/blocked.py);
+    # tests/test_extras.py runs the dashboard itself so, and each missing extra's one line.
+    out = run_without(NOT_IN_THE_CORE, CORE_INSTALL)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert int(out.stdout.splitlines()[0]) >= 100
+    assert loaded_anyway(out.stdout) == "[]"
 
 
 def test_the_core_does_not_pull_in_the_dashboard() -> None:

@@ -44,3 +44,28 @@ def test_the_whole_library_example_runs_as_written(tmp_path: Path) -> None:
     out = _run_first_python_block("docs/library.md", tmp_path)
     # its Anthropic-shaped request, answered in Anthropic's format by a model on OpenAI's wire
     assert re.search(r"^flagship \(openai\) (end_turn|max_tokens) ", out, re.M), out
+
+
+def _commands() -> tuple[str, str]:
+    """The README's two commands: install and run the dashboard, install and run the tests."""
+    blocks = re.findall(r"```sh\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    return blocks[0].strip(), blocks[1].strip()
+
+
+def test_the_first_command_installs_what_the_dashboards_demo_needs() -> None:
+    from capmon.core.config import load_config
+    from capmon.core.extras import Extra
+
+    run, _ = _commands()
+    extras = re.search(r"pip install -e '\.\[([a-z,]+)\]'", run)
+    assert extras is not None, run
+    # `capmon` with no config of its own runs the bundled demo on the embedded simulator.
+    assert load_config(ROOT / "capmon" / "default_config.toml").simulator.enabled
+    assert Extra.SIM.value in extras.group(1).split(","), run
+
+
+def test_ci_runs_the_readmes_test_command_word_for_word_from_the_lock() -> None:
+    _, test = _commands()
+    assert "pip install -c .ci/constraints.txt -e '.[test]'" in test
+    steps = [line for line in (ROOT / ".ci" / "run").read_text().splitlines() if line and not line.startswith("#")]
+    assert steps[-1] == test

@@ -38,7 +38,7 @@ from capmon.batch.states import ItemState, JobState
 from capmon.batch.store import DatabaseGone, JobInfo, Outcome, ResultRecord, StoredItem, default_db_path
 from capmon.core import secrets
 from capmon.core.events import BatchProgress
-from capmon.core.exceptions import BatchError
+from capmon.core.extras import Extra, require
 
 PG_SCHEMES = ("postgresql", "postgres")
 _SCHEMA = re.compile(r"[a-z_][a-z0-9_]{0,62}")
@@ -132,13 +132,13 @@ def locate(db: str | Path | None = None, *, url_env: str | None = None, environ:
 
 
 def open_store(db: Db, *, readonly: bool = False, lease_ttl: float | None = None) -> Store:
-    """The store at ``db``; raises BatchError (one line, no password) when it cannot be opened.
+    """The store at ``db``; raises BatchError (one line, no password) when it cannot be opened,
+    MissingExtra for PostgreSQL without the postgres extra.
     ``lease_ttl``: a shared store's item leases, for the runner that claims them."""
     if isinstance(db, PgLocation):
-        try:
-            from capmon.batch.pg import PgStore  # psycopg is an extra: imported only for PostgreSQL
-        except ImportError:
-            raise BatchError(f"{db}: a PostgreSQL job store needs psycopg: pip install 'capmon[postgres]'") from None
+        require(Extra.POSTGRES, db.flag or f"the job store {db}")  # psycopg: imported only for PostgreSQL
+        from capmon.batch.pg import PgStore
+
         return PgStore(db, readonly=readonly, lease_ttl=lease_ttl or DEFAULT_LEASE_TTL)
     from capmon.batch.store import JobStore
 

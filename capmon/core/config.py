@@ -74,9 +74,12 @@ class ClientConfig:
         8 * 1024 * 1024, min=1024, doc="largest response body (or stream) read; past it the answer fails as oversized"
     )
     transport: str = _f(
-        "aiohttp",
-        choices=("httpx", "aiohttp"),
-        doc="the HTTP transport under httpx's API: aiohttp (fast) or httpx (httpcore)",
+        "auto",
+        choices=("auto", "httpx", "aiohttp"),
+        doc=(
+            "the HTTP transport under httpx's API: aiohttp (fast; the aiohttp extra), httpx (httpcore),"
+            " or auto: aiohttp when its extra is installed, else httpx"
+        ),
     )
     refused_sampling: DropRule = _f(
         DropRule.DROP,

@@ -106,3 +106,14 @@ class BatchError(CapmonError):
 
 class SimulatorError(CapmonError):
     """The simulated provider cannot start (port taken by something else, bad scenario)."""
+
+
+class MissingExtra(CapmonError, ImportError):
+    """What was asked for needs an optional part of capmon (an extra of pyproject.toml)
+    that is not installed: one line naming it and the command that installs it. An
+    ImportError too, so that ``import capmon.inprocess`` fails as an import does."""
+
+    def __init__(self, what: str, extra: str, module: str | None = None) -> None:
+        self.what = what
+        self.extra = extra
+        super().__init__(f"{what} needs the {extra} extra: pip install 'capmon[{extra}]'", name=module)

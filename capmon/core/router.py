@@ -110,7 +110,9 @@ class FallbackClient(FormatCalls, ManualControls):
         cc = config.client
         self._http = Sender(
             transport
-            or make_transport(cc.transport, max_connections=cc.max_connections, connect_timeout=cc.connect_timeout),
+            or make_transport(
+                cc.transport, max_connections=cc.max_connections, connect_timeout=cc.connect_timeout, where=config.path
+            ),
             attempt_timeout=cc.attempt_timeout,
             connect_timeout=cc.connect_timeout,
         )

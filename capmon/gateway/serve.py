@@ -28,7 +28,7 @@ from capmon.gateway.gateway_log import GatewayLog
 from capmon.gateway.server import bind, start_server
 from capmon.gateway.settings import GatewaySettings, load_settings
 from capmon.gateway.telemetry import require_otel
-from capmon.runtime import Engine, load, open_engine
+from capmon.runtime import Engine, load, open_engine, require_extras
 from capmon.serving import AcceptErrors, raise_descriptor_limit
 
 log = logging.getLogger("capmon.gateway")
@@ -163,7 +163,10 @@ def serve(options: ServeOptions, out: TextIO | None = None) -> int:
         worker=options.worker,
     )
     check_exposure(config, settings)
-    require_otel(config)  # before anything starts: traces asked for without the otel extra
+    # Before anything starts: what the config asks of an extra that is not installed
+    # (the simulator, Redis, aiohttp; traces without the otel extra).
+    require_extras(config)
+    require_otel(config)
     with GatewayLog(settings.worker) as gateway_log:
         if settings.workers > 1 and settings.worker is None:
             from capmon.gateway.workers import supervise

@@ -10,7 +10,6 @@ any alias's.
 from __future__ import annotations
 
 import difflib
-import importlib.util
 import os
 import re
 from collections.abc import Mapping
@@ -18,6 +17,7 @@ from dataclasses import dataclass, field
 
 from capmon.core.config import Config, parse_listen
 from capmon.core.exceptions import ConfigError
+from capmon.core.extras import Extra, require
 from capmon.core.result import Priority
 from capmon.core.schema import key_text
 from capmon.core.secrets import MIN_SECRET_CHARS, Secret
@@ -225,6 +225,6 @@ def _loop(cfg: Config, asked: str | None) -> str:
     where = ("--loop", "") if asked is not None else (cfg.path, "gateway.loop")
     if loop not in ("asyncio", "uvloop"):
         raise ConfigError(*where, f"expected asyncio or uvloop, got {loop!r}")
-    if loop == "uvloop" and importlib.util.find_spec("uvloop") is None:
-        raise ConfigError(*where, "uvloop is not installed (pip install 'capmon[uvloop]'), or use asyncio")
+    if loop == "uvloop":
+        require(Extra.UVLOOP, "--loop uvloop" if asked is not None else f'{cfg.path}: gateway.loop = "uvloop"')
     return loop

@@ -4,30 +4,17 @@ when ``[telemetry] otlp_endpoint`` is set is capmon/gateway/traces.py (and with 
 
 from __future__ import annotations
 
-import importlib
-
 from capmon.core.config import Config
-from capmon.core.exceptions import ConfigError
+from capmon.core.extras import Extra, require
 from capmon.core.router import FallbackClient
 from capmon.gateway.exchange import ExchangeTracer
 
-# What capmon/gateway/traces.py needs of the extra (pyproject.toml: capmon[otel]).
-OTEL_MODULES = ("opentelemetry.sdk.trace", "opentelemetry.exporter.otlp.proto.http.trace_exporter")
-
 
 def require_otel(config: Config) -> None:
-    """Raise, naming the file and key, when the config asks for traces and the extra is missing."""
-    if not config.telemetry.otlp_endpoint:
-        return
-    for name in OTEL_MODULES:
-        try:
-            importlib.import_module(name)
-        except ImportError:
-            raise ConfigError(
-                config.path,
-                "telemetry.otlp_endpoint",
-                "traces need OpenTelemetry, which is not installed: pip install 'capmon[otel]'",
-            ) from None
+    """Raise MissingExtra, naming the file and key, when the config asks for traces and
+    the otel extra is missing."""
+    if config.telemetry.otlp_endpoint:
+        require(Extra.OTEL, f"{config.path}: telemetry.otlp_endpoint")
 
 
 def open_tracer(client: FallbackClient) -> ExchangeTracer | None:

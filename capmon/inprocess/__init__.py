@@ -14,7 +14,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TypeVar
 
-from capmon.inprocess.clients import (
+from capmon.core.extras import Extra, require
+
+# Every request is handed to the gateway's app (starlette, prometheus-client): without the
+# gateway extra the first use says so in one line (an ImportError too, as imports fail).
+require(Extra.GATEWAY, "capmon.inprocess (the in-process SDK clients)")
+
+from capmon.inprocess.clients import (  # noqa: E402
     anthropic_client,
     async_anthropic_client,
     async_httpx_client,
@@ -22,8 +28,8 @@ from capmon.inprocess.clients import (
     httpx_client,
     openai_client,
 )
-from capmon.inprocess.home import RUNTIME, InProcessError
-from capmon.runtime import Engine
+from capmon.inprocess.home import RUNTIME, InProcessError  # noqa: E402
+from capmon.runtime import Engine  # noqa: E402
 
 T = TypeVar("T")
 

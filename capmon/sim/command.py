@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from capmon.core import text
 from capmon.core.config import DEFAULT_LISTEN, SimulatorConfig
+from capmon.core.extras import Extra, require
 from capmon.exitcodes import EXIT_OK
 
 
@@ -31,10 +32,12 @@ def scenario_list() -> list[str]:
 
 
 def run_sim(options: SimOptions) -> int:
-    """Raises CapmonError (SimulatorError, ConfigError) for a bad address, scenario or key variable."""
+    """Raises CapmonError (SimulatorError, ConfigError) for a bad address, scenario or key variable,
+    MissingExtra without the sim extra."""
     if options.list_scenarios:
         print("\n".join(scenario_list()))
         return EXIT_OK
+    require(Extra.SIM, "capmon sim")
     from capmon.sim.server import serve
 
     serve(

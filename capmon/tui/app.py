@@ -466,10 +466,11 @@ class DashboardOptions:
 
 def run_dashboard(options: DashboardOptions) -> int:
     """The live dashboard on the configured engine, until the person quits."""
-    from capmon.runtime import load
+    from capmon.runtime import load, require_extras
     from capmon.tui.source import LiveSource
 
     config = load(options.config)
+    require_extras(config)  # an extra the config needs and lacks: one line, before the screen opens
     if options.job is not None and not options.job.is_file():
         raise CapmonError(f"{options.job}: no such input file")
     source = LiveSource(

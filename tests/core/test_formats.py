@@ -19,7 +19,7 @@ from capmon.core.exceptions import ConfigError
 from capmon.core.result import Api, ChatRequest
 from capmon.core.secrets import redact
 from capmon.core.targets import Target, build_targets
-from capmon.core.transport import _scrub
+from capmon.core.transport_aiohttp import _scrub
 from capmon.core.wire import TokenParam
 
 KEY = "azure0123456789abcdef0123456789ab"  # Azure keys are 32 hex-ish characters: no pattern finds them

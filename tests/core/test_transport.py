@@ -29,13 +29,14 @@ from capmon.core import transport as transport_module
 from capmon.core.errors import Cause, Kind, classify_exception
 from capmon.core.result import ChatRequest
 from capmon.core.router import FallbackClient
-from capmon.core.transport import AiohttpTransport, HttpcoreTransport, PoolStats, TransportKind, make_transport
+from capmon.core.transport import HttpcoreTransport, PoolStats, TransportKind, make_transport, resolve
+from capmon.core.transport_aiohttp import AiohttpTransport
 from capmon.sim.server import running_simulator
 from tests.reliability.helpers import ENV, scenario, set_fault, sim_config
 
 pytestmark = pytest.mark.looptime
 
-KINDS = [k.value for k in TransportKind]
+KINDS = [k.value for k in TransportKind if k is not TransportKind.AUTO]
 KEY = "sk-transport-test-0123456789abcdefghij"
 URL_KEY = "AIzaTransportTestQueryKey0123456789"
 HEADERS = {"Authorization": f"Bearer {KEY}", "x-api-key": KEY}
@@ -219,7 +220,10 @@ def no_secret_in(exc: BaseException) -> None:
 def test_make_transport_builds_each_kind_and_refuses_others() -> None:
     assert isinstance(make_transport("httpx", max_connections=4, connect_timeout=1.0), HttpcoreTransport)
     assert isinstance(make_transport(TransportKind.AIOHTTP, max_connections=4, connect_timeout=1.0), AiohttpTransport)
-    with pytest.raises(ValueError, match=r"client.transport: expected one of httpx, aiohttp, got 'curl'"):
+    # auto (the default): aiohttp, its extra being installed here (tests/test_extras.py: httpx without it)
+    assert isinstance(make_transport("auto", max_connections=4, connect_timeout=1.0), AiohttpTransport)
+    assert resolve("auto") is TransportKind.AIOHTTP and resolve("httpx") is TransportKind.HTTPX
+    with pytest.raises(ValueError, match=r"client.transport: expected one of auto, httpx, aiohttp, got 'curl'"):
         make_transport("curl", max_connections=4, connect_timeout=1.0)
     with pytest.raises(ValueError, match=r"client.max_connections: expected at least 1, got 0"):
         make_transport("aiohttp", max_connections=0, connect_timeout=1.0)

@@ -1,11 +1,13 @@
-"""The layers hold: the core imports neither the gateway nor its web stack, and the
-gateway needs no dashboard (checked in fresh interpreters, with the forbidden modules
-made unimportable)."""
+"""The layers hold: the core imports neither the gateway nor its web stack, the gateway
+needs no dashboard, and `pip install 'capmon[gateway]'` is all it needs (checked in fresh
+interpreters, with the forbidden modules made unimportable)."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+
+from tests.support.blocked import loaded_anyway, run_without
 
 CORE = """
 import sys
@@ -37,3 +39,25 @@ def test_the_gateway_needs_no_dashboard() -> None:
     out = subprocess.run([sys.executable, "-c", GATEWAY], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-2000:]
     assert int(out.stdout.strip()) >= 15
+
+
+# The gateway and the in-process SDK clients on the gateway extra alone: every other
+# extra's packages refused (the traces' modules are the otel extra's: imported only when
+# [telemetry] asks, capmon/gateway/telemetry.py).
+GATEWAY_EXTRA = """
+import importlib, pkgutil
+for package in ("capmon.gateway", "capmon.inprocess"):
+    for m in pkgutil.walk_packages(importlib.import_module(package).__path__, package + "."):
+        if m.name not in ("capmon.gateway.traces", "capmon.gateway.trace_relay", "capmon.gateway.relay_process"):
+            importlib.import_module(m.name)
+import capmon.gateway.serve, capmon.serving, capmon.sim.server
+print(len([n for n in sys.modules if n.startswith(("capmon.gateway.", "capmon.inprocess."))]))
+"""
+
+
+def test_the_gateway_needs_only_the_gateway_extra() -> None:
+    others = ("redis", "psycopg", "opentelemetry", "aiohttp", "httpx_aiohttp", "uvloop")
+    out = run_without(others, GATEWAY_EXTRA)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert int(out.stdout.splitlines()[0]) >= 20
+    assert loaded_anyway(out.stdout) == "[]"
