@@ -41,7 +41,7 @@ import httpx_aiohttp
 
 from capmon.core import secrets as _secrets
 
-__all__ = ["AiohttpTransport", "Head", "HttpcoreTransport", "PoolStats", "TransportKind", "make_transport"]
+__all__ = ["AiohttpTransport", "Head", "HttpcoreTransport", "TransportKind", "make_transport"]
 
 # httpx.Limits' default: an idle connection is dropped after 5 s, the same on both
 # transports, and no longer than servers commonly keep one (uvicorn: 5 s).
@@ -73,14 +73,6 @@ def make_transport(
     return AiohttpTransport(max_connections=max_connections, connect_timeout=connect_timeout)
 
 
-@dataclass(frozen=True)
-class PoolStats:
-    """What a transport's connection pool holds now."""
-
-    open: int  # connections held, serving a request or idle
-    in_use: int  # of those, serving a request (or being opened for one)
-
-
 def _default_timeout(connect_timeout: float) -> dict[str, float | None]:
     return {"connect": connect_timeout, "read": None, "write": None, "pool": None}
 
@@ -102,10 +94,6 @@ class HttpcoreTransport(httpx.AsyncHTTPTransport):
         if "timeout" not in request.extensions:
             request.extensions["timeout"] = self._default_timeout
         return await super().handle_async_request(request)
-
-    def pool_stats(self) -> PoolStats:
-        connections = self._pool.connections
-        return PoolStats(open=len(connections), in_use=sum(1 for c in connections if not c.is_idle()))
 
 
 # ---------------------------------------------------------------- aiohttp
@@ -172,16 +160,6 @@ class AiohttpTransport(httpx_aiohttp.AiohttpTransport):
             ssl=self.ssl_context,
         )
         return aiohttp.ClientSession(connector=connector, cookie_jar=aiohttp.DummyCookieJar(), trust_env=False)
-
-    def pool_stats(self) -> PoolStats:
-        if not isinstance(self.client, aiohttp.ClientSession) or self.client.connector is None:
-            return PoolStats(open=0, in_use=0)  # no request yet: no session, no pool
-        connector = self.client.connector
-        # aiohttp keeps no public count: the connections serving requests, and the idle
-        # ones per host (aiohttp 3.14's attributes; the dependency is pinned).
-        in_use = len(getattr(connector, "_acquired", ()))
-        idle = sum(len(q) for q in getattr(connector, "_conns", {}).values())
-        return PoolStats(open=in_use + idle, in_use=in_use)
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         if "timeout" not in request.extensions:

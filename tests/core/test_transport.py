@@ -29,9 +29,11 @@ from capmon.core import transport as transport_module
 from capmon.core.errors import Cause, Kind, classify_exception
 from capmon.core.result import ChatRequest
 from capmon.core.router import FallbackClient
-from capmon.core.transport import AiohttpTransport, HttpcoreTransport, PoolStats, TransportKind, make_transport
+from capmon.core.transport import AiohttpTransport, HttpcoreTransport, TransportKind, make_transport
 from capmon.sim.server import running_simulator
 from tests.reliability.helpers import ENV, scenario, set_fault, sim_config
+from tests.support import pools
+from tests.support.pools import PoolStats
 
 pytestmark = pytest.mark.looptime
 
@@ -194,7 +196,7 @@ async def client(
 def pool_stats(c: httpx.AsyncClient) -> PoolStats:
     transport = c._transport  # the client's one transport (httpx keeps it private)
     assert isinstance(transport, (HttpcoreTransport, AiohttpTransport))
-    return transport.pool_stats()
+    return pools.pool_stats(transport)
 
 
 @pytest.fixture(params=KINDS)

@@ -9,13 +9,13 @@ import asyncio
 import httpx
 import pytest
 
-from capmon.core.clock import ManualClock
 from capmon.core.config import SIMULATOR_DEMO_KEY
 from capmon.core.exceptions import ConfigError
 from capmon.sim.model import NoCapacity, Penalised, Simulator
 from capmon.sim.scenario import ModelSpec, PenaltySpec, Scenario, parse_scenario
 from capmon.sim.server import running_simulator
 from tests.sim.helpers import AUTH, chat_body
+from tests.support.clocks import ManualClock
 
 BENCH = PenaltySpec(enabled=True, threshold=40, window=1.0, duration=2.0, basis="rejections")
 
