@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -21,9 +20,8 @@ from capmon.core.result import Decision, Skip
 from capmon.core.router import FallbackClient
 from capmon.core.serial import snapshot_to_json
 from capmon.sim.scenario import Scenario
-from capmon.sim.server import start_simulator
 from tests.reliability.helpers import set_fault
-from tests.support.simulated import sim_model
+from tests.support.simulated import StartSim, sim_model
 
 pytestmark = pytest.mark.looptime
 
@@ -43,17 +41,13 @@ ANTHROPIC_TOOLS = [{"name": "get_weather", "input_schema": TOOLS[0]["function"][
 
 
 @pytest.fixture
-async def sim() -> AsyncIterator[Any]:
+def sim_scenario() -> Scenario:
     models = (
         sim_model("flagship", 4, answer_tokens=20),
         sim_model("claude", 4, answer_tokens=20, api="anthropic"),
         sim_model("gpt-az", 4, answer_tokens=20, api="azure"),
     )
-    server = await start_simulator(Scenario(models=models, keys=(SIMULATOR_DEMO_KEY, AZURE_KEY)))
-    try:
-        yield server
-    finally:
-        await server.stop()
+    return Scenario(models=models, keys=(SIMULATOR_DEMO_KEY, AZURE_KEY))
 
 
 def two_providers(sim: Any, *, first: str = "flagship") -> FallbackClient:
@@ -333,36 +327,32 @@ async def test_anthropics_http_errors_are_classified_like_every_other(sim: Any, 
     [("anthropic-529", Kind.CAPACITY, 529), ("anthropic-429", Kind.RATE_LIMITED, 429)],
 )
 async def test_anthropics_capacity_and_rate_limit_answers_are_classified_with_their_hints(
-    dialect: str, kind: Kind, status: int
+    dialect: str, kind: Kind, status: int, start_sim: StartSim
 ) -> None:
     models = (sim_model("flagship", 4), sim_model("claude", 0, api="anthropic", dialect=dialect, hint=2.0))
-    server = await start_simulator(Scenario(models=models, keys=(SIMULATOR_DEMO_KEY,)))
-    try:
-        async with two_providers(server, first="claude") as client:
-            result = await client.chat("hi")
-    finally:
-        await server.stop()
+    server = await start_sim(Scenario(models=models, keys=(SIMULATOR_DEMO_KEY,)))
+    async with two_providers(server, first="claude") as client:
+        result = await client.chat("hi")
     first = result.attempts[0]
     assert (first.model, first.kind, first.status) == ("claude", kind, status) and result.model == "flagship"
     if kind is Kind.RATE_LIMITED:
         assert first.hint is not None and first.hint >= 2.0  # retry-after / anthropic-ratelimit-* read
 
 
-async def test_a_prompt_too_long_for_the_anthropic_model_is_too_large_there_and_goes_to_a_larger_one() -> None:
+async def test_a_prompt_too_long_for_the_anthropic_model_is_too_large_there_and_goes_to_a_larger_one(
+    start_sim: StartSim,
+) -> None:
     big = dataclasses.replace(sim_model("flagship", 4), context_window=1_000_000)
-    server = await start_simulator(
+    server = await start_sim(
         Scenario(models=(big, sim_model("claude", 4, api="anthropic")), keys=(SIMULATOR_DEMO_KEY,))
     )
-    try:
-        async with two_providers(server, first="claude") as client:
-            # The config believes claude's window (200,000) larger than the simulator's (128,000):
-            # the API's own "prompt is too long" 400 is what tells the client.
-            for t in client.targets:
-                window = 200_000 if t.model.name == "claude" else 1_000_000
-                t.model = dataclasses.replace(t.model, context_window=window)
-            result = await client.chat("word " * 120_000)
-    finally:
-        await server.stop()
+    async with two_providers(server, first="claude") as client:
+        # The config believes claude's window (200,000) larger than the simulator's (128,000):
+        # the API's own "prompt is too long" 400 is what tells the client.
+        for t in client.targets:
+            window = 200_000 if t.model.name == "claude" else 1_000_000
+            t.model = dataclasses.replace(t.model, context_window=window)
+        result = await client.chat("word " * 120_000)
     first = result.attempts[0]
     assert (first.model, first.status, first.kind) == ("claude", 400, Kind.TOO_LARGE)
     assert "prompt is too long" in first.reason and result.model == "flagship"

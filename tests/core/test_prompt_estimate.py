@@ -17,8 +17,7 @@ from capmon.core.result import Api, ChatRequest, Skip, sent
 from capmon.core.router import FallbackClient
 from capmon.core.tokens import estimate_body, estimate_request, estimate_tokens
 from capmon.sim.scenario import Scenario
-from capmon.sim.server import start_simulator
-from tests.support.simulated import sim_model
+from tests.support.simulated import StartSim, sim_model
 
 pytestmark = pytest.mark.looptime
 
@@ -72,22 +71,21 @@ def _client(server: Any, api: str) -> FallbackClient:
 
 
 @pytest.mark.parametrize("api", ["anthropic", "openai"])
-async def test_a_long_messages_or_responses_request_skips_a_window_too_small_and_falls_back(api: str) -> None:
+async def test_a_long_messages_or_responses_request_skips_a_window_too_small_and_falls_back(
+    api: str, start_sim: StartSim
+) -> None:
     small = dataclasses.replace(sim_model("small", api=api), context_window=4_000)
-    server = await start_simulator(Scenario(models=(small, sim_model("large", api=api)), keys=(SIMULATOR_DEMO_KEY,)))
-    try:
-        async with _client(server, api) as client:
-            if api == "anthropic":
-                result = await client.messages({"max_tokens": 64, "messages": [{"role": "user", "content": LONG}]})
-                call = client.messages({"max_tokens": 64, "messages": [{"role": "user", "content": LONG * 40}]})
-            else:
-                result = await client.responses({"input": [{"role": "user", "content": LONG}]})
-                call = client.responses({"input": LONG * 40})
-            with pytest.raises(RequestFailed) as info:  # 400,000 tokens: over every window
-                await call
-            stats = server.simulator.stats()["models"]
-    finally:
-        await server.stop()
+    server = await start_sim(Scenario(models=(small, sim_model("large", api=api)), keys=(SIMULATOR_DEMO_KEY,)))
+    async with _client(server, api) as client:
+        if api == "anthropic":
+            result = await client.messages({"max_tokens": 64, "messages": [{"role": "user", "content": LONG}]})
+            call = client.messages({"max_tokens": 64, "messages": [{"role": "user", "content": LONG * 40}]})
+        else:
+            result = await client.responses({"input": [{"role": "user", "content": LONG}]})
+            call = client.responses({"input": LONG * 40})
+        with pytest.raises(RequestFailed) as info:  # 400,000 tokens: over every window
+            await call
+        stats = server.simulator.stats()["models"]
     # small was never sent the request: its window (4,000) cannot hold ~10,000 tokens
     assert result.model == "large" and [a.model for a in sent(result.attempts)] == ["large"]
     assert [(a.model, a.skip) for a in result.skipped] == [("small", Skip.WINDOW)]

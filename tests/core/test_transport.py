@@ -30,10 +30,10 @@ from capmon.core.errors import Cause, Kind, classify_exception
 from capmon.core.result import ChatRequest
 from capmon.core.router import FallbackClient
 from capmon.core.transport import AiohttpTransport, HttpcoreTransport, TransportKind, make_transport
-from capmon.sim.server import running_simulator
 from tests.reliability.helpers import ENV, scenario, set_fault, sim_config
 from tests.support import pools
 from tests.support.pools import PoolStats
+from tests.support.simulated import StartSim
 
 pytestmark = pytest.mark.looptime
 
@@ -592,21 +592,21 @@ async def test_a_stream_cut_midway_raises_a_transient_httpx_error(kind: str, cap
 # ---------------------------------------------------------------- under the FallbackClient
 
 
-async def test_the_fallback_client_chats_and_streams_on_either_transport(kind: str) -> None:
-    async with running_simulator(scenario()) as sim:
-        cfg = sim_config(sim.base_url)
-        transport = make_transport(
-            kind, max_connections=cfg.client.max_connections, connect_timeout=cfg.client.connect_timeout
-        )
-        async with FallbackClient(cfg, environ=ENV, transport=transport) as fc:
-            results = await asyncio.gather(*[fc.chat(ChatRequest.of(f"item {i}")) for i in range(20)])
-            assert all(r.content for r in results) and {r.model for r in results} <= {"flagship", "medium", "small"}
-            pieces = [p async for p in fc.stream("Count to five.")]
-            assert len(pieces) > 1
-            await set_fault(sim, mode="reset", count=1, model="sim-flagship")
-            r = await fc.chat("after a reset")
-        if kind == TransportKind.AIOHTTP:
-            assert transport.client.closed  # type: ignore[attr-defined]  # closed with the FallbackClient
+async def test_the_fallback_client_chats_and_streams_on_either_transport(kind: str, start_sim: StartSim) -> None:
+    sim = await start_sim(scenario())
+    cfg = sim_config(sim.base_url)
+    transport = make_transport(
+        kind, max_connections=cfg.client.max_connections, connect_timeout=cfg.client.connect_timeout
+    )
+    async with FallbackClient(cfg, environ=ENV, transport=transport) as fc:
+        results = await asyncio.gather(*[fc.chat(ChatRequest.of(f"item {i}")) for i in range(20)])
+        assert all(r.content for r in results) and {r.model for r in results} <= {"flagship", "medium", "small"}
+        pieces = [p async for p in fc.stream("Count to five.")]
+        assert len(pieces) > 1
+        await set_fault(sim, mode="reset", count=1, model="sim-flagship")
+        r = await fc.chat("after a reset")
+    if kind == TransportKind.AIOHTTP:
+        assert transport.client.closed  # type: ignore[attr-defined]  # closed with the FallbackClient
     [failed] = [a for a in r.attempts if a.kind is not None]
     assert failed.kind is Kind.TRANSIENT and failed.decision == "retry"
     assert failed.reason.startswith("protocol error (RemoteProtocolError: peer closed connection"), failed.reason

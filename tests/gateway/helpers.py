@@ -92,6 +92,11 @@ def scenario(*specs: ModelSpec, keys: tuple[str, ...] | None = None) -> Scenario
     return Scenario(name="gateway", models=models, **({"keys": keys} if keys else {}))
 
 
+def two_wires(keys: tuple[str, ...] | None = None) -> Scenario:
+    """flagship on the simulator's OpenAI wire, claude on its Anthropic wire."""
+    return scenario(spec("flagship"), spec("claude", api="anthropic"), keys=keys)
+
+
 def config(
     base_url: str,
     *,

@@ -10,8 +10,8 @@ import pytest
 from capmon.core.config import parse_config
 from capmon.core.router import FallbackClient
 from capmon.gateway import close_app, create_app, load_settings, start_server
-from capmon.sim.server import start_simulator
 from tests.gateway.helpers import HELLO, scenario, spec
+from tests.support.simulated import StartSim
 
 pytestmark = pytest.mark.looptime
 
@@ -48,28 +48,27 @@ max_tokens = 64
 """
 
 
-async def test_a_scrape_names_each_targets_api_and_counts_fallbacks_across_providers_without_a_key() -> None:
+async def test_a_scrape_names_each_targets_api_and_counts_fallbacks_across_providers_without_a_key(
+    start_sim: StartSim,
+) -> None:
     # The flagship holds nothing: every request falls back to claude, on Anthropic's wire.
     scn = scenario(spec("flagship", slots=0), spec("claude", api="anthropic"), keys=(PROVIDER_KEY,))
-    sim = await start_simulator(scn)
-    try:
-        origin = sim.base_url.removesuffix("/v1")
-        cfg = parse_config(two_providers(sim.base_url, origin), "metrics-api.toml")
-        env = {"PROVIDER_KEY": PROVIDER_KEY}
-        async with FallbackClient(cfg, environ=env) as client:
-            app = create_app(client, load_settings(cfg, listen="127.0.0.1:0", environ=env))
-            server = await start_server(app, "127.0.0.1", 0)
-            try:
-                async with httpx.AsyncClient(base_url=server.origin, trust_env=False, timeout=60) as http:
-                    for _ in range(2):
-                        r = await http.post("/v1/chat/completions", json={"model": "flagship", "messages": HELLO})
-                        assert r.status_code == 200, r.text
-                    text = (await http.get("/metrics")).text
-            finally:
-                close_app(app)
-                await server.stop()
-    finally:
-        await sim.stop()
+    sim = await start_sim(scn)
+    origin = sim.base_url.removesuffix("/v1")
+    cfg = parse_config(two_providers(sim.base_url, origin), "metrics-api.toml")
+    env = {"PROVIDER_KEY": PROVIDER_KEY}
+    async with FallbackClient(cfg, environ=env) as client:
+        app = create_app(client, load_settings(cfg, listen="127.0.0.1:0", environ=env))
+        server = await start_server(app, "127.0.0.1", 0)
+        try:
+            async with httpx.AsyncClient(base_url=server.origin, trust_env=False, timeout=60) as http:
+                for _ in range(2):
+                    r = await http.post("/v1/chat/completions", json={"model": "flagship", "messages": HELLO})
+                    assert r.status_code == 200, r.text
+                text = (await http.get("/metrics")).text
+        finally:
+            close_app(app)
+            await server.stop()
 
     def value(line_start: str) -> float:
         found = [ln for ln in text.splitlines() if ln.startswith(line_start)]

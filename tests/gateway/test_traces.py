@@ -42,6 +42,7 @@ from capmon.sim.server import start_simulator
 from tests.gateway.helpers import ENV, HELLO, Running, config, gateway_for, scenario, serve_process, until
 from tests.support.configs import shipped_config
 from tests.support.scripted import free_port
+from tests.support.simulated import StartSim
 
 ROOT = Path(__file__).resolve().parents[2]
 PARENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -284,20 +285,17 @@ def _value(v: AnyValue) -> Any:
 
 
 @pytest.mark.looptime
-async def test_the_attempt_spans_of_a_fallback_reach_an_otlp_receiver() -> None:
+async def test_the_attempt_spans_of_a_fallback_reach_an_otlp_receiver(start_sim: StartSim) -> None:
     with otlp_receiver() as (url, got, seen):
-        sim = await start_simulator(scenario())
-        try:
-            telemetry = f'[telemetry]\notlp_endpoint = "{url}"\nservice_name = "gw-under-test"\n'
-            async with gateway_for(sim.base_url, extra=telemetry) as (client, app, server):
-                assert isinstance(app.state.gateway.tracer, GatewayTraces)  # from the config alone
-                gw = Running(sim, client, app, server)
-                await gw.sim_admin("outage/sim-flagship", {"duration": 60})
-                async with gw.openai() as sdk:
-                    raw = await sdk.chat.completions.with_raw_response.create(model="flagship", messages=HELLO)
-            # the gateway has stopped: its last spans were flushed on the way out
-        finally:
-            await sim.stop()
+        sim = await start_sim(scenario())
+        telemetry = f'[telemetry]\notlp_endpoint = "{url}"\nservice_name = "gw-under-test"\n'
+        async with gateway_for(sim.base_url, extra=telemetry) as (client, app, server):
+            assert isinstance(app.state.gateway.tracer, GatewayTraces)  # from the config alone
+            gw = Running(sim, client, app, server)
+            await gw.sim_admin("outage/sim-flagship", {"duration": 60})
+            async with gw.openai() as sdk:
+                raw = await sdk.chat.completions.with_raw_response.create(model="flagship", messages=HELLO)
+        # the gateway has stopped: its last spans were flushed on the way out
     assert seen and all(s == "/v1/traces application/x-protobuf" for s in seen)
     spans, services = [], set()
     for request in got:

@@ -1,12 +1,21 @@
 """Models of the simulator and a client config over them, for core tests that go through
-the real simulator over HTTP."""
+the real simulator over HTTP; the type of the ``start_sim`` fixture (tests/conftest.py)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from capmon.core.config import Config, parse_config
-from capmon.sim.scenario import ModelSpec
+from capmon.sim.scenario import ModelSpec, Scenario
+
+if TYPE_CHECKING:
+    from capmon.sim.server import SimHandle
+
+
+class StartSim(Protocol):
+    """Starts a simulator on loopback (start_simulator's arguments); it stops when the test ends."""
+
+    async def __call__(self, scenario: Scenario | str, /, **kw: Any) -> SimHandle: ...
 
 
 def sim_model(name: str, slots: int = 4, *, base_latency: float = 0.1, answer_tokens: int = 20, **kw: Any) -> ModelSpec:
