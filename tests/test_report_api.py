@@ -23,7 +23,8 @@ from capmon.core.router import FallbackClient
 from capmon.report import OutputFormat, ReportOptions, run_report
 from tests.batch.helpers import write_items
 from tests.gateway.helpers import scenario, spec, two_wires
-from tests.gateway.test_metrics_api import PROVIDER_KEY, two_providers
+from tests.gateway.test_metrics_api import PROVIDER_KEY
+from tests.support.configs import two_providers
 from tests.support.simulated import StartSim
 
 
@@ -98,42 +99,13 @@ def test_an_audit_trail_from_before_the_api_column_reads_and_is_migrated(tmp_pat
         assert store.attempt_apis("j") == {"claude": ("anthropic",)}
 
 
-CLAUDE_FIRST = """
-[simulator]
-enabled = false
-
-[[endpoints]]
-name = "ant"
-api = "anthropic"
-base_url = "{anthropic_url}"
-keys = [{{ env = "PROVIDER_KEY", alias = "ant-key" }}]
-
-[[endpoints]]
-name = "oai"
-base_url = "{openai_url}"
-keys = [{{ env = "PROVIDER_KEY", alias = "oai-key" }}]
-
-[[models]]
-name = "claude"
-api_model = "sim-claude"
-endpoints = ["ant"]
-max_tokens = 64
-
-[[models]]
-name = "flagship"
-api_model = "sim-flagship"
-endpoints = ["oai"]
-max_tokens = 64
-"""
-
-
 @pytest.mark.looptime
 async def test_the_item_report_shows_each_skip_with_why_and_what_the_fallback_fell_back_from(
     tmp_path: Path, start_sim: StartSim
 ) -> None:
     sim = await start_sim(two_wires(keys=(PROVIDER_KEY,)))
     db = tmp_path / "db"
-    text = CLAUDE_FIRST.format(anthropic_url=sim.base_url.removesuffix("/v1"), openai_url=sim.base_url)
+    text = two_providers(sim.base_url, sim.base_url.removesuffix("/v1"), first="claude")
     # A temperature Anthropic does not take: claude, first in the order, cannot carry it.
     items = write_items(tmp_path / "in.jsonl", 2, temperature=1.5)
     async with FallbackClient(parse_config(text, "skips.toml"), environ={"PROVIDER_KEY": PROVIDER_KEY}) as client:

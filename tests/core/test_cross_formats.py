@@ -21,6 +21,7 @@ from capmon.core.router import FallbackClient
 from capmon.core.serial import snapshot_to_json
 from capmon.sim.scenario import Scenario
 from tests.reliability.helpers import set_fault
+from tests.support import configs
 from tests.support.simulated import StartSim, sim_model
 
 pytestmark = pytest.mark.looptime
@@ -52,16 +53,7 @@ def sim_scenario() -> Scenario:
 
 def two_providers(sim: Any, *, first: str = "flagship") -> FallbackClient:
     """flagship on OpenAI's wire and claude on Anthropic's, ``first`` preferred."""
-    endpoints = (
-        f'[[endpoints]]\nname = "openai"\nbase_url = "{sim.base_url}"\nkeys = [{{ env = "KEY" }}]\n\n'
-        f'[[endpoints]]\nname = "anthropic"\napi = "anthropic"\nbase_url = "{sim.origin}"\nkeys = [{{ env = "KEY" }}]\n'
-    )
-    models = {
-        name: f'[[models]]\nname = "{name}"\napi_model = "sim-{name}"\nendpoints = ["{ep}"]\nmax_tokens = 64\n'
-        for name, ep in (("flagship", "openai"), ("claude", "anthropic"))
-    }
-    order = [first, *(m for m in models if m != first)]
-    text = "[simulator]\nenabled = false\n\n" + endpoints + "\n" + "\n".join(models[m] for m in order)
+    text = configs.two_providers(sim.base_url, sim.origin, first=first, key_env="KEY")
     return FallbackClient(parse_config(text, "test.toml"), environ=ENV)
 
 
@@ -264,14 +256,7 @@ async def test_a_broken_tool_call_across_formats_fails_the_stream_after_output_n
 
 
 def azure_client(sim: Any, api_version: str, env: str = "AZ") -> FallbackClient:
-    version = f'api_version = "{api_version}"\n' if api_version else ""
-    text = (
-        "[simulator]\nenabled = false\n\n"
-        f'[[endpoints]]\nname = "azure"\napi = "azure"\nbase_url = "{sim.origin}"\n{version}'
-        f'keys = [{{ env = "{env}", alias = "az" }}]\n\n'
-        '[[models]]\nname = "gpt"\napi_model = "sim-gpt-az"\nendpoints = ["azure"]\nmax_tokens = 64\n'
-    )
-    return FallbackClient(parse_config(text, "azure.toml"), environ=ENV)
+    return FallbackClient(configs.on_azure(sim.origin, api_version=api_version, key_env=env), environ=ENV)
 
 
 @pytest.mark.parametrize("api_version", ["2024-10-21", "v1", ""])

@@ -10,13 +10,14 @@ from typing import Any
 
 import pytest
 
-from capmon.core.config import SIMULATOR_DEMO_KEY, parse_config
+from capmon.core.config import SIMULATOR_DEMO_KEY
 from capmon.core.errors import Kind
 from capmon.core.exceptions import RequestFailed
 from capmon.core.result import Api, ChatRequest, Skip, sent
 from capmon.core.router import FallbackClient
 from capmon.core.tokens import estimate_body, estimate_request, estimate_tokens
 from capmon.sim.scenario import Scenario
+from tests.support.configs import build_config
 from tests.support.simulated import StartSim, sim_model
 
 pytestmark = pytest.mark.looptime
@@ -58,16 +59,12 @@ def test_each_apis_prompt_is_counted_with_its_system_prompt_and_tools() -> None:
 def _client(server: Any, api: str) -> FallbackClient:
     """small (a 4,000-token window) first, then large, both on the simulator's ``api`` wire."""
     base = server.origin if api == "anthropic" else server.base_url
-    text = (
-        f'[simulator]\nenabled = false\n\n[[endpoints]]\nname = "ep"\napi = "{api}"\nbase_url = "{base}"\n'
-        f'keys = [{{ env = "KEY" }}]\n'
-    )
-    for name, window in (("small", 4_000), ("large", 128_000)):
-        text += (
-            f'\n[[models]]\nname = "{name}"\napi_model = "sim-{name}"\nendpoints = ["ep"]\n'
-            f"context_window = {window}\nmax_tokens = 64\n"
-        )
-    return FallbackClient(parse_config(text, "test.toml"), environ={"KEY": SIMULATOR_DEMO_KEY})
+    models = {
+        m: {"api_model": f"sim-{m}", "context_window": w, "max_tokens": 64}
+        for m, w in (("small", 4_000), ("large", 128_000))
+    }
+    cfg = build_config(base, endpoints={"ep": {"api": api}}, keys=[("KEY", None)], models=models)
+    return FallbackClient(cfg, environ={"KEY": SIMULATOR_DEMO_KEY})
 
 
 @pytest.mark.parametrize("api", ["anthropic", "openai"])

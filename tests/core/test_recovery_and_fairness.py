@@ -9,9 +9,10 @@ import asyncio
 import pytest
 
 from capmon.core import events as ev
-from capmon.core.config import SIMULATOR_DEMO_KEY, parse_config
+from capmon.core.config import SIMULATOR_DEMO_KEY, Config
 from capmon.core.router import FallbackClient
 from capmon.sim.scenario import ModelSpec, Phase, Scenario
+from tests.support.configs import build_config, sim_models
 from tests.support.simulated import StartSim
 
 pytestmark = pytest.mark.looptime
@@ -19,14 +20,10 @@ pytestmark = pytest.mark.looptime
 ENV = {"KEY": SIMULATOR_DEMO_KEY}
 
 
-def config(base_url: str, models: tuple[str, ...], extra: str = "") -> object:
-    text = (
-        f'[simulator]\nenabled = false\n\n[[endpoints]]\nname = "sim"\nbase_url = "{base_url}"\n'
-        f'keys = [{{ env = "KEY", alias = "k" }}]\n'
+def config(base_url: str, models: tuple[str, ...], extra: str = "") -> Config:
+    return build_config(
+        base_url, endpoint="sim", keys=[("KEY", "k")], models=sim_models(models, max_tokens=16), extra=extra
     )
-    for m in models:
-        text += f'\n[[models]]\nname = "{m}"\napi_model = "sim-{m}"\nendpoints = ["sim"]\nmax_tokens = 16\n'
-    return parse_config(text + "\n" + extra, "test.toml")
 
 
 def spec(name: str, slots: int, latency: float = 1.0, **kw: object) -> ModelSpec:

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from capmon.core.config import SIMULATOR_DEMO_KEY, Config
+from capmon.core.config import SIMULATOR_DEMO_KEY
 from capmon.core.errors import Kind
 from capmon.core.exceptions import RequestFailed
 from capmon.core.router import FallbackClient
 from capmon.sim.scenario import ModelSpec, Scenario
 from tests.reliability.helpers import set_fault
-from tests.support.simulated import StartSim, flagship_and_medium, sim_model
+from tests.support.configs import flagship_and_medium
+from tests.support.simulated import StartSim, sim_model
 
 pytestmark = pytest.mark.looptime
 
@@ -22,13 +23,9 @@ def spec(name: str, slots: int = 4, **kw: object) -> ModelSpec:
     return sim_model(name, slots, base_latency=0.2, answer_tokens=24, **kw)
 
 
-def config(base_url: str) -> Config:
-    return flagship_and_medium(base_url)
-
-
 async def test_a_plain_response_and_a_streamed_one(start_sim: StartSim) -> None:
     sim = await start_sim(Scenario(models=(spec("flagship"), spec("medium"))))
-    async with FallbackClient(config(sim.base_url), environ=ENV) as client:
+    async with FallbackClient(flagship_and_medium(sim.base_url), environ=ENV) as client:
         result = await client.responses(
             {"input": "Say hello", "instructions": "Be brief.", "metadata": {"trace": "t-1"}}
         )
@@ -50,7 +47,7 @@ async def test_an_overloaded_model_in_the_stream_falls_back_before_any_output(
     dialect: str, start_sim: StartSim
 ) -> None:
     sim = await start_sim(Scenario(models=(spec("flagship", slots=0, dialect=dialect), spec("medium"))))
-    async with FallbackClient(config(sim.base_url), environ=ENV) as client:
+    async with FallbackClient(flagship_and_medium(sim.base_url), environ=ENV) as client:
         stream = client.stream_responses({"input": "hi"})
         events = [e async for e in stream]
         plain = await client.responses({"input": "hi"})
@@ -65,7 +62,7 @@ async def test_an_overloaded_model_in_the_stream_falls_back_before_any_output(
 async def test_a_failure_after_output_ends_the_stream_with_an_error(start_sim: StartSim) -> None:
     sim = await start_sim(Scenario(models=(spec("flagship"), spec("medium"))))
     await set_fault(sim, mode="stream_error", after=3, dialect="responses-failed", count=1)
-    async with FallbackClient(config(sim.base_url), environ=ENV) as client:
+    async with FallbackClient(flagship_and_medium(sim.base_url), environ=ENV) as client:
         stream = client.stream_responses({"input": "hi"})
         events = []
         with pytest.raises(RequestFailed) as info:

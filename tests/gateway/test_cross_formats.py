@@ -17,7 +17,6 @@ import httpx
 import openai
 import pytest
 
-from capmon.core.config import parse_config
 from capmon.core.router import FallbackClient
 from capmon.gateway import close_app, create_app, load_settings, start_server
 from tests.gateway.helpers import (
@@ -31,6 +30,7 @@ from tests.gateway.helpers import (
     two_wires,
 )
 from tests.reliability.helpers import set_fault
+from tests.support.configs import on_azure
 from tests.support.simulated import StartSim
 
 pytestmark = pytest.mark.looptime
@@ -184,14 +184,6 @@ async def test_anthropics_in_stream_overload_after_output_is_each_clients_own_er
     assert events[-1] == "response.failed" and "response.completed" not in events
 
 
-AZURE = (
-    "[simulator]\nenabled = false\n\n"
-    '[[endpoints]]\nname = "azure"\napi = "azure"\nbase_url = "{origin}"\napi_version = "2024-10-21"\n'
-    'keys = [{{ env = "AZ", alias = "az" }}]\n\n'
-    '[[models]]\nname = "gpt"\napi_model = "sim-gpt-az"\nendpoints = ["azure"]\nmax_tokens = 64\n'
-)
-
-
 async def test_an_azure_models_key_shows_in_no_log_metric_snapshot_or_answer(
     caplog: pytest.LogCaptureFixture, start_sim: StartSim
 ) -> None:
@@ -199,7 +191,7 @@ async def test_an_azure_models_key_shows_in_no_log_metric_snapshot_or_answer(
     azure_key = "7e6d5c4b3a2918f7e6d5c4b3a2918f70"  # 32 hex digits, as Azure's keys are
     env = {"AZ": azure_key}
     sim_handle = await start_sim(scenario(spec("gpt-az", api="azure"), keys=(azure_key,)))
-    cfg = parse_config(AZURE.format(origin=sim_handle.origin), "azure.toml")
+    cfg = on_azure(sim_handle.origin, api_version="2024-10-21")
     async with FallbackClient(cfg, environ=env) as client:
         app = create_app(client, load_settings(cfg, listen="127.0.0.1:0", environ=env))
         server = await start_server(app, "127.0.0.1", 0)

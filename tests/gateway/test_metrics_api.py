@@ -11,41 +11,12 @@ from capmon.core.config import parse_config
 from capmon.core.router import FallbackClient
 from capmon.gateway import close_app, create_app, load_settings, start_server
 from tests.gateway.helpers import HELLO, scenario, spec
+from tests.support.configs import two_providers
 from tests.support.simulated import StartSim
 
 pytestmark = pytest.mark.looptime
 
 PROVIDER_KEY = "sk-canary-provider-metrics-7d1e0c9b5a3f2e84"
-
-
-def two_providers(openai_url: str, anthropic_url: str) -> str:
-    return f"""
-[simulator]
-enabled = false
-
-[[endpoints]]
-name = "oai"
-base_url = "{openai_url}"
-keys = [{{ env = "PROVIDER_KEY", alias = "oai-key" }}]
-
-[[endpoints]]
-name = "ant"
-api = "anthropic"
-base_url = "{anthropic_url}"
-keys = [{{ env = "PROVIDER_KEY", alias = "ant-key" }}]
-
-[[models]]
-name = "flagship"
-api_model = "sim-flagship"
-endpoints = ["oai"]
-max_tokens = 64
-
-[[models]]
-name = "claude"
-api_model = "sim-claude"
-endpoints = ["ant"]
-max_tokens = 64
-"""
 
 
 async def test_a_scrape_names_each_targets_api_and_counts_fallbacks_across_providers_without_a_key(

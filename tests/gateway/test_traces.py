@@ -40,17 +40,14 @@ from capmon.gateway.traces import GatewayTraces, otlp_url, resource
 from capmon.sim.scenario import Scenario
 from capmon.sim.server import start_simulator
 from tests.gateway.helpers import ENV, HELLO, Running, config, gateway_for, scenario, serve_process, until
-from tests.support.configs import shipped_config
+from tests.support.configs import config_toml, shipped_config
 from tests.support.scripted import free_port
 from tests.support.simulated import StartSim
 
 ROOT = Path(__file__).resolve().parents[2]
 PARENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_SPAN = "00f067aa0ba902b7"
-MINIMAL = (
-    '[simulator]\nenabled = false\n[[endpoints]]\nname = "e"\nbase_url = "http://127.0.0.1:1/v1"\n'
-    'keys = [{ env = "K" }]\n[[models]]\nname = "m"\nendpoints = ["e"]\n'
-)
+MINIMAL = config_toml("http://127.0.0.1:1/v1", endpoint="e", keys=[("K", None)], models=["m"])
 
 
 @contextlib.asynccontextmanager

@@ -18,6 +18,7 @@ import pytest
 
 from capmon.sim.server import start_simulator
 from tests.gateway.helpers import HELLO, gateway_for, scenario, serve_process
+from tests.support.configs import NO_SUCH_HOST, write_config
 from tests.support.scripted import free_port
 from tests.support.simulated import StartSim
 
@@ -109,12 +110,7 @@ async def test_the_same_endpoint_back_serves_again_without_a_restart(start_sim: 
 
 def test_capmon_serve_says_it_once_on_stderr_however_many_requests_fail(tmp_path: Path) -> None:
     port = free_port()
-    config = tmp_path / "config.toml"
-    config.write_text(
-        '[simulator]\nenabled = false\n\n[[endpoints]]\nname = "openai"\n'
-        'base_url = "https://capmon-no-such-host.invalid/v1"\nkeys = []\n\n'
-        '[[models]]\nname = "gpt-4o"\nendpoints = ["openai"]\n'
-    )
+    config = write_config(tmp_path / "config.toml", NO_SUCH_HOST, endpoint="openai", keys=[], models=["gpt-4o"])
     proc = serve_process(config, port)
     try:
         assert proc.stdout is not None
