@@ -66,3 +66,15 @@ async def start_sim() -> AsyncIterator[StartSim]:
 @pytest.fixture
 async def sim(start_sim: StartSim, sim_scenario: Scenario) -> SimHandle:
     return await start_sim(sim_scenario)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The long randomised runs (``slow``) run only when asked for by name (``-m slow``): a
+    narrower ``-m`` of one's own, such as ``-m unit``, replaces the default ``-m 'not slow'``
+    but still leaves them out."""
+    if "slow" in (config.option.markexpr or ""):
+        return
+    slow = [item for item in items if item.get_closest_marker("slow")]
+    if slow:
+        config.hook.pytest_deselected(items=slow)
+        items[:] = [item for item in items if not item.get_closest_marker("slow")]

@@ -18,6 +18,8 @@ from capmon.core.anthropic_wire import AnthropicVersion, MessageAssembler
 from capmon.core.errors import Failure, Kind
 from capmon.core.wire import FrameKind, SSEParser
 
+pytestmark = pytest.mark.unit
+
 EVENTS: TypeAdapter[Any] = TypeAdapter(at.RawMessageStreamEvent)
 
 

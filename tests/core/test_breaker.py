@@ -22,6 +22,8 @@ from capmon.core.events import BreakerChanged, Event, EventBus, RampStep
 from capmon.core.policy import BreakerSignal
 from tests.support.clocks import ManualClock
 
+pytestmark = pytest.mark.unit
+
 S = BreakerSignal
 Sent = tuple[int, float]  # (generation, clock time) when an attempt was admitted
 

@@ -28,6 +28,8 @@ from capmon.core.policy import BreakerSignal, LimiterSignal
 from tests.core.test_limiter import is_news
 from tests.support.clocks import ManualClock
 
+pytestmark = pytest.mark.unit
+
 FAST = settings(max_examples=100, stateful_step_count=40, deadline=None, derandomize=True)
 SLOW = settings(max_examples=1000, stateful_step_count=100, deadline=None, derandomize=False)
 

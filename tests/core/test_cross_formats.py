@@ -24,7 +24,7 @@ from tests.reliability.helpers import set_fault
 from tests.support import configs
 from tests.support.simulated import StartSim, sim_model
 
-pytestmark = pytest.mark.looptime
+pytestmark = [pytest.mark.integration, pytest.mark.looptime]
 
 AZURE_KEY = "5f0e4d3c2b1a09f8e7d6c5b4a3928170"  # 32 hex digits, as Azure's keys are
 WRONG_KEY = "0123456789abcdef0123456789abcdef"

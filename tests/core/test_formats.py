@@ -24,6 +24,8 @@ from capmon.core.transport import _scrub
 from capmon.core.wire import TokenParam
 from tests.support.configs import config_toml
 
+pytestmark = pytest.mark.unit
+
 KEY = "azure0123456789abcdef0123456789ab"  # Azure keys are 32 hex-ish characters: no pattern finds them
 
 

@@ -10,7 +10,7 @@ from capmon.core.router import FallbackClient
 from tests.support.configs import build_config
 from tests.support.scripted import Script, serve
 
-pytestmark = pytest.mark.looptime
+pytestmark = [pytest.mark.integration, pytest.mark.looptime]
 
 
 def _local(url: str, keys: str = "keys = []") -> Config:

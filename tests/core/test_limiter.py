@@ -14,6 +14,8 @@ from capmon.core.limiter import AdaptiveLimiter, Budget, LimiterView, Slot, Toke
 from capmon.core.policy import LimiterSignal
 from tests.support.clocks import ManualClock
 
+pytestmark = pytest.mark.unit
+
 OK, OVERLOAD, NEUTRAL = LimiterSignal.OK, LimiterSignal.OVERLOAD, LimiterSignal.NEUTRAL
 
 

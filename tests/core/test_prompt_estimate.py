@@ -20,7 +20,7 @@ from capmon.sim.scenario import Scenario
 from tests.support.configs import build_config
 from tests.support.simulated import StartSim, sim_model
 
-pytestmark = pytest.mark.looptime
+pytestmark = [pytest.mark.integration, pytest.mark.looptime]
 
 LONG = "word " * 8_000  # 40,000 characters: about 10,000 tokens
 TOOL = {"name": "Read", "description": "Read a file " * 100, "input_schema": {"type": "object"}}

@@ -15,7 +15,7 @@ from capmon.sim.scenario import ModelSpec, Phase, Scenario
 from tests.support.configs import build_config, sim_models
 from tests.support.simulated import StartSim
 
-pytestmark = pytest.mark.looptime
+pytestmark = [pytest.mark.integration, pytest.mark.looptime]
 
 ENV = {"KEY": SIMULATOR_DEMO_KEY}
 

@@ -14,7 +14,7 @@ from tests.reliability.helpers import set_fault
 from tests.support.configs import flagship_and_medium
 from tests.support.simulated import StartSim, sim_model
 
-pytestmark = pytest.mark.looptime
+pytestmark = [pytest.mark.integration, pytest.mark.looptime]
 
 ENV = {"KEY": SIMULATOR_DEMO_KEY}
 

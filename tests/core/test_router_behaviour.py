@@ -16,7 +16,7 @@ from capmon.sim.scenario import parse_scenario
 from tests.support.configs import ENV, THREE_MODELS, build_config, three_models
 from tests.support.scripted import OVERLOADED, Reply, Script, ok, serve
 
-pytestmark = pytest.mark.looptime
+pytestmark = [pytest.mark.integration, pytest.mark.looptime]
 
 
 async def test_a_pinned_model_wins_over_the_order_and_unpinning_goes_back() -> None:

@@ -10,6 +10,8 @@ import pytest
 from capmon.core.exceptions import ConfigError
 from capmon.core.schema import Loader, parse_toml, spec
 
+pytestmark = pytest.mark.unit
+
 
 @dataclass(frozen=True)
 class Step:

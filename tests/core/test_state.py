@@ -24,6 +24,8 @@ from capmon.core.state import Admission, KeyState, MemoryState, MemoryTarget, Ta
 from capmon.core.waiting import GATE_SLACK, INTERACTIVE, MAX_NAP, WaitQueue
 from tests.support.clocks import ManualClock
 
+pytestmark = pytest.mark.unit
+
 A1, A2, B1 = "m1@ep/a", "m2@ep/a", "m1@ep/b"
 
 

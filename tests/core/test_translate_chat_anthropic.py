@@ -28,6 +28,8 @@ from capmon.core.wire import Assembler
 from tests.core.test_anthropic_wire import OVERLOADED, TEXT_ANSWER, TOOL_ANSWER, json_piece
 from tests.core.test_formats import target
 
+pytestmark = pytest.mark.unit
+
 ANTHROPIC_BODY: TypeAdapter[Any] = TypeAdapter(message_create_params.MessageCreateParamsNonStreaming)
 CHAT_BODY: TypeAdapter[Any] = TypeAdapter(completion_create_params.CompletionCreateParamsNonStreaming)
 EVENT: TypeAdapter[Any] = TypeAdapter(at.RawMessageStreamEvent)

@@ -22,6 +22,8 @@ from capmon.core.result import Api, ChatRequest
 from tests.core.test_anthropic_wire import TEXT_ANSWER, TOOL_ANSWER, end, json_piece, start
 from tests.core.test_translate_chat_anthropic import ANTHROPIC_TOOL, PNG, WEATHER, incapable, refused
 
+pytestmark = pytest.mark.unit
+
 ANTHROPIC_BODY: TypeAdapter[Any] = TypeAdapter(message_create_params.MessageCreateParamsNonStreaming)
 RESPONSES_BODY: TypeAdapter[Any] = TypeAdapter(response_create_params.ResponseCreateParamsNonStreaming)
 RESPONSES_EVENT: TypeAdapter[Any] = TypeAdapter(rt.ResponseStreamEvent)

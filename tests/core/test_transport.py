@@ -35,7 +35,7 @@ from tests.support import pools
 from tests.support.pools import PoolStats
 from tests.support.simulated import StartSim
 
-pytestmark = pytest.mark.looptime
+pytestmark = [pytest.mark.integration, pytest.mark.looptime]
 
 KINDS = [k.value for k in TransportKind]
 KEY = "sk-transport-test-0123456789abcdefghij"
