@@ -13,17 +13,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.support.configs import NO_SUCH_HOST, shipped_config, write_config
 from tests.support.scripted import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 CAPMON = [sys.executable, "-m", "capmon.cli"]
-
-
-def _config(tmp_path: Path, port: int, scenario: str = "steady") -> Path:
-    text = (ROOT / "config.toml").read_text().replace("127.0.0.1:8089", f"127.0.0.1:{port}")
-    path = tmp_path / "config.toml"
-    path.write_text(text.replace('scenario = "demo"', f'scenario = "{scenario}"'))
-    return path
 
 
 def test_capmon_sim_answers_its_models_once_started() -> None:
@@ -71,7 +65,7 @@ def test_capmon_sim_lists_its_scenarios_and_python_m_capmon_sim_is_the_same_comm
 
 
 def test_status_prints_a_snapshot_as_json_with_the_embedded_simulator(tmp_path: Path) -> None:
-    cfg = _config(tmp_path, free_port())
+    cfg = shipped_config(tmp_path, named="steady")[0]
     out = subprocess.run(
         [*CAPMON, "status", "--once", "--json", "--probe", "--config", str(cfg)],
         capture_output=True,
@@ -85,15 +79,14 @@ def test_status_prints_a_snapshot_as_json_with_the_embedded_simulator(tmp_path: 
 
 
 def test_bare_capmon_prints_the_status_when_stdout_is_not_a_terminal(tmp_path: Path) -> None:
-    cfg = _config(tmp_path, free_port())
+    cfg = shipped_config(tmp_path, named="steady")[0]
     out = subprocess.run([*CAPMON, "--config", str(cfg)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "flagship@sim/sim-key" in out.stdout and "closed" in out.stdout
 
 
 def test_a_wrong_config_exits_2_naming_the_file_and_key(tmp_path: Path) -> None:
-    cfg = tmp_path / "bad.toml"
-    cfg.write_text((ROOT / "config.toml").read_text().replace("failure_threshold = 3", 'failure_threshold = "three"'))
+    cfg, _ = shipped_config(tmp_path, name="bad.toml", replace={"failure_threshold = 3": 'failure_threshold = "three"'})
     out = subprocess.run(
         [*CAPMON, "status", "--once", "--config", str(cfg)], capture_output=True, text=True, timeout=60
     )
@@ -103,8 +96,7 @@ def test_a_wrong_config_exits_2_naming_the_file_and_key(tmp_path: Path) -> None:
 
 
 def test_a_missing_key_variable_is_reported_at_start(tmp_path: Path) -> None:
-    cfg = tmp_path / "real.toml"
-    cfg.write_text((ROOT / "config.toml").read_text().replace("simulated = true", "simulated = false"))
+    cfg, _ = shipped_config(tmp_path, name="real.toml", replace={"simulated = true": "simulated = false"})
     env = {k: v for k, v in os.environ.items() if k != "CAPMON_SIM_API_KEY"}
     out = subprocess.run(
         [*CAPMON, "status", "--once", "--config", str(cfg)], capture_output=True, text=True, timeout=60, env=env
@@ -114,7 +106,7 @@ def test_a_missing_key_variable_is_reported_at_start(tmp_path: Path) -> None:
 
 
 def test_a_config_naming_a_missing_scenario_names_the_config_key(tmp_path: Path) -> None:
-    cfg = _config(tmp_path, free_port(), scenario="nowhere.toml")
+    cfg = shipped_config(tmp_path, named="nowhere.toml")[0]
     out = subprocess.run(
         [*CAPMON, "status", "--once", "--config", str(cfg)], capture_output=True, text=True, timeout=60
     )
@@ -139,7 +131,7 @@ def test_the_dashboard_refuses_a_missing_job_file_before_the_screen_opens(tmp_pa
 
     missing = tmp_path / "nowhere.jsonl"
     with pytest.raises(CapmonError, match=rf"^{re.escape(str(missing))}: no such input file$"):
-        run_dashboard(DashboardOptions(config=str(_config(tmp_path, free_port())), job=missing))
+        run_dashboard(DashboardOptions(config=str(shipped_config(tmp_path, named="steady")[0]), job=missing))
 
 
 def test_job_and_attach_are_one_or_the_other(capsys: pytest.CaptureFixture[str]) -> None:
@@ -152,12 +144,7 @@ def test_job_and_attach_are_one_or_the_other(capsys: pytest.CaptureFixture[str])
 
 
 def test_status_probe_exits_3_and_names_the_cause_when_an_endpoint_cannot_be_reached(tmp_path: Path) -> None:
-    cfg = tmp_path / "config.toml"
-    cfg.write_text(
-        '[simulator]\nenabled = false\n\n[[endpoints]]\nname = "openai"\n'
-        'base_url = "https://capmon-no-such-host.invalid/v1"\nkeys = []\n\n'
-        '[[models]]\nname = "gpt-4o"\nendpoints = ["openai"]\n'
-    )
+    cfg = write_config(tmp_path / "config.toml", NO_SUCH_HOST, endpoint="openai", keys=[], models=["gpt-4o"])
     out = subprocess.run(
         [*CAPMON, "status", "--once", "--probe", "--config", str(cfg)], capture_output=True, text=True, timeout=60
     )

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.support.configs import shipped_config
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -24,11 +26,7 @@ def _run_first_python_block(doc: str, tmp_path: Path) -> str:
     assert blocks, f"no python example in {doc}"
     example = tmp_path / "example.py"
     example.write_text(blocks[0])
-    # The shipped config, on a free port so a running capmon on 8089 cannot interfere.
-    port = _free_port()
-    config = (ROOT / "config.toml").read_text().replace("127.0.0.1:8089", f"127.0.0.1:{port}")
-    config = config.replace('scenario = "demo"', 'scenario = "steady"')
-    (tmp_path / "config.toml").write_text(config)
+    shipped_config(tmp_path, named="steady")  # on a free port, so a running capmon on 8089 cannot interfere
     out = subprocess.run([sys.executable, str(example)], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "answered:" in out.stdout and "attempt 1: flagship 200 ok" in out.stdout

@@ -21,10 +21,11 @@ from capmon.batch.store import JobStore
 from capmon.core.config import parse_config
 from capmon.core.router import FallbackClient
 from capmon.report import OutputFormat, ReportOptions, run_report
-from capmon.sim.server import start_simulator
 from tests.batch.helpers import write_items
-from tests.gateway.helpers import scenario, spec
-from tests.gateway.test_metrics_api import PROVIDER_KEY, two_providers
+from tests.gateway.helpers import scenario, spec, two_wires
+from tests.gateway.test_metrics_api import PROVIDER_KEY
+from tests.support.configs import two_providers
+from tests.support.simulated import StartSim
 
 
 def report(db: Path, fmt: OutputFormat = OutputFormat.TEXT, **kw: Any) -> str:
@@ -34,19 +35,14 @@ def report(db: Path, fmt: OutputFormat = OutputFormat.TEXT, **kw: Any) -> str:
 
 
 @pytest.mark.looptime
-async def test_the_report_names_the_api_of_each_model_and_of_each_attempt(tmp_path: Path) -> None:
-    sim = await start_simulator(
-        scenario(spec("flagship", slots=0), spec("claude", api="anthropic"), keys=(PROVIDER_KEY,))
-    )
+async def test_the_report_names_the_api_of_each_model_and_of_each_attempt(tmp_path: Path, start_sim: StartSim) -> None:
+    sim = await start_sim(scenario(spec("flagship", slots=0), spec("claude", api="anthropic"), keys=(PROVIDER_KEY,)))
     db = tmp_path / "db"
-    try:
-        cfg = parse_config(two_providers(sim.base_url, sim.base_url.removesuffix("/v1")), "report-api.toml")
-        async with FallbackClient(cfg, environ={"PROVIDER_KEY": PROVIDER_KEY}) as client:
-            await BatchRunner(
-                client, db, "j", RunnerOptions(input_path=write_items(tmp_path / "in.jsonl", 6), concurrency=1)
-            ).run()
-    finally:
-        await sim.stop()
+    cfg = parse_config(two_providers(sim.base_url, sim.base_url.removesuffix("/v1")), "report-api.toml")
+    async with FallbackClient(cfg, environ={"PROVIDER_KEY": PROVIDER_KEY}) as client:
+        await BatchRunner(
+            client, db, "j", RunnerOptions(input_path=write_items(tmp_path / "in.jsonl", 6), concurrency=1)
+        ).run()
 
     text = report(db)
     rows = {line.split()[0]: line.split() for line in text.splitlines() if line.startswith(("claude", "flagship"))}
@@ -103,47 +99,17 @@ def test_an_audit_trail_from_before_the_api_column_reads_and_is_migrated(tmp_pat
         assert store.attempt_apis("j") == {"claude": ("anthropic",)}
 
 
-CLAUDE_FIRST = """
-[simulator]
-enabled = false
-
-[[endpoints]]
-name = "ant"
-api = "anthropic"
-base_url = "{anthropic_url}"
-keys = [{{ env = "PROVIDER_KEY", alias = "ant-key" }}]
-
-[[endpoints]]
-name = "oai"
-base_url = "{openai_url}"
-keys = [{{ env = "PROVIDER_KEY", alias = "oai-key" }}]
-
-[[models]]
-name = "claude"
-api_model = "sim-claude"
-endpoints = ["ant"]
-max_tokens = 64
-
-[[models]]
-name = "flagship"
-api_model = "sim-flagship"
-endpoints = ["oai"]
-max_tokens = 64
-"""
-
-
 @pytest.mark.looptime
-async def test_the_item_report_shows_each_skip_with_why_and_what_the_fallback_fell_back_from(tmp_path: Path) -> None:
-    sim = await start_simulator(scenario(spec("flagship"), spec("claude", api="anthropic"), keys=(PROVIDER_KEY,)))
+async def test_the_item_report_shows_each_skip_with_why_and_what_the_fallback_fell_back_from(
+    tmp_path: Path, start_sim: StartSim
+) -> None:
+    sim = await start_sim(two_wires(keys=(PROVIDER_KEY,)))
     db = tmp_path / "db"
-    try:
-        text = CLAUDE_FIRST.format(anthropic_url=sim.base_url.removesuffix("/v1"), openai_url=sim.base_url)
-        # A temperature Anthropic does not take: claude, first in the order, cannot carry it.
-        items = write_items(tmp_path / "in.jsonl", 2, temperature=1.5)
-        async with FallbackClient(parse_config(text, "skips.toml"), environ={"PROVIDER_KEY": PROVIDER_KEY}) as client:
-            await BatchRunner(client, db, "j", RunnerOptions(input_path=items, concurrency=1)).run()
-    finally:
-        await sim.stop()
+    text = two_providers(sim.base_url, sim.base_url.removesuffix("/v1"), first="claude")
+    # A temperature Anthropic does not take: claude, first in the order, cannot carry it.
+    items = write_items(tmp_path / "in.jsonl", 2, temperature=1.5)
+    async with FallbackClient(parse_config(text, "skips.toml"), environ={"PROVIDER_KEY": PROVIDER_KEY}) as client:
+        await BatchRunner(client, db, "j", RunnerOptions(input_path=items, concurrency=1)).run()
     item = report(db, item="it-0001")
     head = item.splitlines()[0]
     assert "served by flagship, fell back from claude" in head, head

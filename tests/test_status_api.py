@@ -9,16 +9,13 @@ import json
 from pathlib import Path
 
 from capmon.status import StatusOptions, run_status
-from tests.support.scripted import free_port
+from tests.support.configs import shipped_config
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def shipped(tmp_path: Path) -> str:
-    text = (ROOT / "config.toml").read_text().replace("127.0.0.1:8089", f"127.0.0.1:{free_port()}")
-    path = tmp_path / "config.toml"
-    path.write_text(text.replace('scenario = "demo"', 'scenario = "steady"'))
-    return str(path)
+    return str(shipped_config(tmp_path, named="steady")[0])
 
 
 def status(config: str, *, as_json: bool) -> str:

@@ -14,9 +14,6 @@ from capmon.batch.states import JobState
 from capmon.core import text
 from capmon.core.events import BatchProgress
 
-# The core's event carries everything a job reports; the old name stays for callers.
-JobProgress = BatchProgress
-
 
 def _bar(share: float, width: int) -> str:
     filled = int(round(share * width))

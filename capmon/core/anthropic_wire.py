@@ -149,11 +149,6 @@ def error_body(failure: Failure, message: str | None = None) -> dict[str, Any]:
     return {"type": "error", "error": {"type": error_type(failure), "message": message or failure.reason}}
 
 
-def error_status(failure: Failure) -> int:
-    """The HTTP status an Anthropic client expects for a failure (529 for capacity)."""
-    return ERROR_STATUS[error_type(failure)]
-
-
 # ---------------------------------------------------------------- plain answers
 
 
@@ -252,7 +247,6 @@ class MessageAssembler:
         self.stop_reason: str | None = None
         self.stop_sequence: str | None = None
         self.usage: dict[str, Any] = {}
-        self.stopped = False
 
     def add(self, event: Mapping[str, Any]) -> None:
         kind = event.get("type")
@@ -274,8 +268,6 @@ class MessageAssembler:
             if isinstance(event.get("usage"), Mapping):
                 # Counts in message_delta are cumulative: they replace, not add.
                 self.usage.update({k: v for k, v in event["usage"].items() if v is not None})
-        elif kind == "message_stop":
-            self.stopped = True
 
     def _delta(self, index: object, delta: Mapping[str, Any]) -> None:
         b = self.blocks.get(index) if isinstance(index, int) else None

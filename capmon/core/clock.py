@@ -60,27 +60,6 @@ class LoopClock:
         await asyncio.sleep(max(0.0, seconds))
 
 
-class ManualClock:
-    """A clock that moves only when told to: for synchronous unit tests and snapshots."""
-
-    def __init__(self, start: float = 1000.0, wall_start: float = 1_767_225_600.0) -> None:
-        self._now = start
-        self._wall_offset = wall_start - start
-
-    def now(self) -> float:
-        return self._now
-
-    def wall(self) -> float:
-        return self._now + self._wall_offset
-
-    def advance(self, seconds: float) -> None:
-        self._now += seconds
-
-    async def sleep(self, seconds: float) -> None:
-        self._now += max(0.0, seconds)
-        await asyncio.sleep(0)
-
-
 _default: Clock = LoopClock()
 
 

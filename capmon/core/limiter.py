@@ -105,10 +105,6 @@ class AdaptiveLimiter:
         limit = self._limit if cap is None else min(self._limit, cap)
         return max(0, int(limit + 1e-9) - self._in_flight)
 
-    def is_news(self, slot: Slot) -> bool:
-        """Whether an overload of this slot would be news: sent since the last cut."""
-        return slot.epoch == self._epoch
-
     def view(self) -> LimiterView:
         return LimiterView(self._limit, self._in_flight, self._capacity, self.min, self.max)
 

@@ -54,12 +54,6 @@ class Reach:
     _untold: dict[str, int] = field(default_factory=dict, repr=False)
     _told_run: bool = False  # the current run's first failure was told: its end is told too
 
-    @property
-    def never_reached(self) -> bool:
-        """It could not connect, and has never answered: nothing says it ever will, so a
-        request does not wait for it (routing's rule)."""
-        return self.failure is not None and not self.answered
-
     def lost(self, failure: Failure, now: float) -> Failure:
         """An attempt could not connect: the failure, its reason naming the endpoint (a
         classifier knows the exception, not where it was going)."""

@@ -1,11 +1,12 @@
 """OpenAI chat completions <-> Anthropic Messages: requests, answers and streams, both ways.
 
 Translation covers what both APIs can say; a request that uses anything the other side
-cannot carry is refused by ``*_incapable`` with the reason (the target is then skipped as
-incapable), so nothing that changes what an answer means is ever dropped silently. A few
-fields that change nothing in the answer (bookkeeping, cache keys, a user id) are listed
-below with what becomes of them. Model, the final token cap and ``stream`` are the wire's
-(:func:`capmon.core.wire.chat_body`, :func:`capmon.core.anthropic_wire.messages_body`).
+cannot carry is refused: the translation raises :class:`Untranslatable` with the reason
+(:func:`capmon.core.formats.incapable` then skips the target as incapable), so nothing that
+changes what an answer means is ever dropped silently. A few fields that change nothing in
+the answer (bookkeeping, cache keys, a user id) are listed below with what becomes of them.
+Model, the final token cap and ``stream`` are the wire's (:func:`capmon.core.wire.chat_body`,
+:func:`capmon.core.anthropic_wire.messages_body`).
 
 Field names follow the SDKs' types (``openai/types/chat``, ``anthropic/types``). Pure
 functions on dicts and two small stateful stream translators; capmon/core/formats.py uses them.
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from capmon.core.exceptions import CapmonError
@@ -168,21 +169,6 @@ _CHAT_CARRIED = frozenset(
     }
 )
 _CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
-
-
-def refusal(translate: Callable[[Mapping[str, Any]], object], body: Mapping[str, Any]) -> str | None:
-    """Why ``translate`` cannot carry ``body``, or None: every ``*_incapable`` check is
-    the translation itself, so the check and the translation cannot disagree."""
-    try:
-        translate(body)
-    except Untranslatable as e:
-        return str(e)
-    return None
-
-
-def chat_incapable(body: Mapping[str, Any]) -> str | None:
-    """Why a chat request cannot be served by an Anthropic-wire model, or None."""
-    return refusal(chat_to_messages, body)
 
 
 def _chat_fields(body: Mapping[str, Any]) -> None:
@@ -431,11 +417,6 @@ _MESSAGES_CARRIED = frozenset(
     }
 )
 _TOOL_KEYS = frozenset({"name", "description", "input_schema", "type", "strict", "eager_input_streaming"})
-
-
-def messages_incapable(body: Mapping[str, Any]) -> str | None:
-    """Why a Messages request cannot be served by an OpenAI-wire model, or None."""
-    return refusal(messages_to_chat, body)
 
 
 def _cache_control(obj: object, where: str) -> None:

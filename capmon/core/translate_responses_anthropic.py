@@ -1,4 +1,6 @@
-"""OpenAI's Responses API <-> Anthropic Messages: requests, answers and streams.
+"""OpenAI's Responses API on Anthropic Messages: a request to Messages, its answer and its
+stream back to the Responses API (no Messages request goes to a Responses target:
+capmon/core/formats.py sends those as chat completions).
 
 Requests go through the chat translation (:mod:`capmon.core.translate_chat_anthropic`):
 a Responses request is first the chat request it means (instructions, input items,
@@ -18,11 +20,7 @@ from capmon.core.translate_chat_anthropic import (
     Untranslatable,
     anthropic_usage_to_openai,
     chat_to_messages,
-    messages_to_chat,
-    openai_usage_to_anthropic,
-    refusal,
     sub_object,
-    tool_input,
 )
 
 # Fields that mean nothing to the answer (bookkeeping, cache keys, what extra the reply
@@ -62,11 +60,6 @@ _CARRIED = frozenset(
 
 
 # ---------------------------------------------------------------- requests
-
-
-def responses_incapable(body: Mapping[str, Any]) -> str | None:
-    """Why a Responses request cannot be served by an Anthropic-wire model, or None."""
-    return refusal(responses_to_messages, body)
 
 
 def responses_to_messages(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -203,58 +196,6 @@ def _text_format(text: object, out: dict[str, Any]) -> None:
         out["response_format"] = fmt  # json_object and friends: the chat rules refuse them
 
 
-def messages_incapable(body: Mapping[str, Any]) -> str | None:
-    """Why a Messages request cannot be served by a Responses-API model, or None."""
-    return refusal(messages_to_responses, body)
-
-
-def messages_to_responses(body: Mapping[str, Any]) -> dict[str, Any]:
-    """A Messages request as a Responses body (without ``model`` and ``stream``)."""
-    chat = messages_to_chat(body)
-    if chat.get("stop"):
-        raise Untranslatable("stop sequences (the Responses API has none)")
-    items: list[dict[str, Any]] = []
-    for m in chat["messages"]:
-        if m["role"] == "tool":
-            items.append({"type": "function_call_output", "call_id": m["tool_call_id"], "output": m["content"]})
-            continue
-        if m.get("content"):
-            items.append({"type": "message", "role": m["role"], "content": _input_parts(m["content"], m["role"])})
-        for call in m.get("tool_calls", []):
-            fn = call["function"]
-            items.append(
-                {"type": "function_call", "call_id": call["id"], "name": fn["name"], "arguments": fn["arguments"]}
-            )
-    out: dict[str, Any] = {"input": items}
-    for name in ("temperature", "top_p", "parallel_tool_calls", "user"):
-        if name in chat:
-            out[name] = chat[name]
-    if "max_completion_tokens" in chat:
-        out["max_output_tokens"] = chat["max_completion_tokens"]
-    if "tools" in chat:
-        out["tools"] = [{"type": "function", **t["function"]} for t in chat["tools"]]
-    choice = chat.get("tool_choice")
-    if isinstance(choice, Mapping):
-        out["tool_choice"] = {"type": "function", "name": choice["function"]["name"]}
-    elif choice is not None:
-        out["tool_choice"] = choice
-    if "response_format" in chat:
-        out["text"] = {"format": {"type": "json_schema", **chat["response_format"]["json_schema"]}}
-    return out
-
-
-def _input_parts(content: str | list[dict[str, Any]], role: str) -> str | list[dict[str, Any]]:
-    if isinstance(content, str):
-        return content
-    text = "output_text" if role == "assistant" else "input_text"
-    return [
-        {"type": text, "text": p["text"]}
-        if p["type"] == "text"
-        else {"type": "input_image", "image_url": p["image_url"]["url"], "detail": "auto"}
-        for p in content
-    ]
-
-
 # ---------------------------------------------------------------- answers
 
 
@@ -328,51 +269,6 @@ def message_to_response(message: Mapping[str, Any], *, created: int) -> dict[str
             output.append(_call_item(f"{base}_{n}", block, json.dumps(block.get("input", {})), "completed"))
     head = {"id": base, "created_at": created, "model": str(message.get("model", ""))}
     return _response(head, output, message.get("stop_reason"), sub_object(message, "usage"))
-
-
-def response_to_message(response: Mapping[str, Any]) -> dict[str, Any]:
-    """A Responses API answer as a Messages answer. Raises :class:`Untranslatable` for
-    function arguments that are no JSON object."""
-    blocks: list[dict[str, Any]] = []
-    refused = False
-    items = response.get("output")
-    for item in items if isinstance(items, list) else []:
-        kind = item.get("type") if isinstance(item, Mapping) else None
-        if kind == "message":
-            for part in item.get("content") or []:
-                if part.get("type") == "output_text":
-                    blocks.append({"type": "text", "text": str(part.get("text", ""))})
-                elif part.get("type") == "refusal":
-                    refused = True
-                    blocks.append({"type": "text", "text": str(part.get("refusal", ""))})
-        elif kind == "function_call":
-            blocks.append(
-                {
-                    "type": "tool_use",
-                    "id": str(item.get("call_id", "")),
-                    "name": str(item.get("name", "")),
-                    "input": tool_input(item.get("arguments"), "the answer"),
-                }
-            )
-    reason = sub_object(response, "incomplete_details").get("reason")
-    if refused or reason == "content_filter":
-        stop = "refusal"
-    elif reason == "max_output_tokens":
-        stop = "max_tokens"
-    elif any(b["type"] == "tool_use" for b in blocks):
-        stop = "tool_use"
-    else:
-        stop = "end_turn"
-    return {
-        "id": str(response.get("id", "")),
-        "type": "message",
-        "role": "assistant",
-        "model": str(response.get("model", "")),
-        "content": blocks,
-        "stop_reason": stop,
-        "stop_sequence": None,
-        "usage": openai_usage_to_anthropic(sub_object(response, "usage")),
-    }
 
 
 # ---------------------------------------------------------------- streams

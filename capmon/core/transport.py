@@ -18,7 +18,7 @@ import httpx
 
 from capmon.core import extras
 
-__all__ = ["Head", "HttpcoreTransport", "PoolStats", "Sender", "TransportKind", "make_transport", "resolve"]
+__all__ = ["Head", "HttpcoreTransport", "Sender", "TransportKind", "make_transport", "resolve"]
 
 # httpx.Limits' default: an idle connection is dropped after 5 s, the same on both
 # transports, and no longer than servers commonly keep one (uvicorn: 5 s).
@@ -65,14 +65,6 @@ def make_transport(
     return AiohttpTransport(max_connections=max_connections, connect_timeout=connect_timeout)
 
 
-@dataclass(frozen=True)
-class PoolStats:
-    """What a transport's connection pool holds now."""
-
-    open: int  # connections held, serving a request or idle
-    in_use: int  # of those, serving a request (or being opened for one)
-
-
 def pool_limits(max_connections: int) -> httpx.Limits:
     """Either transport's pool: ``max_connections`` open at most, all of them kept alive
     for KEEPALIVE_EXPIRY (read now: tests shorten it)."""
@@ -97,10 +89,6 @@ class HttpcoreTransport(httpx.AsyncHTTPTransport):
         if "timeout" not in request.extensions:
             request.extensions["timeout"] = self._default_timeout
         return await super().handle_async_request(request)
-
-    def pool_stats(self) -> PoolStats:
-        connections = self._pool.connections
-        return PoolStats(open=len(connections), in_use=sum(1 for c in connections if not c.is_idle()))
 
 
 # ---------------------------------------------------------------- sending

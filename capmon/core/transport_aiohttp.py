@@ -39,7 +39,7 @@ import httpx
 import httpx_aiohttp
 
 from capmon.core import secrets as _secrets
-from capmon.core.transport import PoolStats, default_timeout, pool_limits
+from capmon.core.transport import default_timeout, pool_limits
 
 __all__ = ["AiohttpTransport"]
 
@@ -103,16 +103,6 @@ class AiohttpTransport(httpx_aiohttp.AiohttpTransport):
             ssl=self.ssl_context,
         )
         return aiohttp.ClientSession(connector=connector, cookie_jar=aiohttp.DummyCookieJar(), trust_env=False)
-
-    def pool_stats(self) -> PoolStats:
-        if not isinstance(self.client, aiohttp.ClientSession) or self.client.connector is None:
-            return PoolStats(open=0, in_use=0)  # no request yet: no session, no pool
-        connector = self.client.connector
-        # aiohttp keeps no public count: the connections serving requests, and the idle
-        # ones per host (aiohttp 3.14's attributes; the dependency is pinned).
-        in_use = len(getattr(connector, "_acquired", ()))
-        idle = sum(len(q) for q in getattr(connector, "_conns", {}).values())
-        return PoolStats(open=in_use + idle, in_use=in_use)
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         if "timeout" not in request.extensions:

@@ -172,10 +172,6 @@ class RemoteSource:
         what = f"simulator {self.info.simulator}" if self.info.simulator else ", ".join(self.models)
         return f"{where} · {what}"
 
-    @property
-    def connected(self) -> bool:
-        return self.down_since is None
-
     def _say(self, level: str, message: str) -> None:
         self.bus.publish(Notice(at=self.clock.now(), wall=self.clock.wall(), level=level, message=message))
 

@@ -4,7 +4,7 @@ The app never talks to the engine directly: it reads a :class:`DashboardSource`
 (snapshots on a timer, events from the bus) and sends manual actions back through
 it. The live source wraps a real engine (config, simulator, client, probe and
 traffic workers); tests and screenshots inject a fake one with scripted snapshots
-and a ManualClock (memray's live TUI is built the same way).
+and a manual clock (memray's live TUI is built the same way).
 """
 
 from __future__ import annotations

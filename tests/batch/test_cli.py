@@ -10,7 +10,7 @@ import pytest
 
 from capmon.cli import main
 from tests.batch.helpers import item, write_items, write_jsonl
-from tests.support.scripted import free_port
+from tests.support.configs import shipped_config
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -48,9 +48,7 @@ answer_tokens = 10
 
 @pytest.fixture
 def env(tmp_path: Path) -> dict[str, Path]:
-    (tmp_path / "fast.toml").write_text(SCENARIO)
-    text = (ROOT / "config.toml").read_text().replace("127.0.0.1:8089", f"127.0.0.1:{free_port()}")
-    (tmp_path / "config.toml").write_text(text.replace('scenario = "demo"', 'scenario = "fast.toml"'))
+    shipped_config(tmp_path, SCENARIO)
     return {"config": tmp_path / "config.toml", "db": tmp_path / "jobs.db", "dir": tmp_path}
 
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import datetime as dt
 import io
 
-from capmon.batch.progress import JobProgress, ProgressLine, render
+from capmon.batch.progress import ProgressLine, render
 from capmon.core.events import BatchProgress
 from capmon.core.text import duration
 
 
-def progress(**kw: object) -> JobProgress:
+def progress(**kw: object) -> BatchProgress:
     base = dict(
         at=10.0,
         wall=dt.datetime(2026, 3, 2, 20, 0).timestamp(),
@@ -27,7 +27,7 @@ def progress(**kw: object) -> JobProgress:
         state="running",
     )
     base.update(kw)
-    return JobProgress(**base)  # type: ignore[arg-type]
+    return BatchProgress(**base)  # type: ignore[arg-type]
 
 
 def test_the_line_shows_counts_models_rate_and_eta() -> None:

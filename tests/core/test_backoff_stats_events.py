@@ -3,11 +3,15 @@ from __future__ import annotations
 import random
 import threading
 
+import pytest
+
 from capmon.core import events as ev
 from capmon.core.backoff import Backoff
 from capmon.core.config import BackoffConfig
 from capmon.core.errors import Failure, Kind
 from capmon.core.stats import Outcome, RollingStats
+
+pytestmark = pytest.mark.unit
 
 CAPACITY = Failure(Kind.CAPACITY, "overloaded", 503)
 

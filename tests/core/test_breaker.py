@@ -15,11 +15,14 @@ import time
 import pytest
 
 from capmon.core.breaker import BreakerView, CircuitBreaker, State
-from capmon.core.clock import LoopClock, ManualClock
+from capmon.core.clock import LoopClock
 from capmon.core.config import BreakerConfig
 from capmon.core.decisions import ramp_grown, ramp_opening
 from capmon.core.events import BreakerChanged, Event, EventBus, RampStep
 from capmon.core.policy import BreakerSignal
+from tests.support.clocks import ManualClock
+
+pytestmark = pytest.mark.unit
 
 S = BreakerSignal
 Sent = tuple[int, float]  # (generation, clock time) when an attempt was admitted

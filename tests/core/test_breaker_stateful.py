@@ -21,11 +21,14 @@ from hypothesis.stateful import (
 )
 
 from capmon.core.breaker import CircuitBreaker, State
-from capmon.core.clock import ManualClock
 from capmon.core.config import BreakerConfig, LimiterConfig
 from capmon.core.events import BreakerChanged, Event, RampStep
 from capmon.core.limiter import AdaptiveLimiter, Budget, Slot, TokenBucket
 from capmon.core.policy import BreakerSignal, LimiterSignal
+from tests.core.test_limiter import is_news
+from tests.support.clocks import ManualClock
+
+pytestmark = pytest.mark.unit
 
 FAST = settings(max_examples=100, stateful_step_count=40, deadline=None, derandomize=True)
 SLOW = settings(max_examples=1000, stateful_step_count=100, deadline=None, derandomize=False)
@@ -380,7 +383,7 @@ class LimiterMachine(RuleBasedStateMachine):
             assert 0 <= room <= lim.room()
             if room:
                 slot = lim.take()
-                assert slot.position == lim.in_flight and lim.is_news(slot)
+                assert slot.position == lim.in_flight and is_news(lim, slot)
                 self.outstanding.append(slot)
             else:
                 assert lim.in_flight >= min(int(lim.limit + 1e-9), int(cap + 1e-9) if cap is not None else 10**9)
@@ -391,7 +394,7 @@ class LimiterMachine(RuleBasedStateMachine):
             lim.restore()
             if self.saved is not None:
                 assert (lim.limit, lim.capacity) == self.saved
-                assert not any(lim.is_news(s) for s in self.outstanding)  # whatever was in flight is an echo
+                assert not any(is_news(lim, s) for s in self.outstanding)  # whatever was in flight is an echo
             self.saved = None
         elif not self.outstanding:
             with pytest.raises(RuntimeError):
@@ -403,7 +406,7 @@ class LimiterMachine(RuleBasedStateMachine):
     def _release(self, slot: Slot, outcome: str) -> None:
         lim = self.lim
         signal = {"ok": LimiterSignal.OK, "overload": LimiterSignal.OVERLOAD, "neutral": LimiterSignal.NEUTRAL}[outcome]
-        limit, capacity, cuts, news, in_flight = lim.limit, lim.capacity, lim.cuts, lim.is_news(slot), lim.in_flight
+        limit, capacity, cuts, news, in_flight = lim.limit, lim.capacity, lim.cuts, is_news(lim, slot), lim.in_flight
         assert lim.release(slot, signal) == (signal is LimiterSignal.OVERLOAD and news)
         assert lim.in_flight == in_flight - 1
         if signal is LimiterSignal.NEUTRAL or (signal is LimiterSignal.OVERLOAD and not news):
@@ -411,7 +414,7 @@ class LimiterMachine(RuleBasedStateMachine):
         elif signal is LimiterSignal.OVERLOAD:
             assert lim.limit <= limit and lim.cuts == cuts + 1 and lim.capacity is not None
             assert lim.capacity <= max(lim.min, slot.position - 1) or lim.capacity == capacity
-            assert not lim.is_news(slot)  # later rejections of the same round are echoes
+            assert not is_news(lim, slot)  # later rejections of the same round are echoes
         else:
             assert lim.limit >= limit
             assert (lim.capacity is None) == (capacity is None)

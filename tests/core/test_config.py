@@ -14,6 +14,8 @@ from capmon.core.config import (
 )
 from capmon.core.exceptions import ConfigError
 
+pytestmark = pytest.mark.unit
+
 ROOT = Path(__file__).resolve().parents[2]
 
 MINIMAL = """

@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -21,11 +20,11 @@ from capmon.core.result import Decision, Skip
 from capmon.core.router import FallbackClient
 from capmon.core.serial import snapshot_to_json
 from capmon.sim.scenario import Scenario
-from capmon.sim.server import start_simulator
 from tests.reliability.helpers import set_fault
-from tests.support.simulated import sim_model
+from tests.support import configs
+from tests.support.simulated import StartSim, sim_model
 
-pytestmark = pytest.mark.looptime
+pytestmark = [pytest.mark.integration, pytest.mark.looptime]
 
 AZURE_KEY = "5f0e4d3c2b1a09f8e7d6c5b4a3928170"  # 32 hex digits, as Azure's keys are
 WRONG_KEY = "0123456789abcdef0123456789abcdef"
@@ -43,31 +42,18 @@ ANTHROPIC_TOOLS = [{"name": "get_weather", "input_schema": TOOLS[0]["function"][
 
 
 @pytest.fixture
-async def sim() -> AsyncIterator[Any]:
+def sim_scenario() -> Scenario:
     models = (
         sim_model("flagship", 4, answer_tokens=20),
         sim_model("claude", 4, answer_tokens=20, api="anthropic"),
         sim_model("gpt-az", 4, answer_tokens=20, api="azure"),
     )
-    server = await start_simulator(Scenario(models=models, keys=(SIMULATOR_DEMO_KEY, AZURE_KEY)))
-    try:
-        yield server
-    finally:
-        await server.stop()
+    return Scenario(models=models, keys=(SIMULATOR_DEMO_KEY, AZURE_KEY))
 
 
 def two_providers(sim: Any, *, first: str = "flagship") -> FallbackClient:
     """flagship on OpenAI's wire and claude on Anthropic's, ``first`` preferred."""
-    endpoints = (
-        f'[[endpoints]]\nname = "openai"\nbase_url = "{sim.base_url}"\nkeys = [{{ env = "KEY" }}]\n\n'
-        f'[[endpoints]]\nname = "anthropic"\napi = "anthropic"\nbase_url = "{sim.origin}"\nkeys = [{{ env = "KEY" }}]\n'
-    )
-    models = {
-        name: f'[[models]]\nname = "{name}"\napi_model = "sim-{name}"\nendpoints = ["{ep}"]\nmax_tokens = 64\n'
-        for name, ep in (("flagship", "openai"), ("claude", "anthropic"))
-    }
-    order = [first, *(m for m in models if m != first)]
-    text = "[simulator]\nenabled = false\n\n" + endpoints + "\n" + "\n".join(models[m] for m in order)
+    text = configs.two_providers(sim.base_url, sim.origin, first=first, key_env="KEY")
     return FallbackClient(parse_config(text, "test.toml"), environ=ENV)
 
 
@@ -270,14 +256,7 @@ async def test_a_broken_tool_call_across_formats_fails_the_stream_after_output_n
 
 
 def azure_client(sim: Any, api_version: str, env: str = "AZ") -> FallbackClient:
-    version = f'api_version = "{api_version}"\n' if api_version else ""
-    text = (
-        "[simulator]\nenabled = false\n\n"
-        f'[[endpoints]]\nname = "azure"\napi = "azure"\nbase_url = "{sim.origin}"\n{version}'
-        f'keys = [{{ env = "{env}", alias = "az" }}]\n\n'
-        '[[models]]\nname = "gpt"\napi_model = "sim-gpt-az"\nendpoints = ["azure"]\nmax_tokens = 64\n'
-    )
-    return FallbackClient(parse_config(text, "azure.toml"), environ=ENV)
+    return FallbackClient(configs.on_azure(sim.origin, api_version=api_version, key_env=env), environ=ENV)
 
 
 @pytest.mark.parametrize("api_version", ["2024-10-21", "v1", ""])
@@ -333,36 +312,32 @@ async def test_anthropics_http_errors_are_classified_like_every_other(sim: Any, 
     [("anthropic-529", Kind.CAPACITY, 529), ("anthropic-429", Kind.RATE_LIMITED, 429)],
 )
 async def test_anthropics_capacity_and_rate_limit_answers_are_classified_with_their_hints(
-    dialect: str, kind: Kind, status: int
+    dialect: str, kind: Kind, status: int, start_sim: StartSim
 ) -> None:
     models = (sim_model("flagship", 4), sim_model("claude", 0, api="anthropic", dialect=dialect, hint=2.0))
-    server = await start_simulator(Scenario(models=models, keys=(SIMULATOR_DEMO_KEY,)))
-    try:
-        async with two_providers(server, first="claude") as client:
-            result = await client.chat("hi")
-    finally:
-        await server.stop()
+    server = await start_sim(Scenario(models=models, keys=(SIMULATOR_DEMO_KEY,)))
+    async with two_providers(server, first="claude") as client:
+        result = await client.chat("hi")
     first = result.attempts[0]
     assert (first.model, first.kind, first.status) == ("claude", kind, status) and result.model == "flagship"
     if kind is Kind.RATE_LIMITED:
         assert first.hint is not None and first.hint >= 2.0  # retry-after / anthropic-ratelimit-* read
 
 
-async def test_a_prompt_too_long_for_the_anthropic_model_is_too_large_there_and_goes_to_a_larger_one() -> None:
+async def test_a_prompt_too_long_for_the_anthropic_model_is_too_large_there_and_goes_to_a_larger_one(
+    start_sim: StartSim,
+) -> None:
     big = dataclasses.replace(sim_model("flagship", 4), context_window=1_000_000)
-    server = await start_simulator(
+    server = await start_sim(
         Scenario(models=(big, sim_model("claude", 4, api="anthropic")), keys=(SIMULATOR_DEMO_KEY,))
     )
-    try:
-        async with two_providers(server, first="claude") as client:
-            # The config believes claude's window (200,000) larger than the simulator's (128,000):
-            # the API's own "prompt is too long" 400 is what tells the client.
-            for t in client.targets:
-                window = 200_000 if t.model.name == "claude" else 1_000_000
-                t.model = dataclasses.replace(t.model, context_window=window)
-            result = await client.chat("word " * 120_000)
-    finally:
-        await server.stop()
+    async with two_providers(server, first="claude") as client:
+        # The config believes claude's window (200,000) larger than the simulator's (128,000):
+        # the API's own "prompt is too long" 400 is what tells the client.
+        for t in client.targets:
+            window = 200_000 if t.model.name == "claude" else 1_000_000
+            t.model = dataclasses.replace(t.model, context_window=window)
+        result = await client.chat("word " * 120_000)
     first = result.attempts[0]
     assert (first.model, first.status, first.kind) == ("claude", 400, Kind.TOO_LARGE)
     assert "prompt is too long" in first.reason and result.model == "flagship"

@@ -19,7 +19,7 @@ from capmon.core.router import FallbackClient
 from tests.support.configs import ENV, build_config, three_models
 from tests.support.scripted import OVERLOADED, Reply, Script, serve
 
-pytestmark = pytest.mark.looptime
+pytestmark = [pytest.mark.integration, pytest.mark.looptime]
 
 SLACK = 0.5  # the figure: the error within deadline + 0.5 s
 

@@ -14,6 +14,8 @@ from capmon.core.decisions import DEFAULT_QUOTA_PARK, Gates, KeyState, Outcome, 
 from capmon.core.errors import Cause, Failure, Kind
 from capmon.core.policy import BreakerSignal, LimiterSignal
 
+pytestmark = pytest.mark.unit
+
 NOW = 100.0
 OPEN_GATES = Gates(NOW, 1.0, KeyState.OK, None, 0.0)
 ROOM = Room(4.0, 0, None, None)

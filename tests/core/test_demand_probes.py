@@ -19,7 +19,7 @@ from capmon.core.router import FallbackClient
 from tests.support.configs import ENV, build_config, three_models
 from tests.support.scripted import OVERLOADED, Reply, Script, ok, serve
 
-pytestmark = pytest.mark.looptime
+pytestmark = [pytest.mark.integration, pytest.mark.looptime]
 
 FLAGSHIP = "flagship@ep/a"
 

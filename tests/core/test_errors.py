@@ -26,6 +26,8 @@ from capmon.core.errors import (
     classify_tool_call,
 )
 
+pytestmark = pytest.mark.unit
+
 NOW = 1_767_225_600.0  # 2026-01-01T00:00:00Z
 REQUEST = httpx.Request(
     "POST",

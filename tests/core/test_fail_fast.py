@@ -21,7 +21,7 @@ from tests.support.breakers import open_every_breaker
 from tests.support.configs import ENV, three_models
 from tests.support.scripted import OVERLOADED, Reply, Script, serve
 
-pytestmark = pytest.mark.looptime
+pytestmark = [pytest.mark.integration, pytest.mark.looptime]
 E = TypeVar("E", bound=BaseException)
 
 MODELS = ("flagship", "medium", "small")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import tomllib
 
 import httpx
 import pytest
@@ -21,15 +22,21 @@ from capmon.core.secrets import redact
 from capmon.core.targets import Target, build_targets
 from capmon.core.transport_aiohttp import _scrub
 from capmon.core.wire import TokenParam
+from tests.support.configs import config_toml
+
+pytestmark = pytest.mark.unit
 
 KEY = "azure0123456789abcdef0123456789ab"  # Azure keys are 32 hex-ish characters: no pattern finds them
 
 
 def config(api: str = "openai", extra: str = "", client: str = "", base: str = "https://example.test") -> str:
-    return (
-        f"[client]\n{client}\n"
-        f'[[endpoints]]\nname = "ep"\nbase_url = "{base}"\napi = "{api}"\nkeys = [{{ env = "K" }}]\n{extra}\n'
-        '[[models]]\nname = "m"\napi_model = "deploy-4o"\nendpoints = ["ep"]\nmax_tokens = 100\n'
+    """One endpoint of ``api`` with ``extra`` (TOML) among its keys, one model on it (deploy-4o)."""
+    return config_toml(
+        base,
+        endpoints={"ep": {"api": api, **tomllib.loads(extra)}},
+        keys=[("K", None)],
+        models={"m": {"api_model": "deploy-4o", "max_tokens": 100}},
+        client=tomllib.loads(client),
     )
 
 

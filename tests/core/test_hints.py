@@ -24,6 +24,8 @@ from capmon.core.hints import (
     retry_delay_from_body,
 )
 
+pytestmark = pytest.mark.unit
+
 NOW = 1_767_225_600.0  # 2026-01-01T00:00:00Z
 
 

@@ -5,34 +5,24 @@ from __future__ import annotations
 
 import pytest
 
-from capmon.core.config import NO_KEY, parse_config
+from capmon.core.config import NO_KEY, Config
 from capmon.core.router import FallbackClient
+from tests.support.configs import build_config
 from tests.support.scripted import Script, serve
 
-pytestmark = pytest.mark.looptime
+pytestmark = [pytest.mark.integration, pytest.mark.looptime]
 
 
-def _local(url: str, keys: str = "keys = []") -> str:
-    return f"""
-[simulator]
-enabled = false
-
-[[endpoints]]
-name = "local"
-base_url = "{url}"
-{keys}
-
-[[models]]
-name = "llama"
-endpoints = ["local"]
-"""
+def _local(url: str, keys: str = "keys = []") -> Config:
+    """llama on a local server (endpoint ``local``), ``keys = []`` or no keys line at all."""
+    return build_config(url, endpoint="local", keys=[] if keys else None, models=["llama"], file="local.toml")
 
 
 @pytest.mark.parametrize("keys", ["keys = []", ""], ids=["empty", "left-out"])
 async def test_an_endpoint_without_keys_is_served_and_sends_no_key(keys: str) -> None:
     script = Script()
     async with serve(script) as url:
-        cfg = parse_config(_local(url, keys), "local.toml")
+        cfg = _local(url, keys)
         async with FallbackClient(cfg, environ={}) as client:
             result = await client.chat("hi")
             (target,) = client.targets

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import pytest
 
-from capmon.core.clock import ManualClock
 from capmon.core.config import LimiterConfig
+from capmon.core.decisions import overload_is_news
 from capmon.core.limiter import AdaptiveLimiter, Budget, LimiterView, Slot, TokenBucket
 from capmon.core.policy import LimiterSignal
+from tests.support.clocks import ManualClock
+
+pytestmark = pytest.mark.unit
 
 OK, OVERLOAD, NEUTRAL = LimiterSignal.OK, LimiterSignal.OVERLOAD, LimiterSignal.NEUTRAL
 
@@ -20,6 +23,12 @@ def limiter(
     initial: int = 8, min: int = 1, max: int = 64, decrease: float = 0.5, max_limit: int | None = None
 ) -> AdaptiveLimiter:
     return AdaptiveLimiter(LimiterConfig(initial=initial, min=min, max=max, decrease=decrease), max_limit)
+
+
+def is_news(lim: AdaptiveLimiter, slot: Slot) -> bool:
+    """Whether an overload of ``slot`` would be news (sent since the last cut), as a settle
+    decides it (decisions.overload_is_news, over the limiter's epoch)."""
+    return overload_is_news(OVERLOAD, slot.epoch, lim.epoch)
 
 
 def fill(lim: AdaptiveLimiter) -> list[Slot]:
@@ -144,13 +153,13 @@ def test_echoes_of_a_cut_change_nothing() -> None:
     lim = limiter(initial=8)
     slots = fill(lim)
     first = slots.pop(5)
-    assert lim.is_news(first)
+    assert is_news(lim, first)
     lim.release(first, OVERLOAD)
-    assert not any(lim.is_news(s) for s in slots)  # all sent before the cut
+    assert not any(is_news(lim, s) for s in slots)  # all sent before the cut
     for s in slots:
         assert lim.release(s, OVERLOAD) is False
     assert (lim.limit, lim.capacity, lim.cuts, lim.in_flight) == (5.0, 5, 1, 0)
-    assert lim.is_news(lim.take())  # sent after it: news again
+    assert is_news(lim, lim.take())  # sent after it: news again
 
 
 def test_over_the_limit_after_a_cut_waits_for_completions() -> None:
@@ -254,7 +263,7 @@ def test_restore_forgets_what_a_failure_streak_taught() -> None:
     late = lim.take()  # sent during the outage, still in flight when the breaker trips
     lim.restore()
     assert (lim.limit, lim.capacity) == (6.0, 6)
-    assert not lim.is_news(late) and lim.release(late, OVERLOAD) is False  # an echo of the outage
+    assert not is_news(lim, late) and lim.release(late, OVERLOAD) is False  # an echo of the outage
     assert lim.limit == 6.0
     slots = fill(lim)
     lim.release(slots.pop(), OVERLOAD)  # the next news is exact: the streak was forgotten too
@@ -280,7 +289,7 @@ def test_restore_without_a_checkpoint_does_nothing_and_a_checkpoint_is_used_once
     lim = learned(5)
     slot = lim.take()
     lim.restore()
-    assert (lim.limit, lim.capacity) == (5.0, 5) and lim.is_news(slot)
+    assert (lim.limit, lim.capacity) == (5.0, 5) and is_news(lim, slot)
     lim.checkpoint()
     lim.restore()
     drain(lim, [slot])

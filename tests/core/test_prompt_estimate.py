@@ -10,17 +10,17 @@ from typing import Any
 
 import pytest
 
-from capmon.core.config import SIMULATOR_DEMO_KEY, parse_config
+from capmon.core.config import SIMULATOR_DEMO_KEY
 from capmon.core.errors import Kind
 from capmon.core.exceptions import RequestFailed
 from capmon.core.result import Api, ChatRequest, Skip, sent
 from capmon.core.router import FallbackClient
 from capmon.core.tokens import estimate_body, estimate_request, estimate_tokens
 from capmon.sim.scenario import Scenario
-from capmon.sim.server import start_simulator
-from tests.support.simulated import sim_model
+from tests.support.configs import build_config
+from tests.support.simulated import StartSim, sim_model
 
-pytestmark = pytest.mark.looptime
+pytestmark = [pytest.mark.integration, pytest.mark.looptime]
 
 LONG = "word " * 8_000  # 40,000 characters: about 10,000 tokens
 TOOL = {"name": "Read", "description": "Read a file " * 100, "input_schema": {"type": "object"}}
@@ -59,35 +59,30 @@ def test_each_apis_prompt_is_counted_with_its_system_prompt_and_tools() -> None:
 def _client(server: Any, api: str) -> FallbackClient:
     """small (a 4,000-token window) first, then large, both on the simulator's ``api`` wire."""
     base = server.origin if api == "anthropic" else server.base_url
-    text = (
-        f'[simulator]\nenabled = false\n\n[[endpoints]]\nname = "ep"\napi = "{api}"\nbase_url = "{base}"\n'
-        f'keys = [{{ env = "KEY" }}]\n'
-    )
-    for name, window in (("small", 4_000), ("large", 128_000)):
-        text += (
-            f'\n[[models]]\nname = "{name}"\napi_model = "sim-{name}"\nendpoints = ["ep"]\n'
-            f"context_window = {window}\nmax_tokens = 64\n"
-        )
-    return FallbackClient(parse_config(text, "test.toml"), environ={"KEY": SIMULATOR_DEMO_KEY})
+    models = {
+        m: {"api_model": f"sim-{m}", "context_window": w, "max_tokens": 64}
+        for m, w in (("small", 4_000), ("large", 128_000))
+    }
+    cfg = build_config(base, endpoints={"ep": {"api": api}}, keys=[("KEY", None)], models=models)
+    return FallbackClient(cfg, environ={"KEY": SIMULATOR_DEMO_KEY})
 
 
 @pytest.mark.parametrize("api", ["anthropic", "openai"])
-async def test_a_long_messages_or_responses_request_skips_a_window_too_small_and_falls_back(api: str) -> None:
+async def test_a_long_messages_or_responses_request_skips_a_window_too_small_and_falls_back(
+    api: str, start_sim: StartSim
+) -> None:
     small = dataclasses.replace(sim_model("small", api=api), context_window=4_000)
-    server = await start_simulator(Scenario(models=(small, sim_model("large", api=api)), keys=(SIMULATOR_DEMO_KEY,)))
-    try:
-        async with _client(server, api) as client:
-            if api == "anthropic":
-                result = await client.messages({"max_tokens": 64, "messages": [{"role": "user", "content": LONG}]})
-                call = client.messages({"max_tokens": 64, "messages": [{"role": "user", "content": LONG * 40}]})
-            else:
-                result = await client.responses({"input": [{"role": "user", "content": LONG}]})
-                call = client.responses({"input": LONG * 40})
-            with pytest.raises(RequestFailed) as info:  # 400,000 tokens: over every window
-                await call
-            stats = server.simulator.stats()["models"]
-    finally:
-        await server.stop()
+    server = await start_sim(Scenario(models=(small, sim_model("large", api=api)), keys=(SIMULATOR_DEMO_KEY,)))
+    async with _client(server, api) as client:
+        if api == "anthropic":
+            result = await client.messages({"max_tokens": 64, "messages": [{"role": "user", "content": LONG}]})
+            call = client.messages({"max_tokens": 64, "messages": [{"role": "user", "content": LONG * 40}]})
+        else:
+            result = await client.responses({"input": [{"role": "user", "content": LONG}]})
+            call = client.responses({"input": LONG * 40})
+        with pytest.raises(RequestFailed) as info:  # 400,000 tokens: over every window
+            await call
+        stats = server.simulator.stats()["models"]
     # small was never sent the request: its window (4,000) cannot hold ~10,000 tokens
     assert result.model == "large" and [a.model for a in sent(result.attempts)] == ["large"]
     assert [(a.model, a.skip) for a in result.skipped] == [("small", Skip.WINDOW)]

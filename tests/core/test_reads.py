@@ -12,7 +12,7 @@ import pytest
 from capmon.core.clock import LoopClock
 from capmon.core.reads import ReadDeadline
 
-pytestmark = pytest.mark.looptime
+pytestmark = [pytest.mark.unit, pytest.mark.looptime]
 
 
 def _deadline(seconds: float) -> ReadDeadline:

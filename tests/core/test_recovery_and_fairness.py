@@ -9,24 +9,21 @@ import asyncio
 import pytest
 
 from capmon.core import events as ev
-from capmon.core.config import SIMULATOR_DEMO_KEY, parse_config
+from capmon.core.config import SIMULATOR_DEMO_KEY, Config
 from capmon.core.router import FallbackClient
 from capmon.sim.scenario import ModelSpec, Phase, Scenario
-from capmon.sim.server import start_simulator
+from tests.support.configs import build_config, sim_models
+from tests.support.simulated import StartSim
 
-pytestmark = pytest.mark.looptime
+pytestmark = [pytest.mark.integration, pytest.mark.looptime]
 
 ENV = {"KEY": SIMULATOR_DEMO_KEY}
 
 
-def config(base_url: str, models: tuple[str, ...], extra: str = "") -> object:
-    text = (
-        f'[simulator]\nenabled = false\n\n[[endpoints]]\nname = "sim"\nbase_url = "{base_url}"\n'
-        f'keys = [{{ env = "KEY", alias = "k" }}]\n'
+def config(base_url: str, models: tuple[str, ...], extra: str = "") -> Config:
+    return build_config(
+        base_url, endpoint="sim", keys=[("KEY", "k")], models=sim_models(models, max_tokens=16), extra=extra
     )
-    for m in models:
-        text += f'\n[[models]]\nname = "{m}"\napi_model = "sim-{m}"\nendpoints = ["sim"]\nmax_tokens = 16\n'
-    return parse_config(text + "\n" + extra, "test.toml")
 
 
 def spec(name: str, slots: int, latency: float = 1.0, **kw: object) -> ModelSpec:
@@ -51,21 +48,18 @@ class Events:
         return [e for e in self.items if isinstance(e, cls) and (model is None or getattr(e, "model", None) == model)]
 
 
-async def test_waiting_is_first_come_first_served_and_nobody_starves() -> None:
-    sim = await start_simulator(Scenario(models=(spec("flagship", 4),)))
-    try:
-        async with FallbackClient(config(sim.base_url, ("flagship",)), environ=ENV) as client:
-            loop = asyncio.get_running_loop()
-            t0 = loop.time()
+async def test_waiting_is_first_come_first_served_and_nobody_starves(start_sim: StartSim) -> None:
+    sim = await start_sim(Scenario(models=(spec("flagship", 4),)))
+    async with FallbackClient(config(sim.base_url, ("flagship",)), environ=ENV) as client:
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
 
-            async def one(i: int) -> float:
-                await asyncio.sleep(i * 0.001)
-                await client.chat(f"request {i}")
-                return loop.time() - t0
+        async def one(i: int) -> float:
+            await asyncio.sleep(i * 0.001)
+            await client.chat(f"request {i}")
+            return loop.time() - t0
 
-            done = await asyncio.gather(*(one(i) for i in range(40)))
-    finally:
-        await sim.stop()
+        done = await asyncio.gather(*(one(i) for i in range(40)))
     # Four at a time, one second each: request i is answered in wave i // 4 (give or take
     # the first wave's rejections, which keep their place in line).
     waves = [round(t) for t in done]
@@ -74,22 +68,19 @@ async def test_waiting_is_first_come_first_served_and_nobody_starves() -> None:
     assert waves[-1] >= 10
 
 
-async def test_in_saturation_the_limiter_settles_on_the_real_capacity_without_overshooting() -> None:
+async def test_in_saturation_the_limiter_settles_on_the_real_capacity_without_overshooting(start_sim: StartSim) -> None:
     # 256 requests on 6 slots, 0.25 s each: 11 s of loop time (fast-forwarded, but kept short
     # for the moments when looptime follows real time on a loaded machine).
-    sim = await start_simulator(Scenario(models=(spec("flagship", 6, latency=0.25),)))
-    try:
-        async with FallbackClient(config(sim.base_url, ("flagship",)), environ=ENV) as client:
+    sim = await start_sim(Scenario(models=(spec("flagship", 6, latency=0.25),)))
+    async with FallbackClient(config(sim.base_url, ("flagship",)), environ=ENV) as client:
 
-            async def worker() -> None:
-                for _ in range(8):
-                    await client.chat("work")
+        async def worker() -> None:
+            for _ in range(8):
+                await client.chat("work")
 
-            await asyncio.gather(*(worker() for _ in range(32)))
-            snap = client.snapshot()
-        stats = sim.simulator.stats()["totals"]
-    finally:
-        await sim.stop()
+        await asyncio.gather(*(worker() for _ in range(32)))
+        snap = client.snapshot()
+    stats = sim.simulator.stats()["totals"]
     # Learned from the positions of its rejections (7 at most: a slot freed at the server a
     # moment before our side saw the answer looks like room for one more).
     assert snap.targets[0].capacity in (6, 7) and 6 <= snap.targets[0].limit < 8
@@ -98,38 +89,37 @@ async def test_in_saturation_the_limiter_settles_on_the_real_capacity_without_ov
     assert rejected <= 12, stats  # a handful while learning, then at most a rare probe above capacity
 
 
-async def test_an_open_breaker_is_probed_by_the_client_and_recovers_as_fast_as_capacity_returns() -> None:
+async def test_an_open_breaker_is_probed_by_the_client_and_recovers_as_fast_as_capacity_returns(
+    start_sim: StartSim,
+) -> None:
     # Up for 5 s, long enough for the limiter to learn its 8 slots from its initial 2 (a
     # ramp admits no fewer than the initial limit: one that learned nothing more has none).
     down = (Phase(at=5.0, slots=0), Phase(at=35.0))
-    sim = await start_simulator(Scenario(models=(spec("flagship", 8, schedule=down), spec("medium", 64))))
+    sim = await start_sim(Scenario(models=(spec("flagship", 8, schedule=down), spec("medium", 64))))
     extra = (
         "[breaker]\nprobe_interval = 1.0\ncooldown = 8.0\ncooldown_multiplier = 2.0\nramp_start = 0.25\n"
         "ramp_duration = 60.0\nprobe_share = 0\n[limiter]\ninitial = 2\nmax = 8\n"  # the slow schedule alone
     )
-    try:
-        bus = ev.EventBus()
-        seen = Events(bus)
-        async with FallbackClient(config(sim.base_url, ("flagship", "medium"), extra), environ=ENV, bus=bus) as client:
-            loop = asyncio.get_running_loop()
-            t0 = loop.time()
-            stop = False
+    bus = ev.EventBus()
+    seen = Events(bus)
+    async with FallbackClient(config(sim.base_url, ("flagship", "medium"), extra), environ=ENV, bus=bus) as client:
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        stop = False
 
-            async def worker() -> None:
-                while not stop:
-                    await client.chat("steady traffic")
+        async def worker() -> None:
+            while not stop:
+                await client.chat("steady traffic")
 
-            tasks = [asyncio.create_task(worker()) for _ in range(16)]
-            await asyncio.sleep(5)
-            assert client.snapshot().targets[0].limit == 8  # learned before the outage
-            await asyncio.sleep(45)
-            stop = True
-            await asyncio.gather(*tasks)
-            closed_at = [e.at - t0 for e in seen.of(ev.BreakerChanged, "flagship") if e.new == "closed"]
-            probes = [e for e in seen.of(ev.ProbeFinished, "flagship")]
-            steps = seen.of(ev.RampStep, "flagship")
-    finally:
-        await sim.stop()
+        tasks = [asyncio.create_task(worker()) for _ in range(16)]
+        await asyncio.sleep(5)
+        assert client.snapshot().targets[0].limit == 8  # learned before the outage
+        await asyncio.sleep(45)
+        stop = True
+        await asyncio.gather(*tasks)
+        closed_at = [e.at - t0 for e in seen.of(ev.BreakerChanged, "flagship") if e.new == "closed"]
+        probes = [e for e in seen.of(ev.ProbeFinished, "flagship")]
+        steps = seen.of(ev.RampStep, "flagship")
     sent = [p.at - p.latency - t0 for p in probes]
     gaps = [round(b - a) for a, b in zip(sent, sent[1:], strict=False)]
     # Intervals 1, 2, 4, then capped at the cool-down (8), while the probes fail...
@@ -146,27 +136,24 @@ async def test_an_open_breaker_is_probed_by_the_client_and_recovers_as_fast_as_c
     assert closed_at and closed_at[-1] - sent[-1] < 5.0
 
 
-async def test_no_probe_comes_before_the_servers_hint() -> None:
+async def test_no_probe_comes_before_the_servers_hint(start_sim: StartSim) -> None:
     down = (Phase(at=0.0, slots=0),)
-    sim = await start_simulator(
+    sim = await start_sim(
         Scenario(models=(spec("flagship", 8, schedule=down, hint=20.0, dialect="openai-503"), spec("medium", 64)))
     )
     extra = "[breaker]\nprobe_interval = 1.0\ncooldown = 60.0\n"
-    try:
-        bus = ev.EventBus()
-        seen = Events(bus)
-        async with FallbackClient(config(sim.base_url, ("flagship", "medium"), extra), environ=ENV, bus=bus) as client:
-            loop = asyncio.get_running_loop()
-            t0 = loop.time()
-            for _ in range(150):
-                await client.chat("hi")
-                await asyncio.sleep(1.0)
-            elapsed = loop.time() - t0
-            trips = [e.at for e in seen.of(ev.BreakerChanged, "flagship") if e.old == "closed" and e.new == "open"]
-            probes = [e.at - e.latency for e in seen.of(ev.ProbeFinished, "flagship")]
-            rejected = sim.simulator.stats()["models"]["sim-flagship"]["rejected"]["capacity"]
-    finally:
-        await sim.stop()
+    bus = ev.EventBus()
+    seen = Events(bus)
+    async with FallbackClient(config(sim.base_url, ("flagship", "medium"), extra), environ=ENV, bus=bus) as client:
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        for _ in range(150):
+            await client.chat("hi")
+            await asyncio.sleep(1.0)
+        elapsed = loop.time() - t0
+        trips = [e.at for e in seen.of(ev.BreakerChanged, "flagship") if e.old == "closed" and e.new == "open"]
+        probes = [e.at - e.latency for e in seen.of(ev.ProbeFinished, "flagship")]
+        rejected = sim.simulator.stats()["models"]["sim-flagship"]["rejected"]["capacity"]
     # Each rejection says "retry after 20 s", and the client takes it for the whole model:
     # no request and no probe goes there sooner.
     assert trips and probes and probes[0] - trips[0] >= 20.0 - 1e-6
@@ -176,23 +163,20 @@ async def test_no_probe_comes_before_the_servers_hint() -> None:
     assert rejected <= elapsed / 20 + 1
 
 
-async def test_interactive_requests_wait_less_and_batch_keeps_its_share() -> None:
-    sim = await start_simulator(Scenario(models=(spec("flagship", 4),)))
-    try:
-        cfg = config(sim.base_url, ("flagship",), "[client]\nbatch_share = 0.25\n[limiter]\ninitial = 4\nmax = 4\n")
-        async with FallbackClient(cfg, environ=ENV) as client:
-            loop = asyncio.get_running_loop()
-            served: list[tuple[float, str]] = []
+async def test_interactive_requests_wait_less_and_batch_keeps_its_share(start_sim: StartSim) -> None:
+    sim = await start_sim(Scenario(models=(spec("flagship", 4),)))
+    cfg = config(sim.base_url, ("flagship",), "[client]\nbatch_share = 0.25\n[limiter]\ninitial = 4\nmax = 4\n")
+    async with FallbackClient(cfg, environ=ENV) as client:
+        loop = asyncio.get_running_loop()
+        served: list[tuple[float, str]] = []
 
-            async def one(priority: str, delay: float) -> None:
-                await asyncio.sleep(delay)
-                await client.chat("work", priority=priority)
-                served.append((loop.time(), priority))
+        async def one(priority: str, delay: float) -> None:
+            await asyncio.sleep(delay)
+            await client.chat("work", priority=priority)
+            served.append((loop.time(), priority))
 
-            t0 = loop.time()
-            await asyncio.gather(*[one("batch", 0.0) for _ in range(40)], *[one("interactive", 0.5) for _ in range(40)])
-    finally:
-        await sim.stop()
+        t0 = loop.time()
+        await asyncio.gather(*[one("batch", 0.0) for _ in range(40)], *[one("interactive", 0.5) for _ in range(40)])
     # While both waited (from the second wave on, until the interactive ones ran out),
     # three of four slots went to interactive requests and one in four to batch.
     both = [p for at, p in served if 1.5 <= at - t0 <= 10.5]

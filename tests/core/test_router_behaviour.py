@@ -13,10 +13,10 @@ from capmon.core.result import ChatRequest, Skip, sent
 from capmon.core.router import FallbackClient
 from capmon.sim.app import create_app
 from capmon.sim.scenario import parse_scenario
-from tests.support.configs import ENV, three_models
+from tests.support.configs import ENV, THREE_MODELS, build_config, three_models
 from tests.support.scripted import OVERLOADED, Reply, Script, ok, serve
 
-pytestmark = pytest.mark.looptime
+pytestmark = [pytest.mark.integration, pytest.mark.looptime]
 
 
 async def test_a_pinned_model_wins_over_the_order_and_unpinning_goes_back() -> None:
@@ -232,12 +232,10 @@ dialect = "openai-503"
         for name, n in slots.items()
     )
     app = create_app(parse_scenario('name = "t"\n' + models))
-    cfg = three_models("http://sim/v1")
-    cfg = cfg.__class__(
-        **{
-            **cfg.__dict__,
-            "models": tuple(m.__class__(**{**m.__dict__, "api_model": f"sim-{m.name}"}) for m in cfg.models),
-        }
+    cfg = build_config(
+        "http://sim/v1",
+        models={m: {**spec, "api_model": f"sim-{m}"} for m, spec in THREE_MODELS.items()},
+        breaker={"cooldown": 300.0, "ramp_duration": 60.0},
     )
     return cfg, httpx.ASGITransport(app=app)
 

@@ -14,7 +14,7 @@ from capmon.core.router import FallbackClient
 from tests.support.configs import ENV, three_models
 from tests.support.scripted import OVERLOADED, Reply, Script, ok, serve
 
-pytestmark = pytest.mark.looptime
+pytestmark = [pytest.mark.integration, pytest.mark.looptime]
 
 
 async def test_three_capacity_503s_trip_the_breaker_and_traffic_moves_on() -> None:

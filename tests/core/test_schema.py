@@ -10,6 +10,8 @@ import pytest
 from capmon.core.exceptions import ConfigError
 from capmon.core.schema import KeyDoc, Loader, document, parse_toml, spec, toml_text
 
+pytestmark = pytest.mark.unit
+
 
 @dataclass(frozen=True)
 class Step:

@@ -15,6 +15,8 @@ import pytest
 from capmon.core.transport import Sender
 from capmon.core.wire import Oversized, body_pieces, read_capped
 
+pytestmark = pytest.mark.unit
+
 URL = httpx.URL("https://api.example.com/v1/chat/completions")
 BODY = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
 KEY = {"authorization": "Bearer sk-sending-test-0123456789"}

@@ -15,7 +15,7 @@ from capmon.core.state import KeyState
 from tests.support.configs import ENV, three_models
 from tests.support.scripted import OVERLOADED, Script, serve
 
-pytestmark = pytest.mark.looptime
+pytestmark = [pytest.mark.integration, pytest.mark.looptime]
 
 
 async def test_a_live_snapshot_and_its_events_round_trip_through_json() -> None:

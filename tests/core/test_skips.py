@@ -21,7 +21,7 @@ from capmon.core.router import FallbackClient
 from tests.support.configs import ENV, build_config, three_models
 from tests.support.scripted import OVERLOADED, Reply, Script, free_port, ok, serve
 
-pytestmark = pytest.mark.looptime
+pytestmark = [pytest.mark.integration, pytest.mark.looptime]
 
 
 def _skips(attempts: object) -> list[tuple[str, Skip | None]]:

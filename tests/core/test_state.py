@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from capmon.core.breaker import State
-from capmon.core.clock import LoopClock, ManualClock
+from capmon.core.clock import LoopClock
 from capmon.core.config import BreakerConfig, ClientConfig, Config, LimiterConfig, ModelConfig
 from capmon.core.decisions import DEFAULT_QUOTA_PARK
 from capmon.core.errors import Cause, Failure, Kind
@@ -22,6 +22,9 @@ from capmon.core.events import BreakerChanged, Event, KeyParked, ModelPinned
 from capmon.core.limiter import Slot
 from capmon.core.state import Admission, KeyState, MemoryState, MemoryTarget, TargetSpec
 from capmon.core.waiting import GATE_SLACK, INTERACTIVE, MAX_NAP, WaitQueue
+from tests.support.clocks import ManualClock
+
+pytestmark = pytest.mark.unit
 
 A1, A2, B1 = "m1@ep/a", "m2@ep/a", "m1@ep/b"
 

@@ -12,7 +12,7 @@ from tests.core.wire_shapes import STREAMS, UNSUPPORTED, WEATHER_ARGS, Shape, ch
 from tests.support.configs import ENV, three_models
 from tests.support.scripted import Reply, Script, ok, serve
 
-pytestmark = pytest.mark.looptime
+pytestmark = [pytest.mark.integration, pytest.mark.looptime]
 
 NORMAL = sse(role(), text("from "), text("medium"), chunk({}, "stop"))
 

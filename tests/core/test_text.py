@@ -11,6 +11,8 @@ from capmon.core import text
 from capmon.core.stats import Outcome, RollingStats
 from tests.support.clocks import utc_zone
 
+pytestmark = pytest.mark.unit
+
 NOON = 1_764_590_400.0  # 2025-12-01 12:00:00 UTC, a Monday
 
 

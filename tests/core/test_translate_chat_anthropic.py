@@ -20,11 +20,15 @@ from capmon.core import anthropic_wire as aw
 from capmon.core import formats
 from capmon.core import translate_chat_anthropic as tr
 from capmon.core.anthropic_wire import MessageAssembler
+from capmon.core.config import ClientConfig, DropRule
 from capmon.core.errors import Kind
 from capmon.core.exceptions import BrokenAnswer
 from capmon.core.result import Api, ChatRequest
 from capmon.core.wire import Assembler
 from tests.core.test_anthropic_wire import OVERLOADED, TEXT_ANSWER, TOOL_ANSWER, json_piece
+from tests.core.test_formats import target
+
+pytestmark = pytest.mark.unit
 
 ANTHROPIC_BODY: TypeAdapter[Any] = TypeAdapter(message_create_params.MessageCreateParamsNonStreaming)
 CHAT_BODY: TypeAdapter[Any] = TypeAdapter(completion_create_params.CompletionCreateParamsNonStreaming)
@@ -46,6 +50,24 @@ def chat(*messages: dict[str, Any], **fields: Any) -> dict[str, Any]:
 
 def anthropic(*messages: dict[str, Any], **fields: Any) -> dict[str, Any]:
     return {"model": "claude-x", "max_tokens": 1024, "messages": list(messages), **fields}
+
+
+def chat_request(body: Mapping[str, Any]) -> ChatRequest:
+    """A chat body as the caller's request (as the gateway reads one: the model aside)."""
+    return ChatRequest.of(body["messages"], **{k: v for k, v in body.items() if k not in ("model", "messages")})
+
+
+def incapable(request: ChatRequest, api: str, hints: DropRule = DropRule.DROP) -> str | None:
+    """Why a target on ``api``'s wire cannot carry ``request``, or None: the production check
+    (formats.incapable: the translation itself, then the wire's own rules)."""
+    return formats.incapable(request, target(api), ClientConfig(unhonoured_hints=hints))
+
+
+def refused(translate: Any, body: Mapping[str, Any]) -> str:
+    """Why ``translate`` refuses ``body`` (it must)."""
+    with pytest.raises(tr.Untranslatable) as e:
+        translate(body)
+    return str(e.value)
 
 
 CALL = {"id": "call_1", "type": "function", "function": {"name": "weather", "arguments": '{"city": "Paris"}'}}
@@ -239,7 +261,7 @@ BOTH_WAYS: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
 @pytest.mark.parametrize(("name", "chat_body", "expected"), BOTH_WAYS, ids=[c[0] for c in BOTH_WAYS])
 def test_chat_to_messages(name: str, chat_body: dict[str, Any], expected: dict[str, Any]) -> None:
     CHAT_BODY.validate_python(chat_body)
-    assert tr.chat_incapable(chat_body) is None
+    assert incapable(chat_request(chat_body), "anthropic") is None
     got = tr.chat_to_messages(chat_body)
     assert got == expected
     ANTHROPIC_BODY.validate_python(aw.messages_body(got, model="claude-x", max_tokens=1024, stream=False))
@@ -256,7 +278,7 @@ def test_messages_to_chat_is_the_same_table_backwards(
     body = _as_messages_request(anthropic_fields)
     if name == "token-cap":
         body["max_tokens"] = 77
-    assert tr.messages_incapable(body) is None
+    assert incapable(ChatRequest.anthropic(body), "openai") is None
     got = tr.messages_to_chat(body)
     CHAT_BODY.validate_python({"model": "gpt-x", **got})
     # Chat -> Messages of what came back is the row again: the meaning went both ways.
@@ -349,10 +371,9 @@ CHAT_REFUSED = [
 
 @pytest.mark.parametrize(("name", "body", "reason"), CHAT_REFUSED, ids=[c[0] for c in CHAT_REFUSED])
 def test_chat_requests_anthropic_cannot_carry_are_refused(name: str, body: dict[str, Any], reason: str) -> None:
-    got = tr.chat_incapable(body)
+    assert reason in refused(tr.chat_to_messages, body)
+    got = incapable(chat_request(body), "anthropic")  # so a target on Anthropic's wire is skipped, saying why
     assert got is not None and reason in got, got
-    with pytest.raises(tr.Untranslatable, match="."):
-        tr.chat_to_messages(body)
 
 
 THINKING_ON = {"type": "enabled", "budget_tokens": 2048}
@@ -411,10 +432,10 @@ MESSAGES_REFUSED = [
 
 @pytest.mark.parametrize(("name", "body", "reason"), MESSAGES_REFUSED, ids=[c[0] for c in MESSAGES_REFUSED])
 def test_messages_requests_openai_cannot_carry_are_refused(name: str, body: dict[str, Any], reason: str) -> None:
-    got = tr.messages_incapable(body)
+    assert reason in refused(tr.messages_to_chat, body)
+    # so a target on OpenAI's wire is skipped, saying why (a hint among them when the rule says skip: see HINTED)
+    got = incapable(ChatRequest.anthropic(body), "openai", hints=DropRule.SKIP)
     assert got is not None and reason in got, got
-    with pytest.raises(tr.Untranslatable):
-        tr.messages_to_chat(body)
 
 
 def test_fields_that_mean_nothing_to_the_answer_do_not_stop_a_request() -> None:
@@ -427,8 +448,8 @@ def test_fields_that_mean_nothing_to_the_answer_do_not_stop_a_request() -> None:
         n=1,
         logprobs=False,
     )
-    assert tr.chat_incapable(body) is None
-    assert tr.messages_incapable(anthropic(user("Hi"), service_tier="auto")) is None
+    assert incapable(chat_request(body), "anthropic") is None
+    assert incapable(ChatRequest.anthropic(anthropic(user("Hi"), service_tier="auto")), "openai") is None
 
 
 # (name, Messages request, the hints taken out, the request without them): fields that say
@@ -523,10 +544,15 @@ def test_hints_are_taken_out_and_named_and_the_rest_translates_or_is_refused(
     ANTHROPIC_BODY.validate_python(body)
     assert tr.without_hints(body) == (rest, hints)
     if hints:
-        assert tr.messages_incapable(body) is not None  # the translation alone never drops them silently
-        assert tr.messages_incapable(rest) is None
+        refused(tr.messages_to_chat, body)  # the translation alone never drops them silently
+        tr.messages_to_chat(rest)
+        # a target on OpenAI's wire: the hints dropped, or (by the rule) the target skipped naming them
+        assert incapable(ChatRequest.anthropic(body), "openai") is None
+        why = incapable(ChatRequest.anthropic(body), "openai", hints=DropRule.SKIP)
+        assert why is not None and all(h in why for h in hints), why
     else:
-        assert tr.messages_incapable(rest) is not None
+        refused(tr.messages_to_chat, rest)
+        assert incapable(ChatRequest.anthropic(rest), "openai") is not None
 
 
 def test_sampling_a_2026_target_refuses_is_named_after_translation() -> None:

@@ -29,12 +29,14 @@ from capmon.core import transport as transport_module
 from capmon.core.errors import Cause, Kind, classify_exception
 from capmon.core.result import ChatRequest
 from capmon.core.router import FallbackClient
-from capmon.core.transport import HttpcoreTransport, PoolStats, TransportKind, make_transport, resolve
+from capmon.core.transport import HttpcoreTransport, TransportKind, make_transport, resolve
 from capmon.core.transport_aiohttp import AiohttpTransport
 from capmon.sim.server import running_simulator
 from tests.reliability.helpers import ENV, scenario, set_fault, sim_config
+from tests.support import pools
+from tests.support.pools import PoolStats
 
-pytestmark = pytest.mark.looptime
+pytestmark = [pytest.mark.integration, pytest.mark.looptime]
 
 KINDS = [k.value for k in TransportKind if k is not TransportKind.AUTO]
 KEY = "sk-transport-test-0123456789abcdefghij"
@@ -195,7 +197,7 @@ async def client(
 def pool_stats(c: httpx.AsyncClient) -> PoolStats:
     transport = c._transport  # the client's one transport (httpx keeps it private)
     assert isinstance(transport, (HttpcoreTransport, AiohttpTransport))
-    return transport.pool_stats()
+    return pools.pool_stats(transport)
 
 
 @pytest.fixture(params=KINDS)

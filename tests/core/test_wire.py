@@ -14,6 +14,8 @@ from capmon.core.errors import Kind, classify_response
 from capmon.core.wire import Assembler, FrameKind, SSEParser, TokenParam, read_frame
 from tests.core.wire_shapes import STREAMS, UNSUPPORTED, Shape
 
+pytestmark = pytest.mark.unit
+
 
 def play(body: bytes, pieces: int = 1) -> tuple[Assembler, list[Any], Any, bool]:
     """Run a stream body through the parser the way the client reads it: (assembled answer,

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+import tomllib
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from capmon.core.clock import default_clock
 from capmon.core.config import Config, parse_config
 from capmon.core.events import EventBus
 from capmon.core.router import FallbackClient
 from capmon.fleet import RedisState, shared_state
-from tests.support.configs import ENV
+from tests.support.configs import ENV, config_toml
 
 # Times for real-time tests: a probe 0.2 s after a trip, a ramp of 0.3 s.
 FAST_BREAKER = """
@@ -27,7 +29,7 @@ ramp_duration = 0.3
 KEY_A = '[{ env = "TEST_KEY_A", alias = "a" }]'
 
 
-def fleet_config(base_url: str, redis_url: str, namespace: str, **kw: str) -> Config:
+def fleet_config(base_url: str, redis_url: str, namespace: str, **kw: Any) -> Config:
     return parse_config(fleet_text(base_url, redis_url, namespace, **kw), "fleet-test.toml")
 
 
@@ -42,37 +44,28 @@ def fleet_text(
     flagship: str = "",
     medium: str = "",
     keys: str = KEY_A,
+    models: Iterable[str] = ("flagship", "medium"),
 ) -> str:
-    return f"""
-[simulator]
-enabled = false
-
-[[endpoints]]
-name = "ep"
-base_url = "{base_url}"
-keys = {keys}
-
-[[models]]
-name = "flagship"
-endpoints = ["ep"]
-{flagship}
-
-[[models]]
-name = "medium"
-endpoints = ["ep"]
-{medium}
-
-[shared]
-backend = "redis"
-url = "{redis_url}"
-namespace = "{namespace}"
-lease_ttl = 0.6
-heartbeat = 0.1
-reconcile = 0.2
-{shared}
-{breaker}
-{extra}
-"""
+    """flagship and medium (or ``models`` of them) on one endpoint, sharing their state in Redis
+    at ``redis_url`` under ``namespace`` with short leases and beats. The model lines
+    (``flagship``, ``medium``), ``shared`` lines, ``breaker`` and ``extra`` are TOML, as tests
+    write them."""
+    own = {"flagship": flagship, "medium": medium}
+    return config_toml(
+        base_url,
+        keys=keys,
+        models={m: tomllib.loads(own[m]) for m in models},
+        shared={
+            "backend": "redis",
+            "url": redis_url,
+            "namespace": namespace,
+            "lease_ttl": 0.6,
+            "heartbeat": 0.1,
+            "reconcile": 0.2,
+            **tomllib.loads(shared),
+        },
+        extra=breaker + "\n" + extra,
+    )
 
 
 def client(config: Config, *, role: str = "library", bus: EventBus | None = None) -> FallbackClient:

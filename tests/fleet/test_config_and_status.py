@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from capmon.core.clock import default_clock
-from capmon.core.config import parse_config
+from capmon.core.config import Config, parse_config
 from capmon.core.exceptions import ConfigError
 from capmon.core.router import FallbackClient
 from capmon.core.secrets import redact
@@ -16,24 +16,12 @@ from capmon.core.serial import snapshot_from_json, snapshot_to_json
 from capmon.core.snapshot import FleetProcess, LinkState, SharedStatus
 from capmon.fleet import shared_state, show_url
 from capmon.fleet.settings import resolve
-from tests.support.configs import ENV
+from tests.support.configs import ENV, config_toml
 
-BASE = """
-[simulator]
-enabled = false
-
-[[endpoints]]
-name = "ep"
-base_url = "http://127.0.0.1:9/v1"
-keys = [{ env = "TEST_KEY_A", alias = "a" }]
-
-[[models]]
-name = "m"
-endpoints = ["ep"]
-"""
+BASE = config_toml("http://127.0.0.1:9/v1", models=["m"])
 
 
-def _config(shared: str):
+def _config(shared: str) -> Config:
     return parse_config(BASE + "\n[shared]\n" + shared, "c.toml")
 
 

@@ -20,6 +20,7 @@ from capmon.core.snapshot import LinkState
 from capmon.gateway.readiness import readiness
 from capmon.status import format_snapshot
 from tests.fleet.helpers import FLAGSHIP, MEDIUM, client, fleet_config, store, until
+from tests.support.configs import write_config
 from tests.support.scripted import OVERLOADED, Reply, Script, free_port, ok, serve
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -53,26 +54,14 @@ async def test_unreachable_at_start_warns_and_runs_on_local_state(namespace: str
 
 def test_unreachable_at_start_with_required_exits_2_in_one_line_without_the_password(tmp_path: Path) -> None:
     port = free_port()
-    config = tmp_path / "config.toml"
-    config.write_text(f"""
-[simulator]
-enabled = false
-
-[[endpoints]]
-name = "ep"
-base_url = "http://127.0.0.1:{free_port()}/v1"
-simulated = true
-keys = [{{ env = "CAPMON_NO_SUCH_KEY", alias = "a" }}]
-
-[[models]]
-name = "m"
-endpoints = ["ep"]
-
-[shared]
-backend = "redis"
-url_env = "CAPMON_TEST_SHARED_URL"
-required = true
-""")
+    config = write_config(
+        tmp_path / "config.toml",
+        f"http://127.0.0.1:{free_port()}/v1",
+        simulated=True,
+        keys=[("CAPMON_NO_SUCH_KEY", "a")],
+        models=["m"],
+        shared={"backend": "redis", "url_env": "CAPMON_TEST_SHARED_URL", "required": True},
+    )
     env = {**os.environ, "CAPMON_TEST_SHARED_URL": f"redis://capmon:hunter2-very-secret@127.0.0.1:{port}/3"}
     out = subprocess.run(
         [sys.executable, "-m", "capmon.cli", "status", "--once", "--config", str(config)],

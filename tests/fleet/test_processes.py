@@ -15,7 +15,7 @@ from pathlib import Path
 
 from capmon.core.breaker import State
 from capmon.core.config import parse_config
-from tests.fleet.helpers import FLAGSHIP, MEDIUM, client, fleet_text, is_probe, store, until
+from tests.fleet.helpers import FLAGSHIP, MEDIUM, client, fleet_config, fleet_text, is_probe, store, until
 from tests.support.scripted import OVERLOADED, Reply, Script, ok, serve
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -87,9 +87,7 @@ async def test_a_real_second_process_shares_trips_leases_probes_and_the_registry
         text = fleet_text(url, redis_url, namespace, medium="max_concurrency = 2")
         full = parse_config(text, "fleet-test.toml")
         # This process has no flagship until the other is killed: the other's prober is the only one.
-        flagship = '[[models]]\nname = "flagship"\nendpoints = ["ep"]\n\n'
-        assert flagship in text
-        cfg = parse_config(text.replace(flagship, ""), "fleet-test.toml")
+        cfg = fleet_config(url, redis_url, namespace, medium="max_concurrency = 2", models=("medium",))
         path = tmp_path / "fleet.toml"
         path.write_text(text)
         env = {**os.environ, "PYTHONPATH": str(ROOT)}

@@ -28,6 +28,7 @@ import asyncio
 import collections
 import math
 import time
+import tomllib
 import uuid
 from collections.abc import Coroutine
 from typing import Any, ClassVar, TypeVar
@@ -44,7 +45,7 @@ from capmon.core.state import Admission, MemoryState, MemoryTarget, TargetSpec, 
 from capmon.fleet import RedisState
 from capmon.fleet.settings import resolve
 from capmon.fleet.target import RedisTarget
-from tests.support.configs import ENV
+from tests.support.configs import ENV, config_toml
 
 T = TypeVar("T")
 
@@ -120,40 +121,20 @@ def with_hint(failure: Failure | None, hint: float | None) -> Failure | None:
 
 
 def config_text(redis_url: str, namespace: str, breaker: str, flagship: str) -> str:
-    return f"""
-[simulator]
-enabled = false
-
-[[endpoints]]
-name = "ep"
-base_url = "http://127.0.0.1:9/v1"
-keys = [{{ env = "TEST_KEY_A", alias = "a" }}]
-
-[[models]]
-name = "flagship"
-endpoints = ["ep"]
-{flagship}
-
-[[models]]
-name = "medium"
-endpoints = ["ep"]
-
-[shared]
-backend = "redis"
-url = "{redis_url}"
-namespace = "{namespace}"
-lease_ttl = 3600
-heartbeat = 60
-reconcile = 60
-
-[limiter]
-initial = 1
-min = 1
-max = 8
-decrease = 0.5
-
-{breaker}
-"""
+    return config_toml(
+        "http://127.0.0.1:9/v1",
+        models={"flagship": tomllib.loads(flagship), "medium": {}},
+        shared={
+            "backend": "redis",
+            "url": redis_url,
+            "namespace": namespace,
+            "lease_ttl": 3600,
+            "heartbeat": 60,
+            "reconcile": 60,
+        },
+        limiter={"initial": 1, "min": 1, "max": 8, "decrease": 0.5},
+        extra=breaker,
+    )
 
 
 # Times stored in a target's hash that Redis's clock passing would age (not liveness).

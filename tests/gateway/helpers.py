@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import tomllib
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,7 @@ from capmon.gateway import GatewayServer, close_app, create_app, load_settings, 
 from capmon.gateway.connections import ConnectionLimits
 from capmon.sim.scenario import ModelSpec, Scenario
 from capmon.sim.server import SimHandle, start_simulator
+from tests.support.configs import config_toml, sim_models
 
 MODELS = ("flagship", "medium", "small")
 ENV = {"GW_PROVIDER_KEY": SIMULATOR_DEMO_KEY}
@@ -92,6 +94,11 @@ def scenario(*specs: ModelSpec, keys: tuple[str, ...] | None = None) -> Scenario
     return Scenario(name="gateway", models=models, **({"keys": keys} if keys else {}))
 
 
+def two_wires(keys: tuple[str, ...] | None = None) -> Scenario:
+    """flagship on the simulator's OpenAI wire, claude on its Anthropic wire."""
+    return scenario(spec("flagship"), spec("claude", api="anthropic"), keys=keys)
+
+
 def config(
     base_url: str,
     *,
@@ -106,25 +113,26 @@ def config(
 ) -> Config:
     """The models in ``models``' order, on the simulator's OpenAI wire (endpoint ``sim``),
     but those in ``anthropic``, on its Anthropic wire (endpoint ``anthropic``, the simulator's
-    origin, ``anthropic_version``, ``anthropic_headers`` as a TOML inline table)."""
-    text = (
-        f'[simulator]\nenabled = false\n\n[[endpoints]]\nname = "sim"\nbase_url = "{base_url}"\n'
-        f'keys = [{{ env = "{key_env}", alias = "sim-key" }}]\n'
-    )
+    origin, ``anthropic_version``, ``anthropic_headers`` as a TOML inline table); ``extra``
+    and ``gateway`` (the ``[gateway]`` section's lines) are TOML, as tests write them."""
+    endpoints: dict[str, Any] = {}
     if anthropic:
-        text += (
-            f'\n[[endpoints]]\nname = "anthropic"\napi = "anthropic"\nbase_url = "{base_url.removesuffix("/v1")}"\n'
-            f'anthropic_version = "{anthropic_version}"\nkeys = [{{ env = "{key_env}", alias = "claude-key" }}]\n'
-        )
-        text += f"headers = {anthropic_headers}\n" if anthropic_headers else ""
-    for m in models:
-        where = "anthropic" if m in anthropic else "sim"
-        text += (
-            f'\n[[models]]\nname = "{m}"\napi_model = "sim-{m}"\nendpoints = ["{where}"]\nmax_tokens = {max_tokens}\n'
-        )
-    text += f"\n{extra}\n"
-    if gateway:
-        text += f"\n[gateway]\n{gateway}\n"
+        headers = tomllib.loads(f"headers = {anthropic_headers}") if anthropic_headers else {}
+        endpoints["anthropic"] = {
+            "base_url": base_url.removesuffix("/v1"),
+            "api": "anthropic",
+            "anthropic_version": anthropic_version,
+            "keys": [(key_env, "claude-key")],
+            **headers,
+        }
+    text = config_toml(
+        base_url,
+        endpoint="sim",
+        keys=[(key_env, "sim-key")],
+        endpoints=endpoints,
+        models=sim_models(models, on=dict.fromkeys(anthropic, "anthropic"), max_tokens=max_tokens),
+        extra=extra + (f"\n[gateway]\n{gateway}\n" if gateway else ""),
+    )
     return parse_config(text, "gateway-test.toml")
 
 

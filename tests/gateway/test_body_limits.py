@@ -15,17 +15,13 @@ import openai
 import pytest
 
 from capmon.gateway.shape import READ_AT_ONCE
-from tests.gateway.helpers import CLAUDE_WEATHER_TOOL, HEADER_STYLES, WEATHER_TOOL, running, scenario, spec
+from tests.gateway.helpers import CLAUDE_WEATHER_TOOL, HEADER_STYLES, WEATHER_TOOL, running, two_wires
 
 pytestmark = pytest.mark.looptime
 
 LIMITS = "max_messages = 3\nmax_content_blocks = 6\nmax_tools = 2"
 # flagship on the simulator's OpenAI wire; claude on its Anthropic wire (Messages served as they are)
 MODELS: dict[str, Any] = {"models": ("flagship", "claude"), "anthropic": ("claude",), "gateway": LIMITS}
-
-
-def sim() -> Any:
-    return scenario(spec("flagship"), spec("claude", api="anthropic"))
 
 
 PAD = " " * (READ_AT_ONCE + 1)  # whitespace between two tokens: a body read in slices, its prompt unchanged
@@ -100,7 +96,7 @@ CHAT_OVER: list[tuple[dict[str, Any], str, str]] = [
 async def test_chat_past_a_limit_is_a_400_naming_the_array_the_limit_and_the_count(
     over: dict[str, Any], param: str, words: str
 ) -> None:
-    async with running(sim(), **MODELS) as gw, gw.openai() as sdk:
+    async with running(two_wires(), **MODELS) as gw, gw.openai() as sdk:
         with pytest.raises(openai.BadRequestError) as refused:
             await sdk.chat.completions.create(model="auto", **over)
         assert gw.client.snapshot().requests == 0  # refused at the edge: the core never saw it
@@ -127,7 +123,7 @@ RESPONSES_OVER: list[tuple[dict[str, Any], str, str]] = [
 async def test_responses_past_a_limit_is_a_400_in_the_openai_shape(
     over: dict[str, Any], param: str, words: str
 ) -> None:
-    async with running(sim(), **MODELS) as gw, gw.openai() as sdk:
+    async with running(two_wires(), **MODELS) as gw, gw.openai() as sdk:
         with pytest.raises(openai.BadRequestError) as refused:
             await sdk.responses.create(model="auto", **over)
     body = openai_refusal(refused.value)
@@ -172,7 +168,7 @@ MESSAGES_OVER: list[tuple[dict[str, Any], tuple[str, ...], str]] = [
 async def test_messages_past_a_limit_is_a_400_in_anthropics_shape(
     over: dict[str, Any], arrays: tuple[str, ...], words: str, style: str
 ) -> None:
-    async with running(sim(), **MODELS) as gw, gw.anthropic(style=style) as sdk:
+    async with running(two_wires(), **MODELS) as gw, gw.anthropic(style=style) as sdk:
         with pytest.raises(anthropic.BadRequestError) as refused:
             await sdk.messages.create(model="auto", max_tokens=10, **over)
         with pytest.raises(anthropic.BadRequestError) as counted:
@@ -199,7 +195,7 @@ async def test_bodies_at_every_limit_are_served() -> None:
         ],
         "tools": claude_tools(2),
     }
-    async with running(sim(), **MODELS) as gw, gw.openai() as sdk, gw.anthropic() as claude_sdk:
+    async with running(two_wires(), **MODELS) as gw, gw.openai() as sdk, gw.anthropic() as claude_sdk:
         completion = await sdk.chat.completions.create(model="flagship", tools=tools(2), **chat)
         response = await sdk.responses.create(model="flagship", input=[{"role": "user", "content": "a"}] * 3, tools=[])
         message = await claude_sdk.messages.create(model="claude", max_tokens=10, **claude)
@@ -215,7 +211,7 @@ async def test_a_big_body_is_read_in_slices_refused_past_a_limit_and_served_with
     over = json.dumps({"model": "claude", "max_tokens": 10, "messages": [user(*"abcdefg")]})
     chat_over = json.dumps({"model": "flagship", "messages": [user(*"abcdefg")]})
     padded = [text.replace('"messages":', '"messages":' + PAD, 1) for text in (within, over, chat_over)]
-    async with running(sim(), **MODELS) as gw, gw.http() as http:
+    async with running(two_wires(), **MODELS) as gw, gw.http() as http:
         served = await http.post("/v1/messages", content=padded[0].encode())
         refused = await http.post("/v1/messages", content=padded[1].encode())
         chat_refused = await http.post("/v1/chat/completions", content=padded[2].encode())

@@ -29,12 +29,6 @@ pytestmark = pytest.mark.looptime
 TIMEOUTS = "header_timeout = 0.5\nkeep_alive_timeout = 0.5"
 
 
-@pytest.fixture(params=["httptools", "h11"])
-def http(request: pytest.FixtureRequest) -> str:
-    """The ``[gateway]`` line that chooses the parser."""
-    return f'\nhttp = "{request.param}"'
-
-
 def assert_api_error(got: Received, status: int, code: str) -> None:
     assert got.status == status, got.data[:300]
     assert got.headers["content-type"] == "application/json" and got.headers["connection"] == "close"
@@ -43,8 +37,8 @@ def assert_api_error(got: Received, status: int, code: str) -> None:
     assert got.closed
 
 
-async def test_a_connection_that_sends_nothing_is_closed_after_the_header_timeout(http: str) -> None:
-    async with running(gateway=TIMEOUTS + http) as gw:
+async def test_a_connection_that_sends_nothing_is_closed_after_the_header_timeout(parser: str) -> None:
+    async with running(gateway=TIMEOUTS + "\n" + parser) as gw:
         sock = await connect(gw.server.port)
         start = asyncio.get_running_loop().time()
         got = await receive(sock, 30.0)  # on main: still open after 30 s
@@ -76,8 +70,8 @@ async def test_headers_sent_one_byte_at_a_time_are_cut_at_the_header_timeout() -
     assert_api_error(got, 408, "request_timeout")
 
 
-async def test_an_idle_kept_alive_connection_is_closed_after_the_keep_alive_timeout(http: str) -> None:
-    async with running(gateway="keep_alive_timeout = 0.5" + http) as gw:
+async def test_an_idle_kept_alive_connection_is_closed_after_the_keep_alive_timeout(parser: str) -> None:
+    async with running(gateway="keep_alive_timeout = 0.5\n" + parser) as gw:
         loop = asyncio.get_running_loop()
         sock = await connect(gw.server.port)
         await loop.sock_sendall(sock, request("GET", "/health"))
@@ -87,10 +81,10 @@ async def test_an_idle_kept_alive_connection_is_closed_after_the_keep_alive_time
 
 
 async def test_past_the_connection_cap_a_new_connection_gets_a_json_503_and_the_log_one_line_a_second(
-    caplog: pytest.LogCaptureFixture, http: str
+    caplog: pytest.LogCaptureFixture, parser: str
 ) -> None:
     caplog.set_level(logging.INFO, "capmon.gateway")
-    async with running(gateway="max_connections = 3\nheader_timeout = 60" + http) as gw:
+    async with running(gateway="max_connections = 3\nheader_timeout = 60\n" + parser) as gw:
         loop = asyncio.get_running_loop()
         held = [await connect(gw.server.port) for _ in range(3)]
         await asyncio.sleep(0.05)
@@ -126,8 +120,8 @@ async def test_past_the_connection_cap_a_new_connection_gets_a_json_503_and_the_
     ],
     ids=["negative-content-length", "1mb-header-line", "no-colon", "tls-hello"],
 )
-async def test_malformed_http_gets_the_apis_json_error(raw: bytes, status: int, http: str) -> None:
-    async with running(gateway=http.strip()) as gw:
+async def test_malformed_http_gets_the_apis_json_error(raw: bytes, status: int, parser: str) -> None:
+    async with running(gateway=parser) as gw:
         loop = asyncio.get_running_loop()
         sock = await connect(gw.server.port)
         try:
@@ -206,18 +200,18 @@ async def test_a_head_over_the_limit_in_one_read_is_a_431_with_httptools(where: 
     assert_api_error(got, 431, "malformed_http")
 
 
-async def test_a_kept_alive_connection_serves_requests_one_after_another(http: str) -> None:
+async def test_a_kept_alive_connection_serves_requests_one_after_another(parser: str) -> None:
     # The head counter starts again at every request: many small requests on one connection pass.
-    async with running(gateway=http.strip()) as gw:
+    async with running(gateway=parser) as gw:
         async with httpx.AsyncClient(base_url=gw.origin, trust_env=False) as client:
             answers = [await client.get("/health", headers={"x-padding": "p" * 4000}) for _ in range(10)]
     assert [a.status_code for a in answers] == [200] * 10
 
 
-async def test_a_head_request_is_answered(http: str) -> None:
+async def test_a_head_request_is_answered(parser: str) -> None:
     # The answer to HEAD is a head alone; httptools' protocol held it back waiting for the
     # first part of a body that never comes, and the client waited for ever.
-    async with running(gateway=http.strip()) as gw:
+    async with running(gateway=parser) as gw:
         sock = await connect(gw.server.port)
         await asyncio.get_running_loop().sock_sendall(sock, request("HEAD", "/health") + request("GET", "/health"))
         got = await receive(sock, 5.0)

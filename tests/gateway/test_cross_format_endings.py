@@ -25,6 +25,7 @@ from tests.gateway.helpers import (
     scenario,
     spec,
     sse_frames,
+    two_wires,
 )
 from tests.reliability.helpers import set_fault
 
@@ -37,7 +38,7 @@ RESPONSES_TOOL = {"type": "function", "name": "get_weather", "parameters": WEATH
 def gateway(first: str) -> Any:
     """flagship on the simulator's OpenAI wire and claude on its Anthropic wire, ``first`` first."""
     models = (first, *(m for m in ("flagship", "claude") if m != first))
-    return running(scenario(spec("flagship"), spec("claude", api="anthropic")), models=models, anthropic=("claude",))
+    return running(two_wires(), models=models, anthropic=("claude",))
 
 
 async def broken(gw: Running, model: str) -> None:

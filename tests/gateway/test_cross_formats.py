@@ -17,10 +17,8 @@ import httpx
 import openai
 import pytest
 
-from capmon.core.config import parse_config
 from capmon.core.router import FallbackClient
 from capmon.gateway import close_app, create_app, load_settings, start_server
-from capmon.sim.server import start_simulator
 from tests.gateway.helpers import (
     CLAUDE_WEATHER_TOOL,
     WEATHER_TOOL,
@@ -29,8 +27,11 @@ from tests.gateway.helpers import (
     scenario,
     spec,
     sse_frames,
+    two_wires,
 )
 from tests.reliability.helpers import set_fault
+from tests.support.configs import on_azure
+from tests.support.simulated import StartSim
 
 pytestmark = pytest.mark.looptime
 
@@ -44,12 +45,8 @@ def providers(first: str) -> dict[str, Any]:
     return {"models": models, "anthropic": ("claude",)}
 
 
-def sim() -> Any:
-    return scenario(spec("flagship"), spec("claude", api="anthropic"))
-
-
 async def test_the_anthropic_sdk_is_served_by_the_openai_model_when_its_anthropic_model_is_tripped() -> None:
-    async with running(sim(), **providers("claude")) as gw, gw.anthropic() as sdk:
+    async with running(two_wires(), **providers("claude")) as gw, gw.anthropic() as sdk:
         gw.client.trip("claude")
         raw = await sdk.messages.with_raw_response.create(
             model="claude", max_tokens=100, system="Be brief.", messages=HI
@@ -82,7 +79,7 @@ async def test_the_anthropic_sdk_is_served_by_the_openai_model_when_its_anthropi
 
 
 async def test_the_openai_sdk_is_served_by_the_anthropic_model_when_the_flagship_is_tripped() -> None:
-    async with running(sim(), **providers("flagship")) as gw, gw.openai() as sdk:
+    async with running(two_wires(), **providers("flagship")) as gw, gw.openai() as sdk:
         gw.client.trip("flagship")
         raw = await sdk.chat.completions.with_raw_response.create(model="flagship", messages=HI, temperature=0.2)
         chat = raw.parse()
@@ -147,7 +144,11 @@ async def test_the_openai_sdk_is_served_by_the_anthropic_model_when_the_flagship
 
 
 async def test_anthropics_in_stream_overload_after_output_is_each_clients_own_error_event() -> None:
-    async with running(sim(), **providers("claude")) as gw, gw.anthropic() as claude_sdk, gw.openai() as openai_sdk:
+    async with (
+        running(two_wires(), **providers("claude")) as gw,
+        gw.anthropic() as claude_sdk,
+        gw.openai() as openai_sdk,
+    ):
         after = {"mode": "stream_error", "model": "sim-claude", "after": 2, "dialect": "anthropic-stream", "count": 1}
         await set_fault(gw.sim, **after)
         got: list[str] = []
@@ -183,38 +184,29 @@ async def test_anthropics_in_stream_overload_after_output_is_each_clients_own_er
     assert events[-1] == "response.failed" and "response.completed" not in events
 
 
-AZURE = (
-    "[simulator]\nenabled = false\n\n"
-    '[[endpoints]]\nname = "azure"\napi = "azure"\nbase_url = "{origin}"\napi_version = "2024-10-21"\n'
-    'keys = [{{ env = "AZ", alias = "az" }}]\n\n'
-    '[[models]]\nname = "gpt"\napi_model = "sim-gpt-az"\nendpoints = ["azure"]\nmax_tokens = 64\n'
-)
-
-
-async def test_an_azure_models_key_shows_in_no_log_metric_snapshot_or_answer(caplog: pytest.LogCaptureFixture) -> None:
+async def test_an_azure_models_key_shows_in_no_log_metric_snapshot_or_answer(
+    caplog: pytest.LogCaptureFixture, start_sim: StartSim
+) -> None:
     caplog.set_level(logging.DEBUG)
     azure_key = "7e6d5c4b3a2918f7e6d5c4b3a2918f70"  # 32 hex digits, as Azure's keys are
     env = {"AZ": azure_key}
-    sim_handle = await start_simulator(scenario(spec("gpt-az", api="azure"), keys=(azure_key,)))
-    try:
-        cfg = parse_config(AZURE.format(origin=sim_handle.origin), "azure.toml")
-        async with FallbackClient(cfg, environ=env) as client:
-            app = create_app(client, load_settings(cfg, listen="127.0.0.1:0", environ=env))
-            server = await start_server(app, "127.0.0.1", 0)
-            try:
-                headers = {"content-type": "application/json"}
-                async with httpx.AsyncClient(base_url=server.origin, headers=headers, trust_env=False) as http:
-                    chat = await http.post("/v1/chat/completions", json={"model": "gpt", "messages": HI})
-                    streamed = await http.post(
-                        "/v1/chat/completions", json={"model": "gpt", "messages": HI, "stream": True}
-                    )
-                    messages = await http.post("/v1/messages", json={"model": "gpt", "max_tokens": 20, "messages": HI})
-                    seen = [chat, streamed, messages, await http.get("/metrics"), await http.get("/capmon/snapshot")]
-            finally:
-                close_app(app)
-                await server.stop()
-    finally:
-        await sim_handle.stop()
+    sim_handle = await start_sim(scenario(spec("gpt-az", api="azure"), keys=(azure_key,)))
+    cfg = on_azure(sim_handle.origin, api_version="2024-10-21")
+    async with FallbackClient(cfg, environ=env) as client:
+        app = create_app(client, load_settings(cfg, listen="127.0.0.1:0", environ=env))
+        server = await start_server(app, "127.0.0.1", 0)
+        try:
+            headers = {"content-type": "application/json"}
+            async with httpx.AsyncClient(base_url=server.origin, headers=headers, trust_env=False) as http:
+                chat = await http.post("/v1/chat/completions", json={"model": "gpt", "messages": HI})
+                streamed = await http.post(
+                    "/v1/chat/completions", json={"model": "gpt", "messages": HI, "stream": True}
+                )
+                messages = await http.post("/v1/messages", json={"model": "gpt", "max_tokens": 20, "messages": HI})
+                seen = [chat, streamed, messages, await http.get("/metrics"), await http.get("/capmon/snapshot")]
+        finally:
+            close_app(app)
+            await server.stop()
     assert chat.status_code == streamed.status_code == messages.status_code == 200
     assert chat.headers["x-capmon-api"] == "azure" and messages.json()["type"] == "message"
     assert len(data_of(sse_frames(streamed.text))) > 2 and "capmon_" in seen[3].text

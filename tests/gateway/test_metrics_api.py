@@ -10,66 +10,36 @@ import pytest
 from capmon.core.config import parse_config
 from capmon.core.router import FallbackClient
 from capmon.gateway import close_app, create_app, load_settings, start_server
-from capmon.sim.server import start_simulator
 from tests.gateway.helpers import HELLO, scenario, spec
+from tests.support.configs import two_providers
+from tests.support.simulated import StartSim
 
 pytestmark = pytest.mark.looptime
 
 PROVIDER_KEY = "sk-canary-provider-metrics-7d1e0c9b5a3f2e84"
 
 
-def two_providers(openai_url: str, anthropic_url: str) -> str:
-    return f"""
-[simulator]
-enabled = false
-
-[[endpoints]]
-name = "oai"
-base_url = "{openai_url}"
-keys = [{{ env = "PROVIDER_KEY", alias = "oai-key" }}]
-
-[[endpoints]]
-name = "ant"
-api = "anthropic"
-base_url = "{anthropic_url}"
-keys = [{{ env = "PROVIDER_KEY", alias = "ant-key" }}]
-
-[[models]]
-name = "flagship"
-api_model = "sim-flagship"
-endpoints = ["oai"]
-max_tokens = 64
-
-[[models]]
-name = "claude"
-api_model = "sim-claude"
-endpoints = ["ant"]
-max_tokens = 64
-"""
-
-
-async def test_a_scrape_names_each_targets_api_and_counts_fallbacks_across_providers_without_a_key() -> None:
+async def test_a_scrape_names_each_targets_api_and_counts_fallbacks_across_providers_without_a_key(
+    start_sim: StartSim,
+) -> None:
     # The flagship holds nothing: every request falls back to claude, on Anthropic's wire.
     scn = scenario(spec("flagship", slots=0), spec("claude", api="anthropic"), keys=(PROVIDER_KEY,))
-    sim = await start_simulator(scn)
-    try:
-        origin = sim.base_url.removesuffix("/v1")
-        cfg = parse_config(two_providers(sim.base_url, origin), "metrics-api.toml")
-        env = {"PROVIDER_KEY": PROVIDER_KEY}
-        async with FallbackClient(cfg, environ=env) as client:
-            app = create_app(client, load_settings(cfg, listen="127.0.0.1:0", environ=env))
-            server = await start_server(app, "127.0.0.1", 0)
-            try:
-                async with httpx.AsyncClient(base_url=server.origin, trust_env=False, timeout=60) as http:
-                    for _ in range(2):
-                        r = await http.post("/v1/chat/completions", json={"model": "flagship", "messages": HELLO})
-                        assert r.status_code == 200, r.text
-                    text = (await http.get("/metrics")).text
-            finally:
-                close_app(app)
-                await server.stop()
-    finally:
-        await sim.stop()
+    sim = await start_sim(scn)
+    origin = sim.base_url.removesuffix("/v1")
+    cfg = parse_config(two_providers(sim.base_url, origin), "metrics-api.toml")
+    env = {"PROVIDER_KEY": PROVIDER_KEY}
+    async with FallbackClient(cfg, environ=env) as client:
+        app = create_app(client, load_settings(cfg, listen="127.0.0.1:0", environ=env))
+        server = await start_server(app, "127.0.0.1", 0)
+        try:
+            async with httpx.AsyncClient(base_url=server.origin, trust_env=False, timeout=60) as http:
+                for _ in range(2):
+                    r = await http.post("/v1/chat/completions", json={"model": "flagship", "messages": HELLO})
+                    assert r.status_code == 200, r.text
+                text = (await http.get("/metrics")).text
+        finally:
+            close_app(app)
+            await server.stop()
 
     def value(line_start: str) -> float:
         found = [ln for ln in text.splitlines() if ln.startswith(line_start)]

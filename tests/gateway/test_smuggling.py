@@ -125,11 +125,6 @@ ANSWERED = {
 }
 
 
-@pytest.fixture(params=["httptools", "h11"])
-def http(request: pytest.FixtureRequest) -> str:
-    return f'http = "{request.param}"'
-
-
 async def exchange(gateway: str, raw: bytes) -> Received:
     """Send ``raw`` in one write on a new connection; what comes back until the gateway
     closes (or 5 s pass: a connection kept alive)."""
@@ -146,9 +141,9 @@ async def exchange(gateway: str, raw: bytes) -> Received:
 
 @pytest.mark.parametrize("raw", REFUSED.values(), ids=REFUSED.keys())
 async def test_ambiguous_framing_gets_one_400_and_the_hidden_request_is_never_answered(
-    raw: bytes, http: str, caplog: pytest.LogCaptureFixture
+    raw: bytes, parser: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    got = await exchange(http, raw)
+    got = await exchange(parser, raw)
     found = answers(got.data)
     assert len(found) == 1, found  # before: h11 answered the outer request and the hidden one
     assert_api_error(Received(found[0], got.closed), 400, "malformed_http")
@@ -158,8 +153,8 @@ async def test_ambiguous_framing_gets_one_400_and_the_hidden_request_is_never_an
 
 
 @pytest.mark.parametrize("raw", UPGRADES.values(), ids=UPGRADES.keys())
-async def test_a_request_to_upgrade_is_answered_and_its_connection_closed(raw: bytes, http: str) -> None:
-    got = await exchange(http, raw)
+async def test_a_request_to_upgrade_is_answered_and_its_connection_closed(raw: bytes, parser: str) -> None:
+    got = await exchange(parser, raw)
     found = answers(got.data)
     assert len(found) == 1, found
     answer = Received(found[0], got.closed)
@@ -168,15 +163,15 @@ async def test_a_request_to_upgrade_is_answered_and_its_connection_closed(raw: b
 
 
 @pytest.mark.parametrize("raw", ANSWERED.values(), ids=ANSWERED.keys())
-async def test_well_framed_requests_one_behind_the_other_are_all_answered(raw: bytes, http: str) -> None:
-    got = await exchange(http, raw)
+async def test_well_framed_requests_one_behind_the_other_are_all_answered(raw: bytes, parser: str) -> None:
+    got = await exchange(parser, raw)
     assert [Received(a, False).status for a in answers(got.data)] == [200, 200]
 
 
-async def test_a_body_found_malformed_after_its_answer_gets_no_second_answer(http: str) -> None:
+async def test_a_body_found_malformed_after_its_answer_gets_no_second_answer(parser: str) -> None:
     # /health answers without reading the body; the bad chunk comes after. A 400 now would be
     # read as the answer to the client's next request (or a proxy's next client's).
-    async with running(gateway=http) as gw:
+    async with running(gateway=parser) as gw:
         loop = asyncio.get_running_loop()
         sock = await connect(gw.server.port)
         await loop.sock_sendall(sock, CHUNKED)

@@ -40,16 +40,14 @@ from capmon.gateway.traces import GatewayTraces, otlp_url, resource
 from capmon.sim.scenario import Scenario
 from capmon.sim.server import start_simulator
 from tests.gateway.helpers import ENV, HELLO, Running, config, gateway_for, scenario, serve_process, until
-from tests.support.configs import shipped_config
+from tests.support.configs import config_toml, shipped_config
 from tests.support.scripted import free_port
+from tests.support.simulated import StartSim
 
 ROOT = Path(__file__).resolve().parents[2]
 PARENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_SPAN = "00f067aa0ba902b7"
-MINIMAL = (
-    '[simulator]\nenabled = false\n[[endpoints]]\nname = "e"\nbase_url = "http://127.0.0.1:1/v1"\n'
-    'keys = [{ env = "K" }]\n[[models]]\nname = "m"\nendpoints = ["e"]\n'
-)
+MINIMAL = config_toml("http://127.0.0.1:1/v1", endpoint="e", keys=[("K", None)], models=["m"])
 
 
 @contextlib.asynccontextmanager
@@ -284,20 +282,17 @@ def _value(v: AnyValue) -> Any:
 
 
 @pytest.mark.looptime
-async def test_the_attempt_spans_of_a_fallback_reach_an_otlp_receiver() -> None:
+async def test_the_attempt_spans_of_a_fallback_reach_an_otlp_receiver(start_sim: StartSim) -> None:
     with otlp_receiver() as (url, got, seen):
-        sim = await start_simulator(scenario())
-        try:
-            telemetry = f'[telemetry]\notlp_endpoint = "{url}"\nservice_name = "gw-under-test"\n'
-            async with gateway_for(sim.base_url, extra=telemetry) as (client, app, server):
-                assert isinstance(app.state.gateway.tracer, GatewayTraces)  # from the config alone
-                gw = Running(sim, client, app, server)
-                await gw.sim_admin("outage/sim-flagship", {"duration": 60})
-                async with gw.openai() as sdk:
-                    raw = await sdk.chat.completions.with_raw_response.create(model="flagship", messages=HELLO)
-            # the gateway has stopped: its last spans were flushed on the way out
-        finally:
-            await sim.stop()
+        sim = await start_sim(scenario())
+        telemetry = f'[telemetry]\notlp_endpoint = "{url}"\nservice_name = "gw-under-test"\n'
+        async with gateway_for(sim.base_url, extra=telemetry) as (client, app, server):
+            assert isinstance(app.state.gateway.tracer, GatewayTraces)  # from the config alone
+            gw = Running(sim, client, app, server)
+            await gw.sim_admin("outage/sim-flagship", {"duration": 60})
+            async with gw.openai() as sdk:
+                raw = await sdk.chat.completions.with_raw_response.create(model="flagship", messages=HELLO)
+        # the gateway has stopped: its last spans were flushed on the way out
     assert seen and all(s == "/v1/traces application/x-protobuf" for s in seen)
     spans, services = [], set()
     for request in got:

@@ -18,7 +18,9 @@ import pytest
 
 from capmon.sim.server import start_simulator
 from tests.gateway.helpers import HELLO, gateway_for, scenario, serve_process
+from tests.support.configs import NO_SUCH_HOST, write_config
 from tests.support.scripted import free_port
+from tests.support.simulated import StartSim
 
 pytestmark = pytest.mark.looptime
 
@@ -81,7 +83,7 @@ async def test_an_unreachable_endpoint_is_a_502_at_once_never_capacity(
     assert lines[0].startswith("endpoint sim (") and label in lines[0]
 
 
-async def test_the_same_endpoint_back_serves_again_without_a_restart() -> None:
+async def test_the_same_endpoint_back_serves_again_without_a_restart(start_sim: StartSim) -> None:
     port = free_port()
     async with gateway_for(f"http://127.0.0.1:{port}/v1", models=("flagship",)) as (client, _app, server):
         sdk = openai.AsyncOpenAI(base_url=server.base_url, api_key="k", max_retries=0)
@@ -90,33 +92,25 @@ async def test_the_same_endpoint_back_serves_again_without_a_restart() -> None:
                 await sdk.chat.completions.create(model="auto", messages=HELLO)
             assert info.value.response.json()["error"]["code"] == "upstream_unreachable"
         await asyncio.sleep(3)
-        sim = await start_simulator(scenario(), port=port)
-        try:
-            loop = asyncio.get_running_loop()
-            t0 = loop.time()
-            while True:
-                try:
-                    answer = await sdk.chat.completions.with_raw_response.create(model="auto", messages=HELLO)
-                    break
-                except openai.APIStatusError as e:
-                    assert e.response.json()["error"]["code"] == "upstream_unreachable"
-                assert loop.time() - t0 < 60, "not back within a minute"
-                await asyncio.sleep(0.5)
-            assert answer.headers["x-capmon-model"] == "flagship"
-            snap = client.snapshot()
-            assert snap.targets[0].unreachable_reason is None
-        finally:
-            await sim.stop()
+        await start_sim(scenario(), port=port)
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        while True:
+            try:
+                answer = await sdk.chat.completions.with_raw_response.create(model="auto", messages=HELLO)
+                break
+            except openai.APIStatusError as e:
+                assert e.response.json()["error"]["code"] == "upstream_unreachable"
+            assert loop.time() - t0 < 60, "not back within a minute"
+            await asyncio.sleep(0.5)
+        assert answer.headers["x-capmon-model"] == "flagship"
+        snap = client.snapshot()
+        assert snap.targets[0].unreachable_reason is None
 
 
 def test_capmon_serve_says_it_once_on_stderr_however_many_requests_fail(tmp_path: Path) -> None:
     port = free_port()
-    config = tmp_path / "config.toml"
-    config.write_text(
-        '[simulator]\nenabled = false\n\n[[endpoints]]\nname = "openai"\n'
-        'base_url = "https://capmon-no-such-host.invalid/v1"\nkeys = []\n\n'
-        '[[models]]\nname = "gpt-4o"\nendpoints = ["openai"]\n'
-    )
+    config = write_config(tmp_path / "config.toml", NO_SUCH_HOST, endpoint="openai", keys=[], models=["gpt-4o"])
     proc = serve_process(config, port)
     try:
         assert proc.stdout is not None

@@ -19,6 +19,7 @@ from capmon.core.usage import MAX_COUNT
 from capmon.sim.usage import HUGE, USAGE_MODES
 from tests.gateway.helpers import HELLO, Running, data_of, gateway_for, scenario, spec, sse_frames
 from tests.gateway.test_traces import otlp_receiver, spans_of, traced
+from tests.support.simulated import StartSim
 
 HOSTILE = [m for m in USAGE_MODES if m != "honest"]
 USAGE_ATTRIBUTES = ("gen_ai.usage.input_tokens", "gen_ai.usage.output_tokens")
@@ -134,22 +135,17 @@ async def test_hostile_usage_reaches_the_client_the_log_and_a_span_bounded(
 
 @pytest.mark.looptime
 async def test_the_trace_relay_sends_the_span_of_an_answer_claiming_10_to_the_30_tokens(
-    capfd: pytest.CaptureFixture[str],
+    capfd: pytest.CaptureFixture[str], start_sim: StartSim
 ) -> None:
-    from capmon.sim.server import start_simulator
-
     with otlp_receiver() as (url, got, _):
-        sim = await start_simulator(scenario())
-        try:
-            telemetry = f'[telemetry]\notlp_endpoint = "{url}"\nservice_name = "gw-under-test"\n'
-            async with gateway_for(sim.base_url, extra=telemetry) as (client, app, server):
-                gw = Running(sim, client, app, server)
-                await hostile(gw, "huge")
-                async with gw.http() as http:
-                    reply = await http.post("/v1/chat/completions", json={"model": "flagship", "messages": HELLO})
-            # the gateway has stopped: the relay sent what it had, then exited
-        finally:
-            await sim.stop()
+        sim = await start_sim(scenario())
+        telemetry = f'[telemetry]\notlp_endpoint = "{url}"\nservice_name = "gw-under-test"\n'
+        async with gateway_for(sim.base_url, extra=telemetry) as (client, app, server):
+            gw = Running(sim, client, app, server)
+            await hostile(gw, "huge")
+            async with gw.http() as http:
+                reply = await http.post("/v1/chat/completions", json={"model": "flagship", "messages": HELLO})
+        # the gateway has stopped: the relay sent what it had, then exited
     assert reply.status_code == 200 and str(HUGE) not in reply.text
     spans = [s for request in got for rs in request.resource_spans for ss in rs.scope_spans for s in ss.spans]
     [root] = [s for s in spans if s.kind == s.SPAN_KIND_SERVER]

@@ -20,7 +20,7 @@ import httpx
 from capmon.core import events as ev
 from capmon.core.config import SIMULATOR_DEMO_KEY, Config
 from capmon.sim.scenario import ModelSpec, Scenario
-from tests.support.configs import SIMULATED_MODELS, build_config
+from tests.support.configs import SIMULATED_MODELS, build_config, shipped_config
 
 SIM_MODELS = ("sim-flagship", "sim-medium", "sim-small")
 ENV = {"REL_KEY": SIMULATOR_DEMO_KEY}
@@ -56,14 +56,9 @@ def scenario(
 def cli_config(folder: Path, base_latency: float) -> Path:
     """The shipped config.toml for a real `capmon batch` process: its embedded simulator on a free
     loopback port, serving the CLI tests' fast scenario at ``base_latency``."""
-    from tests.batch.test_cli import ROOT, SCENARIO
-    from tests.support.scripted import free_port
+    from tests.batch.test_cli import SCENARIO
 
-    (folder / "fast.toml").write_text(SCENARIO.replace("base_latency = 0.005", f"base_latency = {base_latency}"))
-    text = (ROOT / "config.toml").read_text().replace("127.0.0.1:8089", f"127.0.0.1:{free_port()}")
-    cfg = folder / "config.toml"
-    cfg.write_text(text.replace('scenario = "demo"', 'scenario = "fast.toml"'))
-    return cfg
+    return shipped_config(folder, SCENARIO.replace("base_latency = 0.005", f"base_latency = {base_latency}"))[0]
 
 
 def read_only_query(db: Path, sql: str) -> list[tuple[Any, ...]]:

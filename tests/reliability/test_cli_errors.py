@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from capmon.cli import EXIT_USAGE, main
-from tests.support.scripted import free_port
+from tests.support.configs import shipped_config
 
 ROOT = Path(__file__).resolve().parents[2]
 CAPMON = [sys.executable, "-m", "capmon.cli"]
@@ -33,14 +33,6 @@ def one_error_line(err: str) -> str:
     assert "Traceback" not in err
     assert lines[0].startswith("capmon: "), err
     return lines[0]
-
-
-def config_with(tmp_path: Path, old: str, new: str, name: str = "config.toml") -> Path:
-    text = (ROOT / "config.toml").read_text()
-    assert old in text
-    path = tmp_path / name
-    path.write_text(text.replace(old, new).replace("127.0.0.1:8089", f"127.0.0.1:{free_port()}"))
-    return path
 
 
 BAD_SCENARIO = """
@@ -146,7 +138,7 @@ def test_status_with_a_missing_config(capsys: pytest.CaptureFixture[str], tmp_pa
 def test_the_config_from_the_environment_is_named_too(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    path = config_with(tmp_path, "max_attempts = 50", "max_attempts = 0")
+    path = shipped_config(tmp_path, replace={"max_attempts = 50": "max_attempts = 0"})[0]
     monkeypatch.setenv("CAPMON_CONFIG", str(path))
     code, _, err = run(capsys, "status", "--once")
     assert code == EXIT_USAGE
@@ -190,7 +182,7 @@ def test_the_config_from_the_environment_is_named_too(
 def test_status_with_a_wrong_config_names_the_file_and_key(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, old: str, new: str, expected: str
 ) -> None:
-    path = config_with(tmp_path, old, new)
+    path = shipped_config(tmp_path, replace={old: new})[0]
     code, _, err = run(capsys, "status", "--once", "--config", str(path))
     assert code == EXIT_USAGE
     line = one_error_line(err)
@@ -200,7 +192,7 @@ def test_status_with_a_wrong_config_names_the_file_and_key(
 
 def test_status_with_a_config_whose_scenario_is_bad(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     (tmp_path / "scn.toml").write_text(BAD_SCENARIO)
-    path = config_with(tmp_path, 'scenario = "demo"', 'scenario = "scn.toml"')
+    path = shipped_config(tmp_path, replace={'scenario = "demo"': 'scenario = "scn.toml"'})[0]
     code, _, err = run(capsys, "status", "--once", "--config", str(path))
     assert code == EXIT_USAGE
     line = one_error_line(err)
@@ -212,7 +204,7 @@ def test_status_with_a_missing_key_variable(
 ) -> None:
     monkeypatch.delenv("CAPMON_SIM_API_KEY", raising=False)
     monkeypatch.delenv("NOT_SET_ANYWHERE", raising=False)
-    path = config_with(tmp_path, "simulated = true", "simulated = false")
+    path = shipped_config(tmp_path, replace={"simulated = true": "simulated = false"})[0]
     path.write_text(path.read_text().replace('env = "CAPMON_SIM_API_KEY"', 'env = "NOT_SET_ANYWHERE"'))
     code, _, err = run(capsys, "status", "--once", "--config", str(path))
     assert code == EXIT_USAGE

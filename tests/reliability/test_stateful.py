@@ -32,7 +32,7 @@ from hypothesis.stateful import (
 
 from capmon.core import events as ev
 from capmon.core.breaker import State
-from capmon.core.clock import LoopClock, ManualClock
+from capmon.core.clock import LoopClock
 from capmon.core.config import BreakerConfig, ClientConfig, Config, LimiterConfig, ModelConfig
 from capmon.core.errors import Cause, Failure, Kind
 from capmon.core.exceptions import RequestFailed
@@ -41,6 +41,7 @@ from capmon.core.result import ChatResult
 from capmon.core.router import FallbackClient
 from capmon.core.state import Admission, KeyState, MemoryState, MemoryTarget, TargetSpec
 from capmon.core.waiting import INTERACTIVE, WaitQueue
+from tests.support.clocks import ManualClock
 from tests.support.configs import ENV, three_models
 from tests.support.scripted import OVERLOADED, Reply, Script, ok, serve
 

@@ -14,6 +14,7 @@ import httpx
 
 from capmon.core.config import Config, load_config
 from capmon.inprocess.home import RUNTIME
+from tests.support import configs
 from tests.support.scripted import free_port
 
 HELLO = [{"role": "user", "content": "Say something about capacity."}]
@@ -49,20 +50,19 @@ def write_config(where: Path, *, full: Iterable[str] = (), extra: str = "") -> P
     """A config file (and its scenario) in ``where``; the models in ``full`` have no slots."""
     port = free_port()
     (where / "scenario.toml").write_text(_scenario(tuple(full)))
-    text = (
-        f'[simulator]\nenabled = true\nlisten = "127.0.0.1:{port}"\nscenario = "scenario.toml"\n\n'
-        f'[[endpoints]]\nname = "sim"\nbase_url = "http://127.0.0.1:{port}/v1"\nsimulated = true\n'
-        f'keys = [{{ env = "CAPMON_SIM_API_KEY", alias = "sim-key" }}]\n\n'
-        f'[[endpoints]]\nname = "sim-anthropic"\napi = "anthropic"\nbase_url = "http://127.0.0.1:{port}"\n'
-        f'simulated = true\nkeys = [{{ env = "CAPMON_SIM_API_KEY", alias = "sim-key" }}]\n'
+    return configs.write_config(
+        where / "capmon.toml",
+        f"http://127.0.0.1:{port}/v1",
+        endpoint="sim",
+        endpoints={"sim-anthropic": {"base_url": f"http://127.0.0.1:{port}", "api": "anthropic"}},
+        simulated=True,
+        keys=[("CAPMON_SIM_API_KEY", "sim-key")],
+        models=configs.sim_models(
+            [m for m, _ in MODELS], on={m: "sim-anthropic" for m, api in MODELS if api == "anthropic"}
+        ),
+        simulator={"enabled": True, "listen": f"127.0.0.1:{port}", "scenario": "scenario.toml"},
+        extra=extra,
     )
-    for name, api in MODELS:
-        endpoint = "sim-anthropic" if api == "anthropic" else "sim"
-        text += f'\n[[models]]\nname = "{name}"\napi_model = "sim-{name}"\nendpoints = ["{endpoint}"]\n'
-        text += "max_tokens = 64\n"
-    path = where / "capmon.toml"
-    path.write_text(text + extra)
-    return path
 
 
 def config(where: Path, **kw: Any) -> Config:

@@ -12,38 +12,35 @@ import pytest
 
 from capmon.cli import main
 from capmon.core.exceptions import SimulatorError
-from capmon.sim.server import running_simulator
 from tests.sim.helpers import AUTH, chat_body, fast_scenario
+from tests.support.simulated import StartSim
 
 ADMIN_KEY = "adm-0123456789abcdef0123"
 UNREACHABLE = "192.0.2.1"
 
 
-async def test_a_configured_key_guards_admin_on_loopback() -> None:
-    async with (
-        running_simulator(fast_scenario(), admin_key=ADMIN_KEY) as sim,
-        httpx.AsyncClient(trust_env=False, timeout=5) as c,
-    ):
-        for headers in ({}, {"Authorization": "Bearer wrong"}, {"x-admin-key": ADMIN_KEY[:-1]}, AUTH):
-            r = await c.get(f"{sim.admin_url}/stats", headers=headers)
-            assert r.status_code == 401, headers
-            assert ADMIN_KEY not in r.text
-        r = await c.post(f"{sim.admin_url}/models/sim-a", json={"slots": 0})
-        assert r.status_code == 401
-        assert (await c.post(f"{sim.base_url}/chat/completions", json=chat_body(), headers=AUTH)).status_code == 200
-        ok = await c.get(f"{sim.admin_url}/stats", headers={"Authorization": f"Bearer {ADMIN_KEY}"})
-        assert ok.status_code == 200 and ok.json()["totals"]["completed"] == 1
-        ok = await c.post(f"{sim.admin_url}/faults", json={"mode": "off"}, headers={"x-admin-key": ADMIN_KEY})
-        assert ok.status_code == 200
-        index = (await c.get(sim.origin)).text
-        assert "requires the admin key" in index and "/v1/responses" in index and ADMIN_KEY not in index
+async def test_a_configured_key_guards_admin_on_loopback(start_sim: StartSim, http: httpx.AsyncClient) -> None:
+    sim = await start_sim(fast_scenario(), admin_key=ADMIN_KEY)
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"x-admin-key": ADMIN_KEY[:-1]}, AUTH):
+        r = await http.get(f"{sim.admin_url}/stats", headers=headers)
+        assert r.status_code == 401, headers
+        assert ADMIN_KEY not in r.text
+    r = await http.post(f"{sim.admin_url}/models/sim-a", json={"slots": 0})
+    assert r.status_code == 401
+    assert (await http.post(f"{sim.base_url}/chat/completions", json=chat_body(), headers=AUTH)).status_code == 200
+    ok = await http.get(f"{sim.admin_url}/stats", headers={"Authorization": f"Bearer {ADMIN_KEY}"})
+    assert ok.status_code == 200 and ok.json()["totals"]["completed"] == 1
+    ok = await http.post(f"{sim.admin_url}/faults", json={"mode": "off"}, headers={"x-admin-key": ADMIN_KEY})
+    assert ok.status_code == 200
+    index = (await http.get(sim.origin)).text
+    assert "requires the admin key" in index and "/v1/responses" in index and ADMIN_KEY not in index
 
 
-async def test_loopback_without_a_key_is_as_before_and_says_so() -> None:
-    async with running_simulator(fast_scenario()) as sim, httpx.AsyncClient(trust_env=False, timeout=5) as c:
-        assert (await c.get(f"{sim.admin_url}/stats")).status_code == 200
-        index = (await c.get(sim.origin)).text
-        assert "needs no key: this server listens on loopback only" in index
+async def test_loopback_without_a_key_is_as_before_and_says_so(start_sim: StartSim, http: httpx.AsyncClient) -> None:
+    sim = await start_sim(fast_scenario())
+    assert (await http.get(f"{sim.admin_url}/stats")).status_code == 200
+    index = (await http.get(sim.origin)).text
+    assert "needs no key: this server listens on loopback only" in index
 
 
 def test_the_policy() -> None:

@@ -16,7 +16,7 @@ import pytest
 from capmon.core.config import SIMULATOR_DEMO_KEY
 from capmon.sim.faults import parse_rules
 from capmon.sim.scenario import ModelSpec, Scenario
-from capmon.sim.server import SimHandle, running_simulator
+from capmon.sim.server import SimHandle
 from tests.sim.helpers import frames
 
 SCENARIO = Scenario(
@@ -51,9 +51,8 @@ OVERLOADED = {"type": "error", "error": {"type": "overloaded_error", "message": 
 
 
 @pytest.fixture
-async def sim() -> AsyncIterator[SimHandle]:
-    async with running_simulator(SCENARIO) as handle:
-        yield handle
+def sim_scenario() -> Scenario:
+    return SCENARIO
 
 
 def sdk(sim: SimHandle, *, old: bool = False, key: str = SIMULATOR_DEMO_KEY) -> anthropic.AsyncAnthropic:
@@ -150,14 +149,13 @@ async def test_plain_tool_use(client: anthropic.AsyncAnthropic) -> None:
     assert text.stop_reason == "end_turn"
 
 
-async def test_the_event_sequence_on_the_wire(sim: SimHandle) -> None:
+async def test_the_event_sequence_on_the_wire(sim: SimHandle, http: httpx.AsyncClient) -> None:
     body = {"model": "sim-claude", "max_tokens": 100, "messages": HELLO, "stream": True}
-    async with httpx.AsyncClient(trust_env=False) as http:
-        r = await http.post(
-            f"{sim.origin}/v1/messages",
-            json=body,
-            headers={"x-api-key": SIMULATOR_DEMO_KEY, "anthropic-version": "2026-10-21"},
-        )
+    r = await http.post(
+        f"{sim.origin}/v1/messages",
+        json=body,
+        headers={"x-api-key": SIMULATOR_DEMO_KEY, "anthropic-version": "2026-10-21"},
+    )
     names = [f.event for f in frames(r.text)]
     deltas = names.count("content_block_delta")
     assert names == [
@@ -219,25 +217,25 @@ async def test_2026_refuses_assistant_documents_and_user_citations(sim: SimHandl
         ({"anthropic-version": "2099-01-01"}, 'anthropic-version: "2099-01-01" is not a valid version'),
     ],
 )
-async def test_missing_or_unknown_version(sim: SimHandle, headers: dict[str, str], message: str) -> None:
-    async with httpx.AsyncClient(trust_env=False) as http:
-        r = await http.post(
-            f"{sim.origin}/v1/messages",
-            json={"model": "sim-claude", "max_tokens": 10, "messages": HELLO},
-            headers={"x-api-key": SIMULATOR_DEMO_KEY, **headers},
-        )
+async def test_missing_or_unknown_version(
+    sim: SimHandle, headers: dict[str, str], message: str, http: httpx.AsyncClient
+) -> None:
+    r = await http.post(
+        f"{sim.origin}/v1/messages",
+        json={"model": "sim-claude", "max_tokens": 10, "messages": HELLO},
+        headers={"x-api-key": SIMULATOR_DEMO_KEY, **headers},
+    )
     assert r.status_code == 400
     assert r.json() == {"type": "error", "error": {"type": "invalid_request_error", "message": message}}
 
 
-async def test_max_tokens_is_required(sim: SimHandle) -> None:
+async def test_max_tokens_is_required(sim: SimHandle, http: httpx.AsyncClient) -> None:
     # (the SDK itself refuses to send a request without it)
-    async with httpx.AsyncClient(trust_env=False) as http:
-        r = await http.post(
-            f"{sim.origin}/v1/messages",
-            json={"model": "sim-claude", "messages": HELLO},
-            headers={"x-api-key": SIMULATOR_DEMO_KEY, "anthropic-version": OLD_VERSION},
-        )
+    r = await http.post(
+        f"{sim.origin}/v1/messages",
+        json={"model": "sim-claude", "messages": HELLO},
+        headers={"x-api-key": SIMULATOR_DEMO_KEY, "anthropic-version": OLD_VERSION},
+    )
     assert r.status_code == 400 and r.json()["error"]["message"] == "max_tokens: Field required"
 
 

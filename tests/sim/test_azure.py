@@ -13,7 +13,7 @@ import pytest
 
 from capmon.core.config import SIMULATOR_DEMO_KEY
 from capmon.sim.scenario import ModelSpec, Scenario
-from capmon.sim.server import SimHandle, running_simulator
+from capmon.sim.server import SimHandle
 from tests.sim.helpers import HELLO, data_frames
 
 SCENARIO = Scenario(
@@ -36,9 +36,8 @@ MESSAGES: Any = HELLO
 
 
 @pytest.fixture
-async def sim() -> AsyncIterator[SimHandle]:
-    async with running_simulator(SCENARIO) as handle:
-        yield handle
+def sim_scenario() -> Scenario:
+    return SCENARIO
 
 
 @pytest.fixture
@@ -80,28 +79,26 @@ async def test_classic_responses(classic: openai.AsyncAzureOpenAI) -> None:
     assert reply.status == "completed" and len(reply.output_text.split()) == 12
 
 
-async def test_v1_chat_and_responses(sim: SimHandle, v1: openai.AsyncOpenAI) -> None:
+async def test_v1_chat_and_responses(sim: SimHandle, v1: openai.AsyncOpenAI, http: httpx.AsyncClient) -> None:
     reply = await v1.chat.completions.create(model="sim-azure", messages=MESSAGES)
     assert reply.model == "sim-azure" and reply.choices[0].finish_reason == "stop"
     answered = await v1.responses.create(model="sim-azure", input="Say something.")
     assert answered.status == "completed"
     # Azure's own header alone is enough
-    async with httpx.AsyncClient(trust_env=False) as http:
-        r = await http.post(
-            f"{sim.origin}/openai/v1/chat/completions",
-            json={"model": "sim-azure", "messages": MESSAGES, "stream": True},
-            headers={"api-key": SIMULATOR_DEMO_KEY},
-        )
+    r = await http.post(
+        f"{sim.origin}/openai/v1/chat/completions",
+        json={"model": "sim-azure", "messages": MESSAGES, "stream": True},
+        headers={"api-key": SIMULATOR_DEMO_KEY},
+    )
     assert r.status_code == 200 and data_frames(r.text)[0]["choices"] == []
 
 
-async def test_missing_api_version_is_a_400(sim: SimHandle) -> None:
-    async with httpx.AsyncClient(trust_env=False) as http:
-        r = await http.post(
-            f"{sim.origin}/openai/deployments/sim-azure/chat/completions",
-            json={"messages": MESSAGES},
-            headers={"api-key": SIMULATOR_DEMO_KEY},
-        )
+async def test_missing_api_version_is_a_400(sim: SimHandle, http: httpx.AsyncClient) -> None:
+    r = await http.post(
+        f"{sim.origin}/openai/deployments/sim-azure/chat/completions",
+        json={"messages": MESSAGES},
+        headers={"api-key": SIMULATOR_DEMO_KEY},
+    )
     assert r.status_code == 400
     assert r.json() == {"error": {"code": "BadRequest", "message": "Missing required query parameter: api-version"}}
 

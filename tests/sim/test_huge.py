@@ -5,28 +5,21 @@ from __future__ import annotations
 
 import json
 import tracemalloc
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import pytest
 
-from capmon.sim.server import SimHandle, running_simulator
+from capmon.sim.scenario import Scenario
+from capmon.sim.server import SimHandle
 from tests.sim.helpers import AUTH, chat_body, content_of, data_frames, fast_scenario
 
 MB = 1024 * 1024
 
 
 @pytest.fixture
-async def sim() -> AsyncIterator[SimHandle]:
-    async with running_simulator(fast_scenario(slots=1)) as handle:
-        yield handle
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(trust_env=False, timeout=30) as c:
-        yield c
+def sim_scenario() -> Scenario:
+    return fast_scenario(slots=1)
 
 
 async def huge(sim: SimHandle, http: httpx.AsyncClient, size: int, valid: bool, **extra: Any) -> httpx.Response:

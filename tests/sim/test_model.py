@@ -8,7 +8,6 @@ import random
 
 import pytest
 
-from capmon.core.clock import ManualClock
 from capmon.core.config import SIMULATOR_DEMO_KEY
 from capmon.core.exceptions import ConfigError
 from capmon.sim.faults import FaultInjector, FaultMode, FaultRule, parse_rules
@@ -22,6 +21,7 @@ from capmon.sim.scenario import (
     load_scenario,
     parse_scenario,
 )
+from tests.support.clocks import ManualClock
 
 KEY = SIMULATOR_DEMO_KEY
 

@@ -10,7 +10,7 @@ import pytest
 
 from capmon.core.config import SIMULATOR_DEMO_KEY
 from capmon.sim.scenario import ModelSpec, Scenario
-from capmon.sim.server import SimHandle, running_simulator
+from capmon.sim.server import SimHandle
 
 # Real sockets and a real loop: keep simulated latencies tiny.
 SCENARIO = Scenario(
@@ -31,9 +31,8 @@ SCENARIO = Scenario(
 
 
 @pytest.fixture
-async def sim() -> AsyncIterator[SimHandle]:
-    async with running_simulator(SCENARIO) as handle:
-        yield handle
+def sim_scenario() -> Scenario:
+    return SCENARIO
 
 
 @pytest.fixture

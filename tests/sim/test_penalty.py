@@ -9,13 +9,13 @@ import asyncio
 import httpx
 import pytest
 
-from capmon.core.clock import ManualClock
 from capmon.core.config import SIMULATOR_DEMO_KEY
 from capmon.core.exceptions import ConfigError
 from capmon.sim.model import NoCapacity, Penalised, Simulator
 from capmon.sim.scenario import ModelSpec, PenaltySpec, Scenario, parse_scenario
-from capmon.sim.server import running_simulator
 from tests.sim.helpers import AUTH, chat_body
+from tests.support.clocks import ManualClock
+from tests.support.simulated import StartSim
 
 BENCH = PenaltySpec(enabled=True, threshold=40, window=1.0, duration=2.0, basis="rejections")
 
@@ -64,20 +64,20 @@ def test_the_requests_basis_is_still_the_default() -> None:
     assert isinstance(decisions[-1], Penalised)  # 1 rejection, then more than 3 requests after it
 
 
-async def test_the_benchmark_penalty_over_http() -> None:
+async def test_the_benchmark_penalty_over_http(start_sim: StartSim, http: httpx.AsyncClient) -> None:
     scn = Scenario(name="bench", models=(ModelSpec(name="sim-a", slots=0),), penalty=BENCH)
-    async with running_simulator(scn) as sim, httpx.AsyncClient(trust_env=False, timeout=10) as c:
-        url = f"{sim.base_url}/chat/completions"
-        # at once, so that all 41 fall well inside the 1 s window even on a slow machine
-        rs = await asyncio.gather(*(c.post(url, json=chat_body(), headers=AUTH) for _ in range(41)))
-        assert [r.status_code for r in rs] == [503] * 41
-        r = await c.post(url, json=chat_body(), headers=AUTH)
-        assert r.status_code == 429 and r.json()["error"]["message"].startswith("penalised")
-        assert r.headers["retry-after"] == "2"
-        other = await c.post(url, json=chat_body(), headers={"Authorization": "Bearer sk-capmon-sim-1"})
-        assert other.status_code == 503  # per key
-        await asyncio.sleep(2.05)
-        assert (await c.post(url, json=chat_body(), headers=AUTH)).status_code == 503
+    sim = await start_sim(scn)
+    url = f"{sim.base_url}/chat/completions"
+    # at once, so that all 41 fall well inside the 1 s window even on a slow machine
+    rs = await asyncio.gather(*(http.post(url, json=chat_body(), headers=AUTH) for _ in range(41)))
+    assert [r.status_code for r in rs] == [503] * 41
+    r = await http.post(url, json=chat_body(), headers=AUTH)
+    assert r.status_code == 429 and r.json()["error"]["message"].startswith("penalised")
+    assert r.headers["retry-after"] == "2"
+    other = await http.post(url, json=chat_body(), headers={"Authorization": "Bearer sk-capmon-sim-1"})
+    assert other.status_code == 503  # per key
+    await asyncio.sleep(2.05)
+    assert (await http.post(url, json=chat_body(), headers=AUTH)).status_code == 503
 
 
 def test_basis_is_a_scenario_key() -> None:

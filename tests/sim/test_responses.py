@@ -13,23 +13,17 @@ import pytest
 
 from capmon.core.config import SIMULATOR_DEMO_KEY
 from capmon.sim.scenario import ModelSpec, PenaltySpec, Scenario
-from capmon.sim.server import SimHandle, running_simulator
+from capmon.sim.server import SimHandle
 from tests.sim.helpers import AUTH, chat_body, fast_scenario, frames
+from tests.support.simulated import StartSim
 
 ORDER = ["response.created", "response.in_progress", "response.output_item.added", "response.content_part.added"]
 CLOSE = ["response.output_text.done", "response.content_part.done", "response.output_item.done"]
 
 
 @pytest.fixture
-async def sim() -> AsyncIterator[SimHandle]:
-    async with running_simulator(fast_scenario(answer_tokens=30, slots=1)) as handle:
-        yield handle
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(trust_env=False, timeout=10) as c:
-        yield c
+def sim_scenario() -> Scenario:
+    return fast_scenario(answer_tokens=30, slots=1)
 
 
 @pytest.fixture
@@ -172,18 +166,18 @@ async def test_stream_cut_and_broken_bodies(sim: SimHandle, http: httpx.AsyncCli
         r.json()
 
 
-async def test_penalty_is_shared_with_chat() -> None:
+async def test_penalty_is_shared_with_chat(start_sim: StartSim, http: httpx.AsyncClient) -> None:
     scn = Scenario(
         name="p",
         models=(ModelSpec(name="sim-a", slots=0),),
         penalty=PenaltySpec(enabled=True, threshold=2, window=10, duration=30, basis="rejections"),
     )
-    async with running_simulator(scn) as sim, httpx.AsyncClient(trust_env=False, timeout=5) as c:
-        await c.post(f"{sim.base_url}/chat/completions", json=chat_body(), headers=AUTH)
-        for _ in range(2):
-            await c.post(f"{sim.base_url}/responses", json={"model": "sim-a", "input": "x"}, headers=AUTH)
-        r = await c.post(f"{sim.base_url}/responses", json={"model": "sim-a", "input": "x"}, headers=AUTH)
-        assert r.status_code == 429 and r.json()["error"]["message"].startswith("penalised")
+    sim = await start_sim(scn)
+    await http.post(f"{sim.base_url}/chat/completions", json=chat_body(), headers=AUTH)
+    for _ in range(2):
+        await http.post(f"{sim.base_url}/responses", json={"model": "sim-a", "input": "x"}, headers=AUTH)
+    r = await http.post(f"{sim.base_url}/responses", json={"model": "sim-a", "input": "x"}, headers=AUTH)
+    assert r.status_code == 429 and r.json()["error"]["message"].startswith("penalised")
 
 
 # ---------------------------------------------------------------- the openai SDK

@@ -4,27 +4,20 @@ stream_error fault that sends N content chunks before the error frame."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import pytest
 
 from capmon.sim import dialects
-from capmon.sim.server import SimHandle, running_simulator
+from capmon.sim.scenario import Scenario
+from capmon.sim.server import SimHandle
 from tests.sim.helpers import AUTH, chat_body, content_of, data_frames, fast_scenario, frames
 
 
 @pytest.fixture
-async def sim() -> AsyncIterator[SimHandle]:
-    async with running_simulator(fast_scenario(answer_tokens=20)) as handle:
-        yield handle
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(trust_env=False, timeout=10) as c:
-        yield c
+def sim_scenario() -> Scenario:
+    return fast_scenario(answer_tokens=20)
 
 
 async def post(sim: SimHandle, http: httpx.AsyncClient, **extra: Any) -> httpx.Response:

@@ -3,7 +3,6 @@ sends that a client must take as normal traffic, and that the openai SDK reads t
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -13,21 +12,9 @@ import pytest
 from capmon.core.config import SIMULATOR_DEMO_KEY
 from capmon.core.exceptions import ConfigError
 from capmon.sim.scenario import STREAM_STYLES, parse_scenario
-from capmon.sim.server import SimHandle, running_simulator
+from capmon.sim.server import SimHandle
 from capmon.sim.streams import answer_text
-from tests.sim.helpers import AUTH, HELLO, chat_body, content_of, data_frames, fast_scenario, frames
-
-
-@pytest.fixture
-async def sim() -> AsyncIterator[SimHandle]:
-    async with running_simulator(fast_scenario(answer_tokens=10)) as handle:
-        yield handle
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(trust_env=False, timeout=10) as c:
-        yield c
+from tests.sim.helpers import AUTH, HELLO, chat_body, content_of, data_frames, frames
 
 
 async def stream(sim: SimHandle, http: httpx.AsyncClient, style: str, **extra: Any) -> str:

@@ -16,6 +16,7 @@ from capmon.core.events import Event, Notice
 from capmon.core.result import ChatRequest
 from capmon.runtime import open_engine
 from capmon.sim.server import probe
+from tests.support.configs import shipped_config
 from tests.support.scripted import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,17 +41,9 @@ answer_tokens = 5
 """
 
 
-def shared_config(tmp_path: Path, port: int) -> Path:
-    (tmp_path / "fast.toml").write_text(FAST_SCENARIO)
-    text = (ROOT / "config.toml").read_text().replace("127.0.0.1:8089", f"127.0.0.1:{port}")
-    path = tmp_path / "config.toml"
-    path.write_text(text.replace('scenario = "demo"', 'scenario = "fast.toml"'))
-    return path
-
-
 async def test_the_borrower_reports_the_loss_and_takes_over(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     port = free_port()
-    config = load_config(str(shared_config(tmp_path, port)))
+    config = load_config(str(shipped_config(tmp_path, FAST_SCENARIO, port=port)[0]))
     notices: list[tuple[float, Notice]] = []
 
     def on_event(event: Event) -> None:

@@ -4,31 +4,22 @@ model takes max_completion_tokens."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import httpx
 import openai
 import pytest
 
 from capmon.core.config import SIMULATOR_DEMO_KEY
 from capmon.core.exceptions import ConfigError
-from capmon.sim.scenario import parse_scenario
-from capmon.sim.server import SimHandle, running_simulator
+from capmon.sim.scenario import Scenario, parse_scenario
+from capmon.sim.server import SimHandle
 from tests.sim.helpers import AUTH, HELLO, chat_body, fast_scenario
 
 MESSAGE = "Unsupported parameter: 'max_tokens' is not supported with this model. Use 'max_completion_tokens' instead."
 
 
 @pytest.fixture
-async def sim() -> AsyncIterator[SimHandle]:
-    async with running_simulator(fast_scenario(token_param="max_completion_tokens")) as handle:
-        yield handle
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(trust_env=False, timeout=10) as c:
-        yield c
+def sim_scenario() -> Scenario:
+    return fast_scenario(token_param="max_completion_tokens")
 
 
 async def post(sim: SimHandle, http: httpx.AsyncClient, model: str = "sim-a", **extra: object) -> httpx.Response:

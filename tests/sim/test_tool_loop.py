@@ -21,7 +21,7 @@ from capmon.sim.app import last_turn as chat_turn
 from capmon.sim.messages import last_turn as messages_turn
 from capmon.sim.responses import last_turn as responses_turn
 from capmon.sim.scenario import ModelSpec, Scenario
-from capmon.sim.server import SimHandle, running_simulator
+from capmon.sim.server import SimHandle
 from capmon.sim.tools import LastTurn, Tool, ToolRequest
 from tests.sim.helpers import openai_sdk
 from tests.support import claude_code
@@ -99,9 +99,8 @@ def check_call(name: str, arguments: str) -> dict[str, Any]:
 
 
 @pytest.fixture
-async def sim() -> AsyncIterator[SimHandle]:
-    async with running_simulator(SCENARIO) as handle:
-        yield handle
+def sim_scenario() -> Scenario:
+    return SCENARIO
 
 
 @pytest.fixture

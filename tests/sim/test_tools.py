@@ -5,7 +5,6 @@ arguments built from the function's schema, and clear 400s for bad tools."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -16,9 +15,10 @@ from capmon.core.config import SIMULATOR_DEMO_KEY
 from capmon.core.exceptions import ConfigError
 from capmon.sim.faults import parse_rules
 from capmon.sim.scenario import parse_scenario
-from capmon.sim.server import SimHandle, running_simulator
+from capmon.sim.server import SimHandle
 from capmon.sim.tools import example_value
 from tests.sim.helpers import AUTH, HELLO, chat_body, data_frames, fast_scenario, frames
+from tests.support.simulated import StartSim
 
 WEATHER = {
     "type": "function",
@@ -48,18 +48,6 @@ CLOCK = {
     },
 }
 TOOLS = [WEATHER, CLOCK]
-
-
-@pytest.fixture
-async def sim() -> AsyncIterator[SimHandle]:
-    async with running_simulator(fast_scenario()) as handle:
-        yield handle
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(trust_env=False, timeout=10) as c:
-        yield c
 
 
 async def post(sim: SimHandle, http: httpx.AsyncClient, **extra: Any) -> httpx.Response:
@@ -226,29 +214,27 @@ def _not_json(arguments: str) -> bool:
     return False
 
 
-async def test_the_broken_tool_args_fault_cuts_a_calls_arguments_on_every_wire_plain_and_streamed() -> None:
+async def test_the_broken_tool_args_fault_cuts_a_calls_arguments_on_every_wire_plain_and_streamed(
+    start_sim: StartSim, http: httpx.AsyncClient
+) -> None:
     """Only the arguments are broken (half of a valid call's): the answer otherwise ends whole,
     with its finish reason, [DONE], message_stop or response.completed; a request that may
     call no tool passes by and leaves the rule's count."""
-    async with running_simulator(fast_scenario(api="all")) as sim, httpx.AsyncClient(trust_env=False) as http:
-        await http.post(f"{sim.admin_url}/faults", json=BROKEN)
-        untouched = await post(sim, http)  # no tools: not shaped, not counted
-        chat = (await post(sim, http, tools=TOOLS, tool_choice="required")).json()
-        chat_stream = (await post(sim, http, tools=TOOLS, tool_choice="required", stream=True)).text
-        claude = {"model": "sim-a", "max_tokens": 50, "messages": HELLO, "tools": [CLAUDE_WEATHER]}
-        claude["tool_choice"] = {"type": "any"}
-        head = {**AUTH, "anthropic-version": "2023-06-01"}
-        message = (await http.post(f"{sim.origin}/v1/messages", json=claude, headers=head)).json()
-        message_stream = (
-            await http.post(f"{sim.origin}/v1/messages", json={**claude, "stream": True}, headers=head)
-        ).text
-        tool = {"type": "function", "name": "get_weather", "parameters": WEATHER["function"]["parameters"]}  # type: ignore[index]
-        asked = {"model": "sim-a", "input": "Weather?", "tools": [tool], "tool_choice": "required"}
-        response = (await http.post(f"{sim.base_url}/responses", json=asked, headers=AUTH)).json()
-        response_stream = (
-            await http.post(f"{sim.base_url}/responses", json={**asked, "stream": True}, headers=AUTH)
-        ).text
-        left = (await http.get(f"{sim.admin_url}/faults")).json()
+    sim = await start_sim(fast_scenario(api="all"))
+    await http.post(f"{sim.admin_url}/faults", json=BROKEN)
+    untouched = await post(sim, http)  # no tools: not shaped, not counted
+    chat = (await post(sim, http, tools=TOOLS, tool_choice="required")).json()
+    chat_stream = (await post(sim, http, tools=TOOLS, tool_choice="required", stream=True)).text
+    claude = {"model": "sim-a", "max_tokens": 50, "messages": HELLO, "tools": [CLAUDE_WEATHER]}
+    claude["tool_choice"] = {"type": "any"}
+    head = {**AUTH, "anthropic-version": "2023-06-01"}
+    message = (await http.post(f"{sim.origin}/v1/messages", json=claude, headers=head)).json()
+    message_stream = (await http.post(f"{sim.origin}/v1/messages", json={**claude, "stream": True}, headers=head)).text
+    tool = {"type": "function", "name": "get_weather", "parameters": WEATHER["function"]["parameters"]}  # type: ignore[index]
+    asked = {"model": "sim-a", "input": "Weather?", "tools": [tool], "tool_choice": "required"}
+    response = (await http.post(f"{sim.base_url}/responses", json=asked, headers=AUTH)).json()
+    response_stream = (await http.post(f"{sim.base_url}/responses", json={**asked, "stream": True}, headers=AUTH)).text
+    left = (await http.get(f"{sim.admin_url}/faults")).json()
     assert untouched.json()["choices"][0]["finish_reason"] == "stop"
     (call,) = chat["choices"][0]["message"]["tool_calls"]
     assert chat["choices"][0]["finish_reason"] == "tool_calls" and _not_json(call["function"]["arguments"])

@@ -1,12 +1,20 @@
-"""Models of the simulator and a client config over them, for core tests that go through
-the real simulator over HTTP."""
+"""Models of the simulator for core tests that go through the real simulator over HTTP, and
+the type of the ``start_sim`` fixture (tests/conftest.py)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from capmon.core.config import Config, parse_config
-from capmon.sim.scenario import ModelSpec
+from capmon.sim.scenario import ModelSpec, Scenario
+
+if TYPE_CHECKING:
+    from capmon.sim.server import SimHandle
+
+
+class StartSim(Protocol):
+    """Starts a simulator on loopback (start_simulator's arguments); it stops when the test ends."""
+
+    async def __call__(self, scenario: Scenario | str, /, **kw: Any) -> SimHandle: ...
 
 
 def sim_model(name: str, slots: int = 4, *, base_latency: float = 0.1, answer_tokens: int = 20, **kw: Any) -> ModelSpec:
@@ -21,14 +29,3 @@ def sim_model(name: str, slots: int = 4, *, base_latency: float = 0.1, answer_to
         context_window=128_000,
         **kw,
     )
-
-
-def flagship_and_medium(base_url: str) -> Config:
-    """A config of two models (flagship, then medium) on the simulator at ``base_url``, key in $KEY."""
-    text = (
-        f'[simulator]\nenabled = false\n\n[[endpoints]]\nname = "sim"\nbase_url = "{base_url}"\n'
-        f'keys = [{{ env = "KEY", alias = "k" }}]\n'
-    )
-    for m in ("flagship", "medium"):
-        text += f'\n[[models]]\nname = "{m}"\napi_model = "sim-{m}"\nendpoints = ["sim"]\nmax_tokens = 64\n'
-    return parse_config(text, "test.toml")

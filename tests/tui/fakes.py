@@ -11,7 +11,6 @@ from typing import Any
 
 from capmon.core import events as ev
 from capmon.core.breaker import State
-from capmon.core.clock import ManualClock
 from capmon.core.config import EndpointApi
 from capmon.core.errors import Kind
 from capmon.core.events import BatchProgress, EventBus
@@ -22,6 +21,7 @@ from capmon.core.states import JobState
 from capmon.core.stats import WindowStats
 from capmon.core.targets import target_id
 from capmon.tui.source import WorkerSpec, refuse_if_readonly
+from tests.support.clocks import ManualClock
 
 ZERO_SPARK = (0,) * 24
 

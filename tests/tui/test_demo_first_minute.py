@@ -16,23 +16,15 @@ from capmon.core import events as ev
 from capmon.core.config import EndpointApi, load_config
 from capmon.tui.digest import EventDigester
 from capmon.tui.source import LiveSource
-from tests.support.scripted import free_port
+from tests.support.configs import shipped_config
 
 ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.looptime
 
 
-def shipped_config(tmp_path: Path) -> Path:
-    """config.toml as shipped, on a free port so that a running capmon cannot interfere."""
-    text = (ROOT / "config.toml").read_text().replace("127.0.0.1:8089", f"127.0.0.1:{free_port()}")
-    path = tmp_path / "config.toml"
-    path.write_text(text)
-    return path
-
-
 async def test_the_demo_shows_a_fallback_across_providers_in_its_first_minute(tmp_path: Path) -> None:
-    config = load_config(shipped_config(tmp_path))
+    config = load_config(shipped_config(tmp_path)[0])
     assert config.simulator.scenario == "demo"
     source = LiveSource(config, environ={})
     crossed: list[ev.FellBack] = []

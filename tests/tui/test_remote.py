@@ -238,7 +238,7 @@ async def test_the_gateway_going_away_is_shown_retried_and_the_dashboard_comes_b
             port = gw.port
 
             await gw.stop()
-            await until(pilot, lambda: not source.connected, "the loss noticed")
+            await until(pilot, lambda: source.down_since is not None, "the loss noticed")
             await until(pilot, lambda: "UNREACHABLE" in screen_text(app), "the status bar")
             assert "lost the gateway at" in log_text(app)
             assert any(n.severity == "error" and "lost the gateway" in n.message for n in app._notifications)
@@ -250,7 +250,7 @@ async def test_the_gateway_going_away_is_shown_retried_and_the_dashboard_comes_b
 
             await gw.start()  # the same client behind a new gateway on the same port
             assert gw.port == port
-            await until(pilot, lambda: source.connected, "the gateway back")
+            await until(pilot, lambda: source.down_since is None, "the gateway back")
             await until(pilot, lambda: "answers again" in log_text(app), "the return in the log")
             await until(pilot, lambda: "UNREACHABLE" not in screen_text(app), "the status bar back")
             for _ in range(2):

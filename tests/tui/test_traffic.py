@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from capmon.core.clock import ManualClock
 from capmon.core.events import EventBus, Notice
 from capmon.tui.traffic import AttachedJob, NoTraffic, RunnerTraffic
+from tests.support.clocks import ManualClock
 from tests.tui.fakes import progress
 
 
