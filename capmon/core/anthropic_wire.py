@@ -12,36 +12,20 @@ Pure functions on dicts and one small class; no I/O.
 
 from __future__ import annotations
 
-import enum
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from capmon.core import usage as counts
+from capmon.core.config import DEFAULT_VERSION as DEFAULT_VERSION  # re-exported: the wire's default
+from capmon.core.config import AnthropicVersion as AnthropicVersion  # re-exported: the wire's versions
 from capmon.core.errors import QUOTA_HINT, Failure, Kind, classify_event
 from capmon.core.wire import Event, Frame, FrameKind, owned_body, typed_event
 
 MESSAGES_PATH = "/v1/messages"
 
 
-class AnthropicVersion(enum.StrEnum):
-    """The ``anthropic-version`` header: which rules the API applies to a request."""
-
-    V2026_10_21 = "2026-10-21"  # the current one; the Python 2.x / TypeScript 1.x SDKs send it
-    V2023_06_01 = "2023-06-01"  # older SDKs still send it
-
-    @property
-    def refuses_sampling(self) -> bool:
-        """2026-10-21 answers 400 to temperature / top_p / top_k, even at their defaults."""
-        return self is AnthropicVersion.V2026_10_21
-
-    @property
-    def refuses_assistant_documents_and_user_citations(self) -> bool:
-        return self is AnthropicVersion.V2026_10_21
-
-
-DEFAULT_VERSION = AnthropicVersion.V2026_10_21
 SAMPLING_PARAMS = ("temperature", "top_p", "top_k")
 
 

@@ -20,7 +20,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from capmon.core.anthropic_wire import DEFAULT_VERSION, AnthropicVersion
 from capmon.core.exceptions import ConfigError
 from capmon.core.schema import Loader, key_text, parse_toml, read_text
 from capmon.core.schema import spec as _f
@@ -34,6 +33,25 @@ SIMULATOR_DEMO_KEY = "sk-capmon-sim-demo"
 # (the [dashboard] key and the --refresh flag).
 DEFAULT_LISTEN = "127.0.0.1:8089"
 REFRESH_MIN, REFRESH_MAX = 0.05, 10.0
+
+
+class AnthropicVersion(enum.StrEnum):
+    """The ``anthropic-version`` header: which rules the API applies to a request."""
+
+    V2026_10_21 = "2026-10-21"  # the current one; the Python 2.x / TypeScript 1.x SDKs send it
+    V2023_06_01 = "2023-06-01"  # older SDKs still send it
+
+    @property
+    def refuses_sampling(self) -> bool:
+        """2026-10-21 answers 400 to temperature / top_p / top_k, even at their defaults."""
+        return self is AnthropicVersion.V2026_10_21
+
+    @property
+    def refuses_assistant_documents_and_user_citations(self) -> bool:
+        return self is AnthropicVersion.V2026_10_21
+
+
+DEFAULT_VERSION = AnthropicVersion.V2026_10_21
 
 
 class EndpointApi(enum.StrEnum):

@@ -27,17 +27,12 @@ from typing import NamedTuple
 
 from capmon.core.errors import Failure, Kind
 from capmon.core.policy import CANCELLED, BreakerSignal, KeyAction, LimiterSignal, Policy, policy_for
+from capmon.core.states import KeyState as KeyState  # re-exported: what a settle moves a key to
 from capmon.core.states import State
 
 # A quota failure without a hint parks its key this long: quotas reset by the hour or
 # the day, and hammering a spent key only adds noise.
 DEFAULT_QUOTA_PARK = 3600.0
-
-
-class KeyState(enum.StrEnum):
-    OK = "ok"
-    PARKED = "parked"  # quota: until a time
-    DISABLED = "disabled"  # auth: until reset by hand
 
 
 class Verdict(enum.StrEnum):

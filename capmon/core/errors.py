@@ -7,7 +7,6 @@ body that is not JSON is still classified. See ARCHITECTURE.md, "Kinds and what 
 from __future__ import annotations
 
 import asyncio
-import enum
 import html
 import http
 import json
@@ -21,62 +20,9 @@ from typing import Any
 import httpx
 
 from capmon.core.clock import default_clock
+from capmon.core.failure import Cause, Failure, Kind
 from capmon.core.hints import hint_from
 from capmon.core.secrets import redact as _redact
-
-
-class Kind(enum.StrEnum):
-    CAPACITY = "capacity"
-    RATE_LIMITED = "rate_limited"
-    QUOTA = "quota"
-    AUTH = "auth"
-    TOO_LARGE = "too_large"
-    BAD_REQUEST = "bad_request"
-    TRANSIENT = "transient"
-    OVERSIZED = "oversized"  # an answer past client.max_response_bytes: reading stopped there
-    # No connection was made (DNS, refused, TLS, proxy, connect timeout): the request never
-    # reached the server, so it says nothing of the model's capacity; ``Failure.code`` is the
-    # :class:`Cause`.
-    UNREACHABLE = "unreachable"
-
-
-class Cause(enum.StrEnum):
-    """Why an endpoint could not be reached: an unreachable failure's ``code``."""
-
-    DNS = "dns_failed"
-    REFUSED = "connection_refused"
-    TLS = "tls_failed"
-    PROXY = "proxy_failed"
-    TIMEOUT = "connect_timeout"
-    NETWORK = "connect_failed"  # no route, network down, or a connect error with no more detail
-
-    @property
-    def label(self) -> str:
-        return _CAUSE_LABELS[self]
-
-
-_CAUSE_LABELS = {
-    Cause.DNS: "DNS lookup failed",
-    Cause.REFUSED: "connection refused",
-    Cause.TLS: "TLS handshake failed",
-    Cause.PROXY: "proxy error",
-    Cause.TIMEOUT: "timeout: connect",
-    Cause.NETWORK: "connection failed",
-}
-
-
-@dataclass(frozen=True, slots=True)
-class Failure:
-    kind: Kind
-    reason: str
-    status: int | None = None
-    code: str | None = None
-    retry_after: float | None = None  # seconds, from a server hint; None when there was none
-    # The provider's own message (keys redacted, up to MESSAGE_CHARS) and the parameter it
-    # names, for passing an error through as the provider said it (the gateway's 4xx).
-    message: str = ""
-    param: str | None = None
-
 
 # --- classification -------------------------------------------------------------------
 

@@ -38,7 +38,7 @@ from capmon.core.journal import AttemptObserver, Journal
 from capmon.core.prober import Prober, ProbeResult
 from capmon.core.result import Attempt, ChatRequest, ChatResult, Decision
 from capmon.core.routing import Routing, plan
-from capmon.core.snapshot import EngineSnapshot, build_snapshot
+from capmon.core.snapshot import EngineSnapshot, TargetSnapshot
 from capmon.core.state import Admission, MemoryState, StateStore, TargetSpec
 from capmon.core.streaming import ChatStream
 from capmon.core.targets import Target, admits_in, build_targets
@@ -479,3 +479,60 @@ class FallbackClient(FormatCalls, ManualControls):
         record(Decision.RETRY, step.wait)
         self.journal.show_wait(r, step.wait, failure.reason)
         return None
+
+
+def build_snapshot(client: FallbackClient, journal: Journal, queued: int) -> EngineSnapshot:
+    now = client.clock.now()
+    rows = []
+    for t in client.targets:
+        v = t.state.view()
+        b, lim = v.breaker, v.limiter
+        rows.append(
+            TargetSnapshot(
+                target=t.id,
+                model=t.model.name,
+                endpoint=t.endpoint.name,
+                key_alias=t.key.alias,
+                rank=t.rank,
+                state=b.state,
+                manual=b.manual,
+                consecutive_failures=b.consecutive_failures,
+                cooldown_until=b.next_probe_at,
+                ramp_share=b.ramp_share,
+                trips=b.trips,
+                breaker_reason=b.reason,
+                limit=lim.limit,
+                in_flight=lim.in_flight,
+                key_state=v.key_state,
+                key_until=v.key_until,
+                key_reason=v.key_reason,
+                windows=t.stats.windows(now),
+                spark=t.stats.spark(now),
+                last_status=t.last_status,
+                last_kind=t.last_kind,
+                probe_latency=t.probe_latency,
+                probe_interval=b.probe_interval,
+                probes_failed=b.probes_failed,
+                ramp_slots=v.ramp_slots,
+                capacity=lim.capacity,
+                token_param=client.token_param(t.model.name),
+                api=t.endpoint.api,
+                unreachable_reason=t.reach.cause,
+                never_reached=not t.reach.answered,
+            )
+        )
+    return EngineSnapshot(
+        now=now,
+        wall=client.clock.wall(),
+        pinned=client.pinned,
+        targets=tuple(rows),
+        waiting=journal.waits(),
+        queued=queued,
+        in_flight=journal.in_flight,
+        requests=journal.requests,
+        succeeded=journal.succeeded,
+        failed=journal.failed,
+        cancelled=journal.cancelled,
+        events_published=client.bus.published,
+        shared=client.state.shared_status(),
+    )

@@ -9,17 +9,12 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-from capmon.core.breaker import State
+from capmon.core.states import KeyState, State
 from capmon.core.config import EndpointApi
 from capmon.core.errors import Kind
-from capmon.core.state import KeyState
 from capmon.core.stats import WindowStats
 
-if TYPE_CHECKING:
-    from capmon.core.journal import Journal
-    from capmon.core.router import FallbackClient
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,60 +138,3 @@ class EngineSnapshot:
         from dataclasses import asdict
 
         return asdict(self)
-
-
-def build_snapshot(client: FallbackClient, journal: Journal, queued: int) -> EngineSnapshot:
-    now = client.clock.now()
-    rows = []
-    for t in client.targets:
-        v = t.state.view()
-        b, lim = v.breaker, v.limiter
-        rows.append(
-            TargetSnapshot(
-                target=t.id,
-                model=t.model.name,
-                endpoint=t.endpoint.name,
-                key_alias=t.key.alias,
-                rank=t.rank,
-                state=b.state,
-                manual=b.manual,
-                consecutive_failures=b.consecutive_failures,
-                cooldown_until=b.next_probe_at,
-                ramp_share=b.ramp_share,
-                trips=b.trips,
-                breaker_reason=b.reason,
-                limit=lim.limit,
-                in_flight=lim.in_flight,
-                key_state=v.key_state,
-                key_until=v.key_until,
-                key_reason=v.key_reason,
-                windows=t.stats.windows(now),
-                spark=t.stats.spark(now),
-                last_status=t.last_status,
-                last_kind=t.last_kind,
-                probe_latency=t.probe_latency,
-                probe_interval=b.probe_interval,
-                probes_failed=b.probes_failed,
-                ramp_slots=v.ramp_slots,
-                capacity=lim.capacity,
-                token_param=client.token_param(t.model.name),
-                api=t.endpoint.api,
-                unreachable_reason=t.reach.cause,
-                never_reached=not t.reach.answered,
-            )
-        )
-    return EngineSnapshot(
-        now=now,
-        wall=client.clock.wall(),
-        pinned=client.pinned,
-        targets=tuple(rows),
-        waiting=journal.waits(),
-        queued=queued,
-        in_flight=journal.in_flight,
-        requests=journal.requests,
-        succeeded=journal.succeeded,
-        failed=journal.failed,
-        cancelled=journal.cancelled,
-        events_published=client.bus.published,
-        shared=client.state.shared_status(),
-    )

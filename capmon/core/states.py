@@ -36,6 +36,14 @@ class State(enum.StrEnum):
         return self in (State.CLOSED, State.FORCED_CLOSED, State.RAMP)
 
 
+class KeyState(enum.StrEnum):
+    """A key's standing on a target (capmon/core/control/decisions.py moves it)."""
+
+    OK = "ok"
+    PARKED = "parked"  # quota: until a time
+    DISABLED = "disabled"  # auth: until reset by hand
+
+
 class JobState(enum.StrEnum):
     """A batch job's state (capmon/batch), as its store keeps it and ``BatchProgress`` reports it."""
 

@@ -1,0 +1,61 @@
+"""What a failed attempt came to: its kind (:class:`Kind`), why no connection was made
+(:class:`Cause`), and the :class:`Failure` every layer reads. The classifier that makes
+them from a response, an exception or a stream event is capmon/core/providers/classify.py."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class Kind(enum.StrEnum):
+    CAPACITY = "capacity"
+    RATE_LIMITED = "rate_limited"
+    QUOTA = "quota"
+    AUTH = "auth"
+    TOO_LARGE = "too_large"
+    BAD_REQUEST = "bad_request"
+    TRANSIENT = "transient"
+    OVERSIZED = "oversized"  # an answer past client.max_response_bytes: reading stopped there
+    # No connection was made (DNS, refused, TLS, proxy, connect timeout): the request never
+    # reached the server, so it says nothing of the model's capacity; ``Failure.code`` is the
+    # :class:`Cause`.
+    UNREACHABLE = "unreachable"
+
+
+class Cause(enum.StrEnum):
+    """Why an endpoint could not be reached: an unreachable failure's ``code``."""
+
+    DNS = "dns_failed"
+    REFUSED = "connection_refused"
+    TLS = "tls_failed"
+    PROXY = "proxy_failed"
+    TIMEOUT = "connect_timeout"
+    NETWORK = "connect_failed"  # no route, network down, or a connect error with no more detail
+
+    @property
+    def label(self) -> str:
+        return _CAUSE_LABELS[self]
+
+
+_CAUSE_LABELS = {
+    Cause.DNS: "DNS lookup failed",
+    Cause.REFUSED: "connection refused",
+    Cause.TLS: "TLS handshake failed",
+    Cause.PROXY: "proxy error",
+    Cause.TIMEOUT: "timeout: connect",
+    Cause.NETWORK: "connection failed",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    kind: Kind
+    reason: str
+    status: int | None = None
+    code: str | None = None
+    retry_after: float | None = None  # seconds, from a server hint; None when there was none
+    # The provider's own message (keys redacted, up to MESSAGE_CHARS) and the parameter it
+    # names, for passing an error through as the provider said it (the gateway's 4xx).
+    message: str = ""
+    param: str | None = None
