@@ -78,7 +78,7 @@ IGNORED = {
     # readers call the receive buffer's maybe_extract_lines (capmon/gateway/framing.py's StrictBuffer).
     "disconnected",
     "maybe_extract_lines",
-    # tenacity reads its retry state's idle_for (capmon/core/backoff.py keeps it true).
+    # tenacity reads its retry state's idle_for (capmon/core/control/backoff.py keeps it true).
     "idle_for",
     # OpenTelemetry's span processor calls its exporter's force_flush (capmon/gateway/trace_relay.py).
     "force_flush",
@@ -95,7 +95,7 @@ IGNORED = {
     # it with the rest so that a garbage value in it is caught like any other (capmon/fleet/codec.py).
     "probe_owner",
     # Snapshot fields no capmon code reads by name: they are for the JSON a gateway's control
-    # API and `capmon status --json` serve (core/serial.py writes every field).
+    # API and `capmon status --json` serve (core/types/serial.py writes every field).
     "breaker_reason",
     "events_published",
     "never_reached",
@@ -110,14 +110,14 @@ IGNORED = {
     "tool_calls",
     "simulator_started",
     # Enum members chosen by value (a config's or a request's string), never by name:
-    # anthropic-version 2023-06-01 (core/anthropic_wire.py, sim/messages.py), client.transport =
-    # "aiohttp" (core/transport.py), the simulator's html_500 fault (sim/faults.py).
+    # anthropic-version 2023-06-01 (core/providers/anthropic_wire.py, sim/messages.py), client.transport =
+    # "aiohttp" (core/routing/transport.py), the simulator's html_500 fault (sim/faults.py).
     "V2023_06_01",
     "AIOHTTP",
     "HTML_500",
     # What tests read to see what the code did, which nothing in production needs to read: the
-    # event bus's delivery counts (core/events.py), the limiter's cuts and a token bucket's level
-    # (core/limiter.py), the prober's probes out (core/prober.py: a probe holds a slot), and the
+    # event bus's delivery counts (core/types/events.py), the limiter's cuts and a token bucket's level
+    # (core/control/limiter.py), the prober's probes out (core/routing/prober.py: a probe holds a slot), and the
     # Redis listener's subscription, which a fault-injection test breaks (fleet/store.py).
     "delivered",
     "subscriber_errors",

@@ -112,8 +112,8 @@ def write_input(path: Path, n: int) -> None:
 def make_client(concurrency: int) -> Any:
     import httpx
 
-    from capmon.core.config import parse_config
-    from capmon.core.router import FallbackClient
+    from capmon.core.routing.client import FallbackClient
+    from capmon.core.types.config import parse_config
     from capmon.sim.app import create_app
     from capmon.sim.scenario import parse_scenario
 
@@ -135,7 +135,7 @@ class Sampler:
 
 
 async def phase_client(n: int, concurrency: int) -> dict[str, Any]:
-    from capmon.core.result import ChatRequest
+    from capmon.core.types.result import ChatRequest
 
     client = make_client(concurrency)
     base = rss_mb()

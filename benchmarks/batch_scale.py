@@ -105,9 +105,9 @@ async def run_worker(args: argparse.Namespace) -> dict[str, Any]:
     from capmon.batch import runner as runner_module
     from capmon.batch.options import RunnerOptions
     from capmon.batch.stores import locate, open_store
-    from capmon.core.config import parse_config
-    from capmon.core.events import BatchProgress
-    from capmon.core.router import FallbackClient
+    from capmon.core.routing.client import FallbackClient
+    from capmon.core.types.config import parse_config
+    from capmon.core.types.events import BatchProgress
     from capmon.sim.app import create_app
     from capmon.sim.scenario import parse_scenario
 
@@ -147,7 +147,7 @@ async def run_worker(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def percentile(values: list[float], q: float) -> float:
-    from capmon.core.text import percentile as p
+    from capmon.core.base.text import percentile as p
 
     return p(sorted(values), q) or 0.0
 
@@ -209,7 +209,7 @@ def main() -> None:
     if args.worker:
         Path(args.out).write_text(json.dumps(asyncio.run(run_worker(args))))
         return
-    from capmon.core.text import table
+    from capmon.core.base.text import table
 
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="capmon-scale-") as tmp:

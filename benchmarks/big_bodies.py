@@ -51,7 +51,7 @@ from typing import Any
 from benchmarks.ideal import percentile
 from benchmarks.peers.capmon_gateway import BANNER
 from benchmarks.procs import ROOT, free_port, markdown_table, read_line, spawn, start_simulator, stop
-from capmon.core.config import GatewayConfig
+from capmon.core.types.config import GatewayConfig
 
 SIZE = 16 * 1024 * 1024  # the gateway's default max_body_bytes
 REQUESTS = 4

@@ -23,7 +23,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from capmon.core.text import percentile, table
+from capmon.core.base.text import percentile, table
 
 ROOT = Path(__file__).resolve().parents[1]
 

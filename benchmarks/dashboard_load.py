@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.tui.fak
 from textual import events  # noqa: E402
 from textual._compositor import CompositorUpdate  # noqa: E402
 
-from capmon.core import events as ev  # noqa: E402
+from capmon.core.types import events as ev  # noqa: E402
 from capmon.tui.app import CapmonApp  # noqa: E402
 from tests.tui.fakes import FakeSource, outage  # noqa: E402
 

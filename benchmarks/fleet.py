@@ -54,7 +54,7 @@ DEFAULT_REDIS = "redis://127.0.0.1:6379/14"
 
 
 def _config(base_url: str, redis_url: str, namespace: str) -> Any:
-    from capmon.core.config import parse_config
+    from capmon.core.types.config import parse_config
 
     text = (HERE / "capmon-bench.toml").read_text(encoding="utf-8").replace("http://SIMULATOR/v1", base_url)
     text += f'\n[shared]\nbackend = "redis"\nurl = "{redis_url}"\nnamespace = "{namespace}"\nrequired = true\n'
@@ -62,8 +62,8 @@ def _config(base_url: str, redis_url: str, namespace: str) -> Any:
 
 
 async def _worker(args: argparse.Namespace) -> None:
-    from capmon.core import events as ev
-    from capmon.core.result import ChatRequest
+    from capmon.core.types import events as ev
+    from capmon.core.types.result import ChatRequest
     from capmon.fleet import RedisState
     from capmon.runtime import open_engine
 

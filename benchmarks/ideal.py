@@ -40,7 +40,7 @@ import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from capmon.core import text
+from capmon.core.base import text
 from capmon.sim.scenario import ModelSpec, Scenario
 
 

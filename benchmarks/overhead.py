@@ -328,7 +328,7 @@ async def _client(kind: str, mode: str, base_url: str, concurrency: int) -> tupl
     """(one request, close) for ``kind`` in ``mode``."""
     import httpx
 
-    from capmon.core.transport import make_transport
+    from capmon.core.routing.transport import make_transport
 
     stream = mode == "stream"
     body = {"model": "sim-flagship", "messages": [{"role": "user", "content": "Say ok."}], "max_tokens": 512, "n": 1}
@@ -425,7 +425,7 @@ async def _sdk_client(
         sdk, close_floor = _floor_sdk(cfg)
         closers.append(close_floor)
     elif kind == "sdk-gateway":
-        from capmon.core.router import FallbackClient
+        from capmon.core.routing.client import FallbackClient
         from capmon.gateway import close_app, create_app, load_settings, start_server
 
         fc = FallbackClient(cfg, environ={})
@@ -460,8 +460,8 @@ async def _sdk_client(
 
 def _fallback_client(cfg: Any, transport: str) -> Any:
     """The library's own FallbackClient on ``make_transport(transport)`` (``client.chat``'s kinds, the floor)."""
-    from capmon.core.router import FallbackClient
-    from capmon.core.transport import make_transport
+    from capmon.core.routing.client import FallbackClient
+    from capmon.core.routing.transport import make_transport
 
     made = make_transport(
         transport, max_connections=cfg.client.max_connections, connect_timeout=cfg.client.connect_timeout
@@ -503,7 +503,7 @@ def _floor_sdk(cfg: Any) -> tuple[Any, Callable[[], Awaitable[None]]]:
     """The openai SDK on the least a transport over ``client.chat`` does (``sdk-floor``)."""
     import openai
 
-    from capmon.core.result import ChatRequest
+    from capmon.core.types.result import ChatRequest
 
     http = _sdk_http()
     fc = _fallback_client(cfg, "aiohttp")
@@ -580,7 +580,7 @@ def _sync_sdk_client(sdk: Any, stream: bool, concurrency: int) -> tuple[Callable
 def _cross_client(
     kind: str, stream: bool, base_url: str, concurrency: int
 ) -> tuple[Callable[[], Awaitable[None]], Any]:
-    from capmon.core.router import FallbackClient
+    from capmon.core.routing.client import FallbackClient
 
     caller, serving = CROSS_KINDS[kind]
     fc = FallbackClient(_cross_config(base_url, concurrency, serving), environ={"KEY": KEY})

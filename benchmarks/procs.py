@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from capmon.core.text import table
+from capmon.core.base.text import table
 
 ROOT = Path(__file__).resolve().parent.parent  # the repository: every helper starts here
 

@@ -16,9 +16,9 @@ See README.md ("Use it as a library", "Your SDK, in process"), docs/library.md a
 
 from typing import TYPE_CHECKING
 
-from capmon.core.exceptions import CannotWait, CapmonError, ConfigError, DeadlineExceeded, RequestFailed
-from capmon.core.result import Attempt, ChatRequest, ChatResult
-from capmon.core.router import FallbackClient
+from capmon.core.base.exceptions import CannotWait, CapmonError, ConfigError, DeadlineExceeded, RequestFailed
+from capmon.core.routing.client import FallbackClient
+from capmon.core.types.result import Attempt, ChatRequest, ChatResult
 from capmon.lazy import lazy_exports
 from capmon.runtime import Engine, open_engine
 from capmon.runtime import load as load_config

@@ -16,7 +16,7 @@ from typing import Any
 
 from capmon.batch.figures import JobReport, KeyRow
 from capmon.batch.states import BatchKind
-from capmon.core.errors import Kind
+from capmon.core.types.failure import Kind
 
 # Thresholds, with why.
 CONCENTRATED = 0.6  # share of capacity errors on one model that means "that model, not the provider"

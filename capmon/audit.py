@@ -24,10 +24,10 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from capmon.core.clock import Clock
-from capmon.core.errors import Kind
-from capmon.core.result import Attempt, ChatRequest, Decision
-from capmon.core.secrets import redact
+from capmon.core.base.clock import Clock
+from capmon.core.base.secrets import redact
+from capmon.core.types.failure import Kind
+from capmon.core.types.result import Attempt, ChatRequest, Decision
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS attempts (

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from capmon import __version__
 from capmon.batch.defaults import DEFAULT_CONCURRENCY
-from capmon.core.config import DEFAULT_LISTEN, DashboardConfig, SimulatorConfig
+from capmon.core.types.config import DEFAULT_LISTEN, DashboardConfig, SimulatorConfig
 from capmon.exitcodes import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 
 if TYPE_CHECKING:
@@ -55,7 +55,7 @@ def _connect_options(args: argparse.Namespace, others: Sequence[tuple[str, objec
     """The --connect options, or None without --connect; the flags that make no sense with
     it (the gateway has its own config and traffic) are refused."""
     from capmon.connect import ConnectOptions
-    from capmon.core.exceptions import CapmonError
+    from capmon.core.base.exceptions import CapmonError
 
     if args.connect is None:
         for flag in ("--key-env", "--admin-key-env"):
@@ -228,7 +228,7 @@ def _run_sim(args: argparse.Namespace) -> int:
 
 
 def _run_serve(args: argparse.Namespace) -> int:
-    from capmon.core.extras import Extra, require
+    from capmon.core.base.extras import Extra, require
 
     require(Extra.GATEWAY, "capmon serve")  # before importing the gateway, which imports them all
     from capmon.gateway.serve import ServeOptions, serve
@@ -317,7 +317,7 @@ def _flags() -> Iterator[None]:
     """An option's error as the command line says it, naming the flag (``concurrency: ...``
     is reported as ``--concurrency: ...``)."""
     from capmon.batch.options import OptionError
-    from capmon.core.exceptions import CapmonError
+    from capmon.core.base.exceptions import CapmonError
 
     try:
         yield
@@ -376,7 +376,7 @@ COMMANDS: dict[str | None, Callable[[argparse.Namespace], int]] = {
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from capmon.core.exceptions import CapmonError
+    from capmon.core.base.exceptions import CapmonError
 
     parser = build_parser()
     args = parser.parse_args(argv)

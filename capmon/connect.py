@@ -22,13 +22,13 @@ from typing import Any
 
 import httpx
 
-from capmon.core import events as ev
-from capmon.core import text
-from capmon.core.exceptions import CapmonError
-from capmon.core.secrets import Secret, redact
-from capmon.core.serial import event_from_json, snapshot_from_json
-from capmon.core.snapshot import EngineSnapshot
-from capmon.core.wire import SSEParser
+from capmon.core.base import text
+from capmon.core.base.exceptions import CapmonError
+from capmon.core.base.secrets import Secret, redact
+from capmon.core.providers.openai_wire import SSEParser
+from capmon.core.types import events as ev
+from capmon.core.types.serial import event_from_json, snapshot_from_json
+from capmon.core.types.snapshot import EngineSnapshot
 
 DEFAULT_KEY_ENV = "CAPMON_GATEWAY_KEY"  # a client key of the gateway: reads
 DEFAULT_ADMIN_KEY_ENV = "CAPMON_ADMIN_KEY"  # the gateway's admin key (gateway.admin_key_env there): actions

@@ -17,8 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from capmon.core.clock import Clock
-from capmon.core.router import FallbackClient, ProbeResult
+from capmon.core.base.clock import Clock
+from capmon.core.routing.client import FallbackClient, ProbeResult
 
 log = logging.getLogger("capmon.probe")
 

@@ -34,7 +34,7 @@ from capmon.batch.figures import (
 )
 from capmon.batch.states import ItemState
 from capmon.batch.stores import Db, locate, open_store
-from capmon.core import text
+from capmon.core.base import text
 from capmon.exitcodes import EXIT_OK
 
 __all__ = [

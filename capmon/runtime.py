@@ -26,13 +26,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from capmon.core.clock import Clock, default_clock
-from capmon.core.config import Config, find_config, load_config, resolve_keys
-from capmon.core.events import EventBus, Notice
-from capmon.core.exceptions import ConfigError
-from capmon.core.extras import Extra, require
-from capmon.core.router import FallbackClient
-from capmon.core.transport import resolve
+from capmon.core.base.clock import Clock, default_clock
+from capmon.core.base.exceptions import ConfigError
+from capmon.core.base.extras import Extra, require
+from capmon.core.routing.client import FallbackClient
+from capmon.core.routing.transport import resolve
+from capmon.core.types.config import Config, find_config, load_config, resolve_keys
+from capmon.core.types.events import EventBus, Notice
 
 if TYPE_CHECKING:
     from capmon.sim.server import BorrowedSimulator

@@ -10,18 +10,18 @@ from dataclasses import dataclass
 from typing import TextIO
 
 from capmon.connect import ConnectOptions, GatewayClient, resolve
-from capmon.core import text
-from capmon.core.breaker import State
-from capmon.core.exceptions import CapmonError
-from capmon.core.snapshot import EngineSnapshot, LinkState, SharedStatus, TargetSnapshot
-from capmon.core.state import KeyState
+from capmon.core.base import text
+from capmon.core.base.exceptions import CapmonError
+from capmon.core.control.breaker import State
+from capmon.core.control.seam import KeyState
+from capmon.core.types.snapshot import EngineSnapshot, LinkState, SharedStatus, TargetSnapshot
 from capmon.exitcodes import EXIT_OK, EXIT_UNREACHABLE
 from capmon.runtime import load, open_engine
 
 
 @dataclass(frozen=True)
 class StatusOptions:
-    config: str | None = None  # a config path; None: the usual search (capmon/core/config.py find_config)
+    config: str | None = None  # a config path; None: the usual search (capmon/core/types/config.py find_config)
     json: bool = False  # the snapshot as JSON instead of a table
     probe: bool = False  # probe every target once first, so latency and last status are fresh
     connect: ConnectOptions | None = None  # a gateway's snapshot instead of a client started here

@@ -116,7 +116,7 @@ def test_a_config_naming_a_missing_scenario_names_the_config_key(tmp_path: Path)
 
 
 def test_dashboard_options_refuse_a_refresh_out_of_bounds_naming_the_value() -> None:
-    from capmon.core.exceptions import CapmonError
+    from capmon.core.base.exceptions import CapmonError
     from capmon.tui.app import DashboardOptions
 
     assert DashboardOptions(refresh=0.05).refresh == 0.05 and DashboardOptions().refresh is None
@@ -126,7 +126,7 @@ def test_dashboard_options_refuse_a_refresh_out_of_bounds_naming_the_value() -> 
 
 
 def test_the_dashboard_refuses_a_missing_job_file_before_the_screen_opens(tmp_path: Path) -> None:
-    from capmon.core.exceptions import CapmonError
+    from capmon.core.base.exceptions import CapmonError
     from capmon.tui.app import DashboardOptions, run_dashboard
 
     missing = tmp_path / "nowhere.jsonl"

@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 
 from capmon.configdoc import COMMAND, PATH, render
-from capmon.core.config import Config
-from capmon.core.schema import document
+from capmon.core.base.schema import document
+from capmon.core.types.config import Config
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -20,7 +20,7 @@ def test_docs_config_md_is_what_the_schema_says() -> None:
 
 def test_every_table_and_key_of_the_config_says_what_it_does() -> None:
     missing = [f"{t.path}.{k.name}".lstrip(".") for t in document(Config) for k in t.keys if not k.doc.strip()]
-    assert missing == [], f"add a doc= to each of these keys in capmon/core/config.py, then run `{COMMAND}`"
+    assert missing == [], f"add a doc= to each of these keys in capmon/core/types/config.py, then run `{COMMAND}`"
 
 
 def test_every_key_is_in_the_reference() -> None:

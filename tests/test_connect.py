@@ -16,10 +16,10 @@ from capmon.connect import (
     parse_origin,
     resolve,
 )
-from capmon.core import events as ev
-from capmon.core.breaker import State
-from capmon.core.exceptions import CapmonError
-from capmon.core.secrets import Secret
+from capmon.core.base.exceptions import CapmonError
+from capmon.core.base.secrets import Secret
+from capmon.core.control.breaker import State
+from capmon.core.types import events as ev
 from tests.gateway.helpers import HELLO, running
 
 ADMIN = "sk-gw-admin-connect-0123456789abcdef"

@@ -1,5 +1,5 @@
 """`pip install capmon` brings the library and the dashboard; the rest are extras
-(pyproject.toml, capmon/core/extras.py). Each case runs capmon in a fresh interpreter
+(pyproject.toml, capmon/core/base/extras.py). Each case runs capmon in a fresh interpreter
 where the packages an extra brings cannot be imported (tests/support/blocked.py: a
 ``sys.meta_path`` finder refusing them, as if they were not installed):
 
@@ -32,8 +32,8 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from capmon.core.config import SIMULATOR_DEMO_KEY
-from capmon.core.extras import MODULES, Extra
+from capmon.core.base.extras import MODULES, Extra
+from capmon.core.types.config import SIMULATOR_DEMO_KEY
 from tests.gateway.helpers import HELLO, running
 from tests.support.blocked import CLI, NOT_IN_THE_CORE, ROOT, capmon_without, command, loaded_anyway, run_without
 from tests.support.configs import SIMULATED_MODELS, write_config
@@ -198,9 +198,9 @@ def test_the_default_transport_without_aiohttp_is_httpx_and_aiohttp_by_name_says
     code = """
 import asyncio
 from capmon import FallbackClient
-from capmon.core.config import parse_config
-from capmon.core.exceptions import MissingExtra
-from capmon.core.transport import HttpcoreTransport
+from capmon.core.types.config import parse_config
+from capmon.core.base.exceptions import MissingExtra
+from capmon.core.routing.transport import HttpcoreTransport
 
 BASE = '[simulator]\\nenabled = false\\n[[endpoints]]\\nname = "e"\\nbase_url = "http://127.0.0.1:9/v1"\\n'
 BASE += 'keys = [{ env = "K" }]\\n[[models]]\\nname = "m"\\nendpoints = ["e"]\\n'

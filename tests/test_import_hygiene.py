@@ -67,7 +67,7 @@ import importlib, pkgutil
 import capmon
 for package in ("capmon.core", "capmon.tui", "capmon.batch"):
     for m in pkgutil.walk_packages(importlib.import_module(package).__path__, package + "."):
-        if m.name not in ("capmon.core.transport_aiohttp", "capmon.batch.pg"):  # the aiohttp, postgres extras
+        if m.name not in ("capmon.core.routing.transport_aiohttp", "capmon.batch.pg"):  # the aiohttp, postgres extras
             importlib.import_module(m.name)
 for name in ("capmon.cli", "capmon.runtime", "capmon.status", "capmon.connect", "capmon.report", "capmon.advice",
              "capmon.audit", "capmon.probe", "capmon.sim", "capmon.sim.command", "capmon.exitcodes"):
@@ -87,7 +87,7 @@ def test_the_library_and_the_dashboard_import_with_no_extra_installed() -> None:
 
 def test_the_core_does_not_pull_in_the_dashboard() -> None:
     code = (
-        "import sys, capmon.core.router, capmon.core.config; "
+        "import sys, capmon.core.routing.client, capmon.core.types.config; "
         "print([n for n in sys.modules if n.startswith(('textual', 'capmon.tui'))])"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -165,3 +165,48 @@ def test_only_the_command_line_sees_argparse() -> None:
         if p.name != "cli.py" and any(n.split(".")[0] == "argparse" for n in _imported(p))
     ]
     assert seen == []
+
+
+# ---------------------------------------------------------------- the core's rooms, as ARCHITECTURE.md draws them
+
+CORE = PACKAGE / "core"
+
+
+def _rooms() -> dict[str, int]:
+    """Each room of the core and its line in the block under "## The core, room by room", 0 at the top."""
+    block = (ROOT / "ARCHITECTURE.md").read_text().split("## The core, room by room", 1)[1].split("```", 2)[1]
+    heads = [line.split()[0] for line in block.splitlines() if line.startswith("capmon/core/")]
+    return {head.removeprefix("capmon/core/").strip("/"): level for level, head in enumerate(heads)}
+
+
+def _type_checking_only(tree: ast.Module) -> set[int]:
+    """The ids of the nodes under ``if TYPE_CHECKING:``: imports that run nothing."""
+    out: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            out |= {id(n) for n in ast.walk(node)}
+    return out
+
+
+def test_architecture_md_draws_every_room_of_the_core() -> None:
+    rooms = {p.relative_to(CORE).parts[0] for p in CORE.rglob("*.py") if p.parent != CORE}
+    assert rooms == set(_rooms())
+    assert [p.name for p in CORE.glob("*.py")] == ["__init__.py"]  # every module is in a room
+
+
+def test_each_room_of_the_core_imports_only_itself_and_the_rooms_below_it() -> None:
+    levels = _rooms()
+    wrong = []
+    for path in sorted(CORE.rglob("*.py")):
+        if path.parent == CORE:
+            continue
+        room = path.relative_to(CORE).parts[0]
+        tree = ast.parse(path.read_text())
+        typing_only = _type_checking_only(tree)
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.ImportFrom) or not node.module or id(node) in typing_only:
+                continue
+            parts = node.module.split(".")
+            if parts[:2] == ["capmon", "core"] and len(parts) > 2 and levels[parts[2]] < levels[room]:
+                wrong.append(f"{path.relative_to(ROOT)} imports {node.module}, a room above {room}")
+    assert wrong == []

@@ -51,8 +51,8 @@ def _commands() -> tuple[str, str]:
 
 
 def test_the_first_command_installs_what_the_dashboards_demo_needs() -> None:
-    from capmon.core.config import load_config
-    from capmon.core.extras import Extra
+    from capmon.core.base.extras import Extra
+    from capmon.core.types.config import load_config
 
     run, _ = _commands()
     extras = re.search(r"pip install -e '\.\[([a-z,]+)\]'", run)

@@ -18,8 +18,8 @@ from capmon import audit
 from capmon.batch.options import RunnerOptions
 from capmon.batch.runner import BatchRunner
 from capmon.batch.store import JobStore
-from capmon.core.config import parse_config
-from capmon.core.router import FallbackClient
+from capmon.core.routing.client import FallbackClient
+from capmon.core.types.config import parse_config
 from capmon.report import OutputFormat, ReportOptions, run_report
 from tests.batch.helpers import write_items
 from tests.gateway.helpers import scenario, spec, two_wires

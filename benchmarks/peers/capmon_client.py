@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.peers.base import Item, PeerContext
-from capmon.core import events as ev
-from capmon.core.config import Config, parse_config
-from capmon.core.result import ChatRequest
-from capmon.core.router import FallbackClient
+from capmon.core.routing.client import FallbackClient
+from capmon.core.types import events as ev
+from capmon.core.types.config import Config, parse_config
+from capmon.core.types.result import ChatRequest
 
 CONFIG = Path(__file__).resolve().parent.parent / "capmon-bench.toml"
 

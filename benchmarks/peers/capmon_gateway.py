@@ -29,7 +29,7 @@ from typing import Any
 from benchmarks.peers.base import Item, PeerContext
 from benchmarks.peers.capmon_client import CONFIG, apply_whatif, bench_config
 from benchmarks.procs import cpu_seconds, read_line, rss_mb, spawn, stop
-from capmon.core.config import parse_config
+from capmon.core.types.config import parse_config
 
 KEY_ENV = "CAPMON_BENCH_GATEWAY_KEY"
 # A client key, as a gateway anyone could reach would have: every request is authenticated.

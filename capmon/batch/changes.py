@@ -39,7 +39,7 @@ from capmon.batch.items import Item, is_line_label, line_id, parse_line, read_li
 from capmon.batch.states import BatchKind, ItemState
 from capmon.batch.store import JobInfo, JobStore
 from capmon.batch.stores import Store
-from capmon.core.exceptions import BatchError
+from capmon.core.base.exceptions import BatchError
 
 _CHUNK = 2000  # rows per executemany
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
-from capmon.core.clock import Clock
-from capmon.core.config import Config
-from capmon.core.events import EventBus
-from capmon.core.result import Attempt, ChatRequest, ChatResult
+from capmon.core.base.clock import Clock
+from capmon.core.types.config import Config
+from capmon.core.types.events import EventBus
+from capmon.core.types.result import Attempt, ChatRequest, ChatResult
 
 AttemptObserver = Callable[[ChatRequest, Attempt], None]
 

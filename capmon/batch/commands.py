@@ -41,10 +41,10 @@ from capmon.batch.progress import ProgressLine
 from capmon.batch.runner import BatchRunner, JobSummary
 from capmon.batch.states import ItemState, JobState
 from capmon.batch.stores import Db, PgLocation, locate, open_store
-from capmon.core import text
-from capmon.core.config import Config
-from capmon.core.events import BatchProgress, Event, Notice
-from capmon.core.exceptions import BatchError
+from capmon.core.base import text
+from capmon.core.base.exceptions import BatchError
+from capmon.core.types.config import Config
+from capmon.core.types.events import BatchProgress, Event, Notice
 from capmon.exitcodes import EXIT_FAILED_ITEMS, EXIT_INTERRUPTED, EXIT_OK
 
 

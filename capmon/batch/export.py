@@ -31,7 +31,7 @@ from capmon.batch.options import OptionError
 from capmon.batch.states import ItemState
 from capmon.batch.store import DEFAULT_MAX_RESPONSE_BYTES, ResultRecord
 from capmon.batch.stores import Db, Store, open_store
-from capmon.core.errors import Kind
+from capmon.core.types.failure import Kind
 
 STDOUT = "-"
 

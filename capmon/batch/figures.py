@@ -17,10 +17,10 @@ from typing import Any
 from capmon.audit import RUNNER_DECISIONS, AuditRow, RunnerDecision
 from capmon.batch.states import ItemState
 from capmon.batch.stores import Store
-from capmon.core.errors import Kind
-from capmon.core.exceptions import BatchError
-from capmon.core.result import Decision
-from capmon.core.text import percentile
+from capmon.core.base.exceptions import BatchError
+from capmon.core.base.text import percentile
+from capmon.core.types.failure import Kind
+from capmon.core.types.result import Decision
 
 ITEMS_SHOWN_DATA = 100  # items listed per model
 

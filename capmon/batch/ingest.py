@@ -32,8 +32,8 @@ from capmon.batch.options import OptionError
 from capmon.batch.states import BatchKind, ItemState, JobState
 from capmon.batch.store import JobInfo, JobStore
 from capmon.batch.stores import Store
-from capmon.core.clock import Clock
-from capmon.core.exceptions import BatchError
+from capmon.core.base.clock import Clock
+from capmon.core.base.exceptions import BatchError
 
 INGEST_CHUNK = 2000  # lines per ingest transaction
 FINGERPRINT_PREFIX = "sha256:"

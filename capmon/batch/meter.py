@@ -13,8 +13,8 @@ from typing import Any
 
 from capmon.batch.pacing import Window
 from capmon.batch.states import JobState
-from capmon.core import events as ev
-from capmon.core.clock import Clock
+from capmon.core.base.clock import Clock
+from capmon.core.types import events as ev
 
 RATE_SPAN = 30.0  # seconds of history behind the rate shown
 

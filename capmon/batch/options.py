@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from capmon.batch.defaults import DEFAULT_CONCURRENCY
-from capmon.core.exceptions import BatchError
+from capmon.core.base.exceptions import BatchError
 
 if TYPE_CHECKING:  # pacing reads this module's OptionError
     from capmon.batch.pacing import Window

@@ -23,11 +23,18 @@ from typing import Any
 from capmon.audit import AuditLog, RunnerDecision
 from capmon.batch.states import BatchKind, ItemState
 from capmon.batch.store import Outcome, StoredItem
-from capmon.core.clock import Clock
-from capmon.core.config import Config
-from capmon.core.errors import Kind
-from capmon.core.exceptions import BatchError, CannotWait, CapmonError, DeadlineExceeded, RequestFailed, Unavailable
-from capmon.core.result import Attempt, ChatResult, Decision, sent
+from capmon.core.base.clock import Clock
+from capmon.core.base.exceptions import (
+    BatchError,
+    CannotWait,
+    CapmonError,
+    DeadlineExceeded,
+    RequestFailed,
+    Unavailable,
+)
+from capmon.core.types.config import Config
+from capmon.core.types.failure import Kind
+from capmon.core.types.result import Attempt, ChatResult, Decision, sent
 
 # Kinds the runner parks: they say "not now", not "never" (an unreachable endpoint may be
 # mended while the job runs: its items wait for it rather than fail).

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 from capmon.batch.defaults import DEFAULT_CONCURRENCY
 from capmon.batch.options import OptionError
-from capmon.core.clock import Clock
-from capmon.core.limiter import TokenBucket
+from capmon.core.base.clock import Clock
+from capmon.core.control.limiter import TokenBucket
 
 _HHMM = re.compile(r"^\s*(\d{1,2}):(\d{2})\s*-\s*(\d{1,2}):(\d{2})\s*$")
 

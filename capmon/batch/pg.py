@@ -65,11 +65,11 @@ from capmon.batch.pg_schema import (
 from capmon.batch.states import UNFINISHED, ItemState, JobState
 from capmon.batch.store import DatabaseGone, JobInfo, Outcome, ResultRecord, StoredItem, StoreRefuses, required
 from capmon.batch.stores import PgLocation
-from capmon.core import secrets
-from capmon.core.clock import default_clock
-from capmon.core.events import BatchProgress
-from capmon.core.exceptions import BatchError
-from capmon.core.result import Decision
+from capmon.core.base import secrets
+from capmon.core.base.clock import default_clock
+from capmon.core.base.exceptions import BatchError
+from capmon.core.types.events import BatchProgress
+from capmon.core.types.result import Decision
 
 CONNECT_TIMEOUT = 5  # seconds to reach the server (libpq's connect_timeout)
 # Errors a retry meets again until someone changes the database, by psycopg's classes of

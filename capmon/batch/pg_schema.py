@@ -6,7 +6,7 @@ from __future__ import annotations
 from capmon import audit
 from capmon.batch.states import JobState
 from capmon.batch.store import StoredItem
-from capmon.core.result import Decision
+from capmon.core.types.result import Decision
 
 SCHEMA_VERSION = 1
 NOW = "extract(epoch FROM clock_timestamp())"  # the server's clock: leases never compare two machines'

@@ -11,8 +11,8 @@ import sys
 from typing import TextIO
 
 from capmon.batch.states import JobState
-from capmon.core import text
-from capmon.core.events import BatchProgress
+from capmon.core.base import text
+from capmon.core.types.events import BatchProgress
 
 
 def _bar(share: float, width: int) -> str:

@@ -50,10 +50,10 @@ from capmon.batch.states import ItemState, JobState
 from capmon.batch.store import DatabaseGone, JobInfo, Outcome, StoredItem
 from capmon.batch.stores import Db, PgLocation, Store, open_store
 from capmon.batch.writer import LOW_DISK_BYTES, WRITE_GIVE_UP, ResultWriter
-from capmon.core import events as ev
-from capmon.core.clock import Clock
-from capmon.core.exceptions import BatchError, RequestFailed
-from capmon.core.result import ChatRequest
+from capmon.core.base.clock import Clock
+from capmon.core.base.exceptions import BatchError, RequestFailed
+from capmon.core.types import events as ev
+from capmon.core.types.result import ChatRequest
 
 log = logging.getLogger("capmon.batch")
 

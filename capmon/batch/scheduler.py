@@ -25,7 +25,7 @@ from collections.abc import Callable
 
 from capmon.batch.pacing import Pacing, RateGate, wait_event
 from capmon.batch.store import StoredItem
-from capmon.core.clock import Clock
+from capmon.core.base.clock import Clock
 
 # Within this much of now counts as due: float noise must not leave a parked item a
 # hair in the future of a (fast-forwarded) clock that never gets there.

@@ -2,7 +2,7 @@
 
 str enums: they are written to SQLite and JSON as their values and compare equal to
 them, so the stored and printed forms are what they always were ("done",
-"waiting-window"). :class:`JobState` lives in capmon/core/states.py, since the core's
+"waiting-window"). :class:`JobState` lives in capmon/core/types/states.py, since the core's
 ``BatchProgress.state`` carries it; the dashboard's batch panel reads it there.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 
-from capmon.core.states import JobState as JobState  # in the core: BatchProgress carries it
+from capmon.core.types.states import JobState as JobState  # in the core: BatchProgress carries it
 
 
 class ItemState(enum.StrEnum):

@@ -42,10 +42,10 @@ from typing import Any
 from capmon import audit
 from capmon.batch import lease
 from capmon.batch.states import UNFINISHED, ItemState, JobState
-from capmon.core.clock import default_clock
-from capmon.core.events import BatchProgress
-from capmon.core.exceptions import BatchError
-from capmon.core.result import Decision
+from capmon.core.base.clock import default_clock
+from capmon.core.base.exceptions import BatchError
+from capmon.core.types.events import BatchProgress
+from capmon.core.types.result import Decision
 
 SCHEMA_VERSION = 2
 BUSY_TIMEOUT = 5.0  # seconds to wait for another writer before saying the database is locked

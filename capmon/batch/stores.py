@@ -36,9 +36,9 @@ from capmon.batch.defaults import DEFAULT_LEASE_TTL
 from capmon.batch.options import OptionError
 from capmon.batch.states import ItemState, JobState
 from capmon.batch.store import DatabaseGone, JobInfo, Outcome, ResultRecord, StoredItem, default_db_path
-from capmon.core import secrets
-from capmon.core.events import BatchProgress
-from capmon.core.extras import Extra, require
+from capmon.core.base import secrets
+from capmon.core.base.extras import Extra, require
+from capmon.core.types.events import BatchProgress
 
 PG_SCHEMES = ("postgresql", "postgres")
 _SCHEMA = re.compile(r"[a-z_][a-z0-9_]{0,62}")

@@ -31,9 +31,9 @@ from capmon.batch.pacing import wait_event
 from capmon.batch.states import ItemState
 from capmon.batch.store import DatabaseGone, Outcome, StoreRefuses
 from capmon.batch.stores import Store
-from capmon.core import events as ev
-from capmon.core.clock import Clock
-from capmon.core.exceptions import BatchError
+from capmon.core.base.clock import Clock
+from capmon.core.base.exceptions import BatchError
+from capmon.core.types import events as ev
 
 HEARTBEAT = 5.0  # seconds between job-row writes when nothing else changes
 WRITE_GIVE_UP = 30.0  # seconds of failing commits (a database locked by someone else) before halting

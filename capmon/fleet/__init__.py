@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from capmon.core.clock import Clock
-from capmon.core.config import Config
-from capmon.core.events import Event
-from capmon.core.state import TargetSpec
+from capmon.core.base.clock import Clock
+from capmon.core.control.seam import TargetSpec
+from capmon.core.types.config import Config
+from capmon.core.types.events import Event
 from capmon.fleet.codec import ROLES
 from capmon.fleet.settings import SharedStateUnavailable, resolve, show_url
 from capmon.fleet.store import RedisState

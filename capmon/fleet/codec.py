@@ -19,12 +19,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from capmon.core import secrets
-from capmon.core.breaker import BreakerRecord, State
-from capmon.core.exceptions import CapmonError
-from capmon.core.limiter import Learned
-from capmon.core.snapshot import FleetProcess
-from capmon.core.state import MemoryTarget
+from capmon.core.base import secrets
+from capmon.core.base.exceptions import CapmonError
+from capmon.core.control.breaker import BreakerRecord, State
+from capmon.core.control.limiter import Learned
+from capmon.core.control.seam import MemoryTarget
+from capmon.core.types.snapshot import FleetProcess
 
 # What Lua's %.17g and %.6f write, and nothing else: float() alone would also take
 # "nan", "inf", "1_0" and " 3 ", none of which a capmon script writes.

@@ -22,9 +22,9 @@ from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
 
-from capmon.core import secrets
-from capmon.core.clock import Clock
-from capmon.core.snapshot import LinkState
+from capmon.core.base import secrets
+from capmon.core.base.clock import Clock
+from capmon.core.types.snapshot import LinkState
 from capmon.fleet.codec import Garbage, number
 from capmon.fleet.scripts import Scripts
 from capmon.fleet.settings import Settings

@@ -9,9 +9,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from capmon.core import secrets
-from capmon.core.config import Config, SharedConfig
-from capmon.core.exceptions import CapmonError, ConfigError
+from capmon.core.base import secrets
+from capmon.core.base.exceptions import CapmonError, ConfigError
+from capmon.core.types.config import Config, SharedConfig
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 _SCHEMES = ("redis", "rediss", "unix")

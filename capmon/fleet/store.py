@@ -26,12 +26,12 @@ from typing import Any
 
 from redis.asyncio.client import PubSub
 
-from capmon.core.clock import Clock
-from capmon.core.config import Config
-from capmon.core.events import Event, Notice
-from capmon.core.snapshot import FleetProcess, LinkState, SharedStatus
-from capmon.core.state import MemoryState, TargetSpec
-from capmon.core.tasks import cancel_and_wait
+from capmon.core.base.clock import Clock
+from capmon.core.base.tasks import cancel_and_wait
+from capmon.core.control.seam import MemoryState, TargetSpec
+from capmon.core.types.config import Config
+from capmon.core.types.events import Event, Notice
+from capmon.core.types.snapshot import FleetProcess, LinkState, SharedStatus
 from capmon.fleet import codec
 from capmon.fleet.codec import Garbage
 from capmon.fleet.link import ERRORS, Link, describe, wrong_type
@@ -42,7 +42,7 @@ from capmon.fleet.target import RedisTarget
 
 REJOIN_EVERY = 1.0  # seconds between reconnect attempts while degraded
 REPAIRS_AT_ONCE = 16  # keys repaired in a row before the next rejoin waits its turn
-_BUDGET_START, _BUDGET_CAP = 10.0, 100.0  # capmon/core/limiter.py, Budget's defaults
+_BUDGET_START, _BUDGET_CAP = 10.0, 100.0  # capmon/core/control/limiter.py, Budget's defaults
 
 _log = logging.getLogger("capmon.fleet")
 

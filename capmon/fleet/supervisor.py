@@ -16,8 +16,8 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from capmon.core.clock import Clock
-from capmon.core.tasks import cancel_and_wait
+from capmon.core.base.clock import Clock
+from capmon.core.base.tasks import cancel_and_wait
 from capmon.fleet.link import describe
 
 FIRST_BACKOFF, MAX_BACKOFF = 0.05, 2.0

@@ -9,7 +9,7 @@ buckets, keys) fresh from every answer Redis gives, and uses it two ways:
   until a slot frees: no call). Each attempt costs one ADMIT and one SETTLE script;
   the breaker's evidence is counted by the local breaker, and a move it makes is
   written by compare-and-set inside those scripts. What a settle decides is
-  capmon/core/decisions.py's, as for a MemoryTarget: applied here to the mirror and
+  capmon/core/control/decisions.py's, as for a MemoryTarget: applied here to the mirror and
   sent to SETTLE, which decides only what needs the fleet's counts;
 * while Redis is lost, the mirror *is* the state: admissions are local, with the
   fleet's limit divided among the processes last seen alive.
@@ -21,13 +21,13 @@ import dataclasses
 import logging
 from typing import TYPE_CHECKING, Any
 
-from capmon.core import decisions
-from capmon.core.breaker import State, ramp_share
-from capmon.core.decisions import KeyMove, KeyState, Outcome, Verdict
-from capmon.core.errors import Failure
-from capmon.core.limiter import Learned, Slot, TokenBucket
-from capmon.core.policy import LimiterSignal
-from capmon.core.state import Admission, MemoryTarget, Standing, TargetSpec, TargetView
+from capmon.core.control import decisions
+from capmon.core.control.breaker import State, ramp_share
+from capmon.core.control.decisions import KeyMove, KeyState, Outcome, Verdict
+from capmon.core.control.limiter import Learned, Slot, TokenBucket
+from capmon.core.control.policy import LimiterSignal
+from capmon.core.control.seam import Admission, MemoryTarget, Standing, TargetSpec, TargetView
+from capmon.core.types.failure import Failure
 from capmon.fleet import codec
 from capmon.fleet.link import ERRORS
 from capmon.fleet.scripts import ManualAction
@@ -360,7 +360,7 @@ class RedisTarget:
 
     async def begin_probe(self, *, early: bool = False) -> Admission | None:
         # ``early``: this process's demand makes a probe due before the shared schedule
-        # (capmon/core/demand.py); BEGIN_PROBE grants it unless a server's hint or the
+        # (capmon/core/control/demand.py); BEGIN_PROBE grants it unless a server's hint or the
         # fleet's last probe (the floor) holds it, so the fleet still sends one at a time.
         if not self._shared:
             return await self.local.begin_probe(early=early)

@@ -27,7 +27,7 @@ import os
 import threading
 from typing import Any, TextIO
 
-from capmon.core.exceptions import ConfigError
+from capmon.core.base.exceptions import ConfigError
 from capmon.gateway.errors import json_bytes
 from capmon.gateway.gateway_log import stderr
 

@@ -15,10 +15,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from capmon.core import anthropic_wire as aw
-from capmon.core.errors import Kind
-from capmon.core.exceptions import RequestFailed
-from capmon.core.secrets import redact
+from capmon.core.base.exceptions import RequestFailed
+from capmon.core.base.secrets import redact
+from capmon.core.providers import anthropic_wire as aw
+from capmon.core.types.failure import Kind
 from capmon.gateway.errors import ApiError
 from capmon.gateway.errors import in_stream as openai_in_stream
 

@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from capmon.core.router import FallbackClient
+from capmon.core.routing.client import FallbackClient
 from capmon.gateway import anthropic_api, control, openai_api
 from capmon.gateway.access_log import AccessLog
 from capmon.gateway.auth import Access, Authenticator

@@ -13,7 +13,7 @@ import hmac
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from capmon.core.result import Priority
+from capmon.core.types.result import Priority
 from capmon.gateway.errors import ApiError
 from capmon.gateway.settings import GatewaySettings
 

@@ -10,8 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from capmon.core.anthropic_wire import AnthropicVersion
-from capmon.core.result import ChatRequest, Priority
+from capmon.core.providers.anthropic_wire import AnthropicVersion
+from capmon.core.types.result import ChatRequest, Priority
 from capmon.gateway import fields
 from capmon.gateway.auth import Caller
 from capmon.gateway.models import ModelNames

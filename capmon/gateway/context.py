@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from starlette.requests import Request
 
-from capmon.core.router import FallbackClient
+from capmon.core.routing.client import FallbackClient
 from capmon.gateway.access_log import AccessLog
 from capmon.gateway.auth import Authenticator
 from capmon.gateway.exchange import ExchangeTracer

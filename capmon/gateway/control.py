@@ -30,9 +30,9 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from capmon import __version__
-from capmon.core.exceptions import CapmonError
-from capmon.core.secrets import redact
-from capmon.core.serial import Audience, event_to_json, snapshot_to_json
+from capmon.core.base.exceptions import CapmonError
+from capmon.core.base.secrets import redact
+from capmon.core.types.serial import Audience, event_to_json, snapshot_to_json
 from capmon.gateway import fields, sse
 from capmon.gateway.auth import Access, Caller
 from capmon.gateway.context import Gateway, gateway_of

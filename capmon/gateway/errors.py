@@ -31,10 +31,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from capmon.core.errors import Failure, Kind
-from capmon.core.exceptions import CannotWait, DeadlineExceeded, RequestFailed, Unavailable
-from capmon.core.result import sent
-from capmon.core.secrets import redact
+from capmon.core.base.exceptions import CannotWait, DeadlineExceeded, RequestFailed, Unavailable
+from capmon.core.base.secrets import redact
+from capmon.core.types.failure import Failure, Kind
+from capmon.core.types.result import sent
 from capmon.gateway.headers import skipped_header
 
 

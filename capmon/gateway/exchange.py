@@ -22,9 +22,9 @@ from typing import Any, Protocol
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from capmon.core.clock import Clock
-from capmon.core.result import Attempt, ChatResult, sent, skipped
-from capmon.core.usage import count
+from capmon.core.base.clock import Clock
+from capmon.core.providers.usage import count
+from capmon.core.types.result import Attempt, ChatResult, sent, skipped
 from capmon.gateway import fields
 from capmon.gateway.access_log import AccessLog
 from capmon.gateway.anthropic_errors import on_messages_path, shaped_for

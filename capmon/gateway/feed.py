@@ -15,7 +15,7 @@ import collections
 import threading
 from collections.abc import Callable
 
-from capmon.core import events as ev
+from capmon.core.types import events as ev
 
 HISTORY = 1000  # events kept for readers that attach later
 BACKLOG = 2000  # events one slow reader may lag behind before it loses the oldest

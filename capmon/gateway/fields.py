@@ -20,7 +20,7 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import Any, TypeVar
 
-from capmon.core.secrets import carries_key
+from capmon.core.base.secrets import carries_key
 from capmon.gateway.errors import ApiError
 
 E = TypeVar("E", bound=enum.Enum)

@@ -33,7 +33,7 @@ import threading
 from types import TracebackType
 from typing import TextIO
 
-from capmon.core.secrets import RedactSecrets
+from capmon.core.base.secrets import RedactSecrets
 
 QUEUE_RECORDS = 1_000  # records waiting for the writer at most; past it they are dropped
 STOP_TIMEOUT = 1.0  # seconds stopping waits for the writer to write the last lines

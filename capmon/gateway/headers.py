@@ -8,9 +8,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from capmon.core.result import Attempt, ChatResult, Priority, sent, skipped
-from capmon.core.secrets import redact
-from capmon.core.streaming import ChatStream
+from capmon.core.base.secrets import redact
+from capmon.core.routing.streaming import ChatStream
+from capmon.core.types.result import Attempt, ChatResult, Priority, sent, skipped
 
 SKIPPED_CHARS = 1024  # x-capmon-skipped at most: a long list ends with "; +N more"
 _SKIP_DETAIL_CHARS = 120

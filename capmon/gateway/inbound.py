@@ -20,7 +20,7 @@ from typing import Any
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from capmon.core.secrets import redact
+from capmon.core.base.secrets import redact
 from capmon.gateway import bodies, fields, shape
 from capmon.gateway.anthropic_errors import shaped_for
 from capmon.gateway.auth import Access

@@ -46,11 +46,11 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
-from capmon.core import events as ev
-from capmon.core.result import Attempt, ChatRequest
-from capmon.core.router import FallbackClient
-from capmon.core.state import KeyState
-from capmon.core.states import State
+from capmon.core.control.seam import KeyState
+from capmon.core.routing.client import FallbackClient
+from capmon.core.types import events as ev
+from capmon.core.types.result import Attempt, ChatRequest
+from capmon.core.types.states import State
 from capmon.gateway.access_log import AccessLog
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from capmon.core.router import FallbackClient
-from capmon.core.snapshot import LinkState
+from capmon.core.routing.client import FallbackClient
+from capmon.core.types.snapshot import LinkState
 
 
 @dataclass(frozen=True, slots=True)
@@ -16,7 +16,7 @@ class TargetReadiness:
     model: str
     state: str
     admits_in: float | None  # seconds until it admits (0: now); None: only a person (or its endpoint answering)
-    unreachable: str | None = None  # why its endpoint, never reached, cannot be (capmon/core/reach.py)
+    unreachable: str | None = None  # why its endpoint, never reached, cannot be (capmon/core/routing/reach.py)
 
     def as_json(self) -> dict[str, object]:
         return {

@@ -16,10 +16,10 @@ from typing import Any
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from capmon.core.errors import Failure, Kind
-from capmon.core.exceptions import CannotWait, RequestFailed
-from capmon.core.result import Api
-from capmon.core.secrets import redact
+from capmon.core.base.exceptions import CannotWait, RequestFailed
+from capmon.core.base.secrets import redact
+from capmon.core.types.failure import Failure, Kind
+from capmon.core.types.result import Api
 from capmon.gateway import sse
 from capmon.gateway.anthropic_errors import AnthropicError
 from capmon.gateway.bodies import Wanted

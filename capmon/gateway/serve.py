@@ -19,9 +19,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TextIO
 
-from capmon.core.config import Config, is_loopback
-from capmon.core.exceptions import ConfigError
-from capmon.core.snapshot import LinkState
+from capmon.core.base.exceptions import ConfigError
+from capmon.core.types.config import Config, is_loopback
+from capmon.core.types.snapshot import LinkState
 from capmon.exitcodes import EXIT_INTERRUPTED, EXIT_OK
 from capmon.gateway.app import close_app, create_app
 from capmon.gateway.gateway_log import GatewayLog

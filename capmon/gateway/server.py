@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 import uvicorn
 from starlette.applications import Starlette
 
-from capmon.core.clock import default_clock
-from capmon.core.exceptions import CapmonError
+from capmon.core.base.clock import default_clock
+from capmon.core.base.exceptions import CapmonError
 from capmon.gateway.connections import ConnectionLimits, protocol_for
 from capmon.gateway.settings import GatewaySettings
 from capmon.serving import GuestServer, ListenError, listen

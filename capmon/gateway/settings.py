@@ -15,12 +15,12 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from capmon.core.config import Config, parse_listen
-from capmon.core.exceptions import ConfigError
-from capmon.core.extras import Extra, require
-from capmon.core.result import Priority
-from capmon.core.schema import key_text
-from capmon.core.secrets import MIN_SECRET_CHARS, Secret
+from capmon.core.base.exceptions import ConfigError
+from capmon.core.base.extras import Extra, require
+from capmon.core.base.schema import key_text
+from capmon.core.base.secrets import MIN_SECRET_CHARS, Secret
+from capmon.core.types.config import Config, parse_listen
+from capmon.core.types.result import Priority
 from capmon.gateway.shape import BodyLimits
 
 AUTO = "auto"  # the built-in alias: the config's preference order

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from capmon.core.exceptions import RequestFailed
+from capmon.core.base.exceptions import RequestFailed
 from capmon.gateway import anthropic_errors
 from capmon.gateway.errors import in_stream, json_bytes
 

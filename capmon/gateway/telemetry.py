@@ -4,9 +4,9 @@ when ``[telemetry] otlp_endpoint`` is set is capmon/gateway/traces.py (and with 
 
 from __future__ import annotations
 
-from capmon.core.config import Config
-from capmon.core.extras import Extra, require
-from capmon.core.router import FallbackClient
+from capmon.core.base.extras import Extra, require
+from capmon.core.routing.client import FallbackClient
+from capmon.core.types.config import Config
 from capmon.gateway.exchange import ExchangeTracer
 
 

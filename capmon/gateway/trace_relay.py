@@ -27,7 +27,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from capmon import __version__
-from capmon.core.clock import default_clock
+from capmon.core.base.clock import default_clock
 from capmon.gateway import relay_process
 from capmon.gateway.relay_process import FRAME, Plain
 

@@ -37,10 +37,10 @@ from opentelemetry.util.types import AttributeValue
 from starlette.types import Scope
 
 from capmon import __version__
-from capmon.core.config import Config, EndpointApi
-from capmon.core.result import Attempt, Decision
-from capmon.core.router import FallbackClient
-from capmon.core.secrets import redact
+from capmon.core.base.secrets import redact
+from capmon.core.routing.client import FallbackClient
+from capmon.core.types.config import Config, EndpointApi
+from capmon.core.types.result import Attempt, Decision
 from capmon.gateway.exchange import Exchange
 from capmon.gateway.models import ModelNames
 from capmon.gateway.settings import AUTO

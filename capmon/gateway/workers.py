@@ -63,7 +63,7 @@ from typing import TYPE_CHECKING, TextIO
 
 from prometheus_client.multiprocess import mark_process_dead
 
-from capmon.core.clock import default_clock
+from capmon.core.base.clock import default_clock
 from capmon.exitcodes import EXIT_INTERRUPTED
 from capmon.gateway.server import GatewayError, bind
 from capmon.gateway.settings import METRICS_DIR_ENV, GatewaySettings

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TypeVar
 
-from capmon.core.extras import Extra, require
+from capmon.core.base.extras import Extra, require
 
 # Every request is handed to the gateway's app (starlette, prometheus-client): without the
 # gateway extra the first use says so in one line (an ImportError too, as imports fail).

@@ -44,8 +44,8 @@ from typing import TYPE_CHECKING, TypeVar
 
 from starlette.applications import Starlette
 
-from capmon.core.config import Config, resolve_keys
-from capmon.core.exceptions import CapmonError
+from capmon.core.base.exceptions import CapmonError
+from capmon.core.types.config import Config, resolve_keys
 from capmon.runtime import Engine, load, open_engine
 
 if TYPE_CHECKING:

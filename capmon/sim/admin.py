@@ -20,8 +20,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from capmon.core.config import is_loopback
-from capmon.core.exceptions import SimulatorError
+from capmon.core.base.exceptions import SimulatorError
+from capmon.core.types.config import is_loopback
 from capmon.sim.faults import parse_rules
 from capmon.sim.model import UNSET, Simulator
 from capmon.sim.replies import BadRequest, simulator

@@ -62,8 +62,8 @@ from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, R
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from capmon.core.clock import Clock
-from capmon.core.tokens import estimate_tokens
+from capmon.core.base.clock import Clock
+from capmon.core.providers.tokens import estimate_tokens
 from capmon.sim import admin, azure, dialects, messages, responses
 from capmon.sim.admin import AdminGuard, AdminPolicy
 from capmon.sim.dialects import Api, Wire

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from capmon.core import text
-from capmon.core.config import DEFAULT_LISTEN, SimulatorConfig
-from capmon.core.extras import Extra, require
+from capmon.core.base import text
+from capmon.core.base.extras import Extra, require
+from capmon.core.types.config import DEFAULT_LISTEN, SimulatorConfig
 from capmon.exitcodes import EXIT_OK
 
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from capmon.core.hints import MAX_HINT
+from capmon.core.base.hints import MAX_HINT
 
 OPENAI_429 = "openai-429"
 OPENAI_503 = "openai-503"

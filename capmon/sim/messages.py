@@ -33,9 +33,9 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
 
-from capmon.core.clock import Clock
-from capmon.core.result import Api as CallerApi
-from capmon.core.tokens import estimate_body
+from capmon.core.base.clock import Clock
+from capmon.core.providers.tokens import estimate_body
+from capmon.core.types.result import Api as CallerApi
 from capmon.sim import dialects
 from capmon.sim.dialects import Api, Wire
 from capmon.sim.faults import HANG_SECONDS, HTML_500_PAGE, DropConnection, FaultMode

@@ -18,8 +18,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from capmon.core.clock import Clock, default_clock
-from capmon.core.hints import MAX_HINT
+from capmon.core.base.clock import Clock, default_clock
+from capmon.core.base.hints import MAX_HINT
 from capmon.sim.dialects import CAPACITY_DIALECTS, UNSUPPORTED_DIALECTS, Api, Wire, serves
 from capmon.sim.faults import FaultInjector, FaultMode, FaultRule
 from capmon.sim.scenario import (

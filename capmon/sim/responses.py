@@ -31,8 +31,8 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
 
-from capmon.core.clock import Clock
-from capmon.core.tokens import tokens_for_chars
+from capmon.core.base.clock import Clock
+from capmon.core.providers.tokens import tokens_for_chars
 from capmon.sim import dialects
 from capmon.sim.dialects import Api, Wire
 from capmon.sim.faults import HANG_SECONDS, HTML_500_PAGE, DropConnection, FaultMode

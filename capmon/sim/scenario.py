@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from capmon.core.config import SIMULATOR_DEMO_KEY
-from capmon.core.exceptions import ConfigError
-from capmon.core.hints import MAX_HINT  # the client ignores longer hints anyway
-from capmon.core.schema import Loader, parse_toml, read_text, spec
+from capmon.core.base.exceptions import ConfigError
+from capmon.core.base.hints import MAX_HINT  # the client ignores longer hints anyway
+from capmon.core.base.schema import Loader, parse_toml, read_text, spec
+from capmon.core.types.config import SIMULATOR_DEMO_KEY
 from capmon.sim.dialects import (
     CAPACITY_DIALECTS,
     MODEL_APIS,

@@ -28,10 +28,10 @@ import uvicorn
 from starlette.applications import Starlette
 from uvicorn.config import LOGGING_CONFIG
 
-from capmon.core.clock import Clock, default_clock
-from capmon.core.config import SIMULATOR_DEMO_KEY, is_loopback
-from capmon.core.config import parse_listen as parse_host_port
-from capmon.core.exceptions import SimulatorError
+from capmon.core.base.clock import Clock, default_clock
+from capmon.core.base.exceptions import SimulatorError
+from capmon.core.types.config import SIMULATOR_DEMO_KEY, is_loopback
+from capmon.core.types.config import parse_listen as parse_host_port
 from capmon.serving import GuestServer, ListenError, listen
 from capmon.sim.admin import ADMIN_KEY_ENV, AdminAccess, AdminPolicy, admin_policy
 from capmon.sim.app import SIM_HEADER, create_app, simulator_of

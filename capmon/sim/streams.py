@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from capmon.core.clock import Clock
+from capmon.core.base.clock import Clock
 from capmon.sim import dialects
 from capmon.sim.model import Ticket
 from capmon.sim.tools import ToolCall

@@ -1,6 +1,6 @@
 """How a simulated model reports the tokens it used: honestly, or as a broken or hostile
 provider does (a model's ``usage`` in a scenario, or ``POST /admin/models/{name}``), so a
-client can be shown to bound what it is told (capmon/core/usage.py)."""
+client can be shown to bound what it is told (capmon/core/providers/usage.py)."""
 
 from __future__ import annotations
 

@@ -27,11 +27,11 @@ from textual.timer import Timer
 from textual.widgets import Footer
 from textual.worker import Worker, WorkerState
 
-from capmon.core.config import REFRESH_MAX, REFRESH_MIN, DashboardConfig
-from capmon.core.events import BatchProgress, Event
-from capmon.core.exceptions import CapmonError
-from capmon.core.snapshot import EngineSnapshot, TargetSnapshot
-from capmon.core.states import JobState
+from capmon.core.base.exceptions import CapmonError
+from capmon.core.types.config import REFRESH_MAX, REFRESH_MIN, DashboardConfig
+from capmon.core.types.events import BatchProgress, Event
+from capmon.core.types.snapshot import EngineSnapshot, TargetSnapshot
+from capmon.core.types.states import JobState
 from capmon.exitcodes import EXIT_OK, EXIT_USAGE
 from capmon.tui.commands import ModelCommands
 from capmon.tui.digest import LOGGED, EventDigester
@@ -450,7 +450,7 @@ class CapmonApp(App[int]):
 
 @dataclass(frozen=True)
 class DashboardOptions:
-    config: str | None = None  # a config path; None: the usual search (capmon/core/config.py find_config)
+    config: str | None = None  # a config path; None: the usual search (capmon/core/types/config.py find_config)
     refresh: float | None = None  # seconds between table refreshes; None: the config's [dashboard] refresh
     readonly: bool = False  # no manual trip / reset / pin / batch pause
     job: Path | None = None  # run this JSONL file as the traffic worker instead of the demo job

@@ -14,9 +14,9 @@ from typing import Any
 
 from rich.text import Text
 
-from capmon.core import events as ev
-from capmon.core import text
-from capmon.core.breaker import State
+from capmon.core.base import text
+from capmon.core.control.breaker import State
+from capmon.core.types import events as ev
 from capmon.tui import format as fmt
 
 LOGGED: tuple[type[ev.Event], ...] = (

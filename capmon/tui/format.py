@@ -11,11 +11,11 @@ from dataclasses import dataclass
 
 from rich.text import Text
 
-from capmon.core import events as ev
-from capmon.core import text
-from capmon.core.breaker import State
-from capmon.core.snapshot import TargetSnapshot
-from capmon.core.state import KeyState
+from capmon.core.base import text
+from capmon.core.control.breaker import State
+from capmon.core.control.seam import KeyState
+from capmon.core.types import events as ev
+from capmon.core.types.snapshot import TargetSnapshot
 
 
 @dataclass(frozen=True)

@@ -34,13 +34,13 @@ from capmon.connect import (
     KeyRefused,
     resolve,
 )
-from capmon.core import events as ev
-from capmon.core import text
-from capmon.core.clock import Clock, default_clock
-from capmon.core.config import REFRESH_MAX, REFRESH_MIN, DashboardConfig
-from capmon.core.events import BatchProgress, EventBus, Notice
-from capmon.core.exceptions import CapmonError
-from capmon.core.snapshot import EngineSnapshot
+from capmon.core.base import text
+from capmon.core.base.clock import Clock, default_clock
+from capmon.core.base.exceptions import CapmonError
+from capmon.core.types import events as ev
+from capmon.core.types.config import REFRESH_MAX, REFRESH_MIN, DashboardConfig
+from capmon.core.types.events import BatchProgress, EventBus, Notice
+from capmon.core.types.snapshot import EngineSnapshot
 from capmon.exitcodes import EXIT_OK
 from capmon.tui.digest import LOGGED, EventDigester
 from capmon.tui.source import WorkerSpec, refuse_if_readonly

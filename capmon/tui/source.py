@@ -16,12 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from capmon.core.clock import Clock, default_clock
-from capmon.core.config import Config
-from capmon.core.events import BatchProgress, EventBus, Notice
-from capmon.core.exceptions import CapmonError
-from capmon.core.router import FallbackClient
-from capmon.core.snapshot import EngineSnapshot
+from capmon.core.base.clock import Clock, default_clock
+from capmon.core.base.exceptions import CapmonError
+from capmon.core.routing.client import FallbackClient
+from capmon.core.types.config import Config
+from capmon.core.types.events import BatchProgress, EventBus, Notice
+from capmon.core.types.snapshot import EngineSnapshot
 from capmon.probe import ProbeWorker
 from capmon.runtime import Engine, open_engine
 from capmon.tui.traffic import AttachedJob, NoTraffic, RunnerFactory, RunnerTraffic, Traffic

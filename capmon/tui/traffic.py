@@ -13,8 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from capmon.core.clock import Clock, default_clock
-from capmon.core.events import BatchProgress, Notice
+from capmon.core.base.clock import Clock, default_clock
+from capmon.core.types.events import BatchProgress, Notice
 
 if TYPE_CHECKING:
     from capmon.batch.stores import Db

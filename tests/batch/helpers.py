@@ -11,9 +11,9 @@ from typing import Any
 
 import httpx
 
-from capmon.core.config import Config
-from capmon.core.events import Event, EventBus
-from capmon.core.router import FallbackClient
+from capmon.core.routing.client import FallbackClient
+from capmon.core.types.config import Config
+from capmon.core.types.events import Event, EventBus
 from capmon.sim.app import create_app
 from capmon.sim.scenario import parse_scenario
 from tests.support.configs import ENV, build_config, three_models

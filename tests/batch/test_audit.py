@@ -11,8 +11,8 @@ import pytest
 from capmon import audit
 from capmon.audit import AuditLog, RunnerDecision, read_attempts
 from capmon.batch.store import JobStore
-from capmon.core.result import ChatRequest
-from capmon.core.secrets import redact as mask_secrets
+from capmon.core.base.secrets import redact as mask_secrets
+from capmon.core.types.result import ChatRequest
 from tests.batch.helpers import client_for
 from tests.support.clocks import ManualClock
 from tests.support.scripted import OVERLOADED, Script, build_app

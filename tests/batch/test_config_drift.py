@@ -12,7 +12,7 @@ import pytest
 
 from capmon.batch import BatchRunner
 from capmon.batch.options import RunnerOptions
-from capmon.core.exceptions import BatchError
+from capmon.core.base.exceptions import BatchError
 from capmon.report import ReportOptions, run_report
 from tests.batch.helpers import Recorder, client_for, config, item, rows, scenario_app, write_jsonl
 from tests.support.configs import three_models

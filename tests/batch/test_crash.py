@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from capmon.batch import read_progress
-from capmon.core.exceptions import BatchError
+from capmon.core.base.exceptions import BatchError
 from capmon.sim.scenario import parse_scenario
 from capmon.sim.server import running_simulator
 from tests.batch.helpers import write_items

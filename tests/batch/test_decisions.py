@@ -11,11 +11,11 @@ import pytest
 from capmon.batch import BatchRunner, write_demo_input
 from capmon.batch.items import Item, parse_line
 from capmon.batch.options import RunnerOptions
-from capmon.core.clock import LoopClock
-from capmon.core.errors import Failure, Kind
-from capmon.core.events import EventBus
-from capmon.core.exceptions import BatchError, DeadlineExceeded, RequestFailed
-from capmon.core.result import Attempt, ChatRequest, ChatResult
+from capmon.core.base.clock import LoopClock
+from capmon.core.base.exceptions import BatchError, DeadlineExceeded, RequestFailed
+from capmon.core.types.events import EventBus
+from capmon.core.types.failure import Failure, Kind
+from capmon.core.types.result import Attempt, ChatRequest, ChatResult
 from tests.batch.helpers import config, rows, write_items
 
 pytestmark = pytest.mark.looptime

@@ -14,8 +14,8 @@ from capmon.batch.ingest import Ingest, Refused
 from capmon.batch.options import OptionError
 from capmon.batch.states import BatchKind, ItemState, JobState
 from capmon.batch.store import JobStore
-from capmon.core.clock import LoopClock
-from capmon.core.exceptions import BatchError
+from capmon.core.base.clock import LoopClock
+from capmon.core.base.exceptions import BatchError
 from tests.batch.helpers import item, rows, write_items, write_jsonl
 
 pytestmark = pytest.mark.looptime

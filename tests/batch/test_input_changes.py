@@ -16,7 +16,7 @@ from capmon.batch import BatchRunner, JobStore
 from capmon.batch import ingest as ingest_mod
 from capmon.batch.export import export_job
 from capmon.batch.options import RunnerOptions
-from capmon.core.exceptions import BatchError
+from capmon.core.base.exceptions import BatchError
 from capmon.report import build_item_report, format_item
 from tests.batch.helpers import Recorder, client_for, rows, scenario_app, write_jsonl
 
@@ -206,7 +206,7 @@ def anonymous(text: str) -> str:
 
 
 async def _finish_noting(tmp_path: Path, src: Path, rec: Recorder, **kw: Any) -> tuple[Any, list[str]]:
-    from capmon.core.events import EventBus, Notice
+    from capmon.core.types.events import EventBus, Notice
 
     bus = EventBus()
     notes: list[str] = []

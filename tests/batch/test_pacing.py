@@ -8,8 +8,8 @@ import datetime as dt
 import pytest
 
 from capmon.batch.pacing import RateGate, Window
-from capmon.core.clock import LoopClock
-from capmon.core.exceptions import BatchError
+from capmon.core.base.clock import LoopClock
+from capmon.core.base.exceptions import BatchError
 
 
 def at(h: int, m: int, s: int = 0, day: int = 2) -> float:

@@ -6,8 +6,8 @@ import datetime as dt
 import io
 
 from capmon.batch.progress import ProgressLine, render
-from capmon.core.events import BatchProgress
-from capmon.core.text import duration
+from capmon.core.base.text import duration
+from capmon.core.types.events import BatchProgress
 
 
 def progress(**kw: object) -> BatchProgress:

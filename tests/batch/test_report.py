@@ -15,7 +15,7 @@ from capmon.batch.options import RunnerOptions
 from capmon.batch.runner import BatchRunner
 from capmon.batch.states import ItemState
 from capmon.batch.store import JobStore, Outcome
-from capmon.core.exceptions import BatchError
+from capmon.core.base.exceptions import BatchError
 from capmon.report import OutputFormat, ReportOptions, build_report, run_report
 from tests.batch.helpers import client_for, write_items
 from tests.support.scripted import OVERLOADED, Script, build_app, ok

@@ -12,9 +12,9 @@ import pytest
 from capmon.batch import BatchRunner, JobStore, read_progress
 from capmon.batch import ingest as ingest_mod
 from capmon.batch.options import RunnerOptions
-from capmon.core import events as ev
-from capmon.core.events import EventBus
-from capmon.core.exceptions import BatchError
+from capmon.core.base.exceptions import BatchError
+from capmon.core.types import events as ev
+from capmon.core.types.events import EventBus
 from tests.batch.helpers import Recorder, client_for, collect, item, rows, scenario_app, write_items, write_jsonl
 from tests.support.clocks import WallClock, local
 from tests.support.scripted import OVERLOADED, Reply, Script, build_app, ok

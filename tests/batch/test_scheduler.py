@@ -14,7 +14,7 @@ from capmon.batch.pacing import Pacing, Window
 from capmon.batch.scheduler import Scheduler
 from capmon.batch.states import ItemState
 from capmon.batch.store import JobStore
-from capmon.core.clock import LoopClock
+from capmon.core.base.clock import LoopClock
 from tests.support.clocks import WallClock, local
 
 pytestmark = pytest.mark.looptime

@@ -14,7 +14,7 @@ from capmon.batch import store as store_mod
 from capmon.batch.export import check_writable, export_job
 from capmon.batch.options import RunnerOptions
 from capmon.batch.runner import BatchRunner
-from capmon.core.exceptions import BatchError
+from capmon.core.base.exceptions import BatchError
 from tests.batch.helpers import client_for, item, rows, write_jsonl
 from tests.support.scripted import Reply, Script, build_app, ok
 

@@ -16,9 +16,9 @@ from capmon.batch import writer as writer_mod
 from capmon.batch.states import ItemState
 from capmon.batch.store import JobStore, Outcome
 from capmon.batch.writer import ResultWriter
-from capmon.core import events as ev
-from capmon.core.clock import LoopClock
-from capmon.core.exceptions import BatchError
+from capmon.core.base.clock import LoopClock
+from capmon.core.base.exceptions import BatchError
+from capmon.core.types import events as ev
 
 pytestmark = pytest.mark.looptime
 

@@ -13,10 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import TypeAdapter
 
-from capmon.core import anthropic_wire as aw
-from capmon.core.anthropic_wire import AnthropicVersion, MessageAssembler
-from capmon.core.errors import Failure, Kind
-from capmon.core.wire import FrameKind, SSEParser
+from capmon.core.providers import anthropic_wire as aw
+from capmon.core.providers.anthropic_wire import AnthropicVersion, MessageAssembler
+from capmon.core.providers.openai_wire import FrameKind, SSEParser
+from capmon.core.types.failure import Failure, Kind
 
 pytestmark = pytest.mark.unit
 

@@ -5,11 +5,11 @@ import threading
 
 import pytest
 
-from capmon.core import events as ev
-from capmon.core.backoff import Backoff
-from capmon.core.config import BackoffConfig
-from capmon.core.errors import Failure, Kind
-from capmon.core.stats import Outcome, RollingStats
+from capmon.core.control.backoff import Backoff
+from capmon.core.types import events as ev
+from capmon.core.types.config import BackoffConfig
+from capmon.core.types.failure import Failure, Kind
+from capmon.core.types.stats import Outcome, RollingStats
 
 pytestmark = pytest.mark.unit
 

@@ -1,7 +1,7 @@
 """The circuit breaker on its own: trips, the client's probes, the evidence ramp, manual states.
 
 Outcomes are fed to :meth:`CircuitBreaker.record` the way the state seam does it
-(capmon/core/state.py): with the generation and the clock time at which the attempt
+(capmon/core/control/seam.py): with the generation and the clock time at which the attempt
 was admitted, and whether the limiter took a capacity failure as news.
 """
 
@@ -14,12 +14,12 @@ import time
 
 import pytest
 
-from capmon.core.breaker import BreakerView, CircuitBreaker, State
-from capmon.core.clock import LoopClock
-from capmon.core.config import BreakerConfig
-from capmon.core.decisions import ramp_grown, ramp_opening
-from capmon.core.events import BreakerChanged, Event, EventBus, RampStep
-from capmon.core.policy import BreakerSignal
+from capmon.core.base.clock import LoopClock
+from capmon.core.control.breaker import BreakerView, CircuitBreaker, State
+from capmon.core.control.decisions import ramp_grown, ramp_opening
+from capmon.core.control.policy import BreakerSignal
+from capmon.core.types.config import BreakerConfig
+from capmon.core.types.events import BreakerChanged, Event, EventBus, RampStep
 from tests.support.clocks import ManualClock
 
 pytestmark = pytest.mark.unit

@@ -20,11 +20,11 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from capmon.core.breaker import CircuitBreaker, State
-from capmon.core.config import BreakerConfig, LimiterConfig
-from capmon.core.events import BreakerChanged, Event, RampStep
-from capmon.core.limiter import AdaptiveLimiter, Budget, Slot, TokenBucket
-from capmon.core.policy import BreakerSignal, LimiterSignal
+from capmon.core.control.breaker import CircuitBreaker, State
+from capmon.core.control.limiter import AdaptiveLimiter, Budget, Slot, TokenBucket
+from capmon.core.control.policy import BreakerSignal, LimiterSignal
+from capmon.core.types.config import BreakerConfig, LimiterConfig
+from capmon.core.types.events import BreakerChanged, Event, RampStep
 from tests.core.test_limiter import is_news
 from tests.support.clocks import ManualClock
 

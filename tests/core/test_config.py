@@ -4,7 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from capmon.core.config import (
+from capmon.core.base.exceptions import ConfigError
+from capmon.core.types.config import (
     SIMULATOR_DEMO_KEY,
     bundled_config_path,
     find_config,
@@ -12,7 +13,6 @@ from capmon.core.config import (
     parse_config,
     resolve_keys,
 )
-from capmon.core.exceptions import ConfigError
 
 pytestmark = pytest.mark.unit
 

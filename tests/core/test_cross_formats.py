@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 
-from capmon.core.config import SIMULATOR_DEMO_KEY, EndpointApi, parse_config
-from capmon.core.errors import Kind
-from capmon.core.exceptions import RequestFailed
-from capmon.core.result import Decision, Skip
-from capmon.core.router import FallbackClient
-from capmon.core.serial import snapshot_to_json
+from capmon.core.base.exceptions import RequestFailed
+from capmon.core.routing.client import FallbackClient
+from capmon.core.types.config import SIMULATOR_DEMO_KEY, EndpointApi, parse_config
+from capmon.core.types.failure import Kind
+from capmon.core.types.result import Decision, Skip
+from capmon.core.types.serial import snapshot_to_json
 from capmon.sim.scenario import Scenario
 from tests.reliability.helpers import set_fault
 from tests.support import configs

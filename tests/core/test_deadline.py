@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from capmon.core.exceptions import DeadlineExceeded, RequestFailed
-from capmon.core.router import FallbackClient
+from capmon.core.base.exceptions import DeadlineExceeded, RequestFailed
+from capmon.core.routing.client import FallbackClient
 from tests.support.configs import ENV, build_config, three_models
 from tests.support.scripted import OVERLOADED, Reply, Script, serve
 

@@ -1,4 +1,4 @@
-"""The decisions of an admission and a settle (capmon/core/decisions.py), as tables: what
+"""The decisions of an admission and a settle (capmon/core/control/decisions.py), as tables: what
 every store of the state seam applies. tests/fleet/test_state_equivalence.py holds the
 memory and Redis stores to them together."""
 
@@ -8,11 +8,11 @@ import math
 
 import pytest
 
-from capmon.core import decisions as d
-from capmon.core.breaker import State
-from capmon.core.decisions import DEFAULT_QUOTA_PARK, Gates, KeyState, Outcome, Room, Verdict
-from capmon.core.errors import Cause, Failure, Kind
-from capmon.core.policy import BreakerSignal, LimiterSignal
+from capmon.core.control import decisions as d
+from capmon.core.control.breaker import State
+from capmon.core.control.decisions import DEFAULT_QUOTA_PARK, Gates, KeyState, Outcome, Room, Verdict
+from capmon.core.control.policy import BreakerSignal, LimiterSignal
+from capmon.core.types.failure import Cause, Failure, Kind
 
 pytestmark = pytest.mark.unit
 

@@ -1,4 +1,4 @@
-"""Recovery driven by demand (capmon/core/demand.py): while a model's breaker is open, the
+"""Recovery driven by demand (capmon/core/control/demand.py): while a model's breaker is open, the
 more work that prefers it is served elsewhere or waits, the sooner it is probed; never more
 than [breaker] probe_share of that work, never two probes closer than probe_floor, one at a
 time, never before a server's hint; with no demand the slow schedule alone. And the one
@@ -11,11 +11,11 @@ from collections.abc import Callable
 
 import pytest
 
-from capmon.core import events as ev
-from capmon.core.breaker import State
-from capmon.core.config import Config
-from capmon.core.demand import demand_due
-from capmon.core.router import FallbackClient
+from capmon.core.control.breaker import State
+from capmon.core.control.demand import demand_due
+from capmon.core.routing.client import FallbackClient
+from capmon.core.types import events as ev
+from capmon.core.types.config import Config
 from tests.support.configs import ENV, build_config, three_models
 from tests.support.scripted import OVERLOADED, Reply, Script, ok, serve
 

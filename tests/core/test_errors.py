@@ -16,15 +16,8 @@ from typing import Any
 import httpx
 import pytest
 
-from capmon.core.errors import (
-    Cause,
-    Failure,
-    Kind,
-    classify,
-    classify_exception,
-    classify_response,
-    classify_tool_call,
-)
+from capmon.core.providers.classify import classify, classify_exception, classify_response, classify_tool_call
+from capmon.core.types.failure import Cause, Failure, Kind
 
 pytestmark = pytest.mark.unit
 
@@ -912,10 +905,10 @@ def test_the_quota_threshold_is_backoff_max_hint() -> None:
 
 
 async def test_the_client_sends_its_configs_quota_threshold_with_every_attempt() -> None:
-    from capmon.core.attempt import chat_request
-    from capmon.core.result import ChatRequest
-    from capmon.core.router import FallbackClient
-    from capmon.core.wire import TokenParam
+    from capmon.core.providers.openai_wire import TokenParam
+    from capmon.core.routing.attempt import chat_request
+    from capmon.core.routing.client import FallbackClient
+    from capmon.core.types.result import ChatRequest
     from tests.support.configs import ENV, three_models
 
     cfg = three_models("http://127.0.0.1:9/v1", extra="[backoff]\nmax_hint = 300.0\n")

@@ -13,10 +13,10 @@ from typing import TypeVar
 
 import pytest
 
-from capmon.core.errors import Kind
-from capmon.core.exceptions import CannotWait, DeadlineExceeded, RequestFailed, Unavailable
-from capmon.core.result import ChatRequest, Decision, Skip
-from capmon.core.router import FallbackClient
+from capmon.core.base.exceptions import CannotWait, DeadlineExceeded, RequestFailed, Unavailable
+from capmon.core.routing.client import FallbackClient
+from capmon.core.types.failure import Kind
+from capmon.core.types.result import ChatRequest, Decision, Skip
 from tests.support.breakers import open_every_breaker
 from tests.support.configs import ENV, three_models
 from tests.support.scripted import OVERLOADED, Reply, Script, serve

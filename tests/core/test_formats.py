@@ -12,16 +12,16 @@ import tomllib
 import httpx
 import pytest
 
-from capmon.core import formats
-from capmon.core.anthropic_wire import AnthropicVersion
-from capmon.core.attempt import chat_request
-from capmon.core.config import ClientConfig, Config, DropRule, EndpointApi, parse_config, resolve_keys
-from capmon.core.exceptions import ConfigError
-from capmon.core.result import Api, ChatRequest
-from capmon.core.secrets import redact
-from capmon.core.targets import Target, build_targets
-from capmon.core.transport_aiohttp import _scrub
-from capmon.core.wire import TokenParam
+from capmon.core.base.exceptions import ConfigError
+from capmon.core.base.secrets import redact
+from capmon.core.providers import formats
+from capmon.core.providers.anthropic_wire import AnthropicVersion
+from capmon.core.providers.openai_wire import TokenParam
+from capmon.core.routing.attempt import chat_request
+from capmon.core.routing.targets import Target, build_targets
+from capmon.core.routing.transport_aiohttp import _scrub
+from capmon.core.types.config import ClientConfig, Config, DropRule, EndpointApi, parse_config, resolve_keys
+from capmon.core.types.result import Api, ChatRequest
 from tests.support.configs import config_toml
 
 pytestmark = pytest.mark.unit

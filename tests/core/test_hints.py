@@ -12,9 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from capmon.core import errors
-from capmon.core.errors import Failure, Kind, classify_response
-from capmon.core.hints import (
+from capmon.core.base.hints import (
     MAX_HINT,
     hint_from,
     hint_from_message,
@@ -23,6 +21,9 @@ from capmon.core.hints import (
     parse_retry_after,
     retry_delay_from_body,
 )
+from capmon.core.providers import classify as errors
+from capmon.core.providers.classify import classify_response
+from capmon.core.types.failure import Failure, Kind
 
 pytestmark = pytest.mark.unit
 

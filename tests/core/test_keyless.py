@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from capmon.core.config import NO_KEY, Config
-from capmon.core.router import FallbackClient
+from capmon.core.routing.client import FallbackClient
+from capmon.core.types.config import NO_KEY, Config
 from tests.support.configs import build_config
 from tests.support.scripted import Script, serve
 

@@ -1,6 +1,6 @@
 """The capacity-learning limiter, the rpm / tpm buckets and the retry budget.
 
-Waiting for a slot is the wait queue's business now (capmon/core/waiting.py); the
+Waiting for a slot is the wait queue's business now (capmon/core/routing/waiting.py); the
 first-come-first-served and no-leak tests for it are in tests/core/test_state.py.
 """
 
@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pytest
 
-from capmon.core.config import LimiterConfig
-from capmon.core.decisions import overload_is_news
-from capmon.core.limiter import AdaptiveLimiter, Budget, LimiterView, Slot, TokenBucket
-from capmon.core.policy import LimiterSignal
+from capmon.core.control.decisions import overload_is_news
+from capmon.core.control.limiter import AdaptiveLimiter, Budget, LimiterView, Slot, TokenBucket
+from capmon.core.control.policy import LimiterSignal
+from capmon.core.types.config import LimiterConfig
 from tests.support.clocks import ManualClock
 
 pytestmark = pytest.mark.unit

@@ -1,4 +1,4 @@
-"""A request's prompt is estimated by its API (capmon/core/tokens.py), so context windows
+"""A request's prompt is estimated by its API (capmon/core/providers/tokens.py), so context windows
 and token budgets see Anthropic Messages and Responses requests as they are, not as
 empty chat requests: a long one skips a model whose window is too small, without
 sending, and is served by a larger one. Over real HTTP against the simulator."""
@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
-from capmon.core.config import SIMULATOR_DEMO_KEY
-from capmon.core.errors import Kind
-from capmon.core.exceptions import RequestFailed
-from capmon.core.result import Api, ChatRequest, Skip, sent
-from capmon.core.router import FallbackClient
-from capmon.core.tokens import estimate_body, estimate_request, estimate_tokens
+from capmon.core.base.exceptions import RequestFailed
+from capmon.core.providers.tokens import estimate_body, estimate_request, estimate_tokens
+from capmon.core.routing.client import FallbackClient
+from capmon.core.types.config import SIMULATOR_DEMO_KEY
+from capmon.core.types.failure import Kind
+from capmon.core.types.result import Api, ChatRequest, Skip, sent
 from capmon.sim.scenario import Scenario
 from tests.support.configs import build_config
 from tests.support.simulated import StartSim, sim_model

@@ -1,4 +1,4 @@
-"""ReadDeadline: one timer over many reads (capmon/core/reads.py), on fast-forwarded loop
+"""ReadDeadline: one timer over many reads (capmon/core/routing/reads.py), on fast-forwarded loop
 time (looptime): the figures are loop seconds."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import weakref
 
 import pytest
 
-from capmon.core.clock import LoopClock
-from capmon.core.reads import ReadDeadline
+from capmon.core.base.clock import LoopClock
+from capmon.core.routing.reads import ReadDeadline
 
 pytestmark = [pytest.mark.unit, pytest.mark.looptime]
 

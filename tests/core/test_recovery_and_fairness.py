@@ -8,9 +8,9 @@ import asyncio
 
 import pytest
 
-from capmon.core import events as ev
-from capmon.core.config import SIMULATOR_DEMO_KEY, Config
-from capmon.core.router import FallbackClient
+from capmon.core.routing.client import FallbackClient
+from capmon.core.types import events as ev
+from capmon.core.types.config import SIMULATOR_DEMO_KEY, Config
 from capmon.sim.scenario import ModelSpec, Phase, Scenario
 from tests.support.configs import build_config, sim_models
 from tests.support.simulated import StartSim
@@ -131,7 +131,7 @@ async def test_an_open_breaker_is_probed_by_the_client_and_recovers_as_fast_as_c
     # slot per clean answer, so it doubles per round trip (about one service time): the
     # model is closed again in a few seconds, long before the 60 s ceiling.
     # One RampStep per doubling, and the second doubling is the close. (The outage's first
-    # rejection may teach 7: capmon/core/decisions.py, checkpoint_keeps_lesson; 2 of 7 is 0.29.)
+    # rejection may teach 7: capmon/core/control/decisions.py, checkpoint_keeps_lesson; 2 of 7 is 0.29.)
     assert len(steps) == 1 and 0.5 <= steps[0].share < 0.6, [s.share for s in steps]
     assert closed_at and closed_at[-1] - sent[-1] < 5.0
 

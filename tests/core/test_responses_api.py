@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from capmon.core.config import SIMULATOR_DEMO_KEY
-from capmon.core.errors import Kind
-from capmon.core.exceptions import RequestFailed
-from capmon.core.router import FallbackClient
+from capmon.core.base.exceptions import RequestFailed
+from capmon.core.routing.client import FallbackClient
+from capmon.core.types.config import SIMULATOR_DEMO_KEY
+from capmon.core.types.failure import Kind
 from capmon.sim.scenario import ModelSpec, Scenario
 from tests.reliability.helpers import set_fault
 from tests.support.configs import flagship_and_medium

@@ -6,11 +6,11 @@ import asyncio
 
 import pytest
 
-from capmon.core import events as ev
-from capmon.core.errors import Kind
-from capmon.core.exceptions import CannotWait, DeadlineExceeded, RequestFailed, Unavailable
-from capmon.core.result import ChatRequest, Skip, sent
-from capmon.core.router import FallbackClient
+from capmon.core.base.exceptions import CannotWait, DeadlineExceeded, RequestFailed, Unavailable
+from capmon.core.routing.client import FallbackClient
+from capmon.core.types import events as ev
+from capmon.core.types.failure import Kind
+from capmon.core.types.result import ChatRequest, Skip, sent
 from capmon.sim.app import create_app
 from capmon.sim.scenario import parse_scenario
 from tests.support.configs import ENV, THREE_MODELS, build_config, three_models

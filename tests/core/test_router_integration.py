@@ -7,10 +7,10 @@ import time
 
 import pytest
 
-from capmon.core import events as ev
-from capmon.core.errors import Kind
-from capmon.core.exceptions import RequestFailed
-from capmon.core.router import FallbackClient
+from capmon.core.base.exceptions import RequestFailed
+from capmon.core.routing.client import FallbackClient
+from capmon.core.types import events as ev
+from capmon.core.types.failure import Kind
 from tests.support.configs import ENV, three_models
 from tests.support.scripted import OVERLOADED, Reply, Script, ok, serve
 

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from capmon.core.exceptions import ConfigError
-from capmon.core.schema import KeyDoc, Loader, document, parse_toml, spec, toml_text
+from capmon.core.base.exceptions import ConfigError
+from capmon.core.base.schema import KeyDoc, Loader, document, parse_toml, spec, toml_text
 
 pytestmark = pytest.mark.unit
 

@@ -12,8 +12,8 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
-from capmon.core.transport import Sender
-from capmon.core.wire import Oversized, body_pieces, read_capped
+from capmon.core.providers.openai_wire import Oversized, body_pieces, read_capped
+from capmon.core.routing.transport import Sender
 
 pytestmark = pytest.mark.unit
 

@@ -6,12 +6,12 @@ import json
 
 import pytest
 
-from capmon.core import events as ev
-from capmon.core.breaker import State
-from capmon.core.errors import Kind
-from capmon.core.router import FallbackClient
-from capmon.core.serial import event_from_json, event_to_json, snapshot_from_json, snapshot_to_json
-from capmon.core.state import KeyState
+from capmon.core.control.breaker import State
+from capmon.core.control.seam import KeyState
+from capmon.core.routing.client import FallbackClient
+from capmon.core.types import events as ev
+from capmon.core.types.failure import Kind
+from capmon.core.types.serial import event_from_json, event_to_json, snapshot_from_json, snapshot_to_json
 from tests.support.configs import ENV, three_models
 from tests.support.scripted import OVERLOADED, Script, serve
 

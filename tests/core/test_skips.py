@@ -13,11 +13,11 @@ import contextlib
 
 import pytest
 
-from capmon.core import events as ev
-from capmon.core.errors import Cause, Kind
-from capmon.core.exceptions import CannotWait, DeadlineExceeded, Unavailable
-from capmon.core.result import ChatRequest, Decision, Skip, sent
-from capmon.core.router import FallbackClient
+from capmon.core.base.exceptions import CannotWait, DeadlineExceeded, Unavailable
+from capmon.core.routing.client import FallbackClient
+from capmon.core.types import events as ev
+from capmon.core.types.failure import Cause, Kind
+from capmon.core.types.result import ChatRequest, Decision, Skip, sent
 from tests.support.configs import ENV, build_config, three_models
 from tests.support.scripted import OVERLOADED, Reply, Script, free_port, ok, serve
 

@@ -1,5 +1,5 @@
 """The state seam in memory: one admit() and one settle() per attempt over breaker, key,
-hints, buckets and limiter (capmon/core/state.py), and the wait queue on top of it.
+hints, buckets and limiter (capmon/core/control/seam.py), and the wait queue on top of it.
 
 Three targets: m1 and m2 share the key ``a`` at endpoint ``ep``; m1 also has key ``b``.
 Time is a ManualClock; the calls are async but never wait, so nothing sleeps.
@@ -13,15 +13,15 @@ from typing import Any
 
 import pytest
 
-from capmon.core.breaker import State
-from capmon.core.clock import LoopClock
-from capmon.core.config import BreakerConfig, ClientConfig, Config, LimiterConfig, ModelConfig
-from capmon.core.decisions import DEFAULT_QUOTA_PARK
-from capmon.core.errors import Cause, Failure, Kind
-from capmon.core.events import BreakerChanged, Event, KeyParked, ModelPinned
-from capmon.core.limiter import Slot
-from capmon.core.state import Admission, KeyState, MemoryState, MemoryTarget, TargetSpec
-from capmon.core.waiting import GATE_SLACK, INTERACTIVE, MAX_NAP, WaitQueue
+from capmon.core.base.clock import LoopClock
+from capmon.core.control.breaker import State
+from capmon.core.control.decisions import DEFAULT_QUOTA_PARK
+from capmon.core.control.limiter import Slot
+from capmon.core.control.seam import Admission, KeyState, MemoryState, MemoryTarget, TargetSpec
+from capmon.core.routing.waiting import GATE_SLACK, INTERACTIVE, MAX_NAP, WaitQueue
+from capmon.core.types.config import BreakerConfig, ClientConfig, Config, LimiterConfig, ModelConfig
+from capmon.core.types.events import BreakerChanged, Event, KeyParked, ModelPinned
+from capmon.core.types.failure import Cause, Failure, Kind
 from tests.support.clocks import ManualClock
 
 pytestmark = pytest.mark.unit

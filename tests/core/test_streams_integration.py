@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from capmon.core import events as ev
-from capmon.core.errors import Kind
-from capmon.core.exceptions import RequestFailed
-from capmon.core.router import FallbackClient
+from capmon.core.base.exceptions import RequestFailed
+from capmon.core.routing.client import FallbackClient
+from capmon.core.types import events as ev
+from capmon.core.types.failure import Kind
 from tests.core.wire_shapes import STREAMS, UNSUPPORTED, WEATHER_ARGS, Shape, chunk, role, sse, text
 from tests.support.configs import ENV, three_models
 from tests.support.scripted import Reply, Script, ok, serve

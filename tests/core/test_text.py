@@ -7,8 +7,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from capmon.core import text
-from capmon.core.stats import Outcome, RollingStats
+from capmon.core.base import text
+from capmon.core.types.stats import Outcome, RollingStats
 from tests.support.clocks import utc_zone
 
 pytestmark = pytest.mark.unit

@@ -16,15 +16,15 @@ from hypothesis import strategies as st
 from openai.types.chat import ChatCompletion, ChatCompletionChunk, completion_create_params
 from pydantic import TypeAdapter
 
-from capmon.core import anthropic_wire as aw
-from capmon.core import formats
-from capmon.core import translate_chat_anthropic as tr
-from capmon.core.anthropic_wire import MessageAssembler
-from capmon.core.config import ClientConfig, DropRule
-from capmon.core.errors import Kind
-from capmon.core.exceptions import BrokenAnswer
-from capmon.core.result import Api, ChatRequest
-from capmon.core.wire import Assembler
+from capmon.core.base.exceptions import BrokenAnswer
+from capmon.core.providers import anthropic_wire as aw
+from capmon.core.providers import formats
+from capmon.core.providers import translate_chat_anthropic as tr
+from capmon.core.providers.anthropic_wire import MessageAssembler
+from capmon.core.providers.openai_wire import Assembler
+from capmon.core.types.config import ClientConfig, DropRule
+from capmon.core.types.failure import Kind
+from capmon.core.types.result import Api, ChatRequest
 from tests.core.test_anthropic_wire import OVERLOADED, TEXT_ANSWER, TOOL_ANSWER, json_piece
 from tests.core.test_formats import target
 
@@ -800,7 +800,7 @@ def test_stream_round_trip_keeps_the_answer() -> None:
 
 
 def codec(caller: Api, target_wire: Api, **extra: Any) -> formats.Codec:
-    """The one translator an attempt uses (capmon/core/formats.py), end checks included."""
+    """The one translator an attempt uses (capmon/core/providers/formats.py), end checks included."""
     return formats.stream_codec(ChatRequest((), api=caller, extra=extra), target_wire, created=1)
 
 

@@ -12,13 +12,13 @@ from openai.types import responses as rt
 from openai.types.responses import response_create_params
 from pydantic import TypeAdapter
 
-from capmon.core import anthropic_wire as aw
-from capmon.core import formats
-from capmon.core import translate_responses_anthropic as tr
-from capmon.core.anthropic_wire import MessageAssembler
-from capmon.core.errors import Kind
-from capmon.core.exceptions import BrokenAnswer
-from capmon.core.result import Api, ChatRequest
+from capmon.core.base.exceptions import BrokenAnswer
+from capmon.core.providers import anthropic_wire as aw
+from capmon.core.providers import formats
+from capmon.core.providers import translate_responses_anthropic as tr
+from capmon.core.providers.anthropic_wire import MessageAssembler
+from capmon.core.types.failure import Kind
+from capmon.core.types.result import Api, ChatRequest
 from tests.core.test_anthropic_wire import TEXT_ANSWER, TOOL_ANSWER, end, json_piece, start
 from tests.core.test_translate_chat_anthropic import ANTHROPIC_TOOL, PNG, WEATHER, incapable, refused
 

@@ -4,7 +4,7 @@ The server is a small raw asyncio HTTP/1.1 server in the test's own event loop, 
 can misbehave on purpose at the byte level: hold a stream open, hang, hang up before or
 in the middle of an answer, reset the connection, or answer with garbage. Every test
 runs on both transports, and every failure must come out as the httpx exception that
-capmon.core.errors classifies as a transient failure (timeouts as "timeout: ...", a
+capmon.core.providers.classify classifies as a transient failure (timeouts as "timeout: ...", a
 refused connection as UNREACHABLE, its cause read from either), with no key in its text or in any log.
 """
 
@@ -25,12 +25,13 @@ from typing import Any
 import httpx
 import pytest
 
-from capmon.core import transport as transport_module
-from capmon.core.errors import Cause, Kind, classify_exception
-from capmon.core.result import ChatRequest
-from capmon.core.router import FallbackClient
-from capmon.core.transport import HttpcoreTransport, TransportKind, make_transport, resolve
-from capmon.core.transport_aiohttp import AiohttpTransport
+from capmon.core.providers.classify import classify_exception
+from capmon.core.routing.client import FallbackClient
+from capmon.core.routing import transport as transport_module
+from capmon.core.routing.transport import HttpcoreTransport, TransportKind, make_transport, resolve
+from capmon.core.routing.transport_aiohttp import AiohttpTransport
+from capmon.core.types.failure import Cause, Kind
+from capmon.core.types.result import ChatRequest
 from capmon.sim.server import running_simulator
 from tests.reliability.helpers import ENV, scenario, set_fault, sim_config
 from tests.support import pools

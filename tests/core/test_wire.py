@@ -9,9 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from capmon.core import wire
-from capmon.core.errors import Kind, classify_response
-from capmon.core.wire import Assembler, FrameKind, SSEParser, TokenParam, read_frame
+from capmon.core.providers import openai_wire as wire
+from capmon.core.providers.classify import classify_response
+from capmon.core.providers.openai_wire import Assembler, FrameKind, SSEParser, TokenParam, read_frame
+from capmon.core.types.failure import Kind
 from tests.core.wire_shapes import STREAMS, UNSUPPORTED, Shape
 
 pytestmark = pytest.mark.unit

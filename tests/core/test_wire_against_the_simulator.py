@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from capmon.core import events as ev
-from capmon.core.config import SIMULATOR_DEMO_KEY
-from capmon.core.errors import Kind
-from capmon.core.exceptions import RequestFailed
-from capmon.core.router import FallbackClient
-from capmon.core.routing import STICK_LIMIT
+from capmon.core.base.exceptions import RequestFailed
+from capmon.core.routing.client import FallbackClient
+from capmon.core.routing.route import STICK_LIMIT
+from capmon.core.types import events as ev
+from capmon.core.types.config import SIMULATOR_DEMO_KEY
+from capmon.core.types.failure import Kind
 from capmon.sim.dialects import CHAT_STREAM_DIALECTS
 from capmon.sim.scenario import ModelSpec, Scenario
 from capmon.sim.streams import STYLES

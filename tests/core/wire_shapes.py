@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from capmon.core.errors import Kind
+from capmon.core.types.failure import Kind
 
 
 def sse(*frames: Any, done: bool = True, sep: str = "\n\n") -> bytes:

@@ -8,10 +8,10 @@ import tomllib
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from capmon.core.clock import default_clock
-from capmon.core.config import Config, parse_config
-from capmon.core.events import EventBus
-from capmon.core.router import FallbackClient
+from capmon.core.base.clock import default_clock
+from capmon.core.routing.client import FallbackClient
+from capmon.core.types.config import Config, parse_config
+from capmon.core.types.events import EventBus
 from capmon.fleet import RedisState, shared_state
 from tests.support.configs import ENV, config_toml
 

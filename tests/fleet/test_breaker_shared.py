@@ -9,7 +9,7 @@ import time
 import pytest
 import redis
 
-from capmon.core.breaker import State
+from capmon.core.control.breaker import State
 from tests.fleet.helpers import FLAGSHIP, client, deafen, fleet_config, is_probe, store, until
 from tests.support.scripted import OVERLOADED, Reply, Script, ok, serve
 

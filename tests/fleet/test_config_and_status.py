@@ -7,13 +7,13 @@ import dataclasses
 
 import pytest
 
-from capmon.core.clock import default_clock
-from capmon.core.config import Config, parse_config
-from capmon.core.exceptions import ConfigError
-from capmon.core.router import FallbackClient
-from capmon.core.secrets import redact
-from capmon.core.serial import snapshot_from_json, snapshot_to_json
-from capmon.core.snapshot import FleetProcess, LinkState, SharedStatus
+from capmon.core.base.clock import default_clock
+from capmon.core.base.exceptions import ConfigError
+from capmon.core.base.secrets import redact
+from capmon.core.routing.client import FallbackClient
+from capmon.core.types.config import Config, parse_config
+from capmon.core.types.serial import snapshot_from_json, snapshot_to_json
+from capmon.core.types.snapshot import FleetProcess, LinkState, SharedStatus
 from capmon.fleet import shared_state, show_url
 from capmon.fleet.settings import resolve
 from tests.support.configs import ENV, config_toml

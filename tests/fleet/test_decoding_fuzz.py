@@ -11,8 +11,8 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from capmon.core.clock import default_clock
-from capmon.core.state import TargetSpec
+from capmon.core.base.clock import default_clock
+from capmon.core.control.seam import TargetSpec
 from capmon.fleet import codec
 from capmon.fleet.codec import Garbage
 from capmon.fleet.settings import resolve

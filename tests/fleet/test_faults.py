@@ -13,10 +13,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from capmon.core import events as ev
-from capmon.core.breaker import State
-from capmon.core.events import EventBus
-from capmon.core.snapshot import LinkState
+from capmon.core.control.breaker import State
+from capmon.core.types import events as ev
+from capmon.core.types.events import EventBus
+from capmon.core.types.snapshot import LinkState
 from capmon.gateway.readiness import readiness
 from capmon.status import format_snapshot
 from tests.fleet.helpers import FLAGSHIP, MEDIUM, client, fleet_config, store, until
@@ -194,8 +194,8 @@ async def test_more_than_100_connections_at_once_are_no_lost_redis(redis_url: st
     # process took for a lost Redis (a gateway at 1,000 QPS with a stall degraded). The
     # connections are opened one after another: a burst of them would also test how fast a
     # loaded machine connects within the link's 0.5 s timeout.
-    from capmon.core.clock import default_clock
-    from capmon.core.config import SharedConfig
+    from capmon.core.base.clock import default_clock
+    from capmon.core.types.config import SharedConfig
     from capmon.fleet.link import Link
     from capmon.fleet.settings import Settings, show_url
 

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 import redis
 
-from capmon.core.breaker import State
-from capmon.core.router import FallbackClient
+from capmon.core.control.breaker import State
+from capmon.core.routing.client import FallbackClient
 from capmon.fleet import RedisState
 from tests.fleet.helpers import FLAGSHIP, client, fleet_config, store, until
 from tests.support.scripted import Reply, Script, ok, serve

@@ -1,4 +1,4 @@
-"""The SETTLE script's learning is AdaptiveLimiter's (capmon/core/limiter.py): the same
+"""The SETTLE script's learning is AdaptiveLimiter's (capmon/core/control/limiter.py): the same
 sequences of admissions and outcomes through a MemoryTarget and through a RedisTarget
 (one process, so the fleet's in-flight count is this process's) give the same slots,
 the same limits, the same learned capacity, the same cuts; trips restore the same
@@ -10,10 +10,10 @@ from __future__ import annotations
 import asyncio
 import random
 
-from capmon.core.breaker import State
-from capmon.core.clock import default_clock
-from capmon.core.errors import Cause, Failure, Kind
-from capmon.core.state import Admission, MemoryState, TargetSpec
+from capmon.core.base.clock import default_clock
+from capmon.core.control.breaker import State
+from capmon.core.control.seam import Admission, MemoryState, TargetSpec
+from capmon.core.types.failure import Cause, Failure, Kind
 from tests.fleet.helpers import FLAGSHIP, client, fleet_config, store
 
 CAPACITY = Failure(Kind.CAPACITY, "at capacity", 503)

@@ -13,8 +13,8 @@ import sys
 import time
 from pathlib import Path
 
-from capmon.core.breaker import State
-from capmon.core.config import parse_config
+from capmon.core.control.breaker import State
+from capmon.core.types.config import parse_config
 from tests.fleet.helpers import FLAGSHIP, MEDIUM, client, fleet_config, fleet_text, is_probe, store, until
 from tests.support.scripted import OVERLOADED, Reply, Script, ok, serve
 
@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # The other process: joins the fleet as a batch worker, obeys one command a line.
 CHILD = """
 import asyncio, sys
-from capmon.core.config import load_config
+from capmon.core.types.config import load_config
 from capmon.runtime import open_engine
 from tests.support.configs import ENV
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import time
 
-from capmon.core import events as ev
-from capmon.core.breaker import State
-from capmon.core.events import EventBus
-from capmon.core.text import percentile
+from capmon.core.base.text import percentile
+from capmon.core.control.breaker import State
+from capmon.core.types import events as ev
+from capmon.core.types.events import EventBus
 from tests.fleet.helpers import FLAGSHIP, client, fleet_config, store, until
 from tests.support.scripted import OVERLOADED, Script, ok, serve
 

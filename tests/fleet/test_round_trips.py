@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from redis.asyncio.connection import AbstractConnection
 
-from capmon.core.breaker import State
-from capmon.core.config import Config
+from capmon.core.control.breaker import State
+from capmon.core.types.config import Config
 from tests.fleet.helpers import FLAGSHIP, client, fleet_config, store, until
 from tests.support.scripted import OVERLOADED, Script, serve
 

@@ -7,9 +7,9 @@ import asyncio
 
 import pytest
 
-from capmon.core.errors import Failure, Kind
-from capmon.core.exceptions import RequestFailed
-from capmon.core.state import KeyState
+from capmon.core.base.exceptions import RequestFailed
+from capmon.core.control.seam import KeyState
+from capmon.core.types.failure import Failure, Kind
 from capmon.fleet.codec import KeyNews
 from capmon.fleet.target import RedisTarget
 from tests.fleet.helpers import FLAGSHIP, MEDIUM, client, fleet_config, store, until

@@ -2,7 +2,7 @@
 namespace on a real redis-server) driven by the same random sequence of admissions,
 settles of every kind, probes, manual actions and clock moves must decide the same
 thing at every step and show the same views after it. Both follow
-capmon/core/decisions.py; the Lua in capmon/fleet/lua/ is its atomic copy, and this
+capmon/core/control/decisions.py; the Lua in capmon/fleet/lua/ is its atomic copy, and this
 machine is what holds the two in step (ARCHITECTURE.md, "Where a change goes").
 
 Time. Shared times live on Redis's clock, which no test can move. Both stores here
@@ -39,9 +39,9 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, rule, run_state_machine_as_test
 
-from capmon.core.config import parse_config
-from capmon.core.errors import Cause, Failure, Kind
-from capmon.core.state import Admission, MemoryState, MemoryTarget, TargetSpec, TargetView
+from capmon.core.control.seam import Admission, MemoryState, MemoryTarget, TargetSpec, TargetView
+from capmon.core.types.config import parse_config
+from capmon.core.types.failure import Cause, Failure, Kind
 from capmon.fleet import RedisState
 from capmon.fleet.settings import resolve
 from capmon.fleet.target import RedisTarget

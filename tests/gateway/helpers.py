@@ -21,8 +21,8 @@ import httpx
 import openai
 from starlette.applications import Starlette
 
-from capmon.core.config import SIMULATOR_DEMO_KEY, Config, parse_config
-from capmon.core.router import FallbackClient
+from capmon.core.routing.client import FallbackClient
+from capmon.core.types.config import SIMULATOR_DEMO_KEY, Config, parse_config
 from capmon.gateway import GatewayServer, close_app, create_app, load_settings, start_server
 from capmon.gateway.connections import ConnectionLimits
 from capmon.sim.scenario import ModelSpec, Scenario

@@ -15,7 +15,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from capmon.core.exceptions import ConfigError
+from capmon.core.base.exceptions import ConfigError
 from capmon.gateway.access_log import CLOSE_TIMEOUT, AccessLog
 from tests.gateway.helpers import HELLO, running
 

@@ -11,8 +11,8 @@ import httpx
 import openai
 import pytest
 
-from capmon.core.config import SIMULATOR_DEMO_KEY
-from capmon.core.secrets import redact
+from capmon.core.base.secrets import redact
+from capmon.core.types.config import SIMULATOR_DEMO_KEY
 from tests.gateway.helpers import HELLO, running
 
 pytestmark = pytest.mark.looptime

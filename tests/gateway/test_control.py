@@ -8,8 +8,8 @@ import json
 import httpx
 import pytest
 
-from capmon.core import events as ev
-from capmon.core.serial import event_from_json, snapshot_from_json
+from capmon.core.types import events as ev
+from capmon.core.types.serial import event_from_json, snapshot_from_json
 from tests.gateway.helpers import HELLO, running, sse_frames
 
 pytestmark = pytest.mark.looptime

@@ -17,7 +17,7 @@ import httpx
 import openai
 import pytest
 
-from capmon.core.router import FallbackClient
+from capmon.core.routing.client import FallbackClient
 from capmon.gateway import close_app, create_app, load_settings, start_server
 from tests.gateway.helpers import (
     CLAUDE_WEATHER_TOOL,

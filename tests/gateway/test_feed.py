@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 
-from capmon.core import events as ev
+from capmon.core.types import events as ev
 from capmon.gateway.feed import EventFeed
 
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from capmon.core.config import parse_config
-from capmon.core.router import FallbackClient
+from capmon.core.routing.client import FallbackClient
+from capmon.core.types.config import parse_config
 from capmon.gateway import close_app, create_app, load_settings, start_server
 from tests.gateway.helpers import HELLO, scenario, spec
 from tests.support.configs import two_providers

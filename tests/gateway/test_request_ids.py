@@ -14,9 +14,9 @@ import openai
 import pytest
 
 from capmon import audit
-from capmon.core import events as ev
-from capmon.core.clock import default_clock
-from capmon.core.result import Attempt, ChatRequest, Decision
+from capmon.core.base.clock import default_clock
+from capmon.core.types import events as ev
+from capmon.core.types.result import Attempt, ChatRequest, Decision
 from tests.gateway.helpers import HELLO, running, scenario, sse_frames
 
 NEW_ID = re.compile(r"req_[0-9a-f]{24}")

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from capmon.cli import main
-from capmon.core.secrets import Secret
+from capmon.core.base.secrets import Secret
 from capmon.gateway.gateway_log import log_handler
 from tests.support.configs import shipped_config
 from tests.support.scripted import free_port

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from capmon.core.exceptions import ConfigError
-from capmon.core.result import Priority
+from capmon.core.base.exceptions import ConfigError
+from capmon.core.types.result import Priority
 from capmon.gateway.settings import load_settings
 from capmon.gateway.shape import BodyLimits
 from tests.gateway.helpers import config

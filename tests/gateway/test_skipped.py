@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from capmon.core import events as ev
-from capmon.core.result import Skip
+from capmon.core.types import events as ev
+from capmon.core.types.result import Skip
 from capmon.gateway.headers import SKIPPED_CHARS, skipped_header
 from tests.gateway.helpers import running
 from tests.sim.test_tool_loop import CODEX_TOOLS
@@ -66,7 +66,7 @@ async def test_a_codex_request_skips_the_model_that_cannot_carry_web_search_and_
 
 
 def test_the_skipped_header_is_bounded_and_says_how_many_more() -> None:
-    from capmon.core.result import Attempt, Decision
+    from capmon.core.types.result import Attempt, Decision
 
     detail = "full: every slot; it has is in use " + "and more " * 30
 

@@ -31,9 +31,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 
 from capmon.cli import main
-from capmon.core.config import parse_config
-from capmon.core.exceptions import ConfigError
-from capmon.core.router import FallbackClient
+from capmon.core.base.exceptions import ConfigError
+from capmon.core.routing.client import FallbackClient
+from capmon.core.types.config import parse_config
 from capmon.gateway import close_app, create_app, load_settings, start_server
 from capmon.gateway.trace_relay import RESTART_AFTER, RelayExporter
 from capmon.gateway.traces import GatewayTraces, otlp_url, resource
@@ -403,8 +403,8 @@ def test_serve_without_the_extra_says_what_to_install_in_one_line(
 
 NOTHING_WITHOUT_TELEMETRY = """
 import asyncio, sys
-from capmon.core.config import parse_config
-from capmon.core.router import FallbackClient
+from capmon.core.types.config import parse_config
+from capmon.core.routing.client import FallbackClient
 from capmon.gateway import close_app, create_app, load_settings
 
 async def main():

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 
-from capmon.core.result import ChatRequest
-from capmon.core.usage import MAX_COUNT
+from capmon.core.providers.usage import MAX_COUNT
+from capmon.core.types.result import ChatRequest
 from capmon.sim.usage import HUGE, USAGE_MODES
 from tests.gateway.helpers import HELLO, Running, data_of, gateway_for, scenario, spec, sse_frames
 from tests.gateway.test_traces import otlp_receiver, spans_of, traced

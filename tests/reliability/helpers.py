@@ -17,8 +17,8 @@ from typing import Any
 
 import httpx
 
-from capmon.core import events as ev
-from capmon.core.config import SIMULATOR_DEMO_KEY, Config
+from capmon.core.types import events as ev
+from capmon.core.types.config import SIMULATOR_DEMO_KEY, Config
 from capmon.sim.scenario import ModelSpec, Scenario
 from tests.support.configs import SIMULATED_MODELS, build_config, shipped_config
 

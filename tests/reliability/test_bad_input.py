@@ -28,17 +28,12 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from capmon.core.config import Config, load_config, parse_config, resolve_keys
-from capmon.core.errors import (
-    Failure,
-    Kind,
-    classify,
-    classify_exception,
-    classify_response,
-)
-from capmon.core.exceptions import ConfigError
-from capmon.core.hints import MAX_HINT
-from capmon.core.router import FallbackClient
+from capmon.core.base.exceptions import ConfigError
+from capmon.core.base.hints import MAX_HINT
+from capmon.core.providers.classify import classify, classify_exception, classify_response
+from capmon.core.routing.client import FallbackClient
+from capmon.core.types.config import Config, load_config, parse_config, resolve_keys
+from capmon.core.types.failure import Failure, Kind
 from capmon.sim import dialects
 from capmon.sim.app import create_app, simulator_of
 from capmon.sim.model import Simulator

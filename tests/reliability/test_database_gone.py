@@ -20,9 +20,9 @@ import pytest
 from capmon.batch import BatchRunner, read_progress
 from capmon.batch.options import RunnerOptions
 from capmon.cli import main
-from capmon.core.events import EventBus
-from capmon.core.exceptions import BatchError
-from capmon.core.router import FallbackClient
+from capmon.core.base.exceptions import BatchError
+from capmon.core.routing.client import FallbackClient
+from capmon.core.types.events import EventBus
 from capmon.sim.server import running_simulator
 from tests.batch.helpers import write_items
 from tests.reliability.helpers import ENV, cli_config, read_only_query, scenario, sim_config

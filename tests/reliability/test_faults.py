@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
-from capmon.core import events as ev
-from capmon.core.errors import Kind
-from capmon.core.exceptions import RequestFailed
-from capmon.core.result import ChatResult, sent
-from capmon.core.router import FallbackClient
+from capmon.core.base.exceptions import RequestFailed
+from capmon.core.routing.client import FallbackClient
+from capmon.core.types import events as ev
+from capmon.core.types.failure import Kind
+from capmon.core.types.result import ChatResult, sent
 from capmon.sim.server import running_simulator, start_simulator
 from tests.reliability.helpers import (
     ENV,

@@ -13,7 +13,7 @@ import pytest
 from capmon.batch import BatchRunner, JobStore, commands
 from capmon.batch.options import RunnerOptions
 from capmon.cli import main
-from capmon.core.exceptions import BatchError
+from capmon.core.base.exceptions import BatchError
 from capmon.report import build_item_report, build_report, format_item, format_report
 from tests.batch.helpers import client_for, item, rows, write_jsonl
 from tests.support.configs import write_config

@@ -26,9 +26,9 @@ import pytest
 from capmon.batch.options import RunnerOptions
 from capmon.batch.runner import BatchRunner
 from capmon.cli import main
-from capmon.core.config import load_config
-from capmon.core.exceptions import BatchError
-from capmon.core.router import FallbackClient
+from capmon.core.base.exceptions import BatchError
+from capmon.core.routing.client import FallbackClient
+from capmon.core.types.config import load_config
 from capmon.tui.app import CapmonApp
 from capmon.tui.source import LiveSource
 from tests.batch.helpers import rows, write_items

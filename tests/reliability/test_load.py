@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from capmon.core import events as ev
-from capmon.core.router import FallbackClient
+from capmon.core.routing.client import FallbackClient
+from capmon.core.types import events as ev
 from capmon.sim.server import running_simulator
 from tests.reliability.helpers import ENV, Recorder, open_fds, scenario, sim_config
 from tests.support.pools import PoolStats, pool_stats
@@ -71,7 +71,7 @@ class Figures:
 
 
 def _pool(client: FallbackClient) -> PoolStats:
-    transport = client._http.transport  # the transport capmon made (capmon/core/transport.py)
+    transport = client._http.transport  # the transport capmon made (capmon/core/routing/transport.py)
     return pool_stats(transport)
 
 

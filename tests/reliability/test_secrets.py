@@ -18,9 +18,9 @@ from typing import Any
 import httpx
 import pytest
 
-from capmon.core import events as ev
-from capmon.core.exceptions import RequestFailed
-from capmon.core.router import FallbackClient
+from capmon.core.base.exceptions import RequestFailed
+from capmon.core.routing.client import FallbackClient
+from capmon.core.types import events as ev
 from tests.support.configs import three_models, write_config
 from tests.support.scripted import Reply, Script, ok, serve
 

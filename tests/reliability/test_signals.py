@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from capmon.batch import read_progress
-from capmon.core.exceptions import BatchError
+from capmon.core.base.exceptions import BatchError
 from tests.batch.helpers import write_items
 from tests.reliability.helpers import cli_config
 

@@ -30,17 +30,17 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from capmon.core import events as ev
-from capmon.core.breaker import State
-from capmon.core.clock import LoopClock
-from capmon.core.config import BreakerConfig, ClientConfig, Config, LimiterConfig, ModelConfig
-from capmon.core.errors import Cause, Failure, Kind
-from capmon.core.exceptions import RequestFailed
-from capmon.core.policy import policy_for
-from capmon.core.result import ChatResult
-from capmon.core.router import FallbackClient
-from capmon.core.state import Admission, KeyState, MemoryState, MemoryTarget, TargetSpec
-from capmon.core.waiting import INTERACTIVE, WaitQueue
+from capmon.core.base.clock import LoopClock
+from capmon.core.base.exceptions import RequestFailed
+from capmon.core.control.breaker import State
+from capmon.core.control.policy import policy_for
+from capmon.core.control.seam import Admission, KeyState, MemoryState, MemoryTarget, TargetSpec
+from capmon.core.routing.client import FallbackClient
+from capmon.core.routing.waiting import INTERACTIVE, WaitQueue
+from capmon.core.types import events as ev
+from capmon.core.types.config import BreakerConfig, ClientConfig, Config, LimiterConfig, ModelConfig
+from capmon.core.types.failure import Cause, Failure, Kind
+from capmon.core.types.result import ChatResult
 from tests.support.clocks import ManualClock
 from tests.support.configs import ENV, three_models
 from tests.support.scripted import OVERLOADED, Reply, Script, ok, serve

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from capmon.core.exceptions import DeadlineExceeded
-from capmon.core.router import FallbackClient
+from capmon.core.base.exceptions import DeadlineExceeded
+from capmon.core.routing.client import FallbackClient
 from tests.support.breakers import open_every_breaker
 from tests.support.configs import ENV, three_models
 from tests.support.scripted import OVERLOADED, Script, ok, serve

@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 
-from capmon.core.config import Config, load_config
+from capmon.core.types.config import Config, load_config
 from capmon.inprocess.home import RUNTIME
 from tests.support import configs
 from tests.support.scripted import free_port

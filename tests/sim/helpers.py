@@ -9,7 +9,7 @@ from typing import Any
 
 import openai
 
-from capmon.core.config import SIMULATOR_DEMO_KEY
+from capmon.core.types.config import SIMULATOR_DEMO_KEY
 from capmon.sim.scenario import ModelSpec, Scenario
 
 AUTH = {"Authorization": f"Bearer {SIMULATOR_DEMO_KEY}"}

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from capmon.cli import main
-from capmon.core.exceptions import SimulatorError
+from capmon.core.base.exceptions import SimulatorError
 from tests.sim.helpers import AUTH, chat_body, fast_scenario
 from tests.support.simulated import StartSim
 

@@ -13,7 +13,7 @@ import anthropic
 import httpx
 import pytest
 
-from capmon.core.config import SIMULATOR_DEMO_KEY
+from capmon.core.types.config import SIMULATOR_DEMO_KEY
 from capmon.sim.faults import parse_rules
 from capmon.sim.scenario import ModelSpec, Scenario
 from capmon.sim.server import SimHandle

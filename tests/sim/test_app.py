@@ -13,7 +13,7 @@ import httpx
 import pytest
 from starlette.applications import Starlette
 
-from capmon.core.config import SIMULATOR_DEMO_KEY
+from capmon.core.types.config import SIMULATOR_DEMO_KEY
 from capmon.sim.app import SIM_HEADER, create_app, simulator_of
 from capmon.sim.dialects import CAPACITY_MESSAGE, DIALECTS
 from capmon.sim.faults import ConnectionDropped

@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from capmon.core.config import SIMULATOR_DEMO_KEY
+from capmon.core.types.config import SIMULATOR_DEMO_KEY
 from capmon.sim.scenario import ModelSpec, Scenario
 from capmon.sim.server import SimHandle
 from tests.sim.helpers import HELLO, data_frames

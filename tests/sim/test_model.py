@@ -8,8 +8,8 @@ import random
 
 import pytest
 
-from capmon.core.config import SIMULATOR_DEMO_KEY
-from capmon.core.exceptions import ConfigError
+from capmon.core.base.exceptions import ConfigError
+from capmon.core.types.config import SIMULATOR_DEMO_KEY
 from capmon.sim.faults import FaultInjector, FaultMode, FaultRule, parse_rules
 from capmon.sim.model import Admitted, Faulted, NoCapacity, Penalised, Simulator, TooLong, UnknownModel, key_alias
 from capmon.sim.scenario import (

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 import openai
 import pytest
 
-from capmon.core.config import SIMULATOR_DEMO_KEY
+from capmon.core.types.config import SIMULATOR_DEMO_KEY
 from capmon.sim.scenario import ModelSpec, Scenario
 from capmon.sim.server import SimHandle
 

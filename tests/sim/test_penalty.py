@@ -9,8 +9,8 @@ import asyncio
 import httpx
 import pytest
 
-from capmon.core.config import SIMULATOR_DEMO_KEY
-from capmon.core.exceptions import ConfigError
+from capmon.core.base.exceptions import ConfigError
+from capmon.core.types.config import SIMULATOR_DEMO_KEY
 from capmon.sim.model import NoCapacity, Penalised, Simulator
 from capmon.sim.scenario import ModelSpec, PenaltySpec, Scenario, parse_scenario
 from tests.sim.helpers import AUTH, chat_body

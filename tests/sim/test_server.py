@@ -10,8 +10,8 @@ import time
 import httpx
 import pytest
 
-from capmon.core.config import SIMULATOR_DEMO_KEY
-from capmon.core.exceptions import SimulatorError
+from capmon.core.base.exceptions import SimulatorError
+from capmon.core.types.config import SIMULATOR_DEMO_KEY
 from capmon.sim.scenario import ModelSpec, Scenario
 from capmon.sim.server import ensure_simulator, parse_listen, probe, running_simulator, start_simulator
 

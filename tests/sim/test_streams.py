@@ -9,8 +9,8 @@ import httpx
 import openai
 import pytest
 
-from capmon.core.config import SIMULATOR_DEMO_KEY
-from capmon.core.exceptions import ConfigError
+from capmon.core.base.exceptions import ConfigError
+from capmon.core.types.config import SIMULATOR_DEMO_KEY
 from capmon.sim.scenario import STREAM_STYLES, parse_scenario
 from capmon.sim.server import SimHandle
 from capmon.sim.streams import answer_text

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from capmon.core.config import load_config
-from capmon.core.events import Event, Notice
-from capmon.core.result import ChatRequest
+from capmon.core.types.config import load_config
+from capmon.core.types.events import Event, Notice
+from capmon.core.types.result import ChatRequest
 from capmon.runtime import open_engine
 from capmon.sim.server import probe
 from tests.support.configs import shipped_config

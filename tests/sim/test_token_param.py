@@ -8,8 +8,8 @@ import httpx
 import openai
 import pytest
 
-from capmon.core.config import SIMULATOR_DEMO_KEY
-from capmon.core.exceptions import ConfigError
+from capmon.core.base.exceptions import ConfigError
+from capmon.core.types.config import SIMULATOR_DEMO_KEY
 from capmon.sim.scenario import Scenario, parse_scenario
 from capmon.sim.server import SimHandle
 from tests.sim.helpers import AUTH, HELLO, chat_body, fast_scenario

@@ -16,7 +16,7 @@ import anthropic
 import openai
 import pytest
 
-from capmon.core.config import SIMULATOR_DEMO_KEY
+from capmon.core.types.config import SIMULATOR_DEMO_KEY
 from capmon.sim.app import last_turn as chat_turn
 from capmon.sim.messages import last_turn as messages_turn
 from capmon.sim.responses import last_turn as responses_turn

@@ -11,8 +11,8 @@ import httpx
 import openai
 import pytest
 
-from capmon.core.config import SIMULATOR_DEMO_KEY
-from capmon.core.exceptions import ConfigError
+from capmon.core.base.exceptions import ConfigError
+from capmon.core.types.config import SIMULATOR_DEMO_KEY
 from capmon.sim.faults import parse_rules
 from capmon.sim.scenario import parse_scenario
 from capmon.sim.server import SimHandle

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from capmon.core.exceptions import RequestFailed
-from capmon.core.result import ChatRequest
-from capmon.core.router import FallbackClient
+from capmon.core.base.exceptions import RequestFailed
+from capmon.core.routing.client import FallbackClient
+from capmon.core.types.result import ChatRequest
 
 
 async def open_every_breaker(client: FallbackClient) -> None:

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from capmon.core.config import Config, parse_config
+from capmon.core.types.config import Config, parse_config
 from tests.support.scripted import free_port
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,4 +1,4 @@
-"""What a capmon transport's connection pool holds now (capmon/core/transport.py): read from
+"""What a capmon transport's connection pool holds now (capmon/core/routing/transport.py): read from
 httpx's pool, and from aiohttp's connector, which keeps no public count (aiohttp 3.14's
 attributes; the dependency is pinned)."""
 
@@ -9,8 +9,8 @@ from dataclasses import dataclass
 import aiohttp
 import httpx
 
-from capmon.core.transport import HttpcoreTransport
-from capmon.core.transport_aiohttp import AiohttpTransport
+from capmon.core.routing.transport import HttpcoreTransport
+from capmon.core.routing.transport_aiohttp import AiohttpTransport
 
 
 @dataclass(frozen=True)

@@ -9,17 +9,24 @@ import dataclasses
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from capmon.core import events as ev
-from capmon.core.breaker import State
-from capmon.core.config import EndpointApi
-from capmon.core.errors import Kind
-from capmon.core.events import BatchProgress, EventBus
-from capmon.core.exceptions import CapmonError
-from capmon.core.snapshot import EngineSnapshot, FleetProcess, LinkState, SharedStatus, TargetSnapshot, WaitingRetry
-from capmon.core.state import KeyState
-from capmon.core.states import JobState
-from capmon.core.stats import WindowStats
-from capmon.core.targets import target_id
+from capmon.core.base.exceptions import CapmonError
+from capmon.core.control.breaker import State
+from capmon.core.control.seam import KeyState
+from capmon.core.routing.targets import target_id
+from capmon.core.types import events as ev
+from capmon.core.types.config import EndpointApi
+from capmon.core.types.events import BatchProgress, EventBus
+from capmon.core.types.failure import Kind
+from capmon.core.types.snapshot import (
+    EngineSnapshot,
+    FleetProcess,
+    LinkState,
+    SharedStatus,
+    TargetSnapshot,
+    WaitingRetry,
+)
+from capmon.core.types.states import JobState
+from capmon.core.types.stats import WindowStats
 from capmon.tui.source import WorkerSpec, refuse_if_readonly
 from tests.support.clocks import ManualClock
 

@@ -11,9 +11,9 @@ import pytest
 from textual.command import CommandInput, CommandList
 from textual.pilot import Pilot
 
-from capmon.core import events as ev
-from capmon.core.exceptions import CapmonError
-from capmon.core.snapshot import FleetProcess, LinkState, SharedStatus
+from capmon.core.base.exceptions import CapmonError
+from capmon.core.types import events as ev
+from capmon.core.types.snapshot import FleetProcess, LinkState, SharedStatus
 from capmon.tui.app import CapmonApp
 from capmon.tui.screens import ConfirmScreen, HelpScreen, ModelSwitchScreen
 from capmon.tui.source import ReadOnlyError, WorkerSpec

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from capmon.core import events as ev
-from capmon.core.config import EndpointApi, load_config
+from capmon.core.types import events as ev
+from capmon.core.types.config import EndpointApi, load_config
 from capmon.tui.digest import EventDigester
 from capmon.tui.source import LiveSource
 from tests.support.configs import shipped_config

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from capmon.core import events as ev
-from capmon.core import text
-from capmon.core.targets import target_id
+from capmon.core.base import text
+from capmon.core.routing.targets import target_id
+from capmon.core.types import events as ev
 from capmon.tui import format as fmt
 from capmon.tui.digest import EventDigester
 from tests.tui.fakes import target

@@ -8,7 +8,7 @@ import socket
 import time
 from pathlib import Path
 
-from capmon.core.config import load_config
+from capmon.core.types.config import load_config
 from capmon.tui.app import CapmonApp
 from capmon.tui.source import LiveSource
 from tests.support.configs import SIMULATED_MODELS, write_config

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from capmon.core.router import FallbackClient
+from capmon.core.routing.client import FallbackClient
 from capmon.probe import ProbeWorker
 from tests.support.configs import ENV, three_models
 from tests.support.scripted import OVERLOADED, Reply, Script, ok, serve

@@ -13,11 +13,11 @@ import httpx
 from textual.pilot import Pilot
 
 from capmon.connect import GatewayAddress
-from capmon.core import events as ev
-from capmon.core.breaker import State
-from capmon.core.config import Config
-from capmon.core.router import FallbackClient
-from capmon.core.secrets import Secret
+from capmon.core.base.secrets import Secret
+from capmon.core.control.breaker import State
+from capmon.core.routing.client import FallbackClient
+from capmon.core.types import events as ev
+from capmon.core.types.config import Config
 from capmon.gateway import GatewayServer, close_app, create_app, load_settings, start_server
 from capmon.sim.server import start_simulator
 from capmon.tui.app import CapmonApp

@@ -3,9 +3,9 @@ JSON, and still reads a gateway that sends none (one from before the field)."""
 
 from __future__ import annotations
 
-from capmon.core import events as ev
-from capmon.core.config import EndpointApi
-from capmon.core.serial import event_from_json, event_to_json, snapshot_from_json, snapshot_to_json
+from capmon.core.types import events as ev
+from capmon.core.types.config import EndpointApi
+from capmon.core.types.serial import event_from_json, event_to_json, snapshot_from_json, snapshot_to_json
 from tests.tui.fakes import outage
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from capmon.core.events import EventBus, Notice
+from capmon.core.types.events import EventBus, Notice
 from capmon.tui.traffic import AttachedJob, NoTraffic, RunnerTraffic
 from tests.support.clocks import ManualClock
 from tests.tui.fakes import progress

@@ -38,7 +38,7 @@ local function bucket(key, rate)
   return tokens
 end
 
--- When `amount` is there (capmon/core/limiter.py, TokenBucket.available_at).
+-- When `amount` is there (capmon/core/control/limiter.py, TokenBucket.available_at).
 local function ready(tokens, rate, amount)
   local need = math.min(amount, rate)
   if tokens >= need - 1e-9 * math.max(1.0, need) then return now end
@@ -50,7 +50,7 @@ local function take(key, tokens, amount)
   redis.call('PEXPIRE', key, 120000)  -- a bucket left alone for two minutes is full again
 end
 
--- capmon/core/decisions.py, admit: the gates (gate), then a free slot (slots), then
+-- capmon/core/control/decisions.py, admit: the gates (gate), then a free slot (slots), then
 -- the buckets, in this order, so that both stores give the same verdict.
 local share = 0.0
 if h.state == 'ramp' then

@@ -4,7 +4,7 @@
 -- KEYS: 1 target hash, 2 its leases, 3 events channel
 -- ARGV: 1 the generation the caller last agreed with, 2 owner (process id), 3 seconds the
 --       probe may go unrenewed, 4 lease id, 5 lease ttl, 6 early ('1': the caller's demand
---       makes a probe due before the schedule, capmon/core/demand.py), 7 the floor between
+--       makes a probe due before the schedule, capmon/core/control/demand.py), 7 the floor between
 --       probes (seconds, for an early one)
 -- An early probe goes when no server's hint holds the target (hint_until, written by
 -- SETTLE) and the fleet's last probe began at least the floor ago (probe_at).

@@ -110,7 +110,7 @@ local function flat(h)
 end
 
 -- The ramp's share now: what clean rounds earned, or the time ceiling if higher
--- (capmon/core/breaker.py, ramp_share).
+-- (capmon/core/control/breaker.py, ramp_share).
 local function ramp_share_now(h, now, ramp_start, ramp_duration)
   if ramp_duration <= 0 then return 1.0 end
   local by_time = ramp_start + (1.0 - ramp_start) * (now - num(h.ramp_from, now)) / ramp_duration
@@ -118,7 +118,7 @@ local function ramp_share_now(h, now, ramp_start, ramp_duration)
 end
 
 -- A trip restores what the limiter learned before the failure streak began: an
--- outage is not a capacity signal (capmon/core/limiter.py, AdaptiveLimiter.restore).
+-- outage is not a capacity signal (capmon/core/control/limiter.py, AdaptiveLimiter.restore).
 local function restore(h, w)
   if h.saved == '1' then
     w.limit, w.capacity, w.hold = num(h.s_limit, num(h.limit, 1)), num(h.s_capacity, -1), num(h.s_hold, 4.0)
@@ -128,7 +128,7 @@ local function restore(h, w)
   end
 end
 
--- A compare-and-set of a move one process's breaker made (capmon/core/breaker.py,
+-- A compare-and-set of a move one process's breaker made (capmon/core/control/breaker.py,
 -- CircuitBreaker.export): it applies only if the shared generation is still the one
 -- that process last agreed with, so a stale writer can never undo a newer move. A
 -- ramp step keeps the generation and only raises the share.

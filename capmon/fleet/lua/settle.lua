@@ -2,7 +2,7 @@
 -- lease back, the limiter's learning, the breaker's evidence and a pending move of
 -- the local breaker (compare-and-set), the key action, a server's not-before, the tpm
 -- refund, and news of a free slot for processes whose admission was refused.
--- What needs no count arrives decided (capmon/core/decisions.py, plan_settle: the
+-- What needs no count arrives decided (capmon/core/control/decisions.py, plan_settle: the
 -- signals, the cleaned hint, the key's move, how long a hint may block, the refunds);
 -- this script decides what needs the fleet's counts, by the functions named below.
 -- KEYS: 1 target hash, 2 its leases, 3 the key's hash, 4 tpm bucket, 5 events channel,
@@ -28,7 +28,7 @@ local busy = held + 1 - present  -- our requests in flight there, this one inclu
 local left = held - present
 
 -- ------------------------------------------------------------ the limiter
--- The same learning as capmon/core/limiter.py (AdaptiveLimiter.release, _grow, _cut,
+-- The same learning as capmon/core/control/limiter.py (AdaptiveLimiter.release, _grow, _cut,
 -- checkpoint): change both or neither; tests/fleet/test_limiter_math.py drives both.
 local FIRST_HOLD, MAX_HOLD = 4.0, 64.0
 local lmin, lmax, decrease = tonumber(ARGV[16]), tonumber(ARGV[17]), tonumber(ARGV[18])

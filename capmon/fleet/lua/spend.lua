@@ -1,4 +1,4 @@
--- SPEND: one transient retry from the fleet's retry budget (capmon/core/limiter.py, Budget.try_spend).
+-- SPEND: one transient retry from the fleet's retry budget (capmon/core/control/limiter.py, Budget.try_spend).
 -- KEYS: 1 retry budget   ARGV: 1 budget start
 -- Returns {1 spent | 0 refused, balance, version (every write adds one)}.
 local b = redis.call('HMGET', KEYS[1], 'balance', 'ver')

@@ -10,7 +10,7 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
-from capmon.core.breaker import State
+from capmon.core.control.breaker import State
 from capmon.tui import format as fmt
 
 STATE_HELP = {

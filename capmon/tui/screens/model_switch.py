@@ -12,7 +12,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Label, OptionList
 from textual.widgets.option_list import Option
 
-from capmon.core.snapshot import EngineSnapshot
+from capmon.core.types.snapshot import EngineSnapshot
 from capmon.tui import format as fmt
 
 AUTOMATIC = "\x00automatic"  # an option id no model can have

@@ -5,8 +5,8 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import Static
 
-from capmon.core import text
-from capmon.core.snapshot import EngineSnapshot, WaitingRetry
+from capmon.core.base import text
+from capmon.core.types.snapshot import EngineSnapshot, WaitingRetry
 from capmon.tui.widgets.panel import panel_css
 
 # Column widths; the reason takes what is left. Plain Text lines rather than a Rich

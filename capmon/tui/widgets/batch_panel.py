@@ -7,9 +7,9 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import ProgressBar, Static
 
-from capmon.core import text
-from capmon.core.events import BatchProgress
-from capmon.core.states import JobState
+from capmon.core.base import text
+from capmon.core.types.events import BatchProgress
+from capmon.core.types.states import JobState
 from capmon.tui.widgets.panel import panel_css
 
 STATE_STYLE = {

@@ -7,7 +7,7 @@ import collections
 from rich.text import Text
 from textual.widgets import RichLog
 
-from capmon.core import text
+from capmon.core.base import text
 from capmon.tui.widgets.panel import panel_css
 
 

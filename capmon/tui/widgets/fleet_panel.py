@@ -6,8 +6,8 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import Static
 
-from capmon.core import text
-from capmon.core.snapshot import LinkState, SharedStatus
+from capmon.core.base import text
+from capmon.core.types.snapshot import LinkState, SharedStatus
 from capmon.tui.widgets.panel import panel_css
 
 

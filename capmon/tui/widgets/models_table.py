@@ -8,9 +8,9 @@ from rich.text import Text
 from textual.coordinate import Coordinate
 from textual.widgets import DataTable
 
-from capmon.core import text
-from capmon.core.snapshot import EngineSnapshot, TargetSnapshot
-from capmon.core.wire import TokenParam
+from capmon.core.base import text
+from capmon.core.providers.openai_wire import TokenParam
+from capmon.core.types.snapshot import EngineSnapshot, TargetSnapshot
 from capmon.tui import format as fmt
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import Static
 
-from capmon.core import text
-from capmon.core.snapshot import EngineSnapshot, LinkState
+from capmon.core.base import text
+from capmon.core.types.snapshot import EngineSnapshot, LinkState
 
 
 class StatusBar(Static):

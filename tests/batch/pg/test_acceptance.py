@@ -28,7 +28,7 @@ from capmon.batch.export import export_job
 from capmon.batch.pg import PgStore
 from capmon.batch.states import ItemState
 from capmon.batch.stores import PgLocation, pg_location, read_progress
-from capmon.core.exceptions import BatchError
+from capmon.core.base.exceptions import BatchError
 from capmon.sim.scenario import parse_scenario
 from capmon.sim.server import running_simulator
 from tests.batch.helpers import write_items

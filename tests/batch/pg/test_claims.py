@@ -15,7 +15,7 @@ from capmon.batch.pg import PgStore
 from capmon.batch.states import ItemState
 from capmon.batch.store import Outcome
 from capmon.batch.stores import PgLocation
-from capmon.core.exceptions import BatchError
+from capmon.core.base.exceptions import BatchError
 
 TTL = 0.2
 

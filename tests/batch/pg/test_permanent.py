@@ -18,8 +18,8 @@ import pytest
 from capmon.batch.options import RunnerOptions
 from capmon.batch.runner import SHARED_WRITE_GIVE_UP, BatchRunner
 from capmon.batch.stores import PgLocation, pg_location
-from capmon.core.events import Notice
-from capmon.core.exceptions import BatchError
+from capmon.core.base.exceptions import BatchError
+from capmon.core.types.events import Notice
 from tests.batch.helpers import Recorder, client_for, scenario_app, write_items
 
 # Far below the ten minutes a failing save is given before the job halts, and far above what a

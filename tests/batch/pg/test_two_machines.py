@@ -25,7 +25,7 @@ import pytest
 
 from capmon.batch.export import export_job
 from capmon.batch.stores import pg_location, read_progress
-from capmon.core.exceptions import BatchError
+from capmon.core.base.exceptions import BatchError
 from capmon.sim.server import running_simulator
 from tests.batch.helpers import write_items
 from tests.batch.pg import server

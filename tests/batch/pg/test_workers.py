@@ -16,7 +16,7 @@ from capmon.batch.export import export_job
 from capmon.batch.options import RunnerOptions
 from capmon.batch.runner import BatchRunner
 from capmon.batch.stores import PgLocation, read_progress
-from capmon.core.events import BatchProgress, Notice
+from capmon.core.types.events import BatchProgress, Notice
 from capmon.report import ReportOptions, run_report
 from tests.batch.helpers import Recorder, client_for, scenario_app, write_items
 
@@ -130,7 +130,7 @@ def test_a_wrong_url_is_one_line_and_exit_2_without_the_password(
 
 
 async def test_a_worker_with_another_input_is_refused_and_sends_nothing(tmp_path: Path, pg_db: PgLocation) -> None:
-    from capmon.core.exceptions import BatchError
+    from capmon.core.base.exceptions import BatchError
 
     src = write_items(tmp_path / "in.jsonl", 10)
     other = write_items(tmp_path / "other.jsonl", 11)  # another machine's copy, one line longer

@@ -1,0 +1,560 @@
+"""Which format an attempt speaks, and how a request crosses from the caller's format to
+the target's and its answer back.
+
+A caller speaks one :class:`~capmon.core.result.Api` (chat completions, the Responses
+API, Anthropic's Messages); a target's endpoint speaks one provider API
+(:class:`~capmon.core.config.EndpointApi`). This module is the one place that pairs them:
+
+* the *wire* an attempt sends (:func:`wire_of`): an Anthropic endpoint always speaks
+  Messages; an OpenAI or Azure one speaks the caller's format, and chat completions for
+  a Messages caller;
+* the URL and credential headers per endpoint API (:func:`urls`, :func:`credentials`);
+* the body (:func:`outbound`): the same format untouched but the token cap and ``n``, as
+  always; across formats translated by the pure modules (``translate_*``); the fields a
+  target cannot take but whose absence changes no answer's meaning (sampling fields its API
+  version refuses, Anthropic's hints an OpenAI-wire target cannot honour) dropped and said,
+  or the target refused, by the config's rule (:func:`_by_rule`);
+* why a target cannot carry a request (:func:`incapable`): the target is then skipped,
+  as one whose context window is too small, and the attempt record says why;
+* the answer and the stream events in the caller's format (:func:`answer_in`,
+  :func:`stream_codec`), and the wire's own frame reader and assembler (:class:`WireReader`);
+  an answer that crosses has its tool calls checked (arguments that are no JSON object are a
+  broken answer, :class:`~capmon.core.exceptions.BrokenAnswer`), and a stream that crosses
+  keeps the caller's end events back until the wire's own end is whole (:class:`_Crossing`).
+
+See ARCHITECTURE.md, "Across formats".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from capmon.core.base.exceptions import BrokenAnswer
+from capmon.core.providers import anthropic_wire as aw
+from capmon.core.providers import openai_wire as wire
+from capmon.core.providers import translate_chat_anthropic as tca
+from capmon.core.providers import translate_responses_anthropic as tra
+from capmon.core.providers import usage
+from capmon.core.providers.classify import QUOTA_HINT, classify_tool_call, parse_completion
+from capmon.core.types.config import ClientConfig, DropRule, EndpointApi, EndpointConfig, ModelConfig
+from capmon.core.types.result import Api, ChatRequest
+
+if TYPE_CHECKING:
+    from capmon.core.routing.targets import Target
+
+
+def wire_of(caller: Api, endpoint: EndpointConfig) -> Api:
+    """The format an attempt for a ``caller`` request sends to ``endpoint``."""
+    if endpoint.api is EndpointApi.ANTHROPIC:
+        return Api.MESSAGES
+    return Api.CHAT if caller is Api.MESSAGES else caller
+
+
+# ---------------------------------------------------------------- where and with which key
+
+
+def urls(endpoint: EndpointConfig, model: ModelConfig) -> dict[Api, str]:
+    """The URL of each wire the endpoint serves. Azure's classic deployment URL names the
+    model's wire name (``api_model``, else its name) as the deployment and serves chat
+    completions only."""
+    base = endpoint.base_url.rstrip("/")
+    if endpoint.api is EndpointApi.ANTHROPIC:
+        return {Api.MESSAGES: base + aw.MESSAGES_PATH}
+    if endpoint.azure_classic:
+        query = "?api-version=" + endpoint.api_version
+        return {Api.CHAT: f"{base}/openai/deployments/{model.wire_name}/chat/completions{query}"}
+    if endpoint.api is EndpointApi.AZURE:
+        base += "/openai/v1"
+    return {Api.CHAT: base + "/chat/completions", Api.RESPONSES: base + "/responses"}
+
+
+def credentials(endpoint: EndpointConfig, secret: str) -> dict[str, str]:
+    """The key (and version) headers of the endpoint's API. Anthropic: ``x-api-key``,
+    which every version and every compatible server takes (see
+    :func:`capmon.core.anthropic_wire.request_headers`); Azure: ``api-key``."""
+    if endpoint.api is EndpointApi.ANTHROPIC:
+        headers = aw.request_headers(secret, endpoint.anthropic_version)
+        return headers if secret else {k: v for k, v in headers.items() if k != "x-api-key"}
+    if not secret:  # keys = []: a server that takes no key gets no key header
+        return {}
+    if endpoint.api is EndpointApi.AZURE:
+        return {"api-key": secret}
+    return {"authorization": f"Bearer {secret}"}
+
+
+def with_betas(headers: list[tuple[bytes, bytes]], betas: tuple[str, ...]) -> list[tuple[bytes, bytes]]:
+    """A target's headers with the caller's Anthropic betas added to the endpoint's own
+    ``anthropic-beta`` (one header, the endpoint's first, each beta once)."""
+    mine = [v.decode("latin-1") for k, v in headers if k == b"anthropic-beta"]
+    names = [b.strip() for v in mine for b in v.split(",") if b.strip()]
+    names += [b for b in betas if b not in names]
+    rest = [(k, v) for k, v in headers if k != b"anthropic-beta"]
+    return [*rest, (b"anthropic-beta", ",".join(names).encode("latin-1"))]
+
+
+# ---------------------------------------------------------------- requests
+
+
+def caller_body(request: ChatRequest) -> dict[str, Any]:
+    """The request in its own format, as the caller would have sent it."""
+    if request.api is not Api.CHAT:
+        return dict(request.extra)
+    body = {**request.extra, "messages": list(request.messages)}
+    if request.temperature is not None:
+        body["temperature"] = request.temperature
+    if request.max_tokens is not None:
+        body.setdefault("max_tokens", request.max_tokens)
+    return body
+
+
+_TO_WIRE: Mapping[tuple[Api, Api], Callable[[Mapping[str, Any]], dict[str, Any]]] = {
+    (Api.CHAT, Api.MESSAGES): tca.chat_to_messages,
+    (Api.RESPONSES, Api.MESSAGES): tra.responses_to_messages,
+    (Api.MESSAGES, Api.CHAT): tca.messages_to_chat,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Outbound:
+    """What one attempt sends: the body in the target's wire, and the fields left out."""
+
+    wire: Api
+    body: dict[str, Any]
+    dropped: tuple[str, ...] = ()
+
+
+class Incapable(tca.Untranslatable):
+    """The target cannot carry this request (the message says why)."""
+
+
+def _by_rule(names: tuple[str, ...], rule: DropRule, why: str) -> tuple[str, ...]:
+    """The one home of the drop-or-skip rule: ``names`` (fields the target cannot take,
+    whose absence changes no answer's meaning) are dropped (returned, to be said on the
+    attempt record and ``x-capmon-dropped``) or, by ``rule``, make the target incapable."""
+    if names and rule is DropRule.SKIP:
+        raise Incapable(f'{", ".join(names)} ({why} = "skip")')
+    return names
+
+
+def _translated(
+    request: ChatRequest, target_wire: Api, client: ClientConfig
+) -> tuple[Mapping[str, Any] | None, tuple[str, ...]]:
+    """The caller's body in the target's wire, without the fields capmon owns, and the
+    hints left out; None when the formats are the same (the caller's fields then pass
+    through untouched)."""
+    if request.api is target_wire:
+        return None, ()
+    translate = _TO_WIRE.get((request.api, target_wire))
+    if translate is None:
+        raise Incapable(f"{request.api.value} requests cannot be sent as {target_wire.value}")
+    body: Mapping[str, Any] = caller_body(request)
+    hints: tuple[str, ...] = ()
+    if request.api is Api.MESSAGES:
+        body, hints = tca.without_hints(body)
+        why = f"hints {target_wire.value} cannot honour; [client] unhonoured_hints"
+        hints = _by_rule(hints, client.unhonoured_hints, why)
+    return translate(body), hints
+
+
+def _reachable(request: ChatRequest, endpoint: EndpointConfig, target_wire: Api) -> None:
+    if endpoint.azure_classic and target_wire is Api.RESPONSES:
+        raise Incapable(
+            f"Azure's deployment URL (api_version = {endpoint.api_version}) serves chat completions only; "
+            'api_version = "v1" serves the Responses API'
+        )
+
+
+def _version_rules(body: dict[str, Any], endpoint: EndpointConfig, rule: DropRule) -> tuple[str, ...]:
+    """Anthropic's API version rules on a Messages body: what it refuses whatever is left
+    out is incapable; refused sampling fields are dropped (returned) or, by the rule,
+    make the target incapable."""
+    version = endpoint.anthropic_version
+    why = aw.version_incapable(body, version)
+    if why:
+        raise Incapable(why)
+    refused = aw.refused_sampling(body, version)
+    return _by_rule(refused, rule, f"refused by anthropic-version {version.value}; [client] refused_sampling")
+
+
+def outbound(
+    request: ChatRequest,
+    t: Target,
+    *,
+    token_param: wire.TokenParam,
+    limit: int,
+    stream: bool,
+    client: ClientConfig,
+) -> Outbound:
+    """The body one attempt sends to ``t``. Raises :class:`~capmon.core.translate_chat_anthropic.Untranslatable`
+    when ``t`` cannot carry the request (:func:`incapable` says so before any attempt)."""
+    target_wire = wire_of(request.api, t.endpoint)
+    _reachable(request, t.endpoint, target_wire)
+    translated, hints = _translated(request, target_wire, client)
+    model = t.model.wire_name
+    if target_wire is Api.MESSAGES:
+        body = aw.messages_body(
+            caller_body(request) if translated is None else translated, model=model, max_tokens=limit, stream=stream
+        )
+        dropped = _version_rules(body, t.endpoint, client.refused_sampling)
+        return Outbound(target_wire, aw.without(body, dropped) if dropped else body, dropped)
+    if target_wire is Api.RESPONSES:
+        body = wire.responses_body(request.extra, model=model, max_output_tokens=limit, stream=stream)
+        return Outbound(target_wire, body)
+    if translated is None:
+        messages, extra, temperature = request.messages, request.extra, request.temperature
+    else:
+        messages, extra, temperature = tuple(translated["messages"]), translated, None
+        if stream:  # the Messages stream's closing usage comes from OpenAI's last chunk
+            extra = {**extra, "stream_options": {"include_usage": True}}
+    body = wire.chat_body(
+        messages, extra, model=model, token_param=token_param, max_tokens=limit, temperature=temperature, stream=stream
+    )
+    return Outbound(target_wire, body, hints)
+
+
+def incapable(request: ChatRequest, t: Target, client: ClientConfig) -> str | None:
+    """Why ``t`` cannot carry ``request``, or None. The check is the translation itself
+    (:func:`outbound`), so the check and the body sent cannot disagree; a request in the
+    target's own format on an OpenAI-wire endpoint is never checked (it passes untouched)."""
+    target_wire = wire_of(request.api, t.endpoint)
+    if request.api is target_wire and target_wire is not Api.MESSAGES and not t.endpoint.azure_classic:
+        return None
+    try:
+        outbound(request, t, token_param=wire.TokenParam.MAX_TOKENS, limit=1, stream=False, client=client)
+    except tca.Untranslatable as e:
+        return str(e)
+    return None
+
+
+def probe_body(t: Target, token_param: wire.TokenParam) -> tuple[Api, dict[str, Any]]:
+    """The smallest request that proves ``t`` answers, in its own wire."""
+    if t.endpoint.api is EndpointApi.ANTHROPIC:
+        body = {"messages": [{"role": "user", "content": "ping"}]}
+        return Api.MESSAGES, aw.messages_body(body, model=t.model.wire_name, max_tokens=1, stream=False)
+    return Api.CHAT, wire.probe_body(t.model.wire_name, token_param)
+
+
+# ---------------------------------------------------------------- answers
+
+
+def parse_plain(target_wire: Api, status: int, body: bytes) -> Mapping[str, Any] | None:
+    """A plain answer in the target's wire, or None (then the classifier says what it is);
+    its usage bounded (capmon/core/providers/usage.py), so no reader sees a count no answer can have."""
+    if target_wire is Api.MESSAGES:
+        answer = aw.parse_message(status, body)
+    elif target_wire is Api.RESPONSES:
+        answer = wire.parse_response(status, body)
+    else:
+        answer = parse_completion(status, body)
+    return None if answer is None else usage.bounded(answer)
+
+
+_ANSWER: Mapping[tuple[Api, Api], Callable[[Mapping[str, Any], int], dict[str, Any]]] = {
+    (Api.CHAT, Api.MESSAGES): lambda m, created: tca.message_to_completion(m, created=created),
+    (Api.RESPONSES, Api.MESSAGES): lambda m, created: tra.message_to_response(m, created=created),
+    (Api.MESSAGES, Api.CHAT): lambda c, _created: tca.completion_to_message(c),
+}
+
+
+def _calls_of(target_wire: Api, response: Mapping[str, Any]) -> Iterator[tuple[object, object, str]]:
+    """Each tool call of a whole answer in the target's wire: its name, id and arguments as
+    JSON text (a Messages ``input`` that is an object counts as whole)."""
+    if target_wire is Api.MESSAGES:
+        blocks = response.get("content")
+        for block in blocks if isinstance(blocks, list) else []:
+            if isinstance(block, Mapping) and block.get("type") == "tool_use":
+                given = block.get("input")
+                text = "" if given is None or isinstance(given, Mapping) else json.dumps(given)
+                yield block.get("name"), block.get("id"), text
+        return
+    choices = response.get("choices")
+    for choice in choices if isinstance(choices, list) else []:
+        message = tca.sub_object(choice, "message") if isinstance(choice, Mapping) else {}
+        calls = message.get("tool_calls")
+        for call in calls if isinstance(calls, list) else []:
+            fn = tca.sub_object(call, "function") if isinstance(call, Mapping) else {}
+            given = fn.get("arguments")
+            text = given if isinstance(given, str) else "" if given is None else json.dumps(given)
+            yield fn.get("name"), call.get("id") if isinstance(call, Mapping) else None, text
+
+
+def _check(name: object, call_id: object, arguments: str) -> None:
+    """Raises :class:`~capmon.core.exceptions.BrokenAnswer` when a tool call's arguments are no JSON object."""
+    failure = classify_tool_call(name, call_id, arguments)
+    if failure is not None:
+        raise BrokenAnswer(failure)
+
+
+def answer_in(caller: Api, target_wire: Api, response: Mapping[str, Any], *, created: int) -> Mapping[str, Any]:
+    """The target's answer in the caller's format. Across formats its tool calls are checked
+    first: raises :class:`~capmon.core.exceptions.BrokenAnswer` for arguments that are no
+    JSON object (the answer is broken, whatever format tells it), and ``Untranslatable``
+    for anything else the caller's format cannot carry."""
+    if caller is target_wire:
+        return response
+    for call in _calls_of(target_wire, response):
+        _check(*call)
+    return _ANSWER[(caller, target_wire)](response, created)
+
+
+def text_of(caller: Api, response: Mapping[str, Any]) -> str:
+    """An answer's text, in the caller's format."""
+    if caller is Api.MESSAGES:
+        return aw.message_text(response)
+    if caller is Api.RESPONSES:
+        return wire.response_text(response)
+    return wire.completion_text(response)
+
+
+def used_tokens(caller: Api, response: Mapping[str, Any] | None) -> int | None:
+    """The tokens an answer (in the caller's format) says it used."""
+    if caller is Api.MESSAGES:
+        return aw.usage_total((response or {}).get("usage"))
+    return wire.total_tokens(response)
+
+
+# ---------------------------------------------------------------- streams
+
+
+class Codec(Protocol):
+    """Turns the target's stream events into the caller's: per event, then at the end.
+    ``close`` is called only once the wire's own end has come (its last event, or [DONE]),
+    and gives the caller's end events; either may raise
+    :class:`~capmon.core.exceptions.BrokenAnswer`."""
+
+    def feed(self, chunk: Mapping[str, Any]) -> Sequence[Mapping[str, Any]]: ...
+
+    def close(self) -> Sequence[Mapping[str, Any]]: ...
+
+
+class _Same:
+    def feed(self, chunk: Mapping[str, Any]) -> Sequence[Mapping[str, Any]]:
+        return (chunk,)  # passed through as the provider sent it, byte for byte: nothing checked
+
+    def close(self) -> Sequence[Mapping[str, Any]]:
+        return ()
+
+
+SAME = _Same()
+
+
+@dataclass
+class _Call:
+    """One tool call of a stream, as far as it came: its name and id, and its arguments' pieces."""
+
+    name: object = None
+    id: object = None
+    pieces: list[str] = field(default_factory=list)
+
+    def check(self) -> None:
+        _check(self.name, self.id, "".join(self.pieces))
+
+
+class _MessagesCalls:
+    """The tool calls of a Messages stream: each ``tool_use`` block ends with its
+    ``content_block_stop``, and the stream with ``message_stop``."""
+
+    def __init__(self) -> None:
+        self._open: dict[int, _Call] = {}
+
+    @staticmethod
+    def last(event: Mapping[str, Any]) -> bool:
+        return event.get("type") == "message_stop"
+
+    def feed(self, event: Mapping[str, Any]) -> None:
+        kind, index = event.get("type"), event.get("index")
+        if not isinstance(index, int):
+            return
+        if kind == "content_block_start":
+            block = tca.sub_object(event, "content_block")
+            if block.get("type") == "tool_use":
+                self._open[index] = _Call(block.get("name"), block.get("id"))
+        elif kind == "content_block_delta" and index in self._open:
+            delta = tca.sub_object(event, "delta")
+            piece = delta.get("partial_json")
+            if delta.get("type") == "input_json_delta" and isinstance(piece, str):
+                self._open[index].pieces.append(piece)
+        elif kind == "content_block_stop" and index in self._open:
+            self._open.pop(index).check()
+
+    def end(self) -> None:
+        """Blocks never stopped end with the stream."""
+        for call in self._open.values():
+            call.check()
+        self._open.clear()
+
+
+class _ChatCalls:
+    """The tool calls of a chat stream, as a Messages caller gets them: one run of deltas
+    of one call is one ``tool_use`` block, which ends when the choice moves on (to another
+    call or to text) or finishes. OpenAI streams a call's pieces in a row; a call whose
+    pieces come apart is told in pieces, each of which must be whole."""
+
+    def __init__(self) -> None:
+        self._seen: dict[int, _Call] = {}  # index -> its name and id, from its first delta
+        self._run: tuple[int, _Call] | None = None
+
+    @staticmethod
+    def last(chunk: Mapping[str, Any]) -> bool:
+        return False  # the chat stream's end is [DONE], which carries no chunk
+
+    def feed(self, chunk: Mapping[str, Any]) -> None:
+        choices = chunk.get("choices")
+        for c in choices if isinstance(choices, list) else []:
+            if not isinstance(c, Mapping) or c.get("index", 0) != 0:
+                continue
+            delta = tca.sub_object(c, "delta")
+            if any(isinstance(delta.get(k), str) and delta.get(k) for k in ("content", "refusal")):
+                self.end()
+            calls = delta.get("tool_calls")
+            for call in calls if isinstance(calls, list) else []:
+                if isinstance(call, Mapping):
+                    self._piece(call)
+            if c.get("finish_reason"):
+                self.end()
+
+    def _piece(self, call: Mapping[str, Any]) -> None:
+        index = call.get("index", 0)
+        index = index if isinstance(index, int) else 0
+        fn = tca.sub_object(call, "function")
+        known = self._seen.setdefault(index, _Call())
+        known.name = known.name or fn.get("name")
+        known.id = known.id or call.get("id")
+        if self._run is None or self._run[0] != index:
+            self.end()
+            self._run = (index, _Call(known.name, known.id))
+        arguments = fn.get("arguments")
+        if isinstance(arguments, str):
+            self._run[1].pieces.append(arguments)
+
+    def end(self) -> None:
+        if self._run is not None:
+            _, call = self._run
+            self._run = None
+            call.check()
+
+
+class _Crossing:
+    """A stream told in another format. Every event of the target's wire is checked
+    before it is translated: a tool call that ends with arguments that are no JSON object
+    raises :class:`~capmon.core.exceptions.BrokenAnswer`, before the caller sees its end.
+    What the translator gives for the wire's last event (``message_stop``: the chat finish
+    and usage chunks, ``response.completed``) and at ``close`` (``message_delta`` and
+    ``message_stop``) is the caller's end, given only by ``close``: the attempt calls it
+    once the wire's own end has come and its answer is whole, so a stream that breaks
+    never ends the way a whole one does."""
+
+    def __init__(
+        self,
+        feed: Callable[[Mapping[str, Any]], Sequence[Mapping[str, Any]]],
+        calls: _MessagesCalls | _ChatCalls,
+        close: Callable[[], Sequence[Mapping[str, Any]]] = tuple,
+    ) -> None:
+        self._feed, self._close, self._calls = feed, close, calls
+        self._end: list[Mapping[str, Any]] = []
+
+    def feed(self, chunk: Mapping[str, Any]) -> Sequence[Mapping[str, Any]]:
+        self._calls.feed(chunk)
+        out = self._feed(chunk)
+        if self._calls.last(chunk):
+            self._end += out
+            return ()
+        return out
+
+    def close(self) -> Sequence[Mapping[str, Any]]:
+        self._calls.end()
+        return [*self._end, *self._close()]
+
+
+def stream_codec(request: ChatRequest, target_wire: Api, *, created: int) -> Codec:
+    """The translator of one streaming attempt's events into the caller's format."""
+    if request.api is target_wire:
+        return SAME
+    if request.api is Api.CHAT:
+        options = request.extra.get("stream_options")
+        asked = isinstance(options, Mapping) and bool(options.get("include_usage"))
+        return _Crossing(tca.MessagesToChatStream(created=created, include_usage=asked).feed, _MessagesCalls())
+    if request.api is Api.RESPONSES:
+        return _Crossing(tra.MessagesToResponsesStream(created=created).feed, _MessagesCalls())
+    chat = tca.ChatToMessagesStream()
+    return _Crossing(chat.feed, _ChatCalls(), chat.close)
+
+
+class WireReader:
+    """Reads one target's stream in its own wire: each SSE frame as a
+    :class:`~capmon.core.wire.Event`, and the whole answer the events make."""
+
+    def __init__(self, target_wire: Api) -> None:
+        self.wire = target_wire
+        self.finished = False  # the answer is whole (a finish reason, the final event)
+        self._chat = wire.Assembler() if target_wire is Api.CHAT else None
+        self._messages = aw.MessageAssembler() if target_wire is Api.MESSAGES else None
+        self._final: Mapping[str, Any] | None = None
+        if target_wire is Api.MESSAGES:
+            self._read: Callable[..., wire.Event] = aw.read_frame
+        elif target_wire is Api.RESPONSES:
+            self._read = wire.read_responses_frame
+        else:
+            self._read = wire.read_frame
+
+    def read(self, frame: wire.Frame, *, now: float, quota_hint: float = QUOTA_HINT) -> wire.Event:
+        """One frame's event, its usage bounded (capmon/core/providers/usage.py): what the caller, the
+        assembler and the translators get."""
+        event = self._read(frame, now=now, quota_hint=quota_hint)
+        if event.chunk is not None:
+            chunk = usage.bounded(event.chunk)
+            if chunk is not event.chunk:
+                return dataclasses.replace(event, chunk=chunk)
+        return event
+
+    def add(self, chunk: Mapping[str, Any], done: bool) -> None:
+        """One event with a chunk (``done``: the stream's last, which carries one on the
+        Responses and Messages wires)."""
+        if self._chat is not None:
+            self._chat.add(chunk)
+            self.finished = self.finished or bool(self._chat.finish_reason)
+        elif self._messages is not None:
+            self._messages.add(chunk)
+        elif done:
+            final = chunk.get("response")
+            self._final = final if isinstance(final, Mapping) else None
+
+    def answer(self) -> Mapping[str, Any] | None:
+        """The whole answer in the target's wire."""
+        if self._chat is not None:
+            return self._chat.completion()
+        if self._messages is not None:
+            return self._messages.message()
+        return self._final
+
+
+def incapable_targets(request: ChatRequest, targets: Sequence[Target], client: ClientConfig) -> dict[str, str]:
+    """Per target that cannot carry ``request``, why (checked once per endpoint: the
+    reason depends on its API and version, not on the model or key)."""
+    by_endpoint: dict[str, str | None] = {}
+    out: dict[str, str] = {}
+    for t in targets:
+        name = t.endpoint.name
+        if name not in by_endpoint:
+            by_endpoint[name] = incapable(request, t, client)
+        why = by_endpoint[name]
+        if why is not None:
+            out[t.id] = why
+    return out
+
+
+def chunk_text(chunk: Mapping[str, Any]) -> str:
+    """The text a stream chunk or event adds, whatever its format ("" when none)."""
+    kind = chunk.get("type")
+    if kind == "content_block_delta":
+        delta = chunk.get("delta")
+        text = delta.get("text") if isinstance(delta, Mapping) and delta.get("type") == "text_delta" else None
+    elif kind == "response.output_text.delta":
+        text = chunk.get("delta")
+    else:
+        return wire.chunk_text(chunk)
+    return text if isinstance(text, str) else ""

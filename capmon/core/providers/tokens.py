@@ -1,0 +1,101 @@
+"""The one prompt-size estimate: the client charges tpm buckets and checks context
+windows with it, and the simulator counts prompt tokens with it, so both sides of a
+test agree on what a prompt costs."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from capmon.core.types.result import Api, ChatRequest
+
+# Role and framing: OpenAI's own accounting adds about this many tokens per message.
+PER_MESSAGE = 4
+
+
+def tokens_for_chars(chars: int) -> int:
+    """About four characters a token."""
+    return math.ceil(chars / 4)
+
+
+def _chars(content: object, *, nested: bool = True) -> int:
+    """The text of a message's content: a string, or its parts' text, a tool call's
+    input (as JSON) and a tool result's own content (one level down, so a hostile
+    nesting costs nothing)."""
+    if isinstance(content, str):
+        return len(content)
+    if not isinstance(content, list):
+        return 0
+    chars = 0
+    for part in content:
+        # dict first: a body's parts are dicts, and the ABC's check costs five times as much a part
+        if type(part) is not dict and not isinstance(part, Mapping):
+            continue
+        text = part.get("text")
+        if isinstance(text, str):
+            chars += len(text)
+        if nested and "content" in part:
+            chars += _chars(part["content"], nested=False)
+        given = part.get("input")
+        if given is not None and isinstance(given, Mapping):  # most parts have none: no ABC check for them
+            chars += len(json.dumps(given, default=str))
+    return chars
+
+
+def estimate_tokens(messages: Iterable[Any]) -> int:
+    """About four characters a token over the text of the messages (see :func:`_chars`),
+    plus the framing of each message. Anything else counts nothing."""
+    chars = 0
+    n = 0
+    for m in messages:
+        n += 1
+        chars += _chars(m.get("content") if isinstance(m, Mapping) else None)
+    return tokens_for_chars(chars) + PER_MESSAGE * n
+
+
+def _tools(tools: object) -> int:
+    """Tool definitions count as the text of their JSON (names, descriptions, schemas)."""
+    if not isinstance(tools, list) or not tools:
+        return 0
+    return tokens_for_chars(len(json.dumps(tools, default=str)))
+
+
+def _responses_items(body: Mapping[str, Any]) -> list[Any]:
+    given = body.get("input")
+    if isinstance(given, str):
+        return [{"content": given}]
+    items = []
+    for item in given if isinstance(given, list) else []:
+        if not isinstance(item, Mapping):
+            continue
+        if "content" in item:
+            items.append(item)
+        else:  # a function call's arguments, a function call's output
+            items.append({"content": item.get("arguments", item.get("output"))})
+    return items
+
+
+def estimate_body(api: Api, body: Mapping[str, Any]) -> int:
+    """A request body's prompt by its API, tools included: chat's messages; Anthropic's
+    messages with the system prompt as one more message; the Responses API's input items
+    with the instructions as one more."""
+    if api is Api.MESSAGES:
+        framed, preamble = body.get("messages"), body.get("system")
+    elif api is Api.RESPONSES:
+        framed, preamble = _responses_items(body), body.get("instructions")
+    else:
+        framed, preamble = body.get("messages"), None
+    messages = list(framed) if isinstance(framed, list) else []
+    if preamble:
+        messages.insert(0, {"content": preamble})
+    return estimate_tokens(messages) + _tools(body.get("tools"))
+
+
+def estimate_request(request: ChatRequest) -> int:
+    """The prompt of a request, whatever its API: what routing checks context windows and
+    charges token budgets with."""
+    if request.api is Api.CHAT:
+        return estimate_tokens(request.messages) + _tools(request.extra.get("tools"))
+    return estimate_body(request.api, request.extra)

@@ -1,0 +1,323 @@
+"""One attempt on one target: send the request, read the answer within the caps, and
+say what came back. No routing here: the router decides what an outcome means.
+
+A plain attempt returns an :class:`Answer`. A streaming attempt is an async iterator
+of the provider's chunks that holds back everything until the first chunk with
+output (content, a tool call, a refusal or a finish reason), so that an error that
+arrives before any output can still be retried elsewhere without the caller ever
+seeing it; after output, an error ends the stream (``Answer.output_sent``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import httpx
+
+from capmon.core.base.exceptions import BrokenAnswer
+from capmon.core.providers import formats
+from capmon.core.providers.classify import QUOTA_HINT, classify_event, classify_exception, classify_response
+from capmon.core.providers.openai_wire import (
+    FrameKind,
+    Oversized,
+    SSEParser,
+    TokenParam,
+    body_pieces,
+    oversized_failure,
+    read_capped,
+)
+from capmon.core.providers.translate_chat_anthropic import Untranslatable
+from capmon.core.routing.reads import ReadDeadline
+from capmon.core.routing.targets import token_limit
+from capmon.core.routing.transport import Sender
+from capmon.core.types.config import Config
+from capmon.core.types.failure import Failure, Kind
+from capmon.core.types.result import Api, Attempt, ChatRequest, ChatResult
+
+if TYPE_CHECKING:
+    from capmon.core.routing.targets import Target
+
+
+@dataclass
+class Answer:
+    status: int | None = None
+    failure: Failure | None = None
+    response: Mapping[str, Any] | None = None
+    output_sent: bool = False  # a stream's output reached the caller: a failure now cannot be retried
+    wire: Api = Api.CHAT  # the format the attempt sent (the answer is in the caller's)
+    dropped: tuple[str, ...] = ()  # fields left out because the target's API version refuses them
+
+
+def result_of(
+    answer: Answer,
+    t: Target,
+    api: Api,
+    attempts: tuple[Attempt, ...],
+    latency: float,
+    request_id: int,
+    requested: str = "",
+    lowered: int | None = None,
+) -> ChatResult:
+    """A successful answer as the caller gets it: which target served, its text, its usage."""
+    response = answer.response or {}
+    usage = response.get("usage") or {}
+    return ChatResult(
+        model=t.model.name,
+        endpoint=t.endpoint.name,
+        target=t.id,
+        content=formats.text_of(api, response),
+        response=response,
+        attempts=attempts,
+        latency=latency,
+        usage=usage if isinstance(usage, Mapping) else {},
+        request_id=request_id,
+        api=t.endpoint.api,
+        requested=requested,
+        max_tokens_lowered=lowered,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    target: Target
+    body: Mapping[str, Any]
+    timeout: float  # seconds the whole attempt may take, a stream's reads after its first output included
+    cap: int  # bytes the answer may take
+    quota_hint: float = QUOTA_HINT  # a hint this long means a quota ([backoff] max_hint)
+    api: Api = Api.CHAT  # the format sent (the target's wire)
+    dropped: tuple[str, ...] = ()
+    request: ChatRequest | None = None  # the caller's request (None: a probe, answered in its own wire)
+    lowered: int | None = None  # the output cap sent when [client] cap_client_tokens cut the caller's to it
+
+    @property
+    def caller(self) -> Api | None:
+        """The caller's format when the answer must cross back to it, else None."""
+        r = self.request
+        return r.api if r is not None and r.api is not self.api else None
+
+
+def chat_request(
+    t: Target,
+    request: ChatRequest,
+    token_param: TokenParam,
+    config: Config,
+    stream: bool,
+    *,
+    time_left: float | None = None,
+) -> Request:
+    """The request one attempt sends to ``t``: the caller's fields in the target's format
+    (capmon/core/providers/formats.py), this model's cap, and ``[client] attempt_timeout`` cut to the
+    request's ``time_left`` (seconds)."""
+    limit = token_limit(request.max_tokens, t, config.client.cap_client_tokens)
+    lowered = limit if request.max_tokens is not None and limit < request.max_tokens else None
+    out = formats.outbound(request, t, token_param=token_param, limit=limit, stream=stream, client=config.client)
+    timeout = config.client.attempt_timeout if time_left is None else min(config.client.attempt_timeout, time_left)
+    cc = config.client
+    return Request(
+        t,
+        out.body,
+        max(0.0, timeout),
+        cc.max_response_bytes,
+        config.backoff.max_hint,
+        out.wire,
+        out.dropped,
+        request,
+        lowered,
+    )
+
+
+def _failed_response(status: int, headers: Any, body: bytes, wall: float, quota_hint: float) -> Failure:
+    try:
+        obj = json.loads(body)
+    except Exception:
+        obj = None
+    if isinstance(obj, Mapping) and obj.get("object") == "response" and obj.get("status") == "failed":
+        return classify_event(
+            {"type": "response.failed", "response": obj}, "response.failed", now=wall, quota_hint=quota_hint
+        )
+    failure = classify_response(status, headers, body, now=wall, quota_hint=quota_hint)
+    return failure or Failure(Kind.TRANSIENT, f"{status} with no finished response", status)
+
+
+def _build(http: Sender, req: Request) -> httpx.Request:
+    t, url = req.target, req.target.urls[req.api]
+    if req.request is not None and req.request.betas and req.api is Api.MESSAGES is req.request.api:
+        head = Sender.head(url, formats.with_betas(t.http_headers, req.request.betas))
+    else:
+        head = t.head(req.api)
+    return http.request(url, head, json.dumps(req.body).encode())
+
+
+def _crossed(req: Request, answer: Answer, response: Mapping[str, Any], wall: float) -> None:
+    """The answer in the caller's format, or why it cannot be told in it."""
+    if req.caller is None:
+        answer.response = response
+        return
+    try:
+        answer.response = formats.answer_in(req.caller, req.api, response, created=int(wall))
+    except BrokenAnswer as e:
+        answer.failure = e.failure
+    except Untranslatable as e:
+        answer.failure = Failure(Kind.TRANSIENT, f"an answer the {req.caller.value} format cannot carry: {e}", 200)
+
+
+async def plain(http: Sender, req: Request, *, wall: float) -> Answer:
+    """Send a non-streaming request; every failure is classified, never raised (but
+    cancellation)."""
+    answer = Answer(wire=req.api, dropped=req.dropped)
+    try:
+        async with asyncio.timeout(req.timeout):
+            resp = await http.send(_build(http, req))
+            try:
+                answer.status = resp.status_code
+                try:
+                    body = await read_capped(resp, req.cap)
+                except Oversized:
+                    answer.failure = oversized_failure(req.cap, resp.status_code, streaming=False)
+                    return answer
+            finally:
+                await resp.aclose()
+        parsed = formats.parse_plain(req.api, resp.status_code, body)
+        if parsed is None and req.api is Api.RESPONSES and 200 <= resp.status_code < 300:
+            # A 200 that is no finished response: a failed one says why, like its stream would.
+            answer.failure = _failed_response(resp.status_code, resp.headers, body, wall, req.quota_hint)
+        if parsed is not None:
+            _crossed(req, answer, parsed, wall)
+        elif answer.failure is None:
+            answer.failure = classify_response(
+                resp.status_code, resp.headers, body, now=wall, quota_hint=req.quota_hint
+            )
+    except asyncio.CancelledError:
+        raise
+    except Exception as e:  # timeouts, resets, broken bodies: classified
+        answer.status = None  # no whole answer came back
+        answer.failure = classify_exception(e)
+    return answer
+
+
+# After [DONE] the body's end is read, so the connection goes back to the pool and the
+# readers finish instead of being left to the garbage collector (which closes each async
+# generator through a task of its own). A server that keeps the stream open after
+# [DONE] gets this long, then loses the connection.
+_DRAIN_SECONDS = 0.25
+_DRAIN_BYTES = 65536
+
+
+async def _drain(pieces: AsyncIterator[bytes], seconds: float) -> None:
+    size = 0
+    try:
+        async with asyncio.timeout(seconds):
+            async for piece in pieces:
+                size += len(piece)
+                if size > _DRAIN_BYTES:
+                    return
+    except (TimeoutError, httpx.HTTPError):
+        return
+
+
+@dataclass
+class Stream:
+    """A streaming attempt. Iterate :meth:`chunks` for the chunks (in the caller's format:
+    a stream in another wire is translated as it comes, capmon/core/providers/formats.py);
+    ``answer`` says how it ended once iteration stops. Closing the iterator early
+    (``aclose()``) releases the connection."""
+
+    http: Sender
+    req: Request
+    clock_now: Any  # () -> float, the loop's clock
+    wall: float
+    answer: Answer = field(default_factory=Answer)
+
+    async def chunks(self) -> AsyncIterator[Mapping[str, Any]]:
+        answer = self.answer
+        answer.wire, answer.dropped = self.req.api, self.req.dropped
+        reads = ReadDeadline(self.clock_now, self.req.timeout)  # the send and every read of the body, one timer
+        resp: httpx.Response | None = None
+        held: list[Mapping[str, Any]] = []
+        reader = formats.WireReader(self.req.api)
+        r = self.req.request
+        codec = formats.stream_codec(r, self.req.api, created=int(self.wall)) if r is not None else formats.SAME
+        try:
+            resp = await reads.read(self.http.send(_build(self.http, self.req)))
+            answer.status = resp.status_code
+            if resp.status_code >= 300:
+                try:
+                    body = await reads.read(read_capped(resp, min(self.req.cap, 1 << 20)))
+                except Oversized:
+                    body = b""
+                answer.failure = classify_response(
+                    resp.status_code, resp.headers, body, now=self.wall, quota_hint=self.req.quota_hint
+                )
+                return
+            parser = SSEParser()
+            size = 0
+            done = drain = False
+            pieces = body_pieces(resp)
+            while not done:
+                # The deadline guards the reads only: a timeout scope around a yield would
+                # cancel the caller's own work between chunks.
+                try:
+                    piece = await reads.read(pieces.__anext__())
+                except StopAsyncIteration:
+                    piece = None
+                if piece is None:
+                    frames = parser.close()
+                    done = True
+                else:
+                    size += len(piece)
+                    if size > self.req.cap:
+                        answer.failure = oversized_failure(self.req.cap, resp.status_code, streaming=True)
+                        return
+                    frames = parser.feed(piece)
+                for frame in frames:
+                    event = reader.read(frame, now=self.wall, quota_hint=self.req.quota_hint)
+                    kind = event.kind
+                    if kind in (FrameKind.ERROR, FrameKind.BROKEN):
+                        answer.failure = event.failure
+                        return
+                    last = kind is FrameKind.DONE
+                    if event.chunk is not None and (last or kind is FrameKind.CHUNK):
+                        # The Responses and Messages wires' last event goes to the caller too.
+                        reader.add(event.chunk, last)
+                        out = codec.feed(event.chunk)
+                        if answer.output_sent or event.output or last:
+                            answer.output_sent = True
+                            for c in held:
+                                yield c
+                            held.clear()
+                            for c in out:
+                                yield c
+                        else:
+                            held += out
+                    if last:
+                        reader.finished = done = drain = True
+                        break
+            if not reader.finished:
+                answer.failure = Failure(Kind.TRANSIENT, "stream ended before [DONE]", resp.status_code)
+                return
+            # The wire's own end came: only now is the answer checked whole, and only a whole
+            # one gets the caller's end (across formats the codec kept it back until here).
+            end = [*held, *codec.close()]  # held: an answer with no output at all (rare, but complete)
+            whole = reader.answer()
+            if whole is not None:
+                _crossed(self.req, answer, whole, self.wall)
+            if answer.failure is not None:
+                return
+            for c in end:
+                yield c
+            if drain:
+                await _drain(pieces, min(_DRAIN_SECONDS, reads.left()))
+        except asyncio.CancelledError:
+            raise
+        except BrokenAnswer as e:  # a tool call that ended with arguments the caller cannot use
+            answer.failure = e.failure
+        except Exception as e:  # timeouts, resets mid-stream: classified
+            answer.failure = classify_exception(e)
+        finally:
+            reads.close()
+            if resp is not None:
+                await resp.aclose()

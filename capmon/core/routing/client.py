@@ -1,0 +1,539 @@
+"""The FallbackClient: choose a target, send, settle, then retry, fall back or return.
+
+One client is shared by every caller in a process. A request walks its route
+(capmon/core/routing/route.py: a model pinned by hand, then the request's own model, then
+the config's order) and goes to the first target that admits it. When none does it
+waits in the one first-come-first-served queue (capmon/core/routing/waiting.py) for the
+earliest that will, instead of failing. Admission and settlement are one call each on
+the state seam (capmon/core/control/seam.py); what a failure means comes from one policy
+table (capmon/core/control/policy.py); the bytes on the wire are capmon/core/providers/openai_wire.py's and
+capmon/core/routing/attempt.py's business. ARCHITECTURE.md, "How a request flows", walks
+through it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import random
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+import httpx
+
+from capmon.core.base.clock import Clock, default_clock
+from capmon.core.base.exceptions import DeadlineExceeded, RequestFailed
+from capmon.core.control.backoff import Backoff
+from capmon.core.control.demand import Demand
+from capmon.core.control.seam import Admission, MemoryState, StateStore, TargetSpec
+from capmon.core.providers import formats
+from capmon.core.providers import openai_wire as wire
+from capmon.core.providers.tokens import estimate_request
+from capmon.core.routing.attempt import Answer, Request, result_of
+from capmon.core.routing.calls import FormatCalls
+from capmon.core.routing.controls import ManualControls
+from capmon.core.routing.executor import Executor
+from capmon.core.routing.journal import AttemptObserver, Journal
+from capmon.core.routing.prober import Prober, ProbeResult
+from capmon.core.routing.route import Routing, plan
+from capmon.core.routing.streaming import ChatStream
+from capmon.core.routing.targets import Target, admits_in, build_targets
+from capmon.core.routing.transport import Sender, make_transport
+from capmon.core.routing.waiting import WaitQueue
+from capmon.core.types import events as ev
+from capmon.core.types.config import Config, ResolvedKey, resolve_keys
+from capmon.core.types.failure import Failure, Kind
+from capmon.core.types.result import Attempt, ChatRequest, ChatResult, Decision
+from capmon.core.types.snapshot import EngineSnapshot, TargetSnapshot
+
+log = logging.getLogger("capmon.client")
+
+Grant = tuple[Target, Admission]
+_HEALTH = ChatRequest.of("ping", max_tokens=1)  # what a health probe waits in line as
+Messages = ChatRequest | str | Sequence[Mapping[str, Any]]
+__all__ = ["FallbackClient", "ProbeResult"]
+
+
+@dataclass(frozen=True, slots=True)
+class _End:
+    """The last item a streaming attempt yields: a result, a grant to go on with, or None."""
+
+    out: ChatResult | Grant | None
+
+
+class FallbackClient(FormatCalls, ManualControls):
+    """The shared fallback client. Use it as an async context manager or call
+    :meth:`aclose` when done. ``state`` builds the state seam's implementation from the
+    targets (default: :class:`~capmon.core.state.MemoryState`, this process only)."""
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        clock: Clock | None = None,
+        bus: ev.EventBus | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+        environ: Mapping[str, str] | None = None,
+        rng: random.Random | None = None,
+        keys: Mapping[tuple[str, str], ResolvedKey] | None = None,
+        state: Callable[[list[TargetSpec]], StateStore] | None = None,
+    ) -> None:
+        self.config = config
+        self.clock = clock or default_clock()
+        self.bus = bus or ev.EventBus()
+        self._backoff = Backoff(config.backoff, rng or random.Random())
+        specs, self.targets = build_targets(config, dict(keys) if keys is not None else resolve_keys(config, environ))
+        self.state: StateStore = state(specs) if state else MemoryState(config, specs, self.clock, self.bus.publish)
+        for t in self.targets:
+            t.state = self.state.target(t.id)
+        self._by_id = {t.id: t for t in self.targets}
+        self._first_model = min(self.targets, key=lambda t: t.rank).model.name if self.targets else ""
+        self._token_param = wire.TokenParams(
+            {m.name: m.token_param for m in config.models},
+            lambda model, param, reason: self.journal.publish(
+                ev.TokenParamLearned, model=model, param=param, reason=reason
+            ),
+        )
+        self._by_cost = any(m.tpm for m in config.models)
+        self._ids = itertools.count(1)
+        self._queue: WaitQueue[Grant] = WaitQueue(
+            self.clock,
+            self._admit_any,
+            self._give_back,
+            lambda r, now: r.ready_at(self.targets, self.state.pinned, now),
+            lambda r: r.group(self.targets, self.state.pinned, self.clock.now(), self._by_cost),
+            batch_share=config.client.batch_share,
+            refuse=lambda r: r.refusal(self.targets, self.state.pinned, self.clock.now()),
+        )
+        self.state.set_listener(self._news)
+        self.journal = Journal(self.clock, self.bus, config.client.max_attempts)
+        cc = config.client
+        self._http = Sender(
+            transport
+            or make_transport(
+                cc.transport, max_connections=cc.max_connections, connect_timeout=cc.connect_timeout, where=config.path
+            ),
+            attempt_timeout=cc.attempt_timeout,
+            connect_timeout=cc.connect_timeout,
+        )
+        # One executor for every attempt, a user's or a probe (capmon/core/routing/executor.py).
+        self.executor = Executor(config, self.clock, self._http, self._token_param, self._after_settle)
+        bc = config.breaker
+        self.demand = Demand(self.clock, share=bc.probe_share, floor=bc.probe_floor, on_due=lambda: self.prober.kick())
+        self.prober = Prober(
+            self.clock,
+            self.targets,
+            self.executor,
+            self.demand,
+            self.journal.publish,
+            self._acquire_on,
+            fleet_size=lambda: len(self.state.shared_status().processes) or 1,
+        )
+
+    def add_observer(self, fn: AttemptObserver) -> Callable[[], None]:
+        """Call ``fn(request, attempt)`` after every attempt (the audit log uses this)."""
+        return self.journal.add_observer(fn)
+
+    async def aclose(self) -> None:
+        await self.prober.aclose()
+        await self._queue.aclose()
+        await self._http.aclose()
+        await self.state.aclose()
+
+    async def start(self) -> None:
+        await self.state.start()  # connect a shared store ([shared]); a no-op in memory
+
+    def _after_settle(self, t: Target, adm: Admission) -> None:
+        if adm.probe:
+            self._queue.regroup()  # a ramp may have started: waiting requests can go there now
+        else:
+            self._queue.kick()
+        if t.state.probe_due_at() is not None:
+            self.prober.kick()
+
+    def _news(self) -> None:
+        # A shared store heard of a change elsewhere (a trip, a reset, a free slot): look again.
+        self._queue.regroup()
+        self.prober.kick()
+
+    async def __aenter__(self) -> FallbackClient:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    # ------------------------------------------------------------ public API
+
+    async def chat(self, request: Messages, **kw: Any) -> ChatResult:
+        """Send one chat-completions request and return the first answer any model gives.
+
+        Raises :class:`RequestFailed` when retrying cannot help (auth, quota on every
+        key, bad request, too large for every model) or when the deadline or the
+        attempt limit is spent.
+        """
+        r = self._new(request, kw)
+        try:
+            grant: Grant | None = None
+            now: float | None = r.started  # nothing awaited since it was read
+            while True:
+                t, adm = await self._next(r, grant, now)
+                now = None
+                number, wall, t0, req = self._begin(r, t, False)
+                try:
+                    answer = await self.executor.send(t, adm, req, wall=wall)
+                finally:
+                    self.journal.in_flight -= 1
+                out = await self._settle(r, t, adm, answer, number, wall, t0)
+                if isinstance(out, ChatResult):
+                    return out
+                grant = out
+        except BaseException as e:
+            self._failed(r, e)
+            raise
+        finally:
+            self.journal.unwait(r)
+
+    def stream_chunks(self, request: Messages, **kw: Any) -> ChatStream:
+        """Stream the provider's chunks as parsed dicts (content and tool-call deltas,
+        finish reason, usage; for a Responses API request, its events). Retries and
+        fallbacks happen before the first chunk with output; a stream that breaks after
+        it raises RequestFailed. The returned stream says which model serves it."""
+        r = self._new(request, kw)
+        return ChatStream(lambda s: self._stream(r, s))
+
+    async def _stream(self, r: Routing, s: ChatStream) -> AsyncIterator[Mapping[str, Any]]:
+        s.request_id, s.requested = r.id, r.first_choice
+        try:
+            grant: Grant | None = None
+            while True:
+                t, adm = await self._next(r, grant)
+                attempt = self._stream_attempt(r, t, adm)
+                end: _End | None = None
+                try:
+                    async for chunk in attempt:
+                        if isinstance(chunk, _End):
+                            end = chunk
+                            continue
+                        if s.model is None:
+                            s.serving(
+                                t.model.name,
+                                t.endpoint.name,
+                                t.id,
+                                tuple(r.attempts),
+                                api=t.endpoint.api,
+                                dropped=r.sending_dropped,
+                                lowered=r.sending_lowered,
+                            )
+                        yield chunk
+                finally:
+                    await attempt.aclose()  # type: ignore[attr-defined]
+                if end is None:
+                    return
+                if isinstance(end.out, ChatResult):
+                    s.result = end.out
+                    return
+                grant = end.out
+        except BaseException as e:
+            self._failed(r, e)
+            raise
+        finally:
+            self.journal.unwait(r)
+
+    def stream(self, request: Messages, **kw: Any) -> AsyncIterator[str]:
+        """Stream the answer's text as it comes (see :meth:`stream_chunks`)."""
+        return self.stream_chunks(request, **kw).texts()
+
+    async def probe(self, target: str, *, wait: float = 0.0) -> ProbeResult:
+        """Probe one target now: the due probe of an open breaker, else a small health
+        request that waits its turn for a slot there, at most ``wait`` seconds."""
+        return await self.prober.probe_now(self._by_id[target], wait)
+
+    def snapshot(self) -> EngineSnapshot:
+        return build_snapshot(self, self.journal, len(self._queue))
+
+    # ------------------------------------------------------------ routing
+
+    def _new(self, request: Messages, kw: Mapping[str, Any]) -> Routing:
+        req = request if isinstance(request, ChatRequest) else ChatRequest.of(request, **kw)
+        now = self.clock.now()
+        self.journal.requests += 1
+        self.state.on_request()
+        # A caller may ask for less time than the config allows, never more.
+        cap = self.config.client.deadline
+        asked = req.deadline if req.deadline is not None and req.deadline > 0 else cap
+        deadline, own = min(asked, cap), asked < cap
+        r = Routing(next(self._ids), req, estimate_request(req), now + deadline, now, self._backoff.schedule())
+        r.own_deadline, r.cap_ceiling = own, self.config.client.cap_client_tokens
+        # The model it counts on first: serving any other is a fallback, tried or not (a
+        # breaker open or tripped by hand skips it without an attempt).
+        r.first_choice = req.model or self.state.pinned or self._first_model
+        r.last_model = r.first_choice or None
+        r.incapable = formats.incapable_targets(req, self.targets, self.config.client)
+        return r
+
+    def _skips(self, r: Routing, t: Target | None, now: float, wall: float | None = None) -> None:
+        """Put every target ``r`` passed over on its way to ``t`` on its record, with why
+        (``t`` None: every one it had, when it fails without an attempt)."""
+        passed = r.passed_over(self.targets, t, self.state.pinned) if t is not None else r.unnoted(self.targets)
+        for u in passed:
+            r.noted.add(u.id)
+            skip, reason = r.skip_reason(u, now)
+            self._note(r, self.journal.skipped(r, u, skip, reason, wall=wall))
+
+    def _note(self, r: Routing, attempt: Attempt) -> None:
+        """An attempt (or a skip) on the request's record, then to the observers."""
+        r.attempts.append(attempt)
+        self.journal.observe(r.request, attempt)
+
+    def _wanted(self, r: Routing, passed: Sequence[Target]) -> None:
+        """``r`` is served by another target than these, or waits: each of them whose breaker
+        is open (its probe schedule runs) has one more request that prefers it
+        (capmon/core/control/demand.py), counted once per request."""
+        for u in passed:
+            if u.id not in r.wanted and u.state.probe_due_at() is not None:
+                r.wanted.add(u.id)
+                self.demand.want(u.id)
+
+    def _failed(self, r: Routing, e: BaseException) -> None:
+        if isinstance(e, RequestFailed):
+            self.journal.done(r, None, ok=False, kind=e.failure.kind.value)
+        else:  # the caller went away (cancelled, a stream closed early) or a bug raised
+            self.journal.cancelled += 1
+
+    async def _admit_any(
+        self, r: Routing, exclude: str | None = None, *, now: float | None = None, usable: list[Target] | None = None
+    ) -> Grant | None:
+        """The first candidate that admits ``r``. ``now`` and ``usable``: the clock's reading
+        and ``r.usable()`` the caller has just taken, nothing having changed since."""
+        passed: list[Target] = []
+        if now is None:
+            now = self.clock.now()
+        for t in r.candidates(self.targets, self.state.pinned, now, usable=usable):
+            if t.id != exclude:
+                adm = await t.state.admit(r.cost(t))
+                if adm is not None:
+                    if passed:
+                        self._wanted(r, passed)
+                    return t, adm
+                passed.append(t)
+        return None
+
+    async def _acquire_on(self, t: Target, wait: float) -> Admission | None:
+        """A slot on this one target, in line with the requests, within ``wait`` seconds
+        (a health probe's; see capmon/core/routing/prober.py)."""
+        if wait <= 0:
+            return await t.state.admit(1)
+        now = self.clock.now()
+        r = Routing(-1, _HEALTH, 1, now + wait, now, excluded={o.id for o in self.targets if o is not t})
+        r.own_deadline = True
+        try:
+            return (await self._acquire(r))[1]
+        except RequestFailed:
+            return None
+
+    async def _give_back(self, grant: Grant) -> None:
+        await grant[0].state.settle(grant[1], None, cancelled=True, unused=True)
+        self._queue.kick()
+
+    async def _next(self, r: Routing, grant: Grant | None, now: float | None = None) -> Grant:
+        """The grant for the next attempt; the deadline is checked before each, waited for or not.
+        ``now``: the clock's reading the caller has just taken, for :meth:`_acquire`."""
+        grant = grant or await self._acquire(r, now)
+        if r.expired(self.clock.now()):
+            await self._give_back(grant)
+            self._give_up(r)
+        return grant
+
+    async def _acquire(self, r: Routing, now: float | None = None) -> Grant:
+        if now is None:
+            now = self.clock.now()  # one reading for the checks up to the first await
+        if r.expired(now):
+            self._give_up(r)
+        usable = r.usable(self.targets, self.state.pinned)
+        refused = r.refusal(self.targets, self.state.pinned, now, usable=usable)
+        if refused is not None:
+            self._skips(r, None, now)
+            refused.attempts = tuple(r.attempts)
+            raise refused
+        # Nobody waiting: go now if a target admits. Otherwise take a place in line.
+        grant = None if len(self._queue) else await self._admit_any(r, now=now, usable=usable)
+        if grant is None:
+            self._wanted(r, r.usable(self.targets, self.state.pinned))
+        while grant is None:
+            try:
+                waited = await self._queue.wait(r.id, r, r.left(self.clock.now()))
+            except TimeoutError:
+                self._give_up(r)
+            if waited[0].state.holds(waited[1]):
+                grant = waited
+            else:  # tripped by hand since the hand-over
+                await self._give_back(waited)
+        self.journal.unwait(r)
+        return grant
+
+    def admits_in(self) -> dict[str, float | None]:
+        """Per target, seconds until it may admit a request (see targets.admits_in)."""
+        return admits_in(self.targets, self.clock.now())
+
+    def _give_up(self, r: Routing, before: str = "") -> NoReturn:
+        failure = r.last_failure or Failure(Kind.CAPACITY, "no model admitted the request in time")
+        now = self.clock.now()
+        self._skips(r, None, now)  # why it could use none of the others in time
+        passed = r.deadline_passed(now)
+        last = f"last: {failure.kind.value}: {failure.reason}"
+        raise DeadlineExceeded(failure, r.attempts, f"{before}{passed}; {last}", passed=passed)
+
+    # ------------------------------------------------------------ attempts
+
+    def _begin(self, r: Routing, t: Target, stream: bool) -> tuple[int, float, float, Request]:
+        number = r.sent + 1
+        now, wall = self.clock.now(), self.clock.wall()  # the attempt's start, its events' too
+        self._skips(r, t, now, wall)
+        self.journal.started(r, t, number, at=now, wall=wall)
+        r.last_model = t.model.name
+        req = self.executor.request(t, r.request, stream=stream, time_left=r.left(now))
+        r.sending_dropped, r.sending_lowered = req.dropped, req.lowered
+        self.journal.in_flight += 1
+        return number, wall, now, req
+
+    async def _stream_attempt(self, r: Routing, t: Target, adm: Admission) -> AsyncIterator[Any]:
+        number, wall, t0, req = self._begin(r, t, True)
+        stream = self.executor.stream(req, wall=wall)
+        chunks = stream.chunks()
+        ended = False
+        try:
+            async for chunk in chunks:
+                yield chunk
+            await chunks.aclose()  # type: ignore[attr-defined]
+            self.journal.in_flight -= 1
+            ended = True
+            yield _End(await self._settle(r, t, adm, stream.answer, number, wall, t0))
+        finally:
+            if not ended:
+                self.journal.in_flight -= 1
+                await chunks.aclose()  # type: ignore[attr-defined]
+                await self.executor.cancel(t, adm)
+
+    async def _settle(
+        self, r: Routing, t: Target, adm: Admission, answer: Answer, number: int, wall: float, t0: float
+    ) -> ChatResult | Grant | None:
+        """What one attempt's answer means: the result, a grant to go on with at once, or
+        None (wait in line, or go on with the next target)."""
+        # Only the first refusal of the token parameter is learned: a second is a bad request.
+        out = await self.executor.finish(t, adm, answer, t0, relearn=not r.switched, api=r.request.api)
+        now = self.clock.now()
+        failure, latency = out.failure, out.latency
+
+        def record(decision: Decision, wait: float = 0.0) -> None:
+            status, dropped = answer.status, answer.dropped
+            self._note(r, self.journal.attempt(r, t, number, wall, status, failure, wait, latency, decision, dropped))
+
+        if out.relearned:
+            # The other token parameter from now on, and at once on the same admission.
+            r.switched = True
+            record(Decision.RETRY)
+            return t, adm
+        if failure is None:
+            record(Decision.OK)
+            self.journal.done(r, t, ok=True, now=now)
+            return result_of(
+                answer, t, r.request.api, tuple(r.attempts), now - r.started, r.id, r.first_choice, r.sending_lowered
+            )
+        self.journal.failed_attempt(r, t, number, answer.status, failure)
+        r.last_failure = failure
+        if answer.output_sent:  # a stream that broke after output reached the caller: never retried
+            record(Decision.FAIL)
+            if r.expired(now):
+                self._give_up(r, "stream broke after output was sent: ")
+            reason = f"{failure.kind.value}: {failure.reason}"
+            raise RequestFailed(failure, r.attempts, f"stream broke after output was sent: {reason}")
+        pinned = self.state.pinned
+        step = plan(
+            r,
+            t,
+            failure,
+            number=number,
+            max_attempts=self.config.client.max_attempts,
+            has_other=lambda tid, window: any(
+                u.id != tid and u.model.context_window > window for u in r.usable(self.targets, pinned, stick=False)
+            ),
+            spend_retry=self.state.spend_retry,
+            now=now,
+            elsewhere=lambda: r.earliest_elsewhere(self.targets, pinned, t.model.name, now),
+        )
+        r.apply(step)
+        if step.decision is not Decision.RETRY:
+            record(step.decision)
+            if step.expired:
+                self._give_up(r)
+            if step.decision is Decision.FAIL:
+                raise RequestFailed(failure, r.attempts, step.message)
+            return None  # FALLBACK: the next target at once
+        # Another key or model with room now: go at once (no waiter could use that slot,
+        # or it would have been handed over). Else wait in line, backing off from ``t``.
+        grant = None if len(self._queue) else await self._admit_any(r)
+        if grant is not None:
+            record(Decision.FALLBACK if grant[0].model.name != t.model.name else Decision.RETRY)
+            return grant
+        record(Decision.RETRY, step.wait)
+        self.journal.show_wait(r, step.wait, failure.reason)
+        return None
+
+
+def build_snapshot(client: FallbackClient, journal: Journal, queued: int) -> EngineSnapshot:
+    now = client.clock.now()
+    rows = []
+    for t in client.targets:
+        v = t.state.view()
+        b, lim = v.breaker, v.limiter
+        rows.append(
+            TargetSnapshot(
+                target=t.id,
+                model=t.model.name,
+                endpoint=t.endpoint.name,
+                key_alias=t.key.alias,
+                rank=t.rank,
+                state=b.state,
+                manual=b.manual,
+                consecutive_failures=b.consecutive_failures,
+                cooldown_until=b.next_probe_at,
+                ramp_share=b.ramp_share,
+                trips=b.trips,
+                breaker_reason=b.reason,
+                limit=lim.limit,
+                in_flight=lim.in_flight,
+                key_state=v.key_state,
+                key_until=v.key_until,
+                key_reason=v.key_reason,
+                windows=t.stats.windows(now),
+                spark=t.stats.spark(now),
+                last_status=t.last_status,
+                last_kind=t.last_kind,
+                probe_latency=t.probe_latency,
+                probe_interval=b.probe_interval,
+                probes_failed=b.probes_failed,
+                ramp_slots=v.ramp_slots,
+                capacity=lim.capacity,
+                token_param=client.token_param(t.model.name),
+                api=t.endpoint.api,
+                unreachable_reason=t.reach.cause,
+                never_reached=not t.reach.answered,
+            )
+        )
+    return EngineSnapshot(
+        now=now,
+        wall=client.clock.wall(),
+        pinned=client.pinned,
+        targets=tuple(rows),
+        waiting=journal.waits(),
+        queued=queued,
+        in_flight=journal.in_flight,
+        requests=journal.requests,
+        succeeded=journal.succeeded,
+        failed=journal.failed,
+        cancelled=journal.cancelled,
+        events_published=client.bus.published,
+        shared=client.state.shared_status(),
+    )

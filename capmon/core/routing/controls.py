@@ -1,0 +1,68 @@
+"""What a person (the dashboard, the gateway's control API) does to the client by hand:
+pin a model, trip, force-close or reset a breaker. Manual states are first class: they win
+over the breaker's own moves until reset (ARCHITECTURE.md, "The breaker")."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from capmon.core.base.exceptions import CapmonError
+from capmon.core.control.seam import StateStore
+from capmon.core.providers.openai_wire import TokenParams
+from capmon.core.routing.targets import Target
+from capmon.core.types.config import Config
+
+if TYPE_CHECKING:
+    from capmon.core.routing.client import Grant
+    from capmon.core.routing.waiting import WaitQueue
+
+
+class ManualControls:
+    """Mixed into the FallbackClient, whose attributes these are."""
+
+    config: Config
+    state: StateStore
+    targets: list[Target]
+    _by_id: dict[str, Target]
+    _token_param: TokenParams
+    _queue: WaitQueue[Grant]
+
+    @property
+    def pinned(self) -> str | None:
+        return self.state.pinned
+
+    def model_names(self) -> list[str]:
+        return [m.name for m in self.config.models]
+
+    def target(self, name: str) -> Target:
+        return self._by_id[name]
+
+    def token_param(self, model: str) -> str:
+        """The token parameter the client sends to ``model`` now (learned or configured)."""
+        return self._token_param[model].value
+
+    def pin(self, model: str | None) -> None:
+        """Send traffic to ``model`` first, whatever the order says; ``None`` goes back to automatic."""
+        if model is not None and model not in self.model_names():
+            raise CapmonError(f"no model named {model!r}; models: {', '.join(self.model_names())}")
+        self.state.pin(model)
+        self._queue.regroup()
+
+    def _manual(self, name: str, action: Callable[[Target], None]) -> None:
+        found = [t for t in self.targets if t.id == name or t.model.name == name]
+        if not found:
+            raise CapmonError(f"no model or target named {name!r}")
+        for t in found:
+            action(t)
+        self._queue.regroup()
+
+    def trip(self, name: str, reason: str = "tripped by hand") -> None:
+        self._manual(name, lambda t: t.state.trip(reason))
+
+    def force_close(self, name: str, reason: str = "closed by hand") -> None:
+        self._manual(name, lambda t: t.state.force_close(reason))
+
+    def reset(self, name: str, reason: str = "reset by hand") -> None:
+        """Close the breaker and clear a parked or disabled key."""
+        self._manual(name, lambda t: t.state.reset(reason))

@@ -1,0 +1,589 @@
+"""config.toml -> frozen, validated dataclasses.
+
+Every error names the file, the key (``models[1].max_tokens``) and what was
+expected; an unknown key is refused with the closest valid name (the reading and
+checking of each field is capmon/core/base/schema.py, shared with scenarios). Secrets never
+live in the file: an endpoint's key names the environment variable that holds it,
+and a missing variable is reported when the config is resolved at start.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import enum
+import ipaddress
+import os
+import re
+import urllib.parse
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from capmon.core.base.exceptions import ConfigError
+from capmon.core.base.schema import Loader, key_text, parse_toml, read_text
+from capmon.core.base.schema import spec as _f
+from capmon.core.base.secrets import Secret
+
+# The key the bundled simulator accepts. Not a secret: it only opens a loopback
+# simulator, and it is used only for endpoints marked ``simulated = true``.
+SIMULATOR_DEMO_KEY = "sk-capmon-sim-demo"
+
+# The simulator's default address, and the bounds of the dashboard's refresh interval
+# (the [dashboard] key and the --refresh flag).
+DEFAULT_LISTEN = "127.0.0.1:8089"
+REFRESH_MIN, REFRESH_MAX = 0.05, 10.0
+
+
+class AnthropicVersion(enum.StrEnum):
+    """The ``anthropic-version`` header: which rules the API applies to a request."""
+
+    V2026_10_21 = "2026-10-21"  # the current one; the Python 2.x / TypeScript 1.x SDKs send it
+    V2023_06_01 = "2023-06-01"  # older SDKs still send it
+
+    @property
+    def refuses_sampling(self) -> bool:
+        """2026-10-21 answers 400 to temperature / top_p / top_k, even at their defaults."""
+        return self is AnthropicVersion.V2026_10_21
+
+    @property
+    def refuses_assistant_documents_and_user_citations(self) -> bool:
+        return self is AnthropicVersion.V2026_10_21
+
+
+DEFAULT_VERSION = AnthropicVersion.V2026_10_21
+
+
+class EndpointApi(enum.StrEnum):
+    """Which provider API an endpoint speaks (``[[endpoints]] api``)."""
+
+    OPENAI = "openai"  # {base_url}/chat/completions and /responses, Authorization: Bearer
+    ANTHROPIC = "anthropic"  # {base_url}/v1/messages, x-api-key and anthropic-version
+    AZURE = "azure"  # Azure OpenAI's deployment URLs or its v1 API, the api-key header
+
+
+class DropRule(enum.StrEnum):
+    """What to do with fields a target cannot take but whose absence leaves an answer's
+    meaning whole: sampling parameters (temperature, top_p, top_k) its API version refuses
+    (``[client] refused_sampling``), and Anthropic's caching and thinking hints an OpenAI-wire
+    target cannot honour (``[client] unhonoured_hints``)."""
+
+    DROP = "drop"  # send without them; the attempt record and x-capmon-dropped say which
+    SKIP = "skip"  # do not send the request there: the target is skipped as incapable
+
+
+# Azure's v1 API ({base_url}/openai/v1/...) takes no api-version; any other value is the
+# classic deployment URL's ?api-version=.
+AZURE_V1 = "v1"
+
+
+@dataclass(frozen=True)
+class ClientConfig:
+    attempt_timeout: float = _f(60.0, min=0.001, doc="seconds one attempt may take")
+    connect_timeout: float = _f(10.0, min=0.001, doc="seconds to open a connection")
+    deadline: float = _f(900.0, min=0.001, doc="seconds a request may take, waits included")
+    max_attempts: int = _f(50, min=1, doc="attempts per request across all models")
+    retry_budget: float = _f(0.2, min=0.0, max=10.0, doc="transient retries allowed per first attempt")
+    max_connections: int = _f(256, min=1, doc="connections to the providers held open at most (the transport's pool)")
+    batch_share: float = _f(
+        0.2, min=0.0, max=1.0, doc="share of freed slots batch requests keep while interactive ones wait"
+    )
+    max_response_bytes: int = _f(
+        8 * 1024 * 1024, min=1024, doc="largest response body (or stream) read; past it the answer fails as oversized"
+    )
+    transport: str = _f(
+        "auto",
+        choices=("auto", "httpx", "aiohttp"),
+        doc=(
+            "the HTTP transport under httpx's API: aiohttp (fast; the aiohttp extra), httpx (httpcore),"
+            " or auto: aiohttp when its extra is installed, else httpx"
+        ),
+    )
+    refused_sampling: DropRule = _f(
+        DropRule.DROP,
+        doc="sampling parameters a target's API version refuses: drop (send without, recorded) or skip the target",
+    )
+    cap_client_tokens: bool = _f(
+        False,
+        doc=(
+            "a model's max_tokens is a ceiling on the caller's own max_tokens / max_completion_tokens /"
+            " max_output_tokens (false: the caller's is sent as given; the model's is the default when it gives none)"
+        ),
+    )
+    unhonoured_hints: DropRule = _f(
+        DropRule.DROP,
+        doc=(
+            "Anthropic hints an OpenAI-wire target cannot honour (cache_control, thinking adaptive or"
+            " disabled, the default effort): drop (send without, recorded) or skip the target"
+        ),
+    )
+
+
+@dataclass(frozen=True)
+class BackoffConfig:
+    base: float = _f(0.5, min=0.0, doc="full jitter: the n-th retry waits U(0, min(cap, base * 2^n)) seconds")
+    cap: float = _f(30.0, min=0.0, doc="the longest a retry waits when the server gave no hint")
+    transient_cap: float = _f(5.0, min=0.0, doc="the cap after a transient failure (timeouts, resets, 5xx): shorter")
+    hint_spread: float = _f(0.5, min=0.0, max=10.0, doc="a hint h waits U(h, h * (1 + spread))")
+    max_hint: float = _f(3600.0, min=0.0, doc="a 429 whose hint is this long or longer is a quota that resets later")
+
+
+@dataclass(frozen=True)
+class BreakerConfig:
+    failure_threshold: int = _f(3, min=1, doc="consecutive capacity failures that trip the breaker")
+    failure_ratio: float = _f(
+        0.5, min=0.0, max=1.0, doc="... or this share of attempts failing for capacity over ratio_window trips it"
+    )
+    ratio_window: float = _f(60.0, min=1.0, doc="seconds of attempts the failure ratio is taken over")
+    ratio_min_requests: int = _f(20, min=1, doc="attempts the window must hold before its ratio can trip the breaker")
+    probe_interval: float = _f(2.0, min=0.0, doc="seconds from a trip to the first probe of the open model")
+    cooldown: float = _f(60.0, min=0.0, doc="the longest interval between probes while a model stays down")
+    cooldown_multiplier: float = _f(2.0, min=1.0, doc="each failed probe multiplies the interval by this")
+    cooldown_max: float = _f(1800.0, min=0.0, doc="the longest a server hint may hold off the next probe")
+    probe_share: float = _f(
+        0.02,
+        min=0.0,
+        max=1.0,
+        doc="while a model is down, probes are at most this share of the requests that wanted it (0: slow schedule)",
+    )
+    probe_floor: float = _f(1.0, min=0.0, doc="seconds between two probes of a model at least, whatever the demand")
+    half_open_probes: int = _f(1, min=1, doc="probes that must succeed before the ramp starts")
+    ramp_start: float = _f(0.25, min=0.0, max=1.0, doc="share of the learned concurrency admitted when the ramp starts")
+    ramp_duration: float = _f(60.0, min=0.0, doc="the ramp's ceiling: full traffic after this long however little came")
+
+
+@dataclass(frozen=True)
+class LimiterConfig:
+    initial: int = _f(8, min=1, doc="a target's concurrency limit before any answer (from min to max)")
+    min: int = _f(1, min=1, doc="the lowest the limit goes (at most max)")
+    max: int = _f(64, min=1, doc="the highest the limit goes; a model's max_concurrency may lower it")
+    decrease: float = _f(
+        0.5, min=0.01, max=0.99, doc="multiplicative decrease when rejections come below the learned capacity"
+    )
+
+
+# The alias of the one target of an endpoint with ``keys = []``: it sends no key.
+NO_KEY = "no-key"
+
+
+@dataclass(frozen=True)
+class KeyConfig:
+    env: str = _f(doc="name of the environment variable that holds the key")
+    alias: str = _f("", doc="how the key is shown; defaults to the variable name")
+
+
+@dataclass(frozen=True)
+class EndpointConfig:
+    name: str = _f(doc="what models call it in their endpoints (unique)")
+    base_url: str = _f(doc="the provider's http:// or https:// URL; the endpoint's API adds its own paths (api)")
+    keys: tuple[KeyConfig, ...] = _f(factory=tuple, doc="the variables holding its keys; [] for a server without keys")
+    simulated: bool = _f(False, doc="served by the bundled simulator: a missing key uses its demo key")
+    headers: Mapping[str, str] = _f(factory=dict, doc="extra headers every request to it sends (anthropic-beta = ...)")
+    api: EndpointApi = _f(EndpointApi.OPENAI, doc="the provider API it speaks: openai, anthropic or azure")
+    anthropic_version: AnthropicVersion = _f(
+        DEFAULT_VERSION, doc="api = anthropic: the anthropic-version header (2026-10-21 or 2023-06-01)"
+    )
+    api_version: str = _f(
+        "", doc='api = azure: the classic deployment URL\'s api-version; "" or "v1" for the v1 API (/openai/v1)'
+    )
+
+    @property
+    def azure_classic(self) -> bool:
+        """Azure's deployment URL (``/openai/deployments/{model}/...?api-version=``)."""
+        return self.api is EndpointApi.AZURE and self.api_version not in ("", AZURE_V1)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str = _f(doc="the name callers use (model= in a request, x-capmon-model in a reply; unique)")
+    api_model: str = _f("", doc="the model name sent to the provider; defaults to name")
+    endpoints: tuple[str, ...] = _f(
+        factory=tuple, doc="the endpoints that serve it, in the order they are tried (at least one)"
+    )
+    context_window: int = _f(
+        128_000,
+        min=1,
+        doc="the prompt a request may bring, with its output; a request that does not fit skips the model",
+    )
+    max_tokens: int = _f(
+        1024,
+        min=1,
+        doc=(
+            "the output cap sent when the caller gives none (a ceiling on the caller's too with"
+            " [client] cap_client_tokens); at most context_window"
+        ),
+    )
+    rpm: int = _f(0, min=0, doc="requests per minute it may send with each endpoint and key (a bucket each); 0: none")
+    tpm: int = _f(
+        0, min=0, doc="tokens per minute, the same way (a request is charged its prompt and output cap); 0: none"
+    )
+    max_concurrency: int = _f(
+        0, min=0, doc="requests in flight to one target at most: a ceiling on the adaptive limit; 0: the [limiter] max"
+    )
+    token_param: str = _f(
+        "max_tokens",
+        choices=("max_tokens", "max_completion_tokens"),
+        doc="how the token cap is sent; reasoning models want max_completion_tokens (learned after one refusal anyway)",
+    )
+
+    @property
+    def wire_name(self) -> str:
+        return self.api_model or self.name
+
+
+@dataclass(frozen=True)
+class SimulatorConfig:
+    enabled: bool = _f(True, doc="start the simulated provider in-process (or use one already listening at listen)")
+    listen: str = _f(DEFAULT_LISTEN, doc="HOST:PORT the simulator listens on (a fixed port)")
+    scenario: str = _f("demo", doc="a bundled scenario name or a path to a scenario TOML")
+
+
+@dataclass(frozen=True)
+class DashboardConfig:
+    refresh: float = _f(0.33, min=REFRESH_MIN, max=REFRESH_MAX, doc="seconds between table refreshes")
+    probe_interval: float = _f(5.0, min=0.1, doc="seconds between the dashboard's own probes of every target")
+    demo_items: int = _f(2000, min=0, doc="items in each round of the demo job, the dashboard's traffic without --job")
+
+
+@dataclass(frozen=True)
+class GatewayKeyConfig:
+    env: str = _f(doc="name of the environment variable that holds a client key of the gateway")
+    alias: str = _f("", doc="how the key is shown; defaults to the variable name")
+    priority: str = _f(
+        "interactive",
+        choices=("interactive", "batch"),
+        doc="the priority of this key's requests; a batch key's requests are always batch",
+    )
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    """``capmon serve`` (capmon/gateway): checked against the models when the gateway starts."""
+
+    listen: str = _f("127.0.0.1:4000", doc="HOST:PORT; beyond loopback only with client keys")
+    deadline: float = _f(
+        540.0,
+        min=0.001,
+        doc=(
+            "seconds a request without x-capmon-deadline may take, waits included (at most [client] deadline):"
+            " below the openai SDKs' 600 s timeout, so a client sees the answer rather than its own timeout"
+        ),
+    )
+    keys: tuple[GatewayKeyConfig, ...] = _f(
+        factory=tuple, doc="the client keys; without any the gateway takes any key and listens on loopback only"
+    )
+    admin_key_env: str = _f("", doc="variable holding the key the control API's actions need; read-only without")
+    aliases: Mapping[str, str] = _f(
+        factory=dict,
+        doc="a model name clients send, or a pattern of them (claude-*), -> a configured model (or auto)",
+    )
+    max_body_bytes: int = _f(16 * 1024 * 1024, min=1024, doc="largest request body the gateway reads")
+    # What a body costs is its objects, not its bytes (600,000 tiny blocks in 16 MiB parse into
+    # 150 MB, and every check, the estimate and a translation walk them again): these bound
+    # them, far above real traffic (Claude Code sends a few hundred blocks and about 100 tools,
+    # a long session a few thousand messages; OpenAI itself takes 128 tools).
+    max_messages: int = _f(5_000, min=1, doc="messages (a Responses request's input items) a request may carry")
+    max_content_blocks: int = _f(
+        10_000,
+        min=1,
+        doc="content blocks a request may carry in all: content parts, tool calls, tool results' blocks, system blocks",
+    )
+    max_tools: int = _f(1_000, min=1, doc="tools a request may offer")
+    header_timeout: float = _f(
+        10.0, min=0.01, max=3600.0, doc="seconds a connection has to send a request's complete headers"
+    )
+    keep_alive_timeout: float = _f(15.0, min=0.01, max=3600.0, doc="seconds an idle connection stays open")
+    write_timeout: float = _f(
+        30.0,
+        min=0.01,
+        max=3600.0,
+        doc="seconds a client may leave an answer's bytes unread; past it the answer is cancelled, its slot freed",
+    )
+    max_connections: int = _f(
+        1000, min=1, doc="open client connections at most; past it a new one gets a 503 and is closed"
+    )
+    cors_origins: tuple[str, ...] = _f(
+        factory=tuple, doc="browser origins (scheme://host[:port]) allowed to call the gateway, with CORS"
+    )
+    access_log: str = _f("", doc="a file (appended to) for one JSON line per request, - for stderr; empty: none")
+    workers: int = _f(
+        1,
+        min=1,
+        max=64,
+        doc="processes serving one port (SO_REUSEPORT); more than 1 shares their state through [shared] redis",
+    )
+    http: str = _f(
+        "httptools", choices=("httptools", "h11"), doc="the HTTP/1.1 parser: httptools (C, the default) or h11"
+    )
+    loop: str = _f("asyncio", choices=("asyncio", "uvloop"), doc="the event loop: asyncio, or uvloop when installed")
+
+
+@dataclass(frozen=True)
+class SharedConfig:
+    """``[shared]``: several processes acting as one client through Redis (capmon/fleet)."""
+
+    backend: str = _f("memory", choices=("memory", "redis"), doc="memory: this process alone; redis: the namespace's")
+    url: str = _f("", doc="redis://host:port/db; without a password (use url_env for one)")
+    url_env: str = _f("", doc="environment variable holding the Redis URL, for a URL with a password")
+    namespace: str = _f("capmon", doc="prefix of every Redis key: processes on one namespace share their state")
+    required: bool = _f(False, doc="true: exit 2 when Redis is unreachable at start; false: warn, run locally")
+    lease_ttl: float = _f(5.0, min=0.05, max=3600.0, doc="seconds a killed process's concurrency slots stay taken")
+    heartbeat: float = _f(1.0, min=0.01, max=60.0, doc="seconds between heartbeats (registry, lease renewal)")
+    reconcile: float = _f(1.0, min=0.01, max=60.0, doc="seconds between full reads: the backstop for missed news")
+
+
+@dataclass(frozen=True)
+class TelemetryConfig:
+    """``[telemetry]``: the gateway's traces (OpenTelemetry, the ``otel`` extra: capmon/gateway/traces.py).
+    Export headers (a collector's token) come from OTEL_EXPORTER_OTLP_HEADERS, never from this file."""
+
+    otlp_endpoint: str = _f(
+        "",
+        doc="OTLP/HTTP collector, e.g. http://127.0.0.1:4318 (/v1/traces added when it has no path); empty: no traces",
+    )
+    service_name: str = _f("capmon-gateway", nonempty=True, printable=True, doc="the spans' service.name")
+
+
+@dataclass(frozen=True)
+class Config:
+    models: tuple[ModelConfig, ...] = _f(
+        factory=tuple, doc="the models, in preference order: the first that admits a request gets it (at least one)"
+    )
+    endpoints: tuple[EndpointConfig, ...] = _f(
+        factory=tuple,
+        doc="where the models are served: each a URL, the provider API it speaks and its keys (at least one)",
+    )
+    client: ClientConfig = _f(factory=ClientConfig, doc="how each request is sent, and how long it may take")
+    backoff: BackoffConfig = _f(factory=BackoffConfig, doc="how long a request waits before it tries again")
+    breaker: BreakerConfig = _f(
+        factory=BreakerConfig, doc="when a target's breaker trips, how it is probed while down, how traffic ramps back"
+    )
+    limiter: LimiterConfig = _f(
+        factory=LimiterConfig, doc="the adaptive concurrency limit of each target, which learns the provider's capacity"
+    )
+    simulator: SimulatorConfig = _f(factory=SimulatorConfig, doc="the bundled simulated provider")
+    dashboard: DashboardConfig = _f(factory=DashboardConfig, doc="the dashboard (capmon)")
+    gateway: GatewayConfig = _f(
+        factory=GatewayConfig, doc="capmon serve: the OpenAI- and Anthropic-compatible HTTP gateway"
+    )
+    shared: SharedConfig = _f(
+        factory=SharedConfig, doc="several processes acting as one client through Redis (the fleet)"
+    )
+    telemetry: TelemetryConfig = _f(
+        factory=TelemetryConfig,
+        doc="the gateway's traces (OpenTelemetry, the otel extra); none without an otlp_endpoint",
+    )
+    path: str = field(default="<defaults>", compare=False)
+
+    def model(self, name: str) -> ModelConfig:
+        for m in self.models:
+            if m.name == name:
+                return m
+        raise KeyError(name)
+
+    def endpoint(self, name: str) -> EndpointConfig:
+        for e in self.endpoints:
+            if e.name == name:
+                return e
+        raise KeyError(name)
+
+
+# ---------------------------------------------------------------- loading
+
+
+def is_loopback(host: str) -> bool:
+    """Whether a listen host is this machine only (the simulator's admin and the gateway
+    without client keys serve nothing beyond it)."""
+    if host.lower() in ("localhost", "localhost."):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a name other than localhost may resolve anywhere
+
+
+def parse_listen(listen: str, *, fixed: bool = False) -> tuple[str, int]:
+    """``HOST:PORT`` (``[::1]:8089`` for IPv6) -> (host, port). Port 0 asks for any free
+    port, unless ``fixed`` (an address clients are pointed at). ValueError otherwise."""
+    host, sep, port = listen.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not (1 if fixed else 0) <= int(port) < 65536:
+        raise ValueError(f"expected HOST:PORT such as {DEFAULT_LISTEN}, got {listen!r}")
+    return host, int(port)
+
+
+def _names(names: set[str]) -> str:
+    return ", ".join(repr(n) for n in sorted(names))
+
+
+def _new_name(fail: Callable[[str, str], ConfigError], key: str, name: str, seen: set[str], what: str) -> None:
+    """A name that identifies its table: non-empty, printable, and not used before."""
+    if not name or not name.isprintable():
+        raise fail(key, f"expected a non-empty name without control characters, got {name!r}")
+    if name in seen:
+        raise fail(key, f"duplicate {what} name {name!r}")
+    seen.add(name)
+
+
+_HEADER_NAME = re.compile(r"[A-Za-z0-9!#$%&'*+.^_`|~-]+")
+_API_VERSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def _check(cfg: Config, file: str) -> Config:
+    def fail(key: str, message: str) -> ConfigError:
+        return ConfigError(file, key, message)
+
+    if not cfg.models:
+        raise fail("models", "expected at least one [[models]] table")
+    if not cfg.endpoints:
+        raise fail("endpoints", "expected at least one [[endpoints]] table")
+    seen: set[str] = set()
+    for i, e in enumerate(cfg.endpoints):
+        _new_name(fail, f"endpoints[{i}].name", e.name, seen, "endpoint")
+        if not e.base_url.startswith(("http://", "https://")):
+            raise fail(f"endpoints[{i}].base_url", f"expected an http:// or https:// URL, got {e.base_url!r}")
+        if e.api_version and e.api is not EndpointApi.AZURE:
+            raise fail(f"endpoints[{i}].api_version", f'only for api = "azure" (this endpoint is api = "{e.api}")')
+        if e.api_version and not _API_VERSION.fullmatch(e.api_version):
+            raise fail(
+                f"endpoints[{i}].api_version",
+                f'expected an Azure api-version such as "2024-10-21", or "v1", got {e.api_version!r}',
+            )
+        for name, value in e.headers.items():
+            where = f"endpoints[{i}].headers.{key_text(name)}"
+            if not _HEADER_NAME.fullmatch(name):
+                raise fail(where, f"expected an HTTP header name (letters, digits, - and _), got {name!r}")
+            if not all(" " <= ch <= "~" or "\x80" <= ch <= "\xff" for ch in value) or value != value.strip():
+                raise fail(
+                    where,
+                    "expected a header value of printable Latin-1 characters without leading or "
+                    f"trailing spaces, got {value!r}",
+                )
+        aliases: set[str] = set()
+        for j, k in enumerate(e.keys):
+            if not k.env or not k.env.replace("_", "").isalnum():
+                raise fail(f"endpoints[{i}].keys[{j}].env", f"expected an environment variable name, got {k.env!r}")
+            alias = k.alias or k.env
+            if not alias.isprintable():
+                raise fail(
+                    f"endpoints[{i}].keys[{j}].alias", f"expected a name without control characters, got {alias!r}"
+                )
+            if alias in aliases:
+                raise fail(f"endpoints[{i}].keys[{j}].alias", f"duplicate key alias {alias!r}")
+            aliases.add(alias)
+    names: set[str] = set()
+    for i, m in enumerate(cfg.models):
+        _new_name(fail, f"models[{i}].name", m.name, names, "model")
+        if not m.endpoints:
+            raise fail(f"models[{i}].endpoints", f"expected a list of endpoint names from: {_names(seen)}")
+        for j, ep in enumerate(m.endpoints):
+            if ep not in seen:
+                close = difflib.get_close_matches(ep, list(seen), n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else f"; known: {_names(seen)}"
+                raise fail(f"models[{i}].endpoints[{j}]", f"no endpoint named {ep!r}{hint}")
+        if m.max_tokens > m.context_window:
+            raise fail(
+                f"models[{i}].max_tokens", f"expected at most context_window ({m.context_window}), got {m.max_tokens}"
+            )
+    if cfg.limiter.min > cfg.limiter.max:
+        raise fail("limiter.min", f"expected at most limiter.max ({cfg.limiter.max}), got {cfg.limiter.min}")
+    if not cfg.limiter.min <= cfg.limiter.initial <= cfg.limiter.max:
+        raise fail("limiter.initial", f"expected between limiter.min and limiter.max, got {cfg.limiter.initial}")
+    try:
+        parse_listen(cfg.simulator.listen, fixed=True)
+    except ValueError as e:
+        raise fail("simulator.listen", str(e)) from None
+    _check_otlp(fail, cfg.telemetry.otlp_endpoint)
+    return cfg
+
+
+def _check_otlp(fail: Callable[[str, str], ConfigError], url: str) -> None:
+    if not url:
+        return
+    try:
+        parts = urllib.parse.urlsplit(url)
+        # .port raises ValueError for a port that is not a number from 0 to 65535
+        good = parts.scheme in ("http", "https") and bool(parts.hostname) and (parts.port or 0) >= 0
+    except ValueError:
+        good = False
+    if "@" in url or "?" in url:  # a collector's token goes in OTEL_EXPORTER_OTLP_HEADERS, and is not echoed
+        raise fail(
+            "telemetry.otlp_endpoint",
+            "expected a URL without credentials or a query (a token: the "
+            "OTEL_EXPORTER_OTLP_HEADERS environment variable)",
+        )
+    if not good:
+        raise fail(
+            "telemetry.otlp_endpoint", f"expected an http:// or https:// URL such as http://127.0.0.1:4318, got {url!r}"
+        )
+
+
+def parse_config(text: str, file: str = "<string>") -> Config:
+    cfg = Loader(file).table(Config, parse_toml(text, file), "")
+    cfg = dataclasses.replace(cfg, path=file)
+    return _check(cfg, file)
+
+
+def load_config(path: str | os.PathLike[str]) -> Config:
+    return parse_config(read_text(path), str(Path(path)))
+
+
+def bundled_config_path() -> Path:
+    return Path(__file__).resolve().parents[2] / "default_config.toml"  # capmon/default_config.toml
+
+
+def user_config_path() -> Path:
+    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return Path(base) / "capmon" / "config.toml"
+
+
+def find_config(explicit: str | None = None, environ: Mapping[str, str] | None = None, cwd: Path | None = None) -> Path:
+    """``--config``, then ``CAPMON_CONFIG``, then ./config.toml, then the user config
+    dir, then the bundled default (the simulator demo)."""
+    env = os.environ if environ is None else environ
+    if explicit:
+        return Path(explicit)
+    if env.get("CAPMON_CONFIG"):
+        return Path(env["CAPMON_CONFIG"])
+    local = (cwd or Path.cwd()) / "config.toml"
+    if local.is_file():
+        return local
+    user = user_config_path()
+    if user.is_file():
+        return user
+    return bundled_config_path()
+
+
+# ---------------------------------------------------------------- secrets
+
+
+@dataclass(frozen=True)
+class ResolvedKey:
+    endpoint: str
+    alias: str
+    env: str
+    secret: Secret = field(repr=False, compare=False)
+
+
+def resolve_keys(cfg: Config, environ: Mapping[str, str] | None = None) -> dict[tuple[str, str], ResolvedKey]:
+    """Read every key from its environment variable, at start, so that a missing
+    variable is reported now and not at the first request."""
+    env = os.environ if environ is None else environ
+    out: dict[tuple[str, str], ResolvedKey] = {}
+    missing: list[str] = []
+    for i, e in enumerate(cfg.endpoints):
+        if not e.keys:  # keys = []: a server that takes none (a local vLLM, Ollama): nothing is sent
+            out[(e.name, NO_KEY)] = ResolvedKey(e.name, NO_KEY, "", Secret("", NO_KEY))
+        for j, k in enumerate(e.keys):
+            alias = k.alias or k.env
+            value = env.get(k.env, "")
+            if not value:
+                if e.simulated:
+                    value = SIMULATOR_DEMO_KEY
+                else:
+                    missing.append(f"endpoints[{i}].keys[{j}].env: environment variable {k.env} is not set")
+                    continue
+            out[(e.name, alias)] = ResolvedKey(e.name, alias, k.env, Secret(value, alias))
+    if missing:
+        raise ConfigError(cfg.path, missing[0].split(":")[0], "; ".join(m.split(": ", 1)[1] for m in missing))
+    return out

@@ -1,0 +1,243 @@
+"""What goes into and comes out of the FallbackClient."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from capmon.core.types.config import EndpointApi
+from capmon.core.types.failure import Kind
+
+
+class Decision(enum.StrEnum):
+    """What the client did after an attempt."""
+
+    OK = "ok"
+    RETRY = "retry"
+    FALLBACK = "fallback"
+    PARK = "park"  # a batch item put aside to come back later
+    FAIL = "fail"
+    SKIP = "skip"  # not sent: the request passed the target over (``Attempt.skip`` says why)
+
+
+class Skip(enum.StrEnum):
+    """Why a request passed a target over, never sending to it (an ``Attempt`` with
+    ``Decision.SKIP``): what ``x-capmon-skipped``, the access log, the audit, the traces and
+    ``capmon report --item`` name."""
+
+    INCAPABLE = "incapable"  # it cannot carry something the request uses (the detail says what)
+    WINDOW = "window"  # its context window is too small for the prompt
+    TRIPPED = "tripped"  # its breaker was tripped by hand
+    OPEN = "open"  # its breaker is open (or its one probe is out): it admits no request now
+    KEY_DISABLED = "key_disabled"  # its key was refused (auth): disabled until reset by hand
+    KEY_PARKED = "key_parked"  # its key is out of quota until a reset
+    UNREACHABLE = "unreachable"  # its endpoint could not be connected to at its last attempt
+    HELD_OFF = "held_off"  # a server's hint, or its rpm / tpm bucket, holds it off for now
+    FULL = "full"  # every slot it has is in use (its limit, or a ramp's share of it)
+
+
+class Priority(enum.StrEnum):
+    """Who waits first when capacity is scarce: interactive requests get free slots
+    before batch ones, and batch keeps a guaranteed share (``[client] batch_share``)."""
+
+    INTERACTIVE = "interactive"
+    BATCH = "batch"
+
+
+class Api(enum.StrEnum):
+    """Which request format a request speaks (the caller's), or an attempt sends (the target's)."""
+
+    CHAT = "chat"  # OpenAI's /chat/completions
+    RESPONSES = "responses"  # OpenAI's /responses
+    MESSAGES = "messages"  # Anthropic's /v1/messages
+
+
+@dataclass(frozen=True, slots=True)
+class ChatRequest:
+    """One request (chat completions, the Responses API or Anthropic's Messages), before routing.
+
+    ``model`` (optional) is the model to try first; the rest of the preference
+    list still serves as fallbacks. A model pinned by hand wins over it.
+    ``deadline`` (seconds) shortens the config's ``[client] deadline`` for this request.
+    """
+
+    messages: tuple[Mapping[str, Any], ...]
+    model: str | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    item_id: str | None = None  # for events and audit: which batch item this is
+    job: str | None = None
+    priority: Priority = Priority.INTERACTIVE
+    deadline: float | None = None
+    api: Api = Api.CHAT
+    # Anthropic beta features the caller asked for (its ``anthropic-beta`` header): sent on
+    # to an Anthropic-wire target that serves the request in its own format, nowhere else.
+    betas: tuple[str, ...] = ()
+    # The caller's id for the request (the gateway's x-request-id): on its events and audit
+    # records, so one request is found in each. None: a library call that gave none.
+    request_id: str | None = None
+
+    @staticmethod
+    def of(
+        messages: Any,
+        *,
+        model: str | None = None,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+        item_id: str | None = None,
+        job: str | None = None,
+        priority: Priority = Priority.INTERACTIVE,
+        deadline: float | None = None,
+        request_id: str | None = None,
+        **extra: Any,
+    ) -> ChatRequest:
+        """A request from text or messages; any other keyword (tools, response_format,
+        stream_options, ...) is sent to the provider untouched."""
+        if isinstance(messages, str):
+            messages = [{"role": "user", "content": messages}]
+        nested = extra.pop("extra", None)
+        if isinstance(nested, Mapping):  # ChatRequest.of(..., extra={...}) reads as the fields themselves
+            extra = {**nested, **extra}
+        return ChatRequest(
+            messages=tuple(messages),
+            model=model,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            extra=extra,
+            item_id=item_id,
+            job=job,
+            priority=Priority(priority),
+            deadline=deadline,
+            request_id=request_id,
+        )
+
+    @staticmethod
+    def of_body(
+        api: Api,
+        body: Mapping[str, Any],
+        *,
+        model: str | None = None,
+        priority: Priority = Priority.INTERACTIVE,
+        deadline: float | None = None,
+        item_id: str | None = None,
+        betas: tuple[str, ...] = (),
+        request_id: str | None = None,
+    ) -> ChatRequest:
+        """A request in ``api``'s own format (the Responses API, Anthropic's Messages):
+        ``body`` is sent as it is to a target of that format, but ``model``, ``stream`` and
+        the token cap (``max_output_tokens``, ``max_tokens``), which the client owns; to a
+        target of another format it is translated, or that target is skipped."""
+        cap = body.get(_CAP_FIELD[api])
+        return ChatRequest(
+            messages=(),
+            model=model,
+            max_tokens=cap if isinstance(cap, int) and not isinstance(cap, bool) and cap > 0 else None,
+            extra=dict(body),
+            item_id=item_id,
+            priority=Priority(priority),
+            deadline=deadline,
+            api=api,
+            betas=betas,
+            request_id=request_id,
+        )
+
+    @staticmethod
+    def responses(body: Mapping[str, Any], **kw: Any) -> ChatRequest:
+        """A Responses API request (see :meth:`of_body`)."""
+        return ChatRequest.of_body(Api.RESPONSES, body, **kw)
+
+    @staticmethod
+    def anthropic(body: Mapping[str, Any], **kw: Any) -> ChatRequest:
+        """An Anthropic Messages request (see :meth:`of_body`)."""
+        return ChatRequest.of_body(Api.MESSAGES, body, **kw)
+
+
+_CAP_FIELD = {Api.CHAT: "max_tokens", Api.RESPONSES: "max_output_tokens", Api.MESSAGES: "max_tokens"}
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    number: int
+    model: str
+    target: str
+    endpoint: str
+    key_alias: str
+    started: float  # wall clock
+    status: int | None
+    kind: Kind | None  # None: the attempt succeeded
+    reason: str
+    hint: float | None  # server hint, seconds
+    wait: float  # how long the client waited after this attempt before the next one
+    latency: float
+    decision: Decision
+    api: EndpointApi = EndpointApi.OPENAI  # the API of the target's endpoint
+    dropped: tuple[str, ...] = ()  # fields left out because the target's API version refuses them
+    skip: Skip | None = None  # Decision.SKIP: why it was passed over (``reason``: the detail)
+
+
+def sent(attempts: Sequence[Attempt]) -> list[Attempt]:
+    """The attempts that were sent: the record without its skips."""
+    return [a for a in attempts if a.decision is not Decision.SKIP]
+
+
+def skipped(attempts: Sequence[Attempt]) -> list[Attempt]:
+    """The targets a request passed over, each with why (``skip``, ``reason``)."""
+    return [a for a in attempts if a.decision is Decision.SKIP]
+
+
+@dataclass(frozen=True, slots=True)
+class ChatResult:
+    model: str  # the model that served it (config name)
+    endpoint: str
+    target: str
+    content: str
+    response: Mapping[str, Any]
+    attempts: tuple[Attempt, ...]
+    latency: float  # from the call to the answer, waits included
+    usage: Mapping[str, Any] = field(default_factory=dict)
+    request_id: int = 0  # the client's number for the request (events and attempts carry it too)
+    api: EndpointApi = EndpointApi.OPENAI  # the API that served it (the answer is in the caller's format)
+    # The model the request counted on first: the one it asked for, else the pinned one, else
+    # the first of the preference order. "" from a source older than this: not counted.
+    requested: str = ""
+    max_tokens_lowered: int | None = None  # the output cap sent when [client] cap_client_tokens cut the caller's
+
+    @property
+    def dropped(self) -> tuple[str, ...]:
+        """Fields the serving attempt left out because its API version refuses them."""
+        return self.attempts[-1].dropped if self.attempts else ()
+
+    @property
+    def skipped(self) -> list[Attempt]:
+        """The targets it passed over, each with why."""
+        return skipped(self.attempts)
+
+    @property
+    def fell_back(self) -> bool:
+        return self.fallbacks > 0
+
+    @property
+    def fallbacks(self) -> int:
+        """How many times the request moved to another model, the move away from the model
+        it asked for included when that one was never tried (its breaker open, tripped by hand)."""
+        return fallbacks(self.requested, [a.model for a in sent(self.attempts)])
+
+    @property
+    def tool_calls(self) -> list[Mapping[str, Any]]:
+        """The answer's tool calls (streamed or not), [] when there are none."""
+        try:
+            calls = self.response["choices"][0]["message"].get("tool_calls")
+        except (KeyError, IndexError, TypeError, AttributeError):
+            return []
+        return list(calls) if isinstance(calls, list) else []
+
+
+def fallbacks(requested: str, models: list[str]) -> int:
+    """The moves between models along ``models`` (each sent attempt's, the serving one last;
+    a model passed over is no stop on the way), starting from ``requested`` (the model the
+    request counted on first; "" for none)."""
+    path = [requested, *models] if requested else models
+    return sum(1 for a, b in zip(path, path[1:], strict=False) if a != b)
