@@ -27,7 +27,7 @@ from capmon.gateway.context import Gateway, gateway_of
 from capmon.gateway.errors import ApiError
 from capmon.gateway.exchange import Exchanges, ExchangeTracer
 from capmon.gateway.feed import EventFeed
-from capmon.gateway.inbound import ProxiedRoutes, refusal
+from capmon.gateway.inbound import ProxiedRoutes, error_response
 from capmon.gateway.metrics import CONTENT_TYPE, GatewayMetrics
 from capmon.gateway.models import ModelNames
 from capmon.gateway.readiness import readiness
@@ -55,7 +55,7 @@ async def metrics(request: Request) -> Response:
 
 async def _api_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ApiError)
-    return refusal(request.scope, exc)
+    return error_response(request.scope, exc)
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
@@ -66,7 +66,7 @@ async def _http_error(request: Request, exc: Exception) -> Response:
         405: f"{request.method} is not allowed on {request.url.path}"[:200],
     }.get(exc.status_code, exc.detail)
     err = ApiError(exc.status_code, message, "invalid_request_error", kind, headers=dict(exc.headers or {}))
-    return refusal(request.scope, err)
+    return error_response(request.scope, err)
 
 
 def create_app(

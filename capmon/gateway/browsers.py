@@ -90,7 +90,7 @@ class BrowserGuard:
         self.open = settings.open
         self.origins = frozenset(settings.cors_origins)
 
-    def refusal(self, method: str, headers: Headers) -> ApiError | None:
+    def denial(self, method: str, headers: Headers) -> ApiError | None:
         host = headers.get("host")
         if self.open and host is not None and not loopback_host(host):
             return ApiError(
@@ -123,7 +123,7 @@ class BrowserGuard:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
-            err = self.refusal(scope["method"], Headers(scope=scope))
+            err = self.denial(scope["method"], Headers(scope=scope))
             if err is not None:
                 await error_reply(shaped_for(scope.get("path", ""), err))(scope, receive, send)
                 return

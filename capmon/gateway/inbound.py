@@ -1,7 +1,7 @@
 """A proxied request as it comes in: the caller's key, the body within the gateway's cap
 and its limits of shape (capmon/gateway/shape.py), the checked body, and the reply that
 routes it (plain or streamed). The same for every API the gateway speaks; an error raised
-here is told in the shape of the route's API (:func:`refusal`,
+here is told in the shape of the route's API (:func:`error_response`,
 capmon/gateway/anthropic_errors.py).
 
 :class:`ProxiedRoutes` answers the proxied APIs' POSTs ahead of Starlette's exception
@@ -89,7 +89,7 @@ def _too_large(cap: int) -> ApiError:
     )
 
 
-def refusal(scope: Scope, err: ApiError) -> Response:
+def error_response(scope: Scope, err: ApiError) -> Response:
     """The answer to a request refused with ``err``, in its API's shape, counted on its exchange."""
     ex = exchange_of(scope)
     if ex is not None:
@@ -149,5 +149,5 @@ class ProxiedRoutes:
         try:
             reply = await proxied(self.gw, scope, receive, api)
         except ApiError as err:
-            reply = refusal(scope, err)
+            reply = error_response(scope, err)
         await reply(scope, receive, send)

@@ -78,7 +78,7 @@ from capmon.sim.replies import (
     bearer,
     hold,
     read_request,
-    refusal,
+    rejection,
     simulator,
     wire,
 )
@@ -225,7 +225,7 @@ async def serve_chat(request: Request, via: Via) -> Response | DropConnection:
         wire=via.wire,
         tools=may_call(chat.tools, chat.turn),
     )
-    refused = refusal(
+    refused = rejection(
         decision,
         api=Api.CHAT,
         stream=chat.stream,

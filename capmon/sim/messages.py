@@ -40,7 +40,7 @@ from capmon.sim import dialects
 from capmon.sim.dialects import Api, Wire
 from capmon.sim.faults import HANG_SECONDS, HTML_500_PAGE, DropConnection, FaultMode
 from capmon.sim.model import Admitted, Faulted, Simulator, Ticket
-from capmon.sim.replies import BadRequest, SlotStream, hold, read_request, refusal, simulator, wire
+from capmon.sim.replies import BadRequest, SlotStream, hold, read_request, rejection, simulator, wire
 from capmon.sim.streams import answer_pieces, answer_text, argument_pieces, tokens_of
 from capmon.sim.tools import (
     LastTurn,
@@ -373,7 +373,7 @@ async def create_message(request: Request) -> Response:
     def in_stream(_dialect: str, model: str) -> AsyncIterator[bytes]:
         return rejection_stream(mid, model, req.prompt_tokens)
 
-    refused = refusal(
+    refused = rejection(
         decision,
         api=Api.MESSAGES,
         stream=req.stream,

@@ -80,7 +80,7 @@ def simulator(request: Request) -> Simulator:
     return sim
 
 
-def refusal(
+def rejection(
     decision: Decision,
     *,
     api: Api,

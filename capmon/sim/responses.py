@@ -37,7 +37,7 @@ from capmon.sim import dialects
 from capmon.sim.dialects import Api, Wire
 from capmon.sim.faults import HANG_SECONDS, HTML_500_PAGE, DropConnection, FaultMode
 from capmon.sim.model import Admitted, Faulted, Simulator, Ticket
-from capmon.sim.replies import OPENAI_VIA, BadRequest, SlotStream, Via, hold, read_request, refusal, wire
+from capmon.sim.replies import OPENAI_VIA, BadRequest, SlotStream, Via, hold, read_request, rejection, wire
 from capmon.sim.streams import STREAM_CHUNK_TOKENS, answer_text, argument_pieces, tokens_of
 from capmon.sim.tools import (
     LastTurn,
@@ -424,7 +424,7 @@ async def serve_response(request: Request, via: Via) -> Response:
         tools=may_call(req.tools, req.turn),
     )
     created = int(sim.clock.wall())
-    refused = refusal(
+    refused = rejection(
         decision,
         api=Api.RESPONSES,
         stream=req.stream,

@@ -26,8 +26,8 @@ import httpx
 import pytest
 
 from capmon.core.providers.classify import classify_exception
-from capmon.core.routing.client import FallbackClient
 from capmon.core.routing import transport as transport_module
+from capmon.core.routing.client import FallbackClient
 from capmon.core.routing.transport import HttpcoreTransport, TransportKind, make_transport, resolve
 from capmon.core.routing.transport_aiohttp import AiohttpTransport
 from capmon.core.types.failure import Cause, Kind

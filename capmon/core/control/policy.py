@@ -80,7 +80,7 @@ POLICY: dict[Kind, Policy] = {
     # The request provably never reached the server: the endpoint is down, which is news
     # for the breaker (so the prober finds out when it answers again), and no retry budget
     # is spent (nobody was hammered). Whether the request waits for it at all is routing's
-    # rule (capmon/core/routing/route.py, Routing.refusal): not for an endpoint never reached.
+    # rule (capmon/core/routing/route.py, Routing.cannot_wait): not for an endpoint never reached.
     Kind.UNREACHABLE: Policy(BreakerSignal.DOWN, LimiterSignal.NEUTRAL, KeyAction.NONE, Next.FALLBACK_OR_WAIT),
 }
 

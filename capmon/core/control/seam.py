@@ -69,7 +69,7 @@ class TargetView:
 
 class Standing(NamedTuple):
     """A view's key and breaker fields, what ``targets.held`` decides from, read without
-    building the whole view (a request asks before it waits: ``Routing.refusal``)."""
+    building the whole view (a request asks before it waits: ``Routing.cannot_wait``)."""
 
     key_state: KeyState
     key_until: float | None

@@ -104,7 +104,7 @@ class FallbackClient(FormatCalls, ManualControls):
             lambda r, now: r.ready_at(self.targets, self.state.pinned, now),
             lambda r: r.group(self.targets, self.state.pinned, self.clock.now(), self._by_cost),
             batch_share=config.client.batch_share,
-            refuse=lambda r: r.refusal(self.targets, self.state.pinned, self.clock.now()),
+            cannot_wait=lambda r: r.cannot_wait(self.targets, self.state.pinned, self.clock.now()),
         )
         self.state.set_listener(self._news)
         self.journal = Journal(self.clock, self.bus, config.client.max_attempts)
@@ -352,7 +352,7 @@ class FallbackClient(FormatCalls, ManualControls):
         if r.expired(now):
             self._give_up(r)
         usable = r.usable(self.targets, self.state.pinned)
-        refused = r.refusal(self.targets, self.state.pinned, now, usable=usable)
+        refused = r.cannot_wait(self.targets, self.state.pinned, now, usable=usable)
         if refused is not None:
             self._skips(r, None, now)
             refused.attempts = tuple(r.attempts)

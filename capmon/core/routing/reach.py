@@ -4,7 +4,7 @@ timeout: errors.Kind.UNREACHABLE).
 
 A wrong ``base_url``, a proxy, DNS or TLS look like nothing else: no model answers, so a
 request that waited for one would wait until its deadline and then read as "at capacity".
-Routing reads this to answer at once instead (capmon/core/routing/route.py, ``Routing.refusal``:
+Routing reads this to answer at once instead (capmon/core/routing/route.py, ``Routing.cannot_wait``:
 a request waits only for an endpoint that has answered since the process started), and the
 log says it once per endpoint and cause, then a count, never a line per request.
 

@@ -3,7 +3,7 @@ after a failed attempt.
 
 :class:`Routing` is what one request remembers while it is routed. It has one writer,
 the router (capmon/core/routing/client.py): its queries (``usable``, ``candidates``,
-``passed_over``, ``refusal``...) change nothing, and :func:`plan` returns a
+``passed_over``, ``cannot_wait``...) change nothing, and :func:`plan` returns a
 :class:`Step`, a value the router applies with :meth:`Routing.apply`. The journal
 (capmon/core/routing/journal.py) only reads it.
 """
@@ -135,7 +135,7 @@ class Routing:
         )
         return f"{which} passed; given up {now - self.started:.1f}s after the request started"
 
-    def refusal(
+    def cannot_wait(
         self, targets: Sequence[Target], pinned: str | None, now: float, *, usable: list[Target] | None = None
     ) -> RequestFailed | None:
         """What the request is answered with at once, before it waits: no model it may use

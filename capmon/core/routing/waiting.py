@@ -59,7 +59,7 @@ class WaitQueue(Generic[G]):
     """``admit(key)`` tries to admit a waiting request now (a grant or None);
     ``release(grant)`` gives back a grant nobody took; ``ready_at(key)`` is the
     earliest clock time a time-driven gate opens for it (None: only an event);
-    ``group_of(key)`` is ``(INTERACTIVE or BATCH, anything hashable)``; ``refuse(key)``,
+    ``group_of(key)`` is ``(INTERACTIVE or BATCH, anything hashable)``; ``cannot_wait(key)``,
     asked of every waiter when something changed by hand (a trip, a key disabled), is
     the error it ends with at once when waiting can no longer help it (None: it waits on)."""
 
@@ -71,10 +71,10 @@ class WaitQueue(Generic[G]):
         ready_at: Callable[[Any, float], float | None],
         group_of: Callable[[Any], tuple[int, Hashable]],
         batch_share: float = 0.2,
-        refuse: Callable[[Any], BaseException | None] | None = None,
+        cannot_wait: Callable[[Any], BaseException | None] | None = None,
     ) -> None:
         self._clock = clock
-        self._refuse = refuse
+        self._cannot_wait = cannot_wait
         self._admit = admit
         self._release = release
         self._ready_at = ready_at
@@ -129,7 +129,7 @@ class WaitQueue(Generic[G]):
         self._groups.clear()
         self._count = 0
         for w in sorted(waiters, key=lambda w: w.seq):
-            refused = self._refuse(w.key) if self._refuse is not None and not w.fut.done() else None
+            refused = self._cannot_wait(w.key) if self._cannot_wait is not None and not w.fut.done() else None
             if refused is not None:
                 w.fut.set_exception(refused)
                 continue
