@@ -104,7 +104,7 @@ async def run_worker(args: argparse.Namespace) -> dict[str, Any]:
 
     from capmon.batch import runner as runner_module
     from capmon.batch.options import RunnerOptions
-    from capmon.batch.stores import locate, open_store
+    from capmon.batch.store import locate, open_store
     from capmon.core.routing.client import FallbackClient
     from capmon.core.types.config import parse_config
     from capmon.core.types.events import BatchProgress

@@ -22,7 +22,7 @@ from capmon.core.types.config import DEFAULT_LISTEN, DashboardConfig, SimulatorC
 from capmon.exitcodes import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 
 if TYPE_CHECKING:
-    from capmon.batch.stores import Db
+    from capmon.batch.store import Db
     from capmon.connect import ConnectOptions
 
 
@@ -268,7 +268,7 @@ def _add_db(parser: argparse.ArgumentParser) -> None:
 
 def _db(args: argparse.Namespace) -> Db:
     """The job store the flags name."""
-    from capmon.batch.stores import locate
+    from capmon.batch.store import locate
 
     return locate(args.db or None, url_env=args.db_url_env)
 

@@ -33,7 +33,7 @@ from capmon.batch.figures import (
     shown,
 )
 from capmon.batch.states import ItemState
-from capmon.batch.stores import Db, locate, open_store
+from capmon.batch.store import Db, locate, open_store
 from capmon.core.base import text
 from capmon.exitcodes import EXIT_OK
 

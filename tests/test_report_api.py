@@ -17,7 +17,7 @@ import pytest
 from capmon import audit
 from capmon.batch.options import RunnerOptions
 from capmon.batch.runner import BatchRunner
-from capmon.batch.store import JobStore
+from capmon.batch.sqlite import JobStore
 from capmon.core.routing.client import FallbackClient
 from capmon.core.types.config import parse_config
 from capmon.report import OutputFormat, ReportOptions, run_report

@@ -15,9 +15,9 @@ from capmon.lazy import lazy_exports
 if TYPE_CHECKING:
     from capmon.batch.demo import write_demo_input
     from capmon.batch.runner import BatchRunner, JobSummary
+    from capmon.batch.sqlite import JobStore, default_db_path
     from capmon.batch.states import ItemState, JobState
-    from capmon.batch.store import JobStore, default_db_path
-    from capmon.batch.stores import read_progress
+    from capmon.batch.store import read_progress
 
 _WHERE = {
     "write_demo_input": "demo",

@@ -36,9 +36,9 @@ from typing import Any
 
 from capmon import audit
 from capmon.batch.items import Item, is_line_label, line_id, parse_line, read_lines
+from capmon.batch.sqlite import JobInfo, JobStore
 from capmon.batch.states import BatchKind, ItemState
-from capmon.batch.store import JobInfo, JobStore
-from capmon.batch.stores import Store
+from capmon.batch.store import Store
 from capmon.core.base.exceptions import BatchError
 
 _CHUNK = 2000  # rows per executemany

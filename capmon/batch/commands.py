@@ -40,7 +40,7 @@ from capmon.batch.pacing import Pacing
 from capmon.batch.progress import ProgressLine
 from capmon.batch.runner import BatchRunner, JobSummary
 from capmon.batch.states import ItemState, JobState
-from capmon.batch.stores import Db, PgLocation, locate, open_store
+from capmon.batch.store import Db, PgLocation, locate, open_store
 from capmon.core.base import text
 from capmon.core.base.exceptions import BatchError
 from capmon.core.types.config import Config

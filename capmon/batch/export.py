@@ -28,9 +28,9 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from capmon.batch.options import OptionError
+from capmon.batch.sqlite import DEFAULT_MAX_RESPONSE_BYTES, ResultRecord
 from capmon.batch.states import ItemState
-from capmon.batch.store import DEFAULT_MAX_RESPONSE_BYTES, ResultRecord
-from capmon.batch.stores import Db, Store, open_store
+from capmon.batch.store import Db, Store, open_store
 from capmon.core.types.failure import Kind
 
 STDOUT = "-"

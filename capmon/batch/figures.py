@@ -16,7 +16,7 @@ from typing import Any
 
 from capmon.audit import RUNNER_DECISIONS, AuditRow, RunnerDecision
 from capmon.batch.states import ItemState
-from capmon.batch.stores import Store
+from capmon.batch.store import Store
 from capmon.core.base.exceptions import BatchError
 from capmon.core.base.text import percentile
 from capmon.core.types.failure import Kind

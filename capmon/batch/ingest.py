@@ -29,9 +29,9 @@ from typing import Any
 from capmon.batch import changes
 from capmon.batch.items import Item, parse_line, read_lines, sniff_file
 from capmon.batch.options import OptionError
+from capmon.batch.sqlite import JobInfo, JobStore
 from capmon.batch.states import BatchKind, ItemState, JobState
-from capmon.batch.store import JobInfo, JobStore
-from capmon.batch.stores import Store
+from capmon.batch.store import Store
 from capmon.core.base.clock import Clock
 from capmon.core.base.exceptions import BatchError
 

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from capmon.audit import AuditLog, RunnerDecision
+from capmon.batch.sqlite import Outcome, StoredItem
 from capmon.batch.states import BatchKind, ItemState
-from capmon.batch.store import Outcome, StoredItem
 from capmon.core.base.clock import Clock
 from capmon.core.base.exceptions import (
     BatchError,

@@ -1,6 +1,6 @@
 """The PostgreSQL job store: one job, many workers on many machines.
 
-The same jobs, items, states and audit rows as the SQLite store (:mod:`capmon.batch.store`),
+The same jobs, items, states and audit rows as the SQLite store (:mod:`capmon.batch.sqlite`),
 in a schema of their own (``?schema=NAME`` on the URL, default ``capmon``), and what sharing
 a job needs on top:
 
@@ -25,7 +25,7 @@ a job needs on top:
   to 5 s while the server stays unreachable.
 * **Permanent errors.** An error that no retry fixes as things stand (:data:`PERMANENT`: the
   store's table or schema dropped, a grant revoked, a statement the server refuses) raises
-  :class:`~capmon.batch.store.StoreRefuses`, naming its SQLSTATE: the job halts at once
+  :class:`~capmon.batch.sqlite.StoreRefuses`, naming its SQLSTATE: the job halts at once
   rather than pausing as for a server that restarts.
 
 The driver is psycopg 3 (its synchronous connection): the store's interface is synchronous,
@@ -62,9 +62,9 @@ from capmon.batch.pg_schema import (
     OUTCOME_FIELDS,
     SCHEMA_VERSION,
 )
+from capmon.batch.sqlite import DatabaseGone, JobInfo, Outcome, ResultRecord, StoredItem, StoreRefuses, required
 from capmon.batch.states import UNFINISHED, ItemState, JobState
-from capmon.batch.store import DatabaseGone, JobInfo, Outcome, ResultRecord, StoredItem, StoreRefuses, required
-from capmon.batch.stores import PgLocation
+from capmon.batch.store import PgLocation
 from capmon.core.base import secrets
 from capmon.core.base.clock import default_clock
 from capmon.core.base.exceptions import BatchError

@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 from capmon import audit
+from capmon.batch.sqlite import StoredItem
 from capmon.batch.states import JobState
-from capmon.batch.store import StoredItem
 from capmon.core.types.result import Decision
 
 SCHEMA_VERSION = 1

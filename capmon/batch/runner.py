@@ -46,9 +46,9 @@ from capmon.batch.options import OptionError, RunnerOptions
 from capmon.batch.outcomes import Finish, OutcomePolicy, Verdict, back
 from capmon.batch.pacing import Pacing
 from capmon.batch.scheduler import Scheduler
+from capmon.batch.sqlite import DatabaseGone, JobInfo, Outcome, StoredItem
 from capmon.batch.states import ItemState, JobState
-from capmon.batch.store import DatabaseGone, JobInfo, Outcome, StoredItem
-from capmon.batch.stores import Db, PgLocation, Store, open_store
+from capmon.batch.store import Db, PgLocation, Store, open_store
 from capmon.batch.writer import LOW_DISK_BYTES, WRITE_GIVE_UP, ResultWriter
 from capmon.core.base.clock import Clock
 from capmon.core.base.exceptions import BatchError, RequestFailed

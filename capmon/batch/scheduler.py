@@ -24,7 +24,7 @@ import random
 from collections.abc import Callable
 
 from capmon.batch.pacing import Pacing, RateGate, wait_event
-from capmon.batch.store import StoredItem
+from capmon.batch.sqlite import StoredItem
 from capmon.core.base.clock import Clock
 
 # Within this much of now counts as due: float noise must not leave a parked item a

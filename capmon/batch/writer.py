@@ -11,9 +11,9 @@
   written by the next try. The first failure, or a disk found (nearly) full, calls
   ``on_failing``; the next commit that succeeds calls ``on_saved``; still failing after
   ``give_up`` seconds calls ``on_give_up`` with the error that halts the job.
-* A database deleted or replaced under the job (:class:`~capmon.batch.store.DatabaseGone`),
+* A database deleted or replaced under the job (:class:`~capmon.batch.sqlite.DatabaseGone`),
   or a store that refuses for a reason waiting cannot fix (a table dropped, a grant revoked:
-  :class:`~capmon.batch.store.StoreRefuses`), is not retried: it calls ``on_give_up`` at once.
+  :class:`~capmon.batch.sqlite.StoreRefuses`), is not retried: it calls ``on_give_up`` at once.
 * A shared store may discard an outcome (a late answer for an item another worker took
   once this one's lease expired): it is not counted, and a Notice says how many.
 """
@@ -28,9 +28,9 @@ from typing import Any
 
 from capmon.audit import AuditLog
 from capmon.batch.pacing import wait_event
+from capmon.batch.sqlite import DatabaseGone, Outcome, StoreRefuses
 from capmon.batch.states import ItemState
-from capmon.batch.store import DatabaseGone, Outcome, StoreRefuses
-from capmon.batch.stores import Store
+from capmon.batch.store import Store
 from capmon.core.base.clock import Clock
 from capmon.core.base.exceptions import BatchError
 from capmon.core.types import events as ev

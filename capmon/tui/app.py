@@ -478,7 +478,7 @@ def run_dashboard(options: DashboardOptions) -> int:
     )
     if options.attach is not None:
         # A job that is not there is a usage error: say so before the screen opens.
-        from capmon.batch.stores import locate, read_progress
+        from capmon.batch.store import locate, read_progress
 
         read_progress(locate(), options.attach)
     app = CapmonApp(source, refresh=config.dashboard.refresh if options.refresh is None else options.refresh)

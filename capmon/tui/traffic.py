@@ -17,7 +17,7 @@ from capmon.core.base.clock import Clock, default_clock
 from capmon.core.types.events import BatchProgress, Notice
 
 if TYPE_CHECKING:
-    from capmon.batch.stores import Db
+    from capmon.batch.store import Db
 
 # (client, db_path, job, *, input_path, concurrency) -> an object with BatchRunner's API.
 RunnerFactory = Callable[..., Any]
@@ -128,7 +128,7 @@ class RunnerTraffic:
     def for_job(
         cls, client: Any, input_path: Path, db_path: Db | None = None, factory: RunnerFactory | None = None
     ) -> RunnerTraffic:
-        from capmon.batch.stores import locate
+        from capmon.batch.store import locate
 
         make = factory or _default_factory()
         db = db_path or locate()
@@ -212,7 +212,7 @@ class AttachedJob:
         raise RuntimeError(f"job {self.job} runs in another process: resume it there")
 
     async def run(self) -> None:
-        from capmon.batch.stores import locate, read_progress
+        from capmon.batch.store import locate, read_progress
 
         reader = self._reader or read_progress
         db = self._db_path or locate()

@@ -10,7 +10,7 @@ import pytest
 
 from capmon import audit
 from capmon.audit import AuditLog, RunnerDecision, read_attempts
-from capmon.batch.store import JobStore
+from capmon.batch.sqlite import JobStore
 from capmon.core.base.secrets import redact as mask_secrets
 from capmon.core.types.result import ChatRequest
 from tests.batch.helpers import client_for

@@ -223,7 +223,7 @@ def test_a_read_only_folder_is_named_as_such(env: dict[str, Path], capsys: pytes
 
 def test_the_command_to_go_on_names_a_postgresql_store_as_it_was_named() -> None:
     from capmon.batch.commands import _db_flag
-    from capmon.batch.stores import locate
+    from capmon.batch.store import locate
 
     env = {"JOBS_URL": "postgresql://capmon:pw-123456@db.internal:5432/jobs", "CAPMON_DB": ""}
     assert _db_flag(locate(url_env="JOBS_URL", environ=env)) == " --db-url-env JOBS_URL"  # the password stays there

@@ -12,8 +12,8 @@ import pytest
 from capmon.batch import ingest as ingest_mod
 from capmon.batch.ingest import Ingest, Refused
 from capmon.batch.options import OptionError
+from capmon.batch.sqlite import JobStore
 from capmon.batch.states import BatchKind, ItemState, JobState
-from capmon.batch.store import JobStore
 from capmon.core.base.clock import LoopClock
 from capmon.core.base.exceptions import BatchError
 from tests.batch.helpers import item, rows, write_items, write_jsonl

@@ -13,8 +13,8 @@ import pytest
 from capmon.advice import advise
 from capmon.batch.options import RunnerOptions
 from capmon.batch.runner import BatchRunner
+from capmon.batch.sqlite import JobStore, Outcome
 from capmon.batch.states import ItemState
-from capmon.batch.store import JobStore, Outcome
 from capmon.core.base.exceptions import BatchError
 from capmon.report import OutputFormat, ReportOptions, build_report, run_report
 from tests.batch.helpers import client_for, write_items

@@ -12,8 +12,8 @@ import pytest
 
 from capmon.batch.pacing import Pacing, Window
 from capmon.batch.scheduler import Scheduler
+from capmon.batch.sqlite import JobStore
 from capmon.batch.states import ItemState
-from capmon.batch.store import JobStore
 from capmon.core.base.clock import LoopClock
 from tests.support.clocks import WallClock, local
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from capmon.batch import JobStore, default_db_path, read_progress
-from capmon.batch import store as store_mod
+from capmon.batch import sqlite as store_mod
 from capmon.batch.export import check_writable, export_job
 from capmon.batch.options import RunnerOptions
 from capmon.batch.runner import BatchRunner

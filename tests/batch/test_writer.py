@@ -13,8 +13,8 @@ import pytest
 
 from capmon.audit import AuditLog
 from capmon.batch import writer as writer_mod
+from capmon.batch.sqlite import JobStore, Outcome
 from capmon.batch.states import ItemState
-from capmon.batch.store import JobStore, Outcome
 from capmon.batch.writer import ResultWriter
 from capmon.core.base.clock import LoopClock
 from capmon.core.base.exceptions import BatchError

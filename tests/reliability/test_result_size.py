@@ -14,7 +14,7 @@ from capmon.advice import advise
 from capmon.batch import BatchRunner
 from capmon.batch.export import export_job
 from capmon.batch.options import RunnerOptions
-from capmon.batch.store import JobStore
+from capmon.batch.sqlite import JobStore
 from capmon.core.routing.client import FallbackClient
 from capmon.report import build_item_report, build_report, format_item, format_report
 from tests.batch.helpers import single_config, write_items

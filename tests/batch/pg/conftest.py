@@ -16,7 +16,7 @@ import pytest
 
 psycopg = pytest.importorskip("psycopg", reason="the postgres extra is not installed")
 
-from capmon.batch.stores import PgLocation, pg_location  # noqa: E402
+from capmon.batch.store import PgLocation, pg_location  # noqa: E402
 
 DEFAULT_URL = "postgresql://postgres@127.0.0.1:5432/test"
 

@@ -27,7 +27,7 @@ import pytest
 from capmon.batch.export import export_job
 from capmon.batch.pg import PgStore
 from capmon.batch.states import ItemState
-from capmon.batch.stores import PgLocation, pg_location, read_progress
+from capmon.batch.store import PgLocation, pg_location, read_progress
 from capmon.core.base.exceptions import BatchError
 from capmon.sim.scenario import parse_scenario
 from capmon.sim.server import running_simulator

@@ -12,9 +12,9 @@ import pytest
 
 from capmon.audit import COLUMNS
 from capmon.batch.pg import PgStore
+from capmon.batch.sqlite import Outcome
 from capmon.batch.states import ItemState
-from capmon.batch.store import Outcome
-from capmon.batch.stores import PgLocation
+from capmon.batch.store import PgLocation
 from capmon.core.base.exceptions import BatchError
 
 TTL = 0.2

@@ -17,7 +17,7 @@ import pytest
 
 from capmon.batch.options import RunnerOptions
 from capmon.batch.runner import SHARED_WRITE_GIVE_UP, BatchRunner
-from capmon.batch.stores import PgLocation, pg_location
+from capmon.batch.store import PgLocation, pg_location
 from capmon.core.base.exceptions import BatchError
 from capmon.core.types.events import Notice
 from tests.batch.helpers import Recorder, client_for, scenario_app, write_items

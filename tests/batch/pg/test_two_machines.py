@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from capmon.batch.export import export_job
-from capmon.batch.stores import pg_location, read_progress
+from capmon.batch.store import pg_location, read_progress
 from capmon.core.base.exceptions import BatchError
 from capmon.sim.server import running_simulator
 from tests.batch.helpers import write_items

@@ -15,7 +15,7 @@ from capmon.batch.commands import show_job
 from capmon.batch.export import export_job
 from capmon.batch.options import RunnerOptions
 from capmon.batch.runner import BatchRunner
-from capmon.batch.stores import PgLocation, read_progress
+from capmon.batch.store import PgLocation, read_progress
 from capmon.core.types.events import BatchProgress, Notice
 from capmon.report import ReportOptions, run_report
 from tests.batch.helpers import Recorder, client_for, scenario_app, write_items
