@@ -25,9 +25,9 @@ _WHERE = {
     "JobSummary": "runner",
     "ItemState": "states",
     "JobState": "states",
-    "JobStore": "store",
-    "default_db_path": "store",
-    "read_progress": "stores",
+    "JobStore": "sqlite",
+    "default_db_path": "sqlite",
+    "read_progress": "store",
 }
 
 __all__ = [
