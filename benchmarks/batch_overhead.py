@@ -135,7 +135,7 @@ class Sampler:
 
 
 async def phase_client(n: int, concurrency: int) -> dict[str, Any]:
-    from capmon.core.types.result import ChatRequest
+    from capmon.core.types.result import Request
 
     client = make_client(concurrency)
     base = rss_mb()
@@ -146,7 +146,7 @@ async def phase_client(n: int, concurrency: int) -> dict[str, Any]:
     async def worker() -> None:
         nonlocal done
         for i in counter:
-            await client.chat(ChatRequest(messages=tuple(messages(i)), max_tokens=64, item_id=f"it-{i:07d}"))
+            await client.chat(Request(messages=tuple(messages(i)), max_tokens=64, item_id=f"it-{i:07d}"))
             done += 1
 
     t0 = time.perf_counter()

@@ -63,7 +63,7 @@ def _config(base_url: str, redis_url: str, namespace: str) -> Any:
 
 async def _worker(args: argparse.Namespace) -> None:
     from capmon.core.types import events as ev
-    from capmon.core.types.result import ChatRequest
+    from capmon.core.types.result import Request
     from capmon.fleet import RedisState
     from capmon.runtime import open_engine
 
@@ -107,7 +107,7 @@ async def _worker(args: argparse.Namespace) -> None:
                 start = time.perf_counter()
                 try:
                     await client.chat(
-                        ChatRequest.of(
+                        Request.of(
                             f"Item {i}: summarise the quarterly report for region {i % 17} in three sentences.",
                             item_id=str(i),
                         )

@@ -46,7 +46,7 @@ from capmon.sim.scenario import ModelSpec, Scenario
 
 def percentile(values: Sequence[float], q: float) -> float:
     """The ``q`` quantile (0..1) of ``values`` by capmon's one definition
-    (``capmon.core.text.percentile``: nearest rank, no interpolation, the dashboard's and
+    (``capmon.core.base.text.percentile``: nearest rank, no interpolation, the dashboard's and
     the report's too); NaN for no values, so a table shows it as missing."""
     found = text.percentile(sorted(values), q)
     return float("nan") if found is None else found

@@ -25,7 +25,7 @@ What each kind does per request (the least a correct client does, or capmon's wh
   read the body line by line, ``json.loads`` each ``data:`` line up to ``[DONE]``;
 * ``httpx``: ``httpx.AsyncClient`` on httpx's own transport (httpcore), limited to the
   concurrency, the same steps (streaming with ``client.stream()`` and ``aiter_lines()``);
-* ``httpx-aiohttp``: the same httpx client on ``capmon.core.transport.make_transport("aiohttp")``
+* ``httpx-aiohttp``: the same httpx client on ``capmon.core.routing.transport.make_transport("aiohttp")``
   (httpx-aiohttp's transport with capmon's mends); ``httpx-aiohttp-pkg`` (only with
   ``--kinds``): on httpx-aiohttp's transport as the package ships it;
 * ``capmon-httpx`` / ``capmon-aiohttp``: ``FallbackClient.chat(text)`` (streaming:
@@ -503,12 +503,12 @@ def _floor_sdk(cfg: Any) -> tuple[Any, Callable[[], Awaitable[None]]]:
     """The openai SDK on the least a transport over ``client.chat`` does (``sdk-floor``)."""
     import openai
 
-    from capmon.core.types.result import ChatRequest
+    from capmon.core.types.result import Request
 
     http = _sdk_http()
     fc = _fallback_client(cfg, "aiohttp")
 
-    async def produce(request: ChatRequest, out: asyncio.Queue[bytes | None]) -> None:
+    async def produce(request: Request, out: asyncio.Queue[bytes | None]) -> None:
         try:
             async for chunk in fc.stream_chunks(request):
                 out.put_nowait(b"data: " + json.dumps(chunk).encode() + b"\n\n")
@@ -521,7 +521,7 @@ def _floor_sdk(cfg: Any) -> tuple[Any, Callable[[], Awaitable[None]]]:
         through the SDK's own iteration instead, every chunk would resume the whole chain
         of generators under it, which costs more than capmon's in-process stream does."""
 
-        def __init__(self, request: ChatRequest) -> None:
+        def __init__(self, request: Request) -> None:
             self.frames: asyncio.Queue[bytes | None] = asyncio.Queue()
             self.task = asyncio.get_running_loop().create_task(produce(request, self.frames))
 
@@ -533,7 +533,7 @@ def _floor_sdk(cfg: Any) -> tuple[Any, Callable[[], Awaitable[None]]]:
     class Floor(http.AsyncBaseTransport):  # type: ignore[misc,name-defined]
         async def handle_async_request(self, request: Any) -> Any:
             body = json.loads(await request.aread())
-            asked = ChatRequest.of(body["messages"])
+            asked = Request.of(body["messages"])
             if body.get("stream"):
                 return http.Response(200, headers=[(b"content-type", b"text/event-stream")], stream=Frames(asked))
             r = await fc.chat(asked)

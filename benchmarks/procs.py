@@ -1,7 +1,7 @@
 """What the benchmark scripts share about the processes they start and the tables they
 print: free ports, starting a helper so that it dies with us, waiting for it to listen
 or to say a word, stopping it, reading its CPU and memory from /proc, and a Markdown
-table laid out by the project's one table formatter (``capmon.core.text.table``).
+table laid out by the project's one table formatter (``capmon.core.base.text.table``).
 
 Every benchmark runs its servers and load in processes of their own (on 2 cores a
 process is the unit that gets a core), so these are used by run.py, fleet.py,
@@ -211,7 +211,7 @@ def open_fds(pid: int) -> int:
 
 def markdown_table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     """A Markdown table whose columns line up in the source too: the cells and their bars
-    laid out by ``capmon.core.text.table``."""
+    laid out by ``capmon.core.base.text.table``."""
 
     def bars(cells: Sequence[str]) -> list[str]:
         out = ["|"]

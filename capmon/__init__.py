@@ -2,7 +2,7 @@
 
 The public API::
 
-    from capmon import FallbackClient, ChatRequest, ChatResult, RequestFailed, load_config, open_engine
+    from capmon import FallbackClient, Request, ChatResult, RequestFailed, load_config, open_engine
 
 and the in-process SDK clients (capmon/inprocess, imported on first use, with openai or
 anthropic only when their constructor is called)::
@@ -14,11 +14,12 @@ See README.md ("Use it as a library", "Your SDK, in process"), docs/library.md a
 (the whole of each), and ARCHITECTURE.md.
 """
 
-from typing import TYPE_CHECKING
+import warnings
+from typing import TYPE_CHECKING, Any
 
 from capmon.core.base.exceptions import CannotWait, CapmonError, ConfigError, DeadlineExceeded, RequestFailed
 from capmon.core.routing.client import FallbackClient
-from capmon.core.types.result import Attempt, ChatRequest, ChatResult
+from capmon.core.types.result import Attempt, ChatResult, Request
 from capmon.lazy import lazy_exports
 from capmon.runtime import Engine, open_engine
 from capmon.runtime import load as load_config
@@ -45,7 +46,18 @@ _IN_PROCESS = (
     "close_engine",
     "aclose_engine",
 )
-__getattr__ = lazy_exports("capmon", dict.fromkeys(_IN_PROCESS, "capmon.inprocess"))
+_lazy = lazy_exports("capmon", dict.fromkeys(_IN_PROCESS, "capmon.inprocess"))
+# Old names users may import, still served: a request in any format is a Request.
+_DEPRECATED = {"ChatRequest": "Request"}
+
+
+def __getattr__(name: str) -> Any:
+    new = _DEPRECATED.get(name)
+    if new is not None:
+        warnings.warn(f"capmon.{name} is capmon.{new} now", DeprecationWarning, stacklevel=2)
+        return globals()[new]
+    return _lazy(name)
+
 
 __version__ = "0.1.0"
 
@@ -53,7 +65,7 @@ __all__ = [
     "Attempt",
     "CannotWait",
     "CapmonError",
-    "ChatRequest",
+    "Request",
     "ChatResult",
     "ConfigError",
     "DeadlineExceeded",

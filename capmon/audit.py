@@ -27,12 +27,12 @@ from typing import Any
 from capmon.core.base.clock import Clock
 from capmon.core.base.secrets import redact
 from capmon.core.types.failure import Kind
-from capmon.core.types.result import Attempt, ChatRequest, Decision
+from capmon.core.types.result import Attempt, Decision, Request
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS attempts (
-    job TEXT,              -- ChatRequest.job, NULL for requests outside a job
-    item TEXT,             -- ChatRequest.item_id
+    job TEXT,              -- Request.job, NULL for requests outside a job
+    item TEXT,             -- Request.item_id
     at REAL NOT NULL,      -- wall time the attempt started
     attempt INTEGER NOT NULL,  -- 1, 2, ... counted over the item's whole life (parks included)
     model TEXT,
@@ -48,7 +48,7 @@ CREATE TABLE IF NOT EXISTS attempts (
     reason TEXT NOT NULL DEFAULT '',
     api TEXT,              -- the endpoint's provider API: openai | anthropic | azure (NULL: a runner's
                            -- decision, or a row written before capmon recorded it)
-    request_id TEXT        -- the caller's id for the request (ChatRequest.request_id: a gateway's
+    request_id TEXT        -- the caller's id for the request (Request.request_id: a gateway's
                            -- x-request-id); NULL when it gave none, for a runner's decision, or an older row
 );
 CREATE INDEX IF NOT EXISTS attempts_by_item ON attempts(job, item);
@@ -147,14 +147,14 @@ class AuditRow:
     decision: str
     reason: str
     api: str | None = None  # openai | anthropic | azure; None for a runner's decision or an older row
-    request_id: str | None = None  # the caller's id for the request (ChatRequest.request_id)
+    request_id: str | None = None  # the caller's id for the request (Request.request_id)
 
     @staticmethod
     def of(row: Sequence[Any]) -> AuditRow:
         return AuditRow(*row)
 
 
-def attempt_row(request: ChatRequest, attempt: Attempt, number: int | None = None) -> Row:
+def attempt_row(request: Request, attempt: Attempt, number: int | None = None) -> Row:
     return (
         request.job,
         request.item_id,
@@ -184,8 +184,8 @@ class AuditLog:
         self,
         *,
         clock: Clock,
-        numbering: Callable[[ChatRequest, Attempt], int | None] | None = None,
-        accept: Callable[[ChatRequest], bool] | None = None,
+        numbering: Callable[[Request, Attempt], int | None] | None = None,
+        accept: Callable[[Request], bool] | None = None,
     ) -> None:
         self.clock = clock
         self._numbering = numbering
@@ -193,7 +193,7 @@ class AuditLog:
         self._rows: list[Row] = []
         self.dropped = 0
 
-    def observe(self, request: ChatRequest, attempt: Attempt) -> None:
+    def observe(self, request: Request, attempt: Attempt) -> None:
         """The client observer: cheap, never raises into the client's path on bad data."""
         if self._accept is not None and not self._accept(request):
             return

@@ -17,7 +17,7 @@ from benchmarks.peers.base import Item, PeerContext
 from capmon.core.routing.client import FallbackClient
 from capmon.core.types import events as ev
 from capmon.core.types.config import Config, parse_config
-from capmon.core.types.result import ChatRequest
+from capmon.core.types.result import Request
 
 CONFIG = Path(__file__).resolve().parent.parent / "capmon-bench.toml"
 
@@ -91,7 +91,7 @@ class CapmonPeer:
     async def call(self, item: Item) -> str:
         if self.t0 is None:
             self.t0 = self.client.clock.now()
-        r = await self.client.chat(ChatRequest.of(item.messages, item_id=str(item.index)))
+        r = await self.client.chat(Request.of(item.messages, item_id=str(item.index)))
         return r.model
 
     def extra(self) -> dict[str, Any]:

@@ -9,9 +9,9 @@ from typing import Protocol
 from capmon.core.base.clock import Clock
 from capmon.core.types.config import Config
 from capmon.core.types.events import EventBus
-from capmon.core.types.result import Attempt, ChatRequest, ChatResult
+from capmon.core.types.result import Attempt, ChatResult, Request
 
-AttemptObserver = Callable[[ChatRequest, Attempt], None]
+AttemptObserver = Callable[[Request, Attempt], None]
 
 
 class BatchClient(Protocol):
@@ -34,4 +34,4 @@ class BatchClient(Protocol):
         """Call ``fn(request, attempt)`` after every attempt; returns the detach function."""
         ...
 
-    async def chat(self, request: ChatRequest) -> ChatResult: ...
+    async def chat(self, request: Request) -> ChatResult: ...

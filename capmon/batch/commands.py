@@ -58,7 +58,7 @@ class StartOptions:
     rate: float | None = None  # items started per second, at most
     window: str | None = None  # HH:MM-HH:MM, local time
     db: Db | None = None  # the job store (a path or a PostgreSQL location); None: $CAPMON_DB or the user data dir
-    config: str | None = None  # the config file; None: found as capmon.core.config.find_config finds it
+    config: str | None = None  # the config file; None: found as capmon.core.types.config.find_config finds it
     show_progress: bool = True  # a progress line, when stderr is a terminal
     accept_changed_input: bool = False
     remap: Mapping[str, str] = field(default_factory=dict)  # OLD model -> NEW, for items naming a model gone

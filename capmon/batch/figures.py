@@ -231,7 +231,7 @@ def build_report(store: Store, job: str, items_shown: int = ITEMS_SHOWN_DATA) ->
         state = store.state_of(info)
         total = info.total
     else:
-        # Attempts without a job row (a program that set ChatRequest.job itself).
+        # Attempts without a job row (a program that set Request.job itself).
         served = store.answered_items(job)
         counts[ItemState.DONE] = total = sum(served.values())
 

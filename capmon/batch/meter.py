@@ -1,4 +1,4 @@
-"""A running job's progress: the counters of :class:`~capmon.core.events.BatchProgress`,
+"""A running job's progress: the counters of :class:`~capmon.core.types.events.BatchProgress`,
 from what the writer committed and what the scheduler holds, and the recent rate.
 
 Cheap and in memory: the runner asks for it on every tick and every commit (the counters

@@ -53,7 +53,7 @@ from capmon.batch.writer import LOW_DISK_BYTES, WRITE_GIVE_UP, ResultWriter
 from capmon.core.base.clock import Clock
 from capmon.core.base.exceptions import BatchError, RequestFailed
 from capmon.core.types import events as ev
-from capmon.core.types.result import ChatRequest
+from capmon.core.types.result import Request
 
 log = logging.getLogger("capmon.batch")
 
@@ -520,9 +520,9 @@ class BatchRunner:
                 continue
             await self._send(item)
 
-    def _request(self, item: StoredItem) -> ChatRequest:
+    def _request(self, item: StoredItem) -> Request:
         model = self._remap.get(item.model, item.model) if item.model else None
-        return ChatRequest(
+        return Request(
             messages=tuple(json.loads(item.messages_json)),
             model=model,
             max_tokens=item.max_tokens,

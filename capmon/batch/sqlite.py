@@ -803,7 +803,7 @@ class JobStore:
 
     def answered_items(self, job: str) -> dict[str, int]:
         """Items answered per model, from the audit alone (attempts of a job that has no job row:
-        a program that set ChatRequest.job itself)."""
+        a program that set Request.job itself)."""
         with self._errors("reading the audit trail"):
             return {
                 str(m): int(n)

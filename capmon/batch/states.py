@@ -30,7 +30,7 @@ UNFINISHED = (ItemState.PENDING, ItemState.IN_FLIGHT, ItemState.PARKED)
 
 
 class BatchKind(enum.StrEnum):
-    """Failure kinds of the batch layer, beside the client's :class:`capmon.core.errors.Kind`
+    """Failure kinds of the batch layer, beside the client's :class:`capmon.core.types.failure.Kind`
     (an answer over ``client.max_response_bytes`` is the client's ``Kind.OVERSIZED``)."""
 
     BAD_INPUT = "bad_input"  # the line itself was unusable, so nothing was ever sent for it

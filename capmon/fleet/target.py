@@ -1,7 +1,7 @@
 """One target's state shared by the fleet: :class:`RedisTarget`, the state seam's
 ``TargetState`` over Redis.
 
-It keeps a local mirror (a :class:`~capmon.core.state.MemoryTarget`: breaker, limiter,
+It keeps a local mirror (a :class:`~capmon.core.control.seam.MemoryTarget`: breaker, limiter,
 buckets, keys) fresh from every answer Redis gives, and uses it two ways:
 
 * while Redis is there, the mirror answers the reads (``ready_at``, ``view``) and

@@ -11,7 +11,7 @@ attaches to. The core never imports this package.
 | ``auth.py`` | who is calling, compared in constant time; what each route needs |
 | ``openai_api.py`` | /v1/chat/completions, /v1/responses, /v1/models |
 | ``shape.py``, ``sliced.py`` | a body counted against the limits of shape before it expands; big ones read in slices |
-| ``bodies.py`` | a request body and the per-request headers -> a ChatRequest |
+| ``bodies.py`` | a request body and the per-request headers -> a Request |
 | ``fields.py`` | one strict parser per field read from outside: JSON bodies, headers, the event number |
 | ``models.py`` | model names, aliases and alias patterns a client may send |
 | ``replies.py`` | plain and streamed answers, run while watching the connection |

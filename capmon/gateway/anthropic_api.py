@@ -3,7 +3,7 @@ true``) and ``POST /v1/messages/count_tokens``.
 
 A Messages request is routed like any other (the same models, aliases, deadline, priority
 and fallbacks) and answered in Anthropic's shapes whichever model served it: the core's
-``ChatRequest.anthropic`` request is translated for an OpenAI-wire target and its answer
+``Request.anthropic`` request is translated for an OpenAI-wire target and its answer
 and events back (capmon/core/providers/formats.py). The key comes as ``x-api-key`` (Anthropic's
 SDKs before 2.x, Claude Code) or ``Authorization: Bearer`` (SDK 2.x); ``anthropic-version``
 2023-06-01 and 2026-10-21 are both taken. Errors on these paths are Anthropic's
@@ -19,7 +19,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from capmon.core.providers.tokens import estimate_body
-from capmon.core.types.result import Api
+from capmon.core.types.result import Format
 from capmon.gateway import bodies, shape
 from capmon.gateway.auth import Access
 from capmon.gateway.context import gateway_of
@@ -34,7 +34,7 @@ async def messages(request: Request) -> Response:
 def input_tokens(body: dict[str, Any]) -> int:
     """The project's one estimate (capmon/core/providers/tokens.py) of a Messages body: the system
     prompt, the messages and the tools, as routing and the simulator count them."""
-    return estimate_body(Api.MESSAGES, body)
+    return estimate_body(Format.MESSAGES, body)
 
 
 async def count_tokens(request: Request) -> Response:

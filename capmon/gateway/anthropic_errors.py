@@ -4,7 +4,7 @@ field in its message, 401, 404, 413, the browser checks) and a failed request.
 
 A failed request keeps the gateway's policy (capmon/gateway/errors.py: which status, the
 Retry-After, the message), told in Anthropic's words: the error type that status stands
-for on Anthropic's API (``capmon.core.anthropic_wire.ERROR_STATUS``, read backwards), and
+for on Anthropic's API (``capmon.core.providers.anthropic_wire.ERROR_STATUS``, read backwards), and
 529 ``overloaded_error`` instead of 429 when every model is at capacity, which is what
 Anthropic's clients (and their SDKs' ``OverloadedError``) expect. A stream that breaks after
 its first byte ends with Anthropic's ``event: error`` (:func:`in_stream`).

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from capmon.core.providers.anthropic_wire import AnthropicVersion
-from capmon.core.types.result import ChatRequest, Priority
+from capmon.core.types.result import Priority, Request
 from capmon.gateway import fields
 from capmon.gateway.auth import Caller
 from capmon.gateway.models import ModelNames
@@ -26,7 +26,7 @@ VERSION_HEADER = "anthropic-version"
 class Wanted:
     """A request the gateway will route."""
 
-    request: ChatRequest
+    request: Request
     stream: bool
     priority: Priority
 
@@ -81,7 +81,7 @@ def chat(body: dict[str, Any], asked: Asked) -> Wanted:
         for k, v in body.items()
         if k not in ("model", "messages", "stream", "n", "max_tokens", "max_completion_tokens", "temperature")
     }
-    request = ChatRequest.of(
+    request = Request.of(
         messages,
         model=model,
         max_tokens=cap,
@@ -102,7 +102,7 @@ def responses(body: dict[str, Any], asked: Asked) -> Wanted:
     stream = fields.flag(body, "stream")
     fields.positive_int(body, "max_output_tokens")
     priority = _priority(asked)
-    request = ChatRequest.responses(
+    request = Request.responses(
         body, model=model, priority=priority, deadline=_deadline(asked), request_id=asked.request_id
     )
     return Wanted(request, stream, priority)
@@ -139,7 +139,7 @@ def messages(body: dict[str, Any], asked: Asked) -> Wanted:
     fields.strings(body, "stop_sequences")
     priority = _priority(asked)
     betas = fields.betas(asked.headers.get(BETA_HEADER), BETA_HEADER)
-    request = ChatRequest.anthropic(
+    request = Request.anthropic(
         body,
         model=model,
         priority=priority,

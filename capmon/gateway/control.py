@@ -2,7 +2,7 @@
 
   GET  /capmon/info         what this is: version, models, aliases, targets, and whether
                             the caller may act (``readonly``)
-  GET  /capmon/snapshot     the client's snapshot (capmon.core.serial.snapshot_to_json)
+  GET  /capmon/snapshot     the client's snapshot (capmon.core.types.serial.snapshot_to_json)
   GET  /capmon/events       SSE: ``id: N`` / ``event: TYPE`` / ``data: event_to_json``, the
                             recent history first; ``Last-Event-ID`` or ``?since=N`` resumes
   POST /capmon/pin          {"model": NAME | null}

@@ -18,7 +18,7 @@ A CannotWait 503's code is why (``models_unavailable``, ``no_usable_key``); it c
 ``x-should-retry: false``, which the openai and anthropic SDKs obey instead of retrying, and
 a Retry-After only when the time something admits again is known (a quota's reset).
 
-Every message, param and code passes :func:`capmon.core.secrets.redact` (the core's
+Every message, param and code passes :func:`capmon.core.base.secrets.redact` (the core's
 classifier already redacted what it took from the provider); a provider's text about
 a refused key is never repeated (it may show part of the key).
 """

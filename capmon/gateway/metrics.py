@@ -49,7 +49,7 @@ from prometheus_client.registry import Collector
 from capmon.core.control.seam import KeyState
 from capmon.core.routing.client import FallbackClient
 from capmon.core.types import events as ev
-from capmon.core.types.result import Attempt, ChatRequest
+from capmon.core.types.result import Attempt, Request
 from capmon.core.types.states import State
 from capmon.gateway.access_log import AccessLog
 
@@ -241,7 +241,7 @@ class GatewayMetrics:
         """One HTTP answer of the gateway (capmon/gateway/exchange.py tells every one)."""
         self._child(self.responses, api, str(status)).inc()
 
-    def _attempt(self, request: ChatRequest, a: Attempt) -> None:
+    def _attempt(self, request: Request, a: Attempt) -> None:
         if a.skip is not None:  # never sent: no attempt, no latency
             self._child(self.skips, a.model, a.target, a.skip.value).inc()
             return

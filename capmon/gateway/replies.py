@@ -19,7 +19,7 @@ from starlette.types import Receive, Scope, Send
 from capmon.core.base.exceptions import CannotWait, RequestFailed
 from capmon.core.base.secrets import redact
 from capmon.core.types.failure import Failure, Kind
-from capmon.core.types.result import Api
+from capmon.core.types.result import Format
 from capmon.gateway import sse
 from capmon.gateway.anthropic_errors import AnthropicError
 from capmon.gateway.bodies import Wanted
@@ -46,7 +46,7 @@ async def send_json(send: Send, status: int, body: Any, headers: Mapping[str, st
     await send({"type": "http.response.body", "body": data})
 
 
-def _failed(gw: Gateway, e: RequestFailed, caller: Api) -> ApiError:
+def _failed(gw: Gateway, e: RequestFailed, caller: Format) -> ApiError:
     targets = gw.client.targets
     # With every key disabled the core refuses at once ("no model can serve this request"):
     # that is the gateway's own key problem, whatever kind the core gives it.
@@ -56,16 +56,16 @@ def _failed(gw: Gateway, e: RequestFailed, caller: Api) -> ApiError:
         else tuple(dict.fromkeys(f"{t.key.alias!r} at endpoint {t.endpoint.name!r}" for t in targets))
     )
     err = from_failure(e, retry_after=retry_after(gw.client), disabled_keys=disabled)
-    return AnthropicError.of(err, e.failure.kind) if caller is Api.MESSAGES else err
+    return AnthropicError.of(err, e.failure.kind) if caller is Format.MESSAGES else err
 
 
-def _internal(e: BaseException, caller: Api) -> ApiError:
+def _internal(e: BaseException, caller: Format) -> ApiError:
     # Where and what, redacted; not the traceback, whose text no log filter sees.
     tb = traceback.extract_tb(e.__traceback__)[-1:] if e.__traceback__ else []
     where = f" at {tb[0].filename}:{tb[0].lineno}" if tb else ""
     log.error("request failed inside the gateway%s: %s", where, redact(f"{type(e).__name__}: {e}"))
     err = ApiError(500, "the gateway failed to handle the request; see its log", "server_error", "internal_error")
-    return AnthropicError.of(err) if caller is Api.MESSAGES else err
+    return AnthropicError.of(err) if caller is Format.MESSAGES else err
 
 
 class JsonReply(Response):
@@ -108,17 +108,17 @@ class _Proxied(Response):
             await until_disconnect(scope, receive, self._work(send))
         except ClientGone:
             self.ex.failed("client_gone")
-            self.gw.metrics.disconnects.labels(self.wanted.request.api.value).inc()
+            self.gw.metrics.disconnects.labels(self.wanted.request.format.value).inc()
 
     def _failed(self, e: RequestFailed) -> ApiError:
         # A request answered at once is logged as what it was refused for, not as the kind of
         # failure the refusal carries (a model tripped by hand is no capacity failure).
         self.ex.failed(e.why.value if isinstance(e, CannotWait) else e.failure.kind.value, e.attempts)
-        return _failed(self.gw, e, self.wanted.request.api)
+        return _failed(self.gw, e, self.wanted.request.format)
 
     def _internal(self, e: Exception) -> ApiError:
         self.ex.failed("internal_error")
-        return _internal(e, self.wanted.request.api)
+        return _internal(e, self.wanted.request.format)
 
 
 class PlainReply(_Proxied):
@@ -145,9 +145,9 @@ class StreamReply(_Proxied):
         w = self.wanted
         framing: sse.Framing = (
             sse.ResponsesFraming()
-            if w.request.api is Api.RESPONSES
+            if w.request.format is Format.RESPONSES
             else sse.MessagesFraming()
-            if w.request.api is Api.MESSAGES
+            if w.request.format is Format.MESSAGES
             else sse.ChatFraming()
         )
         stream = self.gw.client.stream_chunks(w.request)

@@ -35,7 +35,7 @@ from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, R
 
 from capmon.core.base.clock import Clock
 from capmon.core.providers.tokens import estimate_body
-from capmon.core.types.result import Api as CallerApi
+from capmon.core.types.result import Format
 from capmon.sim import dialects
 from capmon.sim.dialects import Api, Wire
 from capmon.sim.faults import HANG_SECONDS, HTML_500_PAGE, DropConnection, FaultMode
@@ -179,7 +179,7 @@ def parse_messages(body: Any, version: ApiVersion, *, counting: bool = False) ->
         raise BadRequest(str(e), e.param, model) from None
     return MessagesRequest(
         model,
-        estimate_body(CallerApi.MESSAGES, body),  # the project's one estimate, as the gateway counts
+        estimate_body(Format.MESSAGES, body),  # the project's one estimate, as the gateway counts
         max_tokens if isinstance(max_tokens, int) and not counting else 0,
         stream and not counting,
         version,

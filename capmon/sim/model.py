@@ -1,5 +1,5 @@
 """The simulator's state: slots, schedules, penalties, faults and counters. Pure: no web
-framework, time only from the injected :class:`~capmon.core.clock.Clock`.
+framework, time only from the injected :class:`~capmon.core.base.clock.Clock`.
 
 A request that finds no free slot on its model is rejected at once (it is never queued):
 that is what a provider at capacity does, and what the client must cope with.

@@ -12,7 +12,7 @@ from capmon import audit
 from capmon.audit import AuditLog, RunnerDecision, read_attempts
 from capmon.batch.sqlite import JobStore
 from capmon.core.base.secrets import redact as mask_secrets
-from capmon.core.types.result import ChatRequest
+from capmon.core.types.result import Request
 from tests.batch.helpers import client_for
 from tests.support.clocks import ManualClock
 from tests.support.scripted import OVERLOADED, Script, build_app
@@ -31,7 +31,7 @@ async def test_the_observer_only_buffers_and_its_rows_are_written_in_the_owners_
     async with client_for(build_app(script)) as client:
         log = AuditLog(clock=client.clock)
         client.add_observer(log.observe)
-        await client.chat(ChatRequest.of("hi", job="adhoc", item_id="q1"))
+        await client.chat(Request.of("hi", job="adhoc", item_id="q1"))
         assert log.pending == 2 and not db.exists()  # nothing touched SQLite in the client's path
     with JobStore(db) as store, store.transaction() as c:
         audit.write_rows(c, log.drain())

@@ -15,7 +15,7 @@ from capmon.core.base.clock import LoopClock
 from capmon.core.base.exceptions import BatchError, DeadlineExceeded, RequestFailed
 from capmon.core.types.events import EventBus
 from capmon.core.types.failure import Failure, Kind
-from capmon.core.types.result import Attempt, ChatRequest, ChatResult
+from capmon.core.types.result import Attempt, ChatResult, Request
 from tests.batch.helpers import config, rows, write_items
 
 pytestmark = pytest.mark.looptime
@@ -39,7 +39,7 @@ class StubClient:
         self.observers.append(fn)
         return lambda: self.observers.remove(fn)
 
-    async def chat(self, request: ChatRequest) -> ChatResult:
+    async def chat(self, request: Request) -> ChatResult:
         n = self.calls[request.item_id or ""] = self.calls.get(request.item_id or "", 0) + 1
         await asyncio.sleep(0.01)
         attempt = Attempt(

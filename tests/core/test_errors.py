@@ -908,12 +908,12 @@ async def test_the_client_sends_its_configs_quota_threshold_with_every_attempt()
     from capmon.core.providers.openai_wire import TokenParam
     from capmon.core.routing.attempt import chat_request
     from capmon.core.routing.client import FallbackClient
-    from capmon.core.types.result import ChatRequest
+    from capmon.core.types.result import Request
     from tests.support.configs import ENV, three_models
 
     cfg = three_models("http://127.0.0.1:9/v1", extra="[backoff]\nmax_hint = 300.0\n")
     async with FallbackClient(cfg, environ=ENV) as client:
-        req = chat_request(client.targets[0], ChatRequest.of("hi"), TokenParam.MAX_TOKENS, cfg, False)
+        req = chat_request(client.targets[0], Request.of("hi"), TokenParam.MAX_TOKENS, cfg, False)
     assert req.quota_hint == 300.0
 
 

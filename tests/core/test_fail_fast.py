@@ -16,7 +16,7 @@ import pytest
 from capmon.core.base.exceptions import CannotWait, DeadlineExceeded, RequestFailed, Unavailable
 from capmon.core.routing.client import FallbackClient
 from capmon.core.types.failure import Kind
-from capmon.core.types.result import ChatRequest, Decision, Skip
+from capmon.core.types.result import Decision, Request, Skip
 from tests.support.breakers import open_every_breaker
 from tests.support.configs import ENV, three_models
 from tests.support.scripted import OVERLOADED, Reply, Script, serve
@@ -74,7 +74,7 @@ async def test_keys_out_of_quota_past_the_deadline_fail_at_once_with_the_reset_t
     async with every_model_answering(QUOTA) as (script, client):
         with pytest.raises(RequestFailed) as first:  # it meets the quotas one by one
             await client.chat("hi")
-        e, took = await failure_of(client.chat(ChatRequest.of("hi", deadline=60)), CannotWait)
+        e, took = await failure_of(client.chat(Request.of("hi", deadline=60)), CannotWait)
     assert first.value.failure.kind is Kind.QUOTA and not isinstance(first.value, CannotWait)
     assert took < 1.0 and script.served() == 3  # the second request sent nothing
     assert e.why is Unavailable.KEYS and e.failure.kind is Kind.QUOTA
@@ -94,7 +94,7 @@ async def test_every_key_disabled_fails_at_once() -> None:
 async def test_a_breaker_open_by_itself_is_waited_for_until_the_deadline() -> None:
     async with every_model_answering(OVERLOADED) as (script, client):
         await open_every_breaker(client)
-        e, took = await failure_of(client.chat(ChatRequest.of("hi", deadline=20)), DeadlineExceeded)
+        e, took = await failure_of(client.chat(Request.of("hi", deadline=20)), DeadlineExceeded)
     assert not isinstance(e, CannotWait)
     assert took >= 19.9  # it waited for a probe to find a model back, as long as it was allowed
 
@@ -102,7 +102,7 @@ async def test_a_breaker_open_by_itself_is_waited_for_until_the_deadline() -> No
 async def test_a_waiting_request_ends_when_the_last_model_it_waits_for_is_tripped_by_hand() -> None:
     async with every_model_answering(OVERLOADED) as (script, client):
         await open_every_breaker(client)
-        waiting = asyncio.ensure_future(client.chat(ChatRequest.of("hi", deadline=300)))
+        waiting = asyncio.ensure_future(client.chat(Request.of("hi", deadline=300)))
         await asyncio.sleep(10)
         assert not waiting.done()
         for m in MODELS:

@@ -21,7 +21,7 @@ from capmon.core.routing.attempt import chat_request
 from capmon.core.routing.targets import Target, build_targets
 from capmon.core.routing.transport_aiohttp import _scrub
 from capmon.core.types.config import ClientConfig, Config, DropRule, EndpointApi, parse_config, resolve_keys
-from capmon.core.types.result import Api, ChatRequest
+from capmon.core.types.result import Format, Request
 from tests.support.configs import config_toml
 
 pytestmark = pytest.mark.unit
@@ -53,7 +53,7 @@ def headers(t: Target) -> dict[str, str]:
 SKIP_SAMPLING = ClientConfig(refused_sampling=DropRule.SKIP)
 
 
-def body(t: Target, request: ChatRequest, *, stream: bool = False, rule: DropRule = DropRule.DROP) -> dict:
+def body(t: Target, request: Request, *, stream: bool = False, rule: DropRule = DropRule.DROP) -> dict:
     """What one attempt sends (attempt.chat_request: the cap, the rule, the translation)."""
     cfg = dataclasses.replace(Config(), client=ClientConfig(refused_sampling=rule))
     out = chat_request(t, request, TokenParam.MAX_TOKENS, cfg, stream)
@@ -66,14 +66,14 @@ def body(t: Target, request: ChatRequest, *, stream: bool = False, rule: DropRul
 @pytest.mark.parametrize(
     ("api", "extra", "base", "expected"),
     [
-        ("openai", "", "https://api.openai.com/v1", {Api.CHAT: "https://api.openai.com/v1/chat/completions"}),
-        ("anthropic", "", "https://api.anthropic.com", {Api.MESSAGES: "https://api.anthropic.com/v1/messages"}),
+        ("openai", "", "https://api.openai.com/v1", {Format.CHAT: "https://api.openai.com/v1/chat/completions"}),
+        ("anthropic", "", "https://api.anthropic.com", {Format.MESSAGES: "https://api.anthropic.com/v1/messages"}),
         (
             "azure",
             'api_version = "2024-10-21"',
             "https://res.openai.azure.com/",
             {
-                Api.CHAT: "https://res.openai.azure.com/openai/deployments/deploy-4o/chat/completions"
+                Format.CHAT: "https://res.openai.azure.com/openai/deployments/deploy-4o/chat/completions"
                 "?api-version=2024-10-21"
             },
         ),
@@ -81,13 +81,13 @@ def body(t: Target, request: ChatRequest, *, stream: bool = False, rule: DropRul
             "azure",
             "",
             "https://res.openai.azure.com",
-            {Api.CHAT: "https://res.openai.azure.com/openai/v1/chat/completions"},
+            {Format.CHAT: "https://res.openai.azure.com/openai/v1/chat/completions"},
         ),
         (
             "azure",
             'api_version = "v1"',
             "https://res.openai.azure.com",
-            {Api.RESPONSES: "https://res.openai.azure.com/openai/v1/responses"},
+            {Format.RESPONSES: "https://res.openai.azure.com/openai/v1/responses"},
         ),
     ],
 )
@@ -149,10 +149,10 @@ def test_the_config_refuses_a_wrong_api_version_or_key_naming_file_and_key() -> 
 
 
 def test_same_format_passes_every_field_through_but_the_cap_and_n() -> None:
-    request = ChatRequest.of("hi", temperature=0.3, seed=7, logprobs=True, stream_options={"include_usage": True})
+    request = Request.of("hi", temperature=0.3, seed=7, logprobs=True, stream_options={"include_usage": True})
     out = body(target("openai"), request, stream=True)
     assert out == {
-        "wire": Api.CHAT,
+        "wire": Format.CHAT,
         "dropped": (),
         "seed": 7,
         "logprobs": True,
@@ -165,19 +165,19 @@ def test_same_format_passes_every_field_through_but_the_cap_and_n() -> None:
         "stream": True,
     }
     anthropic = {"messages": [{"role": "user", "content": "hi"}], "top_k": 5, "thinking": {"type": "enabled"}}
-    out = body(target("anthropic", 'anthropic_version = "2023-06-01"'), ChatRequest.anthropic(anthropic))
-    assert out == {"wire": Api.MESSAGES, "dropped": (), **anthropic, "model": "deploy-4o", "max_tokens": 100}
+    out = body(target("anthropic", 'anthropic_version = "2023-06-01"'), Request.anthropic(anthropic))
+    assert out == {"wire": Format.MESSAGES, "dropped": (), **anthropic, "model": "deploy-4o", "max_tokens": 100}
 
 
 def test_a_chat_request_to_an_anthropic_endpoint_is_translated() -> None:
-    request = ChatRequest.of(
+    request = Request.of(
         [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}],
         max_tokens=500,
         stop=["END"],
     )
     out = body(target("anthropic", 'anthropic_version = "2023-06-01"'), request, stream=True)
     assert out == {
-        "wire": Api.MESSAGES,
+        "wire": Format.MESSAGES,
         "dropped": (),
         "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
         "system": "be brief",
@@ -189,12 +189,12 @@ def test_a_chat_request_to_an_anthropic_endpoint_is_translated() -> None:
 
 
 def test_a_messages_request_to_an_openai_endpoint_is_translated_and_streams_ask_for_usage() -> None:
-    request = ChatRequest.anthropic(
+    request = Request.anthropic(
         {"system": "be brief", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 50, "temperature": 0.2}
     )
     out = body(target("azure"), request, stream=True)
     assert out == {
-        "wire": Api.CHAT,
+        "wire": Format.CHAT,
         "dropped": (),
         "temperature": 0.2,
         "stream_options": {"include_usage": True},
@@ -210,9 +210,9 @@ def test_a_messages_request_to_an_openai_endpoint_is_translated_and_streams_ask_
 def test_sampling_refused_by_2026_10_21_is_dropped_and_said_or_skips_by_the_rule(caller: str) -> None:
     messages = [{"role": "user", "content": "hi"}]
     request = (
-        ChatRequest.of(messages, temperature=0.5, top_p=0.9)
+        Request.of(messages, temperature=0.5, top_p=0.9)
         if caller == "chat"
-        else ChatRequest.anthropic({"messages": messages, "temperature": 0.5, "top_p": 0.9, "top_k": 3})
+        else Request.anthropic({"messages": messages, "temperature": 0.5, "top_p": 0.9, "top_k": 3})
     )
     current = target("anthropic")
     out = body(current, request)
@@ -252,10 +252,10 @@ HINTS = ("cache_control", "thinking", "output_config.effort", "context_managemen
 
 
 def test_anthropic_hints_an_openai_target_cannot_honour_are_dropped_and_said_or_skip_by_the_rule() -> None:
-    request = ChatRequest.anthropic(CLAUDE_CODE)
+    request = Request.anthropic(CLAUDE_CODE)
     openai_target = target("openai")
     out = body(openai_target, request)
-    assert out["wire"] is Api.CHAT and out["dropped"] == HINTS
+    assert out["wire"] is Format.CHAT and out["dropped"] == HINTS
     assert "cache_control" not in json.dumps([out["messages"], out["tools"]]) and not {
         "thinking",
         "output_config",
@@ -280,18 +280,18 @@ def test_anthropic_hints_an_openai_target_cannot_honour_are_dropped_and_said_or_
 @pytest.mark.parametrize(
     ("request_", "api", "extra", "reason"),
     [
-        (ChatRequest.of("hi", n=2), "anthropic", "", "n = 2"),
-        (ChatRequest.of("hi", logprobs=True), "anthropic", "", "logprobs"),
-        (ChatRequest.of("hi", modalities=["text", "audio"]), "anthropic", "", "audio"),
-        (ChatRequest.responses({"input": "hi", "tools": [{"type": "web_search"}]}), "anthropic", "", "web_search"),
+        (Request.of("hi", n=2), "anthropic", "", "n = 2"),
+        (Request.of("hi", logprobs=True), "anthropic", "", "logprobs"),
+        (Request.of("hi", modalities=["text", "audio"]), "anthropic", "", "audio"),
+        (Request.responses({"input": "hi", "tools": [{"type": "web_search"}]}), "anthropic", "", "web_search"),
         (
-            ChatRequest.anthropic({"messages": [{"role": "user", "content": "hi"}], "thinking": {"type": "enabled"}}),
+            Request.anthropic({"messages": [{"role": "user", "content": "hi"}], "thinking": {"type": "enabled"}}),
             "openai",
             "",
             "thinking",
         ),
         (
-            ChatRequest.anthropic(
+            Request.anthropic(
                 {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi", "cache_control": {}}]}]}
             ),
             "openai",
@@ -299,7 +299,7 @@ def test_anthropic_hints_an_openai_target_cannot_honour_are_dropped_and_said_or_
             "",  # an empty cache_control asks for nothing
         ),
         (
-            ChatRequest.anthropic(
+            Request.anthropic(
                 {
                     "messages": [{"role": "user", "content": "hi"}],
                     "thinking": {"type": "enabled", "budget_tokens": 2048},
@@ -310,15 +310,13 @@ def test_anthropic_hints_an_openai_target_cannot_honour_are_dropped_and_said_or_
             "thinking",  # asks for reasoning output: no hint
         ),
         (
-            ChatRequest.anthropic(
-                {"messages": [{"role": "user", "content": "hi"}], "output_config": {"effort": "low"}}
-            ),
+            Request.anthropic({"messages": [{"role": "user", "content": "hi"}], "output_config": {"effort": "low"}}),
             "openai",
             "",
             "effort",  # less than the default effort changes the answer
         ),
         (
-            ChatRequest.anthropic(
+            Request.anthropic(
                 {
                     "messages": [{"role": "user", "content": "hi"}],
                     "context_management": {"edits": [{"type": "clear_tool_uses_20250919"}]},
@@ -329,20 +327,20 @@ def test_anthropic_hints_an_openai_target_cannot_honour_are_dropped_and_said_or_
             "context_management",  # clearing tool results changes what the model sees
         ),
         (
-            ChatRequest.anthropic(
+            Request.anthropic(
                 {"messages": [{"role": "user", "content": [{"type": "text", "text": "a", "citations": [{}]}]}]}
             ),
             "anthropic",
             "",
             "citations on a user text block",  # the version's own refusal, same format
         ),
-        (ChatRequest.responses({"input": "hi"}), "azure", 'api_version = "2024-10-21"', "deployment URL"),
-        (ChatRequest.responses({"input": "hi"}), "azure", "", ""),
-        (ChatRequest.of("hi", n=2), "azure", "", ""),  # same format: untouched, never checked
+        (Request.responses({"input": "hi"}), "azure", 'api_version = "2024-10-21"', "deployment URL"),
+        (Request.responses({"input": "hi"}), "azure", "", ""),
+        (Request.of("hi", n=2), "azure", "", ""),  # same format: untouched, never checked
     ],
 )
 def test_what_a_target_cannot_carry_makes_it_incapable_with_the_reason(
-    request_: ChatRequest, api: str, extra: str, reason: str
+    request_: Request, api: str, extra: str, reason: str
 ) -> None:
     why = formats.incapable(request_, target(api, extra), ClientConfig())
     if reason:
@@ -353,9 +351,9 @@ def test_what_a_target_cannot_carry_makes_it_incapable_with_the_reason(
 
 def test_the_probe_speaks_the_targets_own_wire() -> None:
     api, probe = formats.probe_body(target("anthropic"), TokenParam.MAX_TOKENS)
-    assert api is Api.MESSAGES and probe["max_tokens"] == 1 and probe["model"] == "deploy-4o"
+    assert api is Format.MESSAGES and probe["max_tokens"] == 1 and probe["model"] == "deploy-4o"
     api, probe = formats.probe_body(target("azure"), TokenParam.MAX_COMPLETION_TOKENS)
-    assert api is Api.CHAT and probe["max_completion_tokens"] == 1
+    assert api is Format.CHAT and probe["max_completion_tokens"] == 1
 
 
 # ---------------------------------------------------------------- keys never shown
@@ -371,7 +369,7 @@ def test_an_azure_or_anthropic_key_header_is_redacted_even_when_capmon_does_not_
 
 def test_a_held_key_never_reaches_an_exception_or_a_log_line(caplog: pytest.LogCaptureFixture) -> None:
     t = target("azure", 'api_version = "2024-10-21"')
-    request = httpx.Request("POST", t.urls[Api.CHAT], headers=[(k, v) for k, v in t.http_headers])
+    request = httpx.Request("POST", t.urls[Format.CHAT], headers=[(k, v) for k, v in t.http_headers])
     assert KEY not in _scrub(f"boom {dict(request.headers)}", request)
     with caplog.at_level(logging.DEBUG, logger="httpx"):
         logging.getLogger("httpx").debug("sent headers %s", dict(request.headers))

@@ -15,7 +15,7 @@ from capmon.core.providers.tokens import estimate_body, estimate_request, estima
 from capmon.core.routing.client import FallbackClient
 from capmon.core.types.config import SIMULATOR_DEMO_KEY
 from capmon.core.types.failure import Kind
-from capmon.core.types.result import Api, ChatRequest, Skip, sent
+from capmon.core.types.result import Format, Request, Skip, sent
 from capmon.sim.scenario import Scenario
 from tests.support.configs import build_config
 from tests.support.simulated import StartSim, sim_model
@@ -28,9 +28,9 @@ TOOL = {"name": "Read", "description": "Read a file " * 100, "input_schema": {"t
 
 def test_each_apis_prompt_is_counted_with_its_system_prompt_and_tools() -> None:
     text = [{"role": "user", "content": "x" * 400}]
-    assert estimate_body(Api.MESSAGES, {"messages": text}) == estimate_tokens(text) == 104
-    assert estimate_body(Api.MESSAGES, {"messages": text, "system": "y" * 400}) == 208
-    tools = estimate_body(Api.MESSAGES, {"messages": text, "tools": [TOOL]}) - 104
+    assert estimate_body(Format.MESSAGES, {"messages": text}) == estimate_tokens(text) == 104
+    assert estimate_body(Format.MESSAGES, {"messages": text, "system": "y" * 400}) == 208
+    tools = estimate_body(Format.MESSAGES, {"messages": text, "tools": [TOOL]}) - 104
     assert tools > 300  # the tool's JSON, description and schema, as text
     result = [
         {
@@ -40,7 +40,7 @@ def test_each_apis_prompt_is_counted_with_its_system_prompt_and_tools() -> None:
         {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {"q": "q" * 391}}]},
     ]
     # the tool result's text, the tool call's input as JSON ({"q": "..."}: 9 characters around it)
-    assert estimate_body(Api.MESSAGES, {"messages": result}) == 100 + 100 + 2 * 4
+    assert estimate_body(Format.MESSAGES, {"messages": result}) == 100 + 100 + 2 * 4
     responses = {
         "instructions": "y" * 400,
         "input": [
@@ -49,11 +49,11 @@ def test_each_apis_prompt_is_counted_with_its_system_prompt_and_tools() -> None:
             {"type": "function_call_output", "call_id": "c", "output": "o" * 400},
         ],
     }
-    assert estimate_body(Api.RESPONSES, responses) == 4 * 104
-    assert estimate_body(Api.RESPONSES, {"input": "x" * 400}) == 104
-    assert estimate_request(ChatRequest.anthropic({"messages": text, "system": "y" * 400})) == 208
-    assert estimate_request(ChatRequest.responses({"input": "x" * 400, "instructions": "y" * 400})) == 208
-    assert estimate_request(ChatRequest.of(text)) == 104
+    assert estimate_body(Format.RESPONSES, responses) == 4 * 104
+    assert estimate_body(Format.RESPONSES, {"input": "x" * 400}) == 104
+    assert estimate_request(Request.anthropic({"messages": text, "system": "y" * 400})) == 208
+    assert estimate_request(Request.responses({"input": "x" * 400, "instructions": "y" * 400})) == 208
+    assert estimate_request(Request.of(text)) == 104
 
 
 def _client(server: Any, api: str) -> FallbackClient:

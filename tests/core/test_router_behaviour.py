@@ -10,7 +10,7 @@ from capmon.core.base.exceptions import CannotWait, DeadlineExceeded, RequestFai
 from capmon.core.routing.client import FallbackClient
 from capmon.core.types import events as ev
 from capmon.core.types.failure import Kind
-from capmon.core.types.result import ChatRequest, Skip, sent
+from capmon.core.types.result import Request, Skip, sent
 from capmon.sim.app import create_app
 from capmon.sim.scenario import parse_scenario
 from tests.support.configs import ENV, THREE_MODELS, build_config, three_models
@@ -35,8 +35,8 @@ async def test_requests_are_kept_lean_the_callers_max_tokens_kept_and_n_1() -> N
     script = Script()
     async with serve(script) as url:
         async with FallbackClient(three_models(url), environ=ENV) as client:
-            kept = await client.chat(ChatRequest.of("hi", max_tokens=99999, extra={"n": 5, "top_p": 0.5}))
-            await client.chat(ChatRequest.of("hi"))
+            kept = await client.chat(Request.of("hi", max_tokens=99999, extra={"n": 5, "top_p": 0.5}))
+            await client.chat(Request.of("hi"))
     body = script.seen[0].body
     assert body["max_tokens"] == 99999 and body["n"] == 1 and body["top_p"] == 0.5
     assert kept.max_tokens_lowered is None
@@ -48,8 +48,8 @@ async def test_with_cap_client_tokens_the_models_max_tokens_is_a_ceiling_and_the
     async with serve(script) as url:
         config = three_models(url, extra="[client]\ncap_client_tokens = true")
         async with FallbackClient(config, environ=ENV) as client:
-            lowered = await client.chat(ChatRequest.of("hi", max_tokens=99999))
-            below = await client.chat(ChatRequest.of("hi", max_tokens=10))
+            lowered = await client.chat(Request.of("hi", max_tokens=99999))
+            below = await client.chat(Request.of("hi", max_tokens=10))
     assert [s.body["max_tokens"] for s in script.seen] == [1024, 10]
     assert lowered.max_tokens_lowered == 1024 and below.max_tokens_lowered is None
 
@@ -69,7 +69,7 @@ async def test_too_large_falls_back_only_to_a_model_whose_window_is_larger() -> 
     async with serve(script) as url:
         async with FallbackClient(three_models(url), environ=ENV) as client:
             client.pin("medium")  # order: medium, then the request's own small, then flagship
-            result = await client.chat(ChatRequest.of("long prompt", model="small"))
+            result = await client.chat(Request.of("long prompt", model="small"))
     assert result.model == "flagship"
     assert [a.kind for a in sent(result.attempts)] == [Kind.TOO_LARGE, None]
     assert script.served("small") == 0  # its window is smaller than the one that was too small

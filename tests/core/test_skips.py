@@ -17,7 +17,7 @@ from capmon.core.base.exceptions import CannotWait, DeadlineExceeded, Unavailabl
 from capmon.core.routing.client import FallbackClient
 from capmon.core.types import events as ev
 from capmon.core.types.failure import Cause, Kind
-from capmon.core.types.result import ChatRequest, Decision, Skip, sent
+from capmon.core.types.result import Decision, Request, Skip, sent
 from tests.support.configs import ENV, build_config, three_models
 from tests.support.scripted import OVERLOADED, Reply, Script, free_port, ok, serve
 
@@ -34,7 +34,7 @@ async def test_a_model_tripped_by_hand_is_passed_over_on_the_record_and_in_an_ev
         seen: list[ev.Event] = []
         client.bus.subscribe(seen.append)
         client.trip("flagship")
-        result = await client.chat(ChatRequest.of("hi", request_id="caller-1"))
+        result = await client.chat(Request.of("hi", request_id="caller-1"))
     assert result.model == "medium" and _skips(result.attempts) == [("flagship", Skip.TRIPPED)]
     assert result.skipped[0].reason.startswith("tripped: tripped by hand")
     assert len(sent(result.attempts)) == 1 and result.fallbacks == 1  # flagship -> medium, nothing more
@@ -108,7 +108,7 @@ async def test_an_endpoint_that_answered_before_is_waited_for_and_the_deadline_s
         await client.chat("hi")  # it answered: a later failure to connect is an outage, waited for
         await server.aclose()  # gone: the same port refuses now
         with pytest.raises(DeadlineExceeded) as info:
-            await client.chat(ChatRequest.of("hi", deadline=10.0))
+            await client.chat(Request.of("hi", deadline=10.0))
     e = info.value
     assert e.failure.kind is Kind.UNREACHABLE and "connection refused" in str(e)
     assert len(sent(e.attempts)) >= 2  # it waited and tried again

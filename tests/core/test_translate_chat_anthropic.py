@@ -24,7 +24,7 @@ from capmon.core.providers.anthropic_wire import MessageAssembler
 from capmon.core.providers.openai_wire import Assembler
 from capmon.core.types.config import ClientConfig, DropRule
 from capmon.core.types.failure import Kind
-from capmon.core.types.result import Api, ChatRequest
+from capmon.core.types.result import Format, Request
 from tests.core.test_anthropic_wire import OVERLOADED, TEXT_ANSWER, TOOL_ANSWER, json_piece
 from tests.core.test_formats import target
 
@@ -52,12 +52,12 @@ def anthropic(*messages: dict[str, Any], **fields: Any) -> dict[str, Any]:
     return {"model": "claude-x", "max_tokens": 1024, "messages": list(messages), **fields}
 
 
-def chat_request(body: Mapping[str, Any]) -> ChatRequest:
+def chat_request(body: Mapping[str, Any]) -> Request:
     """A chat body as the caller's request (as the gateway reads one: the model aside)."""
-    return ChatRequest.of(body["messages"], **{k: v for k, v in body.items() if k not in ("model", "messages")})
+    return Request.of(body["messages"], **{k: v for k, v in body.items() if k not in ("model", "messages")})
 
 
-def incapable(request: ChatRequest, api: str, hints: DropRule = DropRule.DROP) -> str | None:
+def incapable(request: Request, api: str, hints: DropRule = DropRule.DROP) -> str | None:
     """Why a target on ``api``'s wire cannot carry ``request``, or None: the production check
     (formats.incapable: the translation itself, then the wire's own rules)."""
     return formats.incapable(request, target(api), ClientConfig(unhonoured_hints=hints))
@@ -278,7 +278,7 @@ def test_messages_to_chat_is_the_same_table_backwards(
     body = _as_messages_request(anthropic_fields)
     if name == "token-cap":
         body["max_tokens"] = 77
-    assert incapable(ChatRequest.anthropic(body), "openai") is None
+    assert incapable(Request.anthropic(body), "openai") is None
     got = tr.messages_to_chat(body)
     CHAT_BODY.validate_python({"model": "gpt-x", **got})
     # Chat -> Messages of what came back is the row again: the meaning went both ways.
@@ -434,7 +434,7 @@ MESSAGES_REFUSED = [
 def test_messages_requests_openai_cannot_carry_are_refused(name: str, body: dict[str, Any], reason: str) -> None:
     assert reason in refused(tr.messages_to_chat, body)
     # so a target on OpenAI's wire is skipped, saying why (a hint among them when the rule says skip: see HINTED)
-    got = incapable(ChatRequest.anthropic(body), "openai", hints=DropRule.SKIP)
+    got = incapable(Request.anthropic(body), "openai", hints=DropRule.SKIP)
     assert got is not None and reason in got, got
 
 
@@ -449,7 +449,7 @@ def test_fields_that_mean_nothing_to_the_answer_do_not_stop_a_request() -> None:
         logprobs=False,
     )
     assert incapable(chat_request(body), "anthropic") is None
-    assert incapable(ChatRequest.anthropic(anthropic(user("Hi"), service_tier="auto")), "openai") is None
+    assert incapable(Request.anthropic(anthropic(user("Hi"), service_tier="auto")), "openai") is None
 
 
 # (name, Messages request, the hints taken out, the request without them): fields that say
@@ -547,12 +547,12 @@ def test_hints_are_taken_out_and_named_and_the_rest_translates_or_is_refused(
         refused(tr.messages_to_chat, body)  # the translation alone never drops them silently
         tr.messages_to_chat(rest)
         # a target on OpenAI's wire: the hints dropped, or (by the rule) the target skipped naming them
-        assert incapable(ChatRequest.anthropic(body), "openai") is None
-        why = incapable(ChatRequest.anthropic(body), "openai", hints=DropRule.SKIP)
+        assert incapable(Request.anthropic(body), "openai") is None
+        why = incapable(Request.anthropic(body), "openai", hints=DropRule.SKIP)
         assert why is not None and all(h in why for h in hints), why
     else:
         refused(tr.messages_to_chat, rest)
-        assert incapable(ChatRequest.anthropic(rest), "openai") is not None
+        assert incapable(Request.anthropic(rest), "openai") is not None
 
 
 def test_sampling_a_2026_target_refuses_is_named_after_translation() -> None:
@@ -799,9 +799,9 @@ def test_stream_round_trip_keeps_the_answer() -> None:
 # ---------------------------------------------------------------- streams across formats: how they end
 
 
-def codec(caller: Api, target_wire: Api, **extra: Any) -> formats.Codec:
+def codec(caller: Format, target_wire: Format, **extra: Any) -> formats.Codec:
     """The one translator an attempt uses (capmon/core/providers/formats.py), end checks included."""
-    return formats.stream_codec(ChatRequest((), api=caller, extra=extra), target_wire, created=1)
+    return formats.stream_codec(Request((), format=caller, extra=extra), target_wire, created=1)
 
 
 def run(c: formats.Codec, events: list[dict[str, Any]]) -> tuple[list[Mapping[str, Any]], BrokenAnswer | None]:
@@ -832,7 +832,7 @@ def messages_broken(arguments: list[str]) -> list[dict[str, Any]]:
 
 
 def test_a_chat_stream_whose_tool_call_is_not_json_never_ends_as_a_messages_answer() -> None:
-    out, broken = run(codec(Api.MESSAGES, Api.CHAT), chat_broken(['{"city": "Par']))
+    out, broken = run(codec(Format.MESSAGES, Format.CHAT), chat_broken(['{"city": "Par']))
     assert broken is not None and broken.failure.kind is Kind.TRANSIENT and broken.failure.status == 200
     assert "weather (call_1)" in broken.failure.reason and "not JSON" in broken.failure.reason
     # the call's pieces went out; the block's stop, the stop reason and message_stop did not
@@ -842,19 +842,19 @@ def test_a_chat_stream_whose_tool_call_is_not_json_never_ends_as_a_messages_answ
 def test_a_chat_call_is_checked_when_the_next_begins_before_its_block_stops() -> None:
     events = chat_broken(['{"city": "Par'])
     events.insert(3, tool_delta(1, id="call_2", type="function", function={"name": "weather", "arguments": "{}"}))
-    out, broken = run(codec(Api.MESSAGES, Api.CHAT), events)
+    out, broken = run(codec(Format.MESSAGES, Format.CHAT), events)
     assert broken is not None and "weather (call_1)" in broken.failure.reason
     assert "content_block_stop" not in [e["type"] for e in out]
 
 
 @pytest.mark.parametrize("arguments", [["[1, 2]"], ['"Paris"'], ["{", "}}"]], ids=["array", "string", "extra-brace"])
 def test_chat_arguments_that_are_no_json_object_break_the_answer(arguments: list[str]) -> None:
-    out, broken = run(codec(Api.MESSAGES, Api.CHAT), chat_broken(arguments))
+    out, broken = run(codec(Format.MESSAGES, Format.CHAT), chat_broken(arguments))
     assert broken is not None and "message_stop" not in [e["type"] for e in out]
 
 
 def test_a_whole_chat_tool_stream_still_ends_as_anthropics_does() -> None:
-    out, broken = run(codec(Api.MESSAGES, Api.CHAT), CHAT_TOOLS)
+    out, broken = run(codec(Format.MESSAGES, Format.CHAT), CHAT_TOOLS)
     assert broken is None
     assert [e["type"] for e in out][-4:] == [
         "content_block_delta",
@@ -864,11 +864,11 @@ def test_a_whole_chat_tool_stream_still_ends_as_anthropics_does() -> None:
     ]
     assert out[-2]["delta"]["stop_reason"] == "tool_use"  # type: ignore[index]
     # no arguments at all is an empty object, as for Anthropic's own tool_use without input
-    assert run(codec(Api.MESSAGES, Api.CHAT), chat_broken([]))[1] is None
+    assert run(codec(Format.MESSAGES, Format.CHAT), chat_broken([]))[1] is None
 
 
 def test_the_messages_end_waits_for_close_even_after_the_finish_reason() -> None:
-    c = codec(Api.MESSAGES, Api.CHAT)
+    c = codec(Format.MESSAGES, Format.CHAT)
     sent = [e["type"] for event in CHAT_TOOLS for e in c.feed(event)]
     assert "message_delta" not in sent and "message_stop" not in sent
     assert [e["type"] for e in c.close()][-2:] == ["message_delta", "message_stop"]
@@ -876,7 +876,8 @@ def test_the_messages_end_waits_for_close_even_after_the_finish_reason() -> None
 
 def test_an_anthropic_tool_block_that_is_not_json_never_ends_as_a_chat_answer() -> None:
     out, broken = run(
-        codec(Api.CHAT, Api.MESSAGES, stream_options={"include_usage": True}), messages_broken(['{"city": "Pa', "ris"])
+        codec(Format.CHAT, Format.MESSAGES, stream_options={"include_usage": True}),
+        messages_broken(['{"city": "Pa', "ris"]),
     )
     assert broken is not None and "weather (toolu_1)" in broken.failure.reason
     assert out and not any(c["choices"] and c["choices"][0]["finish_reason"] for c in out)
@@ -889,7 +890,7 @@ def test_an_anthropic_tool_block_never_stopped_is_checked_at_the_end() -> None:
     events = [
         e for e in messages_broken(['{"city": "Pa']) if not (e["type"] == "content_block_stop" and e["index"] == 1)
     ]
-    c = codec(Api.CHAT, Api.MESSAGES)
+    c = codec(Format.CHAT, Format.MESSAGES)
     sent = [x for e in events for x in c.feed(e)]
     assert not any(x["choices"][0]["finish_reason"] for x in sent)  # message_stop's finish is held
     with pytest.raises(BrokenAnswer, match="weather"):
@@ -897,7 +898,7 @@ def test_an_anthropic_tool_block_never_stopped_is_checked_at_the_end() -> None:
 
 
 def test_the_chat_end_waits_for_close_after_message_stop() -> None:
-    c = codec(Api.CHAT, Api.MESSAGES, stream_options={"include_usage": True})
+    c = codec(Format.CHAT, Format.MESSAGES, stream_options={"include_usage": True})
     sent = [x for e in TOOL_ANSWER for x in c.feed(e)]
     assert not any(x["choices"] and x["choices"][0]["finish_reason"] for x in sent)
     end = c.close()
@@ -908,10 +909,12 @@ def test_a_plain_answer_with_a_broken_tool_call_is_broken_in_both_directions() -
     completion = tr.message_to_completion(MESSAGE, created=1)
     completion["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"] = '{"city": "Par'
     with pytest.raises(BrokenAnswer, match=r"weather \(call_1\).*not JSON"):
-        formats.answer_in(Api.MESSAGES, Api.CHAT, completion, created=1)
+        formats.answer_in(Format.MESSAGES, Format.CHAT, completion, created=1)
     for not_object in ('{"city": "Par', ["Paris"]):  # an input that is no object, whatever its shape
         message = {**MESSAGE, "content": [{**USE, "input": not_object}]}
-        for caller in (Api.CHAT, Api.RESPONSES):
+        for caller in (Format.CHAT, Format.RESPONSES):
             with pytest.raises(BrokenAnswer, match=r"weather \(call_1\)"):
-                formats.answer_in(caller, Api.MESSAGES, message, created=1)
-    assert formats.answer_in(Api.MESSAGES, Api.MESSAGES, {**MESSAGE, "content": [{**USE, "input": "x"}]}, created=1)
+                formats.answer_in(caller, Format.MESSAGES, message, created=1)
+    assert formats.answer_in(
+        Format.MESSAGES, Format.MESSAGES, {**MESSAGE, "content": [{**USE, "input": "x"}]}, created=1
+    )

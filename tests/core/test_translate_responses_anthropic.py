@@ -18,7 +18,7 @@ from capmon.core.providers import formats
 from capmon.core.providers import translate_responses_anthropic as tr
 from capmon.core.providers.anthropic_wire import MessageAssembler
 from capmon.core.types.failure import Kind
-from capmon.core.types.result import Api, ChatRequest
+from capmon.core.types.result import Format, Request
 from tests.core.test_anthropic_wire import TEXT_ANSWER, TOOL_ANSWER, end, json_piece, start
 from tests.core.test_translate_chat_anthropic import ANTHROPIC_TOOL, PNG, WEATHER, incapable, refused
 
@@ -146,7 +146,7 @@ TABLE: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
 @pytest.mark.parametrize(("name", "body", "expected"), TABLE, ids=[t[0] for t in TABLE])
 def test_responses_to_messages(name: str, body: dict[str, Any], expected: dict[str, Any]) -> None:
     RESPONSES_BODY.validate_python(body)
-    assert incapable(ChatRequest.responses(body), "anthropic") is None
+    assert incapable(Request.responses(body), "anthropic") is None
     got = tr.responses_to_messages(body)
     assert got == expected
     ANTHROPIC_BODY.validate_python(aw.messages_body(got, model="claude-x", max_tokens=1024, stream=False))
@@ -177,7 +177,7 @@ REFUSED = [
 @pytest.mark.parametrize(("name", "body", "reason"), REFUSED, ids=[r[0] for r in REFUSED])
 def test_responses_requests_anthropic_cannot_carry_are_refused(name: str, body: dict[str, Any], reason: str) -> None:
     assert reason in refused(tr.responses_to_messages, body)
-    got = incapable(ChatRequest.responses(body), "anthropic")  # so a target on Anthropic's wire is skipped
+    got = incapable(Request.responses(body), "anthropic")  # so a target on Anthropic's wire is skipped
     assert got is not None and reason in got, got
 
 
@@ -185,7 +185,7 @@ def test_codex_like_bookkeeping_does_not_stop_a_request() -> None:
     body = req(
         "Hi", store=False, include=["reasoning.encrypted_content"], prompt_cache_key="s1", parallel_tool_calls=True
     )
-    assert incapable(ChatRequest.responses(body), "anthropic") is None
+    assert incapable(Request.responses(body), "anthropic") is None
 
 
 @pytest.mark.parametrize(
@@ -201,7 +201,7 @@ def test_codex_like_bookkeeping_does_not_stop_a_request() -> None:
 )
 def test_a_reasoning_object_asking_no_effort_and_codex_metadata_are_left_out(fields: dict[str, Any]) -> None:
     body = req("Hi", **fields)
-    assert incapable(ChatRequest.responses(body), "anthropic") is None
+    assert incapable(Request.responses(body), "anthropic") is None
     assert tr.responses_to_messages(body) == tr.responses_to_messages(req("Hi"))
 
 
@@ -328,7 +328,7 @@ def test_an_anthropic_tool_block_that_is_not_json_never_completes_the_response()
     """Through the one codec an attempt uses: the call's deltas go out, but neither its
     arguments' ``.done``, its ``output_item.done`` nor ``response.completed``."""
     events = [*TOOL_ANSWER[:5], json_piece(1, '{"city": "Pa'), *TOOL_ANSWER[-3:]]
-    c = formats.stream_codec(ChatRequest((), api=Api.RESPONSES), Api.MESSAGES, created=1)
+    c = formats.stream_codec(Request((), format=Format.RESPONSES), Format.MESSAGES, created=1)
     sent: list[Any] = []
     with pytest.raises(BrokenAnswer, match=r"weather \(toolu_1\).*not JSON") as broken:
         for e in events:
@@ -340,7 +340,7 @@ def test_an_anthropic_tool_block_that_is_not_json_never_completes_the_response()
 
 
 def test_the_responses_end_waits_for_close_after_message_stop() -> None:
-    c = formats.stream_codec(ChatRequest((), api=Api.RESPONSES), Api.MESSAGES, created=1)
+    c = formats.stream_codec(Request((), format=Format.RESPONSES), Format.MESSAGES, created=1)
     sent = [r for e in TOOL_ANSWER for r in c.feed(e)]
     assert sent[-1]["type"] == "response.output_item.done"
     (done,) = c.close()

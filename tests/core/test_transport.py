@@ -31,7 +31,7 @@ from capmon.core.routing.client import FallbackClient
 from capmon.core.routing.transport import HttpcoreTransport, TransportKind, make_transport, resolve
 from capmon.core.routing.transport_aiohttp import AiohttpTransport
 from capmon.core.types.failure import Cause, Kind
-from capmon.core.types.result import ChatRequest
+from capmon.core.types.result import Request as ClientRequest
 from capmon.sim.server import running_simulator
 from tests.reliability.helpers import ENV, scenario, set_fault, sim_config
 from tests.support import pools
@@ -604,7 +604,7 @@ async def test_the_fallback_client_chats_and_streams_on_either_transport(kind: s
             kind, max_connections=cfg.client.max_connections, connect_timeout=cfg.client.connect_timeout
         )
         async with FallbackClient(cfg, environ=ENV, transport=transport) as fc:
-            results = await asyncio.gather(*[fc.chat(ChatRequest.of(f"item {i}")) for i in range(20)])
+            results = await asyncio.gather(*[fc.chat(ClientRequest.of(f"item {i}")) for i in range(20)])
             assert all(r.content for r in results) and {r.model for r in results} <= {"flagship", "medium", "small"}
             pieces = [p async for p in fc.stream("Count to five.")]
             assert len(pieces) > 1

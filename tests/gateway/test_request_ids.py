@@ -16,7 +16,7 @@ import pytest
 from capmon import audit
 from capmon.core.base.clock import default_clock
 from capmon.core.types import events as ev
-from capmon.core.types.result import Attempt, ChatRequest, Decision
+from capmon.core.types.result import Attempt, Decision, Request
 from tests.gateway.helpers import HELLO, running, scenario, sse_frames
 
 NEW_ID = re.compile(r"req_[0-9a-f]{24}")
@@ -119,7 +119,7 @@ def test_the_audit_keeps_the_request_id_and_an_older_database_gains_the_column()
                  " decision TEXT NOT NULL, reason TEXT NOT NULL DEFAULT '', api TEXT)")  # fmt: skip
     conn.execute("INSERT INTO attempts (job, at, attempt, decision) VALUES ('j', 1, 1, 'ok')")
     audit.ensure_schema(conn)
-    request = ChatRequest(messages=(), job="j", item_id="i", request_id="req_abc")
+    request = Request(messages=(), job="j", item_id="i", request_id="req_abc")
     attempt = Attempt(1, "flagship", "t", "sim", "k", 2.0, 200, None, "", None, 0.0, 0.1, Decision.OK)
     audit.write_rows(conn, [audit.attempt_row(request, attempt)])
     rows = audit.read_attempts(conn, "j")
@@ -137,7 +137,7 @@ async def test_a_request_for_a_tripped_model_served_by_another_says_it_fell_back
         auto = await sdk.chat.completions.with_raw_response.create(model="auto", messages=HELLO)
         gw.client.reset("flagship")
         asked = await sdk.chat.completions.with_raw_response.create(model="flagship", messages=HELLO)
-        result = await gw.client.chat(ChatRequest.of(HELLO, model="medium"))
+        result = await gw.client.chat(Request.of(HELLO, model="medium"))
         fell = gw.client.bus.recent(types=[ev.FellBack])
     for reply in (raw, streamed, auto):
         h = reply.headers

@@ -15,7 +15,7 @@ import pytest
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 
 from capmon.core.providers.usage import MAX_COUNT
-from capmon.core.types.result import ChatRequest
+from capmon.core.types.result import Request
 from capmon.sim.usage import HUGE, USAGE_MODES
 from tests.gateway.helpers import HELLO, Running, data_of, gateway_for, scenario, spec, sse_frames
 from tests.gateway.test_traces import otlp_receiver, spans_of, traced
@@ -74,8 +74,8 @@ async def test_hostile_usage_reaches_the_client_the_log_and_a_span_bounded(
     scn = scenario(spec("flagship"), spec("medium"), spec("small", api="anthropic"))
     async with traced(scn, anthropic=("small",), gateway=f'access_log = "{where}"') as (gw, exporter):
         await hostile(gw, mode)
-        result = await gw.client.chat(ChatRequest.of(HELLO, model="flagship"))
-        streamed = await gw.client.chat(ChatRequest.of(HELLO, model="small"))  # translated from Messages
+        result = await gw.client.chat(Request.of(HELLO, model="flagship"))
+        streamed = await gw.client.chat(Request.of(HELLO, model="small"))  # translated from Messages
         async with gw.http() as http:
             chat = await http.post("/v1/chat/completions", json={"model": "flagship", "messages": HELLO})
             chat_stream = await http.post(

@@ -13,7 +13,7 @@ import pytest
 
 from capmon.core.types.config import load_config
 from capmon.core.types.events import Event, Notice
-from capmon.core.types.result import ChatRequest
+from capmon.core.types.result import Request
 from capmon.runtime import open_engine
 from capmon.sim.server import probe
 from tests.support.configs import shipped_config
@@ -58,7 +58,7 @@ async def test_the_borrower_reports_the_loss_and_takes_over(tmp_path: Path, capl
         async with open_engine(config, environ={}) as second:
             assert not second.simulator_started  # it borrowed the first one's simulator
             second.bus.subscribe(on_event)
-            assert (await second.client.chat(ChatRequest.of("hello", max_tokens=5))).content
+            assert (await second.client.chat(Request.of("hello", max_tokens=5))).content
             await asyncio.sleep(1.3)
             assert notices == []  # a borrowed simulator that is still there is no news
 
@@ -78,7 +78,7 @@ async def test_the_borrower_reports_the_loss_and_takes_over(tmp_path: Path, capl
             assert any(r.levelno == logging.WARNING and "gone away" in r.getMessage() for r in caplog.records)
             assert second.simulator_started  # it serves the address itself now
             assert await probe("127.0.0.1", port) is True
-            assert (await second.client.chat(ChatRequest.of("still there?", max_tokens=5))).content
+            assert (await second.client.chat(Request.of("still there?", max_tokens=5))).content
         assert await probe("127.0.0.1", port) is None  # and it stopped what it started
     finally:
         if owner_open:

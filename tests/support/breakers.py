@@ -6,7 +6,7 @@ import pytest
 
 from capmon.core.base.exceptions import RequestFailed
 from capmon.core.routing.client import FallbackClient
-from capmon.core.types.result import ChatRequest
+from capmon.core.types.result import Request
 
 
 async def open_every_breaker(client: FallbackClient) -> None:
@@ -14,4 +14,4 @@ async def open_every_breaker(client: FallbackClient) -> None:
     must be failing with capacity errors)."""
     while {t.state.view().breaker.state for t in client.targets} != {"open"}:
         with pytest.raises(RequestFailed):
-            await client.chat(ChatRequest.of("trip", deadline=1))
+            await client.chat(Request.of("trip", deadline=1))

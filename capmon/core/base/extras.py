@@ -3,7 +3,7 @@ is missing.
 
 ``pip install capmon`` brings the library and the dashboard only. What needs more says
 so where it is asked for, before anything starts: :func:`require` raises
-:class:`~capmon.core.exceptions.MissingExtra` (one line naming the extra and the command
+:class:`~capmon.core.base.exceptions.MissingExtra` (one line naming the extra and the command
 that installs it; exit 2 on the command line), and :func:`installed` lets a default
 choose what is there (``client.transport = "auto"``).
 """

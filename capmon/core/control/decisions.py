@@ -1,7 +1,7 @@
 """What an admission and a settle decide, as pure functions: the one specification
 every store of the state seam follows (ARCHITECTURE.md, "The state seam").
 
-:class:`~capmon.core.state.MemoryTarget` applies these decisions to its own breaker,
+:class:`~capmon.core.control.seam.MemoryTarget` applies these decisions to its own breaker,
 limiter, key book and buckets. ``RedisTarget`` (capmon/fleet/target.py) applies them
 to its mirror and sends them to its scripts, which take only what needs the whole
 fleet's counts at one moment (how many requests are in flight, the buckets' tokens,

@@ -2,8 +2,8 @@
 what each refuses, plain answers, stream events and the answer they assemble into.
 
 The counterpart of :mod:`capmon.core.providers.openai_wire` (OpenAI's wire), in the same vocabulary: a
-stream frame becomes an :class:`~capmon.core.wire.Event` with a
-:class:`~capmon.core.wire.FrameKind`, so the attempt reads either wire with one loop.
+stream frame becomes an :class:`~capmon.core.providers.openai_wire.Event` with a
+:class:`~capmon.core.providers.openai_wire.FrameKind`, so the attempt reads either wire with one loop.
 Field names follow the anthropic SDK's types (``anthropic/types``). The attempt reaches it
 through capmon/core/providers/formats.py (see ARCHITECTURE.md, "Across formats").
 
@@ -38,7 +38,7 @@ def request_headers(secret: str, version: AnthropicVersion = DEFAULT_VERSION) ->
 
 
 def messages_body(extra: Mapping[str, Any], *, model: str, max_tokens: int, stream: bool) -> dict[str, Any]:
-    """A Messages body (see :func:`capmon.core.wire.owned_body`); the cap is required by the
+    """A Messages body (see :func:`capmon.core.providers.openai_wire.owned_body`); the cap is required by the
     API: the model's cap when the caller gave none."""
     return owned_body(extra, model=model, cap_field="max_tokens", cap=max_tokens, stream=stream)
 

@@ -1,9 +1,9 @@
 """Which format an attempt speaks, and how a request crosses from the caller's format to
 the target's and its answer back.
 
-A caller speaks one :class:`~capmon.core.result.Api` (chat completions, the Responses
+A caller speaks one :class:`~capmon.core.types.result.Format` (chat completions, the Responses
 API, Anthropic's Messages); a target's endpoint speaks one provider API
-(:class:`~capmon.core.config.EndpointApi`). This module is the one place that pairs them:
+(:class:`~capmon.core.types.config.EndpointApi`). This module is the one place that pairs them:
 
 * the *wire* an attempt sends (:func:`wire_of`): an Anthropic endpoint always speaks
   Messages; an OpenAI or Azure one speaks the caller's format, and chat completions for
@@ -19,7 +19,7 @@ API, Anthropic's Messages); a target's endpoint speaks one provider API
 * the answer and the stream events in the caller's format (:func:`answer_in`,
   :func:`stream_codec`), and the wire's own frame reader and assembler (:class:`WireReader`);
   an answer that crosses has its tool calls checked (arguments that are no JSON object are a
-  broken answer, :class:`~capmon.core.exceptions.BrokenAnswer`), and a stream that crosses
+  broken answer, :class:`~capmon.core.base.exceptions.BrokenAnswer`), and a stream that crosses
   keeps the caller's end events back until the wire's own end is whole (:class:`_Crossing`).
 
 See ARCHITECTURE.md, "Across formats".
@@ -41,41 +41,41 @@ from capmon.core.providers import translate_responses_anthropic as tra
 from capmon.core.providers import usage
 from capmon.core.providers.classify import QUOTA_HINT, classify_tool_call, parse_completion
 from capmon.core.types.config import ClientConfig, DropRule, EndpointApi, EndpointConfig, ModelConfig
-from capmon.core.types.result import Api, ChatRequest
+from capmon.core.types.result import Format, Request
 
 if TYPE_CHECKING:
     from capmon.core.routing.targets import Target
 
 
-def wire_of(caller: Api, endpoint: EndpointConfig) -> Api:
+def wire_of(caller: Format, endpoint: EndpointConfig) -> Format:
     """The format an attempt for a ``caller`` request sends to ``endpoint``."""
     if endpoint.api is EndpointApi.ANTHROPIC:
-        return Api.MESSAGES
-    return Api.CHAT if caller is Api.MESSAGES else caller
+        return Format.MESSAGES
+    return Format.CHAT if caller is Format.MESSAGES else caller
 
 
 # ---------------------------------------------------------------- where and with which key
 
 
-def urls(endpoint: EndpointConfig, model: ModelConfig) -> dict[Api, str]:
+def urls(endpoint: EndpointConfig, model: ModelConfig) -> dict[Format, str]:
     """The URL of each wire the endpoint serves. Azure's classic deployment URL names the
     model's wire name (``api_model``, else its name) as the deployment and serves chat
     completions only."""
     base = endpoint.base_url.rstrip("/")
     if endpoint.api is EndpointApi.ANTHROPIC:
-        return {Api.MESSAGES: base + aw.MESSAGES_PATH}
+        return {Format.MESSAGES: base + aw.MESSAGES_PATH}
     if endpoint.azure_classic:
         query = "?api-version=" + endpoint.api_version
-        return {Api.CHAT: f"{base}/openai/deployments/{model.wire_name}/chat/completions{query}"}
+        return {Format.CHAT: f"{base}/openai/deployments/{model.wire_name}/chat/completions{query}"}
     if endpoint.api is EndpointApi.AZURE:
         base += "/openai/v1"
-    return {Api.CHAT: base + "/chat/completions", Api.RESPONSES: base + "/responses"}
+    return {Format.CHAT: base + "/chat/completions", Format.RESPONSES: base + "/responses"}
 
 
 def credentials(endpoint: EndpointConfig, secret: str) -> dict[str, str]:
     """The key (and version) headers of the endpoint's API. Anthropic: ``x-api-key``,
     which every version and every compatible server takes (see
-    :func:`capmon.core.anthropic_wire.request_headers`); Azure: ``api-key``."""
+    :func:`capmon.core.providers.anthropic_wire.request_headers`); Azure: ``api-key``."""
     if endpoint.api is EndpointApi.ANTHROPIC:
         headers = aw.request_headers(secret, endpoint.anthropic_version)
         return headers if secret else {k: v for k, v in headers.items() if k != "x-api-key"}
@@ -99,9 +99,9 @@ def with_betas(headers: list[tuple[bytes, bytes]], betas: tuple[str, ...]) -> li
 # ---------------------------------------------------------------- requests
 
 
-def caller_body(request: ChatRequest) -> dict[str, Any]:
+def caller_body(request: Request) -> dict[str, Any]:
     """The request in its own format, as the caller would have sent it."""
-    if request.api is not Api.CHAT:
+    if request.format is not Format.CHAT:
         return dict(request.extra)
     body = {**request.extra, "messages": list(request.messages)}
     if request.temperature is not None:
@@ -111,10 +111,10 @@ def caller_body(request: ChatRequest) -> dict[str, Any]:
     return body
 
 
-_TO_WIRE: Mapping[tuple[Api, Api], Callable[[Mapping[str, Any]], dict[str, Any]]] = {
-    (Api.CHAT, Api.MESSAGES): tca.chat_to_messages,
-    (Api.RESPONSES, Api.MESSAGES): tra.responses_to_messages,
-    (Api.MESSAGES, Api.CHAT): tca.messages_to_chat,
+_TO_WIRE: Mapping[tuple[Format, Format], Callable[[Mapping[str, Any]], dict[str, Any]]] = {
+    (Format.CHAT, Format.MESSAGES): tca.chat_to_messages,
+    (Format.RESPONSES, Format.MESSAGES): tra.responses_to_messages,
+    (Format.MESSAGES, Format.CHAT): tca.messages_to_chat,
 }
 
 
@@ -122,7 +122,7 @@ _TO_WIRE: Mapping[tuple[Api, Api], Callable[[Mapping[str, Any]], dict[str, Any]]
 class Outbound:
     """What one attempt sends: the body in the target's wire, and the fields left out."""
 
-    wire: Api
+    wire: Format
     body: dict[str, Any]
     dropped: tuple[str, ...] = ()
 
@@ -141,27 +141,27 @@ def _by_rule(names: tuple[str, ...], rule: DropRule, why: str) -> tuple[str, ...
 
 
 def _translated(
-    request: ChatRequest, target_wire: Api, client: ClientConfig
+    request: Request, target_wire: Format, client: ClientConfig
 ) -> tuple[Mapping[str, Any] | None, tuple[str, ...]]:
     """The caller's body in the target's wire, without the fields capmon owns, and the
     hints left out; None when the formats are the same (the caller's fields then pass
     through untouched)."""
-    if request.api is target_wire:
+    if request.format is target_wire:
         return None, ()
-    translate = _TO_WIRE.get((request.api, target_wire))
+    translate = _TO_WIRE.get((request.format, target_wire))
     if translate is None:
-        raise Incapable(f"{request.api.value} requests cannot be sent as {target_wire.value}")
+        raise Incapable(f"{request.format.value} requests cannot be sent as {target_wire.value}")
     body: Mapping[str, Any] = caller_body(request)
     hints: tuple[str, ...] = ()
-    if request.api is Api.MESSAGES:
+    if request.format is Format.MESSAGES:
         body, hints = tca.without_hints(body)
         why = f"hints {target_wire.value} cannot honour; [client] unhonoured_hints"
         hints = _by_rule(hints, client.unhonoured_hints, why)
     return translate(body), hints
 
 
-def _reachable(request: ChatRequest, endpoint: EndpointConfig, target_wire: Api) -> None:
-    if endpoint.azure_classic and target_wire is Api.RESPONSES:
+def _reachable(request: Request, endpoint: EndpointConfig, target_wire: Format) -> None:
+    if endpoint.azure_classic and target_wire is Format.RESPONSES:
         raise Incapable(
             f"Azure's deployment URL (api_version = {endpoint.api_version}) serves chat completions only; "
             'api_version = "v1" serves the Responses API'
@@ -181,7 +181,7 @@ def _version_rules(body: dict[str, Any], endpoint: EndpointConfig, rule: DropRul
 
 
 def outbound(
-    request: ChatRequest,
+    request: Request,
     t: Target,
     *,
     token_param: wire.TokenParam,
@@ -189,19 +189,19 @@ def outbound(
     stream: bool,
     client: ClientConfig,
 ) -> Outbound:
-    """The body one attempt sends to ``t``. Raises :class:`~capmon.core.translate_chat_anthropic.Untranslatable`
+    """The body one attempt sends to ``t``. Raises ``Untranslatable`` (translate_chat_anthropic's)
     when ``t`` cannot carry the request (:func:`incapable` says so before any attempt)."""
-    target_wire = wire_of(request.api, t.endpoint)
+    target_wire = wire_of(request.format, t.endpoint)
     _reachable(request, t.endpoint, target_wire)
     translated, hints = _translated(request, target_wire, client)
     model = t.model.wire_name
-    if target_wire is Api.MESSAGES:
+    if target_wire is Format.MESSAGES:
         body = aw.messages_body(
             caller_body(request) if translated is None else translated, model=model, max_tokens=limit, stream=stream
         )
         dropped = _version_rules(body, t.endpoint, client.refused_sampling)
         return Outbound(target_wire, aw.without(body, dropped) if dropped else body, dropped)
-    if target_wire is Api.RESPONSES:
+    if target_wire is Format.RESPONSES:
         body = wire.responses_body(request.extra, model=model, max_output_tokens=limit, stream=stream)
         return Outbound(target_wire, body)
     if translated is None:
@@ -216,12 +216,12 @@ def outbound(
     return Outbound(target_wire, body, hints)
 
 
-def incapable(request: ChatRequest, t: Target, client: ClientConfig) -> str | None:
+def incapable(request: Request, t: Target, client: ClientConfig) -> str | None:
     """Why ``t`` cannot carry ``request``, or None. The check is the translation itself
     (:func:`outbound`), so the check and the body sent cannot disagree; a request in the
     target's own format on an OpenAI-wire endpoint is never checked (it passes untouched)."""
-    target_wire = wire_of(request.api, t.endpoint)
-    if request.api is target_wire and target_wire is not Api.MESSAGES and not t.endpoint.azure_classic:
+    target_wire = wire_of(request.format, t.endpoint)
+    if request.format is target_wire and target_wire is not Format.MESSAGES and not t.endpoint.azure_classic:
         return None
     try:
         outbound(request, t, token_param=wire.TokenParam.MAX_TOKENS, limit=1, stream=False, client=client)
@@ -230,40 +230,40 @@ def incapable(request: ChatRequest, t: Target, client: ClientConfig) -> str | No
     return None
 
 
-def probe_body(t: Target, token_param: wire.TokenParam) -> tuple[Api, dict[str, Any]]:
+def probe_body(t: Target, token_param: wire.TokenParam) -> tuple[Format, dict[str, Any]]:
     """The smallest request that proves ``t`` answers, in its own wire."""
     if t.endpoint.api is EndpointApi.ANTHROPIC:
         body = {"messages": [{"role": "user", "content": "ping"}]}
-        return Api.MESSAGES, aw.messages_body(body, model=t.model.wire_name, max_tokens=1, stream=False)
-    return Api.CHAT, wire.probe_body(t.model.wire_name, token_param)
+        return Format.MESSAGES, aw.messages_body(body, model=t.model.wire_name, max_tokens=1, stream=False)
+    return Format.CHAT, wire.probe_body(t.model.wire_name, token_param)
 
 
 # ---------------------------------------------------------------- answers
 
 
-def parse_plain(target_wire: Api, status: int, body: bytes) -> Mapping[str, Any] | None:
+def parse_plain(target_wire: Format, status: int, body: bytes) -> Mapping[str, Any] | None:
     """A plain answer in the target's wire, or None (then the classifier says what it is);
     its usage bounded (capmon/core/providers/usage.py), so no reader sees a count no answer can have."""
-    if target_wire is Api.MESSAGES:
+    if target_wire is Format.MESSAGES:
         answer = aw.parse_message(status, body)
-    elif target_wire is Api.RESPONSES:
+    elif target_wire is Format.RESPONSES:
         answer = wire.parse_response(status, body)
     else:
         answer = parse_completion(status, body)
     return None if answer is None else usage.bounded(answer)
 
 
-_ANSWER: Mapping[tuple[Api, Api], Callable[[Mapping[str, Any], int], dict[str, Any]]] = {
-    (Api.CHAT, Api.MESSAGES): lambda m, created: tca.message_to_completion(m, created=created),
-    (Api.RESPONSES, Api.MESSAGES): lambda m, created: tra.message_to_response(m, created=created),
-    (Api.MESSAGES, Api.CHAT): lambda c, _created: tca.completion_to_message(c),
+_ANSWER: Mapping[tuple[Format, Format], Callable[[Mapping[str, Any], int], dict[str, Any]]] = {
+    (Format.CHAT, Format.MESSAGES): lambda m, created: tca.message_to_completion(m, created=created),
+    (Format.RESPONSES, Format.MESSAGES): lambda m, created: tra.message_to_response(m, created=created),
+    (Format.MESSAGES, Format.CHAT): lambda c, _created: tca.completion_to_message(c),
 }
 
 
-def _calls_of(target_wire: Api, response: Mapping[str, Any]) -> Iterator[tuple[object, object, str]]:
+def _calls_of(target_wire: Format, response: Mapping[str, Any]) -> Iterator[tuple[object, object, str]]:
     """Each tool call of a whole answer in the target's wire: its name, id and arguments as
     JSON text (a Messages ``input`` that is an object counts as whole)."""
-    if target_wire is Api.MESSAGES:
+    if target_wire is Format.MESSAGES:
         blocks = response.get("content")
         for block in blocks if isinstance(blocks, list) else []:
             if isinstance(block, Mapping) and block.get("type") == "tool_use":
@@ -283,15 +283,15 @@ def _calls_of(target_wire: Api, response: Mapping[str, Any]) -> Iterator[tuple[o
 
 
 def _check(name: object, call_id: object, arguments: str) -> None:
-    """Raises :class:`~capmon.core.exceptions.BrokenAnswer` when a tool call's arguments are no JSON object."""
+    """Raises :class:`~capmon.core.base.exceptions.BrokenAnswer` when a tool call's arguments are no JSON object."""
     failure = classify_tool_call(name, call_id, arguments)
     if failure is not None:
         raise BrokenAnswer(failure)
 
 
-def answer_in(caller: Api, target_wire: Api, response: Mapping[str, Any], *, created: int) -> Mapping[str, Any]:
+def answer_in(caller: Format, target_wire: Format, response: Mapping[str, Any], *, created: int) -> Mapping[str, Any]:
     """The target's answer in the caller's format. Across formats its tool calls are checked
-    first: raises :class:`~capmon.core.exceptions.BrokenAnswer` for arguments that are no
+    first: raises :class:`~capmon.core.base.exceptions.BrokenAnswer` for arguments that are no
     JSON object (the answer is broken, whatever format tells it), and ``Untranslatable``
     for anything else the caller's format cannot carry."""
     if caller is target_wire:
@@ -301,18 +301,18 @@ def answer_in(caller: Api, target_wire: Api, response: Mapping[str, Any], *, cre
     return _ANSWER[(caller, target_wire)](response, created)
 
 
-def text_of(caller: Api, response: Mapping[str, Any]) -> str:
+def text_of(caller: Format, response: Mapping[str, Any]) -> str:
     """An answer's text, in the caller's format."""
-    if caller is Api.MESSAGES:
+    if caller is Format.MESSAGES:
         return aw.message_text(response)
-    if caller is Api.RESPONSES:
+    if caller is Format.RESPONSES:
         return wire.response_text(response)
     return wire.completion_text(response)
 
 
-def used_tokens(caller: Api, response: Mapping[str, Any] | None) -> int | None:
+def used_tokens(caller: Format, response: Mapping[str, Any] | None) -> int | None:
     """The tokens an answer (in the caller's format) says it used."""
-    if caller is Api.MESSAGES:
+    if caller is Format.MESSAGES:
         return aw.usage_total((response or {}).get("usage"))
     return wire.total_tokens(response)
 
@@ -324,7 +324,7 @@ class Codec(Protocol):
     """Turns the target's stream events into the caller's: per event, then at the end.
     ``close`` is called only once the wire's own end has come (its last event, or [DONE]),
     and gives the caller's end events; either may raise
-    :class:`~capmon.core.exceptions.BrokenAnswer`."""
+    :class:`~capmon.core.base.exceptions.BrokenAnswer`."""
 
     def feed(self, chunk: Mapping[str, Any]) -> Sequence[Mapping[str, Any]]: ...
 
@@ -441,7 +441,7 @@ class _ChatCalls:
 class _Crossing:
     """A stream told in another format. Every event of the target's wire is checked
     before it is translated: a tool call that ends with arguments that are no JSON object
-    raises :class:`~capmon.core.exceptions.BrokenAnswer`, before the caller sees its end.
+    raises :class:`~capmon.core.base.exceptions.BrokenAnswer`, before the caller sees its end.
     What the translator gives for the wire's last event (``message_stop``: the chat finish
     and usage chunks, ``response.completed``) and at ``close`` (``message_delta`` and
     ``message_stop``) is the caller's end, given only by ``close``: the attempt calls it
@@ -470,15 +470,15 @@ class _Crossing:
         return [*self._end, *self._close()]
 
 
-def stream_codec(request: ChatRequest, target_wire: Api, *, created: int) -> Codec:
+def stream_codec(request: Request, target_wire: Format, *, created: int) -> Codec:
     """The translator of one streaming attempt's events into the caller's format."""
-    if request.api is target_wire:
+    if request.format is target_wire:
         return SAME
-    if request.api is Api.CHAT:
+    if request.format is Format.CHAT:
         options = request.extra.get("stream_options")
         asked = isinstance(options, Mapping) and bool(options.get("include_usage"))
         return _Crossing(tca.MessagesToChatStream(created=created, include_usage=asked).feed, _MessagesCalls())
-    if request.api is Api.RESPONSES:
+    if request.format is Format.RESPONSES:
         return _Crossing(tra.MessagesToResponsesStream(created=created).feed, _MessagesCalls())
     chat = tca.ChatToMessagesStream()
     return _Crossing(chat.feed, _ChatCalls(), chat.close)
@@ -486,17 +486,17 @@ def stream_codec(request: ChatRequest, target_wire: Api, *, created: int) -> Cod
 
 class WireReader:
     """Reads one target's stream in its own wire: each SSE frame as a
-    :class:`~capmon.core.wire.Event`, and the whole answer the events make."""
+    :class:`~capmon.core.providers.openai_wire.Event`, and the whole answer the events make."""
 
-    def __init__(self, target_wire: Api) -> None:
+    def __init__(self, target_wire: Format) -> None:
         self.wire = target_wire
         self.finished = False  # the answer is whole (a finish reason, the final event)
-        self._chat = wire.Assembler() if target_wire is Api.CHAT else None
-        self._messages = aw.MessageAssembler() if target_wire is Api.MESSAGES else None
+        self._chat = wire.Assembler() if target_wire is Format.CHAT else None
+        self._messages = aw.MessageAssembler() if target_wire is Format.MESSAGES else None
         self._final: Mapping[str, Any] | None = None
-        if target_wire is Api.MESSAGES:
+        if target_wire is Format.MESSAGES:
             self._read: Callable[..., wire.Event] = aw.read_frame
-        elif target_wire is Api.RESPONSES:
+        elif target_wire is Format.RESPONSES:
             self._read = wire.read_responses_frame
         else:
             self._read = wire.read_frame
@@ -532,7 +532,7 @@ class WireReader:
         return self._final
 
 
-def incapable_targets(request: ChatRequest, targets: Sequence[Target], client: ClientConfig) -> dict[str, str]:
+def incapable_targets(request: Request, targets: Sequence[Target], client: ClientConfig) -> dict[str, str]:
     """Per target that cannot carry ``request``, why (checked once per endpoint: the
     reason depends on its API and version, not on the model or key)."""
     by_endpoint: dict[str, str | None] = {}

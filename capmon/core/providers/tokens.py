@@ -9,7 +9,7 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from capmon.core.types.result import Api, ChatRequest
+from capmon.core.types.result import Format, Request
 
 # Role and framing: OpenAI's own accounting adds about this many tokens per message.
 PER_MESSAGE = 4
@@ -77,13 +77,13 @@ def _responses_items(body: Mapping[str, Any]) -> list[Any]:
     return items
 
 
-def estimate_body(api: Api, body: Mapping[str, Any]) -> int:
+def estimate_body(api: Format, body: Mapping[str, Any]) -> int:
     """A request body's prompt by its API, tools included: chat's messages; Anthropic's
     messages with the system prompt as one more message; the Responses API's input items
     with the instructions as one more."""
-    if api is Api.MESSAGES:
+    if api is Format.MESSAGES:
         framed, preamble = body.get("messages"), body.get("system")
-    elif api is Api.RESPONSES:
+    elif api is Format.RESPONSES:
         framed, preamble = _responses_items(body), body.get("instructions")
     else:
         framed, preamble = body.get("messages"), None
@@ -93,9 +93,9 @@ def estimate_body(api: Api, body: Mapping[str, Any]) -> int:
     return estimate_tokens(messages) + _tools(body.get("tools"))
 
 
-def estimate_request(request: ChatRequest) -> int:
+def estimate_request(request: Request) -> int:
     """The prompt of a request, whatever its API: what routing checks context windows and
     charges token budgets with."""
-    if request.api is Api.CHAT:
+    if request.format is Format.CHAT:
         return estimate_tokens(request.messages) + _tools(request.extra.get("tools"))
-    return estimate_body(request.api, request.extra)
+    return estimate_body(request.format, request.extra)

@@ -2,11 +2,11 @@
 
 Translation covers what both APIs can say; a request that uses anything the other side
 cannot carry is refused: the translation raises :class:`Untranslatable` with the reason
-(:func:`capmon.core.formats.incapable` then skips the target as incapable), so nothing that
+(:func:`capmon.core.providers.formats.incapable` then skips the target as incapable), so nothing that
 changes what an answer means is ever dropped silently. A few fields that change nothing in
 the answer (bookkeeping, cache keys, a user id) are listed below with what becomes of them.
-Model, the final token cap and ``stream`` are the wire's (:func:`capmon.core.wire.chat_body`,
-:func:`capmon.core.anthropic_wire.messages_body`).
+Model, the final token cap and ``stream`` are the wire's (:func:`capmon.core.providers.openai_wire.chat_body`,
+:func:`capmon.core.providers.anthropic_wire.messages_body`).
 
 Field names follow the SDKs' types (``openai/types/chat``, ``anthropic/types``). Pure
 functions on dicts and two small stateful stream translators; capmon/core/providers/formats.py uses them.

@@ -36,7 +36,7 @@ from capmon.core.routing.targets import token_limit
 from capmon.core.routing.transport import Sender
 from capmon.core.types.config import Config
 from capmon.core.types.failure import Failure, Kind
-from capmon.core.types.result import Api, Attempt, ChatRequest, ChatResult
+from capmon.core.types.result import Attempt, ChatResult, Format, Request
 
 if TYPE_CHECKING:
     from capmon.core.routing.targets import Target
@@ -48,14 +48,14 @@ class Answer:
     failure: Failure | None = None
     response: Mapping[str, Any] | None = None
     output_sent: bool = False  # a stream's output reached the caller: a failure now cannot be retried
-    wire: Api = Api.CHAT  # the format the attempt sent (the answer is in the caller's)
+    wire: Format = Format.CHAT  # the format the attempt sent (the answer is in the caller's)
     dropped: tuple[str, ...] = ()  # fields left out because the target's API version refuses them
 
 
 def result_of(
     answer: Answer,
     t: Target,
-    api: Api,
+    api: Format,
     attempts: tuple[Attempt, ...],
     latency: float,
     request_id: int,
@@ -82,33 +82,35 @@ def result_of(
 
 
 @dataclass(frozen=True, slots=True)
-class Request:
+class Sending:
+    """What one attempt sends: the body in the target's wire, and the bounds it is read within."""
+
     target: Target
     body: Mapping[str, Any]
     timeout: float  # seconds the whole attempt may take, a stream's reads after its first output included
     cap: int  # bytes the answer may take
     quota_hint: float = QUOTA_HINT  # a hint this long means a quota ([backoff] max_hint)
-    api: Api = Api.CHAT  # the format sent (the target's wire)
+    api: Format = Format.CHAT  # the format sent (the target's wire)
     dropped: tuple[str, ...] = ()
-    request: ChatRequest | None = None  # the caller's request (None: a probe, answered in its own wire)
+    request: Request | None = None  # the caller's request (None: a probe, answered in its own wire)
     lowered: int | None = None  # the output cap sent when [client] cap_client_tokens cut the caller's to it
 
     @property
-    def caller(self) -> Api | None:
+    def caller(self) -> Format | None:
         """The caller's format when the answer must cross back to it, else None."""
         r = self.request
-        return r.api if r is not None and r.api is not self.api else None
+        return r.format if r is not None and r.format is not self.api else None
 
 
 def chat_request(
     t: Target,
-    request: ChatRequest,
+    request: Request,
     token_param: TokenParam,
     config: Config,
     stream: bool,
     *,
     time_left: float | None = None,
-) -> Request:
+) -> Sending:
     """The request one attempt sends to ``t``: the caller's fields in the target's format
     (capmon/core/providers/formats.py), this model's cap, and ``[client] attempt_timeout`` cut to the
     request's ``time_left`` (seconds)."""
@@ -117,7 +119,7 @@ def chat_request(
     out = formats.outbound(request, t, token_param=token_param, limit=limit, stream=stream, client=config.client)
     timeout = config.client.attempt_timeout if time_left is None else min(config.client.attempt_timeout, time_left)
     cc = config.client
-    return Request(
+    return Sending(
         t,
         out.body,
         max(0.0, timeout),
@@ -143,16 +145,16 @@ def _failed_response(status: int, headers: Any, body: bytes, wall: float, quota_
     return failure or Failure(Kind.TRANSIENT, f"{status} with no finished response", status)
 
 
-def _build(http: Sender, req: Request) -> httpx.Request:
+def _build(http: Sender, req: Sending) -> httpx.Request:
     t, url = req.target, req.target.urls[req.api]
-    if req.request is not None and req.request.betas and req.api is Api.MESSAGES is req.request.api:
+    if req.request is not None and req.request.betas and req.api is Format.MESSAGES is req.request.format:
         head = Sender.head(url, formats.with_betas(t.http_headers, req.request.betas))
     else:
         head = t.head(req.api)
     return http.request(url, head, json.dumps(req.body).encode())
 
 
-def _crossed(req: Request, answer: Answer, response: Mapping[str, Any], wall: float) -> None:
+def _crossed(req: Sending, answer: Answer, response: Mapping[str, Any], wall: float) -> None:
     """The answer in the caller's format, or why it cannot be told in it."""
     if req.caller is None:
         answer.response = response
@@ -165,7 +167,7 @@ def _crossed(req: Request, answer: Answer, response: Mapping[str, Any], wall: fl
         answer.failure = Failure(Kind.TRANSIENT, f"an answer the {req.caller.value} format cannot carry: {e}", 200)
 
 
-async def plain(http: Sender, req: Request, *, wall: float) -> Answer:
+async def plain(http: Sender, req: Sending, *, wall: float) -> Answer:
     """Send a non-streaming request; every failure is classified, never raised (but
     cancellation)."""
     answer = Answer(wire=req.api, dropped=req.dropped)
@@ -182,7 +184,7 @@ async def plain(http: Sender, req: Request, *, wall: float) -> Answer:
             finally:
                 await resp.aclose()
         parsed = formats.parse_plain(req.api, resp.status_code, body)
-        if parsed is None and req.api is Api.RESPONSES and 200 <= resp.status_code < 300:
+        if parsed is None and req.api is Format.RESPONSES and 200 <= resp.status_code < 300:
             # A 200 that is no finished response: a failed one says why, like its stream would.
             answer.failure = _failed_response(resp.status_code, resp.headers, body, wall, req.quota_hint)
         if parsed is not None:
@@ -227,7 +229,7 @@ class Stream:
     (``aclose()``) releases the connection."""
 
     http: Sender
-    req: Request
+    req: Sending
     clock_now: Any  # () -> float, the loop's clock
     wall: float
     answer: Answer = field(default_factory=Answer)

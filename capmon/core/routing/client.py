@@ -30,7 +30,7 @@ from capmon.core.control.seam import Admission, MemoryState, StateStore, TargetS
 from capmon.core.providers import formats
 from capmon.core.providers import openai_wire as wire
 from capmon.core.providers.tokens import estimate_request
-from capmon.core.routing.attempt import Answer, Request, result_of
+from capmon.core.routing.attempt import Answer, Sending, result_of
 from capmon.core.routing.calls import FormatCalls
 from capmon.core.routing.controls import ManualControls
 from capmon.core.routing.executor import Executor
@@ -44,14 +44,14 @@ from capmon.core.routing.waiting import WaitQueue
 from capmon.core.types import events as ev
 from capmon.core.types.config import Config, ResolvedKey, resolve_keys
 from capmon.core.types.failure import Failure, Kind
-from capmon.core.types.result import Attempt, ChatRequest, ChatResult, Decision
+from capmon.core.types.result import Attempt, ChatResult, Decision, Request
 from capmon.core.types.snapshot import EngineSnapshot, TargetSnapshot
 
 log = logging.getLogger("capmon.client")
 
 Grant = tuple[Target, Admission]
-_HEALTH = ChatRequest.of("ping", max_tokens=1)  # what a health probe waits in line as
-Messages = ChatRequest | str | Sequence[Mapping[str, Any]]
+_HEALTH = Request.of("ping", max_tokens=1)  # what a health probe waits in line as
+Messages = Request | str | Sequence[Mapping[str, Any]]
 __all__ = ["FallbackClient", "ProbeResult"]
 
 
@@ -65,7 +65,7 @@ class _End:
 class FallbackClient(FormatCalls, ManualControls):
     """The shared fallback client. Use it as an async context manager or call
     :meth:`aclose` when done. ``state`` builds the state seam's implementation from the
-    targets (default: :class:`~capmon.core.state.MemoryState`, this process only)."""
+    targets (default: :class:`~capmon.core.control.seam.MemoryState`, this process only)."""
 
     def __init__(
         self,
@@ -256,7 +256,7 @@ class FallbackClient(FormatCalls, ManualControls):
     # ------------------------------------------------------------ routing
 
     def _new(self, request: Messages, kw: Mapping[str, Any]) -> Routing:
-        req = request if isinstance(request, ChatRequest) else ChatRequest.of(request, **kw)
+        req = request if isinstance(request, Request) else Request.of(request, **kw)
         now = self.clock.now()
         self.journal.requests += 1
         self.state.on_request()
@@ -387,7 +387,7 @@ class FallbackClient(FormatCalls, ManualControls):
 
     # ------------------------------------------------------------ attempts
 
-    def _begin(self, r: Routing, t: Target, stream: bool) -> tuple[int, float, float, Request]:
+    def _begin(self, r: Routing, t: Target, stream: bool) -> tuple[int, float, float, Sending]:
         number = r.sent + 1
         now, wall = self.clock.now(), self.clock.wall()  # the attempt's start, its events' too
         self._skips(r, t, now, wall)
@@ -422,7 +422,7 @@ class FallbackClient(FormatCalls, ManualControls):
         """What one attempt's answer means: the result, a grant to go on with at once, or
         None (wait in line, or go on with the next target)."""
         # Only the first refusal of the token parameter is learned: a second is a bad request.
-        out = await self.executor.finish(t, adm, answer, t0, relearn=not r.switched, api=r.request.api)
+        out = await self.executor.finish(t, adm, answer, t0, relearn=not r.switched, api=r.request.format)
         now = self.clock.now()
         failure, latency = out.failure, out.latency
 
@@ -439,7 +439,7 @@ class FallbackClient(FormatCalls, ManualControls):
             record(Decision.OK)
             self.journal.done(r, t, ok=True, now=now)
             return result_of(
-                answer, t, r.request.api, tuple(r.attempts), now - r.started, r.id, r.first_choice, r.sending_lowered
+                answer, t, r.request.format, tuple(r.attempts), now - r.started, r.id, r.first_choice, r.sending_lowered
             )
         self.journal.failed_attempt(r, t, number, answer.status, failure)
         r.last_failure = failure

@@ -17,12 +17,12 @@ from capmon.core.base.clock import Clock
 from capmon.core.control.seam import Admission
 from capmon.core.providers import formats
 from capmon.core.providers import openai_wire as wire
-from capmon.core.routing.attempt import Answer, Request, Stream, chat_request, plain
+from capmon.core.routing.attempt import Answer, Sending, Stream, chat_request, plain
 from capmon.core.routing.targets import Target
 from capmon.core.routing.transport import Sender
 from capmon.core.types.config import Config
 from capmon.core.types.failure import Failure, Kind
-from capmon.core.types.result import Api, ChatRequest
+from capmon.core.types.result import Format, Request
 
 # A probe's answer is one token: anything near this size is already broken.
 PROBE_CAP = 1 << 20
@@ -63,19 +63,19 @@ class Executor:
 
     # ------------------------------------------------------------ what is sent
 
-    def request(self, t: Target, request: ChatRequest, *, stream: bool, time_left: float) -> Request:
+    def request(self, t: Target, request: Request, *, stream: bool, time_left: float) -> Sending:
         """A user's request as one attempt on ``t`` sends it."""
         return chat_request(t, request, self._params[t.model.name], self._config, stream, time_left=time_left)
 
-    def probe_request(self, t: Target) -> Request:
+    def probe_request(self, t: Target) -> Sending:
         """The smallest request that proves ``t`` answers, in its own wire."""
         api, body = formats.probe_body(t, self._params[t.model.name])
         cfg = self._config
-        return Request(t, body, cfg.client.attempt_timeout, PROBE_CAP, cfg.backoff.max_hint, api)
+        return Sending(t, body, cfg.client.attempt_timeout, PROBE_CAP, cfg.backoff.max_hint, api)
 
     # ------------------------------------------------------------ sending
 
-    async def send(self, t: Target, adm: Admission, req: Request, *, wall: float | None = None) -> Answer:
+    async def send(self, t: Target, adm: Admission, req: Sending, *, wall: float | None = None) -> Answer:
         """A plain attempt; a cancelled one settles its admission neutrally. ``wall``: the
         wall clock's reading the caller has just taken for it."""
         try:
@@ -84,7 +84,7 @@ class Executor:
             await self.cancel(t, adm)
             raise
 
-    def stream(self, req: Request, *, wall: float | None = None) -> Stream:
+    def stream(self, req: Sending, *, wall: float | None = None) -> Stream:
         """A streaming attempt: iterate its chunks, then :meth:`finish` with its answer
         (``wall``: as in :meth:`send`)."""
         return Stream(self._http, req, self._clock.now, self._clock.wall() if wall is None else wall)
@@ -99,7 +99,7 @@ class Executor:
         sent_at: float,
         *,
         relearn: bool,
-        api: Api | None = None,
+        api: Format | None = None,
         probe: bool = False,
     ) -> Outcome:
         """Classify ``answer`` and settle ``adm`` with it, unless the model refused the token
@@ -121,7 +121,7 @@ class Executor:
             t.probe_latency = latency
         else:
             t.stats.record_attempt(now, answer.status, failure.kind if failure else None, latency)
-        if relearn and failure is not None and not answer.output_sent and answer.wire is Api.CHAT:
+        if relearn and failure is not None and not answer.output_sent and answer.wire is Format.CHAT:
             param = self._params[t.model.name]
             if wire.refused_token_param(failure, param):
                 self._params.learn(t.model.name, param, failure.reason)

@@ -16,12 +16,12 @@ from capmon.core.routing.route import Routing
 from capmon.core.routing.targets import Target
 from capmon.core.types import events as ev
 from capmon.core.types.failure import Failure
-from capmon.core.types.result import Attempt, ChatRequest, Decision, Skip, sent
+from capmon.core.types.result import Attempt, Decision, Request, Skip, sent
 from capmon.core.types.snapshot import WaitingRetry
 
 log = logging.getLogger("capmon.client")
 
-AttemptObserver = Callable[[ChatRequest, Attempt], None]
+AttemptObserver = Callable[[Request, Attempt], None]
 
 
 def _last_sent_api(r: Routing) -> str:
@@ -204,7 +204,7 @@ class Journal:
         log.debug("request %d skips %s: %s", r.id, t.id, attempt.reason)
         return attempt
 
-    def observe(self, request: ChatRequest, attempt: Attempt) -> None:
+    def observe(self, request: Request, attempt: Attempt) -> None:
         """Tell every observer (the audit log) of an attempt on the record."""
         for fn in list(self._observers):
             try:

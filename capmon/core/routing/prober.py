@@ -6,7 +6,7 @@ slow schedule or earlier by the demand for the model (capmon/core/control/demand
 sends it through the one attempt executor (capmon/core/routing/executor.py), settled through
 the same state seam and policy table as any request: a success starts the ramp, a
 failure makes the next scheduled probe wait longer. One probe per target is out at a
-time. Every probe is announced (:class:`~capmon.core.events.ProbeFinished`) so the
+time. Every probe is announced (:class:`~capmon.core.types.events.ProbeFinished`) so the
 dashboard shows it.
 
 A person or ``capmon status --probe`` can also probe a target now

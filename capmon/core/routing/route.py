@@ -20,7 +20,7 @@ from capmon.core.control.seam import KeyState
 from capmon.core.routing.targets import Hold, Target, held, stranded, token_limit
 from capmon.core.routing.waiting import BATCH, INTERACTIVE
 from capmon.core.types.failure import Failure, Kind
-from capmon.core.types.result import Attempt, ChatRequest, Decision, Priority, Skip
+from capmon.core.types.result import Attempt, Decision, Priority, Request, Skip
 from capmon.core.types.states import State
 
 # Retries of one request on the model it sticks to (rate-limited, transient) before it
@@ -35,7 +35,7 @@ class Routing:
     """What one request remembers while it is routed."""
 
     id: int  # also its place in line: smaller ids waited longer
-    request: ChatRequest
+    request: Request
     prompt_tokens: int
     deadline: float
     started: float

@@ -17,7 +17,7 @@ from capmon.core.routing.reach import Reach, host_of
 from capmon.core.routing.transport import Head, Sender
 from capmon.core.types.config import NO_KEY, Config, EndpointConfig, KeyConfig, ModelConfig, ResolvedKey
 from capmon.core.types.failure import Kind
-from capmon.core.types.result import Api
+from capmon.core.types.result import Format
 from capmon.core.types.stats import RollingStats
 
 
@@ -42,9 +42,9 @@ class Target:
     probe_latency: float | None = None
     # What every attempt sends, parsed and encoded once (the key is in the headers): the
     # URL of each wire the endpoint's API serves (capmon/core/providers/formats.py).
-    urls: dict[Api, httpx.URL] = field(default_factory=dict, repr=False)
+    urls: dict[Format, httpx.URL] = field(default_factory=dict, repr=False)
     http_headers: list[tuple[bytes, bytes]] = field(default_factory=list, repr=False)
-    _heads: dict[Api, Head] = field(
+    _heads: dict[Format, Head] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )  # head(), once per wire
 
@@ -54,7 +54,7 @@ class Target:
             secret = self.key.secret.reveal()
             self.http_headers = Sender.headers(dict(self.endpoint.headers), formats.credentials(self.endpoint, secret))
 
-    def head(self, wire: Api) -> Head:
+    def head(self, wire: Format) -> Head:
         """The headers every attempt in ``wire`` sends, but its length (``Sender.head``)."""
         head = self._heads.get(wire)
         if head is None:

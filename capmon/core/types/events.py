@@ -42,7 +42,7 @@ class _OfAttempt(Event):
 
 @dataclass(frozen=True, slots=True)
 class AttemptStarted(_OfAttempt):
-    caller_request_id: str | None = None  # the caller's id (ChatRequest.request_id: the gateway's x-request-id)
+    caller_request_id: str | None = None  # the caller's id (Request.request_id: the gateway's x-request-id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +51,7 @@ class AttemptFailed(_OfAttempt):
     status: int | None
     reason: str
     hint: float | None
-    caller_request_id: str | None = None  # the caller's id (ChatRequest.request_id: the gateway's x-request-id)
+    caller_request_id: str | None = None  # the caller's id (Request.request_id: the gateway's x-request-id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +65,7 @@ class TargetSkipped(Event):
     target: str
     skip: Skip
     reason: str
-    caller_request_id: str | None = None  # the caller's id (ChatRequest.request_id: the gateway's x-request-id)
+    caller_request_id: str | None = None  # the caller's id (Request.request_id: the gateway's x-request-id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +78,7 @@ class RetryScheduled(Event):
     reason: str
     wait: float
     deadline: float  # clock.now() at which the retry fires
-    caller_request_id: str | None = None  # the caller's id (ChatRequest.request_id: the gateway's x-request-id)
+    caller_request_id: str | None = None  # the caller's id (Request.request_id: the gateway's x-request-id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,7 +97,7 @@ class FellBack(Event):
     # of provider is what a person watching wants to see. "" from a source older than these.
     from_api: str = ""
     to_api: str = ""
-    caller_request_id: str | None = None  # the caller's id (ChatRequest.request_id: the gateway's x-request-id)
+    caller_request_id: str | None = None  # the caller's id (Request.request_id: the gateway's x-request-id)
 
     @property
     def crosses_providers(self) -> bool:
@@ -175,7 +175,7 @@ class RequestDone(Event):
     attempts: int
     latency: float
     kind: Kind | None  # failure kind when not ok
-    caller_request_id: str | None = None  # the caller's id (ChatRequest.request_id: the gateway's x-request-id)
+    caller_request_id: str | None = None  # the caller's id (Request.request_id: the gateway's x-request-id)
 
 
 @dataclass(frozen=True, slots=True)

@@ -46,7 +46,7 @@ class Priority(enum.StrEnum):
     BATCH = "batch"
 
 
-class Api(enum.StrEnum):
+class Format(enum.StrEnum):
     """Which request format a request speaks (the caller's), or an attempt sends (the target's)."""
 
     CHAT = "chat"  # OpenAI's /chat/completions
@@ -55,7 +55,7 @@ class Api(enum.StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
-class ChatRequest:
+class Request:
     """One request (chat completions, the Responses API or Anthropic's Messages), before routing.
 
     ``model`` (optional) is the model to try first; the rest of the preference
@@ -72,7 +72,7 @@ class ChatRequest:
     job: str | None = None
     priority: Priority = Priority.INTERACTIVE
     deadline: float | None = None
-    api: Api = Api.CHAT
+    format: Format = Format.CHAT  # the caller's: chat completions, the Responses API or Anthropic's Messages
     # Anthropic beta features the caller asked for (its ``anthropic-beta`` header): sent on
     # to an Anthropic-wire target that serves the request in its own format, nowhere else.
     betas: tuple[str, ...] = ()
@@ -93,15 +93,15 @@ class ChatRequest:
         deadline: float | None = None,
         request_id: str | None = None,
         **extra: Any,
-    ) -> ChatRequest:
+    ) -> Request:
         """A request from text or messages; any other keyword (tools, response_format,
         stream_options, ...) is sent to the provider untouched."""
         if isinstance(messages, str):
             messages = [{"role": "user", "content": messages}]
         nested = extra.pop("extra", None)
-        if isinstance(nested, Mapping):  # ChatRequest.of(..., extra={...}) reads as the fields themselves
+        if isinstance(nested, Mapping):  # Request.of(..., extra={...}) reads as the fields themselves
             extra = {**nested, **extra}
-        return ChatRequest(
+        return Request(
             messages=tuple(messages),
             model=model,
             max_tokens=max_tokens,
@@ -116,7 +116,7 @@ class ChatRequest:
 
     @staticmethod
     def of_body(
-        api: Api,
+        fmt: Format,
         body: Mapping[str, Any],
         *,
         model: str | None = None,
@@ -125,13 +125,13 @@ class ChatRequest:
         item_id: str | None = None,
         betas: tuple[str, ...] = (),
         request_id: str | None = None,
-    ) -> ChatRequest:
-        """A request in ``api``'s own format (the Responses API, Anthropic's Messages):
+    ) -> Request:
+        """A request in ``fmt``, its own format (the Responses API, Anthropic's Messages):
         ``body`` is sent as it is to a target of that format, but ``model``, ``stream`` and
         the token cap (``max_output_tokens``, ``max_tokens``), which the client owns; to a
         target of another format it is translated, or that target is skipped."""
-        cap = body.get(_CAP_FIELD[api])
-        return ChatRequest(
+        cap = body.get(_CAP_FIELD[fmt])
+        return Request(
             messages=(),
             model=model,
             max_tokens=cap if isinstance(cap, int) and not isinstance(cap, bool) and cap > 0 else None,
@@ -139,23 +139,23 @@ class ChatRequest:
             item_id=item_id,
             priority=Priority(priority),
             deadline=deadline,
-            api=api,
+            format=fmt,
             betas=betas,
             request_id=request_id,
         )
 
     @staticmethod
-    def responses(body: Mapping[str, Any], **kw: Any) -> ChatRequest:
+    def responses(body: Mapping[str, Any], **kw: Any) -> Request:
         """A Responses API request (see :meth:`of_body`)."""
-        return ChatRequest.of_body(Api.RESPONSES, body, **kw)
+        return Request.of_body(Format.RESPONSES, body, **kw)
 
     @staticmethod
-    def anthropic(body: Mapping[str, Any], **kw: Any) -> ChatRequest:
+    def anthropic(body: Mapping[str, Any], **kw: Any) -> Request:
         """An Anthropic Messages request (see :meth:`of_body`)."""
-        return ChatRequest.of_body(Api.MESSAGES, body, **kw)
+        return Request.of_body(Format.MESSAGES, body, **kw)
 
 
-_CAP_FIELD = {Api.CHAT: "max_tokens", Api.RESPONSES: "max_output_tokens", Api.MESSAGES: "max_tokens"}
+_CAP_FIELD = {Format.CHAT: "max_tokens", Format.RESPONSES: "max_output_tokens", Format.MESSAGES: "max_tokens"}
 
 
 @dataclass(frozen=True, slots=True)
