@@ -27,14 +27,18 @@ from capmon.core.base.text import percentile, table
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# Where the translations live, before the providers package and after it.
-TRANSLATION = re.compile(r"(^|/)(translate_[^/]+|formats|providers/[^/]+)\.py$")
+# Where the translations live: the pair translators and the module that pairs formats, and
+# (once there is a canonical hub) each format's own module.
+TRANSLATION = re.compile(r"(^|/)(translate_[^/]+|formats|chat_format|responses_format|messages_format)\.py$")
 # What names a provider API or a format: the enums' members, the wire modules, the pair translators.
 NAMING = re.compile(
-    r"EndpointApi\.\w+|\bApi\.(?:CHAT|RESPONSES|MESSAGES)\b|anthropic_wire|translate_(?:chat|responses)_anthropic"
-    r"|from capmon\.core import [^\n]*\bwire\b|capmon\.core\.wire\b"
+    r"EndpointApi\.\w+|\b(?:Api|Format)\.(?:CHAT|RESPONSES|MESSAGES)\b|anthropic_wire|openai_wire"
+    r"|translate_(?:chat|responses)_anthropic|from capmon\.core import [^\n]*\bwire\b|capmon\.core\.wire\b"
 )
-PROVIDERS = re.compile(r"(^|/)(providers/|anthropic_wire\.py$|wire\.py$|translate_[^/]+\.py$|formats\.py$)")
+# The providers' own modules, before the core's rooms (flat in capmon/core) and after.
+PROVIDERS = re.compile(
+    r"(^|/)(core/providers/|core/anthropic_wire\.py$|core/wire\.py$|core/translate_[^/]+\.py$|core/formats\.py$)"
+)
 
 
 @dataclass(frozen=True)
