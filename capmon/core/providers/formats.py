@@ -35,10 +35,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from capmon.core.base.exceptions import BrokenAnswer
 from capmon.core.providers import anthropic_wire as aw
+from capmon.core.providers import hub, usage
 from capmon.core.providers import openai_wire as wire
 from capmon.core.providers import translate_chat_anthropic as tca
 from capmon.core.providers import translate_responses_anthropic as tra
-from capmon.core.providers import usage
 from capmon.core.providers.classify import QUOTA_HINT, classify_tool_call, parse_completion
 from capmon.core.types.config import ClientConfig, DropRule, EndpointApi, EndpointConfig, ModelConfig
 from capmon.core.types.result import Format, Request
@@ -111,13 +111,6 @@ def caller_body(request: Request) -> dict[str, Any]:
     return body
 
 
-_TO_WIRE: Mapping[tuple[Format, Format], Callable[[Mapping[str, Any]], dict[str, Any]]] = {
-    (Format.CHAT, Format.MESSAGES): tca.chat_to_messages,
-    (Format.RESPONSES, Format.MESSAGES): tra.responses_to_messages,
-    (Format.MESSAGES, Format.CHAT): tca.messages_to_chat,
-}
-
-
 @dataclass(frozen=True, slots=True)
 class Outbound:
     """What one attempt sends: the body in the target's wire, and the fields left out."""
@@ -127,8 +120,7 @@ class Outbound:
     dropped: tuple[str, ...] = ()
 
 
-class Incapable(tca.Untranslatable):
-    """The target cannot carry this request (the message says why)."""
+Incapable = hub.Incapable  # the target cannot carry this request (the message says why)
 
 
 def _by_rule(names: tuple[str, ...], rule: DropRule, why: str) -> tuple[str, ...]:
@@ -148,16 +140,15 @@ def _translated(
     through untouched)."""
     if request.format is target_wire:
         return None, ()
-    translate = _TO_WIRE.get((request.format, target_wire))
-    if translate is None:
+    if target_wire is Format.RESPONSES:  # formats.wire_of never sends another format there
         raise Incapable(f"{request.format.value} requests cannot be sent as {target_wire.value}")
-    body: Mapping[str, Any] = caller_body(request)
+    decoded = hub.FORMATS[request.format].decode_request(caller_body(request))
     hints: tuple[str, ...] = ()
-    if request.format is Format.MESSAGES:
-        body, hints = tca.without_hints(body)
+    if target_wire is not Format.MESSAGES:  # Anthropic's hints: only an Anthropic-shaped format honours them
+        decoded, hints = hub.without_hints(decoded)
         why = f"hints {target_wire.value} cannot honour; [client] unhonoured_hints"
         hints = _by_rule(hints, client.unhonoured_hints, why)
-    return translate(body), hints
+    return hub.FORMATS[target_wire].encode_request(decoded), hints
 
 
 def _reachable(request: Request, endpoint: EndpointConfig, target_wire: Format) -> None:
@@ -189,7 +180,7 @@ def outbound(
     stream: bool,
     client: ClientConfig,
 ) -> Outbound:
-    """The body one attempt sends to ``t``. Raises ``Untranslatable`` (translate_chat_anthropic's)
+    """The body one attempt sends to ``t``. Raises :class:`~capmon.core.providers.hub.Incapable`
     when ``t`` cannot carry the request (:func:`incapable` says so before any attempt)."""
     target_wire = wire_of(request.format, t.endpoint)
     _reachable(request, t.endpoint, target_wire)
@@ -225,7 +216,7 @@ def incapable(request: Request, t: Target, client: ClientConfig) -> str | None:
         return None
     try:
         outbound(request, t, token_param=wire.TokenParam.MAX_TOKENS, limit=1, stream=False, client=client)
-    except tca.Untranslatable as e:
+    except Incapable as e:
         return str(e)
     return None
 

@@ -8,6 +8,7 @@ functions of :class:`WireFormat`; a new format is one more module and one more l
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
@@ -50,3 +51,127 @@ class WireFormat(Protocol):
     def stream_decoder(self) -> StreamDecoder: ...
 
     def stream_encoder(self, *, created: int, include_usage: bool) -> StreamEncoder: ...
+
+
+# ---------------------------------------------------------------- the registry and requests
+
+# Imported here, at the end: each format module imports this one (its Incapable).
+from capmon.core.providers import chat_format, messages_format, responses_format  # noqa: E402
+from capmon.core.types.result import Format  # noqa: E402
+
+
+class RequestFormat(Protocol):
+    """The request half of :class:`WireFormat` (what :func:`translate_request` uses)."""
+
+    def decode_request(self, body: Mapping[str, Any]) -> canon.Request: ...
+
+    def encode_request(self, request: canon.Request) -> dict[str, Any]: ...
+
+
+# Each format module (a WireFormat once its answers and streams are in).
+FORMATS: Mapping[Format, RequestFormat] = {
+    Format.CHAT: chat_format,
+    Format.RESPONSES: responses_format,
+    Format.MESSAGES: messages_format,
+}
+
+
+def translate_request(body: Mapping[str, Any], source: Format, target: Format) -> dict[str, Any]:
+    """``body`` (a request in ``source``) in ``target``, without ``model`` and ``stream``
+    (the wire's): ``target.encode_request(source.decode_request(body))``. Raises
+    :class:`Incapable` with the reason when ``target`` cannot carry it."""
+    return FORMATS[target].encode_request(FORMATS[source].decode_request(body))
+
+
+# Hints: what says how to serve a request, never what its answer means. A caching
+# breakpoint; thinking left to the model (adaptive) or off; Anthropic's default effort
+# ("high": the same as none asked); context edits that only clear thinking blocks (none
+# cross: thinking in the history is refused). A format that cannot honour them (OpenAI's
+# chat) refuses them in its encoder; :func:`without_hints` takes them out first for the
+# config's rule ([client] unhonoured_hints: left out and said, or the target skipped).
+HINTS = ("cache_control", "thinking", "output_config.effort", "context_management")
+_HINT_THINKING = frozenset({"adaptive", "disabled"})
+_DEFAULT_EFFORT = "high"
+_CLEAR_THINKING = "clear_thinking_"
+
+
+def without_hints(request: canon.Request) -> tuple[canon.Request, tuple[str, ...]]:
+    """``request`` without its hints (see :data:`HINTS`), and the names of those taken out
+    (in :data:`HINTS`' order); the same request when it has none. ``thinking`` that asks
+    for reasoning (``enabled`` with a budget) and any other effort are no hints: they stay,
+    and an encoder that cannot carry them refuses them."""
+    found: set[str] = set()
+    changes: dict[str, Any] = {}
+    if request.cache is not None and request.cache.raw:
+        changes["cache"] = None
+        found.add("cache_control")
+    system = _uncached(request.system, found)
+    if system is not request.system:
+        changes["system"] = system
+    tools = tuple(
+        dataclasses.replace(t, cache=None) if t.cache is not None and t.cache.raw else t for t in request.tools
+    )
+    if any(a is not b for a, b in zip(tools, request.tools, strict=True)):
+        changes["tools"] = tools
+        found.add("cache_control")
+    messages, changed = [], False
+    for m in request.messages:
+        parts = _uncached(m.parts, found)
+        if parts is not m.parts:
+            m, changed = dataclasses.replace(m, parts=parts), True
+        messages.append(m)
+    if changed:
+        changes["messages"] = tuple(messages)
+    thinking = request.thinking
+    if thinking is not None and thinking.get("type") in _HINT_THINKING:
+        changes["thinking"] = None
+        found.add("thinking")
+    if request.effort == _DEFAULT_EFFORT:
+        changes["effort"] = None
+        found.add("output_config.effort")
+    own = request.own
+    management = own.get("context_management")
+    edits = management.get("edits") if isinstance(management, Mapping) else None
+    if (
+        isinstance(management, Mapping)
+        and set(management) == {"edits"}
+        and isinstance(edits, list)
+        and all(isinstance(e, Mapping) and str(e.get("type", "")).startswith(_CLEAR_THINKING) for e in edits)
+    ):
+        changes["own"] = {k: v for k, v in own.items() if k != "context_management"}
+        found.add("context_management")
+    if not changes:
+        return request, ()
+    return dataclasses.replace(request, **changes), tuple(name for name in HINTS if name in found)
+
+
+def _uncached(parts: tuple[canon.Part, ...], found: set[str]) -> tuple[canon.Part, ...]:
+    """Parts (and a tool result's own parts) without their cache breakpoints: the same
+    tuple when none has one (a body's parts are not copied for nothing)."""
+    out: list[canon.Part] | None = None
+    text = canon.Text
+    for i, part in enumerate(parts):
+        if type(part) is text and part.cache is None:  # the common part first: a body may hold thousands
+            if out is not None:
+                out.append(part)
+            continue
+        given = part
+        if isinstance(part, canon.Opaque):
+            if part.raw.get("cache_control"):
+                part = dataclasses.replace(part, raw={k: v for k, v in part.raw.items() if k != "cache_control"})
+        elif isinstance(part, canon.Thinking):
+            pass
+        else:
+            if isinstance(part, canon.ToolResult) and not isinstance(part.content, str):
+                content = _uncached(part.content, found)
+                if content is not part.content:
+                    part = dataclasses.replace(part, content=content)
+            if part.cache is not None and part.cache.raw:
+                part = dataclasses.replace(part, cache=None)
+        if part is not given:
+            found.add("cache_control")
+            if out is None:
+                out = list(parts[:i])
+        if out is not None:
+            out.append(part)
+    return parts if out is None else tuple(out)

@@ -4,11 +4,601 @@ canonical hub (capmon/core/types/canon.py), and what reads and probes it. A modu
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from capmon.core.providers import hub
+from capmon.core.types import canon
+
 # ================================================================ requests
 # decode_request / encode_request: a request body to and from canon.Request.
-#
-#
-#
+
+# Anthropic's Messages decoded into canon and encoded from it. Toward Messages from another
+# format the rules are those of the chat translation it replaces (the golden tables in
+# tests/core/providers/test_golden_requests.py): what Anthropic cannot carry is refused with
+# the reason, naming its place in the caller's body; a Messages request crosses back to
+# Messages whole (thinking, cache hints, citations, a tool result's error flag).
+
+SOURCE = "messages"
+
+_MESSAGES_NO_MEANING = frozenset({"metadata", "service_tier", "speed", "diagnostics"})
+_MESSAGES_SLOTS = frozenset(
+    {
+        "model",
+        "stream",
+        "messages",
+        "system",
+        "max_tokens",
+        "stop_sequences",
+        "temperature",
+        "top_p",
+        "tools",
+        "tool_choice",
+        "output_config",
+        "thinking",
+        "cache_control",
+    }
+)
+_ROLES: Mapping[str, canon.Role] = {
+    "user": canon.Role.USER,
+    "assistant": canon.Role.ASSISTANT,
+    "system": canon.Role.SYSTEM,
+}
+_TOOL_SLOTS = frozenset({"name", "description", "input_schema", "strict", "cache_control"})
+_CHOICES = frozenset({"auto", "none", "any"})
+
+
+def decode_request(body: Mapping[str, Any]) -> canon.Request:
+    """A Messages body in canon terms: every field kept (Anthropic's own, like ``top_k`` or
+    ``context_management``, in ``own``; bookkeeping in ``aside``). Raises
+    :class:`~capmon.core.providers.hub.Incapable` only for a body no format could read."""
+    own: dict[str, Any] = {}
+    aside: dict[str, Any] = {}
+    for name, value in body.items():
+        if name in _MESSAGES_SLOTS:
+            continue
+        if name in _MESSAGES_NO_MEANING or value is None:
+            aside[name] = value
+        else:
+            own[name] = value
+    messages = body.get("messages")
+    decoded = tuple(_message(m, i) for i, m in enumerate(messages)) if isinstance(messages, list) else ()
+    system, plain = _system(body.get("system"))
+    cap = body.get("max_tokens")
+    stop = body.get("stop_sequences")
+    metadata = body.get("metadata")
+    user = metadata.get("user_id") if isinstance(metadata, Mapping) else None
+    cache = body.get("cache_control")
+    if isinstance(cache, Mapping):
+        request_cache: canon.Cache | None = canon.Cache(cache)
+    else:
+        request_cache = None
+        if cache is not None:
+            own["cache_control"] = cache
+    tool_choice, parallel = _tool_choice(body.get("tool_choice"), own)
+    output, effort = _output_config(body.get("output_config"), own, aside)
+    thinking = body.get("thinking")
+    if thinking is not None and not isinstance(thinking, Mapping):
+        aside["thinking"] = thinking  # asks for nothing a translation could say
+    tools = body.get("tools")
+    return canon.Request(
+        source=SOURCE,
+        messages=decoded,
+        system=system,
+        system_plain=plain,
+        max_tokens=cap if isinstance(cap, int) and not isinstance(cap, bool) and cap > 0 else None,
+        stop=tuple(stop) if isinstance(stop, list) else (),
+        temperature=body.get("temperature"),
+        top_p=body.get("top_p"),
+        user=user if isinstance(user, str) else None,
+        tools=tuple(_tool(t) for t in tools) if isinstance(tools, list) else (),
+        tool_choice=tool_choice,
+        parallel_tool_calls=parallel,
+        output=output,
+        cache=request_cache,
+        thinking=thinking if isinstance(thinking, Mapping) else None,
+        effort=effort,
+        own=own,
+        aside=aside,
+    )
+
+
+def _system(system: object) -> tuple[tuple[canon.Part, ...], bool]:
+    if isinstance(system, str):
+        return ((canon.Text(system),) if system else ()), True
+    if isinstance(system, list):
+        return _parts(system), False
+    if isinstance(system, Mapping):
+        return _parts([system]), False
+    if system is None:
+        return (), False
+    raise hub.Incapable(f"system: a {type(system).__name__} block where only text translates")
+
+
+def _message(m: object, i: int) -> canon.Message:
+    role = m.get("role") if isinstance(m, Mapping) else None
+    r = _ROLES.get(role) if isinstance(role, str) else None
+    if r is None or not isinstance(m, Mapping):
+        raise hub.Incapable(f"messages[{i}]: not a Messages message")
+    content = m.get("content")
+    where = f"messages[{i}]"
+    if isinstance(content, str):
+        return canon.Message(r, (canon.text(content),), True, where)
+    return canon.Message(r, _parts(content), False, where)
+
+
+def _parts(content: object) -> tuple[canon.Part, ...]:
+    """Blocks as parts. A plain text block (a dict of ``type`` and ``text``) is kept with
+    the part, so an encoder of that shape shares it (a body may hold thousands)."""
+    if not isinstance(content, list):
+        raise hub.Incapable("content that is neither text nor blocks")
+    text = canon.text
+    out: list[canon.Part] = []
+    for b in content:
+        # dict first: a body's blocks are dicts, and the ABC's check costs five times as much a block
+        if type(b) is dict and len(b) == 2 and b.get("type") == "text" and type(t := b.get("text")) is str:
+            out.append(text(t, b))
+        else:
+            out.append(_part(b))
+    return tuple(out)
+
+
+def _cache(block: Mapping[str, Any]) -> canon.Cache | None:
+    value = block.get("cache_control")
+    return canon.Cache(value) if isinstance(value, Mapping) else None
+
+
+def _part(b: object) -> canon.Part:
+    if type(b) is not dict and not isinstance(b, Mapping):
+        raise hub.Incapable("content that is neither text nor blocks")
+    kind = b.get("type")
+    if kind == "text":
+        citations = b.get("citations")
+        cites = tuple(citations) if isinstance(citations, list) else ()
+        return canon.Text(str(b.get("text", "")), _cache(b), cites)
+    if kind == "image":
+        source = b.get("source")
+        if isinstance(source, Mapping):
+            if source.get("type") == "base64":
+                return canon.Image(source.get("media_type"), source.get("data"), cache=_cache(b))
+            if source.get("type") == "url" and isinstance(source.get("url"), str):
+                return canon.Image(url=source["url"], cache=_cache(b))
+        return canon.Opaque(SOURCE, "image", b)  # a file source: only Messages carries it
+    if kind == "tool_use":
+        given = b.get("input", {})
+        return canon.ToolCall(
+            str(b.get("id", "")),
+            str(b.get("name", "")),
+            json.dumps(given),
+            given if isinstance(given, Mapping) else None,
+            _cache(b),
+        )
+    if kind == "tool_result":
+        call_id = b.get("tool_use_id")
+        content = b.get("content", "")
+        return canon.ToolResult(
+            call_id if isinstance(call_id, str) else "",
+            content if isinstance(content, str) else _parts([content] if isinstance(content, Mapping) else content),
+            bool(b.get("is_error")),
+            _cache(b),
+        )
+    if kind == "thinking":
+        signature = b.get("signature")
+        return canon.Thinking(str(b.get("thinking", "")), signature if isinstance(signature, str) else None)
+    if kind == "redacted_thinking":
+        return canon.Thinking(str(b.get("data", "")), redacted=True)
+    return canon.Opaque(SOURCE, str(kind), b)
+
+
+def _tool(t: object) -> canon.Tool:
+    if not isinstance(t, Mapping):
+        return canon.Tool("", builtin=True)
+    if t.get("type") not in (None, "custom") or "input_schema" not in t:
+        return canon.Tool(str(t.get("name", "")), own=dict(t), builtin=True)
+    description, strict = t.get("description"), t.get("strict")
+    return canon.Tool(
+        t.get("name"),  # type: ignore[arg-type]  # as given: the refusal names it so
+        description if isinstance(description, str) else None,
+        t["input_schema"],
+        strict if isinstance(strict, bool) else None,
+        _cache(t),
+        {k: v for k, v in t.items() if k not in _TOOL_SLOTS},
+    )
+
+
+def _tool_choice(choice: object, own: dict[str, Any]) -> tuple[canon.ToolChoice | None, bool | None]:
+    if choice is None:
+        return None, None
+    kind = choice.get("type") if isinstance(choice, Mapping) else None
+    parallel = False if isinstance(choice, Mapping) and choice.get("disable_parallel_tool_use") else None
+    if isinstance(kind, str) and kind in _CHOICES:
+        return canon.ToolChoice(canon.Choice(kind)), parallel
+    if kind == "tool" and isinstance(choice, Mapping) and isinstance(choice.get("name"), str):
+        return canon.ToolChoice(canon.Choice.TOOL, choice["name"]), parallel
+    own["tool_choice"] = choice
+    return None, None
+
+
+def _output_config(
+    config: object, own: dict[str, Any], aside: dict[str, Any]
+) -> tuple[canon.OutputSchema | None, str | None]:
+    """A json_schema format and an effort in their slots; any other key in ``own``'s
+    ``output_config`` (which no other format carries)."""
+    if not config:
+        if config is not None:
+            aside["output_config"] = config
+        return None, None
+    if not isinstance(config, Mapping):
+        own["output_config"] = config
+        return None, None
+    rest = dict(config)
+    output = effort = None
+    fmt = rest.get("format")
+    if isinstance(fmt, Mapping) and fmt.get("type") == "json_schema" and isinstance(fmt.get("schema"), Mapping):
+        output = canon.OutputSchema(fmt["schema"])
+        del rest["format"]
+    if isinstance(rest.get("effort"), str):
+        effort = rest.pop("effort")
+    if rest:
+        own["output_config"] = rest
+    return output, effort
+
+
+# ---------------------------------------------------------------- toward Messages
+
+_MEDIA_TYPES = frozenset({"image/jpeg", "image/png", "image/gif", "image/webp"})
+_PENALTIES = ("frequency_penalty", "presence_penalty")
+# Fields of other formats placed by the rules below, not by the generic refusal.
+_PLACED = frozenset(
+    {
+        "n",
+        "logprobs",
+        *_PENALTIES,
+        "modalities",
+        "response_format",
+        "text.format",
+        "text",
+        "tool_choice",
+        "truncation",
+        "reasoning",
+    }
+)
+
+
+def encode_request(request: canon.Request) -> dict[str, Any]:
+    """A Messages body (without ``model`` and ``stream``; ``max_tokens`` only when the
+    caller set a cap). From Messages, the body it was; from another format, what Messages
+    can carry of it, else :class:`~capmon.core.providers.hub.Incapable` with the reason."""
+    if request.source == SOURCE:
+        return _same(request)
+    _refused_fields(request)
+    if not request.messages and not request.system:  # a system prompt alone is a conversation's start
+        raise hub.Incapable("no messages")
+    out: list[dict[str, Any]] = []
+    for m in request.messages:
+        if m.role is canon.Role.SYSTEM:  # after the conversation began: Messages' own system message
+            out.append({"role": "system", "content": [_text_block(p, m.where) for p in m.parts]})
+        elif m.parts and all(type(p) is canon.ToolResult for p in m.parts):  # a tool message's result
+            for p in m.parts:
+                block = _tool_result(p, m.where)  # type: ignore[arg-type]
+                if out and out[-1]["role"] == "user" and _all_results(out[-1]["content"]):
+                    out[-1]["content"].append(block)
+                else:
+                    out.append({"role": "user", "content": [block]})
+        elif m.role is canon.Role.USER:
+            blocks = [_user_block(p, m.where, request.source) for p in m.parts]
+            if out and out[-1]["role"] == "user":  # after tool results: one user turn
+                out[-1]["content"] += blocks
+            else:
+                out.append({"role": "user", "content": blocks})
+        else:
+            out.append({"role": "assistant", "content": _assistant_blocks(m)})
+    result: dict[str, Any] = {"messages": out}
+    if request.system:
+        system = [_text_block(p, "system") for p in request.system]
+        result["system"] = system[0]["text"] if len(system) == 1 else system
+    if request.max_tokens is not None:
+        result["max_tokens"] = request.max_tokens
+    if request.stop:
+        result["stop_sequences"] = list(request.stop)
+    if request.temperature is not None:
+        result["temperature"] = request.temperature
+    if request.top_p is not None:
+        result["top_p"] = request.top_p
+    if isinstance(request.user, str):
+        result["metadata"] = {"user_id": request.user}
+    _tools(request, result)
+    _output(request, result)
+    if request.thinking is not None:  # another format's thinking, in Anthropic's terms: carried
+        result["thinking"] = dict(request.thinking)
+    return result
+
+
+def _refused_fields(request: canon.Request) -> None:
+    """What Anthropic has no counterpart for, in the order the chat translation said it."""
+    own = request.own
+    for name in own:
+        if name not in _PLACED:
+            raise hub.Incapable(f"{name} (no Anthropic counterpart)")
+    n = own.get("n")
+    if n not in (None, 1):
+        raise hub.Incapable(f"n = {n} (Anthropic gives one answer per request)")
+    if own.get("logprobs") or own.get("top_logprobs"):
+        raise hub.Incapable("logprobs (Anthropic gives none)")
+    for name in _PENALTIES:
+        if own.get(name):
+            raise hub.Incapable(f"{name} (Anthropic has no penalties)")
+    modalities = own.get("modalities")
+    if isinstance(modalities, list) and any(m != "text" for m in modalities):
+        raise hub.Incapable("audio output (modalities)")
+    if "truncation" in own:
+        raise hub.Incapable("truncation = auto (the Responses API would cut the conversation itself)")
+    if "reasoning" in own:
+        raise hub.Incapable("reasoning options other than effort and summary")
+    if request.effort is not None:
+        raise hub.Incapable(f"reasoning effort = {request.effort} (Anthropic's thinking is not translated)")
+    if request.source == "responses":  # its tools and tool choice were read before the rest
+        for t in request.tools:
+            _client_tool(t, request.source)
+        _own_choice(request)
+    if "text" in own:
+        raise hub.Incapable("text options other than format (verbosity has no Anthropic counterpart)")
+    for name, value in (("temperature", request.temperature), ("top_p", request.top_p)):
+        if isinstance(value, (int, float)) and not 0 <= value <= 1:
+            raise hub.Incapable(f"{name} = {value} (Anthropic takes 0 to 1)")
+
+
+def _all_results(blocks: list[dict[str, Any]]) -> bool:
+    return all(b.get("type") == "tool_result" for b in blocks)
+
+
+def _kind(part: canon.Part) -> str:
+    """How the caller's format names a part it gave (for a refusal)."""
+    if isinstance(part, canon.Opaque):
+        return part.kind
+    if isinstance(part, canon.Image):
+        return "image_url"
+    if isinstance(part, canon.Text):
+        return "refusal" if part.refusal else "text"
+    return type(part).__name__
+
+
+def _text_block(part: canon.Part, where: str) -> dict[str, Any]:
+    """A text block of a part that can only be text (system and tool messages, assistant text)."""
+    if not isinstance(part, canon.Text):
+        raise hub.Incapable(f"{where}: a {_kind(part)} part where only text is allowed")
+    return {"type": "text", "text": part.text}
+
+
+def _user_block(part: canon.Part, where: str, source: str) -> dict[str, Any]:
+    if type(part) is canon.Text and not part.refusal:
+        return {"type": "text", "text": part.text}
+    if isinstance(part, canon.Image):
+        return _image(part)
+    if isinstance(part, canon.Opaque) and part.kind == "input_audio":
+        raise hub.Incapable(f"{where}: audio input")
+    if isinstance(part, canon.Opaque) and part.kind == "input_image":
+        raise hub.Incapable(f"{where}: an input_image by file_id")
+    raise hub.Incapable(f"{where}: a {_kind(part)} part")
+
+
+def _image(image: canon.Image) -> dict[str, Any]:
+    """A base64 image (jpeg, png, gif or webp), or one by an http(s) URL."""
+    if image.data is not None:
+        media = str(image.media_type).lower()
+        if media not in _MEDIA_TYPES:
+            raise hub.Incapable(f"an image of type {media} (Anthropic takes jpeg, png, gif, webp)")
+        return {"type": "image", "source": {"type": "base64", "media_type": media, "data": image.data}}
+    if isinstance(image.url, str) and image.url.startswith(("http://", "https://")):
+        return {"type": "image", "source": {"type": "url", "url": image.url}}
+    raise hub.Incapable("an image that is neither a data URL nor an http(s) URL")
+
+
+def _tool_result(result: canon.ToolResult, where: str) -> dict[str, Any]:
+    content = result.content
+    return {
+        "type": "tool_result",
+        "tool_use_id": result.call_id,
+        "content": content if isinstance(content, str) else [_text_block(p, where) for p in content],
+    }
+
+
+def _assistant_blocks(m: canon.Message) -> list[dict[str, Any]]:
+    where = m.where
+    if m.own.get("audio"):
+        raise hub.Incapable(f"{where}: an assistant audio reply")
+    if m.own.get("function_call"):
+        raise hub.Incapable(f"{where}: a legacy function_call")
+    blocks: list[dict[str, Any]] = []
+    for p in m.parts:
+        if isinstance(p, canon.ToolCall):
+            blocks.append({"type": "tool_use", "id": p.id, "name": p.name, "input": _input(p, p.where or where)})
+        elif (block := _text_block(p, where))["text"]:
+            blocks.append(block)
+    if not blocks:
+        blocks.append({"type": "text", "text": ""})
+    return blocks
+
+
+def _input(call: canon.ToolCall, where: str) -> Mapping[str, Any]:
+    """A tool call's JSON arguments as the object Anthropic's ``input`` must be."""
+    if call.input is not None:
+        return call.input
+    if not call.arguments.strip():
+        return {}
+    try:
+        json.loads(call.arguments)
+    except ValueError:
+        raise hub.Incapable(f"{where}: tool call arguments that are not JSON") from None
+    raise hub.Incapable(f"{where}: tool call arguments that are not a JSON object")
+
+
+def _tools(request: canon.Request, result: dict[str, Any]) -> None:
+    if request.tools:
+        out = []
+        for t in request.tools:
+            _client_tool(t, request.source)
+            if not isinstance(t.name, str) or not t.name:
+                raise hub.Incapable("a function tool without a name")
+            tool: dict[str, Any] = {
+                "name": t.name,
+                "input_schema": t.parameters
+                if isinstance(t.parameters, Mapping)
+                else {"type": "object", "properties": {}},
+            }
+            if t.description is not None:
+                tool["description"] = t.description
+            if t.strict is not None:
+                tool["strict"] = t.strict
+            out.append(tool)
+        result["tools"] = out
+    _own_choice(request)
+    choice = _choice(request.tool_choice)
+    if request.parallel_tool_calls is False:
+        choice = choice or {"type": "auto"}
+        if choice["type"] != "none":
+            choice["disable_parallel_tool_use"] = True
+    if choice is not None:
+        result["tool_choice"] = choice
+
+
+def _client_tool(t: canon.Tool, source: str) -> None:
+    """Only client (function) tools, with no keys of their format's own, cross."""
+    if t.builtin:
+        built = "a built-in" if source == "responses" else "a"
+        raise hub.Incapable(f"{built} {t.own.get('type')} tool (only function tools translate)")
+    if t.own:
+        raise hub.Incapable(f"tool {t.name}: {', '.join(sorted(t.own))}")
+
+
+def _own_choice(request: canon.Request) -> None:
+    if "tool_choice" in request.own:
+        raise hub.Incapable(f"tool_choice {json.dumps(request.own['tool_choice'])[:80]}")
+
+
+def _choice(choice: canon.ToolChoice | None) -> dict[str, Any] | None:
+    if choice is None:
+        return None
+    if choice.choice is canon.Choice.TOOL:
+        return {"type": "tool", "name": choice.name}
+    return {"type": choice.choice.value}
+
+
+def _output(request: canon.Request, result: dict[str, Any]) -> None:
+    if "response_format" in request.own or "text.format" in request.own:
+        raise hub.Incapable("response_format other than text or a json_schema")
+    if request.output is not None:
+        result["output_config"] = {"format": {"type": "json_schema", "schema": request.output.schema}}
+
+
+# ---------------------------------------------------------------- Messages to Messages
+
+
+def _same(request: canon.Request) -> dict[str, Any]:
+    """A request decoded from Messages, as it was (but ``model`` and ``stream``)."""
+    body: dict[str, Any] = {"messages": [_same_message(m) for m in request.messages]}
+    if request.system:
+        plain = request.system_plain and len(request.system) == 1
+        body["system"] = _same_text(request.system[0]) if plain else [_same_part(p) for p in request.system]  # type: ignore[arg-type]
+    if request.max_tokens is not None:
+        body["max_tokens"] = request.max_tokens
+    if request.stop:
+        body["stop_sequences"] = list(request.stop)
+    for name, value in (("temperature", request.temperature), ("top_p", request.top_p)):
+        if value is not None:
+            body[name] = value
+    if request.user is not None and "metadata" not in request.aside:
+        body["metadata"] = {"user_id": request.user}
+    if request.tools:
+        body["tools"] = [_same_tool(t) for t in request.tools]
+    choice = _choice(request.tool_choice)
+    if choice is not None:
+        if request.parallel_tool_calls is False:
+            choice["disable_parallel_tool_use"] = True
+        body["tool_choice"] = choice
+    config: dict[str, Any] = {}
+    if request.output is not None:
+        config["format"] = {"type": "json_schema", "schema": request.output.schema}
+    if request.effort is not None:
+        config["effort"] = request.effort
+    if config:
+        body["output_config"] = config
+    if request.thinking is not None:
+        body["thinking"] = request.thinking
+    if request.cache is not None:
+        body["cache_control"] = request.cache.raw
+    for name, value in [*request.own.items(), *request.aside.items()]:
+        if name == "output_config" and isinstance(value, Mapping) and config:
+            body[name] = {**config, **value}
+        else:
+            body[name] = value
+    return body
+
+
+def _same_text(part: canon.Text) -> str:
+    return part.text
+
+
+def _same_message(m: canon.Message) -> dict[str, Any]:
+    if m.plain and len(m.parts) == 1 and isinstance(m.parts[0], canon.Text):
+        return {"role": m.role.value, "content": m.parts[0].text}
+    return {"role": m.role.value, "content": [_same_part(p) for p in m.parts]}
+
+
+def _cached(block: dict[str, Any], cache: canon.Cache | None) -> dict[str, Any]:
+    if cache is not None:
+        block["cache_control"] = cache.raw
+    return block
+
+
+def _same_part(p: canon.Part) -> Any:
+    if type(p) is canon.Text:
+        if p.raw is not None:
+            return p.raw
+        block: dict[str, Any] = {"type": "text", "text": p.text}
+        if p.citations:
+            block["citations"] = list(p.citations)
+        return _cached(block, p.cache)
+    if isinstance(p, canon.Image):
+        if p.data is not None:
+            source = {"type": "base64", "media_type": p.media_type, "data": p.data}
+        else:
+            source = {"type": "url", "url": p.url}
+        return _cached({"type": "image", "source": source}, p.cache)
+    if isinstance(p, canon.ToolCall):
+        given = p.input if p.input is not None else json.loads(p.arguments)
+        return _cached({"type": "tool_use", "id": p.id, "name": p.name, "input": given}, p.cache)
+    if isinstance(p, canon.ToolResult):
+        content = p.content if isinstance(p.content, str) else [_same_part(c) for c in p.content]
+        block = {"type": "tool_result", "tool_use_id": p.call_id, "content": content}
+        if p.is_error:
+            block["is_error"] = True
+        return _cached(block, p.cache)
+    if isinstance(p, canon.Thinking):
+        if p.redacted:
+            return {"type": "redacted_thinking", "data": p.text}
+        thinking = {"type": "thinking", "thinking": p.text}
+        if p.signature is not None:
+            thinking["signature"] = p.signature
+        return thinking
+    if isinstance(p, canon.Opaque) and p.format == SOURCE:
+        return p.raw
+    raise hub.Incapable(f"a {_kind(p)} part (no Messages counterpart)")
+
+
+def _same_tool(t: canon.Tool) -> dict[str, Any]:
+    if t.builtin:
+        return dict(t.own)
+    tool: dict[str, Any] = {"name": t.name, "input_schema": t.parameters}
+    if t.description is not None:
+        tool["description"] = t.description
+    if t.strict is not None:
+        tool["strict"] = t.strict
+    tool.update(t.own)
+    return _cached(tool, t.cache)
+
+
 # ================================================================ answers and streams
 # decode_answer / encode_answer / stream_decoder / stream_encoder.
 #

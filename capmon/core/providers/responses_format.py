@@ -4,11 +4,274 @@ canonical hub (capmon/core/types/canon.py), and what reads and probes it. A modu
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from capmon.core.providers import hub
+from capmon.core.providers.chat_format import function_tool, image_of, tool_call, tool_choice_of
+from capmon.core.types import canon
+
 # ================================================================ requests
 # decode_request / encode_request: a request body to and from canon.Request.
-#
-#
-#
+
+# OpenAI's Responses API decoded into canon: instructions and the leading system and
+# developer items are the system prompt, input items messages (a function call joins the
+# assistant turn before it; its output is a tool result of a user turn), function tools
+# tools. No request of another format is ever encoded into it: formats.wire_of sends the
+# Responses API only to OpenAI and Azure endpoints, in the caller's own format.
+
+SOURCE = "responses"
+
+# Fields that mean nothing to the answer (bookkeeping, cache keys, what extra the reply
+# carries): kept aside. ``client_metadata``: Codex CLI's session and turn ids.
+_RESPONSES_NO_MEANING = frozenset(
+    {
+        "store",
+        "metadata",
+        "client_metadata",
+        "include",
+        "prompt_cache_key",
+        "prompt_cache_retention",
+        "prompt_cache_options",
+        "safety_identifier",
+        "service_tier",
+        "stream_options",
+    }
+)
+_RESPONSES_SLOTS = frozenset(
+    {
+        "model",
+        "input",
+        "instructions",
+        "max_output_tokens",
+        "stream",
+        "temperature",
+        "top_p",
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
+        "text",
+        "user",
+        "truncation",
+        "reasoning",
+    }
+)
+_ITEM_ROLES: Mapping[str, canon.Role] = {
+    "user": canon.Role.USER,
+    "assistant": canon.Role.ASSISTANT,
+    "system": canon.Role.SYSTEM,
+    "developer": canon.Role.SYSTEM,
+}
+_FUNCTION_KEYS = frozenset({"type", "name", "description", "parameters", "strict"})
+
+
+def decode_request(body: Mapping[str, Any]) -> canon.Request:
+    """A Responses body in canon terms (fields with no slot in ``own``, bookkeeping in
+    ``aside``). Raises :class:`~capmon.core.providers.hub.Incapable` for a body that is no
+    Responses request, or holds an item the hub has no type for (a reasoning item, a
+    built-in tool's call), naming it by its place (``input[i]``)."""
+    own: dict[str, Any] = {}
+    aside: dict[str, Any] = {}
+    for name, value in body.items():
+        if name in _RESPONSES_SLOTS:
+            continue
+        if name in _RESPONSES_NO_MEANING or value is None:
+            aside[name] = value
+        else:
+            own[name] = value
+    truncation = body.get("truncation")
+    if truncation not in (None, "disabled"):
+        own["truncation"] = truncation
+    elif "truncation" in body:
+        aside["truncation"] = truncation
+    effort = _reasoning(body.get("reasoning"), own, aside)
+    system: list[canon.Part] = []
+    instructions = body.get("instructions")
+    if isinstance(instructions, str) and instructions:
+        system.append(canon.Text(instructions))
+    elif instructions:
+        raise hub.Incapable("instructions that are not text")
+    items = body.get("input")
+    if isinstance(items, str):
+        messages = [canon.Message(canon.Role.USER, (canon.Text(items),), True, "input")]
+    elif isinstance(items, list):
+        messages = _Turns(system).read(items)
+    else:
+        raise hub.Incapable("no input")
+    cap = body.get("max_output_tokens")
+    user = body.get("user")
+    parallel = body.get("parallel_tool_calls")
+    tools = body.get("tools")
+    return canon.Request(
+        source=SOURCE,
+        messages=tuple(messages),
+        system=tuple(system),
+        system_plain=len(system) == 1,
+        max_tokens=cap if isinstance(cap, int) and not isinstance(cap, bool) and cap > 0 else None,
+        temperature=body.get("temperature"),
+        top_p=body.get("top_p"),
+        user=user if isinstance(user, str) else None,
+        tools=tuple(_tool(t) for t in tools) if isinstance(tools, list) and tools else (),
+        tool_choice=_tool_choice(body.get("tool_choice"), own),
+        parallel_tool_calls=parallel if isinstance(parallel, bool) else None,
+        output=_text_format(body, own, aside),
+        effort=effort,
+        own=own,
+        aside=aside,
+    )
+
+
+def _reasoning(reasoning: object, own: dict[str, Any], aside: dict[str, Any]) -> str | None:
+    """A reasoning object's effort. One that asks for none (absent or ``none``) asks for
+    nothing a model without reasoning does not give: a summary is only ever of reasoning
+    done, so ``summary`` alone (Codex CLI sends ``{"summary": "auto"}``) is kept aside."""
+    if reasoning is None:
+        return None
+    if not isinstance(reasoning, Mapping) or set(reasoning) - {"effort", "summary"}:
+        own["reasoning"] = reasoning
+        return None
+    aside["reasoning"] = reasoning
+    effort = reasoning.get("effort")
+    return None if effort in (None, "none") else str(effort)
+
+
+class _Turns:
+    """Input items as messages: the system and developer messages before the conversation
+    join the system prompt; a function call joins the assistant turn just before it."""
+
+    def __init__(self, system: list[canon.Part]) -> None:
+        self.system = system
+        self.out: list[canon.Message] = []
+
+    def read(self, items: list[Any]) -> list[canon.Message]:
+        for i, item in enumerate(items):
+            self._item(item, i)
+        return self.out
+
+    def _item(self, item: object, i: int) -> None:
+        where = f"input[{i}]"
+        if not isinstance(item, Mapping):
+            raise hub.Incapable(f"{where}: not an item")
+        kind = item.get("type", "message")
+        if kind == "message":
+            role = item.get("role")
+            r = _ITEM_ROLES.get(role) if isinstance(role, str) else None
+            if r is None:
+                raise hub.Incapable(f"{where}: a message with role {role}")
+            content = item.get("content")
+            parts = _content(content, where)
+            if r is not canon.Role.USER:
+                _only_known(parts, where)
+            if r is canon.Role.SYSTEM:
+                if not self.out:
+                    self.system += _texts(parts, where)
+                    return
+                _texts(parts, where)
+            self.out.append(canon.Message(r, parts, isinstance(content, str), where))
+        elif kind == "function_call":
+            call_id = item.get("call_id")
+            if not isinstance(call_id, str) or not call_id:
+                raise hub.Incapable(f"{where}: a tool message without tool_call_id")
+            call = tool_call(call_id, item.get("name"), item.get("arguments", ""), where)
+            last = self.out[-1] if self.out else None
+            if last is not None and last.role is canon.Role.ASSISTANT:  # text, then the calls: one turn
+                self.out[-1] = dataclasses.replace(last, parts=(*last.parts, call))
+            else:
+                self.out.append(canon.Message(canon.Role.ASSISTANT, (call,), False, where))
+        elif kind == "function_call_output":
+            call_id = item.get("call_id")
+            if not isinstance(call_id, str) or not call_id:
+                raise hub.Incapable(f"{where}: a tool message without tool_call_id")
+            output = item.get("output")
+            content = output if isinstance(output, str) else _content(output, where)
+            if not isinstance(content, str):
+                _only_known(content, where)
+            self.out.append(canon.Message(canon.Role.USER, (canon.ToolResult(call_id, content),), False, where))
+        else:
+            raise hub.Incapable(f"{where}: a {kind} item")
+
+
+def _content(content: object, where: str) -> tuple[canon.Part, ...]:
+    if isinstance(content, str):
+        return (canon.text(content),)
+    parts: list[canon.Part] = []
+    for part in content if isinstance(content, list) else []:
+        mapping = type(part) is dict or isinstance(part, Mapping)
+        kind = part.get("type") if mapping else None
+        if kind in ("input_text", "output_text") and mapping:
+            t = part.get("text", "")
+            parts.append(canon.text(t if type(t) is str else str(t)))
+        elif kind == "refusal" and isinstance(part, Mapping):
+            parts.append(canon.Text(str(part.get("refusal", "")), refusal=True))
+        elif kind == "input_image" and isinstance(part, Mapping) and isinstance(part.get("image_url"), str):
+            parts.append(image_of(part["image_url"], part.get("detail")))
+        else:  # a file, an image by file_id, ...: only the Responses API carries them
+            parts.append(canon.Opaque(SOURCE, str(kind), part if isinstance(part, Mapping) else {}))
+    return tuple(parts)
+
+
+def _only_known(parts: tuple[canon.Part, ...], where: str) -> None:
+    """Parts the hub has no type for, outside a user message (where the target says)."""
+    for p in parts:
+        if isinstance(p, canon.Opaque):
+            what = "an input_image by file_id" if p.kind == "input_image" else f"a {p.kind} part"
+            raise hub.Incapable(f"{where}: {what}")
+
+
+def _texts(parts: tuple[canon.Part, ...], where: str) -> tuple[canon.Part, ...]:
+    for p in parts:
+        if not isinstance(p, canon.Text):
+            raise hub.Incapable(f"{where}: a image_url part where only text is allowed")
+    return parts
+
+
+def _tool(t: object) -> canon.Tool:
+    if not isinstance(t, Mapping) or t.get("type") != "function":
+        return canon.Tool("", own=dict(t) if isinstance(t, Mapping) else {}, builtin=True)
+    tool = function_tool(t.get("name"), t.get("description"), t.get("parameters"), t.get("strict"))
+    extra = {k: v for k, v in t.items() if k not in _FUNCTION_KEYS}
+    return dataclasses.replace(tool, own=extra) if extra else tool
+
+
+def _tool_choice(choice: object, own: dict[str, Any]) -> canon.ToolChoice | None:
+    if isinstance(choice, Mapping) and choice.get("type") == "function" and not isinstance(choice.get("name"), str):
+        own["tool_choice"] = choice
+        return None
+    return tool_choice_of(choice, own)
+
+
+def _text_format(body: Mapping[str, Any], own: dict[str, Any], aside: dict[str, Any]) -> canon.OutputSchema | None:
+    text = body.get("text")
+    if not text:
+        if "text" in body:
+            aside["text"] = text
+        return None
+    if not isinstance(text, Mapping) or set(text) - {"format"}:
+        own["text"] = text
+        return None
+    fmt = text.get("format")
+    if isinstance(fmt, Mapping) and fmt.get("type") == "json_schema" and isinstance(fmt.get("schema"), Mapping):
+        name, strict = fmt.get("name"), fmt.get("strict")
+        return canon.OutputSchema(
+            fmt["schema"], name if isinstance(name, str) else None, strict if isinstance(strict, bool) else None
+        )
+    if fmt is None or (isinstance(fmt, Mapping) and fmt.get("type") == "text"):
+        aside["text"] = text
+        return None
+    own["text.format"] = fmt  # json_object and friends: no other format carries them
+    return None
+
+
+def encode_request(request: canon.Request) -> dict[str, Any]:
+    """Never needed: no request of another format is sent to the Responses API
+    (:func:`capmon.core.providers.formats.wire_of`). Raises
+    :class:`~capmon.core.providers.hub.Incapable`."""
+    raise hub.Incapable(
+        f"{request.source} requests cannot be sent as responses (only a Responses caller's own request goes there)"
+    )
+
+
 # ================================================================ answers and streams
 # decode_answer / encode_answer / stream_decoder / stream_encoder.
 #
