@@ -275,6 +275,9 @@ def encode_request(request: canon.Request) -> dict[str, Any]:
     _refused_fields(request)
     if not request.messages and not request.system:  # a system prompt alone is a conversation's start
         raise hub.Incapable("no messages")
+    # Toward Messages a message is always blocks (the translation's tables), and chat's turns
+    # merge as Anthropic's: a tool message's result joins a turn of results, a user message
+    # the user turn before it.
     out: list[dict[str, Any]] = []
     for m in request.messages:
         if m.role is canon.Role.SYSTEM:  # after the conversation began: Messages' own system message
@@ -287,7 +290,7 @@ def encode_request(request: canon.Request) -> dict[str, Any]:
                 else:
                     out.append({"role": "user", "content": [block]})
         elif m.role is canon.Role.USER:
-            blocks = [_user_block(p, m.where, request.source) for p in m.parts]
+            blocks = [_user_block(p, m.where) for p in m.parts]
             if out and out[-1]["role"] == "user":  # after tool results: one user turn
                 out[-1]["content"] += blocks
             else:
@@ -371,7 +374,7 @@ def _text_block(part: canon.Part, where: str) -> dict[str, Any]:
     return {"type": "text", "text": part.text}
 
 
-def _user_block(part: canon.Part, where: str, source: str) -> dict[str, Any]:
+def _user_block(part: canon.Part, where: str) -> dict[str, Any]:
     if type(part) is canon.Text and not part.refusal:
         return {"type": "text", "text": part.text}
     if isinstance(part, canon.Image):
@@ -500,7 +503,10 @@ def _same(request: canon.Request) -> dict[str, Any]:
     body: dict[str, Any] = {"messages": [_same_message(m) for m in request.messages]}
     if request.system:
         plain = request.system_plain and len(request.system) == 1
-        body["system"] = _same_text(request.system[0]) if plain else [_same_part(p) for p in request.system]  # type: ignore[arg-type]
+        first = request.system[0]
+        body["system"] = (
+            first.text if plain and isinstance(first, canon.Text) else [_same_part(p) for p in request.system]
+        )
     if request.max_tokens is not None:
         body["max_tokens"] = request.max_tokens
     if request.stop:
@@ -534,10 +540,6 @@ def _same(request: canon.Request) -> dict[str, Any]:
         else:
             body[name] = value
     return body
-
-
-def _same_text(part: canon.Text) -> str:
-    return part.text
 
 
 def _same_message(m: canon.Message) -> dict[str, Any]:
