@@ -37,8 +37,6 @@ from capmon.core.base.exceptions import BrokenAnswer
 from capmon.core.providers import anthropic_wire as aw
 from capmon.core.providers import hub, usage
 from capmon.core.providers import openai_wire as wire
-from capmon.core.providers import translate_chat_anthropic as tca
-from capmon.core.providers import translate_responses_anthropic as tra
 from capmon.core.providers.classify import QUOTA_HINT, classify_tool_call, parse_completion
 from capmon.core.types.config import ClientConfig, DropRule, EndpointApi, EndpointConfig, ModelConfig
 from capmon.core.types.result import Format, Request
@@ -244,11 +242,10 @@ def parse_plain(target_wire: Format, status: int, body: bytes) -> Mapping[str, A
     return None if answer is None else usage.bounded(answer)
 
 
-_ANSWER: Mapping[tuple[Format, Format], Callable[[Mapping[str, Any], int], dict[str, Any]]] = {
-    (Format.CHAT, Format.MESSAGES): lambda m, created: tca.message_to_completion(m, created=created),
-    (Format.RESPONSES, Format.MESSAGES): lambda m, created: tra.message_to_response(m, created=created),
-    (Format.MESSAGES, Format.CHAT): lambda c, _created: tca.completion_to_message(c),
-}
+def _object(obj: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+    """``obj[key]`` when it is an object, else an empty one."""
+    value = obj.get(key)
+    return value if isinstance(value, Mapping) else {}
 
 
 def _calls_of(target_wire: Format, response: Mapping[str, Any]) -> Iterator[tuple[object, object, str]]:
@@ -264,10 +261,10 @@ def _calls_of(target_wire: Format, response: Mapping[str, Any]) -> Iterator[tupl
         return
     choices = response.get("choices")
     for choice in choices if isinstance(choices, list) else []:
-        message = tca.sub_object(choice, "message") if isinstance(choice, Mapping) else {}
+        message = _object(choice, "message") if isinstance(choice, Mapping) else {}
         calls = message.get("tool_calls")
         for call in calls if isinstance(calls, list) else []:
-            fn = tca.sub_object(call, "function") if isinstance(call, Mapping) else {}
+            fn = _object(call, "function") if isinstance(call, Mapping) else {}
             given = fn.get("arguments")
             text = given if isinstance(given, str) else "" if given is None else json.dumps(given)
             yield fn.get("name"), call.get("id") if isinstance(call, Mapping) else None, text
@@ -281,15 +278,16 @@ def _check(name: object, call_id: object, arguments: str) -> None:
 
 
 def answer_in(caller: Format, target_wire: Format, response: Mapping[str, Any], *, created: int) -> Mapping[str, Any]:
-    """The target's answer in the caller's format. Across formats its tool calls are checked
-    first: raises :class:`~capmon.core.base.exceptions.BrokenAnswer` for arguments that are no
-    JSON object (the answer is broken, whatever format tells it), and ``Untranslatable``
+    """The target's answer in the caller's format (through the hub: :func:`hub.translate_answer`).
+    Across formats its tool calls are checked first: raises
+    :class:`~capmon.core.base.exceptions.BrokenAnswer` for arguments that are no JSON object
+    (the answer is broken, whatever format tells it), and :class:`~capmon.core.providers.hub.Incapable`
     for anything else the caller's format cannot carry."""
     if caller is target_wire:
         return response
     for call in _calls_of(target_wire, response):
         _check(*call)
-    return _ANSWER[(caller, target_wire)](response, created)
+    return hub.translate_answer(response, target_wire, caller, created=created)
 
 
 def text_of(caller: Format, response: Mapping[str, Any]) -> str:
@@ -361,11 +359,11 @@ class _MessagesCalls:
         if not isinstance(index, int):
             return
         if kind == "content_block_start":
-            block = tca.sub_object(event, "content_block")
+            block = _object(event, "content_block")
             if block.get("type") == "tool_use":
                 self._open[index] = _Call(block.get("name"), block.get("id"))
         elif kind == "content_block_delta" and index in self._open:
-            delta = tca.sub_object(event, "delta")
+            delta = _object(event, "delta")
             piece = delta.get("partial_json")
             if delta.get("type") == "input_json_delta" and isinstance(piece, str):
                 self._open[index].pieces.append(piece)
@@ -398,7 +396,7 @@ class _ChatCalls:
         for c in choices if isinstance(choices, list) else []:
             if not isinstance(c, Mapping) or c.get("index", 0) != 0:
                 continue
-            delta = tca.sub_object(c, "delta")
+            delta = _object(c, "delta")
             if any(isinstance(delta.get(k), str) and delta.get(k) for k in ("content", "refusal")):
                 self.end()
             calls = delta.get("tool_calls")
@@ -411,7 +409,7 @@ class _ChatCalls:
     def _piece(self, call: Mapping[str, Any]) -> None:
         index = call.get("index", 0)
         index = index if isinstance(index, int) else 0
-        fn = tca.sub_object(call, "function")
+        fn = _object(call, "function")
         known = self._seen.setdefault(index, _Call())
         known.name = known.name or fn.get("name")
         known.id = known.id or call.get("id")
@@ -462,17 +460,15 @@ class _Crossing:
 
 
 def stream_codec(request: Request, target_wire: Format, *, created: int) -> Codec:
-    """The translator of one streaming attempt's events into the caller's format."""
+    """The translator of one streaming attempt's events into the caller's format (through the
+    hub: :class:`hub.Translation`), the target wire's tool calls checked as they end."""
     if request.format is target_wire:
         return SAME
-    if request.format is Format.CHAT:
-        options = request.extra.get("stream_options")
-        asked = isinstance(options, Mapping) and bool(options.get("include_usage"))
-        return _Crossing(tca.MessagesToChatStream(created=created, include_usage=asked).feed, _MessagesCalls())
-    if request.format is Format.RESPONSES:
-        return _Crossing(tra.MessagesToResponsesStream(created=created).feed, _MessagesCalls())
-    chat = tca.ChatToMessagesStream()
-    return _Crossing(chat.feed, _ChatCalls(), chat.close)
+    options = request.extra.get("stream_options")
+    asked = isinstance(options, Mapping) and bool(options.get("include_usage"))
+    translation = hub.Translation(target_wire, request.format, created=created, include_usage=asked)
+    calls = _MessagesCalls() if target_wire is Format.MESSAGES else _ChatCalls()
+    return _Crossing(translation.feed, calls, translation.close)
 
 
 class WireReader:

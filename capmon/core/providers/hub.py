@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 from capmon.core.base.exceptions import CapmonError
 from capmon.core.types import canon
+from capmon.core.types.result import Format
 
 
 class Incapable(CapmonError, ValueError):
@@ -57,19 +58,9 @@ class WireFormat(Protocol):
 
 # Imported here, at the end: each format module imports this one (its Incapable).
 from capmon.core.providers import chat_format, messages_format, responses_format  # noqa: E402
-from capmon.core.types.result import Format  # noqa: E402
 
-
-class RequestFormat(Protocol):
-    """The request half of :class:`WireFormat` (what :func:`translate_request` uses)."""
-
-    def decode_request(self, body: Mapping[str, Any]) -> canon.Request: ...
-
-    def encode_request(self, request: canon.Request) -> dict[str, Any]: ...
-
-
-# Each format module (a WireFormat once its answers and streams are in).
-FORMATS: Mapping[Format, RequestFormat] = {
+# Each format module: a new format is one more module and one more line here.
+FORMATS: Mapping[Format, WireFormat] = {
     Format.CHAT: chat_format,
     Format.RESPONSES: responses_format,
     Format.MESSAGES: messages_format,
@@ -175,3 +166,28 @@ def _uncached(parts: tuple[canon.Part, ...], found: set[str]) -> tuple[canon.Par
         if out is not None:
             out.append(part)
     return parts if out is None else tuple(out)
+
+
+def translate_answer(answer: Mapping[str, Any], source: Format, target: Format, *, created: int) -> dict[str, Any]:
+    """An answer in ``source``'s format told in ``target``'s (``created``: the time a target
+    format that carries one says). Raises :class:`Incapable` for what ``target`` cannot carry."""
+    return FORMATS[target].encode_answer(FORMATS[source].decode_answer(answer), created=created)
+
+
+class Translation:
+    """A stream in ``source``'s events told in ``target``'s, event by event: ``feed`` each
+    event as it comes, ``close`` once the source's stream has ended (what a format whose end
+    carries no event, chat's ``[DONE]``, still has to say). Either may raise :class:`Incapable`."""
+
+    def __init__(self, source: Format, target: Format, *, created: int, include_usage: bool = True) -> None:
+        self._decoder = FORMATS[source].stream_decoder()
+        self._encoder = FORMATS[target].stream_encoder(created=created, include_usage=include_usage)
+
+    def _encoded(self, events: Sequence[canon.Event]) -> list[dict[str, Any]]:
+        return [out for event in events for out in self._encoder.feed(event)]
+
+    def feed(self, chunk: Mapping[str, Any]) -> list[dict[str, Any]]:
+        return self._encoded(self._decoder.feed(chunk))
+
+    def close(self) -> list[dict[str, Any]]:
+        return self._encoded(self._decoder.close())

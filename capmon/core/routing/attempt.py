@@ -21,6 +21,7 @@ import httpx
 from capmon.core.base.exceptions import BrokenAnswer
 from capmon.core.providers import formats
 from capmon.core.providers.classify import QUOTA_HINT, classify_event, classify_exception, classify_response
+from capmon.core.providers.hub import Incapable
 from capmon.core.providers.openai_wire import (
     FrameKind,
     Oversized,
@@ -30,7 +31,6 @@ from capmon.core.providers.openai_wire import (
     oversized_failure,
     read_capped,
 )
-from capmon.core.providers.translate_chat_anthropic import Untranslatable
 from capmon.core.routing.reads import ReadDeadline
 from capmon.core.routing.targets import token_limit
 from capmon.core.routing.transport import Sender
@@ -163,7 +163,7 @@ def _crossed(req: Sending, answer: Answer, response: Mapping[str, Any], wall: fl
         answer.response = formats.answer_in(req.caller, req.api, response, created=int(wall))
     except BrokenAnswer as e:
         answer.failure = e.failure
-    except Untranslatable as e:
+    except Incapable as e:
         answer.failure = Failure(Kind.TRANSIENT, f"an answer the {req.caller.value} format cannot carry: {e}", 200)
 
 

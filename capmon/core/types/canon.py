@@ -263,6 +263,9 @@ class Answer:
     stop: Stop | None  # None: the source said none, or one the hub does not know
     usage: Usage | None = None
     stop_sequence: str | None = None
+    # A stop reason the hub does not know (stop is None), as the source said it: only its
+    # own format carries it; any other says what it says for none.
+    stop_other: str | None = None
 
 
 # ---------------------------------------------------------------- stream events
@@ -289,6 +292,7 @@ class PartDelta:
     text: str | None = None  # text or thinking
     arguments: str | None = None  # a tool call's JSON, a piece at a time
     signature: str | None = None  # thinking's signature
+    citation: Mapping[str, Any] | None = None  # one more citation of a text part, as the source gave it
 
 
 @dataclass(frozen=True, slots=True)
@@ -303,6 +307,7 @@ class Ended:
     stop: Stop | None = None
     usage: Usage | None = None
     stop_sequence: str | None = None
+    stop_other: str | None = None  # as Answer.stop_other
 
 
 @dataclass(frozen=True, slots=True)
