@@ -25,7 +25,7 @@ import httpx
 from capmon.core.base import text
 from capmon.core.base.exceptions import CapmonError
 from capmon.core.base.secrets import Secret, redact
-from capmon.core.providers.openai_wire import SSEParser
+from capmon.core.providers.sse import SSEParser
 from capmon.core.types import events as ev
 from capmon.core.types.serial import event_from_json, snapshot_from_json
 from capmon.core.types.snapshot import EngineSnapshot

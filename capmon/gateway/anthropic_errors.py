@@ -4,7 +4,7 @@ field in its message, 401, 404, 413, the browser checks) and a failed request.
 
 A failed request keeps the gateway's policy (capmon/gateway/errors.py: which status, the
 Retry-After, the message), told in Anthropic's words: the error type that status stands
-for on Anthropic's API (``capmon.core.providers.anthropic_wire.ERROR_STATUS``, read backwards), and
+for on Anthropic's API (``capmon.core.providers.messages_format.ERROR_STATUS``, read backwards), and
 529 ``overloaded_error`` instead of 429 when every model is at capacity, which is what
 Anthropic's clients (and their SDKs' ``OverloadedError``) expect. A stream that breaks after
 its first byte ends with Anthropic's ``event: error`` (:func:`in_stream`).
@@ -17,14 +17,14 @@ from typing import Any
 
 from capmon.core.base.exceptions import RequestFailed
 from capmon.core.base.secrets import redact
-from capmon.core.providers import anthropic_wire as aw
+from capmon.core.providers import messages_format
 from capmon.core.types.failure import Kind
 from capmon.gateway.errors import ApiError
 from capmon.gateway.errors import in_stream as openai_in_stream
 
 MESSAGES_PREFIX = "/v1/messages"
 OVERLOADED = 529
-_TYPE_OF_STATUS = {status: kind for kind, status in aw.ERROR_STATUS.items()}
+_TYPE_OF_STATUS = {status: kind for kind, status in messages_format.ERROR_STATUS.items()}
 
 
 def on_messages_path(path: str) -> bool:
@@ -66,4 +66,4 @@ def in_stream(e: RequestFailed) -> dict[str, Any]:
     """The data of the ``event: error`` that ends a Messages stream broken after output:
     the type Anthropic gives the failure (``overloaded_error`` for capacity), and the same
     redacted words as the OpenAI routes' error event."""
-    return aw.error_body(e.failure, openai_in_stream(e)["message"])
+    return messages_format.error_body(e.failure, openai_in_stream(e)["message"])

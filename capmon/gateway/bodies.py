@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from capmon.core.providers.anthropic_wire import AnthropicVersion
+from capmon.core.types.config import AnthropicVersion
 from capmon.core.types.result import Priority, Request
 from capmon.gateway import fields
 from capmon.gateway.auth import Caller

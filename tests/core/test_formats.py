@@ -133,6 +133,11 @@ def test_the_config_refuses_a_wrong_api_version_or_key_naming_file_and_key() -> 
     with pytest.raises(ConfigError) as e:
         parse_config(config("openai", 'api_version = "2024-10-21"'), "my.toml")
     assert "endpoints[0].api_version" in str(e.value) and "azure" in str(e.value)
+    with pytest.raises(ConfigError) as e:  # each dialect's own keys (config.ENDPOINT_SETTINGS), Anthropic's too
+        parse_config(config("azure", 'anthropic_version = "2023-06-01"'), "my.toml")
+    assert str(e.value).endswith(
+        'endpoints[0].anthropic_version: only for api = "anthropic" (this endpoint is api = "azure")'
+    )
     with pytest.raises(ConfigError) as e:
         parse_config(config("azure", 'api_version = "2024 10"'), "my.toml")
     assert "endpoints[0].api_version" in str(e.value)

@@ -61,6 +61,8 @@ class Seen:
     key: str
     body: dict[str, Any]
     at: float
+    headers: dict[str, str] = field(default_factory=dict)  # every header, by lower-case name
+    raw: bytes = b""  # the body's bytes as they came
 
 
 class Script:
@@ -84,10 +86,12 @@ class Script:
 
 def build_app(script: Script) -> Starlette:
     async def chat(request: Request) -> Response:
-        body = json.loads(await request.body())
+        raw = await request.body()
+        body = json.loads(raw)
         model = body.get("model", "")
         key = request.headers.get("authorization", "").removeprefix("Bearer ")
-        script.seen.append(Seen(model, key, body, asyncio.get_running_loop().time()))
+        at = asyncio.get_running_loop().time()
+        script.seen.append(Seen(model, key, body, at, dict(request.headers), raw))
         n = script.counts[model] = script.counts.get(model, 0) + 1
         rule = script.rules.get(model, lambda n, body: ok(model))
         reply = rule(n, body)

@@ -5,10 +5,9 @@ A caller speaks one :class:`~capmon.core.types.result.Format` (chat completions,
 API, Anthropic's Messages); a target's endpoint speaks one provider API
 (:class:`~capmon.core.types.config.EndpointApi`). This module is the one place that pairs them:
 
-* the *wire* an attempt sends (:func:`wire_of`): an Anthropic endpoint always speaks
-  Messages; an OpenAI or Azure one speaks the caller's format, and chat completions for
-  a Messages caller;
-* the URL and credential headers per endpoint API (:func:`urls`, :func:`credentials`);
+* the *wire* an attempt sends, its URL, key and stream framing: the endpoint's dialect
+  (capmon/core/providers/dialect.py: an Anthropic endpoint always speaks Messages; an OpenAI
+  or Azure one speaks the caller's format, and chat completions for a Messages caller);
 * the body (:func:`outbound`): the same format untouched but the token cap and ``n``, as
   always; across formats translated by the pure modules (``translate_*``); the fields a
   target cannot take but whose absence changes no answer's meaning (sampling fields its API
@@ -17,7 +16,8 @@ API, Anthropic's Messages); a target's endpoint speaks one provider API
 * why a target cannot carry a request (:func:`incapable`): the target is then skipped,
   as one whose context window is too small, and the attempt record says why;
 * the answer and the stream events in the caller's format (:func:`answer_in`,
-  :func:`stream_codec`), and the wire's own frame reader and assembler (:class:`WireReader`);
+  :func:`stream_codec`), and the wire's own frame reader and assembler (:class:`WireReader`,
+  from the wire's format module: ``hub.FORMATS``);
   an answer that crosses has its tool calls checked (arguments that are no JSON object are a
   broken answer, :class:`~capmon.core.base.exceptions.BrokenAnswer`), and a stream that crosses
   keeps the caller's end events back until the wire's own end is whole (:class:`_Crossing`).
@@ -37,61 +37,20 @@ from capmon.core.base.exceptions import BrokenAnswer
 from capmon.core.providers import anthropic_wire as aw
 from capmon.core.providers import hub, usage
 from capmon.core.providers import openai_wire as wire
-from capmon.core.providers.classify import QUOTA_HINT, classify_tool_call, parse_completion
-from capmon.core.types.config import ClientConfig, DropRule, EndpointApi, EndpointConfig, ModelConfig
+from capmon.core.providers.classify import QUOTA_HINT, classify_tool_call
+from capmon.core.providers.dialect import dialect_of
+from capmon.core.providers.hub import FORMATS
+from capmon.core.providers.sse import Frame
+from capmon.core.types.config import ClientConfig, DropRule, EndpointConfig
 from capmon.core.types.result import Format, Request
 
 if TYPE_CHECKING:
     from capmon.core.routing.targets import Target
 
 
-def wire_of(caller: Format, endpoint: EndpointConfig) -> Format:
-    """The format an attempt for a ``caller`` request sends to ``endpoint``."""
-    if endpoint.api is EndpointApi.ANTHROPIC:
-        return Format.MESSAGES
-    return Format.CHAT if caller is Format.MESSAGES else caller
-
-
-# ---------------------------------------------------------------- where and with which key
-
-
-def urls(endpoint: EndpointConfig, model: ModelConfig) -> dict[Format, str]:
-    """The URL of each wire the endpoint serves. Azure's classic deployment URL names the
-    model's wire name (``api_model``, else its name) as the deployment and serves chat
-    completions only."""
-    base = endpoint.base_url.rstrip("/")
-    if endpoint.api is EndpointApi.ANTHROPIC:
-        return {Format.MESSAGES: base + aw.MESSAGES_PATH}
-    if endpoint.azure_classic:
-        query = "?api-version=" + endpoint.api_version
-        return {Format.CHAT: f"{base}/openai/deployments/{model.wire_name}/chat/completions{query}"}
-    if endpoint.api is EndpointApi.AZURE:
-        base += "/openai/v1"
-    return {Format.CHAT: base + "/chat/completions", Format.RESPONSES: base + "/responses"}
-
-
-def credentials(endpoint: EndpointConfig, secret: str) -> dict[str, str]:
-    """The key (and version) headers of the endpoint's API. Anthropic: ``x-api-key``,
-    which every version and every compatible server takes (see
-    :func:`capmon.core.providers.anthropic_wire.request_headers`); Azure: ``api-key``."""
-    if endpoint.api is EndpointApi.ANTHROPIC:
-        headers = aw.request_headers(secret, endpoint.anthropic_version)
-        return headers if secret else {k: v for k, v in headers.items() if k != "x-api-key"}
-    if not secret:  # keys = []: a server that takes no key gets no key header
-        return {}
-    if endpoint.api is EndpointApi.AZURE:
-        return {"api-key": secret}
-    return {"authorization": f"Bearer {secret}"}
-
-
-def with_betas(headers: list[tuple[bytes, bytes]], betas: tuple[str, ...]) -> list[tuple[bytes, bytes]]:
-    """A target's headers with the caller's Anthropic betas added to the endpoint's own
-    ``anthropic-beta`` (one header, the endpoint's first, each beta once)."""
-    mine = [v.decode("latin-1") for k, v in headers if k == b"anthropic-beta"]
-    names = [b.strip() for v in mine for b in v.split(",") if b.strip()]
-    names += [b for b in betas if b not in names]
-    rest = [(k, v) for k, v in headers if k != b"anthropic-beta"]
-    return [*rest, (b"anthropic-beta", ",".join(names).encode("latin-1"))]
+def _wire(request: Request, t: Target) -> Format:
+    """The format an attempt for ``request`` sends to ``t`` (its endpoint's dialect says)."""
+    return dialect_of(t.endpoint).wire_of(request.format)
 
 
 # ---------------------------------------------------------------- requests
@@ -150,11 +109,9 @@ def _translated(
 
 
 def _reachable(request: Request, endpoint: EndpointConfig, target_wire: Format) -> None:
-    if endpoint.azure_classic and target_wire is Format.RESPONSES:
-        raise Incapable(
-            f"Azure's deployment URL (api_version = {endpoint.api_version}) serves chat completions only; "
-            'api_version = "v1" serves the Responses API'
-        )
+    why = dialect_of(endpoint).unserved(endpoint, target_wire)
+    if why is not None:
+        raise Incapable(why)
 
 
 def _version_rules(body: dict[str, Any], endpoint: EndpointConfig, rule: DropRule) -> tuple[str, ...]:
@@ -180,7 +137,7 @@ def outbound(
 ) -> Outbound:
     """The body one attempt sends to ``t``. Raises :class:`~capmon.core.providers.hub.Incapable`
     when ``t`` cannot carry the request (:func:`incapable` says so before any attempt)."""
-    target_wire = wire_of(request.format, t.endpoint)
+    target_wire = _wire(request, t)
     _reachable(request, t.endpoint, target_wire)
     translated, hints = _translated(request, target_wire, client)
     model = t.model.wire_name
@@ -209,7 +166,7 @@ def incapable(request: Request, t: Target, client: ClientConfig) -> str | None:
     """Why ``t`` cannot carry ``request``, or None. The check is the translation itself
     (:func:`outbound`), so the check and the body sent cannot disagree; a request in the
     target's own format on an OpenAI-wire endpoint is never checked (it passes untouched)."""
-    target_wire = wire_of(request.format, t.endpoint)
+    target_wire = _wire(request, t)
     if request.format is target_wire and target_wire is not Format.MESSAGES and not t.endpoint.azure_classic:
         return None
     try:
@@ -220,11 +177,10 @@ def incapable(request: Request, t: Target, client: ClientConfig) -> str | None:
 
 
 def probe_body(t: Target, token_param: wire.TokenParam) -> tuple[Format, dict[str, Any]]:
-    """The smallest request that proves ``t`` answers, in its own wire."""
-    if t.endpoint.api is EndpointApi.ANTHROPIC:
-        body = {"messages": [{"role": "user", "content": "ping"}]}
-        return Format.MESSAGES, aw.messages_body(body, model=t.model.wire_name, max_tokens=1, stream=False)
-    return Format.CHAT, wire.probe_body(t.model.wire_name, token_param)
+    """The smallest request that proves ``t`` answers, in the wire its endpoint speaks to a
+    chat caller, made by that wire's format."""
+    probe_wire = dialect_of(t.endpoint).wire_of(Format.CHAT)
+    return probe_wire, FORMATS[probe_wire].probe_body(t.model.wire_name, token_param)
 
 
 # ---------------------------------------------------------------- answers
@@ -233,12 +189,7 @@ def probe_body(t: Target, token_param: wire.TokenParam) -> tuple[Format, dict[st
 def parse_plain(target_wire: Format, status: int, body: bytes) -> Mapping[str, Any] | None:
     """A plain answer in the target's wire, or None (then the classifier says what it is);
     its usage bounded (capmon/core/providers/usage.py), so no reader sees a count no answer can have."""
-    if target_wire is Format.MESSAGES:
-        answer = aw.parse_message(status, body)
-    elif target_wire is Format.RESPONSES:
-        answer = wire.parse_response(status, body)
-    else:
-        answer = parse_completion(status, body)
+    answer = FORMATS[target_wire].parse(status, body)
     return None if answer is None else usage.bounded(answer)
 
 
@@ -292,18 +243,12 @@ def answer_in(caller: Format, target_wire: Format, response: Mapping[str, Any], 
 
 def text_of(caller: Format, response: Mapping[str, Any]) -> str:
     """An answer's text, in the caller's format."""
-    if caller is Format.MESSAGES:
-        return aw.message_text(response)
-    if caller is Format.RESPONSES:
-        return wire.response_text(response)
-    return wire.completion_text(response)
+    return FORMATS[caller].text(response)
 
 
 def used_tokens(caller: Format, response: Mapping[str, Any] | None) -> int | None:
     """The tokens an answer (in the caller's format) says it used."""
-    if caller is Format.MESSAGES:
-        return aw.usage_total((response or {}).get("usage"))
-    return wire.total_tokens(response)
+    return FORMATS[caller].used_tokens(response)
 
 
 # ---------------------------------------------------------------- streams
@@ -472,23 +417,27 @@ def stream_codec(request: Request, target_wire: Format, *, created: int) -> Code
 
 
 class WireReader:
-    """Reads one target's stream in its own wire: each SSE frame as a
-    :class:`~capmon.core.providers.openai_wire.Event`, and the whole answer the events make."""
+    """Reads one target's stream in its own wire: each frame as a
+    :class:`~capmon.core.providers.openai_wire.Event`, and the whole answer the events make
+    (the wire's format module's ``read_frame`` and ``assembler``)."""
 
     def __init__(self, target_wire: Format) -> None:
         self.wire = target_wire
-        self.finished = False  # the answer is whole (a finish reason, the final event)
-        self._chat = wire.Assembler() if target_wire is Format.CHAT else None
-        self._messages = aw.MessageAssembler() if target_wire is Format.MESSAGES else None
-        self._final: Mapping[str, Any] | None = None
-        if target_wire is Format.MESSAGES:
-            self._read: Callable[..., wire.Event] = aw.read_frame
-        elif target_wire is Format.RESPONSES:
-            self._read = wire.read_responses_frame
-        else:
-            self._read = wire.read_frame
+        self._finished = False  # the wire's end came (the attempt says)
+        fmt = FORMATS[target_wire]
+        self._read = fmt.read_frame
+        self._assembled = fmt.assembler()
 
-    def read(self, frame: wire.Frame, *, now: float, quota_hint: float = QUOTA_HINT) -> wire.Event:
+    @property
+    def finished(self) -> bool:
+        """The answer is whole: the wire's end came, or the answer says so (a finish reason)."""
+        return self._finished or self._assembled.finished
+
+    @finished.setter
+    def finished(self, value: bool) -> None:
+        self._finished = value
+
+    def read(self, frame: Frame, *, now: float, quota_hint: float = QUOTA_HINT) -> wire.Event:
         """One frame's event, its usage bounded (capmon/core/providers/usage.py): what the caller, the
         assembler and the translators get."""
         event = self._read(frame, now=now, quota_hint=quota_hint)
@@ -501,22 +450,11 @@ class WireReader:
     def add(self, chunk: Mapping[str, Any], done: bool) -> None:
         """One event with a chunk (``done``: the stream's last, which carries one on the
         Responses and Messages wires)."""
-        if self._chat is not None:
-            self._chat.add(chunk)
-            self.finished = self.finished or bool(self._chat.finish_reason)
-        elif self._messages is not None:
-            self._messages.add(chunk)
-        elif done:
-            final = chunk.get("response")
-            self._final = final if isinstance(final, Mapping) else None
+        self._assembled.add(chunk, done)
 
     def answer(self) -> Mapping[str, Any] | None:
         """The whole answer in the target's wire."""
-        if self._chat is not None:
-            return self._chat.completion()
-        if self._messages is not None:
-            return self._messages.message()
-        return self._final
+        return self._assembled.answer()
 
 
 def incapable_targets(request: Request, targets: Sequence[Target], client: ClientConfig) -> dict[str, str]:
@@ -534,14 +472,6 @@ def incapable_targets(request: Request, targets: Sequence[Target], client: Clien
     return out
 
 
-def chunk_text(chunk: Mapping[str, Any]) -> str:
-    """The text a stream chunk or event adds, whatever its format ("" when none)."""
-    kind = chunk.get("type")
-    if kind == "content_block_delta":
-        delta = chunk.get("delta")
-        text = delta.get("text") if isinstance(delta, Mapping) and delta.get("type") == "text_delta" else None
-    elif kind == "response.output_text.delta":
-        text = chunk.get("delta")
-    else:
-        return wire.chunk_text(chunk)
-    return text if isinstance(text, str) else ""
+def chunk_text(caller: Format, chunk: Mapping[str, Any]) -> str:
+    """The text a stream chunk or event in the caller's format adds ("" when none)."""
+    return FORMATS[caller].chunk_text(chunk)

@@ -13,7 +13,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from capmon.core.base.exceptions import CapmonError
+from capmon.core.providers.classify import QUOTA_HINT
+from capmon.core.providers.openai_wire import Event, TokenParam
+from capmon.core.providers.sse import Frame
 from capmon.core.types import canon
+from capmon.core.types.failure import Failure
 from capmon.core.types.result import Format
 
 
@@ -38,8 +42,51 @@ class StreamEncoder(Protocol):
     def feed(self, event: canon.Event) -> Sequence[dict[str, Any]]: ...
 
 
-class WireFormat(Protocol):
-    """What a format module provides (the module itself is the implementation)."""
+class Assembled(Protocol):
+    """A stream's events in a format, put together into its plain answer."""
+
+    @property
+    def finished(self) -> bool:
+        """The answer is whole before the wire's end marker (chat: a finish reason)."""
+        ...
+
+    def add(self, chunk: Mapping[str, Any], done: bool) -> None:
+        """One event with a chunk (``done``: the stream's last, which carries one on the
+        Responses and Messages wires)."""
+        ...
+
+    def answer(self) -> Mapping[str, Any] | None: ...
+
+
+class FormatReading(Protocol):
+    """How a format module reads what a target sends in it, and probes in it (each module's
+    "reading and probing" section). ``WireFormat`` and this make a whole format module."""
+
+    def parse(self, status: int, body: bytes) -> Mapping[str, Any] | None:
+        """A plain answer, or None (then the classifier says what the response is)."""
+        ...
+
+    def unfinished(self, status: int, headers: Any, body: bytes, *, now: float, quota_hint: float) -> Failure | None:
+        """Why a 2xx that :meth:`parse` refused is no answer, when the format says more
+        than the classifier (None: the classifier says)."""
+        ...
+
+    def text(self, response: Mapping[str, Any]) -> str: ...
+
+    def used_tokens(self, response: Mapping[str, Any] | None) -> int | None: ...
+
+    def chunk_text(self, chunk: Mapping[str, Any]) -> str: ...
+
+    def probe_body(self, model: str, token_param: TokenParam) -> dict[str, Any]: ...
+
+    def read_frame(self, frame: Frame, *, now: float | None = None, quota_hint: float = QUOTA_HINT) -> Event: ...
+
+    def assembler(self) -> Assembled: ...
+
+
+class WireFormat(FormatReading, Protocol):
+    """What a format module provides (the module itself is the implementation): its
+    reading and probing, and its moves to and from the hub."""
 
     def decode_request(self, body: Mapping[str, Any]) -> canon.Request: ...
 

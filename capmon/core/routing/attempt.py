@@ -20,12 +20,11 @@ import httpx
 
 from capmon.core.base.exceptions import BrokenAnswer
 from capmon.core.providers import formats
-from capmon.core.providers.classify import QUOTA_HINT, classify_event, classify_exception, classify_response
-from capmon.core.providers.hub import Incapable
+from capmon.core.providers.classify import QUOTA_HINT, classify_exception, classify_response
+from capmon.core.providers.hub import FORMATS, Incapable
 from capmon.core.providers.openai_wire import (
     FrameKind,
     Oversized,
-    SSEParser,
     TokenParam,
     body_pieces,
     oversized_failure,
@@ -132,26 +131,21 @@ def chat_request(
     )
 
 
-def _failed_response(status: int, headers: Any, body: bytes, wall: float, quota_hint: float) -> Failure:
-    try:
-        obj = json.loads(body)
-    except Exception:
-        obj = None
-    if isinstance(obj, Mapping) and obj.get("object") == "response" and obj.get("status") == "failed":
-        return classify_event(
-            {"type": "response.failed", "response": obj}, "response.failed", now=wall, quota_hint=quota_hint
-        )
-    failure = classify_response(status, headers, body, now=wall, quota_hint=quota_hint)
-    return failure or Failure(Kind.TRANSIENT, f"{status} with no finished response", status)
-
-
 def _build(http: Sender, req: Sending) -> httpx.Request:
     t, url = req.target, req.target.urls[req.api]
-    if req.request is not None and req.request.betas and req.api is Format.MESSAGES is req.request.format:
-        head = Sender.head(url, formats.with_betas(t.http_headers, req.request.betas))
-    else:
-        head = t.head(req.api)
+    extra = t.dialect.caller_headers(t.http_headers, req.request) if req.request is not None else None
+    head = t.head(req.api) if extra is None else Sender.head(url, extra)
     return http.request(url, head, json.dumps(req.body).encode())
+
+
+async def _sent(http: Sender, req: Sending) -> httpx.Response:
+    """Build the attempt's request, let the key's per-request hook sign it (its body is
+    final; capmon/core/providers/dialect.py, ``Auth.sign``: none for a static key), send it."""
+    request = _build(http, req)
+    sign = req.target.auth.sign
+    if sign is not None:
+        await sign(request)
+    return await http.send(request)
 
 
 def _crossed(req: Sending, answer: Answer, response: Mapping[str, Any], wall: float) -> None:
@@ -173,7 +167,7 @@ async def plain(http: Sender, req: Sending, *, wall: float) -> Answer:
     answer = Answer(wire=req.api, dropped=req.dropped)
     try:
         async with asyncio.timeout(req.timeout):
-            resp = await http.send(_build(http, req))
+            resp = await _sent(http, req)
             try:
                 answer.status = resp.status_code
                 try:
@@ -184,9 +178,11 @@ async def plain(http: Sender, req: Sending, *, wall: float) -> Answer:
             finally:
                 await resp.aclose()
         parsed = formats.parse_plain(req.api, resp.status_code, body)
-        if parsed is None and req.api is Format.RESPONSES and 200 <= resp.status_code < 300:
-            # A 200 that is no finished response: a failed one says why, like its stream would.
-            answer.failure = _failed_response(resp.status_code, resp.headers, body, wall, req.quota_hint)
+        if parsed is None and 200 <= resp.status_code < 300:
+            # A 2xx that is no answer: the wire's format may say why (a failed response), else the classifier.
+            answer.failure = FORMATS[req.api].unfinished(
+                resp.status_code, resp.headers, body, now=wall, quota_hint=req.quota_hint
+            )
         if parsed is not None:
             _crossed(req, answer, parsed, wall)
         elif answer.failure is None:
@@ -244,7 +240,7 @@ class Stream:
         r = self.req.request
         codec = formats.stream_codec(r, self.req.api, created=int(self.wall)) if r is not None else formats.SAME
         try:
-            resp = await reads.read(self.http.send(_build(self.http, self.req)))
+            resp = await reads.read(_sent(self.http, self.req))
             answer.status = resp.status_code
             if resp.status_code >= 300:
                 try:
@@ -255,7 +251,7 @@ class Stream:
                     resp.status_code, resp.headers, body, now=self.wall, quota_hint=self.req.quota_hint
                 )
                 return
-            parser = SSEParser()
+            parser = self.req.target.dialect.framing()  # the endpoint's framing: SSE today
             size = 0
             done = drain = False
             pieces = body_pieces(resp)

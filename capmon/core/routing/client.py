@@ -201,7 +201,7 @@ class FallbackClient(FormatCalls, ManualControls):
         fallbacks happen before the first chunk with output; a stream that breaks after
         it raises RequestFailed. The returned stream says which model serves it."""
         r = self._new(request, kw)
-        return ChatStream(lambda s: self._stream(r, s))
+        return ChatStream(lambda s: self._stream(r, s), r.request.format)
 
     async def _stream(self, r: Routing, s: ChatStream) -> AsyncIterator[Mapping[str, Any]]:
         s.request_id, s.requested = r.id, r.first_choice

@@ -11,11 +11,12 @@ from typing import Any
 
 from capmon.core.providers.formats import chunk_text
 from capmon.core.types.config import EndpointApi
-from capmon.core.types.result import Attempt, ChatResult, fallbacks, sent, skipped
+from capmon.core.types.result import Attempt, ChatResult, Format, fallbacks, sent, skipped
 
 
 class ChatStream:
-    def __init__(self, run: Callable[[ChatStream], AsyncIterator[Mapping[str, Any]]]) -> None:
+    def __init__(self, run: Callable[[ChatStream], AsyncIterator[Mapping[str, Any]]], caller: Format) -> None:
+        self.caller = caller  # the request's format: the chunks' own
         self.request_id = 0
         self.requested = ""  # the model the request counted on first (ChatResult.requested)
         self.model: str | None = None  # set when the first chunk is out
@@ -54,10 +55,10 @@ class ChatStream:
         self.api, self.dropped, self.max_tokens_lowered = api, dropped, lowered
 
     async def texts(self) -> AsyncIterator[str]:
-        """The answer's text as it comes (any format), the chunks read and dropped."""
+        """The answer's text as it comes (in any format), the chunks read and dropped."""
         try:
             async for chunk in self:
-                text = chunk_text(chunk)
+                text = chunk_text(self.caller, chunk)
                 if text:
                     yield text
         finally:

@@ -12,7 +12,7 @@ import httpx
 from capmon.core.base.exceptions import CapmonError, Unavailable
 from capmon.core.control.breaker import State
 from capmon.core.control.seam import KeyRef, KeyState, TargetSpec, TargetState
-from capmon.core.providers import formats
+from capmon.core.providers.dialect import Auth, Dialect, dialect_of
 from capmon.core.routing.reach import Reach, host_of
 from capmon.core.routing.transport import Head, Sender
 from capmon.core.types.config import NO_KEY, Config, EndpointConfig, KeyConfig, ModelConfig, ResolvedKey
@@ -40,19 +40,27 @@ class Target:
     last_status: int | None = None
     last_kind: Kind | None = None
     probe_latency: float | None = None
-    # What every attempt sends, parsed and encoded once (the key is in the headers): the
-    # URL of each wire the endpoint's API serves (capmon/core/providers/formats.py).
+    # What every attempt sends, parsed and encoded once (a static key is in the headers):
+    # the URL of each wire the endpoint's API serves, and what the key puts on each request
+    # (its dialect's, capmon/core/providers/dialect.py).
     urls: dict[Format, httpx.URL] = field(default_factory=dict, repr=False)
     http_headers: list[tuple[bytes, bytes]] = field(default_factory=list, repr=False)
+    auth: Auth = field(default_factory=Auth, repr=False)
     _heads: dict[Format, Head] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )  # head(), once per wire
 
     def __post_init__(self) -> None:
         if not self.urls:
-            self.urls = {w: httpx.URL(u) for w, u in formats.urls(self.endpoint, self.model).items()}
-            secret = self.key.secret.reveal()
-            self.http_headers = Sender.headers(dict(self.endpoint.headers), formats.credentials(self.endpoint, secret))
+            dialect = self.dialect
+            self.urls = {w: httpx.URL(u) for w, u in dialect.urls(self.endpoint, self.model).items()}
+            self.auth = dialect.auth(self.endpoint, self.key.secret.reveal())
+            self.http_headers = Sender.headers(dict(self.endpoint.headers), self.auth.headers)
+
+    @property
+    def dialect(self) -> Dialect:
+        """Its endpoint's dialect (capmon/core/providers/dialect.py)."""
+        return dialect_of(self.endpoint)
 
     def head(self, wire: Format) -> Head:
         """The headers every attempt in ``wire`` sends, but its length (``Sender.head``)."""

@@ -12,6 +12,7 @@ one line saying what to install.
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import httpx
@@ -124,10 +125,10 @@ class Sender:
         self._extensions = {"timeout": self._timeout}  # copied by each httpx.Request
 
     @staticmethod
-    def headers(extra: dict[str, str], credentials: dict[str, str]) -> list[tuple[bytes, bytes]]:
+    def headers(extra: Mapping[str, str], credentials: Mapping[str, str]) -> list[tuple[bytes, bytes]]:
         """A target's fixed headers, encoded once: defaults, the endpoint's own, then its
         key in the header its API reads (``Authorization: Bearer``, ``x-api-key`` with
-        ``anthropic-version``, Azure's ``api-key``; capmon/core/providers/formats.py)."""
+        ``anthropic-version``, Azure's ``api-key``: its dialect's, capmon/core/providers/dialect.py)."""
         out = list(_DEFAULT_HEADERS)
         out += [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in extra.items()]
         out += [(k.encode("latin-1"), v.encode("latin-1")) for k, v in credentials.items()]

@@ -193,6 +193,16 @@ class EndpointConfig:
         return self.api is EndpointApi.AZURE and self.api_version not in ("", AZURE_V1)
 
 
+# Each provider API's own endpoint keys: the settings of its dialect (the one in
+# capmon/core/providers/dialect.py's registry that reads them), set only on an endpoint of
+# that API. Declared here, beside the fields, because the config sits below the providers:
+# a new dialect's setting is a field above and a line here.
+ENDPOINT_SETTINGS: Mapping[EndpointApi, tuple[str, ...]] = {
+    EndpointApi.ANTHROPIC: ("anthropic_version",),
+    EndpointApi.AZURE: ("api_version",),
+}
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     name: str = _f(doc="the name callers use (model= in a request, x-capmon-model in a reply; unique)")
@@ -429,6 +439,19 @@ _HEADER_NAME = re.compile(r"[A-Za-z0-9!#$%&'*+.^_`|~-]+")
 _API_VERSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
+_ENDPOINT_DEFAULTS = {f.name: f.default for f in dataclasses.fields(EndpointConfig)}
+
+
+def _own_settings(fail: Callable[[str, str], ConfigError], where: str, e: EndpointConfig) -> None:
+    """A dialect's own key (:data:`ENDPOINT_SETTINGS`) set on an endpoint of another API is refused."""
+    for api, names in ENDPOINT_SETTINGS.items():
+        if api is e.api:
+            continue
+        for name in names:
+            if getattr(e, name) != _ENDPOINT_DEFAULTS[name]:
+                raise fail(f"{where}.{name}", f'only for api = "{api}" (this endpoint is api = "{e.api}")')
+
+
 def _check(cfg: Config, file: str) -> Config:
     def fail(key: str, message: str) -> ConfigError:
         return ConfigError(file, key, message)
@@ -442,8 +465,7 @@ def _check(cfg: Config, file: str) -> Config:
         _new_name(fail, f"endpoints[{i}].name", e.name, seen, "endpoint")
         if not e.base_url.startswith(("http://", "https://")):
             raise fail(f"endpoints[{i}].base_url", f"expected an http:// or https:// URL, got {e.base_url!r}")
-        if e.api_version and e.api is not EndpointApi.AZURE:
-            raise fail(f"endpoints[{i}].api_version", f'only for api = "azure" (this endpoint is api = "{e.api}")')
+        _own_settings(fail, f"endpoints[{i}]", e)
         if e.api_version and not _API_VERSION.fullmatch(e.api_version):
             raise fail(
                 f"endpoints[{i}].api_version",

@@ -1,0 +1,43 @@
+"""The OpenAI dialect (``api = "openai"``): ``{base_url}/chat/completions`` and
+``/responses``, the key as ``Authorization: Bearer``, server-sent events. Every
+OpenAI-compatible server (vLLM, Ollama, OpenRouter, Together...) speaks it. A module of
+:class:`capmon.core.providers.dialect.Dialect`."""
+
+from __future__ import annotations
+
+from capmon.core.providers.dialect import Auth, Headers
+from capmon.core.providers.sse import SSEParser
+from capmon.core.types.config import EndpointConfig, ModelConfig
+from capmon.core.types.result import Format, Request
+
+
+def wire_of(caller: Format) -> Format:
+    """The caller's format, and chat completions for a Messages caller (an OpenAI-wire
+    endpoint speaks no Messages)."""
+    return Format.CHAT if caller is Format.MESSAGES else caller
+
+
+def urls(endpoint: EndpointConfig, model: ModelConfig) -> dict[Format, str]:
+    return served(endpoint.base_url.rstrip("/"))
+
+
+def served(base: str) -> dict[Format, str]:
+    """The chat completions and Responses URLs under ``base``."""
+    return {Format.CHAT: base + "/chat/completions", Format.RESPONSES: base + "/responses"}
+
+
+def unserved(endpoint: EndpointConfig, wire: Format) -> str | None:
+    return None
+
+
+def auth(endpoint: EndpointConfig, secret: str) -> Auth:
+    """``Authorization: Bearer``; no key header at all for a server that takes no key (``keys = []``)."""
+    return Auth({"authorization": f"Bearer {secret}"} if secret else {})
+
+
+def caller_headers(headers: Headers, request: Request) -> Headers | None:
+    return None
+
+
+def framing() -> SSEParser:
+    return SSEParser()
