@@ -9,6 +9,7 @@ import asyncio
 import hashlib
 import hmac
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -17,7 +18,7 @@ from capmon.core.providers import openai_dialect
 from capmon.core.providers.dialect import DIALECTS, Auth, Headers, dialect_of
 from capmon.core.providers.sse import SSEParser
 from capmon.core.routing.client import FallbackClient
-from capmon.core.types.config import ENDPOINT_SETTINGS, EndpointApi, EndpointConfig, ModelConfig
+from capmon.core.types.config import ENDPOINT_SETTINGS, DropRule, EndpointApi, EndpointConfig, ModelConfig
 from capmon.core.types.result import Format, Request
 from capmon.sim.scenario import Scenario
 from tests.support.configs import build_config, flagship_and_medium, sim_models
@@ -63,6 +64,14 @@ class Signing:
 
     def framing(self) -> SSEParser:
         return openai_dialect.framing()
+
+    def has_body_rules(self, endpoint: EndpointConfig) -> bool:
+        return False
+
+    def body_rules(
+        self, body: dict[str, Any], endpoint: EndpointConfig, refused_sampling: DropRule
+    ) -> tuple[dict[str, Any], tuple[str, ...]]:
+        return body, ()
 
 
 @pytest.fixture

@@ -5,10 +5,13 @@ server-sent events. A module of :class:`capmon.core.providers.dialect.Dialect`."
 
 from __future__ import annotations
 
+from typing import Any
+
 from capmon.core.providers import anthropic_wire as aw
+from capmon.core.providers import hub
 from capmon.core.providers.dialect import Auth, Headers
 from capmon.core.providers.sse import SSEParser
-from capmon.core.types.config import EndpointConfig, ModelConfig
+from capmon.core.types.config import DropRule, EndpointConfig, ModelConfig
 from capmon.core.types.result import Format, Request
 
 
@@ -51,3 +54,23 @@ def with_betas(headers: Headers, betas: tuple[str, ...]) -> Headers:
 
 def framing() -> SSEParser:
     return SSEParser()
+
+
+def has_body_rules(endpoint: EndpointConfig) -> bool:
+    return True  # every Messages body meets its API version's rules
+
+
+def body_rules(
+    body: dict[str, Any], endpoint: EndpointConfig, refused_sampling: DropRule
+) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """The endpoint's ``anthropic-version`` rules: what it refuses whatever is left out is
+    incapable; the sampling fields it refuses are dropped or, by the config's rule, make
+    the target incapable."""
+    version = endpoint.anthropic_version
+    why = aw.version_incapable(body, version)
+    if why:
+        raise hub.Incapable(why)
+    refused = aw.refused_sampling(body, version)
+    why = f"refused by anthropic-version {version.value}; [client] refused_sampling"
+    dropped = hub.drop_or_refuse(refused, refused_sampling, why)
+    return (aw.without(body, dropped) if dropped else body), dropped

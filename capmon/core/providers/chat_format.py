@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from capmon.core.providers import hub
@@ -17,6 +17,7 @@ from capmon.core.providers.openai_wire import Event, TokenParam
 from capmon.core.providers.sse import Frame
 from capmon.core.types import canon
 from capmon.core.types.failure import Failure
+from capmon.core.types.result import Request
 
 # ================================================================ requests
 # decode_request / encode_request: a request body to and from canon.Request.
@@ -859,3 +860,93 @@ class Assembled:
 
 def assembler() -> Assembled:
     return Assembled()
+
+
+def wire_body(
+    request: Request,
+    translated: Mapping[str, Any] | None,
+    *,
+    model: str,
+    limit: int,
+    stream: bool,
+    token_param: TokenParam,
+) -> dict[str, Any]:
+    """A chat body: the caller's messages and fields untouched, or a translated request's
+    (then a stream asks for usage: a Messages caller's closing usage comes from OpenAI's
+    last chunk); the cap as the model's token parameter, n = 1."""
+    if translated is None:
+        messages, extra, temperature = request.messages, request.extra, request.temperature
+    else:
+        messages, extra, temperature = tuple(translated["messages"]), translated, None
+        if stream:
+            extra = {**extra, "stream_options": {"include_usage": True}}
+    return wire.chat_body(
+        messages, extra, model=model, token_param=token_param, max_tokens=limit, temperature=temperature, stream=stream
+    )
+
+
+def tool_calls(answer: Mapping[str, Any]) -> Iterator[tuple[object, object, str]]:
+    """Each tool call of a completion's choices: its name, id and arguments as JSON text."""
+    choices = answer.get("choices")
+    for choice in choices if isinstance(choices, list) else []:
+        message = _object(choice, "message") if isinstance(choice, Mapping) else {}
+        calls = message.get("tool_calls")
+        for call in calls if isinstance(calls, list) else []:
+            fn = _object(call, "function") if isinstance(call, Mapping) else {}
+            given = fn.get("arguments")
+            text = given if isinstance(given, str) else "" if given is None else json.dumps(given)
+            yield fn.get("name"), call.get("id") if isinstance(call, Mapping) else None, text
+
+
+class _Calls:
+    """The tool calls of a chat stream, as another format's caller gets them: one run of
+    deltas of one call is one tool call, which ends when the choice moves on (to another
+    call or to text) or finishes. OpenAI streams a call's pieces in a row; a call whose
+    pieces come apart is told in pieces, each of which must be whole."""
+
+    def __init__(self) -> None:
+        self._seen: dict[int, hub.Call] = {}  # index -> its name and id, from its first delta
+        self._run: tuple[int, hub.Call] | None = None
+
+    @staticmethod
+    def last(chunk: Mapping[str, Any]) -> bool:
+        return False  # the chat stream's end is [DONE], which carries no chunk
+
+    def feed(self, chunk: Mapping[str, Any]) -> None:
+        choices = chunk.get("choices")
+        for c in choices if isinstance(choices, list) else []:
+            if not isinstance(c, Mapping) or c.get("index", 0) != 0:
+                continue
+            delta = _object(c, "delta")
+            if any(isinstance(delta.get(k), str) and delta.get(k) for k in ("content", "refusal")):
+                self.end()
+            calls = delta.get("tool_calls")
+            for call in calls if isinstance(calls, list) else []:
+                if isinstance(call, Mapping):
+                    self._piece(call)
+            if c.get("finish_reason"):
+                self.end()
+
+    def _piece(self, call: Mapping[str, Any]) -> None:
+        index = call.get("index", 0)
+        index = index if isinstance(index, int) else 0
+        fn = _object(call, "function")
+        known = self._seen.setdefault(index, hub.Call())
+        known.name = known.name or fn.get("name")
+        known.id = known.id or call.get("id")
+        if self._run is None or self._run[0] != index:
+            self.end()
+            self._run = (index, hub.Call(known.name, known.id))
+        arguments = fn.get("arguments")
+        if isinstance(arguments, str):
+            self._run[1].pieces.append(arguments)
+
+    def end(self) -> None:
+        if self._run is not None:
+            _, call = self._run
+            self._run = None
+            call.check()
+
+
+def call_watcher() -> hub.CallWatcher:
+    return _Calls()

@@ -33,12 +33,12 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import httpx
 
 from capmon.core.providers.sse import Frame
-from capmon.core.types.config import EndpointApi, EndpointConfig, ModelConfig
+from capmon.core.types.config import DropRule, EndpointApi, EndpointConfig, ModelConfig
 from capmon.core.types.result import Format, Request
 
 Headers = list[tuple[bytes, bytes]]  # a target's encoded headers (``Sender.headers``)
@@ -90,6 +90,19 @@ class Dialect(Protocol):
 
     def framing(self) -> FrameReader:
         """A new reader of one stream's frames."""
+        ...
+
+    def has_body_rules(self, endpoint: EndpointConfig) -> bool:
+        """Whether :func:`body_rules` may refuse or change a body (when not, a request in the
+        wire's own format needs no check before it is sent: it passes untouched)."""
+        ...
+
+    def body_rules(
+        self, body: dict[str, Any], endpoint: EndpointConfig, refused_sampling: DropRule
+    ) -> tuple[dict[str, Any], tuple[str, ...]]:
+        """``body`` as the endpoint takes it, and the fields left out (``refused_sampling``:
+        the config's rule for sampling fields an API version refuses). Raises
+        :class:`~capmon.core.providers.hub.Incapable` for what it refuses whatever is left out."""
         ...
 
 

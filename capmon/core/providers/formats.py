@@ -28,29 +28,21 @@ See ARCHITECTURE.md, "Across formats".
 from __future__ import annotations
 
 import dataclasses
-import json
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from capmon.core.base.exceptions import BrokenAnswer
-from capmon.core.providers import anthropic_wire as aw
 from capmon.core.providers import hub, usage
 from capmon.core.providers import openai_wire as wire
-from capmon.core.providers.classify import QUOTA_HINT, classify_tool_call
+from capmon.core.providers.classify import QUOTA_HINT
 from capmon.core.providers.dialect import dialect_of
 from capmon.core.providers.hub import FORMATS
 from capmon.core.providers.sse import Frame
-from capmon.core.types.config import ClientConfig, DropRule, EndpointConfig
+from capmon.core.types.config import ClientConfig
 from capmon.core.types.result import Format, Request
 
 if TYPE_CHECKING:
     from capmon.core.routing.targets import Target
-
-
-def _wire(request: Request, t: Target) -> Format:
-    """The format an attempt for ``request`` sends to ``t`` (its endpoint's dialect says)."""
-    return dialect_of(t.endpoint).wire_of(request.format)
 
 
 # ---------------------------------------------------------------- requests
@@ -80,15 +72,6 @@ class Outbound:
 Incapable = hub.Incapable  # the target cannot carry this request (the message says why)
 
 
-def _by_rule(names: tuple[str, ...], rule: DropRule, why: str) -> tuple[str, ...]:
-    """The one home of the drop-or-skip rule: ``names`` (fields the target cannot take,
-    whose absence changes no answer's meaning) are dropped (returned, to be said on the
-    attempt record and ``x-capmon-dropped``) or, by ``rule``, make the target incapable."""
-    if names and rule is DropRule.SKIP:
-        raise Incapable(f'{", ".join(names)} ({why} = "skip")')
-    return names
-
-
 def _translated(
     request: Request, target_wire: Format, client: ClientConfig
 ) -> tuple[Mapping[str, Any] | None, tuple[str, ...]]:
@@ -104,26 +87,8 @@ def _translated(
     if target_wire is not Format.MESSAGES:  # Anthropic's hints: only an Anthropic-shaped format honours them
         decoded, hints = hub.without_hints(decoded)
         why = f"hints {target_wire.value} cannot honour; [client] unhonoured_hints"
-        hints = _by_rule(hints, client.unhonoured_hints, why)
+        hints = hub.drop_or_refuse(hints, client.unhonoured_hints, why)
     return hub.FORMATS[target_wire].encode_request(decoded), hints
-
-
-def _reachable(request: Request, endpoint: EndpointConfig, target_wire: Format) -> None:
-    why = dialect_of(endpoint).unserved(endpoint, target_wire)
-    if why is not None:
-        raise Incapable(why)
-
-
-def _version_rules(body: dict[str, Any], endpoint: EndpointConfig, rule: DropRule) -> tuple[str, ...]:
-    """Anthropic's API version rules on a Messages body: what it refuses whatever is left
-    out is incapable; refused sampling fields are dropped (returned) or, by the rule,
-    make the target incapable."""
-    version = endpoint.anthropic_version
-    why = aw.version_incapable(body, version)
-    if why:
-        raise Incapable(why)
-    refused = aw.refused_sampling(body, version)
-    return _by_rule(refused, rule, f"refused by anthropic-version {version.value}; [client] refused_sampling")
 
 
 def outbound(
@@ -135,39 +100,34 @@ def outbound(
     stream: bool,
     client: ClientConfig,
 ) -> Outbound:
-    """The body one attempt sends to ``t``. Raises :class:`~capmon.core.providers.hub.Incapable`
-    when ``t`` cannot carry the request (:func:`incapable` says so before any attempt)."""
-    target_wire = _wire(request, t)
-    _reachable(request, t.endpoint, target_wire)
+    """The body one attempt sends to ``t``: the wire's format makes it (the caller's own,
+    or translated through the hub), then the endpoint's dialect applies its rules. Raises
+    :class:`~capmon.core.providers.hub.Incapable` when ``t`` cannot carry the request
+    (:func:`incapable` says so before any attempt)."""
+    dialect = dialect_of(t.endpoint)
+    target_wire = dialect.wire_of(request.format)
+    why = dialect.unserved(t.endpoint, target_wire)
+    if why is not None:
+        raise Incapable(why)
     translated, hints = _translated(request, target_wire, client)
-    model = t.model.wire_name
-    if target_wire is Format.MESSAGES:
-        body = aw.messages_body(
-            caller_body(request) if translated is None else translated, model=model, max_tokens=limit, stream=stream
-        )
-        dropped = _version_rules(body, t.endpoint, client.refused_sampling)
-        return Outbound(target_wire, aw.without(body, dropped) if dropped else body, dropped)
-    if target_wire is Format.RESPONSES:
-        body = wire.responses_body(request.extra, model=model, max_output_tokens=limit, stream=stream)
-        return Outbound(target_wire, body)
-    if translated is None:
-        messages, extra, temperature = request.messages, request.extra, request.temperature
-    else:
-        messages, extra, temperature = tuple(translated["messages"]), translated, None
-        if stream:  # the Messages stream's closing usage comes from OpenAI's last chunk
-            extra = {**extra, "stream_options": {"include_usage": True}}
-    body = wire.chat_body(
-        messages, extra, model=model, token_param=token_param, max_tokens=limit, temperature=temperature, stream=stream
+    body = FORMATS[target_wire].wire_body(
+        request, translated, model=t.model.wire_name, limit=limit, stream=stream, token_param=token_param
     )
-    return Outbound(target_wire, body, hints)
+    body, dropped = dialect.body_rules(body, t.endpoint, client.refused_sampling)
+    return Outbound(target_wire, body, hints + dropped)
 
 
 def incapable(request: Request, t: Target, client: ClientConfig) -> str | None:
     """Why ``t`` cannot carry ``request``, or None. The check is the translation itself
     (:func:`outbound`), so the check and the body sent cannot disagree; a request in the
-    target's own format on an OpenAI-wire endpoint is never checked (it passes untouched)."""
-    target_wire = _wire(request, t)
-    if request.format is target_wire and target_wire is not Format.MESSAGES and not t.endpoint.azure_classic:
+    target's own format is not checked where the dialect has no rules for bodies (it
+    passes untouched)."""
+    dialect = dialect_of(t.endpoint)
+    target_wire = dialect.wire_of(request.format)
+    why = dialect.unserved(t.endpoint, target_wire)
+    if why is not None:
+        return why
+    if request.format is target_wire and not dialect.has_body_rules(t.endpoint):
         return None
     try:
         outbound(request, t, token_param=wire.TokenParam.MAX_TOKENS, limit=1, stream=False, client=client)
@@ -193,41 +153,6 @@ def parse_plain(target_wire: Format, status: int, body: bytes) -> Mapping[str, A
     return None if answer is None else usage.bounded(answer)
 
 
-def _object(obj: Mapping[str, Any], key: str) -> Mapping[str, Any]:
-    """``obj[key]`` when it is an object, else an empty one."""
-    value = obj.get(key)
-    return value if isinstance(value, Mapping) else {}
-
-
-def _calls_of(target_wire: Format, response: Mapping[str, Any]) -> Iterator[tuple[object, object, str]]:
-    """Each tool call of a whole answer in the target's wire: its name, id and arguments as
-    JSON text (a Messages ``input`` that is an object counts as whole)."""
-    if target_wire is Format.MESSAGES:
-        blocks = response.get("content")
-        for block in blocks if isinstance(blocks, list) else []:
-            if isinstance(block, Mapping) and block.get("type") == "tool_use":
-                given = block.get("input")
-                text = "" if given is None or isinstance(given, Mapping) else json.dumps(given)
-                yield block.get("name"), block.get("id"), text
-        return
-    choices = response.get("choices")
-    for choice in choices if isinstance(choices, list) else []:
-        message = _object(choice, "message") if isinstance(choice, Mapping) else {}
-        calls = message.get("tool_calls")
-        for call in calls if isinstance(calls, list) else []:
-            fn = _object(call, "function") if isinstance(call, Mapping) else {}
-            given = fn.get("arguments")
-            text = given if isinstance(given, str) else "" if given is None else json.dumps(given)
-            yield fn.get("name"), call.get("id") if isinstance(call, Mapping) else None, text
-
-
-def _check(name: object, call_id: object, arguments: str) -> None:
-    """Raises :class:`~capmon.core.base.exceptions.BrokenAnswer` when a tool call's arguments are no JSON object."""
-    failure = classify_tool_call(name, call_id, arguments)
-    if failure is not None:
-        raise BrokenAnswer(failure)
-
-
 def answer_in(caller: Format, target_wire: Format, response: Mapping[str, Any], *, created: int) -> Mapping[str, Any]:
     """The target's answer in the caller's format (through the hub: :func:`hub.translate_answer`).
     Across formats its tool calls are checked first: raises
@@ -236,8 +161,8 @@ def answer_in(caller: Format, target_wire: Format, response: Mapping[str, Any], 
     for anything else the caller's format cannot carry."""
     if caller is target_wire:
         return response
-    for call in _calls_of(target_wire, response):
-        _check(*call)
+    for call in FORMATS[target_wire].tool_calls(response):
+        hub.check_call(*call)
     return hub.translate_answer(response, target_wire, caller, created=created)
 
 
@@ -276,102 +201,6 @@ class _Same:
 SAME = _Same()
 
 
-@dataclass
-class _Call:
-    """One tool call of a stream, as far as it came: its name and id, and its arguments' pieces."""
-
-    name: object = None
-    id: object = None
-    pieces: list[str] = field(default_factory=list)
-
-    def check(self) -> None:
-        _check(self.name, self.id, "".join(self.pieces))
-
-
-class _MessagesCalls:
-    """The tool calls of a Messages stream: each ``tool_use`` block ends with its
-    ``content_block_stop``, and the stream with ``message_stop``."""
-
-    def __init__(self) -> None:
-        self._open: dict[int, _Call] = {}
-
-    @staticmethod
-    def last(event: Mapping[str, Any]) -> bool:
-        return event.get("type") == "message_stop"
-
-    def feed(self, event: Mapping[str, Any]) -> None:
-        kind, index = event.get("type"), event.get("index")
-        if not isinstance(index, int):
-            return
-        if kind == "content_block_start":
-            block = _object(event, "content_block")
-            if block.get("type") == "tool_use":
-                self._open[index] = _Call(block.get("name"), block.get("id"))
-        elif kind == "content_block_delta" and index in self._open:
-            delta = _object(event, "delta")
-            piece = delta.get("partial_json")
-            if delta.get("type") == "input_json_delta" and isinstance(piece, str):
-                self._open[index].pieces.append(piece)
-        elif kind == "content_block_stop" and index in self._open:
-            self._open.pop(index).check()
-
-    def end(self) -> None:
-        """Blocks never stopped end with the stream."""
-        for call in self._open.values():
-            call.check()
-        self._open.clear()
-
-
-class _ChatCalls:
-    """The tool calls of a chat stream, as a Messages caller gets them: one run of deltas
-    of one call is one ``tool_use`` block, which ends when the choice moves on (to another
-    call or to text) or finishes. OpenAI streams a call's pieces in a row; a call whose
-    pieces come apart is told in pieces, each of which must be whole."""
-
-    def __init__(self) -> None:
-        self._seen: dict[int, _Call] = {}  # index -> its name and id, from its first delta
-        self._run: tuple[int, _Call] | None = None
-
-    @staticmethod
-    def last(chunk: Mapping[str, Any]) -> bool:
-        return False  # the chat stream's end is [DONE], which carries no chunk
-
-    def feed(self, chunk: Mapping[str, Any]) -> None:
-        choices = chunk.get("choices")
-        for c in choices if isinstance(choices, list) else []:
-            if not isinstance(c, Mapping) or c.get("index", 0) != 0:
-                continue
-            delta = _object(c, "delta")
-            if any(isinstance(delta.get(k), str) and delta.get(k) for k in ("content", "refusal")):
-                self.end()
-            calls = delta.get("tool_calls")
-            for call in calls if isinstance(calls, list) else []:
-                if isinstance(call, Mapping):
-                    self._piece(call)
-            if c.get("finish_reason"):
-                self.end()
-
-    def _piece(self, call: Mapping[str, Any]) -> None:
-        index = call.get("index", 0)
-        index = index if isinstance(index, int) else 0
-        fn = _object(call, "function")
-        known = self._seen.setdefault(index, _Call())
-        known.name = known.name or fn.get("name")
-        known.id = known.id or call.get("id")
-        if self._run is None or self._run[0] != index:
-            self.end()
-            self._run = (index, _Call(known.name, known.id))
-        arguments = fn.get("arguments")
-        if isinstance(arguments, str):
-            self._run[1].pieces.append(arguments)
-
-    def end(self) -> None:
-        if self._run is not None:
-            _, call = self._run
-            self._run = None
-            call.check()
-
-
 class _Crossing:
     """A stream told in another format. Every event of the target's wire is checked
     before it is translated: a tool call that ends with arguments that are no JSON object
@@ -385,7 +214,7 @@ class _Crossing:
     def __init__(
         self,
         feed: Callable[[Mapping[str, Any]], Sequence[Mapping[str, Any]]],
-        calls: _MessagesCalls | _ChatCalls,
+        calls: hub.CallWatcher,
         close: Callable[[], Sequence[Mapping[str, Any]]] = tuple,
     ) -> None:
         self._feed, self._close, self._calls = feed, close, calls
@@ -412,8 +241,7 @@ def stream_codec(request: Request, target_wire: Format, *, created: int) -> Code
     options = request.extra.get("stream_options")
     asked = isinstance(options, Mapping) and bool(options.get("include_usage"))
     translation = hub.Translation(target_wire, request.format, created=created, include_usage=asked)
-    calls = _MessagesCalls() if target_wire is Format.MESSAGES else _ChatCalls()
-    return _Crossing(translation.feed, calls, translation.close)
+    return _Crossing(translation.feed, FORMATS[target_wire].call_watcher(), translation.close)
 
 
 class WireReader:

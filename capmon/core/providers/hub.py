@@ -9,21 +9,69 @@ functions of :class:`WireFormat`; a new format is one more module and one more l
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from capmon.core.base.exceptions import CapmonError
-from capmon.core.providers.classify import QUOTA_HINT
+from capmon.core.base.exceptions import BrokenAnswer, CapmonError
+from capmon.core.providers.classify import QUOTA_HINT, classify_tool_call
 from capmon.core.providers.openai_wire import Event, TokenParam
 from capmon.core.providers.sse import Frame
 from capmon.core.types import canon
+from capmon.core.types.config import DropRule
 from capmon.core.types.failure import Failure
-from capmon.core.types.result import Format
+from capmon.core.types.result import Format, Request
 
 
 class Incapable(CapmonError, ValueError):
     """A request or an answer that the target format cannot carry (the message says why):
     the target is skipped as incapable, or the answer is a broken one."""
+
+
+def drop_or_refuse(names: tuple[str, ...], rule: DropRule, why: str) -> tuple[str, ...]:
+    """The one home of the drop-or-skip rule: ``names`` (fields a target cannot take, whose
+    absence changes no answer's meaning: hints a format cannot honour, sampling fields an
+    API version refuses) are dropped (returned, to be said on the attempt record and
+    ``x-capmon-dropped``) or, by ``rule``, make the target incapable."""
+    if names and rule is DropRule.SKIP:
+        raise Incapable(f'{", ".join(names)} ({why} = "skip")')
+    return names
+
+
+def check_call(name: object, call_id: object, arguments: str) -> None:
+    """Raises :class:`~capmon.core.base.exceptions.BrokenAnswer` when a tool call's
+    arguments are no JSON object: an answer that crosses formats is broken with one, whatever
+    format tells it."""
+    failure = classify_tool_call(name, call_id, arguments)
+    if failure is not None:
+        raise BrokenAnswer(failure)
+
+
+@dataclass
+class Call:
+    """One tool call of a stream, as far as it came: its name and id, and its arguments' pieces."""
+
+    name: object = None
+    id: object = None
+    pieces: list[str] = field(default_factory=list)
+
+    def check(self) -> None:
+        check_call(self.name, self.id, "".join(self.pieces))
+
+
+class CallWatcher(Protocol):
+    """Checks each tool call of a stream in a format's own events as it ends (raising
+    :class:`~capmon.core.base.exceptions.BrokenAnswer`), and knows the stream's last event."""
+
+    def last(self, chunk: Mapping[str, Any]) -> bool:
+        """Whether ``chunk`` is the stream's last event (False where the end carries none)."""
+        ...
+
+    def feed(self, chunk: Mapping[str, Any]) -> None: ...
+
+    def end(self) -> None:
+        """The stream ended: calls still open end with it."""
+        ...
 
 
 class StreamDecoder(Protocol):
@@ -82,6 +130,29 @@ class FormatReading(Protocol):
     def read_frame(self, frame: Frame, *, now: float | None = None, quota_hint: float = QUOTA_HINT) -> Event: ...
 
     def assembler(self) -> Assembled: ...
+
+    def wire_body(
+        self,
+        request: Request,
+        translated: Mapping[str, Any] | None,
+        *,
+        model: str,
+        limit: int,
+        stream: bool,
+        token_param: TokenParam,
+    ) -> dict[str, Any]:
+        """The body an attempt sends in this format: the caller's own request (``translated``
+        None: its fields untouched) or a translated one, with the model, the token cap
+        ``limit`` and ``stream`` set (and n = 1 where the format has n)."""
+        ...
+
+    def tool_calls(self, answer: Mapping[str, Any]) -> Iterator[tuple[object, object, str]]:
+        """Each tool call of a whole answer: its name, id and arguments as JSON text."""
+        ...
+
+    def call_watcher(self) -> CallWatcher:
+        """A new watcher of one stream's tool calls (see :class:`CallWatcher`)."""
+        ...
 
 
 class WireFormat(FormatReading, Protocol):

@@ -5,7 +5,7 @@ canonical hub (capmon/core/types/canon.py), and what reads and probes it. A modu
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from capmon.core.providers import anthropic_wire as aw
@@ -16,6 +16,7 @@ from capmon.core.providers.openai_wire import Event, TokenParam
 from capmon.core.providers.sse import Frame
 from capmon.core.types import canon
 from capmon.core.types.failure import Failure
+from capmon.core.types.result import Request
 
 # ================================================================ requests
 # decode_request / encode_request: a request body to and from canon.Request.
@@ -941,3 +942,68 @@ def error_body(failure: Failure, message: str | None = None) -> dict[str, Any]:
     to a Messages caller (the chat and Responses callers' shapes are the gateway's own,
     capmon/gateway/errors.py)."""
     return aw.error_body(failure, message)
+
+
+def wire_body(
+    request: Request,
+    translated: Mapping[str, Any] | None,
+    *,
+    model: str,
+    limit: int,
+    stream: bool,
+    token_param: TokenParam,
+) -> dict[str, Any]:
+    """A Messages body: the caller's fields untouched, or a translated request's; the cap
+    as ``max_tokens`` (Messages has one token parameter)."""
+    return aw.messages_body(
+        request.extra if translated is None else translated, model=model, max_tokens=limit, stream=stream
+    )
+
+
+def tool_calls(answer: Mapping[str, Any]) -> Iterator[tuple[object, object, str]]:
+    """Each ``tool_use`` block of a message: its name, id and input as JSON text (an
+    ``input`` that is an object counts as whole: "")."""
+    blocks = answer.get("content")
+    for block in blocks if isinstance(blocks, list) else []:
+        if isinstance(block, Mapping) and block.get("type") == "tool_use":
+            given = block.get("input")
+            text = "" if given is None or isinstance(given, Mapping) else json.dumps(given)
+            yield block.get("name"), block.get("id"), text
+
+
+class _Calls:
+    """The tool calls of a Messages stream: each ``tool_use`` block ends with its
+    ``content_block_stop``, and the stream with ``message_stop``."""
+
+    def __init__(self) -> None:
+        self._open: dict[int, hub.Call] = {}
+
+    @staticmethod
+    def last(event: Mapping[str, Any]) -> bool:
+        return event.get("type") == "message_stop"
+
+    def feed(self, event: Mapping[str, Any]) -> None:
+        kind, index = event.get("type"), event.get("index")
+        if not isinstance(index, int):
+            return
+        if kind == "content_block_start":
+            block = event.get("content_block")
+            if isinstance(block, Mapping) and block.get("type") == "tool_use":
+                self._open[index] = hub.Call(block.get("name"), block.get("id"))
+        elif kind == "content_block_delta" and index in self._open:
+            delta = event.get("delta")
+            piece = delta.get("partial_json") if isinstance(delta, Mapping) else None
+            if isinstance(delta, Mapping) and delta.get("type") == "input_json_delta" and isinstance(piece, str):
+                self._open[index].pieces.append(piece)
+        elif kind == "content_block_stop" and index in self._open:
+            self._open.pop(index).check()
+
+    def end(self) -> None:
+        """Blocks never stopped end with the stream."""
+        for call in self._open.values():
+            call.check()
+        self._open.clear()
+
+
+def call_watcher() -> hub.CallWatcher:
+    return _Calls()

@@ -5,9 +5,11 @@ OpenAI-compatible server (vLLM, Ollama, OpenRouter, Together...) speaks it. A mo
 
 from __future__ import annotations
 
+from typing import Any
+
 from capmon.core.providers.dialect import Auth, Headers
 from capmon.core.providers.sse import SSEParser
-from capmon.core.types.config import EndpointConfig, ModelConfig
+from capmon.core.types.config import DropRule, EndpointConfig, ModelConfig
 from capmon.core.types.result import Format, Request
 
 
@@ -41,3 +43,13 @@ def caller_headers(headers: Headers, request: Request) -> Headers | None:
 
 def framing() -> SSEParser:
     return SSEParser()
+
+
+def has_body_rules(endpoint: EndpointConfig) -> bool:
+    return False
+
+
+def body_rules(
+    body: dict[str, Any], endpoint: EndpointConfig, refused_sampling: DropRule
+) -> tuple[dict[str, Any], tuple[str, ...]]:
+    return body, ()

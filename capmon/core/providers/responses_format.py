@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from capmon.core.providers import hub
@@ -17,6 +17,7 @@ from capmon.core.providers.openai_wire import Event, TokenParam
 from capmon.core.providers.sse import Frame
 from capmon.core.types import canon
 from capmon.core.types.failure import Failure, Kind
+from capmon.core.types.result import Request
 
 # ================================================================ requests
 # decode_request / encode_request: a request body to and from canon.Request.
@@ -564,3 +565,32 @@ class Assembled:
 
 def assembler() -> Assembled:
     return Assembled()
+
+
+def wire_body(
+    request: Request,
+    translated: Mapping[str, Any] | None,
+    *,
+    model: str,
+    limit: int,
+    stream: bool,
+    token_param: TokenParam,
+) -> dict[str, Any]:
+    """A Responses body: the caller's own fields untouched (no other format is sent as
+    Responses: :func:`encode_request` refuses), the cap as ``max_output_tokens``."""
+    return wire.responses_body(
+        request.extra if translated is None else translated, model=model, max_output_tokens=limit, stream=stream
+    )
+
+
+def tool_calls(answer: Mapping[str, Any]) -> Iterator[tuple[object, object, str]]:
+    """Each ``function_call`` item of a response's output: its name, call id and arguments."""
+    items = answer.get("output")
+    for item in items if isinstance(items, list) else []:
+        if isinstance(item, Mapping) and item.get("type") == "function_call":
+            given = item.get("arguments")
+            yield item.get("name"), item.get("call_id"), given if isinstance(given, str) else ""
+
+
+def call_watcher() -> hub.CallWatcher:
+    raise hub.Incapable(_NOT_READ.format("stream"))
