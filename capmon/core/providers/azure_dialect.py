@@ -5,12 +5,10 @@ deployment URL (chat completions only); the key as ``api-key``. Its own endpoint
 
 from __future__ import annotations
 
-from typing import Any
-
 from capmon.core.providers import openai_dialect
 from capmon.core.providers.dialect import Auth, Headers
 from capmon.core.providers.sse import SSEParser
-from capmon.core.types.config import DropRule, EndpointConfig, ModelConfig
+from capmon.core.types.config import EndpointConfig, ModelConfig
 from capmon.core.types.result import Format, Request
 
 wire_of = openai_dialect.wire_of
@@ -47,11 +45,5 @@ def framing() -> SSEParser:
     return SSEParser()
 
 
-def has_body_rules(endpoint: EndpointConfig) -> bool:
-    return False
-
-
-def body_rules(
-    body: dict[str, Any], endpoint: EndpointConfig, refused_sampling: DropRule
-) -> tuple[dict[str, Any], tuple[str, ...]]:
-    return body, ()
+has_body_rules = openai_dialect.has_body_rules
+body_rules = openai_dialect.body_rules

@@ -38,6 +38,25 @@ def drop_or_refuse(names: tuple[str, ...], rule: DropRule, why: str) -> tuple[st
     return names
 
 
+def sort_fields(
+    body: Mapping[str, Any], slots: frozenset[str], no_meaning: frozenset[str]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A decoder's fields that no canon slot holds (``slots``: those it reads itself), in
+    two: ``own``, fields with meaning that only this format has (an encoder of another
+    format refuses a set one), and ``aside``, bookkeeping that changes no answer
+    (``no_meaning``, and fields set to null)."""
+    own: dict[str, Any] = {}
+    aside: dict[str, Any] = {}
+    for name, value in body.items():
+        if name in slots:
+            continue
+        if name in no_meaning or value is None:
+            aside[name] = value
+        else:
+            own[name] = value
+    return own, aside
+
+
 def check_call(name: object, call_id: object, arguments: str) -> None:
     """Raises :class:`~capmon.core.base.exceptions.BrokenAnswer` when a tool call's
     arguments are no JSON object: an answer that crosses formats is broken with one, whatever

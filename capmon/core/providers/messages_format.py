@@ -60,15 +60,7 @@ def decode_request(body: Mapping[str, Any]) -> canon.Request:
     """A Messages body in canon terms: every field kept (Anthropic's own, like ``top_k`` or
     ``context_management``, in ``own``; bookkeeping in ``aside``). Raises
     :class:`~capmon.core.providers.hub.Incapable` only for a body no format could read."""
-    own: dict[str, Any] = {}
-    aside: dict[str, Any] = {}
-    for name, value in body.items():
-        if name in _MESSAGES_SLOTS:
-            continue
-        if name in _MESSAGES_NO_MEANING or value is None:
-            aside[name] = value
-        else:
-            own[name] = value
+    own, aside = hub.sort_fields(body, _MESSAGES_SLOTS, _MESSAGES_NO_MEANING)
     messages = body.get("messages")
     decoded = tuple(_message(m, i) for i, m in enumerate(messages)) if isinstance(messages, list) else ()
     system, plain = _system(body.get("system"))

@@ -78,15 +78,7 @@ def decode_request(body: Mapping[str, Any]) -> canon.Request:
     ``aside``). Raises :class:`~capmon.core.providers.hub.Incapable` for a body that is no
     Responses request, or holds an item the hub has no type for (a reasoning item, a
     built-in tool's call), naming it by its place (``input[i]``)."""
-    own: dict[str, Any] = {}
-    aside: dict[str, Any] = {}
-    for name, value in body.items():
-        if name in _RESPONSES_SLOTS:
-            continue
-        if name in _RESPONSES_NO_MEANING or value is None:
-            aside[name] = value
-        else:
-            own[name] = value
+    own, aside = hub.sort_fields(body, _RESPONSES_SLOTS, _RESPONSES_NO_MEANING)
     truncation = body.get("truncation")
     if truncation not in (None, "disabled"):
         own["truncation"] = truncation
