@@ -13,6 +13,8 @@ from capmon.core.providers.sse import SSEParser
 from capmon.core.types.config import DropRule, EndpointConfig, ModelConfig
 from capmon.core.types.result import Format, Request
 
+GENAI_PROVIDER = "azure.ai.openai"  # gen_ai.provider.name (OpenTelemetry's GenAI conventions)
+
 wire_of = openai_dialect.wire_of
 
 
@@ -52,6 +54,6 @@ def has_body_rules(endpoint: EndpointConfig) -> bool:
 
 
 def body_rules(
-    body: dict[str, Any], endpoint: EndpointConfig, refused_sampling: DropRule
+    body: dict[str, Any], endpoint: EndpointConfig, sampling_rule: DropRule
 ) -> tuple[dict[str, Any], tuple[str, ...]]:
     return body, ()

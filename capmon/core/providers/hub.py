@@ -1,5 +1,7 @@
 """The hub's moves: a request, an answer or a stream from one format to another, always
-through the canonical types (capmon/core/types/canon.py), and the registry of formats.
+through the canonical types (capmon/core/types/canon.py), the registry of formats, and what
+the format modules share (what a format module is: :class:`WireFormat`; the drop-or-skip rule;
+a tool call's check; the fields capmon owns in a body sent in the caller's own format).
 
 A format is a module (``chat_format``, ``responses_format``, ``messages_format``) with the
 functions of :class:`WireFormat`; a new format is one more module and one more line in
@@ -15,8 +17,9 @@ from typing import Any, Protocol
 
 from capmon.core.base.exceptions import BrokenAnswer, CapmonError
 from capmon.core.providers.classify import QUOTA_HINT, classify_tool_call
-from capmon.core.providers.openai_wire import Event, TokenParam
+from capmon.core.providers.frames import Event
 from capmon.core.providers.sse import Frame
+from capmon.core.providers.token_param import TokenParam
 from capmon.core.types import canon
 from capmon.core.types.config import DropRule
 from capmon.core.types.failure import Failure
@@ -45,6 +48,18 @@ def check_call(name: object, call_id: object, arguments: str) -> None:
     failure = classify_tool_call(name, call_id, arguments)
     if failure is not None:
         raise BrokenAnswer(failure)
+
+
+def owned_body(extra: Mapping[str, Any], *, model: str, cap_field: str, cap: int, stream: bool) -> dict[str, Any]:
+    """A body in the caller's own format (the Responses API, Anthropic's Messages): the
+    caller's fields untouched but the model, the token cap (``cap_field``) and ``stream``,
+    which capmon owns."""
+    body = {k: v for k, v in extra.items() if k not in ("model", "stream", cap_field)}
+    body["model"] = model
+    body[cap_field] = cap
+    if stream:
+        body["stream"] = True
+    return body
 
 
 @dataclass
@@ -144,6 +159,11 @@ class FormatReading(Protocol):
         """The body an attempt sends in this format: the caller's own request (``translated``
         None: its fields untouched) or a translated one, with the model, the token cap
         ``limit`` and ``stream`` set (and n = 1 where the format has n)."""
+        ...
+
+    def refused_token_param(self, failure: Failure, sent: TokenParam) -> bool:
+        """Whether ``failure`` says the model refuses the token parameter ``sent`` (the
+        quirk of a format with two: the client then sends the other, token_param.py)."""
         ...
 
     def tool_calls(self, answer: Mapping[str, Any]) -> Iterator[tuple[object, object, str]]:
