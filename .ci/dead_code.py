@@ -110,7 +110,7 @@ IGNORED = {
     "tool_calls",
     "simulator_started",
     # Enum members chosen by value (a config's or a request's string), never by name:
-    # anthropic-version 2023-06-01 (core/providers/anthropic_wire.py, sim/messages.py), client.transport =
+    # anthropic-version 2023-06-01 (core/types/config.py, sim/messages.py), client.transport =
     # "aiohttp" (core/routing/transport.py), the simulator's html_500 fault (sim/faults.py).
     "V2023_06_01",
     "AIOHTTP",

@@ -38,8 +38,9 @@ from starlette.types import Scope
 
 from capmon import __version__
 from capmon.core.base.secrets import redact
+from capmon.core.providers.dialect import DIALECTS
 from capmon.core.routing.client import FallbackClient
-from capmon.core.types.config import Config, EndpointApi
+from capmon.core.types.config import Config
 from capmon.core.types.result import Attempt, Decision
 from capmon.gateway.exchange import Exchange
 from capmon.gateway.models import ModelNames
@@ -50,11 +51,7 @@ log = logging.getLogger("capmon.gateway")
 
 TRACED_PATHS = frozenset(("/v1/chat/completions", "/v1/responses", "/v1/messages"))
 OPERATION = "chat"  # gen_ai.operation.name: chat completions, Responses and Messages alike
-PROVIDER = {  # gen_ai.provider.name of an endpoint's API
-    EndpointApi.OPENAI: "openai",
-    EndpointApi.ANTHROPIC: "anthropic",
-    EndpointApi.AZURE: "azure.ai.openai",
-}
+PROVIDER = {api: dialect.GENAI_PROVIDER for api, dialect in DIALECTS.items()}  # gen_ai.provider.name of an API
 _PROVIDER_BY_NAME = {api.value: name for api, name in PROVIDER.items()}
 _TRACE_HEADERS = (b"traceparent", b"tracestate")
 SHUTDOWN_S = STOP_WAIT + 1.0  # seconds stopping the gateway waits for the last spans to go out

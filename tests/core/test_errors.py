@@ -905,7 +905,7 @@ def test_the_quota_threshold_is_backoff_max_hint() -> None:
 
 
 async def test_the_client_sends_its_configs_quota_threshold_with_every_attempt() -> None:
-    from capmon.core.providers.openai_wire import TokenParam
+    from capmon.core.providers.token_param import TokenParam
     from capmon.core.routing.attempt import chat_request
     from capmon.core.routing.client import FallbackClient
     from capmon.core.types.result import Request

@@ -15,12 +15,19 @@ import pytest
 from capmon.core.base.exceptions import ConfigError
 from capmon.core.base.secrets import redact
 from capmon.core.providers import formats
-from capmon.core.providers.anthropic_wire import AnthropicVersion
-from capmon.core.providers.openai_wire import TokenParam
+from capmon.core.providers.token_param import TokenParam
 from capmon.core.routing.attempt import chat_request
 from capmon.core.routing.targets import Target, build_targets
 from capmon.core.routing.transport_aiohttp import _scrub
-from capmon.core.types.config import ClientConfig, Config, DropRule, EndpointApi, parse_config, resolve_keys
+from capmon.core.types.config import (
+    AnthropicVersion,
+    ClientConfig,
+    Config,
+    DropRule,
+    EndpointApi,
+    parse_config,
+    resolve_keys,
+)
 from capmon.core.types.result import Format, Request
 from tests.support.configs import config_toml
 

@@ -1,7 +1,7 @@
 """The request path's shortcuts are httpx's own results: a request built from a target's
 ready header block (``Sender.head`` / ``Sender.request``) is the request
 ``httpx.Request(content=...)`` builds, and a body read from the response's stream
-(``wire.read_capped``, ``wire.body_pieces``) is what ``aiter_bytes()`` gives."""
+(``capped.read_capped``, ``capped.body_pieces``) is what ``aiter_bytes()`` gives."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
-from capmon.core.providers.openai_wire import Oversized, body_pieces, read_capped
+from capmon.core.routing.capped import Oversized, body_pieces, read_capped
 from capmon.core.routing.transport import Sender
 
 pytestmark = pytest.mark.unit

@@ -5,14 +5,17 @@ server-sent events. A module of :class:`capmon.core.providers.dialect.Dialect`."
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from typing import Any
 
-from capmon.core.providers import anthropic_wire as aw
 from capmon.core.providers import hub
 from capmon.core.providers.dialect import Auth, Headers
 from capmon.core.providers.sse import SSEParser
-from capmon.core.types.config import DropRule, EndpointConfig, ModelConfig
+from capmon.core.types.config import DEFAULT_VERSION, AnthropicVersion, DropRule, EndpointConfig, ModelConfig
 from capmon.core.types.result import Format, Request
+
+MESSAGES_PATH = "/v1/messages"
+GENAI_PROVIDER = "anthropic"  # gen_ai.provider.name (OpenTelemetry's GenAI conventions)
 
 
 def wire_of(caller: Format) -> Format:
@@ -20,7 +23,7 @@ def wire_of(caller: Format) -> Format:
 
 
 def urls(endpoint: EndpointConfig, model: ModelConfig) -> dict[Format, str]:
-    return {Format.MESSAGES: endpoint.base_url.rstrip("/") + aw.MESSAGES_PATH}
+    return {Format.MESSAGES: endpoint.base_url.rstrip("/") + MESSAGES_PATH}
 
 
 def unserved(endpoint: EndpointConfig, wire: Format) -> str | None:
@@ -29,10 +32,17 @@ def unserved(endpoint: EndpointConfig, wire: Format) -> str | None:
 
 def auth(endpoint: EndpointConfig, secret: str) -> Auth:
     """``x-api-key``, which every version and every compatible server takes (see
-    :func:`capmon.core.providers.anthropic_wire.request_headers`), and the endpoint's
-    ``anthropic-version``; no key header for a server that takes no key."""
-    headers = aw.request_headers(secret, endpoint.anthropic_version)
+    :func:`request_headers`), and the endpoint's ``anthropic-version``; no key header for a
+    server that takes no key."""
+    headers = request_headers(secret, endpoint.anthropic_version)
     return Auth(headers if secret else {k: v for k, v in headers.items() if k != "x-api-key"})
+
+
+def request_headers(secret: str, version: AnthropicVersion = DEFAULT_VERSION) -> dict[str, str]:
+    """The key and version headers. capmon sends ``x-api-key``: every version of the API
+    and every Anthropic-compatible server takes it, while Bearer is only the 2026 SDKs'
+    habit; one header for both versions keeps an endpoint's version a one-word change."""
+    return {"x-api-key": secret, "anthropic-version": version.value}
 
 
 def caller_headers(headers: Headers, request: Request) -> Headers | None:
@@ -61,16 +71,54 @@ def has_body_rules(endpoint: EndpointConfig) -> bool:
 
 
 def body_rules(
-    body: dict[str, Any], endpoint: EndpointConfig, refused_sampling: DropRule
+    body: dict[str, Any], endpoint: EndpointConfig, sampling_rule: DropRule
 ) -> tuple[dict[str, Any], tuple[str, ...]]:
     """The endpoint's ``anthropic-version`` rules: what it refuses whatever is left out is
     incapable; the sampling fields it refuses are dropped or, by the config's rule, make
     the target incapable."""
     version = endpoint.anthropic_version
-    why = aw.version_incapable(body, version)
+    why = version_incapable(body, version)
     if why:
         raise hub.Incapable(why)
-    refused = aw.refused_sampling(body, version)
+    refused = refused_sampling(body, version)
     why = f"refused by anthropic-version {version.value}; [client] refused_sampling"
-    dropped = hub.drop_or_refuse(refused, refused_sampling, why)
-    return (aw.without(body, dropped) if dropped else body), dropped
+    dropped = hub.drop_or_refuse(refused, sampling_rule, why)
+    return (without(body, dropped) if dropped else body), dropped
+
+
+# ---------------------------------------------------------------- the API versions' rules
+
+SAMPLING_PARAMS = ("temperature", "top_p", "top_k")
+
+
+def refused_sampling(body: Mapping[str, Any], version: AnthropicVersion) -> tuple[str, ...]:
+    """The sampling fields of ``body`` that ``version`` answers 400 to. Whether the target
+    is then skipped or sent without them is the config's rule, not decided here."""
+    if not version.refuses_sampling:
+        return ()
+    return tuple(name for name in SAMPLING_PARAMS if name in body)
+
+
+def without(body: Mapping[str, Any], fields: Iterable[str]) -> dict[str, Any]:
+    """``body`` with ``fields`` left out (the "send without them" rule)."""
+    drop = frozenset(fields)
+    return {k: v for k, v in body.items() if k not in drop}
+
+
+def version_incapable(body: Mapping[str, Any], version: AnthropicVersion) -> str | None:
+    """Why ``version`` cannot take ``body`` whatever is left out, or None: 2026-10-21
+    refuses document blocks in assistant messages and citations on user text blocks."""
+    if not version.refuses_assistant_documents_and_user_citations:
+        return None
+    messages = body.get("messages")
+    for i, message in enumerate(messages if isinstance(messages, list) else []):
+        if not isinstance(message, Mapping) or not isinstance(message.get("content"), list):
+            continue
+        for block in message["content"]:
+            if type(block) is not dict and not isinstance(block, Mapping):  # dict first: the cheap check
+                continue
+            if message.get("role") == "assistant" and block.get("type") == "document":
+                return f"messages[{i}]: a document block in an assistant message (refused by {version.value})"
+            if message.get("role") == "user" and block.get("type") == "text" and block.get("citations"):
+                return f"messages[{i}]: citations on a user text block (refused by {version.value})"
+    return None

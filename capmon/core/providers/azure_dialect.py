@@ -11,6 +11,8 @@ from capmon.core.providers.sse import SSEParser
 from capmon.core.types.config import EndpointConfig, ModelConfig
 from capmon.core.types.result import Format, Request
 
+GENAI_PROVIDER = "azure.ai.openai"  # gen_ai.provider.name (OpenTelemetry's GenAI conventions)
+
 wire_of = openai_dialect.wire_of
 
 

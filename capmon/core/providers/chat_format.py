@@ -8,15 +8,17 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from capmon.core.providers import hub
-from capmon.core.providers import openai_wire as wire
-from capmon.core.providers.classify import QUOTA_HINT, parse_completion
-from capmon.core.providers.openai_wire import Event, TokenParam
+from capmon.core.providers import usage as counts
+from capmon.core.providers.classify import QUOTA_HINT, classify_event, parse_completion
+from capmon.core.providers.frames import Event, FrameKind
 from capmon.core.providers.sse import Frame
+from capmon.core.providers.token_param import TokenParam
 from capmon.core.types import canon
-from capmon.core.types.failure import Failure
+from capmon.core.types.failure import Failure, Kind
 from capmon.core.types.result import Request
 
 # ================================================================ requests
@@ -800,10 +802,9 @@ def stream_encoder(*, created: int, include_usage: bool) -> hub.StreamEncoder:
 
 
 # ================================================================ reading and probing
-# the answer and frames as the wire sends them, usage, text, the probe body, the error shape.
-#
-#
-#
+# What a target sends in this format, read: a plain answer, its text and used tokens, a stream's
+# frames (frames.Event) and the answer they assemble into; and what an attempt sends in it: the
+# probe, the body (the fields capmon owns), the token parameter a model refuses (token_param.py).
 
 
 def parse(status: int, body: bytes) -> Mapping[str, Any] | None:
@@ -818,34 +819,178 @@ def unfinished(status: int, headers: Any, body: bytes, *, now: float, quota_hint
 
 def text(response: Mapping[str, Any]) -> str:
     """The answer's text: its first choice's content."""
-    return wire.completion_text(response)
+    try:
+        content = response["choices"][0]["message"]["content"]
+    except (KeyError, IndexError, TypeError):
+        return ""
+    return content if isinstance(content, str) else ""
 
 
 def used_tokens(response: Mapping[str, Any] | None) -> int | None:
-    """The tokens the answer says it used (``usage.total_tokens``)."""
-    return wire.total_tokens(response)
+    """The tokens the answer says it used (``usage.total_tokens``), if it says so sensibly."""
+    usage = (response or {}).get("usage")
+    return counts.count(usage.get("total_tokens")) if isinstance(usage, Mapping) else None
 
 
 def chunk_text(chunk: Mapping[str, Any]) -> str:
-    """The text a stream chunk adds ("" when none)."""
-    return wire.chunk_text(chunk)
+    """The content text of a chunk's first choice ("" when none)."""
+    choices = chunk.get("choices")
+    if not choices or not isinstance(choices, list):
+        return ""
+    c = choices[0]
+    delta = c.get("delta") if isinstance(c, dict) else None
+    content = delta.get("content") if isinstance(delta, dict) else None
+    return content if isinstance(content, str) else ""
 
 
 def probe_body(model: str, token_param: TokenParam) -> dict[str, Any]:
     """The smallest request that proves a model answers: one token of output."""
-    return wire.probe_body(model, token_param)
+    return {"model": model, "messages": [{"role": "user", "content": "ping"}], token_param.value: 1, "n": 1}
+
+
+# An error event's names (``event:``) on OpenAI's streams (the Responses API's too).
+ERROR_EVENTS = frozenset({"error", "response.failed", "response.error"})
 
 
 def read_frame(frame: Frame, *, now: float | None = None, quota_hint: float = QUOTA_HINT) -> Event:
     """What one frame of a chat stream is (chunks, ``[DONE]``, errors). Never raises."""
-    return wire.read_frame(frame, now=now, quota_hint=quota_hint)
+    data = frame.data.strip()
+    if data == "[DONE]":
+        return Event(FrameKind.DONE)
+    if not data:
+        if frame.event in ERROR_EVENTS:
+            return Event(FrameKind.ERROR, failure=classify_event(None, frame.event, now=now, quota_hint=quota_hint))
+        return Event(FrameKind.IGNORE)
+    try:
+        obj = json.loads(data)
+    except (ValueError, RecursionError):
+        return Event(
+            FrameKind.BROKEN, failure=Failure(Kind.TRANSIENT, "200 with a broken stream chunk (not JSON)", 200)
+        )
+    if isinstance(obj, dict):
+        choices = obj.get("choices")
+        if isinstance(choices, list) and "error" not in obj:
+            return Event(FrameKind.CHUNK, chunk=obj, output=_has_output(choices))
+        if frame.event in ERROR_EVENTS or _is_error(obj):
+            return Event(FrameKind.ERROR, failure=classify_event(obj, frame.event, now=now, quota_hint=quota_hint))
+        return Event(FrameKind.IGNORE)  # {"type": "ping"}, usage-only shapes without choices
+    if isinstance(obj, list) and any(isinstance(x, dict) and _is_error(x) for x in obj[:4]):
+        return Event(FrameKind.ERROR, failure=classify_event(obj, frame.event, now=now, quota_hint=quota_hint))
+    return Event(FrameKind.BROKEN, failure=Failure(Kind.TRANSIENT, "200 with a broken stream chunk (no event)", 200))
+
+
+def _is_error(obj: Mapping[str, Any]) -> bool:
+    return "error" in obj or obj.get("object") == "error" or obj.get("type") in ("error", "response.failed")
+
+
+def _has_output(choices: list[Any]) -> bool:
+    for c in choices:
+        if not isinstance(c, dict):
+            continue
+        if c.get("finish_reason"):
+            return True
+        delta = c.get("delta")
+        if isinstance(delta, dict) and (
+            delta.get("content") or delta.get("tool_calls") or delta.get("refusal") or delta.get("function_call")
+        ):
+            return True
+    return False
+
+
+@dataclass
+class _ToolCall:
+    id: str | None = None
+    type: str = "function"
+    name: str = ""
+    arguments: list[str] = field(default_factory=list)
+
+
+class Assembler:
+    """Builds the non-streaming answer from a stream's chunks: content, tool calls merged
+    by index, finish reason and usage, so a streamed answer reads like a plain one."""
+
+    def __init__(self) -> None:
+        self.head: dict[str, Any] = {}
+        self.role = "assistant"
+        self.text: list[str] = []
+        self.refusal: list[str] = []
+        self.tools: dict[int, _ToolCall] = {}
+        self.finish_reason: str | None = None
+        self.usage: Mapping[str, Any] | None = None
+
+    def add(self, chunk: Mapping[str, Any]) -> None:
+        if not self.head:
+            self.head = {k: chunk[k] for k in ("id", "created", "model", "system_fingerprint") if k in chunk}
+        usage = chunk.get("usage")
+        if isinstance(usage, dict):
+            self.usage = usage
+        choices = chunk.get("choices")
+        if not isinstance(choices, list):
+            return
+        for c in choices:
+            if not isinstance(c, dict) or c.get("index", 0) != 0:
+                continue
+            if c.get("finish_reason"):
+                self.finish_reason = c["finish_reason"]
+            delta = c.get("delta")
+            if not isinstance(delta, dict):
+                continue
+            if isinstance(delta.get("role"), str):
+                self.role = delta["role"]
+            if isinstance(delta.get("content"), str):
+                self.text.append(delta["content"])
+            if isinstance(delta.get("refusal"), str):
+                self.refusal.append(delta["refusal"])
+            calls = delta.get("tool_calls")
+            if isinstance(calls, list):
+                for call in calls:
+                    if isinstance(call, dict):
+                        self._tool(call)
+
+    def _tool(self, call: Mapping[str, Any]) -> None:
+        index = call.get("index", len(self.tools))
+        if not isinstance(index, int):
+            index = len(self.tools)
+        t = self.tools.setdefault(index, _ToolCall())
+        if isinstance(call.get("id"), str):
+            t.id = call["id"]
+        if isinstance(call.get("type"), str):
+            t.type = call["type"]
+        fn = call.get("function")
+        if isinstance(fn, dict):
+            if isinstance(fn.get("name"), str):
+                t.name += fn["name"]
+            if isinstance(fn.get("arguments"), str):
+                t.arguments.append(fn["arguments"])
+
+    @property
+    def content(self) -> str:
+        return "".join(self.text)
+
+    def completion(self) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": self.role, "content": self.content if self.text or not self.tools else None}
+        if self.refusal:
+            message["refusal"] = "".join(self.refusal)
+        if self.tools:
+            message["tool_calls"] = [
+                {"id": t.id, "type": t.type, "function": {"name": t.name, "arguments": "".join(t.arguments)}}
+                for _, t in sorted(self.tools.items())
+            ]
+        out: dict[str, Any] = {
+            **self.head,
+            "object": "chat.completion",
+            "choices": [{"index": 0, "message": message, "finish_reason": self.finish_reason}],
+        }
+        if self.usage is not None:
+            out["usage"] = self.usage
+        return out
 
 
 class Assembled:
     """A chat stream's chunks put together into the plain answer; a finish reason makes it whole."""
 
     def __init__(self) -> None:
-        self._chunks = wire.Assembler()
+        self._chunks = Assembler()
 
     @property
     def finished(self) -> bool:
@@ -860,6 +1005,33 @@ class Assembled:
 
 def assembler() -> Assembled:
     return Assembled()
+
+
+# Fields the client owns: everything else the caller sets passes through untouched.
+_OWNED = frozenset({"model", "messages", "n", "stream", *(p.value for p in TokenParam)})
+
+
+def chat_body(
+    messages: tuple[Mapping[str, Any], ...],
+    extra: Mapping[str, Any],
+    *,
+    model: str,
+    token_param: TokenParam,
+    max_tokens: int,
+    temperature: float | None,
+    stream: bool,
+) -> dict[str, Any]:
+    """A chat-completions body: the caller's fields untouched, then the ones the client owns."""
+    body = {k: v for k, v in extra.items() if k not in _OWNED} if extra else {}
+    body["model"] = model
+    body["messages"] = list(messages)
+    body[token_param.value] = max_tokens
+    body["n"] = 1
+    if temperature is not None:
+        body["temperature"] = temperature
+    if stream:
+        body["stream"] = True
+    return body
 
 
 def wire_body(
@@ -880,9 +1052,36 @@ def wire_body(
         messages, extra, temperature = tuple(translated["messages"]), translated, None
         if stream:
             extra = {**extra, "stream_options": {"include_usage": True}}
-    return wire.chat_body(
+    return chat_body(
         messages, extra, model=model, token_param=token_param, max_tokens=limit, temperature=temperature, stream=stream
     )
+
+
+# The token parameter: chat completions has two (token_param.py), and a model refuses one.
+_PARAM_NAMES = re.compile(r"max_completion_tokens|max_tokens")
+_SUGGESTED = re.compile(r"use\W{0,3}(max_completion_tokens|max_tokens)\W{0,3}instead")
+_UNSUPPORTED = re.compile(
+    r"unsupported.parameter|not supported|unrecognized request argument|extra inputs are not permitted"
+    r"|extra_forbidden|unknown (?:field|parameter|argument)|unexpected keyword|invalid.parameter|not permitted"
+)
+
+
+def refused_token_param(failure: Failure, sent: TokenParam) -> bool:
+    """Whether a 400 says the model refuses the token parameter that was sent.
+
+    OpenAI's o-series and gpt-5 answer ``unsupported_parameter`` to ``max_tokens``;
+    older deployments answer "Unrecognized request argument supplied:
+    max_completion_tokens"; vLLM and Mistral name the field in a validation error.
+    """
+    if failure.kind is not Kind.BAD_REQUEST or failure.status not in (400, 422):
+        return False
+    text = f"{failure.code or ''} {failure.reason}".lower()
+    if not _UNSUPPORTED.search(text):
+        return False
+    suggested = _SUGGESTED.search(text)
+    if suggested:  # "... 'max_tokens' is not supported ... Use 'max_completion_tokens' instead."
+        return suggested.group(1) != sent.value
+    return set(_PARAM_NAMES.findall(text)) == {sent.value}
 
 
 def tool_calls(answer: Mapping[str, Any]) -> Iterator[tuple[object, object, str]]:

@@ -67,6 +67,10 @@ class FrameReader(Protocol):
 class Dialect(Protocol):
     """What a dialect module provides (the module itself is the implementation)."""
 
+    # The API's name in OpenTelemetry's GenAI conventions (``gen_ai.provider.name``: the
+    # gateway's spans say it).
+    GENAI_PROVIDER: str
+
     def wire_of(self, caller: Format) -> Format:
         """The format an attempt for a ``caller`` request speaks to an endpoint of this API."""
         ...
@@ -98,9 +102,9 @@ class Dialect(Protocol):
         ...
 
     def body_rules(
-        self, body: dict[str, Any], endpoint: EndpointConfig, refused_sampling: DropRule
+        self, body: dict[str, Any], endpoint: EndpointConfig, sampling_rule: DropRule
     ) -> tuple[dict[str, Any], tuple[str, ...]]:
-        """``body`` as the endpoint takes it, and the fields left out (``refused_sampling``:
+        """``body`` as the endpoint takes it, and the fields left out (``sampling_rule``:
         the config's rule for sampling fields an API version refuses). Raises
         :class:`~capmon.core.providers.hub.Incapable` for what it refuses whatever is left out."""
         ...

@@ -33,12 +33,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from capmon.core.providers import hub, usage
-from capmon.core.providers import openai_wire as wire
 from capmon.core.providers.classify import QUOTA_HINT
 from capmon.core.providers.dialect import dialect_of
+from capmon.core.providers.frames import Event
 from capmon.core.providers.hub import FORMATS
 from capmon.core.providers.sse import Frame
+from capmon.core.providers.token_param import TokenParam
 from capmon.core.types.config import ClientConfig
+from capmon.core.types.failure import Failure
 from capmon.core.types.result import Format, Request
 
 if TYPE_CHECKING:
@@ -82,20 +84,14 @@ def _translated(
         return None, ()
     if target_wire is Format.RESPONSES:  # formats.wire_of never sends another format there
         raise Incapable(f"{request.format.value} requests cannot be sent as {target_wire.value}")
-    decoded = hub.FORMATS[request.format].decode_request(caller_body(request))
-    hints: tuple[str, ...] = ()
-    if target_wire is not Format.MESSAGES:  # Anthropic's hints: only an Anthropic-shaped format honours them
-        decoded, hints = hub.without_hints(decoded)
-        why = f"hints {target_wire.value} cannot honour; [client] unhonoured_hints"
-        hints = hub.drop_or_refuse(hints, client.unhonoured_hints, why)
-    return hub.FORMATS[target_wire].encode_request(decoded), hints
+    return hub.translate_request(caller_body(request), request.format, target_wire, hints=client.unhonoured_hints)
 
 
 def outbound(
     request: Request,
     t: Target,
     *,
-    token_param: wire.TokenParam,
+    token_param: TokenParam,
     limit: int,
     stream: bool,
     client: ClientConfig,
@@ -130,17 +126,23 @@ def incapable(request: Request, t: Target, client: ClientConfig) -> str | None:
     if request.format is target_wire and not dialect.has_body_rules(t.endpoint):
         return None
     try:
-        outbound(request, t, token_param=wire.TokenParam.MAX_TOKENS, limit=1, stream=False, client=client)
+        outbound(request, t, token_param=TokenParam.MAX_TOKENS, limit=1, stream=False, client=client)
     except Incapable as e:
         return str(e)
     return None
 
 
-def probe_body(t: Target, token_param: wire.TokenParam) -> tuple[Format, dict[str, Any]]:
+def probe_body(t: Target, token_param: TokenParam) -> tuple[Format, dict[str, Any]]:
     """The smallest request that proves ``t`` answers, in the wire its endpoint speaks to a
     chat caller, made by that wire's format."""
     probe_wire = dialect_of(t.endpoint).wire_of(Format.CHAT)
     return probe_wire, FORMATS[probe_wire].probe_body(t.model.wire_name, token_param)
+
+
+def refused_token_param(target_wire: Format, failure: Failure, sent: TokenParam) -> bool:
+    """Whether ``failure`` says the model refuses the token parameter ``sent`` (the quirk of
+    a wire with two, which its format knows: chat completions)."""
+    return FORMATS[target_wire].refused_token_param(failure, sent)
 
 
 # ---------------------------------------------------------------- answers
@@ -151,6 +153,14 @@ def parse_plain(target_wire: Format, status: int, body: bytes) -> Mapping[str, A
     its usage bounded (capmon/core/providers/usage.py), so no reader sees a count no answer can have."""
     answer = FORMATS[target_wire].parse(status, body)
     return None if answer is None else usage.bounded(answer)
+
+
+def unfinished(
+    target_wire: Format, status: int, headers: Any, body: bytes, *, now: float, quota_hint: float
+) -> Failure | None:
+    """Why a 2xx that :func:`parse_plain` refused is no answer, when the target wire's format
+    says more than the classifier (a failed Responses answer); None: the classifier says."""
+    return FORMATS[target_wire].unfinished(status, headers, body, now=now, quota_hint=quota_hint)
 
 
 def answer_in(caller: Format, target_wire: Format, response: Mapping[str, Any], *, created: int) -> Mapping[str, Any]:
@@ -246,7 +256,7 @@ def stream_codec(request: Request, target_wire: Format, *, created: int) -> Code
 
 class WireReader:
     """Reads one target's stream in its own wire: each frame as a
-    :class:`~capmon.core.providers.openai_wire.Event`, and the whole answer the events make
+    :class:`~capmon.core.providers.frames.Event`, and the whole answer the events make
     (the wire's format module's ``read_frame`` and ``assembler``)."""
 
     def __init__(self, target_wire: Format) -> None:
@@ -265,7 +275,7 @@ class WireReader:
     def finished(self, value: bool) -> None:
         self._finished = value
 
-    def read(self, frame: Frame, *, now: float, quota_hint: float = QUOTA_HINT) -> wire.Event:
+    def read(self, frame: Frame, *, now: float, quota_hint: float = QUOTA_HINT) -> Event:
         """One frame's event, its usage bounded (capmon/core/providers/usage.py): what the caller, the
         assembler and the translators get."""
         event = self._read(frame, now=now, quota_hint=quota_hint)

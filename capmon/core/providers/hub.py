@@ -1,5 +1,7 @@
 """The hub's moves: a request, an answer or a stream from one format to another, always
-through the canonical types (capmon/core/types/canon.py), and the registry of formats.
+through the canonical types (capmon/core/types/canon.py), the registry of formats, and what
+the format modules share (what a format module is: :class:`WireFormat`; the drop-or-skip rule;
+a tool call's check; the fields capmon owns in a body sent in the caller's own format).
 
 A format is a module (``chat_format``, ``responses_format``, ``messages_format``) with the
 functions of :class:`WireFormat`; a new format is one more module and one more line in
@@ -15,8 +17,9 @@ from typing import Any, Protocol
 
 from capmon.core.base.exceptions import BrokenAnswer, CapmonError
 from capmon.core.providers.classify import QUOTA_HINT, classify_tool_call
-from capmon.core.providers.openai_wire import Event, TokenParam
+from capmon.core.providers.frames import Event
 from capmon.core.providers.sse import Frame
+from capmon.core.providers.token_param import TokenParam
 from capmon.core.types import canon
 from capmon.core.types.config import DropRule
 from capmon.core.types.failure import Failure
@@ -64,6 +67,18 @@ def check_call(name: object, call_id: object, arguments: str) -> None:
     failure = classify_tool_call(name, call_id, arguments)
     if failure is not None:
         raise BrokenAnswer(failure)
+
+
+def owned_body(extra: Mapping[str, Any], *, model: str, cap_field: str, cap: int, stream: bool) -> dict[str, Any]:
+    """A body in the caller's own format (the Responses API, Anthropic's Messages): the
+    caller's fields untouched but the model, the token cap (``cap_field``) and ``stream``,
+    which capmon owns."""
+    body = {k: v for k, v in extra.items() if k not in ("model", "stream", cap_field)}
+    body["model"] = model
+    body[cap_field] = cap
+    if stream:
+        body["stream"] = True
+    return body
 
 
 @dataclass
@@ -165,6 +180,11 @@ class FormatReading(Protocol):
         ``limit`` and ``stream`` set (and n = 1 where the format has n)."""
         ...
 
+    def refused_token_param(self, failure: Failure, sent: TokenParam) -> bool:
+        """Whether ``failure`` says the model refuses the token parameter ``sent`` (the
+        quirk of a format with two: the client then sends the other, token_param.py)."""
+        ...
+
     def tool_calls(self, answer: Mapping[str, Any]) -> Iterator[tuple[object, object, str]]:
         """Each tool call of a whole answer: its name, id and arguments as JSON text."""
         ...
@@ -204,11 +224,23 @@ FORMATS: Mapping[Format, WireFormat] = {
 }
 
 
-def translate_request(body: Mapping[str, Any], source: Format, target: Format) -> dict[str, Any]:
+def translate_request(
+    body: Mapping[str, Any], source: Format, target: Format, *, hints: DropRule | None = None
+) -> tuple[dict[str, Any], tuple[str, ...]]:
     """``body`` (a request in ``source``) in ``target``, without ``model`` and ``stream``
-    (the wire's): ``target.encode_request(source.decode_request(body))``. Raises
-    :class:`Incapable` with the reason when ``target`` cannot carry it."""
-    return FORMATS[target].encode_request(FORMATS[source].decode_request(body))
+    (the wire's): ``target.encode_request(source.decode_request(body))``, and the hints
+    left out. With a rule (``hints``: ``[client] unhonoured_hints``), toward a format that
+    cannot honour Anthropic's hints (:data:`HINTS`: any but Messages) they are taken out
+    first and dropped, or make the target incapable; without one, the target's encoder
+    refuses them like any field it cannot carry. Raises :class:`Incapable` with the
+    reason when ``target`` cannot carry the request."""
+    decoded = FORMATS[source].decode_request(body)
+    left_out: tuple[str, ...] = ()
+    if hints is not None and target is not Format.MESSAGES:  # only an Anthropic-shaped format honours them
+        decoded, left_out = without_hints(decoded)
+        why = f"hints {target.value} cannot honour; [client] unhonoured_hints"
+        left_out = drop_or_refuse(left_out, hints, why)
+    return FORMATS[target].encode_request(decoded), left_out
 
 
 # Hints: what says how to serve a request, never what its answer means. A caching

@@ -6,16 +6,17 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
-from capmon.core.providers import anthropic_wire as aw
 from capmon.core.providers import hub
-from capmon.core.providers.anthropic_wire import ERROR_STATUS as ERROR_STATUS  # the error shape's types
-from capmon.core.providers.classify import QUOTA_HINT
-from capmon.core.providers.openai_wire import Event, TokenParam
+from capmon.core.providers import usage as counts
+from capmon.core.providers.classify import QUOTA_HINT, classify_event
+from capmon.core.providers.frames import Event, FrameKind, typed_event
 from capmon.core.providers.sse import Frame
+from capmon.core.providers.token_param import TokenParam
 from capmon.core.types import canon
-from capmon.core.types.failure import Failure
+from capmon.core.types.failure import Failure, Kind
 from capmon.core.types.result import Request
 
 # ================================================================ requests
@@ -864,15 +865,24 @@ def stream_encoder(*, created: int, include_usage: bool) -> hub.StreamEncoder:
 
 
 # ================================================================ reading and probing
-# the answer and frames as the wire sends them, usage, text, the probe body, the error shape.
-#
-#
-#
+# What a target sends in this format, read: a plain answer, its text and used tokens, a stream's
+# frames (frames.Event; in-stream errors classified by their type) and the answer they assemble
+# into; Anthropic's error shape, which the gateway tells a Messages caller; and what an attempt
+# sends in it: the probe and the body (the fields capmon owns). What an endpoint's API version
+# refuses is its dialect's (anthropic_dialect.py).
 
 
-def parse(status: int, body: bytes) -> Mapping[str, Any] | None:
-    """A plain answer (a message), or None: the classifier says what it is."""
-    return aw.parse_message(status, body)
+def parse(status: int, body: bytes | str | None) -> Mapping[str, Any] | None:
+    """A plain answer (a message), or None: the classifier says what it is. Never raises."""
+    if not 200 <= status < 300 or not body:
+        return None
+    try:
+        parsed = json.loads(body)
+    except Exception:
+        return None
+    if isinstance(parsed, Mapping) and parsed.get("type") == "message" and isinstance(parsed.get("content"), list):
+        return parsed
+    return None
 
 
 def unfinished(status: int, headers: Any, body: bytes, *, now: float, quota_hint: float) -> Failure | None:
@@ -882,12 +892,25 @@ def unfinished(status: int, headers: Any, body: bytes, *, now: float, quota_hint
 
 def text(response: Mapping[str, Any]) -> str:
     """The answer's text: its text blocks, in order."""
-    return aw.message_text(response)
+    blocks = response.get("content")
+    return "".join(
+        b["text"]
+        for b in (blocks if isinstance(blocks, list) else [])
+        if isinstance(b, Mapping) and b.get("type") == "text" and isinstance(b.get("text"), str)
+    )
 
 
 def used_tokens(response: Mapping[str, Any] | None) -> int | None:
-    """All the tokens the answer's usage counts (input, cache writes and reads, output)."""
-    return aw.usage_total((response or {}).get("usage"))
+    """All the tokens the answer's usage counts: input (fresh, cache writes and cache reads) and output."""
+    usage = (response or {}).get("usage")
+    if not isinstance(usage, Mapping) or not any(
+        isinstance(usage.get(k), int) for k in ("input_tokens", "output_tokens")
+    ):
+        return None
+    return sum(
+        (counts.count(usage.get(k)) or 0)
+        for k in ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens", "output_tokens")
+    )
 
 
 def chunk_text(chunk: Mapping[str, Any]) -> str:
@@ -902,12 +925,125 @@ def chunk_text(chunk: Mapping[str, Any]) -> str:
 def probe_body(model: str, token_param: TokenParam) -> dict[str, Any]:
     """The smallest Messages request: one token of output (Messages has one token parameter)."""
     body = {"messages": [{"role": "user", "content": "ping"}]}
-    return aw.messages_body(body, model=model, max_tokens=1, stream=False)
+    return messages_body(body, model=model, max_tokens=1, stream=False)
+
+
+# Events that carry no answer yet: held back, so an error after them can still fall back.
+_PREAMBLE = frozenset({"message_start", "content_block_start", "content_block_stop"})
+_DELTA_FIELDS = {"text_delta": "text", "input_json_delta": "partial_json", "thinking_delta": "thinking"}
 
 
 def read_frame(frame: Frame, *, now: float | None = None, quota_hint: float = QUOTA_HINT) -> Event:
-    """What one frame of a Messages stream is (in-stream errors classified by their type). Never raises."""
-    return aw.read_frame(frame, now=now, quota_hint=quota_hint)
+    """What one frame of a Messages stream is. Never raises.
+
+    ``message_stop`` is DONE; ``error`` is an error classified by its type; ``ping`` and
+    unknown event types (Anthropic says new ones may appear) are ignored; a delta that
+    carries text, tool input or thinking, and ``message_delta`` (the stop reason), are output.
+    """
+    decoded = typed_event(frame)
+    if isinstance(decoded, Event):
+        return decoded
+    obj, kind, name = decoded
+    if name == "error" or kind == "error":
+        return Event(FrameKind.ERROR, failure=event_failure(obj, now=now, quota_hint=quota_hint))
+    if name == "ping":
+        return Event(FrameKind.IGNORE)
+    if not isinstance(obj, dict) or not isinstance(kind, str):
+        return Event(FrameKind.BROKEN, failure=Failure(Kind.TRANSIENT, "200 with a broken stream event", 200))
+    if kind == "message_stop":
+        return Event(FrameKind.DONE, chunk=obj)
+    if kind in _PREAMBLE:
+        return Event(FrameKind.CHUNK, chunk=obj)
+    if kind == "message_delta":
+        return Event(FrameKind.CHUNK, chunk=obj, output=True)
+    if kind == "content_block_delta":
+        delta = obj.get("delta")
+        dtype = delta.get("type") if isinstance(delta, dict) else None
+        piece = delta.get(_DELTA_FIELDS.get(str(dtype), "")) if isinstance(delta, dict) else None
+        return Event(FrameKind.CHUNK, chunk=obj, output=bool(piece) or dtype == "signature_delta")
+    return Event(FrameKind.IGNORE)
+
+
+@dataclass
+class _Block:
+    block: dict[str, Any]
+    pieces: list[str] = field(default_factory=list)  # input_json_delta pieces of a tool_use block
+
+
+class MessageAssembler:
+    """Builds the plain answer from a Messages stream's events: text, tool_use blocks with
+    their input put together from ``input_json_delta`` pieces, thinking with its
+    signature, the stop reason and the usage, so a streamed answer reads like a plain one."""
+
+    def __init__(self) -> None:
+        self.head: dict[str, Any] = {}
+        self.blocks: dict[int, _Block] = {}
+        self.stop_reason: str | None = None
+        self.stop_sequence: str | None = None
+        self.usage: dict[str, Any] = {}
+
+    def add(self, event: Mapping[str, Any]) -> None:
+        kind = event.get("type")
+        if kind == "message_start" and isinstance(event.get("message"), Mapping):
+            start = event["message"]
+            self.head = {k: start[k] for k in ("id", "model", "role") if k in start}
+            if isinstance(start.get("usage"), Mapping):
+                self.usage.update(start["usage"])
+        elif kind == "content_block_start" and isinstance(event.get("content_block"), Mapping):
+            index = event.get("index", len(self.blocks))
+            self.blocks[index if isinstance(index, int) else len(self.blocks)] = _Block(dict(event["content_block"]))
+        elif kind == "content_block_delta" and isinstance(event.get("delta"), Mapping):
+            self._delta(event.get("index"), event["delta"])
+        elif kind == "message_delta":
+            delta = event.get("delta")
+            if isinstance(delta, Mapping):
+                self.stop_reason = delta.get("stop_reason") or self.stop_reason
+                self.stop_sequence = delta.get("stop_sequence") or self.stop_sequence
+            if isinstance(event.get("usage"), Mapping):
+                # Counts in message_delta are cumulative: they replace, not add.
+                self.usage.update({k: v for k, v in event["usage"].items() if v is not None})
+
+    def _delta(self, index: object, delta: Mapping[str, Any]) -> None:
+        b = self.blocks.get(index) if isinstance(index, int) else None
+        if b is None:
+            return
+        dtype = delta.get("type")
+        if dtype == "text_delta" and isinstance(delta.get("text"), str):
+            b.block["text"] = b.block.get("text", "") + delta["text"]
+        elif dtype == "input_json_delta" and isinstance(delta.get("partial_json"), str):
+            b.pieces.append(delta["partial_json"])
+        elif dtype == "thinking_delta" and isinstance(delta.get("thinking"), str):
+            b.block["thinking"] = b.block.get("thinking", "") + delta["thinking"]
+        elif dtype == "signature_delta" and isinstance(delta.get("signature"), str):
+            b.block["signature"] = b.block.get("signature", "") + delta["signature"]
+
+    @property
+    def text(self) -> str:
+        return "".join(b.block.get("text", "") for _, b in sorted(self.blocks.items()) if b.block.get("type") == "text")
+
+    def message(self) -> dict[str, Any]:
+        """The answer as a plain Messages response. Tool input that is not JSON is kept as
+        the text it was (under ``input``'s ``_raw``) rather than lost: the caller sees it."""
+        content = []
+        for _, b in sorted(self.blocks.items()):
+            block = dict(b.block)
+            if b.pieces or block.get("type") == "tool_use":
+                raw = "".join(b.pieces)
+                try:
+                    block["input"] = json.loads(raw) if raw.strip() else block.get("input") or {}
+                except ValueError:
+                    block["input"] = {"_raw": raw}
+            content.append(block)
+        return {
+            "id": self.head.get("id", ""),
+            "type": "message",
+            "role": "assistant",
+            "model": self.head.get("model", ""),
+            "content": content,
+            "stop_reason": self.stop_reason,
+            "stop_sequence": self.stop_sequence,
+            "usage": {"input_tokens": 0, "output_tokens": 0, **self.usage},
+        }
 
 
 class Assembled:
@@ -916,7 +1052,7 @@ class Assembled:
     finished = False
 
     def __init__(self) -> None:
-        self._events = aw.MessageAssembler()
+        self._events = MessageAssembler()
 
     def add(self, chunk: Mapping[str, Any], done: bool) -> None:
         self._events.add(chunk)
@@ -929,11 +1065,68 @@ def assembler() -> Assembled:
     return Assembled()
 
 
+# What each error type of Anthropic's says as an HTTP status: an in-stream error carries
+# only its type, and the classifier reads kinds from statuses (404 is a bad request, not
+# a transient failure; 402 a quota).
+ERROR_STATUS: Mapping[str, int] = {
+    "invalid_request_error": 400,
+    "authentication_error": 401,
+    "billing_error": 402,
+    "permission_error": 403,
+    "not_found_error": 404,
+    "conflict_error": 409,
+    "request_too_large": 413,
+    "rate_limit_error": 429,
+    "api_error": 500,
+    "timeout_error": 504,
+    "overloaded_error": 529,
+}
+_KIND_ERROR: Mapping[Kind, str] = {
+    Kind.CAPACITY: "overloaded_error",
+    Kind.RATE_LIMITED: "rate_limit_error",
+    Kind.QUOTA: "billing_error",
+    Kind.AUTH: "authentication_error",
+    Kind.TOO_LARGE: "request_too_large",
+    Kind.BAD_REQUEST: "invalid_request_error",
+    Kind.TRANSIENT: "api_error",
+    Kind.OVERSIZED: "api_error",
+}
+
+
+def event_failure(obj: object, *, now: float | None = None, quota_hint: float = QUOTA_HINT) -> Failure:
+    """An ``event: error`` of a Messages stream, classified like the HTTP error its type
+    stands for (``overloaded_error`` is capacity, whatever the message says). Never raises."""
+    error = obj.get("error") if isinstance(obj, Mapping) else None
+    if isinstance(error, Mapping):
+        status = ERROR_STATUS.get(str(error.get("type")))
+        if status is not None and "status" not in error:
+            obj = {**obj, "error": {**error, "status": status}}  # type: ignore[dict-item]
+    return classify_event(obj, "error", now=now, quota_hint=quota_hint)
+
+
+def error_type(failure: Failure) -> str:
+    """The Anthropic error type a failure is told to an Anthropic client as: Anthropic's
+    own when it said one, else the one its kind stands for."""
+    if failure.code in ERROR_STATUS:
+        return str(failure.code)
+    if failure.kind is Kind.AUTH and failure.status == 403:
+        return "permission_error"
+    if failure.kind is Kind.TOO_LARGE and failure.status != 413:
+        return "invalid_request_error"  # "prompt is too long" is a 400 on Anthropic's API
+    return _KIND_ERROR[failure.kind]
+
+
 def error_body(failure: Failure, message: str | None = None) -> dict[str, Any]:
     """Anthropic's error shape, for the gateway's reply body and in-stream ``event: error``
     to a Messages caller (the chat and Responses callers' shapes are the gateway's own,
     capmon/gateway/errors.py)."""
-    return aw.error_body(failure, message)
+    return {"type": "error", "error": {"type": error_type(failure), "message": message or failure.reason}}
+
+
+def messages_body(extra: Mapping[str, Any], *, model: str, max_tokens: int, stream: bool) -> dict[str, Any]:
+    """A Messages body (see :func:`~capmon.core.providers.hub.owned_body`); the cap is required by the
+    API: the model's cap when the caller gave none."""
+    return hub.owned_body(extra, model=model, cap_field="max_tokens", cap=max_tokens, stream=stream)
 
 
 def wire_body(
@@ -947,9 +1140,14 @@ def wire_body(
 ) -> dict[str, Any]:
     """A Messages body: the caller's fields untouched, or a translated request's; the cap
     as ``max_tokens`` (Messages has one token parameter)."""
-    return aw.messages_body(
+    return messages_body(
         request.extra if translated is None else translated, model=model, max_tokens=limit, stream=stream
     )
+
+
+def refused_token_param(failure: Failure, sent: TokenParam) -> bool:
+    """Never: Messages has one token cap (``max_tokens``), nothing to relearn."""
+    return False
 
 
 def tool_calls(answer: Mapping[str, Any]) -> Iterator[tuple[object, object, str]]:

@@ -12,6 +12,8 @@ from capmon.core.providers.sse import SSEParser
 from capmon.core.types.config import DropRule, EndpointConfig, ModelConfig
 from capmon.core.types.result import Format, Request
 
+GENAI_PROVIDER = "openai"  # gen_ai.provider.name (OpenTelemetry's GenAI conventions)
+
 
 def wire_of(caller: Format) -> Format:
     """The caller's format, and chat completions for a Messages caller (an OpenAI-wire
@@ -50,6 +52,6 @@ def has_body_rules(endpoint: EndpointConfig) -> bool:
 
 
 def body_rules(
-    body: dict[str, Any], endpoint: EndpointConfig, refused_sampling: DropRule
+    body: dict[str, Any], endpoint: EndpointConfig, sampling_rule: DropRule
 ) -> tuple[dict[str, Any], tuple[str, ...]]:
     return body, ()

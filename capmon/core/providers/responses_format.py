@@ -9,12 +9,12 @@ import json
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from capmon.core.providers import hub
-from capmon.core.providers import openai_wire as wire
-from capmon.core.providers.chat_format import function_tool, image_of, tool_call, tool_choice_of
+from capmon.core.providers import chat_format, hub
+from capmon.core.providers.chat_format import ERROR_EVENTS, function_tool, image_of, tool_call, tool_choice_of
 from capmon.core.providers.classify import QUOTA_HINT, classify_event, classify_response
-from capmon.core.providers.openai_wire import Event, TokenParam
+from capmon.core.providers.frames import Event, FrameKind, typed_event
 from capmon.core.providers.sse import Frame
+from capmon.core.providers.token_param import TokenParam
 from capmon.core.types import canon
 from capmon.core.types.failure import Failure, Kind
 from capmon.core.types.result import Request
@@ -486,15 +486,27 @@ def stream_encoder(*, created: int, include_usage: bool) -> hub.StreamEncoder:
 
 
 # ================================================================ reading and probing
-# the answer and frames as the wire sends them, usage, text, the probe body, the error shape.
-#
-#
-#
+# What a target sends in this format, read: a plain answer (or why a 2xx is none), its text and
+# used tokens, a stream's frames (frames.Event) and the answer its last event carries; and what
+# an attempt sends in it: the probe and the body (the fields capmon owns).
 
 
 def parse(status: int, body: bytes) -> Mapping[str, Any] | None:
-    """A plain answer (a completed or incomplete response), or None."""
-    return wire.parse_response(status, body)
+    """A plain answer (a completed or incomplete response), or None: then the classifier
+    (or :func:`unfinished`) says what it is. Never raises."""
+    if not 200 <= status < 300 or not body:
+        return None
+    try:
+        parsed = json.loads(body)
+    except Exception:
+        return None
+    if (
+        isinstance(parsed, Mapping)
+        and parsed.get("object") == "response"
+        and parsed.get("status") in ("completed", "incomplete")
+    ):
+        return parsed
+    return None
 
 
 def unfinished(status: int, headers: Any, body: bytes, *, now: float, quota_hint: float) -> Failure:
@@ -513,12 +525,19 @@ def unfinished(status: int, headers: Any, body: bytes, *, now: float, quota_hint
 
 def text(response: Mapping[str, Any]) -> str:
     """The answer's text: its output_text parts, in order."""
-    return wire.response_text(response)
+    out = []
+    items = response.get("output")
+    for item in items if isinstance(items, list) else []:
+        content = item.get("content") if isinstance(item, dict) else None
+        for part in content if isinstance(content, list) else []:
+            if isinstance(part, dict) and part.get("type") == "output_text" and isinstance(part.get("text"), str):
+                out.append(part["text"])
+    return "".join(out)
 
 
 def used_tokens(response: Mapping[str, Any] | None) -> int | None:
-    """The tokens the answer says it used (``usage.total_tokens``)."""
-    return wire.total_tokens(response)
+    """The tokens the answer says it used (``usage.total_tokens``, as a chat completion says them)."""
+    return chat_format.used_tokens(response)
 
 
 def chunk_text(chunk: Mapping[str, Any]) -> str:
@@ -530,12 +549,38 @@ def chunk_text(chunk: Mapping[str, Any]) -> str:
 def probe_body(model: str, token_param: TokenParam) -> dict[str, Any]:
     """The smallest Responses request: one token of output is too few for the API (its
     floor is 16), so the probe asks for that floor."""
-    return wire.responses_body({"input": "ping"}, model=model, max_output_tokens=16, stream=False)
+    return responses_body({"input": "ping"}, model=model, max_output_tokens=16, stream=False)
+
+
+# Events that carry no answer yet: held back, so an error after them can still fall back.
+_RESPONSES_PREAMBLE = frozenset({"response.created", "response.in_progress", "response.queued"})
+_RESPONSES_DONE = frozenset({"response.completed", "response.incomplete"})
 
 
 def read_frame(frame: Frame, *, now: float | None = None, quota_hint: float = QUOTA_HINT) -> Event:
-    """What one frame of a Responses stream is. Never raises."""
-    return wire.read_responses_frame(frame, now=now, quota_hint=quota_hint)
+    """What one frame of a Responses stream is. Never raises.
+
+    ``response.completed`` / ``response.incomplete`` is DONE (its ``response`` is the
+    answer); ``response.failed`` and ``error`` are errors; the preamble events are held;
+    every other event is output."""
+    decoded = typed_event(frame)
+    if isinstance(decoded, Event):
+        return decoded
+    obj, kind, name = decoded
+    if name in ERROR_EVENTS or (
+        isinstance(obj, dict)
+        and "error" in obj
+        and name not in _RESPONSES_DONE
+        and not name.startswith("response.output")
+    ):
+        return Event(FrameKind.ERROR, failure=classify_event(obj, name, now=now, quota_hint=quota_hint))
+    if not isinstance(obj, dict):
+        return Event(FrameKind.BROKEN, failure=Failure(Kind.TRANSIENT, "200 with a broken stream event", 200))
+    if name in _RESPONSES_DONE:
+        return Event(FrameKind.DONE, chunk=obj, output=True)
+    if name in _RESPONSES_PREAMBLE or not name:
+        return Event(FrameKind.CHUNK, chunk=obj, output=False)
+    return Event(FrameKind.CHUNK, chunk=obj, output=not name.endswith(".added"))
 
 
 class Assembled:
@@ -559,6 +604,11 @@ def assembler() -> Assembled:
     return Assembled()
 
 
+def responses_body(extra: Mapping[str, Any], *, model: str, max_output_tokens: int, stream: bool) -> dict[str, Any]:
+    """A Responses API body (see :func:`~capmon.core.providers.hub.owned_body`)."""
+    return hub.owned_body(extra, model=model, cap_field="max_output_tokens", cap=max_output_tokens, stream=stream)
+
+
 def wire_body(
     request: Request,
     translated: Mapping[str, Any] | None,
@@ -570,9 +620,14 @@ def wire_body(
 ) -> dict[str, Any]:
     """A Responses body: the caller's own fields untouched (no other format is sent as
     Responses: :func:`encode_request` refuses), the cap as ``max_output_tokens``."""
-    return wire.responses_body(
+    return responses_body(
         request.extra if translated is None else translated, model=model, max_output_tokens=limit, stream=stream
     )
+
+
+def refused_token_param(failure: Failure, sent: TokenParam) -> bool:
+    """Never: the Responses API has one token cap (``max_output_tokens``), nothing to relearn."""
+    return False
 
 
 def tool_calls(answer: Mapping[str, Any]) -> Iterator[tuple[object, object, str]]:

@@ -21,15 +21,9 @@ import httpx
 from capmon.core.base.exceptions import BrokenAnswer
 from capmon.core.providers import formats
 from capmon.core.providers.classify import QUOTA_HINT, classify_exception, classify_response
-from capmon.core.providers.hub import FORMATS, Incapable
-from capmon.core.providers.openai_wire import (
-    FrameKind,
-    Oversized,
-    TokenParam,
-    body_pieces,
-    oversized_failure,
-    read_capped,
-)
+from capmon.core.providers.frames import FrameKind
+from capmon.core.providers.token_param import TokenParam
+from capmon.core.routing.capped import Oversized, body_pieces, oversized_failure, read_capped
 from capmon.core.routing.reads import ReadDeadline
 from capmon.core.routing.targets import token_limit
 from capmon.core.routing.transport import Sender
@@ -157,7 +151,7 @@ def _crossed(req: Sending, answer: Answer, response: Mapping[str, Any], wall: fl
         answer.response = formats.answer_in(req.caller, req.api, response, created=int(wall))
     except BrokenAnswer as e:
         answer.failure = e.failure
-    except Incapable as e:
+    except formats.Incapable as e:
         answer.failure = Failure(Kind.TRANSIENT, f"an answer the {req.caller.value} format cannot carry: {e}", 200)
 
 
@@ -180,8 +174,8 @@ async def plain(http: Sender, req: Sending, *, wall: float) -> Answer:
         parsed = formats.parse_plain(req.api, resp.status_code, body)
         if parsed is None and 200 <= resp.status_code < 300:
             # A 2xx that is no answer: the wire's format may say why (a failed response), else the classifier.
-            answer.failure = FORMATS[req.api].unfinished(
-                resp.status_code, resp.headers, body, now=wall, quota_hint=req.quota_hint
+            answer.failure = formats.unfinished(
+                req.api, resp.status_code, resp.headers, body, now=wall, quota_hint=req.quota_hint
             )
         if parsed is not None:
             _crossed(req, answer, parsed, wall)

@@ -6,9 +6,9 @@ the config's order) and goes to the first target that admits it. When none does 
 waits in the one first-come-first-served queue (capmon/core/routing/waiting.py) for the
 earliest that will, instead of failing. Admission and settlement are one call each on
 the state seam (capmon/core/control/seam.py); what a failure means comes from one policy
-table (capmon/core/control/policy.py); the bytes on the wire are capmon/core/providers/openai_wire.py's and
-capmon/core/routing/attempt.py's business. ARCHITECTURE.md, "How a request flows", walks
-through it.
+table (capmon/core/control/policy.py); the bytes on the wire are the format and dialect
+modules' (capmon/core/providers/formats.py composes them) and capmon/core/routing/attempt.py's
+business. ARCHITECTURE.md, "How a request flows", walks through it.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from capmon.core.control.backoff import Backoff
 from capmon.core.control.demand import Demand
 from capmon.core.control.seam import Admission, MemoryState, StateStore, TargetSpec
 from capmon.core.providers import formats
-from capmon.core.providers import openai_wire as wire
+from capmon.core.providers.token_param import TokenParams
 from capmon.core.providers.tokens import estimate_request
 from capmon.core.routing.attempt import Answer, Sending, result_of
 from capmon.core.routing.calls import FormatCalls
@@ -89,7 +89,7 @@ class FallbackClient(FormatCalls, ManualControls):
             t.state = self.state.target(t.id)
         self._by_id = {t.id: t for t in self.targets}
         self._first_model = min(self.targets, key=lambda t: t.rank).model.name if self.targets else ""
-        self._token_param = wire.TokenParams(
+        self._token_param = TokenParams(
             {m.name: m.token_param for m in config.models},
             lambda model, param, reason: self.journal.publish(
                 ev.TokenParamLearned, model=model, param=param, reason=reason

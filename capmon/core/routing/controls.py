@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from capmon.core.base.exceptions import CapmonError
 from capmon.core.control.seam import StateStore
-from capmon.core.providers.openai_wire import TokenParams
+from capmon.core.providers.token_param import TokenParams
 from capmon.core.routing.targets import Target
 from capmon.core.types.config import Config
 

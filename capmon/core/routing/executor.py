@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from capmon.core.base.clock import Clock
 from capmon.core.control.seam import Admission
 from capmon.core.providers import formats
-from capmon.core.providers import openai_wire as wire
+from capmon.core.providers.token_param import TokenParam, TokenParams
 from capmon.core.routing.attempt import Answer, Sending, Stream, chat_request, plain
 from capmon.core.routing.targets import Target
 from capmon.core.routing.transport import Sender
@@ -49,7 +49,7 @@ class Executor:
         config: Config,
         clock: Clock,
         http: Sender,
-        token_params: wire.TokenParams,
+        token_params: TokenParams,
         settled: Callable[[Target, Admission], None],
     ) -> None:
         self._config = config
@@ -58,7 +58,7 @@ class Executor:
         self._params = token_params
         self._settled = settled
 
-    def token_param(self, model: str) -> wire.TokenParam:
+    def token_param(self, model: str) -> TokenParam:
         return self._params[model]
 
     # ------------------------------------------------------------ what is sent
@@ -121,9 +121,9 @@ class Executor:
             t.probe_latency = latency
         else:
             t.stats.record_attempt(now, answer.status, failure.kind if failure else None, latency)
-        if relearn and failure is not None and not answer.output_sent and answer.wire is Format.CHAT:
+        if relearn and failure is not None and not answer.output_sent:
             param = self._params[t.model.name]
-            if wire.refused_token_param(failure, param):
+            if formats.refused_token_param(answer.wire, failure, param):
                 self._params.learn(t.model.name, param, failure.reason)
                 return Outcome(answer, failure, latency, relearned=True)
         used = formats.used_tokens(api, answer.response) if api is not None else None

@@ -9,7 +9,7 @@ from textual.coordinate import Coordinate
 from textual.widgets import DataTable
 
 from capmon.core.base import text
-from capmon.core.providers.openai_wire import TokenParam
+from capmon.core.providers.token_param import TokenParam
 from capmon.core.types.snapshot import EngineSnapshot, TargetSnapshot
 from capmon.tui import format as fmt
 

@@ -26,14 +26,13 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from pydantic import TypeAdapter
 
 from capmon.core.base.exceptions import BrokenAnswer
-from capmon.core.providers import anthropic_wire as aw
 from capmon.core.providers import chat_format, formats, hub, messages_format, responses_format
-from capmon.core.providers.anthropic_wire import MessageAssembler
-from capmon.core.providers.openai_wire import Assembler
+from capmon.core.providers.chat_format import Assembler
+from capmon.core.providers.messages_format import MessageAssembler
 from capmon.core.types import canon
 from capmon.core.types.failure import Kind
 from capmon.core.types.result import Format, Request
-from tests.core.test_anthropic_wire import (
+from tests.core.test_messages_format import (
     OVERLOADED,
     TEXT_ANSWER,
     THINKING_ANSWER,
@@ -168,7 +167,7 @@ def test_a_refusal_answer_is_a_refusal() -> None:
         ],
     }
     message = at.Message.model_validate(to_message(completion))
-    assert (message.stop_reason, aw.message_text(message.model_dump())) == ("refusal", "I can't help.")
+    assert (message.stop_reason, messages_format.text(message.model_dump())) == ("refusal", "I can't help.")
 
 
 def test_an_answer_with_arguments_that_are_not_an_object_is_untranslatable() -> None:
@@ -246,7 +245,7 @@ def test_a_chat_text_stream_as_anthropic_events() -> None:
         "message_stop",
     ]
     message = at.Message.model_validate(asm.message())
-    assert (aw.message_text(asm.message()), message.stop_reason) == ("Hello", "end_turn")
+    assert (messages_format.text(asm.message()), message.stop_reason) == ("Hello", "end_turn")
     assert (message.usage.input_tokens, message.usage.cache_read_input_tokens, message.usage.output_tokens) == (
         10,
         40,
@@ -307,8 +306,8 @@ def test_an_error_after_output_never_ends_as_a_completed_answer() -> None:
     assert not any(c["choices"][0]["finish_reason"] for c in chunks)
     # The reader stops at the error (the attempt fails the stream); an Anthropic client
     # is told in Anthropic's shape.
-    failure = aw.event_failure(OVERLOADED, now=0.0)
-    assert ErrorResponse.model_validate(aw.error_body(failure)).error.type == "overloaded_error"
+    failure = messages_format.event_failure(OVERLOADED, now=0.0)
+    assert ErrorResponse.model_validate(messages_format.error_body(failure)).error.type == "overloaded_error"
     # The other way: the chat side failed after text; close() is never called, so no message_stop.
     other = hub.Translation(Format.CHAT, Format.MESSAGES, created=1)
     sent = [e for c in CHAT_TEXT[:2] for e in other.feed(c)]

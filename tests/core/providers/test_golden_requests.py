@@ -19,10 +19,9 @@ from openai.types.chat import completion_create_params
 from openai.types.responses import response_create_params
 from pydantic import TypeAdapter
 
-from capmon.core.providers import anthropic_wire as aw
-from capmon.core.providers import chat_format, formats, hub, messages_format, responses_format
+from capmon.core.providers import anthropic_dialect, chat_format, formats, hub, messages_format, responses_format
 from capmon.core.types import canon
-from capmon.core.types.config import ClientConfig, DropRule
+from capmon.core.types.config import AnthropicVersion, ClientConfig, DropRule
 from capmon.core.types.result import Format, Request
 from tests.core.test_formats import target
 
@@ -34,15 +33,15 @@ RESPONSES_BODY: TypeAdapter[Any] = TypeAdapter(response_create_params.ResponseCr
 
 
 def chat_to_messages(body: Mapping[str, Any]) -> dict[str, Any]:
-    return hub.translate_request(body, Format.CHAT, Format.MESSAGES)
+    return hub.translate_request(body, Format.CHAT, Format.MESSAGES)[0]
 
 
 def messages_to_chat(body: Mapping[str, Any]) -> dict[str, Any]:
-    return hub.translate_request(body, Format.MESSAGES, Format.CHAT)
+    return hub.translate_request(body, Format.MESSAGES, Format.CHAT)[0]
 
 
 def responses_to_messages(body: Mapping[str, Any]) -> dict[str, Any]:
-    return hub.translate_request(body, Format.RESPONSES, Format.MESSAGES)
+    return hub.translate_request(body, Format.RESPONSES, Format.MESSAGES)[0]
 
 
 def without_hints(body: Mapping[str, Any]) -> tuple[dict[str, Any], tuple[str, ...]]:
@@ -283,7 +282,7 @@ def test_chat_to_messages(name: str, chat_body: dict[str, Any], expected: dict[s
     assert incapable(chat_request(chat_body), "anthropic") is None
     got = chat_to_messages(chat_body)
     assert got == expected
-    ANTHROPIC_BODY.validate_python(aw.messages_body(got, model="claude-x", max_tokens=1024, stream=False))
+    ANTHROPIC_BODY.validate_python(messages_format.messages_body(got, model="claude-x", max_tokens=1024, stream=False))
 
 
 def _as_messages_request(expected: dict[str, Any]) -> dict[str, Any]:
@@ -576,8 +575,8 @@ def test_hints_are_taken_out_and_named_and_the_rest_translates_or_is_refused(
 
 def test_sampling_a_2026_target_refuses_is_named_after_translation() -> None:
     translated = chat_to_messages(chat(user("Hi"), temperature=1.0, top_p=1.0))
-    assert aw.refused_sampling(translated, aw.AnthropicVersion.V2026_10_21) == ("temperature", "top_p")
-    assert aw.refused_sampling(translated, aw.AnthropicVersion.V2023_06_01) == ()
+    assert anthropic_dialect.refused_sampling(translated, AnthropicVersion.V2026_10_21) == ("temperature", "top_p")
+    assert anthropic_dialect.refused_sampling(translated, AnthropicVersion.V2023_06_01) == ()
 
 
 texts = st.text(alphabet=st.characters(blacklist_categories=["Cs"]), min_size=1, max_size=30)
@@ -715,7 +714,7 @@ def test_responses_to_messages(name: str, body: dict[str, Any], expected: dict[s
     assert incapable(Request.responses(body), "anthropic") is None
     got = responses_to_messages(body)
     assert got == expected
-    ANTHROPIC_BODY.validate_python(aw.messages_body(got, model="claude-x", max_tokens=1024, stream=False))
+    ANTHROPIC_BODY.validate_python(messages_format.messages_body(got, model="claude-x", max_tokens=1024, stream=False))
 
 
 REFUSED = [
@@ -852,7 +851,7 @@ def test_a_messages_request_crosses_to_messages_whole() -> None:
     assert messages_format.encode_request(decoded) == {
         k: v for k, v in EVERYTHING.items() if k not in ("model", "stream")
     }
-    assert hub.translate_request(anthropic(user("Hi")), Format.MESSAGES, Format.MESSAGES) == {
+    assert hub.translate_request(anthropic(user("Hi")), Format.MESSAGES, Format.MESSAGES)[0] == {
         "max_tokens": 1024,
         "messages": [user("Hi")],
     }

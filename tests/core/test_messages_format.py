@@ -1,6 +1,7 @@
-"""Anthropic's Messages wire: versions, bodies, stream events read into the wire's Event
-vocabulary (in-stream errors classified by type), and the answer they assemble into,
-checked against the anthropic SDK's own models."""
+"""Anthropic's Messages wire (messages_format) and its API versions (anthropic_dialect):
+bodies and headers, stream events read into the frames' Event vocabulary (in-stream errors
+classified by type), and the answer they assemble into, checked against the anthropic SDK's
+own models."""
 
 from __future__ import annotations
 
@@ -13,9 +14,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import TypeAdapter
 
-from capmon.core.providers import anthropic_wire as aw
-from capmon.core.providers.anthropic_wire import AnthropicVersion, MessageAssembler
-from capmon.core.providers.openai_wire import FrameKind, SSEParser
+from capmon.core.providers import anthropic_dialect, messages_format
+from capmon.core.providers.frames import FrameKind
+from capmon.core.providers.messages_format import MessageAssembler
+from capmon.core.providers.sse import SSEParser
+from capmon.core.types.config import DEFAULT_VERSION, AnthropicVersion
 from capmon.core.types.failure import Failure, Kind
 
 pytestmark = pytest.mark.unit
@@ -113,7 +116,7 @@ def play(body: bytes, pieces: int = 1) -> tuple[MessageAssembler, Failure | None
     step = max(1, len(body) // pieces)
     for part in [body[i : i + step] for i in range(0, len(body), step)] + [None]:
         for frame in parser.close() if part is None else parser.feed(part):
-            event = aw.read_frame(frame, now=0.0)
+            event = messages_format.read_frame(frame, now=0.0)
             if event.kind in (FrameKind.ERROR, FrameKind.BROKEN):
                 return asm, event.failure, output, False
             if event.kind is FrameKind.CHUNK:
@@ -130,10 +133,10 @@ def test_a_text_answer_assembles_into_a_real_message(pieces: int) -> None:
     asm, failure, output, done = play(sse(*TEXT_ANSWER), pieces)
     assert (failure, output, done) == (None, True, True)
     message = at.Message.model_validate(asm.message())
-    assert aw.message_text(asm.message()) == asm.text == "Hello"
+    assert messages_format.text(asm.message()) == asm.text == "Hello"
     assert message.stop_reason == "end_turn"
     assert message.usage.input_tokens == 12 and message.usage.output_tokens == 9
-    assert aw.usage_total(asm.message()["usage"]) == 12 + 4 + 9
+    assert messages_format.used_tokens(asm.message()) == 12 + 4 + 9
 
 
 def test_a_tool_use_input_is_put_together_from_its_json_pieces() -> None:
@@ -152,7 +155,7 @@ def test_thinking_keeps_its_signature() -> None:
     thinking = message.content[0]
     assert isinstance(thinking, at.ThinkingBlock)
     assert (thinking.thinking, thinking.signature) == ("Two and two.", "c2ln")
-    assert aw.message_text(asm.message()) == "4"
+    assert messages_format.text(asm.message()) == "4"
 
 
 def test_tool_input_that_is_not_json_is_kept_not_lost() -> None:
@@ -195,24 +198,26 @@ def test_an_overload_inside_the_stream_is_capacity_before_or_after_output(
     ],
 )
 def test_in_stream_errors_are_classified_by_their_type(error_type: str, kind: Kind, status: int) -> None:
-    failure = aw.event_failure({"type": "error", "error": {"type": error_type, "message": "something"}}, now=0.0)
+    failure = messages_format.event_failure(
+        {"type": "error", "error": {"type": error_type, "message": "something"}}, now=0.0
+    )
     assert (failure.kind, failure.status, failure.code) == (kind, status, error_type)
     # ... and told back to an Anthropic client as the same type and status.
-    assert aw.error_type(failure) == error_type
-    assert aw.ERROR_STATUS[error_type] == status  # the table the gateway reads back (anthropic_errors.py)
+    assert messages_format.error_type(failure) == error_type
+    assert messages_format.ERROR_STATUS[error_type] == status  # the table the gateway reads back (anthropic_errors.py)
 
 
 def test_prompt_too_long_in_a_stream_is_too_large_and_goes_back_as_a_400() -> None:
-    failure = aw.event_failure(
+    failure = messages_format.event_failure(
         {"type": "error", "error": {"type": "invalid_request_error", "message": "prompt is too long: 9 > 8"}}, now=0
     )
     assert failure.kind is Kind.TOO_LARGE
-    told = aw.error_body(failure)["error"]["type"]
-    assert told == "invalid_request_error" and aw.ERROR_STATUS[told] == 400
+    told = messages_format.error_body(failure)["error"]["type"]
+    assert told == "invalid_request_error" and messages_format.ERROR_STATUS[told] == 400
 
 
 def test_an_error_body_is_the_sdks_error_response() -> None:
-    body = aw.error_body(Failure(Kind.CAPACITY, "every model is at capacity"))
+    body = messages_format.error_body(Failure(Kind.CAPACITY, "every model is at capacity"))
     parsed = at.ErrorResponse.model_validate(body) if hasattr(at, "ErrorResponse") else None
     from anthropic.types.shared.error_response import ErrorResponse
 
@@ -234,12 +239,12 @@ def test_an_error_body_is_the_sdks_error_response() -> None:
 )
 def test_odd_frames_are_classified_never_raised(frame: bytes, kind: FrameKind) -> None:
     (f,) = SSEParser().feed(frame)
-    assert aw.read_frame(f, now=0.0).kind is kind
+    assert messages_format.read_frame(f, now=0.0).kind is kind
 
 
 def test_only_deltas_with_content_and_the_stop_reason_are_output() -> None:
     parser = SSEParser()
-    events = [aw.read_frame(f, now=0.0) for f in parser.feed(sse(*TOOL_ANSWER))]
+    events = [messages_format.read_frame(f, now=0.0) for f in parser.feed(sse(*TOOL_ANSWER))]
     flags = [(e.chunk or {}).get("type") for e in events if e.output]
     assert flags == ["content_block_delta"] * 4 + ["message_delta"]  # the empty json piece is no output
 
@@ -250,7 +255,7 @@ def test_the_test_streams_are_real_sdk_events(event: dict[str, Any]) -> None:
 
 
 def test_bodies_keep_the_callers_fields_and_own_model_cap_and_stream() -> None:
-    body = aw.messages_body(
+    body = messages_format.messages_body(
         {"model": "alias", "max_tokens": 99_999, "system": "be brief", "messages": [], "stream": False, "top_k": 5},
         model="claude-x",
         max_tokens=4096,
@@ -264,9 +269,9 @@ def test_bodies_keep_the_callers_fields_and_own_model_cap_and_stream() -> None:
         "max_tokens": 4096,
         "stream": True,
     }
-    headers = aw.request_headers("sk-ant-secret", AnthropicVersion.V2023_06_01)
+    headers = anthropic_dialect.request_headers("sk-ant-secret", AnthropicVersion.V2023_06_01)
     assert headers == {"x-api-key": "sk-ant-secret", "anthropic-version": "2023-06-01"}
-    assert aw.DEFAULT_VERSION is AnthropicVersion("2026-10-21")
+    assert DEFAULT_VERSION is AnthropicVersion("2026-10-21")
 
 
 @pytest.mark.parametrize(
@@ -282,9 +287,9 @@ def test_which_sampling_fields_a_version_refuses(
     version: AnthropicVersion, fields: dict[str, Any], refused: tuple[str, ...]
 ) -> None:
     body = {"messages": [{"role": "user", "content": "hi"}], **fields}
-    assert aw.refused_sampling(body, version) == refused
-    assert aw.refused_sampling(aw.without(body, refused), version) == ()
-    assert aw.without(body, refused)["messages"] == body["messages"]
+    assert anthropic_dialect.refused_sampling(body, version) == refused
+    assert anthropic_dialect.refused_sampling(anthropic_dialect.without(body, refused), version) == ()
+    assert anthropic_dialect.without(body, refused)["messages"] == body["messages"]
 
 
 DOC = {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "x"}}
@@ -302,18 +307,18 @@ CITED = {"type": "text", "text": "hi", "citations": [{"type": "char_location", "
 )
 def test_what_2026_10_21_refuses_in_the_content(message: dict[str, Any], refused: str | None) -> None:
     body = {"messages": [message]}
-    reason = aw.version_incapable(body, AnthropicVersion.V2026_10_21)
+    reason = anthropic_dialect.version_incapable(body, AnthropicVersion.V2026_10_21)
     assert (reason is None) == (refused is None)
     assert refused is None or (reason is not None and refused in reason)
-    assert aw.version_incapable(body, AnthropicVersion.V2023_06_01) is None
+    assert anthropic_dialect.version_incapable(body, AnthropicVersion.V2023_06_01) is None
 
 
 def test_a_plain_answer_is_read_and_anything_else_left_to_the_classifier() -> None:
     message = {"id": "m", "type": "message", "role": "assistant", "content": [], "model": "c"}
-    assert aw.parse_message(200, json.dumps(message)) == message
-    assert aw.parse_message(200, json.dumps(OVERLOADED)) is None
-    assert aw.parse_message(529, json.dumps(message)) is None
-    assert aw.parse_message(200, b"\xff not json") is None
+    assert messages_format.parse(200, json.dumps(message)) == message
+    assert messages_format.parse(200, json.dumps(OVERLOADED)) is None
+    assert messages_format.parse(529, json.dumps(message)) is None
+    assert messages_format.parse(200, b"\xff not json") is None
 
 
 @settings(max_examples=100, deadline=None)
@@ -323,12 +328,12 @@ def test_any_split_of_a_tool_stream_assembles_the_same_message(cuts: list[int]) 
     parser, asm, at_ = SSEParser(), MessageAssembler(), 0
     for cut in cuts:
         for frame in parser.feed(body[at_ : at_ + cut]):
-            event = aw.read_frame(frame, now=0.0)
+            event = messages_format.read_frame(frame, now=0.0)
             if event.chunk is not None:
                 asm.add(event.chunk)
         at_ += cut
     for frame in parser.feed(body[at_:]) + parser.close():
-        event = aw.read_frame(frame, now=0.0)
+        event = messages_format.read_frame(frame, now=0.0)
         if event.chunk is not None:
             asm.add(event.chunk)
     whole, _, _, _ = play(body)

@@ -1,4 +1,5 @@
-"""The wire format: bodies, SSE frames, real providers' stream shapes, the token parameter."""
+"""The chat format's wire: bodies, SSE frames, real providers' stream shapes, the token parameter
+(and the Responses API's body)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from capmon.core.providers import openai_wire as wire
+from capmon.core.providers import chat_format, responses_format
+from capmon.core.providers.chat_format import Assembler, read_frame
 from capmon.core.providers.classify import classify_response
-from capmon.core.providers.openai_wire import Assembler, FrameKind, SSEParser, TokenParam, read_frame
+from capmon.core.providers.frames import FrameKind
+from capmon.core.providers.sse import Frame, SSEParser
+from capmon.core.providers.token_param import TokenParam
 from capmon.core.types.failure import Kind
 from tests.core.wire_shapes import STREAMS, UNSUPPORTED, Shape
 
@@ -73,7 +77,7 @@ def test_stream_shapes(shape: Shape, pieces: int) -> None:
     if not shape.after_output:
         assert shown == []  # nothing of a failed attempt reaches the caller before output
     else:
-        assert "".join(wire.chunk_text(c) for c in shown) == shape.text
+        assert "".join(chat_format.chunk_text(c) for c in shown) == shape.text
 
 
 @settings(max_examples=200, deadline=None)
@@ -103,8 +107,8 @@ def test_multi_line_data_joins_as_the_spec_says() -> None:
 
 def test_garbage_never_raises() -> None:
     for data in ("", "null", "3", "[1, 2]", '"str"', "{", "[DONE]", '{"choices": "x"}', '{"error": 1}'):
-        read_frame(wire.Frame("", data))
-        read_frame(wire.Frame("error", data))
+        read_frame(Frame("", data))
+        read_frame(Frame("error", data))
 
 
 @pytest.mark.parametrize("name,status,body,refused", UNSUPPORTED, ids=[u[0] for u in UNSUPPORTED])
@@ -112,8 +116,8 @@ def test_unsupported_token_parameter_shapes(name: str, status: int, body: Any, r
     failure = classify_response(status, {}, json.dumps(body).encode(), now=0.0)
     assert failure is not None and failure.kind is Kind.BAD_REQUEST
     sent = TokenParam(refused)
-    assert wire.refused_token_param(failure, sent)
-    assert not wire.refused_token_param(failure, sent.other)
+    assert chat_format.refused_token_param(failure, sent)
+    assert not chat_format.refused_token_param(failure, sent.other)
 
 
 def test_an_ordinary_bad_request_is_not_a_token_parameter_refusal() -> None:
@@ -126,7 +130,7 @@ def test_an_ordinary_bad_request_is_not_a_token_parameter_refusal() -> None:
         }
     }
     failure = classify_response(400, {}, json.dumps(body).encode(), now=0.0)
-    assert failure is not None and not wire.refused_token_param(failure, TokenParam.MAX_TOKENS)
+    assert failure is not None and not chat_format.refused_token_param(failure, TokenParam.MAX_TOKENS)
 
 
 def test_the_body_passes_every_caller_field_through_and_owns_model_n_and_the_cap() -> None:
@@ -147,7 +151,7 @@ def test_the_body_passes_every_caller_field_through_and_owns_model_n_and_the_cap
         "max_completion_tokens": 99999,
         "stream": False,
     }
-    body = wire.chat_body(
+    body = chat_format.chat_body(
         ({"role": "user", "content": "hi"},),
         extra,
         model="m",
@@ -171,7 +175,7 @@ def test_the_body_passes_every_caller_field_through_and_owns_model_n_and_the_cap
         assert body[k] == extra[k]
     assert body["model"] == "m" and body["n"] == 1 and body["max_tokens"] == 256 and body["stream"] is True
     assert "max_completion_tokens" not in body
-    body = wire.chat_body(
+    body = chat_format.chat_body(
         (), {}, model="m", token_param=TokenParam.MAX_COMPLETION_TOKENS, max_tokens=8, temperature=0.2, stream=False
     )
     assert body == {"model": "m", "messages": [], "max_completion_tokens": 8, "n": 1, "temperature": 0.2}
@@ -189,7 +193,7 @@ def test_a_responses_body_passes_every_caller_field_and_owns_model_stream_and_th
         "stream": False,
         "store": False,
     }
-    body = wire.responses_body(extra, model="m", max_output_tokens=64, stream=True)
+    body = responses_format.responses_body(extra, model="m", max_output_tokens=64, stream=True)
     for k in ("input", "instructions", "tools", "metadata", "reasoning", "store"):
         assert body[k] == extra[k]
     assert body["model"] == "m" and body["max_output_tokens"] == 64 and body["stream"] is True
