@@ -28,13 +28,17 @@ def _is_probe(body: dict) -> bool:
     return body.get("messages") == [{"role": "user", "content": "ping"}]
 
 
-def _breaker(share: float, floor: float, interval: float = 30.0, cooldown: float = 60.0) -> dict[str, float]:
+def _breaker(
+    share: float, floor: float, interval: float = 30.0, cooldown: float = 60.0, wanted: float = 0.0
+) -> dict[str, float]:
+    """The share's rule alone unless ``wanted`` (``probe_interval_wanted``) is given."""
     return {
         "probe_interval": interval,
         "cooldown": cooldown,
         "cooldown_multiplier": 2.0,
         "probe_share": share,
         "probe_floor": floor,
+        "probe_interval_wanted": wanted,
         "ramp_duration": 0.0,
     }
 

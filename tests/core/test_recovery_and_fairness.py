@@ -98,7 +98,8 @@ async def test_an_open_breaker_is_probed_by_the_client_and_recovers_as_fast_as_c
     sim = await start_sim(Scenario(models=(spec("flagship", 8, schedule=down), spec("medium", 64))))
     extra = (
         "[breaker]\nprobe_interval = 1.0\ncooldown = 8.0\ncooldown_multiplier = 2.0\nramp_start = 0.25\n"
-        "ramp_duration = 60.0\nprobe_share = 0\n[limiter]\ninitial = 2\nmax = 8\n"  # the slow schedule alone
+        "ramp_duration = 60.0\nprobe_share = 0\nprobe_interval_wanted = 0\n"  # the slow schedule alone
+        "[limiter]\ninitial = 2\nmax = 8\n"
     )
     bus = ev.EventBus()
     seen = Events(bus)

@@ -176,3 +176,48 @@ async def test_a_probe_whose_prober_went_silent_is_taken_over(redis_url: str, na
             took = time.perf_counter() - t0
             assert took < 0.6 + 0.3, took
             await until(lambda: _shared_state(redis_url, namespace)["state"] in ("ramp", "closed"), timeout=0.5)
+
+
+async def test_sparse_work_in_every_process_probes_a_down_model_every_wanted_interval_for_the_fleet(
+    redis_url: str, namespace: str
+) -> None:
+    """[breaker] probe_interval_wanted in a fleet: each process wants the model for its own
+    sparse requests, and the fleet sends one stream of probes about that interval apart (a
+    probe any process begins is heard by the others; BEGIN_PROBE keeps one out at a time and
+    none closer than the floor), not one stream per process; the share alone buys none."""
+    script = Script()
+    probes: list[float] = []
+
+    def flagship(n: int, body: dict) -> Reply:
+        if is_probe(body):
+            probes.append(time.perf_counter())
+        return OVERLOADED
+
+    script.set("flagship", flagship)
+    script.set("medium", lambda n, body: Reply(200, ok("medium").body, delay=0.02))
+    wanted = (
+        "[breaker]\nfailure_threshold = 3\nprobe_interval = 30\ncooldown = 60\nprobe_share = 0\n"
+        "probe_floor = 0.1\nprobe_interval_wanted = 0.4\nprobe_wanted_for = 5\n"
+    )
+    async with serve(script) as url:
+        cfg = fleet_config(url, redis_url, namespace, breaker=wanted)
+        async with client(cfg) as a, client(cfg) as b, client(cfg) as c:
+            for _ in range(3):
+                await a.chat("hi")
+            await until(lambda: all(x.target(FLAGSHIP).state.view().breaker.state is State.OPEN for x in (b, c)))
+            t0 = time.perf_counter()
+
+            async def sparse(x: object, offset: float) -> None:
+                await asyncio.sleep(offset)
+                while time.perf_counter() - t0 < 2.4:
+                    await x.chat("wants the flagship")  # type: ignore[attr-defined]
+                    await asyncio.sleep(1.0)
+
+            await asyncio.gather(sparse(a, 0.0), sparse(b, 0.33), sparse(c, 0.66))
+            await asyncio.sleep(max(0.0, 2.4 - (time.perf_counter() - t0)))
+    sent = [p - t0 for p in probes if t0 <= p <= t0 + 2.4]
+    # From the first want to 2.4 s, one every 0.4 s: about 6 (measured: 0.4, 0.8, 1.2, 1.6,
+    # 2.0, 2.4); three streams of their own would send three times as many.
+    assert 3 <= len(sent) <= 8, sent
+    gaps = [b2 - b1 for b1, b2 in zip(sent, sent[1:], strict=False)]
+    assert min(gaps) >= 0.5 * 0.4, gaps  # as the server saw them arrive (a loaded machine's stall moves one)

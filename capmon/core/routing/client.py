@@ -120,7 +120,14 @@ class FallbackClient(FormatCalls, ManualControls):
         # One executor for every attempt, a user's or a probe (capmon/core/routing/executor.py).
         self.executor = Executor(config, self.clock, self._http, self._token_param, self._after_settle)
         bc = config.breaker
-        self.demand = Demand(self.clock, share=bc.probe_share, floor=bc.probe_floor, on_due=lambda: self.prober.kick())
+        self.demand = Demand(
+            self.clock,
+            share=bc.probe_share,
+            floor=bc.probe_floor,
+            every=bc.probe_interval_wanted,
+            wanted_for=bc.probe_wanted_for,
+            on_due=lambda: self.prober.kick(),
+        )
         self.prober = Prober(
             self.clock,
             self.targets,
@@ -266,6 +273,7 @@ class FallbackClient(FormatCalls, ManualControls):
         deadline, own = min(asked, cap), asked < cap
         r = Routing(next(self._ids), req, estimate_request(req), now + deadline, now, self._backoff.schedule())
         r.own_deadline, r.cap_ceiling = own, self.config.client.cap_client_tokens
+        r.patience = self.config.client.patience.of(req.priority.value)
         # The model it counts on first: serving any other is a fallback, tried or not (a
         # breaker open or tripped by hand skips it without an attempt).
         r.first_choice = req.model or self.state.pinned or self._first_model

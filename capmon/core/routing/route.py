@@ -60,6 +60,9 @@ class Routing:
     cap_ceiling: bool = False  # [client] cap_client_tokens: a model's max_tokens bounds the caller's
     # target ids this request was counted as demand for (capmon/core/control/demand.py): once each
     wanted: set[str] = field(default_factory=set)
+    # [client.patience] of its priority: a server's hint this short on the model it prefers is
+    # waited out there, not taken as a reason to move down (ARCHITECTURE.md, "A hint against another model")
+    patience: float = 0.0
 
     @property
     def sent(self) -> int:
@@ -343,9 +346,12 @@ def plan(
     if nxt in (Next.RETRY, Next.SAME_MODEL):
         # The same model again (another key of it first), but not for ever: a model that
         # keeps refusing one request lets it go to the others. Nor when a server's hint
-        # holds it off longer than another model takes to admit it: it goes there.
+        # holds it off longer than another model takes to admit it: it goes there, unless
+        # the hint is within the request's patience (and its deadline): then it waits it out.
         stuck = r.stuck + 1 if r.stick_to == t.model.name else 1
-        held_off = failure.retry_after is not None and _sooner(elsewhere(), now + wait)
+        hint = failure.retry_after
+        patient = hint is not None and hint <= r.patience and now + wait < r.deadline
+        held_off = hint is not None and not patient and _sooner(elsewhere(), now + wait)
         stick_to = t.model.name if stuck <= STICK_LIMIT and not held_off else None
     return Step(Decision.RETRY, wait, skip=(t.id, now + wait), stick_to=stick_to, stuck=stuck)
 

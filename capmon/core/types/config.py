@@ -78,6 +78,36 @@ AZURE_V1 = "v1"
 
 
 @dataclass(frozen=True)
+class PatienceConfig:
+    """How long a server's hint on the model a request prefers may be and still be waited
+    out there (a 429 with ``Retry-After: 2``): a shorter hint keeps the request on that
+    model, a longer one moves it to another that admits it sooner. Per priority, because
+    what a second is worth differs: a person waits for an interactive answer, while a batch
+    item has nobody watching and keeps the model it asked for."""
+
+    interactive: float = _f(
+        2.0,
+        min=0.0,
+        doc=(
+            "seconds of a server's hint an interactive request waits out on its preferred model rather than"
+            " move down (the one- or two-second hints of a burst past a rate limit; 0: move at once)"
+        ),
+    )
+    batch: float = _f(
+        30.0,
+        min=0.0,
+        doc=(
+            "seconds of a server's hint a batch request waits out on its preferred model rather than move down"
+            " (most per-minute rate limits' hints: the job's items keep the model they asked for)"
+        ),
+    )
+
+    def of(self, priority: str) -> float:
+        """The patience of a request of ``priority`` (result.Priority's values)."""
+        return self.batch if priority == "batch" else self.interactive
+
+
+@dataclass(frozen=True)
 class ClientConfig:
     attempt_timeout: float = _f(60.0, min=0.001, doc="seconds one attempt may take")
     connect_timeout: float = _f(10.0, min=0.001, doc="seconds to open a connection")
@@ -117,6 +147,10 @@ class ClientConfig:
             " disabled, the default effort): drop (send without, recorded) or skip the target"
         ),
     )
+    patience: PatienceConfig = _f(
+        factory=PatienceConfig,
+        doc="how long a server's hint on the model a request prefers may be and still be waited out there",
+    )
 
 
 @dataclass(frozen=True)
@@ -144,9 +178,25 @@ class BreakerConfig:
         0.02,
         min=0.0,
         max=1.0,
-        doc="while a model is down, probes are at most this share of the requests that wanted it (0: slow schedule)",
+        doc=(
+            "probes earned by each request that wants a down model; a probe is due once a whole one is earned"
+            " (at most this share of that work; 0: none by the share)"
+        ),
     )
     probe_floor: float = _f(1.0, min=0.0, doc="seconds between two probes of a model at least, whatever the demand")
+    probe_interval_wanted: float = _f(
+        2.0,
+        min=0.0,
+        doc=(
+            "while a model is down and wanted (probe_wanted_for), seconds between its probes at most, however few"
+            " requests come (never closer than probe_floor; 0: the share alone)"
+        ),
+    )
+    probe_wanted_for: float = _f(
+        30.0,
+        min=0.0,
+        doc="seconds a down model stays wanted after the last request that preferred it was served elsewhere or waited",
+    )
     half_open_probes: int = _f(1, min=1, doc="probes that must succeed before the ramp starts")
     ramp_start: float = _f(0.25, min=0.0, max=1.0, doc="share of the learned concurrency admitted when the ramp starts")
     ramp_duration: float = _f(60.0, min=0.0, doc="the ramp's ceiling: full traffic after this long however little came")
