@@ -40,6 +40,8 @@ needs the admin key, sent as ``Authorization: Bearer KEY`` or ``x-admin-key``, o
                                       | {"mode": "huge", "bytes": 100000000, "valid": false}
                                       | {"mode": "error", "status": 403} (in the wire's own shape)
                                       | {"mode": "broken_tool_args"} (a call whose arguments stop halfway)
+                                      | {"mode": "slow_first_token", "seconds": 20} (headers now, token later)
+                                      | {"mode": "stall", "tokens": 20, "seconds": 30} (streams)
                                       | {"mode": ..., "model": "sim-small", ...} | a list | {"mode": "off"}
   DELETE /admin/faults                switch faults off
 
