@@ -1,5 +1,6 @@
 """One strict parser per field the gateway reads from outside: the JSON body, the
-per-request headers (``x-capmon-deadline``, ``x-capmon-priority``) and the control
+per-request headers (``x-capmon-deadline``, ``x-capmon-priority``,
+``x-capmon-first-token-timeout``) and the control
 API's event number (``Last-Event-ID`` / ``?since=``).
 
 A value that does not parse is an :class:`ApiError` 400 in the OpenAI shape whose
@@ -358,15 +359,17 @@ def _shown(raw: str) -> str:
     return repr(raw[:_HEADER_SHOWN])
 
 
-def seconds(raw: str | None, name: str) -> float | None:
-    """A positive duration in seconds (``60``, ``2.5``); None when absent."""
+def seconds(raw: str | None, name: str, *, zero: bool = False) -> float | None:
+    """A positive duration in seconds (``60``, ``2.5``); None when absent. ``zero``: 0 is
+    taken too (a limit switched off)."""
     if raw is None:
         return None
     text = raw.strip(" \t")
-    value = float(text) if _SECONDS.fullmatch(text) else 0.0
-    if value <= 0:
+    value = float(text) if _SECONDS.fullmatch(text) else -1.0
+    if value < 0 or (value == 0 and not zero):
+        example = "30, 2.5 or 0 for none" if zero else "30 or 2.5"
         raise bad(
-            f"{name}: expected seconds as digits with an optional decimal point (e.g. 30 or 2.5), got {_shown(raw)}",
+            f"{name}: expected seconds as digits with an optional decimal point (e.g. {example}), got {_shown(raw)}",
             name,
         )
     return value

@@ -40,6 +40,8 @@ needs the admin key, sent as ``Authorization: Bearer KEY`` or ``x-admin-key``, o
                                       | {"mode": "huge", "bytes": 100000000, "valid": false}
                                       | {"mode": "error", "status": 403} (in the wire's own shape)
                                       | {"mode": "broken_tool_args"} (a call whose arguments stop halfway)
+                                      | {"mode": "slow_first_token", "seconds": 20} (headers now, token later)
+                                      | {"mode": "stall", "tokens": 20, "seconds": 30} (streams)
                                       | {"mode": ..., "model": "sim-small", ...} | a list | {"mode": "off"}
   DELETE /admin/faults                switch faults off
 
@@ -67,7 +69,7 @@ from capmon.core.providers.tokens import estimate_tokens
 from capmon.sim import admin, azure, dialects, messages, responses
 from capmon.sim.admin import AdminGuard, AdminPolicy
 from capmon.sim.dialects import Api, Wire
-from capmon.sim.faults import HANG_SECONDS, HTML_500_PAGE, DropConnection, FaultMode
+from capmon.sim.faults import HANG_SECONDS, HTML_500_PAGE, PACED, STREAMED, DropConnection, FaultMode, delayed
 from capmon.sim.huge import huge_body, huge_stream
 from capmon.sim.model import Admitted, Faulted, Simulator, Ticket
 from capmon.sim.replies import (
@@ -264,7 +266,7 @@ async def _faulted(
 ) -> Response | DropConnection:
     rule, ticket, state = decision.rule, decision.ticket, decision.state
     broken = broken_call(chat.tools, chat.turn) if rule.mode is FaultMode.BROKEN_TOOL_ARGS else None
-    if rule.mode in (FaultMode.STREAM_CUT, FaultMode.STREAM_ERROR) or (broken is not None and chat.stream):
+    if rule.mode in STREAMED or (broken is not None and chat.stream) or (rule.mode in PACED and chat.stream):
         plan = StreamPlan(
             ticket,
             created,
@@ -275,7 +277,10 @@ async def _faulted(
             error_after=rule.after if rule.mode is FaultMode.STREAM_ERROR else None,
             error_dialect=rule.dialect,
         )
-        return StreamingResponse(chat_stream(sim.clock, plan), media_type="text/event-stream")
+        return StreamingResponse(chat_stream(rule.clock(sim.clock), plan), media_type="text/event-stream")
+    if rule.mode is FaultMode.SLOW_FIRST_TOKEN:  # headers now, the answer (its first token) later
+        body = json.dumps(_completion(ticket, created, _tool_call(chat, state.tools))).encode()
+        return StreamingResponse(delayed(sim.clock, rule.seconds, body), media_type="application/json")
     if rule.mode is FaultMode.HANG:
         await sim.clock.sleep(HANG_SECONDS)
         return PlainTextResponse("Gateway Timeout", status_code=504)

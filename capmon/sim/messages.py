@@ -38,7 +38,7 @@ from capmon.core.providers.tokens import estimate_body
 from capmon.core.types.result import Format
 from capmon.sim import dialects
 from capmon.sim.dialects import Api, Wire
-from capmon.sim.faults import HANG_SECONDS, HTML_500_PAGE, DropConnection, FaultMode
+from capmon.sim.faults import HANG_SECONDS, HTML_500_PAGE, PACED, STREAMED, DropConnection, FaultMode, delayed
 from capmon.sim.model import Admitted, Faulted, Simulator, Ticket
 from capmon.sim.replies import BadRequest, SlotStream, hold, read_request, rejection, simulator, wire
 from capmon.sim.streams import answer_pieces, answer_text, argument_pieces, tokens_of
@@ -405,9 +405,9 @@ async def _faulted(
 ) -> Response:
     rule, ticket = decision.rule, decision.ticket
     broken = broken_call(req.tools, req.turn, "toolu_sim") if rule.mode is FaultMode.BROKEN_TOOL_ARGS else None
-    if rule.mode in (FaultMode.STREAM_CUT, FaultMode.STREAM_ERROR) or (broken is not None and req.stream):
+    if rule.mode in STREAMED or (broken is not None and req.stream) or (rule.mode in PACED and req.stream):
         stream = message_stream(
-            sim.clock,
+            rule.clock(sim.clock),
             mid,
             ticket,
             broken or _tool_call(req, decision.state.tools),
@@ -415,6 +415,9 @@ async def _faulted(
             error_after=rule.after if rule.mode is FaultMode.STREAM_ERROR else None,
         )
         return StreamingResponse(stream, media_type="text/event-stream", headers=headers)
+    if rule.mode is FaultMode.SLOW_FIRST_TOKEN:  # headers now, the answer (its first token) later
+        body = json.dumps(complete_message(mid, ticket, _tool_call(req, decision.state.tools))).encode()
+        return StreamingResponse(delayed(sim.clock, rule.seconds, body), media_type="application/json", headers=headers)
     if rule.mode is FaultMode.HANG:
         await sim.clock.sleep(HANG_SECONDS)
         return PlainTextResponse("Gateway Timeout", status_code=504)

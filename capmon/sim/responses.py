@@ -35,7 +35,7 @@ from capmon.core.base.clock import Clock
 from capmon.core.providers.tokens import tokens_for_chars
 from capmon.sim import dialects
 from capmon.sim.dialects import Api, Wire
-from capmon.sim.faults import HANG_SECONDS, HTML_500_PAGE, DropConnection, FaultMode
+from capmon.sim.faults import HANG_SECONDS, HTML_500_PAGE, PACED, STREAMED, DropConnection, FaultMode, delayed
 from capmon.sim.model import Admitted, Faulted, Simulator, Ticket
 from capmon.sim.replies import OPENAI_VIA, BadRequest, SlotStream, Via, hold, read_request, rejection, wire
 from capmon.sim.streams import STREAM_CHUNK_TOKENS, answer_text, argument_pieces, tokens_of
@@ -453,11 +453,11 @@ async def serve_response(request: Request, via: Via) -> Response:
 async def _faulted(sim: Simulator, decision: Faulted, req: ResponsesRequest, created: int, on: Wire) -> Response:
     rule, ticket = decision.rule, decision.ticket
     broken = broken_call(req.tools, req.turn) if rule.mode is FaultMode.BROKEN_TOOL_ARGS else None
-    if rule.mode in (FaultMode.STREAM_CUT, FaultMode.STREAM_ERROR) or (broken is not None and req.stream):
+    if rule.mode in STREAMED or (broken is not None and req.stream) or (rule.mode in PACED and req.stream):
         error_after = rule.after if rule.mode is FaultMode.STREAM_ERROR else None
         return StreamingResponse(
             response_stream(
-                sim.clock,
+                rule.clock(sim.clock),
                 ticket,
                 req,
                 created,
@@ -468,6 +468,9 @@ async def _faulted(sim: Simulator, decision: Faulted, req: ResponsesRequest, cre
             ),
             media_type="text/event-stream",
         )
+    if rule.mode is FaultMode.SLOW_FIRST_TOKEN:  # headers now, the answer (its first token) later
+        body = json.dumps(complete_response(ticket, req, created, tool_call(req, decision.state.tools))).encode()
+        return StreamingResponse(delayed(sim.clock, rule.seconds, body), media_type="application/json")
     if rule.mode is FaultMode.HANG:
         await sim.clock.sleep(HANG_SECONDS)
         return PlainTextResponse("Gateway Timeout", status_code=504)

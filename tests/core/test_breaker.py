@@ -139,6 +139,24 @@ def test_consecutive_capacity_failures_trip() -> None:
     assert h.changes == [("closed", "open")]
 
 
+def test_a_silent_route_trips_at_once_from_closed_and_ramp_until_a_probe_answers() -> None:
+    # issue 29 item 2: no response headers in time opens the breaker with one failure.
+    h = Harness()
+    h.fail(1, signal=S.SILENT)
+    v = h.breaker.view()
+    assert v.state is State.OPEN and "silent" in v.reason and v.next_probe_at == h.clock.now() + 2.0
+    h.probe(S.SILENT)  # its probe is silent too: open again, the interval grown
+    assert h.breaker.state is State.OPEN and h.breaker.view().probes_failed == 1
+    h.to_ramp()
+    h.fail(1, signal=S.SILENT)  # silent in the ramp: open at once as well
+    assert h.breaker.state is State.OPEN
+    assert h.changes == [("closed", "open"), ("open", "half-open"), ("half-open", "open")] + [
+        ("open", "half-open"),
+        ("half-open", "ramp"),
+        ("ramp", "open"),
+    ]
+
+
 def test_open_admits_nothing_not_even_when_the_probe_is_due() -> None:
     h = Harness()
     h.trip()

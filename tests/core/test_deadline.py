@@ -16,6 +16,7 @@ import pytest
 
 from capmon.core.base.exceptions import DeadlineExceeded, RequestFailed
 from capmon.core.routing.client import FallbackClient
+from capmon.core.types.result import sent
 from tests.support.configs import ENV, build_config, three_models
 from tests.support.scripted import OVERLOADED, Reply, Script, serve
 
@@ -108,8 +109,11 @@ async def test_a_hanging_upstream_fails_at_the_requests_own_deadline(stream: boo
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["chat", "stream_chunks"])
-async def test_the_configs_deadline_cuts_the_last_attempt_short(stream: bool) -> None:
-    # On the original code: 30 s, three whole attempts of 10 s past a 25 s deadline.
+async def test_the_configs_deadline_ends_the_wait_for_a_silent_route(stream: bool) -> None:
+    # On the original code: 30 s, three whole attempts of 10 s past a 25 s deadline. Since
+    # issue 29 a route with no headers in its attempt's 10 s is silent: never tried again by
+    # the request, its breaker open; the request waits for its probe (at 12 s, silent too) and
+    # gives up when the deadline passes.
     upstream = Hanging()
     cfg = {"attempt_timeout": 10.0, "max_attempts": 3, "deadline": 25.0, "retry_budget": 10.0}
     async with upstream.serving() as url, _client(url, **cfg) as client:
@@ -117,8 +121,9 @@ async def test_the_configs_deadline_cuts_the_last_attempt_short(stream: bool) ->
         _no_slot_held(client)
     assert 25.0 - 1e-3 <= took <= 25.0 + SLACK, (took, str(error))
     assert isinstance(error, DeadlineExceeded)
-    assert upstream.accepted == 3  # two whole attempts, and a third cut to what was left
+    assert len(sent(error.attempts)) == 1 and upstream.accepted == 2  # the attempt, and the client's probe
     assert "[client] deadline = 25s passed" in str(error), str(error)
+    assert "no response headers within 10s: the route is silent" in str(error), str(error)
 
 
 async def test_a_stream_past_its_deadline_after_output_ends_with_an_error_not_a_short_answer() -> None:

@@ -10,7 +10,7 @@ import weakref
 import pytest
 
 from capmon.core.base.clock import LoopClock
-from capmon.core.routing.reads import ReadDeadline
+from capmon.core.routing.reads import Cut, ReadDeadline
 
 pytestmark = [pytest.mark.unit, pytest.mark.looptime]
 
@@ -128,3 +128,54 @@ async def test_a_read_that_swallows_the_deadlines_cancel_still_times_out() -> No
     task = asyncio.current_task()
     assert task is not None and task.cancelling() == 0  # the deadline's cancel was taken back
     await asyncio.sleep(1.0)
+
+
+# ------------------------------------------------------------ the first output's and a stall's bounds
+
+
+async def test_the_first_output_bound_cuts_before_the_deadline_and_says_so() -> None:
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    reads = ReadDeadline(LoopClock().now, 60.0, first=5.0, idle=2.0)
+    try:
+        assert await reads.read(_later(3.0)) == "piece"  # the headers, say: no output yet
+        with pytest.raises(TimeoutError):
+            await reads.read(_later(10.0))  # no output by 5 s after the start
+    finally:
+        reads.close()
+    assert loop.time() - start == pytest.approx(5.0)
+    assert reads.why is Cut.FIRST
+
+
+async def test_after_output_each_read_may_wait_the_idle_bound_but_no_longer() -> None:
+    loop = asyncio.get_running_loop()
+    reads = ReadDeadline(LoopClock().now, 60.0, first=5.0, idle=2.0)
+    try:
+        assert await reads.read(_later(4.0)) == "piece"
+        reads.output()  # the first bound is done: 4 s more per read would pass it, 1.5 s each does not
+        for _ in range(5):
+            assert await reads.read(_later(1.5)) == "piece"
+        await asyncio.sleep(10.0)  # the caller's own work between reads is no stall
+        started = loop.time()
+        with pytest.raises(TimeoutError):
+            await reads.read(_later(3.0))
+    finally:
+        reads.close()
+    assert loop.time() - started == pytest.approx(2.0)
+    assert reads.why is Cut.IDLE
+
+
+async def test_the_deadline_still_bounds_reads_after_output() -> None:
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    reads = ReadDeadline(LoopClock().now, 5.0, first=30.0, idle=2.0)
+    try:
+        reads.output()
+        for _ in range(3):
+            assert await reads.read(_later(1.5)) == "piece"
+        with pytest.raises(TimeoutError):
+            await reads.read(_later(1.5))  # 6 s > 5 s: the deadline's, though no read waited 2 s
+    finally:
+        reads.close()
+    assert loop.time() - start == pytest.approx(5.0)
+    assert reads.why is Cut.DEADLINE

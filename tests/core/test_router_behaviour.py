@@ -10,7 +10,7 @@ from capmon.core.base.exceptions import CannotWait, DeadlineExceeded, RequestFai
 from capmon.core.routing.client import FallbackClient
 from capmon.core.types import events as ev
 from capmon.core.types.failure import Kind
-from capmon.core.types.result import Request, Skip, sent
+from capmon.core.types.result import Decision, Request, Skip, sent
 from capmon.sim.app import create_app
 from capmon.sim.scenario import parse_scenario
 from tests.support.configs import ENV, THREE_MODELS, build_config, three_models
@@ -257,7 +257,9 @@ async def test_a_model_that_is_merely_full_is_not_tripped_the_limiter_queues_ins
     assert rejected / len(results) < 0.15  # the limiter learns the slots; few doomed requests
 
 
-async def test_a_hung_attempt_is_cut_by_the_per_attempt_timeout_and_retried() -> None:
+async def test_a_hung_attempt_is_cut_by_the_per_attempt_timeout_and_left_as_a_silent_route() -> None:
+    # No headers within the whole attempt: silent (issue 29 item 2), so the request falls over
+    # at once rather than retrying the route (on the original code: a transient retry there).
     script = Script()
     script.set("flagship", lambda n, body: Reply(200, {}, delay=3600) if n == 1 else ok("flagship"))
     async with serve(script) as url:
@@ -267,8 +269,9 @@ async def test_a_hung_attempt_is_cut_by_the_per_attempt_timeout_and_retried() ->
             t0 = loop.time()
             result = await client.chat("hi")
             assert loop.time() - t0 < 15
-    assert result.attempts[0].kind is Kind.TRANSIENT and "timeout" in result.attempts[0].reason
-    assert result.model == "flagship"
+    first = result.attempts[0]
+    assert first.kind is Kind.CAPACITY and first.reason == "no response headers within 5s: the route is silent"
+    assert first.decision is Decision.FALLBACK and result.model == "medium"
 
 
 async def test_an_rpm_bucket_paces_requests_instead_of_sending_them_to_be_rejected() -> None:

@@ -41,7 +41,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, rule, run_sta
 
 from capmon.core.control.seam import Admission, MemoryState, MemoryTarget, TargetSpec, TargetView
 from capmon.core.types.config import parse_config
-from capmon.core.types.failure import Cause, Failure, Kind
+from capmon.core.types.failure import FIRST_TOKEN, SILENT, Cause, Failure, Kind
 from capmon.fleet import RedisState
 from capmon.fleet.settings import resolve
 from capmon.fleet.target import RedisTarget
@@ -74,6 +74,8 @@ OUTCOMES: dict[str, Failure | None] = {
     "transient": Failure(Kind.TRANSIENT, "502 bad gateway", 502),
     "down": Failure(Kind.UNREACHABLE, "connection refused", None, Cause.REFUSED),
     "oversized": Failure(Kind.OVERSIZED, "answer larger than max_response_bytes", 200),
+    "silent": Failure(Kind.CAPACITY, "no response headers within 30s: the route is silent", None, SILENT),
+    "first_token": Failure(Kind.CAPACITY, "no first token within 30s (first_token_timeout)", 200, FIRST_TOKEN),
     "cancelled": None,
     "unused": None,
 }
@@ -82,7 +84,7 @@ outcomes = st.sampled_from(
     + ["capacity"] * 6
     + ["rate_limited"] * 2
     + ["down"] * 3
-    + ["quota", "auth", "too_large", "bad_request", "transient", "oversized"]
+    + ["quota", "auth", "too_large", "bad_request", "transient", "oversized", "silent", "first_token"]
     + ["cancelled", "unused"] * 2
 )
 # whole seconds only (see the module's docstring); garbage is dropped by both stores

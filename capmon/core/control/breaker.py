@@ -43,6 +43,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from capmon.core.base.clock import Clock
+from capmon.core.control.decisions import OUTAGE as _OUTAGE
 from capmon.core.control.decisions import clean_hint as clean_hint  # its home is decisions.py, which the stores share
 from capmon.core.control.decisions import ramp_grown, ramp_opening
 from capmon.core.control.policy import BreakerSignal
@@ -360,9 +361,13 @@ class CircuitBreaker:
             return  # stale: admitted before the last state change
         hint = clean_hint(hint)
         s = self._state
-        failed = signal is BreakerSignal.DOWN or (signal is BreakerSignal.CAPACITY and news)
+        failed = signal in _OUTAGE or (signal is BreakerSignal.CAPACITY and news)
         if s is State.HALF_OPEN and probe:
             self._probe_outcome(now, signal, hint, basis, floor)
+        elif signal is BreakerSignal.SILENT and s in (State.CLOSED, State.RAMP):
+            # A silent route is not tried again until its probe answers (policy.py).
+            self._streak(sent_at, hint)
+            self._trip(now, "silent: no response headers in time", self._streak_hint)
         elif s is State.CLOSED:
             if signal is BreakerSignal.SUCCESS:
                 self._window.add(now, failed=False)

@@ -257,7 +257,7 @@ def starts_streak(plan: SettlePlan, *, news: bool, admits: bool, streak: int) ->
     before it (a trip then restores that: an outage is not a capacity signal)."""
     if plan.probe or not admits or streak != 0:
         return False
-    return plan.breaker is BreakerSignal.DOWN or news
+    return plan.breaker in OUTAGE or news
 
 
 def checkpoint_keeps_lesson(news: bool, capacity: int | None, position: int, floor: int, start: float) -> bool:
@@ -293,4 +293,9 @@ def not_before_after(current: float, now: float, block_for: float | None, left_i
 
 def reports_news(plan: SettlePlan, limiter_news: bool) -> bool:
     """What settle returns: the capacity failure was news, or nothing reached the server."""
-    return limiter_news or plan.breaker is BreakerSignal.DOWN
+    return limiter_news or plan.breaker in OUTAGE
+
+
+# What the breaker hears of an outage rather than of a full model: nothing reached the
+# server, or it kept silent (the limiter keeps what it learned before).
+OUTAGE = (BreakerSignal.DOWN, BreakerSignal.SILENT)

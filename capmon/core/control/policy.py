@@ -16,13 +16,14 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from capmon.core.types.failure import Failure, Kind
+from capmon.core.types.failure import SILENT, Failure, Kind
 
 
 class BreakerSignal(enum.StrEnum):
     SUCCESS = "success"
     CAPACITY = "capacity"  # counts toward a trip when the limiter takes it as news
     DOWN = "down"  # nothing reached the server: counts toward a trip, always
+    SILENT = "silent"  # no response headers in time: trips at once (like down, no capacity lesson)
     TRANSIENT = "transient"  # a broken answer: fails a probe, says nothing to a closed breaker
     NEUTRAL = "neutral"  # says nothing about the model (auth, quota, bad request, cancelled)
 
@@ -85,7 +86,23 @@ POLICY: dict[Kind, Policy] = {
 }
 
 
+# Failures whose code says more than their kind (capmon/core/types/failure.py): a row of their own.
+BY_CODE: dict[str, Policy] = {
+    # A silent route (no response headers within the first-token limit, or a plain
+    # attempt's whole timeout): counted like a capacity failure, but it opens the breaker at
+    # once, so the next requests pass it over (Skip.SILENT) until its probe answers; the
+    # request falls over at once if another target admits it, else waits in line (never a
+    # retry on that route). No capacity lesson for the limiter: an outage is not one.
+    # A slow first token (FIRST_TOKEN) is a plain capacity failure: the CAPACITY row.
+    SILENT: Policy(BreakerSignal.SILENT, LimiterSignal.NEUTRAL, KeyAction.NONE, Next.FALLBACK_OR_WAIT),
+}
+
+
 def policy_for(failure: Failure | None) -> Policy:
     if failure is None:
         return SUCCESS
+    if failure.code is not None:
+        own = BY_CODE.get(failure.code)
+        if own is not None:
+            return own
     return POLICY[failure.kind]

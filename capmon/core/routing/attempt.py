@@ -24,11 +24,11 @@ from capmon.core.providers.classify import QUOTA_HINT, classify_exception, class
 from capmon.core.providers.frames import FrameKind
 from capmon.core.providers.token_param import TokenParam
 from capmon.core.routing.capped import Oversized, body_pieces, oversized_failure, read_capped
-from capmon.core.routing.reads import ReadDeadline
+from capmon.core.routing.reads import Cut, ReadDeadline
 from capmon.core.routing.targets import token_limit
 from capmon.core.routing.transport import Sender
 from capmon.core.types.config import Config
-from capmon.core.types.failure import Failure, Kind
+from capmon.core.types.failure import FIRST_TOKEN, SILENT, STALLED, Failure, Kind
 from capmon.core.types.result import Attempt, ChatResult, Format, Request
 
 if TYPE_CHECKING:
@@ -87,6 +87,11 @@ class Sending:
     dropped: tuple[str, ...] = ()
     request: Request | None = None  # the caller's request (None: a probe, answered in its own wire)
     lowered: int | None = None  # the output cap sent when [client] cap_client_tokens cut the caller's to it
+    # seconds to the first output (0: off): a stream's first chunk with output; a plain
+    # answer's whole body (its first token comes with it). See ARCHITECTURE.md, "Streams".
+    first_token: float = 0.0
+    stall: float = 0.0  # seconds a stream's read may wait once output began (0: off)
+    deadline_cut: bool = False  # ``timeout`` is the request's deadline, shorter than attempt_timeout
 
     @property
     def caller(self) -> Format | None:
@@ -110,8 +115,12 @@ def chat_request(
     limit = token_limit(request.max_tokens, t, config.client.cap_client_tokens)
     lowered = limit if request.max_tokens is not None and limit < request.max_tokens else None
     out = formats.outbound(request, t, token_param=token_param, limit=limit, stream=stream, client=config.client)
-    timeout = config.client.attempt_timeout if time_left is None else min(config.client.attempt_timeout, time_left)
     cc = config.client
+    timeout = cc.attempt_timeout if time_left is None else min(cc.attempt_timeout, time_left)
+    # The request's own first-token limit, else the config's for a stream; a plain answer's
+    # first token comes with its whole body, which attempt_timeout bounds for long answers.
+    own = request.first_token_timeout
+    first = own if own is not None else (cc.first_token_timeout if stream else 0.0)
     return Sending(
         t,
         out.body,
@@ -122,6 +131,30 @@ def chat_request(
         out.dropped,
         request,
         lowered,
+        first_token=max(0.0, first),
+        stall=cc.stall_timeout if stream else 0.0,
+        deadline_cut=timeout < cc.attempt_timeout,
+    )
+
+
+def silent(limit: float) -> Failure:
+    """No response headers within ``limit`` seconds: the route is silent (policy.py opens its
+    breaker at once, and the request goes elsewhere)."""
+    return Failure(Kind.CAPACITY, f"no response headers within {limit:g}s: the route is silent", code=SILENT)
+
+
+def no_first_token(limit: float, status: int | None) -> Failure:
+    """Headers came but no output within ``limit`` seconds: left like a full model."""
+    return Failure(Kind.CAPACITY, f"no first token within {limit:g}s (first_token_timeout)", status, code=FIRST_TOKEN)
+
+
+def stalled(limit: float, status: int | None) -> Failure:
+    """No bytes for ``limit`` seconds after output began: a break, like a cut."""
+    return Failure(
+        Kind.TRANSIENT,
+        f"stream stalled: no bytes for {limit:g}s after output began (stall_timeout)",
+        status,
+        code=STALLED,
     )
 
 
@@ -159,9 +192,12 @@ async def plain(http: Sender, req: Sending, *, wall: float) -> Answer:
     """Send a non-streaming request; every failure is classified, never raised (but
     cancellation)."""
     answer = Answer(wire=req.api, dropped=req.dropped)
+    first = 0.0 < req.first_token < req.timeout  # the first-token limit comes before the attempt's
+    headers = False
     try:
-        async with asyncio.timeout(req.timeout):
+        async with asyncio.timeout(req.first_token if first else req.timeout):
             resp = await _sent(http, req)
+            headers = True
             try:
                 answer.status = resp.status_code
                 try:
@@ -185,6 +221,14 @@ async def plain(http: Sender, req: Sending, *, wall: float) -> Answer:
             )
     except asyncio.CancelledError:
         raise
+    except TimeoutError as e:
+        answer.status = None  # no whole answer came back
+        if first:  # a plain answer's first token is the whole answer
+            answer.failure = no_first_token(req.first_token, None)
+        elif not headers and not req.deadline_cut:
+            answer.failure = silent(req.timeout)
+        else:  # the request's deadline cut it: a transient timeout, no news to the breaker
+            answer.failure = classify_exception(e)
     except Exception as e:  # timeouts, resets, broken bodies: classified
         answer.status = None  # no whole answer came back
         answer.failure = classify_exception(e)
@@ -227,7 +271,11 @@ class Stream:
     async def chunks(self) -> AsyncIterator[Mapping[str, Any]]:
         answer = self.answer
         answer.wire, answer.dropped = self.req.api, self.req.dropped
-        reads = ReadDeadline(self.clock_now, self.req.timeout)  # the send and every read of the body, one timer
+        req = self.req
+        # the send and every read of the body, one timer: the first output's limit until it
+        # comes, a stall's per read after it (reads.py)
+        first = req.first_token if 0.0 < req.first_token < req.timeout else None
+        reads = ReadDeadline(self.clock_now, req.timeout, first=first, idle=req.stall or None)
         resp: httpx.Response | None = None
         held: list[Mapping[str, Any]] = []
         reader = formats.WireReader(self.req.api)
@@ -277,7 +325,9 @@ class Stream:
                         reader.add(event.chunk, last)
                         out = codec.feed(event.chunk)
                         if answer.output_sent or event.output or last:
-                            answer.output_sent = True
+                            if not answer.output_sent:
+                                reads.output()
+                                answer.output_sent = True
                             for c in held:
                                 yield c
                             held.clear()
@@ -307,9 +357,22 @@ class Stream:
             raise
         except BrokenAnswer as e:  # a tool call that ended with arguments the caller cannot use
             answer.failure = e.failure
+        except TimeoutError as e:
+            answer.failure = self._timed_out(reads.why, resp, e)
         except Exception as e:  # timeouts, resets mid-stream: classified
             answer.failure = classify_exception(e)
         finally:
             reads.close()
             if resp is not None:
                 await resp.aclose()
+
+    def _timed_out(self, why: Cut, resp: httpx.Response | None, e: TimeoutError) -> Failure:
+        """What a read cut by one of the bounds (reads.py) comes to."""
+        req, status = self.req, resp.status_code if resp is not None else None
+        if why is Cut.IDLE:
+            return stalled(req.stall, status)
+        if why is Cut.FIRST:
+            return silent(req.first_token) if resp is None else no_first_token(req.first_token, status)
+        if resp is None and not req.deadline_cut:  # the attempt's own timeout, and not one header
+            return silent(req.timeout)
+        return classify_exception(e)  # the request's deadline: a transient timeout

@@ -21,7 +21,7 @@ from capmon.core.routing.attempt import Answer, Sending, Stream, chat_request, p
 from capmon.core.routing.targets import Target
 from capmon.core.routing.transport import Sender
 from capmon.core.types.config import Config
-from capmon.core.types.failure import Failure, Kind
+from capmon.core.types.failure import SILENT, Failure, Kind
 from capmon.core.types.result import Format, Request
 
 # A probe's answer is one token: anything near this size is already broken.
@@ -70,8 +70,10 @@ class Executor:
     def probe_request(self, t: Target) -> Sending:
         """The smallest request that proves ``t`` answers, in its own wire."""
         api, body = formats.probe_body(t, self._params[t.model.name])
-        cfg = self._config
-        return Sending(t, body, cfg.client.attempt_timeout, PROBE_CAP, cfg.backoff.max_hint, api)
+        cc = self._config.client
+        # A probe's answer is one token: its whole answer is its first, within the first-token limit.
+        timeout = min(cc.attempt_timeout, cc.first_token_timeout) if cc.first_token_timeout else cc.attempt_timeout
+        return Sending(t, body, timeout, PROBE_CAP, self._config.backoff.max_hint, api)
 
     # ------------------------------------------------------------ sending
 
@@ -116,6 +118,10 @@ class Executor:
             failure = t.reach.lost(failure, now)
         elif answer.status is not None:
             t.reach.reached(now)
+        if failure is not None and failure.code == SILENT:
+            t.silent = failure.reason
+        elif answer.status is not None:
+            t.silent = None  # it answered (a probe's answer, or anyone's): no longer silent
         t.last_status, t.last_kind = answer.status, failure.kind if failure else None
         if probe:
             t.probe_latency = latency

@@ -116,6 +116,8 @@ class Routing:
             return Skip.KEY_PARKED, f"key {u.key.alias} at {u.endpoint.name} is out of quota{left}"
         if u.reach.failure is not None and (not v.breaker.admits or not u.reach.answered):
             return Skip.UNREACHABLE, u.reach.failure.reason
+        if u.silent is not None and not v.breaker.admits:
+            return Skip.SILENT, f"{u.silent}; passed over until its probe answers"
         if not v.breaker.admits:
             return Skip.OPEN, f"breaker {v.breaker.value} ({v.breaker_reason})" if v.breaker_reason else v.breaker.value
         at = u.state.ready_at(now, self.cost(u))

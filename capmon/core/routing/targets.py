@@ -40,6 +40,9 @@ class Target:
     last_status: int | None = None
     last_kind: Kind | None = None
     probe_latency: float | None = None
+    # Why its last attempt was silent (no response headers in time), until an answer with
+    # headers comes (its probe's): routing passes it over as Skip.SILENT meanwhile.
+    silent: str | None = None
     # What every attempt sends, parsed and encoded once (a static key is in the headers):
     # the URL of each wire the endpoint's API serves, and what the key puts on each request
     # (its dialect's, capmon/core/providers/dialect.py).

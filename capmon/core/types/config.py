@@ -109,7 +109,23 @@ class PatienceConfig:
 
 @dataclass(frozen=True)
 class ClientConfig:
-    attempt_timeout: float = _f(60.0, min=0.001, doc="seconds one attempt may take")
+    attempt_timeout: float = _f(
+        60.0, min=0.001, doc="seconds one attempt may take, a long answer's whole stream included"
+    )
+    first_token_timeout: float = _f(
+        30.0,
+        min=0.0,
+        doc=(
+            "seconds a stream may take to its first output (no headers by then: the route is silent, its"
+            " breaker opens); past it the request falls over at once, counted as a capacity failure."
+            " 0: off. Plain requests: only a request's own limit applies (its answer comes whole)"
+        ),
+    )
+    stall_timeout: float = _f(
+        30.0,
+        min=0.0,
+        doc="seconds a stream may go without a byte once its output began; past it, it breaks like a cut. 0: off",
+    )
     connect_timeout: float = _f(10.0, min=0.001, doc="seconds to open a connection")
     deadline: float = _f(900.0, min=0.001, doc="seconds a request may take, waits included")
     max_attempts: int = _f(50, min=1, doc="attempts per request across all models")

@@ -48,6 +48,13 @@ _CAUSE_LABELS = {
 }
 
 
+# A stream (or a request) that kept quiet past its limits (ARCHITECTURE.md, "Streams"): each
+# a ``Failure.code`` on the kind that says what the client does with it (policy.py).
+SILENT = "silent"  # capacity: no response headers within the limit; its breaker opens at once
+FIRST_TOKEN = "first_token_timeout"  # capacity: headers, but no output within the limit
+STALLED = "stalled"  # transient: no bytes for stall_timeout after output began (like a cut)
+
+
 @dataclass(frozen=True, slots=True)
 class Failure:
     kind: Kind

@@ -34,6 +34,7 @@ class Skip(enum.StrEnum):
     KEY_DISABLED = "key_disabled"  # its key was refused (auth): disabled until reset by hand
     KEY_PARKED = "key_parked"  # its key is out of quota until a reset
     UNREACHABLE = "unreachable"  # its endpoint could not be connected to at its last attempt
+    SILENT = "silent"  # it sent no response headers in time: its breaker is open until its probe answers
     HELD_OFF = "held_off"  # a server's hint, or its rpm / tpm bucket, holds it off for now
     FULL = "full"  # every slot it has is in use (its limit, or a ramp's share of it)
 
@@ -61,6 +62,9 @@ class Request:
     ``model`` (optional) is the model to try first; the rest of the preference
     list still serves as fallbacks. A model pinned by hand wins over it.
     ``deadline`` (seconds) shortens the config's ``[client] deadline`` for this request.
+    ``first_token_timeout`` (seconds; 0: off) replaces ``[client] first_token_timeout`` for
+    this request, and applies to a plain request too (to its whole answer, which is when a
+    plain answer's first token arrives).
     """
 
     messages: tuple[Mapping[str, Any], ...]
@@ -79,6 +83,7 @@ class Request:
     # The caller's id for the request (the gateway's x-request-id): on its events and audit
     # records, so one request is found in each. None: a library call that gave none.
     request_id: str | None = None
+    first_token_timeout: float | None = None  # seconds; None: the config's; 0: off
 
     @staticmethod
     def of(
@@ -92,6 +97,7 @@ class Request:
         priority: Priority = Priority.INTERACTIVE,
         deadline: float | None = None,
         request_id: str | None = None,
+        first_token_timeout: float | None = None,
         **extra: Any,
     ) -> Request:
         """A request from text or messages; any other keyword (tools, response_format,
@@ -112,6 +118,7 @@ class Request:
             priority=Priority(priority),
             deadline=deadline,
             request_id=request_id,
+            first_token_timeout=first_token_timeout,
         )
 
     @staticmethod
@@ -125,6 +132,7 @@ class Request:
         item_id: str | None = None,
         betas: tuple[str, ...] = (),
         request_id: str | None = None,
+        first_token_timeout: float | None = None,
     ) -> Request:
         """A request in ``fmt``, its own format (the Responses API, Anthropic's Messages):
         ``body`` is sent as it is to a target of that format, but ``model``, ``stream`` and
@@ -142,6 +150,7 @@ class Request:
             format=fmt,
             betas=betas,
             request_id=request_id,
+            first_token_timeout=first_token_timeout,
         )
 
     @staticmethod

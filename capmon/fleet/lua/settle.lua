@@ -8,7 +8,7 @@
 -- KEYS: 1 target hash, 2 its leases, 3 the key's hash, 4 tpm bucket, 5 events channel,
 --       6 processes waiting for a slot (zset: process id -> since), 7 rpm bucket
 -- ARGV: 1 lease id, 2 limiter signal (ok | overload | neutral), 3 position, 4 epoch,
---       5 breaker signal (success | capacity | down | transient | neutral), 6 the admission's generation,
+--       5 breaker signal (success | capacity | down | silent | transient | neutral), 6 the admission's generation,
 --       7 seconds since it was sent, 8 hint (-1: none), 9 probe (0/1), 10 key action (none | disable | park),
 --       11 key reason, 12 park seconds, 13 seconds a hint blocks the target (-1: none), 14 tokens to refund, 15 tpm,
 --       16 limiter min, 17 limiter max, 18 limiter decrease, 19 failure_threshold, 20 probe_interval,
@@ -43,7 +43,7 @@ local checkpoint, keep = false, false
 if not probe then
   local is_news = lsig == 'overload' and slot_epoch == epoch  -- decisions.overload_is_news
   -- decisions.starts_streak: a failure streak may begin: remember what it may undo ...
-  checkpoint = (bsig == 'down' or is_news) and admits(h.state) and streak == 0
+  checkpoint = (bsig == 'down' or bsig == 'silent' or is_news) and admits(h.state) and streak == 0
   -- ... after this failure's lesson when it is the limiter's own (decisions.checkpoint_keeps_lesson)
   local known = capacity
   if known < 0 then known = tonumber(ARGV[30]) end  -- none learned yet: the limit it started from
@@ -108,7 +108,7 @@ local state = h.state
 -- one process would.
 if not probe and tonumber(ARGV[6]) == num(h.gen, 0) and (state == 'closed' or state == 'ramp') then
   local sent = now - tonumber(ARGV[7])
-  local failed = bsig == 'down' or (bsig == 'capacity' and news)
+  local failed = bsig == 'down' or bsig == 'silent' or (bsig == 'capacity' and news)
   if bsig == 'success' then
     if not (streak > 0 and sent < num(h.streak_from, 0)) then
       streak = 0
@@ -121,7 +121,8 @@ if not probe and tonumber(ARGV[6]) == num(h.gen, 0) and (state == 'closed' or st
     local sh = num(h.streak_hint, nil)
     if hint ~= nil and (sh == nil or hint > sh) then sh = hint end
     if sh ~= nil then w.streak_hint = sh end
-    if streak >= tonumber(ARGV[19]) then
+    -- a silent route trips at once (CircuitBreaker.record)
+    if streak >= tonumber(ARGV[19]) or bsig == 'silent' then
       -- CircuitBreaker._trip
       local trips = num(h.trips, 0) + 1
       local first = tonumber(ARGV[20]) * tonumber(ARGV[21]) ^ (trips - 1)
@@ -130,6 +131,7 @@ if not probe and tonumber(ARGV[6]) == num(h.gen, 0) and (state == 'closed' or st
       if sh ~= nil then wait = math.max(interval, math.min(sh, tonumber(ARGV[23]))) end
       local why = streak .. ' capacity failures in a row across the fleet'
       if state == 'ramp' then why = streak .. ' capacity failures in a row during ramp, across the fleet' end
+      if bsig == 'silent' then why = 'silent: no response headers in time' end
       w.state, w.gen, w.reason = 'open', num(h.gen, 0) + 1, why
       w.next_probe, w.interval, w.pfail, w.psucc = f6(now + wait), interval, 0, 0
       w.trips, w.total_trips = trips, num(h.total_trips, 0) + 1
