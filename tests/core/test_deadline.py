@@ -68,8 +68,8 @@ class Hanging:
             await server.wait_closed()
 
 
-def _client(url: str, **client: Any) -> FallbackClient:
-    return FallbackClient(build_config(url, models=["solo"], client=client), environ=ENV)
+def _client(url: str, breaker: dict[str, Any] | None = None, **client: Any) -> FallbackClient:
+    return FallbackClient(build_config(url, models=["solo"], client=client, breaker=breaker or {}), environ=ENV)
 
 
 async def _timed_chat(client: FallbackClient, stream: bool, **kw: Any) -> tuple[RequestFailed, float, list[Any]]:
@@ -113,10 +113,11 @@ async def test_the_configs_deadline_ends_the_wait_for_a_silent_route(stream: boo
     # On the original code: 30 s, three whole attempts of 10 s past a 25 s deadline. Since
     # issue 29 a route with no headers in its attempt's 10 s is silent: never tried again by
     # the request, its breaker open; the request waits for its probe (at 12 s, silent too) and
-    # gives up when the deadline passes.
+    # gives up when the deadline passes. (The probes while a request wants the model are
+    # the breaker's slow schedule here: probe_interval_wanted = 0, so one probe is counted.)
     upstream = Hanging()
     cfg = {"attempt_timeout": 10.0, "max_attempts": 3, "deadline": 25.0, "retry_budget": 10.0}
-    async with upstream.serving() as url, _client(url, **cfg) as client:
+    async with upstream.serving() as url, _client(url, {"probe_interval_wanted": 0}, **cfg) as client:
         error, took, _ = await _timed_chat(client, stream)
         _no_slot_held(client)
     assert 25.0 - 1e-3 <= took <= 25.0 + SLACK, (took, str(error))
