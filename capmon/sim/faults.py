@@ -41,7 +41,7 @@ class FaultMode(str, enum.Enum):
     HANG = "hang"  # never answers
     INVALID_JSON = "invalid_json"  # 200 with `not json`
     HTML_500 = "html_500"  # an HTML error page from a proxy
-    STREAM_CUT = "stream_cut"  # a stream stops halfway, no [DONE]; streaming requests only
+    STREAM_CUT = "stream_cut"  # a stream stops halfway (or after `after` content chunks), no [DONE]; streams only
     STREAM_ERROR = "stream_error"  # `after` content chunks, then `dialect`'s in-stream error frame
     HUGE = "huge"  # 200 with a generated body of `bytes` bytes: a real completion (`valid`) or not JSON
     ERROR = "error"  # an HTTP error of `status` (401, 403, 500...) in the wire's own shape
@@ -101,6 +101,8 @@ class FaultRule:
         out: dict[str, Any] = {"mode": self.mode.value, "count": left, "rate": self.rate, "model": self.model}
         if self.mode is FaultMode.STREAM_ERROR:
             out.update(after=self.after, dialect=self.dialect)
+        elif self.mode is FaultMode.STREAM_CUT and self.after:
+            out.update(after=self.after)
         elif self.mode is FaultMode.HUGE:
             out.update(bytes=self.bytes, valid=self.valid)
         elif self.mode is FaultMode.ERROR:
@@ -109,12 +111,12 @@ class FaultRule:
 
 
 # The fields only some modes take.
-_MODE_FIELDS: dict[str, FaultMode] = {
-    "after": FaultMode.STREAM_ERROR,
-    "dialect": FaultMode.STREAM_ERROR,
-    "bytes": FaultMode.HUGE,
-    "valid": FaultMode.HUGE,
-    "status": FaultMode.ERROR,
+_MODE_FIELDS: dict[str, tuple[FaultMode, ...]] = {
+    "after": (FaultMode.STREAM_ERROR, FaultMode.STREAM_CUT),
+    "dialect": (FaultMode.STREAM_ERROR,),
+    "bytes": (FaultMode.HUGE,),
+    "valid": (FaultMode.HUGE,),
+    "status": (FaultMode.ERROR,),
 }
 
 
@@ -144,9 +146,10 @@ def parse_rules(raw: Any) -> tuple[FaultRule, ...]:
             fault = FaultMode(mode)
         except ValueError:
             raise ValueError(f"unknown fault mode {mode!r}; expected one of {modes}, or off") from None
-        for name, owner in _MODE_FIELDS.items():
-            if name in item and fault is not owner:
-                raise ValueError(f"{name!r} applies only to mode {owner.value!r}")
+        for name, owners in _MODE_FIELDS.items():
+            if name in item and fault not in owners:
+                modes_of = " or ".join(repr(o.value) for o in owners)
+                raise ValueError(f"{name!r} applies only to mode {modes_of}")
         count, after, size = _whole(item, "count"), _whole(item, "after"), _whole(item, "bytes")
         status = _whole(item, "status")
         rate, model, dialect, valid = item.get("rate"), item.get("model"), item.get("dialect"), item.get("valid")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from capmon.core.base.exceptions import CannotWait, RequestFailed, Unavailable
 from capmon.core.control.backoff import Schedule
@@ -60,6 +61,13 @@ class Routing:
     cap_ceiling: bool = False  # [client] cap_client_tokens: a model's max_tokens bounds the caller's
     # target ids this request was counted as demand for (capmon/core/control/demand.py): once each
     wanted: set[str] = field(default_factory=set)
+    # A stream's continuation (capmon/core/routing/continuation.py): what the caller was sent
+    # (a Splice; None: never continued), the request as the caller sent it, and while a
+    # continuation is due, the partial answer it goes on from and whether its attempt sent a prefill.
+    splice: Any = None
+    original: Request | None = None
+    resume: Any = None
+    prefilled: bool = False
 
     @property
     def sent(self) -> int:
