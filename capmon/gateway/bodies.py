@@ -1,8 +1,8 @@
 """What a client asked for: the JSON body of a chat-completions, Responses or Anthropic
 Messages request,
 checked as far as the gateway and the core read it (the rest passes to the provider
-untouched), and the per-request headers ``x-capmon-deadline`` and
-``x-capmon-priority``. Each field has its one strict parser in capmon/gateway/fields.py."""
+untouched), and the per-request headers ``x-capmon-deadline``,
+``x-capmon-priority`` and ``x-capmon-continue``. Each field has its one strict parser in capmon/gateway/fields.py."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from capmon.gateway.auth import Caller
 from capmon.gateway.models import ModelNames
 
 DEADLINE_HEADER = "x-capmon-deadline"
+CONTINUE_HEADER = "x-capmon-continue"  # false: a stream that breaks after output is not continued
 BETA_HEADER = "anthropic-beta"  # forwarded to Anthropic-wire targets of a same-format request
 PRIORITY_HEADER = "x-capmon-priority"
 VERSION_HEADER = "anthropic-version"
@@ -46,6 +47,11 @@ def _deadline(asked: Asked) -> float | None:
     """The request's own deadline (``x-capmon-deadline``), else the gateway's."""
     own = fields.seconds(asked.headers.get(DEADLINE_HEADER), DEADLINE_HEADER)
     return own if own is not None else asked.deadline
+
+
+def _continuation(asked: Asked) -> bool | None:
+    """``x-capmon-continue``: false opts the request out of continuing a broken stream."""
+    return fields.truth(asked.headers.get(CONTINUE_HEADER), CONTINUE_HEADER)
 
 
 def _priority(asked: Asked) -> Priority:
@@ -89,6 +95,7 @@ def chat(body: dict[str, Any], asked: Asked) -> Wanted:
         priority=priority,
         deadline=_deadline(asked),
         request_id=asked.request_id,
+        continuation=_continuation(asked),
         extra=extra,
     )
     return Wanted(request, stream, priority)
@@ -103,7 +110,12 @@ def responses(body: dict[str, Any], asked: Asked) -> Wanted:
     fields.positive_int(body, "max_output_tokens")
     priority = _priority(asked)
     request = Request.responses(
-        body, model=model, priority=priority, deadline=_deadline(asked), request_id=asked.request_id
+        body,
+        model=model,
+        priority=priority,
+        deadline=_deadline(asked),
+        request_id=asked.request_id,
+        continuation=_continuation(asked),
     )
     return Wanted(request, stream, priority)
 
@@ -146,6 +158,7 @@ def messages(body: dict[str, Any], asked: Asked) -> Wanted:
         deadline=_deadline(asked),
         betas=betas,
         request_id=asked.request_id,
+        continuation=_continuation(asked),
     )
     return Wanted(request, stream, priority)
 

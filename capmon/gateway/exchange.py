@@ -24,7 +24,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from capmon.core.base.clock import Clock
 from capmon.core.providers.usage import count
-from capmon.core.types.result import Attempt, ChatResult, sent, skipped
+from capmon.core.types.result import Attempt, ChatResult, continued, sent, skipped
 from capmon.gateway import fields
 from capmon.gateway.access_log import AccessLog
 from capmon.gateway.anthropic_errors import on_messages_path, shaped_for
@@ -142,6 +142,9 @@ class Exchange:
             # The targets passed over and why: the reason is capmon's own words (a feature, a
             # window, a state), never the request's content.
             "skipped": [{"target": a.target, "why": a.skip, "reason": a.reason} for a in skipped(self.records)],
+            # A stream that broke after output and was continued: by which model, from which
+            # character of the answer (capmon/core/routing/continuation.py).
+            "continued": [c.as_json() for c in continued(self.records)],
         }
 
 

@@ -533,10 +533,11 @@ class FallbackClient(FormatCalls, ManualControls):
                 record(Decision.FAIL)
                 if r.expired(now):
                     self._give_up(r, "stream broke after output was sent: ")
+                if r.splice is not None and r.splice.partial().half_call:  # never half a tool call as whole
+                    failure = dataclasses.replace(
+                        failure, reason=f"{failure.reason}, inside a tool call's arguments (not continued)"
+                    )
                 reason = f"{failure.kind.value}: {failure.reason}"
-                half = r.splice is not None and r.splice.partial().half_call
-                if half:  # never half a tool call as whole: a clear error
-                    reason += " (inside a tool call's arguments: not continued)"
                 raise RequestFailed(failure, r.attempts, f"stream broke after output was sent: {reason}")
             r.apply(step)
             r.resume = r.splice.partial()
