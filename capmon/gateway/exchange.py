@@ -108,6 +108,8 @@ class Exchange:
         """The answer is complete (a stream's too): its usage and its attempts."""
         self.used(result.usage)
         self.records = result.attempts
+        # A stream continued after a break had more attempts than when its first byte went out.
+        self.attempts, self.fallbacks = len(sent(result.attempts)), result.fallbacks
         model = result.response.get("model")
         self.response_model = model if isinstance(model, str) else None
 
