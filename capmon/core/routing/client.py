@@ -58,6 +58,10 @@ Messages = Request | str | Sequence[Mapping[str, Any]]
 __all__ = ["FallbackClient", "ProbeResult"]
 
 
+# Breaks that no continuation mends: the answer is past its size cap, or the request is refused.
+_NOT_CONTINUED = frozenset({Kind.OVERSIZED, Kind.BAD_REQUEST, Kind.TOO_LARGE})
+
+
 @dataclass(frozen=True, slots=True)
 class _End:
     """The last item a streaming attempt yields: a result, a grant to go on with, or None."""
@@ -433,10 +437,12 @@ class FallbackClient(FormatCalls, ManualControls):
     def _continue(self, r: Routing, t: Target, failure: Failure, number: int, now: float) -> Step | None:
         """How a stream that broke after output goes on (capmon/core/routing/continuation.py):
         the routing step of its continuation, or None when it is not continued (the caller
-        opted out, ``[client] continuations`` are spent, the answer holds more than text, its
-        deadline passed, or no model may take it)."""
+        opted out, ``[client] continuations`` are spent, the answer holds more than text, it
+        broke past its size cap, its deadline passed, or no model may take it)."""
         splice = r.splice
         if splice is None or len(splice.records) >= self.config.client.continuations or r.expired(now):
+            return None
+        if failure.kind in _NOT_CONTINUED:
             return None
         if splice.partial().why_not is not None:
             return None
