@@ -82,8 +82,8 @@ from capmon.sim.replies import (
     simulator,
     wire,
 )
-from capmon.sim.scenario import Scenario, load_scenario
 from capmon.sim.resume import resumed, with_resume
+from capmon.sim.scenario import Scenario, load_scenario
 from capmon.sim.streams import FINGERPRINT, StreamPlan, answer_text, chat_stream, rejection_stream, tokens_of, usage
 from capmon.sim.tools import (
     LastTurn,

@@ -15,7 +15,9 @@ from typing import Any, TypeVar
 
 from capmon.sim.tools import text_of
 
-PREFILL_REFUSAL = "This model does not support assistant message prefill. The conversation must end with a user message."
+PREFILL_REFUSAL = (
+    "This model does not support assistant message prefill. The conversation must end with a user message."
+)
 _MODEL_ROLES = ("assistant", "model")
 # The words of a request to continue (the client's instruction says "cut off" and "continue").
 _ASKS = ("cut off", "continue")

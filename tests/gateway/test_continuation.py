@@ -142,8 +142,13 @@ async def test_a_cut_inside_a_tool_calls_arguments_is_a_clear_error_never_half_a
         await gw.sim_admin("faults", {"mode": "stream_cut", "model": "sim-flagship", "count": 1})
         r = await http.post(
             "/v1/chat/completions",
-            json={"model": "auto", "messages": [{"role": "user", "content": "run a shell command"}], "stream": True,
-                  "tools": tools, "tool_choice": "required"},
+            json={
+                "model": "auto",
+                "messages": [{"role": "user", "content": "run a shell command"}],
+                "stream": True,
+                "tools": tools,
+                "tool_choice": "required",
+            },
         )
     frames = sse_frames(r.text)
     last = json.loads(frames[-1]["data"])

@@ -149,7 +149,7 @@ async def test_anthropics_in_stream_overload_after_output_is_each_clients_own_er
         gw.anthropic() as claude_sdk,
         gw.openai() as openai_sdk,
     ):
-        out = {"x-capmon-continue": "false"}  # opted out: the break ends each stream (tests/gateway/test_continuation.py)
+        out = {"x-capmon-continue": "false"}  # opted out: the break ends each stream (see test_continuation.py)
         after = {"mode": "stream_error", "model": "sim-claude", "after": 2, "dialect": "anthropic-stream", "count": 1}
         await set_fault(gw.sim, **after)
         got: list[str] = []

@@ -29,8 +29,8 @@ from capmon.core.control.backoff import Backoff
 from capmon.core.control.demand import Demand
 from capmon.core.control.seam import Admission, MemoryState, StateStore, TargetSpec
 from capmon.core.providers import formats
-from capmon.core.providers.dialect import dialect_of
 from capmon.core.providers import openai_wire as wire
+from capmon.core.providers.dialect import dialect_of
 from capmon.core.providers.tokens import estimate_request
 from capmon.core.routing.attempt import Answer, Sending, result_of
 from capmon.core.routing.calls import FormatCalls
