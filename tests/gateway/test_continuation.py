@@ -185,4 +185,5 @@ async def test_a_library_stream_says_who_continued_it() -> None:
     text = "".join(texts)
     assert result is not None and result.content == text == unbroken(text)
     assert [c.model for c in result.continued] == ["flagship"] and result.continued[0].offset > 0
+    assert stream.continued == result.continued
     assert "stream broke after output was sent" in str(info.value)

@@ -215,6 +215,7 @@ class FallbackClient(FormatCalls, ManualControls):
         s.request_id, s.requested = r.id, r.first_choice
         if r.request.continuation is not False and self.config.client.continuations > 0:
             r.splice, r.original = splice_for(r.request.format, r.prompt_tokens), r.request
+            s.continuations = r.splice.records  # the stream's record of its continuations, as they come
         splice = r.splice
         try:
             grant: Grant | None = None
