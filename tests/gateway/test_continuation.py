@@ -187,3 +187,28 @@ async def test_a_library_stream_says_who_continued_it() -> None:
     assert [c.model for c in result.continued] == ["flagship"] and result.continued[0].offset > 0
     assert stream.continued == result.continued
     assert "stream broke after output was sent" in str(info.value)
+
+
+async def test_a_chat_caller_is_continued_by_an_anthropic_model_through_the_hub_with_a_prefill(
+    tmp_path: Path,
+) -> None:
+    # flagship overloads mid-stream (capacity: the next model at once); claude, on Anthropic's wire,
+    # gets the chat request and its partial answer translated (a prefill) and goes on.
+    scn = scenario(spec("flagship", answer_tokens=WORDS), spec("claude", answer_tokens=WORDS, api="anthropic"))
+    where = tmp_path / "access.jsonl"
+    async with (
+        running(scn, models=("flagship", "claude"), anthropic=("claude",), gateway=f'access_log = "{where}"') as gw,
+        gw.openai() as sdk,
+    ):
+        await gw.sim_admin(
+            "faults",
+            {"mode": "stream_error", "after": 10, "dialect": "anthropic-stream", "model": "sim-flagship", "count": 1},
+        )
+        stream = await sdk.chat.completions.create(model="auto", messages=HELLO, stream=True)
+        chunks = [c async for c in stream]
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == unbroken(text) and len(text.split()) == WORDS
+    finish = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert len(finish) == 1 and finish[0].model_extra["capmon_continued"][0]["model"] == "claude"
+    line = log_lines(where)[-1]
+    assert line["attempts"] == 2 and line["model_served"] == "flagship"  # no refusal: the prefill was taken
