@@ -44,7 +44,9 @@ CREATE TABLE IF NOT EXISTS attempts (
     wait REAL,             -- how long the client (or the runner, for a park) waited after it
     latency REAL,
     decision TEXT NOT NULL,  -- ok | retry | fallback | fail | skip (not sent: the model cannot carry
-                             -- the request, the reason says why), or one of RUNNER_DECISIONS
+                             -- the request, the reason says why) | continue (a stream broke after
+                             -- output; the next attempt's reason says from which character it went
+                             -- on), or one of RUNNER_DECISIONS
     reason TEXT NOT NULL DEFAULT '',
     api TEXT,              -- the endpoint's provider API: openai | anthropic | azure (NULL: a runner's
                            -- decision, or a row written before capmon recorded it)
@@ -154,6 +156,11 @@ class AuditRow:
         return AuditRow(*row)
 
 
+def _continued(attempt: Attempt) -> str:
+    """The reason of an attempt that continued a broken answer: its `continued` record."""
+    return "" if attempt.continues is None else f"continued the answer from character {attempt.continues}"
+
+
 def attempt_row(request: Request, attempt: Attempt, number: int | None = None) -> Row:
     return (
         request.job,
@@ -169,7 +176,7 @@ def attempt_row(request: Request, attempt: Attempt, number: int | None = None) -
         attempt.wait,
         attempt.latency,
         attempt.decision,
-        _reason(attempt.reason),
+        _reason(attempt.reason or _continued(attempt)),
         attempt.api.value,
         request.request_id,
     )

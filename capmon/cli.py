@@ -90,6 +90,12 @@ def _add_job_checks(p: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="a job in PostgreSQL: how long a worker that died keeps its items from the others (default 30)",
     )
+    p.add_argument(
+        "--stream",
+        action="store_true",
+        help="send items as streams, so an answer that breaks mid-way is continued by the next model "
+        "([client] continuations) instead of sent again from its start",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -292,6 +298,7 @@ def _run_batch(args: argparse.Namespace) -> int:
                 "accept_changed_input": args.accept_changed_input,
                 "remap": parse_remap(args.remap or ()),
                 "lease_ttl": args.lease_ttl,
+                "stream": args.stream,
             }
             if action == "run":
                 return c.run_job(c.RunOptions(input=Path(args.input), job=args.job, **start))

@@ -120,6 +120,10 @@ def format_report(r: JobReport, items_shown: int = ITEMS_SHOWN_TEXT, advice: Seq
         f"fallbacks: {r.fell_back_items} items served by another model than their first choice"
         + (f" (moves between attempts: {pairs})" if pairs else "")
     )
+    if r.continued_items:
+        lines.append(
+            f"continued: {r.continued_items} items whose answer broke mid-stream were finished by a continuation"
+        )
     if r.parks:
         lines.append(
             f"parked: {r.parks} times (" + ", ".join(f"{shown(k)} {n}" for k, n in r.parks_by_kind.items()) + ")"

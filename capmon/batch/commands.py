@@ -63,6 +63,7 @@ class StartOptions:
     accept_changed_input: bool = False
     remap: Mapping[str, str] = field(default_factory=dict)  # OLD model -> NEW, for items naming a model gone
     lease_ttl: float | None = None  # a shared job's item leases (seconds); None: the default
+    stream: bool = False  # send items as streams: a break mid-answer is continued (RunnerOptions.stream)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -264,6 +265,7 @@ async def _drive(
                 remap=options.remap,
                 accept_changed_input=options.accept_changed_input,
                 lease_ttl=options.lease_ttl,
+                stream=options.stream,
             ),
         )
 

@@ -95,6 +95,7 @@ class JobReport:
     active_seconds: int  # seconds in which at least one attempt started (gaps between runs left out)
     first_attempt: float | None
     last_attempt: float | None
+    continued_items: int = 0  # items whose streamed answer broke mid-way and was continued
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -283,6 +284,7 @@ def build_report(store: Store, job: str, items_shown: int = ITEMS_SHOWN_DATA) ->
         tokens=tokens,
         removed=counts[ItemState.REMOVED],
         active_seconds=active,
+        continued_items=store.continued_items(job),
         first_attempt=first,
         last_attempt=last,
     )
@@ -333,6 +335,9 @@ def explain(attempts: Sequence[AuditRow]) -> tuple[str, ...]:
             )
         elif a.decision == Decision.FAIL:
             out.append(f"{what}{reason}: failed, retrying cannot help.")
+        elif a.decision == Decision.CONTINUE:
+            to = shown(nxt.model) if nxt else "another attempt"
+            out.append(f"{what}{reason} after part of the answer: continued by {to}.")
         elif a.decision == Decision.OK:
             out.append(f"answered by {shown(a.model)} in {fmt_seconds(a.latency)}.")
         elif a.decision == Decision.SKIP:

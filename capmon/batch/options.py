@@ -67,3 +67,6 @@ class RunnerOptions:
     rng: random.Random | None = field(default=None, compare=False)  # the parks' jitter
     write_give_up: float | None = None  # seconds of failing saves before halting; None: the store's default
     lease_ttl: float | None = None  # a shared store's item lease; None: its default
+    # Send each item as a stream, so that an answer that breaks mid-way is continued rather than
+    # sent again from its start (capmon/core/routing/continuation.py; with [client] continuations).
+    stream: bool = False

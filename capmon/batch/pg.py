@@ -713,6 +713,14 @@ class PgStore:
         )
         return [(r[0], r[1], r[2], r[3], r[4], r[5], int(r[6])) for r in rows]
 
+    def continued_items(self, job: str) -> int:
+        row = self._one(
+            "reading the audit trail",
+            "SELECT count(DISTINCT item) FROM attempts WHERE job = %s AND decision = %s",
+            (job, Decision.CONTINUE),
+        )
+        return int(row[0]) if row else 0
+
     def ok_latencies(self, job: str) -> list[tuple[str | None, float]]:
         rows = self._rows(
             "reading the audit trail",

@@ -29,6 +29,7 @@ the :mod:`~capmon.batch.writer`. What it promises:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 from collections.abc import Mapping
@@ -53,7 +54,8 @@ from capmon.batch.writer import LOW_DISK_BYTES, WRITE_GIVE_UP, ResultWriter
 from capmon.core.base.clock import Clock
 from capmon.core.base.exceptions import BatchError, RequestFailed
 from capmon.core.types import events as ev
-from capmon.core.types.result import Request
+from capmon.core.types.failure import Failure, Kind
+from capmon.core.types.result import ChatResult, Request
 
 log = logging.getLogger("capmon.batch")
 
@@ -531,13 +533,37 @@ class BatchRunner:
             job=self.job,
         )
 
+    async def _answer(self, request: Request) -> ChatResult:
+        """An item's whole answer. Streamed when the job asks (``RunnerOptions.stream``,
+        ``capmon batch run --stream``): a stream that breaks mid-answer is continued
+        (``[client] continuations``; capmon/core/routing/continuation.py), so 2,000 tokens of an
+        answer are not lost to a 529 near the end; the stream is read to its end and its result
+        is the whole answer. Else (or from a client that only answers plainly) plain: a plain
+        answer that breaks is a transient failure, sent again whole."""
+        stream_chunks = getattr(self.client, "stream_chunks", None)
+        if not self.options.stream or stream_chunks is None:
+            return await self.client.chat(request)
+        asked = dataclasses.replace(request, extra={**request.extra, "stream_options": {"include_usage": True}})
+        stream = stream_chunks(asked)
+        try:
+            async for _ in stream:
+                pass
+        finally:
+            await stream.aclose()
+        if stream.result is None:  # a stream that ended without its end: never taken as an answer
+            raise RequestFailed(
+                Failure(Kind.TRANSIENT, "the stream ended before its answer was whole"), stream.attempts
+            )
+        result: ChatResult = stream.result
+        return result
+
     async def _send(self, item: StoredItem) -> None:
         self._active[item.key] = item
         self._attempt_base[item.id] = item.attempts
         self._writer.started(item.key)
         self.sent += 1
         try:
-            result = await self.client.chat(self._request(item))
+            result = await self._answer(self._request(item))
         except asyncio.CancelledError:
             self._record(item, back(item), None)
             raise

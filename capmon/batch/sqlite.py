@@ -774,6 +774,13 @@ class JobStore:
                 (job,),
             ).fetchall()
 
+    def continued_items(self, job: str) -> int:
+        with self._errors("reading the audit trail"):
+            row = self.conn.execute(
+                "SELECT count(DISTINCT item) FROM attempts WHERE job = ? AND decision = ?", (job, Decision.CONTINUE)
+            ).fetchone()
+        return int(row[0]) if row else 0
+
     def ok_latencies(self, job: str) -> list[tuple[str | None, float]]:
         """(model, latency) of every successful attempt."""
         with self._errors("reading the audit trail"):

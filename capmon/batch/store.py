@@ -302,6 +302,10 @@ class Store(Protocol):
 
     def fell_back_count(self, job_id: int) -> int: ...
 
+    def continued_items(self, job: str) -> int:
+        """Items whose streamed answer broke and was continued (an audit row with decision continue)."""
+        ...
+
     def token_use(self, job_id: int) -> list[tuple[int, int]]: ...
 
 

@@ -1,8 +1,9 @@
 """What a client asked for: the JSON body of a chat-completions, Responses or Anthropic
 Messages request,
 checked as far as the gateway and the core read it (the rest passes to the provider
-untouched), and the per-request headers ``x-capmon-deadline``, ``x-capmon-priority`` and
-``x-capmon-first-token-timeout``. Each field has its one strict parser in capmon/gateway/fields.py."""
+untouched), and the per-request headers ``x-capmon-deadline``, ``x-capmon-priority``,
+``x-capmon-first-token-timeout`` and ``x-capmon-continue``. Each field has its one strict parser in
+capmon/gateway/fields.py."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from capmon.gateway.models import ModelNames
 
 DEADLINE_HEADER = "x-capmon-deadline"
 FIRST_TOKEN_HEADER = "x-capmon-first-token-timeout"  # seconds to the first output; 0: none
+CONTINUE_HEADER = "x-capmon-continue"  # false: a stream that breaks after output is not continued
 BETA_HEADER = "anthropic-beta"  # forwarded to Anthropic-wire targets of a same-format request
 PRIORITY_HEADER = "x-capmon-priority"
 VERSION_HEADER = "anthropic-version"
@@ -52,6 +54,11 @@ def _deadline(asked: Asked) -> float | None:
 def _first_token(asked: Asked) -> float | None:
     """The request's own first-token limit (``x-capmon-first-token-timeout``), else the config's."""
     return fields.seconds(asked.headers.get(FIRST_TOKEN_HEADER), FIRST_TOKEN_HEADER, zero=True)
+
+
+def _continuation(asked: Asked) -> bool | None:
+    """``x-capmon-continue``: false opts the request out of continuing a broken stream."""
+    return fields.truth(asked.headers.get(CONTINUE_HEADER), CONTINUE_HEADER)
 
 
 def _priority(asked: Asked) -> Priority:
@@ -96,6 +103,7 @@ def chat(body: dict[str, Any], asked: Asked) -> Wanted:
         deadline=_deadline(asked),
         request_id=asked.request_id,
         first_token_timeout=_first_token(asked),
+        continuation=_continuation(asked),
         extra=extra,
     )
     return Wanted(request, stream, priority)
@@ -116,6 +124,7 @@ def responses(body: dict[str, Any], asked: Asked) -> Wanted:
         deadline=_deadline(asked),
         request_id=asked.request_id,
         first_token_timeout=_first_token(asked),
+        continuation=_continuation(asked),
     )
     return Wanted(request, stream, priority)
 
@@ -159,6 +168,7 @@ def messages(body: dict[str, Any], asked: Asked) -> Wanted:
         betas=betas,
         request_id=asked.request_id,
         first_token_timeout=_first_token(asked),
+        continuation=_continuation(asked),
     )
     return Wanted(request, stream, priority)
 

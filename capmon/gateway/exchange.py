@@ -24,7 +24,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from capmon.core.base.clock import Clock
 from capmon.core.providers.usage import count
-from capmon.core.types.result import Attempt, ChatResult, sent, skipped
+from capmon.core.types.result import Attempt, ChatResult, continued, sent, skipped
 from capmon.gateway import fields
 from capmon.gateway.access_log import AccessLog
 from capmon.gateway.anthropic_errors import on_messages_path, shaped_for
@@ -108,6 +108,8 @@ class Exchange:
         """The answer is complete (a stream's too): its usage and its attempts."""
         self.used(result.usage)
         self.records = result.attempts
+        # A stream continued after a break had more attempts than when its first byte went out.
+        self.attempts, self.fallbacks = len(sent(result.attempts)), result.fallbacks
         model = result.response.get("model")
         self.response_model = model if isinstance(model, str) else None
 
@@ -142,6 +144,9 @@ class Exchange:
             # The targets passed over and why: the reason is capmon's own words (a feature, a
             # window, a state), never the request's content.
             "skipped": [{"target": a.target, "why": a.skip, "reason": a.reason} for a in skipped(self.records)],
+            # A stream that broke after output and was continued: by which model, from which
+            # character of the answer (capmon/core/routing/continuation.py).
+            "continued": [c.as_json() for c in continued(self.records)],
         }
 
 

@@ -375,6 +375,16 @@ def seconds(raw: str | None, name: str, *, zero: bool = False) -> float | None:
     return value
 
 
+def truth(raw: str | None, name: str) -> bool | None:
+    """``true`` or ``false`` (any case); None when absent."""
+    if raw is None:
+        return None
+    text = raw.strip(" \t").lower()
+    if text in ("true", "false"):
+        return text == "true"
+    raise bad(f"{name}: expected true or false, got {_shown(raw)}", name)
+
+
 def choice(raw: str | None, name: str, of: type[E]) -> E | None:
     """One of an enum's values, case-insensitive; None when absent."""
     if raw is None:

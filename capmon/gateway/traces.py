@@ -218,6 +218,9 @@ class GatewayTraces:
             attrs["capmon.hint_s"] = _seconds(a.hint)
         if a.dropped:
             attrs["capmon.dropped"] = list(a.dropped)
+        if a.continues is not None:  # it continued a broken answer from this character (a `continued` record)
+            attrs["capmon.continued.model"] = a.model
+            attrs["capmon.continued.offset"] = a.continues
         target = self.targets.get(a.target)
         if target is not None:  # as it is now, after this request: whether the attempt's failures tripped it
             attrs["capmon.breaker_state"] = target.state.view().breaker.state.value

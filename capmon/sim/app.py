@@ -84,6 +84,7 @@ from capmon.sim.replies import (
     simulator,
     wire,
 )
+from capmon.sim.resume import resumed, with_resume
 from capmon.sim.scenario import Scenario, load_scenario
 from capmon.sim.streams import FINGERPRINT, StreamPlan, answer_text, chat_stream, rejection_stream, tokens_of, usage
 from capmon.sim.tools import (
@@ -115,6 +116,7 @@ class ChatRequest:
     sent_max_tokens: bool = False  # the legacy `max_tokens` was sent (some models refuse it)
     tools: ToolRequest | None = None
     turn: LastTurn | None = None
+    resume: str | None = None  # the partial answer it asks the model to go on with (capmon/sim/resume.py)
 
 
 # chat's roles -> who they speak for (any other role is the model's)
@@ -159,6 +161,7 @@ def parse_chat(body: Any) -> ChatRequest:
         sent_max_tokens=body.get("max_tokens") is not None,
         tools=tools,
         turn=last_turn(messages),
+        resume=resumed(messages)[0],
     )
 
 
@@ -227,6 +230,7 @@ async def serve_chat(request: Request, via: Via) -> Response | DropConnection:
         wire=via.wire,
         tools=may_call(chat.tools, chat.turn),
     )
+    decision = with_resume(decision, chat.resume)
     refused = rejection(
         decision,
         api=Api.CHAT,
@@ -274,6 +278,7 @@ async def _faulted(
             include_usage=chat.include_usage,
             tool_call=broken or _tool_call(chat, state.tools),
             cut=rule.mode is FaultMode.STREAM_CUT,
+            cut_after=rule.after if rule.mode is FaultMode.STREAM_CUT else 0,
             error_after=rule.after if rule.mode is FaultMode.STREAM_ERROR else None,
             error_dialect=rule.dialect,
         )

@@ -46,7 +46,7 @@ class FaultMode(str, enum.Enum):
     HANG = "hang"  # never answers: not even the response headers
     INVALID_JSON = "invalid_json"  # 200 with `not json`
     HTML_500 = "html_500"  # an HTML error page from a proxy
-    STREAM_CUT = "stream_cut"  # a stream stops halfway, no [DONE]; streaming requests only
+    STREAM_CUT = "stream_cut"  # a stream stops halfway (or after `after` content chunks), no [DONE]; streams only
     STREAM_ERROR = "stream_error"  # `after` content chunks, then `dialect`'s in-stream error frame
     HUGE = "huge"  # 200 with a generated body of `bytes` bytes: a real completion (`valid`) or not JSON
     ERROR = "error"  # an HTTP error of `status` (401, 403, 500...) in the wire's own shape
@@ -121,6 +121,8 @@ class FaultRule:
         out: dict[str, Any] = {"mode": self.mode.value, "count": left, "rate": self.rate, "model": self.model}
         if self.mode is FaultMode.STREAM_ERROR:
             out.update(after=self.after, dialect=self.dialect)
+        elif self.mode is FaultMode.STREAM_CUT and self.after:
+            out.update(after=self.after)
         elif self.mode is FaultMode.HUGE:
             out.update(bytes=self.bytes, valid=self.valid)
         elif self.mode is FaultMode.ERROR:
@@ -174,7 +176,7 @@ class FaultClock:
 
 # The fields only some modes take.
 _MODE_FIELDS: dict[str, tuple[FaultMode, ...]] = {
-    "after": (FaultMode.STREAM_ERROR,),
+    "after": (FaultMode.STREAM_ERROR, FaultMode.STREAM_CUT),
     "dialect": (FaultMode.STREAM_ERROR,),
     "bytes": (FaultMode.HUGE,),
     "valid": (FaultMode.HUGE,),

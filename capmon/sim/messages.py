@@ -41,6 +41,7 @@ from capmon.sim.dialects import Api, Wire
 from capmon.sim.faults import HANG_SECONDS, HTML_500_PAGE, PACED, STREAMED, DropConnection, FaultMode, delayed
 from capmon.sim.model import Admitted, Faulted, Simulator, Ticket
 from capmon.sim.replies import BadRequest, SlotStream, hold, read_request, rejection, simulator, wire
+from capmon.sim.resume import PREFILL_REFUSAL, resumed, with_resume
 from capmon.sim.streams import answer_pieces, answer_text, argument_pieces, tokens_of
 from capmon.sim.tools import (
     LastTurn,
@@ -82,6 +83,8 @@ class MessagesRequest:
     version: ApiVersion
     tools: ToolRequest | None = None
     turn: LastTurn | None = None
+    resume: str | None = None  # the partial answer it asks the model to go on with (capmon/sim/resume.py)
+    prefilled: bool = False  # ... as the model's own last message (a prefill)
 
 
 def _voice(message: dict[str, Any]) -> tuple[Voice, Any]:
@@ -185,6 +188,7 @@ def parse_messages(body: Any, version: ApiVersion, *, counting: bool = False) ->
         version,
         tools,
         last_turn(messages),
+        *resumed(messages),
     )
 
 
@@ -276,6 +280,7 @@ async def message_stream(
     tool_result: str | None = None,
     cut: bool = False,
     error_after: int | None = None,
+    cut_after: int = 0,
 ) -> AsyncIterator[bytes]:
     """The whole stream of one admitted (or faulted) request."""
     yield _started(mid, ticket.model, ticket.prompt_tokens, ticket.usage)
@@ -301,7 +306,7 @@ async def message_stream(
     yield event("content_block_start", index=0, content_block=block)
     yield event("ping")
     for i, piece in enumerate(pieces):
-        if cut and i >= len(pieces) // 2:
+        if cut and i >= (cut_after or len(pieces) // 2):
             return  # the stream just stops: no content_block_stop, no message_stop
         await clock.sleep(ticket.per_token * costs[i])
         yield event("content_block_delta", index=0, delta=delta(piece))
@@ -358,6 +363,9 @@ async def create_message(request: Request) -> Response:
     if isinstance(read, Response):
         return read
     sim, alias, req = read
+    if req.prefilled and sim.has_model(req.model, Wire.ANTHROPIC) and not sim.state(req.model).prefill:
+        sim.bad_request(alias, req.model)
+        return wire(dialects.bad_request(PREFILL_REFUSAL, "messages", Wire.ANTHROPIC), headers)
     decision = sim.submit(
         alias,
         req.model,
@@ -368,6 +376,7 @@ async def create_message(request: Request) -> Response:
         wire=Wire.ANTHROPIC,
         tools=may_call(req.tools, req.turn),
     )
+    decision = with_resume(decision, req.resume)
     mid = message_id()
 
     def in_stream(_dialect: str, model: str) -> AsyncIterator[bytes]:
@@ -412,6 +421,7 @@ async def _faulted(
             ticket,
             broken or _tool_call(req, decision.state.tools),
             cut=rule.mode is FaultMode.STREAM_CUT,
+            cut_after=rule.after if rule.mode is FaultMode.STREAM_CUT else 0,
             error_after=rule.after if rule.mode is FaultMode.STREAM_ERROR else None,
         )
         return StreamingResponse(stream, media_type="text/event-stream", headers=headers)

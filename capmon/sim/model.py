@@ -74,6 +74,7 @@ class ModelState:
     api: str = "openai"  # the wire(s) it is served on
     context_window: int = 0
     usage: str = HONEST  # how its answers report the tokens used (capmon/sim/usage.py)
+    prefill: bool = True  # takes an assistant prefill (false: Anthropic's 400 for one)
 
     @property
     def free(self) -> int:
@@ -93,6 +94,7 @@ class Ticket:
     first_token: float  # seconds to the first token
     per_token: float  # seconds per completion token after that
     usage: str = HONEST  # how the answer reports the tokens used (capmon/sim/usage.py)
+    resume: str | None = None  # the partial answer it goes on with (capmon/sim/resume.py)
 
     @property
     def service_time(self) -> float:
@@ -306,6 +308,7 @@ class Simulator:
             api=spec.api,
             context_window=spec.context_window,
             usage=o.get("usage", spec.usage),
+            prefill=spec.prefill,
         )
 
     def configure(

@@ -38,6 +38,7 @@ from capmon.sim.dialects import Api, Wire
 from capmon.sim.faults import HANG_SECONDS, HTML_500_PAGE, PACED, STREAMED, DropConnection, FaultMode, delayed
 from capmon.sim.model import Admitted, Faulted, Simulator, Ticket
 from capmon.sim.replies import OPENAI_VIA, BadRequest, SlotStream, Via, hold, read_request, rejection, wire
+from capmon.sim.resume import resumed, with_resume
 from capmon.sim.streams import STREAM_CHUNK_TOKENS, answer_text, argument_pieces, tokens_of
 from capmon.sim.tools import (
     LastTurn,
@@ -67,6 +68,7 @@ class ResponsesRequest:
     turn: LastTurn | None = None
     echo_tools: tuple[Any, ...] = ()  # the request's tools and tool_choice, echoed in the response
     echo_choice: Any = "auto"
+    resume: str | None = None  # the partial answer it asks the model to go on with (capmon/sim/resume.py)
 
 
 # Input items that carry a tool's result back to the model.
@@ -146,6 +148,7 @@ def parse_responses(body: Any) -> ResponsesRequest:
         last_turn(given),
         tuple(body.get("tools") or ()),
         body.get("tool_choice") or "auto",
+        resumed(given)[0] if isinstance(given, list) else None,
     )
 
 
@@ -292,6 +295,7 @@ async def response_stream(
     cut: bool = False,
     error_after: int | None = None,
     error_dialect: str = dialects.RESPONSES_FAILED,
+    cut_after: int = 0,
 ) -> AsyncIterator[bytes]:
     event = _Events()
     _, item_id = _ids(ticket)
@@ -313,10 +317,10 @@ async def response_stream(
     groups = [words[i : i + STREAM_CHUNK_TOKENS] for i in range(0, len(words), STREAM_CHUNK_TOKENS)]
     text = ""
     for i, group in enumerate(groups):
-        if cut and i >= len(groups) // 2:
+        if cut and i >= (cut_after or len(groups) // 2):
             return  # the stream just stops: no response.completed
         await clock.sleep(ticket.per_token * len(group))
-        delta = (" " if i else "") + " ".join(group)
+        delta = (" " if i or ticket.resume else "") + " ".join(group)
         text += delta
         yield event("response.output_text.delta", **at, delta=delta, logprobs=[])
         if error_after is not None and i + 1 >= error_after:
@@ -423,6 +427,7 @@ async def serve_response(request: Request, via: Via) -> Response:
         wire=via.wire,
         tools=may_call(req.tools, req.turn),
     )
+    decision = with_resume(decision, req.resume)
     created = int(sim.clock.wall())
     refused = rejection(
         decision,
@@ -463,6 +468,7 @@ async def _faulted(sim: Simulator, decision: Faulted, req: ResponsesRequest, cre
                 created,
                 call=broken or tool_call(req, decision.state.tools),
                 cut=rule.mode is FaultMode.STREAM_CUT,
+                cut_after=rule.after if rule.mode is FaultMode.STREAM_CUT else 0,
                 error_after=error_after,
                 error_dialect=rule.dialect,
             ),

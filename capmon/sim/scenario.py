@@ -99,6 +99,11 @@ class ModelSpec:
     unsupported_dialect: str = spec(
         AUTO, choices=(*UNSUPPORTED_DIALECTS, AUTO), doc="how that 400 is worded; auto: the wire's own"
     )
+    prefill: bool = spec(
+        True,
+        doc="takes an assistant prefill; false: a request ending with the model's message gets Anthropic's 400 "
+        '"This model does not support assistant message prefill" (as Claude Sonnet 4.6 and Opus 4.7 do)',
+    )
     usage: str = spec(
         HONEST,
         choices=USAGE_MODES,

@@ -43,6 +43,10 @@ RESULT_WORDS = 40  # words of a tool's result that an answer quotes
 def answer_text(ticket: Ticket, tool_result: str | None = None) -> list[str]:
     """``completion_tokens`` words (one token each), starting somewhere different per request;
     after a tool's result, they start by quoting it (so a client sees its result was read)."""
+    if ticket.resume is not None:
+        rest = continued_words(ticket.resume, ticket.completion_tokens)
+        if rest is not None:
+            return rest
     start = ticket.id * 7 % len(_WORDS)
     words = [_WORDS[(start + i) % len(_WORDS)] for i in range(ticket.completion_tokens)]
     if tool_result is None:
@@ -51,11 +55,26 @@ def answer_text(ticket: Ticket, tool_result: str | None = None) -> list[str]:
     return ["The", "tool", "returned:", *quoted, *words][: ticket.completion_tokens]
 
 
+def continued_words(partial: str, total: int) -> list[str] | None:
+    """The words that follow ``partial`` in the answer it began (of ``total`` words), when
+    ``partial`` is the start of one of this simulator's answers (None: it is not)."""
+    said = partial.split()
+    n = len(_WORDS)
+    if not said:
+        return None
+    for start in range(n):
+        if all(_WORDS[(start + i) % n] == w for i, w in enumerate(said)):
+            return [_WORDS[(start + len(said) + i) % n] for i in range(max(0, total - len(said)))]
+    return None
+
+
 def answer_pieces(ticket: Ticket, tool_result: str | None = None) -> tuple[list[str], list[int]]:
-    """The answer as stream pieces of ``STREAM_CHUNK_TOKENS`` words, and each piece's tokens."""
+    """The answer as stream pieces of ``STREAM_CHUNK_TOKENS`` words, and each piece's tokens
+    (a continuation's first piece too starts with the space after the text it goes on from)."""
     words = answer_text(ticket, tool_result)
     groups = [words[i : i + STREAM_CHUNK_TOKENS] for i in range(0, len(words), STREAM_CHUNK_TOKENS)]
-    return [(" " if i else "") + " ".join(g) for i, g in enumerate(groups)], [len(g) for g in groups]
+    lead = ticket.resume is not None and bool(ticket.resume) and not ticket.resume[-1].isspace()
+    return [(" " if i or lead else "") + " ".join(g) for i, g in enumerate(groups)], [len(g) for g in groups]
 
 
 def argument_pieces(arguments: str) -> list[str]:
@@ -93,7 +112,8 @@ class StreamPlan:
     include_usage: bool = False
     tool_call: ToolCall | None = None
     tool_result: str | None = None  # the tool's result the answer quotes
-    cut: bool = False  # stop halfway: no finish_reason, no [DONE]
+    cut: bool = False  # stop halfway (or after ``cut_after`` content chunks): no finish_reason, no [DONE]
+    cut_after: int = 0
     error_after: int | None = None  # this many content chunks, then the error frame
     error_dialect: str = dialects.OPENROUTER_STREAM
 
@@ -389,7 +409,7 @@ async def chat_stream(clock: Clock, plan: StreamPlan) -> AsyncIterator[bytes]:
         yield opening
     emitted = 0
     for i, piece in enumerate(pieces):
-        if plan.cut and i >= len(pieces) // 2:
+        if plan.cut and i >= (plan.cut_after or len(pieces) // 2):
             return  # the stream just stops: no finish_reason, no [DONE]
         await clock.sleep(ticket.per_token * costs[i])
         finish = reason if frames.merge_finish and i == len(pieces) - 1 and plan.error_after is None else None

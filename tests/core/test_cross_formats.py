@@ -200,9 +200,9 @@ async def test_anthropics_in_stream_overload_after_output_fails_the_stream(sim: 
     await set_fault(sim, mode="stream_error", model="sim-claude", after=3, dialect="anthropic-stream", count=1)
     async with two_providers(sim, first="claude") as client:
         if caller == "chat":
-            stream = client.stream_chunks("hi")
+            stream = client.stream_chunks("hi", continuation=False)  # opted out
         else:
-            stream = client.stream_messages({"messages": [{"role": "user", "content": "hi"}]})
+            stream = client.stream_messages({"messages": [{"role": "user", "content": "hi"}]}, continuation=False)
         got: list[Any] = []
         with pytest.raises(RequestFailed) as e:
             async for c in stream:

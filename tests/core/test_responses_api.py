@@ -48,7 +48,7 @@ async def test_an_overloaded_model_in_the_stream_falls_back_before_any_output(
 ) -> None:
     sim = await start_sim(Scenario(models=(spec("flagship", slots=0, dialect=dialect), spec("medium"))))
     async with FallbackClient(flagship_and_medium(sim.base_url), environ=ENV) as client:
-        stream = client.stream_responses({"input": "hi"})
+        stream = client.stream_responses({"input": "hi"}, continuation=False)  # opted out: the old end
         events = [e async for e in stream]
         plain = await client.responses({"input": "hi"})
         snap = client.snapshot()
@@ -63,7 +63,7 @@ async def test_a_failure_after_output_ends_the_stream_with_an_error(start_sim: S
     sim = await start_sim(Scenario(models=(spec("flagship"), spec("medium"))))
     await set_fault(sim, mode="stream_error", after=3, dialect="responses-failed", count=1)
     async with FallbackClient(flagship_and_medium(sim.base_url), environ=ENV) as client:
-        stream = client.stream_responses({"input": "hi"})
+        stream = client.stream_responses({"input": "hi"}, continuation=False)  # opted out: the old end
         events = []
         with pytest.raises(RequestFailed) as info:
             async for e in stream:

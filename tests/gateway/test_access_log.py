@@ -45,6 +45,7 @@ FIELDS = {
     "tokens_in",
     "tokens_out",
     "skipped",
+    "continued",
 }
 
 

@@ -149,27 +149,37 @@ async def test_anthropics_in_stream_overload_after_output_is_each_clients_own_er
         gw.anthropic() as claude_sdk,
         gw.openai() as openai_sdk,
     ):
+        out = {"x-capmon-continue": "false"}  # opted out: the break ends each stream (see test_continuation.py)
         after = {"mode": "stream_error", "model": "sim-claude", "after": 2, "dialect": "anthropic-stream", "count": 1}
         await set_fault(gw.sim, **after)
         got: list[str] = []
         with pytest.raises(anthropic.APIStatusError) as broken:
-            async for e in await claude_sdk.messages.create(model="claude", max_tokens=100, messages=HI, stream=True):
+            async for e in await claude_sdk.messages.create(
+                model="claude", max_tokens=100, messages=HI, stream=True, extra_headers=out
+            ):
                 got.append(e.type)
         gw.client.reset("claude")  # capacity failures open its breaker: each case starts afresh
         await set_fault(gw.sim, **after)
         async with gw.http() as http:
             raw = await http.post(
-                "/v1/messages", json={"model": "claude", "max_tokens": 100, "messages": HI, "stream": True}
+                "/v1/messages",
+                headers=out,
+                json={"model": "claude", "max_tokens": 100, "messages": HI, "stream": True},
             )
         gw.client.reset("claude")
         await set_fault(gw.sim, **after)
         chunks: list[Any] = []
         with pytest.raises(openai.APIError) as chat_broken:
-            async for c in await openai_sdk.chat.completions.create(model="claude", messages=HI, stream=True):
+            async for c in await openai_sdk.chat.completions.create(
+                model="claude", messages=HI, stream=True, extra_headers=out
+            ):
                 chunks.append(c)
         gw.client.reset("claude")
         await set_fault(gw.sim, **after)
-        events = [e.type async for e in await openai_sdk.responses.create(model="claude", input="hi", stream=True)]
+        events = [
+            e.type
+            async for e in await openai_sdk.responses.create(model="claude", input="hi", stream=True, extra_headers=out)
+        ]
     assert "content_block_delta" in got and "message_stop" not in got  # output went out, then the SDK raised
     body = broken.value.body
     assert isinstance(body, dict) and body["error"]["type"] == "overloaded_error"

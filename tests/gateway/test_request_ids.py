@@ -92,15 +92,18 @@ async def test_messages_replies_carry_the_id_as_anthropic_sdks_read_it() -> None
 
 @pytest.mark.looptime
 async def test_a_broken_stream_names_its_request_id_in_the_error_event() -> None:
+    out = {"x-capmon-continue": "false"}  # opted out: a broken stream ends with the error event
     async with running() as gw, gw.http() as http:
         await gw.sim_admin("faults", {"mode": "stream_cut", "count": 1})
-        cut = await http.post("/v1/chat/completions", json={"model": "auto", "messages": HELLO, "stream": True})
+        cut = await http.post(
+            "/v1/chat/completions", headers=out, json={"model": "auto", "messages": HELLO, "stream": True}
+        )
         await gw.sim_admin("faults", {"mode": "stream_cut", "count": 1})
-        failed = await http.post("/v1/responses", json={"model": "auto", "input": "hi", "stream": True})
+        failed = await http.post("/v1/responses", headers=out, json={"model": "auto", "input": "hi", "stream": True})
         await gw.sim_admin("faults", {"mode": "stream_cut", "count": 1})
         anth = await http.post(
             "/v1/messages",
-            headers={"anthropic-version": "2023-06-01"},
+            headers={"anthropic-version": "2023-06-01", **out},
             json={"model": "auto", "max_tokens": 32, "messages": [{"role": "user", "content": "hi"}], "stream": True},
         )
     chat_error = json.loads(sse_frames(cut.text)[-1]["data"])["error"]

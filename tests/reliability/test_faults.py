@@ -163,7 +163,7 @@ async def test_a_stream_cut_after_text_fails_that_request_and_no_other() -> None
             async def one(i: int) -> tuple[str, BaseException | None]:
                 pieces: list[str] = []
                 try:
-                    async for piece in client.stream(f"request {i}"):
+                    async for piece in client.stream(f"request {i}", continuation=False):  # opted out
                         pieces.append(piece)
                 except RequestFailed as e:
                     return "".join(pieces), e
@@ -194,7 +194,7 @@ async def test_a_stream_cut_after_text_is_recorded_as_a_failed_attempt() -> None
             client.bus.subscribe(rec)
             client.add_observer(lambda request, attempt: seen.append(attempt))  # the audit log's hook
             with pytest.raises(RequestFailed) as info:
-                async for _ in client.stream("hi"):
+                async for _ in client.stream("hi", continuation=False):  # opted out
                     pass
             flagship = client.snapshot().targets[0]
     assert info.value.attempts and info.value.attempts[-1].kind is Kind.TRANSIENT

@@ -13,6 +13,7 @@ business. ARCHITECTURE.md, "How a request flows", walks through it.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import random
@@ -28,15 +29,17 @@ from capmon.core.control.backoff import Backoff
 from capmon.core.control.demand import Demand
 from capmon.core.control.seam import Admission, MemoryState, StateStore, TargetSpec
 from capmon.core.providers import formats
+from capmon.core.providers.dialect import dialect_of
 from capmon.core.providers.token_param import TokenParams
 from capmon.core.providers.tokens import estimate_request
 from capmon.core.routing.attempt import Answer, Sending, result_of
 from capmon.core.routing.calls import FormatCalls
+from capmon.core.routing.continuation import continued_request, refuses_prefill, splice_for
 from capmon.core.routing.controls import ManualControls
 from capmon.core.routing.executor import Executor
 from capmon.core.routing.journal import AttemptObserver, Journal
 from capmon.core.routing.prober import Prober, ProbeResult
-from capmon.core.routing.route import Routing, plan
+from capmon.core.routing.route import Routing, Step, plan
 from capmon.core.routing.streaming import ChatStream
 from capmon.core.routing.targets import Target, admits_in, build_targets
 from capmon.core.routing.transport import Sender, make_transport
@@ -44,7 +47,7 @@ from capmon.core.routing.waiting import WaitQueue
 from capmon.core.types import events as ev
 from capmon.core.types.config import Config, ResolvedKey, resolve_keys
 from capmon.core.types.failure import Failure, Kind
-from capmon.core.types.result import Attempt, ChatResult, Decision, Request
+from capmon.core.types.result import Attempt, ChatResult, Decision, Format, Request
 from capmon.core.types.snapshot import EngineSnapshot, TargetSnapshot
 
 log = logging.getLogger("capmon.client")
@@ -53,6 +56,10 @@ Grant = tuple[Target, Admission]
 _HEALTH = Request.of("ping", max_tokens=1)  # what a health probe waits in line as
 Messages = Request | str | Sequence[Mapping[str, Any]]
 __all__ = ["FallbackClient", "ProbeResult"]
+
+
+# Breaks that no continuation mends: the answer is past its size cap, or the request is refused.
+_NOT_CONTINUED = frozenset({Kind.OVERSIZED, Kind.BAD_REQUEST, Kind.TOO_LARGE})
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +103,7 @@ class FallbackClient(FormatCalls, ManualControls):
             ),
         )
         self._by_cost = any(m.tpm for m in config.models)
+        self._no_prefill: set[str] = set()  # models whose 400 said they take no assistant prefill
         self._ids = itertools.count(1)
         self._queue: WaitQueue[Grant] = WaitQueue(
             self.clock,
@@ -212,6 +220,10 @@ class FallbackClient(FormatCalls, ManualControls):
 
     async def _stream(self, r: Routing, s: ChatStream) -> AsyncIterator[Mapping[str, Any]]:
         s.request_id, s.requested = r.id, r.first_choice
+        if r.request.continuation is not False and self.config.client.continuations > 0:
+            r.splice, r.original = splice_for(r.request.format, r.prompt_tokens), r.request
+            s.continuations = r.splice.records  # the stream's record of its continuations, as they come
+        splice = r.splice
         try:
             grant: Grant | None = None
             while True:
@@ -233,13 +245,18 @@ class FallbackClient(FormatCalls, ManualControls):
                                 dropped=r.sending_dropped,
                                 lowered=r.sending_lowered,
                             )
-                        yield chunk
+                        if splice is None:
+                            yield chunk
+                            continue
+                        for out in splice.fit(chunk) if splice.records else (chunk,):
+                            splice.out(out)
+                            yield out
                 finally:
                     await attempt.aclose()  # type: ignore[attr-defined]
                 if end is None:
                     return
                 if isinstance(end.out, ChatResult):
-                    s.result = end.out
+                    s.result = self._whole(r, end.out)
                     return
                 grant = end.out
         except BaseException as e:
@@ -401,6 +418,8 @@ class FallbackClient(FormatCalls, ManualControls):
         self._skips(r, t, now, wall)
         self.journal.started(r, t, number, at=now, wall=wall)
         r.last_model = t.model.name
+        if r.resume is not None:
+            self._resume(r, t)
         req = self.executor.request(t, r.request, stream=stream, time_left=r.left(now))
         r.sending_dropped, r.sending_lowered = req.dropped, req.lowered
         self.journal.in_flight += 1
@@ -424,6 +443,62 @@ class FallbackClient(FormatCalls, ManualControls):
                 await chunks.aclose()  # type: ignore[attr-defined]
                 await self.executor.cancel(t, adm)
 
+    def _continue(self, r: Routing, t: Target, failure: Failure, number: int, now: float) -> Step | None:
+        """How a stream that broke after output goes on (capmon/core/routing/continuation.py):
+        the routing step of its continuation, or None when it is not continued (the caller
+        opted out, ``[client] continuations`` are spent, the answer holds more than text, it
+        broke past its size cap, its deadline passed, or no model may take it)."""
+        splice = r.splice
+        if splice is None or len(splice.records) >= self.config.client.continuations or r.expired(now):
+            return None
+        if failure.kind in _NOT_CONTINUED:
+            return None
+        if splice.partial().why_not is not None:
+            return None
+        pinned = self.state.pinned
+        step = plan(
+            r,
+            t,
+            failure,
+            number=number,
+            max_attempts=self.config.client.max_attempts,
+            has_other=lambda tid, window: any(
+                u.id != tid and u.model.context_window > window for u in r.usable(self.targets, pinned, stick=False)
+            ),
+            spend_retry=lambda: True,  # bounded by [client] continuations, not the retry budget
+            now=now,
+            elsewhere=lambda: r.earliest_elsewhere(self.targets, pinned, t.model.name, now),
+        )
+        return None if step.decision is Decision.FAIL else step
+
+    def _resume(self, r: Routing, t: Target) -> None:
+        """The continuation's request for ``t``: the caller's with the partial answer, as a
+        prefill where ``t`` takes one (Anthropic's Messages wire, unless the model says or
+        showed it takes none), else followed by the instruction."""
+        assert r.original is not None and r.splice is not None
+        wire = dialect_of(t.endpoint).wire_of(r.original.format)
+        prefill = wire is Format.MESSAGES and t.model.prefill and t.model.name not in self._no_prefill
+        r.request, trailing = continued_request(r.original, r.resume.text, prefill=prefill)
+        r.prefilled = prefill
+        r.splice.begin(t.model.name, trailing)
+
+    def _whole(self, r: Routing, result: ChatResult) -> ChatResult:
+        """A continued stream's result: the whole answer's text and every request's usage."""
+        splice = r.splice
+        if splice is None or not splice.records:
+            return result
+        usage = dict(result.usage)
+        for name, more in (
+            ("prompt_tokens", splice.earlier_in),
+            ("input_tokens", splice.earlier_in),
+            ("completion_tokens", splice.earlier_out),
+            ("output_tokens", splice.earlier_out),
+            ("total_tokens", splice.earlier_in + splice.earlier_out),
+        ):
+            if isinstance(usage.get(name), int):
+                usage[name] += more
+        return dataclasses.replace(result, content="".join(splice.text), usage=usage)
+
     async def _settle(
         self, r: Routing, t: Target, adm: Admission, answer: Answer, number: int, wall: float, t0: float
     ) -> ChatResult | Grant | None:
@@ -434,9 +509,17 @@ class FallbackClient(FormatCalls, ManualControls):
         now = self.clock.now()
         failure, latency = out.failure, out.latency
 
+        # An attempt that went on with a broken answer (and got as far as output): from where.
+        went_on = r.splice.records[-1].offset if r.resume is not None and r.splice is not None else None
+        if r.resume is not None and (failure is None or answer.output_sent):
+            r.resume = None
+
         def record(decision: Decision, wait: float = 0.0) -> None:
             status, dropped = answer.status, answer.dropped
-            self._note(r, self.journal.attempt(r, t, number, wall, status, failure, wait, latency, decision, dropped))
+            a = self.journal.attempt(r, t, number, wall, status, failure, wait, latency, decision, dropped)
+            if went_on is not None and (failure is None or answer.output_sent):
+                a = dataclasses.replace(a, continues=went_on)
+            self._note(r, a)
 
         if out.relearned:
             # The other token parameter from now on, and at once on the same admission.
@@ -450,14 +533,34 @@ class FallbackClient(FormatCalls, ManualControls):
                 answer, t, r.request.format, tuple(r.attempts), now - r.started, r.id, r.first_choice, r.sending_lowered
             )
         self.journal.failed_attempt(r, t, number, answer.status, failure)
+        if r.resume is not None and r.prefilled and refuses_prefill(failure):
+            # The model takes no prefill: learned, and the continuation goes again at once
+            # with the instruction (that 400 is never the caller's error).
+            self._no_prefill.add(t.model.name)
+            log.info("model %s takes no assistant prefill: continuing with an instruction (%s)", t.model.name, failure)
+            record(Decision.RETRY)
+            return None
         r.last_failure = failure
-        if answer.output_sent:  # a stream that broke after output reached the caller: never retried
-            record(Decision.FAIL)
-            if r.expired(now):
-                self._give_up(r, "stream broke after output was sent: ")
-            reason = f"{failure.kind.value}: {failure.reason}"
-            raise RequestFailed(failure, r.attempts, f"stream broke after output was sent: {reason}")
         pinned = self.state.pinned
+        if answer.output_sent:  # a stream that broke after output reached the caller
+            step = self._continue(r, t, failure, number, now)
+            if step is None:
+                record(Decision.FAIL)
+                if r.expired(now):
+                    self._give_up(r, "stream broke after output was sent: ")
+                if r.splice is not None and r.splice.partial().half_call:  # never half a tool call as whole
+                    failure = dataclasses.replace(
+                        failure, reason=f"{failure.reason}, inside a tool call's arguments (not continued)"
+                    )
+                reason = f"{failure.kind.value}: {failure.reason}"
+                raise RequestFailed(failure, r.attempts, f"stream broke after output was sent: {reason}")
+            r.apply(step)
+            r.resume = r.splice.partial()
+            record(Decision.CONTINUE)
+            grant = None if len(self._queue) else await self._admit_any(r)
+            if grant is None and step.wait:
+                self.journal.show_wait(r, step.wait, failure.reason)
+            return grant
         step = plan(
             r,
             t,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from capmon.core.base.exceptions import CannotWait, RequestFailed, Unavailable
 from capmon.core.control.backoff import Schedule
@@ -63,6 +64,13 @@ class Routing:
     # [client.patience] of its priority: a server's hint this short on the model it prefers is
     # waited out there, not taken as a reason to move down (ARCHITECTURE.md, "A hint against another model")
     patience: float = 0.0
+    # A stream's continuation (capmon/core/routing/continuation.py): what the caller was sent
+    # (a Splice; None: never continued), the request as the caller sent it, and while a
+    # continuation is due, the partial answer it goes on from and whether its attempt sent a prefill.
+    splice: Any = None
+    original: Request | None = None
+    resume: Any = None
+    prefilled: bool = False
 
     @property
     def sent(self) -> int:

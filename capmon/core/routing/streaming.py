@@ -11,7 +11,7 @@ from typing import Any
 
 from capmon.core.providers.formats import chunk_text
 from capmon.core.types.config import EndpointApi
-from capmon.core.types.result import Attempt, ChatResult, Format, fallbacks, sent, skipped
+from capmon.core.types.result import Attempt, ChatResult, Continued, Format, fallbacks, sent, skipped
 
 
 class ChatStream:
@@ -27,6 +27,7 @@ class ChatStream:
         self.dropped: tuple[str, ...] = ()  # fields the serving attempt left out (its API version refuses them)
         self.max_tokens_lowered: int | None = None  # the output cap sent when [client] cap_client_tokens cut it
         self.result: ChatResult | None = None  # set when the stream has ended complete
+        self.continuations: list[Continued] = []  # filled as the stream is continued (the client's)
         self._chunks = run(self)
 
     def __aiter__(self) -> ChatStream:
@@ -63,6 +64,12 @@ class ChatStream:
                     yield text
         finally:
             await self.aclose()
+
+    @property
+    def continued(self) -> tuple[Continued, ...]:
+        """Who went on with the answer after it broke, and from which character (so far; empty:
+        it never broke). See capmon/core/routing/continuation.py."""
+        return tuple(self.continuations)
 
     @property
     def skipped(self) -> list[Attempt]:

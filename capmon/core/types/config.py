@@ -156,6 +156,16 @@ class ClientConfig:
             " max_output_tokens (false: the caller's is sent as given; the model's is the default when it gives none)"
         ),
     )
+    continuations: int = _f(
+        2,
+        min=0,
+        doc=(
+            "times a stream that breaks after output reached the caller (a cut, an in-stream overload) is"
+            " continued by the same model or the next: the partial answer is sent back and only the new"
+            " text is forwarded, so the caller gets one whole answer instead of losing it; 0: never (the"
+            " break ends the stream with an error); a request opts out with x-capmon-continue: false"
+        ),
+    )
     unhonoured_hints: DropRule = _f(
         DropRule.DROP,
         doc=(
@@ -300,6 +310,15 @@ class ModelConfig:
         "max_tokens",
         choices=("max_tokens", "max_completion_tokens"),
         doc="how the token cap is sent; reasoning models want max_completion_tokens (learned after one refusal anyway)",
+    )
+    prefill: bool = _f(
+        True,
+        doc=(
+            "a broken answer is continued with the partial answer as an assistant prefill (on Anthropic's"
+            " Messages wire; OpenAI's APIs continue no assistant message, so their models always get an"
+            " instruction to continue); false: the instruction here too (models that refuse a prefill;"
+            " learned from their 400 anyway)"
+        ),
     )
 
     @property

@@ -20,6 +20,9 @@ class Decision(enum.StrEnum):
     PARK = "park"  # a batch item put aside to come back later
     FAIL = "fail"
     SKIP = "skip"  # not sent: the request passed the target over (``Attempt.skip`` says why)
+    # A stream that broke after output reached the caller, its answer continued by the next
+    # attempt (capmon/core/routing/continuation.py): that attempt's ``continues`` says from where.
+    CONTINUE = "continue"
 
 
 class Skip(enum.StrEnum):
@@ -84,6 +87,9 @@ class Request:
     # records, so one request is found in each. None: a library call that gave none.
     request_id: str | None = None
     first_token_timeout: float | None = None  # seconds; None: the config's; 0: off
+    # Whether a stream that breaks after output is continued by the next attempt (None: the
+    # config's ``[client] continuations``; False: the caller opted out, the break ends the stream).
+    continuation: bool | None = None
 
     @staticmethod
     def of(
@@ -98,6 +104,7 @@ class Request:
         deadline: float | None = None,
         request_id: str | None = None,
         first_token_timeout: float | None = None,
+        continuation: bool | None = None,
         **extra: Any,
     ) -> Request:
         """A request from text or messages; any other keyword (tools, response_format,
@@ -119,6 +126,7 @@ class Request:
             deadline=deadline,
             request_id=request_id,
             first_token_timeout=first_token_timeout,
+            continuation=continuation,
         )
 
     @staticmethod
@@ -133,6 +141,7 @@ class Request:
         betas: tuple[str, ...] = (),
         request_id: str | None = None,
         first_token_timeout: float | None = None,
+        continuation: bool | None = None,
     ) -> Request:
         """A request in ``fmt``, its own format (the Responses API, Anthropic's Messages):
         ``body`` is sent as it is to a target of that format, but ``model``, ``stream`` and
@@ -151,6 +160,7 @@ class Request:
             betas=betas,
             request_id=request_id,
             first_token_timeout=first_token_timeout,
+            continuation=continuation,
         )
 
     @staticmethod
@@ -185,6 +195,26 @@ class Attempt:
     api: EndpointApi = EndpointApi.OPENAI  # the API of the target's endpoint
     dropped: tuple[str, ...] = ()  # fields left out because the target's API version refuses them
     skip: Skip | None = None  # Decision.SKIP: why it was passed over (``reason``: the detail)
+    # An attempt that continued a broken answer: the characters of the answer the caller had
+    # already been sent when it began (its output follows them). None: it began an answer.
+    continues: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Continued:
+    """One continuation of a streamed answer: the model that went on with it, and the
+    answer's length in characters when it did (what the caller had been sent)."""
+
+    model: str
+    offset: int
+
+    def as_json(self) -> dict[str, Any]:
+        return {"model": self.model, "offset": self.offset}
+
+
+def continued(attempts: Sequence[Attempt]) -> tuple[Continued, ...]:
+    """The continuations on a request's record, in order (none for an unbroken answer)."""
+    return tuple(Continued(a.model, a.continues) for a in attempts if a.continues is not None)
 
 
 def sent(attempts: Sequence[Attempt]) -> list[Attempt]:
@@ -213,6 +243,11 @@ class ChatResult:
     # the first of the preference order. "" from a source older than this: not counted.
     requested: str = ""
     max_tokens_lowered: int | None = None  # the output cap sent when [client] cap_client_tokens cut the caller's
+
+    @property
+    def continued(self) -> tuple[Continued, ...]:
+        """Who continued a streamed answer that broke, and from where (empty: it never broke)."""
+        return continued(self.attempts)
 
     @property
     def dropped(self) -> tuple[str, ...]:
