@@ -55,7 +55,7 @@ async def test_a_stall_after_output_is_a_break_with_its_own_reason() -> None:
             texts: list[str] = []
             t0 = loop.time()
             with pytest.raises(RequestFailed) as info:
-                async for text in client.stream("hi"):
+                async for text in client.stream("hi", continuation=False):
                     texts.append(text)
             took = loop.time() - t0
     assert took < 6.0 and len("".join(texts).split()) == 20

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import itertools
 from typing import Any
 
 import anthropic
@@ -17,6 +18,7 @@ import pytest
 
 from capmon.core.types.result import Attempt, Decision, Request, Skip
 from tests.gateway.helpers import HELLO, running, scenario, spec
+from tests.gateway.test_continuation import unbroken
 
 pytestmark = pytest.mark.looptime
 
@@ -29,6 +31,9 @@ def _records(gw: Any) -> list[tuple[Request, Attempt]]:
     seen: list[tuple[Request, Attempt]] = []
     gw.client.add_observer(lambda r, a: seen.append((r, a)))
     return seen
+
+
+NOT_CONTINUED = {"x-capmon-continue": "false"}  # the break itself, as before continuation
 
 
 async def _parsed(raw: Any) -> Any:
@@ -132,7 +137,31 @@ async def test_the_limit_per_request_header_and_a_plain_request_s_whole_answer()
             assert err["message"].startswith("x-capmon-first-token-timeout: expected seconds"), err
 
 
-async def test_a_stall_after_20_tokens_ends_the_stream_with_a_clear_break_within_6s() -> None:
+async def test_a_stall_after_20_tokens_is_continued_within_6s() -> None:
+    # Issue 29's acceptance: a stall of 30 s after 20 tokens with stall_timeout 5 is a break
+    # like a cut, and the answer is continued (here by the same model: it admits again at once).
+    long = scenario(spec("flagship", answer_tokens=60, per_token=0.01), spec("medium"), spec("small"))
+    loop = asyncio.get_running_loop()
+    async with running(long, extra=LIMITS) as gw, gw.openai() as sdk:
+        await gw.sim_admin("faults", {"mode": "stall", "tokens": 20, "seconds": 30, "count": 1, "model": FLAGSHIP})
+        t0 = loop.time()
+        stream = await sdk.chat.completions.create(model="flagship", messages=HELLO, stream=True)
+        chunks, at = [], []
+        async for c in stream:
+            chunks.append(c)
+            at.append(loop.time() - t0)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    words = [len((c.choices[0].delta.content or "").split()) if c.choices else 0 for c in chunks]
+    went_on = next(t for t, n in zip(at, itertools.accumulate(words), strict=True) if n > 20)
+    assert went_on < 6.0, (went_on, at)  # the stall is left at 5 s and the answer goes on at once
+    assert text == unbroken(text) and len(text.split()) == 60  # nothing repeated, nothing missing
+    finish = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert len(finish) == 1 and finish[0].choices[0].finish_reason == "stop"
+    said = finish[0].model_extra["capmon_continued"]
+    assert [c["offset"] for c in said] == [len(" ".join(text.split()[:20]))], said
+
+
+async def test_a_stall_after_20_tokens_not_continued_ends_with_a_clear_break_within_6s() -> None:
     long = scenario(spec("flagship", answer_tokens=60, per_token=0.01), spec("medium"), spec("small"))
     loop = asyncio.get_running_loop()
     async with running(long, extra=LIMITS) as gw, gw.openai() as sdk:
@@ -141,7 +170,9 @@ async def test_a_stall_after_20_tokens_ends_the_stream_with_a_clear_break_within
         texts: list[str] = []
         t0 = loop.time()
         with pytest.raises(openai.APIError) as info:
-            async for chunk in await sdk.chat.completions.create(model="flagship", messages=HELLO, stream=True):
+            async for chunk in await sdk.chat.completions.create(
+                model="flagship", messages=HELLO, stream=True, extra_headers=NOT_CONTINUED
+            ):
                 texts.extend(c.delta.content or "" for c in chunk.choices)
         took = loop.time() - t0
         in_flight = gw.client.snapshot().in_flight
@@ -196,7 +227,9 @@ async def test_anthropic_sdk_a_slow_first_token_falls_over_and_a_stall_breaks_cl
         texts: list[str] = []
         t0 = loop.time()
         with pytest.raises(anthropic.APIError) as info:
-            async with claude.messages.stream(model="flagship", max_tokens=80, messages=HI) as s:
+            async with claude.messages.stream(
+                model="flagship", max_tokens=80, messages=HI, extra_headers=NOT_CONTINUED
+            ) as s:
                 async for text in s.text_stream:
                     texts.append(text)
         took = loop.time() - t0
