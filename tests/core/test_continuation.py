@@ -84,13 +84,3 @@ def test_a_messages_break_between_blocks_numbers_the_next_block_after_the_caller
     assert splice.fit({"type": "message_start", "message": {}}) == []
     [start] = splice.fit({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}})
     assert start["index"] == 1
-
-
-def test_a_cap_the_caller_set_bounds_the_whole_answer_not_each_request() -> None:
-    capped = Request.of("hi", max_tokens=100)
-    went_on, _ = continued_request(capped, "x" * 200, prefill=True)  # about 50 tokens said
-    assert went_on.max_tokens == 50
-    spent, _ = continued_request(capped, "x" * 1000, prefill=True)  # more than the cap said: one token
-    assert spent.max_tokens == 1
-    uncapped, _ = continued_request(Request.of("hi"), "x" * 200, prefill=True)
-    assert uncapped.max_tokens is None  # the model's own cap, per request

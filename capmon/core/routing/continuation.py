@@ -88,13 +88,9 @@ def continued_request(request: Request, text: str, *, prefill: bool) -> tuple[Re
     """``request`` with the partial answer ``text`` as the assistant's message, in the
     caller's format, and the whitespace taken off its end (a prefill may not end with any:
     the continuation's first characters make up for it). ``prefill`` False: a user message
-    with :data:`INSTRUCTION` follows. A cap the caller set is what is left of it (the
-    partial answer's tokens, estimated, spent), so the whole answer stays within it."""
+    with :data:`INSTRUCTION` follows."""
     strip = text.rstrip() if prefill else text
     trailing = text[len(strip) :]
-    if request.max_tokens is not None:  # the caller's cap bounds the whole answer, not each request
-        left = max(1, request.max_tokens - tokens_for_chars(len(text)))
-        request = dataclasses.replace(request, max_tokens=left)
     fmt = request.format
     said: list[dict[str, Any]] = []
     if fmt is Format.MESSAGES:
