@@ -455,8 +455,16 @@ class FallbackClient(FormatCalls, ManualControls):
             return None
         if splice.partial().why_not is not None:
             return None
+        # bounded by [client] continuations, not the retry budget
+        step = self._plan(r, t, failure, number, now, spend_retry=lambda: True)
+        return None if step.decision is Decision.FAIL else step
+
+    def _plan(
+        self, r: Routing, t: Target, failure: Failure, number: int, now: float, *, spend_retry: Callable[[], bool]
+    ) -> Step:
+        """What the route does after ``failure`` on ``t`` (:func:`plan` with this client's targets)."""
         pinned = self.state.pinned
-        step = plan(
+        return plan(
             r,
             t,
             failure,
@@ -465,11 +473,10 @@ class FallbackClient(FormatCalls, ManualControls):
             has_other=lambda tid, window: any(
                 u.id != tid and u.model.context_window > window for u in r.usable(self.targets, pinned, stick=False)
             ),
-            spend_retry=lambda: True,  # bounded by [client] continuations, not the retry budget
+            spend_retry=spend_retry,
             now=now,
             elsewhere=lambda: r.earliest_elsewhere(self.targets, pinned, t.model.name, now),
         )
-        return None if step.decision is Decision.FAIL else step
 
     def _resume(self, r: Routing, t: Target) -> None:
         """The continuation's request for ``t``: the caller's with the partial answer, as a
@@ -541,7 +548,6 @@ class FallbackClient(FormatCalls, ManualControls):
             record(Decision.RETRY)
             return None
         r.last_failure = failure
-        pinned = self.state.pinned
         if answer.output_sent:  # a stream that broke after output reached the caller
             step = self._continue(r, t, failure, number, now)
             if step is None:
@@ -561,19 +567,7 @@ class FallbackClient(FormatCalls, ManualControls):
             if grant is None and step.wait:
                 self.journal.show_wait(r, step.wait, failure.reason)
             return grant
-        step = plan(
-            r,
-            t,
-            failure,
-            number=number,
-            max_attempts=self.config.client.max_attempts,
-            has_other=lambda tid, window: any(
-                u.id != tid and u.model.context_window > window for u in r.usable(self.targets, pinned, stick=False)
-            ),
-            spend_retry=self.state.spend_retry,
-            now=now,
-            elsewhere=lambda: r.earliest_elsewhere(self.targets, pinned, t.model.name, now),
-        )
+        step = self._plan(r, t, failure, number, now, spend_retry=self.state.spend_retry)
         r.apply(step)
         if step.decision is not Decision.RETRY:
             record(step.decision)
