@@ -82,7 +82,7 @@ def _translated(
     through untouched)."""
     if request.format is target_wire:
         return None, ()
-    if target_wire is Format.RESPONSES:  # formats.wire_of never sends another format there
+    if target_wire is Format.RESPONSES:  # no dialect sends another format there
         raise Incapable(f"{request.format.value} requests cannot be sent as {target_wire.value}")
     return hub.translate_request(caller_body(request), request.format, target_wire, hints=client.unhonoured_hints)
 
