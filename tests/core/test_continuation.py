@@ -6,13 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from capmon.core.routing.continuation import (
-    INSTRUCTION,
-    ChatSplice,
-    MessagesSplice,
-    continued_request,
-    refuses_prefill,
-)
+from capmon.core.providers.chat_format import ChatSplice
+from capmon.core.providers.messages_format import MessagesSplice
+from capmon.core.routing.continuation import INSTRUCTION, continued_request, refuses_prefill
 from capmon.core.types.failure import Failure, Kind
 from capmon.core.types.result import Request
 

@@ -5,13 +5,14 @@ probes it. A module of :class:`capmon.core.providers.hub.WireFormat`; see ARCHIT
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from capmon.core.providers import hub
+from capmon.core.providers import hub, splice
 from capmon.core.providers import usage as counts
 from capmon.core.providers.classify import QUOTA_HINT, classify_event, parse_completion
 from capmon.core.providers.frames import Event, FrameKind
@@ -1149,3 +1150,77 @@ class _Calls:
 
 def call_watcher() -> hub.CallWatcher:
     return _Calls()
+
+
+# ================================================================ continuing a broken answer
+# continued / splicer: a broken stream's continuation in this format (capmon/core/routing/continuation.py).
+
+
+def continued(request: Request, partial: str, instruction: str | None) -> Request:
+    """``request`` with the partial answer ``partial`` as the assistant's last message, and
+    a user message ``instruction`` after it (None: none, the answer a prefill)."""
+    said: list[dict[str, Any]] = [{"role": "assistant", "content": partial}]
+    if instruction is not None:
+        said.append({"role": "user", "content": instruction})
+    return dataclasses.replace(request, messages=(*request.messages, *said))
+
+
+@dataclass
+class ChatSplice(splice.Splice):
+    """Chat chunks: a continuation's role chunk is left out, its chunks take the first
+    answer's id, the finish chunk says who continued it, the usage chunk counts every request."""
+
+    id: Any = None
+
+    def sent(self, chunk: Mapping[str, Any]) -> None:
+        if self.id is None:
+            self.id = chunk.get("id")
+        for choice in chunk.get("choices") or ():
+            if not isinstance(choice, Mapping):
+                continue
+            delta = choice.get("delta") or {}
+            content = delta.get("content")
+            if isinstance(content, str) and content:
+                self.text.append(content)
+            if delta.get("tool_calls"):
+                self.half_call = True
+            if choice.get("finish_reason") is not None and self.half_call:
+                self.half_call, self.other = False, True
+
+    def fit(self, chunk: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+        out = dict(chunk)
+        if self.id is not None and "id" in out:
+            out["id"] = self.id
+        choices = out.get("choices")
+        if isinstance(choices, list) and choices:
+            fitted = []
+            ends = False
+            for choice in choices:
+                if not isinstance(choice, Mapping):
+                    fitted.append(choice)
+                    continue
+                delta = dict(choice.get("delta") or {})
+                content = delta.get("content")
+                if isinstance(content, str) and content:
+                    delta["content"] = self._text(content)
+                if choice.get("finish_reason") is None and not delta.get("content") and not delta.get("tool_calls"):
+                    if set(delta) <= {"role", "content", "refusal"} and not delta.get("refusal"):
+                        continue  # a role chunk, or text the prefill had: nothing new
+                ends = ends or choice.get("finish_reason") is not None
+                fitted.append({**choice, "delta": delta})
+            if not fitted:
+                return []
+            out["choices"] = fitted
+            if ends:
+                out[splice.FIELD] = self.said()
+        usage = out.get("usage")
+        if isinstance(usage, Mapping):
+            more = (("prompt_tokens", self.earlier_in), ("completion_tokens", self.earlier_out))
+            out["usage"] = splice.add_usage(usage, (*more, ("total_tokens", self.earlier_in + self.earlier_out)))
+            out[splice.FIELD] = self.said()
+        return [out]
+
+
+def splicer(prompt: int) -> splice.Splice:
+    """The splice of one streamed request in this format (``prompt``: its estimated tokens)."""
+    return ChatSplice(prompt)

@@ -21,6 +21,8 @@ API, Anthropic's Messages); a target's endpoint speaks one provider API
   an answer that crosses has its tool calls checked (arguments that are no JSON object are a
   broken answer, :class:`~capmon.core.base.exceptions.BrokenAnswer`), and a stream that crosses
   keeps the caller's end events back until the wire's own end is whole (:class:`_Crossing`).
+* a broken stream's continuation in the caller's format (:func:`continued`, :func:`splicer`:
+  its format module's; capmon/core/routing/continuation.py).
 
 See ARCHITECTURE.md, "Across formats".
 """
@@ -37,6 +39,7 @@ from capmon.core.providers.classify import QUOTA_HINT
 from capmon.core.providers.dialect import dialect_of
 from capmon.core.providers.frames import Event
 from capmon.core.providers.hub import FORMATS
+from capmon.core.providers.splice import Splice
 from capmon.core.providers.sse import Frame
 from capmon.core.providers.token_param import TokenParam
 from capmon.core.types.config import ClientConfig
@@ -313,3 +316,17 @@ def incapable_targets(request: Request, targets: Sequence[Target], client: Clien
 def chunk_text(caller: Format, chunk: Mapping[str, Any]) -> str:
     """The text a stream chunk or event in the caller's format adds ("" when none)."""
     return FORMATS[caller].chunk_text(chunk)
+
+
+# ---------------------------------------------------------------- continuing a broken answer
+
+
+def continued(request: Request, partial: str, instruction: str | None) -> Request:
+    """``request`` with the partial answer ``partial`` as the assistant's last message, in the
+    caller's format (its format module's), and a user message ``instruction`` after it (None: none)."""
+    return FORMATS[request.format].continued(request, partial, instruction)
+
+
+def splicer(caller: Format, prompt: int) -> Splice:
+    """The splice of one streamed request in the caller's format (its format module's)."""
+    return FORMATS[caller].splicer(prompt)

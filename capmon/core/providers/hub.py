@@ -18,6 +18,7 @@ from typing import Any, Protocol
 from capmon.core.base.exceptions import BrokenAnswer, CapmonError
 from capmon.core.providers.classify import QUOTA_HINT, classify_tool_call
 from capmon.core.providers.frames import Event
+from capmon.core.providers.splice import Splice
 from capmon.core.providers.sse import Frame
 from capmon.core.providers.token_param import TokenParam
 from capmon.core.types import canon
@@ -196,7 +197,7 @@ class FormatReading(Protocol):
 
 class WireFormat(FormatReading, Protocol):
     """What a format module provides (the module itself is the implementation): its
-    reading and probing, and its moves to and from the hub."""
+    reading and probing, its moves to and from the hub, and a broken stream's continuation."""
 
     def decode_request(self, body: Mapping[str, Any]) -> canon.Request: ...
 
@@ -209,6 +210,18 @@ class WireFormat(FormatReading, Protocol):
     def stream_decoder(self) -> StreamDecoder: ...
 
     def stream_encoder(self, *, created: int, include_usage: bool) -> StreamEncoder: ...
+
+    # A broken stream's continuation in this format (each module's "continuing a broken
+    # answer" section; capmon/core/routing/continuation.py).
+
+    def continued(self, request: Request, partial: str, instruction: str | None) -> Request:
+        """``request`` (in this format) with the partial answer ``partial`` as the assistant's
+        last message, and a user message ``instruction`` after it (None: none)."""
+        ...
+
+    def splicer(self, prompt: int) -> Splice:
+        """A new splice of one streamed request in this format (see :class:`~capmon.core.providers.splice.Splice`)."""
+        ...
 
 
 # ---------------------------------------------------------------- the registry and requests

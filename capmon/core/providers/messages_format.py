@@ -4,12 +4,13 @@ canonical hub (capmon/core/types/canon.py), and what reads and probes it. A modu
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from capmon.core.providers import hub
+from capmon.core.providers import hub, splice
 from capmon.core.providers import usage as counts
 from capmon.core.providers.classify import QUOTA_HINT, classify_event
 from capmon.core.providers.frames import Event, FrameKind, typed_event
@@ -1197,3 +1198,89 @@ class _Calls:
 
 def call_watcher() -> hub.CallWatcher:
     return _Calls()
+
+
+# ================================================================ continuing a broken answer
+# continued / splicer: a broken stream's continuation in this format (capmon/core/routing/continuation.py).
+
+
+def continued(request: Request, partial: str, instruction: str | None) -> Request:
+    """``request`` with the partial answer ``partial`` as the assistant's last message, and
+    a user message ``instruction`` after it (None: none, the answer a prefill)."""
+    said: list[dict[str, Any]] = [{"role": "assistant", "content": [{"type": "text", "text": partial}]}]
+    if instruction is not None:
+        said.append({"role": "user", "content": [{"type": "text", "text": instruction}]})
+    body = dict(request.extra)
+    body["messages"] = [*(body.get("messages") or ()), *said]
+    return dataclasses.replace(request, extra=body)
+
+
+@dataclass
+class MessagesSplice(splice.Splice):
+    """Messages events: the continuation's ``message_start`` is left out, its first text
+    block goes on as the open one (same index, no second start), later blocks are numbered
+    after the caller's; ``message_delta`` counts every request and says who continued it."""
+
+    blocks: int = 0  # blocks the caller has been started
+    open: int | None = None  # the caller's open block
+    open_text: bool = False
+    _map: dict[int, int] = field(default_factory=dict)
+
+    def begin(self, model: str, trailing: str) -> None:
+        super().begin(model, trailing)
+        self._map = {}
+
+    def sent(self, chunk: Mapping[str, Any]) -> None:
+        kind = chunk.get("type")
+        index = chunk.get("index")
+        if kind == "content_block_start" and isinstance(index, int):
+            block = chunk.get("content_block") or {}
+            self.blocks = max(self.blocks, index + 1)
+            self.open, self.open_text = index, block.get("type") == "text"
+            if block.get("type") == "tool_use":
+                self.half_call = True
+        elif kind == "content_block_delta":
+            delta = chunk.get("delta") or {}
+            if delta.get("type") == "text_delta" and isinstance(delta.get("text"), str):
+                self.text.append(delta["text"])
+        elif kind == "content_block_stop":
+            if self.half_call and index == self.open:
+                self.half_call, self.other = False, True
+            self.open, self.open_text = None, False
+
+    def fit(self, chunk: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+        kind = chunk.get("type")
+        index = chunk.get("index")
+        if kind == "message_start":
+            return []
+        if kind == "content_block_start" and isinstance(index, int):
+            block = chunk.get("content_block") or {}
+            if not self._map and self.open is not None and self.open_text and block.get("type") == "text":
+                self._map[index] = self.open  # the open text block goes on
+                return []
+            self._map[index] = self.blocks  # the next the caller has not seen
+            return [{**chunk, "index": self._map[index]}]
+        if kind in ("content_block_delta", "content_block_stop") and isinstance(index, int):
+            out = {**chunk, "index": self._map.get(index, index)}
+            delta = out.get("delta")
+            if isinstance(delta, Mapping) and delta.get("type") == "text_delta":
+                text = self._text(str(delta.get("text") or ""))
+                if not text:
+                    return []
+                out["delta"] = {**delta, "text": text}
+            return [out]
+        if kind == "message_delta":
+            out = dict(chunk)
+            usage = out.get("usage")
+            if isinstance(usage, Mapping):
+                out["usage"] = splice.add_usage(
+                    usage, (("input_tokens", self.earlier_in), ("output_tokens", self.earlier_out))
+                )
+            out[splice.FIELD] = self.said()
+            return [out]
+        return [chunk]
+
+
+def splicer(prompt: int) -> splice.Splice:
+    """The splice of one streamed request in this format (``prompt``: its estimated tokens)."""
+    return MessagesSplice(prompt)

@@ -7,9 +7,10 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
-from capmon.core.providers import chat_format, hub
+from capmon.core.providers import chat_format, hub, splice
 from capmon.core.providers.chat_format import ERROR_EVENTS, function_tool, image_of, tool_call, tool_choice_of
 from capmon.core.providers.classify import QUOTA_HINT, classify_event, classify_response
 from capmon.core.providers.frames import Event, FrameKind, typed_event
@@ -641,3 +642,148 @@ def tool_calls(answer: Mapping[str, Any]) -> Iterator[tuple[object, object, str]
 
 def call_watcher() -> hub.CallWatcher:
     raise hub.Incapable(_NOT_READ.format("stream"))
+
+
+# ================================================================ continuing a broken answer
+# continued / splicer: a broken stream's continuation in this format (capmon/core/routing/continuation.py).
+
+
+def continued(request: Request, partial: str, instruction: str | None) -> Request:
+    """``request`` with the partial answer ``partial`` as the assistant's last message, and
+    a user message ``instruction`` after it (None: none, the answer a prefill)."""
+    said: list[dict[str, Any]] = [{"role": "assistant", "content": partial}]
+    if instruction is not None:
+        said.append({"role": "user", "content": instruction})
+    body = dict(request.extra)
+    given = body.get("input")
+    items = [{"role": "user", "content": given}] if isinstance(given, str) else list(given or ())
+    body["input"] = [*items, *said]
+    return dataclasses.replace(request, extra=body)
+
+
+@dataclass
+class ResponsesSplice(splice.Splice):
+    """Responses events: the continuation's ``response.created`` and ``response.in_progress``
+    are left out, its first message item goes on as the caller's open one (its id, its
+    output index, its text whole in the done events), later items are numbered after the
+    caller's, every event's sequence number follows the caller's, and ``response.completed``
+    carries the whole output, the first response's id, every request's usage, and who
+    continued it."""
+
+    response_id: Any = None
+    seq: int = 0  # the next sequence number the caller expects
+    items: dict[int, Mapping[str, Any]] = field(default_factory=dict)  # output index -> item as last told
+    open: int | None = None  # the caller's open message item (its output index)
+    open_text: list[str] = field(default_factory=list)
+    _map: dict[int, int] = field(default_factory=dict)
+    _prefix: dict[int, str] = field(default_factory=dict)  # the caller's output index -> text before
+
+    def begin(self, model: str, trailing: str) -> None:
+        super().begin(model, trailing)
+        self._map, self._prefix = {}, {}
+
+    def sent(self, chunk: Mapping[str, Any]) -> None:
+        kind = chunk.get("type")
+        seq = chunk.get("sequence_number")
+        if isinstance(seq, int):
+            self.seq = seq + 1
+        response = chunk.get("response")
+        if kind == "response.created" and isinstance(response, Mapping) and self.response_id is None:
+            self.response_id = response.get("id")
+        n = chunk.get("output_index")
+        item = chunk.get("item")
+        if kind == "response.output_item.added" and isinstance(n, int) and isinstance(item, Mapping):
+            self.items[n] = item
+            if item.get("type") == "message":
+                self.open, self.open_text = n, []
+            elif item.get("type") == "function_call":
+                self.half_call = True
+            else:
+                self.other = True
+        elif kind == "response.output_text.delta" and isinstance(chunk.get("delta"), str):
+            self.text.append(chunk["delta"])
+            if n == self.open:
+                self.open_text.append(chunk["delta"])
+        elif kind == "response.output_item.done" and isinstance(n, int) and isinstance(item, Mapping):
+            self.items[n] = item
+            if item.get("type") == "function_call":
+                self.half_call, self.other = False, True
+            if n == self.open:
+                self.open = None
+
+    def _item(self, item: Mapping[str, Any], n: int) -> dict[str, Any]:
+        out = dict(item)
+        prefix = self._prefix.get(n)
+        if prefix is not None:
+            out["id"] = self.items[n].get("id", out.get("id"))
+            content = out.get("content")
+            if isinstance(content, list) and content and isinstance(content[0], Mapping):
+                first = dict(content[0])
+                first["text"] = prefix + str(first.get("text") or "")
+                out["content"] = [first, *content[1:]]
+        return out
+
+    def _numbered(self, chunk: dict[str, Any]) -> list[Mapping[str, Any]]:
+        if "sequence_number" in chunk:
+            chunk["sequence_number"] = self.seq
+        return [chunk]
+
+    def fit(self, chunk: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+        kind = chunk.get("type")
+        if kind in ("response.created", "response.in_progress"):
+            return []
+        out = dict(chunk)
+        n = out.get("output_index")
+        if kind == "response.output_item.added" and isinstance(n, int):
+            item = out.get("item") or {}
+            if not self._map and self.open is not None and item.get("type") == "message":
+                self._map[n] = self.open
+                self._prefix[self.open] = "".join(self.open_text)
+                return []
+            self._map[n] = max([*self.items, -1]) + 1  # the next the caller has not seen
+        if isinstance(n, int):
+            mine = self._map.get(n, n)
+            out["output_index"] = mine
+            if mine in self._prefix:
+                if kind == "response.content_part.added":
+                    return []
+                out["item_id"] = self.items[mine].get("id", out.get("item_id"))
+                prefix = self._prefix[mine]
+                if kind == "response.output_text.delta":
+                    text = self._text(str(out.get("delta") or ""))
+                    if not text:
+                        return []
+                    out["delta"] = text
+                elif kind == "response.output_text.done":
+                    out["text"] = prefix + str(out.get("text") or "")
+                elif kind == "response.content_part.done" and isinstance(out.get("part"), Mapping):
+                    out["part"] = {**out["part"], "text": prefix + str(out["part"].get("text") or "")}
+                if isinstance(out.get("item"), Mapping):
+                    out["item"] = self._item(out["item"], mine)
+        if kind in ("response.completed", "response.incomplete") and isinstance(out.get("response"), Mapping):
+            response = dict(out["response"])
+            if self.response_id is not None:
+                response["id"] = self.response_id
+            told = dict(self.items)
+            for i, item in enumerate(response.get("output") or ()):
+                mine = self._map.get(i, i)
+                told[mine] = self._item(item, mine) if isinstance(item, Mapping) else item
+            response["output"] = [told[i] for i in sorted(told)]
+            usage = response.get("usage")
+            if isinstance(usage, Mapping):
+                response["usage"] = splice.add_usage(
+                    usage,
+                    (
+                        ("input_tokens", self.earlier_in),
+                        ("output_tokens", self.earlier_out),
+                        ("total_tokens", self.earlier_in + self.earlier_out),
+                    ),
+                )
+            response[splice.FIELD] = self.said()
+            out["response"] = response
+        return self._numbered(out)
+
+
+def splicer(prompt: int) -> splice.Splice:
+    """The splice of one streamed request in this format (``prompt``: its estimated tokens)."""
+    return ResponsesSplice(prompt)
