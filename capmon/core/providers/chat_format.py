@@ -1224,3 +1224,7 @@ class ChatSplice(splice.Splice):
 def splicer(prompt: int) -> splice.Splice:
     """The splice of one streamed request in this format (``prompt``: its estimated tokens)."""
     return ChatSplice(prompt)
+
+
+def takes_prefill() -> bool:
+    return False  # a chat model answers a conversation that ends with its own message anew, it does not go on from it

@@ -330,3 +330,8 @@ def continued(request: Request, partial: str, instruction: str | None) -> Reques
 def splicer(caller: Format, prompt: int) -> Splice:
     """The splice of one streamed request in the caller's format (its format module's)."""
     return FORMATS[caller].splicer(prompt)
+
+
+def takes_prefill(request: Request, t: Target) -> bool:
+    """Whether the wire an attempt for ``request`` sends to ``t`` takes a prefill."""
+    return FORMATS[dialect_of(t.endpoint).wire_of(request.format)].takes_prefill()

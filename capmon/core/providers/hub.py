@@ -219,6 +219,11 @@ class WireFormat(FormatReading, Protocol):
         last message, and a user message ``instruction`` after it (None: none)."""
         ...
 
+    def takes_prefill(self) -> bool:
+        """Whether a request may end with the assistant's own words for the model to go on
+        from (a prefill; a model may still refuse one: ``[[models]] prefill``)."""
+        ...
+
     def splicer(self, prompt: int) -> Splice:
         """A new splice of one streamed request in this format (see :class:`~capmon.core.providers.splice.Splice`)."""
         ...

@@ -1284,3 +1284,7 @@ class MessagesSplice(splice.Splice):
 def splicer(prompt: int) -> splice.Splice:
     """The splice of one streamed request in this format (``prompt``: its estimated tokens)."""
     return MessagesSplice(prompt)
+
+
+def takes_prefill() -> bool:
+    return True  # Anthropic's Messages goes on from an assistant message at the end (a prefill)

@@ -787,3 +787,7 @@ class ResponsesSplice(splice.Splice):
 def splicer(prompt: int) -> splice.Splice:
     """The splice of one streamed request in this format (``prompt``: its estimated tokens)."""
     return ResponsesSplice(prompt)
+
+
+def takes_prefill() -> bool:
+    return False  # the Responses API answers anew after an assistant item, it does not go on from it

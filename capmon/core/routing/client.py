@@ -29,7 +29,6 @@ from capmon.core.control.backoff import Backoff
 from capmon.core.control.demand import Demand
 from capmon.core.control.seam import Admission, MemoryState, StateStore, TargetSpec
 from capmon.core.providers import formats
-from capmon.core.providers.dialect import dialect_of
 from capmon.core.providers.token_param import TokenParams
 from capmon.core.providers.tokens import estimate_request
 from capmon.core.routing.attempt import Answer, Sending, result_of
@@ -47,7 +46,7 @@ from capmon.core.routing.waiting import WaitQueue
 from capmon.core.types import events as ev
 from capmon.core.types.config import Config, ResolvedKey, resolve_keys
 from capmon.core.types.failure import Failure, Kind
-from capmon.core.types.result import Attempt, ChatResult, Decision, Format, Request
+from capmon.core.types.result import Attempt, ChatResult, Decision, Request
 from capmon.core.types.snapshot import EngineSnapshot, TargetSnapshot
 
 log = logging.getLogger("capmon.client")
@@ -483,8 +482,7 @@ class FallbackClient(FormatCalls, ManualControls):
         prefill where ``t`` takes one (Anthropic's Messages wire, unless the model says or
         showed it takes none), else followed by the instruction."""
         assert r.original is not None and r.splice is not None
-        wire = dialect_of(t.endpoint).wire_of(r.original.format)
-        prefill = wire is Format.MESSAGES and t.model.prefill and t.model.name not in self._no_prefill
+        prefill = formats.takes_prefill(r.original, t) and t.model.prefill and t.model.name not in self._no_prefill
         r.request, trailing = continued_request(r.original, r.resume.text, prefill=prefill)
         r.prefilled = prefill
         r.splice.begin(t.model.name, trailing)
