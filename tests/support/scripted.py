@@ -101,7 +101,12 @@ def build_app(script: Script) -> Starlette:
             return JSONResponse(reply.body, status_code=reply.status, headers=reply.headers)
         return Response(reply.body or b"", status_code=reply.status, headers=reply.headers)
 
-    return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
+    return Starlette(
+        routes=[
+            Route("/v1/chat/completions", chat, methods=["POST"]),
+            Route("/v1/responses", chat, methods=["POST"]),  # the same script: a rule answers either
+        ]
+    )
 
 
 def free_port() -> int:

@@ -770,8 +770,10 @@ class _Encoder:
         if isinstance(event, canon.PartStarted):
             return self._started(event.index, event.part)
         if isinstance(event, canon.PartDelta):
-            if event.text and not isinstance(self._parts.get(event.index), canon.Thinking):
-                return [self._chunk({"content": event.text})]
+            part = self._parts.get(event.index)
+            if event.text and not isinstance(part, canon.Thinking):
+                refused = isinstance(part, canon.Text) and part.refusal
+                return [self._chunk({"refusal" if refused else "content": event.text})]
             tool = self._tools.get(event.index)
             if event.arguments and tool is not None:
                 return [self._chunk({"tool_calls": [{"index": tool, "function": {"arguments": event.arguments}}]})]
@@ -794,12 +796,17 @@ class _Encoder:
             call = {"index": n, "id": part.id, "type": "function", "function": {"name": part.name, "arguments": ""}}
             return [self._chunk({"tool_calls": [call]})]
         if isinstance(part, canon.Text) and part.text:
-            return [self._chunk({"content": part.text})]
+            return [self._chunk({"refusal" if part.refusal else "content": part.text})]
         return []
 
 
 def stream_encoder(*, created: int, include_usage: bool) -> hub.StreamEncoder:
     return _Encoder(created=created, include_usage=include_usage)
+
+
+def answer_stream(answer: Mapping[str, Any], *, created: int, include_usage: bool) -> list[dict[str, Any]]:
+    """A whole answer as this format's stream (a plain answer to a stream request), through the hub."""
+    return hub.told(decode_answer(answer), stream_encoder(created=created, include_usage=include_usage))
 
 
 # ================================================================ reading and probing

@@ -251,10 +251,25 @@ def stream_codec(request: Request, target_wire: Format, *, created: int) -> Code
     hub: :class:`hub.Translation`), the target wire's tool calls checked as they end."""
     if request.format is target_wire:
         return SAME
-    options = request.extra.get("stream_options")
-    asked = isinstance(options, Mapping) and bool(options.get("include_usage"))
-    translation = hub.Translation(target_wire, request.format, created=created, include_usage=asked)
+    translation = hub.Translation(target_wire, request.format, created=created, include_usage=asks_usage(request))
     return _Crossing(translation.feed, FORMATS[target_wire].call_watcher(), translation.close)
+
+
+def answer_as_stream(
+    caller: Format, response: Mapping[str, Any], *, created: int, include_usage: bool
+) -> list[dict[str, Any]]:
+    """A whole answer in the caller's format (a plain answer to a stream request: a server
+    that ignores ``stream``; crossed back by :func:`answer_in` first) as the stream events
+    that tell it in that format, its end included (the format's ``answer_stream``;
+    ``include_usage``: a chat caller's ``stream_options``). Raises
+    :class:`~capmon.core.providers.hub.Incapable` for what the caller's events cannot carry."""
+    return FORMATS[caller].answer_stream(response, created=created, include_usage=include_usage)
+
+
+def asks_usage(request: Request) -> bool:
+    """Whether a chat caller asked for the usage chunk (``stream_options.include_usage``)."""
+    options = request.extra.get("stream_options")
+    return isinstance(options, Mapping) and bool(options.get("include_usage"))
 
 
 class WireReader:

@@ -228,6 +228,12 @@ class WireFormat(FormatReading, Protocol):
         """A new splice of one streamed request in this format (see :class:`~capmon.core.providers.splice.Splice`)."""
         ...
 
+    def answer_stream(self, answer: Mapping[str, Any], *, created: int, include_usage: bool) -> list[dict[str, Any]]:
+        """A whole answer in this format as the stream of events that tells it in this format,
+        its end included: what a stream request answered plainly gives its caller (a server
+        that ignores ``stream``). Raises :class:`Incapable` for what the events cannot carry."""
+        ...
+
 
 # ---------------------------------------------------------------- the registry and requests
 
@@ -359,6 +365,38 @@ def translate_answer(answer: Mapping[str, Any], source: Format, target: Format, 
     """An answer in ``source``'s format told in ``target``'s (``created``: the time a target
     format that carries one says). Raises :class:`Incapable` for what ``target`` cannot carry."""
     return FORMATS[target].encode_answer(FORMATS[source].decode_answer(answer), created=created)
+
+
+def answer_events(answer: canon.Answer) -> list[canon.Event]:
+    """A whole answer as the stream that would have told it: its start, per part a start
+    (a text, thinking or tool call empty, then its content in one delta; any other part
+    whole), its end and done (a format's ``answer_stream``, through :func:`told`)."""
+    usage = answer.usage
+    opening = None if usage is None else canon.Usage(usage.input, usage.cache_write, usage.cache_read, 0)
+    out: list[canon.Event] = [canon.Started(answer.id, answer.model, opening)]
+    for i, part in enumerate(answer.parts):
+        deltas: list[canon.PartDelta] = []
+        if isinstance(part, canon.Text):
+            first: canon.Part = canon.Text("", refusal=part.refusal)
+            deltas += [canon.PartDelta(i, citation=c) for c in part.citations]
+            deltas += [canon.PartDelta(i, text=part.text)] if part.text else []
+        elif isinstance(part, canon.ToolCall):
+            first = canon.ToolCall(part.id, part.name, "", where=part.where)
+            deltas += [canon.PartDelta(i, arguments=part.arguments)] if part.arguments else []
+        elif isinstance(part, canon.Thinking) and not part.redacted:
+            first = canon.Thinking("")
+            deltas += [canon.PartDelta(i, text=part.text)] if part.text else []
+            deltas += [canon.PartDelta(i, signature=part.signature)] if part.signature is not None else []
+        else:
+            first = part
+        out += [canon.PartStarted(i, first), *deltas, canon.PartStopped(i)]
+    out += [canon.Ended(answer.stop, usage, answer.stop_sequence, answer.stop_other), canon.Done()]
+    return out
+
+
+def told(answer: canon.Answer, encoder: StreamEncoder) -> list[dict[str, Any]]:
+    """A whole answer as ``encoder``'s format streams it (:func:`answer_events` encoded)."""
+    return [out for event in answer_events(answer) for out in encoder.feed(event)]
 
 
 class Translation:

@@ -865,6 +865,11 @@ def stream_encoder(*, created: int, include_usage: bool) -> hub.StreamEncoder:
     return _Encoder()
 
 
+def answer_stream(answer: Mapping[str, Any], *, created: int, include_usage: bool) -> list[dict[str, Any]]:
+    """A whole answer as this format's stream (a plain answer to a stream request), through the hub."""
+    return hub.told(decode_answer(answer), stream_encoder(created=created, include_usage=include_usage))
+
+
 # ================================================================ reading and probing
 # What a target sends in this format, read: a plain answer, its text and used tokens, a stream's
 # frames (frames.Event; in-stream errors classified by their type) and the answer they assemble

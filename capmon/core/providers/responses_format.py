@@ -486,6 +486,73 @@ def stream_encoder(*, created: int, include_usage: bool) -> hub.StreamEncoder:
     return _Encoder(created=created)
 
 
+def answer_stream(answer: Mapping[str, Any], *, created: int, include_usage: bool) -> list[dict[str, Any]]:
+    """A whole response as its own stream's events (a plain answer to a stream request), its
+    items as they are (this format is never read into the hub): ``response.created`` and
+    ``response.in_progress``; per item its ``added``, its text, refusal or arguments in one
+    delta, its ``done``s; then ``response.completed`` (or ``response.incomplete``) carrying the
+    response itself. ``created`` and ``include_usage``: the response carries its own."""
+    out: list[dict[str, Any]] = []
+
+    def event(kind: str, **fields: Any) -> None:
+        out.append({"type": kind, "sequence_number": len(out), **fields})
+
+    skeleton = {**answer, "status": "in_progress", "output": [], "usage": None, "incomplete_details": None}
+    event("response.created", response=skeleton)
+    event("response.in_progress", response=skeleton)
+    output = answer.get("output")
+    for n, item in enumerate(output if isinstance(output, list) else []):
+        if not isinstance(item, Mapping):
+            continue
+        kind, item_id = item.get("type"), item.get("id")
+        if kind == "message":
+            event("response.output_item.added", output_index=n, item={**item, "status": "in_progress", "content": []})
+            content = item.get("content")
+            for c, part in enumerate(content if isinstance(content, list) else []):
+                _part_events(event, item_id, n, c, part)
+        elif kind == "function_call":
+            event("response.output_item.added", output_index=n, item={**item, "arguments": "", "status": "in_progress"})
+            arguments = item.get("arguments")
+            whole = arguments if isinstance(arguments, str) else ""
+            if whole:
+                event("response.function_call_arguments.delta", item_id=item_id, output_index=n, delta=whole)
+            event("response.function_call_arguments.done", item_id=item_id, output_index=n, arguments=whole)
+        else:
+            event("response.output_item.added", output_index=n, item=dict(item))
+        event("response.output_item.done", output_index=n, item=dict(item))
+    done = "response.incomplete" if answer.get("status") == "incomplete" else "response.completed"
+    event(done, response=dict(answer))
+    return out
+
+
+def _part_events(event: Any, item_id: object, n: int, c: int, part: object) -> None:
+    """One content part of a message item as its stream tells it."""
+    if not isinstance(part, Mapping):
+        return
+    where = {"item_id": item_id, "output_index": n, "content_index": c}
+    kind = part.get("type")
+    field = "text" if kind == "output_text" else "refusal" if kind == "refusal" else None
+    if field is None:
+        event("response.content_part.added", **where, part=dict(part))
+        event("response.content_part.done", **where, part=dict(part))
+        return
+    whole = part.get(field)
+    whole = whole if isinstance(whole, str) else ""
+    started = {**part, field: ""}
+    if kind == "output_text":
+        started["annotations"] = []
+    event("response.content_part.added", **where, part=started)
+    if kind == "output_text":
+        if whole:
+            event("response.output_text.delta", **where, delta=whole, logprobs=[])
+        event("response.output_text.done", **where, text=whole, logprobs=[])
+    else:
+        if whole:
+            event("response.refusal.delta", **where, delta=whole)
+        event("response.refusal.done", **where, refusal=whole)
+    event("response.content_part.done", **where, part=dict(part))
+
+
 # ================================================================ reading and probing
 # What a target sends in this format, read: a plain answer (or why a 2xx is none), its text and
 # used tokens, a stream's frames (frames.Event) and the answer its last event carries; and what

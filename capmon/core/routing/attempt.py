@@ -188,6 +188,30 @@ def _crossed(req: Sending, answer: Answer, response: Mapping[str, Any], wall: fl
         answer.failure = Failure(Kind.TRANSIENT, f"an answer the {req.caller.value} format cannot carry: {e}", 200)
 
 
+def _whole_body(
+    req: Sending, answer: Answer, resp: httpx.Response, body: bytes, wall: float
+) -> Mapping[str, Any] | None:
+    """A whole body read (a plain answer's): the answer in the target's wire (and
+    ``answer.response`` in the caller's), or None and ``answer.failure`` says why."""
+    parsed = formats.parse_plain(req.api, resp.status_code, body)
+    if parsed is None and 200 <= resp.status_code < 300:
+        # A 2xx that is no answer: the wire's format may say why (a failed response), else the classifier.
+        answer.failure = formats.unfinished(
+            req.api, resp.status_code, resp.headers, body, now=wall, quota_hint=req.quota_hint
+        )
+    if parsed is not None:
+        _crossed(req, answer, parsed, wall)
+    elif answer.failure is None:
+        answer.failure = classify_response(resp.status_code, resp.headers, body, now=wall, quota_hint=req.quota_hint)
+    return parsed if answer.failure is None else None
+
+
+def _json(resp: httpx.Response) -> bool:
+    """The body is one JSON document (``application/json``, ``application/problem+json``), not a stream."""
+    kind: str = resp.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    return kind == "application/json" or (kind.startswith("application/") and kind.endswith("+json"))
+
+
 async def plain(http: Sender, req: Sending, *, wall: float) -> Answer:
     """Send a non-streaming request; every failure is classified, never raised (but
     cancellation)."""
@@ -207,18 +231,7 @@ async def plain(http: Sender, req: Sending, *, wall: float) -> Answer:
                     return answer
             finally:
                 await resp.aclose()
-        parsed = formats.parse_plain(req.api, resp.status_code, body)
-        if parsed is None and 200 <= resp.status_code < 300:
-            # A 2xx that is no answer: the wire's format may say why (a failed response), else the classifier.
-            answer.failure = formats.unfinished(
-                req.api, resp.status_code, resp.headers, body, now=wall, quota_hint=req.quota_hint
-            )
-        if parsed is not None:
-            _crossed(req, answer, parsed, wall)
-        elif answer.failure is None:
-            answer.failure = classify_response(
-                resp.status_code, resp.headers, body, now=wall, quota_hint=req.quota_hint
-            )
+        _whole_body(req, answer, resp, body, wall)
     except asyncio.CancelledError:
         raise
     except TimeoutError as e:
@@ -293,6 +306,12 @@ class Stream:
                     resp.status_code, resp.headers, body, now=self.wall, quota_hint=self.req.quota_hint
                 )
                 return
+            if _json(resp):
+                # A plain answer to a stream request (a server that ignores ``stream``): read
+                # whole, it is the whole answer, told to the caller as its stream's events.
+                for told in await self._plain_body(resp, reads):
+                    yield told
+                return
             parser = self.req.target.dialect.framing()  # the endpoint's framing: SSE today
             size = 0
             done = drain = False
@@ -365,6 +384,30 @@ class Stream:
             reads.close()
             if resp is not None:
                 await resp.aclose()
+
+    async def _plain_body(self, resp: httpx.Response, reads: ReadDeadline) -> list[dict[str, Any]]:
+        """A plain body to a stream request: its answer as the stream's events in the caller's
+        format (formats.answer_as_stream), all of them output; or none, and ``answer.failure``
+        says why (a 2xx that is no answer is classified as a plain one is)."""
+        req, answer = self.req, self.answer
+        try:
+            body = await reads.read(read_capped(resp, req.cap))
+        except Oversized:
+            answer.failure = oversized_failure(req.cap, resp.status_code, streaming=False)
+            return []
+        if _whole_body(req, answer, resp, body, self.wall) is None or answer.response is None:
+            return []
+        r = req.request
+        caller = req.api if r is None else r.format
+        try:
+            asked = r is not None and formats.asks_usage(r)
+            events = formats.answer_as_stream(caller, answer.response, created=int(self.wall), include_usage=asked)
+        except formats.Incapable as e:
+            answer.failure = Failure(Kind.TRANSIENT, f"an answer the {caller.value} format cannot carry: {e}", 200)
+            return []
+        reads.output()
+        answer.output_sent = True
+        return events
 
     def _timed_out(self, why: Cut, resp: httpx.Response | None, e: TimeoutError) -> Failure:
         """What a read cut by one of the bounds (reads.py) comes to."""
