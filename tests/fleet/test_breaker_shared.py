@@ -137,7 +137,9 @@ async def test_work_waiting_for_a_down_model_probes_it_sooner_one_probe_at_a_tim
 
             async def work(x: object) -> None:
                 while time.perf_counter() - t0 < 1.5:
-                    await x.chat("wants the flagship")  # type: ignore[attr-defined]
+                    # A deadline well past any wait here: a request stuck in line fails with why it
+                    # waited (DeadlineExceeded), not the test's 60 s timeout with nothing said.
+                    await x.chat("wants the flagship", deadline=20.0)  # type: ignore[attr-defined]
 
             await asyncio.gather(*(work(x) for x in (a, b, c) for _ in range(2)))
     sent = [p - t0 for p in probes if p >= t0]
