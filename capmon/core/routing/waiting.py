@@ -88,6 +88,7 @@ class WaitQueue(Generic[G]):
         self._task: asyncio.Task[None] | None = None
         self._timer: asyncio.Task[None] | None = None
         self._timer_at = float("inf")
+        self._closed = False  # aclose() began: no pass or timer starts again
         self._releases: set[asyncio.Future[None]] = set()  # grants passed on after a late cancel
 
     def __len__(self) -> int:
@@ -166,7 +167,7 @@ class WaitQueue(Generic[G]):
 
     def kick(self) -> None:
         """Something may have made room: run a dispatch pass soon (once, however many kicks)."""
-        if not self._count:
+        if not self._count or self._closed:
             return
         self._dirty = True
         if self._task is None:
@@ -237,8 +238,8 @@ class WaitQueue(Generic[G]):
 
     def _arm(self) -> None:
         """Sleep until the earliest time-driven gate opens for a group's oldest waiter."""
-        if not self._count:
-            return
+        if not self._count or self._closed:
+            return  # closing: a pass cancelled by aclose() arms no timer to outlive the queue
         now = self._clock.now()
         at = now + MAX_NAP
         for q in self._groups.values():
@@ -274,6 +275,7 @@ class WaitQueue(Generic[G]):
                     w.fut.set_exception(TimeoutError())
 
     async def aclose(self) -> None:
+        self._closed = True
         await cancel_and_wait([self._timer, self._task])
         if self._releases:  # grants being given back: let them finish, they free slots
             await asyncio.gather(*self._releases, return_exceptions=True)
