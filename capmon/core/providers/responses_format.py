@@ -18,7 +18,7 @@ from capmon.core.providers.sse import Frame
 from capmon.core.providers.token_param import TokenParam
 from capmon.core.types import canon
 from capmon.core.types.failure import Failure, Kind
-from capmon.core.types.result import Request
+from capmon.core.types.result import Request, caller_cap
 
 # ================================================================ requests
 # decode_request / encode_request: a request body to and from canon.Request.
@@ -108,7 +108,7 @@ def decode_request(body: Mapping[str, Any]) -> canon.Request:
         messages=tuple(messages),
         system=tuple(system),
         system_plain=len(system) == 1,
-        max_tokens=cap if isinstance(cap, int) and not isinstance(cap, bool) and cap > 0 else None,
+        max_tokens=caller_cap(cap),
         temperature=body.get("temperature"),
         top_p=body.get("top_p"),
         user=user if isinstance(user, str) else None,

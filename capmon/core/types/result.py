@@ -151,7 +151,7 @@ class Request:
         return Request(
             messages=(),
             model=model,
-            max_tokens=cap if isinstance(cap, int) and not isinstance(cap, bool) and cap > 0 else None,
+            max_tokens=caller_cap(cap),
             extra=dict(body),
             item_id=item_id,
             priority=Priority(priority),
@@ -172,6 +172,11 @@ class Request:
     def anthropic(body: Mapping[str, Any], **kw: Any) -> Request:
         """An Anthropic Messages request (see :meth:`of_body`)."""
         return Request.of_body(Format.MESSAGES, body, **kw)
+
+
+def caller_cap(value: object) -> int | None:
+    """A token cap as a caller gave it in a body: a whole number above 0, else none."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 _CAP_FIELD = {Format.CHAT: "max_tokens", Format.RESPONSES: "max_output_tokens", Format.MESSAGES: "max_tokens"}
