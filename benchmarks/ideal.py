@@ -31,6 +31,21 @@ that worker is free) to its answer; a worker that finds every model full waits, 
 worker that has waited longest gets the next free slot (on the most preferred model that
 has one). Which worker waits changes no start time, so the makespan and the shares are
 the same as above; only FCFS order decides who waits how long.
+
+**The informed oracle** (``ideal(..., informed=True)``) is the same scheduler with less
+knowledge: no client can learn that a model has more room before a request has shown
+it, so it learns of every *increase* in a model's capacity one round trip after it
+happens, and of every *decrease* at once (a rejection says so). The slots it may use on
+model ``m`` at time ``t`` are
+
+    min(slots(t), slots(t - T_m))
+
+with ``T_m`` the model's mean service time at ``t`` (``service_time``, the round trip that
+shows the new room). The capacity a model has when the run starts (at ``offset``) counts
+as known: it is the starting state, not an increase, so ``slots(s)`` for any ``s`` before
+``offset`` is taken as ``slots(offset)``. A rise at ``b`` becomes usable at ``b + T_m``, so
+the simulation also wakes then. On a scenario whose capacity never rises during the
+run (a constant one, or one that only falls) both oracles give the same schedule.
 """
 
 from __future__ import annotations
@@ -60,6 +75,7 @@ class Ideal:
     # Per item, from a worker picking it up to its answer, for the FCFS ideal client
     # (see the module docstring), in the order the answers came.
     latencies: tuple[float, ...] = ()
+    informed: bool = False  # the informed oracle (learns of a rise one round trip late)
 
     @property
     def preferred_share(self) -> float:
@@ -98,34 +114,72 @@ def service_time(spec: ModelSpec, t: float, repeat: float) -> float:
     return (spec.base_latency + spec.per_token * spec.answer_tokens) * factor
 
 
-def _boundaries(scn: Scenario, start: float, horizon: float) -> list[float]:
-    """Phase start times (scenario clock) in (start, start + horizon]."""
+# A time exactly one round trip after a phase boundary must read as after it, whatever the
+# floating-point rounding of (b + T) - T.
+_EPS = 1e-9
+
+
+def _model_boundaries(spec: ModelSpec, repeat: float, start: float, horizon: float) -> list[float]:
+    """The model's phase start times (scenario clock) in (start, start + horizon]."""
+    out: list[float] = []
+    for p in spec.schedule:
+        if repeat > 0:
+            k = int(start // repeat)
+            while k * repeat + p.at <= start + horizon:
+                t = k * repeat + p.at
+                if t > start:
+                    out.append(t)
+                k += 1
+        elif start < p.at <= start + horizon:
+            out.append(p.at)
+    return out
+
+
+def _service_times(spec: ModelSpec) -> set[float]:
+    """Every mean service time the model has, in any of its phases."""
+    return {service_time(spec, at, 0.0) for at in (0.0, *(p.at for p in spec.schedule))}
+
+
+def _wakes(scn: Scenario, start: float, horizon: float, informed: bool) -> list[float]:
+    """When the simulation must look again although no request ends: every phase start
+    in (start, start + horizon], and for the informed oracle each of those plus the
+    model's round trip (when it learns of a rise; every service time the model has in any
+    phase, a superset of the one that applies: a wake that changes nothing is harmless)."""
     out: set[float] = set()
     for m in scn.models:
-        for p in m.schedule:
-            if scn.repeat > 0:
-                k = int(start // scn.repeat)
-                while k * scn.repeat + p.at <= start + horizon:
-                    t = k * scn.repeat + p.at
-                    if t > start:
-                        out.add(t)
-                    k += 1
-            elif start < p.at <= start + horizon:
-                out.add(p.at)
+        for b in _model_boundaries(m, scn.repeat, start, horizon):
+            out.add(b)
+            if informed:
+                out.update(b + rt for rt in _service_times(m))
     return sorted(out)
 
 
-def ideal(scn: Scenario, items: int, workers: int, offset: float = 0.0) -> Ideal:
+def known_slots(spec: ModelSpec, t: float, repeat: float, offset: float) -> int:
+    """The slots the informed oracle may use on the model at ``t``: a fall at once, a rise
+    one round trip (the mean service time at ``t``) after it; the capacity at ``offset``
+    (the run's start) is known from the start."""
+    seen = max(t - service_time(spec, t, repeat) + _EPS, offset)
+    return min(slots_at(spec, t, repeat), slots_at(spec, seen, repeat))
+
+
+def ideal(scn: Scenario, items: int, workers: int, offset: float = 0.0, *, informed: bool = False) -> Ideal:
     """The perfect greedy schedule of ``items`` over ``workers``; ``offset`` is the
-    scenario clock (seconds since the simulator started) when the first item is sent."""
+    scenario clock (seconds since the simulator started) when the first item is sent.
+    ``informed``: the oracle that learns of a rise in capacity one round trip late
+    (``known_slots``, the module docstring) instead of the one that knows every model's
+    capacity the moment it changes."""
     models = scn.models
     repeat = scn.repeat
+
+    def usable(m: ModelSpec, t: float) -> int:
+        return known_slots(m, t, repeat, offset) if informed else slots_at(m, t, repeat)
+
     in_flight = {m.name: 0 for m in models}
     served = {m.name: 0 for m in models}
     done: list[tuple[float, int, str, float]] = []  # heap of (finish time, seq, model, picked up at)
     waiting: collections.deque[float] = collections.deque()  # workers holding an item: when they picked it up
     latencies: list[float] = []
-    boundaries = _boundaries(scn, offset, 3600.0)
+    boundaries = _wakes(scn, offset, 3600.0, informed)
     t = offset
     left = items
     idle = workers
@@ -139,7 +193,7 @@ def ideal(scn: Scenario, items: int, workers: int, offset: float = 0.0) -> Ideal
             left -= 1
             waiting.append(t)
         while waiting:
-            m = next((m for m in models if in_flight[m.name] < slots_at(m, t, repeat)), None)
+            m = next((m for m in models if in_flight[m.name] < usable(m, t)), None)
             if m is None:
                 break  # every model is full: wait for an event
             picked = waiting.popleft()
@@ -159,4 +213,10 @@ def ideal(scn: Scenario, items: int, workers: int, offset: float = 0.0) -> Ideal
             finished_at = t
         else:
             t = next_phase  # type: ignore[assignment]
-    return Ideal(makespan=finished_at - offset, served=served, preferred=models[0].name, latencies=tuple(latencies))
+    return Ideal(
+        makespan=finished_at - offset,
+        served=served,
+        preferred=models[0].name,
+        latencies=tuple(latencies),
+        informed=informed,
+    )
