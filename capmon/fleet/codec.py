@@ -115,7 +115,7 @@ TARGET_FIELDS: dict[str, tuple[Callable[[str, str, str], Any], Any]] = {
     "limit": (_NONNEG, 1.0),
     "capacity": (_int(-1), -1),
     "epoch": (_int(), 0),
-    "hold": (_NONNEG, 4.0),
+    "hold": (_NONNEG, 1.0),
     "below": (_int(), 0),
     "cuts": (_int(), 0),
     "probe_owner": (text, ""),
@@ -129,7 +129,7 @@ TARGET_FIELDS: dict[str, tuple[Callable[[str, str, str], Any], Any]] = {
     "saved": (_int(), 0),
     "s_limit": (_NONNEG, 1.0),
     "s_capacity": (_int(-1), -1),
-    "s_hold": (_NONNEG, 4.0),
+    "s_hold": (_NONNEG, 1.0),
 }
 
 

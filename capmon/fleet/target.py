@@ -105,6 +105,9 @@ class RedisTarget:
             return None
         return max(self.local.not_before, until or 0.0, self._bucket_until(cost))
 
+    def press(self) -> None:
+        self.local.press()  # passed to SETTLE with each answer: this process's work was turned away
+
     def probe_due_at(self) -> float | None:
         b = self.local.breaker
         if not self._shared:
@@ -507,6 +510,7 @@ class RedisTarget:
                         int(plan.refund_request),
                         store.config.shared.lease_ttl,
                         self.local.limiter.start,
+                        int(self.local.pressed_since(adm.at)),
                     ],
                     hot=True,
                 )

@@ -53,13 +53,14 @@ def learned(capacity: int) -> AdaptiveLimiter:
 
 
 def successes_to_grow(lim: AdaptiveLimiter) -> tuple[int, list[Slot]]:
-    """Keep the limiter full of requests that succeed until one more slot opens.
-    Returns how many successes that took, and the slots still held."""
+    """Keep the limiter full of requests that succeed, while work waits for more room,
+    until one more slot opens. Returns how many successes that took, and the slots
+    still held."""
     held = fill(lim)
     start = int(lim.limit)
     n = 0
     while int(lim.limit) <= start:
-        lim.release(held.pop(0), OK)
+        lim.release(held.pop(0), OK, pressed=True)
         n += 1
         held.append(lim.take())
     return n, held
@@ -114,19 +115,32 @@ def test_slow_start_adds_one_per_success_so_the_limit_doubles_each_round_trip() 
     lim = limiter(initial=4)
     slots = fill(lim)
     for _ in range(4):  # one round trip: each of the four slots completes and is reused
-        assert lim.release(slots.pop(0), OK) is False
+        assert lim.release(slots.pop(0), OK, pressed=True) is False
         slots.append(lim.take())
     assert lim.limit == 8.0 and lim.capacity is None
 
 
-def test_a_limit_that_is_not_used_does_not_grow() -> None:
+def test_slow_start_grows_a_limit_half_in_use_whether_or_not_work_waits() -> None:
     lim = limiter(initial=8)
     for _ in range(100):
-        lim.release(lim.take(), OK)  # 1 of 8 in use: says nothing about capacity
+        lim.release(lim.take(), OK, pressed=True)  # 1 of 8 in use: says nothing about capacity
     assert lim.limit == 8.0
     held = [lim.take() for _ in range(4)]
-    lim.release(held.pop(), OK)  # half of it in use counts as used
+    lim.release(held.pop(), OK)  # half of it in use counts as used: the limit is only a guess yet
     assert lim.limit == 9.0
+
+
+def test_a_learned_limit_grows_only_at_the_limit_and_while_work_waits_for_more() -> None:
+    lim = learned(8)
+    for _ in range(100):
+        lim.release(lim.take(), OK, pressed=True)  # 1 of 8 in use: more room would not be used
+    held = [lim.take() for _ in range(8)]
+    for _ in range(100):  # all 8 in use, but nothing else wants the target
+        lim.release(held.pop(0), OK)
+        held.append(lim.take())
+    assert lim.limit == 8.0
+    lim.release(held.pop(), OK, pressed=True)  # at the limit, and work was turned away
+    assert lim.limit == 8.125  # one round trip (8 answers) asks for one slot more
 
 
 def test_slow_start_stops_at_max() -> None:
@@ -134,7 +148,7 @@ def test_slow_start_stops_at_max() -> None:
     for _ in range(200):
         slots = fill(lim)
         for s in slots:
-            lim.release(s, OK)
+            lim.release(s, OK, pressed=True)
     assert lim.limit == 4.0
 
 
@@ -200,53 +214,71 @@ def test_cuts_stop_at_min() -> None:
     assert lim.limit == 3.0 and lim.capacity == 3
 
 
-def test_growth_at_the_learned_capacity_is_slow() -> None:
+def test_at_the_learned_capacity_it_asks_for_one_more_slot_once_a_round_trip() -> None:
     lim = learned(4)
     n, held = successes_to_grow(lim)
-    assert 16 <= n <= 20  # about four round trips of full use for one more slot, not one success
+    assert n == 5  # about one round trip at the limit (1/4 + 1/4.25 + ...), then one request goes above it
     assert lim.capacity == 4
     drain(lim, held)
 
 
-def test_growth_at_the_capacity_needs_full_use() -> None:
+def test_growth_at_the_capacity_needs_full_use_and_work_waiting() -> None:
     lim = learned(4)
     held = [lim.take() for _ in range(3)]
     for _ in range(50):
-        lim.release(held.pop(), OK)
+        lim.release(held.pop(), OK, pressed=True)
+        held.append(lim.take())
+    held.append(lim.take())
+    for _ in range(50):
+        lim.release(held.pop(0), OK)
         held.append(lim.take())
     assert lim.limit == 4.0
 
 
-def test_each_refuted_probe_above_the_capacity_doubles_the_patience() -> None:
+def test_each_refused_ask_above_the_capacity_doubles_the_patience_up_to_eight_round_trips() -> None:
     lim = learned(4)
     counts = []
-    for _ in range(7):
+    for _ in range(6):
         n, held = successes_to_grow(lim)
         counts.append(n)
         probe = lim.take()
         assert probe.position == 5
-        assert lim.release(probe, OVERLOAD) is True  # refuted: back to what it holds
+        assert lim.release(probe, OVERLOAD) is True  # refused: back to what it holds
         assert (lim.limit, lim.capacity) == (4.0, 4)
         drain(lim, held)
-    assert counts[:5] == [counts[0] * 2**i for i in range(5)]
-    assert counts[4:] == [counts[4]] * 3  # capped
+    assert counts[:4] == [5, 9, 18, 36]  # about 1, 2, 4 and 8 round trips of 4 answers
+    assert counts[3:] == [36] * 3  # capped: one rejection per 8 round trips at most
 
 
-def test_a_success_above_the_capacity_raises_it_and_restores_the_patience() -> None:
+def test_an_ask_served_starts_a_climb_that_doubles_each_round_trip() -> None:
     lim = learned(4)
     _, held = successes_to_grow(lim)
-    probe = lim.take()
-    lim.release(probe, OVERLOAD)  # once refuted: twice as patient
+    ask = lim.take()
+    assert ask.position == 5
+    lim.release(ask, OK, pressed=True)
+    assert lim.capacity == 5  # the target holds more than it did
+    held.append(lim.take())
+    for _ in range(len(held)):  # one round trip of clean answers at the limit
+        lim.release(held.pop(0), OK, pressed=True)
+        held.extend(lim.take() for _ in range(lim.room()))
+    assert lim.limit >= 9.0 and lim.capacity >= 5
     drain(lim, held)
-    slow, held = successes_to_grow(lim)
-    probe = lim.take()
-    assert probe.position == 5
-    lim.release(probe, OK)
-    assert lim.capacity == 5
+
+
+def test_a_refused_climb_keeps_what_was_in_flight_and_asks_again_after_a_round_trip() -> None:
+    lim = learned(4)
+    _, held = successes_to_grow(lim)
+    lim.release(lim.take(), OK, pressed=True)  # served at 5: climbing
     drain(lim, held)
-    fast, held = successes_to_grow(lim)
-    # Still twice as patient, one more slot at 5 would take more than the one at 4 did (about 44).
-    assert fast < slow
+    held = fill(lim)
+    assert [s.position for s in held][-1] == int(lim.limit)
+    top = held.pop()
+    lim.release(top, OVERLOAD)  # refused at the top: the target holds what was below it
+    assert (lim.limit, lim.capacity) == (top.position - 1, top.position - 1)
+    drain(lim, held)
+    n, held = successes_to_grow(lim)
+    assert n == top.position  # the patience starts again at about one round trip
+    drain(lim, held)
 
 
 # ------------------------------------------------------------------ an outage is not a capacity signal

@@ -93,6 +93,7 @@ class World:
             held = []
             while (adm := await t.admit(1)) is not None:
                 held.append(adm)
+            t.press()  # the next was turned away: work waits for more room, as the router says
             for adm in held:
                 await t.settle(adm, None)
         assert t.limiter.limit == to
@@ -384,7 +385,7 @@ async def test_a_success_refunds_the_tokens_it_did_not_use() -> None:
 @pytest.mark.parametrize(
     ("failure", "news", "consecutive", "limit", "key"),
     [
-        (None, False, 0, 9.0, KeyState.OK),  # slow start: 4 of 8 busy
+        (None, False, 0, 9.0, KeyState.OK),  # slow start: 4 of 8 busy, and work was turned away
         (capacity(), True, 1, 3.0, KeyState.OK),  # position 4: the target holds 3
         (rate_limited(), True, 0, 3.0, KeyState.OK),  # full, but says nothing about the model being down
         (DOWN, True, 1, 8.0, KeyState.OK),  # never reached the server: news for the breaker only
@@ -403,6 +404,7 @@ async def test_settle_applies_the_policy_table(
     w = World(limiter=LimiterConfig(initial=8))
     t = w.t()
     held = [await w.admit() for _ in range(4)]
+    t.press()  # as the router does when work is turned away (another target full for it)
     assert await t.settle(held[-1], failure) is news
     v = t.view()
     assert v.breaker.state is State.CLOSED and v.breaker.consecutive_failures == consecutive
@@ -520,6 +522,7 @@ async def test_an_outage_right_after_slow_starts_first_rejection_keeps_the_capac
     t = w.t()
     held = [await w.admit() for _ in range(4)]
     while t.limiter.limit < 8:
+        t.press()  # work waits for more room
         await t.settle(held.pop(0), None)  # slow start: one more slot per answer
         while (adm := await t.admit(1)) is not None:
             held.append(adm)

@@ -36,7 +36,8 @@ OUTCOMES = [
 # decrease 0.5): slow start; the first rejection (limit = position - 1 = 4); an echo of
 # an older send; a second rejection below the capacity (multiplicative: 2); growth at
 # the capacity; a send above it served (capacity up); a rejection above it refuted
-# (back to it, twice as patient). Steps: ("admit", label) or ("settle", label, outcome).
+# (back to what it held, twice as patient). Steps: ("admit", label), ("settle", label,
+# outcome) or ("press",): work was turned away (the router's MemoryTarget.press).
 def _scripted() -> list[tuple]:
     steps: list[tuple] = [("admit", f"a{i}") for i in range(1, 5)]
     steps += [
@@ -53,9 +54,10 @@ def _scripted() -> list[tuple]:
         ("settle", "a3", None),
         ("settle", "a8", None),
     ]
-    for n in range(45):  # full use: slow growth, and sends above the capacity served (it grows)
-        steps += [("admit", f"g{n}.{i}") for i in range(6)] + [("settle", f"g{n}.{i}", None) for i in range(6)]
-    for n in range(40):  # full use up to the capacity only: the limit grows past it
+    for n in range(45):  # full use, work waiting: asks above the capacity, served (a climb)
+        steps += [("admit", f"g{n}.{i}") for i in range(6)] + [("press",)]
+        steps += [("settle", f"g{n}.{i}", None) for i in range(6)]
+    for n in range(40):  # full use up to the capacity, nothing waiting: no growth
         steps += [("admit", f"h{n}.{i}") for i in range(5)] + [("settle", f"h{n}.{i}", None) for i in range(5)]
     steps += [("admit", f"p{i}") for i in range(6)] + [("settle", f"p{i}", RATE_LIMITED) for i in range(5, -1, -1)]
     return steps
@@ -81,6 +83,10 @@ async def _run(
         held: list[tuple[Admission, Admission]] = []
         labels: dict[str, tuple[Admission, Admission]] = {}
         for step in script or [None] * steps:
+            if step is not None and step[0] == "press":
+                memory.press()
+                shared.press()
+                continue
             if step is not None and step[0] == "settle" and step[1] not in labels:
                 continue  # that admission was refused on both sides
             if (
@@ -106,6 +112,9 @@ async def _run(
             else:
                 m_adm, r_adm = await memory.admit(1), await shared.admit(1)
                 assert (m_adm is None) == (r_adm is None)
+                if m_adm is None:  # turned away, as the router does: the limiter may grow
+                    memory.press()
+                    shared.press()
                 if m_adm is not None and r_adm is not None:
                     assert (m_adm.slot.position, m_adm.slot.epoch) == (r_adm.slot.position, r_adm.slot.epoch)
                     held.append((m_adm, r_adm))

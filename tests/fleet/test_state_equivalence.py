@@ -272,8 +272,11 @@ class Equivalence(RuleBasedStateMachine):
             self._admit(tid, cost)
         elif action == "attempt":
             if self._admit(tid, cost):
+                self._press(tid)  # while it was out, work was turned away (the limiter may grow)
                 self._settle(len(self.open) - 1, outcome, hint, used)
         elif action == "settle":
+            if i % 3 == 0:  # work was turned away since the attempts went out (another target full, say)
+                self._press(tid)
             if self.open:
                 self._settle(len(self.open) - 1 - i % len(self.open), outcome, hint, used)
         elif action == "probe":  # mostly successful (recovery needs them); sometimes held in flight
@@ -288,11 +291,16 @@ class Equivalence(RuleBasedStateMachine):
         m, r = self._run(self._m(tid).admit(cost)), self._run(self._r(tid).admit(cost))
         assert (m is None) == (r is None), f"memory admitted: {m is not None}, Redis: {r is not None}"
         if m is None or r is None:
+            self._press(tid)  # turned away, as the router does: the work goes elsewhere or waits
             return False
         seen["admitted"] += 1
         assert (m.slot.position, m.slot.epoch, m.generation) == (r.slot.position, r.slot.epoch, r.generation)
         self.open.append((m, r))
         return True
+
+    def _press(self, tid: str) -> None:
+        self._m(tid).press()
+        self._r(tid).press()
 
     def _settle(self, index: int, outcome: str, hint: float | None, used: int | None) -> None:
         m, r = self.open.pop(index)

@@ -6,11 +6,27 @@
   sent. A rejection of a request sent before the last cut is an echo of that cut, not
   news, and changes nothing. A rejection that is news at position ``p`` says the
   target holds ``p - 1``: the limit goes straight there instead of halving, and that
-  becomes the learned capacity. Until the first rejection the limit grows by one per
-  success (slow start: it doubles every round trip); at the learned capacity it grows
-  only slowly, probing for more room, and each probe the target refutes makes the
-  next one twice as patient. A full target therefore turns into local queueing, not
-  into rejected requests.
+  becomes the learned capacity. A full target therefore turns into local queueing,
+  not into rejected requests.
+
+  Before the first rejection the limit is a guess: it grows by one slot per clean answer
+  while half of it is in use (slow start: it doubles every round trip). Once a capacity
+  is learned, the limit grows only while it is *pressed*: work that wanted this target
+  was turned away for want of room (it went to another target or waits) while the
+  answer was out, and the answer came back clean at the limit. Nothing pressing,
+  nothing grows: a limit above what is used would only be spent by the next burst, in
+  rejections. Pressed, it climbs as TCP does after a loss (ARCHITECTURE.md, "The
+  limiter"):
+
+  - after a send above the learned capacity was served (the target has more room than
+    it had: a recovery in steps), one slot more per clean answer, so the limit doubles
+    every round trip, as in slow start;
+  - at the learned capacity, one slot more per ``hold`` round trips at the limit: one
+    request sent above it asks whether the target has more room. Served, the climb
+    above starts; refused (one rejection, the climb's whole cost), the limit goes back
+    to what the target held and the next ask waits twice as long, up to ``_MAX_HOLD``
+    round trips. So a rise in capacity is found within a few round trips, and a steady
+    one costs one rejection per ``_MAX_HOLD`` round trips at most.
 * :class:`TokenBucket` is an rpm or tpm bucket that charges up front (tpm charges
   ``max_tokens``; :meth:`TokenBucket.refund` gives back what a request did not use).
 * :class:`Budget` bounds transient retries to a share of first attempts, so a flaky
@@ -28,10 +44,12 @@ from capmon.core.base.clock import Clock
 from capmon.core.control.policy import LimiterSignal
 from capmon.core.types.config import LimiterConfig
 
-# Growth above the learned capacity: one more slot per HOLD round trips of full use,
-# doubled each time the target refutes it, up to MAX_HOLD.
-_FIRST_HOLD = 4.0
-_MAX_HOLD = 64.0
+# Growth at the learned capacity while pressed: one more slot per HOLD round trips at
+# the limit, doubled each time the target refutes it, up to MAX_HOLD. A hold of 0 is a
+# climb: a send above the capacity was served, and each clean answer adds a slot.
+_FIRST_HOLD = 1.0
+_MAX_HOLD = 8.0
+_CLIMB = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,48 +148,53 @@ class AdaptiveLimiter:
         self._in_flight += 1
         return Slot(self._in_flight, self._epoch)
 
-    def release(self, slot: Slot, signal: LimiterSignal) -> bool:
-        """Free a slot and learn from how the request ended. Returns True when an
-        overload was news (the limit was cut), False for an echo of an earlier cut:
-        the breaker counts only news, so a model that is merely full is not taken
-        for one that is down."""
+    def release(self, slot: Slot, signal: LimiterSignal, pressed: bool = False) -> bool:
+        """Free a slot and learn from how the request ended. ``pressed``: work that wanted
+        this target was turned away for want of room while the request was out (the
+        limit grows only then). Returns True when an overload was news (the limit was
+        cut), False for an echo of an earlier cut: the breaker counts only news, so a
+        model that is merely full is not taken for one that is down."""
         if self._in_flight <= 0:
             raise RuntimeError("release() without a matching take()")
         busy = self._in_flight  # including the request that just ended
         self._in_flight -= 1
         if signal is LimiterSignal.OK:
             self._below = 0
-            self._grow(slot, busy)
+            self._grow(slot, busy, pressed)
             return False
         if signal is LimiterSignal.OVERLOAD and slot.epoch == self._epoch:
             self._cut(slot.position)
             return True
         return False
 
-    def _grow(self, slot: Slot, busy: int) -> None:
-        if self._capacity is None:
-            # Slow start: only grow a limit that is being used, or it would take several
-            # rejections to come back down.
+    def _grow(self, slot: Slot, busy: int, pressed: bool) -> None:
+        if self._capacity is not None and slot.position > self._capacity and slot.epoch == self._epoch:
+            # A request sent above the learned capacity (since the last cut) was served: the
+            # target has more room than it had. Climb. One sent before the cut says nothing
+            # about the capacity now.
+            self._capacity = slot.position
+            self._hold = _CLIMB
+        if self._capacity is None or (pressed and self._hold <= _CLIMB):
+            # Slow start, or a climb: only a limit that is being used grows, or it would take
+            # several rejections to come back down. Before the first rejection the limit is a
+            # guess, not a lesson: it grows while half of it is used, pressed or not, so a
+            # burst finds the room before it spills to another model.
             if busy >= self._limit / 2:
                 self._limit = min(float(self.max), self._limit + 1.0)
-            return
-        if slot.position > self._capacity and slot.epoch == self._epoch:
-            # A request sent above the learned capacity (since the last cut) was served: there
-            # is more room. One sent before the cut says nothing about the capacity now.
-            self._capacity = slot.position
-            self._hold = _FIRST_HOLD
-        if busy >= int(self._limit + 1e-9):
+        elif pressed and busy >= int(self._limit + 1e-9):
             self._limit = min(float(self.max), self._limit + 1.0 / (self._limit * self._hold))
 
     def _cut(self, position: int) -> None:
         held = max(self.min, position - 1)
         if self._capacity is not None and held >= self._capacity:
-            # Our probe above the learned capacity was refuted: back to it, and wait
-            # twice as long before the next probe.
-            self._hold = min(_MAX_HOLD, self._hold * 2.0)
-            new = float(self._capacity)
+            # A send above the learned capacity was refused: the target holds what was in
+            # flight when it was sent, and the next ask waits twice as long.
+            self._hold = min(_MAX_HOLD, max(_FIRST_HOLD, self._hold * 2.0))
+            new = float(held)
+            self._capacity = held
         else:
             self._below += 1
+            self._hold = max(_FIRST_HOLD, self._hold)  # a climb is over
             # The first rejection below what we knew says exactly what the target holds;
             # more in a row mean someone else is taking room too: cut multiplicatively.
             new = float(held) if self._below == 1 else max(float(self.min), min(held, self._limit * self.decrease))

@@ -21,6 +21,8 @@ state seam", says what each call must guarantee.
 
 from __future__ import annotations
 
+import math
+
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple, Protocol
@@ -96,6 +98,9 @@ class TargetState(Protocol):
     def ready_at(self, now: float, cost: int) -> float | None: ...
     def probe_due_at(self) -> float | None: ...
     def usable(self) -> bool: ...
+    def press(self) -> None:
+        """Work that wanted this target was turned away (it went to another or waits):
+        what lets the limiter grow (capmon/core/control/limiter.py)."""
     async def admit(self, cost: int) -> Admission | None: ...
     async def begin_probe(self, *, early: bool = False) -> Admission | None: ...
     async def settle(
@@ -170,6 +175,7 @@ class MemoryTarget:
         self.tpm = TokenBucket(model.tpm, clock) if model.tpm else None
         self.not_before = 0.0
         self._max_hint = config.breaker.cooldown_max  # a server hint holds a target off no longer
+        self._pressed_at = -math.inf  # when work that wanted this target last went elsewhere or waited
 
     # ------------------------------------------------------------ reading
 
@@ -205,6 +211,13 @@ class MemoryTarget:
 
     def probe_due_at(self) -> float | None:
         return self.breaker.probe_due_at()
+
+    def press(self) -> None:
+        self._pressed_at = self._clock.now()
+
+    def pressed_since(self, at: float) -> bool:
+        """Whether work that wanted this target was turned away at ``at`` or later."""
+        return self._pressed_at >= at
 
     def view(self) -> TargetView:
         now = self._clock.now()
@@ -285,7 +298,7 @@ class MemoryTarget:
         )
         if checkpoint and not after:
             lim.checkpoint()
-        lim.release(adm.slot, plan.limiter)
+        lim.release(adm.slot, plan.limiter, self._pressed_at >= adm.at)
         if after:
             lim.checkpoint()
         b.record(

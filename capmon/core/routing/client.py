@@ -312,11 +312,14 @@ class FallbackClient(FormatCalls, ManualControls):
         self.journal.observe(r.request, attempt)
 
     def _wanted(self, r: Routing, passed: Sequence[Target]) -> None:
-        """``r`` is served by another target than these, or waits: each of them whose breaker
-        is open (its probe schedule runs) has one more request that prefers it
-        (capmon/core/control/demand.py), counted once per request."""
+        """``r`` is served by another target than these, or waits. Each of them whose
+        breaker is open (its probe schedule runs) has one more request that prefers it
+        (capmon/core/control/demand.py), counted once per request; each of the others is
+        pressed: its limiter may grow (capmon/core/control/limiter.py)."""
         for u in passed:
-            if u.id not in r.wanted and u.state.probe_due_at() is not None:
+            if u.state.probe_due_at() is None:
+                u.state.press()
+            elif u.id not in r.wanted:
                 r.wanted.add(u.id)
                 self.demand.want(u.id)
 
@@ -342,6 +345,8 @@ class FallbackClient(FormatCalls, ManualControls):
                         self._wanted(r, passed)
                     return t, adm
                 passed.append(t)
+        if passed:
+            self._wanted(r, passed)  # it waits (again)
         return None
 
     async def _acquire_on(self, t: Target, wait: float) -> Admission | None:

@@ -121,7 +121,7 @@ end
 -- outage is not a capacity signal (capmon/core/control/limiter.py, AdaptiveLimiter.restore).
 local function restore(h, w)
   if h.saved == '1' then
-    w.limit, w.capacity, w.hold = num(h.s_limit, num(h.limit, 1)), num(h.s_capacity, -1), num(h.s_hold, 4.0)
+    w.limit, w.capacity, w.hold = num(h.s_limit, num(h.limit, 1)), num(h.s_capacity, -1), num(h.s_hold, 1.0)
     w.saved = 0
     w.epoch = num(h.epoch, 0) + 1
     w.below = 0

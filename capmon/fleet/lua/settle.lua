@@ -14,7 +14,8 @@
 --       16 limiter min, 17 limiter max, 18 limiter decrease, 19 failure_threshold, 20 probe_interval,
 --       21 cooldown_multiplier, 22 cooldown, 23 cooldown_max, 24 origin, 25 a pending transition (JSON) or '',
 --       26 the registry's key prefix (namespace .. ':proc:'), 27 rpm, 28 refund the rpm token (1: given
---       back before anything was sent), 29 lease ttl, 30 the limiter's initial limit
+--       back before anything was sent), 29 lease ttl, 30 the limiter's initial limit, 31 pressed (1: the
+--       sender's work was turned away for want of room while this was out)
 -- Returns {status, now, news (0/1), cas, key state (lib.lua, key_state), hash...}; status: ok | missing.
 local now = now_s()
 if redis.call('EXISTS', KEYS[1]) == 0 then return {'missing', f6(now)} end
@@ -30,7 +31,7 @@ local left = held - present
 -- ------------------------------------------------------------ the limiter
 -- The same learning as capmon/core/control/limiter.py (AdaptiveLimiter.release, _grow, _cut,
 -- checkpoint): change both or neither; tests/fleet/test_limiter_math.py drives both.
-local FIRST_HOLD, MAX_HOLD = 4.0, 64.0
+local FIRST_HOLD, MAX_HOLD, CLIMB = 1.0, 8.0, 0.0
 local lmin, lmax, decrease = tonumber(ARGV[16]), tonumber(ARGV[17]), tonumber(ARGV[18])
 local limit, capacity = num(h.limit, 1), num(h.capacity, -1)
 local epoch, hold, below = num(h.epoch, 0), num(h.hold, FIRST_HOLD), num(h.below, 0)
@@ -53,24 +54,30 @@ if not probe then
   end
   if lsig == 'ok' then
     below = 0
-    if capacity < 0 then
+    if capacity >= 0 and position > capacity and slot_epoch == epoch then
+      -- sent above the learned capacity since the last cut, and served: more room, climb
+      capacity = position
+      hold = CLIMB
+    end
+    local pressed = ARGV[31] == '1'
+    if capacity < 0 or (pressed and hold <= CLIMB) then
+      -- slow start, or a climb while pressed: a slot per answer while the limit is in use
       if busy >= limit / 2 then limit = math.min(lmax, limit + 1.0) end
-    else
-      if position > capacity and slot_epoch == epoch then
-        -- sent above the learned capacity since the last cut, and served: there is more room
-        capacity = position
-        hold = FIRST_HOLD
-      end
-      if busy >= math.floor(limit + 1e-9) then limit = math.min(lmax, limit + 1.0 / (limit * hold)) end
+    elseif pressed and busy >= math.floor(limit + 1e-9) then
+      -- pressed at the learned capacity: a slot per hold round trips at the limit
+      limit = math.min(lmax, limit + 1.0 / (limit * hold))
     end
   elseif is_news then
     local kept = math.max(lmin, position - 1)
     local new
     if capacity >= 0 and kept >= capacity then
-      hold = math.min(MAX_HOLD, hold * 2.0)
-      new = capacity
+      -- a send above the capacity refused: it holds what was in flight; ask again twice as late
+      hold = math.min(MAX_HOLD, math.max(FIRST_HOLD, hold * 2.0))
+      new = kept
+      capacity = kept
     else
       below = below + 1
+      hold = math.max(FIRST_HOLD, hold)
       if below == 1 then new = kept else new = math.max(lmin, math.min(kept, limit * decrease)) end
       capacity = math.max(lmin, math.floor(new))
     end
