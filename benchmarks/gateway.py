@@ -54,7 +54,7 @@ rate (not counted), then ``--seconds`` at the rate. Before each measurement the 
 waits until the row measured before it is quiet: its process tree and the endpoint's use
 under 5 % of a core over 1 s (at most 90 s; before the first, every server's start-up),
 and prints how long that took. A proxy that fell behind keeps working off its backlog
-after its load stops (LiteLLM's for 30-40 s), and that work would land on the next row.
+after its load stops (LiteLLM's for 20-45 s), and that work would land on the next row.
 "Added" is a proxy's percentile minus
 direct's at the same rate; a proxy's CPU per request is its process's CPU time (its
 workers' included) over the requests sent in the measurement and its warm-up. On the
