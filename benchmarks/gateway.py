@@ -1,7 +1,8 @@
-"""The gateway's added latency: ``capmon serve`` and LiteLLM's proxy against direct calls
-to an endpoint that answers at once, under open-loop load, in one run.
+"""The gateway's added latency: ``capmon serve``, LiteLLM's proxy, Portkey's gateway and
+TensorZero's against direct calls to an endpoint that answers at once, under open-loop
+load, in one run.
 
-    python -m benchmarks.gateway [--rates 100 500 1000] [--seconds 30] [--rows direct capmon ... litellm]
+    python -m benchmarks.gateway [--rates 100 500 1000] [--seconds 30] [--rows direct capmon ... tensorzero]
                                  [--before DIR] [--capmon-arg ARG ...] [--redis URL]
                                  [--soak SECONDS] [--json FILE]
 
@@ -25,6 +26,22 @@ Every process has its own, listens on 127.0.0.1 on a free port and is stopped at
   gateway has a flag for them);
 * LiteLLM's proxy (``litellm --config``, one worker, as it ships: uvloop, a master key),
   one model on the endpoint;
+* Portkey's open-source gateway (``@portkey-ai/gateway`` from npm, under node): installed
+  once into a cache outside the repository (``$CAPMON_BENCH_CACHE``, else
+  ~/.cache/capmon-bench, ``portkey/``), its dependencies pinned to the versions of its own
+  lockfile (PORTKEY_PINS: with today's releases its streams break); configured per request
+  by its ``x-portkey-config`` header (provider openai, the endpoint as its custom host).
+  Its server passes no host to ``listen``, so a preloaded line makes that 127.0.0.1;
+* TensorZero's gateway (Rust), from its PyPI wheel (``tensorzero``): the wheel has no
+  gateway binary, but its extension module starts the gateway's HTTP server in process
+  (``tensorzero._start_http_gateway``, what ``patch_openai_client`` runs: the
+  OpenAI-compatible routes on 127.0.0.1 and a port of its own), here in a Python process
+  that does nothing else (``--tensorzero``); its config (``tensorzero.toml`` in the run's
+  log directory) has one model on the endpoint (``type = "openai"``, ``api_base``) and
+  observability off (no ClickHouse), and the model is called as
+  ``tensorzero::model_name::sim-flagship`` on ``/openai/v1/chat/completions``. Portkey's and
+  TensorZero's rows are first sent one request and one stream; a row that does not answer
+  both says so in its row and is not measured;
 * the load generator, a fresh process per measurement: aiohttp in an open loop. Request i
   is due at t0 + i / rate and is sent then, whatever the earlier ones are doing; its
   latency runs from when it was due to its answer, so queueing anywhere (the generator,
@@ -33,7 +50,12 @@ Every process has its own, listens on 127.0.0.1 on a free port and is stopped at
 
 For each rate the rows are measured in turn, the order rotated from rate to rate so that
 drift on a shared machine does not always fall on the same row: a 2 s warm-up at the
-rate (not counted), then ``--seconds`` at the rate. "Added" is a proxy's percentile minus
+rate (not counted), then ``--seconds`` at the rate. Before each measurement the benchmark
+waits until the row measured before it is quiet: its process tree and the endpoint's use
+under 5 % of a core over 1 s (at most 90 s; before the first, every server's start-up),
+and prints how long that took. A proxy that fell behind keeps working off its backlog
+after its load stops (LiteLLM's for 20-45 s), and that work would land on the next row.
+"Added" is a proxy's percentile minus
 direct's at the same rate; a proxy's CPU per request is its process's CPU time (its
 workers' included) over the requests sent in the measurement and its warm-up. On the
 direct row that column is the endpoint's own (a bare ASGI app under uvicorn), and the
@@ -49,18 +71,25 @@ import argparse
 import asyncio
 import collections
 import contextlib
+import importlib
+import importlib.metadata
+import importlib.util
 import json
 import os
 import platform
 import secrets
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Coroutine, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +106,8 @@ from benchmarks.procs import (
     tree_cpu_seconds,
     wait_http,
     wait_port,
+    wait_quiet,
+    wait_until,
 )
 
 RATES = (100, 500, 1000)
@@ -88,16 +119,56 @@ ROWS = {  # --rows name -> the table's label
     "capmon-w2": "capmon serve, Redis, --workers 2",
     "capmon-uvloop": "capmon serve --loop uvloop",
     "litellm": "LiteLLM proxy",
+    "portkey": "Portkey gateway",
+    "tensorzero": "TensorZero gateway",
 }
-DEFAULT_ROWS = ("direct", "capmon", "capmon-redis", "capmon-w2", "litellm")
+DEFAULT_ROWS = ("direct", "capmon", "capmon-redis", "capmon-w2", "litellm", "portkey", "tensorzero")
 REDIS_URL = "redis://127.0.0.1:6379/15"
 MODEL = "sim-flagship"  # a model of capmon-bench.toml; LiteLLM's one model has the same name
-BODY = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "Say ok."}], "max_tokens": 16}).encode()
+UPSTREAM_KEY = "sk-capmon-sim-demo"  # what a proxy sends the endpoint (which takes any)
 TIMEOUT = 10.0  # seconds: a request not answered by then is a timeout
 MAX_OPEN = 1000  # connections the generator may hold; past them requests wait for one (and count it)
 WARMUP = 2.0  # seconds at the rate before each measurement, not counted
-SETTLE = 2.0  # seconds between measurements, for a proxy still working off the last one
+# Quiet before a measurement: the last row's process tree and the endpoint's under this
+# share of a core over the window, or the cap passed.
+QUIET_SHARE, QUIET_WINDOW, QUIET_CAP = 0.05, 1.0, 90.0
 LOAD_KEY_ENV = "CAPMON_BENCH_LOAD_KEY"  # the key the generator sends (from the environment: never in ps)
+LOAD_HEADERS_ENV = "CAPMON_BENCH_LOAD_HEADERS"  # more headers it sends, a JSON object (Portkey's config)
+CACHE_ENV = "CAPMON_BENCH_CACHE"  # where downloaded peers are installed (default ~/.cache/capmon-bench)
+PORTKEY_VERSION = "1.15.2"  # @portkey-ai/gateway, the latest release when this row was added
+# Its direct dependencies at the versions of its own lockfile (package-lock.json at the tag
+# v1.15.2 of github.com/Portkey-AI/gateway), as npm overrides: the npm package ships no
+# lockfile, and with the releases its ranges take today (@hono/node-server 1.19, hono 4.13)
+# every streamed answer fails ("TypeError: immutable" when it sets a header; the client gets
+# {"status":"failure","message":"Something went wrong"}).
+PORTKEY_PINS = {
+    "@aws-crypto/sha256-js": "5.2.0",
+    "@cfworker/json-schema": "4.0.3",
+    "@hono/node-server": "1.13.5",
+    "@hono/node-ws": "1.2.0",
+    "@portkey-ai/mustache": "2.1.3",
+    "@smithy/signature-v4": "2.1.1",
+    "@types/mustache": "4.2.5",
+    "async-retry": "1.3.3",
+    "avsc": "5.7.7",
+    "hono": "4.9.7",
+    "ioredis": "5.8.0",
+    "jose": "6.0.11",
+    "patch-package": "8.0.1",
+    "ws": "8.18.3",
+    "zod": "3.25.76",
+}
+# Portkey's server calls listen(port, undefined): every interface. This makes it 127.0.0.1.
+PORTKEY_LOOPBACK_JS = """\
+const net = require("node:net");
+const listen = net.Server.prototype.listen;
+net.Server.prototype.listen = function (port, host, ...rest) {
+  if (typeof port === "number" && host === undefined) host = "127.0.0.1";
+  return listen.call(this, port, host, ...rest);
+};
+"""
+TENSORZERO_MODEL = f"tensorzero::model_name::{MODEL}"  # its OpenAI-compatible name for a model of its config
+TENSORZERO_KEY_ENV = "CAPMON_BENCH_UPSTREAM_KEY"  # the key TensorZero sends the endpoint
 # Room for the whole load on the first model from the start: the measurement is routing, not learning.
 CAPMON_SET = ("limiter.initial=64",)
 
@@ -110,6 +181,8 @@ SOAK_RATE, SOAK_PERIOD, SOAK_SETTLED = 500, 10.0, 60.0
 # "Flat": from the first minute on (pools, caches and the allocator's arenas fill), RSS
 # grows by at most 0.1 MiB a minute: 144 MiB a day, about 3.5 bytes per request at 500/s.
 GOAL_FLAT_MB_PER_MIN = 0.1
+# Issue 30: capmon serve within 2x of TensorZero's CPU per request, and at or under its added p99.
+GOAL_TENSORZERO_CPU_X = 2.0
 # The published anchor: LiteLLM proxy's p99 in TensorZero's gateway benchmark (2025-07);
 # it failed at 1,000 QPS.
 ANCHOR = {100: "5.9", 500: "39.7", 1000: "failed"}
@@ -145,18 +218,35 @@ def _outcome(status: int, body: bytes) -> str:
     return "ok" if ok else "not a chat completion"
 
 
-async def generate(url: str, key: str, rate: float, seconds: float, warmup: float) -> dict[str, Any]:
+def request_body(model: str = MODEL, stream: bool = False) -> bytes:
+    """The one request every row is sent: a short chat completion of ``model``."""
+    body: dict[str, Any] = {"model": model, "messages": [{"role": "user", "content": "Say ok."}], "max_tokens": 16}
+    if stream:
+        body["stream"] = True
+    return json.dumps(body).encode()
+
+
+async def generate(
+    url: str,
+    key: str,
+    rate: float,
+    seconds: float,
+    warmup: float,
+    model: str = MODEL,
+    more: dict[str, str] | None = None,
+) -> dict[str, Any]:
     import aiohttp
 
     loop = asyncio.get_running_loop()
-    headers = {"content-type": "application/json", "authorization": f"Bearer {key}"}
+    headers = {"content-type": "application/json", "authorization": f"Bearer {key}", **(more or {})}
+    body = request_body(model)
     connector = aiohttp.TCPConnector(limit=MAX_OPEN)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=TIMEOUT)) as session:
 
         async def send(due: float) -> Shot:
             sent = loop.time()
             try:
-                async with session.post(url, data=BODY, headers=headers) as r:
+                async with session.post(url, data=body, headers=headers) as r:
                     outcome = _outcome(r.status, await r.read())
             except TimeoutError:
                 outcome = "timeout"
@@ -198,7 +288,8 @@ def summarise(shots: Sequence[Shot], rate: float, seconds: float, warmup: float,
 @dataclass
 class Row:
     """One way to the endpoint: its chat-completions URL, the key it takes, and the proxy's
-    process (None: direct). ``url`` None: it could not run, and ``why`` says so."""
+    process (None: direct). ``url`` None: it could not run, and ``why`` says so. ``model``
+    is the model the request names there; ``headers`` more headers each request carries."""
 
     name: str
     url: str | None
@@ -206,6 +297,8 @@ class Row:
     pid: int | None = None
     why: str = ""
     rss: Callable[[], float] | None = None
+    model: str = MODEL
+    headers: dict[str, str] = field(default_factory=dict)
 
 
 def _log(logs: Path, name: str) -> Any:
@@ -282,7 +375,7 @@ def forget_namespace(url: str, namespace: str) -> None:
 
 def litellm_config(upstream: str) -> dict[str, Any]:
     """One model on the endpoint; the inner call never retries (the proxy's own policy only)."""
-    params = {"model": f"openai/{MODEL}", "api_base": upstream, "api_key": "sk-capmon-sim-demo", "max_retries": 0}
+    params = {"model": f"openai/{MODEL}", "api_base": upstream, "api_key": UPSTREAM_KEY, "max_retries": 0}
     return {"model_list": [{"model_name": MODEL, "litellm_params": params}], "litellm_settings": {"telemetry": False}}
 
 
@@ -302,10 +395,168 @@ def start_litellm(stack: contextlib.ExitStack, logs: Path, upstream: str) -> Row
     try:
         wait_http(f"http://127.0.0.1:{port}/health/liveliness", proc, "LiteLLM's proxy", timeout=180)
     except RuntimeError as e:
-        lines = (logs / "litellm.log").read_text(errors="replace").strip().splitlines()
-        return Row(ROWS["litellm"], None, why=f"{e}: {lines[-1] if lines else 'no output'}")
+        return Row(ROWS["litellm"], None, why=f"{e}: {_last_line(logs / 'litellm.log')}")
     url = f"http://127.0.0.1:{port}/v1/chat/completions"
     return Row(ROWS["litellm"], url, key, proc.pid, rss=lambda: rss_mb(proc.pid))
+
+
+def _last_line(path: Path) -> str:
+    try:
+        lines = path.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        lines = []
+    return lines[-1].strip()[:300] if lines else "no output"
+
+
+def smoke(row: Row) -> str:
+    """What is wrong with ``row``, in one line: "" when it answers one request with a chat
+    completion and one stream with chunks and ``data: [DONE]``."""
+    assert row.url is not None
+    headers = {"content-type": "application/json", "authorization": f"Bearer {row.key}", **row.headers}
+    for stream in (False, True):
+        what = "a stream" if stream else "a request"
+        request = urllib.request.Request(row.url, data=request_body(row.model, stream), headers=headers)
+        try:
+            with urllib.request.urlopen(request, timeout=TIMEOUT) as r:
+                answer = r.read()
+        except urllib.error.HTTPError as e:
+            return f"{what} got HTTP {e.code}: {e.read()[:200].decode(errors='replace')}"
+        except OSError as e:
+            return f"{what} failed: {e}"
+        if stream:
+            ok = b'"chat.completion.chunk"' in answer and answer.rstrip().endswith(b"data: [DONE]")
+        else:
+            ok = _outcome(200, answer) == "ok"
+        if not ok:
+            return f"{what} came back broken: {answer[:200].decode(errors='replace')!r}"
+    return ""
+
+
+def _checked(row: Row) -> Row:
+    why = smoke(row)
+    return Row(row.name, None, why=why) if why else row
+
+
+def cache_dir() -> Path:
+    """Where downloaded peers are installed, outside the repository, kept between runs."""
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "capmon-bench"
+
+
+def portkey_manifest() -> str:
+    """The package.json of Portkey's install: the release, and its lockfile's versions."""
+    manifest = {"private": True, "dependencies": {"@portkey-ai/gateway": PORTKEY_VERSION}, "overrides": PORTKEY_PINS}
+    return json.dumps(manifest, indent=1) + "\n"
+
+
+def install_portkey(npm: str, logs: Path) -> Path:
+    """Portkey's gateway in the cache (npm install, once per manifest); its server's
+    script. RuntimeError: why it could not be installed, in one line."""
+    home = cache_dir() / "portkey"
+    script = home / "node_modules" / "@portkey-ai" / "gateway" / "build" / "start-server.js"
+    manifest = portkey_manifest()
+    stamp = home / ".capmon-bench-installed"  # the manifest it was installed from
+    if script.exists() and stamp.exists() and stamp.read_text() == manifest:
+        return script
+    home.mkdir(parents=True, exist_ok=True)
+    stamp.unlink(missing_ok=True)
+    (home / "package-lock.json").unlink(missing_ok=True)  # resolved anew from the manifest
+    (home / "package.json").write_text(manifest)
+    # --ignore-scripts: its one install script is patch-package, and the package ships no patches.
+    cmd = [npm, "install", "--no-audit", "--no-fund", "--ignore-scripts", "--omit=dev"]
+    print(f"<!-- installing Portkey's gateway {PORTKEY_VERSION} into {home} -->", flush=True)
+    npm_log = logs / "portkey-npm.log"
+    with open(npm_log, "w") as log:
+        try:
+            done = subprocess.run(cmd, cwd=home, stdout=log, stderr=subprocess.STDOUT, timeout=600)
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"npm install did not finish within 600 s (see {npm_log})") from None
+    if done.returncode != 0 or not script.exists():
+        raise RuntimeError(f"npm install failed (exit {done.returncode}): {_last_line(npm_log)}")
+    stamp.write_text(manifest)
+    return script
+
+
+def node_version() -> str:
+    node = shutil.which("node")
+    if node is None:
+        return "not installed"
+    try:
+        return subprocess.run([node, "--version"], capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "?"
+
+
+def start_portkey(stack: contextlib.ExitStack, logs: Path, upstream: str) -> Row:
+    label = ROWS["portkey"]
+    node, npm = shutil.which("node"), shutil.which("npm")
+    if node is None or npm is None:
+        return Row(label, None, why=f"needs node (20) and npm: {'node' if node is None else 'npm'} is not on PATH")
+    try:
+        script = install_portkey(npm, logs)
+    except RuntimeError as e:
+        return Row(label, None, why=str(e))
+    preload = logs / "portkey-loopback.cjs"
+    preload.write_text(PORTKEY_LOOPBACK_JS)
+    port = free_port()
+    log = stack.enter_context(_log(logs, "portkey"))
+    proc = spawn([node, "--require", str(preload), str(script), f"--port={port}", "--headless"], stdout=log, stderr=log)
+    stack.callback(stop, proc)
+    try:
+        wait_http(f"http://127.0.0.1:{port}/", proc, "Portkey's gateway", timeout=60)
+    except RuntimeError as e:
+        return Row(label, None, why=f"{e}: {_last_line(logs / 'portkey.log')}")
+    config = {"provider": "openai", "custom_host": upstream, "api_key": UPSTREAM_KEY}
+    url = f"http://127.0.0.1:{port}/v1/chat/completions"
+    headers = {"x-portkey-config": json.dumps(config)}
+    return _checked(Row(label, url, pid=proc.pid, rss=lambda: rss_mb(proc.pid), headers=headers))
+
+
+def tensorzero_config(upstream: str) -> str:
+    """One model on the endpoint, as an OpenAI-compatible provider; observability off."""
+    return (
+        "# benchmarks/gateway.py: one model on the instant endpoint; no ClickHouse\n"
+        "[gateway]\nobservability.enabled = false\n\n"
+        f'[models.{MODEL}]\nrouting = ["instant"]\n\n'
+        f"[models.{MODEL}.providers.instant]\n"
+        f'type = "openai"\napi_base = "{upstream}"\nmodel_name = "{MODEL}"\n'
+        f'api_key_location = "env::{TENSORZERO_KEY_ENV}"\n'
+    )
+
+
+def serve_tensorzero(config: str, url_file: str) -> None:
+    """TensorZero's gateway over HTTP from its wheel, in this process until it is stopped:
+    the extension module's ``_start_http_gateway`` (what ``patch_openai_client`` starts:
+    its Rust HTTP server with the OpenAI-compatible routes, on 127.0.0.1 and a free port,
+    in the module's tokio runtime); its base URL is written to ``url_file``."""
+    tensorzero = importlib.import_module("tensorzero")
+    gateway = tensorzero._start_http_gateway(
+        config_file=config, clickhouse_url=None, postgres_url=None, valkey_url=None, async_setup=False
+    )
+    written = Path(url_file + ".part")
+    written.write_text(gateway.base_url)
+    written.replace(url_file)
+    threading.Event().wait()  # the gateway runs on the runtime's threads; SIGTERM ends it all
+
+
+def start_tensorzero(stack: contextlib.ExitStack, logs: Path, upstream: str) -> Row:
+    label = ROWS["tensorzero"]
+    if importlib.util.find_spec("tensorzero") is None:
+        return Row(label, None, why="not installed (`pip install -e '.[bench]'`)")
+    config, url_file = logs / "tensorzero.toml", logs / "tensorzero.url"
+    config.write_text(tensorzero_config(upstream))
+    log = stack.enter_context(_log(logs, "tensorzero"))
+    cmd = [sys.executable, "-m", "benchmarks.gateway", "--tensorzero", str(config), str(url_file)]
+    proc = spawn(cmd, {TENSORZERO_KEY_ENV: UPSTREAM_KEY}, stdout=log, stderr=log)
+    stack.callback(stop, proc)
+    try:
+        wait_until(url_file.exists, proc, "TensorZero's gateway", timeout=60)
+    except RuntimeError as e:
+        return Row(label, None, why=f"{e}: {_last_line(logs / 'tensorzero.log')}")
+    url = url_file.read_text().strip() + "/chat/completions"
+    row = Row(label, url, pid=proc.pid, rss=lambda: rss_mb(proc.pid), model=TENSORZERO_MODEL)
+    return _checked(row)
 
 
 def start_rows(
@@ -320,6 +571,10 @@ def start_rows(
             rows[name] = Row(ROWS[name], upstream + "/chat/completions", pid=endpoint.pid)
         elif name == "litellm":
             rows[name] = start_litellm(stack, logs, upstream)
+        elif name == "portkey":
+            rows[name] = start_portkey(stack, logs, upstream)
+        elif name == "tensorzero":
+            rows[name] = start_tensorzero(stack, logs, upstream)
         else:
             rows[name] = start_capmon(stack, logs, upstream, name, how)
     return rows
@@ -328,14 +583,21 @@ def start_rows(
 # ---------------------------------------------------------------- measuring
 
 
-def run_generator(row: Row, rate: float, seconds: float, warmup: float, logs: Path) -> dict[str, Any]:
-    """One measurement in a fresh generator process; the proxy's CPU per request beside it."""
+def _generator(row: Row, rate: float, seconds: float, warmup: float) -> tuple[list[str], dict[str, str]]:
+    """The load generator's command and environment for ``row`` (the key and headers in
+    the environment, never in ps)."""
     assert row.url is not None
     cmd = [sys.executable, "-m", "benchmarks.gateway", "--generate", row.url, "--rate", str(rate)]
-    cmd += ["--seconds", str(seconds), "--warmup", str(warmup)]
+    cmd += ["--seconds", str(seconds), "--warmup", str(warmup), "--model", row.model]
+    return cmd, {LOAD_KEY_ENV: row.key, LOAD_HEADERS_ENV: json.dumps(row.headers)}
+
+
+def run_generator(row: Row, rate: float, seconds: float, warmup: float, logs: Path) -> dict[str, Any]:
+    """One measurement in a fresh generator process; the proxy's CPU per request beside it."""
+    cmd, env = _generator(row, rate, seconds, warmup)
     cpu0 = tree_cpu_seconds(row.pid) if row.pid else 0.0
     with open(logs / "generator.log", "a") as log:
-        proc = spawn(cmd, {LOAD_KEY_ENV: row.key}, stdout=subprocess.PIPE, stderr=log, text=True)
+        proc = spawn(cmd, env, stdout=subprocess.PIPE, stderr=log, text=True)
         try:
             out, _ = proc.communicate(timeout=warmup + seconds + TIMEOUT + 60)
         finally:
@@ -348,17 +610,34 @@ def run_generator(row: Row, rate: float, seconds: float, warmup: float, logs: Pa
     return result
 
 
-def run_levels(rows: dict[str, Row], rates: Sequence[int], seconds: float, logs: Path) -> dict[int, dict[str, Any]]:
-    """Every runnable row at every rate; the order of the rows rotates from rate to rate."""
+def run_levels(
+    rows: dict[str, Row], rates: Sequence[int], seconds: float, logs: Path, endpoint: int
+) -> dict[int, dict[str, Any]]:
+    """Every runnable row at every rate; the order of the rows rotates from rate to rate.
+    Each measurement waits until the row measured before it (and the endpoint, ``endpoint``)
+    is quiet; the first, until every server is done starting."""
     names = [n for n, r in rows.items() if r.url is not None]
     out: dict[int, dict[str, Any]] = {}
+    last = "every server's start-up"
+    busy = {endpoint, *(r.pid for r in rows.values() if r.pid is not None)}
     for i, rate in enumerate(rates):
         out[rate] = {}
         for name in names[i % len(names) :] + names[: i % len(names)]:
-            out[rate][name] = run_generator(rows[name], rate, seconds, WARMUP, logs)
-            print(f"<!-- {rate}/s {rows[name].name}: {_brief(out[rate][name])} -->", flush=True)
-            time.sleep(SETTLE)
+            waited, share = wait_quiet(sorted(busy), QUIET_SHARE, QUIET_WINDOW, QUIET_CAP)
+            print(f"<!-- {rate}/s {rows[name].name}: {_quiet(last, waited, share)} -->", flush=True)
+            result = run_generator(rows[name], rate, seconds, WARMUP, logs)
+            result["quiet"] = {"after": last, "waited_s": waited, "core_share": share}
+            out[rate][name] = result
+            print(f"<!-- {rate}/s {rows[name].name}: {_brief(result)} -->", flush=True)
+            last, busy = rows[name].name, {endpoint, rows[name].pid or endpoint}
     return out
+
+
+def _quiet(after: str, waited: float, share: float) -> str:
+    use = f"{share:.0%} of a core over the last {QUIET_WINDOW:g} s"
+    if share < QUIET_SHARE:
+        return f"waited {waited:.1f} s for {after} to go quiet ({use})"
+    return f"{after} not quiet after {waited:.1f} s ({use}): measured anyway"
 
 
 def _brief(r: dict[str, Any]) -> str:
@@ -377,11 +656,10 @@ def run_soak(row: Row, seconds: float, logs: Path) -> dict[str, Any]:
         assert row.rss is not None
         return t, row.rss(), open_fds(pid)
 
-    cmd = [sys.executable, "-m", "benchmarks.gateway", "--generate", row.url, "--rate", str(SOAK_RATE)]
-    cmd += ["--seconds", str(seconds), "--warmup", "0"]
+    cmd, env = _generator(row, SOAK_RATE, seconds, 0.0)
     samples = [sample(0.0)]
     with open(logs / "generator.log", "a") as log:
-        proc = spawn(cmd, {LOAD_KEY_ENV: row.key}, stdout=subprocess.PIPE, stderr=log, text=True)
+        proc = spawn(cmd, env, stdout=subprocess.PIPE, stderr=log, text=True)
         try:
             t0 = time.monotonic()
             while proc.poll() is None:
@@ -524,7 +802,9 @@ def goals(results: dict[int, dict[str, Any]]) -> list[str]:
             )
     if not at:
         out.append(f"- at {GOAL_ADDED_AT} QPS: not measured (needs --rates {GOAL_ADDED_AT})")
-    for a, b in (("capmon-w2", "capmon-redis"), ("capmon", "capmon-before"), ("capmon", "litellm")):
+    pairs_of = [("capmon-w2", "capmon-redis"), ("capmon", "capmon-before")]
+    pairs_of += [("capmon", peer) for peer in ("litellm", "portkey", "tensorzero")]
+    for a, b in pairs_of:
         pairs = []
         for rate, by_row in results.items():
             if {a, b, "direct"} <= by_row.keys():
@@ -534,6 +814,49 @@ def goals(results: dict[int, dict[str, Any]]) -> list[str]:
                 pairs.append(f"{rate} QPS {_added_p99(by_row, a):.2f} vs {_added_p99(by_row, b):.2f} ms{cpu}")
         if pairs:
             out.append(f"- added p99, {ROWS[a]} vs {ROWS[b]}: " + "; ".join(pairs))
+    return out
+
+
+def peer_goals(rows: dict[str, Row], results: dict[int, dict[str, Any]]) -> list[str]:
+    """Issue 30's goal at every rate measured, for each capmon row: CPU per request within
+    GOAL_TENSORZERO_CPU_X of TensorZero's, and added p99 at or under TensorZero's; and the
+    CPU per request beside Portkey's."""
+    out = []
+    for peer in ("tensorzero", "portkey"):
+        row = rows.get(peer)
+        if row is not None and row.url is None:
+            out.append(f"- against {row.name}: not judged, its row did not run ({row.why})")
+    for rate, by_row in results.items():
+        tz, pk = by_row.get("tensorzero"), by_row.get("portkey")
+        for name in CAPMON_ROWS:
+            if name not in by_row:
+                continue
+            me, label = by_row[name], ROWS[name]
+            if tz is not None and "proxy_cpu_us" in me and "proxy_cpu_us" in tz:
+                x = me["proxy_cpu_us"] / tz["proxy_cpu_us"]
+                out.append(
+                    f"- {label}: CPU within {GOAL_TENSORZERO_CPU_X:g}x TensorZero's at {rate:,} QPS: "
+                    + _verdict(
+                        x <= GOAL_TENSORZERO_CPU_X,
+                        f"{x:.2f}x: {me['proxy_cpu_us']:.0f} vs {tz['proxy_cpu_us']:.0f} us / req",
+                        f"{x - GOAL_TENSORZERO_CPU_X:.2f}x",
+                    )
+                )
+            if tz is not None and "direct" in by_row:
+                mine, theirs = _added_p99(by_row, name), _added_p99(by_row, "tensorzero")
+                out.append(
+                    f"- {label}: added p99 at or under TensorZero's at {rate:,} QPS: "
+                    + _verdict(mine <= theirs, f"{mine:.2f} vs {theirs:.2f} ms", f"{mine - theirs:.2f} ms")
+                )
+            if pk is not None and "proxy_cpu_us" in me and "proxy_cpu_us" in pk:
+                x = me["proxy_cpu_us"] / pk["proxy_cpu_us"]
+                added = ""
+                if "direct" in by_row:
+                    added = f"; added p99 {_added_p99(by_row, name):.2f} vs {_added_p99(by_row, 'portkey'):.2f} ms"
+                out.append(
+                    f"- {label}: CPU per request {x:.2f}x Portkey's at {rate:,} QPS "
+                    f"({me['proxy_cpu_us']:.0f} vs {pk['proxy_cpu_us']:.0f} us{added})"
+                )
     return out
 
 
@@ -615,14 +938,22 @@ def soak_report(soak: dict[str, Any], seconds: float) -> list[str]:
 # ---------------------------------------------------------------- main
 
 
-def _header(argv: Sequence[str]) -> str:
-    from benchmarks.peers.litellm_router import _version  # the installed version, without importing LiteLLM
+def _installed(package: str) -> str:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
 
+
+def _header(argv: Sequence[str]) -> str:
     command = "python -m benchmarks.gateway " + " ".join(shlex.quote(a) for a in argv)
+    pins = ", ".join(f"{k} {PORTKEY_PINS[k]}" for k in ("hono", "@hono/node-server"))
     return (
         f"<!-- {command.strip()} -->\n"
         f"machine: {os.cpu_count()} cores shared with other work (read ratios, not absolute ms), "
-        f"Python {platform.python_version()}; LiteLLM {_version()}; endpoint, proxies and load generator "
+        f"Python {platform.python_version()}; LiteLLM {_installed('litellm')}; "
+        f"Portkey gateway {PORTKEY_VERSION} ({pins}: its lockfile's) on node {node_version()}; "
+        f"TensorZero {_installed('tensorzero')}; endpoint, proxies and load generator "
         f"each in a process of their own; open loop, latency from when a request was due; "
         f"percentiles over the 200 answers; timeout {TIMEOUT:g} s\n"
     )
@@ -643,10 +974,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--generate", metavar="URL", help=argparse.SUPPRESS)  # the load generator's process
     ap.add_argument("--rate", type=float, help=argparse.SUPPRESS)
     ap.add_argument("--warmup", type=float, default=WARMUP, help=argparse.SUPPRESS)
+    ap.add_argument("--model", default=MODEL, help=argparse.SUPPRESS)
+    ap.add_argument("--tensorzero", nargs=2, metavar=("CONFIG", "URL_FILE"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.generate:
         key = os.environ.get(LOAD_KEY_ENV, "unused")
-        print(json.dumps(asyncio.run(generate(args.generate, key, args.rate, args.seconds, args.warmup))))
+        more = json.loads(os.environ.get(LOAD_HEADERS_ENV) or "{}")
+        load = generate(args.generate, key, args.rate, args.seconds, args.warmup, args.model, more)
+        print(json.dumps(asyncio.run(load)))
+        return 0
+    if args.tensorzero:
+        serve_tensorzero(*args.tensorzero)
         return 0
     print(_header(argv if argv is not None else sys.argv[1:]), flush=True)
     logs = Path(tempfile.mkdtemp(prefix="capmon-gateway-bench-"))
@@ -668,11 +1006,11 @@ def main(argv: list[str] | None = None) -> int:
                 print("\n".join(soak_report(raw["soak"], args.soak)))
             else:
                 rows = start_rows(names, stack, logs, upstream, how)
-                raw["levels"] = run_levels(rows, args.rates, args.seconds, logs)
+                raw["levels"] = run_levels(rows, args.rates, args.seconds, logs, upstream.pid)
                 print()
                 print(levels_table(rows, raw["levels"]))
                 print()
-                print("\n".join(goals(raw["levels"])))
+                print("\n".join(goals(raw["levels"]) + peer_goals(rows, raw["levels"])))
     except KeyboardInterrupt:
         print(f"\ninterrupted: every process stopped; logs in {logs}", file=sys.stderr)
         return 130

@@ -10,6 +10,7 @@ overhead.py, gateway.py and the gateway peer alike.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import ctypes
 import json
@@ -191,6 +192,27 @@ def tree_cpu_seconds(pid: int) -> float:
         with contextlib.suppress(OSError):
             total += cpu_seconds(p)
     return total
+
+
+def wait_quiet(
+    pids: Sequence[int], share: float = 0.05, window: float = 1.0, cap: float = 90.0, step: float = 0.25
+) -> tuple[float, float]:
+    """Until the process trees of ``pids`` together use under ``share`` of a core over the
+    last ``window`` seconds (a proxy that has worked off what the last load left it), or
+    ``cap`` seconds have passed: (the seconds waited, that share over the last window)."""
+    start = time.monotonic()
+    samples: collections.deque[tuple[float, float]] = collections.deque()  # (when, CPU seconds)
+    while True:
+        now = time.monotonic()
+        cpu = sum(tree_cpu_seconds(p) for p in pids)
+        samples.append((now, cpu))
+        while len(samples) > 1 and now - samples[1][0] >= window:
+            samples.popleft()  # the oldest sample kept is the last one a whole window old
+        then, cpu_then = samples[0]
+        used = (cpu - cpu_then) / (now - then) if now - then >= window else float("nan")
+        if used < share or now - start >= cap:
+            return now - start, used
+        time.sleep(step)
 
 
 def rss_mb(pid: int) -> float:
