@@ -437,20 +437,20 @@ def test_a_successful_probe_starts_the_ramp_at_ramp_start() -> None:
     assert h.changes[-1] == ("half-open", "ramp")
 
 
-def test_each_clean_answer_adds_a_slot_so_a_round_of_them_doubles_the_share() -> None:
-    # basis 16 from 2 slots: rounds of 2, 4 and 8 answers take it to 4, 8 and 16 slots,
-    # and every answer counts at once (TCP's window grows by one per ack).
-    h = Harness(ramp_start=0.125, ramp_duration=1e6)
+def test_each_clean_answer_adds_two_slots_so_a_round_of_them_triples_the_share() -> None:
+    # basis 18 from 2 slots: rounds of 2 and 6 answers take it to 6 and 18 slots, and
+    # every answer counts at once (TCP's window grows per ack; capmon's by two slots).
+    h = Harness(ramp_start=2 / 18, ramp_duration=1e6)
     h.trip()
-    h.to_ramp(basis=16)
+    h.to_ramp(basis=18)
     b = h.breaker
-    for slots_before, round_size in [(2, 2), (4, 4), (8, 8)]:
+    for slots_before, round_size in [(2, 2), (6, 6)]:
         for k in range(round_size):
-            assert b.state is State.RAMP and b.share() == pytest.approx((slots_before + k) / 16)
+            assert b.state is State.RAMP and b.share() == pytest.approx((slots_before + 2 * k) / 18)
             h.succeed()
     v = b.view()
     assert v.state is State.CLOSED and v.reason == "ramp complete" and v.trips == 0
-    assert h.steps == [0.25, 0.5]  # one RampStep per doubling; the last doubling is the close
+    assert h.steps == pytest.approx([4 / 18, 8 / 18, 16 / 18])  # one RampStep per doubling
     assert h.changes[-1] == ("ramp", "closed")
 
 
@@ -458,12 +458,12 @@ def test_each_clean_answer_adds_a_slot_so_a_round_of_them_doubles_the_share() ->
     ("basis", "ramp_start", "answers", "share"),
     [
         (24, 0.25, 0, 0.25),  # 6 of 24
-        (24, 0.25, 1, 7 / 24),
-        (24, 0.25, 6, 0.5),  # a round of 6: 12 of 24
-        (24, 0.25, 17, 23 / 24),
-        (24, 0.25, 18, 1.0),  # 6 -> 12 -> 24: two rounds' worth closes it (the sum's rounding too)
-        (10, 0.25, 1, 0.35),  # 2.5 slots + 1
-        (10, 0.25, 8, 1.0),  # 2.5 + 8 > 10: capped, closed
+        (24, 0.25, 1, 8 / 24),
+        (24, 0.25, 6, 18 / 24),  # a round of 6: 18 of 24
+        (24, 0.25, 8, 22 / 24),
+        (24, 0.25, 9, 1.0),  # 6 -> 18 -> 24: a round and a half closes it (the sum's rounding too)
+        (10, 0.25, 1, 0.45),  # 2.5 slots + 2
+        (10, 0.25, 4, 1.0),  # 2.5 + 8 > 10: capped, closed
         (2, 0.25, 1, 1.0),  # 1 of 2 (the floor), then 2 of 2
     ],
 )
@@ -479,7 +479,7 @@ def test_the_growth_table(basis: float, ramp_start: float, answers: int, share: 
 def test_a_failure_in_the_ramp_adds_nothing_and_failures_in_a_row_reopen_it() -> None:
     h = Harness(ramp_start=0.25, ramp_duration=1e6, failure_threshold=3)
     h.trip()
-    h.to_ramp(basis=8)  # 2 of 8
+    h.to_ramp(basis=16)  # 4 of 16
     h.succeed()
     h.fail()
     assert h.breaker.share() == 0.375  # the success counted, the failure adds nothing
@@ -513,20 +513,20 @@ def test_a_ramp_starts_at_no_fewer_slots_than_the_limiters_initial_limit(
     if share < 1.0:
         assert b.state is State.RAMP and b.share() == pytest.approx(share)
         h.succeed()  # grows from the floor
-        assert b.share() == pytest.approx(share + 1 / basis)
+        assert b.share() == pytest.approx(share + 2 / basis)
     else:
         assert b.state is State.CLOSED and b.view().reason == "ramp complete"
 
 
-def test_the_growth_rule_is_one_slot_of_the_basis_and_snaps_to_one() -> None:
-    assert ramp_grown(0.25, 8) == 0.375
-    assert ramp_grown(0.0, 8) == 0.125
-    assert ramp_grown(0.9, 8) == 1.0
+def test_the_growth_rule_is_two_slots_of_the_basis_and_snaps_to_one() -> None:
+    assert ramp_grown(0.25, 16) == 0.375
+    assert ramp_grown(0.0, 8) == 0.25
+    assert ramp_grown(0.8, 8) == 1.0
     assert ramp_grown(0.25, 0.5) == 1.0  # a basis below one is one slot
     share = 0.25
     for _ in range(18):
-        share = ramp_grown(share, 24)
-    assert share == 1.0  # 0.25 + 18 / 24 summed is 0.9999999999999998
+        share = ramp_grown(share, 48)
+    assert share == 1.0  # 0.25 + 18 * 2 / 48 summed is 0.9999999999999997
 
 
 def test_ramp_duration_is_a_ceiling_on_the_ramp() -> None:
@@ -536,7 +536,7 @@ def test_ramp_duration_is_a_ceiling_on_the_ramp() -> None:
     b = h.breaker
     h.clock.advance(30)  # no traffic at all: time alone raises the share
     assert b.view().ramp_share == pytest.approx(0.625)
-    h.succeed(2)  # a clean round doubles the evidence share, 0.5, below the time share
+    h.succeed(1)  # a clean answer: the evidence share, 0.5, below the time share
     assert b.share() == pytest.approx(0.625)
     h.clock.advance(29.9)
     assert b.state is State.RAMP
@@ -550,7 +550,7 @@ def test_evidence_is_not_held_back_by_time() -> None:
     h.to_ramp(basis=8)
     h.clock.advance(1)
     h.succeed(2)
-    assert h.breaker.share() == 0.5  # one clean round beats a second of time (0.2625)
+    assert h.breaker.share() == 0.75  # one clean round beats a second of time (0.2625)
 
 
 def test_the_ramp_completing_forgets_the_interval_growth() -> None:
@@ -604,7 +604,7 @@ def test_many_retrips_in_a_row_do_not_overflow() -> None:
 def test_a_success_during_ramp_ends_the_failure_streak() -> None:
     h = Harness(ramp_duration=1e6)
     h.trip()
-    h.to_ramp()
+    h.to_ramp(basis=64)
     for _ in range(5):
         h.fail(2)
         h.succeed()
@@ -871,7 +871,7 @@ def test_a_raising_publish_callable_does_not_break_the_breaker() -> None:
     assert b.state is State.RAMP
     for _ in range(2):  # a ramp step publishes too
         b.record(b.generation, S.SUCCESS, sent_at=clock.now())
-    assert b.share() == 0.5
+    assert b.share() == 0.75
 
 
 # ------------------------------------------------------------------ fast-forwarded loop time
@@ -932,7 +932,7 @@ async def test_steady_traffic_ramps_up_in_round_trips_an_idle_ramp_in_ramp_durat
         await asyncio.sleep(0.5)
         for gen, at in sent:
             b.record(gen, S.SUCCESS, sent_at=at, basis=8)
-    assert shares[:2] == [0.25, 0.5] and len(shares) <= 3
+    assert shares[:2] == [0.25, 0.75] and len(shares) <= 3
     assert clock.now() - ramp_from == pytest.approx(0.5 * len(shares))
 
     # No traffic: the ceiling closes it.

@@ -193,18 +193,18 @@ async def test_a_cancelled_probe_is_repeated_after_the_same_interval() -> None:
 
 
 async def test_the_ramp_admits_its_share_of_the_learned_concurrency() -> None:
-    w = World(breaker=BreakerConfig(ramp_start=0.25, ramp_duration=1e6), limiter=LimiterConfig(initial=2, max=8))
-    await w.grow(8)
+    w = World(breaker=BreakerConfig(ramp_start=0.125, ramp_duration=1e6), limiter=LimiterConfig(initial=2, max=16))
+    await w.grow(16)
     await w.trip()
     await w.probe()
     t = w.t()
-    assert t.limiter.limit == 8.0 and t.view().ramp_slots == 2  # max(2, ceil(0.25 * 8))
+    assert t.limiter.limit == 16.0 and t.view().ramp_slots == 2  # max(2, ceil(0.125 * 16))
     first = [await w.admit(), await w.admit()]
     assert await t.admit(1) is None  # the ramp's share is used up, though the limiter has room
     for adm in first:
         await t.settle(adm, None)
-    assert t.view().breaker.ramp_share == 0.5 and t.view().ramp_slots == 4  # a slot per clean answer: doubled
-    second = [await w.admit() for _ in range(4)]
+    assert t.view().breaker.ramp_share == 0.375 and t.view().ramp_slots == 6  # two slots per clean answer: tripled
+    second = [await w.admit() for _ in range(6)]
     assert await t.admit(1) is None
     for adm in second:
         await t.settle(adm, None)
@@ -385,7 +385,7 @@ async def test_a_success_refunds_the_tokens_it_did_not_use() -> None:
 @pytest.mark.parametrize(
     ("failure", "news", "consecutive", "limit", "key"),
     [
-        (None, False, 0, 9.0, KeyState.OK),  # slow start: 4 of 8 busy, and work was turned away
+        (None, False, 0, 10.0, KeyState.OK),  # slow start: 4 of 8 busy, two slots more
         (capacity(), True, 1, 3.0, KeyState.OK),  # position 4: the target holds 3
         (rate_limited(), True, 0, 3.0, KeyState.OK),  # full, but says nothing about the model being down
         (DOWN, True, 1, 8.0, KeyState.OK),  # never reached the server: news for the breaker only

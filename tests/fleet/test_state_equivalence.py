@@ -433,7 +433,7 @@ def test_memory_and_redis_decide_the_same(redis_url: str) -> None:
     assert not missing, f"the derandomized run never took {sorted(missing)}: give it more steps ({dict(seen)})"
 
 
-def test_a_ramp_grows_a_slot_per_clean_answer_in_both_stores(redis_url: str) -> None:
+def test_a_ramp_grows_two_slots_per_clean_answer_in_both_stores(redis_url: str) -> None:
     # The random runs reach a ramp now and then; this one walks through one, step by step:
     # a fleet's share grows by the step its process writes with each settle.
     Equivalence.redis_url = redis_url
@@ -456,9 +456,9 @@ def test_a_ramp_grows_a_slot_per_clean_answer_in_both_stores(redis_url: str) -> 
             grown.append(flagship.view().ramp_slots)
             m._settle(0, outcome, None, None)  # the oldest answers
             m.compare()
-        # 0.35 of 8 (3 slots), a slot more per clean answer; the oldest's rejection (position
-        # 3: the target holds 2) cuts the limit under the share, 0.6 of 2, and adds nothing.
-        assert grown == [3, 4, 5, 2]
+        # 0.35 of 8 (3 slots), two slots more per clean answer; the oldest's rejection (position
+        # 3: the target holds 2) cuts the limit under the share, 0.85 of 2, and adds nothing.
+        assert grown == [3, 5, 7, 2]
         while m.open:
             m._settle(0, "ok", None, None)
             m.compare()

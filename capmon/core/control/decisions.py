@@ -25,6 +25,7 @@ import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from capmon.core.control.limiter import SLOW_START_STEP
 from capmon.core.control.policy import CANCELLED, BreakerSignal, KeyAction, LimiterSignal, Policy, policy_for
 from capmon.core.types.failure import Failure, Kind
 from capmon.core.types.states import KeyState as KeyState  # re-exported: what a settle moves a key to
@@ -113,13 +114,13 @@ def ramp_opening(ramp_start: float, basis: float, floor: float) -> float:
 
 
 def ramp_grown(share: float, basis: float) -> float:
-    """A ramp's share after one clean answer (a success sent in the ramp): one slot of the
-    ``basis`` more, as TCP's slow start grows its window by one segment per ack. A round
-    of clean answers as large as the share doubles it, so the ramp doubles per round trip
-    while its slots are in use, and every answer counts at once: a slow answer holds back
-    its own slot, not its round's (capmon/core/control/breaker.py, CircuitBreaker.record; a
-    fleet's share is raised by the step that process writes)."""
-    grown = share + 1.0 / max(1.0, basis)
+    """A ramp's share after one clean answer (a success sent in the ramp): two slots of the
+    ``basis`` more (the limiter's SLOW_START_STEP), as TCP's slow start grows its window
+    per ack. A round of clean answers as large as the share triples it, so the ramp
+    triples per round trip while its slots are in use, and every answer counts at once: a
+    slow answer holds back its own slot, not its round's (capmon/core/control/breaker.py,
+    CircuitBreaker.record; a fleet's share is raised by the step that process writes)."""
+    grown = share + SLOW_START_STEP / max(1.0, basis)
     return 1.0 if grown >= 1.0 - _SLOT_EPS else grown
 
 

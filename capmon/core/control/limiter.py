@@ -9,8 +9,8 @@
   becomes the learned capacity. A full target therefore turns into local queueing,
   not into rejected requests.
 
-  Before the first rejection the limit is a guess: it grows by one slot per clean answer
-  while half of it is in use (slow start: it doubles every round trip). Once a capacity
+  Before the first rejection the limit is a guess: it grows by two slots per clean answer
+  while half of it is in use (slow start: it triples every round trip). Once a capacity
   is learned, the limit grows only while it is *pressed*: work that wanted this target
   was turned away for want of room (it went to another target or waits) while the
   answer was out, and the answer came back clean at the limit. Nothing pressing,
@@ -19,14 +19,15 @@
   limiter"):
 
   - after a send above the learned capacity was served (the target has more room than
-    it had: a recovery in steps), one slot more per clean answer, so the limit doubles
+    it had: a recovery in steps), two slots more per clean answer, so the limit triples
     every round trip, as in slow start;
   - at the learned capacity, one slot more per ``hold`` round trips at the limit: one
     request sent above it asks whether the target has more room. Served, the climb
     above starts; refused (one rejection, the climb's whole cost), the limit goes back
-    to what the target held and the next ask waits twice as long, up to ``_MAX_HOLD``
-    round trips. So a rise in capacity is found within a few round trips, and a steady
-    one costs one rejection per ``_MAX_HOLD`` round trips at most.
+    to what the target held and the next ask waits twice as long, up to ``max_hold``
+    round trips (4, more for a limit under 13). So a rise in capacity is found within a
+    few round trips, and a steady one costs at most one rejection per 4 round trips, and
+    at most ``ASK_SHARE`` (2 %) of the target's requests.
 * :class:`TokenBucket` is an rpm or tpm bucket that charges up front (tpm charges
   ``max_tokens``; :meth:`TokenBucket.refund` gives back what a request did not use).
 * :class:`Budget` bounds transient retries to a share of first attempts, so a flaky
@@ -44,12 +45,24 @@ from capmon.core.base.clock import Clock
 from capmon.core.control.policy import LimiterSignal
 from capmon.core.types.config import LimiterConfig
 
+# Slow start and a climb: slots added per clean answer. Two, so the limit triples every
+# round trip: growth is paced by answers, a round trip apart, while a rejection comes back
+# at once, so a faster start costs about one rejection more at the top, not a round trip.
+SLOW_START_STEP = 2.0
 # Growth at the learned capacity while pressed: one more slot per HOLD round trips at
-# the limit, doubled each time the target refutes it, up to MAX_HOLD. A hold of 0 is a
-# climb: a send above the capacity was served, and each clean answer adds a slot.
+# the limit, doubled each time the target refutes it, up to MAX_HOLD round trips, or more
+# for a small limit, so that refused asks stay under ASK_SHARE of the target's requests.
+# A hold of 0 is a climb: a send above the capacity was served.
 _FIRST_HOLD = 1.0
-_MAX_HOLD = 8.0
+_MAX_HOLD = 4.0
+ASK_SHARE = 0.02
 _CLIMB = 0.0
+
+
+def max_hold(limit: float) -> float:
+    """The longest wait between two asks above the capacity, in round trips at the limit:
+    one refused ask per ``limit * hold`` answers is at most ``ASK_SHARE`` of them."""
+    return max(_MAX_HOLD, 1.0 / (ASK_SHARE * max(1.0, limit)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,7 +193,7 @@ class AdaptiveLimiter:
             # guess, not a lesson: it grows while half of it is used, pressed or not, so a
             # burst finds the room before it spills to another model.
             if busy >= self._limit / 2:
-                self._limit = min(float(self.max), self._limit + 1.0)
+                self._limit = min(float(self.max), self._limit + SLOW_START_STEP)
         elif pressed and busy >= int(self._limit + 1e-9):
             self._limit = min(float(self.max), self._limit + 1.0 / (self._limit * self._hold))
 
@@ -189,7 +202,7 @@ class AdaptiveLimiter:
         if self._capacity is not None and held >= self._capacity:
             # A send above the learned capacity was refused: the target holds what was in
             # flight when it was sent, and the next ask waits twice as long.
-            self._hold = min(_MAX_HOLD, max(_FIRST_HOLD, self._hold * 2.0))
+            self._hold = min(max_hold(held), max(_FIRST_HOLD, self._hold * 2.0))
             new = float(held)
             self._capacity = held
         else:

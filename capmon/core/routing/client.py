@@ -312,14 +312,18 @@ class FallbackClient(FormatCalls, ManualControls):
         self.journal.observe(r.request, attempt)
 
     def _wanted(self, r: Routing, passed: Sequence[Target]) -> None:
-        """``r`` is served by another target than these, or waits. Each of them whose
-        breaker is open (its probe schedule runs) has one more request that prefers it
-        (capmon/core/control/demand.py), counted once per request; each of the others is
-        pressed: its limiter may grow (capmon/core/control/limiter.py)."""
+        """``r`` is served by another target than these (in its order of preference), or
+        waits. Each of them whose breaker is open (its probe schedule runs) has one more
+        request that prefers it (capmon/core/control/demand.py), counted once per request.
+        The first, the one it prefers, is pressed when its breaker admits: its limiter may
+        grow (capmon/core/control/limiter.py). The others are not: more room there would
+        only move work between fallbacks, and each ask for it costs a rejection."""
+        if passed and passed[0].state.probe_due_at() is None:
+            passed[0].state.press()
         for u in passed:
             if u.state.probe_due_at() is None:
-                u.state.press()
-            elif u.id not in r.wanted:
+                continue
+            if u.id not in r.wanted:
                 r.wanted.add(u.id)
                 self.demand.want(u.id)
 
