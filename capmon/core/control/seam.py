@@ -22,7 +22,6 @@ state seam", says what each call must guarantee.
 from __future__ import annotations
 
 import math
-
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple, Protocol
@@ -101,6 +100,7 @@ class TargetState(Protocol):
     def press(self) -> None:
         """Work that wanted this target was turned away (it went to another or waits):
         what lets the limiter grow (capmon/core/control/limiter.py)."""
+
     async def admit(self, cost: int) -> Admission | None: ...
     async def begin_probe(self, *, early: bool = False) -> Admission | None: ...
     async def settle(
