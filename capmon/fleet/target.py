@@ -106,7 +106,9 @@ class RedisTarget:
         return max(self.local.not_before, until or 0.0, self._bucket_until(cost))
 
     def press(self) -> None:
-        self.local.press()  # passed to SETTLE with each answer: this process's work was turned away
+        # passed to SETTLE with each answer: this process's work was turned away by a full
+        # target (ADMIT said so fleet-wide, or this process's own requests fill the limit)
+        self.local.press(full=self._shared and self._store.clock.now() < self._full_until)
 
     def probe_due_at(self) -> float | None:
         b = self.local.breaker

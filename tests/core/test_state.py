@@ -404,13 +404,31 @@ async def test_settle_applies_the_policy_table(
     w = World(limiter=LimiterConfig(initial=8))
     t = w.t()
     held = [await w.admit() for _ in range(4)]
-    t.press()  # as the router does when work is turned away (another target full for it)
     assert await t.settle(held[-1], failure) is news
     v = t.view()
     assert v.breaker.state is State.CLOSED and v.breaker.consecutive_failures == consecutive
     assert v.limiter.limit == limit and v.limiter.in_flight == 3
     assert v.key_state is key
     assert t.not_before == 0.0
+
+
+async def test_only_a_full_limit_turning_work_away_presses_the_limiter() -> None:
+    w = World(limiter=LimiterConfig(initial=4, max=16))
+    t = w.t()
+    held = [await w.admit() for _ in range(4)]
+    await t.settle(held.pop(), capacity())  # position 4: it holds 3, a learned limit
+    assert (t.limiter.limit, t.limiter.capacity) == (3.0, 3)
+    for adm in held:
+        await t.settle(adm, None, cancelled=True)
+    held = [await w.admit() for _ in range(2)]
+    t.press()  # turned away with a slot free (a ramp's share, a bucket, a hint): not the limit
+    await t.settle(held.pop(), None)
+    assert t.limiter.limit == 3.0
+    held += [await w.admit() for _ in range(2)]
+    assert await t.admit(1) is None
+    t.press()  # the full limit turned it away: the answers out now may grow it
+    await t.settle(held.pop(), None)
+    assert t.limiter.limit == pytest.approx(3 + 1 / 3)
 
 
 async def test_echoes_do_not_count_toward_a_trip() -> None:

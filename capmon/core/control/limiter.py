@@ -12,8 +12,8 @@
   Before the first rejection the limit is a guess: it grows by two slots per clean answer
   while half of it is in use (slow start: it triples every round trip). Once a capacity
   is learned, the limit grows only while it is *pressed*: work that wanted this target
-  was turned away for want of room (it went to another target or waits) while the
-  answer was out, and the answer came back clean at the limit. Nothing pressing,
+  was turned away by the full limit (it went to another target or waits) while the
+  answer was out, and the answer came back clean. Nothing pressing,
   nothing grows: a limit above what is used would only be spent by the next burst, in
   rejections. Pressed, it climbs as TCP does after a loss (ARCHITECTURE.md, "The
   limiter"):
@@ -24,10 +24,9 @@
   - at the learned capacity, one slot more per ``hold`` round trips at the limit: one
     request sent above it asks whether the target has more room. Served, the climb
     above starts; refused (one rejection, the climb's whole cost), the limit goes back
-    to what the target held and the next ask waits twice as long, up to ``max_hold``
-    round trips (4, more for a limit under 13). So a rise in capacity is found within a
-    few round trips, and a steady one costs at most one rejection per 4 round trips, and
-    at most ``ASK_SHARE`` (2 %) of the target's requests.
+    to what the target held and the next ask waits twice as long, up to ``MAX_HOLD`` (4)
+    round trips. So a rise in capacity is found within a few round trips, and a steady
+    one costs at most one rejection per 4 round trips.
 * :class:`TokenBucket` is an rpm or tpm bucket that charges up front (tpm charges
   ``max_tokens``; :meth:`TokenBucket.refund` gives back what a request did not use).
 * :class:`Budget` bounds transient retries to a share of first attempts, so a flaky
@@ -49,20 +48,13 @@ from capmon.core.types.config import LimiterConfig
 # round trip: growth is paced by answers, a round trip apart, while a rejection comes back
 # at once, so a faster start costs about one rejection more at the top, not a round trip.
 SLOW_START_STEP = 2.0
-# Growth at the learned capacity while pressed: one more slot per HOLD round trips at
-# the limit, doubled each time the target refutes it, up to MAX_HOLD round trips, or more
-# for a small limit, so that refused asks stay under ASK_SHARE of the target's requests.
-# A hold of 0 is a climb: a send above the capacity was served.
+# Growth at the learned capacity while pressed: one more slot per HOLD round trips, doubled
+# each time the target refutes it, up to MAX_HOLD round trips: a steady target costs one
+# refused ask per MAX_HOLD round trips, 1 / (MAX_HOLD * limit) of its requests (1 % at 24
+# slots, 3 % at 8). A hold of 0 is a climb: a send above the capacity was served.
 _FIRST_HOLD = 1.0
-_MAX_HOLD = 4.0
-ASK_SHARE = 0.02
+MAX_HOLD = 4.0
 _CLIMB = 0.0
-
-
-def max_hold(limit: float) -> float:
-    """The longest wait between two asks above the capacity, in round trips at the limit:
-    one refused ask per ``limit * hold`` answers is at most ``ASK_SHARE`` of them."""
-    return max(_MAX_HOLD, 1.0 / (ASK_SHARE * max(1.0, limit)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,7 +155,7 @@ class AdaptiveLimiter:
 
     def release(self, slot: Slot, signal: LimiterSignal, pressed: bool = False) -> bool:
         """Free a slot and learn from how the request ended. ``pressed``: work that wanted
-        this target was turned away for want of room while the request was out (the
+        this target was turned away by the full limit while the request was out (a learned
         limit grows only then). Returns True when an overload was news (the limit was
         cut), False for an echo of an earlier cut: the breaker counts only news, so a
         model that is merely full is not taken for one that is down."""
@@ -187,22 +179,24 @@ class AdaptiveLimiter:
             # about the capacity now.
             self._capacity = slot.position
             self._hold = _CLIMB
-        if self._capacity is None or (pressed and self._hold <= _CLIMB):
-            # Slow start, or a climb: only a limit that is being used grows, or it would take
-            # several rejections to come back down. Before the first rejection the limit is a
-            # guess, not a lesson: it grows while half of it is used, pressed or not, so a
-            # burst finds the room before it spills to another model.
-            if busy >= self._limit / 2:
+        if self._capacity is None:
+            # Slow start: only a limit that is being used grows, or it would take several
+            # rejections to come back down. Before the first rejection the limit is a guess,
+            # not a lesson: it grows while half of it is used, pressed or not, so a burst
+            # finds the room before it spills to another model.
+            if busy >= self._limit / 2 or pressed:
                 self._limit = min(float(self.max), self._limit + SLOW_START_STEP)
-        elif pressed and busy >= int(self._limit + 1e-9):
-            self._limit = min(float(self.max), self._limit + 1.0 / (self._limit * self._hold))
+        elif pressed:
+            # Pressed: the whole limit was in use when work was turned away (the seam's press).
+            step = SLOW_START_STEP if self._hold <= _CLIMB else 1.0 / (self._limit * self._hold)
+            self._limit = min(float(self.max), self._limit + step)
 
     def _cut(self, position: int) -> None:
         held = max(self.min, position - 1)
         if self._capacity is not None and held >= self._capacity:
             # A send above the learned capacity was refused: the target holds what was in
             # flight when it was sent, and the next ask waits twice as long.
-            self._hold = min(max_hold(held), max(_FIRST_HOLD, self._hold * 2.0))
+            self._hold = min(MAX_HOLD, max(_FIRST_HOLD, self._hold * 2.0))
             new = float(held)
             self._capacity = held
         else:

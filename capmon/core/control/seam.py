@@ -212,8 +212,13 @@ class MemoryTarget:
     def probe_due_at(self) -> float | None:
         return self.breaker.probe_due_at()
 
-    def press(self) -> None:
-        self._pressed_at = self._clock.now()
+    def press(self, full: bool = False) -> None:
+        """Work that wanted this target was turned away. It presses the limiter only when
+        the limit is what turned it away (all of it in use; ``full``: a shared store's
+        fleet-wide count says so), not a ramp's share, a bucket or a hint."""
+        lim = self.limiter
+        if full or lim.in_flight >= int(lim.limit + 1e-9):
+            self._pressed_at = self._clock.now()
 
     def pressed_since(self, at: float) -> bool:
         """Whether work that wanted this target was turned away at ``at`` or later."""

@@ -31,8 +31,8 @@ local left = held - present
 -- ------------------------------------------------------------ the limiter
 -- The same learning as capmon/core/control/limiter.py (AdaptiveLimiter.release, _grow, _cut,
 -- checkpoint): change both or neither; tests/fleet/test_limiter_math.py drives both.
--- limiter.py's SLOW_START_STEP, _FIRST_HOLD, _MAX_HOLD, ASK_SHARE, _CLIMB
-local STEP, FIRST_HOLD, MAX_HOLD, ASK_SHARE, CLIMB = 2.0, 1.0, 4.0, 0.02, 0.0
+-- limiter.py's SLOW_START_STEP, _FIRST_HOLD, MAX_HOLD, _CLIMB
+local STEP, FIRST_HOLD, MAX_HOLD, CLIMB = 2.0, 1.0, 4.0, 0.0
 local lmin, lmax, decrease = tonumber(ARGV[16]), tonumber(ARGV[17]), tonumber(ARGV[18])
 local limit, capacity = num(h.limit, 1), num(h.capacity, -1)
 local epoch, hold, below = num(h.epoch, 0), num(h.hold, FIRST_HOLD), num(h.below, 0)
@@ -61,19 +61,24 @@ if not probe then
       hold = CLIMB
     end
     local pressed = ARGV[31] == '1'
-    if capacity < 0 or (pressed and hold <= CLIMB) then
-      -- slow start, or a climb while pressed: two slots per answer while the limit is in use
-      if busy >= limit / 2 then limit = math.min(lmax, limit + STEP) end
-    elseif pressed and busy >= math.floor(limit + 1e-9) then
-      -- pressed at the learned capacity: a slot per hold round trips at the limit
-      limit = math.min(lmax, limit + 1.0 / (limit * hold))
+    if capacity < 0 then
+      -- slow start: two slots per answer while the limit is in use (or work was turned away)
+      if busy >= limit / 2 or pressed then limit = math.min(lmax, limit + STEP) end
+    elseif pressed then
+      -- pressed (the full limit turned work away): a climb's two slots per answer, else
+      -- one slot per hold round trips
+      if hold <= CLIMB then
+        limit = math.min(lmax, limit + STEP)
+      else
+        limit = math.min(lmax, limit + 1.0 / (limit * hold))
+      end
     end
   elseif is_news then
     local kept = math.max(lmin, position - 1)
     local new
     if capacity >= 0 and kept >= capacity then
       -- a send above the capacity refused: it holds what was in flight; ask again twice as late
-      hold = math.min(math.max(MAX_HOLD, 1.0 / (ASK_SHARE * math.max(1.0, kept))), math.max(FIRST_HOLD, hold * 2.0))
+      hold = math.min(MAX_HOLD, math.max(FIRST_HOLD, hold * 2.0))
       new = kept
       capacity = kept
     else
