@@ -162,17 +162,24 @@ def known_slots(spec: ModelSpec, t: float, repeat: float, offset: float) -> int:
     return min(slots_at(spec, t, repeat), slots_at(spec, seen, repeat))
 
 
-def ideal(scn: Scenario, items: int, workers: int, offset: float = 0.0, *, informed: bool = False) -> Ideal:
+def ideal(
+    scn: Scenario, items: int, workers: int, offset: float = 0.0, *, informed: bool = False, start: int | None = None
+) -> Ideal:
     """The perfect greedy schedule of ``items`` over ``workers``; ``offset`` is the
     scenario clock (seconds since the simulator started) when the first item is sent.
     ``informed``: the oracle that learns of a rise in capacity one round trip late
     (``known_slots``, the module docstring) instead of the one that knows every model's
-    capacity the moment it changes."""
+    capacity the moment it changes. ``start``: for its first round trip on each model it
+    sends no more than that many at once (a client's initial concurrency limit, before any
+    answer has shown it more): the floor any client that starts there meets."""
     models = scn.models
     repeat = scn.repeat
 
     def usable(m: ModelSpec, t: float) -> int:
-        return known_slots(m, t, repeat, offset) if informed else slots_at(m, t, repeat)
+        n = known_slots(m, t, repeat, offset) if informed else slots_at(m, t, repeat)
+        if start is not None and t < offset + service_time(m, offset, repeat) - _EPS:
+            n = min(n, start)  # nothing answered yet: no more than a client starts with
+        return n
 
     in_flight = {m.name: 0 for m in models}
     served = {m.name: 0 for m in models}
@@ -180,6 +187,8 @@ def ideal(scn: Scenario, items: int, workers: int, offset: float = 0.0, *, infor
     waiting: collections.deque[float] = collections.deque()  # workers holding an item: when they picked it up
     latencies: list[float] = []
     boundaries = _wakes(scn, offset, 3600.0, informed)
+    if start is not None:  # the first answers: the starting capacity is known from then on
+        boundaries = sorted({*boundaries, *(offset + service_time(m, offset, repeat) for m in models)})
     t = offset
     left = items
     idle = workers

@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from benchmarks.ideal import ideal, known_slots
-from capmon.sim.scenario import Scenario, parse_scenario
+from capmon.sim.scenario import ModelSpec, Scenario, parse_scenario
 
 
 def _model(name: str, slots: int, latency: float, schedule: str = "") -> str:
@@ -79,3 +79,14 @@ def test_the_simulation_wakes_when_the_informed_oracle_learns() -> None:
     best = ideal(scn, 1, 1, informed=True)
     assert best.makespan == pytest.approx(3.0)  # starts at 2 s, when it learns of the step
     assert best.latencies == pytest.approx((3.0,))
+
+
+def test_the_floor_oracle_sends_no_more_than_the_initial_limit_until_its_first_answers() -> None:
+    # One model, 4 slots, 1 s per request, 8 items on 8 workers: the informed oracle sends 4
+    # at once, then 4 more, done at 2 s; held to 2 until its first answers (1 s), it sends
+    # 2, then 4 at 1 s, then the last 2 at 2 s: done at 3 s.
+    scn = Scenario(models=(ModelSpec(name="m", slots=4, base_latency=1.0, per_token=0.0, answer_tokens=0),))
+    free = ideal(scn, 8, 8, informed=True)
+    held = ideal(scn, 8, 8, informed=True, start=2)
+    assert free.makespan == pytest.approx(2.0)
+    assert held.makespan == pytest.approx(3.0)
