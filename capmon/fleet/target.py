@@ -332,15 +332,8 @@ class RedisTarget:
                 self._full_until = now + FULL_NAP  # that was the last slot: no call until one frees
             self._local_slots[lease] = self.local.limiter.take()
             self._store.track(self.id, lease)
-            return Admission(
-                self.id,
-                h.gen,
-                False,
-                Slot(count, h.epoch),
-                cost,
-                now,
-                lease=lease,
-            )
+            slot = Slot(count, h.epoch)
+            return Admission(self.id, h.gen, False, slot, cost, now, lease=lease, ask=self.local.limiter.asks(slot))
         if verdict == "full":
             self._full_until = now + FULL_NAP
         elif verdict == Verdict.RPM and retry_at > 0:

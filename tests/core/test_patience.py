@@ -74,3 +74,19 @@ async def test_a_batch_request_waits_out_a_hint_an_interactive_one_does_not() ->
 async def test_patience_never_waits_past_the_deadline() -> None:
     model, attempts, took = await _once(10.0, "[client]\ndeadline = 5\n", priority=Priority.BATCH)
     assert model == "medium" and took < 1.0, (attempts, took)
+
+
+async def test_a_refused_ask_above_the_learned_capacity_does_not_wait_out_the_hint() -> None:
+    # The limiter's ask for more room rides on a user's request (capmon/core/control/limiter.py):
+    # refused with a hint the request would wait out, it takes the next slot anywhere instead.
+    from capmon.core.types.failure import Failure, Kind
+
+    async with FallbackClient(three_models("http://127.0.0.1:9/v1"), environ=ENV) as client:
+        r = client._new("hi", {})
+        flagship = client.targets[0]
+        now = client.clock.now()
+        full = Failure(Kind.RATE_LIMITED, "Rate limit reached.", 429, retry_after=2.0)
+        kept = client._plan(r, flagship, full, 1, now, spend_retry=lambda: True)
+        asked = client._plan(r, flagship, full, 1, now, spend_retry=lambda: True, asked=True)
+    assert kept.stick_to == "flagship"  # within its patience: waits it out on the flagship
+    assert asked.stick_to is None and asked.skip is not None  # backs off the flagship, goes anywhere else

@@ -8,6 +8,7 @@ Time is a ManualClock; the calls are async but never wait, so nothing sleeps.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 from typing import Any
 
@@ -849,3 +850,18 @@ async def test_many_workers_never_exceed_the_limit() -> None:
     assert peak == 4 and t.limiter.in_flight == 0 and len(q) == 0
     assert t.limiter.limit == 4.0
     await q.aclose()
+
+
+async def test_an_admission_above_the_learned_capacity_is_an_ask() -> None:
+    w = World(limiter=LimiterConfig(initial=4, max=16))
+    t = w.t()
+    held = [await w.admit() for _ in range(4)]
+    assert not any(a.ask for a in held)  # nothing learned yet: slow start, not an ask
+    await t.settle(held.pop(), capacity())  # it holds 3
+    for adm in held:
+        await t.settle(adm, None, cancelled=True)
+    held = [await w.admit() for _ in range(3)]
+    assert not any(a.ask for a in held)
+    t.limiter.mirror(dataclasses.replace(t.limiter.learned(), limit=4.0))  # a pressed limit asked for one more
+    above = await w.admit()
+    assert above.slot.position == 4 and above.ask

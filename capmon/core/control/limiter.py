@@ -153,6 +153,10 @@ class AdaptiveLimiter:
         self._in_flight += 1
         return Slot(self._in_flight, self._epoch)
 
+    def asks(self, slot: Slot) -> bool:
+        """Whether ``slot`` was taken above the learned capacity: an ask for more room."""
+        return self._capacity is not None and slot.position > self._capacity
+
     def release(self, slot: Slot, signal: LimiterSignal, pressed: bool = False) -> bool:
         """Free a slot and learn from how the request ended. ``pressed``: work that wanted
         this target was turned away by the full limit while the request was out (a learned

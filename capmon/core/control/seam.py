@@ -55,6 +55,9 @@ class Admission:
     at: float
     settled: bool = False
     lease: str | None = None  # a shared store's lease on a fleet-wide slot; None: granted by local state alone
+    # Sent above the learned capacity: the limiter asking for more room (capmon/core/control/limiter.py).
+    # A refusal is its own lesson, not the model telling this request to wait for it.
+    ask: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,7 +259,8 @@ class MemoryTarget:
             self.rpm.try_take(1)
         if self.tpm is not None:
             self.tpm.try_take(cost)
-        return Admission(self.id, self.breaker.generation, False, lim.take(), cost, now)
+        slot = lim.take()
+        return Admission(self.id, self.breaker.generation, False, slot, cost, now, ask=lim.asks(slot))
 
     async def begin_probe(self, *, early: bool = False) -> Admission | None:
         """The one probe of an open breaker, when it is due (``early``: due by the demand

@@ -468,7 +468,15 @@ class FallbackClient(FormatCalls, ManualControls):
         return None if step.decision is Decision.FAIL else step
 
     def _plan(
-        self, r: Routing, t: Target, failure: Failure, number: int, now: float, *, spend_retry: Callable[[], bool]
+        self,
+        r: Routing,
+        t: Target,
+        failure: Failure,
+        number: int,
+        now: float,
+        *,
+        spend_retry: Callable[[], bool],
+        asked: bool = False,
     ) -> Step:
         """What the route does after ``failure`` on ``t`` (:func:`plan` with this client's targets)."""
         pinned = self.state.pinned
@@ -484,6 +492,7 @@ class FallbackClient(FormatCalls, ManualControls):
             spend_retry=spend_retry,
             now=now,
             elsewhere=lambda: r.earliest_elsewhere(self.targets, pinned, t.model.name, now),
+            asked=asked,
         )
 
     def _resume(self, r: Routing, t: Target) -> None:
@@ -574,7 +583,7 @@ class FallbackClient(FormatCalls, ManualControls):
             if grant is None and step.wait:
                 self.journal.show_wait(r, step.wait, failure.reason)
             return grant
-        step = self._plan(r, t, failure, number, now, spend_retry=self.state.spend_retry)
+        step = self._plan(r, t, failure, number, now, spend_retry=self.state.spend_retry, asked=adm.ask)
         r.apply(step)
         if step.decision is not Decision.RETRY:
             record(step.decision)

@@ -320,13 +320,17 @@ def plan(
     spend_retry: Callable[[], bool],
     now: float,
     elsewhere: Callable[[], float | None] = lambda: None,
+    asked: bool = False,
 ) -> Step:
     """Decide from the policy table; the request's memory is not touched (the router
     applies the step). Waiting happens in the queue: the request backs off from the
     target that failed (and only that one) and keeps its place in line for every other.
     ``has_other(excluded, window)``: whether a usable target remains but that one, with a
     context window larger than ``window``;
-    ``elsewhere()``: the earliest clock time a target of another model may admit it."""
+    ``elsewhere()``: the earliest clock time a target of another model may admit it;
+    ``asked``: the attempt was sent above the target's learned capacity (the limiter asking
+    for more room): refused, it is the limiter's lesson, so the request does not stay with
+    that model for its hint, whatever its patience; it takes the next slot anywhere."""
     kind = failure.kind
     nxt = policy_for(failure).next
     if nxt is Next.FAIL:
@@ -360,9 +364,9 @@ def plan(
         # the hint is within the request's patience (and its deadline): then it waits it out.
         stuck = r.stuck + 1 if r.stick_to == t.model.name else 1
         hint = failure.retry_after
-        patient = hint is not None and hint <= r.patience and now + wait < r.deadline
+        patient = hint is not None and hint <= r.patience and now + wait < r.deadline and not asked
         held_off = hint is not None and not patient and _sooner(elsewhere(), now + wait)
-        stick_to = t.model.name if stuck <= STICK_LIMIT and not held_off else None
+        stick_to = t.model.name if stuck <= STICK_LIMIT and not held_off and not asked else None
     return Step(Decision.RETRY, wait, skip=(t.id, now + wait), stick_to=stick_to, stuck=stuck)
 
 
