@@ -3,14 +3,17 @@ client, an eighth of the items and of the workers) and through 1 process carryin
 it, every client on one Redis namespace (``[shared] backend = "redis"``).
 
     python -m benchmarks.fleet [--items 400] [--workers 32] [--processes 8]
-                               [--scenario outage saturated penalty] [--redis URL] [--json FILE]
+                               [--scenario outage saturated penalty rising stepped]
+                               [--redis URL] [--json FILE]
 
 For every scenario and each of the two runs: the worker processes start, build their
 clients, join the fleet and say READY; a fresh simulator starts in its own process
-(``python -m capmon.sim``, as benchmarks/run.py does); every worker gets GO at once.
-Printed per scenario:
+(``python -m capmon.sim``, as benchmarks/run.py does); every worker gets GO at once;
+the coordinator samples the simulator's /admin/stats five times a second until the last
+worker is done. Printed per scenario:
 
 * completed, wall seconds;
+* pref share: the preferred (first) model's share of the completed items;
 * rejected (the simulator's count of capacity and rate-limit answers, penalties
   included): the 8 against the 1, and their ratio (goal <= 1.2);
 * penalised (goal 0);
@@ -23,7 +26,14 @@ Printed per scenario:
   (a request makes two);
 * probes of an open breaker: how many the fleet sent per open model, how many processes
   sent them, and the most that were out at once (1: one stream for the fleet, however
-  many processes; the 1-process run's count beside it).
+  many processes; the 1-process run's count beside it);
+* the climb, for a scenario whose preferred model's capacity rises (its schedule, read
+  from the scenario file): for each rise, how long after it the preferred model's
+  in-flight count (the simulator's, as sampled) first reached the new capacity, in the
+  1-process run and in the 8's, and the 8's minus the 1's (goal: at most about one
+  round trip, the model's mean service time: the fleet climbs together, not slower than
+  one process). "not reached" when it never did before the capacity changed again or
+  the run ended.
 
 Not a test: it prints figures (benchmarks/README.md, "python -m benchmarks.fleet").
 """
@@ -42,11 +52,12 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from benchmarks.ideal import percentile
-from benchmarks.procs import free_port, get_json, read_line, start_simulator, stop
+from benchmarks.ideal import percentile, service_time, slots_at
+from benchmarks.procs import Sampler, free_port, get_json, read_line, start_simulator, stop
+from capmon.sim.scenario import Scenario, load_scenario
 
 HERE = Path(__file__).resolve().parent
-SCENARIOS = ("outage", "saturated", "penalty")
+SCENARIOS = ("outage", "saturated", "penalty", "rising", "stepped")
 DEFAULT_REDIS = "redis://127.0.0.1:6379/14"
 
 
@@ -98,6 +109,7 @@ async def _worker(args: argparse.Namespace) -> None:
             return
         items = list(range(args.first, args.first + args.items))
         latencies: list[float] = []
+        served: dict[str, int] = {}  # completed items per serving model
         failed: list[str] = []
         t0 = time.perf_counter()
 
@@ -106,13 +118,14 @@ async def _worker(args: argparse.Namespace) -> None:
                 i = items.pop(0)
                 start = time.perf_counter()
                 try:
-                    await client.chat(
+                    result = await client.chat(
                         Request.of(
                             f"Item {i}: summarise the quarterly report for region {i % 17} in three sentences.",
                             item_id=str(i),
                         )
                     )
                     latencies.append(time.perf_counter() - start)
+                    served[result.model] = served.get(result.model, 0) + 1
                 except Exception as e:  # noqa: BLE001 - counted, not hidden
                     failed.append(f"{type(e).__name__}: {e}"[:160])
 
@@ -125,6 +138,7 @@ async def _worker(args: argparse.Namespace) -> None:
             "failed": failed,
             "wall": wall,
             "latencies": latencies,
+            "served": served,
             "hot": list(state.link.hot),
             "calls": calls,
             "verdicts": verdicts,
@@ -151,6 +165,7 @@ def run_once(scenario: Path, processes: int, items: int, workers: int, redis_url
     per, extra = divmod(items, processes)
     first = 0
     sim = None
+    sampler: Sampler | None = None
     try:
         for i in range(processes):
             n = per + (1 if i < extra else 0)
@@ -192,21 +207,31 @@ def run_once(scenario: Path, processes: int, items: int, workers: int, redis_url
             if read_line(p, 60) != "READY":
                 raise RuntimeError(f"a worker did not start (exit {p.poll()}); see {log_dir}")
         sim = start_simulator(port, scenario, log_dir / f"{scenario.stem}-{processes}.sim.log", env)
+        sampler = Sampler(origin)
         for p in procs:
             assert p.stdin is not None
             p.stdin.write("GO\n")
             p.stdin.flush()
+        sampler.start()
         for p in procs:
             if read_line(p, 600) != "DONE":
                 raise RuntimeError(f"a worker failed (exit {p.poll()}); see {log_dir}")
         stats = get_json(origin + "/admin/stats")
     finally:
+        if sampler is not None:
+            sampler.stop()
         for p in procs:
             stop(p)
         if sim is not None:
             stop(sim, kill=True)
         _drop(redis_url, namespace)
-    return {"workers": [json.loads(o.read_text()) for o in outs], "sim": stats}
+    assert sampler is not None
+    return {
+        "workers": [json.loads(o.read_text()) for o in outs],
+        "sim": stats,
+        "samples": sampler.samples,
+        "times": sampler.times,
+    }
 
 
 def _drop(redis_url: str, namespace: str) -> None:
@@ -265,7 +290,46 @@ def probe_streams(workers: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
     return out
 
 
-def figures(run: dict[str, Any], items: int) -> dict[str, Any]:
+def rises(scn: Scenario, until: float) -> list[dict[str, Any]]:
+    """The preferred model's rises in capacity before ``until`` (the simulator's clock),
+    from the scenario's schedule: when, from how many slots to how many, until when the
+    new capacity holds (the next change, or ``until``), and the round trip that shows it
+    (the model's mean service time then)."""
+    spec, repeat = scn.models[0], scn.repeat
+    starts = sorted(
+        {k * repeat + p.at for p in spec.schedule for k in range(int(until // repeat) + 1 if repeat > 0 else 1)}
+    )
+    starts = [t for t in starts if 0 < t < until]
+    changes = [t for t in starts if slots_at(spec, t, repeat) != slots_at(spec, t - 1e-6, repeat)]
+    out = []
+    for i, t in enumerate(changes):
+        before, after = slots_at(spec, t - 1e-6, repeat), slots_at(spec, t, repeat)
+        if after > before:
+            end = changes[i + 1] if i + 1 < len(changes) else until
+            out.append({"at": t, "from": before, "to": after, "until": end, "rtt": service_time(spec, t, repeat)})
+    return out
+
+
+def climbs(run: dict[str, Any], scn: Scenario, horizon: float) -> list[dict[str, Any]]:
+    """For each rise of the preferred model's capacity before ``horizon`` (the same for
+    the runs compared): how long after it the sampled in-flight count first reached the
+    new capacity (None: not before the next change, or the run's end)."""
+    name, times, samples = scn.models[0].name, run["times"], run["samples"]
+    out = []
+    for r in rises(scn, until=horizon):
+        took = next(
+            (
+                t - r["at"]
+                for t, s in zip(times, samples, strict=False)
+                if r["at"] <= t < r["until"] and name in s and s[name][0] >= r["to"]
+            ),
+            None,
+        )
+        out.append({**r, "took": took})
+    return out
+
+
+def figures(run: dict[str, Any], items: int, scn: Scenario) -> dict[str, Any]:
     ws = run["workers"]
     totals = run["sim"]["totals"]
     hot = [x for w in ws for x in w["hot"]]
@@ -278,8 +342,11 @@ def figures(run: dict[str, Any], items: int) -> dict[str, Any]:
             verdicts[k] = verdicts.get(k, 0) + v
     lat = [x for w in ws for x in w["latencies"]]
     delays = propagation(ws)
+    completed = sum(w["completed"] for w in ws)
+    preferred = sum(w["served"].get(scn.models[0].name, 0) for w in ws)
     return {
-        "completed": sum(w["completed"] for w in ws),
+        "completed": completed,
+        "share": preferred / completed if completed else float("nan"),
         "failed": sum(len(w["failed"]) for w in ws),
         "wall": max(w["wall"] for w in ws),
         "rejected": totals["rejected"]["capacity"] + totals["rejected"]["rate_limited"],
@@ -301,19 +368,23 @@ def figures(run: dict[str, Any], items: int) -> dict[str, Any]:
     }
 
 
-def report(name: str, one: dict[str, Any], many: dict[str, Any], processes: int) -> str:
+def _took(x: float | None, unit: str = "") -> str:
+    return "not reached" if x is None else f"{x:.2f}{unit}"
+
+
+def report(name: str, one: dict[str, Any], many: dict[str, Any], processes: int, preferred: str) -> str:
     ratio = many["rejected"] / one["rejected"] if one["rejected"] else (1.0 if not many["rejected"] else float("inf"))
     rows = [
         f"### {name}",
         "",
-        "| run | completed | wall s | rejected | penalised | requests | p50 s | p99 s | round trips / item "
-        "(hot / all) | ADMIT or SETTLE p50 / p99 ms | trip propagation p50 / p99 ms (moves) |",
-        "|" + "---|" * 11,
+        "| run | completed | wall s | pref share | rejected | penalised | requests | p50 s | p99 s | round trips / "
+        "item (hot / all) | ADMIT or SETTLE p50 / p99 ms | trip propagation p50 / p99 ms (moves) |",
+        "|" + "---|" * 12,
     ]
     for label, f in (("1 process", one), (f"{processes} processes", many)):
         prop = f"{f['prop_p50_ms']:.1f} / {f['prop_p99_ms']:.1f} ({f['moves']})" if f["moves"] else "-"
         rows.append(
-            f"| {label} | {f['completed']} | {f['wall']:.2f} | {f['rejected']} | {f['penalised']} | "
+            f"| {label} | {f['completed']} | {f['wall']:.2f} | {f['share']:.3f} | {f['rejected']} | {f['penalised']} | "
             f"{f['requests']} | {f['p50']:.2f} | {f['p99']:.2f} | {f['hot_per_item']:.2f} / "
             f"{f['all_per_item']:.2f} | {f['hot_p50_ms']:.2f} / {f['hot_p99_ms']:.2f} | {prop} |"
         )
@@ -331,11 +402,36 @@ def report(name: str, one: dict[str, Any], many: dict[str, Any], processes: int)
                 f"| {m} | {a.get('probes', 0)} | {b.get('probes', 0)} ({b.get('processes', 0)}), "
                 f"{b.get('at_once', 0)} at once, {b.get('taken_over', 0)} taken over |"
             )
+    goals = []
+    if one["climbs"]:
+        rows += [
+            "",
+            f"| rise of {preferred} | round trip s | in flight = capacity after: 1 process s | "
+            f"{processes} processes s | {processes} - 1 s |",
+            "|---|---|---|---|---|",
+        ]
+        for a, b in zip(one["climbs"], many["climbs"], strict=False):
+            gap = b["took"] - a["took"] if a["took"] is not None and b["took"] is not None else None
+            rows.append(
+                f"| {a['from']} -> {a['to']} slots at {a['at']:g} s | {a['rtt']:.2f} | {_took(a['took'])} | "
+                f"{_took(b['took'])} | {'-' if gap is None else f'{gap:+.2f}'} |"
+            )
+            if b["took"] is None:
+                verdict = "n/a" if a["took"] is None else "missed"
+            else:
+                verdict = "**met**" if gap is None or gap <= a["rtt"] else "missed"
+            goals.append(
+                f"climb to {a['to']} slots after {a['at']:g} s, {processes} against 1: {_took(b['took'], ' s')} "
+                f"against {_took(a['took'], ' s')} (goal: within one round trip, {a['rtt']:.2f} s, of the 1's: "
+                f"{verdict})"
+            )
     rows += [
         "",
         f"rejected, {processes} / 1: {many['rejected']} / {one['rejected']} = {ratio:.2f} (goal <= 1.2: "
         f"{'**met**' if ratio <= 1.2 else 'missed'}); penalised: {one['penalised']} and {many['penalised']} "
-        f"(goal 0: {'**met**' if one['penalised'] == many['penalised'] == 0 else 'missed'})",
+        f"(goal 0: {'**met**' if one['penalised'] == many['penalised'] == 0 else 'missed'}); "
+        f"{preferred}'s share: {one['share']:.3f} and {many['share']:.3f}",
+        *(f"\n{g}" for g in goals),
     ]
     return "\n".join(rows)
 
@@ -412,14 +508,16 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="capmon-fleet-bench-") as tmp:
         for name in args.scenario:
             path = Path(name) if name.endswith(".toml") else HERE / "scenarios" / f"{name}.toml"
-            one = figures(run_once(path, 1, args.items, args.workers, args.redis, Path(tmp)), args.items)
-            many = figures(run_once(path, args.processes, args.items, args.workers, args.redis, Path(tmp)), args.items)
+            scn = load_scenario(path)
+            runs = [run_once(path, n, args.items, args.workers, args.redis, Path(tmp)) for n in (1, args.processes)]
+            horizon = max((r["times"][-1] for r in runs if r["times"]), default=0.0)
+            one, many = (figures(r, args.items, scn) | {"climbs": climbs(r, scn, horizon)} for r in runs)
             raw[path.stem] = {"1": one, str(args.processes): many}
-            print(report(path.stem, one, many, args.processes) + "\n", flush=True)
+            print(report(path.stem, one, many, args.processes, scn.models[0].name) + "\n", flush=True)
         if args.quiet:
             quiet = Path(tmp) / "quiet.toml"
             quiet.write_text(QUIET)
-            f = figures(run_once(quiet, 1, args.quiet, 1, args.redis, Path(tmp)), args.quiet)
+            f = figures(run_once(quiet, 1, args.quiet, 1, args.redis, Path(tmp)), args.quiet, load_scenario(quiet))
             raw["quiet"] = f
             print(
                 f"### the hot path on a quiet loop\n\n{args.quiet} requests one after another, 1 process: "

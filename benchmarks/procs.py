@@ -1,7 +1,8 @@
 """What the benchmark scripts share about the processes they start and the tables they
 print: free ports, starting a helper so that it dies with us, waiting for it to listen
-or to say a word, stopping it, reading its CPU and memory from /proc, and a Markdown
-table laid out by the project's one table formatter (``capmon.core.base.text.table``).
+or to say a word, stopping it, sampling the simulator's stats while a run goes, reading
+a process's CPU and memory from /proc, and a Markdown table laid out by the project's
+one table formatter (``capmon.core.base.text.table``).
 
 Every benchmark runs its servers and load in processes of their own (on 2 cores a
 process is the unit that gets a core), so these are used by run.py, fleet.py,
@@ -154,6 +155,58 @@ def wait_line(proc: subprocess.Popen[str], word: str, timeout: float) -> bool:
         elif proc.poll() is not None:
             return False
     return False
+
+
+# ---------------------------------------------------------------- sampling the simulator
+
+
+class Sampler:
+    """Polls the simulator's /admin/stats a few times a second while a run goes, to tell
+    how full each model was kept (mean in-flight / slots) and when (the simulator's own
+    clock, the one its schedules count in). Cheap for the simulator: a small JSON.
+    Used by run.py and fleet.py."""
+
+    def __init__(self, origin: str, period: float = 0.2) -> None:
+        import threading
+
+        self.origin = origin
+        self.period = period
+        self.samples: list[dict[str, tuple[int, int]]] = []  # per model: (in flight, slots)
+        self.times: list[float] = []  # the simulator's elapsed seconds at each sample
+        self.rejected: list[int] = []  # cumulative rejections at each sample
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period):
+            try:
+                stats = get_json(self.origin + "/admin/stats", timeout=1.0)
+            except (OSError, ValueError):
+                continue
+            self.samples.append({n: (m["in_flight"], m["slots"]) for n, m in stats["models"].items()})
+            self.times.append(stats["elapsed"])
+            r = stats["totals"]["rejected"]
+            self.rejected.append(r["capacity"] + r["rate_limited"])
+
+    def peak_rejections(self) -> int:
+        """The most rejections between two samples (0.2 s): a herd shows up as a spike."""
+        return max((b - a for a, b in zip(self.rejected, self.rejected[1:], strict=False)), default=0)
+
+    def stop(self) -> dict[str, float]:
+        self._stop.set()
+        self._thread.join(2.0)
+        # Only while work was going on: from the first sample with anything in flight to the last.
+        busy = [i for i, s in enumerate(self.samples) if any(f for f, _ in s.values())]
+        window = self.samples[busy[0] : busy[-1] + 1] if busy else []
+        out: dict[str, float] = {}
+        for name in window[0] if window else {}:
+            used = sum(s[name][0] for s in window)
+            slots = sum(s[name][1] for s in window)
+            out[name] = round(used / slots, 3) if slots else float("nan")
+        return out
 
 
 # ---------------------------------------------------------------- what a process costs

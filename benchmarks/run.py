@@ -62,6 +62,7 @@ from typing import Any
 
 from benchmarks.ideal import Ideal, ideal, percentile
 from benchmarks.peers import OPTIONAL, PEERS
+from benchmarks.procs import Sampler as _Sampler
 from benchmarks.procs import free_port, get_json, markdown_table, start_simulator, stop, wait_line
 from capmon.sim.scenario import Scenario, load_scenario
 
@@ -70,51 +71,6 @@ SCENARIOS = ["outage", "underprovisioned", "saturated", "retry_after", "penalty"
 
 
 # ---------------------------------------------------------------- processes
-
-
-class _Sampler:
-    """Polls /admin/stats a few times a second while a peer runs, to tell how full each
-    model was kept (mean in-flight / slots). Cheap for the simulator: a small JSON."""
-
-    def __init__(self, origin: str, period: float = 0.2) -> None:
-        import threading
-
-        self.origin = origin
-        self.period = period
-        self.samples: list[dict[str, tuple[int, int]]] = []
-        self.rejected: list[int] = []  # cumulative rejections at each sample
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.period):
-            try:
-                stats = get_json(self.origin + "/admin/stats", timeout=1.0)
-            except (OSError, ValueError):
-                continue
-            self.samples.append({n: (m["in_flight"], m["slots"]) for n, m in stats["models"].items()})
-            r = stats["totals"]["rejected"]
-            self.rejected.append(r["capacity"] + r["rate_limited"])
-
-    def peak_rejections(self) -> int:
-        """The most rejections between two samples (0.2 s): a herd shows up as a spike."""
-        return max((b - a for a, b in zip(self.rejected, self.rejected[1:], strict=False)), default=0)
-
-    def stop(self) -> dict[str, float]:
-        self._stop.set()
-        self._thread.join(2.0)
-        # Only while work was going on: from the first sample with anything in flight to the last.
-        busy = [i for i, s in enumerate(self.samples) if any(f for f, _ in s.values())]
-        window = self.samples[busy[0] : busy[-1] + 1] if busy else []
-        out: dict[str, float] = {}
-        for name in window[0] if window else {}:
-            used = sum(s[name][0] for s in window)
-            slots = sum(s[name][1] for s in window)
-            out[name] = round(used / slots, 3) if slots else float("nan")
-        return out
 
 
 def _revision() -> str:
