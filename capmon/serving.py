@@ -74,7 +74,8 @@ class GuestServer(uvicorn.Server):
         while not should_exit:
             counter = (counter + 1) % 864000
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._exit.wait(), self._tick)
+                async with asyncio.timeout(self._tick):  # not wait_for: it can swallow a cancel (3.11)
+                    await self._exit.wait()
             should_exit = await self.on_tick(counter)
 
     async def serve(self, sockets: list[socket.socket] | None = None) -> None:

@@ -50,7 +50,8 @@ class Reader:
         if not self._items and not self.closed:
             self._ready.clear()
             try:
-                await asyncio.wait_for(self._ready.wait(), timeout)
+                async with asyncio.timeout(timeout):  # not wait_for: it can swallow a cancel (3.11)
+                    await self._ready.wait()
             except TimeoutError:
                 return [], 0
         items = list(self._items)

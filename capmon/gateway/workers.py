@@ -331,7 +331,8 @@ class Supervisor:
                 return
             log.warning("gateway worker %d %s; restarting it in %.1fs", number, why, pause)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.stopping.wait(), pause)
+                async with asyncio.timeout(pause):  # not wait_for: it can swallow a cancel (3.11)
+                    await self.stopping.wait()
             if self.stopping.is_set():
                 return
             try:

@@ -349,8 +349,8 @@ class FallbackClient(FormatCalls, ManualControls):
                         self._wanted(r, passed)
                     return t, adm
                 passed.append(t)
-        if passed:
-            self._wanted(r, passed)  # it waits (again)
+        if passed and passed[0].state.probe_due_at() is None:
+            passed[0].state.press()  # it waits (again) for the one it prefers (counted as demand once, in _acquire)
         return None
 
     async def _acquire_on(self, t: Target, wait: float) -> Admission | None:

@@ -160,8 +160,11 @@ class Prober:
             if not upcoming and not self._running:
                 return
             timeout = (min(upcoming) - now) if upcoming else None
+            # asyncio.timeout, not wait_for: on 3.11 wait_for swallows a cancel that lands as the
+            # wake fires, and the closing client then waits for this task for ever.
             try:
-                await asyncio.wait_for(self._wake.wait(), timeout)
+                async with asyncio.timeout(timeout):
+                    await self._wake.wait()
             except TimeoutError:
                 pass
 
