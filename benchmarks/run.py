@@ -62,8 +62,7 @@ from typing import Any
 
 from benchmarks.ideal import Ideal, ideal, percentile
 from benchmarks.peers import OPTIONAL, PEERS
-from benchmarks.procs import Sampler as _Sampler
-from benchmarks.procs import free_port, get_json, markdown_table, start_simulator, stop, wait_line
+from benchmarks.procs import Sampler, free_port, get_json, markdown_table, start_simulator, stop, wait_line
 from capmon.sim.scenario import Scenario, load_scenario
 
 HERE = Path(__file__).resolve().parent
@@ -147,7 +146,7 @@ def run_one(
             raise RuntimeError(f"peer {peer} did not start (exit {p.returncode}); see {peer_log.name}")
         sim = start_simulator(port, scn_path, log_dir / f"{scn.name}-{peer}.sim.log", env)
         offset = get_json(origin + "/admin/stats")["elapsed"]
-        sampler = _Sampler(origin)
+        sampler = Sampler(origin)
         assert p.stdin is not None
         p.stdin.write("GO\n")
         p.stdin.flush()

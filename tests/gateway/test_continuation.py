@@ -36,6 +36,14 @@ def two_models(**kw: Any) -> Any:
     return scenario(spec("flagship", answer_tokens=WORDS), spec("medium", answer_tokens=WORDS, **kw))
 
 
+async def overload_flagship_mid_stream(gw: Any) -> None:
+    """The flagship's next stream ends in an in-stream overload after 10 tokens (once)."""
+    await gw.sim_admin(
+        "faults",
+        {"mode": "stream_error", "after": 10, "dialect": "anthropic-stream", "model": "sim-flagship", "count": 1},
+    )
+
+
 def log_lines(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
@@ -75,10 +83,7 @@ async def test_a_fallback_that_refuses_any_prefill_finishes_by_the_instruction(t
         running(scn, models=("flagship", "claude"), anthropic=("claude",), gateway=f'access_log = "{where}"') as gw,
         gw.anthropic() as sdk,
     ):
-        await gw.sim_admin(
-            "faults",
-            {"mode": "stream_error", "after": 10, "dialect": "anthropic-stream", "model": "sim-flagship", "count": 1},
-        )
+        await overload_flagship_mid_stream(gw)
         async with sdk.messages.stream(model="auto", max_tokens=64, messages=HELLO) as stream:
             events = [e async for e in stream]
             final = await stream.get_final_message()
@@ -200,10 +205,7 @@ async def test_a_chat_caller_is_continued_by_an_anthropic_model_through_the_hub_
         running(scn, models=("flagship", "claude"), anthropic=("claude",), gateway=f'access_log = "{where}"') as gw,
         gw.openai() as sdk,
     ):
-        await gw.sim_admin(
-            "faults",
-            {"mode": "stream_error", "after": 10, "dialect": "anthropic-stream", "model": "sim-flagship", "count": 1},
-        )
+        await overload_flagship_mid_stream(gw)
         stream = await sdk.chat.completions.create(model="auto", messages=HELLO, stream=True)
         chunks = [c async for c in stream]
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)

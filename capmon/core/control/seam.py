@@ -307,7 +307,7 @@ class MemoryTarget:
         )
         if checkpoint and not after:
             lim.checkpoint()
-        lim.release(adm.slot, plan.limiter, self._pressed_at >= adm.at)
+        lim.release(adm.slot, plan.limiter, self.pressed_since(adm.at))
         if after:
             lim.checkpoint()
         b.record(

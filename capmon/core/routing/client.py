@@ -29,11 +29,12 @@ from capmon.core.control.backoff import Backoff
 from capmon.core.control.demand import Demand
 from capmon.core.control.seam import Admission, MemoryState, StateStore, TargetSpec
 from capmon.core.providers import formats
+from capmon.core.providers.splice import add_usage
 from capmon.core.providers.token_param import TokenParams
 from capmon.core.providers.tokens import estimate_request
 from capmon.core.routing.attempt import Answer, Sending, result_of
 from capmon.core.routing.calls import FormatCalls
-from capmon.core.routing.continuation import continued_request, refuses_prefill, splice_for
+from capmon.core.routing.continuation import continued_request, refuses_prefill
 from capmon.core.routing.controls import ManualControls
 from capmon.core.routing.executor import Executor
 from capmon.core.routing.journal import AttemptObserver, Journal
@@ -220,7 +221,7 @@ class FallbackClient(FormatCalls, ManualControls):
     async def _stream(self, r: Routing, s: ChatStream) -> AsyncIterator[Mapping[str, Any]]:
         s.request_id, s.requested = r.id, r.first_choice
         if r.request.continuation is not False and self.config.client.continuations > 0:
-            r.splice, r.original = splice_for(r.request.format, r.prompt_tokens), r.request
+            r.splice, r.original = formats.splicer(r.request.format, r.prompt_tokens), r.request
             s.continuations = r.splice.records  # the stream's record of its continuations, as they come
         splice = r.splice
         try:
@@ -318,8 +319,7 @@ class FallbackClient(FormatCalls, ManualControls):
         The first, the one it prefers, is pressed when its breaker admits: its limiter may
         grow (capmon/core/control/limiter.py). The others are not: more room there would
         only move work between fallbacks, and each ask for it costs a rejection."""
-        if passed and passed[0].state.probe_due_at() is None:
-            passed[0].state.press()
+        self._press_first(passed)
         for u in passed:
             if u.state.probe_due_at() is None:
                 continue
@@ -349,9 +349,15 @@ class FallbackClient(FormatCalls, ManualControls):
                         self._wanted(r, passed)
                     return t, adm
                 passed.append(t)
-        if passed and passed[0].state.probe_due_at() is None:
-            passed[0].state.press()  # it waits (again) for the one it prefers (counted as demand once, in _acquire)
+        self._press_first(passed)  # it waits (again); demand is counted once, in _acquire
         return None
+
+    @staticmethod
+    def _press_first(passed: Sequence[Target]) -> None:
+        """Press the target a request preferred of those that turned it away, when its breaker
+        admits (an open one counts demand instead: FallbackClient._wanted)."""
+        if passed and passed[0].state.probe_due_at() is None:
+            passed[0].state.press()
 
     async def _acquire_on(self, t: Target, wait: float) -> Admission | None:
         """A slot on this one target, in line with the requests, within ``wait`` seconds
@@ -499,7 +505,7 @@ class FallbackClient(FormatCalls, ManualControls):
         """The continuation's request for ``t``: the caller's with the partial answer, as a
         prefill where ``t`` takes one (Anthropic's Messages wire, unless the model says or
         showed it takes none), else followed by the instruction."""
-        assert r.original is not None and r.splice is not None
+        assert r.original is not None and r.splice is not None and r.resume is not None
         prefill = formats.takes_prefill(r.original, t) and t.model.prefill and t.model.name not in self._no_prefill
         r.request, trailing = continued_request(r.original, r.resume.text, prefill=prefill)
         r.prefilled = prefill
@@ -510,16 +516,16 @@ class FallbackClient(FormatCalls, ManualControls):
         splice = r.splice
         if splice is None or not splice.records:
             return result
-        usage = dict(result.usage)
-        for name, more in (
-            ("prompt_tokens", splice.earlier_in),
-            ("input_tokens", splice.earlier_in),
-            ("completion_tokens", splice.earlier_out),
-            ("output_tokens", splice.earlier_out),
-            ("total_tokens", splice.earlier_in + splice.earlier_out),
-        ):
-            if isinstance(usage.get(name), int):
-                usage[name] += more
+        usage = add_usage(
+            result.usage,
+            (
+                ("prompt_tokens", splice.earlier_in),
+                ("input_tokens", splice.earlier_in),
+                ("completion_tokens", splice.earlier_out),
+                ("output_tokens", splice.earlier_out),
+                ("total_tokens", splice.earlier_in + splice.earlier_out),
+            ),
+        )
         return dataclasses.replace(result, content="".join(splice.text), usage=usage)
 
     async def _settle(
@@ -577,6 +583,7 @@ class FallbackClient(FormatCalls, ManualControls):
                 reason = f"{failure.kind.value}: {failure.reason}"
                 raise RequestFailed(failure, r.attempts, f"stream broke after output was sent: {reason}")
             r.apply(step)
+            assert r.splice is not None  # a step comes only for a stream that has one (_continue)
             r.resume = r.splice.partial()
             record(Decision.CONTINUE)
             grant = None if len(self._queue) else await self._admit_any(r)

@@ -14,8 +14,8 @@ the stream it already has, so the caller sees one continuous answer in its own f
   no assistant message), for a model declared ``prefill = false``, or one whose 400 said
   it takes none (:func:`refuses_prefill`: learned once, the request retried at once, that
   400 never the caller's error), a user message follows it: :data:`INSTRUCTION`.
-* the stream (:func:`splice_for`: a :class:`~capmon.core.providers.splice.Splice`, one per
-  caller format, made by its format module's ``splicer``): what went to the caller is followed
+* the stream (a :class:`~capmon.core.providers.splice.Splice`, one per caller format, made
+  by its format module's ``splicer``: formats.splicer): what went to the caller is followed
   as it goes (the text, the open block or item, the ids, the sequence numbers); a
   continuation's events are fitted into it: no second start (``message_start``,
   ``response.created``, a role chunk), the open text block or item goes on under its own
@@ -32,9 +32,8 @@ See ARCHITECTURE.md, "Continuing a broken answer".
 from __future__ import annotations
 
 from capmon.core.providers import formats
-from capmon.core.providers.splice import Splice
 from capmon.core.types.failure import Failure, Kind
-from capmon.core.types.result import Format, Request
+from capmon.core.types.result import Request
 
 # What a model that takes no prefill is asked, after the partial answer as its own message.
 # It names no tool, so a tool loop reads it as no request for a call.
@@ -46,10 +45,8 @@ INSTRUCTION = (
 # The words of a provider's 400 that refuses an assistant prefill (Anthropic's models that
 # take none; the trailing whitespace rule of the ones that do).
 _REFUSALS = (
-    "does not support assistant message prefill",
-    "assistant message prefill",
+    "prefill",  # "does not support assistant message prefill", and any other wording that names it
     "final assistant content cannot end with trailing whitespace",
-    "prefill",
 )
 
 
@@ -69,8 +66,3 @@ def continued_request(request: Request, text: str, *, prefill: bool) -> tuple[Re
     strip = text.rstrip() if prefill else text
     trailing = text[len(strip) :]
     return formats.continued(request, strip, None if prefill else INSTRUCTION), trailing
-
-
-def splice_for(caller: Format, prompt: int) -> Splice:
-    """The splice of one streamed request in the caller's format."""
-    return formats.splicer(caller, prompt)

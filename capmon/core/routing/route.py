@@ -12,12 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from capmon.core.base.exceptions import CannotWait, RequestFailed, Unavailable
 from capmon.core.control.backoff import Schedule
 from capmon.core.control.policy import Next, policy_for
 from capmon.core.control.seam import KeyState
+from capmon.core.providers.splice import Partial, Splice
 from capmon.core.routing.targets import Hold, Target, held, stranded, token_limit
 from capmon.core.routing.waiting import BATCH, INTERACTIVE
 from capmon.core.types.failure import Failure, Kind
@@ -67,9 +67,9 @@ class Routing:
     # A stream's continuation (capmon/core/routing/continuation.py): what the caller was sent
     # (a Splice; None: never continued), the request as the caller sent it, and while a
     # continuation is due, the partial answer it goes on from and whether its attempt sent a prefill.
-    splice: Any = None
+    splice: Splice | None = None
     original: Request | None = None
-    resume: Any = None
+    resume: Partial | None = None
     prefilled: bool = False
 
     @property
@@ -364,7 +364,7 @@ def plan(
         # the hint is within the request's patience (and its deadline): then it waits it out.
         stuck = r.stuck + 1 if r.stick_to == t.model.name else 1
         hint = failure.retry_after
-        patient = hint is not None and hint <= r.patience and now + wait < r.deadline and not asked
+        patient = hint is not None and hint <= r.patience and now + wait < r.deadline
         held_off = hint is not None and not patient and _sooner(elsewhere(), now + wait)
         stick_to = t.model.name if stuck <= STICK_LIMIT and not held_off and not asked else None
     return Step(Decision.RETRY, wait, skip=(t.id, now + wait), stick_to=stick_to, stuck=stuck)
