@@ -473,7 +473,7 @@ def _tools(request: canon.Request, result: dict[str, Any]) -> None:
         out = []
         for t in request.tools:
             if t.builtin:
-                raise hub.Incapable(f"a built-in {t.own.get('type')} tool (only client tools translate)")
+                raise hub.Incapable(f"a built-in {t.own.get('type') or t.name} tool (only client tools translate)")
             extra = set(t.own) - _TOOL_NO_MEANING
             if extra:
                 raise hub.Incapable(f"tool {t.name}: {', '.join(sorted(extra))}")

@@ -3,7 +3,8 @@ through the canonical types (capmon/core/types/canon.py), the registry of format
 the format modules share (what a format module is: :class:`WireFormat`; the drop-or-skip rule;
 a tool call's check; the fields capmon owns in a body sent in the caller's own format).
 
-A format is a module (``chat_format``, ``responses_format``, ``messages_format``) with the
+A format is a module (``chat_format``, ``responses_format``, ``messages_format``,
+``gemini_format``) with the
 functions of :class:`WireFormat`; a new format is one more module and one more line in
 :data:`FORMATS`. See ARCHITECTURE.md, "Across formats".
 """
@@ -238,13 +239,14 @@ class WireFormat(FormatReading, Protocol):
 # ---------------------------------------------------------------- the registry and requests
 
 # Imported here, at the end: each format module imports this one (its Incapable).
-from capmon.core.providers import chat_format, messages_format, responses_format  # noqa: E402
+from capmon.core.providers import chat_format, gemini_format, messages_format, responses_format  # noqa: E402
 
 # Each format module: a new format is one more module and one more line here.
 FORMATS: Mapping[Format, WireFormat] = {
     Format.CHAT: chat_format,
     Format.RESPONSES: responses_format,
     Format.MESSAGES: messages_format,
+    Format.GEMINI: gemini_format,
 }
 
 

@@ -471,7 +471,7 @@ def _client_tool(t: canon.Tool, source: str) -> None:
     """Only client (function) tools, with no keys of their format's own, cross."""
     if t.builtin:
         built = "a built-in" if source == "responses" else "a"
-        raise hub.Incapable(f"{built} {t.own.get('type')} tool (only function tools translate)")
+        raise hub.Incapable(f"{built} {t.own.get('type') or t.name} tool (only function tools translate)")
     if t.own:
         raise hub.Incapable(f"tool {t.name}: {', '.join(sorted(t.own))}")
 

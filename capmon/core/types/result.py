@@ -56,6 +56,7 @@ class Format(enum.StrEnum):
     CHAT = "chat"  # OpenAI's /chat/completions
     RESPONSES = "responses"  # OpenAI's /responses
     MESSAGES = "messages"  # Anthropic's /v1/messages
+    GEMINI = "gemini"  # Google's generateContent (the Gemini API, Vertex AI)
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,7 +148,9 @@ class Request:
         ``body`` is sent as it is to a target of that format, but ``model``, ``stream`` and
         the token cap (``max_output_tokens``, ``max_tokens``), which the client owns; to a
         target of another format it is translated, or that target is skipped."""
-        cap = body.get(_CAP_FIELD[fmt])
+        cap: object = body
+        for name in _CAP_FIELD[fmt]:
+            cap = cap.get(name) if isinstance(cap, Mapping) else None
         return Request(
             messages=(),
             model=model,
@@ -179,7 +182,13 @@ def caller_cap(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
-_CAP_FIELD = {Format.CHAT: "max_tokens", Format.RESPONSES: "max_output_tokens", Format.MESSAGES: "max_tokens"}
+# Where each format's body holds the caller's token cap (Gemini's is nested).
+_CAP_FIELD: Mapping[Format, tuple[str, ...]] = {
+    Format.CHAT: ("max_tokens",),
+    Format.RESPONSES: ("max_output_tokens",),
+    Format.MESSAGES: ("max_tokens",),
+    Format.GEMINI: ("generationConfig", "maxOutputTokens"),
+}
 
 
 @dataclass(frozen=True, slots=True)
