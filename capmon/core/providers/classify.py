@@ -64,9 +64,32 @@ _CAPACITY = re.compile(
     r"|maximum pending requests"
 )
 _RATE = re.compile(r"rate.limit|ratelimit|too many requests|too_many_requests|resource_exhausted")
-# Gemini's per-minute 429 also says "exceeded your current quota ... billing details";
-# only a per-day quota or a zero limit (model not in the plan) is a real quota.
-_GEMINI_QUOTA = re.compile(r"per ?day|limit: 0\b")
+# Google's errors (the Gemini API's and Vertex AI's, whether array-wrapped or not): the
+# canonical code in ``error.status`` (google.rpc.Code) says the kind, but for the two whose
+# details and message say more (see _google_kind). PERMISSION_DENIED and UNAUTHENTICATED are
+# a key's; FAILED_PRECONDITION is a project's region or billing, which no retry mends.
+_GOOGLE: Mapping[str, Kind | None] = {
+    "UNAVAILABLE": Kind.CAPACITY,  # "The model is overloaded", "... experiencing high demand"
+    "RESOURCE_EXHAUSTED": None,
+    "INVALID_ARGUMENT": None,
+    "FAILED_PRECONDITION": Kind.BAD_REQUEST,
+    "PERMISSION_DENIED": Kind.AUTH,
+    "UNAUTHENTICATED": Kind.AUTH,
+    "NOT_FOUND": Kind.BAD_REQUEST,
+    "OUT_OF_RANGE": Kind.BAD_REQUEST,
+    "UNIMPLEMENTED": Kind.BAD_REQUEST,
+    "INTERNAL": Kind.TRANSIENT,
+    "DEADLINE_EXCEEDED": Kind.TRANSIENT,
+    "UNKNOWN": Kind.TRANSIENT,
+    "ABORTED": Kind.TRANSIENT,
+    "CANCELLED": Kind.TRANSIENT,
+}
+# A RESOURCE_EXHAUSTED per-minute 429 also says "exceeded your current quota ... billing
+# details"; only a per-day quota (a QuotaFailure's quotaId) or a zero limit (the model is not
+# in the plan) is a real quota, whatever retryDelay it comes with.
+_GOOGLE_QUOTA = re.compile(r"per ?day|limit: 0\b")
+# Vertex AI's shared pay-as-you-go pool has no room: the model's capacity, not this project's quota.
+_GOOGLE_POOL = re.compile(r"resource exhausted[.,]\s*please try again later")
 _URL = re.compile(r"https?://\S+")
 _HTML = re.compile(r"<\s*(?:!doctype|html|head|body|title)\b", re.IGNORECASE)
 # HTML is taken apart with patterns that cannot run past the next "<", so a page of
@@ -87,7 +110,7 @@ class _Body:
     code: str | None  # provider code for Failure.code
     signals: str  # lower-cased codes + message, URLs removed: what the patterns read
     json: object | None  # parsed JSON (None if not JSON)
-    gemini_exhausted: bool  # Gemini status RESOURCE_EXHAUSTED
+    google: str | None  # Google's canonical code (error.status: RESOURCE_EXHAUSTED, UNAVAILABLE, ...)
     error_object: bool  # JSON with an error object (or an error string)
     html: bool
 
@@ -254,7 +277,7 @@ def _read_body(body: object) -> _Body:
         code=code,
         signals=lowered,
         json=parsed,
-        gemini_exhausted=any(c.upper() == "RESOURCE_EXHAUSTED" for c in codes),
+        google=_google_code(error),
         error_object=error_object,
         html=is_html,
     )
@@ -263,14 +286,12 @@ def _read_body(body: object) -> _Body:
 def _kind(status: int, body: _Body, hint: float | None, quota_hint: float = QUOTA_HINT) -> Kind | None:
     """The kind the body, code and headers point to; None when only the status is left to go by."""
     signals = body.signals
+    if body.google is not None:
+        return _google_kind(body.google, signals, hint, quota_hint)
     if status in (401, 403) or _AUTH.search(signals):
         return Kind.AUTH
     if status == 413 or _TOO_LARGE.search(signals):
         return Kind.TOO_LARGE
-    if body.gemini_exhausted:
-        if _GEMINI_QUOTA.search(signals) or (hint is not None and hint >= quota_hint):
-            return Kind.QUOTA
-        return Kind.RATE_LIMITED
     if status == 402 or _QUOTA.search(signals):
         return Kind.QUOTA
     if status in (503, 529) or _CAPACITY.search(signals):
@@ -280,6 +301,33 @@ def _kind(status: int, body: _Body, hint: float | None, quota_hint: float = QUOT
     if status == 429 or _RATE.search(signals):
         return Kind.RATE_LIMITED
     return None
+
+
+def _google_code(error: Mapping[str, Any] | None) -> str | None:
+    """Google's canonical code of an error object (its ``status``), when it has one."""
+    code = error.get("status") if error is not None else None
+    return code if isinstance(code, str) and code in _GOOGLE else None
+
+
+def _google_kind(code: str, signals: str, hint: float | None, quota_hint: float) -> Kind:
+    """The kind of one of Google's errors (:data:`_GOOGLE`): RESOURCE_EXHAUSTED is a quota
+    when its quota ids or message say a day's or none (checked before its retryDelay, which
+    a daily limit may come with), the shared pool's capacity on Vertex, else a rate limit;
+    INVALID_ARGUMENT is auth for a key that is not valid (Google says so with a 400), too
+    large for too many input tokens, else a bad request."""
+    if code == "RESOURCE_EXHAUSTED":
+        if _GOOGLE_QUOTA.search(signals):
+            return Kind.QUOTA
+        if _GOOGLE_POOL.search(signals):
+            return Kind.CAPACITY
+        return Kind.QUOTA if hint is not None and hint >= quota_hint else Kind.RATE_LIMITED
+    if code == "INVALID_ARGUMENT":
+        if _AUTH.search(signals):
+            return Kind.AUTH
+        return Kind.TOO_LARGE if _TOO_LARGE.search(signals) else Kind.BAD_REQUEST
+    kind = _GOOGLE[code]
+    assert kind is not None
+    return kind
 
 
 def _status_kind(status: int) -> Kind:

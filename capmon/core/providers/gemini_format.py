@@ -10,7 +10,7 @@ Where Gemini differs from the other formats, and what that makes of a crossing:
   the token cap is ``generationConfig.maxOutputTokens``, the one token parameter;
 * a call's ``id`` is optional (the Gemini API answers without one; a ``functionResponse``
   names its function): the decoder gives a call without one an id of its own
-  (:data:`_MADE`, its function's name in it), so a result finds its call by id in every
+  (:data:`_MADE`), so a result finds its call by id in every
   other format; toward Gemini a request from another format carries no ids (Gemini pairs a
   result with its call by name and order) and a Gemini request its own ids only;
 * a ``thoughtSignature`` on a text or call part is for the model that made it alone: it
@@ -59,14 +59,16 @@ _ROLES: Mapping[str, canon.Role] = {
 }
 _DECLARATION_SLOTS = frozenset({"name", "description", "parameters", "parametersJsonSchema"})
 _MODES: Mapping[str, canon.Choice] = {"AUTO": canon.Choice.AUTO, "ANY": canon.Choice.ANY, "NONE": canon.Choice.NONE}
-# The prefix of a call id the decoder made (``gemini:<tag>:<function name>``): never sent to Gemini.
-_MADE = "gemini:"
+# The prefix of a call id the decoder made (``gemini_<tag>``, letters and digits only, short:
+# Anthropic's ids allow no colon, OpenAI's no more than 40 characters): never sent to Gemini.
+_MADE = "gemini_"
+_TAG_CHARS = 12
 # Gemini's limit on stop sequences.
 MAX_STOP = 5
 
 
-def _made_id(tag: object, name: object) -> str:
-    return f"{_MADE}{tag}:{name}"
+def _made_id(tag: str) -> str:
+    return _MADE + "".join(c for c in tag if c.isascii() and c.isalnum())[-_TAG_CHARS:]
 
 
 class _Ids:
@@ -77,12 +79,12 @@ class _Ids:
         self._made = 0
         self._open: dict[str, list[str]] = {}
 
-    def _new(self, name: str) -> str:
+    def _new(self) -> str:
         self._made += 1
-        return _made_id(self._made - 1, name)
+        return _made_id(str(self._made - 1))
 
     def call(self, name: str, given: object) -> str:
-        call_id = given if isinstance(given, str) and given else self._new(name)
+        call_id = given if isinstance(given, str) and given else self._new()
         self._open.setdefault(name, []).append(call_id)
         return call_id
 
@@ -92,7 +94,7 @@ class _Ids:
             if given in pending:
                 pending.remove(given)
             return given
-        return pending.pop(0) if pending else self._new(name)
+        return pending.pop(0) if pending else self._new()
 
 
 def decode_request(body: Mapping[str, Any]) -> canon.Request:
@@ -465,8 +467,6 @@ def _function_response(result: canon.ToolResult, where: str, names: Mapping[str,
     """A tool result as a function's response: a JSON object's text is that object, other
     text ``{"output": text}`` (``{"error": text}`` when it failed), as Google's SDK says it."""
     name = names.get(result.call_id)
-    if name is None and result.call_id.startswith(_MADE):
-        name = result.call_id.split(":", 2)[2]
     if name is None:
         raise hub.Incapable(f"{where}: a tool result whose call is not in the conversation (Gemini names the function)")
     content = result.content
@@ -659,7 +659,7 @@ def _answer_part(p: object, tag: str) -> canon.Part:
         name, given = str(call.get("name", "")), call.get("args", {})
         given_id = call.get("id")
         return canon.ToolCall(
-            given_id if isinstance(given_id, str) and given_id else _made_id(tag, name),
+            given_id if isinstance(given_id, str) and given_id else _made_id(tag),
             name,
             json.dumps(given),
             given if isinstance(given, Mapping) else None,
@@ -674,7 +674,7 @@ def decode_answer(answer: Mapping[str, Any]) -> canon.Answer:
     response_id = str(answer.get("responseId", ""))
     if candidate is None and blocked(answer) is None:
         raise hub.Incapable("a Gemini answer without a candidate")
-    parts = tuple(_answer_part(p, f"{response_id}-{i}") for i, p in enumerate(_parts_of(candidate)))
+    parts = tuple(_answer_part(p, f"{response_id[-8:]}x{i}") for i, p in enumerate(_parts_of(candidate)))
     stop: canon.Stop | None
     if candidate is None:
         stop, other = canon.Stop.REFUSAL, None
@@ -691,17 +691,16 @@ def decode_answer(answer: Mapping[str, Any]) -> canon.Answer:
 
 
 def encode_part(part: canon.Part) -> dict[str, Any]:
-    """One part of an answer as Gemini's (citations are left out: Gemini's own are the
-    candidate's citationMetadata, with offsets no other format gives)."""
+    """One part of an answer as Gemini's. Left out: citations (Gemini's own are the
+    candidate's citationMetadata, with offsets no other format gives) and a thought's
+    signature (another model's, which no Gemini model reads; a Gemini answer never crosses
+    to a Gemini caller)."""
     if isinstance(part, canon.Text):
         return {"text": part.text}
     if isinstance(part, canon.ToolCall):
         return {"functionCall": {"id": part.id, "name": part.name, "args": _args(part, "the answer")}}
     if isinstance(part, canon.Thinking) and not part.redacted:
-        thought: dict[str, Any] = {"text": part.text, "thought": True}
-        if part.signature is not None:
-            thought["thoughtSignature"] = part.signature
-        return thought
+        return {"text": part.text, "thought": True}
     if isinstance(part, canon.Opaque) and part.format == SOURCE:
         return dict(part.raw)
     raise hub.Incapable(f"a {_kind(part)} part in an answer (Gemini answers carry text, calls and thoughts)")
@@ -772,7 +771,7 @@ class _Decoder:
         return out
 
     def _part(self, p: object) -> list[canon.Event]:
-        part = _answer_part(p, f"{self._id}-{self._index + 1}")
+        part = _answer_part(p, f"{self._id[-8:]}x{self._index + 1}")
         out: list[canon.Event] = []
         if isinstance(part, (canon.Text, canon.Thinking)):
             kind = "thought" if isinstance(part, canon.Thinking) else "text"
@@ -824,8 +823,8 @@ class _Encoder:
             return []
         if isinstance(event, canon.PartStarted):
             part = self._parts[event.index] = event.part
-            if isinstance(part, canon.ToolCall):
-                self._args[event.index] = [part.arguments]
+            if isinstance(part, canon.ToolCall):  # its arguments come in deltas (a start's are its first state)
+                self._args[event.index] = []
                 return []
             if isinstance(part, (canon.Text, canon.Thinking)) and not getattr(part, "redacted", False):
                 return [self._chunk([encode_part(part)])] if part.text else []
@@ -836,7 +835,10 @@ class _Encoder:
             started = self._parts.get(event.index)
             if not isinstance(started, canon.ToolCall):
                 return []
-            arguments = "".join(self._args.pop(event.index, []))
+            pieces = self._args.pop(event.index, [])
+            if not pieces and started.input is not None:  # no deltas: the call is as it started
+                pieces = [json.dumps(started.input)]
+            arguments = "".join(pieces)
             call = canon.ToolCall(started.id, started.name, arguments, _parsed_object(arguments))
             return [self._chunk([encode_part(call)])]
         if isinstance(event, canon.Ended):
@@ -860,8 +862,6 @@ class _Encoder:
         pieces: list[dict[str, Any]] = []
         if event.text:
             pieces.append({"text": event.text, "thought": True} if thought else {"text": event.text})
-        if event.signature is not None and thought:
-            pieces.append({"text": "", "thought": True, "thoughtSignature": event.signature})
         return [self._chunk(pieces)] if pieces else []
 
 

@@ -380,6 +380,8 @@ def _user_block(part: canon.Part, where: str) -> dict[str, Any]:
         return {"type": "text", "text": part.text}
     if isinstance(part, canon.Image):
         return _image(part)
+    if isinstance(part, canon.ToolResult):  # a turn of results and text (Gemini's)
+        return _tool_result(part, where)
     if isinstance(part, canon.Opaque) and part.kind == "input_audio":
         raise hub.Incapable(f"{where}: audio input")
     if isinstance(part, canon.Opaque) and part.kind == "input_image":
