@@ -42,7 +42,7 @@ from capmon.core.types.result import Request, caller_cap
 
 SOURCE = "gemini"
 
-_SLOTS = frozenset({"model", "contents", "systemInstruction", "generationConfig", "tools", "toolConfig"})
+_SLOTS = frozenset({"model", "stream", "contents", "systemInstruction", "generationConfig", "tools", "toolConfig"})
 _NO_MEANING = frozenset({"labels"})  # Vertex's billing labels
 # generationConfig's keys with a canon slot; any other is kept under "generationConfig.<key>"
 # (in ``own``, or ``aside`` for those that change no answer's meaning).

@@ -77,14 +77,36 @@ def _responses_items(body: Mapping[str, Any]) -> list[Any]:
     return items
 
 
+def _gemini_contents(given: object) -> list[Any]:
+    """Gemini's contents as messages: each turn's parts, a call's or a response's object as
+    its JSON text."""
+    contents = given if isinstance(given, list) else [given] if isinstance(given, Mapping) else []
+    items = []
+    for content in contents:
+        parts = content.get("parts") if isinstance(content, Mapping) else None
+        said = []
+        for part in parts if isinstance(parts, list) else []:
+            if not isinstance(part, Mapping):
+                continue
+            if isinstance(part.get("text"), str):
+                said.append(part)
+            elif "functionCall" in part or "functionResponse" in part:
+                said.append({"text": json.dumps(part, default=str)})
+        items.append({"content": said})
+    return items
+
+
 def estimate_body(api: Format, body: Mapping[str, Any]) -> int:
     """A request body's prompt by its API, tools included: chat's messages; Anthropic's
     messages with the system prompt as one more message; the Responses API's input items
-    with the instructions as one more."""
+    with the instructions as one more; Gemini's contents with its systemInstruction as one more."""
     if api is Format.MESSAGES:
         framed, preamble = body.get("messages"), body.get("system")
     elif api is Format.RESPONSES:
         framed, preamble = _responses_items(body), body.get("instructions")
+    elif api is Format.GEMINI:
+        framed = _gemini_contents(body.get("contents"))
+        preamble = [p for c in _gemini_contents(body.get("systemInstruction")) for p in c["content"]]
     else:
         framed, preamble = body.get("messages"), None
     messages = list(framed) if isinstance(framed, list) else []

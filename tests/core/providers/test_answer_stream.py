@@ -72,6 +72,27 @@ RESPONSES = {
 }
 
 
+GEMINI = {
+    "candidates": [
+        {
+            "content": {
+                "role": "model",
+                "parts": [
+                    {"text": "hmm", "thought": True},
+                    {"text": "on it"},
+                    {"functionCall": {"id": "call_1", "name": "f", "args": {"a": 1}}},
+                ],
+            },
+            "finishReason": "STOP",
+            "index": 0,
+        }
+    ],
+    "usageMetadata": {"promptTokenCount": 5, "candidatesTokenCount": 2, "totalTokenCount": 7},
+    "modelVersion": "m",
+    "responseId": "r1",
+}
+
+
 def assembled(fmt: Format, events: list[dict[str, Any]]) -> Any:
     whole = FORMATS[fmt].assembler()
     for i, e in enumerate(events):
@@ -80,7 +101,8 @@ def assembled(fmt: Format, events: list[dict[str, Any]]) -> Any:
 
 
 @pytest.mark.parametrize(
-    "fmt,answer", [(Format.CHAT, CHAT), (Format.MESSAGES, MESSAGES), (Format.RESPONSES, RESPONSES)]
+    "fmt,answer",
+    [(Format.CHAT, CHAT), (Format.MESSAGES, MESSAGES), (Format.RESPONSES, RESPONSES), (Format.GEMINI, GEMINI)],
 )
 def test_a_whole_answer_told_as_a_stream_assembles_back(fmt: Format, answer: dict[str, Any]) -> None:
     module = FORMATS[fmt]
@@ -99,6 +121,8 @@ def test_a_whole_answer_told_as_a_stream_assembles_back(fmt: Format, answer: dic
         )
     if fmt is Format.CHAT:
         assert back["choices"][0]["finish_reason"] == "tool_calls"
+    if fmt is Format.GEMINI:
+        assert back == GEMINI and [bool(e["candidates"][0].get("finishReason")) for e in events][-1]
 
 
 def test_a_chat_refusal_is_told_as_a_refusal() -> None:

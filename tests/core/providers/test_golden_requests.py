@@ -19,7 +19,15 @@ from openai.types.chat import completion_create_params
 from openai.types.responses import response_create_params
 from pydantic import TypeAdapter
 
-from capmon.core.providers import anthropic_dialect, chat_format, formats, hub, messages_format, responses_format
+from capmon.core.providers import (
+    anthropic_dialect,
+    chat_format,
+    formats,
+    gemini_format,
+    hub,
+    messages_format,
+    responses_format,
+)
 from capmon.core.types import canon
 from capmon.core.types.config import AnthropicVersion, ClientConfig, DropRule
 from capmon.core.types.result import Format, Request
@@ -1003,6 +1011,7 @@ def test_the_registry_holds_each_format() -> None:
         Format.CHAT: chat_format,
         Format.RESPONSES: responses_format,
         Format.MESSAGES: messages_format,
+        Format.GEMINI: gemini_format,
     }
     assert formats.Incapable is hub.Incapable
 
