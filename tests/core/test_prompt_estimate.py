@@ -54,6 +54,16 @@ def test_each_apis_prompt_is_counted_with_its_system_prompt_and_tools() -> None:
     assert estimate_request(Request.anthropic({"messages": text, "system": "y" * 400})) == 208
     assert estimate_request(Request.responses({"input": "x" * 400, "instructions": "y" * 400})) == 208
     assert estimate_request(Request.of(text)) == 104
+    gemini = {
+        "systemInstruction": {"parts": [{"text": "y" * 400}]},
+        "contents": [
+            {"role": "user", "parts": [{"text": "x" * 400}]},
+            {"role": "model", "parts": [{"functionCall": {"name": "f", "args": {"q": "q" * 350}}}]},
+        ],
+    }
+    # the call as its part's JSON ({"functionCall": {"name": "f", "args": {"q": "..."}}}: 50 characters around it)
+    assert estimate_body(Format.GEMINI, gemini) == 3 * 104
+    assert estimate_request(Request.of_body(Format.GEMINI, gemini)) == 3 * 104
 
 
 def _client(server: Any, api: str) -> FallbackClient:
