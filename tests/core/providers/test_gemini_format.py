@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from google.genai import types
 
-from capmon.core.providers import gemini_format, hub, splice
+from capmon.core.providers import formats, gemini_format, hub, splice
 from capmon.core.providers.frames import FrameKind
 from capmon.core.providers.sse import Frame
 from capmon.core.providers.token_param import TokenParam
@@ -830,3 +830,23 @@ def test_a_continuations_chunks_fit_the_callers_stream() -> None:
     called = gemini_format.splicer(prompt=1)
     called.out(CHUNKS[3])
     assert called.partial().why_not == "the caller already had more than text (a tool call)"
+
+
+def test_geminis_usage_is_bounded_where_it_is_read() -> None:
+    hostile = {
+        **ANSWER,
+        "usageMetadata": {
+            "promptTokenCount": 10**30,
+            "candidatesTokenCount": -1,
+            "totalTokenCount": 7,
+            "promptTokensDetails": [{"modality": "TEXT", "tokenCount": 10**30}],
+        },
+    }
+    got = formats.parse_plain(Format.GEMINI, 200, json.dumps(hostile).encode())
+    assert got is not None and got["usageMetadata"] == {
+        "totalTokenCount": 7,
+        "promptTokensDetails": [{"modality": "TEXT"}],
+    }
+    assert formats.parse_plain(Format.GEMINI, 200, json.dumps(ANSWER).encode()) == ANSWER
+    event = formats.WireReader(Format.GEMINI).read(Frame("", json.dumps(hostile)), now=0)
+    assert event.chunk is not None and "promptTokenCount" not in event.chunk["usageMetadata"]
