@@ -594,17 +594,13 @@ def _object(obj: Mapping[str, Any], key: str) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
 
 
-def _count(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
-
-
 def decode_usage(usage: object) -> canon.Usage | None:
     """usageMetadata as the hub's usage: the cached part out of the prompt; output is the
     candidates' tokens and the thoughts' (as OpenAI's and Anthropic's output counts reasoning)."""
     if not isinstance(usage, Mapping):
         return None
-    prompt, cached = _count(usage.get("promptTokenCount")), _count(usage.get("cachedContentTokenCount"))
-    answer, thoughts = _count(usage.get("candidatesTokenCount")), _count(usage.get("thoughtsTokenCount"))
+    prompt, cached = counts.count(usage.get("promptTokenCount")), counts.count(usage.get("cachedContentTokenCount"))
+    answer, thoughts = counts.count(usage.get("candidatesTokenCount")), counts.count(usage.get("thoughtsTokenCount"))
     fresh = None if prompt is None else max(0, prompt - (cached or 0))
     output = None if answer is None and thoughts is None else (answer or 0) + (thoughts or 0)
     return canon.Usage(input=fresh, cache_read=cached, output=output, reasoning=thoughts)
@@ -897,12 +893,7 @@ _CHUNK_KEYS = frozenset({"candidates", "usageMetadata", "promptFeedback", "model
 def parse(status: int, body: bytes | str | None) -> Mapping[str, Any] | None:
     """A plain answer (a candidate, or a blocked prompt's feedback), or None: the classifier
     says what it is. Never raises."""
-    if not 200 <= status < 300 or not body:
-        return None
-    try:
-        parsed = json.loads(body)
-    except Exception:
-        return None
+    parsed = hub.success_json(status, body)
     if isinstance(parsed, Mapping) and "error" not in parsed and (_candidate(parsed) or blocked(parsed)):
         return parsed
     return None

@@ -12,6 +12,7 @@ functions of :class:`WireFormat`; a new format is one more module and one more l
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -69,6 +70,17 @@ def check_call(name: object, call_id: object, arguments: str) -> None:
     failure = classify_tool_call(name, call_id, arguments)
     if failure is not None:
         raise BrokenAnswer(failure)
+
+
+def success_json(status: int, body: bytes | str | None) -> object | None:
+    """A 2xx body's JSON (what a format's ``parse`` looks into), or None: not a success,
+    empty, or not JSON. Never raises."""
+    if not 200 <= status < 300 or not body:
+        return None
+    try:
+        return json.loads(body)
+    except Exception:  # not JSON, not UTF-8, nested too deep: the classifier says which
+        return None
 
 
 def owned_body(extra: Mapping[str, Any], *, model: str, cap_field: str, cap: int, stream: bool) -> dict[str, Any]:

@@ -882,12 +882,7 @@ def answer_stream(answer: Mapping[str, Any], *, created: int, include_usage: boo
 
 def parse(status: int, body: bytes | str | None) -> Mapping[str, Any] | None:
     """A plain answer (a message), or None: the classifier says what it is. Never raises."""
-    if not 200 <= status < 300 or not body:
-        return None
-    try:
-        parsed = json.loads(body)
-    except Exception:
-        return None
+    parsed = hub.success_json(status, body)
     if isinstance(parsed, Mapping) and parsed.get("type") == "message" and isinstance(parsed.get("content"), list):
         return parsed
     return None

@@ -562,12 +562,7 @@ def _part_events(event: Any, item_id: object, n: int, c: int, part: object) -> N
 def parse(status: int, body: bytes) -> Mapping[str, Any] | None:
     """A plain answer (a completed or incomplete response), or None: then the classifier
     (or :func:`unfinished`) says what it is. Never raises."""
-    if not 200 <= status < 300 or not body:
-        return None
-    try:
-        parsed = json.loads(body)
-    except Exception:
-        return None
+    parsed = hub.success_json(status, body)
     if (
         isinstance(parsed, Mapping)
         and parsed.get("object") == "response"

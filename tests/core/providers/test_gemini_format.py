@@ -499,13 +499,7 @@ def test_a_gemini_answer_in_chat_and_messages_and_back() -> None:
         ],
         "modelVersion": "gemini-2.5-flash",
         "responseId": "resp-ABC_123",
-        "usageMetadata": {
-            "promptTokenCount": 100,
-            "cachedContentTokenCount": 40,
-            "candidatesTokenCount": 20,
-            "thoughtsTokenCount": 30,
-            "totalTokenCount": 150,
-        },
+        "usageMetadata": ANSWER["usageMetadata"],
     }
     back = hub.translate_answer(chat, Format.CHAT, Format.GEMINI, created=7)
     assert back == expected_back

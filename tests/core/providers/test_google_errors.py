@@ -14,6 +14,11 @@ from capmon.core.providers import gemini_format
 from capmon.core.providers.classify import classify_response
 from capmon.core.providers.google_sse import GoogleFraming
 from capmon.core.types.failure import Kind
+from tests.core.test_errors import _GEMINI_HELP as HELP
+from tests.core.test_errors import CASES as ERROR_CASES
+from tests.core.test_errors import _gemini
+from tests.core.test_errors import _quota_failure as quota_failure
+from tests.core.test_errors import _retry_info as retry_info
 
 NOW = 1_767_225_600.0
 
@@ -24,40 +29,11 @@ QUOTA_MESSAGE = (
     "generativelanguage.googleapis.com/generate_content_free_tier_requests, limit: {limit}, model: gemini-2.5-flash"
     "\nPlease retry in 25.46s."
 )
-HELP = {
-    "@type": "type.googleapis.com/google.rpc.Help",
-    "links": [
-        {
-            "description": "Learn more about Gemini API quotas",
-            "url": "https://ai.google.dev/gemini-api/docs/rate-limits",
-        }
-    ],
-}
-
-
-def quota_failure(quota_id: str, value: str = "10") -> dict[str, Any]:
-    return {
-        "@type": "type.googleapis.com/google.rpc.QuotaFailure",
-        "violations": [
-            {
-                "quotaMetric": "generativelanguage.googleapis.com/generate_content_free_tier_requests",
-                "quotaId": quota_id,
-                "quotaDimensions": {"location": "global", "model": "gemini-2.5-flash"},
-                "quotaValue": value,
-            }
-        ],
-    }
-
-
-def retry_info(delay: str) -> dict[str, Any]:
-    return {"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": delay}
 
 
 def error(code: int, status: str, message: str, *details: dict[str, Any]) -> dict[str, Any]:
-    body: dict[str, Any] = {"code": code, "message": message, "status": status}
-    if details:
-        body["details"] = list(details)
-    return {"error": body}
+    parsed: dict[str, Any] = json.loads(_gemini(code, status, message, list(details) if details else None))
+    return parsed
 
 
 @dataclass(frozen=True)
@@ -86,7 +62,7 @@ CASES = [
             429,
             "RESOURCE_EXHAUSTED",
             QUOTA_MESSAGE.format(limit=10),
-            quota_failure("GenerateRequestsPerMinutePerProjectPerModel-FreeTier"),
+            quota_failure("GenerateRequestsPerMinutePerProjectPerModel-FreeTier", "10"),
             HELP,
             retry_info("47s"),
         ),
@@ -158,17 +134,7 @@ CASES = [
     ),
     Case(
         "api-key-invalid",
-        error(
-            400,
-            "INVALID_ARGUMENT",
-            "API key not valid. Please pass a valid API key.",
-            {
-                "@type": "type.googleapis.com/google.rpc.ErrorInfo",
-                "reason": "API_KEY_INVALID",
-                "domain": "googleapis.com",
-                "metadata": {"service": "generativelanguage.googleapis.com"},
-            },
-        ),
+        json.loads(next(c.body for c in ERROR_CASES if c.id == "gemini-400-api-key-invalid")),
         Kind.AUTH,
     ),
     Case(
