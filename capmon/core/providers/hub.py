@@ -78,9 +78,10 @@ def success_json(status: int, body: bytes | str | None) -> object | None:
     if not 200 <= status < 300 or not body:
         return None
     try:
-        return json.loads(body)
+        parsed: object = json.loads(body)
     except Exception:  # not JSON, not UTF-8, nested too deep: the classifier says which
         return None
+    return parsed
 
 
 def owned_body(extra: Mapping[str, Any], *, model: str, cap_field: str, cap: int, stream: bool) -> dict[str, Any]:

@@ -587,7 +587,7 @@ def test_a_blocked_prompt_is_an_answer_that_refuses() -> None:
 
 # ---------------------------------------------------------------- streams, both ways
 
-CHUNKS = [
+CHUNKS: list[dict[str, Any]] = [
     {
         "candidates": [{"content": {"role": "model", "parts": [{"text": "pondering", "thought": True}]}, "index": 0}],
         "usageMetadata": {"promptTokenCount": 5, "totalTokenCount": 5},

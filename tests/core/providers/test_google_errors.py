@@ -134,7 +134,7 @@ CASES = [
     ),
     Case(
         "api-key-invalid",
-        json.loads(next(c.body for c in ERROR_CASES if c.id == "gemini-400-api-key-invalid")),
+        json.loads(next(c.body or "" for c in ERROR_CASES if c.id == "gemini-400-api-key-invalid")),
         Kind.AUTH,
     ),
     Case(
