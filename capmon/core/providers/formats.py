@@ -2,7 +2,7 @@
 the target's and its answer back.
 
 A caller speaks one :class:`~capmon.core.types.result.Format` (chat completions, the Responses
-API, Anthropic's Messages); a target's endpoint speaks one provider API
+API, Anthropic's Messages, Google's generateContent); a target's endpoint speaks one provider API
 (:class:`~capmon.core.types.config.EndpointApi`). This module is the one place that pairs them:
 
 * the *wire* an attempt sends, its URL, key and stream framing: the endpoint's dialect
