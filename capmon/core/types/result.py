@@ -144,10 +144,11 @@ class Request:
         first_token_timeout: float | None = None,
         continuation: bool | None = None,
     ) -> Request:
-        """A request in ``fmt``, its own format (the Responses API, Anthropic's Messages, Gemini's generateContent):
-        ``body`` is sent as it is to a target of that format, but ``model``, ``stream`` and
-        the token cap (``max_output_tokens``, ``max_tokens``), which the client owns; to a
-        target of another format it is translated, or that target is skipped."""
+        """A request in ``fmt``, its own format (the Responses API, Anthropic's Messages,
+        Gemini's generateContent): ``body`` is sent as it is to a target of that format, but
+        ``model``, ``stream`` and the token cap (``max_output_tokens``, ``max_tokens``,
+        ``generationConfig.maxOutputTokens``), which the client owns; to a target of another
+        format it is translated, or that target is skipped."""
         cap: object = body
         for name in _CAP_FIELD[fmt]:
             cap = cap.get(name) if isinstance(cap, Mapping) else None
