@@ -15,10 +15,13 @@ from capmon.core.types.result import Format, Request
 GENAI_PROVIDER = "openai"  # gen_ai.provider.name (OpenTelemetry's GenAI conventions)
 
 
+_OWN = frozenset({Format.CHAT, Format.RESPONSES})
+
+
 def wire_of(caller: Format) -> Format:
-    """The caller's format, and chat completions for a Messages caller (an OpenAI-wire
-    endpoint speaks no Messages)."""
-    return Format.CHAT if caller is Format.MESSAGES else caller
+    """The caller's format when it is OpenAI's (chat completions, the Responses API), else
+    chat completions (an OpenAI-wire endpoint speaks neither Messages nor Gemini's)."""
+    return caller if caller in _OWN else Format.CHAT
 
 
 def urls(endpoint: EndpointConfig, model: ModelConfig) -> dict[Format, str]:

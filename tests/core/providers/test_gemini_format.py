@@ -16,8 +16,11 @@ from capmon.core.providers.frames import FrameKind
 from capmon.core.providers.sse import Frame
 from capmon.core.providers.token_param import TokenParam
 from capmon.core.types import canon
+from capmon.core.types.config import DropRule
 from capmon.core.types.failure import Kind
 from capmon.core.types.result import Format, Request
+from tests.core.test_formats import body as attempt_body
+from tests.core.test_formats import target as endpoint
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 TOOL_DECLARATIONS = [
@@ -844,3 +847,46 @@ def test_geminis_usage_is_bounded_where_it_is_read() -> None:
     assert formats.parse_plain(Format.GEMINI, 200, json.dumps(ANSWER).encode()) == ANSWER
     event = formats.WireReader(Format.GEMINI).read(Frame("", json.dumps(hostile)), now=0)
     assert event.chunk is not None and "promptTokenCount" not in event.chunk["usageMetadata"]
+
+
+# ---------------------------------------------------------------- a Gemini caller, other endpoints
+
+
+@pytest.mark.parametrize(
+    "api,extra,wire",
+    [
+        ("openai", "", Format.CHAT),
+        ("azure", 'api_version = "v1"', Format.CHAT),
+        ("anthropic", 'anthropic_version = "2023-06-01"', Format.MESSAGES),
+    ],
+)
+def test_a_gemini_request_to_another_endpoint_is_translated_with_its_cap(api: str, extra: str, wire: Format) -> None:
+    request = Request.of_body(
+        Format.GEMINI,
+        gemini(
+            user(text("hi")), systemInstruction={"parts": [text("be brief")]}, generationConfig={"maxOutputTokens": 50}
+        ),
+    )
+    out = attempt_body(endpoint(api, extra), request, stream=True)
+    assert out["wire"] is wire and out["model"] == "deploy-4o" and out["stream"] is True
+    if wire is Format.CHAT:
+        assert out["messages"] == [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+        assert out["max_tokens"] == 50 and out["stream_options"] == {"include_usage": True}
+    else:
+        assert out["system"] == "be brief" and out["max_tokens"] == 50
+
+
+def test_a_messages_request_with_its_hints_goes_to_gemini_without_them_said() -> None:
+    body_ = {
+        "model": "m",
+        "system": [{"type": "text", "text": "be brief", "cache_control": {"type": "ephemeral"}}],
+        "messages": [{"role": "user", "content": "hi"}],
+        "top_k": 20,
+    }
+    got, hints = hub.translate_request(body_, Format.MESSAGES, Format.GEMINI, hints=DropRule.DROP)
+    assert hints == ("cache_control",)
+    assert got == gemini(
+        user(text("hi")), systemInstruction={"parts": [text("be brief")]}, generationConfig={"topK": 20}
+    )
+    with pytest.raises(hub.Incapable, match="cache_control"):
+        hub.translate_request(body_, Format.MESSAGES, Format.GEMINI, hints=DropRule.SKIP)
