@@ -324,9 +324,14 @@ def encode_request(request: canon.Request) -> dict[str, Any]:
         if m.role is canon.Role.SYSTEM:
             raise hub.Incapable(f"{m.where}: a system message after the conversation began (Gemini has one, first)")
         parts = [_encode_part(p, m.where, names, same) for p in m.parts]
+        if not same:  # Gemini refuses an empty text, and a turn without parts: they said nothing
+            parts = [p for p in parts if p != _EMPTY]
+            if not parts:
+                continue
         role = "user" if m.role is canon.Role.USER else "model"
-        answers = contents and contents[-1]["role"] == "user" and _all_results(contents[-1]["parts"])
-        if role == "user" and answers and not same:  # chat's tool messages and the turn after: one user turn
+        if contents and contents[-1]["role"] == role and not same:
+            # One turn per role, as Gemini's turns alternate (chat's tool messages and the
+            # user's words after them are one user turn)
             contents[-1]["parts"] += parts
         else:
             contents.append({"role": role, "parts": parts})
@@ -395,8 +400,7 @@ def _refused_fields(request: canon.Request, config: dict[str, Any]) -> None:
         raise hub.Incapable("parallel_tool_calls = false (Gemini may always call several)")
 
 
-def _all_results(parts: list[dict[str, Any]]) -> bool:
-    return bool(parts) and all("functionResponse" in p for p in parts)
+_EMPTY = {"text": ""}
 
 
 def _kind(part: canon.Part) -> str:

@@ -890,3 +890,16 @@ def test_a_messages_request_with_its_hints_goes_to_gemini_without_them_said() ->
     )
     with pytest.raises(hub.Incapable, match="cache_control"):
         hub.translate_request(body_, Format.MESSAGES, Format.GEMINI, hints=DropRule.SKIP)
+
+
+def test_empty_text_and_empty_turns_are_not_sent_to_gemini() -> None:
+    chat = {
+        "model": "m",
+        "messages": [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": ""},
+            {"role": "user", "content": [{"type": "text", "text": ""}, {"type": "text", "text": "again"}]},
+        ],
+    }
+    got, _ = hub.translate_request(chat, Format.CHAT, Format.GEMINI)
+    assert got == gemini(user(text("hi"), text("again")))

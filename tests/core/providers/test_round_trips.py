@@ -186,7 +186,7 @@ def responses(c: Conversation) -> dict[str, Any]:
     items: list[dict[str, Any]] = []
     for e, ids in zip(c.exchanges, _ids(c, "call_"), strict=True):
         items.append({"role": "user", "content": e.user})
-        if e.said:
+        if e.said and e.calls:
             items.append({"role": "assistant", "content": e.said})
         for i, call in zip(ids, e.calls, strict=True):
             items.append({"type": "function_call", "call_id": i, "name": call.name, "arguments": json.dumps(call.args)})
@@ -265,3 +265,67 @@ def test_a_conversation_every_format_says_crosses_to_gemini_and_back_saying_the_
         hub.translate_request(body, Format.RESPONSES, Format.GEMINI)[0], Format.GEMINI, Format.CHAT
     )
     assert renumbered(by_gemini) == renumbered(direct)
+
+
+# ---------------------------------------------------------------- answers and their streams
+
+_FINISHES = ["STOP", "MAX_TOKENS", "SAFETY", "LANGUAGE", "MALFORMED_FUNCTION_CALL"]
+gemini_parts = st.lists(
+    st.one_of(
+        texts.map(lambda t: {"text": t}),
+        texts.map(lambda t: {"text": t, "thought": True}),
+        st.builds(
+            lambda name, args, i: {"functionCall": {"id": f"c{i}", "name": name, "args": args}},
+            st.sampled_from(NAMES),
+            st.dictionaries(st.sampled_from("ab"), st.integers(-5, 5), max_size=2),
+            st.integers(0, 99),
+        ),
+    ),
+    max_size=5,
+)
+
+
+def _runs_joined(parts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Parts as a stream tells them: a run of text (or of thought text) is one part."""
+    out: list[dict[str, Any]] = []
+    for p in parts:
+        if out and "text" in p and "text" in out[-1] and p.get("thought") == out[-1].get("thought"):
+            out[-1] = {**out[-1], "text": out[-1]["text"] + p["text"]}
+        else:
+            out.append(dict(p))
+    return out
+
+
+@settings(max_examples=150, deadline=None)
+@given(gemini_parts, st.sampled_from(_FINISHES), st.integers(0, 500), st.integers(0, 500))
+def test_a_gemini_answer_told_as_a_stream_and_through_messages_assembles_back(
+    parts: list[dict[str, Any]], finish: str, prompt: int, out: int
+) -> None:
+    answer = {
+        "candidates": [
+            {"content": {"role": "model", "parts": _runs_joined(parts)}, "finishReason": finish, "index": 0}
+        ],
+        "usageMetadata": {"promptTokenCount": prompt, "candidatesTokenCount": out, "totalTokenCount": prompt + out},
+        "modelVersion": "gemini-2.5-flash",
+        "responseId": "r1",
+    }
+    module = hub.FORMATS[Format.GEMINI]
+    for chunks in (
+        module.answer_stream(answer, created=1, include_usage=True),
+        # by way of Anthropic's events: what both say crosses whole
+        _through(
+            hub.FORMATS[Format.MESSAGES].answer_stream(
+                hub.translate_answer(answer, Format.GEMINI, Format.MESSAGES, created=1), created=1, include_usage=True
+            )
+        ),
+    ):
+        whole = module.assembler()
+        for chunk in chunks:
+            assert not whole.finished
+            whole.add(chunk, False)
+        assert whole.finished and whole.answer() == answer
+
+
+def _through(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    translation = hub.Translation(Format.MESSAGES, Format.GEMINI, created=1)
+    return [c for e in events for c in translation.feed(e)] + translation.close()
