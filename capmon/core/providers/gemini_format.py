@@ -338,13 +338,8 @@ def encode_request(request: canon.Request) -> dict[str, Any]:
     body: dict[str, Any] = {"contents": contents}
     if request.system:
         body["systemInstruction"] = {"parts": [_encode_part(p, "system", names, same) for p in request.system]}
-    if request.max_tokens is not None:
-        config["maxOutputTokens"] = request.max_tokens
-    if request.stop:
-        config["stopSequences"] = list(request.stop)
-    for name, value in (("temperature", request.temperature), ("topP", request.top_p)):
-        if value is not None:
-            config[name] = value
+    sampling = (request.max_tokens, list(request.stop) or None, request.temperature, request.top_p)
+    config.update((k, v) for k, v in zip(_SAMPLING, sampling, strict=True) if v is not None)
     if request.output is not None:
         config["responseMimeType"] = _JSON
         config["responseJsonSchema"] = request.output.schema
@@ -364,12 +359,11 @@ def _refused_fields(request: canon.Request, config: dict[str, Any]) -> None:
     """What Gemini has no counterpart for; what it has (penalties, top_k, JSON mode, a seed)
     goes into ``config``."""
     own = request.own
-    for name in own:
-        if name not in _PLACED:
-            raise hub.Incapable(f"{name} (no Gemini counterpart)")
-    n = own.get("n")
-    if n not in (None, 1):
-        raise hub.Incapable(f"n = {n} (capmon asks Gemini for one candidate)")
+    unplaced = next((name for name in own if name not in _PLACED), None)
+    if unplaced is not None:
+        raise hub.Incapable(f"{unplaced} (no Gemini counterpart)")
+    if own.get("n") not in (None, 1):
+        raise hub.Incapable(f"n = {own['n']} (capmon asks Gemini for one candidate)")
     if own.get("logprobs"):
         raise hub.Incapable("logprobs (not translated to Gemini's)")
     modalities = own.get("modalities")
@@ -401,6 +395,8 @@ def _refused_fields(request: canon.Request, config: dict[str, Any]) -> None:
 
 
 _EMPTY = {"text": ""}
+# generationConfig's fields for the cap, the stop sequences and the sampling, in canon's order.
+_SAMPLING = ("maxOutputTokens", "stopSequences", "temperature", "topP")
 
 
 def _kind(part: canon.Part) -> str:
@@ -428,7 +424,7 @@ def _encode_part(p: canon.Part, where: str, names: Mapping[str, str], same: bool
         return _encode_image(p, where)
     if isinstance(p, canon.ToolCall):
         _no_cache(p.cache, where)
-        call: dict[str, Any] = {"name": p.name, "args": _args(p, p.where or where)}
+        call: dict[str, Any] = {"name": p.name, "args": hub.call_input(p, p.where or where)}
         if same and not p.id.startswith(_MADE):
             call["id"] = p.id
         return {"functionCall": call}
@@ -452,19 +448,6 @@ def _encode_image(image: canon.Image, where: str) -> dict[str, Any]:
     if isinstance(image.url, str) and image.url.startswith(("http://", "https://")) and image.media_type:
         return {"fileData": {"mimeType": image.media_type, "fileUri": image.url}}
     raise hub.Incapable(f"{where}: an image by URL (Gemini takes inline data, or a URL with its type)")
-
-
-def _args(call: canon.ToolCall, where: str) -> Mapping[str, Any]:
-    """A call's arguments as the object Gemini's ``args`` must be."""
-    if call.input is not None:
-        return call.input
-    if not call.arguments.strip():
-        return {}
-    try:
-        json.loads(call.arguments)
-    except (ValueError, RecursionError):
-        raise hub.Incapable(f"{where}: tool call arguments that are not JSON") from None
-    raise hub.Incapable(f"{where}: tool call arguments that are not a JSON object")
 
 
 def _function_response(result: canon.ToolResult, where: str, names: Mapping[str, str], same: bool) -> dict[str, Any]:
@@ -698,7 +681,7 @@ def encode_part(part: canon.Part) -> dict[str, Any]:
     if isinstance(part, canon.Text):
         return {"text": part.text}
     if isinstance(part, canon.ToolCall):
-        return {"functionCall": {"id": part.id, "name": part.name, "args": _args(part, "the answer")}}
+        return {"functionCall": {"id": part.id, "name": part.name, "args": hub.call_input(part, "the answer")}}
     if isinstance(part, canon.Thinking) and not part.redacted:
         return {"text": part.text, "thought": True}
     if isinstance(part, canon.Opaque) and part.format == SOURCE:
@@ -1124,9 +1107,7 @@ def continued(request: Request, partial: str, instruction: str | None) -> Reques
     said: list[dict[str, Any]] = [{"role": "model", "parts": [{"text": partial}]}]
     if instruction is not None:
         said.append({"role": "user", "parts": [{"text": instruction}]})
-    body = dict(request.extra)
-    body["contents"] = [*(body.get("contents") or ()), *said]
-    return dataclasses.replace(request, extra=body)
+    return hub.appended(request, "contents", said)
 
 
 @dataclass

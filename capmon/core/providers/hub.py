@@ -96,6 +96,29 @@ def owned_body(extra: Mapping[str, Any], *, model: str, cap_field: str, cap: int
     return body
 
 
+def call_input(call: canon.ToolCall, where: str) -> Mapping[str, Any]:
+    """A call's arguments as the JSON object a format that takes an object must send (none
+    or blank: an empty one). Raises :class:`Incapable` naming ``where`` for arguments that
+    are no JSON object."""
+    if call.input is not None:
+        return call.input
+    if not call.arguments.strip():
+        return {}
+    try:
+        json.loads(call.arguments)
+    except (ValueError, RecursionError):
+        raise Incapable(f"{where}: tool call arguments that are not JSON") from None
+    raise Incapable(f"{where}: tool call arguments that are not a JSON object")
+
+
+def appended(request: Request, key: str, turns: Sequence[Mapping[str, Any]]) -> Request:
+    """``request`` (a body in its own format) with ``turns`` after its body's ``key`` list
+    (``messages``, ``contents``): a broken answer's continuation, the caller's body not changed."""
+    body = dict(request.extra)
+    body[key] = [*(body.get(key) or ()), *turns]
+    return dataclasses.replace(request, extra=body)
+
+
 @dataclass
 class Call:
     """One tool call of a stream, as far as it came: its name and id, and its arguments' pieces."""

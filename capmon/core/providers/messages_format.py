@@ -4,7 +4,6 @@ canonical hub (capmon/core/types/canon.py), and what reads and probes it. A modu
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -419,25 +418,14 @@ def _assistant_blocks(m: canon.Message) -> list[dict[str, Any]]:
     blocks: list[dict[str, Any]] = []
     for p in m.parts:
         if isinstance(p, canon.ToolCall):
-            blocks.append({"type": "tool_use", "id": p.id, "name": p.name, "input": _input(p, p.where or where)})
+            blocks.append(
+                {"type": "tool_use", "id": p.id, "name": p.name, "input": hub.call_input(p, p.where or where)}
+            )
         elif (block := _text_block(p, where))["text"]:
             blocks.append(block)
     if not blocks:
         blocks.append({"type": "text", "text": ""})
     return blocks
-
-
-def _input(call: canon.ToolCall, where: str) -> Mapping[str, Any]:
-    """A tool call's JSON arguments as the object Anthropic's ``input`` must be."""
-    if call.input is not None:
-        return call.input
-    if not call.arguments.strip():
-        return {}
-    try:
-        json.loads(call.arguments)
-    except ValueError:
-        raise hub.Incapable(f"{where}: tool call arguments that are not JSON") from None
-    raise hub.Incapable(f"{where}: tool call arguments that are not a JSON object")
 
 
 def _tools(request: canon.Request, result: dict[str, Any]) -> None:
@@ -1212,9 +1200,7 @@ def continued(request: Request, partial: str, instruction: str | None) -> Reques
     said: list[dict[str, Any]] = [{"role": "assistant", "content": [{"type": "text", "text": partial}]}]
     if instruction is not None:
         said.append({"role": "user", "content": [{"type": "text", "text": instruction}]})
-    body = dict(request.extra)
-    body["messages"] = [*(body.get("messages") or ()), *said]
-    return dataclasses.replace(request, extra=body)
+    return hub.appended(request, "messages", said)
 
 
 @dataclass
