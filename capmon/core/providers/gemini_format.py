@@ -9,12 +9,13 @@ Where Gemini differs from the other formats, and what that makes of a crossing:
 * the model and streaming live in the URL (the dialects'), so a Gemini body has neither;
   the token cap is ``generationConfig.maxOutputTokens``, the one token parameter;
 * a call's ``id`` is optional (the Gemini API answers without one; a ``functionResponse``
-  names its function): the decoder gives a call without one an id of its own
-  (:data:`_MADE`), so a result finds its call by id in every
-  other format; toward Gemini a request from another format carries no ids (Gemini pairs a
-  result with its call by name and order) and a Gemini request its own ids only;
-* a ``thoughtSignature`` on a text or call part is for the model that made it alone: it
-  crosses to no other format (another model could not read it), as thought text does;
+  names its function): the decoder gives a call without one an id of its own (:data:`_MADE`),
+  so a result finds its call by id in every other format; toward Gemini a request from
+  another format carries no ids (Gemini pairs a result with its call by name and order) and
+  a Gemini request its own ids only;
+* a ``thoughtSignature`` is for the model that made it alone: it crosses to no other format
+  (another model could not read it), and no other format's signature crosses to Gemini;
+  thought text in an answer crosses as thinking, in a request's history to no other format;
 * a stream's chunks are whole answers in pieces (text in pieces, a call whole in one
   chunk); the chunk with ``finishReason`` is its end (there is no ``[DONE]``).
 """
