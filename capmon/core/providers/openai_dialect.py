@@ -15,7 +15,7 @@ from capmon.core.types.result import Format, Request
 GENAI_PROVIDER = "openai"  # gen_ai.provider.name (OpenTelemetry's GenAI conventions)
 
 
-def wire_of(caller: Format) -> Format:
+def wire_of(caller: Format, model: str) -> Format:
     """The caller's format, and chat completions for a Messages caller (an OpenAI-wire
     endpoint speaks no Messages)."""
     return Format.CHAT if caller is Format.MESSAGES else caller
@@ -28,6 +28,10 @@ def urls(endpoint: EndpointConfig, model: ModelConfig) -> dict[Format, str]:
 def served(base: str) -> dict[Format, str]:
     """The chat completions and Responses URLs under ``base``."""
     return {Format.CHAT: base + "/chat/completions", Format.RESPONSES: base + "/responses"}
+
+
+def stream_urls(endpoint: EndpointConfig, model: ModelConfig) -> dict[Format, str]:
+    return {}  # the body's ``stream: true`` says it
 
 
 def unserved(endpoint: EndpointConfig, wire: Format) -> str | None:
@@ -52,6 +56,6 @@ def has_body_rules(endpoint: EndpointConfig) -> bool:
 
 
 def body_rules(
-    body: dict[str, Any], endpoint: EndpointConfig, sampling_rule: DropRule
+    body: dict[str, Any], endpoint: EndpointConfig, wire: Format, sampling_rule: DropRule
 ) -> tuple[dict[str, Any], tuple[str, ...]]:
     return body, ()
