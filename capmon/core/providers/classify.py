@@ -19,8 +19,8 @@ from typing import Any
 
 import httpx
 
-from capmon.core.base.exceptions import CredentialsError
 from capmon.core.base.clock import default_clock
+from capmon.core.base.exceptions import CredentialsError
 from capmon.core.base.hints import hint_from
 from capmon.core.base.secrets import redact as _redact
 from capmon.core.types.failure import Cause, Failure, Kind

@@ -45,7 +45,7 @@ def load(credentials_file: str = "") -> Credentials:
     from google.oauth2 import service_account
 
     if credentials_file:
-        return service_account.Credentials.from_service_account_file(credentials_file, scopes=SCOPES)  # type: ignore[no-any-return]
+        return service_account.Credentials.from_service_account_file(credentials_file, scopes=SCOPES)  # type: ignore[no-untyped-call,no-any-return]
     credentials, _project = google.auth.default(scopes=SCOPES)
     return credentials
 
@@ -67,7 +67,7 @@ class TokenSource:
         credentials = self._credentials
         if credentials is None or not _fresh(credentials):
             credentials = await self._refreshed()
-        credentials.apply(headers)
+        credentials.apply(headers)  # type: ignore[no-untyped-call]
         request.headers.update(headers)
 
     async def _refreshed(self) -> Credentials:
@@ -99,7 +99,7 @@ class TokenSource:
 def _fresh(credentials: Credentials) -> bool:
     from google.auth.credentials import TokenState
 
-    return credentials.token_state is TokenState.FRESH  # type: ignore[no-any-return]
+    return credentials.token_state is TokenState.FRESH
 
 
 def _failure_text(what: str, e: Exception) -> str:

@@ -599,7 +599,8 @@ def _check_vertex(fail: Callable[[str, str], ConfigError], where: str, e: Endpoi
     if not e.region:
         raise fail(
             f"{where}.region",
-            'missing; expected the Vertex AI location its models run in, such as "global" or "us-east5" (api = "vertex")',
+            'missing; expected the Vertex AI location its models run in, such as "global" or "us-east5"'
+            ' (api = "vertex")',
         )
     if not _GCP_REGION.fullmatch(e.region):
         raise fail(f"{where}.region", f'expected a Vertex AI location such as "global" or "us-east5", got {e.region!r}')
