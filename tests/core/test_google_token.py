@@ -276,12 +276,19 @@ max_tokens = 64
         async with FallbackClient(parse_config(text, "vertex.toml"), environ={}) as client:
             result = await client.chat(request)
             chunks = [c async for c in client.stream_chunks(request)]
+            probe = await client.probe(client.targets[0].id)
     assert result.content == "hello" and result.model == "haiku"
     assert any(c.get("type") == "message_stop" for c in chunks)
     models = f"/v1/projects/{PROJECT}/locations/us-east5/publishers/anthropic/models/{CLAUDE}"
-    assert [s.path for s in seen] == [f"{models}:rawPredict", f"{models}:streamRawPredict"]
+    assert probe.ok
+    assert [s.path for s in seen] == [f"{models}:rawPredict", f"{models}:streamRawPredict", f"{models}:rawPredict"]
     assert {s.authorization for s in seen} == {"Bearer ya29.c.token-number-1-0123456789"}
-    assert len(server.grants) == 1  # one token for both requests
+    assert len(server.grants) == 1  # one token for every request
     for s in seen:
         assert s.body["anthropic_version"] == "vertex-2023-10-16" and "model" not in s.body
     assert seen[1].body["stream"] is True and "stream" not in seen[0].body
+    assert seen[2].body == {
+        "anthropic_version": "vertex-2023-10-16",
+        "messages": [{"role": "user", "content": "ping"}],
+        "max_tokens": 1,
+    }

@@ -42,7 +42,7 @@ from capmon.core.providers.hub import FORMATS
 from capmon.core.providers.splice import Splice
 from capmon.core.providers.sse import Frame
 from capmon.core.providers.token_param import TokenParam
-from capmon.core.types.config import ClientConfig
+from capmon.core.types.config import ClientConfig, DropRule
 from capmon.core.types.failure import Failure
 from capmon.core.types.result import Format, Request
 
@@ -137,9 +137,14 @@ def incapable(request: Request, t: Target, client: ClientConfig) -> str | None:
 
 def probe_body(t: Target, token_param: TokenParam) -> tuple[Format, dict[str, Any]]:
     """The smallest request that proves ``t`` answers, in the wire its endpoint speaks to a
-    chat caller, made by that wire's format."""
-    probe_wire = dialect_of(t.endpoint).wire_of(Format.CHAT, t.model.wire_name)
-    return probe_wire, FORMATS[probe_wire].probe_body(t.model.wire_name, token_param)
+    chat caller, made by that wire's format, as the endpoint's dialect takes it (Claude's on
+    Vertex AI: its model in the URL, not the body)."""
+    dialect = dialect_of(t.endpoint)
+    probe_wire = dialect.wire_of(Format.CHAT, t.model.wire_name)
+    body = FORMATS[probe_wire].probe_body(t.model.wire_name, token_param)
+    if dialect.has_body_rules(t.endpoint):
+        body, _ = dialect.body_rules(body, t.endpoint, probe_wire, DropRule.DROP)  # "ping" has nothing to drop
+    return probe_wire, body
 
 
 def refused_token_param(target_wire: Format, failure: Failure, sent: TokenParam) -> bool:
