@@ -25,9 +25,10 @@ way ``httpx.Auth.auth_flow`` sees a request but split by cost:
   that never awaits. Its time counts against the attempt's timeout.
 
 **Framing.** :func:`Dialect.framing` makes the reader that turns a stream's bytes into
-:class:`~capmon.core.providers.sse.Frame` s (server-sent events for every API today,
-``sse.SSEParser``; AWS's binary event stream would be a reader that gives one frame per
-message, its ``:event-type`` header as ``Frame.event`` and its payload as ``Frame.data``).
+:class:`~capmon.core.providers.sse.Frame` s (server-sent events, ``sse.SSEParser``, and
+Google's, ``google_sse.GoogleSSEParser``; AWS's binary event stream would be a reader that
+gives one frame per message, its ``:event-type`` header as ``Frame.event`` and its payload
+as ``Frame.data``).
 What a frame means is the format's (``read_frame`` of each format module).
 """
 
