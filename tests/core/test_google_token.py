@@ -33,8 +33,10 @@ from starlette.routing import Route
 
 from capmon.core.base.exceptions import CredentialsError
 from capmon.core.providers import google_token
+from capmon.core.providers.classify import classify_exception
 from capmon.core.routing.client import FallbackClient
 from capmon.core.types.config import parse_config
+from capmon.core.types.failure import Kind
 from capmon.core.types.result import Request
 from tests.support.scripted import serve_app
 
@@ -191,6 +193,9 @@ async def test_a_failed_refresh_says_why_without_any_token(
     assert text.startswith('endpoint "vx": no Google access token (RefreshError: ') and "invalid_grant" in text
     assert first not in text and e.value.__cause__ is None and e.value.__suppress_context__
     assert first not in caplog.text
+    failure = classify_exception(e.value)  # what the attempt records: it falls back as from an unreachable endpoint
+    assert failure.kind is Kind.TRANSIENT and failure.reason.startswith("no credentials (CredentialsError: endpoint")
+    assert first not in failure.reason
 
 
 async def test_missing_credentials_are_a_credentials_error(tmp_path: Path) -> None:
