@@ -223,6 +223,30 @@ asyncio.run(main())
     assert loaded_anyway(run.stdout) == "[]"
 
 
+def test_vertex_without_keys_and_without_the_google_extra_says_what_to_install() -> None:
+    code = """
+from capmon import FallbackClient
+from capmon.core.types.config import parse_config
+from capmon.core.base.exceptions import MissingExtra
+
+BASE = '[simulator]\\nenabled = false\\n[[endpoints]]\\nname = "vx"\\napi = "vertex"\\nproject = "my-project-1"\\n'
+BASE += 'region = "global"\\n'
+MODEL = '[[models]]\\nname = "m"\\napi_model = "gemini-2.5-flash"\\nendpoints = ["vx"]\\n'
+FallbackClient(parse_config(BASE + 'keys = [{ env = "T" }]\\n' + MODEL, "token.toml"), environ={"T": "ya29.token"})
+print("a token in keys: no extra needed")
+try:
+    FallbackClient(parse_config(BASE + "keys = []\\n" + MODEL, "adc.toml"), environ={})
+except MissingExtra as e:
+    print(e)
+"""
+    run = run_without(blocks(Extra.GOOGLE), code)
+    assert run.returncode == 0, run.stderr[-3000:]
+    lines = run.stdout.splitlines()
+    assert lines[0] == "a token in keys: no extra needed"
+    assert lines[1] == f'endpoint "vx" (api = "vertex", keys = []) {_installs(Extra.GOOGLE)}'
+    assert loaded_anyway(run.stdout) == "[]"
+
+
 # ---------------------------------------------------------------- a missing extra: one line, exit 2
 
 

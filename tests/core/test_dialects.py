@@ -42,11 +42,14 @@ class Signing:
     def __init__(self) -> None:
         self.signed: list[bytes] = []
 
-    def wire_of(self, caller: Format) -> Format:
-        return openai_dialect.wire_of(caller)
+    def wire_of(self, caller: Format, model: str) -> Format:
+        return openai_dialect.wire_of(caller, model)
 
     def urls(self, endpoint: EndpointConfig, model: ModelConfig) -> dict[Format, str]:
         return openai_dialect.urls(endpoint, model)
+
+    def stream_urls(self, endpoint: EndpointConfig, model: ModelConfig) -> dict[Format, str]:
+        return {}
 
     def unserved(self, endpoint: EndpointConfig, wire: Format) -> str | None:
         return None
@@ -69,7 +72,7 @@ class Signing:
         return False
 
     def body_rules(
-        self, body: dict[str, Any], endpoint: EndpointConfig, refused_sampling: DropRule
+        self, body: dict[str, Any], endpoint: EndpointConfig, wire: Format, refused_sampling: DropRule
     ) -> tuple[dict[str, Any], tuple[str, ...]]:
         return body, ()
 

@@ -118,11 +118,18 @@ def free_port() -> int:
 @contextlib.asynccontextmanager
 async def serve(script: Script) -> AsyncIterator[str]:
     """Serve ``script`` on a loopback port; yields the base URL (``.../v1``)."""
+    async with serve_app(build_app(script)) as url:
+        yield url + "/v1"
+
+
+@contextlib.asynccontextmanager
+async def serve_app(app: Starlette) -> AsyncIterator[str]:
+    """Serve ``app`` on a loopback port in this event loop; yields its root URL."""
     port = free_port()
     # A bounded graceful shutdown: a reply still sleeping (a hung upstream's delay of an hour) is
     # cancelled instead of waited for, in uvicorn's 0.1 s polls (tens of thousands under looptime).
     config = uvicorn.Config(
-        build_app(script),
+        app,
         host="127.0.0.1",
         port=port,
         log_level="warning",
@@ -136,7 +143,7 @@ async def serve(script: Script) -> AsyncIterator[str]:
             task.result()
         await asyncio.sleep(0.01)
     try:
-        yield f"http://127.0.0.1:{port}/v1"
+        yield f"http://127.0.0.1:{port}"
     finally:
         server.should_exit = True
         await task

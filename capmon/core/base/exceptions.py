@@ -57,6 +57,13 @@ class DeadlineExceeded(RequestFailed):
         self.passed = passed
 
 
+class CredentialsError(CapmonError):
+    """A key that is no fixed value could not be had: a cloud's credentials were not found,
+    or their token's refresh failed (Vertex AI's, capmon/core/providers/google_token.py).
+    Raised inside an attempt, which it fails like a connection that failed; its text never
+    holds a token."""
+
+
 class BrokenAnswer(CapmonError):
     """An answer whose every byte came but which cannot be used as it is: a tool call whose
     arguments are no JSON object, to be told in another format. Raised inside an attempt

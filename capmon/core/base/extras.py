@@ -26,6 +26,7 @@ class Extra(enum.StrEnum):
     OTEL = "otel"  # the gateway's traces ([telemetry] otlp_endpoint)
     AIOHTTP = "aiohttp"  # client.transport = "aiohttp" (capmon/core/routing/transport_aiohttp.py)
     UVLOOP = "uvloop"  # [gateway] loop = "uvloop"
+    GOOGLE = "google"  # api = "vertex" without keys: google-auth's credentials (capmon/core/providers/google_auth.py)
 
 
 # The modules each extra's code imports: importing them all is what "installed" means
@@ -38,6 +39,7 @@ MODULES: dict[Extra, tuple[str, ...]] = {
     Extra.OTEL: ("opentelemetry.sdk.trace", "opentelemetry.exporter.otlp.proto.http.trace_exporter"),
     Extra.AIOHTTP: ("aiohttp", "httpx_aiohttp"),
     Extra.UVLOOP: ("uvloop",),
+    Extra.GOOGLE: ("google.auth", "google.auth.transport.requests", "google.oauth2.service_account"),
 }
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from capmon.core.providers import hub
+from capmon.core.providers import hub, openai_dialect
 from capmon.core.providers.dialect import Auth, Headers
 from capmon.core.providers.sse import SSEParser
 from capmon.core.types.config import DEFAULT_VERSION, AnthropicVersion, DropRule, EndpointConfig, ModelConfig
@@ -18,12 +18,15 @@ MESSAGES_PATH = "/v1/messages"
 GENAI_PROVIDER = "anthropic"  # gen_ai.provider.name (OpenTelemetry's GenAI conventions)
 
 
-def wire_of(caller: Format) -> Format:
+def wire_of(caller: Format, model: str) -> Format:
     return Format.MESSAGES
 
 
 def urls(endpoint: EndpointConfig, model: ModelConfig) -> dict[Format, str]:
     return {Format.MESSAGES: endpoint.base_url.rstrip("/") + MESSAGES_PATH}
+
+
+stream_urls = openai_dialect.stream_urls
 
 
 def unserved(endpoint: EndpointConfig, wire: Format) -> str | None:
@@ -71,7 +74,7 @@ def has_body_rules(endpoint: EndpointConfig) -> bool:
 
 
 def body_rules(
-    body: dict[str, Any], endpoint: EndpointConfig, sampling_rule: DropRule
+    body: dict[str, Any], endpoint: EndpointConfig, wire: Format, sampling_rule: DropRule
 ) -> tuple[dict[str, Any], tuple[str, ...]]:
     """The endpoint's ``anthropic-version`` rules: what it refuses whatever is left out is
     incapable; the sampling fields it refuses are dropped or, by the config's rule, make

@@ -14,6 +14,7 @@ from capmon.core.types.result import Format, Request
 GENAI_PROVIDER = "azure.ai.openai"  # gen_ai.provider.name (OpenTelemetry's GenAI conventions)
 
 wire_of = openai_dialect.wire_of
+stream_urls = openai_dialect.stream_urls
 
 
 def urls(endpoint: EndpointConfig, model: ModelConfig) -> dict[Format, str]:

@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 
 from capmon.core.base.clock import default_clock
+from capmon.core.base.exceptions import CredentialsError
 from capmon.core.base.hints import hint_from
 from capmon.core.base.secrets import redact as _redact
 from capmon.core.types.failure import Cause, Failure, Kind
@@ -524,6 +525,7 @@ _TIMEOUTS: tuple[tuple[type[BaseException], str], ...] = (
 # Most specific first: several of these subclass each other (TimeoutError is an OSError,
 # ConnectionResetError a ConnectionError).
 _EXCEPTIONS: tuple[tuple[type[BaseException], str], ...] = (
+    (CredentialsError, "no credentials"),
     (httpx.ConnectError, "connection failed"),
     (httpx.ReadError, "connection error while reading"),
     (httpx.WriteError, "connection error while writing"),

@@ -1,7 +1,9 @@
 """An endpoint's dialect: what talking to one provider API (``[[endpoints]] api``,
 :class:`~capmon.core.types.config.EndpointApi`) takes besides the format of the bodies it
-carries: which format an attempt speaks there, its URLs, how a key authenticates each
-request, and how its stream is framed. A format (capmon/core/providers/*_format.py, the
+carries: which format an attempt speaks there (which may depend on the model: Vertex AI
+serves Google's models in Gemini's format and Anthropic's in Messages), its URLs (a
+streamed attempt's may differ: Google's ``:streamGenerateContent``), how a key
+authenticates each request, and how its stream is framed. A format (capmon/core/providers/*_format.py, the
 registry ``hub.FORMATS``) says what a body, an answer and a frame mean; a dialect says where
 they go and how they travel. formats.py composes the two. A new endpoint kind is one
 module and one line in :data:`DIALECTS` (its own endpoint keys, if any: a field of
@@ -23,9 +25,10 @@ way ``httpx.Auth.auth_flow`` sees a request but split by cost:
   that never awaits. Its time counts against the attempt's timeout.
 
 **Framing.** :func:`Dialect.framing` makes the reader that turns a stream's bytes into
-:class:`~capmon.core.providers.sse.Frame` s (server-sent events for every API today,
-``sse.SSEParser``; AWS's binary event stream would be a reader that gives one frame per
-message, its ``:event-type`` header as ``Frame.event`` and its payload as ``Frame.data``).
+:class:`~capmon.core.providers.sse.Frame` s (server-sent events, ``sse.SSEParser``, and
+Google's, ``google_sse.GoogleFraming``; AWS's binary event stream would be a reader that
+gives one frame per message, its ``:event-type`` header as ``Frame.event`` and its payload
+as ``Frame.data``).
 What a frame means is the format's (``read_frame`` of each format module).
 """
 
@@ -71,12 +74,19 @@ class Dialect(Protocol):
     # gateway's spans say it).
     GENAI_PROVIDER: str
 
-    def wire_of(self, caller: Format) -> Format:
-        """The format an attempt for a ``caller`` request speaks to an endpoint of this API."""
+    def wire_of(self, caller: Format, model: str) -> Format:
+        """The format an attempt for a ``caller`` request to ``model`` (its name at the
+        endpoint, ``ModelConfig.wire_name``) speaks to an endpoint of this API."""
         ...
 
     def urls(self, endpoint: EndpointConfig, model: ModelConfig) -> dict[Format, str]:
         """The URL of each wire the endpoint serves (for ``model``)."""
+        ...
+
+    def stream_urls(self, endpoint: EndpointConfig, model: ModelConfig) -> dict[Format, str]:
+        """The URL of each wire whose streamed attempts go elsewhere than :func:`urls`
+        says (Google's ``:streamGenerateContent?alt=sse``); a wire not here streams at its
+        plain URL, the body alone saying it streams."""
         ...
 
     def unserved(self, endpoint: EndpointConfig, wire: Format) -> str | None:
@@ -102,10 +112,10 @@ class Dialect(Protocol):
         ...
 
     def body_rules(
-        self, body: dict[str, Any], endpoint: EndpointConfig, sampling_rule: DropRule
+        self, body: dict[str, Any], endpoint: EndpointConfig, wire: Format, sampling_rule: DropRule
     ) -> tuple[dict[str, Any], tuple[str, ...]]:
-        """``body`` as the endpoint takes it, and the fields left out (``sampling_rule``:
-        the config's rule for sampling fields an API version refuses). Raises
+        """``body`` (in ``wire``) as the endpoint takes it, and the fields left out
+        (``sampling_rule``: the config's rule for sampling fields an API version refuses). Raises
         :class:`~capmon.core.providers.hub.Incapable` for what it refuses whatever is left out."""
         ...
 
@@ -116,10 +126,18 @@ def dialect_of(endpoint: EndpointConfig) -> Dialect:
 
 
 # The registry, below the protocol its modules import this module for.
-from capmon.core.providers import anthropic_dialect, azure_dialect, openai_dialect  # noqa: E402
+from capmon.core.providers import (  # noqa: E402
+    anthropic_dialect,
+    azure_dialect,
+    gemini_dialect,
+    openai_dialect,
+    vertex_dialect,
+)
 
 DIALECTS: dict[EndpointApi, Dialect] = {
     EndpointApi.OPENAI: openai_dialect,
     EndpointApi.AZURE: azure_dialect,
     EndpointApi.ANTHROPIC: anthropic_dialect,
+    EndpointApi.GEMINI: gemini_dialect,
+    EndpointApi.VERTEX: vertex_dialect,
 }

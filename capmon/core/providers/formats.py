@@ -42,7 +42,7 @@ from capmon.core.providers.hub import FORMATS
 from capmon.core.providers.splice import Splice
 from capmon.core.providers.sse import Frame
 from capmon.core.providers.token_param import TokenParam
-from capmon.core.types.config import ClientConfig
+from capmon.core.types.config import ClientConfig, DropRule
 from capmon.core.types.failure import Failure
 from capmon.core.types.result import Format, Request
 
@@ -104,7 +104,7 @@ def outbound(
     :class:`~capmon.core.providers.hub.Incapable` when ``t`` cannot carry the request
     (:func:`incapable` says so before any attempt)."""
     dialect = dialect_of(t.endpoint)
-    target_wire = dialect.wire_of(request.format)
+    target_wire = dialect.wire_of(request.format, t.model.wire_name)
     why = dialect.unserved(t.endpoint, target_wire)
     if why is not None:
         raise Incapable(why)
@@ -112,7 +112,7 @@ def outbound(
     body = FORMATS[target_wire].wire_body(
         request, translated, model=t.model.wire_name, limit=limit, stream=stream, token_param=token_param
     )
-    body, dropped = dialect.body_rules(body, t.endpoint, client.refused_sampling)
+    body, dropped = dialect.body_rules(body, t.endpoint, target_wire, client.refused_sampling)
     return Outbound(target_wire, body, hints + dropped)
 
 
@@ -122,7 +122,7 @@ def incapable(request: Request, t: Target, client: ClientConfig) -> str | None:
     target's own format is not checked where the dialect has no rules for bodies (it
     passes untouched)."""
     dialect = dialect_of(t.endpoint)
-    target_wire = dialect.wire_of(request.format)
+    target_wire = dialect.wire_of(request.format, t.model.wire_name)
     why = dialect.unserved(t.endpoint, target_wire)
     if why is not None:
         return why
@@ -137,9 +137,14 @@ def incapable(request: Request, t: Target, client: ClientConfig) -> str | None:
 
 def probe_body(t: Target, token_param: TokenParam) -> tuple[Format, dict[str, Any]]:
     """The smallest request that proves ``t`` answers, in the wire its endpoint speaks to a
-    chat caller, made by that wire's format."""
-    probe_wire = dialect_of(t.endpoint).wire_of(Format.CHAT)
-    return probe_wire, FORMATS[probe_wire].probe_body(t.model.wire_name, token_param)
+    chat caller, made by that wire's format, as the endpoint's dialect takes it (Claude's on
+    Vertex AI: its model in the URL, not the body)."""
+    dialect = dialect_of(t.endpoint)
+    probe_wire = dialect.wire_of(Format.CHAT, t.model.wire_name)
+    body = FORMATS[probe_wire].probe_body(t.model.wire_name, token_param)
+    if dialect.has_body_rules(t.endpoint):
+        body, _ = dialect.body_rules(body, t.endpoint, probe_wire, DropRule.DROP)  # "ping" has nothing to drop
+    return probe_wire, body
 
 
 def refused_token_param(target_wire: Format, failure: Failure, sent: TokenParam) -> bool:
@@ -314,15 +319,16 @@ class WireReader:
 
 
 def incapable_targets(request: Request, targets: Sequence[Target], client: ClientConfig) -> dict[str, str]:
-    """Per target that cannot carry ``request``, why (checked once per endpoint: the
-    reason depends on its API and version, not on the model or key)."""
-    by_endpoint: dict[str, str | None] = {}
+    """Per target that cannot carry ``request``, why (checked once per endpoint and wire:
+    the reason depends on its API, version and the wire the model speaks there (Vertex AI's
+    publishers), not on the model itself or the key)."""
+    by_wire: dict[tuple[str, Format], str | None] = {}
     out: dict[str, str] = {}
     for t in targets:
-        name = t.endpoint.name
-        if name not in by_endpoint:
-            by_endpoint[name] = incapable(request, t, client)
-        why = by_endpoint[name]
+        where = (t.endpoint.name, dialect_of(t.endpoint).wire_of(request.format, t.model.wire_name))
+        if where not in by_wire:
+            by_wire[where] = incapable(request, t, client)
+        why = by_wire[where]
         if why is not None:
             out[t.id] = why
     return out
@@ -349,4 +355,4 @@ def splicer(caller: Format, prompt: int) -> Splice:
 
 def takes_prefill(request: Request, t: Target) -> bool:
     """Whether the wire an attempt for ``request`` sends to ``t`` takes a prefill."""
-    return FORMATS[dialect_of(t.endpoint).wire_of(request.format)].takes_prefill()
+    return FORMATS[dialect_of(t.endpoint).wire_of(request.format, t.model.wire_name)].takes_prefill()

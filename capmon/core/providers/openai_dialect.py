@@ -18,7 +18,7 @@ GENAI_PROVIDER = "openai"  # gen_ai.provider.name (OpenTelemetry's GenAI convent
 _OWN = frozenset({Format.CHAT, Format.RESPONSES})
 
 
-def wire_of(caller: Format) -> Format:
+def wire_of(caller: Format, model: str) -> Format:
     """The caller's format when it is OpenAI's (chat completions, the Responses API), else
     chat completions (an OpenAI-wire endpoint speaks neither Messages nor Gemini's)."""
     return caller if caller in _OWN else Format.CHAT
@@ -31,6 +31,10 @@ def urls(endpoint: EndpointConfig, model: ModelConfig) -> dict[Format, str]:
 def served(base: str) -> dict[Format, str]:
     """The chat completions and Responses URLs under ``base``."""
     return {Format.CHAT: base + "/chat/completions", Format.RESPONSES: base + "/responses"}
+
+
+def stream_urls(endpoint: EndpointConfig, model: ModelConfig) -> dict[Format, str]:
+    return {}  # the body's ``stream: true`` says it
 
 
 def unserved(endpoint: EndpointConfig, wire: Format) -> str | None:
@@ -55,6 +59,6 @@ def has_body_rules(endpoint: EndpointConfig) -> bool:
 
 
 def body_rules(
-    body: dict[str, Any], endpoint: EndpointConfig, sampling_rule: DropRule
+    body: dict[str, Any], endpoint: EndpointConfig, wire: Format, sampling_rule: DropRule
 ) -> tuple[dict[str, Any], tuple[str, ...]]:
     return body, ()

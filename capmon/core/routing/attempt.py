@@ -92,6 +92,7 @@ class Sending:
     first_token: float = 0.0
     stall: float = 0.0  # seconds a stream's read may wait once output began (0: off)
     deadline_cut: bool = False  # ``timeout`` is the request's deadline, shorter than attempt_timeout
+    streamed: bool = False  # a streaming attempt (its URL may differ: ``Target.url``)
 
     @property
     def caller(self) -> Format | None:
@@ -134,6 +135,7 @@ def chat_request(
         first_token=max(0.0, first),
         stall=cc.stall_timeout if stream else 0.0,
         deadline_cut=timeout < cc.attempt_timeout,
+        streamed=stream,
     )
 
 
@@ -159,9 +161,10 @@ def stalled(limit: float, status: int | None) -> Failure:
 
 
 def _build(http: Sender, req: Sending) -> httpx.Request:
-    t, url = req.target, req.target.urls[req.api]
+    t = req.target
+    url = t.url(req.api, req.streamed)
     extra = t.dialect.caller_headers(t.http_headers, req.request) if req.request is not None else None
-    head = t.head(req.api) if extra is None else Sender.head(url, extra)
+    head = t.head(req.api, req.streamed) if extra is None else Sender.head(url, extra)
     return http.request(url, head, json.dumps(req.body).encode())
 
 

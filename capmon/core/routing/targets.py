@@ -44,19 +44,22 @@ class Target:
     # headers comes (its probe's): routing passes it over as Skip.SILENT meanwhile.
     silent: str | None = None
     # What every attempt sends, parsed and encoded once (a static key is in the headers):
-    # the URL of each wire the endpoint's API serves, and what the key puts on each request
-    # (its dialect's, capmon/core/providers/dialect.py).
+    # the URL of each wire the endpoint's API serves (and a streamed attempt's, where its API
+    # streams elsewhere), and what the key puts on each request (its dialect's,
+    # capmon/core/providers/dialect.py).
     urls: dict[Format, httpx.URL] = field(default_factory=dict, repr=False)
+    stream_urls: dict[Format, httpx.URL] = field(default_factory=dict, repr=False)
     http_headers: list[tuple[bytes, bytes]] = field(default_factory=list, repr=False)
     auth: Auth = field(default_factory=Auth, repr=False)
-    _heads: dict[Format, Head] = field(
+    _heads: dict[tuple[Format, bool], Head] = field(
         default_factory=dict, init=False, repr=False, compare=False
-    )  # head(), once per wire
+    )  # head(), once per wire, plain and streamed
 
     def __post_init__(self) -> None:
         if not self.urls:
             dialect = self.dialect
             self.urls = {w: httpx.URL(u) for w, u in dialect.urls(self.endpoint, self.model).items()}
+            self.stream_urls = {w: httpx.URL(u) for w, u in dialect.stream_urls(self.endpoint, self.model).items()}
             self.auth = dialect.auth(self.endpoint, self.key.secret.reveal())
             self.http_headers = Sender.headers(dict(self.endpoint.headers), self.auth.headers)
 
@@ -65,11 +68,18 @@ class Target:
         """Its endpoint's dialect (capmon/core/providers/dialect.py)."""
         return dialect_of(self.endpoint)
 
-    def head(self, wire: Format) -> Head:
+    def url(self, wire: Format, streamed: bool = False) -> httpx.URL:
+        """Where an attempt in ``wire`` goes (``streamed``: a streaming attempt, which goes
+        to its own URL where the endpoint's API has one)."""
+        url = self.stream_urls.get(wire) if streamed else None
+        return self.urls[wire] if url is None else url
+
+    def head(self, wire: Format, streamed: bool = False) -> Head:
         """The headers every attempt in ``wire`` sends, but its length (``Sender.head``)."""
-        head = self._heads.get(wire)
+        streamed = streamed and wire in self.stream_urls  # one head where both go to one URL
+        head = self._heads.get((wire, streamed))
         if head is None:
-            head = self._heads[wire] = Sender.head(self.urls[wire], self.http_headers)
+            head = self._heads[(wire, streamed)] = Sender.head(self.url(wire, streamed), self.http_headers)
         return head
 
     @property

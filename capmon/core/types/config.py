@@ -60,6 +60,8 @@ class EndpointApi(enum.StrEnum):
     OPENAI = "openai"  # {base_url}/chat/completions and /responses, Authorization: Bearer
     ANTHROPIC = "anthropic"  # {base_url}/v1/messages, x-api-key and anthropic-version
     AZURE = "azure"  # Azure OpenAI's deployment URLs or its v1 API, the api-key header
+    GEMINI = "gemini"  # the Gemini API: {base_url}/v1beta/models/{model}:generateContent, x-goog-api-key
+    VERTEX = "vertex"  # Vertex AI: a project's and region's publisher models, a Google OAuth bearer token
 
 
 class DropRule(enum.StrEnum):
@@ -251,22 +253,63 @@ class KeyConfig:
 @dataclass(frozen=True)
 class EndpointConfig:
     name: str = _f(doc="what models call it in their endpoints (unique)")
-    base_url: str = _f(doc="the provider's http:// or https:// URL; the endpoint's API adds its own paths (api)")
+    base_url: str = _f(
+        "",
+        doc=(
+            "the provider's http:// or https:// URL; the endpoint's API adds its own paths (api); required but"
+            " for api = gemini (https://generativelanguage.googleapis.com) and vertex (the region's host)"
+        ),
+    )
     keys: tuple[KeyConfig, ...] = _f(factory=tuple, doc="the variables holding its keys; [] for a server without keys")
     simulated: bool = _f(False, doc="served by the bundled simulator: a missing key uses its demo key")
     headers: Mapping[str, str] = _f(factory=dict, doc="extra headers every request to it sends (anthropic-beta = ...)")
-    api: EndpointApi = _f(EndpointApi.OPENAI, doc="the provider API it speaks: openai, anthropic or azure")
+    api: EndpointApi = _f(
+        EndpointApi.OPENAI, doc="the provider API it speaks: openai, anthropic, azure, gemini or vertex"
+    )
     anthropic_version: AnthropicVersion = _f(
         DEFAULT_VERSION, doc="api = anthropic: the anthropic-version header (2026-10-21 or 2023-06-01)"
     )
     api_version: str = _f(
         "", doc='api = azure: the classic deployment URL\'s api-version; "" or "v1" for the v1 API (/openai/v1)'
     )
+    project: str = _f("", doc="api = vertex: the Google Cloud project id (required)")
+    region: str = _f(
+        "",
+        doc=(
+            'api = vertex: the location its models run in, "global", a region ("us-east5") or a multi-region'
+            ' ("us", "eu") (required: it decides where prompts are processed)'
+        ),
+    )
+    credentials_file: str = _f(
+        "",
+        doc=(
+            'api = vertex without keys: a service account\'s JSON key file; "": Application Default'
+            " Credentials (GOOGLE_APPLICATION_CREDENTIALS, gcloud's login, the metadata server)"
+        ),
+    )
 
     @property
     def azure_classic(self) -> bool:
         """Azure's deployment URL (``/openai/deployments/{model}/...?api-version=``)."""
         return self.api is EndpointApi.AZURE and self.api_version not in ("", AZURE_V1)
+
+
+GEMINI_URL = "https://generativelanguage.googleapis.com"
+
+
+def default_base_url(api: EndpointApi, region: str) -> str:
+    """The URL of an endpoint whose config gives none: the Gemini API's host, or Vertex AI's
+    host for ``region`` (the global one, a multi-region's, or the region's own); "" for
+    every other API, whose ``base_url`` is required."""
+    if api is EndpointApi.GEMINI:
+        return GEMINI_URL
+    if api is not EndpointApi.VERTEX or not region:
+        return ""
+    if region == "global":
+        return "https://aiplatform.googleapis.com"
+    if region in ("us", "eu"):
+        return f"https://aiplatform.{region}.rep.googleapis.com"
+    return f"https://{region}-aiplatform.googleapis.com"
 
 
 # Each provider API's own endpoint keys: the settings of its dialect (the one in
@@ -276,6 +319,7 @@ class EndpointConfig:
 ENDPOINT_SETTINGS: Mapping[EndpointApi, tuple[str, ...]] = {
     EndpointApi.ANTHROPIC: ("anthropic_version",),
     EndpointApi.AZURE: ("api_version",),
+    EndpointApi.VERTEX: ("project", "region", "credentials_file"),
 }
 
 
@@ -537,6 +581,31 @@ def _own_settings(fail: Callable[[str, str], ConfigError], where: str, e: Endpoi
                 raise fail(f"{where}.{name}", f'only for api = "{api}" (this endpoint is api = "{e.api}")')
 
 
+# A Google Cloud project id (6 to 30 lowercase letters, digits and hyphens; an older
+# domain-scoped one has "example.com:" before it) and a Vertex AI location ("us-east5",
+# "global", "us"): both go into the URL's path, and the location into its host.
+_GCP_PROJECT = re.compile(r"(?:[a-z0-9.-]+:)?[a-z][a-z0-9-]{4,28}[a-z0-9]")
+_GCP_REGION = re.compile(r"[a-z][a-z0-9-]{0,62}")
+
+
+def _check_vertex(fail: Callable[[str, str], ConfigError], where: str, e: EndpointConfig) -> None:
+    """Vertex AI's own keys: the project and region every URL names."""
+    if not e.project:
+        raise fail(f"{where}.project", 'missing; expected the Google Cloud project id (api = "vertex")')
+    if not _GCP_PROJECT.fullmatch(e.project):
+        raise fail(
+            f"{where}.project", f'expected a Google Cloud project id such as "my-project-123", got {e.project!r}'
+        )
+    if not e.region:
+        raise fail(
+            f"{where}.region",
+            'missing; expected the Vertex AI location its models run in, such as "global" or "us-east5"'
+            ' (api = "vertex")',
+        )
+    if not _GCP_REGION.fullmatch(e.region):
+        raise fail(f"{where}.region", f'expected a Vertex AI location such as "global" or "us-east5", got {e.region!r}')
+
+
 def _check(cfg: Config, file: str) -> Config:
     def fail(key: str, message: str) -> ConfigError:
         return ConfigError(file, key, message)
@@ -546,11 +615,20 @@ def _check(cfg: Config, file: str) -> Config:
     if not cfg.endpoints:
         raise fail("endpoints", "expected at least one [[endpoints]] table")
     seen: set[str] = set()
+    endpoints: list[EndpointConfig] = []
     for i, e in enumerate(cfg.endpoints):
         _new_name(fail, f"endpoints[{i}].name", e.name, seen, "endpoint")
+        _own_settings(fail, f"endpoints[{i}]", e)
+        if e.api is EndpointApi.VERTEX:
+            _check_vertex(fail, f"endpoints[{i}]", e)
+        if not e.base_url:
+            url = default_base_url(e.api, e.region)
+            if not url:
+                raise fail(f"endpoints[{i}].base_url", "missing; expected an http:// or https:// URL")
+            e = dataclasses.replace(e, base_url=url)
+        endpoints.append(e)
         if not e.base_url.startswith(("http://", "https://")):
             raise fail(f"endpoints[{i}].base_url", f"expected an http:// or https:// URL, got {e.base_url!r}")
-        _own_settings(fail, f"endpoints[{i}]", e)
         if e.api_version and not _API_VERSION.fullmatch(e.api_version):
             raise fail(
                 f"endpoints[{i}].api_version",
@@ -578,6 +656,7 @@ def _check(cfg: Config, file: str) -> Config:
             if alias in aliases:
                 raise fail(f"endpoints[{i}].keys[{j}].alias", f"duplicate key alias {alias!r}")
             aliases.add(alias)
+    cfg = dataclasses.replace(cfg, endpoints=tuple(endpoints))
     names: set[str] = set()
     for i, m in enumerate(cfg.models):
         _new_name(fail, f"models[{i}].name", m.name, names, "model")
