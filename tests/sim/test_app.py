@@ -295,7 +295,11 @@ def _expect(dialect: str, r: httpx.Response, hint: float | None) -> None:
     elif dialect == "vertex-429":  # the shared pay-as-you-go pool: no details, no hint
         assert r.status_code == 429
         assert r.json() == {
-            "error": {"code": 429, "message": "Resource exhausted, please try again later.", "status": "RESOURCE_EXHAUSTED"}
+            "error": {
+                "code": 429,
+                "message": "Resource exhausted, please try again later.",
+                "status": "RESOURCE_EXHAUSTED",
+            }
         }
     elif dialect == "vertex-quota-429":  # the project's quota, in Vertex's list
         assert r.status_code == 429

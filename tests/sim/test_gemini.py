@@ -84,7 +84,9 @@ async def test_plain_answer_and_its_usage(client: genai.client.AsyncClient) -> N
     r = await client.models.generate_content(model="gemini-flash", contents="Say something about capacity.")
     assert r.text and len(r.text.split()) == ANSWER_TOKENS
     (candidate,) = r.candidates or []
-    assert candidate.finish_reason == types.FinishReason.STOP and candidate.content and candidate.content.role == "model"
+    assert (
+        candidate.finish_reason == types.FinishReason.STOP and candidate.content and candidate.content.role == "model"
+    )
     u = r.usage_metadata
     assert u is not None and u.candidates_token_count == ANSWER_TOKENS
     assert u.prompt_token_count and u.total_token_count == u.prompt_token_count + ANSWER_TOKENS
