@@ -7,17 +7,20 @@ its own errors in Anthropic's."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any, cast
 
 import anthropic
 import google.oauth2.credentials
 import httpx
+import httpx2
 import pytest
 from google import genai
 from google.genai import errors, types
 
 from capmon.core.types.config import SIMULATOR_DEMO_KEY
+from capmon.sim.app import create_app, simulator_of
 from capmon.sim.faults import parse_rules
 from capmon.sim.scenario import ModelSpec, Scenario
 from capmon.sim.server import SimHandle
@@ -238,3 +241,49 @@ async def test_the_version_in_the_body(
     assert r.status_code == status
     if status == 400:
         assert r.json()["error"]["type"] == "invalid_request_error"
+
+
+# ---------------------------------------------------------------- the demo
+
+
+@pytest.mark.looptime
+async def test_the_demo_serves_one_gemini_on_two_wires_and_claude_on_vertex() -> None:
+    """The bundled demo, in-process on a fast-forwarded loop: sim-gemini-flash on the Gemini
+    API and on Vertex AI at once (one set of slots, narrowed to 2 from 40 s to 55 s), and
+    sim-claude-vertex through AnthropicVertex."""
+    app = create_app("demo")
+    # google-genai takes an httpx client, anthropic 2.x an httpx2 one: both into the same app
+    async with (
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://sim") as http,
+        httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app)) as http2,
+    ):
+        options = types.HttpOptions(base_url="http://sim", httpx_async_client=http)
+        direct = genai.Client(api_key=SIMULATOR_DEMO_KEY, http_options=options).aio
+        credentials = google.oauth2.credentials.Credentials(token=SIMULATOR_DEMO_KEY)  # type: ignore[no-untyped-call]
+        vertex = genai.Client(
+            vertexai=True, project=PROJECT, location=REGION, credentials=credentials, http_options=options
+        ).aio
+        for c in (direct, vertex):
+            r = await c.models.generate_content(model="sim-gemini-flash", contents="Hello.")
+            assert r.text and r.model_version == "sim-gemini-flash"
+        claude = anthropic.AsyncAnthropicVertex(
+            region=REGION,
+            project_id=PROJECT,
+            access_token=SIMULATOR_DEMO_KEY,
+            base_url="http://sim/v1",
+            http_client=http2,
+        )
+        m = await claude.messages.create(model="sim-claude-vertex", max_tokens=20, messages=HELLO)
+        assert m.stop_reason == "max_tokens"
+
+        await asyncio.sleep(41 - simulator_of(app).elapsed())  # into the narrow phase
+        held = [
+            asyncio.create_task(c.models.generate_content(model="sim-gemini-flash", contents="Hello."))
+            for c in (direct, vertex)
+        ]
+        await asyncio.sleep(0.1)  # both admitted: the two slots the model has
+        for c in (direct, vertex):
+            with pytest.raises(errors.ServerError) as info:
+                await c.models.generate_content(model="sim-gemini-flash", contents="Hello.")
+            assert info.value.code == 503
+        assert all([(await t).text for t in held])
