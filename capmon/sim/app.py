@@ -1,6 +1,7 @@
-"""The simulated provider as an ASGI app: OpenAI's API (also on Azure's URLs) and
-Anthropic's Messages API, that really run out of capacity, plus admin endpoints to steer it.
-A model is served on the wire its scenario ``api`` names (openai, azure, anthropic or all).
+"""The simulated provider as an ASGI app: OpenAI's API (also on Azure's URLs), Anthropic's
+Messages API, Google's Gemini API and Vertex AI, that really run out of capacity, plus admin
+endpoints to steer it. A model is served on the wire its scenario ``api`` names (openai,
+azure, anthropic, gemini, vertex, gemini+vertex, anthropic+vertex or all).
 
 API (OpenAI format; key as ``Authorization: Bearer KEY``, ``api-key`` or ``x-api-key``):
   POST /v1/chat/completions   plain JSON, or SSE when "stream": true, framed per the model's
@@ -17,11 +18,16 @@ API (OpenAI format; key as ``Authorization: Bearer KEY``, ``api-key`` or ``x-api
                               /openai/v1/responses; Azure's 401, 404 DeploymentNotFound and 400s
   POST /v1/messages           Anthropic's Messages API, plain or streamed, anthropic-version 2026-10-21
                               or 2023-06-01 (see messages.py); POST /v1/messages/count_tokens
+  POST /v1beta/models/{model}:generateContent, :streamGenerateContent, :countTokens (also /v1/...)
+                              Google's Gemini API (see gemini.py); GET /v1beta/models[/{model}]
+  POST /{v1,v1beta1}/projects/{p}/locations/{r}/publishers/{google,anthropic}/models/{model}:...
+                              Vertex AI: Gemini's methods, Claude's rawPredict (see vertex.py)
 
 A full model rejects at once in its dialect: an HTTP error (openai-429, openai-503, ...), or
 inside a 200 stream (openrouter-stream, anthropic-stream, gemini-openai-stream, vllm-stream,
 ollama-stream for chat; responses-failed, responses-slow-down, responses-error for the
-Responses API; other requests get the HTTP error such a frame stands for).
+Responses API; gemini-stream for Gemini's; other requests get the HTTP error such a frame
+stands for).
 
 Admin (see admin.py: no key on loopback unless one is configured; a non-loopback address
 needs the admin key, sent as ``Authorization: Bearer KEY`` or ``x-admin-key``, or --open-admin):
