@@ -270,8 +270,8 @@ def _text_candidate(text: str) -> dict[str, Any]:
 def _pieces(
     ticket: Ticket, call: ToolCall | None, tool_result: str | None, stops: tuple[str, ...]
 ) -> tuple[list[dict[str, Any]], list[int], str]:
-    """The candidates a stream sends one by one (a plain answer, joined), each one's tokens,
-    and the finishReason the last one gets (unless it has its own)."""
+    """The candidates a stream sends one by one, each one's tokens, and the finishReason the
+    last one gets (unless it has its own)."""
     if call is not None:
         return [_call_candidate(call)], [tokens_of(call.arguments)], "STOP"
     pieces, costs, reason = answer(ticket, tool_result, stops)
@@ -286,12 +286,14 @@ def generate_response(
     rid: str, ticket: Ticket, call: ToolCall | None, tool_result: str | None = None, stops: tuple[str, ...] = ()
 ) -> dict[str, Any]:
     """A whole GenerateContentResponse; usage as the ticket's model reports it (capmon/sim/usage.py)."""
-    candidates, costs, reason = _pieces(ticket, call, tool_result, stops)
     if call is None:
-        candidates = [_text_candidate("".join(c["content"]["parts"][0]["text"] for c in candidates))]
+        pieces, costs, reason = answer(ticket, tool_result, stops)
+        candidate, output = _text_candidate("".join(pieces)), sum(costs)
+    else:
+        candidate, output, reason = _call_candidate(call), tokens_of(call.arguments), "STOP"
     return {
-        "candidates": [_finished(candidates[0], reason)],
-        "usageMetadata": usage_metadata(ticket.prompt_tokens, sum(costs), ticket.usage),
+        "candidates": [_finished(candidate, reason)],
+        "usageMetadata": usage_metadata(ticket.prompt_tokens, output, ticket.usage),
         "modelVersion": ticket.model,
         "responseId": rid,
     }
