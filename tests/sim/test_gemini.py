@@ -104,6 +104,12 @@ async def test_system_instruction_counts(client: genai.client.AsyncClient) -> No
     assert (told.usage_metadata.prompt_token_count or 0) > (bare.usage_metadata.prompt_token_count or 0)
 
 
+async def test_inline_data_is_taken(client: genai.client.AsyncClient) -> None:
+    picture = types.Part.from_bytes(data=b"\x89PNG\r\n\x1a\n", mime_type="image/png")
+    r = await client.models.generate_content(model="gemini-flash", contents=[picture, "What is this?"])
+    assert r.text and r.candidates and r.candidates[0].finish_reason == types.FinishReason.STOP
+
+
 async def test_max_output_tokens_cuts_the_answer(client: genai.client.AsyncClient) -> None:
     config = types.GenerateContentConfig(max_output_tokens=3)
     r = await client.models.generate_content(model="gemini-flash", contents="Hello.", config=config)
@@ -327,6 +333,14 @@ async def test_the_in_stream_error_on_the_wire(sim: SimHandle, http: httpx.Async
     assert chunk.startswith("data: ") and "finishReason" not in chunk
     assert raw.startswith('{\n  "error": {\n    "code": 503,\n') and raw.endswith("}\n")
     assert json.loads(raw)["error"]["status"] == "UNAVAILABLE"
+
+
+async def test_the_in_stream_error_in_the_json_array(sim: SimHandle, http: httpx.AsyncClient) -> None:
+    """Without alt=sse the error object is the array's last element."""
+    sim.simulator.faults.set(parse_rules({"mode": "stream_error", "after": 1, "dialect": "gemini-stream"}))
+    r = await http.post(_url(sim, "streamGenerateContent"), json=HELLO, headers=KEY_HEADERS)
+    chunk, error = r.json()
+    assert "candidates" in chunk and error["error"]["code"] == 503
 
 
 async def test_a_cut_stream_has_no_finish(sim: SimHandle, client: genai.client.AsyncClient) -> None:

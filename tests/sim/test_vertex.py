@@ -98,6 +98,8 @@ async def test_gemini_plain_streamed_and_usage(sim: SimHandle, gemini: genai.cli
     assert len("".join(c.text or "" for c in chunks).split()) == 10
     assert chunks[-1].candidates and chunks[-1].candidates[0].finish_reason == types.FinishReason.STOP
     assert sim.simulator.stats()["models"]["gemini-flash"]["completed"] == 2
+    counted = await gemini.models.count_tokens(model="gemini-flash", contents="Hello.")
+    assert counted.total_tokens == r.usage_metadata.prompt_token_count
 
 
 async def test_gemini_function_call_round(gemini: genai.client.AsyncClient) -> None:
