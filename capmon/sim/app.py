@@ -1,6 +1,7 @@
-"""The simulated provider as an ASGI app: OpenAI's API (also on Azure's URLs) and
-Anthropic's Messages API, that really run out of capacity, plus admin endpoints to steer it.
-A model is served on the wire its scenario ``api`` names (openai, azure, anthropic or all).
+"""The simulated provider as an ASGI app: OpenAI's API (also on Azure's URLs), Anthropic's
+Messages API, Google's Gemini API and Vertex AI, that really run out of capacity, plus admin
+endpoints to steer it. A model is served on the wire its scenario ``api`` names (openai,
+azure, anthropic, gemini, vertex, gemini+vertex, anthropic+vertex or all).
 
 API (OpenAI format; key as ``Authorization: Bearer KEY``, ``api-key`` or ``x-api-key``):
   POST /v1/chat/completions   plain JSON, or SSE when "stream": true, framed per the model's
@@ -17,11 +18,16 @@ API (OpenAI format; key as ``Authorization: Bearer KEY``, ``api-key`` or ``x-api
                               /openai/v1/responses; Azure's 401, 404 DeploymentNotFound and 400s
   POST /v1/messages           Anthropic's Messages API, plain or streamed, anthropic-version 2026-10-21
                               or 2023-06-01 (see messages.py); POST /v1/messages/count_tokens
+  POST /v1beta/models/{model}:generateContent, :streamGenerateContent, :countTokens (also /v1/...)
+                              Google's Gemini API (see gemini.py); GET /v1beta/models[/{model}]
+  POST /{v1,v1beta1}/projects/{p}/locations/{r}/publishers/{google,anthropic}/models/{model}:...
+                              Vertex AI: Gemini's methods, Claude's rawPredict (see vertex.py)
 
 A full model rejects at once in its dialect: an HTTP error (openai-429, openai-503, ...), or
 inside a 200 stream (openrouter-stream, anthropic-stream, gemini-openai-stream, vllm-stream,
 ollama-stream for chat; responses-failed, responses-slow-down, responses-error for the
-Responses API; other requests get the HTTP error such a frame stands for).
+Responses API; gemini-stream for Gemini's; other requests get the HTTP error such a frame
+stands for).
 
 Admin (see admin.py: no key on loopback unless one is configured; a non-loopback address
 needs the admin key, sent as ``Authorization: Bearer KEY`` or ``x-admin-key``, or --open-admin):
@@ -66,7 +72,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from capmon.core.base.clock import Clock
 from capmon.core.providers.tokens import estimate_tokens
-from capmon.sim import admin, azure, dialects, messages, responses
+from capmon.sim import admin, azure, dialects, gemini, messages, responses, vertex
 from capmon.sim.admin import AdminGuard, AdminPolicy
 from capmon.sim.dialects import Api, Wire
 from capmon.sim.faults import HANG_SECONDS, HTML_500_PAGE, PACED, STREAMED, DropConnection, FaultMode, delayed
@@ -318,13 +324,18 @@ def _model_entry(name: str, created: int, on: Wire) -> dict[str, Any]:
 
 
 def _models_wire(request: Request) -> Wire:
-    """GET /v1/models is both OpenAI's and Anthropic's: the anthropic-version header says whose."""
+    """GET /v1/models is OpenAI's, Anthropic's and Gemini's: the anthropic-version header, or
+    a Google key (x-goog-api-key, ?key=), says whose."""
+    if "x-goog-api-key" in request.headers or "key" in request.query_params:
+        return Wire.GEMINI
     return Wire.ANTHROPIC if messages.VERSION_HEADER in request.headers else Wire.OPENAI
 
 
 async def list_models(request: Request) -> Response:
     sim = simulator(request)
     on = _models_wire(request)
+    if on is Wire.GEMINI:
+        return await gemini.list_models(request)
     token = bearer(request, on)
     if not sim.is_accepted(token):
         return wire(dialects.invalid_api_key(token, on))
@@ -339,6 +350,8 @@ async def list_models(request: Request) -> Response:
 async def get_model(request: Request) -> Response:
     sim = simulator(request)
     on = _models_wire(request)
+    if on is Wire.GEMINI:
+        return await gemini.get_model(request)
     token = bearer(request, on)
     if not sim.is_accepted(token):
         return wire(dialects.invalid_api_key(token, on))
@@ -358,7 +371,12 @@ async def index(request: Request) -> Response:
         f"Azure OpenAI under /openai: /openai/deployments/{{deployment}}/chat/completions?api-version=..., "
         f"/openai/v1/... (deployments: {', '.join(sim.model_names(Wire.AZURE)) or 'none'}).\n"
         f"Anthropic's Messages API: POST /v1/messages, POST /v1/messages/count_tokens "
-        f"(models: {', '.join(sim.model_names(Wire.ANTHROPIC)) or 'none'}).\n{policy.describe()}.\n"
+        f"(models: {', '.join(sim.model_names(Wire.ANTHROPIC)) or 'none'}).\n"
+        f"Gemini API: POST /v1beta/models/{{model}}:generateContent, :streamGenerateContent?alt=sse, :countTokens "
+        f"(also under /v1; models: {', '.join(sim.model_names(Wire.GEMINI)) or 'none'}).\n"
+        f"Vertex AI: POST /v1/projects/{{p}}/locations/{{r}}/publishers/google/models/{{model}}:generateContent, "
+        f".../publishers/anthropic/models/{{model}}:rawPredict (also under /v1beta1; "
+        f"models: {', '.join(sim.model_names(Wire.VERTEX)) or 'none'}).\n{policy.describe()}.\n"
     )
 
 
@@ -408,6 +426,8 @@ def create_app(
         Route("/v1/messages", messages.create_message, methods=["POST"]),
         Route("/v1/messages/count_tokens", messages.count_tokens, methods=["POST"]),
         *azure.routes(serve_chat, responses.serve_response),
+        *gemini.routes(),
+        *vertex.routes(),
         Route("/v1/models", list_models),
         Route("/v1/models/{name:path}", get_model),
         *admin.ROUTES,

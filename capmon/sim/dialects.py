@@ -32,6 +32,10 @@ ANTHROPIC_529 = "anthropic-529"
 ANTHROPIC_429 = "anthropic-429"  # rate_limit_error with retry-after and the anthropic-ratelimit-* headers
 GEMINI_429 = "gemini-429"
 GEMINI_503 = "gemini-503"
+# Vertex AI's pay-as-you-go pool is full (a capacity-like 429, no details); and a project's
+# per-minute quota, in the list Vertex wraps some errors in.
+VERTEX_429 = "vertex-429"
+VERTEX_QUOTA_429 = "vertex-quota-429"
 AZURE_429 = "azure-429"
 CAPACITY_TEXT = "capacity-text"
 
@@ -42,6 +46,8 @@ DIALECTS: tuple[str, ...] = (
     ANTHROPIC_429,
     GEMINI_429,
     GEMINI_503,
+    VERTEX_429,
+    VERTEX_QUOTA_429,
     AZURE_429,
     CAPACITY_TEXT,
 )
@@ -57,6 +63,8 @@ OLLAMA_STREAM = "ollama-stream"
 RESPONSES_FAILED = "responses-failed"  # Responses API: response.failed, code server_is_overloaded
 RESPONSES_SLOW_DOWN = "responses-slow-down"  # Responses API: response.failed, code slow_down
 RESPONSES_ERROR = "responses-error"  # Responses API: an `error` event, code server_is_overloaded
+# Gemini's streamGenerateContent: Google's error object, pretty-printed and raw (no `data:`).
+GEMINI_STREAM = "gemini-stream"
 
 CHAT_STREAM_DIALECTS: tuple[str, ...] = (
     OPENROUTER_STREAM,
@@ -68,7 +76,7 @@ CHAT_STREAM_DIALECTS: tuple[str, ...] = (
     OLLAMA_STREAM,
 )
 RESPONSES_STREAM_DIALECTS: tuple[str, ...] = (RESPONSES_FAILED, RESPONSES_SLOW_DOWN, RESPONSES_ERROR)
-STREAM_DIALECTS: tuple[str, ...] = CHAT_STREAM_DIALECTS + RESPONSES_STREAM_DIALECTS
+STREAM_DIALECTS: tuple[str, ...] = CHAT_STREAM_DIALECTS + RESPONSES_STREAM_DIALECTS + (GEMINI_STREAM,)
 CAPACITY_DIALECTS: tuple[str, ...] = DIALECTS + STREAM_DIALECTS
 
 # How a model words its 400 for a token parameter it does not take.
@@ -79,6 +87,19 @@ UNSUPPORTED_DIALECTS: tuple[str, ...] = (UNSUPPORTED_OPENAI, UNSUPPORTED_AZURE)
 CAPACITY_MESSAGE = "Selected model is at capacity. Please try a different model."
 OPENAI_OVERLOADED_MESSAGE = "The engine is currently overloaded, please try again later"
 GEMINI_OVERLOADED_MESSAGE = "The model is overloaded. Please try again later."
+GEMINI_HIGH_DEMAND_MESSAGE = (
+    "This model is currently experiencing high demand. Spikes in demand are usually temporary. Please try again later."
+)
+VERTEX_EXHAUSTED_MESSAGE = "Resource exhausted, please try again later."
+GEMINI_KEY_INVALID = "API key not valid. Please pass a valid API key."
+GEMINI_NO_KEY = (
+    "Method doesn't allow unregistered callers (callers without established identity). "
+    "Please use API Key or other form of API consumer identity to call this API."
+)
+VERTEX_UNAUTHENTICATED = (
+    "Request had invalid authentication credentials. Expected OAuth 2 access token, login cookie or other "
+    "valid authentication credential. See https://developers.google.com/identity/sign-in/web/devconsole-project."
+)
 PENALTY_MESSAGE = "penalised: too many requests after rejections"
 # ollama/ollama server/sched.go ErrMaxQueue, answered 503 when the request queue is full.
 OLLAMA_BUSY_MESSAGE = "server busy, please try again.  maximum pending requests exceeded"
@@ -121,6 +142,7 @@ class Api(str, enum.Enum):
     CHAT = "chat"  # POST /v1/chat/completions
     RESPONSES = "responses"  # POST /v1/responses
     MESSAGES = "messages"  # POST /v1/messages (Anthropic)
+    GEMINI = "gemini"  # :generateContent, :streamGenerateContent (Gemini API, Vertex AI)
 
 
 class Wire(str, enum.Enum):
@@ -129,23 +151,34 @@ class Wire(str, enum.Enum):
     OPENAI = "openai"  # /v1/chat/completions, /v1/responses
     AZURE = "azure"  # /openai/deployments/{deployment}/..., /openai/v1/...
     ANTHROPIC = "anthropic"  # /v1/messages
+    GEMINI = "gemini"  # /v1beta/models/{model}:generateContent, /v1/...
+    VERTEX = "vertex"  # /v1/projects/{p}/locations/{r}/publishers/{google,anthropic}/models/{model}:...
 
 
-# A scenario model's `api`: the wire it is served on, or all of them.
+# A scenario model's `api`: the wire it is served on, two wires that serve the same model
+# (Gemini on Google's API and on Vertex AI, Claude on Anthropic's and on Vertex AI), or all.
 ALL_WIRES = "all"
-MODEL_APIS: tuple[str, ...] = (*(w.value for w in Wire), ALL_WIRES)
+GEMINI_AND_VERTEX = f"{Wire.GEMINI.value}+{Wire.VERTEX.value}"
+ANTHROPIC_AND_VERTEX = f"{Wire.ANTHROPIC.value}+{Wire.VERTEX.value}"
+MODEL_APIS: tuple[str, ...] = (*(w.value for w in Wire), GEMINI_AND_VERTEX, ANTHROPIC_AND_VERTEX, ALL_WIRES)
 # What a model says when full unless its scenario names a dialect: its provider's own.
 WIRE_DIALECTS: dict[str, str] = {
     Wire.OPENAI.value: OPENAI_503,
     Wire.AZURE.value: AZURE_429,
     Wire.ANTHROPIC.value: ANTHROPIC_529,
+    Wire.GEMINI.value: GEMINI_503,
+    Wire.VERTEX.value: VERTEX_429,
+    GEMINI_AND_VERTEX: GEMINI_503,
+    ANTHROPIC_AND_VERTEX: ANTHROPIC_529,
     ALL_WIRES: OPENAI_503,
 }
+# Google's front ends (the Gemini API's and Vertex AI's): errors in google.rpc.Status JSON.
+GOOGLE_WIRES = (Wire.GEMINI, Wire.VERTEX)
 
 
 def serves(api: str, wire: Wire) -> bool:
     """Whether a model whose scenario says ``api`` is served on ``wire``."""
-    return api in (ALL_WIRES, wire.value)
+    return api == ALL_WIRES or wire.value in api.split("+")
 
 
 def speaks(dialect: str, api: Api) -> bool:
@@ -155,6 +188,8 @@ def speaks(dialect: str, api: Api) -> bool:
         return dialect in CHAT_STREAM_DIALECTS
     if api is Api.RESPONSES:
         return dialect in RESPONSES_STREAM_DIALECTS
+    if api is Api.GEMINI:
+        return dialect == GEMINI_STREAM
     return dialect == ANTHROPIC_STREAM
 
 
@@ -245,31 +280,8 @@ def capacity_rejection(
         return _json(529, ANTHROPIC_OVERLOADED, headers)
     if dialect == ANTHROPIC_429:
         return _anthropic_rate_limited(model, slots, hint, now, context_window)
-    if dialect in (GEMINI_429, GEMINI_503):
-        details: list[dict[str, Any]] = []
-        if dialect == GEMINI_429:
-            status, code, message = 429, "RESOURCE_EXHAUSTED", "Resource has been exhausted (e.g. check quota)."
-            # A per-minute quota: the classifier must read this as rate_limited, not a daily quota.
-            details.append(
-                {
-                    "@type": "type.googleapis.com/google.rpc.QuotaFailure",
-                    "violations": [
-                        {
-                            "quotaMetric": "generativelanguage.googleapis.com/generate_content_requests",
-                            "quotaId": "GenerateRequestsPerMinutePerProjectPerModel",
-                            "quotaDimensions": {"model": model, "location": "global"},
-                        }
-                    ],
-                }
-            )
-        else:
-            status, code, message = 503, "UNAVAILABLE", GEMINI_OVERLOADED_MESSAGE
-        if hint is not None:
-            details.append({"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": _proto_duration(hint)})
-        error: dict[str, Any] = {"code": status, "message": message, "status": code}
-        if details:
-            error["details"] = details
-        return _json(status, {"error": error})
+    if dialect in (GEMINI_429, GEMINI_503, VERTEX_429, VERTEX_QUOTA_429):
+        return _google_capacity(dialect, model, slots, hint)
     if dialect == AZURE_429:
         message = (
             f"Requests to the ChatCompletions_Create Operation under Azure OpenAI API version {api_version} "
@@ -287,6 +299,78 @@ def capacity_rejection(
     if dialect in STREAM_DIALECTS:
         return _stream_dialect_as_http(dialect, model=model, hint=hint)
     raise ValueError(f"unknown dialect {dialect!r}; expected one of {', '.join(CAPACITY_DIALECTS)}")
+
+
+def google_error(
+    status: int, code: str, message: str, details: list[dict[str, Any]] | None = None, *, listed: bool = False
+) -> WireError:
+    """Google's error body, a google.rpc.Status as JSON (cloud.google.com/apis/design/errors):
+    ``{"error": {"code", "message", "status", "details"?}}``; ``listed``: wrapped in a list,
+    as Vertex AI and Gemini's OpenAI-compatible endpoint send some."""
+    error: dict[str, Any] = {"code": status, "message": message, "status": code}
+    if details:
+        error["details"] = details
+    return _json(status, [{"error": error}] if listed else {"error": error})
+
+
+def _retry_info(hint: float) -> dict[str, Any]:
+    return {"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": _proto_duration(hint)}
+
+
+def _google_capacity(dialect: str, model: str, slots: int, hint: float | None) -> WireError:
+    """A full model on Google's wires. gemini-429: the free tier's per-minute request quota,
+    worded and detailed as the Gemini API words it (Help, QuotaFailure with a per-minute
+    quotaId, RetryInfo; "Please retry in 25.46s." in the message); gemini-503: overloaded;
+    vertex-429: the shared pay-as-you-go pool, no details; vertex-quota-429: the project's
+    per-minute quota for the base model, in a list. A hint rides in RetryInfo (and the
+    Gemini 429's message)."""
+    retry = [] if hint is None else [_retry_info(hint)]
+    if dialect == GEMINI_503:
+        return google_error(503, "UNAVAILABLE", GEMINI_OVERLOADED_MESSAGE, retry)
+    if dialect == VERTEX_429:
+        return google_error(429, "RESOURCE_EXHAUSTED", VERTEX_EXHAUSTED_MESSAGE)
+    if dialect == VERTEX_QUOTA_429:
+        message = (
+            f"Quota exceeded for aiplatform.googleapis.com/online_prediction_requests_per_base_model with base "
+            f"model: {model}. Please submit a quota increase request. "
+            f"https://cloud.google.com/vertex-ai/docs/generative-ai/quotas-genai."
+        )
+        return google_error(429, "RESOURCE_EXHAUSTED", message, retry, listed=True)
+    limit = max(slots, 0)
+    metric = "generativelanguage.googleapis.com/generate_content_free_tier_requests"
+    message = (
+        "You exceeded your current quota, please check your plan and billing details. For more information on "
+        "this error, head to: https://ai.google.dev/gemini-api/docs/rate-limits. To monitor your current usage, "
+        f"head to: https://ai.dev/usage?tab=rate-limit. \n* Quota exceeded for metric: {metric}, limit: {limit}, "
+        f"model: {model}"
+    )
+    if hint is not None:
+        message += f"\nPlease retry in {round(hint, 2):g}s."
+    details: list[dict[str, Any]] = [
+        {
+            "@type": "type.googleapis.com/google.rpc.Help",
+            "links": [
+                {
+                    "description": "Learn more about Gemini API quotas",
+                    "url": "https://ai.google.dev/gemini-api/docs/rate-limits",
+                }
+            ],
+        },
+        {
+            "@type": "type.googleapis.com/google.rpc.QuotaFailure",
+            "violations": [
+                {
+                    "quotaMetric": metric,
+                    # A per-minute quota: the classifier must read this as rate_limited, not a daily quota.
+                    "quotaId": "GenerateRequestsPerMinutePerProjectPerModel-FreeTier",
+                    "quotaDimensions": {"location": "global", "model": model},
+                    "quotaValue": str(limit),
+                }
+            ],
+        },
+        *retry,
+    ]
+    return google_error(429, "RESOURCE_EXHAUSTED", message, details)
 
 
 def _anthropic_rate_limited(model: str, slots: int, hint: float | None, now: float, window: int) -> WireError:
@@ -318,6 +402,8 @@ def penalty_rejection(remaining: float, wire: Wire = Wire.OPENAI) -> WireError:
     """A key that kept hammering after rejections; the hint is the real time left."""
     if wire is Wire.ANTHROPIC:
         return anthropic_error(429, "rate_limit_error", PENALTY_MESSAGE, {"retry-after": _retry_after(remaining)})
+    if wire in GOOGLE_WIRES:
+        return google_error(429, "RESOURCE_EXHAUSTED", PENALTY_MESSAGE, [_retry_info(remaining)])
     return openai_error(
         429,
         PENALTY_MESSAGE,
@@ -332,12 +418,34 @@ def azure_error(status: int, code: str, message: str) -> WireError:
     return _json(status, {"error": {"code": code, "message": message}})
 
 
+def _error_info(reason: str, service: str) -> dict[str, Any]:
+    return {
+        "@type": "type.googleapis.com/google.rpc.ErrorInfo",
+        "reason": reason,
+        "domain": "googleapis.com",
+        "metadata": {"service": service},
+    }
+
+
 def invalid_api_key(token: str | None, wire: Wire = Wire.OPENAI) -> WireError:
     if wire is Wire.AZURE:
         return azure_error(401, "401", AZURE_ACCESS_DENIED)
     if wire is Wire.ANTHROPIC:
         # Anthropic names the header it read, whichever the caller used.
         return anthropic_error(401, "authentication_error", "invalid x-api-key")
+    if wire is Wire.GEMINI:
+        if not token:
+            return google_error(403, "PERMISSION_DENIED", GEMINI_NO_KEY)
+        # A wrong key is a 400 on the Gemini API, not a 401: the reason says what it is.
+        info = _error_info("API_KEY_INVALID", "generativelanguage.googleapis.com")
+        localized = {"@type": "type.googleapis.com/google.rpc.LocalizedMessage", "locale": "en-US"}
+        return google_error(
+            400, "INVALID_ARGUMENT", GEMINI_KEY_INVALID, [info, {**localized, "message": GEMINI_KEY_INVALID}]
+        )
+    if wire is Wire.VERTEX:
+        reason = "ACCESS_TOKEN_TYPE_UNSUPPORTED" if token else "CREDENTIALS_MISSING"
+        info = _error_info(reason, "aiplatform.googleapis.com")
+        return google_error(401, "UNAUTHENTICATED", VERTEX_UNAUTHENTICATED, [info])
     if not token:
         message = (
             "You didn't provide an API key. You need to provide your API key in an Authorization header "
@@ -355,6 +463,19 @@ def model_not_found(model: str, wire: Wire = Wire.OPENAI) -> WireError:
         return azure_error(404, "DeploymentNotFound", AZURE_DEPLOYMENT_NOT_FOUND)
     if wire is Wire.ANTHROPIC:
         return anthropic_error(404, "not_found_error", f"model: {model}")
+    if wire is Wire.GEMINI:
+        message = (
+            f"models/{model} is not found for API version v1beta, or is not supported for generateContent. "
+            f"Call ListModels to see the list of available models and their supported methods."
+        )
+        return google_error(404, "NOT_FOUND", message)
+    if wire is Wire.VERTEX:
+        message = (
+            f"Publisher Model `{model}` was not found or your project does not have access to it. Please ensure "
+            f"you are using a valid model version. For more information, see: "
+            f"https://cloud.google.com/vertex-ai/generative-ai/docs/learn/model-versions"
+        )
+        return google_error(404, "NOT_FOUND", message)
     return openai_error(
         404,
         f"The model `{model}` does not exist or you do not have access to it.",
@@ -375,6 +496,14 @@ def context_length_exceeded(window: int, prompt_tokens: int, max_tokens: int, wi
             f"input length and `max_tokens` exceed context limit: {prompt_tokens} + {max_tokens} > {window}, "
             f"decrease input length or `max_tokens` and try again",
         )
+    if wire in GOOGLE_WIRES:
+        # Google counts the input only; the simulator's window holds the answer too, so the
+        # requested output is counted in as the input it displaces.
+        message = (
+            f"The input token count ({prompt_tokens + max_tokens}) exceeds the maximum number of tokens "
+            f"allowed ({window})."
+        )
+        return google_error(400, "INVALID_ARGUMENT", message)
     message = (
         f"This model's maximum context length is {window} tokens. However, you requested "
         f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the messages, {max_tokens} in the "
@@ -386,6 +515,8 @@ def context_length_exceeded(window: int, prompt_tokens: int, max_tokens: int, wi
 def bad_request(message: str, param: str | None = None, wire: Wire = Wire.OPENAI) -> WireError:
     if wire is Wire.ANTHROPIC:
         return anthropic_error(400, "invalid_request_error", message)
+    if wire in GOOGLE_WIRES:
+        return google_error(400, "INVALID_ARGUMENT", message)
     return openai_error(400, message, type="invalid_request_error", code=None, param=param)
 
 
@@ -421,6 +552,22 @@ STATUS_ERRORS: dict[int, tuple[str, str, str, str | None, str]] = {
     504: ("timeout_error", "Request timed out.", "server_error", None, "Request timed out."),
     529: ("overloaded_error", "Overloaded", "server_error", "server_is_overloaded", OPENAI_OVERLOADED_MESSAGE),
 }
+# ... and as Google words them (its canonical codes; it sends no 529, the nearest is UNAVAILABLE).
+GOOGLE_STATUS_ERRORS: dict[int, tuple[str, str]] = {
+    400: ("INVALID_ARGUMENT", "Request contains an invalid argument."),
+    401: ("UNAUTHENTICATED", VERTEX_UNAUTHENTICATED),
+    403: ("PERMISSION_DENIED", "The caller does not have permission"),
+    404: ("NOT_FOUND", "Requested entity was not found."),
+    413: ("INVALID_ARGUMENT", "Request payload size exceeds the limit: 20971520 bytes."),
+    429: ("RESOURCE_EXHAUSTED", "Resource has been exhausted (e.g. check quota)."),
+    500: (
+        "INTERNAL",
+        "An internal error has occurred. Please retry or report in https://developers.generativeai.google/guide/troubleshooting",
+    ),
+    503: ("UNAVAILABLE", "The service is currently unavailable."),
+    504: ("DEADLINE_EXCEEDED", "The request timed out. Please try again."),
+    529: ("UNAVAILABLE", GEMINI_OVERLOADED_MESSAGE),
+}
 
 
 def status_error(status: int, wire: Wire = Wire.OPENAI) -> WireError:
@@ -430,6 +577,8 @@ def status_error(status: int, wire: Wire = Wire.OPENAI) -> WireError:
         return anthropic_error(status, a_type, a_message)
     if wire is Wire.AZURE and status == 401:
         return invalid_api_key(None, wire)
+    if wire in GOOGLE_WIRES:
+        return google_error(status, *GOOGLE_STATUS_ERRORS[status])
     return openai_error(status, o_message, type=o_type, code=o_code)
 
 
@@ -456,11 +605,18 @@ def _openrouter_error(dialect: str, model: str) -> dict[str, Any]:
     }
 
 
-def _gemini_unavailable(hint: float | None) -> dict[str, Any]:
-    error: dict[str, Any] = {"code": 503, "message": GEMINI_OVERLOADED_MESSAGE, "status": "UNAVAILABLE"}
-    if hint is not None:
-        error["details"] = [{"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": _proto_duration(hint)}]
-    return {"error": error}
+def _gemini_unavailable(hint: float | None, message: str = GEMINI_OVERLOADED_MESSAGE) -> dict[str, Any]:
+    details = [] if hint is None else [_retry_info(hint)]
+    body: dict[str, Any] = google_error(503, "UNAVAILABLE", message, details).json()
+    return body
+
+
+def gemini_stream_error() -> bytes:
+    """Gemini's error inside a 200 streamGenerateContent: the google.rpc.Status object sent
+    raw, pretty-printed, with no ``data:`` before it (google-genai gathers the lines until
+    its braces balance, then raises ServerError; a client that reads only ``data:`` lines
+    sees a stream that just ends, as Bifrost's did: maximhq/bifrost#5188)."""
+    return json.dumps(_gemini_unavailable(None, GEMINI_HIGH_DEMAND_MESSAGE), indent=2).encode() + b"\n"
 
 
 def _vllm_error() -> dict[str, Any]:
@@ -494,6 +650,8 @@ def _stream_dialect_as_http(dialect: str, *, model: str, hint: float | None) -> 
         # Gemini's OpenAI-compatible endpoint wraps its HTTP error body in a list
         # (seen in n4ze3m/page-assist#406: `[{"error": {"code": 429, ..., "status": ...}}]`).
         return _json(503, [_gemini_unavailable(hint)])
+    if dialect == GEMINI_STREAM:
+        return _json(503, _gemini_unavailable(hint, GEMINI_HIGH_DEMAND_MESSAGE))
     if dialect == VLLM_STREAM:
         return _json(503, _vllm_error(), headers)
     if dialect == OLLAMA_STREAM:

@@ -31,16 +31,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 
 from capmon.core.base.clock import Clock
 from capmon.core.providers.tokens import estimate_body
 from capmon.core.types.result import Format
 from capmon.sim import dialects
 from capmon.sim.dialects import Api, Wire
-from capmon.sim.faults import HANG_SECONDS, HTML_500_PAGE, PACED, STREAMED, DropConnection, FaultMode, delayed
+from capmon.sim.faults import DropConnection, FaultMode
 from capmon.sim.model import Admitted, Faulted, Simulator, Ticket
-from capmon.sim.replies import BadRequest, SlotStream, hold, read_request, rejection, simulator, wire
+from capmon.sim.replies import BadRequest, SlotStream, faulted, hold, read_request, rejection, simulator, wire
 from capmon.sim.resume import PREFILL_REFUSAL, resumed, with_resume
 from capmon.sim.streams import answer_pieces, answer_text, argument_pieces, tokens_of
 from capmon.sim.tools import (
@@ -68,6 +68,25 @@ UNPARSABLE = "There was an error parsing the body of your request. Please ensure
 class ApiVersion(str, enum.Enum):
     V2023_06_01 = "2023-06-01"
     V2026_10_21 = "2026-10-21"  # the current one
+
+
+# Vertex AI's rawPredict takes the version in the body: the one its docs name, which keeps
+# the 2023-06-01 rules, and the ones the SDKs send (AnthropicVertex 2.x sends its own).
+VERTEX_VERSION_FIELD = "anthropic_version"
+VERTEX_VERSIONS = {"vertex-2023-10-16": ApiVersion.V2023_06_01, **{v.value: v for v in ApiVersion}}
+
+
+@dataclass(frozen=True)
+class MessagesVia:
+    """How a Messages request reached the handler: Anthropic's own URL, or Vertex AI's
+    rawPredict (``wire`` VERTEX), where the URL names the model (``model``), the body carries
+    ``anthropic_version``, and Google's front end has checked the token and the model."""
+
+    wire: Wire = Wire.ANTHROPIC  # the wire whose models the request may name
+    model: str | None = None
+
+
+ANTHROPIC_VIA = MessagesVia()
 
 
 # finish_reason of a Ticket -> Anthropic's stop_reason
@@ -102,6 +121,16 @@ def _voice(message: dict[str, Any]) -> tuple[Voice, Any]:
 def last_turn(messages: list[dict[str, Any]]) -> LastTurn | None:
     """The user's words or the tools' results the conversation ends with (tools.closing_turn)."""
     return closing_turn(_voice(m) for m in reversed(messages))
+
+
+def vertex_version(body: Any) -> ApiVersion:
+    """The version in a Vertex AI body. Raises BadRequest."""
+    value = body.get(VERTEX_VERSION_FIELD) if isinstance(body, dict) else None
+    if value is None:
+        raise BadRequest(f"{VERTEX_VERSION_FIELD}: Field required", VERTEX_VERSION_FIELD)
+    if not isinstance(value, str) or value not in VERTEX_VERSIONS:
+        raise BadRequest(f'{VERTEX_VERSION_FIELD}: "{value}" is not a valid version', VERTEX_VERSION_FIELD)
+    return VERTEX_VERSIONS[value]
 
 
 def api_version(header: str | None) -> ApiVersion:
@@ -335,7 +364,7 @@ def _request_headers() -> dict[str, str]:
 
 
 async def _read(
-    request: Request, headers: dict[str, str], *, counting: bool
+    request: Request, headers: dict[str, str], via: MessagesVia, *, counting: bool
 ) -> tuple[Simulator, str, MessagesRequest] | Response:
     """Size, key, JSON and version: the steps both endpoints take before a model."""
     sim = simulator(request)
@@ -347,7 +376,10 @@ async def _read(
     header = request.headers.get(VERSION_HEADER)
 
     def parse(body: Any) -> MessagesRequest:
-        return parse_messages(body, api_version(header), counting=counting)
+        if via.wire is Wire.ANTHROPIC:
+            return parse_messages(body, api_version(header), counting=counting)
+        version = vertex_version(body)
+        return parse_messages({**body, "model": via.model} if via.model else body, version, counting=counting)
 
     return await read_request(request, parse, UNPARSABLE, Wire.ANTHROPIC, headers)
 
@@ -357,13 +389,18 @@ def _tool_call(req: MessagesRequest, mode: str) -> ToolCall | None:
     return None if tool is None else make_call(tool, prefix="toolu_sim")
 
 
-async def create_message(request: Request) -> Response:
+async def create_message(request: Request) -> Response | DropConnection:
+    return await serve_message(request, ANTHROPIC_VIA)
+
+
+async def serve_message(request: Request, via: MessagesVia) -> Response | DropConnection:
+    """A Messages request, reached through Anthropic's URL or Vertex AI's (``via``)."""
     headers = _request_headers()
-    read = await _read(request, headers, counting=False)
+    read = await _read(request, headers, via, counting=False)
     if isinstance(read, Response):
         return read
     sim, alias, req = read
-    if req.prefilled and sim.has_model(req.model, Wire.ANTHROPIC) and not sim.state(req.model).prefill:
+    if req.prefilled and sim.has_model(req.model, via.wire) and not sim.state(req.model).prefill:
         sim.bad_request(alias, req.model)
         return wire(dialects.bad_request(PREFILL_REFUSAL, "messages", Wire.ANTHROPIC), headers)
     decision = sim.submit(
@@ -373,7 +410,7 @@ async def create_message(request: Request) -> Response:
         max_tokens=req.max_tokens,
         stream=req.stream,
         api=Api.MESSAGES,
-        wire=Wire.ANTHROPIC,
+        wire=via.wire,
         tools=may_call(req.tools, req.turn),
     )
     decision = with_resume(decision, req.resume)
@@ -411,49 +448,45 @@ async def create_message(request: Request) -> Response:
 
 async def _faulted(
     sim: Simulator, decision: Faulted, req: MessagesRequest, mid: str, headers: dict[str, str]
-) -> Response:
+) -> Response | DropConnection:
     rule, ticket = decision.rule, decision.ticket
     broken = broken_call(req.tools, req.turn, "toolu_sim") if rule.mode is FaultMode.BROKEN_TOOL_ARGS else None
-    if rule.mode in STREAMED or (broken is not None and req.stream) or (rule.mode in PACED and req.stream):
-        stream = message_stream(
-            rule.clock(sim.clock),
+
+    def streamed(clock: Clock, call: ToolCall | None) -> AsyncIterator[bytes]:
+        return message_stream(
+            clock,
             mid,
             ticket,
-            broken or _tool_call(req, decision.state.tools),
+            call,
             cut=rule.mode is FaultMode.STREAM_CUT,
             cut_after=rule.after if rule.mode is FaultMode.STREAM_CUT else 0,
             error_after=rule.after if rule.mode is FaultMode.STREAM_ERROR else None,
         )
-        return StreamingResponse(stream, media_type="text/event-stream", headers=headers)
-    if rule.mode is FaultMode.SLOW_FIRST_TOKEN:  # headers now, the answer (its first token) later
-        body = json.dumps(complete_message(mid, ticket, _tool_call(req, decision.state.tools))).encode()
-        return StreamingResponse(delayed(sim.clock, rule.seconds, body), media_type="application/json", headers=headers)
-    if rule.mode is FaultMode.HANG:
-        await sim.clock.sleep(HANG_SECONDS)
-        return PlainTextResponse("Gateway Timeout", status_code=504)
-    if rule.mode is FaultMode.ERROR:
-        return wire(dialects.status_error(rule.status, Wire.ANTHROPIC), headers)
-    await sim.clock.sleep(ticket.first_token)
-    if broken is not None:
-        return JSONResponse(complete_message(mid, ticket, broken), headers=headers)
-    if rule.mode is FaultMode.RESET:
-        return DropConnection()  # type: ignore[return-value]
-    if rule.mode is FaultMode.TRUNCATE:
-        body = json.dumps(complete_message(mid, ticket, None)).encode()
-        return Response(body[: len(body) // 2], media_type="application/json", headers=headers)
-    if rule.mode is FaultMode.INVALID_JSON:
-        return Response(b"not json", media_type="application/json", headers=headers)
-    return HTMLResponse(HTML_500_PAGE, status_code=500)
+
+    def answer(call: ToolCall | None) -> bytes:
+        return json.dumps(complete_message(mid, ticket, call)).encode()
+
+    return await faulted(
+        sim,
+        decision,
+        stream=req.stream,
+        call=_tool_call(req, decision.state.tools),
+        broken=broken,
+        streamed=streamed,
+        answer=answer,
+        on=Wire.ANTHROPIC,
+        headers=headers,
+    )
 
 
-async def count_tokens(request: Request) -> Response:
+async def count_tokens(request: Request, via: MessagesVia = ANTHROPIC_VIA) -> Response:
     """``{"input_tokens": N}``, the same N a message's usage reports; takes no slot."""
     headers = _request_headers()
-    read = await _read(request, headers, counting=True)
+    read = await _read(request, headers, via, counting=True)
     if isinstance(read, Response):
         return read
     sim, alias, req = read
-    if not sim.has_model(req.model, Wire.ANTHROPIC):
+    if not sim.has_model(req.model, via.wire):
         sim.bad_request(alias, req.model)
         return wire(dialects.model_not_found(req.model, Wire.ANTHROPIC), headers)
     return JSONResponse({"input_tokens": req.prompt_tokens}, headers=headers)

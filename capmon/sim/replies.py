@@ -11,13 +11,16 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import HTMLResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from capmon.core.base.clock import Clock
 from capmon.sim import dialects
 from capmon.sim.dialects import AZURE_API_VERSION, Api, Wire, WireError, speaks
+from capmon.sim.faults import HANG_SECONDS, HTML_500_PAGE, PACED, STREAMED, DropConnection, FaultMode, delayed
 from capmon.sim.model import (
     Decision,
+    Faulted,
     NoCapacity,
     Penalised,
     Simulator,
@@ -26,6 +29,7 @@ from capmon.sim.model import (
     UnknownModel,
     Unsupported,
 )
+from capmon.sim.tools import ToolCall
 
 
 @dataclass(frozen=True)
@@ -58,7 +62,12 @@ class BadRequest(Exception):
 
 def bearer(request: Request, wire: Wire = Wire.OPENAI) -> str | None:
     """The caller's key: ``Authorization: Bearer``, or Azure's ``api-key`` / Anthropic's
-    ``x-api-key``. On Anthropic's wire ``x-api-key`` wins when both are sent, as there."""
+    ``x-api-key``. On Anthropic's wire ``x-api-key`` wins when both are sent, as there. The
+    Gemini API takes ``x-goog-api-key`` or ``?key=``; Vertex AI an OAuth token as Bearer (or
+    an express-mode key in ``x-goog-api-key``)."""
+    google_key = request.headers.get("x-goog-api-key") or None
+    if wire is Wire.GEMINI:
+        return google_key or request.query_params.get("key") or None
     anthropic_key = request.headers.get("x-api-key") or None
     if wire is Wire.ANTHROPIC and anthropic_key:
         return anthropic_key
@@ -66,6 +75,8 @@ def bearer(request: Request, wire: Wire = Wire.OPENAI) -> str | None:
     scheme, _, token = auth.partition(" ")
     if scheme.lower() == "bearer" and token.strip():
         return token.strip()
+    if wire is Wire.VERTEX:
+        return google_key
     return request.headers.get("api-key") or anthropic_key
 
 
@@ -141,8 +152,14 @@ class SlotStream(StreamingResponse):
     """A stream that frees its slot however it ends: finished, cut, or the client gone
     (even before the body started, when the generator's own ``finally`` would never run)."""
 
-    def __init__(self, content: AsyncIterator[bytes], release: Callable[[bool], None], headers: dict[str, str]) -> None:
-        super().__init__(content, media_type="text/event-stream", headers=headers)
+    def __init__(
+        self,
+        content: AsyncIterator[bytes],
+        release: Callable[[bool], None],
+        headers: dict[str, str],
+        media_type: str = "text/event-stream",
+    ) -> None:
+        super().__init__(content, media_type=media_type, headers=headers)
         self._release = release
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -182,3 +199,47 @@ async def read_request(
     except BadRequest as e:
         sim.bad_request(alias, e.model)
         return wire(dialects.bad_request(str(e), e.param, on), headers)
+
+
+async def faulted(
+    sim: Simulator,
+    decision: Faulted,
+    *,
+    stream: bool,
+    call: ToolCall | None,
+    broken: ToolCall | None,
+    streamed: Callable[[Clock, ToolCall | None], AsyncIterator[bytes]],
+    answer: Callable[[ToolCall | None], bytes],
+    on: Wire,
+    headers: dict[str, str],
+    stream_type: str = "text/event-stream",
+) -> Response | DropConnection:
+    """A faulted request's answer, for an API whose faults are the common ones (chat
+    completions' huge body is its own). ``streamed(clock, call)``: the API's stream, timed by
+    ``clock``, broken as the rule says; ``answer(call)``: its whole plain answer (a text
+    answer when ``call`` is None); ``call``: the call the request would get, ``broken``: the
+    broken_tool_args fault's."""
+    rule, ticket = decision.rule, decision.ticket
+    if rule.mode in STREAMED or (broken is not None and stream) or (rule.mode in PACED and stream):
+        return StreamingResponse(
+            streamed(rule.clock(sim.clock), broken or call), media_type=stream_type, headers=headers
+        )
+    if rule.mode is FaultMode.SLOW_FIRST_TOKEN:  # headers now, the answer (its first token) later
+        body = answer(call)
+        return StreamingResponse(delayed(sim.clock, rule.seconds, body), media_type="application/json", headers=headers)
+    if rule.mode is FaultMode.HANG:
+        await sim.clock.sleep(HANG_SECONDS)
+        return PlainTextResponse("Gateway Timeout", status_code=504)
+    if rule.mode is FaultMode.ERROR:
+        return wire(dialects.status_error(rule.status, on), headers)
+    await sim.clock.sleep(ticket.first_token)
+    if broken is not None:
+        return Response(answer(broken), media_type="application/json", headers=headers)
+    if rule.mode is FaultMode.RESET:
+        return DropConnection()
+    if rule.mode is FaultMode.TRUNCATE:
+        body = answer(None)
+        return Response(body[: len(body) // 2], media_type="application/json", headers=headers)
+    if rule.mode is FaultMode.INVALID_JSON:
+        return Response(b"not json", media_type="application/json", headers=headers)
+    return HTMLResponse(HTML_500_PAGE, status_code=500)

@@ -86,9 +86,13 @@ class ModelSpec:
         Wire.OPENAI.value,
         choices=MODEL_APIS,
         doc="the wire it is served on: openai (/v1/chat/completions, /v1/responses), azure "
-        "(/openai/deployments/{name}/..., /openai/v1/...), anthropic (/v1/messages), or all",
+        "(/openai/deployments/{name}/..., /openai/v1/...), anthropic (/v1/messages), gemini "
+        "(/v1beta/models/{name}:generateContent...), vertex (/v1/projects/{p}/locations/{r}/publishers/"
+        "{google,anthropic}/models/{name}:...); two of them (gemini+vertex, anthropic+vertex); or all",
     )
-    dialect: str = spec(AUTO, choices=(*CAPACITY_DIALECTS, AUTO), doc="auto: the wire's own (anthropic-529...)")
+    dialect: str = spec(
+        AUTO, choices=(*CAPACITY_DIALECTS, AUTO), doc="auto: the wire's own (anthropic-529, gemini-503, vertex-429...)"
+    )
     hint: float | None = _number(None, min=0.0, max=MAX_HINT, doc="seconds; carried by rejections as the dialect does")
     schedule: tuple[Phase, ...] = spec((), expected="a list of [[{key}]] tables")
     stream_style: str = spec(AUTO, choices=(*STREAM_STYLES, AUTO), doc="auto: azure on the azure wire, else openai")

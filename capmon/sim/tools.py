@@ -1,5 +1,5 @@
-"""Tool calls: read a request's ``tools`` and ``tool_choice`` (chat's, the Responses API's
-or Anthropic's shape, into one :class:`ToolRequest`), decide whether the answer is a call,
+"""Tool calls: read a request's ``tools`` and ``tool_choice`` (chat's, the Responses API's,
+Anthropic's or Gemini's shape, into one :class:`ToolRequest`), decide whether the answer is a call,
 and build its arguments from the function's JSON Schema so that they are valid JSON a
 client can parse and check against that schema.
 
@@ -269,6 +269,78 @@ def parse_response_tools(body: dict[str, Any]) -> ToolRequest | None:
         "Invalid value for 'tool_choice': expected 'none', 'auto', 'required' or an object with a 'type'.",
         "tool_choice",
     )
+
+
+# Gemini's functionCallingConfig.mode -> the ToolRequest choice it means (VALIDATED calls only
+# declared functions, with valid arguments: the simulator's calls always are).
+_GEMINI_MODES = {"MODE_UNSPECIFIED": "auto", "AUTO": "auto", "ANY": "required", "NONE": "none", "VALIDATED": "auto"}
+
+
+def parse_gemini_tools(body: dict[str, Any]) -> ToolRequest | None:
+    """Gemini's ``tools`` (``[{"functionDeclarations": [{"name", "parameters" |
+    "parametersJsonSchema"}]}]``, its schemas' upper-case types read as JSON Schema's; built-in
+    tools such as googleSearch are never called by the simulator) and
+    ``toolConfig.functionCallingConfig`` (``mode`` AUTO | ANY | NONE | VALIDATED;
+    ``allowedFunctionNames`` narrows ANY to those, one name calls that one). Raises ToolError."""
+    raw = body.get("tools")
+    if raw is None:
+        return None
+    if not isinstance(raw, list):
+        raise ToolError("Invalid value at 'tools': expected a list of Tool objects.", "tools")
+    tools: list[Tool] = []
+    for i, item in enumerate(raw):
+        declarations = item.get("functionDeclarations", []) if isinstance(item, dict) else None
+        if not isinstance(declarations, list):
+            raise ToolError(f"Invalid value at 'tools[{i}]': expected a Tool object.", f"tools[{i}]")
+        for j, fn in enumerate(declarations):
+            where = f"tools[{i}].function_declarations[{j}]"
+            name = fn.get("name") if isinstance(fn, dict) else None
+            if not isinstance(name, str) or not name:
+                raise ToolError(f"* GenerateContentRequest.{where}.name: Name cannot be empty.", where)
+            assert isinstance(fn, dict)
+            schema = fn.get("parametersJsonSchema", fn.get("parameters", {"type": "object", "properties": {}}))
+            if not isinstance(schema, dict):
+                raise ToolError(f"Invalid value at '{where}.parameters': expected a Schema object.", where)
+            tools.append(Tool(name, _json_schema(schema)))
+    config = body.get("toolConfig")
+    calling = config.get("functionCallingConfig") if isinstance(config, dict) else None
+    calling = calling if isinstance(calling, dict) else {}
+    mode = calling.get("mode", "AUTO")
+    if mode not in _GEMINI_MODES:
+        raise ToolError(
+            f"Invalid value at 'tool_config.function_calling_config.mode' ({mode!r}): expected one of "
+            f"{', '.join(_GEMINI_MODES)}.",
+            "toolConfig",
+        )
+    allowed = calling.get("allowedFunctionNames")
+    if allowed and mode == "ANY":
+        if not isinstance(allowed, list) or not set(allowed) <= {t.name for t in tools}:
+            raise ToolError(
+                "* GenerateContentRequest.tool_config.function_calling_config.allowed_function_names: "
+                "every name must be a declared function.",
+                "toolConfig",
+            )
+        if len(allowed) == 1:
+            return ToolRequest(tuple(tools), "function", allowed[0])
+        tools = [t for t in tools if t.name in allowed]
+    return ToolRequest(tuple(tools), _GEMINI_MODES[mode])
+
+
+def _json_schema(schema: Any, depth: int = 0) -> Any:
+    """A Gemini Schema (OpenAPI's subset: ``"type": "OBJECT"``) as JSON Schema (``"object"``)."""
+    if not isinstance(schema, dict) or depth > MAX_SCHEMA_DEPTH:
+        return schema
+    out = dict(schema)
+    if isinstance(out.get("type"), str):
+        out["type"] = out["type"].lower()
+    if isinstance(out.get("properties"), dict):
+        out["properties"] = {n: _json_schema(p, depth + 1) for n, p in out["properties"].items()}
+    if "items" in out:
+        out["items"] = _json_schema(out["items"], depth + 1)
+    for key in ("anyOf", "oneOf", "allOf"):
+        if isinstance(out.get(key), list):
+            out[key] = [_json_schema(b, depth + 1) for b in out[key]]
+    return out
 
 
 def make_call(tool: Tool, prefix: str = "call_") -> ToolCall:

@@ -292,6 +292,22 @@ def _expect(dialect: str, r: httpx.Response, hint: float | None) -> None:
             "The model is overloaded. Please try again later.",
         )
         assert ("details" in error) == (hint is not None)
+    elif dialect == "vertex-429":  # the shared pay-as-you-go pool: no details, no hint
+        assert r.status_code == 429
+        assert r.json() == {
+            "error": {
+                "code": 429,
+                "message": "Resource exhausted, please try again later.",
+                "status": "RESOURCE_EXHAUSTED",
+            }
+        }
+    elif dialect == "vertex-quota-429":  # the project's quota, in Vertex's list
+        assert r.status_code == 429
+        (item,) = r.json()
+        error = item["error"]
+        assert (error["code"], error["status"]) == (429, "RESOURCE_EXHAUSTED")
+        assert "online_prediction_requests_per_base_model" in error["message"] and "sim-test" in error["message"]
+        assert ("details" in error) == (hint is not None)
     elif dialect == "azure-429":
         assert r.status_code == 429
         assert r.json()["error"]["code"] == "429"
@@ -304,7 +320,7 @@ def _expect(dialect: str, r: httpx.Response, hint: float | None) -> None:
         raise AssertionError(dialect)
     if hint is None:
         assert not {"retry-after", "retry-after-ms"} & set(h)
-    elif dialect not in ("gemini-429", "gemini-503"):
+    elif not dialect.startswith(("gemini-", "vertex-")):
         assert h["retry-after"] == "2"
 
 

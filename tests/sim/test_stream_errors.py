@@ -86,6 +86,7 @@ EXPECTED_HTTP = {
     dialects.RESPONSES_FAILED: 503,
     dialects.RESPONSES_SLOW_DOWN: 503,
     dialects.RESPONSES_ERROR: 503,
+    dialects.GEMINI_STREAM: 503,
 }
 
 
@@ -103,6 +104,8 @@ async def test_a_plain_request_gets_the_matching_http_error(
         assert body[0]["error"]["details"][0]["retryDelay"] == "2s"
     elif dialect == dialects.ANTHROPIC_STREAM:
         assert body["error"]["type"] == "overloaded_error" and r.headers["retry-after"] == "2"
+    elif dialect == dialects.GEMINI_STREAM:  # Google's 503, its hint in RetryInfo
+        assert body["error"]["status"] == "UNAVAILABLE" and body["error"]["details"][0]["retryDelay"] == "2s"
     elif dialect == dialects.VLLM_STREAM:
         assert body["object"] == "error" and body["code"] == 503
     elif dialect in dialects.RESPONSES_STREAM_DIALECTS:
