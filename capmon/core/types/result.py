@@ -56,6 +56,7 @@ class Format(enum.StrEnum):
     CHAT = "chat"  # OpenAI's /chat/completions
     RESPONSES = "responses"  # OpenAI's /responses
     MESSAGES = "messages"  # Anthropic's /v1/messages
+    GEMINI = "gemini"  # Google's generateContent (the Gemini API and Vertex AI)
 
 
 @dataclass(frozen=True, slots=True)
