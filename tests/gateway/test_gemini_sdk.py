@@ -143,7 +143,8 @@ async def test_every_model_rate_limited_is_a_429_resource_exhausted_with_retry_i
 
 async def test_a_stream_broken_after_output_ends_with_googles_error_object() -> None:
     async with running(two_providers(answer_tokens=40), **TWO) as gw:
-        await gw.sim_admin("faults", {"mode": "stream_error", "rate": 1.0, "after": 3})
+        fault = {"mode": "stream_error", "after": 3, "dialect": "openrouter-stream", "model": "sim-flagship", "count": 1}
+        await gw.sim_admin("faults", fault)
         sdk = gw.gemini(CLIENT).aio
         got: list[str] = []
         no_continue = types.GenerateContentConfig(http_options=types.HttpOptions(headers={"x-capmon-continue": "false"}))
