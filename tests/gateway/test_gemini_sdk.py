@@ -143,11 +143,19 @@ async def test_every_model_rate_limited_is_a_429_resource_exhausted_with_retry_i
 
 async def test_a_stream_broken_after_output_ends_with_googles_error_object() -> None:
     async with running(two_providers(answer_tokens=40), **TWO) as gw:
-        fault = {"mode": "stream_error", "after": 3, "dialect": "openrouter-stream", "model": "sim-flagship", "count": 1}
+        fault = {
+            "mode": "stream_error",
+            "after": 3,
+            "dialect": "openrouter-stream",
+            "model": "sim-flagship",
+            "count": 1,
+        }
         await gw.sim_admin("faults", fault)
         sdk = gw.gemini(CLIENT).aio
         got: list[str] = []
-        no_continue = types.GenerateContentConfig(http_options=types.HttpOptions(headers={"x-capmon-continue": "false"}))
+        no_continue = types.GenerateContentConfig(
+            http_options=types.HttpOptions(headers={"x-capmon-continue": "false"})
+        )
         with pytest.raises(genai_errors.APIError) as info:
             async for chunk in await sdk.models.generate_content_stream(
                 model="flagship", contents="hi", config=no_continue
