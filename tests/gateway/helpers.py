@@ -18,9 +18,9 @@ from typing import Any
 
 import anthropic
 import httpx
+import openai
 from google import genai
 from google.genai import types as genai_types
-import openai
 from starlette.applications import Starlette
 
 from capmon.core.routing.client import FallbackClient
