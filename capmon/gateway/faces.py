@@ -23,13 +23,29 @@ def _openai(err: ApiError, failure_kind: Kind | None = None) -> ApiError:
     return err
 
 
+def vertex_publisher(path: str) -> str | None:
+    """The publisher of a Vertex AI path (``/v1/projects/P/locations/L/publishers/google/...``:
+    ``google``), or None for any other path."""
+    parts = path.split("/", 8)
+    if len(parts) > 7 and parts[2] == "projects" and parts[4] == "locations" and parts[6] == "publishers":
+        return parts[7]
+    return None
+
+
 def on_gemini_path(path: str) -> bool:
     """Whether a path is one of Google's generateContent routes (``/v1beta/models/...``,
-    ``/v1/models/{model}:...``): its errors are then Google's. ``/v1/models`` and
-    ``/v1/models/{name}`` without a method are the OpenAI API's list and get."""
+    ``/v1/models/{model}:...``, Vertex's Gemini models): its errors are then Google's.
+    ``/v1/models`` and ``/v1/models/{name}`` without a method are the OpenAI API's list and get."""
     if path.startswith("/v1beta/models"):
         return True
-    return path.startswith("/v1/models/") and ":" in path.rpartition("/")[2]
+    if path.startswith("/v1/models/"):
+        return ":" in path.rpartition("/")[2]
+    return vertex_publisher(path) == "google"
+
+
+def on_claude_path(path: str) -> bool:
+    """Whether a path is Anthropic's API: ``/v1/messages...``, or Claude on Vertex's paths."""
+    return on_messages_path(path) or vertex_publisher(path) == "anthropic"
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +60,7 @@ class Face:
 
 CHAT = Face("chat", lambda path: path.startswith("/v1/chat/"), _openai, sse.ChatFraming)
 RESPONSES = Face("responses", lambda path: path.startswith("/v1/responses"), _openai, sse.ResponsesFraming)
-MESSAGES = Face("messages", on_messages_path, AnthropicError.of, sse.MessagesFraming)
+MESSAGES = Face("messages", on_claude_path, AnthropicError.of, sse.MessagesFraming)
 GEMINI = Face("gemini", on_gemini_path, GeminiError.of, sse.GeminiFraming)
 
 FACES: Mapping[Format, Face] = {
