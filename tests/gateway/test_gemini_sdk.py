@@ -5,16 +5,20 @@ key as ``x-goog-api-key`` or ``?key=``, both API versions (v1beta, v1), the gate
 errors as the SDK's typed exceptions in Google's shape (every model at capacity: 503
 UNAVAILABLE; rate-limited: 429 RESOURCE_EXHAUSTED with its RetryInfo), and a stream broken
 after output ending with Google's error object, which the SDK raises on after the chunks
-it yielded."""
+it yielded. The clients built for Vertex AI (google-genai with ``vertexai=True``, the anthropic
+SDK's ``AnthropicVertex``) reach the gateway by their base URL too."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
+import anthropic
 import pytest
+from google import genai
 from google.genai import errors as genai_errors
 from google.genai import types
+from google.oauth2.credentials import Credentials
 
 from tests.gateway.helpers import running, scenario, spec
 
@@ -25,6 +29,7 @@ KEYS = 'keys = [{ env = "GW_CLIENT", alias = "team" }]'
 ENVIRON = {"GW_CLIENT": CLIENT}
 # claude on the simulator's Anthropic wire, then flagship on its OpenAI wire
 TWO = {"models": ("claude", "flagship"), "anthropic": ("claude",), "gateway": KEYS, "environ": ENVIRON}
+HI: Any = [{"role": "user", "content": "Say something about capacity."}]
 WEATHER = types.FunctionDeclaration(
     name="get_weather",
     description="The weather in a city.",
@@ -174,3 +179,36 @@ async def test_a_stream_without_alt_sse_is_one_json_array() -> None:
     chunks = json.loads(r.text)
     assert isinstance(chunks, list) and chunks[-1]["candidates"][0]["finishReason"] == "MAX_TOKENS"
     assert "".join(p.get("text", "") for c in chunks for p in c["candidates"][0]["content"]["parts"]).split()
+
+
+async def test_clients_built_for_vertex_reach_the_gateway_by_their_base_url() -> None:
+    async with running(two_providers(), **TWO) as gw:
+        vertex = genai.Client(
+            vertexai=True,
+            project="any-project",
+            location="us-central1",
+            credentials=Credentials(token=CLIENT),  # sent as Authorization: Bearer
+            http_options=types.HttpOptions(base_url=gw.origin),
+        ).aio
+        plain = await vertex.models.generate_content(model="flagship", contents="Say hi")
+        chunks = [c async for c in await vertex.models.generate_content_stream(model="claude", contents="Say hi")]
+        claude = anthropic.AsyncAnthropicVertex(
+            region="us-east5", project_id="any-project", access_token=CLIENT, base_url=f"{gw.origin}/v1", max_retries=0
+        )
+        raw = await claude.messages.with_raw_response.create(model="flagship", max_tokens=64, messages=HI)
+        message = await raw.parse()
+        async with claude.messages.stream(model="claude", max_tokens=5, messages=HI) as stream:
+            texts = [t async for t in stream.text_stream]
+        counted = await claude.messages.count_tokens(model="claude", messages=HI)
+        with pytest.raises(anthropic.NotFoundError) as unknown:
+            await claude.messages.create(model="nope", max_tokens=5, messages=HI)
+        with pytest.raises(genai_errors.ClientError) as gemini_unknown:
+            await vertex.models.generate_content(model="nope", contents="hi")
+    assert plain.text and plain.sdk_http_response is not None and plain.sdk_http_response.headers is not None
+    assert plain.sdk_http_response.headers["x-capmon-model"] == "flagship"
+    assert "".join(c.text or "" for c in chunks).split()
+    # Claude's Messages body on Vertex, served by a model on the OpenAI wire, answered in Anthropic's shape
+    assert raw.headers["x-capmon-api"] == "openai" and message.stop_reason == "end_turn"
+    assert len("".join(texts).split()) == 5 and counted.input_tokens > 0
+    assert unknown.value.body["error"]["type"] == "not_found_error"  # type: ignore[index]
+    assert gemini_unknown.value.code == 404 and gemini_unknown.value.status == "NOT_FOUND"
