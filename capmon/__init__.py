@@ -4,11 +4,12 @@ The public API::
 
     from capmon import FallbackClient, Request, ChatResult, RequestFailed, load_config, open_engine
 
-and the in-process SDK clients (capmon/inprocess, imported on first use, with openai or
-anthropic only when their constructor is called)::
+and the in-process SDK clients (capmon/inprocess, imported on first use, with openai,
+anthropic or google-genai only when their constructor is called)::
 
     client = capmon.openai_client()        # also async_openai_client, anthropic_client,
-                                           # async_anthropic_client, httpx_client, async_httpx_client
+                                           # async_anthropic_client, genai_client (its .aio too),
+                                           # httpx_client, async_httpx_client
 
 See README.md ("Use it as a library", "Your SDK, in process"), docs/library.md and docs/sdk.md
 (the whole of each), and ARCHITECTURE.md.
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
         async_httpx_client,
         async_openai_client,
         close_engine,
+        genai_client,
         httpx_client,
         openai_client,
     )
@@ -41,6 +43,7 @@ _IN_PROCESS = (
     "async_openai_client",
     "anthropic_client",
     "async_anthropic_client",
+    "genai_client",
     "httpx_client",
     "async_httpx_client",
     "close_engine",
@@ -78,6 +81,7 @@ __all__ = [
     "async_httpx_client",
     "async_openai_client",
     "close_engine",
+    "genai_client",
     "httpx_client",
     "load_config",
     "open_engine",

@@ -57,11 +57,6 @@ class AnthropicError(ApiError):
         return AnthropicError(status, err.message, err.type, err.code, err.param, err.headers)
 
 
-def shaped_for(path: str, err: ApiError) -> ApiError:
-    """``err`` in the shape of the API that ``path`` belongs to."""
-    return AnthropicError.of(err) if on_messages_path(path) else err
-
-
 def in_stream(e: RequestFailed) -> dict[str, Any]:
     """The data of the ``event: error`` that ends a Messages stream broken after output:
     the type Anthropic gives the failure (``overloaded_error`` for capacity), and the same

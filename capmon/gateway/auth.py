@@ -1,7 +1,8 @@
 """Who is calling: a client key, the admin key, or nobody; compared in constant time.
 
-A key comes as ``Authorization: Bearer KEY`` (what every OpenAI SDK sends) or as
-``x-api-key: KEY``. Without client keys the gateway is open (it then listens on
+A key comes as ``Authorization: Bearer KEY`` (what every OpenAI SDK sends), as
+``x-api-key: KEY`` (Anthropic's) or as ``x-goog-api-key: KEY`` (Google's; its ``?key=``
+is moved there by capmon/gateway/gemini_api.py). Without client keys the gateway is open (it then listens on
 loopback only, capmon/gateway/serve.py sees to it) and any key a client sends is
 ignored, since SDKs insist on sending one.
 """
@@ -49,7 +50,7 @@ def presented_key(headers: Mapping[str, str]) -> str | None:
     scheme, _, token = headers.get("authorization", "").partition(" ")
     if scheme.lower() == "bearer" and token.strip():
         return token.strip()
-    return headers.get("x-api-key") or None
+    return headers.get("x-api-key") or headers.get("x-goog-api-key") or None
 
 
 def _same(given: bytes, secret: str) -> bool:

@@ -1,5 +1,5 @@
-"""What a client asked for: the JSON body of a chat-completions, Responses or Anthropic
-Messages request,
+"""What a client asked for: the JSON body of a chat-completions, Responses, Anthropic
+Messages or Gemini generateContent request,
 checked as far as the gateway and the core read it (the rest passes to the provider
 untouched), and the per-request headers ``x-capmon-deadline``, ``x-capmon-priority``,
 ``x-capmon-first-token-timeout`` and ``x-capmon-continue``. Each field has its one strict parser in
@@ -7,15 +7,18 @@ capmon/gateway/fields.py."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from capmon.core.types.config import AnthropicVersion
-from capmon.core.types.result import Priority, Request
+from capmon.core.types.result import Format, Priority, Request
 from capmon.gateway import fields
 from capmon.gateway.auth import Caller
 from capmon.gateway.models import ModelNames
+
+if TYPE_CHECKING:
+    from capmon.gateway.sse import Framing
 
 DEADLINE_HEADER = "x-capmon-deadline"
 FIRST_TOKEN_HEADER = "x-capmon-first-token-timeout"  # seconds to the first output; 0: none
@@ -32,6 +35,9 @@ class Wanted:
     request: Request
     stream: bool
     priority: Priority
+    # A stream framed otherwise than its API's face frames it (Google's stream without
+    # ``alt=sse``: one JSON array); None: the face's.
+    framing: Callable[[], Framing] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,3 +183,37 @@ def count_tokens(body: dict[str, Any], headers: Mapping[str, str], names: ModelN
     """A count_tokens body (a Messages body without max_tokens), checked like one."""
     _anthropic_fields(body, names, headers)
     return body
+
+
+def gemini(body: dict[str, Any], asked: Asked, *, model: str, stream: bool) -> Wanted:
+    """A Gemini generateContent request: the model and whether it streams come from its
+    path (``/v1beta/models/{model}:streamGenerateContent``); the body goes as it is
+    (translated for a target on another wire), but the token cap
+    (``generationConfig.maxOutputTokens``) and ``candidateCount``, which capmon owns."""
+    if not isinstance(body.get("contents"), list):
+        raise fields.bad("contents: expected a list of contents", "contents")
+    config = body.get("generationConfig")
+    if config is not None:
+        if not isinstance(config, dict):
+            raise fields.bad("generationConfig: expected an object", "generationConfig")
+        fields.positive_int(config, "maxOutputTokens")
+        count = config.get("candidateCount")
+        if count is not None and count != 1:
+            raise fields.bad(
+                f"generationConfig.candidateCount: this gateway answers with one candidate, got {count!r}"[:200],
+                "generationConfig.candidateCount",
+            )
+        fields.number(config, "temperature")
+        fields.strings(config, "stopSequences")
+    priority = _priority(asked)
+    request = Request.of_body(
+        Format.GEMINI,
+        body,
+        model=asked.names.resolve(model),
+        priority=priority,
+        deadline=_deadline(asked),
+        request_id=asked.request_id,
+        first_token_timeout=_first_token(asked),
+        continuation=_continuation(asked),
+    )
+    return Wanted(request, stream, priority)

@@ -26,8 +26,8 @@ from starlette.datastructures import Headers
 from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from capmon.gateway.anthropic_errors import shaped_for
 from capmon.gateway.errors import ApiError
+from capmon.gateway.faces import shaped_for
 from capmon.gateway.replies import error_reply
 from capmon.gateway.settings import GatewaySettings
 

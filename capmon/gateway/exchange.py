@@ -27,8 +27,8 @@ from capmon.core.providers.usage import count
 from capmon.core.types.result import Attempt, ChatResult, continued, sent, skipped
 from capmon.gateway import fields
 from capmon.gateway.access_log import AccessLog
-from capmon.gateway.anthropic_errors import on_messages_path, shaped_for
 from capmon.gateway.errors import ApiError, json_bytes
+from capmon.gateway.faces import face_of_path, shaped_for
 from capmon.gateway.headers import Served, header_value
 
 REQUEST_ID_HEADERS = (b"x-request-id", b"x-client-request-id")  # the OpenAI SDKs send the second
@@ -44,12 +44,9 @@ def new_request_id() -> str:
 
 def api_of(path: str) -> str:
     """Which of the gateway's APIs a path belongs to (the metrics' and the access log's ``api``)."""
-    if path.startswith("/v1/chat/"):
-        return "chat"
-    if path.startswith("/v1/responses"):
-        return "responses"
-    if on_messages_path(path):
-        return "messages"
+    face = face_of_path(path)
+    if face is not None:
+        return face.api
     if path.startswith("/v1/models"):
         return "models"
     if path.startswith("/capmon/"):

@@ -22,17 +22,17 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from capmon.core.base.secrets import redact
 from capmon.gateway import bodies, fields, shape
-from capmon.gateway.anthropic_errors import shaped_for
 from capmon.gateway.auth import Access
 from capmon.gateway.bodies import Asked, Wanted
 from capmon.gateway.context import Gateway
 from capmon.gateway.errors import ApiError
 from capmon.gateway.exchange import exchange_of
+from capmon.gateway.faces import shaped_for
 from capmon.gateway.replies import Nothing, PlainReply, StreamReply, error_reply
 
 MAX_MODEL_NAME = 200  # characters of the model a client asked for kept for its header and log line
 
-Parse = Callable[[dict[str, Any], Asked], Wanted]  # bodies.chat, bodies.responses or bodies.messages
+Parse = Callable[[dict[str, Any], Asked], Wanted]  # bodies.chat, bodies.responses, bodies.messages...
 
 
 @dataclass(frozen=True)
@@ -106,9 +106,20 @@ def header_map(scope: Scope) -> dict[str, str]:
     return out
 
 
-async def proxied(gw: Gateway, scope: Scope, receive: Receive, api: ProxiedApi) -> Response:
-    """Read, check and route one request."""
-    headers = header_map(scope)
+async def proxied(
+    gw: Gateway,
+    scope: Scope,
+    receive: Receive,
+    api: ProxiedApi,
+    *,
+    headers: dict[str, str] | None = None,
+    model: str | None = None,
+) -> Response:
+    """Read, check and route one request (``headers``: the request's, by lower-case name,
+    when the route read them itself; ``model``: the model its path names, for an API whose
+    body names none)."""
+    if headers is None:
+        headers = header_map(scope)
     caller = gw.auth.require(headers, Access.USE)
     ex = exchange_of(scope)
     body = await checked_body(gw, receive, headers, api.shape)
@@ -116,7 +127,8 @@ async def proxied(gw: Gateway, scope: Scope, receive: Receive, api: ProxiedApi) 
         return Nothing()
     if ex is not None:
         ex.caller = caller.alias
-        model = body.get("model")
+        if model is None:
+            model = body.get("model")
         if isinstance(model, str):
             # a key pasted where a model name goes is echoed nowhere: redacted, unless it is
             # one of the gateway's own names

@@ -4,7 +4,7 @@ connection (capmon/gateway/disconnect.py), so a client that goes away cancels it
 attempt. A stream waits for the first chunk before it sends the response start, so
 fallbacks and retries happen before the first byte and the headers name the model that
 serves. Errors and stream framing are in the caller's
-format (a Messages request gets Anthropic's, capmon/gateway/anthropic_errors.py)."""
+format (its face: capmon/gateway/faces.py)."""
 
 from __future__ import annotations
 
@@ -20,13 +20,12 @@ from capmon.core.base.exceptions import CannotWait, RequestFailed
 from capmon.core.base.secrets import redact
 from capmon.core.types.failure import Failure, Kind
 from capmon.core.types.result import Format
-from capmon.gateway import sse
-from capmon.gateway.anthropic_errors import AnthropicError
 from capmon.gateway.bodies import Wanted
 from capmon.gateway.context import Gateway
 from capmon.gateway.disconnect import ClientGone, until_disconnect
 from capmon.gateway.errors import ApiError, from_failure, json_bytes
 from capmon.gateway.exchange import Exchange
+from capmon.gateway.faces import FACES
 from capmon.gateway.headers import Served
 from capmon.gateway.readiness import retry_after
 
@@ -56,7 +55,7 @@ def _failed(gw: Gateway, e: RequestFailed, caller: Format) -> ApiError:
         else tuple(dict.fromkeys(f"{t.key.alias!r} at endpoint {t.endpoint.name!r}" for t in targets))
     )
     err = from_failure(e, retry_after=retry_after(gw.client), disabled_keys=disabled)
-    return AnthropicError.of(err, e.failure.kind) if caller is Format.MESSAGES else err
+    return FACES[caller].shaped(err, e.failure.kind)
 
 
 def _internal(e: BaseException, caller: Format) -> ApiError:
@@ -65,7 +64,7 @@ def _internal(e: BaseException, caller: Format) -> ApiError:
     where = f" at {tb[0].filename}:{tb[0].lineno}" if tb else ""
     log.error("request failed inside the gateway%s: %s", where, redact(f"{type(e).__name__}: {e}"))
     err = ApiError(500, "the gateway failed to handle the request; see its log", "server_error", "internal_error")
-    return AnthropicError.of(err) if caller is Format.MESSAGES else err
+    return FACES[caller].shaped(err, None)
 
 
 class JsonReply(Response):
@@ -143,13 +142,7 @@ class PlainReply(_Proxied):
 class StreamReply(_Proxied):
     async def _work(self, send: Send) -> None:
         w = self.wanted
-        framing: sse.Framing = (
-            sse.ResponsesFraming()
-            if w.request.format is Format.RESPONSES
-            else sse.MessagesFraming()
-            if w.request.format is Format.MESSAGES
-            else sse.ChatFraming()
-        )
+        framing = (w.framing or FACES[w.request.format].framing)()
         stream = self.gw.client.stream_chunks(w.request)
         try:
             try:
@@ -166,7 +159,7 @@ class StreamReply(_Proxied):
                 return
             served = Served.of_stream(stream)
             self.ex.served(served, stream.attempts)
-            headers = {**sse.HEADERS, **served.headers(w.priority)}
+            headers = {**framing.headers, **served.headers(w.priority)}
             await send({"type": "http.response.start", "status": 200, "headers": _raw(headers)})
             try:
                 if first is not None:

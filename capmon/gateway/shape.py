@@ -20,7 +20,9 @@ count; arrays on the way add nothing):
 * Responses: messages its ``input`` items; content blocks ``input[].content`` and
   ``input[].output``; tools ``tools``;
 * Messages (and count_tokens): messages ``messages``; content blocks ``messages[].content``,
-  a block's own ``content`` (a tool result's) and ``system``; tools ``tools``.
+  a block's own ``content`` (a tool result's) and ``system``; tools ``tools``;
+* Gemini's generateContent: messages ``contents``; content blocks ``contents[].parts`` and
+  ``systemInstruction.parts``; tools ``tools[].functionDeclarations``.
 
 A key given twice in a body read in slices counts both times (json keeps the last): more
 is counted, never less.
@@ -101,6 +103,30 @@ MESSAGES = Shape(
         }
     ),
     "messages",
+)
+GEMINI = Shape(
+    Paths.of(
+        {
+            ("contents",): _M,
+            ("contents", "parts"): _B,
+            ("systemInstruction", "parts"): _B,
+            ("tools", "functionDeclarations"): _T,
+        }
+    ),
+    "contents",
+)
+GEMINI_COUNT = Shape(  # :countTokens: contents, or a whole request under generateContentRequest
+    Paths.of(
+        {
+            ("contents",): _M,
+            ("contents", "parts"): _B,
+            ("generateContentRequest", "contents"): _M,
+            ("generateContentRequest", "contents", "parts"): _B,
+            ("generateContentRequest", "systemInstruction", "parts"): _B,
+            ("generateContentRequest", "tools", "functionDeclarations"): _T,
+        }
+    ),
+    "contents",
 )
 
 

@@ -9,6 +9,9 @@ openai SDKs raise on it), a ``response.failed`` event for the Responses API (wha
 Codex and the SDKs read as a failed response). Anthropic's Messages API: ``event: TYPE`` +
 ``data: {event}`` frames, the last being ``message_stop``; a stream that breaks ends with
 Anthropic's ``event: error`` (the anthropic SDKs raise on it), never a ``message_stop``.
+Google's generateContent: ``data: {chunk}`` frames, each a whole GenerateContentResponse, the
+last carrying the finish reason; no end marker. A stream that breaks ends with ``data:
+{"error": {...}}``, Google's error object (google-genai raises on it after the chunks it yielded).
 """
 
 from __future__ import annotations
@@ -17,13 +20,19 @@ from collections.abc import Mapping
 from typing import Any
 
 from capmon.core.base.exceptions import RequestFailed
-from capmon.gateway import anthropic_errors
+from capmon.gateway import anthropic_errors, gemini_errors
 from capmon.gateway.errors import in_stream, json_bytes
 
-HEADERS = {"content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache", "x-accel-buffering": "no"}
+HEADERS: Mapping[str, str] = {
+    "content-type": "text/event-stream; charset=utf-8",
+    "cache-control": "no-cache",
+    "x-accel-buffering": "no",
+}
 
 
 class ChatFraming:
+    headers = HEADERS
+
     def frame(self, chunk: Mapping[str, Any]) -> bytes:
         return b"data: " + json_bytes(chunk) + b"\n\n"
 
@@ -37,6 +46,8 @@ class ChatFraming:
 class ResponsesFraming:
     """Remembers the response object the events carry, so that a failure can be told as
     that response having failed."""
+
+    headers = HEADERS
 
     def __init__(self) -> None:
         self.response: dict[str, Any] = {}
@@ -63,6 +74,8 @@ class ResponsesFraming:
 
 
 class MessagesFraming:
+    headers = HEADERS
+
     def frame(self, event: Mapping[str, Any]) -> bytes:
         return named(event)
 
@@ -73,7 +86,44 @@ class MessagesFraming:
         return named({**anthropic_errors.in_stream(e), "request_id": request_id})  # where Anthropic's errors have it
 
 
-Framing = ChatFraming | ResponsesFraming | MessagesFraming
+class GeminiFraming:
+    headers = HEADERS
+
+    def frame(self, chunk: Mapping[str, Any]) -> bytes:
+        return b"data: " + json_bytes(chunk) + b"\r\n\r\n"  # Google's own separator
+
+    def done(self) -> bytes:
+        return b""  # the last chunk, with its finish reason, was the end
+
+    def error(self, e: RequestFailed, request_id: str) -> bytes:
+        return b"data: " + json_bytes(gemini_errors.in_stream(e, request_id)) + b"\r\n\r\n"
+
+
+class GeminiArrayFraming:
+    """Google's stream without ``alt=sse``: one JSON array whose items are the chunks, sent
+    as they come; a break ends it with Google's error object as the last item."""
+
+    headers: Mapping[str, str] = {**HEADERS, "content-type": "application/json; charset=utf-8"}
+
+    def __init__(self) -> None:
+        self.opened = False
+
+    def _item(self, data: bytes) -> bytes:
+        lead = b",\r\n" if self.opened else b"["
+        self.opened = True
+        return lead + data
+
+    def frame(self, chunk: Mapping[str, Any]) -> bytes:
+        return self._item(json_bytes(chunk))
+
+    def done(self) -> bytes:
+        return b"]" if self.opened else b"[]"
+
+    def error(self, e: RequestFailed, request_id: str) -> bytes:
+        return self._item(json_bytes(gemini_errors.in_stream(e, request_id))) + b"]"
+
+
+Framing = ChatFraming | ResponsesFraming | MessagesFraming | GeminiFraming | GeminiArrayFraming
 
 
 def named(event: Mapping[str, Any]) -> bytes:

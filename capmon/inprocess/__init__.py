@@ -1,4 +1,4 @@
-"""capmon in process: real openai / anthropic SDK clients (and httpx clients for anything
+"""capmon in process: real openai / anthropic / google-genai SDK clients (and httpx clients for anything
 that takes one) whose every request goes through the process's one engine, by the same
 request handling as ``capmon serve``.
 
@@ -25,6 +25,7 @@ from capmon.inprocess.clients import (  # noqa: E402
     async_anthropic_client,
     async_httpx_client,
     async_openai_client,
+    genai_client,
     httpx_client,
     openai_client,
 )
@@ -68,6 +69,7 @@ __all__ = [
     "call_in_engine",
     "close_engine",
     "engine",
+    "genai_client",
     "httpx_client",
     "openai_client",
 ]

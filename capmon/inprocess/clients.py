@@ -8,7 +8,7 @@ Each is the SDK's real client class, made with capmon's httpx client and:
 - a base URL on a host that never resolves, and a placeholder API key: the provider keys
   come from capmon's config and environment, and the key an SDK sends is ignored.
 
-The openai and anthropic packages are imported only when their constructor is called.
+The openai, anthropic and google-genai packages are imported only when their constructor is called.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from capmon.inprocess.transport import ORIGIN, transports
 if TYPE_CHECKING:
     import anthropic
     import openai
+    from google import genai
 
 PLACEHOLDER_KEY = "capmon-in-process"  # SDKs insist on a key; capmon's come from its config
 TIMEOUT = 600.0  # seconds, as the SDKs' default: above the gateway's 540 s deadline, so capmon's answer comes first
@@ -106,3 +107,28 @@ def async_anthropic_client(config: ConfigLike = None, **kw: Any) -> anthropic.As
 
     client: anthropic.AsyncAnthropic = _sdk(anthropic, anthropic.AsyncAnthropic, False, ORIGIN, config, kw)
     return client
+
+
+def genai_client(config: ConfigLike = None, **kw: Any) -> genai.Client:
+    """A real ``google.genai.Client`` (Gemini API mode) through capmon, its sync and async
+    sides (``.aio``) both; ``kw`` goes to it. Its requests are Google's generateContent,
+    served by the gateway's Gemini routes: any model of the config, in Gemini's shapes.
+    google-genai retries nothing unless ``http_options.retry_options`` asks."""
+    from google import genai
+    from google.genai import types
+
+    _own(kw, "vertexai")
+    options = kw.pop("http_options", None)
+    options = types.HttpOptions.model_validate(options or {}) if not isinstance(options, types.HttpOptions) else options
+    for name in ("httpx_client", "httpx_async_client", "aiohttp_client", "base_url"):
+        if getattr(options, name) is not None:
+            raise TypeError(f"http_options.{name} is capmon's own here; it sends every request to the process's engine")
+    kw.setdefault("api_key", PLACEHOLDER_KEY)
+    options = options.model_copy(
+        update={
+            "base_url": ORIGIN,
+            "httpx_client": _client(httpx, True, config, {}),
+            "httpx_async_client": _client(httpx, False, config, {}),
+        }
+    )
+    return genai.Client(http_options=options, **kw)

@@ -19,6 +19,8 @@ from typing import Any
 import anthropic
 import httpx
 import openai
+from google import genai
+from google.genai import types as genai_types
 from starlette.applications import Starlette
 
 from capmon.core.routing.client import FallbackClient
@@ -161,6 +163,12 @@ class Running:
             return anthropic.AsyncAnthropic(base_url=self.origin, api_key=key, max_retries=0)
         old = {"anthropic-version": "2023-06-01", "x-api-key": key, "Authorization": anthropic.omit}
         return anthropic.AsyncAnthropic(base_url=self.origin, api_key=key, max_retries=0, default_headers=old)
+
+    def gemini(self, key: str = "any-key-works-here", *, version: str = "v1beta") -> genai.Client:
+        """The google-genai SDK at the gateway's Gemini API (``x-goog-api-key``; no retries:
+        capmon's own are what is tested). Its async side is ``.aio``."""
+        options = genai_types.HttpOptions(base_url=self.origin, api_version=version, timeout=600_000)
+        return genai.Client(api_key=key, http_options=options)
 
     def http(self, key: str | None = None) -> httpx.AsyncClient:
         # JSON, as every API client says: the open gateway refuses a POST that is not (browsers.py).
