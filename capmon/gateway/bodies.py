@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from capmon.core.providers.gemini_format import json_names
 from capmon.core.types.config import AnthropicVersion
 from capmon.core.types.result import Format, Priority, Request
 from capmon.gateway import fields
@@ -189,7 +190,9 @@ def gemini(body: dict[str, Any], asked: Asked, *, model: str, stream: bool) -> W
     """A Gemini generateContent request: the model and whether it streams come from its
     path (``/v1beta/models/{model}:streamGenerateContent``); the body goes as it is
     (translated for a target on another wire), but the token cap
-    (``generationConfig.maxOutputTokens``) and ``candidateCount``, which capmon owns."""
+    (``generationConfig.maxOutputTokens``) and ``candidateCount``, which capmon owns. A
+    field may come under its proto name (``generation_config``), as Google's servers take it."""
+    body = json_names(body)
     if not isinstance(body.get("contents"), list):
         raise fields.bad("contents: expected a list of contents", "contents")
     config = body.get("generationConfig")

@@ -17,7 +17,12 @@ Where Gemini differs from the other formats, and what that makes of a crossing:
   (another model could not read it), and no other format's signature crosses to Gemini;
   thought text in an answer crosses as thinking, in a request's history to no other format;
 * a stream's chunks are whole answers in pieces (text in pieces, a call whole in one
-  chunk); the chunk with ``finishReason`` is its end (there is no ``[DONE]``).
+  chunk); the chunk with ``finishReason`` is its end (there is no ``[DONE]``);
+* Google's JSON takes a field by its proto name as well as by its JSON name
+  (``parameters_json_schema`` is ``parametersJsonSchema``), and its SDKs send some fields so
+  (google-genai 3.6: ``parameters_json_schema``, ``thinking_budget``): a body is read with
+  every field under its JSON name (:func:`json_names`), the caller's own values (a call's
+  arguments, a schema's property names) untouched.
 """
 
 from __future__ import annotations
@@ -98,10 +103,50 @@ class _Ids:
         return pending.pop(0) if pending else self._new()
 
 
+# Values that are the caller's own, not Google's messages: their keys are never renamed (a
+# call's arguments, a function's answer, a JSON Schema, labels); a Schema's ``properties``
+# keys are property names, its values Schemas again.
+_FREE = frozenset(
+    {"args", "response", "parametersJsonSchema", "responseJsonSchema", "labels", "example", "default", "enum"}
+)
+_NAMED = frozenset({"properties"})
+
+
+def _json_name(key: str) -> str:
+    head, *rest = key.split("_")
+    return head + "".join(w[:1].upper() + w[1:] for w in rest)
+
+
+def json_names(value: Any) -> Any:
+    """``value`` (a Gemini body, or any part of one) with every field under its JSON name
+    (``lowerCamelCase``), as Google's own servers read a proto name; the caller's own
+    values untouched (:data:`_FREE`). The same object when nothing needs renaming."""
+    if isinstance(value, list):
+        items = [json_names(v) for v in value]
+        return value if all(a is b for a, b in zip(items, value, strict=True)) else items
+    if not isinstance(value, Mapping):
+        return value
+    out: dict[str, Any] = {}
+    changed = False
+    for key, v in value.items():
+        name = _json_name(key) if isinstance(key, str) and "_" in key.strip("_") else key
+        if name in _FREE:
+            new = v
+        elif name in _NAMED and isinstance(v, Mapping):
+            new = {k: json_names(schema) for k, schema in v.items()}
+            new = v if all(new[k] is v[k] for k in v) else new
+        else:
+            new = json_names(v)
+        changed = changed or name != key or new is not v
+        out[name] = new
+    return out if changed else value
+
+
 def decode_request(body: Mapping[str, Any]) -> canon.Request:
     """A Gemini body in canon terms: every field kept (Gemini's own, like ``safetySettings``,
     ``cachedContent`` or ``generationConfig.topK``, in ``own``; bookkeeping in ``aside``).
     Raises :class:`~capmon.core.providers.hub.Incapable` only for a body no format could read."""
+    body = json_names(body)
     own, aside = hub.sort_fields(body, _SLOTS, _NO_MEANING)
     config = _config(body.get("generationConfig"), own, aside)
     stop = config.get("stopSequences")
@@ -919,6 +964,7 @@ def chunk_text(chunk: Mapping[str, Any]) -> str:
 def generation_body(extra: Mapping[str, Any], *, max_tokens: int) -> dict[str, Any]:
     """A Gemini body: the caller's fields untouched but the token cap and one candidate,
     which capmon owns (and no ``model`` or ``stream``: the URL says both)."""
+    extra = json_names(extra)
     body = {k: v for k, v in extra.items() if k not in ("model", "stream")}
     config = extra.get("generationConfig")
     body["generationConfig"] = {**(config if isinstance(config, Mapping) else {}), "maxOutputTokens": max_tokens}
