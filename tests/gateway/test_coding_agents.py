@@ -98,7 +98,7 @@ def test_codex_and_gemini_default_names_are_served_on_the_shipped_config(tmp_pat
         sdk = openai.OpenAI(base_url=f"{served.origin}/v1", api_key="unused", max_retries=0)
         codex = sdk.responses.with_raw_response.create(model="gpt-6.2-sol", input="Say hi")
         gemini = sdk.chat.completions.with_raw_response.create(model="gemini-2.5-pro", messages=SAY_HI)
-        # Gemini CLI speaks Google's own format (the model in the path): not served yet
+        # Gemini CLI speaks Google's own format (the model in the path), answered in it
         google = httpx.post(
             f"{served.origin}/v1beta/models/gemini-2.5-pro:generateContent",
             json={"contents": [{"parts": [{"text": "hi"}]}]},
@@ -109,7 +109,9 @@ def test_codex_and_gemini_default_names_are_served_on_the_shipped_config(tmp_pat
         "flagship",
         "gemini-2.5-pro",
     )
-    assert google.status_code == 404 and google.json()["error"]["code"] == "not_found"
+    assert google.status_code == 200 and google.headers["x-capmon-model"] == "flagship"
+    assert google.headers["x-capmon-requested-model"] == "gemini-2.5-pro"
+    assert google.json()["candidates"][0]["content"]["parts"][0]["text"]
 
 
 def test_claude_codes_tool_loop_runs_through_the_gateway_on_either_wire(tmp_path: Path) -> None:
