@@ -92,7 +92,7 @@ def config_toml(
     """A config's TOML text.
 
     ``models``: names, or name -> the model's own keys (``endpoints`` defaults to the
-    first endpoint). ``endpoint`` names the endpoint at ``base_url``; ``endpoints`` adds
+    first endpoint, unless it lists its ``deployments``). ``endpoint`` names the endpoint at ``base_url``; ``endpoints`` adds
     more, each a URL or an endpoint's keys (``keys`` and ``simulated`` apply to every
     one that does not set its own; None: no ``keys`` line), or gives the first one keys of its
     own (``api``, ``api_version``...) under its name. The sections (``[simulator]`` defaults to
@@ -114,7 +114,8 @@ def config_toml(
             text += f"keys = {_keys(spec.get('keys', keys))}\n"
     specs = models if isinstance(models, Mapping) else {name: {} for name in models}
     for name, spec in specs.items():
-        text += _table("[[models]]", {"name": name, "endpoints": [endpoint], **spec})
+        served = {} if "deployments" in spec else {"endpoints": [endpoint]}
+        text += _table("[[models]]", {"name": name, **served, **spec})
     for header, fields in (
         ("[client]", client),
         ("[backoff]", backoff),
