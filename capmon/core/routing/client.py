@@ -653,6 +653,7 @@ def build_snapshot(client: FallbackClient, journal: Journal, queued: int) -> Eng
                 api=t.endpoint.api,
                 unreachable_reason=t.reach.cause,
                 never_reached=not t.reach.answered,
+                deployment=t.deployment,
             )
         )
     return EngineSnapshot(

@@ -15,6 +15,24 @@ from capmon.tui import format as fmt
 
 
 @dataclass(frozen=True)
+
+def _target_name(t: TargetSnapshot, snap: EngineSnapshot) -> str:
+    """The row's name: the model, and which of its targets the row is when it has several
+    (``@endpoint`` for one of its deployments, ``/key`` for one of an endpoint's keys), then
+    the id that endpoint knows it by (``claude@vertex (claude-sonnet-4-5@20250929)``) where
+    the model's deployments know it by different ids: one id everywhere is the model's own
+    ``api_model``, the same on every row, and would only crowd the column."""
+    mine = [o for o in snap.targets if o.model == t.model]
+    endpoints = {o.endpoint for o in mine}
+    name = t.model
+    if len(endpoints) > 1:
+        name += f"@{t.endpoint}"
+    if len(mine) > len(endpoints):
+        name += f"/{t.key_alias}"
+    if t.deployment and t.deployment != t.model and len({o.deployment for o in mine}) > 1:
+        name += f" ({t.deployment})"
+    return name
+
 class Column:
     key: str
     label: str
@@ -48,7 +66,7 @@ MODEL_WIDTH = COLUMNS[0].width - 2  # the pin mark takes two cells
 
 def matches(t: TargetSnapshot, needle: str) -> bool:
     needle = needle.strip().lower()
-    return not needle or needle in t.model.lower() or needle in t.target.lower()
+    return not needle or any(needle in name.lower() for name in (t.model, t.target, t.deployment))
 
 
 def _right(cell: Text | str) -> Text:
@@ -135,9 +153,7 @@ class ModelsTable(DataTable[Text]):
 
     @staticmethod
     def _label(t: TargetSnapshot, snap: EngineSnapshot) -> Text:
-        # Several keys or endpoints for one model: show which target the row is.
-        shared = sum(1 for o in snap.targets if o.model == t.model) > 1
-        name = f"{t.model}/{t.key_alias}" if shared else t.model
+        name = _target_name(t, snap)
         # A model sent max_completion_tokens (configured or learned) is marked: it is a
         # wire quirk people meet when they move to reasoning models.
         mark = "ᵐᶜᵗ" if t.token_param == TokenParam.MAX_COMPLETION_TOKENS else ""
