@@ -85,18 +85,19 @@ def test_an_audit_trail_from_before_the_api_column_reads_and_is_migrated(tmp_pat
     c.close()
     with JobStore(db, readonly=True) as store:  # read-only: never migrated, the api reads as unknown
         [row] = store.attempts("j")
-        assert row.model == "flagship" and row.api is None
+        assert row.model == "flagship" and row.api is None and row.deployment is None
         assert store.attempt_apis("j") == {}
     assert "flagship  -" in report(db)
     with JobStore(db) as store:  # opened for writing: the column is added, old rows keep NULL
-        assert "api" in {r[1] for r in store.conn.execute("PRAGMA table_info(attempts)")}
+        assert {"api", "deployment"} <= {r[1] for r in store.conn.execute("PRAGMA table_info(attempts)")}
         [row] = store.attempts("j")
-        assert row.api is None and row.decision == "ok"
+        assert row.api is None and row.deployment is None and row.decision == "ok"
         audit.write_rows(
             store.conn,
-            [("j", "i2", 1e9 + 1, 1, "claude", "ant", "k", 200, None, None, 0, 0.1, "ok", "", "anthropic", None)],
+            [("j", "i2", 1e9 + 1, 1, "claude", "ant", "k", 200, None, None, 0, 0.1, "ok", "", "anthropic", None, "claude-x")],
         )
         assert store.attempt_apis("j") == {"claude": ("anthropic",)}
+        assert [r.deployment for r in store.attempts("j")] == [None, "claude-x"]
 
 
 @pytest.mark.looptime

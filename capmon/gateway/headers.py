@@ -1,7 +1,7 @@
 """The response headers that say who served a request: capmon's own (the model, its
-endpoint, the id that endpoint knows it by, and its API, the attempts and fallbacks, the request's number, the sampling fields
-left out for a target whose API version refuses them), and LiteLLM's names for them so
-tools written against LiteLLM's proxy read them unchanged."""
+endpoint, the id that endpoint knows it by, and its API, the attempts and fallbacks, the
+request's number, the sampling fields left out for a target whose API version refuses them),
+and LiteLLM's names for them so tools written against LiteLLM's proxy read them unchanged."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ Per target (a model at an endpoint with a key) and per model:
 
 | metric | LiteLLM's nearest |
 |---|---|
-| capmon_target_info{model,target,endpoint,api,deployment} 1: the target's provider API (openai, anthropic, azure) and the id its endpoint knows the model by | |
+| capmon_target_info{model,target,endpoint,api,deployment} 1: its provider API, the id it has for the model | |
 | capmon_deployment_state{model,target}: 0 healthy, 1 ramp or half-open, 2 open | litellm_deployment_state |
 | capmon_breaker_state{model,target,state} 1 for the state it is in | |
 | capmon_breaker_trips_total{model,target} | litellm_deployment_cooled_down |
@@ -23,7 +23,7 @@ Per target (a model at an endpoint with a key) and per model:
 | capmon_request_latency_seconds{model}, waits included | litellm_llm_api_latency_metric |
 | capmon_fallbacks_total{from_model,to_model} | litellm_deployment_successful_fallbacks |
 | capmon_api_fallbacks_total{from_api,to_api}: the same by provider API (openai -> anthropic...) | |
-| capmon_deployment_moves_total{model,from_endpoint,to_endpoint}: moves between deployments of one model (no fallback) | |
+| capmon_deployment_moves_total{model,from_endpoint,to_endpoint}: moves between a model's deployments | |
 | capmon_retry_waits_total{model}, capmon_retry_wait_seconds | |
 | capmon_waiting_requests (queued for any model), capmon_retry_waiting, capmon_in_flight_requests | |
 | capmon_pinned{model} | |

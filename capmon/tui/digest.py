@@ -71,20 +71,21 @@ class EventDigester:
 
     def digest(self, events: list[ev.Event], *, toasts: bool = True, now_wall: float | None = None) -> Digest:
         """Lines and toasts for ``events``. Fallbacks are counted per second and model
-        pair (deployment moves per second, model and pair of endpoints) and written once their second is over (``now_wall``; None writes them all
-        now), so a second of fallbacks is one line even across several digests.
+        pair (deployment moves per second, model and pair of endpoints) and written once
+        their second is over (``now_wall``; None writes them all now), so a second of
+        fallbacks is one line even across several digests.
         ``toasts=False``: old events (a catch-up on open) go to the log only."""
         out = Digest()
         entries: list[tuple[float, int, Text]] = []
         for e in events:
-            k: tuple[Any, ...] | None = None
-            if isinstance(e, ev.FellBack):
-                if e.crosses_providers:
-                    self._provider_toast(e, out)
-                k = (ev.FellBack, e.from_model, e.from_api, e.to_model, e.to_api, int(e.wall))
-            elif isinstance(e, ev.DeploymentMoved):
-                k = (ev.DeploymentMoved, e.model, e.from_endpoint, e.to_endpoint, e.to_deployment, int(e.wall))
-            if k is not None:
+            if isinstance(e, (ev.FellBack, ev.DeploymentMoved)):
+                k: tuple[Any, ...]
+                if isinstance(e, ev.FellBack):
+                    if e.crosses_providers:
+                        self._provider_toast(e, out)
+                    k = (ev.FellBack, e.from_model, e.from_api, e.to_model, e.to_api, int(e.wall))
+                else:
+                    k = (ev.DeploymentMoved, e.model, e.from_endpoint, e.to_endpoint, e.to_deployment, int(e.wall))
                 if k not in self._moves:
                     self._moves[k] = [0, e.wall, e.reason]
                 self._moves[k][0] += 1

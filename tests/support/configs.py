@@ -92,11 +92,12 @@ def config_toml(
     """A config's TOML text.
 
     ``models``: names, or name -> the model's own keys (``endpoints`` defaults to the
-    first endpoint, unless it lists its ``deployments``). ``endpoint`` names the endpoint at ``base_url``; ``endpoints`` adds
-    more, each a URL or an endpoint's keys (``keys`` and ``simulated`` apply to every
-    one that does not set its own; None: no ``keys`` line), or gives the first one keys of its
-    own (``api``, ``api_version``...) under its name. The sections (``[simulator]`` defaults to
-    ``enabled = false``) take key -> value; ``extra`` is TOML appended as it is.
+    first endpoint, unless it lists its ``deployments``). ``endpoint`` names the endpoint
+    at ``base_url``; ``endpoints`` adds more, each a URL or an endpoint's keys (``keys`` and
+    ``simulated`` apply to every one that does not set its own; None: no ``keys`` line), or
+    gives the first one keys of its own (``api``, ``api_version``...) under its name. The
+    sections (``[simulator]`` defaults to ``enabled = false``) take key -> value; ``extra`` is
+    TOML appended as it is.
     """
     eps: dict[str, Mapping[str, Any]] = {endpoint: {"base_url": base_url}}
     for name, spec in (endpoints or {}).items():

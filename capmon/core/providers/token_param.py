@@ -35,9 +35,7 @@ class TokenParams:
     others). ``on_learn(deployment, param, reason)`` is told of each change (the client
     publishes it)."""
 
-    def __init__(
-        self, configured: Mapping[Deployment, str], on_learn: Callable[[Deployment, str, str], None]
-    ) -> None:
+    def __init__(self, configured: Mapping[Deployment, str], on_learn: Callable[[Deployment, str, str], None]) -> None:
         self._param = {where: TokenParam(p) for where, p in configured.items()}
         self._on_learn = on_learn
 

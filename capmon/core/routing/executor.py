@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from capmon.core.base.clock import Clock
 from capmon.core.control.seam import Admission
 from capmon.core.providers import formats
-from capmon.core.providers.token_param import TokenParam, TokenParams
+from capmon.core.providers.token_param import TokenParams
 from capmon.core.routing.attempt import Answer, Sending, Stream, chat_request, plain
 from capmon.core.routing.targets import Target
 from capmon.core.routing.transport import Sender
@@ -62,7 +62,9 @@ class Executor:
 
     def request(self, t: Target, request: Request, *, stream: bool, time_left: float) -> Sending:
         """A user's request as one attempt on ``t`` sends it."""
-        return chat_request(t, request, self._params[t.model.name, t.endpoint.name], self._config, stream, time_left=time_left)
+        return chat_request(
+            t, request, self._params[t.model.name, t.endpoint.name], self._config, stream, time_left=time_left
+        )
 
     def probe_request(self, t: Target) -> Sending:
         """The smallest request that proves ``t`` answers, in its own wire."""

@@ -85,7 +85,8 @@ class Target:
 
 def build_targets(config: Config, keys: Mapping[tuple[str, str], ResolvedKey]) -> tuple[list[TargetSpec], list[Target]]:
     """Every (model, deployment, key) the config names and the environment holds a key for,
-    in preference order, each carrying the model as its deployment sees it (``ModelConfig.at``). The targets' state is attached by the client (the seam decides)."""
+    in preference order, each carrying the model as its deployment sees it (``ModelConfig.at``).
+    The targets' state is attached by the client (the seam decides)."""
     specs, out = [], []
     reach = {ep.name: Reach(ep.name, host_of(ep.base_url)) for ep in config.endpoints}
     for rank, model in enumerate(config.models):

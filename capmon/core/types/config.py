@@ -289,12 +289,19 @@ class DeploymentConfig:
     ``claude-sonnet-4-5@20250929``, an Azure deployment's name) and, where they differ
     there, its own limits. A limit left out is the model's."""
 
-    endpoint: str = _f(missing="missing; expected the name of an endpoint that serves the model", doc="the endpoint")
+    endpoint: str = _f(
+        missing="missing; expected the name of an endpoint that serves the model",
+        doc="the name of an endpoint that serves the model (an [[endpoints]] name; once per model)",
+    )
     model: str = _f("", doc="the id the endpoint knows the model by; defaults to the model's api_model, else its name")
-    token_param: str | None = _f(None, choices=_TOKEN_PARAMS, doc="how the token cap is sent there; the model's")
-    rpm: int | None = _f(None, min=0, doc="requests per minute there, with each key; the model's (0: none)")
-    tpm: int | None = _f(None, min=0, doc="tokens per minute there, with each key; the model's (0: none)")
-    max_concurrency: int | None = _f(None, min=0, doc="requests in flight there, with each key; the model's")
+    token_param: str | None = _f(
+        None, choices=_TOKEN_PARAMS, doc="how the token cap is sent there; not set: the model's token_param"
+    )
+    rpm: int | None = _f(None, min=0, doc="requests per minute there, with each key; not set: the model's rpm")
+    tpm: int | None = _f(None, min=0, doc="tokens per minute there, with each key; not set: the model's tpm")
+    max_concurrency: int | None = _f(
+        None, min=0, doc="requests in flight there, with each key; not set: the model's max_concurrency"
+    )
 
 
 @dataclass(frozen=True)
@@ -609,7 +616,9 @@ def _served(fail: Callable[[str, str], ConfigError], where: str, m: ModelConfig,
             raise fail(at, f"endpoint {d.endpoint!r} is listed twice (one deployment per endpoint)")
         used.add(d.endpoint)
         if d.model and (d.model != d.model.strip() or not d.model.isprintable()):
-            raise fail(f"{where}.deployments[{j}].model", f"expected a model id without spaces around it, got {d.model!r}")
+            raise fail(
+                f"{where}.deployments[{j}].model", f"expected a model id without spaces around it, got {d.model!r}"
+            )
 
 
 def _check(cfg: Config, file: str) -> Config:

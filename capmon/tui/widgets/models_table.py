@@ -15,24 +15,6 @@ from capmon.tui import format as fmt
 
 
 @dataclass(frozen=True)
-
-def _target_name(t: TargetSnapshot, snap: EngineSnapshot) -> str:
-    """The row's name: the model, and which of its targets the row is when it has several
-    (``@endpoint`` for one of its deployments, ``/key`` for one of an endpoint's keys), then
-    the id that endpoint knows it by (``claude@vertex (claude-sonnet-4-5@20250929)``) where
-    the model's deployments know it by different ids: one id everywhere is the model's own
-    ``api_model``, the same on every row, and would only crowd the column."""
-    mine = [o for o in snap.targets if o.model == t.model]
-    endpoints = {o.endpoint for o in mine}
-    name = t.model
-    if len(endpoints) > 1:
-        name += f"@{t.endpoint}"
-    if len(mine) > len(endpoints):
-        name += f"/{t.key_alias}"
-    if t.deployment and t.deployment != t.model and len({o.deployment for o in mine}) > 1:
-        name += f" ({t.deployment})"
-    return name
-
 class Column:
     key: str
     label: str
@@ -67,6 +49,24 @@ MODEL_WIDTH = COLUMNS[0].width - 2  # the pin mark takes two cells
 def matches(t: TargetSnapshot, needle: str) -> bool:
     needle = needle.strip().lower()
     return not needle or any(needle in name.lower() for name in (t.model, t.target, t.deployment))
+
+
+def _target_name(t: TargetSnapshot, snap: EngineSnapshot) -> str:
+    """The row's name: the model, and which of its targets the row is when it has several
+    (``@endpoint`` for one of its deployments, ``/key`` for one of an endpoint's keys), then
+    the id that endpoint knows it by (``claude@vertex (claude-sonnet-4-5@20250929)``) where
+    the model's deployments know it by different ids: one id everywhere is the model's own
+    ``api_model``, the same on every row, and would only crowd the column."""
+    mine = [o for o in snap.targets if o.model == t.model]
+    endpoints = {o.endpoint for o in mine}
+    name = t.model
+    if len(endpoints) > 1:
+        name += f"@{t.endpoint}"
+    if len(mine) > len(endpoints):
+        name += f"/{t.key_alias}"
+    if t.deployment and t.deployment != t.model and len({o.deployment for o in mine}) > 1:
+        name += f" ({t.deployment})"
+    return name
 
 
 def _right(cell: Text | str) -> Text:
