@@ -94,7 +94,27 @@ def test_an_audit_trail_from_before_the_api_column_reads_and_is_migrated(tmp_pat
         assert row.api is None and row.deployment is None and row.decision == "ok"
         audit.write_rows(
             store.conn,
-            [("j", "i2", 1e9 + 1, 1, "claude", "ant", "k", 200, None, None, 0, 0.1, "ok", "", "anthropic", None, "claude-x")],
+            [
+                (
+                    "j",
+                    "i2",
+                    1e9 + 1,
+                    1,
+                    "claude",
+                    "ant",
+                    "k",
+                    200,
+                    None,
+                    None,
+                    0,
+                    0.1,
+                    "ok",
+                    "",
+                    "anthropic",
+                    None,
+                    "claude-x",
+                )
+            ],
         )
         assert store.attempt_apis("j") == {"claude": ("anthropic",)}
         assert [r.deployment for r in store.attempts("j")] == [None, "claude-x"]

@@ -7,6 +7,7 @@ reads, from the parts a test cares about (models, endpoints, keys, section overr
     build_config(url, endpoints={"ep": {"api": "anthropic"}})          # the first endpoint's own keys
     write_config(tmp_path / "config.toml", url, keys=[("CANARY_KEY", "canary")])
     two_providers(openai_url, anthropic_url, first="claude")          # flagship on OpenAI's wire, claude on Anthropic's
+    two_deployments(url)                                               # m as sim-m-east at east, sim-m-west at west
     shipped_config(tmp_path, scenario_text)                            # config.toml as shipped, on a free port
 
 Keys come from a fake environment (:data:`ENV`); a test that needs its own passes
@@ -173,6 +174,25 @@ def on_azure(origin: str, *, api_version: str = "", key_env: str = "AZ", **parts
         keys=[(key_env, "az")],
         models={"gpt": {"api_model": "sim-gpt-az", "max_tokens": 64}},
         file="azure.toml",
+        **parts,
+    )
+
+
+def two_deployments(base_url: str, *, key_env: str = "KEY", **parts: Any) -> Config:
+    """One model, ``m``, on two deployments: endpoint ``east`` knows it as sim-m-east, ``west``
+    as sim-m-west (both endpoints the simulator at ``base_url``); then ``backup`` (sim-backup)
+    at east. One key (alias k) in ``key_env`` for both."""
+    deployments = [{"endpoint": "east", "model": "sim-m-east"}, {"endpoint": "west", "model": "sim-m-west"}]
+    return build_config(
+        base_url,
+        endpoint="east",
+        endpoints={"west": base_url},
+        keys=[(key_env, "k")],
+        models={
+            "m": {"max_tokens": 64, "deployments": deployments},
+            "backup": {"api_model": "sim-backup", "max_tokens": 64},
+        },
+        file="deployments.toml",
         **parts,
     )
 
