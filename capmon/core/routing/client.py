@@ -105,7 +105,7 @@ class FallbackClient(FormatCalls, ManualControls):
                 ev.TokenParamLearned, model=where[0], param=param, reason=reason, endpoint=where[1]
             ),
         )
-        self._by_cost = any(m.tpm for m in config.models)
+        self._by_cost = any(t.model.tpm for t in self.targets)  # a deployment may set its own
         self._no_prefill: set[str] = set()  # models whose 400 said they take no assistant prefill
         self._ids = itertools.count(1)
         self._queue: WaitQueue[Grant] = WaitQueue(
