@@ -104,6 +104,18 @@ def test_the_short_form_is_one_deployment_per_endpoint_with_the_models_id() -> N
     assert [t.deployment for t in _targets(bare)] == ["m"]
 
 
+@pytest.mark.unit
+async def test_the_state_applies_each_deployments_limits_and_the_snapshot_names_it() -> None:
+    cfg = parse_config(LONG.replace("max_concurrency = 8", "max_concurrency = 2"), "d.toml")
+    async with FallbackClient(cfg, environ=KEYS) as client:
+        rows = [(t.endpoint, t.limit, t.deployment, t.token_param) for t in client.snapshot().targets]
+    assert rows == [
+        ("anthropic", 8.0, "claude-sonnet-4-5", "max_completion_tokens"),  # the [limiter]'s initial 8
+        ("vertex-us", 2.0, "claude-sonnet-4-5@20250929", "max_tokens"),  # its own ceiling of 2
+        ("vertex-us", 2.0, "claude-sonnet-4-5@20250929", "max_tokens"),
+    ]
+
+
 def _model(lines: str) -> str:
     return (
         ENDPOINTS
