@@ -50,8 +50,10 @@ CREATE TABLE IF NOT EXISTS attempts (
     reason TEXT NOT NULL DEFAULT '',
     api TEXT,              -- the endpoint's provider API: openai | anthropic | azure (NULL: a runner's
                            -- decision, or a row written before capmon recorded it)
-    request_id TEXT        -- the caller's id for the request (Request.request_id: a gateway's
+    request_id TEXT,       -- the caller's id for the request (Request.request_id: a gateway's
                            -- x-request-id); NULL when it gave none, for a runner's decision, or an older row
+    deployment TEXT        -- the id the endpoint knows the model by (its deployment's: the model's name,
+                           -- or its api_model, unless the deployment names another); NULL as api
 );
 CREATE INDEX IF NOT EXISTS attempts_by_item ON attempts(job, item);
 CREATE TABLE IF NOT EXISTS replaced_results (
@@ -103,6 +105,7 @@ COLUMNS = (
     "reason",
     "api",
     "request_id",
+    "deployment",
 )
 INSERT = f"INSERT INTO attempts ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})"
 
@@ -116,7 +119,7 @@ Row = tuple[Any, ...]
 def ensure_schema(conn: sqlite3.Connection) -> None:
     conn.executescript(SCHEMA)
     have = _columns(conn)
-    for column in ("api", "request_id"):  # a database from before the column: add it, rows keep NULL
+    for column in ("api", "request_id", "deployment"):  # a database from before the column: add it, rows keep NULL
         if column not in have:
             conn.execute(f"ALTER TABLE attempts ADD COLUMN {column} TEXT")
 
@@ -150,6 +153,7 @@ class AuditRow:
     reason: str
     api: str | None = None  # openai | anthropic | azure; None for a runner's decision or an older row
     request_id: str | None = None  # the caller's id for the request (Request.request_id)
+    deployment: str | None = None  # the id the endpoint knows the model by; None as api
 
     @staticmethod
     def of(row: Sequence[Any]) -> AuditRow:
@@ -179,6 +183,7 @@ def attempt_row(request: Request, attempt: Attempt, number: int | None = None) -
         _reason(attempt.reason or _continued(attempt)),
         attempt.api.value,
         request.request_id,
+        attempt.deployment or None,
     )
 
 
@@ -249,6 +254,7 @@ class AuditLog:
                 _reason(reason),
                 None,
                 None,
+                None,
             )
         )
 
@@ -286,6 +292,7 @@ def decision_row(decision: RunnerDecision, *, job: str, item: str, at: float, at
         None,
         RunnerDecision(decision),
         _reason(reason),
+        None,
         None,
         None,
     )

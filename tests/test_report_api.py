@@ -19,13 +19,13 @@ from capmon.batch.options import RunnerOptions
 from capmon.batch.runner import BatchRunner
 from capmon.batch.sqlite import JobStore
 from capmon.core.routing.client import FallbackClient
-from capmon.core.types.config import parse_config
+from capmon.core.types.config import SIMULATOR_DEMO_KEY, parse_config
 from capmon.report import OutputFormat, ReportOptions, run_report
 from tests.batch.helpers import write_items
 from tests.gateway.helpers import scenario, spec, two_wires
 from tests.gateway.test_metrics_api import PROVIDER_KEY
-from tests.support.configs import two_providers
-from tests.support.simulated import StartSim
+from tests.support.configs import two_deployments, two_providers
+from tests.support.simulated import StartSim, deployments_scenario
 
 
 def report(db: Path, fmt: OutputFormat = OutputFormat.TEXT, **kw: Any) -> str:
@@ -85,18 +85,39 @@ def test_an_audit_trail_from_before_the_api_column_reads_and_is_migrated(tmp_pat
     c.close()
     with JobStore(db, readonly=True) as store:  # read-only: never migrated, the api reads as unknown
         [row] = store.attempts("j")
-        assert row.model == "flagship" and row.api is None
+        assert row.model == "flagship" and row.api is None and row.deployment is None
         assert store.attempt_apis("j") == {}
     assert "flagship  -" in report(db)
     with JobStore(db) as store:  # opened for writing: the column is added, old rows keep NULL
-        assert "api" in {r[1] for r in store.conn.execute("PRAGMA table_info(attempts)")}
+        assert {"api", "deployment"} <= {r[1] for r in store.conn.execute("PRAGMA table_info(attempts)")}
         [row] = store.attempts("j")
-        assert row.api is None and row.decision == "ok"
+        assert row.api is None and row.deployment is None and row.decision == "ok"
         audit.write_rows(
             store.conn,
-            [("j", "i2", 1e9 + 1, 1, "claude", "ant", "k", 200, None, None, 0, 0.1, "ok", "", "anthropic", None)],
+            [
+                (
+                    "j",
+                    "i2",
+                    1e9 + 1,
+                    1,
+                    "claude",
+                    "ant",
+                    "k",
+                    200,
+                    None,
+                    None,
+                    0,
+                    0.1,
+                    "ok",
+                    "",
+                    "anthropic",
+                    None,
+                    "claude-x",
+                )
+            ],
         )
         assert store.attempt_apis("j") == {"claude": ("anthropic",)}
+        assert [r.deployment for r in store.attempts("j")] == [None, "claude-x"]
 
 
 @pytest.mark.looptime
@@ -121,3 +142,24 @@ async def test_the_item_report_shows_each_skip_with_why_and_what_the_fallback_fe
     assert attempts[0]["reason"].startswith("incapable: temperature = 1.5")
     summary = json.loads(report(db, OutputFormat.JSON))
     assert {m["model"]: m["attempts"] for m in summary["models"]}.get("claude", 0) == 0  # a skip is no attempt
+
+
+@pytest.mark.looptime
+async def test_an_items_report_names_the_deployment_it_moved_to_and_the_audit_trail_its_id(
+    tmp_path: Path, start_sim: StartSim
+) -> None:
+    sim = await start_sim(deployments_scenario(east=0))  # east refuses everything for capacity
+    db = tmp_path / "db"
+    items = write_items(tmp_path / "in.jsonl", 1)
+    async with FallbackClient(two_deployments(sim.base_url), environ={"KEY": SIMULATOR_DEMO_KEY}) as client:
+        await BatchRunner(client, db, "j", RunnerOptions(input_path=items, concurrency=1)).run()
+    item = report(db, item="it-0001")
+    assert "attempt 1 on m at east as sim-m-east: 503 capacity" in item, item
+    assert ": retried the same model at west as sim-m-west after 0.0s." in item
+    assert "answered by m at west as sim-m-west in" in item
+    attempts = json.loads(report(db, OutputFormat.JSON, item="it-0001"))["attempts"]
+    assert [(a["endpoint"], a["deployment"]) for a in attempts] == [("east", "sim-m-east"), ("west", "sim-m-west")]
+    rows = list(csv.DictReader(io.StringIO(report(db, OutputFormat.CSV, item="it-0001"))))
+    assert [r["deployment"] for r in rows] == ["sim-m-east", "sim-m-west"]
+    summary = json.loads(report(db, OutputFormat.JSON))
+    assert summary["fell_back_items"] == 0  # a move between deployments is no fallback

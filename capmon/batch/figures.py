@@ -312,11 +312,21 @@ def _int(value: float | None) -> int | None:
 # ---------------------------------------------------------------- one item
 
 
+def _at(a: AuditRow, attempts: Sequence[AuditRow]) -> str:
+    """Which deployment of its model ``a`` went to (`` at west as sim-m-west``), when the
+    item's record has that model at more than one endpoint; "" otherwise."""
+    if len({b.endpoint for b in attempts if b.model == a.model and b.endpoint}) < 2:
+        return ""
+    named = f" as {shown(a.deployment)}" if a.deployment and a.deployment != a.model else ""
+    return f" at {shown(a.endpoint or '-')}{named}"
+
+
 def explain(attempts: Sequence[AuditRow]) -> tuple[str, ...]:
     """One sentence per attempt that was not the answer: what happened and what came next."""
     out = []
     for i, a in enumerate(attempts):
-        what = f"attempt {a.attempt} on {shown(a.model)}: {a.status or 'no response'} {shown(a.kind or '')}".rstrip()
+        on = f"{shown(a.model)}{_at(a, attempts)}"
+        what = f"attempt {a.attempt} on {on}: {a.status or 'no response'} {shown(a.kind or '')}".rstrip()
         reason = f" ({shown(a.reason)})" if a.reason else ""
         nxt = next((b for b in attempts[i + 1 :] if b.decision not in RUNNER_DECISIONS), None)
         if a.decision == Decision.FALLBACK:
@@ -326,8 +336,11 @@ def explain(attempts: Sequence[AuditRow]) -> tuple[str, ...]:
             )
         elif a.decision == Decision.RETRY:
             out.append(
-                f"{what}{reason}: retried {'the same model ' if nxt and nxt.model == a.model else ''}"
-                f"after {a.wait or 0:.1f}s" + (f" (server hint {a.hint:.1f}s)" if a.hint else "") + "."
+                f"{what}{reason}: retried "
+                + (f"the same model{_at(nxt, attempts)} " if nxt and nxt.model == a.model else "")
+                + f"after {a.wait or 0:.1f}s"
+                + (f" (server hint {a.hint:.1f}s)" if a.hint else "")
+                + "."
             )
         elif a.decision == RunnerDecision.PARK:
             out.append(
@@ -339,7 +352,7 @@ def explain(attempts: Sequence[AuditRow]) -> tuple[str, ...]:
             to = shown(nxt.model) if nxt else "another attempt"
             out.append(f"{what}{reason} after part of the answer: continued by {to}.")
         elif a.decision == Decision.OK:
-            out.append(f"answered by {shown(a.model)} in {fmt_seconds(a.latency)}.")
+            out.append(f"answered by {on} in {fmt_seconds(a.latency)}.")
         elif a.decision == Decision.SKIP:
             out.append(f"passed over {shown(a.model)} ({shown(a.endpoint or '-')}){reason}.")
         elif a.decision == RunnerDecision.REFUSE:

@@ -125,6 +125,7 @@ class PgStore:
         self._delay = BACKOFF_FIRST
         self._next_try = 0.0
         self._last_why = ""
+        self._audit_select: str | None = None  # _audit_columns(), once read
         # The last commit whose answer was lost: (token, outcomes, audit rows it carried,
         # outcomes and rows of its batch known to have landed before it).
         self._unsure: tuple[str, int, int, int, int] | None = None
@@ -765,8 +766,23 @@ class PgStore:
             out.setdefault(model, []).append(api)
         return {m: tuple(a) for m, a in out.items()}
 
+    def _audit_columns(self) -> str:
+        """audit.COLUMNS as this store has them: a store read without being written is never
+        migrated, and one from before a column reads it NULL (asked once per store)."""
+        if self._audit_select is None:
+            have = {
+                r[0]
+                for r in self._rows(
+                    "reading the audit trail",
+                    "SELECT column_name FROM information_schema.columns "
+                    "WHERE table_schema = current_schema() AND table_name = 'attempts'",
+                )
+            }
+            self._audit_select = ", ".join(c if c in have else f"NULL AS {c}" for c in audit.COLUMNS)
+        return self._audit_select
+
     def attempts(self, job: str, item: str | None = None) -> list[audit.AuditRow]:
-        query = f"SELECT {', '.join(audit.COLUMNS)} FROM attempts WHERE job = %s"
+        query = f"SELECT {self._audit_columns()} FROM attempts WHERE job = %s"
         args: tuple[Any, ...] = (job,)
         if item is not None:
             query += " AND item = %s"

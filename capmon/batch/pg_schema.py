@@ -87,8 +87,11 @@ CREATE TABLE IF NOT EXISTS attempts (
     seq BIGSERIAL PRIMARY KEY,
     job TEXT, item TEXT, at DOUBLE PRECISION NOT NULL, attempt INTEGER NOT NULL, model TEXT, endpoint TEXT,
     key_alias TEXT, status INTEGER, kind TEXT, hint DOUBLE PRECISION, wait DOUBLE PRECISION,
-    latency DOUBLE PRECISION, decision TEXT NOT NULL, reason TEXT NOT NULL DEFAULT '', api TEXT, request_id TEXT
+    latency DOUBLE PRECISION, decision TEXT NOT NULL, reason TEXT NOT NULL DEFAULT '', api TEXT, request_id TEXT,
+    deployment TEXT
 );
+-- a store from before the column: add it, its rows keep NULL
+ALTER TABLE attempts ADD COLUMN IF NOT EXISTS deployment TEXT;
 CREATE INDEX IF NOT EXISTS attempts_by_item ON attempts(job, item);
 CREATE TABLE IF NOT EXISTS replaced_results (
     seq BIGSERIAL PRIMARY KEY,
@@ -123,7 +126,8 @@ WITH o AS (
     SELECT * FROM unnest(%(a_job)s::text[], %(a_item)s::text[], %(a_at)s::float8[], %(a_attempt)s::int[],
         %(a_model)s::text[], %(a_endpoint)s::text[], %(a_key_alias)s::text[], %(a_status)s::int[],
         %(a_kind)s::text[], %(a_hint)s::float8[], %(a_wait)s::float8[], %(a_latency)s::float8[],
-        %(a_decision)s::text[], %(a_reason)s::text[], %(a_api)s::text[], %(a_request_id)s::text[])
+        %(a_decision)s::text[], %(a_reason)s::text[], %(a_api)s::text[], %(a_request_id)s::text[],
+        %(a_deployment)s::text[])
 ), w AS (
     UPDATE workers SET counters = %(counters)s, state = %(wstate)s, message = %(message)s, beat = {NOW},
         last_commit = %(token)s

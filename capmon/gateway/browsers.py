@@ -36,6 +36,7 @@ EXPOSED = (
     "retry-after",
     "x-capmon-model",
     "x-capmon-endpoint",
+    "x-capmon-deployment",
     "x-capmon-api",
     "x-capmon-dropped",
     "x-capmon-max-tokens",

@@ -59,7 +59,13 @@ async def info(request: Request) -> Response:
             "models": c.model_names(),
             "aliases": {k: v for k, v in gw.names.aliases.items()},
             "targets": [
-                {"target": t.id, "model": t.model.name, "endpoint": t.endpoint.name, "key_alias": t.key.alias}
+                {
+                    "target": t.id,
+                    "model": t.model.name,
+                    "endpoint": t.endpoint.name,
+                    "deployment": t.deployment,
+                    "key_alias": t.key.alias,
+                }
                 for t in c.targets
             ],
             "readonly": not caller.admin,

@@ -76,6 +76,7 @@ class Exchange:
     model_requested: str | None = None  # the name the client sent (auto, an alias, a model)
     model_served: str | None = None
     endpoint: str | None = None
+    deployment: str | None = None  # the id the serving endpoint knows the model by
     served_api: str | None = None  # the serving endpoint's provider API: openai | anthropic | azure
     attempts: int = 0
     fallbacks: int = 0
@@ -92,6 +93,7 @@ class Exchange:
     def served(self, s: Served, attempts: Sequence[Attempt] = ()) -> None:
         """``attempts``: the record so far (the skips and failures before the answer)."""
         self.model_served, self.endpoint, self.served_api = s.model, s.endpoint, s.api or None
+        self.deployment = s.deployment or None
         self.attempts, self.fallbacks = s.attempts, s.fallbacks
         if attempts:
             self.records = tuple(attempts)
@@ -127,6 +129,7 @@ class Exchange:
             "model_requested": self.model_requested,
             "model_served": self.model_served,
             "endpoint": self.endpoint,
+            "deployment": self.deployment,
             "api": self.api,
             "served_api": self.served_api,
             "attempts": self.attempts,

@@ -1,7 +1,7 @@
 """The response headers that say who served a request: capmon's own (the model, its
-endpoint and API, the attempts and fallbacks, the request's number, the sampling fields
-left out for a target whose API version refuses them), and LiteLLM's names for them so
-tools written against LiteLLM's proxy read them unchanged."""
+endpoint, the id that endpoint knows it by, and its API, the attempts and fallbacks, the
+request's number, the sampling fields left out for a target whose API version refuses them),
+and LiteLLM's names for them so tools written against LiteLLM's proxy read them unchanged."""
 
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ class Served:
     dropped: tuple[str, ...] = ()  # fields left out by [client] refused_sampling = "drop"
     max_tokens: int | None = None  # the output cap sent when [client] cap_client_tokens lowered the caller's
     skipped: str | None = None  # x-capmon-skipped: the targets passed over and why
+    deployment: str = ""  # the id the serving endpoint knows the model by (its deployment's)
 
     @staticmethod
     def of_result(r: ChatResult) -> Served:
@@ -43,6 +44,7 @@ class Served:
             r.dropped,
             r.max_tokens_lowered,
             skipped_header(r.attempts),
+            r.deployment,
         )
 
     @staticmethod
@@ -62,6 +64,7 @@ class Served:
             s.dropped,
             s.max_tokens_lowered,
             skipped_header(s.attempts),
+            s.deployment or "",
         )
 
     def headers(self, priority: Priority) -> dict[str, str]:
@@ -71,6 +74,8 @@ class Served:
             own["x-capmon-max-tokens"] = str(self.max_tokens)
         if self.skipped:
             own["x-capmon-skipped"] = self.skipped
+        if self.deployment:
+            own["x-capmon-deployment"] = self.deployment
         return {
             name: header_value(value)
             for name, value in {

@@ -10,7 +10,7 @@ Per target (a model at an endpoint with a key) and per model:
 
 | metric | LiteLLM's nearest |
 |---|---|
-| capmon_target_info{model,target,endpoint,api} 1: the target's provider API (openai, anthropic, azure) | |
+| capmon_target_info{model,target,endpoint,api,deployment} 1: its provider API, the id it has for the model | |
 | capmon_deployment_state{model,target}: 0 healthy, 1 ramp or half-open, 2 open | litellm_deployment_state |
 | capmon_breaker_state{model,target,state} 1 for the state it is in | |
 | capmon_breaker_trips_total{model,target} | litellm_deployment_cooled_down |
@@ -23,6 +23,7 @@ Per target (a model at an endpoint with a key) and per model:
 | capmon_request_latency_seconds{model}, waits included | litellm_llm_api_latency_metric |
 | capmon_fallbacks_total{from_model,to_model} | litellm_deployment_successful_fallbacks |
 | capmon_api_fallbacks_total{from_api,to_api}: the same by provider API (openai -> anthropic...) | |
+| capmon_deployment_moves_total{model,from_endpoint,to_endpoint}: moves between a model's deployments | |
 | capmon_retry_waits_total{model}, capmon_retry_wait_seconds | |
 | capmon_waiting_requests (queued for any model), capmon_retry_waiting, capmon_in_flight_requests | |
 | capmon_pinned{model} | |
@@ -102,12 +103,12 @@ class _SnapshotCollector(Collector):
         )
         info = GaugeMetricFamily(
             "capmon_target_info",
-            "1 per target, labelled with its endpoint and that endpoint's provider API",
-            labels=[*labels, "endpoint", "api"],
+            "1 per target, labelled with its endpoint, that endpoint's provider API and the id it knows the model by",
+            labels=[*labels, "endpoint", "api", "deployment"],
         )
         for t in snap.targets:
             ids = [t.model, t.target]
-            info.add_metric([*ids, t.endpoint, str(t.api)], 1.0)
+            info.add_metric([*ids, t.endpoint, str(t.api), t.deployment or t.model], 1.0)
             deployment.add_metric(ids, deployment_state(t.state))
             for s in State:
                 breaker.add_metric([*ids, s.value], 1.0 if s is t.state else 0.0)
@@ -196,6 +197,12 @@ class GatewayMetrics:
         self.fallbacks = Counter(
             "capmon_fallbacks", "requests that moved from one model to another", ["from_model", "to_model"], registry=r
         )
+        self.deployment_moves = Counter(
+            "capmon_deployment_moves",
+            "requests that moved from one deployment of a model to another (the same model: no fallback)",
+            ["model", "from_endpoint", "to_endpoint"],
+            registry=r,
+        )
         self.api_fallbacks = Counter(
             "capmon_api_fallbacks",
             "fallbacks by each side's provider API (from_api != to_api: across providers)",
@@ -257,6 +264,8 @@ class GatewayMetrics:
         elif isinstance(e, ev.FellBack):
             self.fallbacks.labels(e.from_model, e.to_model).inc()
             self.api_fallbacks.labels(e.from_api, e.to_api).inc()
+        elif isinstance(e, ev.DeploymentMoved):
+            self.deployment_moves.labels(e.model, e.from_endpoint, e.to_endpoint).inc()
         elif isinstance(e, ev.RetryScheduled):
             self.retry_waits.labels(e.model or "").inc()
             self.retry_wait_seconds.observe(max(0.0, e.wait))

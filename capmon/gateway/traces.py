@@ -102,7 +102,6 @@ class GatewayTraces:
         config = client.config
         # the names a request may ask for (the targets do not matter here: only whether it may)
         self.names = ModelNames([m.name for m in config.models], {**dict.fromkeys(config.gateway.aliases), AUTO: None})
-        self.wire_names = {m.name: m.wire_name for m in config.models}
         self.servers: dict[str, tuple[str, int]] = {}
         for e in config.endpoints:
             url = urllib.parse.urlsplit(e.base_url)
@@ -159,7 +158,10 @@ class GatewayTraces:
             attrs["gen_ai.provider.name"] = _PROVIDER_BY_NAME.get(ex.served_api, ex.served_api)
         if ex.model_served is not None:
             attrs["capmon.model"] = ex.model_served
-            attrs["gen_ai.response.model"] = ex.response_model or self.wire_names.get(ex.model_served, ex.model_served)
+            # The id the serving endpoint knows the model by: its deployment's (the provider's own word first)
+            attrs["gen_ai.response.model"] = ex.response_model or ex.deployment or ex.model_served
+        if ex.deployment is not None:
+            attrs["capmon.deployment"] = ex.deployment
         if ex.status is not None:
             attrs["http.response.status_code"] = ex.status
         if ex.tokens_in is not None:
@@ -196,13 +198,14 @@ class GatewayTraces:
         span.end(end_time=_ns(max(end, start)))
 
     def _attempt(self, a: Attempt, ex: Exchange, context: Context) -> None:
-        wire = self.wire_names.get(a.model, a.model)
+        wire = a.deployment or a.model  # the id this attempt's endpoint knows the model by
         attrs: dict[str, AttributeValue] = {
             "gen_ai.operation.name": OPERATION,
             "gen_ai.provider.name": PROVIDER.get(a.api, a.api.value),
             "gen_ai.request.model": wire,
             "capmon.model": a.model,
             "capmon.endpoint": a.endpoint,
+            "capmon.deployment": wire,
             "capmon.decision": a.decision.value,
         }
         server = self.servers.get(a.endpoint)

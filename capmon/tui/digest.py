@@ -2,8 +2,9 @@
 
 The bus can carry thousands of events a second under load; the log must stay
 readable and cheap. Only the events people act on are kept (breaker moves,
-fallbacks, key parking, pins, notices); fallbacks are coalesced per second and
-model pair (a change of provider names both APIs); each digest writes at most ``max_lines`` lines and says how many it
+fallbacks, moves between a model's deployments, key parking, pins, notices); fallbacks
+are coalesced per second and model pair (a change of provider names both APIs), moves per
+second, model and pair of deployments; each digest writes at most ``max_lines`` lines and says how many it
 left out; toasts are throttled per target.
 """
 
@@ -21,6 +22,7 @@ from capmon.tui import format as fmt
 
 LOGGED: tuple[type[ev.Event], ...] = (
     ev.BreakerChanged,
+    ev.DeploymentMoved,
     ev.FellBack,
     ev.KeyParked,
     ev.ModelPinned,
@@ -52,9 +54,10 @@ class EventDigester:
         self.max_toasts = max_toasts
         self.toast_every = toast_every  # seconds between two toasts about the same target
         self._last_toast: dict[str, float] = {}
-        # (from, from api, to, to api, second) -> [count, first wall time, reason], until the
-        # second is over.
-        self._fallbacks: dict[tuple[str, str, str, str, int], list[Any]] = {}
+        # Moves counted until their second is over: (the event's class, who moved where...,
+        # second) -> [count, first wall time, reason]. A fallback's who: (from, from api, to,
+        # to api); a move between deployments': (model, from endpoint, to endpoint, to id).
+        self._moves: dict[tuple[Any, ...], list[Any]] = {}
         self._crossed: set[tuple[str, str, str, str]] = set()  # (from, from api, to, to api) toasted
 
     @staticmethod
@@ -63,32 +66,40 @@ class EventDigester:
 
     @property
     def holding(self) -> bool:
-        """Fallback counts wait for their second to end."""
-        return bool(self._fallbacks)
+        """Fallback (and deployment move) counts wait for their second to end."""
+        return bool(self._moves)
 
     def digest(self, events: list[ev.Event], *, toasts: bool = True, now_wall: float | None = None) -> Digest:
         """Lines and toasts for ``events``. Fallbacks are counted per second and model
-        pair and written once their second is over (``now_wall``; None writes them all
-        now), so a second of fallbacks is one line even across several digests.
+        pair (deployment moves per second, model and pair of endpoints) and written once
+        their second is over (``now_wall``; None writes them all now), so a second of
+        fallbacks is one line even across several digests.
         ``toasts=False``: old events (a catch-up on open) go to the log only."""
         out = Digest()
         entries: list[tuple[float, int, Text]] = []
         for e in events:
-            if isinstance(e, ev.FellBack):
-                if e.crosses_providers:
-                    self._provider_toast(e, out)
-                k = (e.from_model, e.from_api, e.to_model, e.to_api, int(e.wall))
-                if k not in self._fallbacks:
-                    self._fallbacks[k] = [0, e.wall, e.reason]
-                self._fallbacks[k][0] += 1
+            if isinstance(e, (ev.FellBack, ev.DeploymentMoved)):
+                k: tuple[Any, ...]
+                if isinstance(e, ev.FellBack):
+                    if e.crosses_providers:
+                        self._provider_toast(e, out)
+                    k = (ev.FellBack, e.from_model, e.from_api, e.to_model, e.to_api, int(e.wall))
+                else:
+                    k = (ev.DeploymentMoved, e.model, e.from_endpoint, e.to_endpoint, e.to_deployment, int(e.wall))
+                if k not in self._moves:
+                    self._moves[k] = [0, e.wall, e.reason]
+                self._moves[k][0] += 1
                 continue
             line = self._line(e, out)
             if line is not None:
                 entries.append((e.wall, len(entries), line))
-        for k in list(self._fallbacks):
-            if now_wall is None or k[4] < int(now_wall):
-                n, wall, reason = self._fallbacks.pop(k)
-                line = fmt.fallback_line(k[0], k[2], n, reason, from_api=k[1], to_api=k[3])
+        for k in list(self._moves):
+            if now_wall is None or k[-1] < int(now_wall):
+                n, wall, reason = self._moves.pop(k)
+                if k[0] is ev.FellBack:
+                    line = fmt.fallback_line(k[1], k[3], n, reason, from_api=k[2], to_api=k[4])
+                else:
+                    line = fmt.moved_line(k[1], k[2], k[3], k[4], n, reason)
                 entries.append((wall, len(entries), line))
         entries.sort(key=lambda entry: entry[:2])
         for wall, _, line in entries:

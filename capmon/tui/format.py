@@ -161,7 +161,8 @@ def ramp_line(e: ev.RampStep) -> Text:
 
 
 def token_param_line(e: ev.TokenParamLearned) -> Text:
-    return _why(Text.assemble((f"⚙ {e.model}", "bold"), f" sends {e.param} from now on"), e.reason)
+    where = f" at {e.endpoint}" if e.endpoint else ""
+    return _why(Text.assemble((f"⚙ {e.model}", "bold"), f"{where} sends {e.param} from now on"), e.reason)
 
 
 def fallback_pair(from_model: str, to_model: str, from_api: str = "", to_api: str = "") -> Text:
@@ -182,6 +183,18 @@ def fallback_pair(from_model: str, to_model: str, from_api: str = "", to_api: st
 def fallback_line(from_model: str, to_model: str, n: int, reason: str, from_api: str = "", to_api: str = "") -> Text:
     count = f"{n} fallback{'s' if n != 1 else ''} " if n > 1 else "fell back "
     line = Text.assemble(("↪ ", "yellow"), count, fallback_pair(from_model, to_model, from_api, to_api))
+    return _why(line, reason)
+
+
+def moved_line(model: str, from_endpoint: str, to_endpoint: str, to_deployment: str, n: int, reason: str) -> Text:
+    """``⇉ claude moved anthropic → vertex-us as claude-sonnet-4-5@20250929 ×3``: the same
+    model at another of its deployments, no fallback (the id named where it is not the
+    model's name; ``n`` moves in one second)."""
+    line = Text.assemble(("⇉ ", "cyan"), (model, "bold"), f" moved {from_endpoint} → {to_endpoint}")
+    if to_deployment and to_deployment != model:
+        line.append(f" as {to_deployment}")
+    if n > 1:
+        line.append(f" ×{n}", style="bold")
     return _why(line, reason)
 
 

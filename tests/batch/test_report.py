@@ -129,6 +129,7 @@ class Trail:
                     "",
                     "openai",
                     None,
+                    model,
                 )
             )
             self.n += 1

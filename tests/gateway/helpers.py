@@ -190,11 +190,16 @@ class Running:
 
 @contextlib.asynccontextmanager
 async def running(
-    scn: Scenario | None = None, *, environ: Mapping[str, str] | None = None, **config_kw: Any
+    scn: Scenario | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+    built: Callable[[str], Config] | None = None,
+    **config_kw: Any,
 ) -> AsyncIterator[Running]:
+    """``built``: the config from the simulator's base URL, when :func:`config`'s parts are not enough."""
     sim = await start_simulator(scn or scenario())
     try:
-        async with gateway_for(sim.base_url, environ=environ, **config_kw) as (client, app, server):
+        async with gateway_for(sim.base_url, environ=environ, built=built, **config_kw) as (client, app, server):
             yield Running(sim, client, app, server)
     finally:
         await sim.stop()
@@ -202,11 +207,15 @@ async def running(
 
 @contextlib.asynccontextmanager
 async def gateway_for(
-    base_url: str, *, environ: Mapping[str, str] | None = None, **config_kw: Any
+    base_url: str,
+    *,
+    environ: Mapping[str, str] | None = None,
+    built: Callable[[str], Config] | None = None,
+    **config_kw: Any,
 ) -> AsyncIterator[tuple[FallbackClient, Starlette, GatewayServer]]:
     """A gateway on a loopback port whose models are at ``base_url`` (the simulator, or
     a test's own upstream)."""
-    cfg = config(base_url, **config_kw)
+    cfg = built(base_url) if built is not None else config(base_url, **config_kw)
     env = {**ENV, **(environ or {})}
     async with FallbackClient(cfg, environ=env) as client:
         app = create_app(client, load_settings(cfg, listen="127.0.0.1:0", environ=env))

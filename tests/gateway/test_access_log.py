@@ -33,6 +33,7 @@ FIELDS = {
     "model_requested",
     "model_served",
     "endpoint",
+    "deployment",
     "api",
     "served_api",
     "attempts",
@@ -82,6 +83,7 @@ async def test_one_line_per_request_with_every_field_and_no_key_or_prompt(tmp_pa
     )
     assert (chat["attempts"], chat["fallbacks"], chat["status"], chat["error_kind"]) == (1, 1, 200, None)
     assert chat["priority"] == "interactive" and chat["served_api"] == "openai"
+    assert chat["deployment"] == "sim-medium"  # the id the endpoint knows medium by (its api_model)
     assert isinstance(chat["tokens_in"], int) and chat["tokens_in"] > 0 and chat["tokens_out"] == 12
     assert isinstance(chat["latency_ms"], float) and isinstance(chat["ttfb_ms"], float)
     assert str(chat["time"]).endswith("Z")

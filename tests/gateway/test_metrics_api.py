@@ -46,8 +46,18 @@ async def test_a_scrape_names_each_targets_api_and_counts_fallbacks_across_provi
         assert len(found) == 1, (line_start, found)
         return float(found[0].rsplit(" ", 1)[1])
 
-    assert value('capmon_target_info{api="openai",endpoint="oai",model="flagship",target="flagship@oai/oai-key"}') == 1
-    assert value('capmon_target_info{api="anthropic",endpoint="ant",model="claude",target="claude@ant/ant-key"}') == 1
+    assert (
+        value(
+            'capmon_target_info{api="openai",deployment="sim-flagship",endpoint="oai",model="flagship",target="flagship@oai/oai-key"}'
+        )
+        == 1
+    )
+    assert (
+        value(
+            'capmon_target_info{api="anthropic",deployment="sim-claude",endpoint="ant",model="claude",target="claude@ant/ant-key"}'
+        )
+        == 1
+    )
     assert value('capmon_fallbacks_total{from_model="flagship",to_model="claude"}') == 2
     assert value('capmon_api_fallbacks_total{from_api="openai",to_api="anthropic"}') == 2
     assert value('capmon_requests_total{model="claude",outcome="ok"}') == 2

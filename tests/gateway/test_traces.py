@@ -127,6 +127,7 @@ async def test_a_request_span_with_its_attempt_a_stream_a_failure_and_a_messages
         "url.path": "/v1/chat/completions",
         "capmon.request_id": raw.headers["x-request-id"],
         "capmon.model": "flagship",
+        "capmon.deployment": "sim-flagship",
         "capmon.attempts": 1,
         "capmon.fallbacks": 0,
         "capmon.priority": "interactive",
@@ -143,6 +144,7 @@ async def test_a_request_span_with_its_attempt_a_stream_a_failure_and_a_messages
         "http.response.status_code": 200,
         "capmon.model": "flagship",
         "capmon.endpoint": "sim",
+        "capmon.deployment": "sim-flagship",
         "capmon.decision": "ok",
         "capmon.breaker_state": "closed",
     }

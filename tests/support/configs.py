@@ -7,6 +7,7 @@ reads, from the parts a test cares about (models, endpoints, keys, section overr
     build_config(url, endpoints={"ep": {"api": "anthropic"}})          # the first endpoint's own keys
     write_config(tmp_path / "config.toml", url, keys=[("CANARY_KEY", "canary")])
     two_providers(openai_url, anthropic_url, first="claude")          # flagship on OpenAI's wire, claude on Anthropic's
+    two_deployments(url)                                               # m as sim-m-east at east, sim-m-west at west
     shipped_config(tmp_path, scenario_text)                            # config.toml as shipped, on a free port
 
 Keys come from a fake environment (:data:`ENV`); a test that needs its own passes
@@ -92,11 +93,12 @@ def config_toml(
     """A config's TOML text.
 
     ``models``: names, or name -> the model's own keys (``endpoints`` defaults to the
-    first endpoint). ``endpoint`` names the endpoint at ``base_url``; ``endpoints`` adds
-    more, each a URL or an endpoint's keys (``keys`` and ``simulated`` apply to every
-    one that does not set its own; None: no ``keys`` line), or gives the first one keys of its
-    own (``api``, ``api_version``...) under its name. The sections (``[simulator]`` defaults to
-    ``enabled = false``) take key -> value; ``extra`` is TOML appended as it is.
+    first endpoint, unless it lists its ``deployments``). ``endpoint`` names the endpoint
+    at ``base_url``; ``endpoints`` adds more, each a URL or an endpoint's keys (``keys`` and
+    ``simulated`` apply to every one that does not set its own; None: no ``keys`` line), or
+    gives the first one keys of its own (``api``, ``api_version``...) under its name. The
+    sections (``[simulator]`` defaults to ``enabled = false``) take key -> value; ``extra`` is
+    TOML appended as it is.
     """
     eps: dict[str, Mapping[str, Any]] = {endpoint: {"base_url": base_url}}
     for name, spec in (endpoints or {}).items():
@@ -114,7 +116,8 @@ def config_toml(
             text += f"keys = {_keys(spec.get('keys', keys))}\n"
     specs = models if isinstance(models, Mapping) else {name: {} for name in models}
     for name, spec in specs.items():
-        text += _table("[[models]]", {"name": name, "endpoints": [endpoint], **spec})
+        served = {} if "deployments" in spec else {"endpoints": [endpoint]}
+        text += _table("[[models]]", {"name": name, **served, **spec})
     for header, fields in (
         ("[client]", client),
         ("[backoff]", backoff),
@@ -171,6 +174,25 @@ def on_azure(origin: str, *, api_version: str = "", key_env: str = "AZ", **parts
         keys=[(key_env, "az")],
         models={"gpt": {"api_model": "sim-gpt-az", "max_tokens": 64}},
         file="azure.toml",
+        **parts,
+    )
+
+
+def two_deployments(base_url: str, *, key_env: str = "KEY", **parts: Any) -> Config:
+    """One model, ``m``, on two deployments: endpoint ``east`` knows it as sim-m-east, ``west``
+    as sim-m-west (both endpoints the simulator at ``base_url``); then ``backup`` (sim-backup)
+    at east. One key (alias k) in ``key_env`` for both."""
+    deployments = [{"endpoint": "east", "model": "sim-m-east"}, {"endpoint": "west", "model": "sim-m-west"}]
+    return build_config(
+        base_url,
+        endpoint="east",
+        endpoints={"west": base_url},
+        keys=[(key_env, "k")],
+        models={
+            "m": {"max_tokens": 64, "deployments": deployments},
+            "backup": {"api_model": "sim-backup", "max_tokens": 64},
+        },
+        file="deployments.toml",
         **parts,
     )
 

@@ -29,3 +29,10 @@ def sim_model(name: str, slots: int = 4, *, base_latency: float = 0.1, answer_to
         context_window=128_000,
         **kw,
     )
+
+
+def deployments_scenario(east: int = 4, west: int = 4, **west_kw: Any) -> Scenario:
+    """The simulator's side of tests/support/configs.py's ``two_deployments``: sim-m-east and
+    sim-m-west with these slots (0: every request refused for capacity, the simulator's 503),
+    sim-m-west with ``west_kw`` too, and sim-backup."""
+    return Scenario(models=(sim_model("m-east", east), sim_model("m-west", west, **west_kw), sim_model("backup")))

@@ -84,6 +84,7 @@ def target(
     last_status: int | None = 200,
     probe_latency: float | None = None,
     api: str = "openai",
+    deployment: str = "",
 ) -> TargetSnapshot:
     windows = tuple(window(s, rps, r429_min, r503_min, other_min, p50, p99) for s in (10, 60, 300))
     return TargetSnapshot(
@@ -110,6 +111,7 @@ def target(
         last_kind=None,
         probe_latency=probe_latency,
         api=EndpointApi(api),
+        deployment=deployment,
     )
 
 

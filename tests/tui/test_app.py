@@ -18,7 +18,7 @@ from capmon.tui.app import CapmonApp
 from capmon.tui.screens import ConfirmScreen, HelpScreen, ModelSwitchScreen
 from capmon.tui.source import ReadOnlyError, WorkerSpec
 from tests.tui.conftest import SIZE
-from tests.tui.fakes import FakeSource, outage, steady, trip_event
+from tests.tui.fakes import FakeSource, outage, steady, target, trip_event
 from tests.tui.screen_text import screen_text
 
 
@@ -456,3 +456,16 @@ async def test_quit_stops_the_workers_then_the_source() -> None:
         await pilot.press("q")
         await pilot.pause()
     assert source.stopped and stopped_first == [True]
+
+
+async def test_a_model_on_two_deployments_shows_each_and_its_id_in_a_wider_column() -> None:
+    rows = [
+        target("claude", 0, endpoint="anthropic", deployment="claude-sonnet-4-5"),
+        target("claude", 0, endpoint="vertex", deployment="claude-sonnet-4-5@20250929"),
+        target("small", 1, deployment="sim-small"),
+    ]
+    async with running(FakeSource(rows)) as (app, pilot):
+        names = [app.table.get_cell(row, "model").plain.strip() for row in app.table.rows]
+        text = screen_text(app)
+    assert names == ["claude@anthropic (claude-sonnet-4-5)", "claude@vertex (claude-sonnet-4-5@20250929)", "small"]
+    assert "claude@vertex (claude-sonnet-4-5@20250929)" in text  # on screen whole, not clipped

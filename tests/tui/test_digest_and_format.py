@@ -7,8 +7,10 @@ import pytest
 from capmon.core.base import text
 from capmon.core.routing.targets import target_id
 from capmon.core.types import events as ev
+from capmon.core.types.snapshot import EngineSnapshot
 from capmon.tui import format as fmt
 from capmon.tui.digest import EventDigester
+from capmon.tui.widgets.models_table import MAX_MODEL_WIDTH, MODEL_WIDTH, ModelsTable, matches
 from tests.tui.fakes import target
 
 
@@ -171,3 +173,72 @@ def test_a_fallback_across_providers_names_both_apis_and_is_toasted_once() -> No
     old = ev.FellBack(at=1.0, wall=1.0, request_id=1, item_id=None, from_model="a", to_model="b", reason="")
     assert not old.crosses_providers
     assert fmt.fallback_line("a", "b", 1, "", old.from_api, old.to_api).plain == "↪ fell back a → b"
+
+
+def moved(wall: float, to: str = "vertex", to_id: str = "claude-sonnet-4-5@20250929") -> ev.DeploymentMoved:
+    return ev.DeploymentMoved(
+        at=wall,
+        wall=wall,
+        request_id=1,
+        item_id=None,
+        model="claude",
+        from_endpoint="anthropic",
+        to_endpoint=to,
+        from_deployment="claude-sonnet-4-5",
+        to_deployment=to_id,
+        reason="full",
+    )
+
+
+def test_a_move_between_deployments_is_its_own_line_counted_per_second_and_never_a_fallback() -> None:
+    d = EventDigester()
+    assert d.wants(moved(0.0))
+    out = d.digest([moved(5.1), fell_back(5.2), moved(5.4), moved(5.6, "bedrock", "us.anthropic.claude")])
+    assert [line.plain for _, line in out.lines] == [
+        "⇉ claude moved anthropic → vertex as claude-sonnet-4-5@20250929 ×2 (full)",
+        "↪ fell back flagship → medium (full)",
+        "⇉ claude moved anthropic → bedrock as us.anthropic.claude (full)",
+    ]
+    assert not out.toasts
+    # the id is left out where it is the model's name
+    assert fmt.moved_line("m", "east", "west", "m", 1, "").plain == "⇉ m moved east → west"
+
+
+def _snapshot(*rows: object) -> EngineSnapshot:
+    return EngineSnapshot(
+        now=0.0,
+        wall=0.0,
+        pinned=None,
+        targets=tuple(rows),  # type: ignore[arg-type]
+        waiting=(),
+        queued=0,
+        in_flight=0,
+        requests=0,
+        succeeded=0,
+        failed=0,
+        events_published=0,
+    )
+
+
+def test_a_models_rows_name_their_deployment_and_its_id_where_the_ids_differ() -> None:
+    rows = (
+        target("claude", 0, endpoint="anthropic", deployment="claude-sonnet-4-5"),
+        target("claude", 0, endpoint="vertex", key="k1", deployment="claude-sonnet-4-5@20250929"),
+        target("claude", 0, endpoint="vertex", key="k2", deployment="claude-sonnet-4-5@20250929"),
+        target("flagship", 1, deployment="sim-flagship"),  # one id everywhere: the model's own
+        target("medium", 2, endpoint="a", deployment="sim-medium"),
+        target("medium", 2, endpoint="b", deployment="sim-medium"),
+    )
+    snap = _snapshot(*rows)
+    names = [ModelsTable._label(t, snap, MAX_MODEL_WIDTH - 2).plain.strip() for t in rows]
+    assert names == [
+        "claude@anthropic (claude-sonnet-4-5)",
+        "claude@vertex/k1 (claude-sonnet-4-5@20250929)",
+        "claude@vertex/k2 (claude-sonnet-4-5@20250929)",
+        "flagship",
+        "medium@a",
+        "medium@b",
+    ]
+    assert [t.endpoint for t in rows if matches(t, "@2025")] == ["vertex", "vertex"]  # the filter finds the id
+    # the column's usual width clips a long name
+    assert ModelsTable._label(rows[1], snap).plain == "  claude@vertex/k1…" and MODEL_WIDTH == 17

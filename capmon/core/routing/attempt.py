@@ -61,6 +61,7 @@ def result_of(
     return ChatResult(
         model=t.model.name,
         endpoint=t.endpoint.name,
+        deployment=t.deployment,
         target=t.id,
         content=formats.text_of(api, response),
         response=response,

@@ -96,13 +96,16 @@ class FallbackClient(FormatCalls, ManualControls):
             t.state = self.state.target(t.id)
         self._by_id = {t.id: t for t in self.targets}
         self._first_model = min(self.targets, key=lambda t: t.rank).model.name if self.targets else ""
+        self._home: dict[str, Target] = {}  # each model's first target: the deployment it is tried at first
+        for t in self.targets:
+            self._home.setdefault(t.model.name, t)
         self._token_param = TokenParams(
-            {m.name: m.token_param for m in config.models},
-            lambda model, param, reason: self.journal.publish(
-                ev.TokenParamLearned, model=model, param=param, reason=reason
+            {(t.model.name, t.endpoint.name): t.model.token_param for t in self.targets},
+            lambda where, param, reason: self.journal.publish(
+                ev.TokenParamLearned, model=where[0], param=param, reason=reason, endpoint=where[1]
             ),
         )
-        self._by_cost = any(m.tpm for m in config.models)
+        self._by_cost = any(t.model.tpm for t in self.targets)  # a deployment may set its own
         self._no_prefill: set[str] = set()  # models whose 400 said they take no assistant prefill
         self._ids = itertools.count(1)
         self._queue: WaitQueue[Grant] = WaitQueue(
@@ -244,6 +247,7 @@ class FallbackClient(FormatCalls, ManualControls):
                                 api=t.endpoint.api,
                                 dropped=r.sending_dropped,
                                 lowered=r.sending_lowered,
+                                deployment=t.deployment,
                             )
                         if splice is None:
                             yield chunk
@@ -295,6 +299,7 @@ class FallbackClient(FormatCalls, ManualControls):
         # breaker open or tripped by hand skips it without an attempt).
         r.first_choice = req.model or self.state.pinned or self._first_model
         r.last_model = r.first_choice or None
+        r.last_target = self._home.get(r.first_choice)
         r.incapable = formats.incapable_targets(req, self.targets, self.config.client)
         return r
 
@@ -431,7 +436,7 @@ class FallbackClient(FormatCalls, ManualControls):
         now, wall = self.clock.now(), self.clock.wall()  # the attempt's start, its events' too
         self._skips(r, t, now, wall)
         self.journal.started(r, t, number, at=now, wall=wall)
-        r.last_model = t.model.name
+        r.last_model, r.last_target = t.model.name, t
         if r.resume is not None:
             self._resume(r, t)
         req = self.executor.request(t, r.request, stream=stream, time_left=r.left(now))
@@ -644,10 +649,11 @@ def build_snapshot(client: FallbackClient, journal: Journal, queued: int) -> Eng
                 probes_failed=b.probes_failed,
                 ramp_slots=v.ramp_slots,
                 capacity=lim.capacity,
-                token_param=client.token_param(t.model.name),
+                token_param=client.token_param(t.model.name, t.endpoint.name),
                 api=t.endpoint.api,
                 unreachable_reason=t.reach.cause,
                 never_reached=not t.reach.answered,
+                deployment=t.deployment,
             )
         )
     return EngineSnapshot(

@@ -38,9 +38,13 @@ class ManualControls:
     def target(self, name: str) -> Target:
         return self._by_id[name]
 
-    def token_param(self, model: str) -> str:
-        """The token parameter the client sends to ``model`` now (learned or configured)."""
-        return self._token_param[model].value
+    def token_param(self, model: str, endpoint: str | None = None) -> str:
+        """The token parameter the client sends to ``model`` at ``endpoint`` now (learned or
+        configured; None: at its first deployment)."""
+        param = self._token_param.of(model) if endpoint is None else self._token_param[(model, endpoint)]
+        if param is None:
+            raise KeyError(model)
+        return param.value
 
     def pin(self, model: str | None) -> None:
         """Send traffic to ``model`` first, whatever the order says; ``None`` goes back to automatic."""

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from capmon.core.base.clock import Clock
 from capmon.core.control.seam import Admission
 from capmon.core.providers import formats
-from capmon.core.providers.token_param import TokenParam, TokenParams
+from capmon.core.providers.token_param import TokenParams
 from capmon.core.routing.attempt import Answer, Sending, Stream, chat_request, plain
 from capmon.core.routing.targets import Target
 from capmon.core.routing.transport import Sender
@@ -58,18 +58,17 @@ class Executor:
         self._params = token_params
         self._settled = settled
 
-    def token_param(self, model: str) -> TokenParam:
-        return self._params[model]
-
     # ------------------------------------------------------------ what is sent
 
     def request(self, t: Target, request: Request, *, stream: bool, time_left: float) -> Sending:
         """A user's request as one attempt on ``t`` sends it."""
-        return chat_request(t, request, self._params[t.model.name], self._config, stream, time_left=time_left)
+        return chat_request(
+            t, request, self._params[t.model.name, t.endpoint.name], self._config, stream, time_left=time_left
+        )
 
     def probe_request(self, t: Target) -> Sending:
         """The smallest request that proves ``t`` answers, in its own wire."""
-        api, body = formats.probe_body(t, self._params[t.model.name])
+        api, body = formats.probe_body(t, self._params[t.model.name, t.endpoint.name])
         cc = self._config.client
         # A probe's answer is one token: its whole answer is its first, within the first-token limit.
         timeout = min(cc.attempt_timeout, cc.first_token_timeout) if cc.first_token_timeout else cc.attempt_timeout
@@ -128,9 +127,9 @@ class Executor:
         else:
             t.stats.record_attempt(now, answer.status, failure.kind if failure else None, latency)
         if relearn and failure is not None and not answer.output_sent:
-            param = self._params[t.model.name]
+            param = self._params[t.model.name, t.endpoint.name]
             if formats.refused_token_param(answer.wire, failure, param):
-                self._params.learn(t.model.name, param, failure.reason)
+                self._params.learn((t.model.name, t.endpoint.name), param, failure.reason)
                 return Outcome(answer, failure, latency, relearned=True)
         used = formats.used_tokens(api, answer.response) if api is not None else None
         # An attempt the deadline cut short is a transient timeout: by policy.py, no news to the breaker.

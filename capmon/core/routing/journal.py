@@ -63,7 +63,11 @@ class Journal:
         return lambda: self._observers.remove(fn)
 
     def started(self, r: Routing, t: Target, number: int, at: float | None = None, wall: float | None = None) -> None:
-        if r.last_model is not None and r.last_model != t.model.name:
+        prev = r.last_target
+        if r.last_model == t.model.name and prev is not None and prev.model.name == t.model.name:
+            if prev.endpoint.name != t.endpoint.name:  # another key at the same endpoint is no move
+                self._moved(r, prev, t, at, wall)
+        elif r.last_model is not None and r.last_model != t.model.name:
             self.publish(
                 ev.FellBack,
                 at,
@@ -86,6 +90,29 @@ class Journal:
             model=t.model.name,
             target=t.id,
             attempt=number,
+            caller_request_id=r.request.request_id,
+        )
+
+    def _moved(self, r: Routing, prev: Target, t: Target, at: float | None, wall: float | None) -> None:
+        """``r`` goes from ``prev``'s deployment of its model to ``t``'s: why it left (the
+        failure of its attempt there, or what kept it from trying there), not a fallback."""
+        if r.sent and r.last_failure is not None:
+            reason = r.last_failure.reason
+        else:
+            reason = f"{prev.endpoint.name}: {r.skip_reason(prev, self._clock.now() if at is None else at)[1]}"
+        self.publish(
+            ev.DeploymentMoved,
+            at,
+            wall,
+            request_id=r.id,
+            item_id=r.request.item_id,
+            model=t.model.name,
+            from_endpoint=prev.endpoint.name,
+            to_endpoint=t.endpoint.name,
+            from_deployment=prev.deployment,
+            to_deployment=t.deployment,
+            reason=redact(reason),
+            target=t.id,
             caller_request_id=r.request.request_id,
         )
 
@@ -144,6 +171,7 @@ class Journal:
             model=t.model.name,
             target=t.id,
             endpoint=t.endpoint.name,
+            deployment=t.deployment,
             key_alias=t.key.alias,
             started=wall,
             status=status,
@@ -178,6 +206,7 @@ class Journal:
             model=t.model.name,
             target=t.id,
             endpoint=t.endpoint.name,
+            deployment=t.deployment,
             key_alias=t.key.alias,
             started=wall,
             status=None,

@@ -48,6 +48,9 @@ class Routing:
     stick_to: str | None = None  # rate_limited / transient: retry this model
     last_failure: Failure | None = None
     last_model: str | None = None
+    # The target of its last attempt; before any, the first of the model it counts on first.
+    # The next attempt on another endpoint of the same model is a move between deployments.
+    last_target: Target | None = None
     first_choice: str = ""  # the model it counts on first (ChatResult.requested)
     switched: bool = False  # the token parameter was switched once for this request
     stuck: int = 0  # failures in a row on the model it sticks to

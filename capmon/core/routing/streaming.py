@@ -21,6 +21,7 @@ class ChatStream:
         self.requested = ""  # the model the request counted on first (ChatResult.requested)
         self.model: str | None = None  # set when the first chunk is out
         self.endpoint: str | None = None
+        self.deployment: str | None = None  # the id the serving endpoint knows the model by
         self.target: str | None = None
         self.attempts: tuple[Attempt, ...] = ()  # the failed attempts (and skips) before the one streaming
         self.api: EndpointApi | None = None  # the API of the endpoint that serves it
@@ -50,9 +51,12 @@ class ChatStream:
         api: EndpointApi | None = None,
         dropped: tuple[str, ...] = (),
         lowered: int | None = None,
+        deployment: str | None = None,
     ) -> None:
-        """Output has started: who serves it, after which failed attempts."""
+        """Output has started: who serves it (the model, the endpoint and the id it knows the
+        model by), after which failed attempts."""
         self.model, self.endpoint, self.target, self.attempts = model, endpoint, target, attempts
+        self.deployment = deployment
         self.api, self.dropped, self.max_tokens_lowered = api, dropped, lowered
 
     async def texts(self) -> AsyncIterator[str]:

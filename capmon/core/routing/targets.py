@@ -1,4 +1,4 @@
-"""A target: one model at one endpoint with one key. What is fixed about it (config,
+"""A target: one model at one endpoint (one of its deployments) with one key. What is fixed about it (config,
 URL, key) and what the client observes of it (rolling stats, last answer) live here;
 what decides admission lives behind the state seam (capmon/core/control/seam.py)."""
 
@@ -83,28 +83,37 @@ class Target:
         return head
 
     @property
+    def deployment(self) -> str:
+        """The id its endpoint knows the model by (its deployment's ``model``; else the
+        model's ``api_model`` or name)."""
+        return self.model.wire_name
+
+    @property
     def key_ref(self) -> KeyRef:
         return (self.endpoint.name, self.key.alias)
 
 
 def build_targets(config: Config, keys: Mapping[tuple[str, str], ResolvedKey]) -> tuple[list[TargetSpec], list[Target]]:
-    """Every (model, endpoint, key) the config names and the environment holds a key for,
-    in preference order. The targets' state is attached by the client (the seam decides)."""
+    """Every (model, deployment, key) the config names and the environment holds a key for,
+    in preference order, each carrying the model as its deployment sees it (``ModelConfig.at``).
+    The targets' state is attached by the client (the seam decides)."""
     specs, out = [], []
     reach = {ep.name: Reach(ep.name, host_of(ep.base_url)) for ep in config.endpoints}
     for rank, model in enumerate(config.models):
-        for ep in (config.endpoint(name) for name in model.endpoints):
+        for deployment in model.deployed():
+            ep = config.endpoint(deployment.endpoint)
+            seen = model.at(deployment)  # its id and limits there: what every attempt and the seam read
             for k in ep.keys or (KeyConfig(env="", alias=NO_KEY),):
                 key = keys.get((ep.name, k.alias or k.env))
                 if key is None:
                     continue
                 tid = target_id(model.name, ep.name, key.alias)
-                specs.append(TargetSpec(tid, model, (ep.name, key.alias), key.alias))
+                specs.append(TargetSpec(tid, seen, (ep.name, key.alias), key.alias))
                 out.append(
                     Target(
                         tid,
                         rank,
-                        model,
+                        seen,
                         ep,
                         key,
                         state=None,  # type: ignore[arg-type]

@@ -323,12 +323,48 @@ ENDPOINT_SETTINGS: Mapping[EndpointApi, tuple[str, ...]] = {
 }
 
 
+_TOKEN_PARAMS = ("max_tokens", "max_completion_tokens")
+
+
+@dataclass(frozen=True)
+class DeploymentConfig:
+    """One endpoint's copy of a model (``[[models]] deployments``): the id that endpoint
+    knows it by (Bedrock's ``us.anthropic.claude-sonnet-4-5-20250929-v1:0``, Vertex's
+    ``claude-sonnet-4-5@20250929``, an Azure deployment's name) and, where they differ
+    there, its own limits. A limit left out is the model's."""
+
+    endpoint: str = _f(
+        missing="missing; expected the name of an endpoint that serves the model",
+        doc="the name of an endpoint that serves the model (an [[endpoints]] name; once per model)",
+    )
+    model: str = _f("", doc="the id the endpoint knows the model by; defaults to the model's api_model, else its name")
+    token_param: str | None = _f(
+        None, choices=_TOKEN_PARAMS, doc="how the token cap is sent there; not set: the model's token_param"
+    )
+    rpm: int | None = _f(None, min=0, doc="requests per minute there, with each key; not set: the model's rpm")
+    tpm: int | None = _f(None, min=0, doc="tokens per minute there, with each key; not set: the model's tpm")
+    max_concurrency: int | None = _f(
+        None, min=0, doc="requests in flight there, with each key; not set: the model's max_concurrency"
+    )
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     name: str = _f(doc="the name callers use (model= in a request, x-capmon-model in a reply; unique)")
     api_model: str = _f("", doc="the model name sent to the provider; defaults to name")
     endpoints: tuple[str, ...] = _f(
-        factory=tuple, doc="the endpoints that serve it, in the order they are tried (at least one)"
+        factory=tuple,
+        doc=(
+            "the endpoints that serve it under api_model, in the order they are tried (this or deployments:"
+            " one deployment per endpoint with the model's id and limits)"
+        ),
+    )
+    deployments: tuple[DeploymentConfig, ...] = _f(
+        factory=tuple,
+        doc=(
+            "the endpoints that serve it, each with the id it knows the model by and its own limits, in the"
+            " order they are tried (this or endpoints)"
+        ),
     )
     context_window: int = _f(
         128_000,
@@ -352,7 +388,7 @@ class ModelConfig:
     )
     token_param: str = _f(
         "max_tokens",
-        choices=("max_tokens", "max_completion_tokens"),
+        choices=_TOKEN_PARAMS,
         doc="how the token cap is sent; reasoning models want max_completion_tokens (learned after one refusal anyway)",
     )
     prefill: bool = _f(
@@ -368,6 +404,24 @@ class ModelConfig:
     @property
     def wire_name(self) -> str:
         return self.api_model or self.name
+
+    def deployed(self) -> tuple[DeploymentConfig, ...]:
+        """Where it is served, in the order tried: its deployments, or the short form's one
+        per endpoint with the model's own id and limits."""
+        return self.deployments or tuple(DeploymentConfig(endpoint=e) for e in self.endpoints)
+
+    def at(self, d: DeploymentConfig) -> ModelConfig:
+        """The model as deployment ``d`` sees it: d's id and limits where it sets them, the
+        model's otherwise; its name, window and the rest are the model's (a target carries
+        this, so every reader of ``wire_name`` or a limit reads the deployment's)."""
+        return dataclasses.replace(
+            self,
+            api_model=d.model or self.wire_name,
+            token_param=self.token_param if d.token_param is None else d.token_param,
+            rpm=self.rpm if d.rpm is None else d.rpm,
+            tpm=self.tpm if d.tpm is None else d.tpm,
+            max_concurrency=self.max_concurrency if d.max_concurrency is None else d.max_concurrency,
+        )
 
 
 @dataclass(frozen=True)
@@ -606,6 +660,36 @@ def _check_vertex(fail: Callable[[str, str], ConfigError], where: str, e: Endpoi
         raise fail(f"{where}.region", f'expected a Vertex AI location such as "global" or "us-east5", got {e.region!r}')
 
 
+def _served(fail: Callable[[str, str], ConfigError], where: str, m: ModelConfig, endpoints: set[str]) -> None:
+    """A model names where it is served one way, ``endpoints`` or ``deployments``, each an
+    endpoint the config declares, none twice."""
+    if m.endpoints and m.deployments:
+        raise fail(
+            f"{where}.deployments",
+            "expected endpoints or deployments, not both (endpoints is the short form: one deployment per endpoint)",
+        )
+    if not m.endpoints and not m.deployments:
+        raise fail(
+            f"{where}.endpoints",
+            f"expected a list of endpoint names from {_names(endpoints)}, or deployments = [{{ endpoint = ... }}]",
+        )
+    key = "endpoints[{}]" if m.endpoints else "deployments[{}].endpoint"
+    used: set[str] = set()
+    for j, d in enumerate(m.deployed()):
+        at = f"{where}.{key.format(j)}"
+        if d.endpoint not in endpoints:
+            close = difflib.get_close_matches(d.endpoint, list(endpoints), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else f"; known: {_names(endpoints)}"
+            raise fail(at, f"no endpoint named {d.endpoint!r}{hint}")
+        if d.endpoint in used:
+            raise fail(at, f"endpoint {d.endpoint!r} is listed twice (one deployment per endpoint)")
+        used.add(d.endpoint)
+        if d.model and (d.model != d.model.strip() or not d.model.isprintable()):
+            raise fail(
+                f"{where}.deployments[{j}].model", f"expected a model id without spaces around it, got {d.model!r}"
+            )
+
+
 def _check(cfg: Config, file: str) -> Config:
     def fail(key: str, message: str) -> ConfigError:
         return ConfigError(file, key, message)
@@ -660,13 +744,7 @@ def _check(cfg: Config, file: str) -> Config:
     names: set[str] = set()
     for i, m in enumerate(cfg.models):
         _new_name(fail, f"models[{i}].name", m.name, names, "model")
-        if not m.endpoints:
-            raise fail(f"models[{i}].endpoints", f"expected a list of endpoint names from: {_names(seen)}")
-        for j, ep in enumerate(m.endpoints):
-            if ep not in seen:
-                close = difflib.get_close_matches(ep, list(seen), n=1)
-                hint = f"; did you mean {close[0]!r}?" if close else f"; known: {_names(seen)}"
-                raise fail(f"models[{i}].endpoints[{j}]", f"no endpoint named {ep!r}{hint}")
+        _served(fail, f"models[{i}]", m, seen)
         if m.max_tokens > m.context_window:
             raise fail(
                 f"models[{i}].max_tokens", f"expected at most context_window ({m.context_window}), got {m.max_tokens}"

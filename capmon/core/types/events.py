@@ -105,6 +105,24 @@ class FellBack(Event):
 
 
 @dataclass(frozen=True, slots=True)
+class DeploymentMoved(Event):
+    """A request left one deployment of a model for another of the same model (its endpoint
+    failed it, or could not take it): the model serving it is the same, so no fallback."""
+
+    request_id: int
+    item_id: str | None
+    model: str
+    from_endpoint: str
+    to_endpoint: str
+    # The id each endpoint knows the model by (its deployment's ``model``)
+    from_deployment: str
+    to_deployment: str
+    reason: str
+    target: str = ""  # the target it moved to
+    caller_request_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class BreakerChanged(Event):
     target: str
     model: str
@@ -143,11 +161,13 @@ class ProbeFinished(Event):
 
 @dataclass(frozen=True, slots=True)
 class TokenParamLearned(Event):
-    """A model refused the token parameter it was sent; the client now sends the other."""
+    """A model's deployment refused the token parameter it was sent; the client now sends
+    the other there (its other deployments keep theirs)."""
 
     model: str
     param: str
     reason: str
+    endpoint: str = ""  # the deployment's endpoint ("" from a source older than it)
 
 
 @dataclass(frozen=True, slots=True)

@@ -213,6 +213,9 @@ class Attempt:
     # An attempt that continued a broken answer: the characters of the answer the caller had
     # already been sent when it began (its output follows them). None: it began an answer.
     continues: int | None = None
+    # The id the target's endpoint knows the model by (its deployment's): the model's name at
+    # most endpoints, another id where a deployment sets one. "" from a source older than it.
+    deployment: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,6 +261,8 @@ class ChatResult:
     # the first of the preference order. "" from a source older than this: not counted.
     requested: str = ""
     max_tokens_lowered: int | None = None  # the output cap sent when [client] cap_client_tokens cut the caller's
+    # The id the serving endpoint knows the model by (the deployment that served, with endpoint)
+    deployment: str = ""
 
     @property
     def continued(self) -> tuple[Continued, ...]:

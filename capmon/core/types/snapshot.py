@@ -54,6 +54,8 @@ class TargetSnapshot:
     # Its endpoint has never answered since the process started (with ``unreachable``: a
     # request does not wait for it; capmon/core/routing/reach.py).
     never_reached: bool = False
+    # The id its endpoint knows the model by (its deployment's); "" from a source older than it
+    deployment: str = ""
 
     def window(self, seconds: int) -> WindowStats:
         for w in self.windows:

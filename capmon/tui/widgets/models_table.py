@@ -44,11 +44,43 @@ COLUMNS: tuple[Column, ...] = (
 
 SPARK_FLOOR = 10
 MODEL_WIDTH = COLUMNS[0].width - 2  # the pin mark takes two cells
+# Rows whose deployments know the model by different ids widen the model column up to this
+# (only when the rows change, so it never jitters); past it a name is clipped.
+MAX_MODEL_WIDTH = 48
+_MCT = "ᵐᶜᵗ"  # a model sent max_completion_tokens
 
 
 def matches(t: TargetSnapshot, needle: str) -> bool:
     needle = needle.strip().lower()
-    return not needle or needle in t.model.lower() or needle in t.target.lower()
+    return not needle or any(needle in name.lower() for name in (t.model, t.target, t.deployment))
+
+
+def _target_name(t: TargetSnapshot, snap: EngineSnapshot) -> str:
+    """The row's name: the model, and which of its targets the row is when it has several
+    (``@endpoint`` for one of its deployments, ``/key`` for one of an endpoint's keys), then
+    the id that endpoint knows it by (``claude@vertex (claude-sonnet-4-5@20250929)``) where
+    the model's deployments know it by different ids: one id everywhere is the model's own
+    ``api_model``, the same on every row, and would only crowd the column."""
+    mine = [o for o in snap.targets if o.model == t.model]
+    endpoints = {o.endpoint for o in mine}
+    name = t.model
+    if len(endpoints) > 1:
+        name += f"@{t.endpoint}"
+    if sum(1 for o in mine if o.endpoint == t.endpoint) > 1:
+        name += f"/{t.key_alias}"
+    if t.deployment and t.deployment != t.model and len({o.deployment for o in mine}) > 1:
+        name += f" ({t.deployment})"
+    return name
+
+
+def _mark(t: TargetSnapshot) -> str:
+    # A model sent max_completion_tokens (configured or learned) is marked: it is a
+    # wire quirk people meet when they move to reasoning models.
+    return _MCT if t.token_param == TokenParam.MAX_COMPLETION_TOKENS else ""
+
+
+def _name_width(t: TargetSnapshot, snap: EngineSnapshot) -> int:
+    return len(_target_name(t, snap)) + len(_mark(t))
 
 
 def _right(cell: Text | str) -> Text:
@@ -85,10 +117,15 @@ class ModelsTable(DataTable[Text]):
         self.border_title = "Models (preference order)"
         self._keys: list[str] = []
         self._cells: dict[tuple[str, str], str] = {}  # what each cell shows now, to skip no-op updates
+        self._model_width = MODEL_WIDTH  # the model column's room for a name (its width but the pin mark)
 
     def on_mount(self) -> None:
+        self._add_columns()
+
+    def _add_columns(self) -> None:
         for c in COLUMNS:
-            self.add_column(_right(c.label) if c.right else Text(c.label), key=c.key, width=c.width)
+            width = self._model_width + 2 if c.key == "model" else c.width
+            self.add_column(_right(c.label) if c.right else Text(c.label), key=c.key, width=width)
 
     @property
     def selected_target(self) -> str | None:
@@ -116,7 +153,13 @@ class ModelsTable(DataTable[Text]):
 
     def _rebuild(self, snap: EngineSnapshot, rows: list[TargetSnapshot]) -> None:
         selected = self.selected_target
-        self.clear()
+        width = max(MODEL_WIDTH, min(MAX_MODEL_WIDTH - 2, max((_name_width(t, snap) for t in rows), default=0)))
+        if width != self._model_width:
+            self._model_width = width
+            self.clear(columns=True)
+            self._add_columns()
+        else:
+            self.clear()
         self._cells.clear()
         self._keys = [t.target for t in rows]
         for t in rows:
@@ -134,15 +177,11 @@ class ModelsTable(DataTable[Text]):
         return f"{hidden} hidden by the filter" if hidden else ""
 
     @staticmethod
-    def _label(t: TargetSnapshot, snap: EngineSnapshot) -> Text:
-        # Several keys or endpoints for one model: show which target the row is.
-        shared = sum(1 for o in snap.targets if o.model == t.model) > 1
-        name = f"{t.model}/{t.key_alias}" if shared else t.model
-        # A model sent max_completion_tokens (configured or learned) is marked: it is a
-        # wire quirk people meet when they move to reasoning models.
-        mark = "ᵐᶜᵗ" if t.token_param == TokenParam.MAX_COMPLETION_TOKENS else ""
-        room = MODEL_WIDTH - len(mark)
-        name = text.clip(name, room)
+    def _label(t: TargetSnapshot, snap: EngineSnapshot, width: int = MODEL_WIDTH) -> Text:
+        """The row's name within ``width`` cells (the pin mark's two aside)."""
+        name = _target_name(t, snap)
+        mark = _mark(t)
+        name = text.clip(name, width - len(mark))
         if snap.pinned == t.model:
             return Text(f"▸ {name}{mark}", style="bold reverse")
         return Text.assemble(f"  {name}", (mark, "dim"))
@@ -155,7 +194,7 @@ class ModelsTable(DataTable[Text]):
         # does not draw a full bar.
         top = max(SPARK_FLOOR, max((max(o.spark, default=0) for o in snap.targets), default=0))
         return {
-            "model": self._label(t, snap),
+            "model": self._label(t, snap, self._model_width),
             "api": fmt.api_text(t.api),
             "state": fmt.breaker_cell(t, now),
             # While ramping, the ramp's own ceiling is what admits requests.

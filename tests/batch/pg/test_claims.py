@@ -40,7 +40,7 @@ def done(key: int, content: str) -> Outcome:
 
 
 def audit_row(item: str) -> tuple[Any, ...]:
-    return ("j", item, 1.0, 1, "m", "ep", "a", 200, None, None, 0.0, 0.1, "ok", "", "openai", None)
+    return ("j", item, 1.0, 1, "m", "ep", "a", 200, None, None, 0.0, 0.1, "ok", "", "openai", None, "m")
 
 
 def commit(store: PgStore, job_id: int, outcomes: list[Outcome], rows: list[tuple[Any, ...]] = []) -> list[int]:  # noqa: B006
@@ -146,3 +146,20 @@ def test_a_claim_cut_after_its_commit_comes_back_when_the_lease_expires(pg_db: P
     assert len(b.take(job_id, 0, 3) or []) == 3
     for s in (owner, a, b):
         s.close()
+
+
+def test_a_store_from_before_the_deployment_column_reads_it_null_and_is_migrated_when_written(
+    pg_db: PgLocation,
+) -> None:
+    owner, job_id = make_job(pg_db, 2)
+    commit(owner, job_id, [], [audit_row("it-1")])
+    owner.close()
+    with psycopg.connect(pg_db.url, autocommit=True, options=f"-c search_path={pg_db.schema}") as c:
+        c.execute("ALTER TABLE attempts DROP COLUMN deployment")  # as a capmon before it made the table
+    reader = PgStore(pg_db, readonly=True)  # never migrated: the column reads NULL
+    assert [(r.item, r.model, r.deployment) for r in reader.attempts("j")] == [("it-1", "m", None)]
+    reader.close()
+    writer = PgStore(pg_db)  # opened for writing: the column is added, the old row keeps NULL
+    commit(writer, job_id, [], [audit_row("it-2")])
+    assert [(r.item, r.deployment) for r in writer.attempts("j")] == [("it-1", None), ("it-2", "m")]
+    writer.close()
