@@ -74,7 +74,15 @@ def test_status_prints_a_snapshot_as_json_with_the_embedded_simulator(tmp_path: 
     )
     assert out.returncode == 0, out.stderr
     snap = json.loads(out.stdout)
-    assert [t["model"] for t in snap["targets"]] == ["flagship", "claude", "medium", "small"]
+    assert [t["model"] for t in snap["targets"]] == [
+        "flagship",
+        "claude",
+        "claude",  # its second deployment, on Vertex AI
+        "medium",
+        "gemini-flash",
+        "gemini-flash",
+        "small",
+    ]
     assert all(t["last_status"] == 200 and t["state"] == "closed" for t in snap["targets"])
 
 

@@ -1,6 +1,7 @@
 """`capmon status` shows each target's provider API, in text and JSON: the shipped
 config (on the steady scenario, on a free port), its simulator started in-process, every
-target probed once over its own wire (claude's over Anthropic's /v1/messages)."""
+target probed once over its own wire (claude's over Anthropic's /v1/messages and Vertex AI's
+rawPredict, gemini-flash's over the Gemini API's and Vertex AI's generateContent)."""
 
 from __future__ import annotations
 
@@ -28,15 +29,26 @@ def test_status_text_and_json_name_each_targets_api(tmp_path: Path) -> None:
     config = shipped(tmp_path)
     lines = status(config, as_json=False).splitlines()
     assert lines[0].split()[:3] == ["model", "api", "target"]
-    rows = {line.split()[0]: line.split() for line in lines[1:5]}
-    assert rows["claude"][1:3] == ["anthropic", "claude@sim-anthropic/sim-key"]
-    assert rows["claude"][-1] == "200"  # probed over Anthropic's wire: it answered
-    assert [rows[m][1] for m in ("flagship", "medium", "small")] == ["openai"] * 3
+    rows = {line.split()[2]: line.split() for line in lines[1:8]}  # by target
+    assert [(r[0], r[1]) for r in rows.values()] == [
+        ("flagship", "openai"),
+        ("claude", "anthropic"),
+        ("claude", "vertex"),
+        ("medium", "openai"),
+        ("gemini-flash", "gemini"),
+        ("gemini-flash", "vertex"),
+        ("small", "openai"),
+    ]
+    # each probed over its own wire: each answered
+    assert {r[-1] for r in rows.values()} == {"200"}, rows
 
     data = json.loads(status(config, as_json=True))
-    assert {t["model"]: t["api"] for t in data["targets"]} == {
-        "flagship": "openai",
-        "claude": "anthropic",
-        "medium": "openai",
-        "small": "openai",
+    assert {t["target"]: t["api"] for t in data["targets"]} == {
+        "flagship@sim/sim-key": "openai",
+        "claude@sim-anthropic/sim-key": "anthropic",
+        "claude@sim-vertex/sim-key": "vertex",
+        "medium@sim/sim-key": "openai",
+        "gemini-flash@sim-gemini/sim-key": "gemini",
+        "gemini-flash@sim-vertex/sim-key": "vertex",
+        "small@sim/sim-key": "openai",
     }

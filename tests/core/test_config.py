@@ -32,14 +32,25 @@ endpoints = ["openai"]
 
 def test_the_shipped_config_loads_and_matches_the_bundled_default() -> None:
     cfg = load_config(ROOT / "config.toml")
-    assert [m.name for m in cfg.models] == ["flagship", "claude", "medium", "small"]
-    assert [(e.name, e.api) for e in cfg.endpoints] == [("sim", "openai"), ("sim-anthropic", "anthropic")]
+    assert [m.name for m in cfg.models] == ["flagship", "claude", "medium", "gemini-flash", "small"]
+    assert [(e.name, e.api) for e in cfg.endpoints] == [
+        ("sim", "openai"),
+        ("sim-anthropic", "anthropic"),
+        ("sim-vertex", "vertex"),
+        ("sim-gemini", "gemini"),
+    ]
+    # one model on two deployments, each knowing it by its own id
+    claude = next(m for m in cfg.models if m.name == "claude")
+    assert [(d.endpoint, d.model) for d in claude.deployed()] == [
+        ("sim-anthropic", "sim-claude"),
+        ("sim-vertex", "sim-claude-vertex"),
+    ]
     assert (ROOT / "config.toml").read_text() == bundled_config_path().read_text()
 
 
 def test_the_simulated_endpoint_works_with_no_key_in_the_environment() -> None:
     keys = resolve_keys(load_config(ROOT / "config.toml"), environ={})
-    assert len(keys) == 2  # OpenAI's wire and Anthropic's, both on the simulator
+    assert len(keys) == 4  # OpenAI's wire, Anthropic's, Vertex AI's and the Gemini API's, all on the simulator
     assert {key.secret.reveal() for key in keys.values()} == {SIMULATOR_DEMO_KEY}
 
 

@@ -16,9 +16,11 @@ from capmon.core.routing.targets import build_targets
 from capmon.core.types import events as ev
 from capmon.core.types.config import SIMULATOR_DEMO_KEY, Config, parse_config, resolve_keys
 from capmon.core.types.failure import Kind
+from capmon.core.types.result import sent
 from capmon.core.types.serial import event_from_json, event_to_json
+from capmon.sim.scenario import Scenario
 from tests.support.configs import two_deployments
-from tests.support.simulated import StartSim, deployments_scenario
+from tests.support.simulated import StartSim, deployments_scenario, sim_model
 
 ENDPOINTS = """
 [[endpoints]]
@@ -304,3 +306,23 @@ async def test_a_token_parameter_refused_at_one_deployment_is_learned_there_only
         assert client.token_param("m", "east") == client.token_param("m") == "max_tokens"
     [learned] = [e for e in seen if isinstance(e, ev.TokenParamLearned)]
     assert (learned.model, learned.endpoint, learned.param) == ("m", "west", "max_completion_tokens")
+
+
+@pytest.mark.integration
+@pytest.mark.looptime
+async def test_a_deployment_whose_endpoint_has_no_such_model_is_parked_and_the_work_moves_on(
+    start_sim: StartSim,
+) -> None:
+    # east's id is wrong (the simulator has no sim-m-east): its 404 is no fault of the request
+    sim = await start_sim(Scenario(models=(sim_model("m-west", 4), sim_model("backup"))))
+    async with FallbackClient(two_deployments(sim.base_url), environ=ENV) as client:
+        first = await client.chat("hi")
+        second = await client.chat("hi")
+        east = client.snapshot().targets[0]
+    assert (first.endpoint, first.fallbacks) == ("west", 0)
+    (missing, served) = first.attempts
+    assert (missing.status, missing.kind, missing.decision) == (404, Kind.BAD_REQUEST, "fallback")
+    assert "sim-m-east" in missing.reason
+    # parked (for an hour: no hint came), so the next request goes to west at once
+    assert [(a.endpoint, a.decision) for a in sent(second.attempts)] == [("west", "ok")]
+    assert east.target == "m@east/k" and east.key_state == "parked"

@@ -18,6 +18,7 @@ import json
 import math
 import re
 import tomllib
+import types
 import typing
 from collections.abc import Iterator
 from pathlib import Path
@@ -105,6 +106,8 @@ def _plausible(tp: Any) -> st.SearchStrategy[Any]:
     if isinstance(tp, type) and issubclass(tp, enum.Enum):  # a StrEnum key: its values, or a near miss
         return st.sampled_from([m.value for m in tp]) | _PLAUSIBLE_STRINGS
     origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):  # an optional key (a deployment's own limits): its type's values
+        return st.one_of(*(_plausible(a) for a in typing.get_args(tp) if a is not type(None)))
     if origin is tuple:
         (inner,) = typing.get_args(tp)[:1]
         return st.lists(_value_for(inner), max_size=3)

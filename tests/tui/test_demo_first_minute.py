@@ -48,15 +48,18 @@ async def test_the_demo_shows_a_fallback_across_providers_in_its_first_minute(tm
             for task in workers:
                 task.cancel()
             await asyncio.gather(*workers, return_exceptions=True)
-        apis = {t.model: t.api for t in source.snapshot().targets}
+        apis = {t.target: t.api for t in source.snapshot().targets}
     finally:
         await source.stop()
 
     assert apis == {
-        "flagship": EndpointApi.OPENAI,
-        "claude": EndpointApi.ANTHROPIC,
-        "medium": EndpointApi.OPENAI,
-        "small": EndpointApi.OPENAI,
+        "flagship@sim/sim-key": EndpointApi.OPENAI,
+        "claude@sim-anthropic/sim-key": EndpointApi.ANTHROPIC,
+        "claude@sim-vertex/sim-key": EndpointApi.VERTEX,
+        "medium@sim/sim-key": EndpointApi.OPENAI,
+        "gemini-flash@sim-gemini/sim-key": EndpointApi.GEMINI,
+        "gemini-flash@sim-vertex/sim-key": EndpointApi.VERTEX,
+        "small@sim/sim-key": EndpointApi.OPENAI,
     }
     assert seen.is_set(), f"no fallback flagship -> claude in the demo's first simulated minute: {crossed}"
     first = next(e for e in crossed if e.from_model == "flagship")

@@ -16,7 +16,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from capmon.core.types.failure import SILENT, Failure, Kind
+from capmon.core.types.failure import MODEL_NOT_FOUND, SILENT, Failure, Kind
 
 
 class BreakerSignal(enum.StrEnum):
@@ -95,6 +95,11 @@ BY_CODE: dict[str, Policy] = {
     # retry on that route). No capacity lesson for the limiter: an outage is not one.
     # A slow first token (FIRST_TOKEN) is a plain capacity failure: the CAPACITY row.
     SILENT: Policy(BreakerSignal.SILENT, LimiterSignal.NEUTRAL, KeyAction.NONE, Next.FALLBACK_OR_WAIT),
+    # The target's model is not there (a deployment id mistyped, a model not enabled in that
+    # project or region): nothing the request did, so it is not failed for it. The target is
+    # parked (for the server's hint, or an hour) as a quota is, and shown so on the dashboard;
+    # the request goes on to another deployment of its model or to the next model.
+    MODEL_NOT_FOUND: Policy(BreakerSignal.NEUTRAL, LimiterSignal.NEUTRAL, KeyAction.PARK, Next.FALLBACK),
 }
 
 

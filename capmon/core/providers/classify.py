@@ -23,7 +23,7 @@ from capmon.core.base.clock import default_clock
 from capmon.core.base.exceptions import CredentialsError
 from capmon.core.base.hints import hint_from
 from capmon.core.base.secrets import redact as _redact
-from capmon.core.types.failure import Cause, Failure, Kind
+from capmon.core.types.failure import MODEL_NOT_FOUND, Cause, Failure, Kind
 
 # --- classification -------------------------------------------------------------------
 
@@ -63,6 +63,14 @@ _CAPACITY = re.compile(
     r"overloaded|at capacity|over capacity|out of capacity|no capacity|insufficient capacity"
     r"|capacity constraint|capacity.exceeded|slow.down|high demand|server busy|server is busy"
     r"|maximum pending requests"
+)
+# A 404 that says the model (or Azure's deployment) is not there: that target cannot serve
+# anything, which is a fact about the target, not the request (ARCHITECTURE.md, "Kinds and
+# what they do": code ``model_not_found``). OpenAI's ``model_not_found``, Anthropic's
+# "model: NAME", Google's "models/NAME is not found" and "Publisher Model `NAME` was not found".
+_NO_MODEL = re.compile(
+    r"model_not_found|deploymentnotfound|model: |models/\S+ is not found|publisher model"
+    r"|model\b[^.]{0,80}\b(?:does not exist|not found|was not found)"
 )
 _RATE = re.compile(r"rate.limit|ratelimit|too many requests|too_many_requests|resource_exhausted")
 # Google's errors (the Gemini API's and Vertex AI's, whether array-wrapped or not): the
@@ -406,7 +414,10 @@ def _classify_response(
         return _broken_2xx(status, parsed, hint, quota_hint)
     kind = _kind(status, parsed, hint, quota_hint) or _status_kind(status)
     reason = _reason(status, parsed, unread=streaming and body is None)
-    return Failure(kind, reason, status, parsed.code, hint, _trim(parsed.message, MESSAGE_CHARS), _param(parsed.json))
+    code = parsed.code
+    if status == 404 and kind is Kind.BAD_REQUEST and _NO_MODEL.search(parsed.signals):
+        code = MODEL_NOT_FOUND
+    return Failure(kind, reason, status, code, hint, _trim(parsed.message, MESSAGE_CHARS), _param(parsed.json))
 
 
 def classify_response(

@@ -179,7 +179,9 @@ def held(t: Target, now: float) -> Hold | None:
     if v.key_state is KeyState.PARKED and v.key_until is not None:
         left = max(0.0, v.key_until - now)
         where = f"key {t.key.alias} at {t.endpoint.name}"
-        return Hold(Unavailable.KEYS, Kind.QUOTA, f"{where} is out of quota for {left:.0f}s more", v.key_until)
+        # parked by a quota, or by a model its endpoint does not have (failure.MODEL_NOT_FOUND)
+        why = f"{where} is parked for {left:.0f}s more ({v.key_reason})"
+        return Hold(Unavailable.KEYS, Kind.QUOTA, why, v.key_until)
     return None
 
 

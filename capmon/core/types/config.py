@@ -834,7 +834,7 @@ def resolve_keys(cfg: Config, environ: Mapping[str, str] | None = None) -> dict[
     variable is reported now and not at the first request."""
     env = os.environ if environ is None else environ
     out: dict[tuple[str, str], ResolvedKey] = {}
-    missing: list[str] = []
+    missing: dict[str, list[str]] = {}  # each variable not set: the keys that name it
     for i, e in enumerate(cfg.endpoints):
         if not e.keys:  # keys = []: a server that takes none (a local vLLM, Ollama): nothing is sent
             out[(e.name, NO_KEY)] = ResolvedKey(e.name, NO_KEY, "", Secret("", NO_KEY))
@@ -845,9 +845,16 @@ def resolve_keys(cfg: Config, environ: Mapping[str, str] | None = None) -> dict[
                 if e.simulated:
                     value = SIMULATOR_DEMO_KEY
                 else:
-                    missing.append(f"endpoints[{i}].keys[{j}].env: environment variable {k.env} is not set")
+                    missing.setdefault(k.env, []).append(f"endpoints[{i}].keys[{j}].env")
                     continue
             out[(e.name, alias)] = ResolvedKey(e.name, alias, k.env, Secret(value, alias))
     if missing:
-        raise ConfigError(cfg.path, missing[0].split(":")[0], "; ".join(m.split(": ", 1)[1] for m in missing))
+        # said once per variable, however many endpoints share it (the demo's share one); the
+        # error's key is the first, the others are named beside their variable
+        keys = [k for where in missing.values() for k in where]
+        said = []
+        for name, where in missing.items():
+            named = [k for k in where if k != keys[0]]
+            said.append(f"environment variable {name} is not set" + (f" ({', '.join(named)})" if named else ""))
+        raise ConfigError(cfg.path, keys[0], "; ".join(said))
     return out

@@ -53,6 +53,9 @@ _CAUSE_LABELS = {
 SILENT = "silent"  # capacity: no response headers within the limit; its breaker opens at once
 FIRST_TOKEN = "first_token_timeout"  # capacity: headers, but no output within the limit
 STALLED = "stalled"  # transient: no bytes for stall_timeout after output began (like a cut)
+# A bad request whose 404 says the target's model (or Azure deployment) is not there: the
+# target is parked and the request goes on to another deployment or model (policy.py).
+MODEL_NOT_FOUND = "model_not_found"
 
 
 @dataclass(frozen=True, slots=True)
