@@ -10,6 +10,7 @@ SDK's ``AnthropicVertex``) reach the gateway by their base URL too."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -20,7 +21,11 @@ from google.genai import errors as genai_errors
 from google.genai import types
 from google.oauth2.credentials import Credentials
 
-from tests.gateway.helpers import running, scenario, spec
+from capmon.core.types.config import SIMULATOR_DEMO_KEY
+from capmon.sim.scenario import Scenario
+from tests.gateway.helpers import WEATHER_TOOL, running, scenario, spec
+from tests.support.configs import google_models
+from tests.support.simulated import sim_model
 
 pytestmark = pytest.mark.looptime
 
@@ -213,3 +218,39 @@ async def test_clients_built_for_vertex_reach_the_gateway_by_their_base_url() ->
     assert len("".join(texts).split()) == 5 and counted.input_tokens > 0
     assert unknown.value.body["error"]["type"] == "not_found_error"  # type: ignore[index]
     assert gemini_unknown.value.code == 404 and gemini_unknown.value.status == "NOT_FOUND"
+
+
+async def test_models_on_googles_wires_serve_every_sdk_through_the_gateway() -> None:
+    # flash on the Gemini API (then Vertex AI), claude on Vertex AI: both of Google's dialects
+    scn = Scenario(
+        models=(
+            sim_model("flash", 4, api="gemini+vertex"),
+            dataclasses.replace(sim_model("x", 4, api="vertex"), name="claude-v"),
+            sim_model("backup"),
+        )
+    )
+    environ = {"KEY": SIMULATOR_DEMO_KEY}
+    async with running(scn, built=lambda url: google_models(url.removesuffix("/v1")), environ=environ) as gw:
+        async with gw.openai() as openai_sdk, gw.anthropic() as anthropic_sdk:
+            chat = await openai_sdk.chat.completions.with_raw_response.create(
+                model="flash",
+                messages=[{"role": "user", "content": "Weather in Paris?"}],
+                tools=[WEATHER_TOOL],  # type: ignore[list-item]
+                tool_choice="required",
+            )
+            message = await anthropic_sdk.messages.create(model="flash", max_tokens=64, messages=HI)
+            async with anthropic_sdk.messages.stream(model="claude", max_tokens=5, messages=HI) as stream:
+                texts = [t async for t in stream.text_stream]
+        gemini = gw.gemini().aio
+        same = await gemini.models.generate_content(model="flash", contents="Say hi")
+        on_vertex = await gemini.models.generate_content(model="claude", contents="Say hi")
+    call = chat.parse().choices[0].message.tool_calls
+    assert chat.headers["x-capmon-api"] == "gemini" and call and call[0].function.name == "get_weather"  # type: ignore[union-attr]
+    assert message.content[0].type == "text" and message.content[0].text and message.stop_reason == "end_turn"
+    assert len("".join(texts).split()) == 5
+    assert same.text and same.sdk_http_response is not None and same.sdk_http_response.headers is not None
+    assert same.sdk_http_response.headers["x-capmon-api"] == "gemini"
+    assert (
+        on_vertex.text and on_vertex.sdk_http_response is not None and on_vertex.sdk_http_response.headers is not None
+    )
+    assert on_vertex.sdk_http_response.headers["x-capmon-api"] == "vertex"

@@ -258,3 +258,66 @@ def shipped_config(
     path = folder / name
     path.write_text(text + extra)
     return path, port
+
+
+def every_api(origin: str, models: str) -> Config:
+    """Endpoints on the simulator at ``origin`` for every API: openai (``sim``), anthropic,
+    gemini, vertex (one key alias k in $KEY); ``models``: the [[models]] tables."""
+    key = 'keys = [{ env = "KEY", alias = "k" }]'
+    text = f"""
+[[endpoints]]
+name = "sim"
+base_url = "{origin}/v1"
+{key}
+
+[[endpoints]]
+name = "anthropic"
+api = "anthropic"
+base_url = "{origin}"
+{key}
+
+[[endpoints]]
+name = "gemini"
+api = "gemini"
+base_url = "{origin}"
+{key}
+
+[[endpoints]]
+name = "vertex"
+api = "vertex"
+base_url = "{origin}"
+project = "capmon-test"
+region = "us-east5"
+{key}
+
+[breaker]
+failure_threshold = 3
+
+{models}
+"""
+    return parse_config(text, "google-wires.toml")
+
+
+def google_models(origin: str) -> Config:
+    """flash on the Gemini API then Vertex AI (sim-flash), claude on Vertex AI (claude-v), and
+    backup on the simulator's OpenAI wire (sim-backup)."""
+    return every_api(
+        origin,
+        """
+[[models]]
+name = "flash"
+deployments = [{ endpoint = "gemini", model = "sim-flash" }, { endpoint = "vertex", model = "sim-flash" }]
+max_tokens = 64
+
+[[models]]
+name = "claude"
+deployments = [{ endpoint = "vertex", model = "claude-v" }]  # claude-*: Anthropic's publisher on Vertex
+max_tokens = 64
+
+[[models]]
+name = "backup"
+api_model = "sim-backup"
+endpoints = ["sim"]
+max_tokens = 64
+""",
+    )
