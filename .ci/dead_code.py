@@ -101,6 +101,7 @@ IGNORED = {
     "never_reached",
     # ... and event fields, for the same JSON (the control API's event feed, a remote dashboard).
     "caller_request_id",
+    "from_deployment",  # a DeploymentMoved's id the model had where it left (the event log shows where it went)
     # The public API, which users call and capmon itself does not: capmon.sim's running_simulator
     # and its handle's admin_url (exported in capmon.sim.__all__), FallbackClient.stream_responses
     # (README, "Use it as a library"), ChatResult.tool_calls, Engine.simulator_started (capmon.Engine).
