@@ -123,17 +123,7 @@ def responses(body: dict[str, Any], asked: Asked) -> Wanted:
     fields.string(body, "instructions")
     stream = fields.flag(body, "stream")
     fields.positive_int(body, "max_output_tokens")
-    priority = _priority(asked)
-    request = Request.responses(
-        body,
-        model=model,
-        priority=priority,
-        deadline=_deadline(asked),
-        request_id=asked.request_id,
-        first_token_timeout=_first_token(asked),
-        continuation=_continuation(asked),
-    )
-    return Wanted(request, stream, priority)
+    return _in_format(Format.RESPONSES, body, asked, model, stream)
 
 
 def anthropic_version(headers: Mapping[str, str]) -> AnthropicVersion | None:
@@ -165,19 +155,8 @@ def messages(body: dict[str, Any], asked: Asked) -> Wanted:
         fields.number(body, name)
     fields.positive_int(body, "top_k")
     fields.strings(body, "stop_sequences")
-    priority = _priority(asked)
     betas = fields.betas(asked.headers.get(BETA_HEADER), BETA_HEADER)
-    request = Request.anthropic(
-        body,
-        model=model,
-        priority=priority,
-        deadline=_deadline(asked),
-        betas=betas,
-        request_id=asked.request_id,
-        first_token_timeout=_first_token(asked),
-        continuation=_continuation(asked),
-    )
-    return Wanted(request, stream, priority)
+    return _in_format(Format.MESSAGES, body, asked, model, stream, betas=betas)
 
 
 def count_tokens(body: dict[str, Any], headers: Mapping[str, str], names: ModelNames) -> dict[str, Any]:
@@ -208,15 +187,22 @@ def gemini(body: dict[str, Any], asked: Asked, *, model: str, stream: bool) -> W
             )
         fields.number(config, "temperature")
         fields.strings(config, "stopSequences")
+    return _in_format(Format.GEMINI, body, asked, asked.names.resolve(model), stream)
+
+
+def _in_format(fmt: Format, body: dict[str, Any], asked: Asked, model: str | None, stream: bool, **kw: Any) -> Wanted:
+    """A request in its own format (Responses, Messages, Gemini): the body as it came, routed
+    with what the request's headers ask (``kw``: Messages' betas)."""
     priority = _priority(asked)
     request = Request.of_body(
-        Format.GEMINI,
+        fmt,
         body,
-        model=asked.names.resolve(model),
+        model=model,
         priority=priority,
         deadline=_deadline(asked),
         request_id=asked.request_id,
         first_token_timeout=_first_token(asked),
         continuation=_continuation(asked),
+        **kw,
     )
     return Wanted(request, stream, priority)

@@ -20,14 +20,12 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from capmon.gateway import bodies, shape
-from capmon.gateway.anthropic_api import input_tokens
-from capmon.gateway.auth import Access
+from capmon.gateway.anthropic_api import count_tokens
 from capmon.gateway.bodies import Asked, Wanted
 from capmon.gateway.context import gateway_of
 from capmon.gateway.errors import ApiError
 from capmon.gateway.gemini_api import models_method
-from capmon.gateway.inbound import ProxiedApi, checked_body, proxied
-from capmon.gateway.replies import JsonReply, Nothing
+from capmon.gateway.inbound import ProxiedApi, proxied
 
 VERTEX_VERSION = "anthropic_version"  # the body's field on Vertex (the model is in the path)
 RAW = "rawPredict"
@@ -52,20 +50,8 @@ async def anthropic_method(request: Request) -> Response:
         raise ApiError(404, f"Method not found: {request.path_params['target'][:100]!r}", "not_found_error")
     gw = gateway_of(request)
     if model == COUNT_TOKENS and method == RAW:
-        return await _count_tokens(request)
+        return await count_tokens(request)  # the model is in the body; anthropic_version counts for nothing
     return await proxied(gw, request.scope, request.receive, _claude(model, method == STREAM_RAW), model=model)
-
-
-async def _count_tokens(request: Request) -> Response:
-    """``count-tokens:rawPredict``: ``/v1/messages/count_tokens``'s answer (the model in the body)."""
-    gw = gateway_of(request)
-    gw.auth.require(request.headers, Access.USE)
-    body = await checked_body(gw, request.receive, request.headers, shape.MESSAGES)
-    if body is None:
-        return Nothing()
-    body.pop(VERTEX_VERSION, None)
-    body = bodies.count_tokens(body, request.headers, gw.names)
-    return JsonReply({"input_tokens": input_tokens(body)})
 
 
 _ROOT = "/{version}/projects/{project}/locations/{location}/publishers"

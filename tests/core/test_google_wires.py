@@ -22,7 +22,7 @@ from capmon.core.types.config import SIMULATOR_DEMO_KEY, Config
 from capmon.core.types.failure import Kind
 from capmon.core.types.result import Format, Request, sent
 from capmon.sim.scenario import Scenario
-from tests.support.configs import every_api, google_models
+from tests.support.configs import BACKUP, every_api, google_models
 from tests.support.simulated import StartSim, sim_model
 
 pytestmark = [pytest.mark.integration, pytest.mark.looptime]
@@ -155,13 +155,8 @@ deployments = [
   { endpoint = "sim", model = "sim-sonnet-o" },
 ]
 max_tokens = 64
-
-[[models]]
-name = "backup"
-api_model = "sim-backup"
-endpoints = ["sim"]
-max_tokens = 64
-""",
+"""
+        + BACKUP,
     )
 
 

@@ -260,6 +260,16 @@ def shipped_config(
     return path, port
 
 
+# The next model after those of a test of Google's wires: sim-backup on the simulator's OpenAI wire.
+BACKUP = """
+[[models]]
+name = "backup"
+api_model = "sim-backup"
+endpoints = ["sim"]
+max_tokens = 64
+"""
+
+
 def every_api(origin: str, models: str) -> Config:
     """Endpoints on the simulator at ``origin`` for every API: openai (``sim``), anthropic,
     gemini, vertex (one key alias k in $KEY); ``models``: the [[models]] tables."""
@@ -313,11 +323,6 @@ max_tokens = 64
 name = "claude"
 deployments = [{ endpoint = "vertex", model = "claude-v" }]  # claude-*: Anthropic's publisher on Vertex
 max_tokens = 64
-
-[[models]]
-name = "backup"
-api_model = "sim-backup"
-endpoints = ["sim"]
-max_tokens = 64
-""",
+"""
+        + BACKUP,
     )

@@ -10,10 +10,10 @@ from __future__ import annotations
 import urllib.parse
 
 from capmon.core.providers import openai_dialect
-from capmon.core.providers.dialect import Auth, Headers
+from capmon.core.providers.dialect import Auth
 from capmon.core.providers.google_sse import GoogleFraming
 from capmon.core.types.config import EndpointConfig, ModelConfig
-from capmon.core.types.result import Format, Request
+from capmon.core.types.result import Format
 
 API_PATH = "/v1beta"
 GENAI_PROVIDER = "gcp.gemini"  # gen_ai.provider.name (OpenTelemetry's GenAI conventions)
@@ -61,13 +61,10 @@ def auth(endpoint: EndpointConfig, secret: str) -> Auth:
     return Auth({"x-goog-api-key": secret} if secret else {})
 
 
-def caller_headers(headers: Headers, request: Request) -> Headers | None:
-    return None
-
-
 def framing() -> GoogleFraming:
     return GoogleFraming()
 
 
+caller_headers = openai_dialect.caller_headers  # a caller's headers add nothing here either
 has_body_rules = openai_dialect.has_body_rules
 body_rules = openai_dialect.body_rules
