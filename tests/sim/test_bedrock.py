@@ -3,7 +3,9 @@ over loopback (SigV4-signed, the model id URL-encoded; each call in a thread, as
 blocks): plain and streamed answers, tool rounds, usage and stop reasons; every error raised
 as boto3's own exception (its code from ``x-amzn-ErrorType``); the exceptions inside an event
 stream raised as botocore's EventStreamError, after the events before them. The event
-stream's framing is read back with botocore's own decoder, which checks the CRCs."""
+stream's framing is read back with botocore's own decoder, which checks the CRCs. The
+anthropic SDK's AnthropicBedrock reaches Claude by InvokeModel and
+InvokeModelWithResponseStream, Anthropic's body and events inside Bedrock's framing."""
 
 from __future__ import annotations
 
@@ -11,8 +13,9 @@ import asyncio
 import json
 import zlib
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
+import anthropic
 import boto3
 import botocore.config
 import botocore.session
@@ -397,3 +400,64 @@ def test_a_frame_byte_for_byte() -> None:
     assert frame[8:12] == zlib.crc32(frame[:8]).to_bytes(4, "big")
     assert frame[12:-4] == header + b"{}"
     assert frame[-4:] == zlib.crc32(frame[:-4]).to_bytes(4, "big")
+
+
+# ---------------------------------------------------------------- InvokeModel: the anthropic SDK's AnthropicBedrock
+
+
+def claude(sim: SimHandle, key: str = SIMULATOR_DEMO_KEY) -> anthropic.AsyncAnthropicBedrock:
+    """AnthropicBedrock signs with SigV4 through botocore, as boto3 does."""
+    return anthropic.AsyncAnthropicBedrock(
+        aws_access_key=key, aws_secret_key=key, aws_region="us-east-1", base_url=sim.origin, max_retries=0
+    )
+
+
+CLAUDE_HELLO: Any = [{"role": "user", "content": "Say something about capacity."}]
+
+
+async def test_anthropic_bedrock_plain_streamed_and_tools(sim: SimHandle) -> None:
+    async with claude(sim) as c:
+        m = await c.messages.create(model=PROFILE, max_tokens=50, messages=CLAUDE_HELLO)
+        assert m.stop_reason == "end_turn" and m.usage.output_tokens == 10 and m.model == PROFILE
+        async with c.messages.stream(model=PROFILE, max_tokens=50, messages=CLAUDE_HELLO) as s:
+            text = "".join([t async for t in s.text_stream])
+            final = await s.get_final_message()
+        assert len(text.split()) == 10 and final.stop_reason == "end_turn"
+        tool: Any = {"name": "get_weather", "input_schema": WEATHER["tools"][0]["toolSpec"]["inputSchema"]["json"]}
+        ask: Any = [{"role": "user", "content": "Call get_weather for Paris."}]
+        called = await c.messages.create(model=PROFILE, max_tokens=50, messages=ask, tools=[tool])
+        assert called.stop_reason == "tool_use" and called.content[0].type == "tool_use"
+    assert sim.simulator.stats()["models"][PROFILE]["completed"] == 3
+
+
+async def test_anthropic_bedrock_errors_are_bedrocks(sim: SimHandle) -> None:
+    async with claude(sim) as c:
+        sim.simulator.configure(PROFILE, slots=0)
+        with pytest.raises(anthropic.RateLimitError) as limited:
+            await c.messages.create(model=PROFILE, max_tokens=50, messages=CLAUDE_HELLO)
+        assert limited.value.response.headers["x-amzn-errortype"].startswith("ThrottlingException:")
+        assert limited.value.body == {"message": "Too many requests, please wait before trying again."}
+        sim.simulator.configure(PROFILE, reset_schedule=True)
+        with pytest.raises(anthropic.BadRequestError) as profile:
+            await c.messages.create(model=BASE_ID, max_tokens=50, messages=CLAUDE_HELLO)
+        assert "inference profile" in cast(Any, profile.value.body)["message"]
+        with pytest.raises(anthropic.NotFoundError):
+            await c.messages.create(model="openai-only", max_tokens=50, messages=CLAUDE_HELLO)
+    async with claude(sim, key="AKIAUNKNOWN") as stranger:
+        with pytest.raises(anthropic.PermissionDeniedError) as denied:
+            await stranger.messages.create(model=PROFILE, max_tokens=50, messages=CLAUDE_HELLO)
+        assert denied.value.response.headers["x-amzn-errortype"].startswith("UnrecognizedClientException:")
+
+
+async def test_anthropic_bedrock_in_stream_error_after_output(sim: SimHandle) -> None:
+    sim.simulator.faults.set(
+        parse_rules({"mode": "stream_error", "after": 2, "dialect": "anthropic-stream", "count": 1})
+    )
+    seen: list[str] = []
+    async with claude(sim) as c:
+        with pytest.raises(anthropic.APIStatusError) as info:
+            async with c.messages.stream(model=PROFILE, max_tokens=50, messages=CLAUDE_HELLO) as s:
+                async for t in s.text_stream:
+                    seen.append(t)
+    assert len(seen) == 2
+    assert cast(Any, info.value.body)["error"]["type"] == "serviceUnavailableException"
