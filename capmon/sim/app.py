@@ -24,7 +24,8 @@ API (OpenAI format; key as ``Authorization: Bearer KEY``, ``api-key`` or ``x-api
   POST /{v1,v1beta1}/projects/{p}/locations/{r}/publishers/{google,anthropic}/models/{model}:...
                               Vertex AI: Gemini's methods, Claude's rawPredict (see vertex.py)
   POST /model/{modelId}/converse, /model/{modelId}/converse-stream
-                              AWS Bedrock's Converse and ConverseStream (see bedrock.py)
+                              AWS Bedrock's Converse and ConverseStream (see bedrock.py); also
+                              /invoke and /invoke-with-response-stream with Anthropic's body
 
 A full model rejects at once in its dialect: an HTTP error (openai-429, openai-503, ...), or
 inside a 200 stream (openrouter-stream, anthropic-stream, gemini-openai-stream, vllm-stream,
@@ -381,7 +382,7 @@ async def index(request: Request) -> Response:
         f"Vertex AI: POST /v1/projects/{{p}}/locations/{{r}}/publishers/google/models/{{model}}:generateContent, "
         f".../publishers/anthropic/models/{{model}}:rawPredict (also under /v1beta1; "
         f"models: {', '.join(sim.model_names(Wire.VERTEX)) or 'none'}).\n"
-        f"AWS Bedrock: POST /model/{{modelId}}/converse, /model/{{modelId}}/converse-stream "
+        f"AWS Bedrock: POST /model/{{modelId}}/converse, /converse-stream, /invoke, /invoke-with-response-stream "
         f"(models: {', '.join(sim.model_names(Wire.BEDROCK)) or 'none'}).\n{policy.describe()}.\n"
     )
 

@@ -27,6 +27,13 @@ metrics}. Errors are Bedrock's (dialects.bedrock_error: ``x-amzn-ErrorType`` and
 ``bedrock-stream-503`` (serviceUnavailableException) or ``bedrock-stream-error``
 (modelStreamErrorException) says "no" inside the 200 stream, and the ``stream_error`` fault
 sends that exception after ``after`` deltas (0: before any event).
+
+InvokeModel and InvokeModelWithResponseStream (``/model/{modelId}/invoke``,
+``/invoke-with-response-stream``) take Anthropic's Messages body, as the anthropic SDK's
+AnthropicBedrock sends it, and answer as /v1/messages does; the stream's events go base64 in
+``chunk`` events, and an ``error`` event as the exception it stands for (overloaded_error:
+serviceUnavailableException, rate_limit_error: throttlingException, else
+modelStreamErrorException).
 """
 
 from __future__ import annotations
