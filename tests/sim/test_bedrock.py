@@ -25,7 +25,7 @@ from botocore.eventstream import ChecksumMismatch, EventStreamBuffer
 from botocore.exceptions import ClientError, EventStreamError
 
 from capmon.core.types.config import SIMULATOR_DEMO_KEY
-from capmon.sim import eventstream
+from capmon.sim import eventstream, sigv4
 from capmon.sim.faults import parse_rules
 from capmon.sim.scenario import ModelSpec, Scenario
 from capmon.sim.server import SimHandle
@@ -326,9 +326,10 @@ async def test_credentials_checked(sim: SimHandle) -> None:
 # ---------------------------------------------------------------- errors inside the stream
 
 
-async def test_in_stream_throttling_before_output(sim: SimHandle) -> None:
+async def test_in_stream_throttling_before_output(sim: SimHandle, http: httpx.AsyncClient) -> None:
     c = client(sim)
-    sim.simulator.configure(PROFILE, slots=0, dialect="bedrock-stream")
+    r = await http.post(f"{sim.admin_url}/models/{PROFILE}", json={"slots": 0, "dialect": "bedrock-stream"})
+    assert r.status_code == 200 and r.json()["dialect"] == "bedrock-stream"
     events, error = await stream(c, modelId=PROFILE, messages=HELLO)
     assert events == [] and isinstance(error, EventStreamError)
     assert error.response["Error"] == {
@@ -384,6 +385,13 @@ async def test_frames_read_back_by_botocore(sim: SimHandle, http: httpx.AsyncCli
         assert m.headers[":message-type"] == "event" and m.headers[":content-type"] == "application/json"
         payload = json.loads(m.payload)
         assert isinstance(payload.pop("p"), str) and payload
+    # split anywhere, the frames read back the same
+    for at in range(1, len(r.content)):
+        decoder = EventStreamBuffer()
+        decoder.add_data(r.content[:at])
+        head = list(decoder)
+        decoder.add_data(r.content[at:])
+        assert [m.payload for m in [*head, *decoder]] == [m.payload for m in messages]
     broken = bytearray(r.content)
     broken[-1] ^= 0xFF  # the last frame's message CRC
     decoder = EventStreamBuffer()
@@ -461,3 +469,31 @@ async def test_anthropic_bedrock_in_stream_error_after_output(sim: SimHandle) ->
                     seen.append(t)
     assert len(seen) == 2
     assert cast(Any, info.value.body)["error"]["type"] == "serviceUnavailableException"
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        "",
+        "Bearer sk-capmon-sim-demo",
+        "AWS4-HMAC-SHA256 Credential=k/20260101/us-east-1/s3/aws4_request, SignedHeaders=host, Signature=" + "a" * 64,
+        "AWS4-HMAC-SHA256 Credential=k/20260101/us-east-1/bedrock/aws4_request, SignedHeaders=x-amz-date, Signature="
+        + "a" * 64,
+        "AWS4-HMAC-SHA256 Credential=k/2026/us-east-1/bedrock/aws4_request, SignedHeaders=host, Signature=" + "a" * 64,
+        "AWS4-HMAC-SHA256 Credential=k/20260101/us-east-1/bedrock/aws4_request, SignedHeaders=host, Signature=zz",
+        "AWS4-HMAC-SHA1 Credential=k/20260101/us-east-1/bedrock/aws4_request, SignedHeaders=host, Signature="
+        + "a" * 64,
+    ],
+)
+def test_sigv4_headers_that_are_not_bedrocks(header: str) -> None:
+    assert sigv4.parse(header) is None
+
+
+def test_a_sigv4_header_read() -> None:
+    header = (
+        "AWS4-HMAC-SHA256 Credential=sk-capmon-sim-demo/20260101/eu-west-1/bedrock/aws4_request, "
+        "SignedHeaders=content-type;host;x-amz-date, Signature=" + "0f" * 32
+    )
+    assert sigv4.parse(header) == sigv4.Signed(
+        "sk-capmon-sim-demo", "20260101", "eu-west-1", "bedrock", ("content-type", "host", "x-amz-date"), "0f" * 32
+    )
