@@ -26,6 +26,7 @@ API (OpenAI format; key as ``Authorization: Bearer KEY``, ``api-key`` or ``x-api
   POST /model/{modelId}/converse, /model/{modelId}/converse-stream
                               AWS Bedrock's Converse and ConverseStream (see bedrock.py); also
                               /invoke and /invoke-with-response-stream with Anthropic's body
+                              (bedrock_invoke.py)
 
 A full model rejects at once in its dialect: an HTTP error (openai-429, openai-503, ...), or
 inside a 200 stream (openrouter-stream, anthropic-stream, gemini-openai-stream, vllm-stream,
@@ -77,7 +78,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from capmon.core.base.clock import Clock
 from capmon.core.providers.tokens import estimate_tokens
-from capmon.sim import admin, azure, bedrock, dialects, gemini, messages, responses, vertex
+from capmon.sim import admin, azure, bedrock, bedrock_invoke, dialects, gemini, messages, responses, vertex
 from capmon.sim.admin import AdminGuard, AdminPolicy
 from capmon.sim.dialects import Api, Wire
 from capmon.sim.faults import HANG_SECONDS, HTML_500_PAGE, PACED, STREAMED, DropConnection, FaultMode, delayed
@@ -436,6 +437,7 @@ def create_app(
         *gemini.routes(),
         *vertex.routes(),
         *bedrock.routes(),
+        *bedrock_invoke.routes(),
         Route("/v1/models", list_models),
         Route("/v1/models/{name:path}", get_model),
         *admin.ROUTES,

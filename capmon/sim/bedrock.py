@@ -28,32 +28,26 @@ metrics}. Errors are Bedrock's (dialects.bedrock_error: ``x-amzn-ErrorType`` and
 (modelStreamErrorException) says "no" inside the 200 stream, and the ``stream_error`` fault
 sends that exception after ``after`` deltas (0: before any event).
 
-InvokeModel and InvokeModelWithResponseStream (``/model/{modelId}/invoke``,
-``/invoke-with-response-stream``) take Anthropic's Messages body, as the anthropic SDK's
-AnthropicBedrock sends it, and answer as /v1/messages does; the stream's events go base64 in
-``chunk`` events, and an ``error`` event as the exception it stands for (overloaded_error:
-serviceUnavailableException, rate_limit_error: throttlingException, else
-modelStreamErrorException).
+InvokeModel, with Anthropic's body, is capmon/sim/bedrock_invoke.py.
 """
 
 from __future__ import annotations
 
-import base64
 import json
 import uuid
-from collections.abc import AsyncIterable, AsyncIterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from capmon.core.base.clock import Clock
 from capmon.core.providers.tokens import estimate_body
 from capmon.core.types.result import Format
-from capmon.sim import dialects, messages, sigv4
+from capmon.sim import dialects, sigv4
 from capmon.sim.dialects import Api, Wire
 from capmon.sim.eventstream import MEDIA_TYPE, event
 from capmon.sim.faults import DropConnection, FaultMode
@@ -61,7 +55,6 @@ from capmon.sim.model import Admitted, Faulted, Simulator, Ticket
 from capmon.sim.replies import (
     BadRequest,
     SlotStream,
-    bearer,
     faulted,
     hold,
     read_request,
@@ -265,10 +258,8 @@ def converse_response(
     else:
         output = tokens_of(call.arguments)
         try:
-            content, reason = (
-                [{"toolUse": {"toolUseId": call.id, "name": call.name, "input": json.loads(call.arguments)}}],
-                TOOL_USE,
-            )
+            use = {"toolUseId": call.id, "name": call.name, "input": json.loads(call.arguments)}
+            content, reason = [{"toolUse": use}], TOOL_USE
         except ValueError:  # a broken_tool_args fault's call: no object to send
             content, reason = [], MALFORMED
     return {
@@ -372,7 +363,7 @@ async def signature_refused(request: Request) -> Response | None:
     return wire(dialects.bedrock_error(403, "InvalidSignatureException", dialects.BEDROCK_BAD_SIGNATURE))
 
 
-def _unknown(sim: Simulator, model: str, headers: dict[str, str]) -> Response:
+def unknown_model(sim: Simulator, model: str, headers: dict[str, str]) -> Response:
     """A model not served on Bedrock: the on-demand ValidationException for the base id of a
     model served as an inference profile, else the 404."""
     if needs_profile(sim, model):
@@ -407,7 +398,7 @@ async def serve(request: Request, *, stream: bool) -> Response | DropConnection:
     sim, alias, req = read
     if needs_profile(sim, model):
         sim.bad_request(alias, model)
-        return _unknown(sim, model, headers)
+        return unknown_model(sim, model, headers)
     decision = sim.submit(
         alias,
         model,
@@ -481,75 +472,9 @@ async def _faulted(
     )
 
 
-# ---------------------------------------------------------------- InvokeModel (Anthropic's body)
-
-# An Anthropic error event inside a stream -> the in-stream dialect whose exception says it.
-_STREAM_ERRORS = {"overloaded_error": dialects.BEDROCK_STREAM_503, "rate_limit_error": dialects.BEDROCK_STREAM}
-
-
-def _chunk(block: bytes) -> bytes | None:
-    """One SSE event of Anthropic's stream as InvokeModelWithResponseStream carries it: its
-    data, base64, in a ``chunk`` event; an ``error`` event as the exception it stands for."""
-    fields = dict(line.split(b": ", 1) for line in block.split(b"\n") if b": " in line and not line.startswith(b":"))
-    data = fields.get(b"data")
-    if data is None:
-        return None
-    if fields.get(b"event") == b"error":
-        kind = json.loads(data).get("error", {}).get("type")
-        return dialects.bedrock_stream_error(_STREAM_ERRORS.get(kind, dialects.BEDROCK_STREAM_ERROR))
-    return event("chunk", {"bytes": base64.b64encode(data).decode()})
-
-
-async def chunked(sse: AsyncIterable[str | bytes | memoryview]) -> AsyncIterator[bytes]:
-    """Anthropic's SSE stream re-framed as Bedrock's event stream."""
-    buffer = b""
-    async for piece in sse:
-        buffer += piece.encode() if isinstance(piece, str) else bytes(piece)
-        while b"\n\n" in buffer:
-            block, buffer = buffer.split(b"\n\n", 1)
-            frame = _chunk(block)
-            if frame is not None:
-                yield frame
-
-
-async def invoke(request: Request) -> Response | DropConnection:
-    return await serve_invoke(request, stream=False)
-
-
-async def invoke_stream(request: Request) -> Response | DropConnection:
-    return await serve_invoke(request, stream=True)
-
-
-async def serve_invoke(request: Request, *, stream: bool) -> Response | DropConnection:
-    """InvokeModel (``stream``: InvokeModelWithResponseStream) with Anthropic's Messages body
-    and ``anthropic_version`` (bedrock-2023-05-31, or the SDK's own), as AnthropicBedrock sends
-    it: Claude answers as on /v1/messages (capmon/sim/messages.py), Bedrock's front end checks
-    the credentials and the model and words every error."""
-    headers = {"x-amzn-RequestId": str(uuid.uuid4())}
-    model = model_id(request.path_params["model_id"])
-    refused = await signature_refused(request)
-    if refused is not None:
-        return refused
-    sim = simulator(request)
-    token = bearer(request, Wire.BEDROCK)
-    alias = sim.authenticate(token)
-    if alias is None:
-        return wire(dialects.invalid_api_key(token, Wire.BEDROCK), headers)
-    if needs_profile(sim, model) or not sim.has_model(model, Wire.BEDROCK):
-        sim.bad_request(alias, model)
-        return _unknown(sim, model, headers)
-    answer = await messages.serve_message(request, messages.MessagesVia(Wire.BEDROCK, model, stream))
-    if isinstance(answer, StreamingResponse) and answer.media_type == "text/event-stream":
-        answer.body_iterator = chunked(answer.body_iterator)
-        answer.headers["content-type"] = MEDIA_TYPE
-    return answer
-
-
 def routes() -> list[Route]:
-    """bedrock-runtime's routes (the id may be an ARN, with ``/`` encoded or not)."""
+    """bedrock-runtime's Converse routes (the id may be an ARN, with ``/`` encoded or not)."""
     return [
         Route("/model/{model_id:path}/converse", converse, methods=["POST"]),
         Route("/model/{model_id:path}/converse-stream", converse_stream, methods=["POST"]),
-        Route("/model/{model_id:path}/invoke", invoke, methods=["POST"]),
-        Route("/model/{model_id:path}/invoke-with-response-stream", invoke_stream, methods=["POST"]),
     ]
