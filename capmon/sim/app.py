@@ -1,7 +1,8 @@
 """The simulated provider as an ASGI app: OpenAI's API (also on Azure's URLs), Anthropic's
-Messages API, Google's Gemini API and Vertex AI, that really run out of capacity, plus admin
-endpoints to steer it. A model is served on the wire its scenario ``api`` names (openai,
-azure, anthropic, gemini, vertex, gemini+vertex, anthropic+vertex or all).
+Messages API, Google's Gemini API and Vertex AI, AWS Bedrock's Converse, that really run out of
+capacity, plus admin endpoints to steer it. A model is served on the wire its scenario ``api``
+names (openai, azure, anthropic, gemini, vertex, bedrock, gemini+vertex, anthropic+vertex,
+anthropic+bedrock, anthropic+vertex+bedrock or all).
 
 API (OpenAI format; key as ``Authorization: Bearer KEY``, ``api-key`` or ``x-api-key``):
   POST /v1/chat/completions   plain JSON, or SSE when "stream": true, framed per the model's
@@ -22,11 +23,16 @@ API (OpenAI format; key as ``Authorization: Bearer KEY``, ``api-key`` or ``x-api
                               Google's Gemini API (see gemini.py); GET /v1beta/models[/{model}]
   POST /{v1,v1beta1}/projects/{p}/locations/{r}/publishers/{google,anthropic}/models/{model}:...
                               Vertex AI: Gemini's methods, Claude's rawPredict (see vertex.py)
+  POST /model/{modelId}/converse, /model/{modelId}/converse-stream
+                              AWS Bedrock's Converse and ConverseStream (see bedrock.py); also
+                              /invoke and /invoke-with-response-stream with Anthropic's body
+                              (bedrock_invoke.py)
 
 A full model rejects at once in its dialect: an HTTP error (openai-429, openai-503, ...), or
 inside a 200 stream (openrouter-stream, anthropic-stream, gemini-openai-stream, vllm-stream,
 ollama-stream for chat; responses-failed, responses-slow-down, responses-error for the
-Responses API; gemini-stream for Gemini's; other requests get the HTTP error such a frame
+Responses API; gemini-stream for Gemini's; bedrock-stream, bedrock-stream-503 and
+bedrock-stream-error for Bedrock's ConverseStream; other requests get the HTTP error such a frame
 stands for).
 
 Admin (see admin.py: no key on loopback unless one is configured; a non-loopback address
@@ -72,7 +78,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from capmon.core.base.clock import Clock
 from capmon.core.providers.tokens import estimate_tokens
-from capmon.sim import admin, azure, dialects, gemini, messages, responses, vertex
+from capmon.sim import admin, azure, bedrock, bedrock_invoke, dialects, gemini, messages, responses, vertex
 from capmon.sim.admin import AdminGuard, AdminPolicy
 from capmon.sim.dialects import Api, Wire
 from capmon.sim.faults import HANG_SECONDS, HTML_500_PAGE, PACED, STREAMED, DropConnection, FaultMode, delayed
@@ -376,7 +382,9 @@ async def index(request: Request) -> Response:
         f"(also under /v1; models: {', '.join(sim.model_names(Wire.GEMINI)) or 'none'}).\n"
         f"Vertex AI: POST /v1/projects/{{p}}/locations/{{r}}/publishers/google/models/{{model}}:generateContent, "
         f".../publishers/anthropic/models/{{model}}:rawPredict (also under /v1beta1; "
-        f"models: {', '.join(sim.model_names(Wire.VERTEX)) or 'none'}).\n{policy.describe()}.\n"
+        f"models: {', '.join(sim.model_names(Wire.VERTEX)) or 'none'}).\n"
+        f"AWS Bedrock: POST /model/{{modelId}}/converse, /converse-stream, /invoke, /invoke-with-response-stream "
+        f"(models: {', '.join(sim.model_names(Wire.BEDROCK)) or 'none'}).\n{policy.describe()}.\n"
     )
 
 
@@ -428,6 +436,8 @@ def create_app(
         *azure.routes(serve_chat, responses.serve_response),
         *gemini.routes(),
         *vertex.routes(),
+        *bedrock.routes(),
+        *bedrock_invoke.routes(),
         Route("/v1/models", list_models),
         Route("/v1/models/{name:path}", get_model),
         *admin.ROUTES,

@@ -25,6 +25,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from capmon.core.base.hints import MAX_HINT
+from capmon.sim import eventstream
 
 OPENAI_429 = "openai-429"
 OPENAI_503 = "openai-503"
@@ -37,6 +38,12 @@ GEMINI_503 = "gemini-503"
 VERTEX_429 = "vertex-429"
 VERTEX_QUOTA_429 = "vertex-quota-429"
 AZURE_429 = "azure-429"
+# Bedrock: ThrottlingException, ServiceUnavailableException, ModelNotReadyException and
+# ServiceQuotaExceededException (a 400), each in AWS's rest-json error shape.
+BEDROCK_429 = "bedrock-429"
+BEDROCK_503 = "bedrock-503"
+BEDROCK_NOT_READY = "bedrock-not-ready"
+BEDROCK_QUOTA = "bedrock-quota"
 CAPACITY_TEXT = "capacity-text"
 
 DIALECTS: tuple[str, ...] = (
@@ -49,6 +56,10 @@ DIALECTS: tuple[str, ...] = (
     VERTEX_429,
     VERTEX_QUOTA_429,
     AZURE_429,
+    BEDROCK_429,
+    BEDROCK_503,
+    BEDROCK_NOT_READY,
+    BEDROCK_QUOTA,
     CAPACITY_TEXT,
 )
 
@@ -65,6 +76,11 @@ RESPONSES_SLOW_DOWN = "responses-slow-down"  # Responses API: response.failed, c
 RESPONSES_ERROR = "responses-error"  # Responses API: an `error` event, code server_is_overloaded
 # Gemini's streamGenerateContent: Google's error object, pretty-printed and raw (no `data:`).
 GEMINI_STREAM = "gemini-stream"
+# Bedrock's ConverseStream: an exception message inside the 200 event stream
+# (throttlingException, serviceUnavailableException, modelStreamErrorException).
+BEDROCK_STREAM = "bedrock-stream"
+BEDROCK_STREAM_503 = "bedrock-stream-503"
+BEDROCK_STREAM_ERROR = "bedrock-stream-error"
 
 CHAT_STREAM_DIALECTS: tuple[str, ...] = (
     OPENROUTER_STREAM,
@@ -76,7 +92,10 @@ CHAT_STREAM_DIALECTS: tuple[str, ...] = (
     OLLAMA_STREAM,
 )
 RESPONSES_STREAM_DIALECTS: tuple[str, ...] = (RESPONSES_FAILED, RESPONSES_SLOW_DOWN, RESPONSES_ERROR)
-STREAM_DIALECTS: tuple[str, ...] = CHAT_STREAM_DIALECTS + RESPONSES_STREAM_DIALECTS + (GEMINI_STREAM,)
+BEDROCK_STREAM_DIALECTS: tuple[str, ...] = (BEDROCK_STREAM, BEDROCK_STREAM_503, BEDROCK_STREAM_ERROR)
+STREAM_DIALECTS: tuple[str, ...] = (
+    CHAT_STREAM_DIALECTS + RESPONSES_STREAM_DIALECTS + (GEMINI_STREAM,) + BEDROCK_STREAM_DIALECTS
+)
 CAPACITY_DIALECTS: tuple[str, ...] = DIALECTS + STREAM_DIALECTS
 
 # How a model words its 400 for a token parameter it does not take.
@@ -143,6 +162,7 @@ class Api(str, enum.Enum):
     RESPONSES = "responses"  # POST /v1/responses
     MESSAGES = "messages"  # POST /v1/messages (Anthropic)
     GEMINI = "gemini"  # :generateContent, :streamGenerateContent (Gemini API, Vertex AI)
+    CONVERSE = "converse"  # Bedrock's /model/{id}/converse, /converse-stream
 
 
 class Wire(str, enum.Enum):
@@ -153,6 +173,7 @@ class Wire(str, enum.Enum):
     ANTHROPIC = "anthropic"  # /v1/messages
     GEMINI = "gemini"  # /v1beta/models/{model}:generateContent, /v1/...
     VERTEX = "vertex"  # /v1/projects/{p}/locations/{r}/publishers/{google,anthropic}/models/{model}:...
+    BEDROCK = "bedrock"  # /model/{modelId}/converse, /converse-stream
 
 
 # A scenario model's `api`: the wire it is served on, two wires that serve the same model
@@ -160,7 +181,16 @@ class Wire(str, enum.Enum):
 ALL_WIRES = "all"
 GEMINI_AND_VERTEX = f"{Wire.GEMINI.value}+{Wire.VERTEX.value}"
 ANTHROPIC_AND_VERTEX = f"{Wire.ANTHROPIC.value}+{Wire.VERTEX.value}"
-MODEL_APIS: tuple[str, ...] = (*(w.value for w in Wire), GEMINI_AND_VERTEX, ANTHROPIC_AND_VERTEX, ALL_WIRES)
+ANTHROPIC_AND_BEDROCK = f"{Wire.ANTHROPIC.value}+{Wire.BEDROCK.value}"
+CLAUDE_CLOUDS = f"{Wire.ANTHROPIC.value}+{Wire.VERTEX.value}+{Wire.BEDROCK.value}"
+MODEL_APIS: tuple[str, ...] = (
+    *(w.value for w in Wire),
+    GEMINI_AND_VERTEX,
+    ANTHROPIC_AND_VERTEX,
+    ANTHROPIC_AND_BEDROCK,
+    CLAUDE_CLOUDS,
+    ALL_WIRES,
+)
 # What a model says when full unless its scenario names a dialect: its provider's own.
 WIRE_DIALECTS: dict[str, str] = {
     Wire.OPENAI.value: OPENAI_503,
@@ -169,7 +199,10 @@ WIRE_DIALECTS: dict[str, str] = {
     Wire.GEMINI.value: GEMINI_503,
     Wire.VERTEX.value: VERTEX_429,
     GEMINI_AND_VERTEX: GEMINI_503,
+    Wire.BEDROCK.value: BEDROCK_429,
     ANTHROPIC_AND_VERTEX: ANTHROPIC_529,
+    ANTHROPIC_AND_BEDROCK: ANTHROPIC_529,
+    CLAUDE_CLOUDS: ANTHROPIC_529,
     ALL_WIRES: OPENAI_503,
 }
 # Google's front ends (the Gemini API's and Vertex AI's): errors in google.rpc.Status JSON.
@@ -190,6 +223,8 @@ def speaks(dialect: str, api: Api) -> bool:
         return dialect in RESPONSES_STREAM_DIALECTS
     if api is Api.GEMINI:
         return dialect == GEMINI_STREAM
+    if api is Api.CONVERSE:
+        return dialect in BEDROCK_STREAM_DIALECTS
     return dialect == ANTHROPIC_STREAM
 
 
@@ -292,6 +327,9 @@ def capacity_rejection(
             headers["retry-after-ms"] = str(max(0, round(hint * 1000)))
             message += f" Please retry after {_retry_after(hint)} seconds."
         return _json(429, {"error": {"code": "429", "message": message}}, headers)
+    if dialect in BEDROCK_DIALECTS:
+        # Bedrock sends no retry hint, so a model's ``hint`` is not carried.
+        return bedrock_error(*BEDROCK_CAPACITY[dialect])
     if dialect == CAPACITY_TEXT:
         if hint is not None:
             headers["retry-after"] = _retry_after(hint)
@@ -404,6 +442,8 @@ def penalty_rejection(remaining: float, wire: Wire = Wire.OPENAI) -> WireError:
         return anthropic_error(429, "rate_limit_error", PENALTY_MESSAGE, {"retry-after": _retry_after(remaining)})
     if wire in GOOGLE_WIRES:
         return google_error(429, "RESOURCE_EXHAUSTED", PENALTY_MESSAGE, [_retry_info(remaining)])
+    if wire is Wire.BEDROCK:
+        return bedrock_error(429, THROTTLING, PENALTY_MESSAGE)
     return openai_error(
         429,
         PENALTY_MESSAGE,
@@ -428,6 +468,10 @@ def _error_info(reason: str, service: str) -> dict[str, Any]:
 
 
 def invalid_api_key(token: str | None, wire: Wire = Wire.OPENAI) -> WireError:
+    if wire is Wire.BEDROCK:
+        if not token:
+            return bedrock_error(403, "AccessDeniedException", BEDROCK_NO_AUTH)
+        return bedrock_error(403, "UnrecognizedClientException", BEDROCK_BAD_TOKEN)
     if wire is Wire.AZURE:
         return azure_error(401, "401", AZURE_ACCESS_DENIED)
     if wire is Wire.ANTHROPIC:
@@ -459,6 +503,8 @@ def invalid_api_key(token: str | None, wire: Wire = Wire.OPENAI) -> WireError:
 
 
 def model_not_found(model: str, wire: Wire = Wire.OPENAI) -> WireError:
+    if wire is Wire.BEDROCK:
+        return bedrock_error(404, "ResourceNotFoundException", BEDROCK_NOT_FOUND.format(model=model))
     if wire is Wire.AZURE:
         return azure_error(404, "DeploymentNotFound", AZURE_DEPLOYMENT_NOT_FOUND)
     if wire is Wire.ANTHROPIC:
@@ -496,6 +542,8 @@ def context_length_exceeded(window: int, prompt_tokens: int, max_tokens: int, wi
             f"input length and `max_tokens` exceed context limit: {prompt_tokens} + {max_tokens} > {window}, "
             f"decrease input length or `max_tokens` and try again",
         )
+    if wire is Wire.BEDROCK:
+        return bedrock_error(400, VALIDATION, BEDROCK_TOO_LONG)
     if wire in GOOGLE_WIRES:
         # Google counts the input only; the simulator's window holds the answer too, so the
         # requested output is counted in as the input it displaces.
@@ -517,6 +565,8 @@ def bad_request(message: str, param: str | None = None, wire: Wire = Wire.OPENAI
         return anthropic_error(400, "invalid_request_error", message)
     if wire in GOOGLE_WIRES:
         return google_error(400, "INVALID_ARGUMENT", message)
+    if wire is Wire.BEDROCK:
+        return bedrock_error(400, VALIDATION, message)
     return openai_error(400, message, type="invalid_request_error", code=None, param=param)
 
 
@@ -533,6 +583,7 @@ STATUS_ERRORS: dict[int, tuple[str, str, str, str | None, str]] = {
         "You are not allowed to sample from this model.",
     ),
     404: ("not_found_error", "Not found.", "invalid_request_error", None, "Not found."),
+    408: ("timeout_error", "Request timed out.", "server_error", None, "Request timed out."),
     413: (
         "request_too_large",
         "Request exceeds the maximum allowed number of bytes.",
@@ -540,6 +591,7 @@ STATUS_ERRORS: dict[int, tuple[str, str, str, str | None, str]] = {
         None,
         "Request too large.",
     ),
+    424: ("api_error", "Failed dependency.", "server_error", None, "Failed dependency."),
     429: ("rate_limit_error", "Rate limited.", "requests", "rate_limit_exceeded", "Rate limit reached."),
     500: (
         "api_error",
@@ -558,7 +610,9 @@ GOOGLE_STATUS_ERRORS: dict[int, tuple[str, str]] = {
     401: ("UNAUTHENTICATED", VERTEX_UNAUTHENTICATED),
     403: ("PERMISSION_DENIED", "The caller does not have permission"),
     404: ("NOT_FOUND", "Requested entity was not found."),
+    408: ("DEADLINE_EXCEEDED", "The request timed out. Please try again."),
     413: ("INVALID_ARGUMENT", "Request payload size exceeds the limit: 20971520 bytes."),
+    424: ("FAILED_PRECONDITION", "Precondition check failed."),
     429: ("RESOURCE_EXHAUSTED", "Resource has been exhausted (e.g. check quota)."),
     500: (
         "INTERNAL",
@@ -579,6 +633,8 @@ def status_error(status: int, wire: Wire = Wire.OPENAI) -> WireError:
         return invalid_api_key(None, wire)
     if wire in GOOGLE_WIRES:
         return google_error(status, *GOOGLE_STATUS_ERRORS[status])
+    if wire is Wire.BEDROCK:
+        return bedrock_error(*BEDROCK_STATUS_ERRORS[status])
     return openai_error(status, o_message, type=o_type, code=o_code)
 
 
@@ -652,6 +708,9 @@ def _stream_dialect_as_http(dialect: str, *, model: str, hint: float | None) -> 
         return _json(503, [_gemini_unavailable(hint)])
     if dialect == GEMINI_STREAM:
         return _json(503, _gemini_unavailable(hint, GEMINI_HIGH_DEMAND_MESSAGE))
+    if dialect in BEDROCK_STREAM_DIALECTS:
+        status, name, message = BEDROCK_STREAM_EXCEPTIONS[dialect]
+        return bedrock_error(status, name, message)
     if dialect == VLLM_STREAM:
         return _json(503, _vllm_error(), headers)
     if dialect == OLLAMA_STREAM:
@@ -734,3 +793,82 @@ def unsupported_parameter(dialect: str, param: str, instead: str) -> WireError:
     if dialect == UNSUPPORTED_OPENAI:
         return openai_error(400, message, type="invalid_request_error", code="unsupported_parameter", param=param)
     raise ValueError(f"unknown unsupported_dialect {dialect!r}; expected one of {', '.join(UNSUPPORTED_DIALECTS)}")
+
+
+# ---------------------------------------------------------------- AWS Bedrock
+
+# Bedrock's front end names the exception in x-amzn-ErrorType ("Name:namespace"; botocore's
+# rest-json parser takes the part before the colon as the error code) and says why in the
+# body's "message".
+BEDROCK_ERROR_NAMESPACE = "http://internal.amazon.com/coral/com.amazon.bedrock/"
+THROTTLING = "ThrottlingException"
+VALIDATION = "ValidationException"
+BEDROCK_THROTTLED = "Too many requests, please wait before trying again."
+BEDROCK_UNAVAILABLE = "Bedrock is unable to process your request."
+BEDROCK_NOT_READY_MESSAGE = "Model is not ready to serve inference requests. Try your request again later."
+BEDROCK_QUOTA_MESSAGE = "Too many tokens per day, please wait before trying again."
+BEDROCK_TOO_LONG = "Input is too long for requested model."
+BEDROCK_BAD_TOKEN = "The security token included in the request is invalid."
+BEDROCK_BAD_SIGNATURE = (
+    "The request signature we calculated does not match the signature you provided. Check your AWS Secret "
+    "Access Key and signing method. Consult the service documentation for details."
+)
+BEDROCK_NO_AUTH = "Authorization header requires a SigV4 signature or a Bedrock API key (Bearer)."
+BEDROCK_NOT_FOUND = (
+    "Could not resolve the foundation model from the provided model identifier: {model}. Please verify that "
+    "the requested model exists and is accessible within the specified region."
+)
+BEDROCK_NEEDS_PROFILE = (
+    "Invocation of model ID {model} with on-demand throughput isn't supported. Retry your request with the ID or "
+    "ARN of an inference profile that contains this model."
+)
+BEDROCK_STREAM_FAILED = "An error occurred while streaming the response. Retry your request."
+BEDROCK_DIALECTS: tuple[str, ...] = (BEDROCK_429, BEDROCK_503, BEDROCK_NOT_READY, BEDROCK_QUOTA)
+# A full model's HTTP error per dialect: (status, exception, message).
+BEDROCK_CAPACITY: dict[str, tuple[int, str, str]] = {
+    BEDROCK_429: (429, THROTTLING, BEDROCK_THROTTLED),
+    BEDROCK_503: (503, "ServiceUnavailableException", BEDROCK_UNAVAILABLE),
+    BEDROCK_NOT_READY: (429, "ModelNotReadyException", BEDROCK_NOT_READY_MESSAGE),
+    BEDROCK_QUOTA: (400, "ServiceQuotaExceededException", BEDROCK_QUOTA_MESSAGE),
+}
+# An in-stream dialect's exception: (the HTTP status it stands for, its name, message).
+BEDROCK_STREAM_EXCEPTIONS: dict[str, tuple[int, str, str]] = {
+    BEDROCK_STREAM: (429, THROTTLING, BEDROCK_THROTTLED),
+    BEDROCK_STREAM_503: (503, "ServiceUnavailableException", BEDROCK_UNAVAILABLE),
+    BEDROCK_STREAM_ERROR: (424, "ModelStreamErrorException", BEDROCK_STREAM_FAILED),
+}
+# The `error` fault's statuses as Bedrock's exceptions (it has no 401, 504 or 529: the nearest).
+BEDROCK_STATUS_ERRORS: dict[int, tuple[int, str, str]] = {
+    400: (400, VALIDATION, "Malformed input request, please reformat your input and try again."),
+    401: (403, "UnrecognizedClientException", BEDROCK_BAD_TOKEN),
+    403: (403, "AccessDeniedException", "You don't have access to the model with the specified model ID."),
+    404: (404, "ResourceNotFoundException", "The requested resource could not be found."),
+    408: (408, "ModelTimeoutException", "Model has timed out in processing the request. Try your request again."),
+    413: (400, VALIDATION, BEDROCK_TOO_LONG),
+    424: (424, "ModelErrorException", "The model encountered an error processing the request."),
+    429: (429, THROTTLING, BEDROCK_THROTTLED),
+    500: (500, "InternalServerException", "The server encountered an internal error. Try your request again."),
+    503: (503, "ServiceUnavailableException", BEDROCK_UNAVAILABLE),
+    504: (408, "ModelTimeoutException", "Model has timed out in processing the request. Try your request again."),
+    529: (503, "ServiceUnavailableException", BEDROCK_UNAVAILABLE),
+}
+
+
+def bedrock_error(status: int, exception: str, message: str) -> WireError:
+    """Bedrock's error answer: ``exception`` in ``x-amzn-ErrorType``, ``{"message"}`` as the body."""
+    return _json(status, {"message": message}, {"x-amzn-ErrorType": f"{exception}:{BEDROCK_ERROR_NAMESPACE}"})
+
+
+def _lower_camel(name: str) -> str:
+    return name[:1].lower() + name[1:]
+
+
+def bedrock_stream_error(dialect: str) -> bytes:
+    """The exception message that ends a ConverseStream in ``dialect``: ``:message-type:
+    exception`` and the exception's name in lowerCamel case (``throttlingException``); a
+    modelStreamErrorException says what the model itself answered."""
+    _status, name, message = BEDROCK_STREAM_EXCEPTIONS[dialect]
+    payload: dict[str, Any] = {"message": message}
+    if dialect == BEDROCK_STREAM_ERROR:
+        payload.update(originalStatusCode=500, originalMessage="Internal server error")
+    return eventstream.exception(_lower_camel(name), payload)

@@ -42,7 +42,7 @@ from capmon.sim.faults import DropConnection, FaultMode
 from capmon.sim.model import Admitted, Faulted, Simulator, Ticket
 from capmon.sim.replies import BadRequest, SlotStream, bearer, faulted, hold, read_request, rejection, simulator, wire
 from capmon.sim.resume import resumed, with_resume
-from capmon.sim.streams import answer_pieces, tokens_of
+from capmon.sim.streams import answer_pieces, tokens_of, until_stop
 from capmon.sim.tools import (
     LastTurn,
     ToolCall,
@@ -231,25 +231,8 @@ def answer(ticket: Ticket, tool_result: str | None, stops: tuple[str, ...]) -> t
     """The answer's stream pieces, each one's tokens, and its finishReason: cut just before
     the first stop sequence it would say (then STOP, whatever maxOutputTokens said)."""
     pieces, costs = answer_pieces(ticket, tool_result)
-    reason = FINISH_REASONS[ticket.finish_reason]
-    text = "".join(pieces)
-    cut = min((i for i in (text.find(s) for s in stops) if i >= 0), default=-1)
-    if cut < 0:
-        return pieces, costs, reason
-    kept: list[str] = []
-    kept_costs: list[int] = []
-    at = 0
-    for piece, cost in zip(pieces, costs, strict=True):
-        if at + len(piece) > cut:
-            head = piece[: cut - at]
-            if head:
-                kept.append(head)
-                kept_costs.append(len(head.split()))
-            break
-        kept.append(piece)
-        kept_costs.append(cost)
-        at += len(piece)
-    return kept, kept_costs, "STOP"
+    kept, kept_costs, stopped = until_stop(pieces, costs, stops)
+    return kept, kept_costs, "STOP" if stopped else FINISH_REASONS[ticket.finish_reason]
 
 
 def _call_candidate(call: ToolCall) -> dict[str, Any]:

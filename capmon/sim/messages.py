@@ -73,17 +73,29 @@ class ApiVersion(str, enum.Enum):
 # Vertex AI's rawPredict takes the version in the body: the one its docs name, which keeps
 # the 2023-06-01 rules, and the ones the SDKs send (AnthropicVertex 2.x sends its own).
 VERTEX_VERSION_FIELD = "anthropic_version"
-VERTEX_VERSIONS = {"vertex-2023-10-16": ApiVersion.V2023_06_01, **{v.value: v for v in ApiVersion}}
+VERTEX_VERSIONS = {
+    "vertex-2023-10-16": ApiVersion.V2023_06_01,
+    "bedrock-2023-05-31": ApiVersion.V2023_06_01,  # Bedrock's InvokeModel
+    **{v.value: v for v in ApiVersion},
+}
 
 
 @dataclass(frozen=True)
 class MessagesVia:
-    """How a Messages request reached the handler: Anthropic's own URL, or Vertex AI's
+    """How a Messages request reached the handler: Anthropic's own URL, Vertex AI's
     rawPredict (``wire`` VERTEX), where the URL names the model (``model``), the body carries
-    ``anthropic_version``, and Google's front end has checked the token and the model."""
+    ``anthropic_version``, and Google's front end has checked the token and the model; or
+    Bedrock's InvokeModel (``wire`` BEDROCK, the same body), whose front end answers every
+    error in Bedrock's shape (capmon/sim/bedrock.py frames its streams)."""
 
     wire: Wire = Wire.ANTHROPIC  # the wire whose models the request may name
     model: str | None = None
+    stream: bool | None = None  # set when the URL says whether it streams (Bedrock's)
+
+    @property
+    def front(self) -> Wire:
+        """The wire whose key the request carries and whose shape its errors take."""
+        return Wire.BEDROCK if self.wire is Wire.BEDROCK else Wire.ANTHROPIC
 
 
 ANTHROPIC_VIA = MessagesVia()
@@ -371,7 +383,7 @@ async def _read(
     limit = sim.scenario.max_request_bytes
     declared = request.headers.get("content-length", "")
     if (declared.isdigit() and int(declared) > limit) or len(await request.body()) > limit:
-        err = dialects.status_error(413, Wire.ANTHROPIC)
+        err = dialects.status_error(413, via.front)
         return wire(err, headers)
     header = request.headers.get(VERSION_HEADER)
 
@@ -379,9 +391,13 @@ async def _read(
         if via.wire is Wire.ANTHROPIC:
             return parse_messages(body, api_version(header), counting=counting)
         version = vertex_version(body)
-        return parse_messages({**body, "model": via.model} if via.model else body, version, counting=counting)
+        named = {"model": via.model} if via.model else {}
+        streams = {} if via.stream is None else {"stream": via.stream}
+        return parse_messages(
+            {**body, **named, **streams} if isinstance(body, dict) else body, version, counting=counting
+        )
 
-    return await read_request(request, parse, UNPARSABLE, Wire.ANTHROPIC, headers)
+    return await read_request(request, parse, UNPARSABLE, via.front, headers)
 
 
 def _tool_call(req: MessagesRequest, mode: str) -> ToolCall | None:
@@ -402,7 +418,7 @@ async def serve_message(request: Request, via: MessagesVia) -> Response | DropCo
     sim, alias, req = read
     if req.prefilled and sim.has_model(req.model, via.wire) and not sim.state(req.model).prefill:
         sim.bad_request(alias, req.model)
-        return wire(dialects.bad_request(PREFILL_REFUSAL, "messages", Wire.ANTHROPIC), headers)
+        return wire(dialects.bad_request(PREFILL_REFUSAL, "messages", via.front), headers)
     decision = sim.submit(
         alias,
         req.model,
@@ -424,14 +440,14 @@ async def serve_message(request: Request, via: MessagesVia) -> Response | DropCo
         api=Api.MESSAGES,
         stream=req.stream,
         in_stream=in_stream,
-        on=Wire.ANTHROPIC,
+        on=via.front,
         now=sim.clock.wall(),
         headers=headers,
     )
     if refused is not None:
         return refused
     if isinstance(decision, Faulted):
-        return await _faulted(sim, decision, req, mid, headers)
+        return await _faulted(sim, decision, req, mid, headers, via.front)
     assert isinstance(decision, Admitted)
     ticket = decision.ticket
     call = _tool_call(req, sim.state(req.model).tools)
@@ -447,7 +463,7 @@ async def serve_message(request: Request, via: MessagesVia) -> Response | DropCo
 
 
 async def _faulted(
-    sim: Simulator, decision: Faulted, req: MessagesRequest, mid: str, headers: dict[str, str]
+    sim: Simulator, decision: Faulted, req: MessagesRequest, mid: str, headers: dict[str, str], front: Wire
 ) -> Response | DropConnection:
     rule, ticket = decision.rule, decision.ticket
     broken = broken_call(req.tools, req.turn, "toolu_sim") if rule.mode is FaultMode.BROKEN_TOOL_ARGS else None
@@ -474,7 +490,7 @@ async def _faulted(
         broken=broken,
         streamed=streamed,
         answer=answer,
-        on=Wire.ANTHROPIC,
+        on=front,
         headers=headers,
     )
 

@@ -15,7 +15,7 @@ from starlette.responses import HTMLResponse, PlainTextResponse, Response, Strea
 from starlette.types import Receive, Scope, Send
 
 from capmon.core.base.clock import Clock
-from capmon.sim import dialects
+from capmon.sim import dialects, sigv4
 from capmon.sim.dialects import AZURE_API_VERSION, Api, Wire, WireError, speaks
 from capmon.sim.faults import HANG_SECONDS, HTML_500_PAGE, PACED, STREAMED, DropConnection, FaultMode, delayed
 from capmon.sim.model import (
@@ -64,7 +64,12 @@ def bearer(request: Request, wire: Wire = Wire.OPENAI) -> str | None:
     """The caller's key: ``Authorization: Bearer``, or Azure's ``api-key`` / Anthropic's
     ``x-api-key``. On Anthropic's wire ``x-api-key`` wins when both are sent, as there. The
     Gemini API takes ``x-goog-api-key`` or ``?key=``; Vertex AI an OAuth token as Bearer (or
-    an express-mode key in ``x-goog-api-key``)."""
+    an express-mode key in ``x-goog-api-key``); Bedrock a SigV4 signature, whose access key id
+    is the key (capmon/sim/sigv4.py checks the signature), or a Bedrock API key as Bearer."""
+    if wire is Wire.BEDROCK:
+        signed = sigv4.parse(request.headers.get("authorization", ""))
+        if signed is not None:
+            return signed.access_key
     google_key = request.headers.get("x-goog-api-key") or None
     if wire is Wire.GEMINI:
         return google_key or request.query_params.get("key") or None
@@ -77,6 +82,8 @@ def bearer(request: Request, wire: Wire = Wire.OPENAI) -> str | None:
         return token.strip()
     if wire is Wire.VERTEX:
         return google_key
+    if wire is Wire.BEDROCK:
+        return None
     return request.headers.get("api-key") or anthropic_key
 
 
@@ -101,12 +108,14 @@ def rejection(
     now: float = 0.0,
     api_version: str | None = None,
     headers: dict[str, str] | None = None,
+    stream_type: str = "text/event-stream",
 ) -> Response | None:
     """The answer to a request the simulator did not admit, or None when it was admitted or
     faulted. A full model whose dialect says "no" inside a stream of this API answers 200
     with ``in_stream(dialect, model)`` as the body; every other refusal is an HTTP error,
     in the shape of the wire ``on`` except for a full model (its dialect says how). ``now``
-    (wall clock) and ``api_version`` (Azure's) fill the rejections that carry them."""
+    (wall clock) and ``api_version`` (Azure's) fill the rejections that carry them;
+    ``stream_type`` is the in-stream rejection's media type."""
     if isinstance(decision, Penalised):
         return wire(dialects.penalty_rejection(decision.remaining, on), headers)
     if isinstance(decision, UnknownModel):
@@ -121,7 +130,7 @@ def rejection(
     if isinstance(decision, NoCapacity):
         s = decision.state
         if stream and in_stream is not None and speaks(s.dialect, api):
-            return StreamingResponse(in_stream(s.dialect, s.name), media_type="text/event-stream", headers=headers)
+            return StreamingResponse(in_stream(s.dialect, s.name), media_type=stream_type, headers=headers)
         return wire(
             dialects.capacity_rejection(
                 s.dialect,

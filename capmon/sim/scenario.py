@@ -88,10 +88,13 @@ class ModelSpec:
         doc="the wire it is served on: openai (/v1/chat/completions, /v1/responses), azure "
         "(/openai/deployments/{name}/..., /openai/v1/...), anthropic (/v1/messages), gemini "
         "(/v1beta/models/{name}:generateContent...), vertex (/v1/projects/{p}/locations/{r}/publishers/"
-        "{google,anthropic}/models/{name}:...); two of them (gemini+vertex, anthropic+vertex); or all",
+        "{google,anthropic}/models/{name}:...), bedrock (/model/{name}/converse, /converse-stream); several "
+        "of them (gemini+vertex, anthropic+vertex, anthropic+bedrock, anthropic+vertex+bedrock); or all",
     )
     dialect: str = spec(
-        AUTO, choices=(*CAPACITY_DIALECTS, AUTO), doc="auto: the wire's own (anthropic-529, gemini-503, vertex-429...)"
+        AUTO,
+        choices=(*CAPACITY_DIALECTS, AUTO),
+        doc="auto: the wire's own (anthropic-529, gemini-503, vertex-429, bedrock-429...)",
     )
     hint: float | None = _number(None, min=0.0, max=MAX_HINT, doc="seconds; carried by rejections as the dialect does")
     schedule: tuple[Phase, ...] = spec((), expected="a list of [[{key}]] tables")

@@ -77,6 +77,29 @@ def answer_pieces(ticket: Ticket, tool_result: str | None = None) -> tuple[list[
     return [(" " if i or lead else "") + " ".join(g) for i, g in enumerate(groups)], [len(g) for g in groups]
 
 
+def until_stop(pieces: list[str], costs: list[int], stops: tuple[str, ...]) -> tuple[list[str], list[int], bool]:
+    """An answer's pieces (and their tokens) cut just before the first of ``stops`` it would
+    say, and whether one was (the stop sequence itself is left out, as Gemini and Bedrock do)."""
+    text = "".join(pieces)
+    cut = min((i for i in (text.find(s) for s in stops) if i >= 0), default=-1)
+    if cut < 0:
+        return pieces, costs, False
+    kept: list[str] = []
+    kept_costs: list[int] = []
+    at = 0
+    for piece, cost in zip(pieces, costs, strict=True):
+        if at + len(piece) > cut:
+            head = piece[: cut - at]
+            if head:
+                kept.append(head)
+                kept_costs.append(len(head.split()))
+            break
+        kept.append(piece)
+        kept_costs.append(cost)
+        at += len(piece)
+    return kept, kept_costs, True
+
+
 def argument_pieces(arguments: str) -> list[str]:
     """A tool call's JSON arguments in pieces, as providers stream them (several, always)."""
     size = max(1, min(TOOL_ARGUMENT_PIECE, len(arguments) // 2))

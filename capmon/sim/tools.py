@@ -326,6 +326,52 @@ def parse_gemini_tools(body: dict[str, Any]) -> ToolRequest | None:
     return ToolRequest(tuple(tools), _GEMINI_MODES[mode])
 
 
+_CONVERSE_CHOICES = {"auto": "auto", "any": "required", "tool": "function"}
+
+
+def parse_converse_tools(body: dict[str, Any]) -> ToolRequest | None:
+    """Bedrock Converse's ``toolConfig``: ``tools`` (``[{"toolSpec": {"name", "description"?,
+    "inputSchema": {"json": schema}}}]``; cache points and system tools are never called by
+    the simulator) and ``toolChoice`` (one of ``{"auto": {}}``, ``{"any": {}}``, ``{"tool":
+    {"name"}}``). Raises ToolError with ValidationException's wording."""
+    config = body.get("toolConfig")
+    if config is None:
+        return None
+    raw = config.get("tools") if isinstance(config, dict) else None
+    if not isinstance(raw, list) or not raw:
+        raise ToolError("The value at toolConfig.tools must be a non-empty list of tools.", "toolConfig.tools")
+    assert isinstance(config, dict)
+    tools: list[Tool] = []
+    for i, item in enumerate(raw):
+        spec = item.get("toolSpec") if isinstance(item, dict) else None
+        if spec is None and isinstance(item, dict) and item:
+            continue  # a cachePoint or a system tool
+        name = spec.get("name") if isinstance(spec, dict) else None
+        if not isinstance(name, str) or not name:
+            raise ToolError(f"The value at toolConfig.tools.{i}.toolSpec.name must be a tool name.", "toolConfig")
+        assert isinstance(spec, dict)
+        schema = spec.get("inputSchema")
+        if not isinstance(schema, dict) or not isinstance(schema.get("json"), dict):
+            raise ToolError(
+                f"The value at toolConfig.tools.{i}.toolSpec.inputSchema must hold a JSON schema in json.", "toolConfig"
+            )
+        tools.append(Tool(name, schema["json"]))
+    choice = config.get("toolChoice")
+    if choice is None:
+        return ToolRequest(tuple(tools), "auto")
+    kinds = list(choice) if isinstance(choice, dict) else []
+    if len(kinds) != 1 or kinds[0] not in _CONVERSE_CHOICES:
+        raise ToolError("The value at toolConfig.toolChoice must be exactly one of auto, any or tool.", "toolConfig")
+    assert isinstance(choice, dict)
+    if kinds[0] != "tool":
+        return ToolRequest(tuple(tools), _CONVERSE_CHOICES[kinds[0]])
+    named = choice["tool"]
+    name = named.get("name") if isinstance(named, dict) else None
+    if name not in {t.name for t in tools}:
+        raise ToolError(f"The tool {name!r} named in toolConfig.toolChoice is not in toolConfig.tools.", "toolConfig")
+    return ToolRequest(tuple(tools), "function", name)
+
+
 def _json_schema(schema: Any, depth: int = 0) -> Any:
     """A Gemini Schema (OpenAPI's subset: ``"type": "OBJECT"``) as JSON Schema (``"object"``)."""
     if not isinstance(schema, dict) or depth > MAX_SCHEMA_DEPTH:

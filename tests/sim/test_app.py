@@ -15,7 +15,7 @@ from starlette.applications import Starlette
 
 from capmon.core.types.config import SIMULATOR_DEMO_KEY
 from capmon.sim.app import SIM_HEADER, create_app, simulator_of
-from capmon.sim.dialects import CAPACITY_MESSAGE, DIALECTS
+from capmon.sim.dialects import BEDROCK_CAPACITY, CAPACITY_MESSAGE, DIALECTS
 from capmon.sim.faults import ConnectionDropped
 from capmon.sim.model import key_alias
 from capmon.sim.scenario import ModelSpec, PenaltySpec, Phase, Scenario
@@ -316,11 +316,15 @@ def _expect(dialect: str, r: httpx.Response, hint: float | None) -> None:
     elif dialect == "capacity-text":
         assert r.status_code == 503
         assert r.text == "Selected model is at capacity. Please try a different model."
+    elif dialect.startswith("bedrock-"):  # Bedrock's exception in x-amzn-ErrorType; it sends no hint
+        status, exception, message = BEDROCK_CAPACITY[dialect]
+        assert (r.status_code, r.json()) == (status, {"message": message})
+        assert h["x-amzn-errortype"] == f"{exception}:http://internal.amazon.com/coral/com.amazon.bedrock/"
     else:  # pragma: no cover
         raise AssertionError(dialect)
     if hint is None:
         assert not {"retry-after", "retry-after-ms"} & set(h)
-    elif not dialect.startswith(("gemini-", "vertex-")):
+    elif not dialect.startswith(("gemini-", "vertex-", "bedrock-")):
         assert h["retry-after"] == "2"
 
 

@@ -355,16 +355,18 @@ def test_bundled_scenarios_load() -> None:
     for name in names:
         s = load_scenario(name)
         assert s.name == name
-        # every bundled scenario serves the shipped config's models, its Google deployments included
+        # every bundled scenario serves the shipped config's models, its Google and AWS deployments included
         assert {m.name for m in s.models} == {
             "sim-flagship",
             "sim-claude",
             "sim-medium",
             "sim-gemini-flash",
             "sim-claude-vertex",
+            "us.anthropic.sim-claude-v1:0",
             "sim-small",
         }
-        assert {m.name: m.api for m in s.models}["sim-claude"] == "anthropic"
+        apis = {m.name: m.api for m in s.models}
+        assert apis["sim-claude"] == "anthropic" and apis["us.anthropic.sim-claude-v1:0"] == "bedrock"
         assert SIMULATOR_DEMO_KEY in s.keys
 
 

@@ -87,6 +87,9 @@ EXPECTED_HTTP = {
     dialects.RESPONSES_SLOW_DOWN: 503,
     dialects.RESPONSES_ERROR: 503,
     dialects.GEMINI_STREAM: 503,
+    dialects.BEDROCK_STREAM: 429,
+    dialects.BEDROCK_STREAM_503: 503,
+    dialects.BEDROCK_STREAM_ERROR: 424,
 }
 
 
@@ -112,6 +115,9 @@ async def test_a_plain_request_gets_the_matching_http_error(
         assert body["error"]["code"] in ("server_is_overloaded", "slow_down")
     elif dialect == dialects.OLLAMA_STREAM:
         assert body["error"]["type"] == "api_error" and "server busy" in body["error"]["message"]
+    elif dialect in dialects.BEDROCK_STREAM_DIALECTS:  # Bedrock's exception; it sends no hint
+        _status, exception, message = dialects.BEDROCK_STREAM_EXCEPTIONS[dialect]
+        assert body == {"message": message} and r.headers["x-amzn-errortype"].startswith(f"{exception}:")
     else:
         assert body["error"]["code"] == r.status_code and r.headers["retry-after"] == "2"
 
