@@ -129,6 +129,9 @@ _AWS_QUOTA = re.compile(r"per ?day|daily")
 # "Invocation of model ID anthropic.claude-... with on-demand throughput isn't supported.
 # Retry your request with the ID or ARN of an inference profile that contains this model."
 _AWS_PROFILE = re.compile(r"on-demand throughput isn.t supported|arn of an inference profile")
+# A model id Bedrock does not know comes as a 400 ("The provided model identifier is invalid.")
+# or a 404 ResourceNotFoundException: either way the target's model is not there.
+_AWS_NO_MODEL = re.compile(r"model identifier is invalid")
 _URL = re.compile(r"https?://\S+")
 _HTML = re.compile(r"<\s*(?:!doctype|html|head|body|title)\b", re.IGNORECASE)
 # HTML is taken apart with patterns that cannot run past the next "<", so a page of
@@ -386,8 +389,9 @@ def _aws_kind(name: str, signals: str, hint: float | None, quota_hint: float) ->
     """The kind of an AWS exception (:data:`_AWS`) and the failure's code: a throttling that
     says a day's is a quota (as is one told to wait past ``quota_hint``), else a rate limit;
     a validation error is too large for too long an input, a configuration error for a model
-    id that needs an inference profile (:data:`INFERENCE_PROFILE_REQUIRED`), else a bad
-    request; a missing resource is a model not found."""
+    id that needs an inference profile (:data:`INFERENCE_PROFILE_REQUIRED`), a model not
+    found for an id Bedrock does not know, else a bad request; a missing resource is a model
+    not found."""
     kind = _AWS[name][1]
     if name == "ThrottlingException":
         quota = _AWS_QUOTA.search(signals) or (hint is not None and hint >= quota_hint)
@@ -395,6 +399,8 @@ def _aws_kind(name: str, signals: str, hint: float | None, quota_hint: float) ->
     if name == "ValidationException":
         if _AWS_PROFILE.search(signals):
             return Kind.BAD_REQUEST, INFERENCE_PROFILE_REQUIRED
+        if _AWS_NO_MODEL.search(signals):
+            return Kind.BAD_REQUEST, MODEL_NOT_FOUND
         return (Kind.TOO_LARGE if _TOO_LARGE.search(signals) else Kind.BAD_REQUEST), name
     if name == "ResourceNotFoundException":
         return Kind.BAD_REQUEST, MODEL_NOT_FOUND
