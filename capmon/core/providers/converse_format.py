@@ -195,7 +195,7 @@ def _tool_config(config: object, own: dict[str, Any]) -> tuple[tuple[canon.Tool,
     """toolConfig's function tools and choice; anything else in it only Converse carries."""
     if config is None:
         return (), None
-    tools = config.get("tools") if isinstance(config, Mapping) else None
+    tools = config.get("tools", []) if isinstance(config, Mapping) else None
     if not isinstance(config, Mapping) or not set(config) <= {"tools", "toolChoice"} or not isinstance(tools, list):
         own["toolConfig"] = config
         return (), None
@@ -552,12 +552,14 @@ def _index(payload: Mapping[str, Any]) -> int:
 class _Decoder:
     """Converse events in, the hub's events out: a block's start when its first event comes
     (a text or reasoning block has no ``contentBlockStart``), Converse's block indexes
-    numbered from 0 in the order they came, the stop at ``messageStop``, the usage and the
-    end at ``metadata`` (or at the wire's end, when none follows the stop)."""
+    numbered from 0 in the order they came, the parts stopped at ``messageStop``, its stop
+    reason told with the usage at ``metadata``, then the end (at the wire's end, when no
+    metadata follows the stop)."""
 
     def __init__(self) -> None:
         self._started = False
         self._stopped = False  # messageStop came
+        self._stop: tuple[canon.Stop | None, str | None] = (None, None)  # its reason, told with the usage
         self._done = False
         self._parts: dict[int, int] = {}  # Converse's index -> the hub's
         self._open: set[int] = set()
@@ -593,11 +595,11 @@ class _Decoder:
             self._stopped = True
             out += [canon.PartStopped(i) for i in sorted(self._open)]
             self._open.clear()
-            stop, other = _stop(payload.get("stopReason"))
-            out.append(canon.Ended(stop, None, None, other))
+            self._stop = _stop(payload.get("stopReason"))
         elif kind == "metadata":
             self._done = True
-            out += [canon.Ended(usage=decode_usage(payload.get("usage"))), canon.Done()]
+            stop, other = self._stop
+            out += [canon.Ended(stop, decode_usage(payload.get("usage")), None, other), canon.Done()]
         return out
 
     def _delta(self, index: int, delta: Mapping[str, Any]) -> list[canon.Event]:
@@ -625,7 +627,8 @@ class _Decoder:
     def close(self) -> list[canon.Event]:
         if self._stopped and not self._done:  # the stop came, its metadata never did
             self._done = True
-            return [canon.Done()]
+            stop, other = self._stop
+            return [canon.Ended(stop, None, None, other), canon.Done()]
         return []
 
 
@@ -640,6 +643,7 @@ class _Encoder:
 
     def __init__(self) -> None:
         self._parts: dict[int, canon.Part] = {}
+        self._said: set[int] = set()  # tool uses whose input came in deltas
         self._stop: canon.Stop | None = None
         self._other: str | None = None
         self._usage: canon.Usage | None = None
@@ -653,7 +657,11 @@ class _Encoder:
         if isinstance(event, canon.PartDelta):
             return self._delta(event)
         if isinstance(event, canon.PartStopped):
-            return [{"contentBlockStop": {"contentBlockIndex": event.index}}]
+            out = []
+            started = self._parts.get(event.index)
+            if isinstance(started, canon.ToolCall) and event.index not in self._said and started.input:
+                out.append(self._block(event.index, {"toolUse": {"input": json.dumps(started.input)}}))
+            return [*out, {"contentBlockStop": {"contentBlockIndex": event.index}}]
         if isinstance(event, canon.Ended):
             if event.stop is not None or event.stop_other is not None:
                 self._stop, self._other = event.stop, event.stop_other
@@ -669,12 +677,9 @@ class _Encoder:
 
     def _start(self, index: int, part: canon.Part) -> list[dict[str, Any]]:
         self._parts[index] = part
-        if isinstance(part, canon.ToolCall):
+        if isinstance(part, canon.ToolCall):  # its input comes in deltas (a start's is its first state)
             start = {"toolUse": {"toolUseId": part.id, "name": part.name}}
-            out = [{"contentBlockStart": {"start": start, "contentBlockIndex": index}}]
-            if part.arguments:
-                out.append(self._block(index, {"toolUse": {"input": part.arguments}}))
-            return out
+            return [{"contentBlockStart": {"start": start, "contentBlockIndex": index}}]
         if isinstance(part, canon.Text):
             return [self._block(index, {"text": part.text})] if part.text else []
         if isinstance(part, canon.Thinking):
@@ -698,6 +703,7 @@ class _Encoder:
                 )
             )
         if event.arguments:
+            self._said.add(event.index)
             out.append(self._block(event.index, {"toolUse": {"input": event.arguments}}))
         if event.signature is not None and thought:
             out.append(self._block(event.index, {"reasoningContent": {"signature": event.signature}}))

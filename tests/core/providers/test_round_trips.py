@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -182,6 +183,47 @@ def gemini(c: Conversation) -> dict[str, Any]:
     return body
 
 
+def converse(c: Conversation) -> dict[str, Any]:
+    """Bedrock's Converse (which has no tool choice "none": :func:`says_in_converse`)."""
+    assert says_in_converse(c)
+    messages: list[dict[str, Any]] = []
+    for e, ids in zip(c.exchanges, _ids(c, "tooluse_"), strict=True):
+        messages.append({"role": "user", "content": [{"text": e.user}]})
+        if e.calls:
+            said = [{"text": e.said}] if e.said else []
+            uses = [
+                {"toolUse": {"toolUseId": i, "name": call.name, "input": call.args}}
+                for i, call in zip(ids, e.calls, strict=True)
+            ]
+            messages.append({"role": "assistant", "content": said + uses})
+            results_ = [
+                {"toolResult": {"toolUseId": i, "content": [{"text": call.result}]}}
+                for i, call in zip(ids, e.calls, strict=True)
+            ]
+            messages.append({"role": "user", "content": results_})
+        messages.append({"role": "assistant", "content": [{"text": e.answer}]})
+    messages.append({"role": "user", "content": [{"text": c.last}]})
+    body: dict[str, Any] = {"messages": messages}
+    if c.system:
+        body["system"] = [{"text": c.system}]
+    config = _sampling(c, {}, ("maxTokens", "stopSequences", "temperature", "topP"))
+    if config:
+        body["inferenceConfig"] = config
+    tools: dict[str, Any] = {}
+    if _used(c):
+        tools["tools"] = [{"toolSpec": {"name": n, "inputSchema": {"json": SCHEMA}}} for n in _used(c)]
+    if c.choice is not None:
+        tools["toolChoice"] = {c.choice: {}}
+    if tools:
+        body["toolConfig"] = tools
+    return body
+
+
+def says_in_converse(c: Conversation) -> bool:
+    """Whether Converse can say the conversation: all but a tool choice of "none"."""
+    return c.choice != "none"
+
+
 def responses(c: Conversation) -> dict[str, Any]:
     items: list[dict[str, Any]] = []
     for e, ids in zip(c.exchanges, _ids(c, "call_"), strict=True):
@@ -215,8 +257,9 @@ BUILDERS: dict[Format, Callable[[Conversation], dict[str, Any]]] = {
     Format.CHAT: chat,
     Format.MESSAGES: messages,
     Format.GEMINI: gemini,
+    Format.CONVERSE: converse,
 }
-_ID_KEYS = frozenset({"id", "tool_call_id", "tool_use_id", "call_id"})
+_ID_KEYS = frozenset({"id", "tool_call_id", "tool_use_id", "call_id", "toolUseId"})
 
 
 def renumbered(body: Any) -> Any:
@@ -243,6 +286,8 @@ def test_the_hub_encodes_every_format_but_the_responses_api() -> None:
 @given(conversations)
 def test_a_request_into_the_hub_and_back_to_its_own_format_is_unchanged(c: Conversation) -> None:
     for fmt, build in BUILDERS.items():
+        if fmt is Format.CONVERSE and not says_in_converse(c):
+            continue
         body = build(c)
         module = hub.FORMATS[fmt]
         assert module.encode_request(module.decode_request({"model": "m", "stream": True, **body})) == body, fmt
@@ -265,6 +310,23 @@ def test_a_conversation_every_format_says_crosses_to_gemini_and_back_saying_the_
         hub.translate_request(body, Format.RESPONSES, Format.GEMINI)[0], Format.GEMINI, Format.CHAT
     )
     assert renumbered(by_gemini) == renumbered(direct)
+
+
+@settings(max_examples=150, deadline=None)
+@given(conversations)
+def test_a_conversation_every_format_says_crosses_to_converse_and_back_saying_the_same(c: Conversation) -> None:
+    """Chat, Messages and Gemini to Bedrock's Converse and back (call ids aside: Gemini's are
+    made); a tool choice of "none", which Converse has not, is refused naming it."""
+    for fmt in (Format.CHAT, Format.MESSAGES, Format.GEMINI):
+        body = BUILDERS[fmt](c)
+        if not says_in_converse(c):
+            with pytest.raises(hub.Incapable, match='tool_choice "none"'):
+                hub.translate_request({"model": "m", **body}, fmt, Format.CONVERSE)
+            continue
+        there, dropped = hub.translate_request({"model": "m", **body}, fmt, Format.CONVERSE)
+        assert (renumbered(there), dropped) == (renumbered(converse(c)), ()), fmt
+        back, _ = hub.translate_request(there, Format.CONVERSE, fmt)
+        assert renumbered(back) == renumbered(body), fmt
 
 
 # ---------------------------------------------------------------- answers and their streams
