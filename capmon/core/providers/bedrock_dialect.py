@@ -54,8 +54,7 @@ unserved = openai_dialect.unserved
 def auth(endpoint: EndpointConfig, secret: str) -> Auth:
     """A Bedrock API key in ``keys`` as a fixed bearer; without keys, each request signed
     with SigV4 from the standard AWS chain (one signer per target: aws_sigv4.py)."""
-    keys = "keys = []" if not secret else "keys"
-    what = f'endpoint "{endpoint.name}" (api = "bedrock", {keys})'
+    what = f'endpoint "{endpoint.name}" (api = "bedrock"{"" if secret else ", keys = []"})'
     aws_eventstream.require_aws(what)  # at start, not at the first request
     if secret:
         return Auth({"authorization": f"Bearer {secret}"})
