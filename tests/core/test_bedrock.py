@@ -141,6 +141,14 @@ class Seen:
     signed: bool | None = None  # the signature recomputed matched (None: none was sent)
 
 
+ANSWER = {
+    "output": {"message": {"role": "assistant", "content": [{"text": "hello"}]}},
+    "stopReason": "end_turn",
+    "usage": {"inputTokens": 5, "outputTokens": 2, "totalTokens": 7},
+    "metrics": {"latencyMs": 90},
+}
+
+
 @dataclass
 class Bedrock:
     """Bedrock's runtime in us-east-1: ``plain(n, model)`` and ``stream(n, model)`` answer the
@@ -152,12 +160,6 @@ class Bedrock:
     counts: dict[str, int] = field(default_factory=dict)
 
 
-ANSWER = {
-    "output": {"message": {"role": "assistant", "content": [{"text": "hello"}]}},
-    "stopReason": "end_turn",
-    "usage": {"inputTokens": 5, "outputTokens": 2, "totalTokens": 7},
-    "metrics": {"latencyMs": 90},
-}
 _AUTH = re.compile(
     r"AWS4-HMAC-SHA256 Credential=(\w+)/(\d{8})/([\w-]+)/bedrock/aws4_request,"
     r" SignedHeaders=([\w;-]+), Signature=([0-9a-f]{64})"
@@ -181,7 +183,7 @@ def verified(method: str, url: str, headers: dict[str, str], body: bytes) -> boo
     expected = signer.signature(signer.string_to_sign(request, signer.canonical_request(request)), request)
     # and the body the signature covers is the one sent: its hash is in the canonical request
     assert hashlib.sha256(body).hexdigest() in signer.canonical_request(request)
-    return expected == signature
+    return bool(expected == signature)
 
 
 def bedrock_app(state: Bedrock) -> Starlette:

@@ -402,7 +402,7 @@ def _image(image: canon.Image) -> dict[str, Any]:
 
 def _tool_result(result: canon.ToolResult, where: str) -> dict[str, Any]:
     content = result.content
-    block = {
+    block: dict[str, Any] = {
         "type": "tool_result",
         "tool_use_id": result.call_id,
         "content": content if isinstance(content, str) else [_text_block(p, where) for p in content],

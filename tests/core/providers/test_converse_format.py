@@ -7,6 +7,7 @@ the bedrock-runtime API (its parameter validator)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 import botocore.session
@@ -520,10 +521,10 @@ def test_a_stream_assembles_into_the_plain_answer_whole_at_its_stop() -> None:
     assert not read_all(TOOL_STREAM[:-2]).finished
 
 
-def _translated(stream: list[Frame], target: Format) -> list[dict[str, Any]]:
+def _translated(stream: list[Frame], target: Format) -> list[Mapping[str, Any]]:
     request = Request.of_body(target, {"messages": []} if target is not Format.GEMINI else {"contents": []})
     codec = formats.stream_codec(request, Format.CONVERSE, created=7)
-    out: list[dict[str, Any]] = []
+    out: list[Mapping[str, Any]] = []
     for f in stream:
         event = converse_format.read_frame(f, now=0)
         assert event.chunk is not None
