@@ -18,6 +18,7 @@ from capmon.core.providers import converse_format, formats, hub, splice
 from capmon.core.providers.frames import FrameKind
 from capmon.core.providers.sse import Frame
 from capmon.core.providers.token_param import TokenParam
+from capmon.core.providers.tokens import estimate_request
 from capmon.core.types import canon
 from capmon.core.types.result import Format, Request
 
@@ -613,3 +614,16 @@ def test_a_continuation_is_an_assistant_turn_and_its_splice_goes_on_from_the_tex
     assert stop["messageStop"][splice.FIELD] == [{"model": "other", "offset": 10}]
     meta = s.fit({"metadata": {"usage": {"inputTokens": 1, "outputTokens": 1, "totalTokens": 2}}})[0]
     assert meta["metadata"]["usage"]["inputTokens"] == 11
+
+
+def test_a_converse_requests_prompt_is_estimated_with_its_system_tools_and_tool_turns() -> None:
+    bare = Request.of_body(Format.CONVERSE, converse(user(text("Weather in Paris?"))))
+    full = Request.of_body(
+        Format.CONVERSE,
+        converse(
+            user(text("Weather in Paris?")), assistant(USE), user(RESULT), system=[text("Be brief.")], toolConfig=TOOLS
+        ),
+    )
+    chat = Request.of("Weather in Paris?")
+    assert estimate_request(bare) == estimate_request(chat) > 0
+    assert estimate_request(full) > estimate_request(bare) + 20  # the system prompt, the tool and its turns
