@@ -13,9 +13,10 @@ Where Converse differs from the other formats, and what that makes of a crossing
   ``error`` and holds ``text`` or ``json`` blocks (a ``json`` block crosses as its JSON's text);
 * a model's own fields (Claude's ``thinking``, ``top_k``) go in
   ``additionalModelRequestFields``, which only Converse carries: from another format they
-  are refused, as the encoder cannot know which model reads them;
-* there is no tool choice ``none``, no strict tools and no structured output: a request
-  that asks for one is not sent here;
+  are refused, as the encoder cannot know which model reads them; structured output (a JSON
+  schema, sent as its JSON text) and a reasoning effort are ``outputConfig``'s, strict tools
+  a ``toolSpec``'s ``strict``;
+* there is no tool choice ``none``: a request that asks for it is not sent here;
 * an answer has no id and no model (the URL named it);
 * a stream is AWS's event stream (aws_eventstream.py): each event is one frame, read here
   as boto3 gives it, ``{eventType: payload}`` without its padding field ``p``. Its answer is
@@ -46,11 +47,16 @@ from capmon.core.types.result import Request, caller_cap
 
 SOURCE = "converse"
 
-_SLOTS = frozenset({"model", "modelId", "stream", "messages", "system", "inferenceConfig", "toolConfig"})
+_SLOTS = frozenset(
+    {"model", "modelId", "stream", "messages", "system", "inferenceConfig", "toolConfig", "outputConfig"}
+)
 # Bookkeeping and a service tier: how a request is served and billed, never what it answers.
 _NO_MEANING = frozenset({"requestMetadata", "serviceTier", "performanceConfig"})
 _CONFIG = "inferenceConfig."
 _CONFIG_SLOTS = frozenset({"maxTokens", "temperature", "topP", "stopSequences"})
+_OUTPUT = "outputConfig."
+# The reasoning efforts Converse takes (outputConfig.effort).
+EFFORTS = frozenset({"low", "medium", "high", "xhigh", "max"})
 _ROLES: Mapping[str, canon.Role] = {"user": canon.Role.USER, "assistant": canon.Role.ASSISTANT}
 _CHOICES: Mapping[str, canon.Choice] = {"auto": canon.Choice.AUTO, "any": canon.Choice.ANY}
 # An image's ``format`` and its media type.
@@ -73,6 +79,7 @@ def decode_request(body: Mapping[str, Any]) -> canon.Request:
             (aside if value is None else own)[_CONFIG + name] = value
     stop = config.get("stopSequences")
     tools, choice = _tool_config(body.get("toolConfig"), own)
+    output, effort = _output_config(body.get("outputConfig"), own)
     return canon.Request(
         source=SOURCE,
         messages=_messages(body.get("messages")),
@@ -83,6 +90,8 @@ def decode_request(body: Mapping[str, Any]) -> canon.Request:
         top_p=config.get("topP"),
         tools=tools,
         tool_choice=choice,
+        output=output,
+        effort=effort,
         own=own,
         aside=aside,
     )
@@ -202,21 +211,58 @@ def _tool_config(config: object, own: dict[str, Any]) -> tuple[tuple[canon.Tool,
     out: list[canon.Tool] = []
     for t in tools:
         spec = t.get("toolSpec") if isinstance(t, Mapping) and len(t) == 1 else None
-        if isinstance(spec, Mapping) and set(spec) <= {"name", "description", "inputSchema"}:
+        if isinstance(spec, Mapping) and set(spec) <= {"name", "description", "inputSchema", "strict"}:
             schema = spec.get("inputSchema")
             parameters = schema.get("json") if isinstance(schema, Mapping) else None
-            description = spec.get("description")
+            description, strict = spec.get("description"), spec.get("strict")
             out.append(
                 canon.Tool(
                     spec.get("name"),  # type: ignore[arg-type]  # as given: the refusal names it so
                     description if isinstance(description, str) else None,
                     parameters if isinstance(parameters, Mapping) else None,
+                    strict if isinstance(strict, bool) else None,
                 )
             )
         else:  # a cache point, a system tool: Converse's alone
             name = next(iter(t), "tool") if isinstance(t, Mapping) else "tool"
             out.append(canon.Tool(str(name), own=t if isinstance(t, Mapping) else {"tool": t}, builtin=True))
     return tuple(out), _choice(config.get("toolChoice"), own)
+
+
+def _output_config(config: object, own: dict[str, Any]) -> tuple[canon.OutputSchema | None, str | None]:
+    """outputConfig: a JSON schema the answer follows (its text parsed), and an effort; any
+    other of its keys only Converse carries."""
+    if config is None:
+        return None, None
+    if not isinstance(config, Mapping):
+        own["outputConfig"] = config
+        return None, None
+    output: canon.OutputSchema | None = None
+    effort: str | None = None
+    for name, value in config.items():
+        if name == "textFormat" and (output := _schema_of(value)) is not None:
+            continue
+        if name == "effort" and isinstance(value, str):
+            effort = value
+            continue
+        own[_OUTPUT + name] = value
+    return output, effort
+
+
+def _schema_of(text_format: object) -> canon.OutputSchema | None:
+    """A ``json_schema`` text format's schema (its JSON text parsed into an object), or None."""
+    if not isinstance(text_format, Mapping) or text_format.get("type") != "json_schema":
+        return None
+    structure = text_format.get("structure")
+    given = structure.get("jsonSchema") if isinstance(structure, Mapping) and set(structure) == {"jsonSchema"} else None
+    if not isinstance(given, Mapping) or not set(given) <= {"schema", "name"}:  # a description: Converse's alone
+        return None
+    try:
+        schema = json.loads(given.get("schema", ""))
+    except (TypeError, ValueError, RecursionError):
+        return None
+    name = given.get("name")
+    return canon.OutputSchema(schema, name if isinstance(name, str) else None) if isinstance(schema, dict) else None
 
 
 def _choice(choice: object, own: dict[str, Any]) -> canon.ToolChoice | None:
@@ -269,12 +315,15 @@ def encode_request(request: canon.Request) -> dict[str, Any]:
     sampling = (request.max_tokens, request.temperature, request.top_p, list(request.stop) or None)
     config.update((k, v) for k, v in zip(_SAMPLING, sampling, strict=True) if v is not None)
     _encode_tools(request, body, same)
+    _encode_output(request, body)
     if same:
         for name, value in [*request.own.items(), *request.aside.items()]:
             if name.startswith(_CONFIG):
                 config[name.removeprefix(_CONFIG)] = value
             elif name == "toolConfig.toolChoice":
                 body.setdefault("toolConfig", {})["toolChoice"] = value
+            elif name.startswith(_OUTPUT):
+                body.setdefault("outputConfig", {})[name.removeprefix(_OUTPUT)] = value
             else:
                 body[name] = value
     if config:
@@ -295,14 +344,12 @@ def _refused_fields(request: canon.Request) -> None:
         raise hub.Incapable(f"{unplaced} (no Converse counterpart)")
     if own.get("n") not in (None, 1):
         raise hub.Incapable(f"n = {own['n']} (capmon asks for one answer)")
-    if request.output is not None:
-        raise hub.Incapable("structured output (Converse has no response schema)")
     if request.cache is not None:
         raise hub.Incapable("cache_control (not translated to Converse's cache points)")
     if request.thinking is not None:
         raise hub.Incapable("thinking (a model's own field on Bedrock: additionalModelRequestFields)")
-    if request.effort is not None:
-        raise hub.Incapable(f"reasoning effort = {request.effort} (a model's own field on Bedrock)")
+    if request.effort is not None and request.effort not in EFFORTS:
+        raise hub.Incapable(f"reasoning effort = {request.effort} (Converse takes {', '.join(sorted(EFFORTS))})")
     if request.parallel_tool_calls is False:
         raise hub.Incapable("parallel_tool_calls = false (Converse may always call several)")
 
@@ -375,11 +422,8 @@ def _encode_tools(request: canon.Request, body: dict[str, Any], same: bool) -> N
                 raise hub.Incapable(f"a built-in {t.own.get('type') or t.name} tool (only function tools translate)")
             tools.append(dict(t.own))
             continue
-        if not same:
-            if t.own:
-                raise hub.Incapable(f"tool {t.name}: {', '.join(sorted(t.own))}")
-            if t.strict:
-                raise hub.Incapable(f"tool {t.name}: strict (Converse holds no call to its schema)")
+        if not same and t.own:
+            raise hub.Incapable(f"tool {t.name}: {', '.join(sorted(t.own))}")
         _no_cache(t.cache, f"tool {t.name}")
         if not isinstance(t.name, str) or not t.name:
             raise hub.Incapable("a function tool without a name")
@@ -387,6 +431,8 @@ def _encode_tools(request: canon.Request, body: dict[str, Any], same: bool) -> N
         if t.description is not None:
             spec["description"] = t.description
         spec["inputSchema"] = {"json": t.parameters if t.parameters is not None else {"type": "object"}}
+        if t.strict is not None:
+            spec["strict"] = t.strict
         tools.append({"toolSpec": spec})
     choice = request.tool_choice
     if choice is not None and choice.choice is canon.Choice.NONE:
@@ -403,6 +449,20 @@ def _encode_tools(request: canon.Request, body: dict[str, Any], same: bool) -> N
         body["toolConfig"] = config
     if "tool_choice" in request.own and not same:
         raise hub.Incapable(f"tool_choice {json.dumps(request.own['tool_choice'])[:80]}")
+
+
+def _encode_output(request: canon.Request, body: dict[str, Any]) -> None:
+    """A response schema (its JSON as text, as Converse takes it) and an effort, in outputConfig."""
+    config: dict[str, Any] = {}
+    if request.output is not None:
+        schema: dict[str, Any] = {"schema": json.dumps(request.output.schema)}
+        if request.output.name is not None:
+            schema["name"] = request.output.name
+        config["textFormat"] = {"type": "json_schema", "structure": {"jsonSchema": schema}}
+    if request.effort is not None:
+        config["effort"] = request.effort
+    if config:
+        body["outputConfig"] = config
 
 
 # ================================================================ answers and streams

@@ -322,24 +322,6 @@ REFUSED: list[tuple[str, Format, dict[str, Any], str]] = [
         'tool_choice "none"',
     ),
     (
-        "strict",
-        Format.CHAT,
-        {
-            "messages": [{"role": "user", "content": "Hi"}],
-            "tools": [{"type": "function", "function": {"name": "f", "parameters": WEATHER, "strict": True}}],
-        },
-        "tool f: strict",
-    ),
-    (
-        "structured-output",
-        Format.CHAT,
-        {
-            "messages": [{"role": "user", "content": "Hi"}],
-            "response_format": {"type": "json_schema", "json_schema": {"name": "o", "schema": WEATHER}},
-        },
-        "structured output",
-    ),
-    (
         "image-by-url",
         Format.CHAT,
         {
@@ -383,6 +365,32 @@ REFUSED: list[tuple[str, Format, dict[str, Any], str]] = [
         "safetySettings",
     ),
 ]
+
+
+def test_structured_output_strict_tools_and_an_effort_cross_to_converses_own_fields() -> None:
+    chat = {
+        "model": "m",
+        "messages": [{"role": "user", "content": "Hi"}],
+        "tools": [{"type": "function", "function": {"name": "weather", "parameters": WEATHER, "strict": True}}],
+        "response_format": {"type": "json_schema", "json_schema": {"name": "answer", "schema": WEATHER}},
+    }
+    got, _ = hub.translate_request(chat, Format.CHAT, Format.CONVERSE)
+    valid_request(got)
+    assert got["toolConfig"]["tools"][0]["toolSpec"]["strict"] is True
+    schema = {"schema": json.dumps(WEATHER), "name": "answer"}
+    assert got["outputConfig"] == {"textFormat": {"type": "json_schema", "structure": {"jsonSchema": schema}}}
+    request = converse_format.decode_request(got)
+    assert request.output == canon.OutputSchema(WEATHER, "answer") and request.tools[0].strict is True
+    assert converse_format.encode_request(request) == got
+    # an effort: Anthropic's output_config.effort is Converse's outputConfig.effort
+    asked = {"model": "m", "messages": [{"role": "user", "content": "Hi"}], "output_config": {"effort": "low"}}
+    there, _ = hub.translate_request(asked, Format.MESSAGES, Format.CONVERSE)
+    valid_request(there)
+    assert there["outputConfig"] == {"effort": "low"}
+    assert converse_format.decode_request(there).effort == "low"
+    responses = {"model": "m", "input": "Hi", "reasoning": {"effort": "minimal"}}
+    with pytest.raises(hub.Incapable, match="reasoning effort = minimal"):
+        hub.translate_request(responses, Format.RESPONSES, Format.CONVERSE)
 
 
 @pytest.mark.parametrize("name,source,body,reason", REFUSED, ids=[row[0] for row in REFUSED])
