@@ -36,7 +36,7 @@ from capmon.core.types.config import EndpointApi, parse_config, resolve_keys
 from capmon.core.types.failure import Kind
 from capmon.core.types.result import Format, Request, sent
 from tests.support import eventstream as es
-from tests.support.scripted import serve_app
+from tests.support.scripted import Script, serve, serve_app
 
 pytestmark = pytest.mark.integration
 
@@ -432,3 +432,37 @@ async def test_an_on_demand_id_that_needs_a_profile_parks_its_target_and_says_wh
     first = sent(result.attempts)[0]
     assert result.model == "haiku" and first.kind is Kind.BAD_REQUEST
     assert "inference profile" in (first.reason or "") and '"us.<model id>"' in (first.reason or "")
+
+
+async def test_a_converse_caller_is_served_untouched_by_bedrock_and_translated_by_a_chat_server(aws_env: None) -> None:
+    """A request in Converse's own format: to Bedrock its body passes as it is (but the cap)
+    and its events come back as they were sent; to an OpenAI-wire model it is translated, and
+    the answer and the stream come back as Converse's."""
+    state = Bedrock()
+    body = {"messages": [{"role": "user", "content": [{"text": "hi"}]}], "additionalModelRequestFields": {"top_k": 5}}
+    async with serve_app(bedrock_app(state)) as url, serve(Script()) as chat_url:
+        text = (
+            client_config(url)
+            + f"""
+[[endpoints]]
+name = "chat"
+base_url = "{chat_url}"
+keys = []
+[[models]]
+name = "gpt"
+endpoints = ["chat"]
+max_tokens = 50
+"""
+        )
+        async with FallbackClient(parse_config(text, "b.toml"), environ={}) as client:
+            own = await client.chat(Request.of_body(Format.CONVERSE, body, model="sonnet"))
+            events = [e async for e in client.stream_chunks(Request.of_body(Format.CONVERSE, body, model="sonnet"))]
+            plain = {"messages": body["messages"]}
+            crossed = await client.chat(Request.of_body(Format.CONVERSE, plain, model="gpt"))
+            streamed = [e async for e in client.stream_chunks(Request.of_body(Format.CONVERSE, plain, model="gpt"))]
+    assert own.content == "hello" and own.response is not None and own.response["stopReason"] == "end_turn"
+    assert state.seen[0].body == {**body, "inferenceConfig": {"maxTokens": 100}}
+    assert [next(iter(e)) for e in events][-2:] == ["messageStop", "metadata"]
+    assert crossed.content == "hello" and crossed.response is not None
+    assert crossed.response["output"]["message"]["content"] == [{"text": "hello"}]
+    assert [next(iter(e)) for e in streamed][0] == "messageStart" and "metadata" in streamed[-1]
