@@ -1,9 +1,12 @@
 """Round trips through the hub, as properties: a request in any format taken into the canonical
-types and back to its own format is unchanged (chat, Messages, Gemini: the formats the hub
-encodes; no request is ever encoded as a Responses one), and a conversation every format can
+types and back to its own format is unchanged (chat, Messages, Gemini, Converse: the formats the
+hub encodes; no request is ever encoded as a Responses one), and a conversation every format can
 say (text, a system prompt, stop sequences, sampling, a cap, tools, calls and their results,
-a tool choice) crosses from each format to Gemini and back, or from the Responses API to chat
-directly and by way of Gemini, saying the same (call ids aside: Gemini pairs calls by name)."""
+a tool choice) crosses from each format to Gemini and back, and to Bedrock's Converse and back
+(but a tool choice of "none", which Converse refuses), or from the Responses API to chat
+directly and by way of Gemini, saying the same (call ids aside: Gemini pairs calls by name).
+A Gemini or Converse answer told as its stream, directly or through Anthropic's events,
+assembles back into itself."""
 
 from __future__ import annotations
 
@@ -391,3 +394,55 @@ def test_a_gemini_answer_told_as_a_stream_and_through_messages_assembles_back(
 def _through(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     translation = hub.Translation(Format.MESSAGES, Format.GEMINI, created=1)
     return [c for e in events for c in translation.feed(e)] + translation.close()
+
+
+_STOP_REASONS = ["end_turn", "tool_use", "max_tokens", "stop_sequence", "model_context_window_exceeded"]
+converse_blocks = st.lists(
+    st.one_of(
+        texts.map(lambda t: {"text": t}),
+        st.builds(
+            lambda t, sig: {"reasoningContent": {"reasoningText": {"text": t, "signature": sig}}},
+            texts,
+            st.sampled_from(["c2ln", "b3Ro"]),
+        ),
+        st.builds(
+            lambda name, args, i: {"toolUse": {"toolUseId": f"tooluse_{i}", "name": name, "input": args}},
+            st.sampled_from(NAMES),
+            st.dictionaries(st.sampled_from("ab"), st.integers(-5, 5), max_size=2),
+            st.integers(0, 99),
+        ),
+    ),
+    max_size=5,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(converse_blocks, st.sampled_from(_STOP_REASONS), st.integers(0, 500), st.integers(0, 500))
+def test_a_converse_answer_told_as_a_stream_and_through_messages_assembles_back(
+    blocks: list[dict[str, Any]], stop: str, prompt: int, out: int
+) -> None:
+    """Told as ConverseStream's events (a block per index, its pieces, the stop, the metadata),
+    directly or by way of Anthropic's events, the events assemble into the same answer: whole
+    at its messageStop, its usage at the metadata that follows."""
+    answer = {
+        "output": {"message": {"role": "assistant", "content": blocks}},
+        "stopReason": stop,
+        "usage": {"inputTokens": prompt, "outputTokens": out, "totalTokens": prompt + out},
+        "metrics": {"latencyMs": 0},
+    }
+    module = hub.FORMATS[Format.CONVERSE]
+    messages = hub.translate_answer(answer, Format.CONVERSE, Format.MESSAGES, created=1)
+    translation = hub.Translation(Format.MESSAGES, Format.CONVERSE, created=1)
+    through = hub.FORMATS[Format.MESSAGES].answer_stream(messages, created=1, include_usage=True)
+    for events in (
+        module.answer_stream(answer, created=1, include_usage=True),
+        [c for e in through for c in translation.feed(e)] + translation.close(),
+    ):
+        whole = module.assembler()
+        assert list(events[-2]) == ["messageStop"] and list(events[-1]) == ["metadata"]
+        for event in events[:-1]:
+            assert not whole.finished
+            whole.add(event, False)
+        assert whole.finished  # at its messageStop: whole, whether or not its metadata comes
+        whole.add(events[-1], True)
+        assert whole.answer() == answer
