@@ -15,6 +15,7 @@ import logging
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from datetime import UTC
 from typing import Any
 
 import httpx
@@ -276,6 +277,46 @@ async def test_a_signature_over_other_bytes_is_refused_by_the_check() -> None:
     assert verified("POST", str(request.url), headers, b'{"a": 1}') is True
     assert verified("POST", str(request.url), headers, b'{"a": 2}') is False
     assert verified("POST", "http://127.0.0.1:1/model/m%3A1/converse", headers, b'{"a": 1}') is False
+
+
+async def test_temporary_credentials_sign_with_their_session_token() -> None:
+    token = "IQoJb3JpZ2luX2VjEXAMPLESESSIONTOKEN0123456789"
+    request = httpx.Request(
+        "POST", "https://bedrock-runtime.us-east-1.amazonaws.com/model/m%3A0/converse", content=b"{}"
+    )
+    signer = aws_sigv4.Signer("us-east-1", "test", lambda: Credentials(ACCESS, SECRET, token))
+    await signer.sign(request)
+    headers = {k.lower(): v for k, v in request.headers.items()}
+    assert headers["x-amz-security-token"] == token and "x-amz-security-token" in headers["authorization"]
+    assert verified("POST", str(request.url), headers, b"{}") is True
+
+
+async def test_temporary_credentials_are_refreshed_before_they_expire_and_kept_while_fresh() -> None:
+    from datetime import datetime, timedelta
+
+    from botocore.credentials import RefreshableCredentials
+
+    refreshes: list[int] = []
+
+    def metadata(minutes: int) -> dict[str, str]:
+        n = len(refreshes)
+        expiry = (datetime.now(UTC) + timedelta(minutes=minutes)).isoformat()
+        return {"access_key": ACCESS, "secret_key": SECRET, "token": f"token-{n}", "expiry_time": expiry}
+
+    def refresh() -> dict[str, str]:
+        refreshes.append(1)
+        return metadata(60)
+
+    def load() -> RefreshableCredentials:  # the chain's role credentials, 5 minutes from expiring
+        return RefreshableCredentials.create_from_metadata(metadata(5), refresh, "assume-role")
+
+    signer = aws_sigv4.Signer("us-east-1", "test", load)
+    tokens = []
+    for _ in range(3):
+        request = httpx.Request("POST", "https://x.test/model/m/converse", content=b"{}")
+        await signer.sign(request)
+        tokens.append(request.headers["x-amz-security-token"])
+    assert tokens == ["token-1", "token-1", "token-1"] and len(refreshes) == 1  # refreshed once, early
 
 
 async def test_no_credentials_in_the_chain_is_a_credentials_error_naming_the_endpoint() -> None:
