@@ -247,6 +247,29 @@ except MissingExtra as e:
     assert loaded_anyway(run.stdout) == "[]"
 
 
+def test_bedrock_without_the_aws_extra_says_what_to_install() -> None:
+    """Either key: SigV4 and the event stream's decoder are both botocore's."""
+    code = """
+from capmon import FallbackClient
+from capmon.core.types.config import parse_config
+from capmon.core.base.exceptions import MissingExtra
+
+BASE = '[simulator]\\nenabled = false\\n[[endpoints]]\\nname = "br"\\napi = "bedrock"\\nregion = "us-east-1"\\n'
+MODEL = '[[models]]\\nname = "m"\\napi_model = "us.anthropic.claude-haiku-4-5-20251001-v1:0"\\nendpoints = ["br"]\\n'
+for keys, env in (("keys = []", {}), ('keys = [{ env = "T" }]', {"T": "ABSKexample"})):
+    try:
+        FallbackClient(parse_config(BASE + keys + "\\n" + MODEL, "b.toml"), environ=env)
+    except MissingExtra as e:
+        print(e)
+"""
+    run = run_without(blocks(Extra.AWS), code)
+    assert run.returncode == 0, run.stderr[-3000:]
+    lines = run.stdout.splitlines()
+    assert lines[0] == f'endpoint "br" (api = "bedrock", keys = []) {_installs(Extra.AWS)}'
+    assert lines[1] == f'endpoint "br" (api = "bedrock") {_installs(Extra.AWS)}'
+    assert loaded_anyway(run.stdout) == "[]"
+
+
 # ---------------------------------------------------------------- a missing extra: one line, exit 2
 
 

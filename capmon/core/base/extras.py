@@ -26,7 +26,8 @@ class Extra(enum.StrEnum):
     OTEL = "otel"  # the gateway's traces ([telemetry] otlp_endpoint)
     AIOHTTP = "aiohttp"  # client.transport = "aiohttp" (capmon/core/routing/transport_aiohttp.py)
     UVLOOP = "uvloop"  # [gateway] loop = "uvloop"
-    GOOGLE = "google"  # api = "vertex" without keys: google-auth's credentials (capmon/core/providers/google_auth.py)
+    GOOGLE = "google"  # api = "vertex" without keys: google-auth's credentials (capmon/core/providers/google_token.py)
+    AWS = "aws"  # api = "bedrock": botocore's SigV4 and event stream decoder (capmon/core/providers/aws_*.py)
 
 
 # The modules each extra's code imports: importing them all is what "installed" means
@@ -40,6 +41,13 @@ MODULES: dict[Extra, tuple[str, ...]] = {
     Extra.AIOHTTP: ("aiohttp", "httpx_aiohttp"),
     Extra.UVLOOP: ("uvloop",),
     Extra.GOOGLE: ("google.auth", "google.auth.transport.requests", "google.oauth2.service_account"),
+    Extra.AWS: (
+        "botocore.auth",
+        "botocore.awsrequest",
+        "botocore.credentials",
+        "botocore.eventstream",
+        "botocore.session",
+    ),
 }
 
 

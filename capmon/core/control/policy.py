@@ -16,7 +16,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from capmon.core.types.failure import MODEL_NOT_FOUND, SILENT, Failure, Kind
+from capmon.core.types.failure import INFERENCE_PROFILE_REQUIRED, MODEL_NOT_FOUND, SILENT, Failure, Kind
 
 
 class BreakerSignal(enum.StrEnum):
@@ -100,6 +100,9 @@ BY_CODE: dict[str, Policy] = {
     # parked (for the server's hint, or an hour) as a quota is, and shown so on the dashboard;
     # the request goes on to another deployment of its model or to the next model.
     MODEL_NOT_FOUND: Policy(BreakerSignal.NEUTRAL, LimiterSignal.NEUTRAL, KeyAction.PARK, Next.FALLBACK),
+    # Bedrock's model id that must be called through an inference profile: the same fact
+    # about the target (it can serve nothing as configured), the same parking.
+    INFERENCE_PROFILE_REQUIRED: Policy(BreakerSignal.NEUTRAL, LimiterSignal.NEUTRAL, KeyAction.PARK, Next.FALLBACK),
 }
 
 

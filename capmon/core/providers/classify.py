@@ -23,7 +23,7 @@ from capmon.core.base.clock import default_clock
 from capmon.core.base.exceptions import CredentialsError
 from capmon.core.base.hints import hint_from
 from capmon.core.base.secrets import redact as _redact
-from capmon.core.types.failure import MODEL_NOT_FOUND, Cause, Failure, Kind
+from capmon.core.types.failure import INFERENCE_PROFILE_REQUIRED, MODEL_NOT_FOUND, Cause, Failure, Kind
 
 # --- classification -------------------------------------------------------------------
 
@@ -99,6 +99,39 @@ _GOOGLE: Mapping[str, Kind | None] = {
 _GOOGLE_QUOTA = re.compile(r"per ?day|limit: 0\b")
 # Vertex AI's shared pay-as-you-go pool has no room: the model's capacity, not this project's quota.
 _GOOGLE_POOL = re.compile(r"resource exhausted[.,]\s*please try again later")
+# AWS's errors (Bedrock's), by the exception's name (``x-amzn-ErrorType`` before its ":", or
+# the body's ``__type`` after its "#"; in a stream, ``:exception-type`` in lowerCamel case):
+# the HTTP status each comes with, and its kind, but for those whose message says more
+# (None: see _aws_kind). ModelErrorException is the model's own failure passed on (its
+# originalStatusCode), ModelStreamErrorException the same inside a stream: both transient.
+_AWS: Mapping[str, tuple[int, Kind | None]] = {
+    "ThrottlingException": (429, None),  # "Too many requests/tokens, please wait ..."
+    "ServiceUnavailableException": (503, Kind.CAPACITY),  # "Bedrock is unable to process your request."
+    "ModelNotReadyException": (429, Kind.CAPACITY),
+    "ModelTimeoutException": (408, Kind.TRANSIENT),
+    "ModelErrorException": (424, Kind.TRANSIENT),
+    "ModelStreamErrorException": (424, Kind.TRANSIENT),
+    "InternalServerException": (500, Kind.TRANSIENT),
+    "ServiceQuotaExceededException": (400, Kind.QUOTA),
+    "ValidationException": (400, None),
+    "AccessDeniedException": (403, Kind.AUTH),
+    "UnrecognizedClientException": (403, Kind.AUTH),
+    "ExpiredTokenException": (403, Kind.AUTH),
+    "InvalidSignatureException": (403, Kind.AUTH),
+    "IncompleteSignatureException": (403, Kind.AUTH),
+    "MissingAuthenticationTokenException": (403, Kind.AUTH),
+    "ResourceNotFoundException": (404, Kind.BAD_REQUEST),  # the model id is not there: MODEL_NOT_FOUND
+    "ConflictException": (400, Kind.BAD_REQUEST),
+}
+# A ThrottlingException that says a day's tokens are spent ("Too many tokens per day") is a quota.
+_AWS_QUOTA = re.compile(r"per ?day|daily")
+# A model that newer Bedrock serves only through an inference profile, called by its own id:
+# "Invocation of model ID anthropic.claude-... with on-demand throughput isn't supported.
+# Retry your request with the ID or ARN of an inference profile that contains this model."
+_AWS_PROFILE = re.compile(r"on-demand throughput isn.t supported|arn of an inference profile")
+# A model id Bedrock does not know comes as a 400 ("The provided model identifier is invalid.")
+# or a 404 ResourceNotFoundException: either way the target's model is not there.
+_AWS_NO_MODEL = re.compile(r"model identifier is invalid")
 _URL = re.compile(r"https?://\S+")
 _HTML = re.compile(r"<\s*(?:!doctype|html|head|body|title)\b", re.IGNORECASE)
 # HTML is taken apart with patterns that cannot run past the next "<", so a page of
@@ -339,6 +372,80 @@ def _google_kind(code: str, signals: str, hint: float | None, quota_hint: float)
     return kind
 
 
+def _aws_name(headers: Mapping[str, str] | httpx.Headers | None, parsed: object) -> str | None:
+    """The AWS exception an error response names (:data:`_AWS`), when it names one."""
+    named = None
+    if headers is not None:
+        named = headers.get("x-amzn-errortype") or headers.get("x-amzn-ErrorType")
+    if not isinstance(named, str) and isinstance(parsed, Mapping):
+        named = parsed.get("__type")
+    if not isinstance(named, str):
+        return None
+    name = named.split(":", 1)[0].rsplit("#", 1)[-1].strip()
+    return name if name in _AWS else None
+
+
+def _aws_kind(name: str, signals: str, hint: float | None, quota_hint: float) -> tuple[Kind, str]:
+    """The kind of an AWS exception (:data:`_AWS`) and the failure's code: a throttling that
+    says a day's is a quota (as is one told to wait past ``quota_hint``), else a rate limit;
+    a validation error is too large for too long an input, a configuration error for a model
+    id that needs an inference profile (:data:`INFERENCE_PROFILE_REQUIRED`), a model not
+    found for an id Bedrock does not know, else a bad request; a missing resource is a model
+    not found."""
+    kind = _AWS[name][1]
+    if name == "ThrottlingException":
+        quota = _AWS_QUOTA.search(signals) or (hint is not None and hint >= quota_hint)
+        return (Kind.QUOTA if quota else Kind.RATE_LIMITED), name
+    if name == "ValidationException":
+        if _AWS_PROFILE.search(signals):
+            return Kind.BAD_REQUEST, INFERENCE_PROFILE_REQUIRED
+        if _AWS_NO_MODEL.search(signals):
+            return Kind.BAD_REQUEST, MODEL_NOT_FOUND
+        return (Kind.TOO_LARGE if _TOO_LARGE.search(signals) else Kind.BAD_REQUEST), name
+    if name == "ResourceNotFoundException":
+        return Kind.BAD_REQUEST, MODEL_NOT_FOUND
+    assert kind is not None
+    return kind, name
+
+
+# What a person reads for a model id that needs an inference profile: the fix, not only the refusal.
+_PROFILE_ADVICE = (
+    "this model is served on demand only through an inference profile: use the profile's id"
+    ' (such as "us.<model id>" or "global.<model id>") or ARN as the deployment\'s model'
+)
+
+
+def _aws_failure(
+    status: int, name: str, body: _Body, hint: float | None, quota_hint: float, *, streamed: bool = False
+) -> Failure:
+    kind, code = _aws_kind(name, body.signals, hint, quota_hint)
+    message = _trim(body.message) or "no message"
+    where = "error inside the stream: " if streamed else f"{status} "
+    reason = f"{where}{name}: {message}"
+    if code == INFERENCE_PROFILE_REQUIRED:
+        reason = f"{reason} ({_PROFILE_ADVICE})"
+    return Failure(kind, reason, status, code, hint, _trim(body.message, MESSAGE_CHARS))
+
+
+def classify_aws_event(name: str, data: str, *, now: float | None = None, quota_hint: float = QUOTA_HINT) -> Failure:
+    """An exception (``name``: its ``:exception-type``, lowerCamel, or an error frame's
+    code) inside an AWS event stream, ``data`` its payload, classified by its type alone,
+    as the HTTP error it names (its status, never the 400 a decoder gives every such
+    frame). Never raises."""
+    try:
+        when = default_clock().wall() if now is None else float(now)
+        upper = name[:1].upper() + name[1:]
+        parsed = _read_body(data)
+        hint = hint_from(None, parsed.json, parsed.message, now=when)
+        if upper in _AWS:
+            return _aws_failure(_AWS[upper][0], upper, parsed, hint, quota_hint, streamed=True)
+        kind = _kind(0, parsed, hint, quota_hint) or Kind.TRANSIENT
+        message = _trim(parsed.message) or "no message"
+        return Failure(kind, f"error inside the stream: {name or 'an error'}: {message}", 200, name or None, hint)
+    except Exception as exc:  # a classifier bug must not take down the request path
+        return Failure(Kind.TRANSIENT, f"unclassifiable stream error ({type(exc).__name__})", 200)
+
+
 def _status_kind(status: int) -> Kind:
     if status >= 500 or status == 408:
         return Kind.TRANSIENT
@@ -412,6 +519,9 @@ def _classify_response(
     hint = hint_from(headers, parsed.json, parsed.message, now=now)
     if 200 <= status < 300:
         return _broken_2xx(status, parsed, hint, quota_hint)
+    aws = _aws_name(headers, parsed.json)
+    if aws is not None:
+        return _aws_failure(status, aws, parsed, hint, quota_hint)
     kind = _kind(status, parsed, hint, quota_hint) or _status_kind(status)
     reason = _reason(status, parsed, unread=streaming and body is None)
     code = parsed.code

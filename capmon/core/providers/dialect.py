@@ -26,9 +26,9 @@ way ``httpx.Auth.auth_flow`` sees a request but split by cost:
 
 **Framing.** :func:`Dialect.framing` makes the reader that turns a stream's bytes into
 :class:`~capmon.core.providers.sse.Frame` s (server-sent events, ``sse.SSEParser``, and
-Google's, ``google_sse.GoogleFraming``; AWS's binary event stream would be a reader that
-gives one frame per message, its ``:event-type`` header as ``Frame.event`` and its payload
-as ``Frame.data``).
+Google's, ``google_sse.GoogleFraming``; AWS's binary event stream,
+``aws_eventstream.EventStreamFraming``: one frame per message, its ``:event-type`` header as
+``Frame.event`` and its payload as ``Frame.data``).
 What a frame means is the format's (``read_frame`` of each format module).
 """
 
@@ -129,6 +129,7 @@ def dialect_of(endpoint: EndpointConfig) -> Dialect:
 from capmon.core.providers import (  # noqa: E402
     anthropic_dialect,
     azure_dialect,
+    bedrock_dialect,
     gemini_dialect,
     openai_dialect,
     vertex_dialect,
@@ -140,4 +141,5 @@ DIALECTS: dict[EndpointApi, Dialect] = {
     EndpointApi.ANTHROPIC: anthropic_dialect,
     EndpointApi.GEMINI: gemini_dialect,
     EndpointApi.VERTEX: vertex_dialect,
+    EndpointApi.BEDROCK: bedrock_dialect,
 }

@@ -4,7 +4,7 @@ the format modules share (what a format module is: :class:`WireFormat`; the drop
 a tool call's check; the fields capmon owns in a body sent in the caller's own format).
 
 A format is a module (``chat_format``, ``responses_format``, ``messages_format``,
-``gemini_format``) with the
+``gemini_format``, ``converse_format``) with the
 functions of :class:`WireFormat`; a new format is one more module and one more line in
 :data:`FORMATS`. See ARCHITECTURE.md, "Across formats".
 """
@@ -275,7 +275,13 @@ class WireFormat(FormatReading, Protocol):
 # ---------------------------------------------------------------- the registry and requests
 
 # Imported here, at the end: each format module imports this one (its Incapable).
-from capmon.core.providers import chat_format, gemini_format, messages_format, responses_format  # noqa: E402
+from capmon.core.providers import (  # noqa: E402
+    chat_format,
+    converse_format,
+    gemini_format,
+    messages_format,
+    responses_format,
+)
 
 # Each format module: a new format is one more module and one more line here.
 FORMATS: Mapping[Format, WireFormat] = {
@@ -283,6 +289,7 @@ FORMATS: Mapping[Format, WireFormat] = {
     Format.RESPONSES: responses_format,
     Format.MESSAGES: messages_format,
     Format.GEMINI: gemini_format,
+    Format.CONVERSE: converse_format,
 }
 
 

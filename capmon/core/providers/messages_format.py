@@ -402,11 +402,14 @@ def _image(image: canon.Image) -> dict[str, Any]:
 
 def _tool_result(result: canon.ToolResult, where: str) -> dict[str, Any]:
     content = result.content
-    return {
+    block: dict[str, Any] = {
         "type": "tool_result",
         "tool_use_id": result.call_id,
         "content": content if isinstance(content, str) else [_text_block(p, where) for p in content],
     }
+    if result.is_error:  # a failed call (Gemini's {"error": ...}, Converse's status "error") stays one
+        block["is_error"] = True
+    return block
 
 
 def _assistant_blocks(m: canon.Message) -> list[dict[str, Any]]:

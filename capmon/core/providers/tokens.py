@@ -96,10 +96,35 @@ def _gemini_contents(given: object) -> list[Any]:
     return items
 
 
+def _converse_messages(given: object) -> list[Any]:
+    """Converse's messages: each block's text, a tool use's or a tool result's object as its JSON text."""
+    items = []
+    for m in given if isinstance(given, list) else []:
+        content = m.get("content") if isinstance(m, Mapping) else None
+        said = []
+        for block in content if isinstance(content, list) else []:
+            if not isinstance(block, Mapping):
+                continue
+            if isinstance(block.get("text"), str):
+                said.append(block)
+            elif "toolUse" in block or "toolResult" in block:
+                said.append({"text": json.dumps(block, default=str)})
+        items.append({"content": said})
+    return items
+
+
+def _with(preamble: object, framed: object) -> list[Any]:
+    messages = list(framed) if isinstance(framed, list) else []
+    if preamble:
+        messages.insert(0, {"content": preamble})
+    return messages
+
+
 def estimate_body(api: Format, body: Mapping[str, Any]) -> int:
     """A request body's prompt by its API, tools included: chat's messages; Anthropic's
     messages with the system prompt as one more message; the Responses API's input items
-    with the instructions as one more; Gemini's contents with its systemInstruction as one more."""
+    with the instructions as one more; Gemini's contents with its systemInstruction as one more;
+    Converse's messages with its system blocks as one more (its tools in toolConfig)."""
     if api is Format.MESSAGES:
         framed, preamble = body.get("messages"), body.get("system")
     elif api is Format.RESPONSES:
@@ -107,12 +132,15 @@ def estimate_body(api: Format, body: Mapping[str, Any]) -> int:
     elif api is Format.GEMINI:
         framed = _gemini_contents(body.get("contents"))
         preamble = [p for c in _gemini_contents(body.get("systemInstruction")) for p in c["content"]]
+    elif api is Format.CONVERSE:
+        framed, preamble = _converse_messages(body.get("messages")), body.get("system")
+        config = body.get("toolConfig")
+        return estimate_tokens(_with(preamble, framed)) + _tools(
+            config.get("tools") if isinstance(config, Mapping) else None
+        )
     else:
         framed, preamble = body.get("messages"), None
-    messages = list(framed) if isinstance(framed, list) else []
-    if preamble:
-        messages.insert(0, {"content": preamble})
-    return estimate_tokens(messages) + _tools(body.get("tools"))
+    return estimate_tokens(_with(preamble, framed)) + _tools(body.get("tools"))
 
 
 def estimate_request(request: Request) -> int:

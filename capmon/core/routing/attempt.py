@@ -316,7 +316,7 @@ class Stream:
                 for told in await self._plain_body(resp, reads):
                     yield told
                 return
-            parser = self.req.target.dialect.framing()  # the endpoint's framing: SSE today
+            parser = self.req.target.dialect.framing()  # the endpoint's framing: SSE, Google's, AWS's event stream
             size = 0
             done = drain = False
             pieces = body_pieces(resp)

@@ -37,6 +37,7 @@ from typing import Any
 import aiohttp
 import httpx
 import httpx_aiohttp
+from yarl import URL
 
 from capmon.core.base import secrets as _secrets
 from capmon.core.routing.transport import default_timeout, pool_limits
@@ -139,7 +140,9 @@ class AiohttpTransport(httpx_aiohttp.AiohttpTransport):
             request.headers.pop("transfer-encoding", None)  # handled by aiohttp
         response = await self.client.request(
             method=request.method,
-            url=str(request.url) if request.url else "https://127.0.0.1:8000/",
+            # The URL as httpx encoded it, byte for byte: yarl would unquote a path's %3A (a
+            # Bedrock model id's colon) and the request would no longer be the one signed.
+            url=URL(str(request.url), encoded=True),
             headers=request.headers,
             data=data,
             allow_redirects=False,

@@ -62,6 +62,7 @@ class EndpointApi(enum.StrEnum):
     AZURE = "azure"  # Azure OpenAI's deployment URLs or its v1 API, the api-key header
     GEMINI = "gemini"  # the Gemini API: {base_url}/v1beta/models/{model}:generateContent, x-goog-api-key
     VERTEX = "vertex"  # Vertex AI: a project's and region's publisher models, a Google OAuth bearer token
+    BEDROCK = "bedrock"  # AWS Bedrock's runtime in a region: Converse, SigV4 or a Bedrock API key
 
 
 class DropRule(enum.StrEnum):
@@ -257,14 +258,15 @@ class EndpointConfig:
         "",
         doc=(
             "the provider's http:// or https:// URL; the endpoint's API adds its own paths (api); required but"
-            " for api = gemini (https://generativelanguage.googleapis.com) and vertex (the region's host)"
+            " for api = gemini (https://generativelanguage.googleapis.com), vertex (the region's host) and"
+            " bedrock (https://bedrock-runtime.{region}.amazonaws.com)"
         ),
     )
     keys: tuple[KeyConfig, ...] = _f(factory=tuple, doc="the variables holding its keys; [] for a server without keys")
     simulated: bool = _f(False, doc="served by the bundled simulator: a missing key uses its demo key")
     headers: Mapping[str, str] = _f(factory=dict, doc="extra headers every request to it sends (anthropic-beta = ...)")
     api: EndpointApi = _f(
-        EndpointApi.OPENAI, doc="the provider API it speaks: openai, anthropic, azure, gemini or vertex"
+        EndpointApi.OPENAI, doc="the provider API it speaks: openai, anthropic, azure, gemini, vertex or bedrock"
     )
     anthropic_version: AnthropicVersion = _f(
         DEFAULT_VERSION, doc="api = anthropic: the anthropic-version header (2026-10-21 or 2023-06-01)"
@@ -277,7 +279,8 @@ class EndpointConfig:
         "",
         doc=(
             'api = vertex: the location its models run in, "global", a region ("us-east5") or a multi-region'
-            ' ("us", "eu") (required: it decides where prompts are processed)'
+            ' ("us", "eu") (required: it decides where prompts are processed); api = bedrock: the AWS region'
+            ' ("us-east-1") whose runtime it reaches and which its requests are signed for (required)'
         ),
     )
     credentials_file: str = _f(
@@ -298,11 +301,13 @@ GEMINI_URL = "https://generativelanguage.googleapis.com"
 
 
 def default_base_url(api: EndpointApi, region: str) -> str:
-    """The URL of an endpoint whose config gives none: the Gemini API's host, or Vertex AI's
-    host for ``region`` (the global one, a multi-region's, or the region's own); "" for
-    every other API, whose ``base_url`` is required."""
+    """The URL of an endpoint whose config gives none: the Gemini API's host, Vertex AI's
+    host for ``region`` (the global one, a multi-region's, or the region's own), or
+    Bedrock's runtime in ``region``; "" for every other API, whose ``base_url`` is required."""
     if api is EndpointApi.GEMINI:
         return GEMINI_URL
+    if api is EndpointApi.BEDROCK and region:
+        return f"https://bedrock-runtime.{region}.amazonaws.com"
     if api is not EndpointApi.VERTEX or not region:
         return ""
     if region == "global":
@@ -320,6 +325,7 @@ ENDPOINT_SETTINGS: Mapping[EndpointApi, tuple[str, ...]] = {
     EndpointApi.ANTHROPIC: ("anthropic_version",),
     EndpointApi.AZURE: ("api_version",),
     EndpointApi.VERTEX: ("project", "region", "credentials_file"),
+    EndpointApi.BEDROCK: ("region",),
 }
 
 
@@ -626,13 +632,16 @@ _ENDPOINT_DEFAULTS = {f.name: f.default for f in dataclasses.fields(EndpointConf
 
 
 def _own_settings(fail: Callable[[str, str], ConfigError], where: str, e: EndpointConfig) -> None:
-    """A dialect's own key (:data:`ENDPOINT_SETTINGS`) set on an endpoint of another API is refused."""
+    """A dialect's own key (:data:`ENDPOINT_SETTINGS`) set on an endpoint of another API is
+    refused (a key several APIs share, ``region``, on an endpoint of none of them)."""
+    owners: dict[str, list[EndpointApi]] = {}
     for api, names in ENDPOINT_SETTINGS.items():
-        if api is e.api:
-            continue
         for name in names:
-            if getattr(e, name) != _ENDPOINT_DEFAULTS[name]:
-                raise fail(f"{where}.{name}", f'only for api = "{api}" (this endpoint is api = "{e.api}")')
+            owners.setdefault(name, []).append(api)
+    for name, apis in owners.items():
+        if e.api not in apis and getattr(e, name) != _ENDPOINT_DEFAULTS[name]:
+            which = " or ".join(f'"{api}"' for api in apis)
+            raise fail(f"{where}.{name}", f'only for api = {which} (this endpoint is api = "{e.api}")')
 
 
 # A Google Cloud project id (6 to 30 lowercase letters, digits and hyphens; an older
@@ -658,6 +667,23 @@ def _check_vertex(fail: Callable[[str, str], ConfigError], where: str, e: Endpoi
         )
     if not _GCP_REGION.fullmatch(e.region):
         raise fail(f"{where}.region", f'expected a Vertex AI location such as "global" or "us-east5", got {e.region!r}')
+
+
+# An AWS region: "us-east-1", "eu-central-2", "us-gov-west-1", "ap-southeast-4" (its host's and
+# its signature's).
+_AWS_REGION = re.compile(r"[a-z]{2}(?:-[a-z]+)+-\d{1,2}")
+
+
+def _check_bedrock(fail: Callable[[str, str], ConfigError], where: str, e: EndpointConfig) -> None:
+    """Bedrock's own key: the region every request is signed for (and, by default, sent to)."""
+    if not e.region:
+        raise fail(
+            f"{where}.region",
+            'missing; expected the AWS region of its Bedrock runtime, such as "us-east-1" (api = "bedrock": its'
+            " requests are signed for it, and its base_url defaults to its runtime's)",
+        )
+    if not _AWS_REGION.fullmatch(e.region):
+        raise fail(f"{where}.region", f'expected an AWS region such as "us-east-1" or "eu-west-3", got {e.region!r}')
 
 
 def _served(fail: Callable[[str, str], ConfigError], where: str, m: ModelConfig, endpoints: set[str]) -> None:
@@ -705,6 +731,8 @@ def _check(cfg: Config, file: str) -> Config:
         _own_settings(fail, f"endpoints[{i}]", e)
         if e.api is EndpointApi.VERTEX:
             _check_vertex(fail, f"endpoints[{i}]", e)
+        if e.api is EndpointApi.BEDROCK:
+            _check_bedrock(fail, f"endpoints[{i}]", e)
         if not e.base_url:
             url = default_base_url(e.api, e.region)
             if not url:

@@ -56,6 +56,10 @@ STALLED = "stalled"  # transient: no bytes for stall_timeout after output began 
 # A bad request whose 404 says the target's model (or Azure deployment) is not there: the
 # target is parked and the request goes on to another deployment or model (policy.py).
 MODEL_NOT_FOUND = "model_not_found"
+# A bad request that says the target's model id cannot be called on demand, only through an
+# inference profile (Bedrock's newer models): a configuration error of the target, parked as
+# a missing model is (policy.py), its reason saying which id to use instead.
+INFERENCE_PROFILE_REQUIRED = "inference_profile_required"
 
 
 @dataclass(frozen=True, slots=True)

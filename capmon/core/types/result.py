@@ -57,6 +57,7 @@ class Format(enum.StrEnum):
     RESPONSES = "responses"  # OpenAI's /responses
     MESSAGES = "messages"  # Anthropic's /v1/messages
     GEMINI = "gemini"  # Google's generateContent (the Gemini API, Vertex AI)
+    CONVERSE = "converse"  # AWS Bedrock's Converse API
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,12 +184,13 @@ def caller_cap(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
-# Where each format's body holds the caller's token cap (Gemini's is nested).
+# Where each format's body holds the caller's token cap (Gemini's and Converse's are nested).
 _CAP_FIELD: Mapping[Format, tuple[str, ...]] = {
     Format.CHAT: ("max_tokens",),
     Format.RESPONSES: ("max_output_tokens",),
     Format.MESSAGES: ("max_tokens",),
     Format.GEMINI: ("generationConfig", "maxOutputTokens"),
+    Format.CONVERSE: ("inferenceConfig", "maxTokens"),
 }
 
 

@@ -22,6 +22,7 @@ from pydantic import TypeAdapter
 from capmon.core.providers import (
     anthropic_dialect,
     chat_format,
+    converse_format,
     formats,
     gemini_format,
     hub,
@@ -1012,6 +1013,7 @@ def test_the_registry_holds_each_format() -> None:
         Format.RESPONSES: responses_format,
         Format.MESSAGES: messages_format,
         Format.GEMINI: gemini_format,
+        Format.CONVERSE: converse_format,
     }
     assert formats.Incapable is hub.Incapable
 

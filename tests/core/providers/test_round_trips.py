@@ -1,9 +1,12 @@
 """Round trips through the hub, as properties: a request in any format taken into the canonical
-types and back to its own format is unchanged (chat, Messages, Gemini: the formats the hub
-encodes; no request is ever encoded as a Responses one), and a conversation every format can
+types and back to its own format is unchanged (chat, Messages, Gemini, Converse: the formats the
+hub encodes; no request is ever encoded as a Responses one), and a conversation every format can
 say (text, a system prompt, stop sequences, sampling, a cap, tools, calls and their results,
-a tool choice) crosses from each format to Gemini and back, or from the Responses API to chat
-directly and by way of Gemini, saying the same (call ids aside: Gemini pairs calls by name)."""
+a tool choice) crosses from each format to Gemini and back, and to Bedrock's Converse and back
+(but a tool choice of "none", which Converse refuses), or from the Responses API to chat
+directly and by way of Gemini, saying the same (call ids aside: Gemini pairs calls by name).
+A Gemini or Converse answer told as its stream, directly or through Anthropic's events,
+assembles back into itself."""
 
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -182,6 +186,47 @@ def gemini(c: Conversation) -> dict[str, Any]:
     return body
 
 
+def converse(c: Conversation) -> dict[str, Any]:
+    """Bedrock's Converse (which has no tool choice "none": :func:`says_in_converse`)."""
+    assert says_in_converse(c)
+    messages: list[dict[str, Any]] = []
+    for e, ids in zip(c.exchanges, _ids(c, "tooluse_"), strict=True):
+        messages.append({"role": "user", "content": [{"text": e.user}]})
+        if e.calls:
+            said = [{"text": e.said}] if e.said else []
+            uses = [
+                {"toolUse": {"toolUseId": i, "name": call.name, "input": call.args}}
+                for i, call in zip(ids, e.calls, strict=True)
+            ]
+            messages.append({"role": "assistant", "content": said + uses})
+            results_ = [
+                {"toolResult": {"toolUseId": i, "content": [{"text": call.result}]}}
+                for i, call in zip(ids, e.calls, strict=True)
+            ]
+            messages.append({"role": "user", "content": results_})
+        messages.append({"role": "assistant", "content": [{"text": e.answer}]})
+    messages.append({"role": "user", "content": [{"text": c.last}]})
+    body: dict[str, Any] = {"messages": messages}
+    if c.system:
+        body["system"] = [{"text": c.system}]
+    config = _sampling(c, {}, ("maxTokens", "stopSequences", "temperature", "topP"))
+    if config:
+        body["inferenceConfig"] = config
+    tools: dict[str, Any] = {}
+    if _used(c):
+        tools["tools"] = [{"toolSpec": {"name": n, "inputSchema": {"json": SCHEMA}}} for n in _used(c)]
+    if c.choice is not None:
+        tools["toolChoice"] = {c.choice: {}}
+    if tools:
+        body["toolConfig"] = tools
+    return body
+
+
+def says_in_converse(c: Conversation) -> bool:
+    """Whether Converse can say the conversation: all but a tool choice of "none"."""
+    return c.choice != "none"
+
+
 def responses(c: Conversation) -> dict[str, Any]:
     items: list[dict[str, Any]] = []
     for e, ids in zip(c.exchanges, _ids(c, "call_"), strict=True):
@@ -215,8 +260,9 @@ BUILDERS: dict[Format, Callable[[Conversation], dict[str, Any]]] = {
     Format.CHAT: chat,
     Format.MESSAGES: messages,
     Format.GEMINI: gemini,
+    Format.CONVERSE: converse,
 }
-_ID_KEYS = frozenset({"id", "tool_call_id", "tool_use_id", "call_id"})
+_ID_KEYS = frozenset({"id", "tool_call_id", "tool_use_id", "call_id", "toolUseId"})
 
 
 def renumbered(body: Any) -> Any:
@@ -243,6 +289,8 @@ def test_the_hub_encodes_every_format_but_the_responses_api() -> None:
 @given(conversations)
 def test_a_request_into_the_hub_and_back_to_its_own_format_is_unchanged(c: Conversation) -> None:
     for fmt, build in BUILDERS.items():
+        if fmt is Format.CONVERSE and not says_in_converse(c):
+            continue
         body = build(c)
         module = hub.FORMATS[fmt]
         assert module.encode_request(module.decode_request({"model": "m", "stream": True, **body})) == body, fmt
@@ -265,6 +313,23 @@ def test_a_conversation_every_format_says_crosses_to_gemini_and_back_saying_the_
         hub.translate_request(body, Format.RESPONSES, Format.GEMINI)[0], Format.GEMINI, Format.CHAT
     )
     assert renumbered(by_gemini) == renumbered(direct)
+
+
+@settings(max_examples=150, deadline=None)
+@given(conversations)
+def test_a_conversation_every_format_says_crosses_to_converse_and_back_saying_the_same(c: Conversation) -> None:
+    """Chat, Messages and Gemini to Bedrock's Converse and back (call ids aside: Gemini's are
+    made); a tool choice of "none", which Converse has not, is refused naming it."""
+    for fmt in (Format.CHAT, Format.MESSAGES, Format.GEMINI):
+        body = BUILDERS[fmt](c)
+        if not says_in_converse(c):
+            with pytest.raises(hub.Incapable, match='tool_choice "none"'):
+                hub.translate_request({"model": "m", **body}, fmt, Format.CONVERSE)
+            continue
+        there, dropped = hub.translate_request({"model": "m", **body}, fmt, Format.CONVERSE)
+        assert (renumbered(there), dropped) == (renumbered(converse(c)), ()), fmt
+        back, _ = hub.translate_request(there, Format.CONVERSE, fmt)
+        assert renumbered(back) == renumbered(body), fmt
 
 
 # ---------------------------------------------------------------- answers and their streams
@@ -329,3 +394,55 @@ def test_a_gemini_answer_told_as_a_stream_and_through_messages_assembles_back(
 def _through(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     translation = hub.Translation(Format.MESSAGES, Format.GEMINI, created=1)
     return [c for e in events for c in translation.feed(e)] + translation.close()
+
+
+_STOP_REASONS = ["end_turn", "tool_use", "max_tokens", "stop_sequence", "model_context_window_exceeded"]
+converse_blocks = st.lists(
+    st.one_of(
+        texts.map(lambda t: {"text": t}),
+        st.builds(
+            lambda t, sig: {"reasoningContent": {"reasoningText": {"text": t, "signature": sig}}},
+            texts,
+            st.sampled_from(["c2ln", "b3Ro"]),
+        ),
+        st.builds(
+            lambda name, args, i: {"toolUse": {"toolUseId": f"tooluse_{i}", "name": name, "input": args}},
+            st.sampled_from(NAMES),
+            st.dictionaries(st.sampled_from("ab"), st.integers(-5, 5), max_size=2),
+            st.integers(0, 99),
+        ),
+    ),
+    max_size=5,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(converse_blocks, st.sampled_from(_STOP_REASONS), st.integers(0, 500), st.integers(0, 500))
+def test_a_converse_answer_told_as_a_stream_and_through_messages_assembles_back(
+    blocks: list[dict[str, Any]], stop: str, prompt: int, out: int
+) -> None:
+    """Told as ConverseStream's events (a block per index, its pieces, the stop, the metadata),
+    directly or by way of Anthropic's events, the events assemble into the same answer: whole
+    at its messageStop, its usage at the metadata that follows."""
+    answer = {
+        "output": {"message": {"role": "assistant", "content": blocks}},
+        "stopReason": stop,
+        "usage": {"inputTokens": prompt, "outputTokens": out, "totalTokens": prompt + out},
+        "metrics": {"latencyMs": 0},
+    }
+    module = hub.FORMATS[Format.CONVERSE]
+    messages = hub.translate_answer(answer, Format.CONVERSE, Format.MESSAGES, created=1)
+    translation = hub.Translation(Format.MESSAGES, Format.CONVERSE, created=1)
+    through = hub.FORMATS[Format.MESSAGES].answer_stream(messages, created=1, include_usage=True)
+    for events in (
+        module.answer_stream(answer, created=1, include_usage=True),
+        [c for e in through for c in translation.feed(e)] + translation.close(),
+    ):
+        whole = module.assembler()
+        assert list(events[-2]) == ["messageStop"] and list(events[-1]) == ["metadata"]
+        for event in events[:-1]:
+            assert not whole.finished
+            whole.add(event, False)
+        assert whole.finished  # at its messageStop: whole, whether or not its metadata comes
+        whole.add(events[-1], True)
+        assert whole.answer() == answer
