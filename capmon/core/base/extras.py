@@ -27,6 +27,7 @@ class Extra(enum.StrEnum):
     AIOHTTP = "aiohttp"  # client.transport = "aiohttp" (capmon/core/routing/transport_aiohttp.py)
     UVLOOP = "uvloop"  # [gateway] loop = "uvloop"
     GOOGLE = "google"  # api = "vertex" without keys: google-auth's credentials (capmon/core/providers/google_auth.py)
+    AWS = "aws"  # api = "bedrock": SigV4 and the event stream's decoder (botocore)
 
 
 # The modules each extra's code imports: importing them all is what "installed" means
@@ -40,6 +41,7 @@ MODULES: dict[Extra, tuple[str, ...]] = {
     Extra.AIOHTTP: ("aiohttp", "httpx_aiohttp"),
     Extra.UVLOOP: ("uvloop",),
     Extra.GOOGLE: ("google.auth", "google.auth.transport.requests", "google.oauth2.service_account"),
+    Extra.AWS: ("botocore.auth", "botocore.eventstream"),
 }
 
 

@@ -57,6 +57,7 @@ class Format(enum.StrEnum):
     RESPONSES = "responses"  # OpenAI's /responses
     MESSAGES = "messages"  # Anthropic's /v1/messages
     GEMINI = "gemini"  # Google's generateContent (the Gemini API, Vertex AI)
+    CONVERSE = "converse"  # AWS Bedrock's Converse API
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,6 +190,7 @@ _CAP_FIELD: Mapping[Format, tuple[str, ...]] = {
     Format.RESPONSES: ("max_output_tokens",),
     Format.MESSAGES: ("max_tokens",),
     Format.GEMINI: ("generationConfig", "maxOutputTokens"),
+    Format.CONVERSE: ("inferenceConfig", "maxTokens"),
 }
 
 
