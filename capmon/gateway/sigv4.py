@@ -64,9 +64,9 @@ def verified(
     if secret is None or not stamp or "host" not in signed.signed:
         return False
     require(Extra.AWS, "a SigV4-signed request to the gateway's Bedrock routes")
-    from botocore.auth import SigV4Auth
-    from botocore.awsrequest import AWSRequest
-    from botocore.credentials import Credentials
+    from botocore.auth import SigV4Auth  # type: ignore[import-untyped]
+    from botocore.awsrequest import AWSRequest  # type: ignore[import-untyped]
+    from botocore.credentials import Credentials  # type: ignore[import-untyped]
 
     request = AWSRequest(method=method, url=url, data=body, headers={h: headers.get(h, "") for h in signed.signed})
     request.context["timestamp"] = stamp
