@@ -1,13 +1,15 @@
 """The gateway as an ASGI app: the OpenAI API (capmon/gateway/openai_api.py), Anthropic's
 Messages API (capmon/gateway/anthropic_api.py), Google's generateContent
 (capmon/gateway/gemini_api.py) and Vertex AI's paths for both (capmon/gateway/vertex_api.py),
+Bedrock's Converse (capmon/gateway/bedrock_api.py),
 the control API (capmon/gateway/control.py),
 /metrics, /health and /ready, around one shared FallbackClient that the caller owns
 (``capmon serve`` opens it with the engine).
 
 Every error the gateway answers is in the OpenAI shape, 404 and 405 included, but on
 Anthropic's paths (``/v1/messages...``, Claude on Vertex), where it is in Anthropic's, and on
-Google's (``/v1beta/models...``, ``/v1/models/{model}:...``, Gemini on Vertex), where it is in Google's
+Google's (``/v1beta/models...``, ``/v1/models/{model}:...``, Gemini on Vertex), where it is in Google's,
+and on Bedrock's (``/model/...``), where it is in Bedrock's
 (capmon/gateway/faces.py). Paths are exact: a
 trailing slash is a 404, never a redirect.
 """
@@ -23,7 +25,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from capmon.core.routing.client import FallbackClient
-from capmon.gateway import anthropic_api, control, gemini_api, openai_api, vertex_api
+from capmon.gateway import anthropic_api, bedrock_api, control, gemini_api, openai_api, vertex_api
 from capmon.gateway.access_log import AccessLog
 from capmon.gateway.auth import Access, Authenticator
 from capmon.gateway.browsers import BrowserGuard, add_cors
@@ -99,6 +101,7 @@ def create_app(
         *anthropic_api.ROUTES,
         *gemini_api.ROUTES,
         *vertex_api.ROUTES,
+        *bedrock_api.ROUTES,
         *control.ROUTES,
         Route("/metrics", metrics, methods=["GET"]),
         Route("/health", health, methods=["GET"]),

@@ -190,6 +190,23 @@ def gemini(body: dict[str, Any], asked: Asked, *, model: str, stream: bool) -> W
     return _in_format(Format.GEMINI, body, asked, asked.names.resolve(model), stream)
 
 
+def converse(body: dict[str, Any], asked: Asked, *, model: str, stream: bool) -> Wanted:
+    """A Bedrock Converse request: the model and whether it streams come from its path
+    (``/model/{modelId}/converse-stream``); the body goes as it is (translated for a target
+    on another wire), but the token cap (``inferenceConfig.maxTokens``), which capmon owns."""
+    if not isinstance(body.get("messages"), list):
+        raise fields.bad("messages: expected a list of messages", "messages")
+    config = body.get("inferenceConfig")
+    if config is not None:
+        if not isinstance(config, dict):
+            raise fields.bad("inferenceConfig: expected an object", "inferenceConfig")
+        fields.positive_int(config, "maxTokens")
+        fields.number(config, "temperature")
+        fields.number(config, "topP")
+        fields.strings(config, "stopSequences")
+    return _in_format(Format.CONVERSE, body, asked, asked.names.resolve(model), stream)
+
+
 def _in_format(fmt: Format, body: dict[str, Any], asked: Asked, model: str | None, stream: bool, **kw: Any) -> Wanted:
     """A request in its own format (Responses, Messages, Gemini): the body as it came, routed
     with what the request's headers ask (``kw``: Messages' betas)."""

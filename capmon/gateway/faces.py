@@ -1,7 +1,7 @@
 """The face the gateway shows the callers of each API it speaks: which paths are that API's,
 how its errors are shaped, and how its streams are framed. One :class:`Face` per caller
 format (the OpenAI APIs' chat completions and Responses, Anthropic's Messages, Google's
-generateContent), so nothing else in the gateway asks which API a request came in on:
+generateContent, Bedrock's Converse), so nothing else in the gateway asks which API a request came in on:
 a reply takes its request's face (:data:`FACES`), an error answered before a request is
 read takes its path's (:func:`face_of_path`).
 """
@@ -15,6 +15,7 @@ from capmon.core.types.failure import Kind
 from capmon.core.types.result import Format
 from capmon.gateway import sse
 from capmon.gateway.anthropic_errors import AnthropicError, on_messages_path
+from capmon.gateway.bedrock_errors import BedrockError
 from capmon.gateway.errors import ApiError
 from capmon.gateway.gemini_errors import GeminiError
 
@@ -43,6 +44,12 @@ def on_gemini_path(path: str) -> bool:
     return vertex_publisher(path) == "google"
 
 
+def on_bedrock_path(path: str) -> bool:
+    """Whether a path is Bedrock's runtime API (``/model/{modelId}/converse``...): its errors
+    are then Bedrock's."""
+    return path.startswith("/model/")
+
+
 def on_claude_path(path: str) -> bool:
     """Whether a path is Anthropic's API: ``/v1/messages...``, or Claude on Vertex's paths."""
     return on_messages_path(path) or vertex_publisher(path) == "anthropic"
@@ -62,12 +69,14 @@ CHAT = Face("chat", lambda path: path.startswith("/v1/chat/"), _openai, sse.Chat
 RESPONSES = Face("responses", lambda path: path.startswith("/v1/responses"), _openai, sse.ResponsesFraming)
 MESSAGES = Face("messages", on_claude_path, AnthropicError.of, sse.MessagesFraming)
 GEMINI = Face("gemini", on_gemini_path, GeminiError.of, sse.GeminiFraming)
+CONVERSE = Face("converse", on_bedrock_path, BedrockError.of, sse.EventStreamFraming)
 
 FACES: Mapping[Format, Face] = {
     Format.CHAT: CHAT,
     Format.RESPONSES: RESPONSES,
     Format.MESSAGES: MESSAGES,
     Format.GEMINI: GEMINI,
+    Format.CONVERSE: CONVERSE,
 }
 
 

@@ -71,6 +71,27 @@ async def read_text(receive: Receive, headers: Mapping[str, str], cap: int) -> s
             return text.text()
 
 
+async def read_raw(receive: Receive, headers: Mapping[str, str], cap: int) -> bytes | None:
+    """The body's bytes as sent (what a signature is over), at most ``cap`` (413 past it);
+    None when the client went away."""
+    length = headers.get("content-length", "")
+    if length.isdigit() and int(length) > cap:
+        raise _too_large(cap)
+    pieces: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        piece = message.get("body", b"")
+        size += len(piece)
+        if size > cap:
+            raise _too_large(cap)
+        pieces.append(piece)
+        if not message.get("more_body", False):
+            return b"".join(pieces)
+
+
 async def checked_body(
     gw: Gateway, receive: Receive, headers: Mapping[str, str], of: shape.Shape
 ) -> dict[str, Any] | None:

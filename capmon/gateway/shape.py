@@ -22,7 +22,9 @@ count; arrays on the way add nothing):
 * Messages (and count_tokens): messages ``messages``; content blocks ``messages[].content``,
   a block's own ``content`` (a tool result's) and ``system``; tools ``tools``;
 * Gemini's generateContent: messages ``contents``; content blocks ``contents[].parts`` and
-  ``systemInstruction.parts``; tools ``tools[].functionDeclarations``.
+  ``systemInstruction.parts``; tools ``tools[].functionDeclarations``;
+* Bedrock's Converse: messages ``messages``; content blocks ``messages[].content`` and
+  ``system``; tools ``toolConfig.tools``.
 
 A key given twice in a body read in slices counts both times (json keeps the last): more
 is counted, never less.
@@ -114,6 +116,17 @@ GEMINI = Shape(
         }
     ),
     "contents",
+)
+CONVERSE = Shape(
+    Paths.of(
+        {
+            ("messages",): _M,
+            ("messages", "content"): _B,
+            ("system",): _B,
+            ("toolConfig", "tools"): _T,
+        }
+    ),
+    "messages",
 )
 GEMINI_COUNT = Shape(  # :countTokens: contents, or a whole request under generateContentRequest
     Paths.of(

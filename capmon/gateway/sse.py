@@ -12,6 +12,7 @@ Anthropic's ``event: error`` (the anthropic SDKs raise on it), never a ``message
 Google's generateContent: ``data: {chunk}`` frames, each a whole GenerateContentResponse, the
 last carrying the finish reason; no end marker. A stream that breaks ends with ``data:
 {"error": {...}}``, Google's error object (google-genai raises on it after the chunks it yielded).
+Bedrock's ConverseStream is no SSE: AWS's binary event stream (:class:`EventStreamFraming`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from capmon.core.base.exceptions import RequestFailed
-from capmon.gateway import anthropic_errors, gemini_errors
+from capmon.core.providers import aws_frames
+from capmon.gateway import anthropic_errors, bedrock_errors, gemini_errors
 from capmon.gateway.errors import in_stream, json_bytes
 
 HEADERS: Mapping[str, str] = {
@@ -123,7 +125,26 @@ class GeminiArrayFraming:
         return self._item(json_bytes(gemini_errors.in_stream(e, request_id))) + b"]"
 
 
-Framing = ChatFraming | ResponsesFraming | MessagesFraming | GeminiFraming | GeminiArrayFraming
+class EventStreamFraming:
+    """Bedrock's ConverseStream: AWS's binary event stream (capmon/core/providers/aws_frames.py),
+    one message per event, each chunk being ``{"eventType": payload}`` as boto3 yields them; a
+    break ends it with an exception message (capmon/gateway/bedrock_errors.py)."""
+
+    headers: Mapping[str, str] = {**HEADERS, "content-type": aws_frames.CONTENT_TYPE}
+
+    def frame(self, chunk: Mapping[str, Any]) -> bytes:
+        return b"".join(
+            aws_frames.event(kind, payload) for kind, payload in chunk.items() if isinstance(payload, Mapping)
+        )
+
+    def done(self) -> bytes:
+        return b""  # messageStop and metadata were the last events
+
+    def error(self, e: RequestFailed, request_id: str) -> bytes:
+        return aws_frames.exception(*bedrock_errors.in_stream(e, request_id))
+
+
+Framing = ChatFraming | ResponsesFraming | MessagesFraming | GeminiFraming | GeminiArrayFraming | EventStreamFraming
 
 
 def named(event: Mapping[str, Any]) -> bytes:

@@ -1,0 +1,97 @@
+"""AWS Bedrock's runtime API on the gateway: ``POST /model/{modelId}/converse`` and
+``/model/{modelId}/converse-stream`` (AWS's binary event stream), so boto3's bedrock-runtime
+client (``endpoint_url=`` the gateway) reaches every model of the config through capmon.
+
+A Converse request is routed like any other (the same models, aliases, deadline, priority
+and fallbacks; the model is the path's ``modelId``, URL-decoded) and answered in Converse's
+shapes whichever model served it. boto3 signs every request with SigV4: a gateway with
+client keys checks the signature (capmon/gateway/sigv4.py: the key's alias as the access
+key id, the key as the secret); one without takes any. Errors on these paths are Bedrock's
+(capmon/gateway/bedrock_errors.py).
+"""
+
+from __future__ import annotations
+
+import functools
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+from starlette.types import Message, Receive
+
+from capmon.gateway import bodies, shape, sigv4
+from capmon.gateway.context import Gateway, gateway_of
+from capmon.gateway.errors import ApiError
+from capmon.gateway.inbound import ProxiedApi, header_map, proxied, read_raw
+from capmon.gateway.replies import Nothing
+
+KEY_HEADER = "x-api-key"  # where a verified signer's key is put for the gateway's auth to read
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """``receive`` with the body already read handed over first (then the connection's own
+    messages: a disconnect)."""
+    given = False
+
+    async def replayed() -> Message:
+        nonlocal given
+        if given:
+            return await receive()
+        given = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return replayed
+
+
+def _secret_of(gw: Gateway, key_id: str) -> str | None:
+    """The client key whose alias signed, as the SigV4 secret."""
+    return next((k.secret.reveal() for k in gw.settings.keys if k.alias == key_id), None)
+
+
+def _refused() -> ApiError:
+    return ApiError(
+        401,
+        "The request signature we calculated does not match the signature you provided. Sign with a client key "
+        "of this gateway as aws_secret_access_key and its alias as aws_access_key_id.",
+        "invalid_request_error",
+        "invalid_api_key",
+    )
+
+
+async def _converse(request: Request, stream: bool) -> Response:
+    gw = gateway_of(request)
+    model = request.path_params["model_id"]
+    headers = header_map(request.scope)
+    receive = request.receive
+    signed = sigv4.parse(headers.get("authorization", ""))
+    if signed is not None:
+        del headers["authorization"]  # a signature, not a key: the gateway's auth reads no key there
+        if not gw.settings.open:
+            raw = await read_raw(receive, headers, gw.settings.max_body_bytes)
+            if raw is None:
+                return Nothing()
+            path = request.scope.get("raw_path") or request.url.path.encode()
+            query = request.scope.get("query_string", b"")
+            url = f"{request.url.scheme}://{headers.get('host', '')}{path.decode('latin-1')}"
+            url += f"?{query.decode('latin-1')}" if query else ""
+            secret = functools.partial(_secret_of, gw)
+            if not sigv4.verified(signed, secret, method="POST", url=url, headers=headers, body=raw):
+                raise _refused()
+            headers[KEY_HEADER] = _secret_of(gw, signed.key_id) or ""
+            receive = _replay(raw, receive)
+    parse = functools.partial(bodies.converse, model=model, stream=stream)
+    return await proxied(gw, request.scope, receive, ProxiedApi(shape.CONVERSE, parse), headers=headers, model=model)
+
+
+async def converse(request: Request) -> Response:
+    return await _converse(request, stream=False)
+
+
+async def converse_stream(request: Request) -> Response:
+    return await _converse(request, stream=True)
+
+
+ROUTES = [
+    Route("/model/{model_id:path}/converse", converse, methods=["POST"]),
+    Route("/model/{model_id:path}/converse-stream", converse_stream, methods=["POST"]),
+]

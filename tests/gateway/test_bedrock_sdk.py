@@ -1,0 +1,164 @@
+"""The real boto3 bedrock-runtime client against the gateway's Bedrock routes, on models of
+the simulator's other wires (OpenAI's chat completions, Anthropic's Messages): converse and
+converse_stream (text, usage, stop reason), a tool use and its result, SigV4 signatures
+checked with a client key as the secret, and the gateway's errors as boto3's own exceptions
+(every model at capacity: ServiceUnavailableException; rate-limited: ThrottlingException; an
+unknown model: ResourceNotFoundException; a wrong signature: AccessDeniedException), a
+stream broken after output raised as EventStreamError after the events it yielded.
+
+boto3 is synchronous: each call runs in a thread while the gateway serves on the test's loop
+(real time: the simulated models answer within tenths of a second)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import boto3
+import botocore.config
+import botocore.exceptions
+import pytest
+
+from tests.gateway.helpers import Running, running, scenario, spec
+
+CLIENT = "sk-gw-client-bedrock-3e2d1c0b"
+KEYS = 'keys = [{ env = "GW_CLIENT", alias = "team" }]'
+ENVIRON = {"GW_CLIENT": CLIENT}
+TWO = {"models": ("claude", "flagship"), "anthropic": ("claude",), "gateway": KEYS, "environ": ENVIRON}
+HI = [{"role": "user", "content": [{"text": "Say something about capacity."}]}]
+WEATHER = {
+    "toolSpec": {
+        "name": "get_weather",
+        "description": "The weather in a city.",
+        "inputSchema": {"json": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}},
+    }
+}
+
+
+def bedrock(gw: Running, key_id: str = "team", secret: str = CLIENT) -> Any:
+    """boto3's bedrock-runtime client at the gateway, signing with a client key (no retries:
+    capmon's are what is tested)."""
+    return boto3.client(
+        "bedrock-runtime",
+        region_name="us-east-1",
+        endpoint_url=gw.origin,
+        aws_access_key_id=key_id,
+        aws_secret_access_key=secret,
+        config=botocore.config.Config(retries={"max_attempts": 1, "mode": "standard"}, read_timeout=120),
+    )
+
+
+async def call(fn: Callable[..., Any], **kw: Any) -> Any:
+    return await asyncio.to_thread(fn, **kw)
+
+
+def headers(response: Any) -> dict[str, str]:
+    return response["ResponseMetadata"]["HTTPHeaders"]
+
+
+def two_providers(**kw: Any) -> Any:
+    return scenario(spec("claude", api="anthropic", **kw), spec("flagship", **kw))
+
+
+async def test_converse_plain_and_streamed_on_either_wire() -> None:
+    async with running(two_providers(), **TWO) as gw:
+        client = bedrock(gw)
+        plain = await call(client.converse, modelId="claude", messages=HI, system=[{"text": "Be brief."}])
+        streamed = await call(client.converse_stream, modelId="flagship", messages=HI, inferenceConfig={"maxTokens": 5})
+        events = await asyncio.to_thread(lambda: list(streamed["stream"]))
+    assert plain["output"]["message"]["role"] == "assistant" and plain["stopReason"] == "end_turn"
+    assert len(plain["output"]["message"]["content"][0]["text"].split()) == 12
+    assert plain["usage"]["outputTokens"] == 12 and plain["usage"]["inputTokens"] > 0
+    h = headers(plain)
+    assert (h["x-capmon-model"], h["x-capmon-api"], h["x-capmon-fallbacks"]) == ("claude", "anthropic", "0")
+    kinds = [next(iter(e)) for e in events]
+    assert kinds[0] == "messageStart" and "contentBlockDelta" in kinds and "messageStop" in kinds
+    text = "".join(e["contentBlockDelta"]["delta"].get("text", "") for e in events if "contentBlockDelta" in e)
+    assert len(text.split()) == 5
+    (stop,) = [e["messageStop"] for e in events if "messageStop" in e]
+    assert stop["stopReason"] == "max_tokens"
+    assert headers(streamed)["x-capmon-model"] == "flagship"
+
+
+async def test_a_tool_use_and_its_result_round_trip() -> None:
+    async with running(two_providers(), **TWO) as gw:
+        client = bedrock(gw)
+        ask = {"role": "user", "content": [{"text": "Weather in Paris?"}]}
+        tools = {"tools": [WEATHER], "toolChoice": {"any": {}}}
+        done = {}
+        for model in ("claude", "flagship"):
+            called = await call(client.converse, modelId=model, messages=[ask], toolConfig=tools)
+            assert called["stopReason"] == "tool_use", (model, called)
+            (use,) = [b["toolUse"] for b in called["output"]["message"]["content"] if "toolUse" in b]
+            assert use["name"] == "get_weather" and "city" in use["input"]
+            result = {"toolResult": {"toolUseId": use["toolUseId"], "content": [{"json": {"forecast": "sunny"}}]}}
+            turn = [ask, called["output"]["message"], {"role": "user", "content": [result]}]
+            done[model] = await call(client.converse, modelId=model, messages=turn, toolConfig={"tools": [WEATHER]})
+    for model, answer in done.items():
+        assert answer["stopReason"] == "end_turn", (model, answer)
+        assert answer["output"]["message"]["content"][0]["text"]
+
+
+async def test_the_gateways_refusals_are_boto3s_own_exceptions() -> None:
+    async with running(two_providers(), **TWO) as gw:
+        client = bedrock(gw)
+        with pytest.raises(client.exceptions.ResourceNotFoundException):
+            await call(client.converse, modelId="nope", messages=HI)
+        with pytest.raises(client.exceptions.AccessDeniedException):
+            await call(bedrock(gw, secret="sk-not-this-one").converse, modelId="claude", messages=HI)
+        with pytest.raises(client.exceptions.ValidationException) as bad:
+            await call(client.converse, modelId="claude", messages=HI, inferenceConfig={"maxTokens": 0})
+    assert "maxTokens" in str(bad.value)
+
+
+async def test_every_model_at_capacity_is_service_unavailable_and_a_rate_limit_is_throttling() -> None:
+    full = scenario(spec("claude", slots=0, api="anthropic"), spec("flagship", slots=0))
+    async with running(full, **TWO) as gw:
+        client = bedrock(gw)
+        deadline = {"x-capmon-deadline": "2"}
+        client.meta.events.register(
+            "before-sign.bedrock-runtime.*", lambda request, **_: request.headers.update(deadline)
+        )
+        with pytest.raises(client.exceptions.ServiceUnavailableException) as info:
+            await call(client.converse, modelId="auto", messages=HI)
+    assert info.value.response["ResponseMetadata"]["HTTPStatusCode"] == 503
+    assert "within its deadline" in info.value.response["Error"]["Message"]
+
+    limited = scenario(spec("claude", slots=0, api="anthropic", dialect="anthropic-429", hint=7.0))
+    async with running(limited, models=("claude",), anthropic=("claude",), gateway=KEYS, environ=ENVIRON) as gw:
+        client = bedrock(gw)
+        client.meta.events.register(
+            "before-sign.bedrock-runtime.*", lambda request, **_: request.headers.update({"x-capmon-deadline": "3"})
+        )
+        with pytest.raises(client.exceptions.ThrottlingException) as throttled:
+            await call(client.converse, modelId="claude", messages=HI)
+    assert throttled.value.response["ResponseMetadata"]["HTTPHeaders"]["retry-after"] == "7"
+
+
+async def test_a_stream_broken_after_output_ends_with_an_exception_boto3_raises() -> None:
+    async with running(two_providers(answer_tokens=40), **TWO) as gw:
+        fault = {
+            "mode": "stream_error",
+            "after": 3,
+            "dialect": "openrouter-stream",
+            "model": "sim-flagship",
+            "count": 1,
+        }
+        await gw.sim_admin("faults", fault)
+        client = bedrock(gw)
+        client.meta.events.register(
+            "before-sign.bedrock-runtime.*", lambda request, **_: request.headers.update({"x-capmon-continue": "false"})
+        )
+        streamed = await call(client.converse_stream, modelId="flagship", messages=HI)
+        got: list[Any] = []
+
+        def drain() -> None:
+            for event in streamed["stream"]:
+                got.append(event)
+
+        with pytest.raises(botocore.exceptions.EventStreamError) as info:
+            await asyncio.to_thread(drain)
+    assert any("contentBlockDelta" in e for e in got), "the events before the break reached the caller"
+    assert info.value.response["Error"]["Code"] == "throttlingException"  # the upstream's break was a 429
+    assert "request req_" in info.value.response["Error"]["Message"]
