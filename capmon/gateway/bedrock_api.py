@@ -5,8 +5,10 @@ client (``endpoint_url=`` the gateway) reaches every model of the config through
 A Converse request is routed like any other (the same models, aliases, deadline, priority
 and fallbacks; the model is the path's ``modelId``, URL-decoded) and answered in Converse's
 shapes whichever model served it. boto3 signs every request with SigV4: a gateway with
-client keys checks the signature (capmon/gateway/sigv4.py: the key's alias as the access
-key id, the key as the secret); one without takes any. Errors on these paths are Bedrock's
+client keys checks the signature (capmon/core/providers/aws_sigv4.py), a client key's alias
+as the access key id and the key itself as the secret (``aws_access_key_id="team",
+aws_secret_access_key=KEY``: the key never travels, the signature over the method, path,
+signed headers and body proves it); one without keys takes any signature, or none. Errors on these paths are Bedrock's
 (capmon/gateway/bedrock_errors.py).
 """
 
@@ -19,7 +21,8 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Message, Receive
 
-from capmon.gateway import bodies, shape, sigv4
+from capmon.core.providers import aws_sigv4
+from capmon.gateway import bodies, shape
 from capmon.gateway.context import Gateway, gateway_of
 from capmon.gateway.errors import ApiError
 from capmon.gateway.inbound import ProxiedApi, header_map, proxied, read_raw
@@ -63,7 +66,7 @@ async def _converse(request: Request, stream: bool) -> Response:
     model = request.path_params["model_id"]
     headers = header_map(request.scope)
     receive = request.receive
-    signed = sigv4.parse(headers.get("authorization", ""))
+    signed = aws_sigv4.parse(headers.get("authorization", ""))
     if signed is not None:
         del headers["authorization"]  # a signature, not a key: the gateway's auth reads no key there
         if not gw.settings.open:
@@ -74,10 +77,10 @@ async def _converse(request: Request, stream: bool) -> Response:
             query = request.scope.get("query_string", b"")
             url = f"{request.url.scheme}://{headers.get('host', '')}{path.decode('latin-1')}"
             url += f"?{query.decode('latin-1')}" if query else ""
-            secret = functools.partial(_secret_of, gw)
-            if not sigv4.verified(signed, secret, method="POST", url=url, headers=headers, body=raw):
+            secret = _secret_of(gw, signed.access_key)
+            if secret is None or not aws_sigv4.verify(signed, secret, "POST", url, headers, raw):
                 raise _refused()
-            headers[KEY_HEADER] = _secret_of(gw, signed.key_id) or ""
+            headers[KEY_HEADER] = secret
             receive = _replay(raw, receive)
     parse = functools.partial(bodies.converse, model=model, stream=stream)
     return await proxied(gw, request.scope, receive, ProxiedApi(shape.CONVERSE, parse), headers=headers, model=model)

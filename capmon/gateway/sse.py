@@ -130,7 +130,7 @@ class EventStreamFraming:
     one message per event, each chunk being ``{"eventType": payload}`` as boto3 yields them; a
     break ends it with an exception message (capmon/gateway/bedrock_errors.py)."""
 
-    headers: Mapping[str, str] = {**HEADERS, "content-type": aws_frames.CONTENT_TYPE}
+    headers: Mapping[str, str] = {**HEADERS, "content-type": aws_frames.MEDIA_TYPE}
 
     def frame(self, chunk: Mapping[str, Any]) -> bytes:
         return b"".join(
@@ -141,7 +141,8 @@ class EventStreamFraming:
         return b""  # messageStop and metadata were the last events
 
     def error(self, e: RequestFailed, request_id: str) -> bytes:
-        return aws_frames.exception(*bedrock_errors.in_stream(e, request_id))
+        kind, message = bedrock_errors.in_stream(e, request_id)
+        return aws_frames.exception(kind, {"message": message})
 
 
 Framing = ChatFraming | ResponsesFraming | MessagesFraming | GeminiFraming | GeminiArrayFraming | EventStreamFraming

@@ -10,7 +10,7 @@ for an on-demand id that needs an inference profile; any other unknown id its 40
 ResourceNotFoundException.
 
 The caller signs with SigV4 (service ``bedrock``; the access key id is one of the scenario's
-keys and its secret the same string: capmon/sim/sigv4.py), or sends a Bedrock API key as
+keys and its secret the same string: capmon/core/providers/aws_sigv4.py), or sends a Bedrock API key as
 ``Authorization: Bearer``. No credentials is a 403 AccessDeniedException, an unknown key a 403
 UnrecognizedClientException, a wrong signature a 403 InvalidSignatureException.
 
@@ -19,7 +19,7 @@ Answers follow boto3's shapes: ``output.message{role: "assistant", content[{text
 ``inferenceConfig.maxTokens`` cut the answer, stop_sequence before the first of
 ``stopSequences`` the answer would say, malformed_tool_use for a broken_tool_args fault's call,
 which cannot be sent as an object), ``usage{inputTokens, outputTokens, totalTokens}``,
-``metrics.latencyMs``. A stream is AWS's binary event stream (capmon/sim/eventstream.py):
+``metrics.latencyMs``. A stream is AWS's binary event stream (capmon/core/providers/aws_frames.py):
 messageStart, contentBlockStart (a tool call's), contentBlockDelta (text pieces, or the call's
 input as pieces of its JSON), contentBlockStop, messageStop{stopReason}, metadata{usage,
 metrics}. Errors are Bedrock's (dialects.bedrock_error: ``x-amzn-ErrorType`` and
@@ -45,11 +45,12 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from capmon.core.base.clock import Clock
+from capmon.core.providers import aws_sigv4 as sigv4
+from capmon.core.providers.aws_frames import MEDIA_TYPE, event
 from capmon.core.providers.tokens import estimate_body
 from capmon.core.types.result import Format
-from capmon.sim import dialects, sigv4
+from capmon.sim import dialects
 from capmon.sim.dialects import Api, Wire
-from capmon.sim.eventstream import MEDIA_TYPE, event
 from capmon.sim.faults import DropConnection, FaultMode
 from capmon.sim.model import Admitted, Faulted, Simulator, Ticket
 from capmon.sim.replies import (

@@ -4,7 +4,7 @@ Messages body and ``anthropic_version`` in it, as the anthropic SDK's AnthropicB
 them. Claude answers as on /v1/messages (capmon/sim/messages.py); Bedrock's front end checks
 the credentials and the model as Converse's does (capmon/sim/bedrock.py) and words every
 error in its shape. A stream's events go base64 in ``chunk`` events of AWS's event stream
-(capmon/sim/eventstream.py), and an ``error`` event as the exception it stands for
+(capmon/core/providers/aws_frames.py), and an ``error`` event as the exception it stands for
 (overloaded_error: serviceUnavailableException, rate_limit_error: throttlingException, else
 modelStreamErrorException).
 """
@@ -20,9 +20,9 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
+from capmon.core.providers.aws_frames import MEDIA_TYPE, event
 from capmon.sim import bedrock, dialects, messages
 from capmon.sim.dialects import Wire
-from capmon.sim.eventstream import MEDIA_TYPE, event
 from capmon.sim.faults import DropConnection
 from capmon.sim.replies import bearer, simulator, wire
 

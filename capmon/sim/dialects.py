@@ -25,7 +25,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from capmon.core.base.hints import MAX_HINT
-from capmon.sim import eventstream
+from capmon.core.providers import aws_frames as eventstream
 
 OPENAI_429 = "openai-429"
 OPENAI_503 = "openai-503"

@@ -15,7 +15,8 @@ from starlette.responses import HTMLResponse, PlainTextResponse, Response, Strea
 from starlette.types import Receive, Scope, Send
 
 from capmon.core.base.clock import Clock
-from capmon.sim import dialects, sigv4
+from capmon.core.providers import aws_sigv4 as sigv4
+from capmon.sim import dialects
 from capmon.sim.dialects import AZURE_API_VERSION, Api, Wire, WireError, speaks
 from capmon.sim.faults import HANG_SECONDS, HTML_500_PAGE, PACED, STREAMED, DropConnection, FaultMode, delayed
 from capmon.sim.model import (
@@ -65,7 +66,7 @@ def bearer(request: Request, wire: Wire = Wire.OPENAI) -> str | None:
     ``x-api-key``. On Anthropic's wire ``x-api-key`` wins when both are sent, as there. The
     Gemini API takes ``x-goog-api-key`` or ``?key=``; Vertex AI an OAuth token as Bearer (or
     an express-mode key in ``x-goog-api-key``); Bedrock a SigV4 signature, whose access key id
-    is the key (capmon/sim/sigv4.py checks the signature), or a Bedrock API key as Bearer."""
+    is the key (capmon/core/providers/aws_sigv4.py checks the signature), or a Bedrock API key as Bearer."""
     if wire is Wire.BEDROCK:
         signed = sigv4.parse(request.headers.get("authorization", ""))
         if signed is not None:

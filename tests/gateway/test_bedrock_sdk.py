@@ -36,17 +36,25 @@ WEATHER = {
 }
 
 
-def bedrock(gw: Running, key_id: str = "team", secret: str = CLIENT) -> Any:
+def bedrock(gw: Running, key_id: str = "team", secret: str = CLIENT, **headers: str) -> Any:
     """boto3's bedrock-runtime client at the gateway, signing with a client key (no retries:
-    capmon's are what is tested)."""
-    return boto3.client(
+    capmon's are what is tested; no validation of its own: the gateway's is tested), sending
+    ``headers`` too (``x_capmon_deadline="2"``: signed with the rest)."""
+    client = boto3.client(
         "bedrock-runtime",
         region_name="us-east-1",
         endpoint_url=gw.origin,
         aws_access_key_id=key_id,
         aws_secret_access_key=secret,
-        config=botocore.config.Config(retries={"max_attempts": 1, "mode": "standard"}, read_timeout=120),
+        config=botocore.config.Config(retries={"total_max_attempts": 1}, read_timeout=120, parameter_validation=False),
     )
+
+    def add(request: Any, **_: Any) -> None:
+        for name, value in headers.items():
+            request.headers[name.replace("_", "-")] = value
+
+    client.meta.events.register("before-sign.bedrock-runtime.*", add)
+    return client
 
 
 async def call(fn: Callable[..., Any], **kw: Any) -> Any:
@@ -115,11 +123,7 @@ async def test_the_gateways_refusals_are_boto3s_own_exceptions() -> None:
 async def test_every_model_at_capacity_is_service_unavailable_and_a_rate_limit_is_throttling() -> None:
     full = scenario(spec("claude", slots=0, api="anthropic"), spec("flagship", slots=0))
     async with running(full, **TWO) as gw:
-        client = bedrock(gw)
-        deadline = {"x-capmon-deadline": "2"}
-        client.meta.events.register(
-            "before-sign.bedrock-runtime.*", lambda request, **_: request.headers.update(deadline)
-        )
+        client = bedrock(gw, x_capmon_deadline="2")
         with pytest.raises(client.exceptions.ServiceUnavailableException) as info:
             await call(client.converse, modelId="auto", messages=HI)
     assert info.value.response["ResponseMetadata"]["HTTPStatusCode"] == 503
@@ -127,10 +131,7 @@ async def test_every_model_at_capacity_is_service_unavailable_and_a_rate_limit_i
 
     limited = scenario(spec("claude", slots=0, api="anthropic", dialect="anthropic-429", hint=7.0))
     async with running(limited, models=("claude",), anthropic=("claude",), gateway=KEYS, environ=ENVIRON) as gw:
-        client = bedrock(gw)
-        client.meta.events.register(
-            "before-sign.bedrock-runtime.*", lambda request, **_: request.headers.update({"x-capmon-deadline": "3"})
-        )
+        client = bedrock(gw, x_capmon_deadline="3")
         with pytest.raises(client.exceptions.ThrottlingException) as throttled:
             await call(client.converse, modelId="claude", messages=HI)
     assert throttled.value.response["ResponseMetadata"]["HTTPHeaders"]["retry-after"] == "7"
@@ -146,10 +147,7 @@ async def test_a_stream_broken_after_output_ends_with_an_exception_boto3_raises(
             "count": 1,
         }
         await gw.sim_admin("faults", fault)
-        client = bedrock(gw)
-        client.meta.events.register(
-            "before-sign.bedrock-runtime.*", lambda request, **_: request.headers.update({"x-capmon-continue": "false"})
-        )
+        client = bedrock(gw, x_capmon_continue="false")
         streamed = await call(client.converse_stream, modelId="flagship", messages=HI)
         got: list[Any] = []
 

@@ -24,8 +24,9 @@ import pytest
 from botocore.eventstream import ChecksumMismatch, EventStreamBuffer
 from botocore.exceptions import ClientError, EventStreamError
 
+from capmon.core.providers import aws_frames as eventstream
+from capmon.core.providers import aws_sigv4 as sigv4
 from capmon.core.types.config import SIMULATOR_DEMO_KEY
-from capmon.sim import eventstream, sigv4
 from capmon.sim.faults import parse_rules
 from capmon.sim.scenario import ModelSpec, Scenario
 from capmon.sim.server import SimHandle

@@ -1,42 +1,63 @@
-"""AWS's event stream (``application/vnd.amazon.eventstream``) written: one message as its
-bytes, ``[total u32][headers u32][prelude CRC32][headers][payload][message CRC32]``, every
-header a string (type 7). What speaks Bedrock's stream to a client writes with it: the
-gateway's ConverseStream (capmon/gateway/bedrock_api.py) and the simulator's. Reading is
-botocore's maintained decoder (capmon/core/providers/aws_eventstream.py): nothing here
-parses.
+"""AWS's event stream (``application/vnd.amazon.eventstream``) written, as Bedrock's
+ConverseStream sends it, for what speaks Bedrock's stream to a client: the gateway's
+ConverseStream (capmon/gateway/sse.py) and the simulator's. Reading is botocore's maintained
+decoder (aws_eventstream.py): nothing here parses. each message is ``[total length u32][headers length u32][prelude
+CRC32][headers][payload][message CRC32]``, big-endian, the CRCs zlib's CRC-32 (the prelude's
+over the first 8 bytes, the message's over everything before it). A header is ``[name length
+u8][name][type u8][value]``; the simulator sends string values only (type 7, ``[length
+u16][utf-8]``), as Bedrock does. The tests read it back with botocore's own decoder, which checks both CRCs.
+
+An event carries ``:event-type``, ``:content-type: application/json`` and ``:message-type:
+event``; an error inside the stream ``:message-type: exception`` with ``:exception-type`` (the
+exception's name in lowerCamel case, such as ``throttlingException``). Every payload carries
+a padding field ``p`` of random length, as AWS pads its events so their sizes say nothing
+about their content.
 """
 
 from __future__ import annotations
 
 import json
+import random
 import struct
 import zlib
 from collections.abc import Mapping
 from typing import Any
 
-STRING = 7  # a header value's type: a UTF-8 string with a 2-byte length
-CONTENT_TYPE = "application/vnd.amazon.eventstream"
+MEDIA_TYPE = "application/vnd.amazon.eventstream"
+STRING = 7  # the header value type of a UTF-8 string
+PRELUDE = struct.Struct(">II")
+CRC = struct.Struct(">I")
+# What AWS pads with: a prefix of this alphabet.
+_PADDING = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
 
 
-def message(headers: Mapping[str, str], payload: bytes) -> bytes:
-    """One event-stream message: ``headers`` (names and string values) and ``payload``."""
-    head = b"".join(
-        struct.pack(">B", len(name)) + name + struct.pack(">BH", STRING, len(value)) + value
-        for name, value in ((k.encode(), v.encode()) for k, v in headers.items())
-    )
-    prelude = struct.pack(">II", 12 + len(head) + len(payload) + 4, len(head))
-    body = prelude + struct.pack(">I", zlib.crc32(prelude)) + head + payload
-    return body + struct.pack(">I", zlib.crc32(body))
+def _header(name: str, value: str) -> bytes:
+    raw_name, raw_value = name.encode(), value.encode()
+    return bytes([len(raw_name)]) + raw_name + bytes([STRING]) + struct.pack(">H", len(raw_value)) + raw_value
 
 
-def event(kind: str, payload: Mapping[str, Any]) -> bytes:
-    """An event (``:message-type: event``) of type ``kind`` with a JSON payload."""
-    headers = {":event-type": kind, ":content-type": "application/json", ":message-type": "event"}
-    return message(headers, json.dumps(payload, separators=(",", ":")).encode())
+def frame(headers: Mapping[str, str], payload: bytes) -> bytes:
+    """One event-stream message."""
+    raw_headers = b"".join(_header(k, v) for k, v in headers.items())
+    total = PRELUDE.size + CRC.size + len(raw_headers) + len(payload) + CRC.size
+    prelude = PRELUDE.pack(total, len(raw_headers))
+    head = prelude + CRC.pack(zlib.crc32(prelude)) + raw_headers + payload
+    return head + CRC.pack(zlib.crc32(head))
 
 
-def exception(kind: str, text: str) -> bytes:
-    """An exception (``:message-type: exception``) of type ``kind`` (lowerCamel, as AWS names
-    them in a stream: ``throttlingException``), its message in a JSON payload."""
-    headers = {":exception-type": kind, ":content-type": "application/json", ":message-type": "exception"}
-    return message(headers, json.dumps({"message": text}, separators=(",", ":")).encode())
+def padded(payload: Mapping[str, Any], rng: random.Random | None = None) -> bytes:
+    """``payload`` as JSON with its padding field ``p``."""
+    length = (rng or random).randint(1, len(_PADDING))
+    return json.dumps({**payload, "p": _PADDING[:length]}, separators=(",", ":")).encode()
+
+
+def event(event_type: str, payload: Mapping[str, Any]) -> bytes:
+    """An event message (``messageStart``, ``contentBlockDelta``...)."""
+    headers = {":event-type": event_type, ":content-type": "application/json", ":message-type": "event"}
+    return frame(headers, padded(payload))
+
+
+def exception(exception_type: str, payload: Mapping[str, Any]) -> bytes:
+    """An error inside the stream: ``exception_type`` is lowerCamel (``throttlingException``)."""
+    headers = {":exception-type": exception_type, ":content-type": "application/json", ":message-type": "exception"}
+    return frame(headers, json.dumps(payload).encode())

@@ -12,18 +12,26 @@ refresh may be a blocking HTTP call, so it is made in a thread (``asyncio.to_thr
 at a time; credentials that need none are read in place. The secret key and the session
 token are held as secrets (capmon/core/base/secrets.py) before any request is signed with
 them, and a failure's text is redacted: neither reaches a log or an exception.
+
+The other side, for what takes signed requests (the gateway's Bedrock routes, the
+simulator's): :func:`parse` takes an ``Authorization`` header apart and :func:`verify`
+recomputes its signature with the secret the caller's key id stands for.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import hmac
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import httpx
 
 from capmon.core.base import secrets
 from capmon.core.base.exceptions import CredentialsError
+from capmon.core.base.extras import Extra, require
 
 if TYPE_CHECKING:
     from botocore.credentials import Credentials, ReadOnlyCredentials
@@ -108,3 +116,62 @@ def _failure_text(what: str, e: Exception) -> str:
     """Why ``what``'s credentials could not be had, redacted: a provider's answer may echo one."""
     detail = secrets.redact(str(e))[:300]
     return f"{what}: no AWS credentials ({type(e).__name__}: {detail})"
+
+
+# ---------------------------------------------------------------- checking a signature
+
+ALGORITHM = "AWS4-HMAC-SHA256"
+_FIELDS = re.compile(r"(Credential|SignedHeaders|Signature)=([^,\s]+)")
+_SCOPE = re.compile(r"^([^/]+)/(\d{8})/([a-z0-9-]+)/([a-z0-9-]+)/aws4_request$")
+_SIGNATURE = re.compile(r"^[0-9a-f]{64}$")
+
+
+@dataclass(frozen=True)
+class Signed:
+    """What a SigV4 ``Authorization`` header says."""
+
+    access_key: str
+    date: str  # YYYYMMDD, the credential scope's
+    region: str
+    service: str
+    signed_headers: tuple[str, ...]
+    signature: str
+
+
+def parse(authorization: str) -> Signed | None:
+    """The header's parts, or None when it is not a well-formed SigV4 header for Bedrock
+    (another algorithm, a scope that is not ``KEY/DATE/REGION/bedrock/aws4_request``, no
+    ``host`` among the signed headers, a signature that is not 64 hex digits)."""
+    algorithm, _, rest = authorization.strip().partition(" ")
+    if algorithm != ALGORITHM:
+        return None
+    fields = dict(_FIELDS.findall(rest))
+    scope = _SCOPE.match(fields.get("Credential", ""))
+    signed = tuple(fields.get("SignedHeaders", "").split(";"))
+    if scope is None or scope[4] != SERVICE or "host" not in signed:
+        return None
+    if not _SIGNATURE.match(fields.get("Signature", "")):
+        return None
+    return Signed(scope[1], scope[2], scope[3], scope[4], signed, fields["Signature"])
+
+
+def verify(signed: Signed, secret: str, method: str, url: str, headers: Mapping[str, str], body: bytes) -> bool:
+    """Whether ``signed.signature`` is the one ``secret`` gives this request (``url`` with
+    its path as sent, still percent-encoded; ``headers`` as received), recomputed by
+    botocore's own signer at the time the request says it was signed. Raises
+    :class:`~capmon.core.base.exceptions.MissingExtra` without the ``aws`` extra."""
+    require(Extra.AWS, "checking a SigV4 signature")
+    from botocore.auth import SigV4Auth
+    from botocore.awsrequest import AWSRequest
+    from botocore.credentials import Credentials
+
+    timestamp = headers.get("x-amz-date", "")
+    if not timestamp.startswith(signed.date):
+        return False
+    kept = {name: headers.get(name, "") for name in signed.signed_headers}
+    request = AWSRequest(method=method, url=url, headers=kept, data=body)
+    request.context["timestamp"] = timestamp
+    signer = SigV4Auth(Credentials(signed.access_key, secret), signed.service, signed.region)
+    canonical = signer.canonical_request(request)
+    expected: str = signer.signature(signer.string_to_sign(request, canonical), request)
+    return hmac.compare_digest(expected, signed.signature)
