@@ -78,6 +78,7 @@ def test_status_prints_a_snapshot_as_json_with_the_embedded_simulator(tmp_path: 
         "flagship",
         "claude",
         "claude",  # its second deployment, on Vertex AI
+        "claude",  # its third, on Bedrock
         "medium",
         "gemini-flash",
         "gemini-flash",

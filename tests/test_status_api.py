@@ -29,11 +29,12 @@ def test_status_text_and_json_name_each_targets_api(tmp_path: Path) -> None:
     config = shipped(tmp_path)
     lines = status(config, as_json=False).splitlines()
     assert lines[0].split()[:3] == ["model", "api", "target"]
-    rows = {line.split()[2]: line.split() for line in lines[1:8]}  # by target
+    rows = {line.split()[2]: line.split() for line in lines[1:9]}  # by target
     assert [(r[0], r[1]) for r in rows.values()] == [
         ("flagship", "openai"),
         ("claude", "anthropic"),
         ("claude", "vertex"),
+        ("claude", "bedrock"),
         ("medium", "openai"),
         ("gemini-flash", "gemini"),
         ("gemini-flash", "vertex"),
@@ -47,6 +48,7 @@ def test_status_text_and_json_name_each_targets_api(tmp_path: Path) -> None:
         "flagship@sim/sim-key": "openai",
         "claude@sim-anthropic/sim-key": "anthropic",
         "claude@sim-vertex/sim-key": "vertex",
+        "claude@sim-bedrock/sim-key": "bedrock",
         "medium@sim/sim-key": "openai",
         "gemini-flash@sim-gemini/sim-key": "gemini",
         "gemini-flash@sim-vertex/sim-key": "vertex",

@@ -37,6 +37,7 @@ def test_the_shipped_config_loads_and_matches_the_bundled_default() -> None:
         ("sim", "openai"),
         ("sim-anthropic", "anthropic"),
         ("sim-vertex", "vertex"),
+        ("sim-bedrock", "bedrock"),
         ("sim-gemini", "gemini"),
     ]
     # one model on two deployments, each knowing it by its own id
@@ -44,13 +45,16 @@ def test_the_shipped_config_loads_and_matches_the_bundled_default() -> None:
     assert [(d.endpoint, d.model) for d in claude.deployed()] == [
         ("sim-anthropic", "sim-claude"),
         ("sim-vertex", "sim-claude-vertex"),
+        ("sim-bedrock", "us.anthropic.sim-claude-v1:0"),
     ]
     assert (ROOT / "config.toml").read_text() == bundled_config_path().read_text()
 
 
 def test_the_simulated_endpoint_works_with_no_key_in_the_environment() -> None:
     keys = resolve_keys(load_config(ROOT / "config.toml"), environ={})
-    assert len(keys) == 4  # OpenAI's wire, Anthropic's, Vertex AI's and the Gemini API's, all on the simulator
+    assert (
+        len(keys) == 5
+    )  # OpenAI's wire, Anthropic's, Vertex AI's, Bedrock's and the Gemini API's, all on the simulator
     assert {key.secret.reveal() for key in keys.values()} == {SIMULATOR_DEMO_KEY}
 
 

@@ -210,7 +210,7 @@ def test_status_with_a_missing_key_variable(
     assert code == EXIT_USAGE
     assert one_error_line(err) == (
         f"capmon: {path}: endpoints[0].keys[0].env: environment variable NOT_SET_ANYWHERE is not set"
-        " (endpoints[1].keys[0].env, endpoints[2].keys[0].env, endpoints[3].keys[0].env)"
+        " (endpoints[1].keys[0].env, endpoints[2].keys[0].env, endpoints[3].keys[0].env, endpoints[4].keys[0].env)"
     )
 
 
