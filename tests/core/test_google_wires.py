@@ -5,7 +5,9 @@ streamed and with a tool call; Google's errors as the classifier reads them (a 5
 UNAVAILABLE falls back, a 429's RetryInfo is its hint, the raw in-stream error before output
 falls back and after it breaks the stream); and one model on three deployments (Anthropic's
 API, Vertex AI's Claude and an OpenAI-wire server): one at capacity moves its work to the
-others with no fallback counted, all three at capacity fall back to the next model."""
+others with no fallback counted, all three at capacity fall back to the next model; and Claude
+on Anthropic's API, Vertex AI and Bedrock: a 529 storm at the first moves its work to the
+other two."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import pytest
 
 from capmon.core.base.exceptions import RequestFailed
 from capmon.core.routing.client import FallbackClient
+from capmon.core.types import events as ev
 from capmon.core.types.config import SIMULATOR_DEMO_KEY, Config
 from capmon.core.types.failure import Kind
 from capmon.core.types.result import Format, Request, sent
@@ -186,3 +189,47 @@ async def test_one_model_on_three_deployments_moves_between_them_and_falls_back_
         fell = await client.chat(Request.of("hi"))
     assert [a.endpoint for a in sent(fell.attempts)] == ["anthropic", "vertex", "sim", "sim"]
     assert (fell.model, fell.fallbacks) == ("backup", 1)
+
+
+async def test_a_529_storm_at_anthropic_moves_claude_to_vertex_and_bedrock_with_no_fallback(
+    start_sim: StartSim,
+) -> None:
+    # claude on Anthropic's API (overloaded: every request its 529), Vertex AI and Bedrock
+    sim = await start_sim(
+        Scenario(
+            models=(
+                sim_model("sonnet-a", 0, api="anthropic", dialect="anthropic-529"),
+                dataclasses.replace(sim_model("x", 16, api="vertex"), name="claude-sonnet-v"),
+                dataclasses.replace(sim_model("x", 16, api="bedrock"), name="us.anthropic.sim-sonnet-v1:0"),
+                sim_model("backup"),
+            )
+        )
+    )
+    config = every_api(
+        _origin(sim.base_url),
+        """
+[[models]]
+name = "sonnet"
+deployments = [
+  { endpoint = "anthropic", model = "sim-sonnet-a" },
+  { endpoint = "vertex", model = "claude-sonnet-v" },
+  { endpoint = "bedrock", model = "us.anthropic.sim-sonnet-v1:0" },
+]
+max_tokens = 64
+"""
+        + BACKUP,
+    )
+    bus = ev.EventBus()
+    seen: list[ev.Event] = []
+    bus.subscribe(seen.append)
+    async with FallbackClient(config, environ=ENV, bus=bus) as client:
+        results = await asyncio.gather(*(client.chat(Request.of("hi")) for _ in range(16)))
+        states = {t.target: t.capacity for t in client.snapshot().targets}
+    assert {r.model for r in results} == {"sonnet"} and {r.fallbacks for r in results} == {0}
+    assert {r.endpoint for r in results} == {"vertex", "bedrock"}  # both of the other two took work
+    refused = [a for r in results for a in sent(r.attempts) if a.endpoint == "anthropic"]
+    assert refused and {(a.status, a.kind) for a in refused} == {(529, Kind.CAPACITY)}
+    # Anthropic's deployment learned from its 529 that it holds nothing now; the others took it all
+    assert states["sonnet@anthropic/k"] == 1
+    assert not [e for e in seen if isinstance(e, ev.FellBack)]
+    assert [e for e in seen if isinstance(e, ev.DeploymentMoved)]

@@ -272,7 +272,8 @@ max_tokens = 64
 
 def every_api(origin: str, models: str) -> Config:
     """Endpoints on the simulator at ``origin`` for every API: openai (``sim``), anthropic,
-    gemini, vertex (one key alias k in $KEY); ``models``: the [[models]] tables."""
+    gemini, vertex, bedrock (one key alias k in $KEY: Bedrock's as an API key); ``models``:
+    the [[models]] tables."""
     key = 'keys = [{ env = "KEY", alias = "k" }]'
     text = f"""
 [[endpoints]]
@@ -298,6 +299,13 @@ api = "vertex"
 base_url = "{origin}"
 project = "capmon-test"
 region = "us-east5"
+{key}
+
+[[endpoints]]
+name = "bedrock"
+api = "bedrock"
+base_url = "{origin}"
+region = "us-east-1"
 {key}
 
 [breaker]
