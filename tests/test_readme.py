@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from capmon.core.types.config import parse_config
 from tests.support.configs import shipped_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -67,3 +68,17 @@ def test_ci_runs_the_readmes_test_command_word_for_word_from_the_lock() -> None:
     assert "pip install -c .ci/constraints.txt -e '.[test]'" in test
     steps = [line for line in (ROOT / ".ci" / "run").read_text().splitlines() if line and not line.startswith("#")]
     assert steps[-1] == test
+
+
+def test_the_readmes_config_for_every_cloud_loads_with_its_deployments() -> None:
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## Switching to a real provider") :]
+    (block,) = re.findall(r"```toml\n(.*?)```", section, re.S)[:1]
+    cfg = parse_config(block, "README.md")
+    assert {e.api.value for e in cfg.endpoints} == {"openai", "azure", "anthropic", "gemini", "vertex", "bedrock"}
+    claude = next(m for m in cfg.models if m.name == "claude-sonnet")
+    assert [d.endpoint for d in claude.deployed()] == ["anthropic", "vertex-us", "bedrock-us"]
+    # the defaults the README leaves out: each cloud's own host
+    hosts = {e.name: e.base_url for e in cfg.endpoints}
+    assert hosts["vertex-us"] == "https://us-east5-aiplatform.googleapis.com"
+    assert hosts["bedrock-us"] == "https://bedrock-runtime.us-east-1.amazonaws.com"
