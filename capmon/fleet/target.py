@@ -105,6 +105,14 @@ class RedisTarget:
             return None
         return max(self.local.not_before, until or 0.0, self._bucket_until(cost))
 
+    def room(self, now: float, cost: int) -> float:
+        # The fleet's learned limit (mirrored) less this process's own requests in flight,
+        # and none while ADMIT last said the target is full or a bucket empty: the buckets
+        # and the fleet's count live in Redis, and a reading here costs no round trip.
+        if self._shared and (now < self._full_until or now < self._bucket_until(cost)):
+            return 0.0
+        return self.local.room(now, cost)
+
     def press(self) -> None:
         # passed to SETTLE with each answer: this process's work was turned away by a full
         # target (ADMIT said so fleet-wide, or this process's own requests fill the limit)

@@ -45,7 +45,7 @@ from capmon.core.routing.targets import Target, admits_in, build_targets
 from capmon.core.routing.transport import Sender, make_transport
 from capmon.core.routing.waiting import WaitQueue
 from capmon.core.types import events as ev
-from capmon.core.types.config import Config, ResolvedKey, resolve_keys
+from capmon.core.types.config import Config, ResolvedKey, Spread, resolve_keys
 from capmon.core.types.failure import Failure, Kind
 from capmon.core.types.result import Attempt, ChatResult, Decision, Request
 from capmon.core.types.snapshot import EngineSnapshot, TargetSnapshot
@@ -341,12 +341,13 @@ class FallbackClient(FormatCalls, ManualControls):
     async def _admit_any(
         self, r: Routing, exclude: str | None = None, *, now: float | None = None, usable: list[Target] | None = None
     ) -> Grant | None:
-        """The first candidate that admits ``r``. ``now`` and ``usable``: the clock's reading
+        """The first candidate that admits ``r`` (among one model's deployments, the one with
+        the most room first where it spreads by room: ``Routing.spread``). ``now`` and ``usable``: the clock's reading
         and ``r.usable()`` the caller has just taken, nothing having changed since."""
         passed: list[Target] = []
         if now is None:
             now = self.clock.now()
-        for t in r.candidates(self.targets, self.state.pinned, now, usable=usable):
+        for t in r.spread(r.candidates(self.targets, self.state.pinned, now, usable=usable), now):
             if t.id != exclude:
                 adm = await t.state.admit(r.cost(t))
                 if adm is not None:
@@ -356,6 +357,17 @@ class FallbackClient(FormatCalls, ManualControls):
                 passed.append(t)
         self._press_first(passed)  # it waits (again); demand is counted once, in _acquire
         return None
+
+    @staticmethod
+    def _chose(r: Routing, t: Target, now: float) -> None:
+        """Before its first attempt, a request for a model that spreads by room and goes to
+        another of its deployments than the first while the first has room too chose by room:
+        no move (journal.started publishes none). One the first could not take is a move."""
+        home = r.last_target
+        if r.sent or home is None or home is t or home.model.name != t.model.name:
+            return
+        if t.model.spread is Spread.ROOM and home.state.room(now, r.cost(home)) > 0.0:
+            r.last_target = t
 
     @staticmethod
     def _press_first(passed: Sequence[Target]) -> None:
@@ -435,6 +447,7 @@ class FallbackClient(FormatCalls, ManualControls):
         number = r.sent + 1
         now, wall = self.clock.now(), self.clock.wall()  # the attempt's start, its events' too
         self._skips(r, t, now, wall)
+        self._chose(r, t, now)
         self.journal.started(r, t, number, at=now, wall=wall)
         r.last_model, r.last_target = t.model.name, t
         if r.resume is not None:
