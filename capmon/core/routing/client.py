@@ -96,6 +96,7 @@ class FallbackClient(FormatCalls, ManualControls):
             t.state = self.state.target(t.id)
         self._by_id = {t.id: t for t in self.targets}
         self._first_model = min(self.targets, key=lambda t: t.rank).model.name if self.targets else ""
+        self._pins = self.pinnable()
         self._home: dict[str, Target] = {}  # each model's first target: the deployment it is tried at first
         for t in self.targets:
             self._home.setdefault(t.model.name, t)
@@ -112,10 +113,10 @@ class FallbackClient(FormatCalls, ManualControls):
             self.clock,
             self._admit_any,
             self._give_back,
-            lambda r, now: r.ready_at(self.targets, self.state.pinned, now),
-            lambda r: r.group(self.targets, self.state.pinned, self.clock.now(), self._by_cost),
+            lambda r, now: r.ready_at(self.targets, self.pinned_at[0], now),
+            lambda r: r.group(self.targets, self.pinned_at[0], self.clock.now(), self._by_cost),
             batch_share=config.client.batch_share,
-            cannot_wait=lambda r: r.cannot_wait(self.targets, self.state.pinned, self.clock.now()),
+            cannot_wait=lambda r: r.cannot_wait(self.targets, self.pinned_at[0], self.clock.now()),
         )
         self.state.set_listener(self._news)
         self.journal = Journal(self.clock, self.bus, config.client.max_attempts)
@@ -297,16 +298,19 @@ class FallbackClient(FormatCalls, ManualControls):
         r.patience = self.config.client.patience.of(req.priority.value)
         # The model it counts on first: serving any other is a fallback, tried or not (a
         # breaker open or tripped by hand skips it without an attempt).
-        r.first_choice = req.model or self.state.pinned or self._first_model
+        model, endpoint = self.pinned_at
+        r.first_choice = req.model or model or self._first_model
         r.last_model = r.first_choice or None
         r.last_target = self._home.get(r.first_choice)
+        if endpoint is not None and r.first_choice == model:  # a pinned deployment is where it starts
+            r.last_target = next((t for t in self.targets if t.model.name == model and t.endpoint.name == endpoint), None)
         r.incapable = formats.incapable_targets(req, self.targets, self.config.client)
         return r
 
     def _skips(self, r: Routing, t: Target | None, now: float, wall: float | None = None) -> None:
         """Put every target ``r`` passed over on its way to ``t`` on its record, with why
         (``t`` None: every one it had, when it fails without an attempt)."""
-        passed = r.passed_over(self.targets, t, self.state.pinned) if t is not None else r.unnoted(self.targets)
+        passed = r.passed_over(self.targets, t, self.pinned_at[0]) if t is not None else r.unnoted(self.targets)
         for u in passed:
             r.noted.add(u.id)
             skip, reason = r.skip_reason(u, now)
@@ -347,7 +351,8 @@ class FallbackClient(FormatCalls, ManualControls):
         passed: list[Target] = []
         if now is None:
             now = self.clock.now()
-        for t in r.spread(r.candidates(self.targets, self.state.pinned, now, usable=usable), now):
+        pinned = self.pinned_at
+        for t in r.spread(r.candidates(self.targets, pinned[0], now, usable=usable), now, pinned):
             if t.id != exclude:
                 adm = await t.state.admit(r.cost(t))
                 if adm is not None:
@@ -407,8 +412,8 @@ class FallbackClient(FormatCalls, ManualControls):
             now = self.clock.now()  # one reading for the checks up to the first await
         if r.expired(now):
             self._give_up(r)
-        usable = r.usable(self.targets, self.state.pinned)
-        refused = r.cannot_wait(self.targets, self.state.pinned, now, usable=usable)
+        usable = r.usable(self.targets, self.pinned_at[0])
+        refused = r.cannot_wait(self.targets, self.pinned_at[0], now, usable=usable)
         if refused is not None:
             self._skips(r, None, now)
             refused.attempts = tuple(r.attempts)
@@ -416,7 +421,7 @@ class FallbackClient(FormatCalls, ManualControls):
         # Nobody waiting: go now if a target admits. Otherwise take a place in line.
         grant = None if len(self._queue) else await self._admit_any(r, now=now, usable=usable)
         if grant is None:
-            self._wanted(r, r.usable(self.targets, self.state.pinned))
+            self._wanted(r, r.usable(self.targets, self.pinned_at[0]))
         while grant is None:
             try:
                 waited = await self._queue.wait(r.id, r, r.left(self.clock.now()))
@@ -503,7 +508,7 @@ class FallbackClient(FormatCalls, ManualControls):
         asked: bool = False,
     ) -> Step:
         """What the route does after ``failure`` on ``t`` (:func:`plan` with this client's targets)."""
-        pinned = self.state.pinned
+        pinned = self.pinned_at[0]
         return plan(
             r,
             t,

@@ -254,10 +254,13 @@ class Routing:
             out = [t for t in out if self.skip.get(t.id, 0.0) <= now]
         return out
 
-    def spread(self, targets: Sequence[Target], now: float) -> list[Target]:
+    def spread(
+        self, targets: Sequence[Target], now: float, pinned: tuple[str | None, str | None] = (None, None)
+    ) -> list[Target]:
         """``targets`` (in the route's order) with each model's own, where it spreads by
         room (``[[models]] spread``), put in order of the room they have left for this
-        request (``TargetState.room``), most first; ties keep the config's order. Every
+        request (``TargetState.room``), most first; ties keep the config's order. A pinned
+        deployment (``pinned``: the pin's model and endpoint) goes first of its model's. Every
         model keeps its place: this only chooses among one model's deployments and keys,
         so no move it makes is a fallback. A deployment that rate-limits or is full has
         less room (its limiter, bucket or hint says so) and so gets less, until it has
@@ -273,6 +276,8 @@ class Routing:
             if len(run) > 1 and run[0].model.spread is Spread.ROOM:
                 rooms = {t.id: t.state.room(now, self.cost(t)) for t in run}
                 run = sorted(run, key=lambda t: -rooms[t.id])
+            if len(run) > 1 and pinned[1] is not None and name == pinned[0]:
+                run = sorted(run, key=lambda t: t.endpoint.name != pinned[1])
             out.extend(run)
             i = j
         return out

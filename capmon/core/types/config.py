@@ -333,6 +333,12 @@ ENDPOINT_SETTINGS: Mapping[EndpointApi, tuple[str, ...]] = {
 _TOKEN_PARAMS = ("max_tokens", "max_completion_tokens")
 
 
+def deployment_id(model: str, endpoint: str) -> str:
+    """The one place a deployment's name is made: a model at one endpoint (every key there),
+    what a pin, a trip or a reset may name besides a model or a target."""
+    return f"{model}@{endpoint}"
+
+
 @dataclass(frozen=True)
 class DeploymentConfig:
     """One endpoint's copy of a model (``[[models]] deployments``): the id that endpoint
