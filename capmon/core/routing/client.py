@@ -303,7 +303,9 @@ class FallbackClient(FormatCalls, ManualControls):
         r.last_model = r.first_choice or None
         r.last_target = self._home.get(r.first_choice)
         if endpoint is not None and r.first_choice == model:  # a pinned deployment is where it starts
-            r.last_target = next((t for t in self.targets if t.model.name == model and t.endpoint.name == endpoint), None)
+            r.last_target = next(
+                (t for t in self.targets if t.model.name == model and t.endpoint.name == endpoint), None
+            )
         r.incapable = formats.incapable_targets(req, self.targets, self.config.client)
         return r
 
