@@ -227,17 +227,22 @@ def had_room(counts: dict[str, tuple[int, int, int]], at: float, offset: float, 
     return False
 
 
-def small_with_room(samples: list[tuple[float, dict[str, tuple[int, int, int]]]], offset: float, mode: str) -> float:
+def small_with_room(
+    samples: list[tuple[float, dict[str, tuple[int, int, int]]]], offset: float, mode: str
+) -> tuple[float, dict[int, int]]:
     """The share of the small model's requests that arrived between two samples at both of
-    which a region had room."""
+    which a region had room, and how many of those in each second of the run."""
     rpm = quotas(mode)
     total = roomy = 0
+    when: dict[int, int] = {}
     for (a, before), (b, after) in zip(samples, samples[1:], strict=False):
         new = after[SMALL][0] - before[SMALL][0]
         total += new
         if new and had_room(before, a, offset, rpm) and had_room(after, b, offset, rpm):
             roomy += new
-    return roomy / total if total else 0.0
+            second = int(a - offset)
+            when[second] = when.get(second, 0) + new
+    return (roomy / total if total else 0.0), when
 
 
 def over_quota(sent: dict[str, int], wall: float, mode: str) -> int:
@@ -291,6 +296,7 @@ def figures(
     rejected = totals["rejected"]["capacity"] + totals["rejected"]["rate_limited"]
     lat = [r["latency"] for r in ok]
     sent = {name: m["requests"] for name, m in stats["models"].items()}
+    roomy = small_with_room(samples, offset, mode)
     return {
         "completed": len(ok),
         "failed": len(rows) - len(ok),
@@ -305,7 +311,8 @@ def figures(
         "ideal_p99": best.p99,
         "small": sum(1 for r in ok if r["model"] == SMALL) / len(ok) if ok else 0.0,
         "ideal_small": best.served.get(SMALL, 0) / items,
-        "small_room": small_with_room(samples, offset, mode),
+        "small_room": roomy[0],
+        "small_room_when": roomy[1],
         "over_rpm": over_quota(sent, result["wall"], mode),
         "served": {name: sum(1 for r in ok if r["model"] == name) for name in (*REGIONS.values(), SMALL)},
         "extra": result.get("extra", {}),
@@ -378,7 +385,9 @@ def main(argv: list[str] | None = None) -> int:
                     t0 = time.monotonic()
                     f = run(peer, mode, scn, items, strategy or BEST_STRATEGY, Path(tmp))
                     out[f"{mode}/{name}"] = f
+                    when = ", ".join(f"{s}s: {n}" for s, n in sorted(f["small_room_when"].items()))
                     print(f"  {mode} {name}: {time.monotonic() - t0:.0f}s, served {f['served']} {f['extra']}")
+                    print(f"    to the small model with room, by second of the run: {when or 'none'}")
                     rows.append(row(name, f))
             print(f"\n{mode}: {items} items, {WORKERS} workers\n")
             print(markdown_table(HEAD, rows) + "\n", flush=True)

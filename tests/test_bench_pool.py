@@ -70,10 +70,10 @@ def test_room_and_quota_are_read_from_the_simulator_s_counters() -> None:
     assert pool.had_room(spent, 1.0, 0.0, pool.quotas("rpm"))  # 4 more came in a second later
     samples = [(0.0, {**full, pool.SMALL: (0, 0, 6)}), (0.1, {**two_free, pool.SMALL: (3, 3, 6)})]
     samples.append((0.2, {**full, pool.SMALL: (4, 4, 6)}))
-    assert pool.small_with_room(samples, 0.0, "slots") == 0.0  # no two samples in a row with room
+    assert pool.small_with_room(samples, 0.0, "slots") == (0.0, {})  # no two samples in a row with room
     samples.append((0.3, {**two_free, pool.SMALL: (5, 4, 6)}))
     samples.append((0.4, {**two_free, pool.SMALL: (9, 4, 6)}))
-    assert pool.small_with_room(samples, 0.0, "slots") == pytest.approx(4 / 9)
+    assert pool.small_with_room(samples, 0.0, "slots") == (pytest.approx(4 / 9), {0: 4})
     # 6 s: a region's minute's worth and 6 s of its rate (120 + 12 for a), no more
     assert pool.over_quota({"sim-pool-a": 130, "sim-pool-c": 100}, 6.0, "rpm") == 0
     assert pool.over_quota({"sim-pool-a": 140, "sim-pool-c": 300}, 6.0, "rpm") == (140 - 132) + (300 - 264)
