@@ -10,7 +10,8 @@ after the other, so the figures of one run are side by side:
 * ``capmon-order``: capmon, ``spread = "order"``: each region overflows into the next;
 * ``litellm``: LiteLLM's Router (the optional ``bench`` extra), the three regions as three
   deployments under one ``model_name``, the small model as its fallback, with the routing
-  strategy of ``--litellm-strategy`` (each is a row with ``--litellm-strategy all``).
+  strategy of ``--litellm-strategy`` (by default its best for each run: ``BEST_STRATEGY``; each
+  is a row with ``--litellm-strategy all``).
 
 Two runs: ``slots`` (the regions' concurrency is the limit: no client is told it) and
 ``rpm`` (each region also has a requests-per-minute quota, 120, 180 and 240, given to both
@@ -59,7 +60,10 @@ MODES = ("slots", "rpm")
 ITEMS = {"slots": 1200, "rpm": 900}
 WORKERS = 36  # the regions' slots: the small model is needed only while one is out (or out of quota)
 STRATEGIES = ("simple-shuffle", "least-busy", "usage-based-routing-v2")
-BEST_STRATEGY = "simple-shuffle"  # the best of the three in our runs (benchmarks/RESULTS.md)
+# LiteLLM's best of the three for each run (benchmarks/RESULTS.md, "The pool"): its default in the
+# slots run (the most throughput, the fewest failures); in the rpm run the one made for quotas,
+# which keeps them (simple-shuffle takes rpm as a weight only and sends past it).
+BEST_STRATEGY = {"slots": "simple-shuffle", "rpm": "usage-based-routing-v2"}
 PEERS = ("capmon-room", "capmon-order", "litellm")
 
 
@@ -362,14 +366,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--peers", default=",".join(PEERS), help="comma-separated: " + ", ".join(PEERS))
     p.add_argument(
         "--litellm-strategy",
-        default=BEST_STRATEGY,
-        help=f"LiteLLM's routing_strategy: one of {', '.join(STRATEGIES)}, or all (a row each)",
+        default="best",
+        help=f"LiteLLM's routing_strategy: one of {', '.join(STRATEGIES)}, best (each run's), or all (a row each)",
     )
     p.add_argument("--items", type=int, default=0, help="items per run (default: 1200 for slots, 900 for rpm)")
     p.add_argument("--json", default="", help="also write every figure here")
     args = p.parse_args(argv)
     scn = load_scenario(SCENARIO)
-    strategies = list(STRATEGIES) if args.litellm_strategy == "all" else [args.litellm_strategy]
     peers = [x for x in args.peers.split(",") if x]
     if "litellm" in peers and not litellm_available():
         print("LiteLLM is not installed (pip install -e '.[bench]', in a venv of its own): its rows are left out")
@@ -378,12 +381,15 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="capmon-pool-") as tmp:
         for mode in args.modes.split(","):
             items = args.items or ITEMS[mode]
+            strategies = {"all": list(STRATEGIES), "best": [BEST_STRATEGY[mode]]}.get(
+                args.litellm_strategy, [args.litellm_strategy]
+            )
             rows = []
             for peer in peers:
                 for strategy in strategies if peer == "litellm" else [""]:
                     name = f"litellm {strategy}" if strategy else peer
                     t0 = time.monotonic()
-                    f = run(peer, mode, scn, items, strategy or BEST_STRATEGY, Path(tmp))
+                    f = run(peer, mode, scn, items, strategy, Path(tmp))
                     out[f"{mode}/{name}"] = f
                     when = ", ".join(f"{s}s: {n}" for s, n in sorted(f["small_room_when"].items()))
                     print(f"  {mode} {name}: {time.monotonic() - t0:.0f}s, served {f['served']} {f['extra']}")
