@@ -217,7 +217,9 @@ class MemoryTarget:
             t = max(t, self.tpm.available_at(cost))
         return t
 
-    def room(self, now: float, cost: int) -> float:
+    def room(self, now: float, cost: int, pending: int = 0) -> float:
+        """``pending``: admissions asked for and not answered yet (a shared store's round
+        trip), counted as in flight."""
         if decisions.gate(self.gates(now)) is not None:
             return 0.0
         lim = self.limiter
@@ -226,7 +228,8 @@ class MemoryTarget:
             buckets.append((self.rpm.available - 1, self.rpm.capacity))
         if self.tpm is not None:
             buckets.append((self.tpm.available - cost, self.tpm.capacity))
-        return decisions.room_left(decisions.slots(self.breaker.share(now), lim.limit), lim.in_flight, buckets)
+        slots = decisions.slots(self.breaker.share(now), lim.limit)
+        return decisions.room_left(slots, lim.in_flight + pending, buckets)
 
     def probe_due_at(self) -> float | None:
         return self.breaker.probe_due_at()
