@@ -347,9 +347,10 @@ class FallbackClient(FormatCalls, ManualControls):
     async def _admit_any(
         self, r: Routing, exclude: str | None = None, *, now: float | None = None, usable: list[Target] | None = None
     ) -> Grant | None:
-        """The first candidate that admits ``r`` (among one model's deployments, the one with
-        the most room first where it spreads by room: ``Routing.spread``). ``now`` and ``usable``: the clock's reading
-        and ``r.usable()`` the caller has just taken, nothing having changed since."""
+        """The first candidate that admits ``r`` (of one model's deployments and keys, the one
+        with the most room first where the model spreads by room: ``Routing.spread``). ``now``
+        and ``usable``: the clock's reading and ``r.usable()`` the caller has just taken,
+        nothing having changed since."""
         passed: list[Target] = []
         if now is None:
             now = self.clock.now()
