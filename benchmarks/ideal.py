@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import collections
 import heapq
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from capmon.core.base import text
@@ -162,8 +162,49 @@ def known_slots(spec: ModelSpec, t: float, repeat: float, offset: float) -> int:
     return min(slots_at(spec, t, repeat), slots_at(spec, seen, repeat))
 
 
+class _Buckets:
+    """Per model, a requests-per-minute bucket (see ``ideal``'s ``rpm``)."""
+
+    def __init__(self, rpm: Mapping[str, float], offset: float) -> None:
+        self.rate = {name: r / 60.0 for name, r in rpm.items() if r > 0}
+        self.size = {name: float(r) for name, r in rpm.items() if r > 0}
+        self.tokens = dict(self.size)
+        self.at = {name: offset for name in self.rate}
+
+    def _refill(self, name: str, t: float) -> None:
+        self.tokens[name] = min(self.size[name], self.tokens[name] + (t - self.at[name]) * self.rate[name])
+        self.at[name] = t
+
+    def has(self, name: str, t: float) -> bool:
+        if name not in self.rate:
+            return True
+        self._refill(name, t)
+        return self.tokens[name] >= 1.0 - _EPS
+
+    def take(self, name: str) -> None:
+        if name in self.rate:
+            self.tokens[name] -= 1.0
+
+    def next_token(self, t: float) -> float | None:
+        """When the next empty bucket has a request's worth again; None when none is empty."""
+        out = None
+        for name, rate in self.rate.items():
+            self._refill(name, t)
+            if self.tokens[name] < 1.0 - _EPS:
+                at = t + (1.0 - self.tokens[name]) / rate + _EPS
+                out = at if out is None else min(out, at)
+        return out
+
+
 def ideal(
-    scn: Scenario, items: int, workers: int, offset: float = 0.0, *, informed: bool = False, start: int | None = None
+    scn: Scenario,
+    items: int,
+    workers: int,
+    offset: float = 0.0,
+    *,
+    informed: bool = False,
+    start: int | None = None,
+    rpm: Mapping[str, float] | None = None,
 ) -> Ideal:
     """The perfect greedy schedule of ``items`` over ``workers``; ``offset`` is the
     scenario clock (seconds since the simulator started) when the first item is sent.
@@ -171,7 +212,10 @@ def ideal(
     (``known_slots``, the module docstring) instead of the one that knows every model's
     capacity the moment it changes. ``start``: for its first round trip on each model it
     sends no more than that many at once (a client's initial concurrency limit, before any
-    answer has shown it more): the floor any client that starts there meets."""
+    answer has shown it more): the floor any client that starts there meets. ``rpm``: per
+    model, a requests-per-minute bucket it may not send above (a minute's worth at the start,
+    refilled continuously, as capmon's and as a provider's per-minute quota): a model whose
+    bucket is empty is full until its next request's worth comes in."""
     models = scn.models
     repeat = scn.repeat
 
@@ -181,6 +225,7 @@ def ideal(
             n = min(n, start)  # nothing answered yet: no more than a client starts with
         return n
 
+    buckets = _Buckets(rpm or {}, offset)
     in_flight = {m.name: 0 for m in models}
     served = {m.name: 0 for m in models}
     done: list[tuple[float, int, str, float]] = []  # heap of (finish time, seq, model, picked up at)
@@ -202,16 +247,20 @@ def ideal(
             left -= 1
             waiting.append(t)
         while waiting:
-            m = next((m for m in models if in_flight[m.name] < usable(m, t)), None)
+            m = next((m for m in models if in_flight[m.name] < usable(m, t) and buckets.has(m.name, t)), None)
             if m is None:
                 break  # every model is full: wait for an event
             picked = waiting.popleft()
             in_flight[m.name] += 1
             served[m.name] += 1
+            buckets.take(m.name)
             heapq.heappush(done, (t + service_time(m, t, repeat), seq, m.name, picked))
             seq += 1
         next_done = done[0][0] if done else None
         next_phase = next((b for b in boundaries if b > t), None)
+        refill = buckets.next_token(t) if waiting else None
+        if refill is not None and (next_phase is None or refill < next_phase):
+            next_phase = refill
         if next_done is None and next_phase is None:
             raise ValueError(f"scenario {scn.name!r} never has capacity for the remaining {left + len(waiting)} items")
         if next_done is not None and (next_phase is None or next_done <= next_phase):

@@ -86,7 +86,7 @@ def format_snapshot(snap: EngineSnapshot) -> str:
     ]
     for t in snap.targets:
         w60 = t.window(60)
-        pin = "*" if snap.pinned == t.model else ""
+        pin = "*" if t.pinned_by(snap.pinned) else ""
         rows.append(
             (
                 pin + t.model,

@@ -90,3 +90,18 @@ def test_the_floor_oracle_sends_no_more_than_the_initial_limit_until_its_first_a
     held = ideal(scn, 8, 8, informed=True, start=2)
     assert free.makespan == pytest.approx(2.0)
     assert held.makespan == pytest.approx(3.0)
+
+
+def test_an_rpm_bucket_holds_a_model_to_a_minute_s_worth_then_its_rate() -> None:
+    # A and B, 4 slots and 1 s each, 8 workers: 8 items a round, one round a second.
+    scn = _scenario(_model("a", 4, 1.0), _model("b", 4, 1.0))
+    # 120 rpm on A: its bucket (120 at the start, 2 a second in) outlasts 18 rounds of 4.
+    assert ideal(scn, 140, 8, rpm={"a": 120}) == ideal(scn, 140, 8)
+    # 12 rpm (one every 5 s), 40 items. By hand: A takes 4 at t = 0, 1 and 2 (12 -> 8 -> 4.2 ->
+    # 0.4 tokens, 0.2 coming in a second); B 4 a round throughout. At t = 3 and 4 only B (24 + 8
+    # done); at t = 5 A has a token again: B 4 and A 1 (37 done); the last 3 at t = 6 on B,
+    # answered at 7.
+    tight = ideal(scn, 40, 8, rpm={"a": 12})
+    assert tight.served == {"a": 13, "b": 27}
+    assert tight.makespan == pytest.approx(7.0)
+    assert ideal(scn, 40, 8).makespan == pytest.approx(5.0)

@@ -87,6 +87,7 @@ class RedisTarget:
         self._probe_lease: str | None = None
         self._local_slots: dict[str, Slot] = {}  # lease -> the local limiter's slot (in-flight count)
         self._fleet_learned: Learned | None = None  # what the fleet learned, as last heard (not the degraded share)
+        self._asking = 0  # ADMIT calls on their way: room() counts them as in flight
 
     # ------------------------------------------------------------ reading (the mirror)
 
@@ -104,6 +105,15 @@ class RedisTarget:
         if key is KeyState.DISABLED or not self.local.breaker.state.admits:
             return None
         return max(self.local.not_before, until or 0.0, self._bucket_until(cost))
+
+    def room(self, now: float, cost: int) -> float:
+        # The fleet's learned limit (mirrored) less this process's own requests in flight,
+        # and none while ADMIT last said the target is full or a bucket empty: the buckets
+        # and the fleet's count live in Redis, and a reading here costs no round trip. An ADMIT
+        # on its way counts as in flight: a burst's requests read their rooms before any answer.
+        if self._shared and (now < self._full_until or now < self._bucket_until(cost)):
+            return 0.0
+        return self.local.room(now, cost, self._asking)
 
     def press(self) -> None:
         # passed to SETTLE with each answer: this process's work was turned away by a full
@@ -266,11 +276,14 @@ class RedisTarget:
         now = store.clock.now()
         if now < self._full_until or now < self._bucket_until(cost) or decisions.gate(self.local.gates(now)):
             return None  # the mirror already says no: no round trip
+        self._asking += 1
         try:
             return await self._admit(cost, now)
         except ERRORS as e:
             store.lost(e)
             return await self.local.admit(cost)
+        finally:
+            self._asking -= 1
 
     async def _admit(self, cost: int, now: float) -> Admission | None:
         store = self._store

@@ -5,15 +5,16 @@
   GET  /capmon/snapshot     the client's snapshot (capmon.core.types.serial.snapshot_to_json)
   GET  /capmon/events       SSE: ``id: N`` / ``event: TYPE`` / ``data: event_to_json``, the
                             recent history first; ``Last-Event-ID`` or ``?since=N`` resumes
-  POST /capmon/pin          {"model": NAME | null}
-  POST /capmon/trip         {"target": NAME}   a model (all its targets) or a target id
+  POST /capmon/pin          {"model": NAME | null}  a model, or one of its deployments (model@endpoint)
+  POST /capmon/trip         {"target": NAME}   a model (all its targets), a deployment (model@endpoint:
+                                               its targets there) or a target id
   POST /capmon/reset        {"target": NAME}
   POST /capmon/force-close  {"target": NAME}
 
 Actions need the admin key (403 without it) and answer with what they changed, not the
 whole snapshot: ``{"ok": true, "targets": [{"target", "model", "endpoint", "state",
-"manual", "reason"}, ...]}`` for trip, reset and force-close (each target of the model named,
-or the one target), ``{"ok": true, "pinned": NAME | null}`` for pin.
+"manual", "reason"}, ...]}`` for trip, reset and force-close (each target of the model or
+deployment named, or the one target), ``{"ok": true, "pinned": NAME | null}`` for pin.
 Reads need a client key or the admin key when the gateway has client keys. Every
 reason and message in them is redacted; only the admin sees the first characters of a
 masked key (``sk-pro****``), anyone else no part of a provider key, only its alias.
@@ -160,8 +161,9 @@ async def _body(request: Request, allowed: tuple[str, ...]) -> dict[str, Any] | 
 
 
 def _states(gw: Gateway, name: str) -> Response:
-    """The new state of each target an action on ``name`` (a model or a target id) moved."""
-    rows = [t for t in gw.client.snapshot().targets if name in (t.model, t.target)]
+    """The new state of each target an action on ``name`` (a model, a deployment or a target
+    id) moved."""
+    rows = [t for t in gw.client.snapshot().targets if name == t.target or t.pinned_by(name)]
     targets = [
         {
             "target": t.target,

@@ -128,9 +128,11 @@ class _SnapshotCollector(Collector):
         yield GaugeMetricFamily(
             "capmon_in_flight_requests", "attempts in flight across every target", value=snap.in_flight
         )
-        pinned = GaugeMetricFamily("capmon_pinned", "1 for the model pinned by hand", labels=["model"])
+        pinned = GaugeMetricFamily(
+            "capmon_pinned", "1 for the model pinned by hand (itself or one of its deployments)", labels=["model"]
+        )
         for m in self.client.model_names():
-            pinned.add_metric([m], 1.0 if snap.pinned == m else 0.0)
+            pinned.add_metric([m], 1.0 if snap.pinned_model == m else 0.0)
         yield pinned
 
 

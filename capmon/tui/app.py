@@ -416,7 +416,11 @@ class CapmonApp(App[int]):
     def action_trip(self) -> None:
         t = self._selected()
         if t is not None:
-            self.request_trip(t.target, t.model)
+            # one row of a model served at several endpoints is one deployment of it
+            several = self.snap is not None and any(
+                o.model == t.model and o.endpoint != t.endpoint for o in self.snap.targets
+            )
+            self.request_trip(t.target, f"{t.model} at {t.endpoint}" if several else t.model)
 
     def action_reset(self) -> None:
         t = self._selected()

@@ -1,4 +1,4 @@
-"""Command palette (ctrl+p) commands: pin a model, automatic routing, trip, reset."""
+"""Command palette (ctrl+p) commands: pin a model or a deployment, automatic routing, trip, reset."""
 
 from __future__ import annotations
 
@@ -7,6 +7,17 @@ from functools import partial
 from typing import Any
 
 from textual.command import DiscoveryHit, Hit, Hits, Provider
+
+from capmon.core.types.config import deployment_id
+from capmon.core.types.snapshot import EngineSnapshot
+
+
+def _deployments(snap: EngineSnapshot | None) -> list[tuple[str, str]]:
+    """(model, endpoint) of every deployment of a model served at more than one endpoint."""
+    if snap is None:
+        return []
+    pairs = list(dict.fromkeys((t.model, t.endpoint) for t in snap.targets))
+    return [(m, e) for m, e in pairs if sum(1 for m2, _ in pairs if m2 == m) > 1]
 
 
 class ModelCommands(Provider):
@@ -22,15 +33,21 @@ class ModelCommands(Provider):
         ]
         for model in source.models:
             out.append((f"Pin model: {model}", partial(app.pin_model, model), f"Send traffic to {model} first"))
-        for model in source.models:
+        names = list(source.models)
+        snap = getattr(app, "snap", None)
+        for model, endpoint in _deployments(snap):
+            name = deployment_id(model, endpoint)
+            names.append(name)
+            out.append((f"Pin deployment: {name}", partial(app.pin_model, name), f"Send traffic to {name} first"))
+        for name in names:
             out.append(
-                (f"Trip breaker: {model}", partial(app.request_trip, model), f"Stop traffic to {model} until reset")
+                (f"Trip breaker: {name}", partial(app.request_trip, name), f"Stop traffic to {name} until reset")
             )
             out.append(
                 (
-                    f"Reset breaker: {model}",
-                    partial(app.reset_target, model),
-                    f"Close {model}'s breaker, clear parked keys",
+                    f"Reset breaker: {name}",
+                    partial(app.reset_target, name),
+                    f"Close {name}'s breaker, clear parked keys",
                 )
             )
         return out

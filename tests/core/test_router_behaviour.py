@@ -27,7 +27,7 @@ async def test_a_pinned_model_wins_over_the_order_and_unpinning_goes_back() -> N
             assert (await client.chat("a")).model == "small"
             client.pin(None)
             assert (await client.chat("b")).model == "flagship"
-            with pytest.raises(Exception, match="no model named 'huge'"):
+            with pytest.raises(Exception, match="no model or deployment named 'huge'"):
                 client.pin("huge")
 
 

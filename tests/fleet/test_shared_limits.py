@@ -162,3 +162,24 @@ async def test_a_read_of_a_key_from_before_a_disable_or_a_reset_cannot_undo_it(r
         await asyncio.gather(*store(a)._tasks)
         flagship.apply_key(KeyNews(auth.reason, 3))  # a newer disable, by another process
         assert not medium.usable()
+
+
+async def test_a_model_s_targets_are_chosen_by_the_room_the_mirror_reads(redis_url: str, namespace: str) -> None:
+    # One model on two keys (two targets) in a fleet: the room each has left is read from the
+    # mirror (the fleet's limit, this process's in flight) without a round trip, and a burst
+    # spreads over both (in the config's order it would all go to key a, whose limit is 8).
+    script = Script()
+    script.set("flagship", lambda n, body: Reply(200, ok("flagship").body, delay=0.05))
+    async with serve(script) as url:
+        cfg = fleet_config(url, redis_url, namespace, keys=TWO_KEYS)
+        async with client(cfg) as a:
+            on_a, on_b = a.target("flagship@ep/a").state, a.target("flagship@ep/b").state
+            assert isinstance(on_a, RedisTarget) and store(a).link.ok
+            now = a.clock.now()
+            assert on_a.room(now, 1) == on_b.room(now, 1) == 1.0
+            adm = await on_a.admit(1)
+            assert adm is not None and on_a.room(a.clock.now(), 1) == pytest.approx(7 / 8)
+            await on_a.settle(adm, None, used_tokens=1)
+            results = await asyncio.gather(*(a.chat("hi") for _ in range(6)))
+    assert sorted(r.target for r in results) == ["flagship@ep/a"] * 3 + ["flagship@ep/b"] * 3
+    assert all(r.fallbacks == 0 for r in results)

@@ -49,3 +49,41 @@ async def test_a_move_between_deployments_is_no_fallback_and_the_reply_names_the
     moves = [ln for ln in metrics.splitlines() if ln.startswith("capmon_deployment_moves_total{")]
     assert moves == ['capmon_deployment_moves_total{from_endpoint="east",model="m",to_endpoint="west"} 2.0']
     assert not [ln for ln in metrics.splitlines() if ln.startswith("capmon_fallbacks_total{")]
+
+
+async def test_the_control_api_pins_trips_and_resets_one_deployment_or_the_whole_model() -> None:
+    admin = "sk-gw-admin-0123456789abcdef"
+
+    def built(url: str) -> Config:
+        return two_deployments(url, key_env="GW_PROVIDER_KEY", gateway={"admin_key_env": "GW_ADMIN"})
+
+    async with (
+        running(deployments_scenario(), built=built, environ={"GW_ADMIN": admin}) as gw,
+        gw.http(admin) as http,
+    ):
+
+        async def served() -> str:
+            r = await http.post("/v1/chat/completions", json={"model": "m", "messages": HELLO})
+            assert r.status_code == 200 and r.headers["x-capmon-fallbacks"] == "0", r.text
+            return r.headers["x-capmon-endpoint"]
+
+        pinned = await http.post("/capmon/pin", json={"model": "m@west"})
+        on_pin = [await served() for _ in range(3)]
+        tripped = await http.post("/capmon/trip", json={"target": "m@west"})
+        on_trip = await served()
+        whole = await http.post("/capmon/trip", json={"target": "m"})
+        reset = await http.post("/capmon/reset", json={"target": "m@west"})
+        after_reset = await served()
+        unknown = await http.post("/capmon/pin", json={"model": "m@south"})
+        info = (await http.get("/capmon/snapshot")).json()
+    assert pinned.json() == {"ok": True, "pinned": "m@west"} and on_pin == ["west"] * 3
+    assert [(t["target"], t["state"]) for t in tripped.json()["targets"]] == [("m@west/k", "forced-open")]
+    assert on_trip == "east"  # the pinned deployment tripped: the model's other one, no fallback
+    assert [(t["endpoint"], t["state"]) for t in whole.json()["targets"]] == [
+        ("east", "forced-open"),
+        ("west", "forced-open"),
+    ]
+    assert [(t["target"], t["state"]) for t in reset.json()["targets"]] == [("m@west/k", "closed")]
+    assert after_reset == "west"
+    assert unknown.status_code == 404 and "m@south" in unknown.json()["error"]["message"]
+    assert info["pinned"] == "m@west"

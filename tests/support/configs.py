@@ -178,10 +178,10 @@ def on_azure(origin: str, *, api_version: str = "", key_env: str = "AZ", **parts
     )
 
 
-def two_deployments(base_url: str, *, key_env: str = "KEY", **parts: Any) -> Config:
+def two_deployments(base_url: str, *, key_env: str = "KEY", spread: str | None = None, **parts: Any) -> Config:
     """One model, ``m``, on two deployments: endpoint ``east`` knows it as sim-m-east, ``west``
     as sim-m-west (both endpoints the simulator at ``base_url``); then ``backup`` (sim-backup)
-    at east. One key (alias k) in ``key_env`` for both."""
+    at east. One key (alias k) in ``key_env`` for both. ``spread``: m's, when not the default."""
     deployments = [{"endpoint": "east", "model": "sim-m-east"}, {"endpoint": "west", "model": "sim-m-west"}]
     return build_config(
         base_url,
@@ -189,7 +189,7 @@ def two_deployments(base_url: str, *, key_env: str = "KEY", **parts: Any) -> Con
         endpoints={"west": base_url},
         keys=[(key_env, "k")],
         models={
-            "m": {"max_tokens": 64, "deployments": deployments},
+            "m": {"max_tokens": 64, "deployments": deployments, **({"spread": spread} if spread else {})},
             "backup": {"api_model": "sim-backup", "max_tokens": 64},
         },
         file="deployments.toml",

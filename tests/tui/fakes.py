@@ -251,7 +251,7 @@ class FakeSource:
             self.bus.publish(e)
 
     def _select(self, name: str) -> list[TargetSnapshot]:
-        found = [t for t in self.targets.values() if name in (t.target, t.model)]
+        found = [t for t in self.targets.values() if name == t.target or t.pinned_by(name)]
         if not found:
             raise CapmonError(f"no model or target named {name!r}")
         return found
@@ -284,8 +284,8 @@ class FakeSource:
     @refuse_if_readonly
     def pin(self, model: str | None) -> None:
         self.calls.append(("pin", model))
-        if model is not None and model not in self.models:
-            raise CapmonError(f"no model named {model!r}")
+        if model is not None and not any(t.pinned_by(model) for t in self.targets.values()):
+            raise CapmonError(f"no model or deployment named {model!r}")
         self.pinned = model
         self.emit(ev.ModelPinned, model=model)
 

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 import pytest
 from textual.command import CommandInput, CommandList
 from textual.pilot import Pilot
+from textual.widgets import OptionList
 
 from capmon.core.base.exceptions import CapmonError
 from capmon.core.types import events as ev
@@ -469,3 +470,52 @@ async def test_a_model_on_two_deployments_shows_each_and_its_id_in_a_wider_colum
         text = screen_text(app)
     assert names == ["claude@anthropic (claude-sonnet-4-5)", "claude@vertex (claude-sonnet-4-5@20250929)", "small"]
     assert "claude@vertex (claude-sonnet-4-5@20250929)" in text  # on screen whole, not clipped
+
+
+async def test_pin_trip_and_reset_one_deployment_from_the_switch_the_palette_and_the_row() -> None:
+    rows = [
+        target("claude", 0, endpoint="anthropic", deployment="claude-sonnet-4-5"),
+        target("claude", 0, endpoint="vertex", deployment="claude-sonnet-4-5@20250929"),
+        target("small", 1, deployment="sim-small"),
+    ]
+    source = FakeSource(rows)
+    async with running(source) as (app, pilot):
+        await pilot.press("m")
+        assert isinstance(app.screen, ModelSwitchScreen)
+        text = screen_text(app)
+        assert "Pin claude at anthropic" in text and "Pin claude at vertex" in text
+        assert "Pin small at" not in text  # one endpoint: the model is the deployment
+        await pilot.press("down", "down", "down", "enter")  # automatic, claude, at anthropic, [at vertex]
+        await settle(app, pilot)
+        assert source.pinned == "claude@vertex"
+        assert "pinned claude@vertex (manual)" in screen_text(app)
+        marked = [str(r.value) for r in app.table.rows if app.table.get_cell(r, "model").plain.startswith("▸")]
+        assert marked == ["claude@vertex/sim-key"]  # the pin mark on that deployment's row only
+
+        await pilot.press("m")  # the switch opens on what is pinned now
+        assert app.screen.query_one(OptionList).highlighted == 3
+        await pilot.press("escape")
+
+        # The selected row (the first: claude at anthropic) trips that deployment, named so.
+        await pilot.press("t")
+        assert isinstance(app.screen, ConfirmScreen) and "Trip claude at anthropic?" in screen_text(app)
+        await pilot.press("enter")
+        await settle(app, pilot)
+        assert row_states(app)["claude@anthropic/sim-key"].endswith("(manual)")
+        assert not row_states(app)["claude@vertex/sim-key"].endswith("(manual)")
+
+        # The palette: reset the deployment, then trip the whole model.
+        assert "Reset breaker: claude@anthropic" in await palette(app, pilot, "Reset breaker: claude@anthropic")
+        await pilot.press("enter")
+        await settle(app, pilot)
+        assert not row_states(app)["claude@anthropic/sim-key"].endswith("(manual)")
+        assert "Pin deployment: claude@anthropic" in await palette(app, pilot, "Pin deployment: claude@anthropic")
+        await pilot.press("enter")
+        await settle(app, pilot)
+    assert source.pinned == "claude@anthropic"
+    assert source.calls == [
+        ("pin", "claude@vertex"),
+        ("trip", "claude@anthropic/sim-key"),
+        ("reset", "claude@anthropic"),
+        ("pin", "claude@anthropic"),
+    ]

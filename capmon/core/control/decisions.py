@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import enum
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -131,6 +132,19 @@ def slots(share: float, limit: float) -> int:
     if 0.0 < share < 1.0:
         cap = min(limit, max(1, math.ceil(share * max(1.0, limit) - _SLOT_EPS)))
     return max(0, math.floor(cap + 1e-9))
+
+
+def room_left(slots_now: int, in_flight: int, buckets: Iterable[tuple[float, float]] = ()) -> float:
+    """The share of a target's room still free, from 0 (none) to 1 (all of it): the least
+    of its slots' (those it admits now less those in flight, over them) and each bucket's
+    (``(tokens left after the request, bucket size)``). What one model's deployments are
+    ordered by with ``spread = "room"`` (capmon/core/routing/route.py): a share, not a
+    count, so a small deployment and a large one reach their edge together."""
+    share = max(0, slots_now - in_flight) / slots_now if slots_now > 0 else 0.0
+    for left, size in buckets:
+        if size > 0:
+            share = min(share, max(0.0, left) / size)
+    return share
 
 
 def ramp_slots(share: float, limit: float) -> int | None:

@@ -98,6 +98,11 @@ class TargetState(Protocol):
     id: str
 
     def ready_at(self, now: float, cost: int) -> float | None: ...
+    def room(self, now: float, cost: int) -> float:
+        """The share of its room still free for a request of ``cost`` tokens, 0 to 1
+        (decisions.room_left): what one model's deployments are chosen by. A reading, not a
+        promise: ``admit`` decides."""
+
     def probe_due_at(self) -> float | None: ...
     def usable(self) -> bool: ...
     def press(self) -> None:
@@ -211,6 +216,20 @@ class MemoryTarget:
         if self.tpm is not None:
             t = max(t, self.tpm.available_at(cost))
         return t
+
+    def room(self, now: float, cost: int, pending: int = 0) -> float:
+        """``pending``: admissions asked for and not answered yet (a shared store's round
+        trip), counted as in flight."""
+        if decisions.gate(self.gates(now)) is not None:
+            return 0.0
+        lim = self.limiter
+        buckets = []
+        if self.rpm is not None:
+            buckets.append((self.rpm.available - 1, self.rpm.capacity))
+        if self.tpm is not None:
+            buckets.append((self.tpm.available - cost, self.tpm.capacity))
+        slots = decisions.slots(self.breaker.share(now), lim.limit)
+        return decisions.room_left(slots, lim.in_flight + pending, buckets)
 
     def probe_due_at(self) -> float | None:
         return self.breaker.probe_due_at()

@@ -45,7 +45,7 @@ from capmon.core.routing.targets import Target, admits_in, build_targets
 from capmon.core.routing.transport import Sender, make_transport
 from capmon.core.routing.waiting import WaitQueue
 from capmon.core.types import events as ev
-from capmon.core.types.config import Config, ResolvedKey, resolve_keys
+from capmon.core.types.config import Config, ResolvedKey, Spread, resolve_keys
 from capmon.core.types.failure import Failure, Kind
 from capmon.core.types.result import Attempt, ChatResult, Decision, Request
 from capmon.core.types.snapshot import EngineSnapshot, TargetSnapshot
@@ -96,6 +96,7 @@ class FallbackClient(FormatCalls, ManualControls):
             t.state = self.state.target(t.id)
         self._by_id = {t.id: t for t in self.targets}
         self._first_model = min(self.targets, key=lambda t: t.rank).model.name if self.targets else ""
+        self._pins = self.pinnable()
         self._home: dict[str, Target] = {}  # each model's first target: the deployment it is tried at first
         for t in self.targets:
             self._home.setdefault(t.model.name, t)
@@ -112,10 +113,10 @@ class FallbackClient(FormatCalls, ManualControls):
             self.clock,
             self._admit_any,
             self._give_back,
-            lambda r, now: r.ready_at(self.targets, self.state.pinned, now),
-            lambda r: r.group(self.targets, self.state.pinned, self.clock.now(), self._by_cost),
+            lambda r, now: r.ready_at(self.targets, self.pinned_at[0], now),
+            lambda r: r.group(self.targets, self.pinned_at[0], self.clock.now(), self._by_cost),
             batch_share=config.client.batch_share,
-            cannot_wait=lambda r: r.cannot_wait(self.targets, self.state.pinned, self.clock.now()),
+            cannot_wait=lambda r: r.cannot_wait(self.targets, self.pinned_at[0], self.clock.now()),
         )
         self.state.set_listener(self._news)
         self.journal = Journal(self.clock, self.bus, config.client.max_attempts)
@@ -297,16 +298,21 @@ class FallbackClient(FormatCalls, ManualControls):
         r.patience = self.config.client.patience.of(req.priority.value)
         # The model it counts on first: serving any other is a fallback, tried or not (a
         # breaker open or tripped by hand skips it without an attempt).
-        r.first_choice = req.model or self.state.pinned or self._first_model
+        model, endpoint = self.pinned_at
+        r.first_choice = req.model or model or self._first_model
         r.last_model = r.first_choice or None
         r.last_target = self._home.get(r.first_choice)
+        if endpoint is not None and r.first_choice == model:  # a pinned deployment is where it starts
+            r.last_target = next(
+                (t for t in self.targets if t.model.name == model and t.endpoint.name == endpoint), None
+            )
         r.incapable = formats.incapable_targets(req, self.targets, self.config.client)
         return r
 
     def _skips(self, r: Routing, t: Target | None, now: float, wall: float | None = None) -> None:
         """Put every target ``r`` passed over on its way to ``t`` on its record, with why
         (``t`` None: every one it had, when it fails without an attempt)."""
-        passed = r.passed_over(self.targets, t, self.state.pinned) if t is not None else r.unnoted(self.targets)
+        passed = r.passed_over(self.targets, t, self.pinned_at[0]) if t is not None else r.unnoted(self.targets)
         for u in passed:
             r.noted.add(u.id)
             skip, reason = r.skip_reason(u, now)
@@ -341,12 +347,15 @@ class FallbackClient(FormatCalls, ManualControls):
     async def _admit_any(
         self, r: Routing, exclude: str | None = None, *, now: float | None = None, usable: list[Target] | None = None
     ) -> Grant | None:
-        """The first candidate that admits ``r``. ``now`` and ``usable``: the clock's reading
-        and ``r.usable()`` the caller has just taken, nothing having changed since."""
+        """The first candidate that admits ``r`` (of one model's deployments and keys, the one
+        with the most room first where the model spreads by room: ``Routing.spread``). ``now``
+        and ``usable``: the clock's reading and ``r.usable()`` the caller has just taken,
+        nothing having changed since."""
         passed: list[Target] = []
         if now is None:
             now = self.clock.now()
-        for t in r.candidates(self.targets, self.state.pinned, now, usable=usable):
+        pinned = self.pinned_at
+        for t in r.spread(r.candidates(self.targets, pinned[0], now, usable=usable), now, pinned):
             if t.id != exclude:
                 adm = await t.state.admit(r.cost(t))
                 if adm is not None:
@@ -356,6 +365,17 @@ class FallbackClient(FormatCalls, ManualControls):
                 passed.append(t)
         self._press_first(passed)  # it waits (again); demand is counted once, in _acquire
         return None
+
+    @staticmethod
+    def _chose(r: Routing, t: Target, now: float) -> None:
+        """Before its first attempt, a request for a model that spreads by room and goes to
+        another of its deployments than the first while the first has room too chose by room:
+        no move (journal.started publishes none). One the first could not take is a move."""
+        home = r.last_target
+        if r.sent or home is None or home is t or home.model.name != t.model.name:
+            return
+        if t.model.spread is Spread.ROOM and home.state.room(now, r.cost(home)) > 0.0:
+            r.last_target = t
 
     @staticmethod
     def _press_first(passed: Sequence[Target]) -> None:
@@ -395,8 +415,8 @@ class FallbackClient(FormatCalls, ManualControls):
             now = self.clock.now()  # one reading for the checks up to the first await
         if r.expired(now):
             self._give_up(r)
-        usable = r.usable(self.targets, self.state.pinned)
-        refused = r.cannot_wait(self.targets, self.state.pinned, now, usable=usable)
+        usable = r.usable(self.targets, self.pinned_at[0])
+        refused = r.cannot_wait(self.targets, self.pinned_at[0], now, usable=usable)
         if refused is not None:
             self._skips(r, None, now)
             refused.attempts = tuple(r.attempts)
@@ -404,7 +424,7 @@ class FallbackClient(FormatCalls, ManualControls):
         # Nobody waiting: go now if a target admits. Otherwise take a place in line.
         grant = None if len(self._queue) else await self._admit_any(r, now=now, usable=usable)
         if grant is None:
-            self._wanted(r, r.usable(self.targets, self.state.pinned))
+            self._wanted(r, r.usable(self.targets, self.pinned_at[0]))
         while grant is None:
             try:
                 waited = await self._queue.wait(r.id, r, r.left(self.clock.now()))
@@ -435,6 +455,7 @@ class FallbackClient(FormatCalls, ManualControls):
         number = r.sent + 1
         now, wall = self.clock.now(), self.clock.wall()  # the attempt's start, its events' too
         self._skips(r, t, now, wall)
+        self._chose(r, t, now)
         self.journal.started(r, t, number, at=now, wall=wall)
         r.last_model, r.last_target = t.model.name, t
         if r.resume is not None:
@@ -490,7 +511,7 @@ class FallbackClient(FormatCalls, ManualControls):
         asked: bool = False,
     ) -> Step:
         """What the route does after ``failure`` on ``t`` (:func:`plan` with this client's targets)."""
-        pinned = self.state.pinned
+        pinned = self.pinned_at[0]
         return plan(
             r,
             t,

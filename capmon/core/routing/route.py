@@ -20,6 +20,7 @@ from capmon.core.control.seam import KeyState
 from capmon.core.providers.splice import Partial, Splice
 from capmon.core.routing.targets import Hold, Target, held, stranded, token_limit
 from capmon.core.routing.waiting import BATCH, INTERACTIVE
+from capmon.core.types.config import Spread
 from capmon.core.types.failure import Failure, Kind
 from capmon.core.types.result import Attempt, Decision, Priority, Request, Skip
 from capmon.core.types.states import State
@@ -251,6 +252,34 @@ class Routing:
         out = self.usable(targets, pinned) if usable is None else usable
         if self.skip:
             out = [t for t in out if self.skip.get(t.id, 0.0) <= now]
+        return out
+
+    def spread(
+        self, targets: Sequence[Target], now: float, pinned: tuple[str | None, str | None] = (None, None)
+    ) -> list[Target]:
+        """``targets`` (in the route's order) with each model's own, where it spreads by
+        room (``[[models]] spread``), put in order of the room they have left for this
+        request (``TargetState.room``), most first; ties keep the config's order. A pinned
+        deployment (``pinned``: the pin's model and endpoint) goes first of its model's. Every
+        model keeps its place: this only chooses among one model's deployments and keys,
+        so no move it makes is a fallback. A deployment that rate-limits or is full has
+        less room (its limiter, bucket or hint says so) and so gets less, until it has
+        room again."""
+        out: list[Target] = []
+        i = 0
+        while i < len(targets):
+            j = i + 1
+            name = targets[i].model.name
+            while j < len(targets) and targets[j].model.name == name:
+                j += 1
+            run = targets[i:j]
+            if len(run) > 1 and run[0].model.spread is Spread.ROOM:
+                rooms = {t.id: t.state.room(now, self.cost(t)) for t in run}
+                run = sorted(run, key=lambda t: -rooms[t.id])
+            if len(run) > 1 and pinned[1] is not None and name == pinned[0]:
+                run = sorted(run, key=lambda t: t.endpoint.name != pinned[1])
+            out.extend(run)
+            i = j
         return out
 
     def group(self, targets: Sequence[Target], pinned: str | None, now: float, by_cost: bool) -> tuple[int, Hashable]:

@@ -15,7 +15,15 @@ from capmon.core.control.seam import KeyRef, KeyState, TargetSpec, TargetState
 from capmon.core.providers.dialect import Auth, Dialect, dialect_of
 from capmon.core.routing.reach import Reach, host_of
 from capmon.core.routing.transport import Head, Sender
-from capmon.core.types.config import NO_KEY, Config, EndpointConfig, KeyConfig, ModelConfig, ResolvedKey
+from capmon.core.types.config import (
+    NO_KEY,
+    Config,
+    EndpointConfig,
+    KeyConfig,
+    ModelConfig,
+    ResolvedKey,
+    deployment_id,
+)
 from capmon.core.types.failure import Kind
 from capmon.core.types.result import Format
 from capmon.core.types.stats import RollingStats
@@ -23,7 +31,7 @@ from capmon.core.types.stats import RollingStats
 
 def target_id(model: str, endpoint: str, key_alias: str) -> str:
     """The one place a target id is made; nothing else parses one."""
-    return f"{model}@{endpoint}/{key_alias}"
+    return f"{deployment_id(model, endpoint)}/{key_alias}"
 
 
 @dataclass(eq=False)
@@ -87,6 +95,11 @@ class Target:
         """The id its endpoint knows the model by (its deployment's ``model``; else the
         model's ``api_model`` or name)."""
         return self.model.wire_name
+
+    @property
+    def deployment_id(self) -> str:
+        """Its model at its endpoint: what a pin, trip or reset of the deployment names."""
+        return deployment_id(self.model.name, self.endpoint.name)
 
     @property
     def key_ref(self) -> KeyRef:

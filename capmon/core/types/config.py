@@ -75,6 +75,13 @@ class DropRule(enum.StrEnum):
     SKIP = "skip"  # do not send the request there: the target is skipped as incapable
 
 
+class Spread(enum.StrEnum):
+    """How a request chooses among one model's deployments (``[[models]] spread``)."""
+
+    ROOM = "room"  # the one with the most room left (learned limit, buckets, less what is in flight)
+    ORDER = "order"  # the first that admits, in the config's order: each overflows into the next
+
+
 # Azure's v1 API ({base_url}/openai/v1/...) takes no api-version; any other value is the
 # classic deployment URL's ?api-version=.
 AZURE_V1 = "v1"
@@ -332,6 +339,12 @@ ENDPOINT_SETTINGS: Mapping[EndpointApi, tuple[str, ...]] = {
 _TOKEN_PARAMS = ("max_tokens", "max_completion_tokens")
 
 
+def deployment_id(model: str, endpoint: str) -> str:
+    """The one place a deployment's name is made: a model at one endpoint (every key there),
+    what a pin, a trip or a reset may name besides a model or a target."""
+    return f"{model}@{endpoint}"
+
+
 @dataclass(frozen=True)
 class DeploymentConfig:
     """One endpoint's copy of a model (``[[models]] deployments``): the id that endpoint
@@ -370,6 +383,14 @@ class ModelConfig:
         doc=(
             "the endpoints that serve it, each with the id it knows the model by and its own limits, in the"
             " order they are tried (this or endpoints)"
+        ),
+    )
+    spread: Spread = _f(
+        Spread.ROOM,
+        doc=(
+            "how a request chooses among its deployments and keys: room (the one with the most room left, as a"
+            " share of its learned limit and its rpm / tpm buckets, so none runs at its edge while another has"
+            " room) or order (the first that admits, each overflowing into the next); never a fallback"
         ),
     )
     context_window: int = _f(

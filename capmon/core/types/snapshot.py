@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from capmon.core.types.config import EndpointApi
+from capmon.core.types.config import EndpointApi, deployment_id
 from capmon.core.types.failure import Kind
 from capmon.core.types.states import KeyState, State
 from capmon.core.types.stats import WindowStats
@@ -56,6 +56,11 @@ class TargetSnapshot:
     never_reached: bool = False
     # The id its endpoint knows the model by (its deployment's); "" from a source older than it
     deployment: str = ""
+
+    def pinned_by(self, pinned: str | None) -> bool:
+        """Whether a pin (``EngineSnapshot.pinned``: a model or one of its deployments) sends
+        traffic here first."""
+        return pinned is not None and pinned in (self.model, deployment_id(self.model, self.endpoint))
 
     def window(self, seconds: int) -> WindowStats:
         for w in self.windows:
@@ -129,6 +134,11 @@ class EngineSnapshot:
     events_published: int
     shared: SharedStatus = field(default_factory=SharedStatus)
     cancelled: int = 0  # ended otherwise: the caller went away (a gateway's client hung up)
+
+    @property
+    def pinned_model(self) -> str | None:
+        """The model pinned, itself or one of its deployments (``pinned`` names which)."""
+        return next((t.model for t in self.targets if t.pinned_by(self.pinned)), None)
 
     @property
     def in_progress(self) -> int:

@@ -1,4 +1,4 @@
-"""Pick the model traffic goes to first, or go back to automatic routing."""
+"""Pick the model traffic goes to first (or one of its deployments), or go back to automatic routing."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from textual.screen import ModalScreen
 from textual.widgets import Label, OptionList
 from textual.widgets.option_list import Option
 
-from capmon.core.types.snapshot import EngineSnapshot
+from capmon.core.types.config import deployment_id
+from capmon.core.types.snapshot import EngineSnapshot, TargetSnapshot
 from capmon.tui import format as fmt
 
 AUTOMATIC = "\x00automatic"  # an option id no model can have
@@ -20,7 +21,8 @@ AUTOMATIC = "\x00automatic"  # an option id no model can have
 
 @dataclass(frozen=True)
 class ModelChoice:
-    """What the person chose: a model to pin, or None for automatic routing."""
+    """What the person chose: a model or a deployment (``model@endpoint``) to pin, or None
+    for automatic routing."""
 
     model: str | None
 
@@ -82,12 +84,32 @@ class ModelSwitchScreen(ModalScreen[ModelChoice | None]):
             if pinned == model:
                 line.append("  ← now", style="bold green")
             options.append(Option(line, id=model))
+            options += self._deployments(model, targets, pinned)
         return options
+
+    @staticmethod
+    def _deployments(model: str, targets: list[TargetSnapshot], pinned: str | None) -> list[Option]:
+        """One option per deployment of a model served at more than one endpoint: that one first."""
+        endpoints = list(dict.fromkeys(t.endpoint for t in targets))
+        if len(endpoints) < 2:
+            return []
+        out = []
+        for endpoint in endpoints:
+            name = deployment_id(model, endpoint)
+            line = Text(f"    ▸ Pin {model} at {endpoint}", style="bold")
+            first = next(t for t in targets if t.endpoint == endpoint)
+            line.append("  ")
+            line.append_text(fmt.state_text(first))
+            if pinned == name:
+                line.append("  ← now", style="bold green")
+            out.append(Option(line, id=name))
+        return out
 
     def on_mount(self) -> None:
         options = self.query_one(OptionList)
         pinned = self.snapshot.pinned if self.snapshot else None
-        options.highlighted = 0 if pinned is None else 1 + self.models.index(pinned)
+        ids = [options.get_option_at_index(i).id for i in range(options.option_count)]
+        options.highlighted = ids.index(pinned) if pinned in ids else 0
         options.focus()
 
     def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:

@@ -182,7 +182,7 @@ class ModelsTable(DataTable[Text]):
         name = _target_name(t, snap)
         mark = _mark(t)
         name = text.clip(name, width - len(mark))
-        if snap.pinned == t.model:
+        if t.pinned_by(snap.pinned):
             return Text(f"▸ {name}{mark}", style="bold reverse")
         return Text.assemble(f"  {name}", (mark, "dim"))
 
