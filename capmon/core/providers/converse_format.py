@@ -354,15 +354,6 @@ def _refused_fields(request: canon.Request) -> None:
         raise hub.Incapable("parallel_tool_calls = false (Converse may always call several)")
 
 
-def _kind(part: canon.Part) -> str:
-    """How the caller's format names a part it gave (for a refusal)."""
-    if isinstance(part, canon.Opaque):
-        return part.kind
-    if isinstance(part, canon.Thinking):
-        return "redacted thinking" if part.redacted else "thinking"
-    return type(part).__name__.lower()
-
-
 def _no_cache(cache: canon.Cache | None, where: str) -> None:
     if cache is not None and cache.raw:
         raise hub.Incapable(f"{where}: cache_control (not translated to Converse's cache points)")
@@ -394,7 +385,7 @@ def _encode_part(p: canon.Part, where: str, same: bool) -> dict[str, Any]:
         return {"reasoningContent": {"reasoningText": _reasoning_text(p)}}
     if isinstance(p, canon.Opaque) and p.format == SOURCE:
         return dict(p.raw)
-    raise hub.Incapable(f"{where}: a {_kind(p)} part (no Converse counterpart)")
+    raise hub.Incapable(f"{where}: a {hub.part_kind(p)} part (no Converse counterpart)")
 
 
 def _reasoning_text(p: canon.Thinking) -> dict[str, Any]:
@@ -416,17 +407,10 @@ def _encode_image(image: canon.Image, where: str) -> dict[str, Any]:
 
 def _encode_tools(request: canon.Request, body: dict[str, Any], same: bool) -> None:
     tools: list[dict[str, Any]] = []
-    for t in request.tools:
-        if t.builtin:
-            if not same:
-                raise hub.Incapable(f"a built-in {t.own.get('type') or t.name} tool (only function tools translate)")
-            tools.append(dict(t.own))
+    for t, builtin in hub.crossing_tools(request, same, _no_cache):
+        if builtin is not None:
+            tools.append(builtin)
             continue
-        if not same and t.own:
-            raise hub.Incapable(f"tool {t.name}: {', '.join(sorted(t.own))}")
-        _no_cache(t.cache, f"tool {t.name}")
-        if not isinstance(t.name, str) or not t.name:
-            raise hub.Incapable("a function tool without a name")
         spec: dict[str, Any] = {"name": t.name}
         if t.description is not None:
             spec["description"] = t.description
@@ -579,7 +563,7 @@ def encode_part(part: canon.Part) -> dict[str, Any]:
         return {"reasoningContent": {"reasoningText": _reasoning_text(part)}}
     if isinstance(part, canon.Opaque) and part.format == SOURCE:
         return dict(part.raw)
-    raise hub.Incapable(f"a {_kind(part)} part in an answer (Converse answers carry text, tool uses and reasoning)")
+    raise hub.Incapable(f"a {hub.part_kind(part)} part in an answer (Converse answers carry text, tool uses and reasoning)")
 
 
 def encode_answer(answer: canon.Answer, *, created: int) -> dict[str, Any]:
@@ -746,7 +730,7 @@ class _Encoder:
             if part.redacted:
                 return [self._block(index, {"reasoningContent": {"redactedContent": part.text}})]
             return [self._block(index, {"reasoningContent": {"text": part.text}})] if part.text else []
-        raise hub.Incapable(f"a {_kind(part)} part in a stream (Converse streams text, tool uses and reasoning)")
+        raise hub.Incapable(f"a {hub.part_kind(part)} part in a stream (Converse streams text, tool uses and reasoning)")
 
     @staticmethod
     def _block(index: int, delta: dict[str, Any]) -> dict[str, Any]:

@@ -445,15 +445,6 @@ _EMPTY = {"text": ""}
 _SAMPLING = ("maxOutputTokens", "stopSequences", "temperature", "topP")
 
 
-def _kind(part: canon.Part) -> str:
-    """How the caller's format names a part it gave (for a refusal)."""
-    if isinstance(part, canon.Opaque):
-        return part.kind
-    if isinstance(part, canon.Thinking):
-        return "redacted thinking" if part.redacted else "thinking"
-    return type(part).__name__.lower()
-
-
 def _no_cache(cache: canon.Cache | None, where: str) -> None:
     if cache is not None and cache.raw:
         raise hub.Incapable(f"{where}: cache_control (Gemini caches on its own terms)")
@@ -484,7 +475,7 @@ def _encode_part(p: canon.Part, where: str, names: Mapping[str, str], same: bool
         return thought
     if isinstance(p, canon.Opaque) and p.format == SOURCE:
         return dict(p.raw)
-    raise hub.Incapable(f"{where}: a {_kind(p)} part (no Gemini counterpart)")
+    raise hub.Incapable(f"{where}: a {hub.part_kind(p)} part (no Gemini counterpart)")
 
 
 def _encode_image(image: canon.Image, where: str) -> dict[str, Any]:
@@ -507,7 +498,7 @@ def _function_response(result: canon.ToolResult, where: str, names: Mapping[str,
         texts = []
         for part in content:
             if type(part) is not canon.Text:
-                raise hub.Incapable(f"{where}: a {_kind(part)} part in a tool result (Gemini's response is an object)")
+                raise hub.Incapable(f"{where}: a {hub.part_kind(part)} part in a tool result (Gemini's response is an object)")
             texts.append(part.text)
         content = "".join(texts)
     response: Mapping[str, Any] = {"error" if result.is_error else "output": content}
@@ -527,17 +518,10 @@ def _function_response(result: canon.ToolResult, where: str, names: Mapping[str,
 def _encode_tools(request: canon.Request, body: dict[str, Any], same: bool) -> None:
     declarations: list[dict[str, Any]] = []
     entries: list[dict[str, Any]] = []
-    for t in request.tools:
-        if t.builtin:
-            if not same:
-                raise hub.Incapable(f"a built-in {t.own.get('type') or t.name} tool (only function tools translate)")
-            entries.append(dict(t.own))
+    for t, builtin in hub.crossing_tools(request, same, _no_cache):
+        if builtin is not None:
+            entries.append(builtin)
             continue
-        if not same and t.own:
-            raise hub.Incapable(f"tool {t.name}: {', '.join(sorted(t.own))}")
-        _no_cache(t.cache, f"tool {t.name}")
-        if not isinstance(t.name, str) or not t.name:
-            raise hub.Incapable("a function tool without a name")
         declaration: dict[str, Any] = {"name": t.name}
         if t.description is not None:
             declaration["description"] = t.description
@@ -732,7 +716,7 @@ def encode_part(part: canon.Part) -> dict[str, Any]:
         return {"text": part.text, "thought": True}
     if isinstance(part, canon.Opaque) and part.format == SOURCE:
         return dict(part.raw)
-    raise hub.Incapable(f"a {_kind(part)} part in an answer (Gemini answers carry text, calls and thoughts)")
+    raise hub.Incapable(f"a {hub.part_kind(part)} part in an answer (Gemini answers carry text, calls and thoughts)")
 
 
 def encode_answer(answer: canon.Answer, *, created: int) -> dict[str, Any]:

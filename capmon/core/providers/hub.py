@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -82,6 +82,37 @@ def success_json(status: int, body: bytes | str | None) -> object | None:
     except Exception:  # not JSON, not UTF-8, nested too deep: the classifier says which
         return None
     return parsed
+
+
+def part_kind(part: canon.Part) -> str:
+    """How the caller's format names a part it gave (for a refusal)."""
+    if isinstance(part, canon.Opaque):
+        return part.kind
+    if isinstance(part, canon.Thinking):
+        return "redacted thinking" if part.redacted else "thinking"
+    return type(part).__name__.lower()
+
+
+def crossing_tools(
+    request: canon.Request, same: bool, no_cache: Callable[[canon.Cache | None, str], None]
+) -> Iterator[tuple[canon.Tool, dict[str, Any] | None]]:
+    """Each of ``request``'s tools, checked to be sent in a format (Gemini's, Converse's):
+    a built-in tool only to its own format (``same``), as it came (its fields, yielded to be
+    sent); a function tool without fields only its source format has, without a cache hint
+    the format refuses (``no_cache`` raises), and with a name (yielded with None: the format
+    encodes it). Raises :class:`Incapable` for a tool that cannot go."""
+    for t in request.tools:
+        if t.builtin:
+            if not same:
+                raise Incapable(f"a built-in {t.own.get('type') or t.name} tool (only function tools translate)")
+            yield t, dict(t.own)
+            continue
+        if not same and t.own:
+            raise Incapable(f"tool {t.name}: {', '.join(sorted(t.own))}")
+        no_cache(t.cache, f"tool {t.name}")
+        if not isinstance(t.name, str) or not t.name:
+            raise Incapable("a function tool without a name")
+        yield t, None
 
 
 def owned_body(extra: Mapping[str, Any], *, model: str, cap_field: str, cap: int, stream: bool) -> dict[str, Any]:
