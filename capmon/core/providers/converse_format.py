@@ -563,7 +563,8 @@ def encode_part(part: canon.Part) -> dict[str, Any]:
         return {"reasoningContent": {"reasoningText": _reasoning_text(part)}}
     if isinstance(part, canon.Opaque) and part.format == SOURCE:
         return dict(part.raw)
-    raise hub.Incapable(f"a {hub.part_kind(part)} part in an answer (Converse answers carry text, tool uses and reasoning)")
+    kind = hub.part_kind(part)
+    raise hub.Incapable(f"a {kind} part in an answer (Converse answers carry text, tool uses and reasoning)")
 
 
 def encode_answer(answer: canon.Answer, *, created: int) -> dict[str, Any]:
@@ -730,7 +731,8 @@ class _Encoder:
             if part.redacted:
                 return [self._block(index, {"reasoningContent": {"redactedContent": part.text}})]
             return [self._block(index, {"reasoningContent": {"text": part.text}})] if part.text else []
-        raise hub.Incapable(f"a {hub.part_kind(part)} part in a stream (Converse streams text, tool uses and reasoning)")
+        kind = hub.part_kind(part)
+        raise hub.Incapable(f"a {kind} part in a stream (Converse streams text, tool uses and reasoning)")
 
     @staticmethod
     def _block(index: int, delta: dict[str, Any]) -> dict[str, Any]:

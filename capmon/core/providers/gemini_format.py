@@ -498,7 +498,8 @@ def _function_response(result: canon.ToolResult, where: str, names: Mapping[str,
         texts = []
         for part in content:
             if type(part) is not canon.Text:
-                raise hub.Incapable(f"{where}: a {hub.part_kind(part)} part in a tool result (Gemini's response is an object)")
+                kind = hub.part_kind(part)
+                raise hub.Incapable(f"{where}: a {kind} part in a tool result (Gemini's response is an object)")
             texts.append(part.text)
         content = "".join(texts)
     response: Mapping[str, Any] = {"error" if result.is_error else "output": content}
