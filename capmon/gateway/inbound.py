@@ -51,45 +51,38 @@ MESSAGES = ProxiedApi(shape.MESSAGES, bodies.messages)
 PROXIED: Mapping[str, ProxiedApi] = {"/v1/chat/completions": CHAT, "/v1/responses": RESPONSES, "/v1/messages": MESSAGES}
 
 
-async def read_text(receive: Receive, headers: Mapping[str, str], cap: int) -> str | None:
-    """The body's text (:class:`capmon.gateway.fields.BodyText`: decoded as it arrives), at
-    most ``cap`` bytes (413 past it); None when the client went away."""
+async def _read(receive: Receive, headers: Mapping[str, str], cap: int, add: Callable[[bytes], object]) -> bool:
+    """The body's pieces, each to ``add`` as it arrives, at most ``cap`` bytes (413 past it);
+    False when the client went away."""
     length = headers.get("content-length", "")
     if length.isdigit() and int(length) > cap:
         raise _too_large(cap)
-    text, size = fields.BodyText(), 0
+    size = 0
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            return None
+            return False
         piece = message.get("body", b"")
         size += len(piece)
         if size > cap:
             raise _too_large(cap)
-        text.add(piece)
+        add(piece)
         if not message.get("more_body", False):
-            return text.text()
+            return True
+
+
+async def read_text(receive: Receive, headers: Mapping[str, str], cap: int) -> str | None:
+    """The body's text (:class:`capmon.gateway.fields.BodyText`: decoded as it arrives), at
+    most ``cap`` bytes (413 past it); None when the client went away."""
+    text = fields.BodyText()
+    return text.text() if await _read(receive, headers, cap, text.add) else None
 
 
 async def read_raw(receive: Receive, headers: Mapping[str, str], cap: int) -> bytes | None:
     """The body's bytes as sent (what a signature is over), at most ``cap`` (413 past it);
     None when the client went away."""
-    length = headers.get("content-length", "")
-    if length.isdigit() and int(length) > cap:
-        raise _too_large(cap)
     pieces: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return None
-        piece = message.get("body", b"")
-        size += len(piece)
-        if size > cap:
-            raise _too_large(cap)
-        pieces.append(piece)
-        if not message.get("more_body", False):
-            return b"".join(pieces)
+    return b"".join(pieces) if await _read(receive, headers, cap, pieces.append) else None
 
 
 async def checked_body(
