@@ -1,6 +1,10 @@
 """AWS Bedrock's runtime API on the gateway: ``POST /model/{modelId}/converse`` and
 ``/model/{modelId}/converse-stream`` (AWS's binary event stream), so boto3's bedrock-runtime
-client (``endpoint_url=`` the gateway) reaches every model of the config through capmon.
+client (``endpoint_url=`` the gateway) reaches every model of the config through capmon; and
+InvokeModel's ``/invoke`` and ``/invoke-with-response-stream`` with Anthropic's Messages body
+(``anthropic_version`` in it, the model in the path), what the anthropic SDK's
+``AnthropicBedrock`` sends, answered in Messages' shapes (a stream's events as the ``chunk``
+events' bytes).
 
 A Converse request is routed like any other (the same models, aliases, deadline, priority
 and fallbacks; the model is the path's ``modelId``, URL-decoded) and answered in Converse's
@@ -15,6 +19,7 @@ signed headers and body proves it); one without keys takes any signature, or non
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -22,12 +27,14 @@ from starlette.routing import Route
 from starlette.types import Message, Receive
 
 from capmon.core.providers import aws_sigv4
-from capmon.gateway import bodies, shape
+from capmon.gateway import bodies, shape, sse
+from capmon.gateway.bodies import Asked, Wanted
 from capmon.gateway.context import Gateway, gateway_of
 from capmon.gateway.errors import ApiError
 from capmon.gateway.inbound import ProxiedApi, header_map, proxied, read_raw
 from capmon.gateway.replies import Nothing
 
+VERSION_FIELD = "anthropic_version"  # InvokeModel's Messages body carries Bedrock's version
 KEY_HEADER = "x-api-key"  # where a verified signer's key is put for the gateway's auth to read
 
 
@@ -61,40 +68,77 @@ def _refused() -> ApiError:
     )
 
 
-async def _converse(request: Request, stream: bool) -> Response:
-    gw = gateway_of(request)
-    model = request.path_params["model_id"]
+async def _signed(request: Request, gw: Gateway) -> tuple[dict[str, str], Receive] | None:
+    """The request's headers and body as the gateway's auth and reader take them: a SigV4
+    signature checked (on a gateway with client keys) and its signer's key put where the auth
+    reads one; None when the client went away."""
     headers = header_map(request.scope)
     receive = request.receive
     signed = aws_sigv4.parse(headers.get("authorization", ""))
-    if signed is not None:
-        del headers["authorization"]  # a signature, not a key: the gateway's auth reads no key there
-        if not gw.settings.open:
-            raw = await read_raw(receive, headers, gw.settings.max_body_bytes)
-            if raw is None:
-                return Nothing()
-            path = request.scope.get("raw_path") or request.url.path.encode()
-            query = request.scope.get("query_string", b"")
-            url = f"{request.url.scheme}://{headers.get('host', '')}{path.decode('latin-1')}"
-            url += f"?{query.decode('latin-1')}" if query else ""
-            secret = _secret_of(gw, signed.access_key)
-            if secret is None or not aws_sigv4.verify(signed, secret, "POST", url, headers, raw):
-                raise _refused()
-            headers[KEY_HEADER] = secret
-            receive = _replay(raw, receive)
-    parse = functools.partial(bodies.converse, model=model, stream=stream)
-    return await proxied(gw, request.scope, receive, ProxiedApi(shape.CONVERSE, parse), headers=headers, model=model)
+    if signed is None:
+        return headers, receive
+    del headers["authorization"]  # a signature, not a key: the gateway's auth reads no key there
+    if gw.settings.open:
+        return headers, receive
+    raw = await read_raw(receive, headers, gw.settings.max_body_bytes)
+    if raw is None:
+        return None
+    path = request.scope.get("raw_path") or request.url.path.encode()
+    query = request.scope.get("query_string", b"")
+    url = f"{request.url.scheme}://{headers.get('host', '')}{path.decode('latin-1')}"
+    url += f"?{query.decode('latin-1')}" if query else ""
+    secret = _secret_of(gw, signed.access_key)
+    if secret is None or not aws_sigv4.verify(signed, secret, "POST", url, headers, raw):
+        raise _refused()
+    headers[KEY_HEADER] = secret
+    return headers, _replay(raw, receive)
+
+
+async def _proxied(request: Request, api: ProxiedApi) -> Response:
+    gw = gateway_of(request)
+    got = await _signed(request, gw)
+    if got is None:
+        return Nothing()
+    headers, receive = got
+    return await proxied(gw, request.scope, receive, api, headers=headers, model=request.path_params["model_id"])
 
 
 async def converse(request: Request) -> Response:
-    return await _converse(request, stream=False)
+    parse = functools.partial(bodies.converse, model=request.path_params["model_id"], stream=False)
+    return await _proxied(request, ProxiedApi(shape.CONVERSE, parse))
 
 
 async def converse_stream(request: Request) -> Response:
-    return await _converse(request, stream=True)
+    parse = functools.partial(bodies.converse, model=request.path_params["model_id"], stream=True)
+    return await _proxied(request, ProxiedApi(shape.CONVERSE, parse))
+
+
+def _claude(model: str, stream: bool) -> ProxiedApi:
+    """InvokeModel's body for Anthropic's models: Messages with Bedrock's ``anthropic_version``
+    and the model in the path (the anthropic SDK's ``AnthropicBedrock``)."""
+
+    def parse(body: dict[str, Any], asked: Asked) -> Wanted:
+        body.pop(VERSION_FIELD, None)
+        body["model"] = model
+        body.pop("stream", None)
+        wanted = bodies.messages(body, asked)
+        framing = sse.InvokeStreamFraming if stream else None
+        return Wanted(wanted.request, stream, wanted.priority, framing)
+
+    return ProxiedApi(shape.MESSAGES, parse)
+
+
+async def invoke(request: Request) -> Response:
+    return await _proxied(request, _claude(request.path_params["model_id"], stream=False))
+
+
+async def invoke_stream(request: Request) -> Response:
+    return await _proxied(request, _claude(request.path_params["model_id"], stream=True))
 
 
 ROUTES = [
     Route("/model/{model_id:path}/converse", converse, methods=["POST"]),
     Route("/model/{model_id:path}/converse-stream", converse_stream, methods=["POST"]),
+    Route("/model/{model_id:path}/invoke", invoke, methods=["POST"]),
+    Route("/model/{model_id:path}/invoke-with-response-stream", invoke_stream, methods=["POST"]),
 ]

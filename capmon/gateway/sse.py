@@ -17,6 +17,7 @@ Bedrock's ConverseStream is no SSE: AWS's binary event stream (:class:`EventStre
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Mapping
 from typing import Any
 
@@ -143,6 +144,15 @@ class EventStreamFraming:
     def error(self, e: RequestFailed, request_id: str) -> bytes:
         kind, message = bedrock_errors.in_stream(e, request_id)
         return aws_frames.exception(kind, {"message": message})
+
+
+class InvokeStreamFraming(EventStreamFraming):
+    """Bedrock's InvokeModelWithResponseStream for Anthropic's models (``AnthropicBedrock``):
+    each Messages event a ``chunk`` event whose ``bytes`` are the event's JSON, base64 as
+    boto3's JSON protocol carries a blob; a break ends with an exception, as Converse's."""
+
+    def frame(self, chunk: Mapping[str, Any]) -> bytes:
+        return aws_frames.event("chunk", {"bytes": base64.b64encode(json_bytes(chunk)).decode()})
 
 
 Framing = ChatFraming | ResponsesFraming | MessagesFraming | GeminiFraming | GeminiArrayFraming | EventStreamFraming

@@ -15,6 +15,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
+import anthropic
 import boto3
 import botocore.config
 import botocore.exceptions
@@ -160,3 +161,33 @@ async def test_a_stream_broken_after_output_ends_with_an_exception_boto3_raises(
     assert any("contentBlockDelta" in e for e in got), "the events before the break reached the caller"
     assert info.value.response["Error"]["Code"] == "throttlingException"  # the upstream's break was a 429
     assert "request req_" in info.value.response["Error"]["Message"]
+
+
+async def test_anthropic_bedrock_reaches_every_model_through_invoke_model() -> None:
+    async with running(two_providers(), **TWO) as gw:
+        claude = anthropic.AsyncAnthropicBedrock(
+            aws_access_key="team", aws_secret_key=CLIENT, aws_region="us-east-1", base_url=gw.origin, max_retries=0
+        )
+        raw = await claude.messages.with_raw_response.create(
+            model="flagship", max_tokens=64, messages=[{"role": "user", "content": "Say hi"}]
+        )
+        message = await raw.parse()
+        async with claude.messages.stream(
+            model="claude", max_tokens=5, messages=[{"role": "user", "content": "Say hi"}]
+        ) as stream:
+            texts = [t async for t in stream.text_stream]
+            final = await stream.get_final_message()
+        wrong = anthropic.AsyncAnthropicBedrock(
+            aws_access_key="team",
+            aws_secret_key="sk-not-this-one",
+            aws_region="us-east-1",
+            base_url=gw.origin,
+            max_retries=0,
+        )
+        with pytest.raises(anthropic.APIStatusError) as refused:
+            await wrong.messages.create(model="claude", max_tokens=5, messages=[{"role": "user", "content": "hi"}])
+    # Messages on Bedrock's InvokeModel, served by a model on the OpenAI wire, answered in Anthropic's shape
+    assert raw.headers["x-capmon-api"] == "openai" and message.stop_reason == "end_turn"
+    assert message.content[0].type == "text" and message.content[0].text
+    assert len("".join(texts).split()) == 5 and final.stop_reason == "max_tokens"
+    assert refused.value.status_code == 401
