@@ -19,6 +19,7 @@ import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from capmon.core.base.exceptions import ConfigError
 from capmon.core.base.schema import Loader, key_text, parse_toml, read_text
@@ -339,10 +340,34 @@ ENDPOINT_SETTINGS: Mapping[EndpointApi, tuple[str, ...]] = {
 _TOKEN_PARAMS = ("max_tokens", "max_completion_tokens")
 
 
+DEFAULT_WINDOW = 128_000  # a model's context window when neither the config nor the catalogue gives one
+
+
 def deployment_id(model: str, endpoint: str) -> str:
     """The one place a deployment's name is made: a model at one endpoint (every key there),
     what a pin, a trip or a reset may name besides a model or a target."""
     return f"{model}@{endpoint}"
+
+
+@dataclass(frozen=True)
+class CapabilitiesConfig:
+    """What a model can do, as the config says (``capabilities = { tools = false }``): each
+    left out is learned from the provider or the catalogue's (capmon/core/types/capability.py)."""
+
+    tools: bool | None = _f(None, doc="it calls tools (a request with tools or a forced tool_choice skips it if false)")
+    structured_output: bool | None = _f(
+        None, doc="it answers in a JSON schema or JSON mode (response_format, text.format, responseMimeType)"
+    )
+    images: bool | None = _f(None, doc="it reads images in a prompt")
+    reasoning: bool | None = _f(
+        None, doc="it takes reasoning settings (reasoning_effort, Anthropic's thinking, Gemini's thinkingConfig)"
+    )
+
+    def merged(self, over: CapabilitiesConfig) -> CapabilitiesConfig:
+        """These, with ``over``'s where it sets them (a deployment's over its model's)."""
+        return CapabilitiesConfig(
+            *(b if b is not None else a for a, b in zip(dataclasses.astuple(self), dataclasses.astuple(over)))
+        )
 
 
 @dataclass(frozen=True)
@@ -364,6 +389,9 @@ class DeploymentConfig:
     tpm: int | None = _f(None, min=0, doc="tokens per minute there, with each key; not set: the model's tpm")
     max_concurrency: int | None = _f(
         None, min=0, doc="requests in flight there, with each key; not set: the model's max_concurrency"
+    )
+    capabilities: CapabilitiesConfig = _f(
+        factory=CapabilitiesConfig, doc="what the model can do there; each left out: the model's"
     )
 
 
@@ -394,9 +422,27 @@ class ModelConfig:
         ),
     )
     context_window: int = _f(
-        128_000,
+        DEFAULT_WINDOW,
         min=1,
-        doc="the prompt a request may bring, with its output; a request that does not fit skips the model",
+        doc=(
+            "the prompt a request may bring, with its output; a request that does not fit skips the model;"
+            " not set: the catalogue's for its model (at its first deployment the catalogue knows), else 128000"
+        ),
+    )
+    max_output: int = _f(
+        0,
+        min=0,
+        doc=(
+            "the largest output it gives: a request whose own cap is above it skips the model; 0: the"
+            " catalogue's (at each deployment), else none known"
+        ),
+    )
+    capabilities: CapabilitiesConfig = _f(
+        factory=CapabilitiesConfig,
+        doc=(
+            "what it can do (tools, structured_output, images, reasoning: true or false); each left out: learned"
+            " from the provider, else the catalogue's, else assumed capable"
+        ),
     )
     max_tokens: int = _f(
         1024,
@@ -448,6 +494,7 @@ class ModelConfig:
             rpm=self.rpm if d.rpm is None else d.rpm,
             tpm=self.tpm if d.tpm is None else d.tpm,
             max_concurrency=self.max_concurrency if d.max_concurrency is None else d.max_concurrency,
+            capabilities=self.capabilities.merged(d.capabilities),
         )
 
 
@@ -737,7 +784,7 @@ def _served(fail: Callable[[str, str], ConfigError], where: str, m: ModelConfig,
             )
 
 
-def _check(cfg: Config, file: str) -> Config:
+def _check(cfg: Config, file: str, raw: Mapping[str, Any] | None = None) -> Config:
     def fail(key: str, message: str) -> ConfigError:
         return ConfigError(file, key, message)
 
@@ -790,6 +837,8 @@ def _check(cfg: Config, file: str) -> Config:
                 raise fail(f"endpoints[{i}].keys[{j}].alias", f"duplicate key alias {alias!r}")
             aliases.add(alias)
     cfg = dataclasses.replace(cfg, endpoints=tuple(endpoints))
+    if raw is not None:
+        cfg = _windows(cfg, raw)
     names: set[str] = set()
     for i, m in enumerate(cfg.models):
         _new_name(fail, f"models[{i}].name", m.name, names, "model")
@@ -831,10 +880,31 @@ def _check_otlp(fail: Callable[[str, str], ConfigError], url: str) -> None:
         )
 
 
+def _windows(cfg: Config, raw: Mapping[str, Any]) -> Config:
+    """Each model whose table sets no context_window gets the catalogue's for it, at its first
+    deployment the catalogue knows (capmon/core/types/catalogue.py), else DEFAULT_WINDOW."""
+    from capmon.core.types import catalogue  # the catalogue's data is read only when a model needs it
+
+    tables = raw.get("models")
+    if not isinstance(tables, list):
+        return cfg
+    apis = {e.name: e.api for e in cfg.endpoints}
+    models = []
+    for m, table in zip(cfg.models, tables):
+        if isinstance(table, Mapping) and "context_window" not in table:
+            known = (catalogue.entry(apis[d.endpoint], d.model or m.wire_name) for d in m.deployed() if d.endpoint in apis)
+            window = next((k.context_window for k in known if k is not None and k.context_window), None)
+            if window is not None:
+                m = dataclasses.replace(m, context_window=window)
+        models.append(m)
+    return dataclasses.replace(cfg, models=tuple(models))
+
+
 def parse_config(text: str, file: str = "<string>") -> Config:
-    cfg = Loader(file).table(Config, parse_toml(text, file), "")
+    raw = parse_toml(text, file)
+    cfg = Loader(file).table(Config, raw, "")
     cfg = dataclasses.replace(cfg, path=file)
-    return _check(cfg, file)
+    return _check(cfg, file, raw)
 
 
 def load_config(path: str | os.PathLike[str]) -> Config:
