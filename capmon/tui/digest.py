@@ -22,6 +22,7 @@ from capmon.tui import format as fmt
 
 LOGGED: tuple[type[ev.Event], ...] = (
     ev.BreakerChanged,
+    ev.CapabilityLearned,
     ev.DeploymentMoved,
     ev.FellBack,
     ev.KeyParked,
@@ -145,6 +146,8 @@ class EventDigester:
                 ),
             )
             return fmt.token_param_line(e)
+        if isinstance(e, ev.CapabilityLearned):
+            return fmt.capability_line(e)
         if isinstance(e, ev.ModelPinned):
             return fmt.pin_line(e)
         if isinstance(e, ev.Notice):

@@ -165,6 +165,11 @@ def token_param_line(e: ev.TokenParamLearned) -> Text:
     return _why(Text.assemble((f"⚙ {e.model}", "bold"), f"{where} sends {e.param} from now on"), e.reason)
 
 
+def capability_line(e: ev.CapabilityLearned) -> Text:
+    head = Text.assemble((f"⊘ {e.model}", "bold"), f" at {e.endpoint} has no {e.feature}: skipped when needed")
+    return _why(head, e.reason)
+
+
 def fallback_pair(from_model: str, to_model: str, from_api: str = "", to_api: str = "") -> Text:
     """``flagship → medium``; across providers each side names its API, the change being
     the news (``flagship (openai) → claude (anthropic)``). Within one provider the APIs

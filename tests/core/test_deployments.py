@@ -86,8 +86,9 @@ def test_the_long_form_gives_each_deployment_its_id_and_limits_and_the_model_the
         ("claude-sonnet@vertex-us/vx-1", "claude-sonnet-4-5@20250929", 0, 8, "max_tokens"),
         ("claude-sonnet@vertex-us/vx-2", "claude-sonnet-4-5@20250929", 0, 8, "max_tokens"),
     ]
-    # one model: its name, window and rank are the same at every deployment
-    assert {(t.model.name, t.model.context_window, t.rank) for t in ts} == {("claude-sonnet", 128_000, 0)}
+    # one model: its name, window and rank are the same at every deployment (the window, not
+    # in the config, the catalogue's for claude-sonnet-4-5 at its first deployment)
+    assert {(t.model.name, t.model.context_window, t.rank) for t in ts} == {("claude-sonnet", 200_000, 0)}
     # the seam's limits are the deployment's: vertex's limiter is capped at 8, anthropic's bucket refills 100/min
     specs = build_targets(cfg, resolve_keys(cfg, KEYS))[0]
     assert [(s.id, s.model.max_concurrency, s.model.rpm) for s in specs][1] == ("claude-sonnet@vertex-us/vx-1", 8, 0)

@@ -84,6 +84,9 @@ class Unavailable(enum.StrEnum):
     # every endpoint it may use could not be connected to (DNS, refused, TLS, proxy) and has
     # never answered since the process started: no capacity problem, a setup one
     UNREACHABLE = "upstream_unreachable"
+    # no model it may use can do what it needs (tools, structured output, images, reasoning,
+    # its output cap): by the config, a provider's 400 or the catalogue; its message says which
+    NO_CAPABLE = "no_capable_model"
 
 
 class CannotWait(RequestFailed):

@@ -16,7 +16,14 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from capmon.core.types.failure import INFERENCE_PROFILE_REQUIRED, MODEL_NOT_FOUND, SILENT, Failure, Kind
+from capmon.core.types.failure import (
+    INFERENCE_PROFILE_REQUIRED,
+    MODEL_NOT_FOUND,
+    SILENT,
+    UNSUPPORTED_FEATURE,
+    Failure,
+    Kind,
+)
 
 
 class BreakerSignal(enum.StrEnum):
@@ -103,6 +110,12 @@ BY_CODE: dict[str, Policy] = {
     # Bedrock's model id that must be called through an inference profile: the same fact
     # about the target (it can serve nothing as configured), the same parking.
     INFERENCE_PROFILE_REQUIRED: Policy(BreakerSignal.NEUTRAL, LimiterSignal.NEUTRAL, KeyAction.PARK, Next.FALLBACK),
+    # The model does not support a feature the request uses (tools, a JSON schema, images,
+    # reasoning): a fact about the model there, not about its key or capacity, and not the
+    # request's fault while another model can serve it. The client marks that deployment as
+    # lacking the feature for the process (so later requests that need it skip it), and this
+    # one goes on to the next model that may have it.
+    UNSUPPORTED_FEATURE: Policy(BreakerSignal.NEUTRAL, LimiterSignal.NEUTRAL, KeyAction.NONE, Next.FALLBACK),
 }
 
 

@@ -23,7 +23,15 @@ from capmon.core.base.clock import default_clock
 from capmon.core.base.exceptions import CredentialsError
 from capmon.core.base.hints import hint_from
 from capmon.core.base.secrets import redact as _redact
-from capmon.core.types.failure import INFERENCE_PROFILE_REQUIRED, MODEL_NOT_FOUND, Cause, Failure, Kind
+from capmon.core.types.capability import Feature
+from capmon.core.types.failure import (
+    INFERENCE_PROFILE_REQUIRED,
+    MODEL_NOT_FOUND,
+    UNSUPPORTED_FEATURE,
+    Cause,
+    Failure,
+    Kind,
+)
 
 # --- classification -------------------------------------------------------------------
 
@@ -72,6 +80,57 @@ _NO_MODEL = re.compile(
     r"model_not_found|deploymentnotfound|model: |models/\S+ is not found|publisher model"
     r"|model\b[^.]{0,80}\b(?:does not exist|not found|was not found)"
 )
+# A 400 that says the model does not support a feature the request uses, by the providers'
+# own words (tests/core/test_unsupported_feature.py holds them): OpenAI's "does not support
+# tools", "tools is not supported with this model", "'response_format' of type 'json_schema'
+# is not supported with this model", "Invalid content type. image_url is only supported by
+# certain models", "Unsupported parameter: 'reasoning_effort' is not supported with this
+# model"; Anthropic's "does not support image input"; Gemini's "Function calling is not
+# enabled for models/..." and "JSON mode is not enabled for models/..."; Bedrock's "This model
+# doesn't support tool use." and "The model returned the following errors: ... does not
+# support ...". The first row that matches names the feature.
+_UNSUPPORTED: tuple[tuple[Feature, re.Pattern[str]], ...] = (
+    (
+        Feature.TOOLS,
+        re.compile(
+            r"does(?: not|n.t) support (?:tools|tool use|tool calling|function calling|functions)"
+            r"|\btools? (?:is|are) not supported|function calling is not (?:enabled|supported)"
+            r"|tool use is not supported"
+        ),
+    ),
+    (
+        Feature.STRUCTURED_OUTPUT,
+        re.compile(
+            r"response_format'? of type '?json_(?:schema|object)'? is not supported|json mode is not enabled"
+            r"|does(?: not|n.t) support (?:structured outputs?|json|response_format)"
+            r"|structured outputs? (?:is|are) not supported|response_?mime_?type\b.{0,60}not supported"
+        ),
+    ),
+    (
+        Feature.IMAGES,
+        re.compile(
+            r"does(?: not|n.t) support (?:image|vision)|image input is not supported"
+            r"|image_url is only supported by certain models|\bimages? (?:is|are) not supported"
+        ),
+    ),
+    (
+        Feature.REASONING,
+        re.compile(
+            r"reasoning_effort'? is not supported|does(?: not|n.t) support (?:reasoning|thinking|extended thinking)"
+            r"|thinking is not (?:supported|enabled)|thinking_?config\b.{0,60}not supported"
+        ),
+    ),
+)
+
+
+def unsupported_feature(signals: str) -> Feature | None:
+    """The feature a bad request's signals (lower-cased) say the model does not support, or None."""
+    for feature, words in _UNSUPPORTED:
+        if words.search(signals):
+            return feature
+    return None
+
+
 _RATE = re.compile(r"rate.limit|ratelimit|too many requests|too_many_requests|resource_exhausted")
 # Google's errors (the Gemini API's and Vertex AI's, whether array-wrapped or not): the
 # canonical code in ``error.status`` (google.rpc.Code) says the kind, but for the two whose
@@ -401,6 +460,8 @@ def _aws_kind(name: str, signals: str, hint: float | None, quota_hint: float) ->
             return Kind.BAD_REQUEST, INFERENCE_PROFILE_REQUIRED
         if _AWS_NO_MODEL.search(signals):
             return Kind.BAD_REQUEST, MODEL_NOT_FOUND
+        if unsupported_feature(signals) is not None:
+            return Kind.BAD_REQUEST, UNSUPPORTED_FEATURE
         return (Kind.TOO_LARGE if _TOO_LARGE.search(signals) else Kind.BAD_REQUEST), name
     if name == "ResourceNotFoundException":
         return Kind.BAD_REQUEST, MODEL_NOT_FOUND
@@ -424,7 +485,8 @@ def _aws_failure(
     reason = f"{where}{name}: {message}"
     if code == INFERENCE_PROFILE_REQUIRED:
         reason = f"{reason} ({_PROFILE_ADVICE})"
-    return Failure(kind, reason, status, code, hint, _trim(body.message, MESSAGE_CHARS))
+    feature = unsupported_feature(body.signals) if code == UNSUPPORTED_FEATURE else None
+    return Failure(kind, reason, status, code, hint, _trim(body.message, MESSAGE_CHARS), feature=feature)
 
 
 def classify_aws_event(name: str, data: str, *, now: float | None = None, quota_hint: float = QUOTA_HINT) -> Failure:
@@ -527,7 +589,11 @@ def _classify_response(
     code = parsed.code
     if status == 404 and kind is Kind.BAD_REQUEST and _NO_MODEL.search(parsed.signals):
         code = MODEL_NOT_FOUND
-    return Failure(kind, reason, status, code, hint, _trim(parsed.message, MESSAGE_CHARS), _param(parsed.json))
+    feature = unsupported_feature(parsed.signals) if 400 <= status < 500 and kind is Kind.BAD_REQUEST else None
+    if feature is not None:
+        code = UNSUPPORTED_FEATURE
+    message = _trim(parsed.message, MESSAGE_CHARS)
+    return Failure(kind, reason, status, code, hint, message, _param(parsed.json), feature)
 
 
 def classify_response(

@@ -28,7 +28,7 @@ from capmon.core.base.exceptions import DeadlineExceeded, RequestFailed
 from capmon.core.control.backoff import Backoff
 from capmon.core.control.demand import Demand
 from capmon.core.control.seam import Admission, MemoryState, StateStore, TargetSpec
-from capmon.core.providers import formats
+from capmon.core.providers import capabilities, formats
 from capmon.core.providers.splice import add_usage
 from capmon.core.providers.token_param import TokenParams
 from capmon.core.providers.tokens import estimate_request
@@ -46,7 +46,7 @@ from capmon.core.routing.transport import Sender, make_transport
 from capmon.core.routing.waiting import WaitQueue
 from capmon.core.types import events as ev
 from capmon.core.types.config import Config, ResolvedKey, Spread, resolve_keys
-from capmon.core.types.failure import Failure, Kind
+from capmon.core.types.failure import UNSUPPORTED_FEATURE, Failure, Kind
 from capmon.core.types.result import Attempt, ChatResult, Decision, Request
 from capmon.core.types.snapshot import EngineSnapshot, TargetSnapshot
 
@@ -108,6 +108,7 @@ class FallbackClient(FormatCalls, ManualControls):
         )
         self._by_cost = any(t.model.tpm for t in self.targets)  # a deployment may set its own
         self._no_prefill: set[str] = set()  # models whose 400 said they take no assistant prefill
+        self.learned = capabilities.Learned()  # features providers' 400s said a deployment lacks
         self._ids = itertools.count(1)
         self._queue: WaitQueue[Grant] = WaitQueue(
             self.clock,
@@ -307,7 +308,30 @@ class FallbackClient(FormatCalls, ManualControls):
                 (t for t in self.targets if t.model.name == model and t.endpoint.name == endpoint), None
             )
         r.incapable = formats.incapable_targets(req, self.targets, self.config.client)
+        r.needs = capabilities.needs(req)
+        for tid, (_, why) in capabilities.lacking(req, self.targets, self.learned, r.needs).items():
+            r.incapable.setdefault(tid, why)
+            r.lacking.add(tid)
         return r
+
+    def _learn(self, r: Routing, t: Target, failure: Failure) -> None:
+        """A provider said ``t``'s model does not support a feature: its deployment lacks it
+        for the process (every later request that needs it skips it), and this request passes
+        over its other keys there."""
+        feature = failure.feature
+        if feature is None:
+            return
+        deployment = t.deployment_id
+        if self.learned.add(deployment, feature, failure.message or failure.reason):
+            log.info("%s does not support %s: skipped for requests that need it (%s)", deployment, feature, failure)
+            model, endpoint, reason = t.model.name, t.endpoint.name, failure.reason
+            self.journal.publish(ev.CapabilityLearned, model=model, endpoint=endpoint, feature=feature, reason=reason)
+        why = f"it has no {feature.value} (its provider said so), which the request needs"
+        r.needs |= {feature}
+        for u in self.targets:
+            if u.deployment_id == deployment:
+                r.incapable.setdefault(u.id, why)
+                r.lacking.add(u.id)
 
     def _skips(self, r: Routing, t: Target | None, now: float, wall: float | None = None) -> None:
         """Put every target ``r`` passed over on its way to ``t`` on its record, with why
@@ -596,6 +620,8 @@ class FallbackClient(FormatCalls, ManualControls):
             record(Decision.RETRY)
             return None
         r.last_failure = failure
+        if failure.code == UNSUPPORTED_FEATURE:
+            self._learn(r, t, failure)
         if answer.output_sent:  # a stream that broke after output reached the caller
             step = self._continue(r, t, failure, number, now)
             if step is None:
@@ -623,6 +649,10 @@ class FallbackClient(FormatCalls, ManualControls):
             if step.expired:
                 self._give_up(r)
             if step.decision is Decision.FAIL:
+                none_can = r.no_capable(self.targets) if failure.code == UNSUPPORTED_FEATURE else None
+                if none_can is not None:
+                    self._skips(r, None, now)
+                    raise none_can
                 raise RequestFailed(failure, r.attempts, step.message)
             return None  # FALLBACK: the next target at once
         # Another key or model with room now: go at once (no waiter could use that slot,
@@ -675,6 +705,7 @@ def build_snapshot(client: FallbackClient, journal: Journal, queued: int) -> Eng
                 unreachable_reason=t.reach.cause,
                 never_reached=not t.reach.answered,
                 deployment=t.deployment,
+                lacks={f.value: why for f, why in client.learned.lacks(t.deployment_id).items()},
             )
         )
     return EngineSnapshot(

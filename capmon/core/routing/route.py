@@ -20,6 +20,7 @@ from capmon.core.control.seam import KeyState
 from capmon.core.providers.splice import Partial, Splice
 from capmon.core.routing.targets import Hold, Target, held, stranded, token_limit
 from capmon.core.routing.waiting import BATCH, INTERACTIVE
+from capmon.core.types.capability import Feature
 from capmon.core.types.config import Spread
 from capmon.core.types.failure import Failure, Kind
 from capmon.core.types.result import Attempt, Decision, Priority, Request, Skip
@@ -60,6 +61,10 @@ class Routing:
     # like a model whose context window is too small; ``noted``: skips already on the record.
     incapable: dict[str, str] = field(default_factory=dict)
     noted: set[str] = field(default_factory=set)
+    # What it needs that not every model has (capmon/core/providers/capabilities.py), and the
+    # targets in ``incapable`` because their model lacks one of those (or its output cap).
+    needs: frozenset[Feature] = frozenset()
+    lacking: set[str] = field(default_factory=set)
     sending_dropped: tuple[str, ...] = ()  # the fields the latest attempt left out (a stream's headers say so)
     sending_lowered: int | None = None  # the latest attempt's output cap when cut to the model's
     cap_ceiling: bool = False  # [client] cap_client_tokens: a model's max_tokens bounds the caller's
@@ -201,10 +206,24 @@ class Routing:
             return h
         return None
 
+    def no_capable(self, targets: Sequence[Target]) -> CannotWait | None:
+        """``no_capable_model`` when every target is incapable and one of them for what its
+        model lacks: naming what the request needs and why each is passed over."""
+        if any(t.id not in self.incapable for t in targets) or not any(t.id in self.lacking for t in targets):
+            return None
+        needed = ", ".join(sorted(self.needs)) or "no more output than its cap"
+        listed = "; ".join(f"{t.model.name}@{t.endpoint.name}: {self.incapable[t.id]}" for t in _deployments(targets))
+        failure = Failure(Kind.BAD_REQUEST, f"no model can do what it needs ({needed}): {listed}")
+        message = f"no model can serve this request: it needs {needed}; {listed}"
+        return CannotWait(failure, Unavailable.NO_CAPABLE, self.attempts, message)
+
     def _nothing(self, targets: Sequence[Target]) -> RequestFailed:
         """Why a request that has not been tried yet has no target at all."""
         capable = [t for t in targets if t.id not in self.incapable]
         if not capable:
+            none_can = self.no_capable(targets)
+            if none_can is not None:
+                return none_can
             why = {f"{t.model.name} ({t.endpoint.api.value})": self.incapable[t.id] for t in targets}
             listed = "; ".join(f"{name}: {reason}" for name, reason in why.items())
             failure = Failure(Kind.BAD_REQUEST, f"no model can carry this request: {listed}")
@@ -319,6 +338,14 @@ class Routing:
         times += [u for u in self.skip.values() if u > now]
         found = [x for x in times if x is not None]
         return min(found) if found else None
+
+
+def _deployments(targets: Sequence[Target]) -> list[Target]:
+    """One target per deployment (its keys share what its model can do), in order."""
+    seen: dict[tuple[str, str], Target] = {}
+    for t in targets:
+        seen.setdefault((t.model.name, t.endpoint.name), t)
+    return list(seen.values())
 
 
 def _none(failure: Failure) -> str:

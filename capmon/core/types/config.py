@@ -365,9 +365,8 @@ class CapabilitiesConfig:
 
     def merged(self, over: CapabilitiesConfig) -> CapabilitiesConfig:
         """These, with ``over``'s where it sets them (a deployment's over its model's)."""
-        return CapabilitiesConfig(
-            *(b if b is not None else a for a, b in zip(dataclasses.astuple(self), dataclasses.astuple(over)))
-        )
+        pairs = zip(dataclasses.astuple(self), dataclasses.astuple(over), strict=True)
+        return CapabilitiesConfig(*(b if b is not None else a for a, b in pairs))
 
 
 @dataclass(frozen=True)
@@ -890,9 +889,10 @@ def _windows(cfg: Config, raw: Mapping[str, Any]) -> Config:
         return cfg
     apis = {e.name: e.api for e in cfg.endpoints}
     models = []
-    for m, table in zip(cfg.models, tables):
+    for m, table in zip(cfg.models, tables, strict=False):
         if isinstance(table, Mapping) and "context_window" not in table:
-            known = (catalogue.entry(apis[d.endpoint], d.model or m.wire_name) for d in m.deployed() if d.endpoint in apis)
+            at = (d for d in m.deployed() if d.endpoint in apis)
+            known = (catalogue.entry(apis[d.endpoint], d.model or m.wire_name) for d in at)
             window = next((k.context_window for k in known if k is not None and k.context_window), None)
             if window is not None:
                 m = dataclasses.replace(m, context_window=window)

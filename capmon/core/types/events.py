@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TypeVar
 
+from capmon.core.types.capability import Feature
 from capmon.core.types.failure import Kind
 from capmon.core.types.result import Skip
 from capmon.core.types.states import JobState, State
@@ -168,6 +169,17 @@ class TokenParamLearned(Event):
     param: str
     reason: str
     endpoint: str = ""  # the deployment's endpoint ("" from a source older than it)
+
+
+@dataclass(frozen=True, slots=True)
+class CapabilityLearned(Event):
+    """A deployment's provider said its model does not support a feature a request used:
+    requests that need it skip that deployment for the rest of the process."""
+
+    model: str
+    endpoint: str
+    feature: Feature
+    reason: str
 
 
 @dataclass(frozen=True, slots=True)

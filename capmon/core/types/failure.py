@@ -7,6 +7,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from capmon.core.types.capability import Feature
+
 
 class Kind(enum.StrEnum):
     CAPACITY = "capacity"
@@ -60,6 +62,10 @@ MODEL_NOT_FOUND = "model_not_found"
 # inference profile (Bedrock's newer models): a configuration error of the target, parked as
 # a missing model is (policy.py), its reason saying which id to use instead.
 INFERENCE_PROFILE_REQUIRED = "inference_profile_required"
+# A bad request whose 400 says the target's model does not support a feature the request
+# uses (tools, structured output, images, reasoning; ``Failure.feature`` names it): that
+# deployment is marked as lacking it for the process and the request goes on (policy.py).
+UNSUPPORTED_FEATURE = "unsupported_feature"
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,3 +79,4 @@ class Failure:
     # names, for passing an error through as the provider said it (the gateway's 4xx).
     message: str = ""
     param: str | None = None
+    feature: Feature | None = None  # code UNSUPPORTED_FEATURE: the feature the model lacks

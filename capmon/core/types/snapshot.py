@@ -8,6 +8,7 @@ same way).
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from capmon.core.types.config import EndpointApi, deployment_id
@@ -56,6 +57,9 @@ class TargetSnapshot:
     never_reached: bool = False
     # The id its endpoint knows the model by (its deployment's); "" from a source older than it
     deployment: str = ""
+    # Features its provider said its model lacks at this deployment (capmon/core/providers/
+    # capabilities.py, Learned): feature -> the provider's words; requests needing one skip it.
+    lacks: Mapping[str, str] = field(default_factory=dict)
 
     def pinned_by(self, pinned: str | None) -> bool:
         """Whether a pin (``EngineSnapshot.pinned``: a model or one of its deployments) sends

@@ -1,0 +1,159 @@
+"""Which features a request needs and whether a target's model has them.
+
+What a request needs is read from its body in any format, decoded once through the hub
+(:data:`~capmon.core.providers.hub.FORMATS`): its tools, a schema or JSON mode for its
+answer, images in its messages, its reasoning settings. What a model has is, in order: the
+config (the deployment's ``capabilities``, else the model's), what a provider's 400 taught
+this process (:class:`Learned`), the catalogue (capmon/core/types/catalogue.py), else it
+is assumed capable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from capmon.core.base.exceptions import CapmonError
+from capmon.core.providers import hub
+from capmon.core.types import canon, catalogue
+from capmon.core.types.capability import Feature, Source
+from capmon.core.types.config import EndpointApi, ModelConfig
+from capmon.core.types.result import Request
+
+if TYPE_CHECKING:
+    from capmon.core.routing.targets import Target
+
+# Own fields of a source format that ask for a JSON answer, or set reasoning, and that no
+# canonical slot holds (chat's json_object mode, Gemini's mime type, its thinkingConfig).
+_JSON_MODE = ("response_format", "text.format", "generationConfig.responseMimeType")
+_REASONING = ("reasoning_effort", "reasoning", "generationConfig.thinkingConfig")
+
+
+def _json_mode(own: Mapping[str, Any]) -> bool:
+    for name in _JSON_MODE:
+        value = own.get(name)
+        if isinstance(value, Mapping) and str(value.get("type", "")).startswith("json"):
+            return True
+        if isinstance(value, str) and value.endswith("json"):
+            return True
+    return False
+
+
+def _reasons(request: canon.Request) -> bool:
+    if request.effort is not None:
+        return True
+    if isinstance(request.thinking, Mapping) and request.thinking.get("type") != "disabled":
+        return True
+    fields = {**request.aside, **request.own}
+    return any(fields.get(name) is not None for name in _REASONING)
+
+
+def needs_of(request: canon.Request) -> frozenset[Feature]:
+    """The features a decoded request needs."""
+    out = set()
+    if any(not t.builtin for t in request.tools) or (
+        request.tool_choice is not None and request.tool_choice.choice in (canon.Choice.ANY, canon.Choice.TOOL)
+    ):
+        out.add(Feature.TOOLS)
+    if request.output is not None or _json_mode(request.own):
+        out.add(Feature.STRUCTURED_OUTPUT)
+    if any(isinstance(p, canon.Image) for m in request.messages for p in m.parts):
+        out.add(Feature.IMAGES)
+    if _reasons(request):
+        out.add(Feature.REASONING)
+    return frozenset(out)
+
+
+def needs(request: Request) -> frozenset[Feature]:
+    """The features ``request`` (in its own format) needs; none when its body does not
+    decode (the translation then says what is wrong with it)."""
+    from capmon.core.providers.formats import caller_body
+
+    try:
+        decoded = hub.FORMATS[request.format].decode_request(caller_body(request))
+    except (CapmonError, ValueError, TypeError, KeyError):
+        return frozenset()
+    return needs_of(decoded)
+
+
+class Learned:
+    """What providers' 400s taught this process: per deployment (``model@endpoint``), the
+    features its model lacks there."""
+
+    def __init__(self) -> None:
+        self._lacks: dict[str, dict[Feature, str]] = {}
+
+    def add(self, deployment: str, feature: Feature, why: str) -> bool:
+        """Note that ``deployment`` lacks ``feature`` (``why``: the provider's words); False
+        when it was known already."""
+        known = self._lacks.setdefault(deployment, {})
+        if feature in known:
+            return False
+        known[feature] = why
+        return True
+
+    def lacks(self, deployment: str) -> Mapping[Feature, str]:
+        return self._lacks.get(deployment, {})
+
+    def snapshot(self) -> dict[str, dict[str, str]]:
+        """Per deployment, each feature learned missing and the provider's words."""
+        return {d: {f.value: why for f, why in lacks.items()} for d, lacks in sorted(self._lacks.items()) if lacks}
+
+
+def has(
+    model: ModelConfig, api: EndpointApi, feature: Feature, learned: Collection[Feature] = ()
+) -> tuple[bool, Source]:
+    """Whether ``model`` (as one deployment sees it: ``ModelConfig.at``) has ``feature`` at an
+    ``api`` endpoint, and where that was read."""
+    said = getattr(model.capabilities, feature.value)
+    if said is not None:
+        return said, Source.CONFIG
+    if feature in learned:
+        return False, Source.LEARNED
+    known = catalogue.entry(api, model.wire_name)
+    if known is not None:
+        value = getattr(known, feature.value)
+        if value is not None:
+            return value, Source.CATALOGUE
+    return True, Source.ASSUMED
+
+
+def max_output(model: ModelConfig, api: EndpointApi) -> int | None:
+    """The largest output ``model`` gives at an ``api`` endpoint: the config's, else the
+    catalogue's, else None (not known)."""
+    if model.max_output:
+        return model.max_output
+    known = catalogue.entry(api, model.wire_name)
+    return known.max_output if known is not None else None
+
+
+_WHERE = {
+    Source.CONFIG: "the config says so",
+    Source.LEARNED: "its provider said so",
+    Source.CATALOGUE: "the catalogue says so",
+}
+
+
+def lacking(
+    request: Request, targets: Sequence[Target], learned: Learned, needed: frozenset[Feature] | None = None
+) -> dict[str, tuple[Feature | None, str]]:
+    """Per target whose model lacks what ``request`` needs: the first feature it lacks (None:
+    the request's own output cap is above its largest output) and why, naming where that
+    was read."""
+    need = needs(request) if needed is None else needed
+    cap = request.max_tokens
+    out: dict[str, tuple[Feature | None, str]] = {}
+    if not need and cap is None:
+        return out
+    for t in targets:
+        gone = learned.lacks(t.deployment_id)
+        for feature in sorted(need):
+            ok, source = has(t.model, t.endpoint.api, feature, gone)
+            if not ok:
+                out[t.id] = feature, f"it has no {feature.value} ({_WHERE[source]}), which the request needs"
+                break
+        else:
+            most = max_output(t.model, t.endpoint.api) if cap is not None else None
+            if most is not None and cap is not None and cap > most:
+                out[t.id] = None, f"its largest output of {most:,} tokens is below the request's cap of {cap:,}"
+    return out
