@@ -6,6 +6,7 @@
 | unreachable (no connection: DNS, refused, TLS, proxy), at once or at last | 502 ``upstream_unreachable`` |
 | CannotWait (waiting cannot help: tripped by hand, keys disabled or out of quota) | 503 at once (below) |
 | CannotWait for a prompt over every window | 400 ``context_length_exceeded`` (clients compact on it) |
+| CannotWait: no model can do what the request needs (tools, a schema, images, reasoning) | 400 ``no_capable_model`` |
 | capacity, rate_limited, quota; DeadlineExceeded after those (or with no attempt) | 429 with Retry-After |
 | DeadlineExceeded after any other failure (an upstream that hangs or keeps failing) | 504 |
 | bad_request, too_large | the provider's 4xx and message (400 when no provider answered) |
@@ -104,6 +105,9 @@ def from_failure(e: RequestFailed, *, retry_after: float = 1.0, disabled_keys: S
             Unavailable.UNREACHABLE.value,
             headers={"x-should-retry": "false", **attempts},
         )
+    if isinstance(e, CannotWait) and e.why is Unavailable.NO_CAPABLE:
+        # The request itself asks for what no model here can do: the caller's to change.
+        return ApiError(400, f"{e.why.value}: {e}", "invalid_request_error", e.why.value, headers=attempts)
     if isinstance(e, CannotWait) and e.why is not Unavailable.WINDOW:
         # The SDKs retry a 503 at once unless told not to; a known reset is the only time to name.
         headers = {"x-should-retry": "false", **attempts}

@@ -9,7 +9,8 @@ API (OpenAI format; key as ``Authorization: Bearer KEY``, ``api-key`` or ``x-api
                               stream_style (openai, azure, openrouter, vllm, ollama; see
                               streams.py); tool calls when tool_choice asks for one, when
                               the last user message asks for a tool (see tools.py), or the
-                              model's tools = "always"; max_tokens or max_completion_tokens
+                              model's tools = "always" (tools = "none": a request with tools
+                              gets 400 unsupported_parameter); max_tokens or max_completion_tokens
                               (a model with token_param = "max_completion_tokens" answers
                               max_tokens with 400 unsupported_parameter)
   POST /v1/responses          the Responses API, plain or streamed (see responses.py)

@@ -775,8 +775,11 @@ AZURE_CALLSTACK = (
 
 
 def unsupported_parameter(dialect: str, param: str, instead: str) -> WireError:
-    """OpenAI's 400 for a parameter this model refuses (o1 and later refuse max_tokens)."""
-    message = f"Unsupported parameter: '{param}' is not supported with this model. Use '{instead}' instead."
+    """OpenAI's 400 for a parameter this model refuses (o1 and later refuse max_tokens; o1-mini
+    refused tools, with no ``instead``)."""
+    message = f"Unsupported parameter: '{param}' is not supported with this model."
+    if instead:
+        message += f" Use '{instead}' instead."
     if dialect == UNSUPPORTED_AZURE:
         return _json(
             400,

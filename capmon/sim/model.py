@@ -27,6 +27,7 @@ from capmon.sim.scenario import (
     MAX_LATENCY_FACTOR,
     STREAM_STYLES,
     TOKEN_PARAMS,
+    NO_TOOLS,
     TOOL_MODES,
     ModelSpec,
     Phase,
@@ -130,7 +131,8 @@ class TooLong:
 
 @dataclass(frozen=True)
 class Unsupported:
-    """The request sent a parameter this model refuses (``param``; ``instead`` is the one it takes)."""
+    """The request sent a parameter this model refuses (``param``; ``instead`` is the one it
+    takes, "" for a feature it has not at all: tools to a model with ``tools = "none"``)."""
 
     param: str
     instead: str
@@ -465,6 +467,10 @@ class Simulator:
             for c in counters:
                 c.bad_request += 1
             return Unsupported("max_tokens", "max_completion_tokens", state.unsupported_dialect)
+        if tools and state.tools == NO_TOOLS:
+            for c in counters:
+                c.bad_request += 1
+            return Unsupported("tools", "", state.unsupported_dialect)
         asked = max_tokens or 0
         if prompt_tokens + asked > spec.context_window:
             for c in counters:

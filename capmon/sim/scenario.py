@@ -48,8 +48,11 @@ STREAM_STYLES: tuple[str, ...] = ("openai", "azure", "openrouter", "vllm", "olla
 AUTO = "auto"
 # "auto": a tool call when tool_choice asks for one ("required" or a named function) or the
 # last user message asks for a tool (the rule in tools.py);
-# "always": any request that carries tools is answered with a call (unless tool_choice is "none").
-TOOL_MODES: tuple[str, ...] = ("auto", "always")
+# "always": any request that carries tools is answered with a call (unless tool_choice is "none");
+# "none": the model has no tools: a request that carries them gets OpenAI's 400 ("Unsupported
+# parameter: 'tools' is not supported with this model.").
+NO_TOOLS = "none"
+TOOL_MODES: tuple[str, ...] = ("auto", "always", NO_TOOLS)
 TOKEN_PARAMS: tuple[str, ...] = ("max_tokens", "max_completion_tokens")
 # "requests": count a key's requests to a model soon after that model rejected it (hammering);
 # "rejections": count a key's capacity rejections, whatever the model.

@@ -94,7 +94,7 @@ _UNSUPPORTED: tuple[tuple[Feature, re.Pattern[str]], ...] = (
         Feature.TOOLS,
         re.compile(
             r"does(?: not|n.t) support (?:tools|tool use|tool calling|function calling|functions)"
-            r"|\btools? (?:is|are) not supported|function calling is not (?:enabled|supported)"
+            r"|\btools?'? (?:is|are) not supported|function calling is not (?:enabled|supported)"
             r"|tool use is not supported"
         ),
     ),
