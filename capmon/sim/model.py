@@ -25,9 +25,9 @@ from capmon.sim.faults import FaultInjector, FaultMode, FaultRule
 from capmon.sim.scenario import (
     ANY_KEY,
     MAX_LATENCY_FACTOR,
+    NO_TOOLS,
     STREAM_STYLES,
     TOKEN_PARAMS,
-    NO_TOOLS,
     TOOL_MODES,
     ModelSpec,
     Phase,
