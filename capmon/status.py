@@ -53,6 +53,15 @@ def unreachable(snap: EngineSnapshot) -> list[str]:
     return [f"unreachable: {why}" for why in dict.fromkeys(t.unreachable_reason for t in snap.targets) if why]
 
 
+def learned(snap: EngineSnapshot) -> list[str]:
+    """One line per deployment and feature its provider said it lacks (requests that need it skip it)."""
+    seen: dict[str, str] = {}
+    for t in snap.targets:
+        for feature, why in t.lacks.items():
+            seen.setdefault(f"learned: {t.model}@{t.endpoint} has no {feature}", text.shorten(why, 100) if why else "")
+    return [f"{line} ({why})" if why else line for line, why in seen.items()]
+
+
 def _shared(shared: SharedStatus) -> list[str]:
     if shared.state is LinkState.OFF:
         return []
@@ -112,6 +121,7 @@ def format_snapshot(snap: EngineSnapshot) -> str:
         f"{snap.cancelled} cancelled, {snap.in_progress} in progress)"
     )
     lines.extend(unreachable(snap))
+    lines.extend(learned(snap))
     lines.extend(_shared(snap.shared))
     return "\n".join(lines)
 

@@ -9,6 +9,8 @@ import openai
 import pytest
 
 from capmon.core.types.config import Config, parse_config
+from capmon.core.types.serial import snapshot_from_json, snapshot_to_json
+from capmon.status import format_snapshot
 from tests.gateway.helpers import HELLO, running, scenario, spec
 from tests.support.configs import config_toml, sim_models
 
@@ -32,6 +34,9 @@ async def test_a_request_with_tools_falls_back_past_a_model_that_said_it_has_non
     skipped = second.headers["x-capmon-skipped"]
     assert skipped.startswith("flagship@sim/sim-key=incapable (it has no tools (its provider said so)"), skipped
     assert {t.model: set(t.lacks) for t in snap.targets} == {"flagship": {"tools"}, "medium": set(), "small": set()}
+    # what was learned, as `capmon status` prints it (a remote one reads the same snapshot)
+    printed = format_snapshot(snapshot_from_json(snapshot_to_json(snap)))
+    assert "learned: flagship@sim has no tools (Unsupported parameter: 'tools' is not supported" in printed
 
 
 def _declared(base_url: str) -> Config:

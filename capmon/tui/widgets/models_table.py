@@ -48,6 +48,7 @@ MODEL_WIDTH = COLUMNS[0].width - 2  # the pin mark takes two cells
 # (only when the rows change, so it never jitters); past it a name is clipped.
 MAX_MODEL_WIDTH = 48
 _MCT = "ᵐᶜᵗ"  # a model sent max_completion_tokens
+_LACKS = " ⊘"  # its provider said it lacks a feature
 
 
 def matches(t: TargetSnapshot, needle: str) -> bool:
@@ -76,7 +77,10 @@ def _target_name(t: TargetSnapshot, snap: EngineSnapshot) -> str:
 def _mark(t: TargetSnapshot) -> str:
     # A model sent max_completion_tokens (configured or learned) is marked: it is a
     # wire quirk people meet when they move to reasoning models.
-    return _MCT if t.token_param == TokenParam.MAX_COMPLETION_TOKENS else ""
+    # A deployment whose provider said it lacks a feature (tools, images...) is marked too:
+    # requests that need it pass it over (the event log's line says which feature).
+    mct = _MCT if t.token_param == TokenParam.MAX_COMPLETION_TOKENS else ""
+    return mct + (_LACKS if t.lacks else "")
 
 
 def _name_width(t: TargetSnapshot, snap: EngineSnapshot) -> int:
