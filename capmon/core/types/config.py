@@ -24,6 +24,7 @@ from capmon.core.base.exceptions import ConfigError
 from capmon.core.base.schema import Loader, key_text, parse_toml, read_text
 from capmon.core.base.schema import spec as _f
 from capmon.core.base.secrets import Secret
+from capmon.core.types.prices import Prices
 
 # The key the bundled simulator accepts. Not a secret: it only opens a loopback
 # simulator, and it is used only for endpoints marked ``simulated = true``.
@@ -365,6 +366,7 @@ class DeploymentConfig:
     max_concurrency: int | None = _f(
         None, min=0, doc="requests in flight there, with each key; not set: the model's max_concurrency"
     )
+    prices: Prices | None = _f(None, doc="what its tokens cost there, in USD per million; not set: the model's prices")
 
 
 @dataclass(frozen=True)
@@ -427,6 +429,13 @@ class ModelConfig:
             " learned from their 400 anyway)"
         ),
     )
+    prices: Prices | None = _f(
+        None,
+        doc=(
+            "what its tokens cost, in USD per million (each answer's cost, the report's, the dashboard's"
+            " spend); not set: its answers have no cost"
+        ),
+    )
 
     @property
     def wire_name(self) -> str:
@@ -438,7 +447,7 @@ class ModelConfig:
         return self.deployments or tuple(DeploymentConfig(endpoint=e) for e in self.endpoints)
 
     def at(self, d: DeploymentConfig) -> ModelConfig:
-        """The model as deployment ``d`` sees it: d's id and limits where it sets them, the
+        """The model as deployment ``d`` sees it: d's id, limits and prices where it sets them, the
         model's otherwise; its name, window and the rest are the model's (a target carries
         this, so every reader of ``wire_name`` or a limit reads the deployment's)."""
         return dataclasses.replace(
@@ -448,6 +457,7 @@ class ModelConfig:
             rpm=self.rpm if d.rpm is None else d.rpm,
             tpm=self.tpm if d.tpm is None else d.tpm,
             max_concurrency=self.max_concurrency if d.max_concurrency is None else d.max_concurrency,
+            prices=self.prices if d.prices is None else d.prices,
         )
 
 
