@@ -113,6 +113,10 @@ def test_an_audit_trail_from_before_the_api_column_reads_and_is_migrated(tmp_pat
                     "anthropic",
                     None,
                     "claude-x",
+                    None,
+                    None,
+                    None,
+                    None,
                 )
             ],
         )
