@@ -123,6 +123,7 @@ async def test_a_request_span_with_its_attempt_a_stream_a_failure_and_a_messages
         "gen_ai.response.model": "sim-flagship",
         "gen_ai.usage.input_tokens": reply.usage.prompt_tokens,
         "gen_ai.usage.output_tokens": 8,
+        "gen_ai.usage.cache_read.input_tokens": 0,
         "http.response.status_code": 200,
         "url.path": "/v1/chat/completions",
         "capmon.request_id": raw.headers["x-request-id"],
