@@ -148,6 +148,27 @@ def _columns(conn: sqlite3.Connection) -> set[str]:
     return {r[1] for r in conn.execute("PRAGMA table_info(attempts)")}
 
 
+def has_spend(conn: sqlite3.Connection) -> bool:
+    """Whether the attempts table holds answers' tokens and cost (a database opened read-only
+    from before them does not)."""
+    return "cost_usd" in _columns(conn)
+
+
+# A job's spend, per model, over its answers that told their usage (decision ok): (model,
+# answers, priced, cost, tokens_in, tokens_cached, tokens_out), the tokens those of the priced
+# answers (what the report prices again at the preferred model's prices). SQLite's and
+# PostgreSQL's placeholder in {p}.
+SPEND_SQL = (
+    "SELECT model, count(*), count(cost_usd), coalesce(sum(cost_usd), 0),"
+    " coalesce(sum(CASE WHEN cost_usd IS NULL THEN 0 ELSE tokens_in END), 0),"
+    " coalesce(sum(CASE WHEN cost_usd IS NULL THEN 0 ELSE tokens_cached END), 0),"
+    " coalesce(sum(CASE WHEN cost_usd IS NULL THEN 0 ELSE tokens_out END), 0)"
+    " FROM attempts WHERE job = {p} AND decision = {p} AND tokens_in IS NOT NULL GROUP BY model ORDER BY model"
+)
+
+SpendRow = tuple[str | None, int, int, float, int, int, int]
+
+
 def _reason(text: str) -> str:
     text = redact(text)
     return text if len(text) <= MAX_REASON else text[: MAX_REASON - 1] + "…"

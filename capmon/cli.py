@@ -215,6 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
     fmt.add_argument("--csv", action="store_true")
     report.add_argument("--advice", action="store_true", help="say what to change, from the audit trail")
     report.add_argument("--item", metavar="ID", help="one item: every attempt, and why it fell back")
+    _add_config(report)
     return parser
 
 
@@ -316,7 +317,8 @@ def _run_report(args: argparse.Namespace) -> int:
     fmt = OutputFormat.JSON if args.json else OutputFormat.CSV if args.csv else OutputFormat.TEXT
     with _flags():
         db = _db(args)
-    return run_report(ReportOptions(job=args.job, db=db, format=fmt, advice=args.advice, item=args.item))
+    options = ReportOptions(job=args.job, db=db, format=fmt, advice=args.advice, item=args.item, config=args.config)
+    return run_report(options)
 
 
 @contextlib.contextmanager
