@@ -157,28 +157,22 @@ def format_report(r: JobReport, items_shown: int = ITEMS_SHOWN_TEXT, advice: Seq
     return "\n".join(lines)
 
 
-def usd(x: float | None) -> str:
-    """An amount of USD as the report prints it (a single answer's is a fraction of a cent)."""
-    if x is None:
-        return "-"
-    return f"${x:,.2f}" if abs(x) >= 100 else f"${x:.4f}" if abs(x) >= 0.01 else f"${x:.6f}"
-
-
 def _cost_lines(c: CostFigures) -> list[str]:
     priced = sum(m.priced for m in c.models)
-    head = f"cost: {usd(c.cost)} for {priced} answers"
+    head = f"cost: {text.usd(c.cost)} for {priced} answers"
     if c.unpriced:
         head += f" ({c.unpriced} more without a price: set [[models]] prices)"
     gap = c.gap
     if c.preferred is not None and gap is not None:
         said = "added" if gap > 0 else "saved"
-        head += f"; on {shown(c.preferred)}, the preferred model, {usd(c.on_preferred)}"
-        head += f": the fallbacks {said} {usd(abs(gap))}" if gap else ": the fallbacks changed nothing"
+        head += f"; on {shown(c.preferred)}, the preferred model, {text.usd(c.on_preferred)}"
+        head += f": the fallbacks {said} {text.usd(abs(gap))}" if gap else ": the fallbacks changed nothing"
     elif c.preferred is not None:
         head += f"; {shown(c.preferred)}, the preferred model, has no price to compare with"
     on = f"on {shown(c.preferred)}" if c.preferred is not None else "on the preferred"
     rows = [("model", "answers", "priced", "cost", on)]
-    rows += [(shown(m.model), str(m.answers), str(m.priced), usd(m.cost), usd(m.on_preferred)) for m in c.models]
+    for m in c.models:
+        rows.append((shown(m.model), str(m.answers), str(m.priced), text.usd(m.cost), text.usd(m.on_preferred)))
     return [head, *(f"  {line}" for line in text.table(rows))]
 
 

@@ -5,6 +5,8 @@ a price."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from capmon.core.base.exceptions import ConfigError
@@ -14,6 +16,8 @@ from capmon.core.routing.targets import build_targets
 from capmon.core.types.config import SIMULATOR_DEMO_KEY, parse_config, resolve_keys
 from capmon.core.types.prices import Prices, Tokens, cost_of, price_of
 from capmon.core.types.result import Format, Request
+from capmon.core.types.serial import snapshot_from_json, snapshot_to_json
+from capmon.core.types.snapshot import ModelSpend
 from tests.support.configs import config_toml
 from tests.support.simulated import StartSim, deployments_scenario
 
@@ -161,6 +165,7 @@ async def test_the_results_cost_is_its_usage_at_the_serving_deployments_prices(s
     async with FallbackClient(parse_config(text, "c.toml"), environ={"KEY": SIMULATOR_DEMO_KEY}) as client:
         served = await client.chat(Request.of("hello", model="m"))
         unpriced = await client.chat(Request.of("hello", model="backup"))
+        snap = client.snapshot()
     assert served.endpoint == "west"
     usage = served.usage
     assert usage["prompt_tokens"] > 0 and usage["completion_tokens"] > 0
@@ -169,3 +174,7 @@ async def test_the_results_cost_is_its_usage_at_the_serving_deployments_prices(s
     assert served.attempts[-1].cost == served.cost
     assert served.attempts[-1].tokens == Tokens(usage["prompt_tokens"], 0, usage["completion_tokens"])
     assert unpriced.usage["prompt_tokens"] > 0 and unpriced.cost is None
+    # the dashboard's spend so far, per model, as the remote dashboard's JSON carries it too
+    assert snap.spend == (ModelSpend("m", served.cost, 1, 0), ModelSpend("backup", 0.0, 1, 1))
+    assert snap.spent == served.cost
+    assert snapshot_from_json(json.loads(json.dumps(snapshot_to_json(snap)))).spend == snap.spend

@@ -703,4 +703,5 @@ def build_snapshot(client: FallbackClient, journal: Journal, queued: int) -> Eng
         cancelled=journal.cancelled,
         events_published=client.bus.published,
         shared=client.state.shared_status(),
+        spend=journal.spend(),
     )
