@@ -96,6 +96,13 @@ def _add_job_checks(p: argparse.ArgumentParser) -> None:
         help="send items as streams, so an answer that breaks mid-way is continued by the next model "
         "([client] continuations) instead of sent again from its start",
     )
+    p.add_argument(
+        "--max-cost",
+        type=float,
+        metavar="USD",
+        help="pause the job once its answers cost this much at the config's [[models]] prices (its earlier runs "
+        "included; the items in flight finish); resume --max-cost raises it; remembered by the job",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -288,6 +295,9 @@ def _run_batch(args: argparse.Namespace) -> int:
     with _flags():
         db = _db(args)
         if action in ("run", "resume"):
+            from capmon.batch.spend_cap import check_max_cost
+
+            check_max_cost(args.max_cost)
             start = {
                 "out": args.out,
                 "concurrency": args.concurrency,
@@ -300,6 +310,7 @@ def _run_batch(args: argparse.Namespace) -> int:
                 "remap": parse_remap(args.remap or ()),
                 "lease_ttl": args.lease_ttl,
                 "stream": args.stream,
+                "max_cost": args.max_cost,
             }
             if action == "run":
                 return c.run_job(c.RunOptions(input=Path(args.input), job=args.job, **start))

@@ -16,6 +16,7 @@ import pytest
 
 from capmon.batch.options import RunnerOptions
 from capmon.batch.runner import BatchRunner
+from capmon.batch.states import JobState
 from capmon.report import OutputFormat, ReportOptions, run_report
 from tests.batch.helpers import client_for, scenario_app, write_items
 from tests.support.configs import build_config, write_config
@@ -91,3 +92,40 @@ async def test_answers_without_a_price_are_counted_apart_and_never_as_free(tmp_p
     text = report(db, config, OutputFormat.TEXT)
     assert "cost: $0.000000 for 0 answers (5 more without a price: set [[models]] prices)" in text
     assert "small, the preferred model, has no price to compare with" in text
+
+
+@pytest.mark.looptime
+async def test_max_cost_pauses_the_job_at_the_cap_and_a_raised_cap_finishes_it_with_nothing_lost_or_doubled(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "db"
+    models = {"flagship": {"prices": {"input": 1000.0, "output": 1000.0}}, "medium": {}, "small": {}}
+    cfg = build_config("http://sim.test/v1", models=models)
+    items = write_items(tmp_path / "in.jsonl", 20)
+    async with client_for(scenario_app(), cfg) as client:
+        first = await BatchRunner(client, db, "j", RunnerOptions(input_path=items, concurrency=2, max_cost=0.1)).run()
+    assert first.state is JobState.PAUSED
+    # the cap is met at the 6th answer; the one other item in flight then is answered and kept
+    assert 6 <= first.done <= 7 and first.done < 20
+    conn = sqlite3.connect(db)
+    ((message,),) = conn.execute("SELECT message FROM jobs WHERE name = 'j'").fetchall()
+    assert "reached --max-cost $0.1000: paused" in message and "capmon batch resume j --max-cost" in message
+    spent = conn.execute(
+        "SELECT sum(cost_usd), count(*), sum(tokens_in + tokens_out) FROM attempts WHERE decision = 'ok'"
+    ).fetchone()
+    conn.close()
+    assert spent[1] == first.done and spent[0] == pytest.approx(spent[2] * 1000.0 / 1e6)
+    assert spent[0] >= 0.1 > spent[0] * (first.done - 2) / first.done  # reached, and not long before the end
+
+    async with client_for(scenario_app(), cfg) as client:
+        # the same cap again: reached already, nothing is sent
+        again = await BatchRunner(client, db, "j", RunnerOptions(concurrency=2, max_cost=0.1)).run()
+        assert (again.state, again.sent, again.done) == (JobState.PAUSED, 0, first.done)
+        raised = await BatchRunner(client, db, "j", RunnerOptions(concurrency=2, max_cost=1.0)).run()
+    assert raised.state is JobState.FINISHED and raised.done == 20 and raised.sent == 20 - first.done
+    conn = sqlite3.connect(db)
+    ok = conn.execute("SELECT item, count(*) FROM attempts WHERE decision = 'ok' GROUP BY item").fetchall()
+    states = conn.execute("SELECT state, count(*) FROM items GROUP BY state").fetchall()
+    conn.close()
+    assert len(ok) == 20 and all(n == 1 for _, n in ok)  # every item answered once: none lost, none doubled
+    assert states == [("done", 20)]
