@@ -52,8 +52,12 @@ CREATE TABLE IF NOT EXISTS attempts (
                            -- decision, or a row written before capmon recorded it)
     request_id TEXT,       -- the caller's id for the request (Request.request_id: a gateway's
                            -- x-request-id); NULL when it gave none, for a runner's decision, or an older row
-    deployment TEXT        -- the id the endpoint knows the model by (its deployment's: the model's name,
+    deployment TEXT,       -- the id the endpoint knows the model by (its deployment's: the model's name,
                            -- or its api_model, unless the deployment names another); NULL as api
+    tokens_in INTEGER,     -- decision ok: the answer's input tokens (cached ones included); NULL: not told
+    tokens_cached INTEGER, -- the part of tokens_in read from the provider's cache
+    tokens_out INTEGER,    -- its output tokens (reasoning included)
+    cost_usd REAL          -- what they cost at the target's prices; NULL: no price known, or no usage told
 );
 CREATE INDEX IF NOT EXISTS attempts_by_item ON attempts(job, item);
 CREATE TABLE IF NOT EXISTS replaced_results (
@@ -106,6 +110,20 @@ COLUMNS = (
     "api",
     "request_id",
     "deployment",
+    "tokens_in",
+    "tokens_cached",
+    "tokens_out",
+    "cost_usd",
+)
+# The columns added since the first schema, each with its SQLite type.
+ADDED = (
+    ("api", "TEXT"),
+    ("request_id", "TEXT"),
+    ("deployment", "TEXT"),
+    ("tokens_in", "INTEGER"),
+    ("tokens_cached", "INTEGER"),
+    ("tokens_out", "INTEGER"),
+    ("cost_usd", "REAL"),
 )
 INSERT = f"INSERT INTO attempts ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})"
 
@@ -114,18 +132,41 @@ INSERT = f"INSERT INTO attempts ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * 
 MAX_BUFFER = 200_000
 
 Row = tuple[Any, ...]
+# A runner's decision has none of the columns after its reason (api ... cost_usd).
+_NO_ATTEMPT: Row = (None,) * (len(COLUMNS) - COLUMNS.index("reason") - 1)
 
 
 def ensure_schema(conn: sqlite3.Connection) -> None:
     conn.executescript(SCHEMA)
     have = _columns(conn)
-    for column in ("api", "request_id", "deployment"):  # a database from before the column: add it, rows keep NULL
+    for column, kind in ADDED:  # a database from before the column: add it, rows keep NULL
         if column not in have:
-            conn.execute(f"ALTER TABLE attempts ADD COLUMN {column} TEXT")
+            conn.execute(f"ALTER TABLE attempts ADD COLUMN {column} {kind}")
 
 
 def _columns(conn: sqlite3.Connection) -> set[str]:
     return {r[1] for r in conn.execute("PRAGMA table_info(attempts)")}
+
+
+def has_spend(conn: sqlite3.Connection) -> bool:
+    """Whether the attempts table holds answers' tokens and cost (a database opened read-only
+    from before them does not)."""
+    return "cost_usd" in _columns(conn)
+
+
+# A job's spend, per model, over its answers that told their usage (decision ok): (model,
+# answers, priced, cost, tokens_in, tokens_cached, tokens_out), the tokens those of the priced
+# answers (what the report prices again at the preferred model's prices). SQLite's and
+# PostgreSQL's placeholder in {p}.
+SPEND_SQL = (
+    "SELECT model, count(*), count(cost_usd), coalesce(sum(cost_usd), 0),"
+    " coalesce(sum(CASE WHEN cost_usd IS NULL THEN 0 ELSE tokens_in END), 0),"
+    " coalesce(sum(CASE WHEN cost_usd IS NULL THEN 0 ELSE tokens_cached END), 0),"
+    " coalesce(sum(CASE WHEN cost_usd IS NULL THEN 0 ELSE tokens_out END), 0)"
+    " FROM attempts WHERE job = {p} AND decision = {p} AND tokens_in IS NOT NULL GROUP BY model ORDER BY model"
+)
+
+SpendRow = tuple[str | None, int, int, float, int, int, int]
 
 
 def _reason(text: str) -> str:
@@ -154,6 +195,10 @@ class AuditRow:
     api: str | None = None  # openai | anthropic | azure; None for a runner's decision or an older row
     request_id: str | None = None  # the caller's id for the request (Request.request_id)
     deployment: str | None = None  # the id the endpoint knows the model by; None as api
+    tokens_in: int | None = None  # an answer's (decision ok): its input tokens, the cached ones included
+    tokens_cached: int | None = None
+    tokens_out: int | None = None
+    cost_usd: float | None = None  # None: no price known, no usage told, or not an answer
 
     @staticmethod
     def of(row: Sequence[Any]) -> AuditRow:
@@ -184,7 +229,15 @@ def attempt_row(request: Request, attempt: Attempt, number: int | None = None) -
         attempt.api.value,
         request.request_id,
         attempt.deployment or None,
+        *_spent(attempt),
     )
+
+
+def _spent(attempt: Attempt) -> tuple[int | None, int | None, int | None, float | None]:
+    t = attempt.tokens
+    if t is None:
+        return None, None, None, attempt.cost
+    return t.input, t.cached, t.output, attempt.cost
 
 
 class AuditLog:
@@ -252,9 +305,7 @@ class AuditLog:
                 None,
                 RunnerDecision(decision),
                 _reason(reason),
-                None,
-                None,
-                None,
+                *_NO_ATTEMPT,
             )
         )
 
@@ -292,9 +343,7 @@ def decision_row(decision: RunnerDecision, *, job: str, item: str, at: float, at
         None,
         RunnerDecision(decision),
         _reason(reason),
-        None,
-        None,
-        None,
+        *_NO_ATTEMPT,
     )
 
 

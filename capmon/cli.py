@@ -96,6 +96,13 @@ def _add_job_checks(p: argparse.ArgumentParser) -> None:
         help="send items as streams, so an answer that breaks mid-way is continued by the next model "
         "([client] continuations) instead of sent again from its start",
     )
+    p.add_argument(
+        "--max-cost",
+        type=float,
+        metavar="USD",
+        help="pause the job once its answers cost this much at the config's [[models]] prices (its earlier runs "
+        "included; the items in flight finish); resume --max-cost raises it; remembered by the job",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -215,6 +222,7 @@ def build_parser() -> argparse.ArgumentParser:
     fmt.add_argument("--csv", action="store_true")
     report.add_argument("--advice", action="store_true", help="say what to change, from the audit trail")
     report.add_argument("--item", metavar="ID", help="one item: every attempt, and why it fell back")
+    _add_config(report)
     return parser
 
 
@@ -287,6 +295,9 @@ def _run_batch(args: argparse.Namespace) -> int:
     with _flags():
         db = _db(args)
         if action in ("run", "resume"):
+            from capmon.batch.spend_cap import check_max_cost
+
+            check_max_cost(args.max_cost)
             start = {
                 "out": args.out,
                 "concurrency": args.concurrency,
@@ -299,6 +310,7 @@ def _run_batch(args: argparse.Namespace) -> int:
                 "remap": parse_remap(args.remap or ()),
                 "lease_ttl": args.lease_ttl,
                 "stream": args.stream,
+                "max_cost": args.max_cost,
             }
             if action == "run":
                 return c.run_job(c.RunOptions(input=Path(args.input), job=args.job, **start))
@@ -316,7 +328,8 @@ def _run_report(args: argparse.Namespace) -> int:
     fmt = OutputFormat.JSON if args.json else OutputFormat.CSV if args.csv else OutputFormat.TEXT
     with _flags():
         db = _db(args)
-    return run_report(ReportOptions(job=args.job, db=db, format=fmt, advice=args.advice, item=args.item))
+    options = ReportOptions(job=args.job, db=db, format=fmt, advice=args.advice, item=args.item, config=args.config)
+    return run_report(options)
 
 
 @contextlib.contextmanager

@@ -1,8 +1,10 @@
 """`capmon report JOB`: what happened in a job, from its items and its audit trail.
 
 Items served per model, 429 / 503 counts by status, fallbacks, mean and p99 latency,
-which items each model served (truncated), and with an item every attempt of it and
-why it fell back. JSON and CSV for machines; advice says what to change (see
+what the answers cost per model beside what they would have cost on the preferred model
+(the config's first, at its prices, with each answer's own tokens: the gap is what the
+fallbacks saved or added), which items each model served (truncated), and with an item
+every attempt of it and why it fell back. JSON and CSV for machines; advice says what to change (see
 :mod:`capmon.advice`). The figures come from :mod:`capmon.batch.figures`.
 
 Ids come from the user's file and messages from a provider: in text output anything
@@ -23,6 +25,7 @@ from typing import Any, Protocol, TextIO
 from capmon import audit
 from capmon.advice import Advice, advise
 from capmon.batch.figures import (
+    CostFigures,
     ItemReport,
     JobReport,
     build_item_report,
@@ -35,6 +38,8 @@ from capmon.batch.figures import (
 from capmon.batch.states import ItemState
 from capmon.batch.store import Db, locate, open_store
 from capmon.core.base import text
+from capmon.core.types.config import find_config, load_config
+from capmon.core.types.prices import Prices, price_of
 from capmon.exitcodes import EXIT_OK
 
 __all__ = [
@@ -69,6 +74,7 @@ class ReportOptions:
     format: OutputFormat = OutputFormat.TEXT
     advice: bool = False  # say what to change (text and JSON)
     item: str | None = None  # one item: every attempt, and why
+    config: str | None = None  # the config (its first model is the preferred one); None: found as usual
 
 
 # ---------------------------------------------------------------- text
@@ -120,6 +126,8 @@ def format_report(r: JobReport, items_shown: int = ITEMS_SHOWN_TEXT, advice: Seq
         f"fallbacks: {r.fell_back_items} items served by another model than their first choice"
         + (f" (moves between attempts: {pairs})" if pairs else "")
     )
+    if r.cost is not None:
+        lines += _cost_lines(r.cost)
     if r.continued_items:
         lines.append(
             f"continued: {r.continued_items} items whose answer broke mid-stream were finished by a continuation"
@@ -147,6 +155,25 @@ def format_report(r: JobReport, items_shown: int = ITEMS_SHOWN_TEXT, advice: Seq
         for i, a in enumerate(advice, 1):
             lines.append(f"  {i}. {shown(a.text)}")
     return "\n".join(lines)
+
+
+def _cost_lines(c: CostFigures) -> list[str]:
+    priced = sum(m.priced for m in c.models)
+    head = f"cost: {text.usd(c.cost)} for {priced} answers"
+    if c.unpriced:
+        head += f" ({c.unpriced} more without a price: set [[models]] prices)"
+    gap = c.gap
+    if c.preferred is not None and gap is not None:
+        said = "added" if gap > 0 else "saved"
+        head += f"; on {shown(c.preferred)}, the preferred model, {text.usd(c.on_preferred)}"
+        head += f": the fallbacks {said} {text.usd(abs(gap))}" if gap else ": the fallbacks changed nothing"
+    elif c.preferred is not None:
+        head += f"; {shown(c.preferred)}, the preferred model, has no price to compare with"
+    on = f"on {shown(c.preferred)}" if c.preferred is not None else "on the preferred"
+    rows = [("model", "answers", "priced", "cost", on)]
+    for m in c.models:
+        rows.append((shown(m.model), str(m.answers), str(m.priced), text.usd(m.cost), text.usd(m.on_preferred)))
+    return [head, *(f"  {line}" for line in text.table(rows))]
 
 
 def format_item(r: ItemReport) -> str:
@@ -233,9 +260,13 @@ def write_csv(r: JobReport, out: TextIO) -> None:
             "mean_latency",
             "p99_latency",
             "items",
+            "cost_usd",
+            "on_preferred_usd",
         ]
     )
+    costs = {c.model: c for c in r.cost.models} if r.cost is not None else {}
     for m in r.models:
+        c = costs.get(m.model)
         w.writerow(
             [
                 m.model,
@@ -250,6 +281,8 @@ def write_csv(r: JobReport, out: TextIO) -> None:
                 "" if m.mean_latency is None else f"{m.mean_latency:.4f}",
                 "" if m.p99_latency is None else f"{m.p99_latency:.4f}",
                 " ".join(m.items),
+                "" if c is None else c.cost,
+                "" if c is None or c.on_preferred is None else c.on_preferred,
             ]
         )
 
@@ -313,6 +346,12 @@ def _write(output: _Output, fmt: OutputFormat, out: TextIO) -> None:
         out.write(output.text() + "\n")
 
 
+def preferred(config: str | None) -> tuple[str, Prices | None]:
+    """The config's first model and its prices where it is tried first (its first deployment's)."""
+    first = load_config(find_config(config)).models[0]
+    return first.name, price_of(first.at(first.deployed()[0]))
+
+
 def run_report(options: ReportOptions, out: TextIO | None = None) -> int:
     """`capmon report JOB [--item ID] [--advice] [--json | --csv]`."""
     store = open_store(options.db if options.db is not None else locate(), readonly=True)
@@ -321,7 +360,7 @@ def run_report(options: ReportOptions, out: TextIO | None = None) -> int:
         if options.item is not None:
             output = _ItemOutput(build_item_report(store, options.job, options.item))
         else:
-            report = build_report(store, options.job)
+            report = build_report(store, options.job, preferred=preferred(options.config))
             output = _JobOutput(report, tuple(advise(report)) if options.advice else ())
     finally:
         store.close()

@@ -89,7 +89,8 @@ def test_an_audit_trail_from_before_the_api_column_reads_and_is_migrated(tmp_pat
         assert store.attempt_apis("j") == {}
     assert "flagship  -" in report(db)
     with JobStore(db) as store:  # opened for writing: the column is added, old rows keep NULL
-        assert {"api", "deployment"} <= {r[1] for r in store.conn.execute("PRAGMA table_info(attempts)")}
+        have = {r[1] for r in store.conn.execute("PRAGMA table_info(attempts)")}
+        assert {"api", "deployment", "tokens_in", "tokens_cached", "tokens_out", "cost_usd"} <= have
         [row] = store.attempts("j")
         assert row.api is None and row.deployment is None and row.decision == "ok"
         audit.write_rows(
@@ -113,6 +114,10 @@ def test_an_audit_trail_from_before_the_api_column_reads_and_is_migrated(tmp_pat
                     "anthropic",
                     None,
                     "claude-x",
+                    None,
+                    None,
+                    None,
+                    None,
                 )
             ],
         )

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import dataclasses
 import os
 import signal
 import sys
@@ -64,6 +65,7 @@ class StartOptions:
     remap: Mapping[str, str] = field(default_factory=dict)  # OLD model -> NEW, for items naming a model gone
     lease_ttl: float | None = None  # a shared job's item leases (seconds); None: the default
     stream: bool = False  # send items as streams: a break mid-answer is continued (RunnerOptions.stream)
+    max_cost: float | None = None  # USD the job may spend (RunnerOptions.max_cost); None: resume keeps the job's
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -208,6 +210,8 @@ def resume_job(options: ResumeOptions) -> int:
     )
     if options.out:
         check_writable(options.out)
+    if options.max_cost is None and saved.get("max_cost") is not None:
+        options = dataclasses.replace(options, max_cost=float(saved["max_cost"]))
     return _start(options, options.job, None, pacing)
 
 
@@ -266,6 +270,7 @@ async def _drive(
                 accept_changed_input=options.accept_changed_input,
                 lease_ttl=options.lease_ttl,
                 stream=options.stream,
+                max_cost=options.max_cost,
             ),
         )
 

@@ -14,12 +14,13 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from capmon.audit import RUNNER_DECISIONS, AuditRow, RunnerDecision
+from capmon.audit import RUNNER_DECISIONS, AuditRow, RunnerDecision, SpendRow
 from capmon.batch.states import ItemState
 from capmon.batch.store import Store
 from capmon.core.base.exceptions import BatchError
 from capmon.core.base.text import percentile
 from capmon.core.types.failure import Kind
+from capmon.core.types.prices import Prices, Tokens, cost_of
 from capmon.core.types.result import Decision
 
 ITEMS_SHOWN_DATA = 100  # items listed per model
@@ -69,6 +70,54 @@ class KeyRow:
 
 
 @dataclass(frozen=True)
+class CostRow:
+    """What one model's answers cost, and what the same answers would have cost on the
+    preferred model (at its prices, with each answer's own token counts)."""
+
+    model: str
+    answers: int  # its answers that told their usage
+    priced: int  # of them, those with a price (the rest have no cost: none was configured)
+    cost: float  # USD, the priced answers', at the prices of the deployment that served each
+    on_preferred: float | None  # the priced answers' tokens at the preferred model's prices; None: it has none
+
+
+@dataclass(frozen=True)
+class CostFigures:
+    preferred: str | None  # the config's first model; None: no config was read
+    models: tuple[CostRow, ...]
+    cost: float  # USD over every priced answer
+    on_preferred: float | None  # the same answers on the preferred model; None: it has no price
+    unpriced: int  # answers that told their usage but have no price
+
+    @property
+    def gap(self) -> float | None:
+        """What the fallbacks added (above 0) or saved (below 0) against the preferred model."""
+        return None if self.on_preferred is None else self.cost - self.on_preferred
+
+
+def cost_figures(rows: Sequence[SpendRow], preferred: tuple[str, Prices | None] | None) -> CostFigures | None:
+    """A job's spend (the store's :data:`capmon.audit.SPEND_SQL` rows); ``preferred``: the
+    model every item counted on first and its prices. None when no answer told its usage."""
+    if not rows:
+        return None
+    prices = preferred[1] if preferred is not None else None
+    models = []
+    for model, answers, priced, cost, tokens_in, cached, out in rows:
+        # Prices are linear in each count: the sums priced once are the answers priced one by one.
+        again = cost_of(prices, Tokens(tokens_in, cached, out)) if priced else (0.0 if prices is not None else None)
+        models.append(CostRow(model or "?", answers, priced, cost, again))
+    models.sort(key=lambda m: -m.cost)
+    on_preferred = None if prices is None else sum(m.on_preferred or 0.0 for m in models)
+    return CostFigures(
+        preferred=preferred[0] if preferred is not None else None,
+        models=tuple(models),
+        cost=sum(m.cost for m in models),
+        on_preferred=on_preferred,
+        unpriced=sum(m.answers - m.priced for m in models),
+    )
+
+
+@dataclass(frozen=True)
 class JobReport:
     job: str
     state: str
@@ -96,9 +145,12 @@ class JobReport:
     first_attempt: float | None
     last_attempt: float | None
     continued_items: int = 0  # items whose streamed answer broke mid-way and was continued
+    cost: CostFigures | None = None  # None: no answer told its usage
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
+        if self.cost is not None:
+            d["cost"]["gap"] = self.cost.gap
         d["fallback_pairs"] = [{"from": a, "to": b, "count": n} for a, b, n in self.fallback_pairs]
         d["failed_samples"] = [
             {"line": line, "id": i, "kind": k, "message": m} for line, i, k, m in self.failed_samples
@@ -157,7 +209,11 @@ class _Tally:
     fallbacks: int = 0
 
 
-def build_report(store: Store, job: str, items_shown: int = ITEMS_SHOWN_DATA) -> JobReport:
+def build_report(
+    store: Store, job: str, items_shown: int = ITEMS_SHOWN_DATA, preferred: tuple[str, Prices | None] | None = None
+) -> JobReport:
+    """``preferred``: the model the job's items counted on first (the config's first) and its
+    prices, for what the job would have cost without its fallbacks."""
     info = store.job(job)
     if info is None and not store.has_attempts(job):
         store.require(job)  # raises, naming the jobs there are
@@ -285,6 +341,7 @@ def build_report(store: Store, job: str, items_shown: int = ITEMS_SHOWN_DATA) ->
         removed=counts[ItemState.REMOVED],
         active_seconds=active,
         continued_items=store.continued_items(job),
+        cost=cost_figures(store.spend(job), preferred),
         first_attempt=first,
         last_attempt=last,
     )

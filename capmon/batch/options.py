@@ -70,3 +70,6 @@ class RunnerOptions:
     # Send each item as a stream, so that an answer that breaks mid-way is continued rather than
     # sent again from its start (capmon/core/routing/continuation.py; with [client] continuations).
     stream: bool = False
+    # USD the job may spend at the config's prices, its earlier runs included; reached, it ends
+    # paused (capmon/batch/spend_cap.py). None: no cap.
+    max_cost: float | None = None

@@ -722,6 +722,12 @@ class PgStore:
         )
         return int(row[0]) if row else 0
 
+    def spend(self, job: str) -> list[audit.SpendRow]:
+        if "NULL AS cost_usd" in self._audit_columns():  # a store from before the column, read only
+            return []
+        rows = self._rows("reading the audit trail", audit.SPEND_SQL.format(p="%s"), (job, Decision.OK))
+        return [(r[0], int(r[1]), int(r[2]), float(r[3]), int(r[4]), int(r[5]), int(r[6])) for r in rows]
+
     def ok_latencies(self, job: str) -> list[tuple[str | None, float]]:
         rows = self._rows(
             "reading the audit trail",

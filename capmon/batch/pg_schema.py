@@ -88,10 +88,14 @@ CREATE TABLE IF NOT EXISTS attempts (
     job TEXT, item TEXT, at DOUBLE PRECISION NOT NULL, attempt INTEGER NOT NULL, model TEXT, endpoint TEXT,
     key_alias TEXT, status INTEGER, kind TEXT, hint DOUBLE PRECISION, wait DOUBLE PRECISION,
     latency DOUBLE PRECISION, decision TEXT NOT NULL, reason TEXT NOT NULL DEFAULT '', api TEXT, request_id TEXT,
-    deployment TEXT
+    deployment TEXT, tokens_in INTEGER, tokens_cached INTEGER, tokens_out INTEGER, cost_usd DOUBLE PRECISION
 );
--- a store from before the column: add it, its rows keep NULL
+-- a store from before the columns: add them, its rows keep NULL
 ALTER TABLE attempts ADD COLUMN IF NOT EXISTS deployment TEXT;
+ALTER TABLE attempts ADD COLUMN IF NOT EXISTS tokens_in INTEGER;
+ALTER TABLE attempts ADD COLUMN IF NOT EXISTS tokens_cached INTEGER;
+ALTER TABLE attempts ADD COLUMN IF NOT EXISTS tokens_out INTEGER;
+ALTER TABLE attempts ADD COLUMN IF NOT EXISTS cost_usd DOUBLE PRECISION;
 CREATE INDEX IF NOT EXISTS attempts_by_item ON attempts(job, item);
 CREATE TABLE IF NOT EXISTS replaced_results (
     seq BIGSERIAL PRIMARY KEY,
@@ -127,7 +131,8 @@ WITH o AS (
         %(a_model)s::text[], %(a_endpoint)s::text[], %(a_key_alias)s::text[], %(a_status)s::int[],
         %(a_kind)s::text[], %(a_hint)s::float8[], %(a_wait)s::float8[], %(a_latency)s::float8[],
         %(a_decision)s::text[], %(a_reason)s::text[], %(a_api)s::text[], %(a_request_id)s::text[],
-        %(a_deployment)s::text[])
+        %(a_deployment)s::text[], %(a_tokens_in)s::int[], %(a_tokens_cached)s::int[], %(a_tokens_out)s::int[],
+        %(a_cost_usd)s::float8[])
 ), w AS (
     UPDATE workers SET counters = %(counters)s, state = %(wstate)s, message = %(message)s, beat = {NOW},
         last_commit = %(token)s

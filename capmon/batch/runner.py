@@ -32,7 +32,7 @@ import asyncio
 import dataclasses
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,15 +47,17 @@ from capmon.batch.options import OptionError, RunnerOptions
 from capmon.batch.outcomes import Finish, OutcomePolicy, Verdict, back
 from capmon.batch.pacing import Pacing
 from capmon.batch.scheduler import Scheduler
+from capmon.batch.spend_cap import SpendCap
 from capmon.batch.sqlite import DatabaseGone, JobInfo, Outcome, StoredItem
 from capmon.batch.states import ItemState, JobState
 from capmon.batch.store import Db, PgLocation, Store, open_store
 from capmon.batch.writer import LOW_DISK_BYTES, WRITE_GIVE_UP, ResultWriter
+from capmon.core.base import text
 from capmon.core.base.clock import Clock
 from capmon.core.base.exceptions import BatchError, RequestFailed
 from capmon.core.types import events as ev
 from capmon.core.types.failure import Failure, Kind
-from capmon.core.types.result import ChatResult, Request
+from capmon.core.types.result import Attempt, ChatResult, Request
 
 log = logging.getLogger("capmon.batch")
 
@@ -115,6 +117,7 @@ class BatchRunner:
         self._remap_asked = dict(o.remap)
         self._remap: dict[str, str] = {}
         self.max_response_bytes = client.config.client.max_response_bytes
+        self._cap = SpendCap(o.max_cost)
 
         self._store: Store | None = None
         self._info: JobInfo | None = None
@@ -242,12 +245,13 @@ class BatchRunner:
         """Ingest (if the job is new), then send until every item is done or failed."""
         t0 = self.clock.now()
         sent_before = self.sent
-        detach = None
+        detach: list[Callable[[], None]] = []
         tasks: list[asyncio.Task[Any]] = []
         final = JobState.STOPPED
         try:
             await self._open()
-            detach = self.client.add_observer(self._audit.observe)
+            detach.append(self.client.add_observer(self._audit.observe))
+            detach.append(self.client.add_observer(self._spent))
             self._phase = JobState.RUNNING
             self._sample()
             self._publish_progress()
@@ -264,13 +268,16 @@ class BatchRunner:
                 if not w.cancelled() and (error := w.exception()) is not None:
                     raise error
             final = JobState.HALTED if self._halt is not None else JobState.FINISHED
+            ended = self._writer.done + self._writer.failed + self._writer.finished_uncommitted
+            if final is JobState.FINISHED and self._cap.reached and ended < (self._total or 0):
+                final = JobState.PAUSED
         finally:
             for t in tasks:
                 t.cancel()
             if tasks:
                 await asyncio.gather(*tasks, return_exceptions=True)
-            if detach is not None:
-                detach()
+            for undo in detach:
+                undo()
             await self._close(final)
         if self._halt is not None:
             raise self._halt
@@ -468,6 +475,9 @@ class BatchRunner:
             done=counts[ItemState.DONE], failed=counts[ItemState.FAILED], per_model=store.served_by_model(info.id)
         )
         self._scheduler.load_parked(store.parked(info.id), wall)
+        self._cap.spent = sum(row[3] for row in store.spend(self.job))  # its earlier runs'
+        if self._cap.add(None):  # reached already: nothing is sent
+            self._cap_reached()
 
     def _ingested(self, total: int) -> None:
         self._total = total
@@ -480,6 +490,7 @@ class BatchRunner:
             "window": str(self.window) if self.window else None,
             "max_response_bytes": self.max_response_bytes,
             "remap": self._remap,
+            "max_cost": self._cap.cap,
         }
 
     def _page(self, after_key: int, limit: int) -> list[StoredItem] | None:
@@ -520,6 +531,9 @@ class BatchRunner:
             if self._writer.disk_full():
                 sched.put_back(item)
                 continue
+            if sched.halted:  # the cap was reached while this worker waited for its pace: not sent
+                sched.put_back(item)
+                return
             await self._send(item)
 
     def _request(self, item: StoredItem) -> Request:
@@ -591,6 +605,23 @@ class BatchRunner:
             self._scheduler.notify()
 
     # ------------------------------------------------------------ stopping
+
+    def _spent(self, request: Request, attempt: Attempt) -> None:
+        """The client's observer: an answer of this job counts its cost toward the cap."""
+        if request.job == self.job and attempt.cost is not None and self._cap.add(attempt.cost):
+            self._cap_reached()
+
+    def _cap_reached(self) -> None:
+        """Start nothing more; the items in flight finish and their answers are kept, then
+        the run ends paused (``run`` sees the cap reached)."""
+        cap = self._cap
+        self._message = (
+            f"spend {text.usd(cap.spent)} reached --max-cost {text.usd(cap.cap)}: paused, the items in flight "
+            f"finish; `capmon batch resume {self.job} --max-cost USD` raises the cap"
+        )
+        self._note(self._message)
+        self._scheduler.halt()  # every worker ends once its item is answered; none is cancelled
+        self._publish_progress()
 
     def _stop_for(self, error: BatchError) -> None:
         """Halt the job: start nothing more, and cancel what is in flight (it would only

@@ -781,6 +781,13 @@ class JobStore:
             ).fetchone()
         return int(row[0]) if row else 0
 
+    def spend(self, job: str) -> list[audit.SpendRow]:
+        """A job's spend per model (:data:`capmon.audit.SPEND_SQL`)."""
+        with self._errors("reading the audit trail"):
+            if not audit.has_spend(self.conn):
+                return []
+            return self.conn.execute(audit.SPEND_SQL.format(p="?"), (job, Decision.OK)).fetchall()
+
     def ok_latencies(self, job: str) -> list[tuple[str | None, float]]:
         """(model, latency) of every successful attempt."""
         with self._errors("reading the audit trail"):

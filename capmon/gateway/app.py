@@ -128,6 +128,7 @@ def create_app(
         count=gw.metrics.response,
         worker=settings.worker,
         tracer=gw.tracer,
+        spent=gw.metrics.spent,
     )
     return app
 

@@ -87,6 +87,8 @@ class Exchange:
     latency: float | None = None
     tokens_in: int | None = None
     tokens_out: int | None = None
+    tokens_cached: int | None = None  # the part of the input read from the provider's cache
+    cost: float | None = None  # USD at the serving target's prices; None: no price known, or no usage
     records: tuple[Attempt, ...] = ()  # the attempts, when known: for traces (capmon/gateway/traces.py)
     response_model: str | None = None  # the model the provider's answer names
 
@@ -106,6 +108,9 @@ class Exchange:
     def answered(self, result: ChatResult) -> None:
         """The answer is complete (a stream's too): its usage and its attempts."""
         self.used(result.usage)
+        self.cost = result.cost
+        tokens = result.attempts[-1].tokens if result.attempts else None
+        self.tokens_cached = tokens.cached if tokens is not None else None
         self.records = result.attempts
         # A stream continued after a break had more attempts than when its first byte went out.
         self.attempts, self.fallbacks = len(sent(result.attempts)), result.fallbacks
@@ -141,6 +146,8 @@ class Exchange:
             "ttfb_ms": _ms(self.ttfb),
             "tokens_in": self.tokens_in,
             "tokens_out": self.tokens_out,
+            "tokens_cached": self.tokens_cached,
+            "cost_usd": self.cost,
             # The targets passed over and why: the reason is capmon's own words (a feature, a
             # window, a state), never the request's content.
             "skipped": [{"target": a.target, "why": a.skip, "reason": a.reason} for a in skipped(self.records)],
@@ -190,15 +197,18 @@ class Exchanges:
         count: Callable[[str, int], None] | None = None,
         worker: int | None = None,
         tracer: ExchangeTracer | None = None,
+        spent: Callable[[Exchange], None] | None = None,
     ) -> None:
         """``count(api, status)`` is told every answer (the metrics); ``worker``: this
         process's number among several serving one port, stamped as ``x-capmon-worker``;
-        ``tracer`` makes the exchange's spans once its reply is done."""
+        ``tracer`` makes the exchange's spans once its reply is done; ``spent`` is told
+        every exchange whose answer has a cost, once it is done (the metrics)."""
         self.app = app
         self.clock = clock
         self.log = log
         self.count = count
         self.tracer = tracer
+        self.spent = spent
         self._worker = [(b"x-capmon-worker", str(worker).encode())] if worker is not None else []
         self._date: tuple[int, bytes] = (-1, b"")
 
@@ -252,6 +262,8 @@ class Exchanges:
                 self.log.write(ex.line())
             if self.tracer is not None:
                 self.tracer.finish(ex, scope)
+            if self.spent is not None and ex.cost is not None:
+                self.spent(ex)
 
     @staticmethod
     async def _internal_error(ex: Exchange, send: Send) -> None:

@@ -28,6 +28,11 @@ Per target (a model at an endpoint with a key) and per model:
 | capmon_waiting_requests (queued for any model), capmon_retry_waiting, capmon_in_flight_requests | |
 | capmon_pinned{model} | |
 | capmon_gateway_responses_total{api,status}, _disconnects_total{api} | litellm_proxy_total_requests_metric |
+| capmon_cost_usd_total{model,deployment,key}: answers' cost at the config's prices | litellm_spend_metric |
+
+In ``capmon_cost_usd_total`` ``deployment`` is capmon's name for it (``model@endpoint``, what a pin
+or a trip names) and ``key`` the client key's alias ("" on an open gateway); an answer without a
+price (none configured, no usage told) is not counted, never counted as free.
 
 The API is an info metric rather than a label on every series: a target's API never
 changes while it runs, and PromQL joins it where wanted
@@ -50,9 +55,11 @@ from prometheus_client.registry import Collector
 from capmon.core.control.seam import KeyState
 from capmon.core.routing.client import FallbackClient
 from capmon.core.types import events as ev
+from capmon.core.types.config import deployment_id
 from capmon.core.types.result import Attempt, Request
 from capmon.core.types.states import State
 from capmon.gateway.access_log import AccessLog
+from capmon.gateway.exchange import Exchange
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -226,6 +233,12 @@ class GatewayMetrics:
             ["api"],
             registry=r,
         )
+        self.cost = Counter(
+            "capmon_cost_usd",
+            "what answers cost in USD at the config's prices (answers without a price are not counted)",
+            ["model", "deployment", "key"],
+            registry=r,
+        )
         r.register(_SnapshotCollector(client))
         if access_log is not None:  # this process's drops, in multiprocess mode too
             self._exposed.register(_AccessLogCollector(access_log))
@@ -249,6 +262,13 @@ class GatewayMetrics:
     def response(self, api: str, status: int) -> None:
         """One HTTP answer of the gateway (capmon/gateway/exchange.py tells every one)."""
         self._child(self.responses, api, str(status)).inc()
+
+    def spent(self, ex: Exchange) -> None:
+        """One answered exchange with a cost (capmon/gateway/exchange.py tells each once it is done)."""
+        if ex.cost is None or ex.model_served is None:
+            return
+        where = deployment_id(ex.model_served, ex.endpoint or "")
+        self._child(self.cost, ex.model_served, where, ex.caller or "").inc(ex.cost)
 
     def _attempt(self, request: Request, a: Attempt) -> None:
         if a.skip is not None:  # never sent: no attempt, no latency

@@ -168,6 +168,10 @@ class GatewayTraces:
             attrs["gen_ai.usage.input_tokens"] = ex.tokens_in
         if ex.tokens_out is not None:
             attrs["gen_ai.usage.output_tokens"] = ex.tokens_out
+        if ex.tokens_cached is not None:
+            attrs["gen_ai.usage.cache_read.input_tokens"] = ex.tokens_cached
+        if ex.cost is not None:
+            attrs["capmon.cost_usd"] = ex.cost
         if ex.caller is not None:
             attrs["capmon.caller"] = ex.caller  # the client key's alias, never the key
         if ex.priority is not None:

@@ -130,6 +130,10 @@ class Trail:
                     "openai",
                     None,
                     model,
+                    None,
+                    None,
+                    None,
+                    None,
                 )
             )
             self.n += 1

@@ -69,7 +69,29 @@ class Job:
         key = self.keys[i]
         self.writer.started(key)
         self.audit.add(
-            ("j", f"it-{i + 1}", 1.0, 1, "m", "ep", "a", 200, None, None, 0.0, 0.1, "ok", "", "openai", None, "m")
+            (
+                "j",
+                f"it-{i + 1}",
+                1.0,
+                1,
+                "m",
+                "ep",
+                "a",
+                200,
+                None,
+                None,
+                0.0,
+                0.1,
+                "ok",
+                "",
+                "openai",
+                None,
+                "m",
+                5,
+                0,
+                7,
+                0.0001,
+            )
         )
         self.writer.record(
             Outcome(key, ItemState.DONE, attempts=1, model="m", content="x"), (f"it-{i + 1}", True, "m", None)

@@ -112,11 +112,13 @@ def config(
     anthropic: tuple[str, ...] = (),
     anthropic_version: str = "2026-10-21",
     anthropic_headers: str = "",
+    prices: Mapping[str, Mapping[str, float]] | None = None,
 ) -> Config:
     """The models in ``models``' order, on the simulator's OpenAI wire (endpoint ``sim``),
     but those in ``anthropic``, on its Anthropic wire (endpoint ``anthropic``, the simulator's
     origin, ``anthropic_version``, ``anthropic_headers`` as a TOML inline table); ``extra``
-    and ``gateway`` (the ``[gateway]`` section's lines) are TOML, as tests write them."""
+    and ``gateway`` (the ``[gateway]`` section's lines) are TOML, as tests write them; ``prices``:
+    a model's ``prices`` table, by its name."""
     endpoints: dict[str, Any] = {}
     if anthropic:
         headers = tomllib.loads(f"headers = {anthropic_headers}") if anthropic_headers else {}
@@ -127,12 +129,14 @@ def config(
             "keys": [(key_env, "claude-key")],
             **headers,
         }
+    specs = sim_models(models, on=dict.fromkeys(anthropic, "anthropic"), max_tokens=max_tokens)
+    priced = {name: {"prices": p} for name, p in (prices or {}).items()}
     text = config_toml(
         base_url,
         endpoint="sim",
         keys=[(key_env, "sim-key")],
         endpoints=endpoints,
-        models=sim_models(models, on=dict.fromkeys(anthropic, "anthropic"), max_tokens=max_tokens),
+        models={name: {**spec, **priced.get(name, {})} for name, spec in specs.items()},
         extra=extra + (f"\n[gateway]\n{gateway}\n" if gateway else ""),
     )
     return parse_config(text, "gateway-test.toml")

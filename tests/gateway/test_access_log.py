@@ -45,6 +45,8 @@ FIELDS = {
     "ttfb_ms",
     "tokens_in",
     "tokens_out",
+    "tokens_cached",
+    "cost_usd",
     "skipped",
     "continued",
 }
@@ -85,6 +87,7 @@ async def test_one_line_per_request_with_every_field_and_no_key_or_prompt(tmp_pa
     assert chat["priority"] == "interactive" and chat["served_api"] == "openai"
     assert chat["deployment"] == "sim-medium"  # the id the endpoint knows medium by (its api_model)
     assert isinstance(chat["tokens_in"], int) and chat["tokens_in"] > 0 and chat["tokens_out"] == 12
+    assert chat["tokens_cached"] == 0 and chat["cost_usd"] is None  # the test config prices no model
     assert isinstance(chat["latency_ms"], float) and isinstance(chat["ttfb_ms"], float)
     assert str(chat["time"]).endswith("Z")
     assert (stream["api"], stream["model_requested"], stream["model_served"], stream["status"]) == (

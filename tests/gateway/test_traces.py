@@ -123,6 +123,7 @@ async def test_a_request_span_with_its_attempt_a_stream_a_failure_and_a_messages
         "gen_ai.response.model": "sim-flagship",
         "gen_ai.usage.input_tokens": reply.usage.prompt_tokens,
         "gen_ai.usage.output_tokens": 8,
+        "gen_ai.usage.cache_read.input_tokens": 0,
         "http.response.status_code": 200,
         "url.path": "/v1/chat/completions",
         "capmon.request_id": raw.headers["x-request-id"],
@@ -431,3 +432,20 @@ def test_without_telemetry_nothing_of_opentelemetry_is_imported() -> None:
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.looptime
+async def test_the_request_span_carries_the_answers_cost_at_its_models_prices() -> None:
+    prices = {"flagship": {"input": 3.0, "output": 15.0, "cached_input": 0.3}}
+    async with traced(prices=prices) as (gw, exporter), gw.openai() as sdk:
+        reply = await sdk.chat.completions.create(model="flagship", messages=HELLO, max_tokens=8)
+        unpriced = await sdk.chat.completions.create(model="medium", messages=HELLO, max_tokens=8)
+        spans = await spans_of(exporter, 2)
+    (priced_span, [attempt]), (medium_span, _) = tree(spans)
+    assert reply.usage is not None and unpriced.usage is not None
+    assert priced_span.attributes is not None and medium_span.attributes is not None and attempt.attributes
+    expected = (reply.usage.prompt_tokens * 3.0 + reply.usage.completion_tokens * 15.0) / 1e6
+    assert priced_span.attributes["capmon.cost_usd"] == pytest.approx(expected)
+    assert "capmon.cost_usd" not in attempt.attributes  # the request's only: summed over spans, it counts once
+    assert "capmon.cost_usd" not in medium_span.attributes  # no price: no cost, never 0
+    assert medium_span.attributes["gen_ai.usage.input_tokens"] == unpriced.usage.prompt_tokens

@@ -21,6 +21,7 @@ from capmon.core.types.snapshot import (
     EngineSnapshot,
     FleetProcess,
     LinkState,
+    ModelSpend,
     SharedStatus,
     TargetSnapshot,
     WaitingRetry,
@@ -180,6 +181,7 @@ class FakeSource:
         self._workers = list(workers)
         self.calls: list[tuple[str, Any]] = []
         self.shared = SharedStatus()  # what capmon/fleet reports; a test sets it to show the fleet
+        self.spend: tuple[ModelSpend, ...] = ()  # what answers cost so far; a test sets it to show the spend
         self.pending: list[ev.Event] = []  # stamped earlier, published by flush_pending()
         self.started = self.stopped = False
         self.snapshots = 0
@@ -214,6 +216,7 @@ class FakeSource:
             failed=2,
             events_published=self.bus.published,
             shared=self.shared,
+            spend=self.spend,
         )
 
     def batch(self) -> BatchProgress | None:

@@ -14,7 +14,7 @@ from textual.widgets import OptionList
 
 from capmon.core.base.exceptions import CapmonError
 from capmon.core.types import events as ev
-from capmon.core.types.snapshot import FleetProcess, LinkState, SharedStatus
+from capmon.core.types.snapshot import FleetProcess, LinkState, ModelSpend, SharedStatus
 from capmon.tui.app import CapmonApp
 from capmon.tui.screens import ConfirmScreen, HelpScreen, ModelSwitchScreen
 from capmon.tui.source import ReadOnlyError, WorkerSpec
@@ -127,6 +127,21 @@ async def test_an_unreachable_endpoint_shows_in_the_status_bar_and_the_last_colu
         await pilot.pause()
         assert "UNREACHABLE: sim" in screen_text(app)
         assert app.table.get_cell(flagship.target, "last").plain == "net"
+
+
+async def test_the_spend_so_far_shows_in_the_status_bar_once_an_answer_had_a_price() -> None:
+    source = steady()
+    async with running(source) as (app, pilot):
+        source.spend = (ModelSpend("small", 0.0, 40, 40),)  # answers without a price: no spend shown, no "$0"
+        app.refresh_view()
+        await pilot.pause()
+        assert "spent" not in screen_text(app)
+        source.spend = (ModelSpend("flagship", 1.25, 100, 0), ModelSpend("medium", 0.0042, 30, 2))
+        app.refresh_view()
+        await pilot.pause()
+        shown = screen_text(app)
+        assert "2 failed · $1.2542 spent" in shown
+        assert "spent: flagship $1.2500 · medium $0.004200" in shown
 
 
 # ---------------------------------------------------------------- trip, reset, force close

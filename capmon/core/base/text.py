@@ -107,3 +107,10 @@ def clip(text: str, width: int) -> str:
 def shorten(text: str, width: int) -> str:
     """``text`` on one line (runs of whitespace become one space), clipped to ``width``."""
     return clip(" ".join(text.split()), width)
+
+
+def usd(x: float | None) -> str:
+    """An amount of USD as capmon prints it ("-" for none): one answer's is a fraction of a cent."""
+    if x is None:
+        return "-"
+    return f"${x:,.2f}" if abs(x) >= 100 else f"${x:.4f}" if abs(x) >= 0.01 else f"${x:.6f}"

@@ -35,6 +35,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from capmon.core.providers import hub, usage
+
+# isort: split
+# hub first: it imports the format modules, each of which imports it
+from capmon.core.providers import chat_format, converse_format, gemini_format, messages_format
 from capmon.core.providers.classify import QUOTA_HINT
 from capmon.core.providers.dialect import dialect_of
 from capmon.core.providers.frames import Event
@@ -42,8 +46,10 @@ from capmon.core.providers.hub import FORMATS
 from capmon.core.providers.splice import Splice
 from capmon.core.providers.sse import Frame
 from capmon.core.providers.token_param import TokenParam
+from capmon.core.types import canon
 from capmon.core.types.config import ClientConfig, DropRule
 from capmon.core.types.failure import Failure
+from capmon.core.types.prices import Tokens
 from capmon.core.types.result import Format, Request
 
 if TYPE_CHECKING:
@@ -187,6 +193,24 @@ def answer_in(caller: Format, target_wire: Format, response: Mapping[str, Any], 
 def text_of(caller: Format, response: Mapping[str, Any]) -> str:
     """An answer's text, in the caller's format."""
     return FORMATS[caller].text(response)
+
+
+# Where each format's answer keeps its usage, and how it reads as the hub's (the cached part apart).
+_USAGE: Mapping[Format, tuple[str, Callable[[object], canon.Usage | None]]] = {
+    Format.CHAT: ("usage", chat_format.decode_usage),
+    Format.RESPONSES: ("usage", chat_format.decode_usage),
+    Format.MESSAGES: ("usage", messages_format.decode_usage),
+    Format.GEMINI: ("usageMetadata", gemini_format.decode_usage),
+    Format.CONVERSE: ("usage", converse_format.decode_usage),
+}
+
+
+def tokens_of(caller: Format, response: Mapping[str, Any] | None) -> Tokens | None:
+    """An answer's (in the caller's format) token counts as they are priced; None when it
+    tells none."""
+    key, decode = _USAGE[caller]
+    told = (response or {}).get(key)
+    return Tokens.of(decode(told)) if isinstance(told, Mapping) else None
 
 
 def used_tokens(caller: Format, response: Mapping[str, Any] | None) -> int | None:

@@ -54,8 +54,10 @@ def result_of(
     request_id: int,
     requested: str = "",
     lowered: int | None = None,
+    cost: float | None = None,
 ) -> ChatResult:
-    """A successful answer as the caller gets it: which target served, its text, its usage."""
+    """A successful answer as the caller gets it: which target served, its text, its usage
+    and its ``cost`` (the serving attempt's)."""
     response = answer.response or {}
     usage = response.get("usage") or {}
     return ChatResult(
@@ -72,6 +74,7 @@ def result_of(
         api=t.endpoint.api,
         requested=requested,
         max_tokens_lowered=lowered,
+        cost=cost,
     )
 
 

@@ -47,6 +47,7 @@ from capmon.core.routing.waiting import WaitQueue
 from capmon.core.types import events as ev
 from capmon.core.types.config import Config, ResolvedKey, Spread, resolve_keys
 from capmon.core.types.failure import UNSUPPORTED_FEATURE, Failure, Kind
+from capmon.core.types.prices import Tokens, cost_of, price_of
 from capmon.core.types.result import Attempt, ChatResult, Decision, Request
 from capmon.core.types.snapshot import EngineSnapshot, TargetSnapshot
 
@@ -576,7 +577,8 @@ class FallbackClient(FormatCalls, ManualControls):
                 ("total_tokens", splice.earlier_in + splice.earlier_out),
             ),
         )
-        return dataclasses.replace(result, content="".join(splice.text), usage=usage)
+        # The earlier parts' tokens are estimates, by models whose prices may differ: no cost.
+        return dataclasses.replace(result, content="".join(splice.text), usage=usage, cost=None)
 
     async def _settle(
         self, r: Routing, t: Target, adm: Admission, answer: Answer, number: int, wall: float, t0: float
@@ -593,9 +595,11 @@ class FallbackClient(FormatCalls, ManualControls):
         if r.resume is not None and (failure is None or answer.output_sent):
             r.resume = None
 
-        def record(decision: Decision, wait: float = 0.0) -> None:
+        def record(decision: Decision, wait: float = 0.0, tokens: Tokens | None = None) -> None:
             status, dropped = answer.status, answer.dropped
             a = self.journal.attempt(r, t, number, wall, status, failure, wait, latency, decision, dropped)
+            if tokens is not None:
+                a = dataclasses.replace(a, tokens=tokens, cost=cost_of(price_of(t.model), tokens))
             if went_on is not None and (failure is None or answer.output_sent):
                 a = dataclasses.replace(a, continues=went_on)
             self._note(r, a)
@@ -606,10 +610,18 @@ class FallbackClient(FormatCalls, ManualControls):
             record(Decision.RETRY)
             return t, adm
         if failure is None:
-            record(Decision.OK)
+            record(Decision.OK, tokens=formats.tokens_of(r.request.format, answer.response))
             self.journal.done(r, t, ok=True, now=now)
             return result_of(
-                answer, t, r.request.format, tuple(r.attempts), now - r.started, r.id, r.first_choice, r.sending_lowered
+                answer,
+                t,
+                r.request.format,
+                tuple(r.attempts),
+                now - r.started,
+                r.id,
+                r.first_choice,
+                r.sending_lowered,
+                cost=r.attempts[-1].cost,
             )
         self.journal.failed_attempt(r, t, number, answer.status, failure)
         if r.resume is not None and r.prefilled and refuses_prefill(failure):
@@ -722,4 +734,5 @@ def build_snapshot(client: FallbackClient, journal: Journal, queued: int) -> Eng
         cancelled=journal.cancelled,
         events_published=client.bus.published,
         shared=client.state.shared_status(),
+        spend=journal.spend(),
     )

@@ -17,7 +17,7 @@ from capmon.core.routing.targets import Target
 from capmon.core.types import events as ev
 from capmon.core.types.failure import Failure
 from capmon.core.types.result import Attempt, Decision, Request, Skip, sent
-from capmon.core.types.snapshot import WaitingRetry
+from capmon.core.types.snapshot import ModelSpend, WaitingRetry
 
 log = logging.getLogger("capmon.client")
 
@@ -50,6 +50,7 @@ class Journal:
         # Every request ends as exactly one of succeeded, failed (RequestFailed) or cancelled
         # (anything else: the caller went away); the rest are still in progress.
         self.in_flight = self.requests = self.succeeded = self.failed = self.cancelled = 0
+        self._spend: dict[str, ModelSpend] = {}  # per model: what its answers cost so far
 
     def publish(self, cls: type[ev.Event], at: float | None = None, wall: float | None = None, **fields: Any) -> None:
         """``at`` and ``wall``: the clock's readings the caller has just taken, else read here."""
@@ -235,11 +236,22 @@ class Journal:
 
     def observe(self, request: Request, attempt: Attempt) -> None:
         """Tell every observer (the audit log) of an attempt on the record."""
+        if attempt.tokens is not None:  # an answer that told its usage
+            was = self._spend.get(attempt.model) or ModelSpend(attempt.model, 0.0, 0, 0)
+            self._spend[attempt.model] = ModelSpend(
+                attempt.model,
+                was.cost + (attempt.cost or 0.0),
+                was.answers + 1,
+                was.unpriced + (attempt.cost is None),
+            )
         for fn in list(self._observers):
             try:
                 fn(request, attempt)
             except Exception:
                 log.exception("attempt observer failed")
+
+    def spend(self) -> tuple[ModelSpend, ...]:
+        return tuple(self._spend.values())
 
     def show_wait(self, r: Routing, wait: float, reason: str) -> None:
         """A visible retry wait: shown in snapshots and announced on the bus."""

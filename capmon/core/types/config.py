@@ -25,6 +25,7 @@ from capmon.core.base.exceptions import ConfigError
 from capmon.core.base.schema import Loader, key_text, parse_toml, read_text
 from capmon.core.base.schema import spec as _f
 from capmon.core.base.secrets import Secret
+from capmon.core.types.prices import Prices
 
 # The key the bundled simulator accepts. Not a secret: it only opens a loopback
 # simulator, and it is used only for endpoints marked ``simulated = true``.
@@ -392,6 +393,7 @@ class DeploymentConfig:
     capabilities: CapabilitiesConfig = _f(
         factory=CapabilitiesConfig, doc="what the model can do there; each left out: the model's"
     )
+    prices: Prices | None = _f(None, doc="what its tokens cost there, in USD per million; not set: the model's prices")
 
 
 @dataclass(frozen=True)
@@ -472,6 +474,13 @@ class ModelConfig:
             " learned from their 400 anyway)"
         ),
     )
+    prices: Prices | None = _f(
+        None,
+        doc=(
+            "what its tokens cost, in USD per million (each answer's cost, the report's, the dashboard's"
+            " spend); not set: its answers have no cost"
+        ),
+    )
 
     @property
     def wire_name(self) -> str:
@@ -483,7 +492,7 @@ class ModelConfig:
         return self.deployments or tuple(DeploymentConfig(endpoint=e) for e in self.endpoints)
 
     def at(self, d: DeploymentConfig) -> ModelConfig:
-        """The model as deployment ``d`` sees it: d's id and limits where it sets them, the
+        """The model as deployment ``d`` sees it: d's id, limits and prices where it sets them, the
         model's otherwise; its name, window and the rest are the model's (a target carries
         this, so every reader of ``wire_name`` or a limit reads the deployment's)."""
         return dataclasses.replace(
@@ -494,6 +503,7 @@ class ModelConfig:
             tpm=self.tpm if d.tpm is None else d.tpm,
             max_concurrency=self.max_concurrency if d.max_concurrency is None else d.max_concurrency,
             capabilities=self.capabilities.merged(d.capabilities),
+            prices=self.prices if d.prices is None else d.prices,
         )
 
 

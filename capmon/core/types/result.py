@@ -9,6 +9,7 @@ from typing import Any
 
 from capmon.core.types.config import EndpointApi
 from capmon.core.types.failure import Kind
+from capmon.core.types.prices import Tokens
 
 
 class Decision(enum.StrEnum):
@@ -218,6 +219,10 @@ class Attempt:
     # The id the target's endpoint knows the model by (its deployment's): the model's name at
     # most endpoints, another id where a deployment sets one. "" from a source older than it.
     deployment: str = ""
+    # The answer's (Decision.OK only): its token counts as told, and what they cost at the
+    # target's prices (None: no price known, or no counts told).
+    tokens: Tokens | None = None
+    cost: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,6 +270,9 @@ class ChatResult:
     max_tokens_lowered: int | None = None  # the output cap sent when [client] cap_client_tokens cut the caller's
     # The id the serving endpoint knows the model by (the deployment that served, with endpoint)
     deployment: str = ""
+    # USD at the serving target's prices (capmon/core/types/prices.py); None: no price is
+    # known, the answer told no usage, or a continued stream's earlier parts were estimated
+    cost: float | None = None
 
     @property
     def continued(self) -> tuple[Continued, ...]:

@@ -124,6 +124,16 @@ class SharedStatus:
 
 
 @dataclass(frozen=True, slots=True)
+class ModelSpend:
+    """What one model's answers cost this process so far (capmon/core/types/prices.py)."""
+
+    model: str
+    cost: float  # USD over its priced answers
+    answers: int  # its answers that told their usage
+    unpriced: int  # of them, those without a price (no cost: never counted as free)
+
+
+@dataclass(frozen=True, slots=True)
 class EngineSnapshot:
     now: float
     wall: float
@@ -138,6 +148,14 @@ class EngineSnapshot:
     events_published: int
     shared: SharedStatus = field(default_factory=SharedStatus)
     cancelled: int = 0  # ended otherwise: the caller went away (a gateway's client hung up)
+    spend: tuple[ModelSpend, ...] = ()  # per model that answered with usage, in the order they first did
+
+    @property
+    def spent(self) -> float | None:
+        """USD over every priced answer so far; None while no answer had a price."""
+        if not any(s.answers > s.unpriced for s in self.spend):
+            return None
+        return sum(s.cost for s in self.spend)
 
     @property
     def pinned_model(self) -> str | None:

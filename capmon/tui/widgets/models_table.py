@@ -177,8 +177,13 @@ class ModelsTable(DataTable[Text]):
 
     @staticmethod
     def _subtitle(snap: EngineSnapshot, shown: int) -> str:
+        """The rows the filter hides, and what each model's answers cost so far (once one had a price)."""
         hidden = len(snap.targets) - shown
-        return f"{hidden} hidden by the filter" if hidden else ""
+        said = [f"{hidden} hidden by the filter"] if hidden else []
+        priced = [s for s in snap.spend if s.answers > s.unpriced]
+        if priced:
+            said.append("spent: " + " · ".join(f"{s.model} {text.usd(s.cost)}" for s in priced))
+        return "  │  ".join(said)
 
     @staticmethod
     def _label(t: TargetSnapshot, snap: EngineSnapshot, width: int = MODEL_WIDTH) -> Text:

@@ -38,6 +38,9 @@ class StatusBar(Static):
             line.append(
                 f"{snap.in_flight} in flight · {snap.queued} queued · {snap.succeeded:,} ok · {snap.failed:,} failed"
             )
+            spent = snap.spent
+            if spent is not None:  # once an answer had a price (no "$0" for a config without); per model: the table's
+                line.append(f" · {text.usd(spent)} spent", style="bold")
             down = {t.endpoint for t in snap.targets if t.unreachable_reason}
             if down:
                 # Not capacity: an address, DNS, a proxy or TLS (`capmon status` names the cause).

@@ -40,7 +40,7 @@ def done(key: int, content: str) -> Outcome:
 
 
 def audit_row(item: str) -> tuple[Any, ...]:
-    return ("j", item, 1.0, 1, "m", "ep", "a", 200, None, None, 0.0, 0.1, "ok", "", "openai", None, "m")
+    return ("j", item, 1.0, 1, "m", "ep", "a", 200, None, None, 0.0, 0.1, "ok", "", "openai", None, "m", 5, 0, 7, 0.001)
 
 
 def commit(store: PgStore, job_id: int, outcomes: list[Outcome], rows: list[tuple[Any, ...]] = []) -> list[int]:  # noqa: B006
