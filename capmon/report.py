@@ -348,8 +348,10 @@ def _write(output: _Output, fmt: OutputFormat, out: TextIO) -> None:
 
 def preferred(config: str | None) -> tuple[str, Prices | None]:
     """The config's first model and its prices where it is tried first (its first deployment's)."""
-    first = load_config(find_config(config)).models[0]
-    return first.name, price_of(first.at(first.deployed()[0]))
+    cfg = load_config(find_config(config))
+    first = cfg.models[0]
+    deployment = first.deployed()[0]
+    return first.name, price_of(first.at(deployment), cfg.endpoint(deployment.endpoint).api)
 
 
 def run_report(options: ReportOptions, out: TextIO | None = None) -> int:

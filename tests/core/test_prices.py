@@ -5,21 +5,17 @@ a price."""
 
 from __future__ import annotations
 
-import json
+import dataclasses
 
 import pytest
 
 from capmon.core.base.exceptions import ConfigError
 from capmon.core.providers import formats
-from capmon.core.routing.client import FallbackClient
 from capmon.core.routing.targets import build_targets
-from capmon.core.types.config import SIMULATOR_DEMO_KEY, parse_config, resolve_keys
+from capmon.core.types.config import parse_config, resolve_keys
 from capmon.core.types.prices import Prices, Tokens, cost_of, price_of
-from capmon.core.types.result import Format, Request
-from capmon.core.types.serial import snapshot_from_json, snapshot_to_json
-from capmon.core.types.snapshot import ModelSpend
+from capmon.core.types.result import Format
 from tests.support.configs import config_toml
-from tests.support.simulated import StartSim, deployments_scenario
 
 SONNET = Prices(input=3.0, output=15.0, cached_input=0.3)
 
@@ -141,40 +137,14 @@ def test_each_formats_usage_is_priced_with_its_cached_part_apart(
     assert cost_of(None, tokens) is None
 
 
-@pytest.mark.integration
-@pytest.mark.looptime
-async def test_the_results_cost_is_its_usage_at_the_serving_deployments_prices(start_sim: StartSim) -> None:
-    sim = await start_sim(deployments_scenario(east=0))  # east refuses everything: m is served at west
-    text = config_toml(
-        sim.base_url,
-        endpoint="east",
-        endpoints={"west": sim.base_url},
-        keys=[("KEY", "k")],
-        models={
-            "m": {
-                "max_tokens": 64,
-                "prices": {"input": 3.0, "output": 15.0},
-                "deployments": [
-                    {"endpoint": "east", "model": "sim-m-east"},
-                    {"endpoint": "west", "model": "sim-m-west", "prices": {"input": 1.0, "output": 2.0}},
-                ],
-            },
-            "backup": {"api_model": "sim-backup", "max_tokens": 64},
-        },
-    )
-    async with FallbackClient(parse_config(text, "c.toml"), environ={"KEY": SIMULATOR_DEMO_KEY}) as client:
-        served = await client.chat(Request.of("hello", model="m"))
-        unpriced = await client.chat(Request.of("hello", model="backup"))
-        snap = client.snapshot()
-    assert served.endpoint == "west"
-    usage = served.usage
-    assert usage["prompt_tokens"] > 0 and usage["completion_tokens"] > 0
-    expected = (usage["prompt_tokens"] * 1.0 + usage["completion_tokens"] * 2.0) / 1e6
-    assert served.cost == pytest.approx(expected)
-    assert served.attempts[-1].cost == served.cost
-    assert served.attempts[-1].tokens == Tokens(usage["prompt_tokens"], 0, usage["completion_tokens"])
-    assert unpriced.usage["prompt_tokens"] > 0 and unpriced.cost is None
-    # the dashboard's spend so far, per model, as the remote dashboard's JSON carries it too
-    assert snap.spend == (ModelSpend("m", served.cost, 1, 0), ModelSpend("backup", 0.0, 1, 1))
-    assert snap.spent == served.cost
-    assert snapshot_from_json(json.loads(json.dumps(snapshot_to_json(snap)))).spend == snap.spend
+@pytest.mark.unit
+def test_a_model_without_prices_in_its_config_is_priced_by_the_offline_catalogue() -> None:
+    from capmon.core.types.config import EndpointApi, ModelConfig
+
+    sonnet = ModelConfig(name="sonnet", api_model="us.anthropic.claude-sonnet-4-5-20250929-v1:0")
+    listed = price_of(sonnet, EndpointApi.BEDROCK)
+    assert listed is not None and listed.input > 0 and listed.output > listed.input
+    assert price_of(sonnet) is None  # no endpoint, no catalogue: nobody says
+    assert price_of(ModelConfig(name="sim-flagship"), EndpointApi.OPENAI) is None  # unknown to it
+    own = dataclasses.replace(sonnet, prices=Prices(input=1.0, output=2.0))
+    assert price_of(own, EndpointApi.BEDROCK) == Prices(input=1.0, output=2.0)  # the config wins

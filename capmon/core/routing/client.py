@@ -599,7 +599,7 @@ class FallbackClient(FormatCalls, ManualControls):
             status, dropped = answer.status, answer.dropped
             a = self.journal.attempt(r, t, number, wall, status, failure, wait, latency, decision, dropped)
             if tokens is not None:
-                a = dataclasses.replace(a, tokens=tokens, cost=cost_of(price_of(t.model), tokens))
+                a = dataclasses.replace(a, tokens=tokens, cost=cost_of(price_of(t.model, t.endpoint.api), tokens))
             if went_on is not None and (failure is None or answer.output_sent):
                 a = dataclasses.replace(a, continues=went_on)
             self._note(r, a)

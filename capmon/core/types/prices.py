@@ -1,8 +1,9 @@
 """What a model's tokens cost, and what one answer cost.
 
-Prices come from one place, :func:`price_of`: today the config's (``[[models]] prices``,
-a deployment's own ``prices`` winning for the target that serves there); a price catalogue
-shipped with the package can be put behind it without any reader changing. A model without
+Prices come from one place, :func:`price_of`: the config's (``[[models]] prices``, a
+deployment's own ``prices`` winning for the target that serves there), else the offline
+catalogue's for the id its endpoint knows the model by (capmon/core/types/catalogue.py:
+models.dev's data, shipped with the package). A model without
 a price has no cost: None, never a guessed number, so a sum over answers says how many it
 could not price rather than counting them as free.
 """
@@ -16,7 +17,7 @@ from capmon.core.base.schema import spec as _f
 from capmon.core.types import canon
 
 if TYPE_CHECKING:
-    from capmon.core.types.config import ModelConfig
+    from capmon.core.types.config import EndpointApi, ModelConfig
 
 PER = 1_000_000  # prices are per million tokens, as every provider's price list gives them
 
@@ -58,10 +59,19 @@ class Tokens:
         return Tokens(input=usage.prompt, cached=cached, output=usage.output or 0)
 
 
-def price_of(model: ModelConfig) -> Prices | None:
+def price_of(model: ModelConfig, api: EndpointApi | None = None) -> Prices | None:
     """The prices of ``model`` as the target that carries it sees them (a deployment's own
-    prices are already on it: ``ModelConfig.at``); None: nobody said."""
-    return model.prices
+    prices are already on it: ``ModelConfig.at``), else the catalogue's for its id at an
+    ``api`` endpoint; None: nobody says."""
+    if model.prices is not None or api is None:
+        return model.prices
+    from capmon.core.types import catalogue  # its data is read on the first lookup
+
+    found = catalogue.model(api, model.wire_name)
+    cost = found.cost if found is not None else None
+    if cost is None or cost.input is None or cost.output is None:
+        return None
+    return Prices(input=float(cost.input), output=float(cost.output), cached_input=cost.cache_read)
 
 
 def cost_of(prices: Prices | None, tokens: Tokens | None) -> float | None:
