@@ -90,7 +90,7 @@ async def test_answers_without_a_price_are_counted_apart_and_never_as_free(tmp_p
     data = json.loads(report(db, config, OutputFormat.JSON))["cost"]
     assert (data["cost"], data["unpriced"], data["on_preferred"], data["gap"]) == (0.0, 5, None, None)
     text = report(db, config, OutputFormat.TEXT)
-    assert "cost: $0.000000 for 0 answers (5 more without a price: set [[models]] prices)" in text
+    assert "cost: $0 for 0 answers (5 more without a price: set [[models]] prices)" in text
     assert "small, the preferred model, has no price to compare with" in text
 
 

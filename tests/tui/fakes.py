@@ -594,6 +594,13 @@ def outage() -> FakeSource:
         rate=9.8,
         eta=109.0,
     )
+    # What the answers cost so far, at the demo config's prices (USD per million tokens)
+    source.spend = (
+        ModelSpend("flagship", 0.7372, 388, 0),
+        ModelSpend("claude", 0.5136, 214, 0),
+        ModelSpend("medium", 0.0571, 223, 0),
+        ModelSpend("small", 0.0035, 87, 0),
+    )
     return source
 
 

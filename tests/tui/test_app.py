@@ -141,7 +141,7 @@ async def test_the_spend_so_far_shows_in_the_status_bar_once_an_answer_had_a_pri
         await pilot.pause()
         shown = screen_text(app)
         assert "2 failed · $1.2542 spent" in shown
-        assert "spent: flagship $1.2500 · medium $0.004200" in shown
+        assert "spent: flagship $1.2500 · medium $0.0042" in shown
 
 
 # ---------------------------------------------------------------- trip, reset, force close

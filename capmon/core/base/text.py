@@ -113,4 +113,8 @@ def usd(x: float | None) -> str:
     """An amount of USD as capmon prints it ("-" for none): one answer's is a fraction of a cent."""
     if x is None:
         return "-"
-    return f"${x:,.2f}" if abs(x) >= 100 else f"${x:.4f}" if abs(x) >= 0.01 else f"${x:.6f}"
+    if abs(x) >= 100:
+        return f"${x:,.2f}"
+    if abs(x) >= 0.01:
+        return f"${x:.4f}"
+    return "$" + (f"{x:.6f}".rstrip("0").rstrip(".") or "0")  # $0.0035, not $0.003500
