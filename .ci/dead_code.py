@@ -101,7 +101,13 @@ IGNORED = {
     "never_reached",
     # ... and event fields, for the same JSON (the control API's event feed, a remote dashboard).
     "caller_request_id",
-    "from_deployment",  # a DeploymentMoved's id the model had where it left (the event log shows where it went)
+    "from_deployment",
+    # An audit row's cost, read from the store by column (AuditRow.of takes the row in order):
+    # the report sums the column in SQL, the export writes every field.
+    "cost_usd",
+    # A capability read by its Feature's name (capabilities.has: getattr(..., feature.value)),
+    # on the config's table and the catalogue's entry alike.
+    "images",  # a DeploymentMoved's id the model had where it left (the event log shows where it went)
     # The public API, which users call and capmon itself does not: capmon.sim's running_simulator
     # and its handle's admin_url (exported in capmon.sim.__all__), FallbackClient.stream_responses
     # (README, "Use it as a library"), ChatResult.tool_calls, Engine.simulator_started (capmon.Engine).
