@@ -208,6 +208,14 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("job", metavar="JOB")
     export.add_argument("--out", metavar="OUT.jsonl", required=True)
     _add_db(export)
+    compare = bsub.add_parser(
+        "compare", help="send a sample of the items a fallback served to their preferred model, and compare"
+    )
+    _add_config(compare)
+    compare.add_argument("job", metavar="JOB")
+    compare.add_argument("--sample", type=int, default=20, metavar="N", help="items to send again (default 20)")
+    compare.add_argument("--seed", type=int, default=0, help="the sample's seed: the same seed, the same items")
+    _add_db(compare)
     lst = bsub.add_parser("list", help="list jobs")
     _add_db(lst)
     show = bsub.add_parser("show", help="one job's state")
@@ -317,6 +325,8 @@ def _run_batch(args: argparse.Namespace) -> int:
             return c.resume_job(c.ResumeOptions(job=args.job, **start))
         if action == "export":
             return c.export_command(db, args.job, args.out)
+        if action == "compare":
+            return c.compare_command(db, args.job, args.sample, args.seed, args.config)
         if action == "list":
             return c.list_jobs(db)
         return c.show_job(db, args.job)

@@ -24,6 +24,7 @@ from typing import Any, Protocol, TextIO
 
 from capmon import audit
 from capmon.advice import Advice, advise
+from capmon.batch.compare import Agreement
 from capmon.batch.figures import (
     CostFigures,
     ItemReport,
@@ -126,6 +127,8 @@ def format_report(r: JobReport, items_shown: int = ITEMS_SHOWN_TEXT, advice: Seq
         f"fallbacks: {r.fell_back_items} items served by another model than their first choice"
         + (f" (moves between attempts: {pairs})" if pairs else "")
     )
+    if r.agreement is not None:
+        lines.append(_agreement_line(r.agreement, r.agreement_by_model))
     if r.cost is not None:
         lines += _cost_lines(r.cost)
     if r.continued_items:
@@ -262,6 +265,8 @@ def write_csv(r: JobReport, out: TextIO) -> None:
             "items",
             "cost_usd",
             "on_preferred_usd",
+            "compared",
+            "agreed",
         ]
     )
     costs = {c.model: c for c in r.cost.models} if r.cost is not None else {}
@@ -283,8 +288,25 @@ def write_csv(r: JobReport, out: TextIO) -> None:
                 " ".join(m.items),
                 "" if c is None else c.cost,
                 "" if c is None or c.on_preferred is None else c.on_preferred,
+                "" if (a := r.agreement_by_model.get(m.model)) is None else a.compared,
+                "" if a is None else a.agreed,
             ]
         )
+
+
+def _agreement_line(a: Agreement, by_model: dict[str, Agreement]) -> str:
+    """capmon batch compare's: how often the preferred model gave the fallback's answer."""
+    if a.rate is None:
+        head = f"agreement: none of {a.missing} comparisons got an answer"
+    else:
+        head = f"agreement: {a.rate:.0%} ({a.agreed} of {a.compared} items compared, the preferred model's answer"
+        head += " the same as the fallback's"
+        head += f"; {a.missing} got no answer)" if a.missing else ")"
+    if len(by_model) > 1:
+        head += "; by fallback: " + ", ".join(
+            f"{shown(m)} {b.agreed}/{b.compared}" for m, b in by_model.items() if b.compared
+        )
+    return head
 
 
 def write_item_csv(r: ItemReport, out: TextIO) -> None:

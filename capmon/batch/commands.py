@@ -33,10 +33,11 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, TextIO
 
+from capmon.batch.compare import Agreement, compare_job
 from capmon.batch.defaults import DEFAULT_CONCURRENCY
 from capmon.batch.export import check_writable, export_job
 from capmon.batch.figures import settings_text, shown
-from capmon.batch.options import RunnerOptions
+from capmon.batch.options import OptionError, RunnerOptions
 from capmon.batch.pacing import Pacing
 from capmon.batch.progress import ProgressLine
 from capmon.batch.runner import BatchRunner, JobSummary
@@ -359,6 +360,31 @@ def export_command(db: Db | str | None, job: str, out: str) -> int:
         f"to {result.path}{note}"
     )
     return EXIT_OK
+
+
+def compare_command(db: Db | str | None, job: str, sample: int, seed: int, config: str | None = None) -> int:
+    """`capmon batch compare JOB --sample N --seed S`."""
+    if sample < 1:
+        raise OptionError("sample", "expected at least 1", value=str(sample))
+    from capmon.runtime import load, open_engine
+
+    async def drive() -> Agreement:
+        async with open_engine(load(config), role="batch") as engine:
+            return await compare_job(engine.client, resolve_db(db), job, sample, seed)
+
+    with Interrupts():
+        result = asyncio.run(drive())
+    _say(describe_agreement(job, result))
+    return EXIT_OK
+
+
+def describe_agreement(job: str, a: Agreement) -> str:
+    if a.rate is None:
+        return f"job {job!r}: nothing compared" + (f" ({a.missing} got no answer)" if a.missing else "")
+    return (
+        f"job {job!r}: the preferred model agrees with the fallback on {a.agreed} of {a.compared} "
+        f"items ({a.rate:.0%})" + (f"; {a.missing} got no answer" if a.missing else "")
+    )
 
 
 def _when(wall: float | None) -> str:

@@ -2,10 +2,11 @@
 
 Each finished item is one record: ``id``, the ``model`` that served it, ``content``,
 the item's ``metadata``, ``attempts`` (over its whole life, parks included) and
-``fell_back``; a failed item has ``model`` and ``content`` null and
-``error: {kind, message, line}``. Items not finished yet (pending, parked) are left
-out and counted, so a partial export is never mistaken for a whole one. An item whose
-line left the input (``--accept-changed-input``) stays where its line was, with
+``fell_back`` (and, for an item ``capmon batch compare`` sent again, ``compare_model``,
+``compare_answer`` and ``agrees``: null when either answer is missing); a failed item
+has ``model`` and ``content`` null and ``error: {kind, message, line}``. Items not
+finished yet (pending, parked) are left out and counted, so a partial export is never
+mistaken for a whole one. An item whose line left the input (``--accept-changed-input``) stays where its line was, with
 ``"removed": true`` and whatever result it had.
 
 No record carries more than ``client.max_response_bytes`` of content (the runner
@@ -27,8 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+from capmon.batch.compare import agrees
 from capmon.batch.options import OptionError
-from capmon.batch.sqlite import DEFAULT_MAX_RESPONSE_BYTES, ResultRecord
+from capmon.batch.sqlite import DEFAULT_MAX_RESPONSE_BYTES, Comparison, ResultRecord
 from capmon.batch.states import ItemState
 from capmon.batch.store import Db, Store, open_store
 from capmon.core.types.failure import Kind
@@ -82,7 +84,7 @@ def _oversized(r: ResultRecord, max_bytes: int) -> ResultRecord:
     )
 
 
-def record(r: ResultRecord, removed: bool = False) -> dict[str, Any]:
+def record(r: ResultRecord, removed: bool = False, compared: Comparison | None = None) -> dict[str, Any]:
     metadata = json.loads(r.metadata_json) if r.metadata_json is not None else None
     shown = r.state is ItemState.DONE or (removed and r.content is not None)
     out: dict[str, Any] = {
@@ -97,6 +99,12 @@ def record(r: ResultRecord, removed: bool = False) -> dict[str, Any]:
         out["error"] = {"kind": r.error_kind, "message": r.error_message, "line": r.line}
     if removed:
         out["removed"] = True
+    if compared is not None:  # capmon batch compare's answer, beside the fallback's
+        out["compare_model"] = compared.model
+        out["compare_answer"] = compared.content
+        out["agrees"] = agrees(r.content, compared.content)
+        if compared.error is not None:
+            out["compare_error"] = compared.error
     return out
 
 
@@ -106,6 +114,7 @@ def write_records(
     """(done, failed, unfinished, removed)."""
     done = failed = unfinished = removed = 0
     dumps = json.dumps
+    compared = store.comparisons(job_id)
     for r in store.results(job_id):
         r = _oversized(r, max_bytes)
         if r.state is ItemState.DONE:
@@ -120,7 +129,7 @@ def write_records(
         else:
             unfinished += 1
             continue
-        f.write(dumps(record(r), ensure_ascii=False))
+        f.write(dumps(record(r, compared=compared.get(r.key)), ensure_ascii=False))
         f.write("\n")
     return done, failed, unfinished, removed
 

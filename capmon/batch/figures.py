@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from capmon.audit import RUNNER_DECISIONS, AuditRow, RunnerDecision, SpendRow
+from capmon.batch.compare import Agreement, job_agreement
 from capmon.batch.states import ItemState
 from capmon.batch.store import Store
 from capmon.core.base.exceptions import BatchError
@@ -146,11 +147,15 @@ class JobReport:
     last_attempt: float | None
     continued_items: int = 0  # items whose streamed answer broke mid-way and was continued
     cost: CostFigures | None = None  # None: no answer told its usage
+    agreement: Agreement | None = None  # capmon batch compare's; None: never compared
+    agreement_by_model: dict[str, Agreement] = field(default_factory=dict)  # by the fallback model that served
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         if self.cost is not None:
             d["cost"]["gap"] = self.cost.gap
+        d["agreement"] = None if self.agreement is None else self.agreement.as_dict()
+        d["agreement_by_model"] = {m: a.as_dict() for m, a in self.agreement_by_model.items()}
         d["fallback_pairs"] = [{"from": a, "to": b, "count": n} for a, b, n in self.fallback_pairs]
         d["failed_samples"] = [
             {"line": line, "id": i, "kind": k, "message": m} for line, i, k, m in self.failed_samples
@@ -274,6 +279,8 @@ def build_report(
     samples: list[tuple[int, str, str, str]] = []
     fell_back = 0
     tokens = TokenFigures(0, None, None, None, None, None)
+    agreed: Agreement | None = None
+    agreed_by_model: dict[str, Agreement] = {}
     state = "unknown"
     total = 0
     if info is not None:
@@ -284,6 +291,7 @@ def build_report(
         for model, item_id in store.served_items(info.id, items_shown):
             items_of[str(model)].append(item_id)
         fell_back = store.fell_back_count(info.id)
+        agreed, agreed_by_model = job_agreement(store, info.id)
         tokens = _tokens(store.token_use(info.id))
         state = store.state_of(info)
         total = info.total
@@ -342,6 +350,8 @@ def build_report(
         active_seconds=active,
         continued_items=store.continued_items(job),
         cost=cost_figures(store.spend(job), preferred),
+        agreement=agreed,
+        agreement_by_model=agreed_by_model,
         first_attempt=first,
         last_attempt=last,
     )

@@ -62,7 +62,17 @@ from capmon.batch.pg_schema import (
     OUTCOME_FIELDS,
     SCHEMA_VERSION,
 )
-from capmon.batch.sqlite import DatabaseGone, JobInfo, Outcome, ResultRecord, StoredItem, StoreRefuses, required
+from capmon.batch.sqlite import (
+    Comparison,
+    DatabaseGone,
+    FallbackItem,
+    JobInfo,
+    Outcome,
+    ResultRecord,
+    StoredItem,
+    StoreRefuses,
+    required,
+)
 from capmon.batch.states import UNFINISHED, ItemState, JobState
 from capmon.batch.store import PgLocation
 from capmon.core.base import secrets
@@ -820,6 +830,19 @@ class PgStore:
             (job_id,),
         )
         return int(row[0]) if row else 0
+
+    # ------------------------------------------------------------ capmon batch compare (SQLite only, so far)
+
+    def fallback_items(self, job_id: int) -> list[FallbackItem]:
+        raise BatchError("capmon batch compare: not available for a PostgreSQL job store yet")
+
+    def save_comparison(
+        self, job_id: int, key: int, *, model: str, content: str | None, error: str | None, now: float
+    ) -> None:
+        raise BatchError("capmon batch compare: not available for a PostgreSQL job store yet")
+
+    def comparisons(self, job_id: int) -> dict[int, Comparison]:
+        return {}
 
     def token_use(self, job_id: int) -> list[tuple[int, int]]:
         rows = self._rows(

@@ -105,6 +105,17 @@ CREATE TABLE IF NOT EXISTS items (
     updated REAL,
     line_hash TEXT            -- items.line_hash of the input line it came from
 );
+-- capmon batch compare: the preferred model's answer to an item a fallback served
+-- (added without a schema version: an older capmon leaves the table alone)
+CREATE TABLE IF NOT EXISTS comparisons (
+    job_id INTEGER NOT NULL,
+    key INTEGER NOT NULL,     -- items.key
+    model TEXT NOT NULL,      -- the model asked (the item's preferred one)
+    content TEXT,             -- its answer; NULL when it gave none
+    error TEXT,               -- why it gave none
+    updated REAL NOT NULL,
+    PRIMARY KEY (job_id, key)
+);
 CREATE INDEX IF NOT EXISTS items_by_state ON items(job_id, state);
 CREATE INDEX IF NOT EXISTS items_by_id ON items(job_id, id);
 """
@@ -269,6 +280,29 @@ class ResultRecord:
     fell_back: bool
     error_kind: str | None
     error_message: str | None
+
+
+@dataclass(frozen=True)
+class FallbackItem:
+    """A done item a fallback served, as ``capmon batch compare`` sends it again."""
+
+    key: int
+    id: str
+    messages_json: str
+    max_tokens: int | None
+    temperature: float | None
+    preferred: str | None  # the model it counted on first (else the one it asked for)
+    model: str  # the model that served it
+    content: str | None
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """The preferred model's answer to an item a fallback served (``capmon batch compare``)."""
+
+    model: str
+    content: str | None
+    error: str | None
 
 
 def required(job: JobInfo | None, name: str, where: object, jobs: Callable[[], list[JobInfo]]) -> JobInfo:
@@ -864,6 +898,38 @@ class JobStore:
                     f"SELECT count(*) FROM items WHERE job_id = ? AND state = {_DONE} AND fell_back = 1", (job_id,)
                 ).fetchone()[0]
             )
+
+    # ------------------------------------------------------------ capmon batch compare
+
+    def fallback_items(self, job_id: int) -> list[FallbackItem]:
+        """Every done item a fallback served, in input order."""
+        with self._errors("reading items"):
+            rows = self.conn.execute(
+                "SELECT key, id, messages, req_max_tokens, temperature, coalesce(first_model, req_model), model, "
+                f"content FROM items WHERE job_id = ? AND state = {_DONE} AND fell_back = 1 ORDER BY key",
+                (job_id,),
+            ).fetchall()
+        return [FallbackItem(*r) for r in rows]
+
+    def save_comparison(
+        self, job_id: int, key: int, *, model: str, content: str | None, error: str | None, now: float
+    ) -> None:
+        with self._errors("saving a comparison"):
+            self.conn.execute(
+                "INSERT OR REPLACE INTO comparisons (job_id, key, model, content, error, updated) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (job_id, key, model, content, error, now),
+            )
+
+    def comparisons(self, job_id: int) -> dict[int, Comparison]:
+        """The comparison answers by item key ({} in a database made before compare existed)."""
+        with self._errors("reading comparisons"):
+            if self.conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'comparisons'").fetchone() is None:
+                return {}
+            rows = self.conn.execute(
+                "SELECT key, model, content, error FROM comparisons WHERE job_id = ?", (job_id,)
+            ).fetchall()
+        return {r[0]: Comparison(r[1], r[2], r[3]) for r in rows}
 
     def token_use(self, job_id: int) -> list[tuple[int, int]]:
         """(max_tokens sent, completion_tokens used) of every done item that has both."""

@@ -34,7 +34,16 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 from capmon import audit
 from capmon.batch.defaults import DEFAULT_LEASE_TTL
 from capmon.batch.options import OptionError
-from capmon.batch.sqlite import DatabaseGone, JobInfo, Outcome, ResultRecord, StoredItem, default_db_path
+from capmon.batch.sqlite import (
+    Comparison,
+    DatabaseGone,
+    FallbackItem,
+    JobInfo,
+    Outcome,
+    ResultRecord,
+    StoredItem,
+    default_db_path,
+)
 from capmon.batch.states import ItemState, JobState
 from capmon.core.base import secrets
 from capmon.core.base.extras import Extra, require
@@ -309,6 +318,16 @@ class Store(Protocol):
         ...
 
     def token_use(self, job_id: int) -> list[tuple[int, int]]: ...
+
+    # ------------------------------------------------------------ capmon batch compare
+
+    def fallback_items(self, job_id: int) -> list[FallbackItem]: ...
+
+    def save_comparison(
+        self, job_id: int, key: int, *, model: str, content: str | None, error: str | None, now: float
+    ) -> None: ...
+
+    def comparisons(self, job_id: int) -> dict[int, Comparison]: ...
 
 
 def read_progress(db: Db, job: str) -> BatchProgress:

@@ -84,6 +84,7 @@ from capmon.sim.admin import AdminGuard, AdminPolicy
 from capmon.sim.dialects import Api, Wire
 from capmon.sim.faults import HANG_SECONDS, HTML_500_PAGE, PACED, STREAMED, DropConnection, FaultMode, delayed
 from capmon.sim.huge import huge_body, huge_stream
+from capmon.sim.labels import label_for
 from capmon.sim.model import Admitted, Faulted, Simulator, Ticket
 from capmon.sim.replies import (
     OPENAI_VIA,
@@ -182,10 +183,14 @@ def parse_chat(body: Any) -> ChatRequest:
 
 
 def _completion(
-    ticket: Ticket, created: int, call: ToolCall | None = None, tool_result: str | None = None
+    ticket: Ticket,
+    created: int,
+    call: ToolCall | None = None,
+    tool_result: str | None = None,
+    label: str | None = None,
 ) -> dict[str, Any]:
     if call is None:
-        text = " ".join(answer_text(ticket, tool_result))
+        text = label if label is not None else " ".join(answer_text(ticket, tool_result))
         message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
         finish, completion = ticket.finish_reason, ticket.completion_tokens
     else:
@@ -275,7 +280,10 @@ async def serve_chat(request: Request, via: Via) -> Response | DropConnection:
         )
         return SlotStream(chat_stream(sim.clock, plan), lambda done: sim.release(ticket, completed=done), headers)
     await hold(sim, ticket)
-    return JSONResponse(_completion(ticket, created, call, result), headers=headers)
+    # A classify prompt gets its label (capmon/sim/labels.py); the usage still counts the usual answer.
+    said = chat.turn.text if chat.turn is not None and result is None and call is None else None
+    label = label_for(state.labels, state.disagree, said)
+    return JSONResponse(_completion(ticket, created, call, result, label), headers=headers)
 
 
 async def _faulted(

@@ -76,6 +76,8 @@ class ModelState:
     context_window: int = 0
     usage: str = HONEST  # how its answers report the tokens used (capmon/sim/usage.py)
     prefill: bool = True  # takes an assistant prefill (false: Anthropic's 400 for one)
+    labels: tuple[str, ...] = ()  # its classify labels (capmon/sim/labels.py)
+    disagree: float = 0.0
 
     @property
     def free(self) -> int:
@@ -308,6 +310,8 @@ class Simulator:
             token_param=o.get("token_param", spec.token_param),
             unsupported_dialect=o.get("unsupported_dialect", spec.unsupported_dialect),
             api=spec.api,
+            labels=spec.labels,
+            disagree=spec.disagree,
             context_window=spec.context_window,
             usage=o.get("usage", spec.usage),
             prefill=spec.prefill,

@@ -121,6 +121,15 @@ class ModelSpec:
         "float or string counts (a broken or hostile provider)",
     )
 
+    labels: tuple[str, ...] = spec(
+        (),
+        doc='answers a prompt whose last user message starts with "Classify:" with one of these, chosen '
+        "from a hash of the prompt (capmon/sim/labels.py); empty: such prompts get the usual text",
+    )
+    disagree: float = _number(
+        0.0, min=0.0, max=1.0, doc="the share of classify prompts it answers with another label than the hash's"
+    )
+
     def __post_init__(self) -> None:
         # "auto" becomes the wire's own here, so everything downstream sees a real value.
         azure = self.api == Wire.AZURE.value

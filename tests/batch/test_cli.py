@@ -59,7 +59,7 @@ def batch(env: dict[str, Path], *argv: str) -> int:
             *argv,
             "--db",
             str(env["db"]),
-            *(["--config", str(env["config"])] if argv[0] in ("run", "resume") else []),
+            *(["--config", str(env["config"])] if argv[0] in ("run", "resume", "compare") else []),
         ]
     )
 
@@ -231,3 +231,14 @@ def test_the_command_to_go_on_names_a_postgresql_store_as_it_was_named() -> None
         " --db postgresql://capmon@db.internal/jobs"
     )
     assert _db_flag(locate(environ={"CAPMON_DB": env["JOBS_URL"]})) == ""  # the next command reads $CAPMON_DB too
+
+
+def test_compare_runs_from_the_command_line(env: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    src = write_items(env["dir"] / "nightly.jsonl", 5)
+    assert batch(env, "run", str(src), "--no-progress") == 0
+    capsys.readouterr()
+    # Every item served by its first choice: nothing to compare, and nothing sent.
+    assert batch(env, "compare", "nightly", "--sample", "3", "--seed", "7") == 0
+    assert "job 'nightly': nothing compared" in capsys.readouterr().err
+    assert batch(env, "compare", "nightly", "--sample", "0") == 2
+    assert "sample" in capsys.readouterr().err

@@ -250,6 +250,8 @@ class Routing:
                 continue
             if t.id in self.incapable:
                 continue
+            if not self.request.fallback and self.request.model and t.model.name != self.request.model:
+                continue
             wanted = min(token_limit(self.request.max_tokens, t, self.cap_ceiling), 16)
             if self.prompt_tokens + wanted > t.model.context_window:
                 continue

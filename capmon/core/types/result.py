@@ -93,6 +93,9 @@ class Request:
     # Whether a stream that breaks after output is continued by the next attempt (None: the
     # config's ``[client] continuations``; False: the caller opted out, the break ends the stream).
     continuation: bool | None = None
+    # False: served by ``model`` or not at all, never a fallback (``capmon batch compare`` asks the
+    # preferred model itself for an answer a fallback gave).
+    fallback: bool = True
 
     @staticmethod
     def of(
