@@ -28,8 +28,6 @@ from capmon.batch.store import Db, Store, open_store
 from capmon.core.base.exceptions import RequestFailed
 from capmon.core.types.result import Priority, Request
 
-DEFAULT_SAMPLE = 20
-DEFAULT_SEED = 0
 SHORT_WORDS = 3  # answers this short are labels: compared exactly
 SIMILAR = 0.8  # a longer answer agrees at this word-level similarity or more
 COMPARE_DEADLINE = 120.0  # seconds one comparison waits for its model before giving up
