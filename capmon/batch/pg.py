@@ -63,6 +63,9 @@ from capmon.batch.pg_schema import (
     SCHEMA_VERSION,
 )
 from capmon.batch.sqlite import (
+    COMPARISONS_SQL,
+    FALLBACK_ITEMS_SQL,
+    SAVE_COMPARISON_SQL,
     Comparison,
     DatabaseGone,
     FallbackItem,
@@ -368,6 +371,7 @@ class PgStore:
                 row = c.execute("SELECT name FROM jobs WHERE id = %s", (job_id,)).fetchone()
                 c.execute("DELETE FROM items WHERE job_id = %s", (job_id,))
                 c.execute("DELETE FROM workers WHERE job_id = %s", (job_id,))
+                c.execute("DELETE FROM comparisons WHERE job_id = %s", (job_id,))
                 c.execute("DELETE FROM jobs WHERE id = %s", (job_id,))
                 if row:
                     c.execute("DELETE FROM attempts WHERE job = %s", (row[0],))
@@ -831,18 +835,27 @@ class PgStore:
         )
         return int(row[0]) if row else 0
 
-    # ------------------------------------------------------------ capmon batch compare (SQLite only, so far)
+    # ------------------------------------------------------------ capmon batch compare
 
     def fallback_items(self, job_id: int) -> list[FallbackItem]:
-        raise BatchError("capmon batch compare: not available for a PostgreSQL job store yet")
+        rows = self._rows("reading items", FALLBACK_ITEMS_SQL.format(p="%s"), (job_id,))
+        return [FallbackItem(*r) for r in rows]
 
     def save_comparison(
         self, job_id: int, key: int, *, model: str, content: str | None, error: str | None, now: float
     ) -> None:
-        raise BatchError("capmon batch compare: not available for a PostgreSQL job store yet")
+        with self._errors("saving a comparison"):
+            self._connection().execute(
+                SAVE_COMPARISON_SQL.format(p="%s"), (job_id, key, model, _text(content), _text(error), now)
+            )
 
     def comparisons(self, job_id: int) -> dict[int, Comparison]:
-        return {}
+        """The comparison answers by item key ({} in a store made before compare existed, read only)."""
+        row = self._one("reading comparisons", "SELECT to_regclass('comparisons')")
+        if row is None or row[0] is None:
+            return {}
+        rows = self._rows("reading comparisons", COMPARISONS_SQL.format(p="%s"), (job_id,))
+        return {int(r[0]): Comparison(r[1], r[2], r[3]) for r in rows}
 
     def token_use(self, job_id: int) -> list[tuple[int, int]]:
         rows = self._rows(

@@ -97,6 +97,17 @@ ALTER TABLE attempts ADD COLUMN IF NOT EXISTS tokens_cached INTEGER;
 ALTER TABLE attempts ADD COLUMN IF NOT EXISTS tokens_out INTEGER;
 ALTER TABLE attempts ADD COLUMN IF NOT EXISTS cost_usd DOUBLE PRECISION;
 CREATE INDEX IF NOT EXISTS attempts_by_item ON attempts(job, item);
+-- capmon batch compare: the preferred model's answer to an item a fallback served (added
+-- without a schema version, as SQLite's: a store from before gets it at its next writable open)
+CREATE TABLE IF NOT EXISTS comparisons (
+    job_id BIGINT NOT NULL,
+    key BIGINT NOT NULL,      -- items.key
+    model TEXT NOT NULL,      -- the model asked (the item's preferred one)
+    content TEXT,             -- its answer; NULL when it gave none
+    error TEXT,               -- why it gave none
+    updated DOUBLE PRECISION NOT NULL,
+    PRIMARY KEY (job_id, key)
+);
 CREATE TABLE IF NOT EXISTS replaced_results (
     seq BIGSERIAL PRIMARY KEY,
     job TEXT NOT NULL, item TEXT NOT NULL, line INTEGER, at DOUBLE PRECISION NOT NULL, why TEXT NOT NULL,

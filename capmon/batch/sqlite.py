@@ -305,6 +305,21 @@ class Comparison:
     error: str | None
 
 
+# capmon batch compare's statements, SQLite's and PostgreSQL's alike (the placeholder in {p}):
+# the done items a fallback served, in input order; a comparison saved (a later one of the same
+# item replaces it); a job's comparisons.
+FALLBACK_ITEMS_SQL = (
+    "SELECT key, id, messages, req_max_tokens, temperature, coalesce(first_model, req_model), model, content"
+    f" FROM items WHERE job_id = {{p}} AND state = {_DONE} AND fell_back ORDER BY key"
+)
+SAVE_COMPARISON_SQL = (
+    "INSERT INTO comparisons (job_id, key, model, content, error, updated) VALUES ({p}, {p}, {p}, {p}, {p}, {p})"
+    " ON CONFLICT (job_id, key) DO UPDATE SET model = excluded.model, content = excluded.content,"
+    " error = excluded.error, updated = excluded.updated"
+)
+COMPARISONS_SQL = "SELECT key, model, content, error FROM comparisons WHERE job_id = {p}"
+
+
 def required(job: JobInfo | None, name: str, where: object, jobs: Callable[[], list[JobInfo]]) -> JobInfo:
     """``job``, or the error that names the jobs ``where`` has instead (both stores')."""
     if job is None:
@@ -543,6 +558,7 @@ class JobStore:
         with self.transaction("deleting the job") as c:
             name = c.execute("SELECT name FROM jobs WHERE id = ?", (job_id,)).fetchone()
             c.execute("DELETE FROM items WHERE job_id = ?", (job_id,))
+            c.execute("DELETE FROM comparisons WHERE job_id = ?", (job_id,))  # a later job may take its id
             c.execute("DELETE FROM jobs WHERE id = ?", (job_id,))
             if name:
                 c.execute("DELETE FROM attempts WHERE job = ?", (name[0],))
@@ -904,31 +920,21 @@ class JobStore:
     def fallback_items(self, job_id: int) -> list[FallbackItem]:
         """Every done item a fallback served, in input order."""
         with self._errors("reading items"):
-            rows = self.conn.execute(
-                "SELECT key, id, messages, req_max_tokens, temperature, coalesce(first_model, req_model), model, "
-                f"content FROM items WHERE job_id = ? AND state = {_DONE} AND fell_back = 1 ORDER BY key",
-                (job_id,),
-            ).fetchall()
+            rows = self.conn.execute(FALLBACK_ITEMS_SQL.format(p="?"), (job_id,)).fetchall()
         return [FallbackItem(*r) for r in rows]
 
     def save_comparison(
         self, job_id: int, key: int, *, model: str, content: str | None, error: str | None, now: float
     ) -> None:
         with self._errors("saving a comparison"):
-            self.conn.execute(
-                "INSERT OR REPLACE INTO comparisons (job_id, key, model, content, error, updated) "
-                "VALUES (?, ?, ?, ?, ?, ?)",
-                (job_id, key, model, content, error, now),
-            )
+            self.conn.execute(SAVE_COMPARISON_SQL.format(p="?"), (job_id, key, model, content, error, now))
 
     def comparisons(self, job_id: int) -> dict[int, Comparison]:
         """The comparison answers by item key ({} in a database made before compare existed)."""
         with self._errors("reading comparisons"):
             if self.conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'comparisons'").fetchone() is None:
                 return {}
-            rows = self.conn.execute(
-                "SELECT key, model, content, error FROM comparisons WHERE job_id = ?", (job_id,)
-            ).fetchall()
+            rows = self.conn.execute(COMPARISONS_SQL.format(p="?"), (job_id,)).fetchall()
         return {r[0]: Comparison(r[1], r[2], r[3]) for r in rows}
 
     def token_use(self, job_id: int) -> list[tuple[int, int]]:

@@ -15,6 +15,7 @@ from capmon.batch.export import export_job
 from capmon.batch.options import RunnerOptions
 from capmon.batch.runner import BatchRunner
 from capmon.batch.sqlite import FallbackItem
+from capmon.batch.store import Db
 from capmon.report import OutputFormat, ReportOptions, run_report
 from capmon.sim.app import create_app
 from capmon.sim.labels import disagrees, label_for
@@ -53,7 +54,7 @@ def prompt(i: int) -> str:
     return f"Classify: review number {i} of the product"
 
 
-def report(db: Path, fmt: OutputFormat) -> str:
+def report(db: Db, fmt: OutputFormat) -> str:
     out = io.StringIO()
     assert run_report(ReportOptions(job="j", db=db, format=fmt), out) == 0
     return out.getvalue()
@@ -88,8 +89,12 @@ def test_a_model_with_disagree_p_differs_on_the_hashed_share() -> None:
 
 @pytest.mark.looptime
 async def test_compare_reports_the_share_the_fallback_changed(tmp_path: Path) -> None:
+    await compare_reports_the_share_the_fallback_changed(tmp_path, tmp_path / "db")
+
+
+async def compare_reports_the_share_the_fallback_changed(tmp_path: Path, db: Db) -> None:
+    """The acceptance test, on either job store (tests/batch/pg/test_compare.py runs it on PostgreSQL)."""
     app = create_app(parse_scenario(SCENARIO))
-    db = tmp_path / "db"
     rows = [{"id": f"it-{i:03d}", "messages": [{"role": "user", "content": prompt(i)}]} for i in range(N)]
     async with client_for(app) as client:  # flagship full: every item falls back to medium
         await BatchRunner(client, db, "j", RunnerOptions(input_path=write_jsonl(tmp_path / "in.jsonl", rows))).run()
