@@ -24,8 +24,9 @@ from dataclasses import dataclass
 
 from capmon.batch.client import BatchClient
 from capmon.batch.sqlite import Comparison, FallbackItem
+from capmon.batch.states import JobState
 from capmon.batch.store import Db, Store, open_store
-from capmon.core.base.exceptions import RequestFailed
+from capmon.core.base.exceptions import BatchError, RequestFailed
 from capmon.core.types.result import Priority, Request
 
 SHORT_WORDS = 3  # answers this short are labels: compared exactly
@@ -109,11 +110,22 @@ def request_for(item: FallbackItem, preferred: str, job: str) -> Request:
     )
 
 
+# A job whose runner may be sending its own items now.
+_BUSY = frozenset({JobState.STARTING, JobState.INGESTING, JobState.RUNNING, JobState.WAITING_WINDOW})
+
+
 async def compare_job(client: BatchClient, db: Db, job: str, n: int, seed: int) -> Agreement:
     """Send the sample, save each answer as it comes, and return the job's agreement."""
     store = open_store(db)
     try:
         info = store.require(job)
+        state = store.state_of(info)
+        if state in _BUSY:
+            # its own work first: a comparison is asked for after the job, never beside it
+            raise BatchError(
+                f"job {job!r} is {state.value}: compare it once it has finished, stopped or been paused"
+                " (the job's own items go first)"
+            )
         chosen = sample(store.fallback_items(info.id), n, seed)
         default = next(iter(client.model_names()), None)
         gate = asyncio.Semaphore(CONCURRENCY)

@@ -15,7 +15,9 @@ from capmon.batch.export import export_job
 from capmon.batch.options import RunnerOptions
 from capmon.batch.runner import BatchRunner
 from capmon.batch.sqlite import FallbackItem
-from capmon.batch.store import Db
+from capmon.batch.states import JobState
+from capmon.batch.store import Db, open_store
+from capmon.core.base.exceptions import BatchError
 from capmon.report import OutputFormat, ReportOptions, run_report
 from capmon.sim.app import create_app
 from capmon.sim.labels import disagrees, label_for
@@ -140,3 +142,21 @@ async def test_a_comparison_is_pinned_to_the_preferred_model(tmp_path: Path) -> 
     compared = [r for r in map(json.loads, out.read_text().splitlines()) if "compare_model" in r]
     assert len(compared) == 3
     assert all(r["compare_answer"] is None and r["agrees"] is None and r["compare_error"] for r in compared)
+
+
+@pytest.mark.looptime
+async def test_a_job_still_running_is_not_compared_beside_its_own_work(tmp_path: Path) -> None:
+    app = create_app(parse_scenario(SCENARIO))
+    db = tmp_path / "db"
+    rows = [{"id": f"it-{i}", "messages": [{"role": "user", "content": prompt(i)}]} for i in range(3)]
+    async with client_for(app) as client:
+        await BatchRunner(client, db, "j", RunnerOptions(input_path=write_jsonl(tmp_path / "in.jsonl", rows))).run()
+        store = open_store(db)
+        try:  # a runner holds it again: its lease is fresh
+            info = store.require("j")
+            store.claim(info.id, "another-runner", client.clock.wall())
+            store.set_job(info.id, state=JobState.RUNNING)
+        finally:
+            store.close()
+        with pytest.raises(BatchError, match="is running: compare it once it has finished"):
+            await compare_job(client, db, "j", n=3, seed=0)
