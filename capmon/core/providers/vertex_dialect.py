@@ -28,10 +28,9 @@ import functools
 from typing import Any
 
 from capmon.core.providers import gemini_dialect, google_token, openai_dialect
-from capmon.core.providers.dialect import Auth, Headers
-from capmon.core.providers.google_sse import GoogleFraming
+from capmon.core.providers.dialect import Auth
 from capmon.core.types.config import DropRule, EndpointConfig, ModelConfig
-from capmon.core.types.result import Format, Request
+from capmon.core.types.result import Format
 
 GENAI_PROVIDER = "gcp.vertex_ai"  # gen_ai.provider.name (OpenTelemetry's GenAI conventions)
 # The body's anthropic_version Vertex takes for Claude (no anthropic-version header there).
@@ -89,12 +88,8 @@ def auth(endpoint: EndpointConfig, secret: str) -> Auth:
     return Auth({}, source.sign)
 
 
-def caller_headers(headers: Headers, request: Request) -> Headers | None:
-    return None
-
-
-def framing() -> GoogleFraming:
-    return GoogleFraming()
+caller_headers = openai_dialect.caller_headers  # a caller's headers add nothing here
+framing = gemini_dialect.framing  # Google's SSE for both publishers
 
 
 def has_body_rules(endpoint: EndpointConfig) -> bool:
