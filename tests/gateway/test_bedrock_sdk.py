@@ -1,6 +1,6 @@
 """The real boto3 bedrock-runtime client against the gateway's Bedrock routes, on models of
 the simulator's other wires (OpenAI's chat completions, Anthropic's Messages): converse and
-converse_stream (text, usage, stop reason), a tool use and its result, SigV4 signatures
+converse_stream (text, usage, stop reason), a tool use and its result (and AnthropicBedrock's, on InvokeModel), SigV4 signatures
 checked with a client key as the secret, and the gateway's errors as boto3's own exceptions
 (every model at capacity: ServiceUnavailableException; rate-limited: ThrottlingException; an
 unknown model: ResourceNotFoundException; a wrong signature: AccessDeniedException), a
@@ -191,3 +191,37 @@ async def test_anthropic_bedrock_reaches_every_model_through_invoke_model() -> N
     assert message.content[0].type == "text" and message.content[0].text
     assert len("".join(texts).split()) == 5 and final.stop_reason == "max_tokens"
     assert refused.value.status_code == 401
+
+
+async def test_anthropic_bedrock_calls_a_tool_and_reads_its_result_through_invoke_model() -> None:
+    tool = {
+        "name": "get_weather",
+        "description": "The weather in a city.",
+        "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    }
+    ask = [{"role": "user", "content": "What is the weather in Oslo? Use get_weather."}]
+    async with running(two_providers(), **TWO) as gw:
+        claude = anthropic.AsyncAnthropicBedrock(
+            aws_access_key="team", aws_secret_key=CLIENT, aws_region="us-east-1", base_url=gw.origin, max_retries=0
+        )
+        served = {}
+        for model in ("claude", "flagship"):  # Anthropic's wire, and OpenAI's chat through the hub
+            called = await claude.messages.create(
+                model=model, max_tokens=64, messages=ask, tools=[tool], tool_choice={"type": "any"}
+            )
+            use = next(b for b in called.content if b.type == "tool_use")
+            answered = await claude.messages.create(
+                model=model,
+                max_tokens=64,
+                tools=[tool],
+                messages=[
+                    *ask,
+                    {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in called.content]},
+                    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "12 C"}]},
+                ],
+            )
+            served[model] = (called, use, answered)
+    for model, (called, use, answered) in served.items():
+        assert called.stop_reason == "tool_use", model
+        assert use.name == "get_weather" and isinstance(use.input, dict) and isinstance(use.input.get("city"), str)
+        assert answered.stop_reason == "end_turn" and "12 C" in answered.content[0].text, model
