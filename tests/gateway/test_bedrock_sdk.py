@@ -1,10 +1,11 @@
 """The real boto3 bedrock-runtime client against the gateway's Bedrock routes, on models of
 the simulator's other wires (OpenAI's chat completions, Anthropic's Messages): converse and
-converse_stream (text, usage, stop reason), a tool use and its result (and AnthropicBedrock's, on InvokeModel), SigV4 signatures
-checked with a client key as the secret, and the gateway's errors as boto3's own exceptions
-(every model at capacity: ServiceUnavailableException; rate-limited: ThrottlingException; an
-unknown model: ResourceNotFoundException; a wrong signature: AccessDeniedException), a
-stream broken after output raised as EventStreamError after the events it yielded.
+converse_stream (text, usage, stop reason), a tool use and its result (AnthropicBedrock's too,
+on InvokeModel), SigV4 signatures checked with a client key as the secret, and the gateway's
+errors as boto3's own exceptions (every model at capacity: ServiceUnavailableException;
+rate-limited: ThrottlingException; an unknown model: ResourceNotFoundException; a wrong
+signature: AccessDeniedException), a stream broken after output raised as EventStreamError
+after the events it yielded.
 
 boto3 is synchronous: each call runs in a thread while the gateway serves on the test's loop
 (real time: the simulated models answer within tenths of a second)."""
@@ -224,4 +225,5 @@ async def test_anthropic_bedrock_calls_a_tool_and_reads_its_result_through_invok
     for model, (called, use, answered) in served.items():
         assert called.stop_reason == "tool_use", model
         assert use.name == "get_weather" and isinstance(use.input, dict) and isinstance(use.input.get("city"), str)
-        assert answered.stop_reason == "end_turn" and "12 C" in answered.content[0].text, model
+        text = "".join(b.text for b in answered.content if b.type == "text")
+        assert answered.stop_reason == "end_turn" and "12 C" in text, model
