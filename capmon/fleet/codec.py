@@ -24,6 +24,7 @@ from capmon.core.base.exceptions import CapmonError
 from capmon.core.control.breaker import BreakerRecord, State
 from capmon.core.control.limiter import Learned
 from capmon.core.control.seam import MemoryTarget
+from capmon.core.types.capability import Feature
 from capmon.core.types.snapshot import FleetProcess
 
 # What Lua's %.17g and %.6f write, and nothing else: float() alone would also take
@@ -276,6 +277,32 @@ def pin(raw: object, where: str) -> str | None:
     return value
 
 
+def lesson_field(raw: object, where: str) -> tuple[str, Feature]:
+    """A field of the lessons hash: ``"<deployment>|<feature>"`` (:func:`lesson_key`)."""
+    value = text(raw, where, "lesson")
+    deployment, sep, name = value.rpartition("|")
+    if not sep or not deployment or not deployment.isprintable():
+        raise Garbage(where, "lesson", raw, "not <deployment>|<feature>")
+    return deployment, feature(name, where, "lesson")
+
+
+def lesson_key(deployment: str, f: Feature) -> str:
+    return f"{deployment}|{f.value}"
+
+
+def feature(raw: object, where: str, field: str) -> Feature:
+    try:
+        return Feature(text(raw, where, field))
+    except ValueError:
+        raise Garbage(where, field, raw, f"not one of {', '.join(f.value for f in Feature)}") from None
+
+
+def lessons(raw: object, where: str) -> list[tuple[str, Feature, str]]:
+    """The lessons hash (what providers taught the fleet about the features each deployment
+    lacks): (deployment, feature, the provider's words) each."""
+    return [(*lesson_field(k, where), text(v, where, "lesson.why")) for k, v in flat_hash(raw, where).items()]
+
+
 def budget(raw_balance: object, raw_ver: object, where: str, cap: float) -> tuple[float, int] | None:
     """The fleet's retry budget (balance, version), or None when Redis has none yet."""
     if raw_balance is None:
@@ -329,7 +356,17 @@ class Pinned:
     origin: str
 
 
-Message = TargetNews | SlotFreed | Pinned
+@dataclass(frozen=True, slots=True)
+class Lesson:
+    """A provider taught a process that a deployment lacks a feature (``k = lesson``)."""
+
+    deployment: str
+    feature: Feature
+    why: str
+    origin: str
+
+
+Message = TargetNews | SlotFreed | Pinned | Lesson
 
 
 def message(data: object, channel: str) -> Message:
@@ -362,6 +399,10 @@ def message(data: object, channel: str) -> Message:
         return SlotFreed(text(msg.get("id"), channel, "freed.id"), text(msg.get("to", ""), channel, "freed.to"))
     if kind == "pin":
         return Pinned(pin(msg.get("model"), channel), text(msg.get("origin", ""), channel, "pin.origin"))
+    if kind == "lesson":
+        deployment, f = lesson_field(msg.get("d"), channel)
+        why = text(msg.get("why"), channel, "lesson.why")
+        return Lesson(deployment, f, why, text(msg.get("origin", ""), channel, "lesson.origin"))
     raise Garbage(channel, "k", kind, "not a kind of message")
 
 

@@ -69,6 +69,10 @@ class Keys:
         return f"{self.ns}:budget"
 
     @property
+    def lessons(self) -> str:
+        return f"{self.ns}:lessons"
+
+    @property
     def procs(self) -> str:
         return f"{self.ns}:procs"
 
@@ -115,4 +119,4 @@ class Keys:
 
 
 _TARGET_TYPES = {"": "hash", ":leases": "zset", ":waiting": "zset", ":rpm": "hash", ":tpm": "hash"}
-_TYPES = {"pin": "string", "budget": "hash", "procs": "zset", "meta": "hash", "events": None}
+_TYPES = {"pin": "string", "budget": "hash", "lessons": "hash", "procs": "zset", "meta": "hash", "events": None}

@@ -29,8 +29,9 @@ from redis.asyncio.client import PubSub
 from capmon.core.base.clock import Clock
 from capmon.core.base.tasks import cancel_and_wait
 from capmon.core.control.seam import MemoryState, TargetSpec
-from capmon.core.types.config import Config
-from capmon.core.types.events import Event, Notice
+from capmon.core.types.capability import Feature, Lessons
+from capmon.core.types.config import Config, deployment_id
+from capmon.core.types.events import CapabilityLearned, Event, Notice
 from capmon.core.types.snapshot import FleetProcess, LinkState, SharedStatus
 from capmon.fleet import codec
 from capmon.fleet.codec import Garbage
@@ -120,6 +121,51 @@ class RedisState:
         except ERRORS as e:
             self.lost(e)
             self._pending_manual.append((None, ManualAction.PIN, model or ""))
+
+    @property
+    def lessons(self) -> Lessons:
+        return self.local.lessons
+
+    def learn(self, deployment: str, feature: Feature, why: str) -> bool:
+        """A lesson this process learned goes to the fleet: into the lessons hash, which a
+        process that joins later reads, and to every process now by pub/sub. While Redis is
+        lost it stays here, and the rejoin writes it (``_reconcile``)."""
+        if not self.local.learn(deployment, feature, why):
+            return False
+        if self.link.ok:
+            self._spawn(self._write_lesson(deployment, feature, why))
+        return True
+
+    async def _write_lesson(self, deployment: str, feature: Feature, why: str) -> None:
+        field = codec.lesson_key(deployment, feature)
+        why = why[: codec.TEXT_MAX]
+        message = json.dumps({"k": "lesson", "d": field, "why": why, "origin": self.id})
+        try:
+            pipe = self.link.client.pipeline(transaction=True)
+            pipe.hset(self.keys.lessons, field, why)
+            pipe.publish(self.keys.events, message)
+            await pipe.execute()
+            self.link.calls["lesson"] += 1
+        except ERRORS as e:
+            self.lost(e)
+
+    def _heard_lesson(self, deployment: str, feature: Feature, why: str) -> bool:
+        """Another process's lesson: this one skips that deployment for requests that need
+        the feature too, and says so once (the event names the first of its targets there)."""
+        if not self.local.learn(deployment, feature, why):
+            return False
+        for t in self._targets.values():
+            model, endpoint = t.spec.model.name, t.spec.key_ref[0]  # a key ref names its endpoint
+            if deployment_id(model, endpoint) == deployment:
+                now = self.clock.now()
+                reason = f"{why} (learned by another process)"
+                self.publish(
+                    CapabilityLearned(
+                        at=now, wall=self.clock.wall(), model=model, endpoint=endpoint, feature=feature, reason=reason
+                    )
+                )
+                break
+        return True
 
     def target(self, target_id: str) -> RedisTarget:
         return self._targets[target_id]
@@ -421,6 +467,8 @@ class RedisState:
         elif key == self.keys.budget:
             balance, ver = await client.hmget(key, "balance", "ver")
             codec.budget(balance, ver, key, self.budget_cap)
+        elif key == self.keys.lessons:
+            codec.lessons(await client.hgetall(key), key)
         elif key.startswith(self.keys.proc_prefix):
             codec.process(codec.flat_hash(await client.hgetall(key), key), key, self.id)
         elif key.startswith(f"{self.keys.ns}:key:"):
@@ -532,6 +580,9 @@ class RedisState:
             if t is None or (msg.to and msg.to != self.id):
                 return  # another process's turn
             t.slot_freed()
+        elif isinstance(msg, codec.Lesson):
+            if msg.origin == self.id or not self._heard_lesson(msg.deployment, msg.feature, msg.why):
+                return
         elif msg.origin != self.id and msg.model != self.local.pinned:
             self.local.pin(msg.model)
         self.messages += 1
@@ -552,7 +603,8 @@ class RedisState:
             read += [self.keys.target(t.id), self.keys.key(t.spec.key_ref)]
         pipe.get(self.keys.pin)
         pipe.hmget(self.keys.budget, "balance", "ver")
-        read += [self.keys.pin, self.keys.budget]
+        pipe.hgetall(self.keys.lessons)
+        read += [self.keys.pin, self.keys.budget, self.keys.lessons]
         out = await pipe.execute(raise_on_error=False)
         self.link.calls["reconcile"] += 1
         for key, answer in zip(read, out, strict=True):
@@ -566,8 +618,9 @@ class RedisState:
             )
             for i, t in enumerate(targets)
         ]
-        pin = codec.pin(out[-2], self.keys.pin)
-        budget = codec.budget(out[-1][0], out[-1][1], self.keys.budget, self.budget_cap)
+        pin = codec.pin(out[-3], self.keys.pin)
+        budget = codec.budget(out[-2][0], out[-2][1], self.keys.budget, self.budget_cap)
+        lessons = codec.lessons(out[-1], self.keys.lessons)
         offset = self.link.offset
         changed = False
         for t, (h, disabled) in zip(targets, hashes, strict=True):
@@ -590,6 +643,13 @@ class RedisState:
             self._changed()
         if budget is not None:
             self.mirror_budget(*budget)
+        for deployment, feature, why in lessons:
+            changed = self._heard_lesson(deployment, feature, why) or changed
+        heard = {(d, f) for d, f, _ in lessons}
+        missing = [x for x in self.local.lessons.items() if (x[0], x[1]) not in heard]
+        if missing:  # learned while Redis was lost, or Redis lost them: the fleet hears them now
+            for lesson in missing:
+                await self._write_lesson(*lesson)
         if changed:
             self._changed()  # a probe schedule or a slot may have come with it
 

@@ -260,6 +260,9 @@ MALFORMED_MESSAGES: list[str | bytes] = [
     '{"k": "freed", "id": ["x"]}',
     '{"k": "pin", "model": {"a": 1}}',
     '{"k": "pin", "model": "x\\u0000y"}',
+    '{"k": "lesson"}',
+    '{"k": "lesson", "d": "flagship@ep|teleport", "why": "x"}',
+    '{"k": "lesson", "d": "flagship@ep|tools", "why": ["x"]}',
     '{"k": 1}',
     b"\xff\xfe\x00",
     "[" * 5000 + "]" * 5000,
@@ -288,6 +291,8 @@ GARBAGE: list[tuple[str, Callable[[str], str], Callable[[redis.Redis, str], Any]
     ("budget type", lambda ns: f"{ns}:budget", lambda r, k: (r.delete(k), r.sadd(k, "x"))),
     ("pin type", lambda ns: f"{ns}:pin", lambda r, k: (r.delete(k), r.hset(k, "a", "b"))),
     ("pin value", lambda ns: f"{ns}:pin", lambda r, k: r.set(k, "medium\x00\x07")),
+    ("lessons field", lambda ns: f"{ns}:lessons", lambda r, k: r.hset(k, "flagship@ep|teleport", "x")),
+    ("lessons type", lambda ns: f"{ns}:lessons", lambda r, k: (r.delete(k), r.set(k, "x"))),
     ("registry type", lambda ns: f"{ns}:procs", lambda r, k: (r.delete(k), r.set(k, "x"))),
     ("registry entry", lambda ns: f"{ns}:procs", lambda r, k: _bad_process(r, k)),
     ("meta type", lambda ns: f"{ns}:meta", lambda r, k: (r.delete(k), r.set(k, "x"))),
@@ -352,6 +357,7 @@ def _clean(r: redis.Redis, ns: str) -> bool:
         f"{ns}:key:ep/a": "hash",
         f"{ns}:budget": "hash",
         f"{ns}:pin": "string",
+        f"{ns}:lessons": "hash",
         f"{ns}:procs": "zset",
         f"{ns}:meta": "hash",
     }
@@ -366,6 +372,8 @@ def _clean(r: redis.Redis, ns: str) -> bool:
     balance = r.hget(f"{ns}:budget", "balance")
     if balance is not None and not (0 <= float(balance) <= 100):
         return False
+    if r.type(f"{ns}:lessons") == "hash" and any("teleport" in f for f in r.hkeys(f"{ns}:lessons")):
+        return False
     return r.get(f"{ns}:pin") in (None, "flagship", "medium")
 
 
@@ -378,6 +386,7 @@ def test_the_garbage_cases_cover_every_key_the_scripts_name() -> None:
         keys.events,
         keys.pin,
         keys.budget,
+        keys.lessons,
         keys.procs,
         keys.meta,
         keys.target("T"),

@@ -32,6 +32,7 @@ from capmon.core.control.breaker import BreakerView, CircuitBreaker, State
 from capmon.core.control.decisions import KeyMove, Outcome
 from capmon.core.control.decisions import KeyState as KeyState  # re-exported: the seam's views carry it
 from capmon.core.control.limiter import AdaptiveLimiter, Budget, LimiterView, Slot, TokenBucket
+from capmon.core.types.capability import Feature, Lessons
 from capmon.core.types.config import Config, ModelConfig
 from capmon.core.types.events import Event, KeyParked, ModelPinned
 from capmon.core.types.failure import Failure, Kind
@@ -129,13 +130,17 @@ class TargetState(Protocol):
 
 
 class StateStore(Protocol):
-    """The client-wide state: its targets, the pin and the retry budget."""
+    """The client-wide state: its targets, the pin, the retry budget and what providers
+    taught about the features each deployment lacks."""
 
     async def start(self) -> None: ...  # connect a shared store; the client calls it once before use
     def shared_status(self) -> SharedStatus: ...
     @property
     def pinned(self) -> str | None: ...
     def pin(self, model: str | None) -> None: ...
+    @property
+    def lessons(self) -> Lessons: ...
+    def learn(self, deployment: str, feature: Feature, why: str) -> bool: ...  # False: known already
     def target(self, target_id: str) -> TargetState: ...
     def spend_retry(self) -> bool: ...
     def on_request(self) -> None: ...
@@ -401,6 +406,7 @@ class MemoryState:
         self.keys = KeyBook()
         self._budget = Budget(config.client.retry_budget)
         self._pinned: str | None = None
+        self._lessons = Lessons()
         self._targets = {s.id: MemoryTarget(s, config, clock, self.keys, publish) for s in specs}
         self._listener: Callable[[], None] | None = None
 
@@ -411,6 +417,15 @@ class MemoryState:
     def pin(self, model: str | None) -> None:
         self._pinned = model
         self._publish(ModelPinned(at=self._clock.now(), wall=self._clock.wall(), model=model))
+
+    @property
+    def lessons(self) -> Lessons:
+        return self._lessons
+
+    def learn(self, deployment: str, feature: Feature, why: str) -> bool:
+        """A provider said ``deployment``'s model lacks ``feature``: every later request
+        that needs it skips that deployment."""
+        return self._lessons.add(deployment, feature, why)
 
     def target(self, target_id: str) -> MemoryTarget:
         return self._targets[target_id]

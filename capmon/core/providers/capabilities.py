@@ -4,8 +4,8 @@ What a request needs is read from its body in any format, decoded once through t
 (:data:`~capmon.core.providers.hub.FORMATS`): its tools, a schema or JSON mode for its
 answer, images in its messages, its reasoning settings. What a model has is, in order: the
 config (the deployment's ``capabilities``, else the model's), what a provider's 400 taught
-this process (:class:`Learned`), the catalogue (capmon/core/types/catalogue.py), else it
-is assumed capable.
+this process or its fleet (:class:`~capmon.core.types.capability.Lessons`, kept by the
+state), the catalogue (capmon/core/types/catalogue.py), else it is assumed capable.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from capmon.core.base.exceptions import CapmonError
 from capmon.core.providers import hub
 from capmon.core.types import canon, catalogue
-from capmon.core.types.capability import Feature, Source
+from capmon.core.types.capability import Feature, Lessons, Source
 from capmon.core.types.config import EndpointApi, ModelConfig
 from capmon.core.types.result import Request
 
@@ -76,30 +76,6 @@ def needs(request: Request) -> frozenset[Feature]:
     return needs_of(decoded)
 
 
-class Learned:
-    """What providers' 400s taught this process: per deployment (``model@endpoint``), the
-    features its model lacks there."""
-
-    def __init__(self) -> None:
-        self._lacks: dict[str, dict[Feature, str]] = {}
-
-    def add(self, deployment: str, feature: Feature, why: str) -> bool:
-        """Note that ``deployment`` lacks ``feature`` (``why``: the provider's words); False
-        when it was known already."""
-        known = self._lacks.setdefault(deployment, {})
-        if feature in known:
-            return False
-        known[feature] = why
-        return True
-
-    def lacks(self, deployment: str) -> Mapping[Feature, str]:
-        return self._lacks.get(deployment, {})
-
-    def snapshot(self) -> dict[str, dict[str, str]]:
-        """Per deployment, each feature learned missing and the provider's words."""
-        return {d: {f.value: why for f, why in lacks.items()} for d, lacks in sorted(self._lacks.items()) if lacks}
-
-
 def has(
     model: ModelConfig, api: EndpointApi, feature: Feature, learned: Collection[Feature] = ()
 ) -> tuple[bool, Source]:
@@ -135,7 +111,7 @@ _WHERE = {
 
 
 def lacking(
-    request: Request, targets: Sequence[Target], learned: Learned, needed: frozenset[Feature] | None = None
+    request: Request, targets: Sequence[Target], learned: Lessons, needed: frozenset[Feature] | None = None
 ) -> dict[str, tuple[Feature | None, str]]:
     """Per target whose model lacks what ``request`` needs: the first feature it lacks (None:
     the request's own output cap is above its largest output) and why, naming where that

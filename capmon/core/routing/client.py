@@ -109,7 +109,6 @@ class FallbackClient(FormatCalls, ManualControls):
         )
         self._by_cost = any(t.model.tpm for t in self.targets)  # a deployment may set its own
         self._no_prefill: set[str] = set()  # models whose 400 said they take no assistant prefill
-        self.learned = capabilities.Learned()  # features providers' 400s said a deployment lacks
         self._ids = itertools.count(1)
         self._queue: WaitQueue[Grant] = WaitQueue(
             self.clock,
@@ -310,7 +309,7 @@ class FallbackClient(FormatCalls, ManualControls):
             )
         r.incapable = formats.incapable_targets(req, self.targets, self.config.client)
         r.needs = capabilities.needs(req)
-        for tid, (_, why) in capabilities.lacking(req, self.targets, self.learned, r.needs).items():
+        for tid, (_, why) in capabilities.lacking(req, self.targets, self.state.lessons, r.needs).items():
             r.incapable.setdefault(tid, why)
             r.lacking.add(tid)
         return r
@@ -323,7 +322,7 @@ class FallbackClient(FormatCalls, ManualControls):
         if feature is None:
             return
         deployment = t.deployment_id
-        if self.learned.add(deployment, feature, failure.message or failure.reason):
+        if self.state.learn(deployment, feature, failure.message or failure.reason):
             log.info("%s does not support %s: skipped for requests that need it (%s)", deployment, feature, failure)
             model, endpoint, reason = t.model.name, t.endpoint.name, failure.reason
             self.journal.publish(ev.CapabilityLearned, model=model, endpoint=endpoint, feature=feature, reason=reason)
@@ -717,7 +716,7 @@ def build_snapshot(client: FallbackClient, journal: Journal, queued: int) -> Eng
                 unreachable_reason=t.reach.cause,
                 never_reached=not t.reach.answered,
                 deployment=t.deployment,
-                lacks={f.value: why for f, why in client.learned.lacks(t.deployment_id).items()},
+                lacks={f.value: why for f, why in client.state.lessons.lacks(t.deployment_id).items()},
             )
         )
     return EngineSnapshot(
