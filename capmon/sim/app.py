@@ -12,7 +12,9 @@ API (OpenAI format; key as ``Authorization: Bearer KEY``, ``api-key`` or ``x-api
                               model's tools = "always" (tools = "none": a request with tools
                               gets 400 unsupported_parameter); max_tokens or max_completion_tokens
                               (a model with token_param = "max_completion_tokens" answers
-                              max_tokens with 400 unsupported_parameter)
+                              max_tokens with 400 unsupported_parameter); a response_format
+                              that asks for JSON gets a JSON document (structured.py, as on
+                              every wire)
   POST /v1/responses          the Responses API, plain or streamed (see responses.py)
   GET  /v1/models, /v1/models/{name}   the OpenAI-wire models (with anthropic-version: the Anthropic ones, in its shape)
   Azure's URLs for the two POSTs above (see azure.py): /openai/deployments/{deployment}/chat/completions
@@ -79,7 +81,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from capmon.core.base.clock import Clock
 from capmon.core.providers.tokens import estimate_tokens
-from capmon.sim import admin, azure, bedrock, bedrock_invoke, dialects, gemini, messages, responses, vertex
+from capmon.sim import admin, azure, bedrock, bedrock_invoke, dialects, gemini, messages, responses, structured, vertex
 from capmon.sim.admin import AdminGuard, AdminPolicy
 from capmon.sim.dialects import Api, Wire
 from capmon.sim.faults import HANG_SECONDS, HTML_500_PAGE, PACED, STREAMED, DropConnection, FaultMode, delayed
@@ -101,6 +103,7 @@ from capmon.sim.replies import (
 from capmon.sim.resume import resumed, with_resume
 from capmon.sim.scenario import Scenario, load_scenario
 from capmon.sim.streams import FINGERPRINT, StreamPlan, answer_text, chat_stream, rejection_stream, tokens_of, usage
+from capmon.sim.structured import Output, OutputError, with_output
 from capmon.sim.tools import (
     LastTurn,
     ToolCall,
@@ -131,6 +134,7 @@ class ChatRequest:
     tools: ToolRequest | None = None
     turn: LastTurn | None = None
     resume: str | None = None  # the partial answer it asks the model to go on with (capmon/sim/resume.py)
+    output: Output | None = None  # the JSON it asks for (capmon/sim/structured.py)
 
 
 # chat's roles -> who they speak for (any other role is the model's)
@@ -164,7 +168,8 @@ def parse_chat(body: Any) -> ChatRequest:
     include_usage = bool(isinstance(options, dict) and options.get("include_usage"))
     try:
         tools = parse_tools(body)
-    except ToolError as e:
+        output = structured.parse_chat(body)
+    except (ToolError, OutputError) as e:
         raise BadRequest(str(e), e.param, model) from None
     return ChatRequest(
         model,
@@ -176,6 +181,7 @@ def parse_chat(body: Any) -> ChatRequest:
         tools=tools,
         turn=last_turn(messages),
         resume=resumed(messages)[0],
+        output=output,
     )
 
 
@@ -190,7 +196,7 @@ def _completion(
     label: str | None = None,
 ) -> dict[str, Any]:
     if call is None:
-        text = label if label is not None else " ".join(answer_text(ticket, tool_result))
+        text = label if label is not None and ticket.structured is None else " ".join(answer_text(ticket, tool_result))
         message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
         finish, completion = ticket.finish_reason, ticket.completion_tokens
     else:
@@ -248,7 +254,7 @@ async def serve_chat(request: Request, via: Via) -> Response | DropConnection:
         wire=via.wire,
         tools=may_call(chat.tools, chat.turn),
     )
-    decision = with_resume(decision, chat.resume)
+    decision = with_output(with_resume(decision, chat.resume), chat.output, sim, chat.turn)
     refused = rejection(
         decision,
         api=Api.CHAT,

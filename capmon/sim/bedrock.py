@@ -49,7 +49,7 @@ from capmon.core.providers import aws_sigv4 as sigv4
 from capmon.core.providers.aws_frames import MEDIA_TYPE, event
 from capmon.core.providers.tokens import estimate_body
 from capmon.core.types.result import Format
-from capmon.sim import dialects
+from capmon.sim import dialects, structured
 from capmon.sim.dialects import Api, Wire
 from capmon.sim.faults import DropConnection, FaultMode
 from capmon.sim.model import Admitted, Faulted, Simulator, Ticket
@@ -65,6 +65,7 @@ from capmon.sim.replies import (
 )
 from capmon.sim.resume import resumed, with_resume
 from capmon.sim.streams import answer_pieces, argument_pieces, tokens_of, until_stop
+from capmon.sim.structured import Output, OutputError, with_output
 from capmon.sim.tools import (
     LastTurn,
     ToolCall,
@@ -112,6 +113,7 @@ class ConverseRequest:
     tools: ToolRequest | None = None
     turn: LastTurn | None = None
     resume: str | None = None  # the partial answer it asks the model to go on with (capmon/sim/resume.py)
+    output: Output | None = None  # the JSON it asks for (capmon/sim/structured.py)
 
 
 def _invalid(where: str, constraint: str, model: str, value: Any = None) -> BadRequest:
@@ -210,7 +212,8 @@ def parse_converse(body: Any, model: str) -> ConverseRequest:
     limit, stops = _inference(body, model)
     try:
         tools = parse_converse_tools(body)
-    except ToolError as e:
+        output = structured.parse_converse(body)
+    except (ToolError, OutputError) as e:
         raise BadRequest(str(e), e.param, model) from None
     uses_tools = any("toolUse" in b or "toolResult" in b for m in messages for b in m["content"])
     if uses_tools and tools is None:
@@ -228,6 +231,7 @@ def parse_converse(body: Any, model: str) -> ConverseRequest:
         tools,
         last_turn(messages),
         resumed(messages)[0],
+        output,
     )
 
 
@@ -410,7 +414,7 @@ async def serve(request: Request, *, stream: bool) -> Response | DropConnection:
         wire=Wire.BEDROCK,
         tools=may_call(req.tools, req.turn),
     )
-    decision = with_resume(decision, req.resume)
+    decision = with_output(with_resume(decision, req.resume), req.output, sim, req.turn)
     refused = rejection(
         decision,
         api=Api.CONVERSE,

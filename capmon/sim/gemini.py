@@ -36,13 +36,14 @@ from starlette.routing import Route
 from capmon.core.base.clock import Clock
 from capmon.core.providers.tokens import estimate_body
 from capmon.core.types.result import Format
-from capmon.sim import dialects
+from capmon.sim import dialects, structured
 from capmon.sim.dialects import Api, Wire
 from capmon.sim.faults import DropConnection, FaultMode
 from capmon.sim.model import Admitted, Faulted, Simulator, Ticket
 from capmon.sim.replies import BadRequest, SlotStream, bearer, faulted, hold, read_request, rejection, simulator, wire
 from capmon.sim.resume import resumed, with_resume
 from capmon.sim.streams import answer_pieces, tokens_of, until_stop
+from capmon.sim.structured import Output, OutputError, with_output
 from capmon.sim.tools import (
     LastTurn,
     ToolCall,
@@ -89,6 +90,7 @@ class GenerateRequest:
     tools: ToolRequest | None = None
     turn: LastTurn | None = None
     resume: str | None = None  # the partial answer it asks the model to go on with (capmon/sim/resume.py)
+    output: Output | None = None  # the JSON it asks for (capmon/sim/structured.py)
 
 
 def _fail(message: str, model: str, param: str | None = None) -> BadRequest:
@@ -196,7 +198,8 @@ def parse_generate(body: Any, model: str, *, counting: bool = False) -> Generate
     limit, stops = _generation(body, model)
     try:
         tools = parse_gemini_tools(body)
-    except ToolError as e:
+        output = structured.parse_gemini(body)
+    except (ToolError, OutputError) as e:
         raise BadRequest(str(e), e.param, model) from None
     conversation = [{"role": c.get("role", "user"), "content": c["parts"]} for c in contents]
     return GenerateRequest(
@@ -207,6 +210,7 @@ def parse_generate(body: Any, model: str, *, counting: bool = False) -> Generate
         tools,
         last_turn(contents),
         resumed(conversation)[0],
+        output,
     )
 
 
@@ -405,7 +409,7 @@ async def serve(request: Request, on: Wire, model: str, method: str) -> Response
         wire=on,
         tools=may_call(req.tools, req.turn),
     )
-    decision = with_resume(decision, req.resume)
+    decision = with_output(with_resume(decision, req.resume), req.output, sim, req.turn)
     refused = rejection(
         decision,
         api=Api.GEMINI,

@@ -36,13 +36,14 @@ from starlette.responses import JSONResponse, Response
 from capmon.core.base.clock import Clock
 from capmon.core.providers.tokens import estimate_body
 from capmon.core.types.result import Format
-from capmon.sim import dialects
+from capmon.sim import dialects, structured
 from capmon.sim.dialects import Api, Wire
 from capmon.sim.faults import DropConnection, FaultMode
 from capmon.sim.model import Admitted, Faulted, Simulator, Ticket
 from capmon.sim.replies import BadRequest, SlotStream, faulted, hold, read_request, rejection, simulator, wire
 from capmon.sim.resume import PREFILL_REFUSAL, resumed, with_resume
 from capmon.sim.streams import answer_pieces, answer_text, argument_pieces, tokens_of
+from capmon.sim.structured import Output, OutputError, with_output
 from capmon.sim.tools import (
     LastTurn,
     ToolCall,
@@ -116,6 +117,7 @@ class MessagesRequest:
     turn: LastTurn | None = None
     resume: str | None = None  # the partial answer it asks the model to go on with (capmon/sim/resume.py)
     prefilled: bool = False  # ... as the model's own last message (a prefill)
+    output: Output | None = None  # the JSON it asks for (capmon/sim/structured.py)
 
 
 def _voice(message: dict[str, Any]) -> tuple[Voice, Any]:
@@ -217,9 +219,10 @@ def parse_messages(body: Any, version: ApiVersion, *, counting: bool = False) ->
     try:
         _check_version_rules(body, messages, version)
         tools = parse_anthropic_tools(body)
+        output = structured.parse_messages(body)
     except BadRequest as e:
         raise BadRequest(str(e), e.param, model) from None
-    except ToolError as e:
+    except (ToolError, OutputError) as e:
         raise BadRequest(str(e), e.param, model) from None
     return MessagesRequest(
         model,
@@ -230,6 +233,7 @@ def parse_messages(body: Any, version: ApiVersion, *, counting: bool = False) ->
         tools,
         last_turn(messages),
         *resumed(messages),
+        output,
     )
 
 
@@ -429,7 +433,7 @@ async def serve_message(request: Request, via: MessagesVia) -> Response | DropCo
         wire=via.wire,
         tools=may_call(req.tools, req.turn),
     )
-    decision = with_resume(decision, req.resume)
+    decision = with_output(with_resume(decision, req.resume), req.output, sim, req.turn)
     mid = message_id()
 
     def in_stream(_dialect: str, model: str) -> AsyncIterator[bytes]:

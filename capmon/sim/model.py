@@ -98,6 +98,7 @@ class Ticket:
     per_token: float  # seconds per completion token after that
     usage: str = HONEST  # how the answer reports the tokens used (capmon/sim/usage.py)
     resume: str | None = None  # the partial answer it goes on with (capmon/sim/resume.py)
+    structured: str | None = None  # the JSON document it answers, not prose (capmon/sim/structured.py)
 
     @property
     def service_time(self) -> float:

@@ -33,13 +33,14 @@ from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, R
 
 from capmon.core.base.clock import Clock
 from capmon.core.providers.tokens import tokens_for_chars
-from capmon.sim import dialects
+from capmon.sim import dialects, structured
 from capmon.sim.dialects import Api, Wire
 from capmon.sim.faults import HANG_SECONDS, HTML_500_PAGE, PACED, STREAMED, DropConnection, FaultMode, delayed
 from capmon.sim.model import Admitted, Faulted, Simulator, Ticket
 from capmon.sim.replies import OPENAI_VIA, BadRequest, SlotStream, Via, hold, read_request, rejection, wire
 from capmon.sim.resume import resumed, with_resume
-from capmon.sim.streams import STREAM_CHUNK_TOKENS, answer_text, argument_pieces, tokens_of
+from capmon.sim.streams import answer_pieces, answer_text, argument_pieces, tokens_of
+from capmon.sim.structured import Output, OutputError, with_output
 from capmon.sim.tools import (
     LastTurn,
     ToolCall,
@@ -69,6 +70,8 @@ class ResponsesRequest:
     echo_tools: tuple[Any, ...] = ()  # the request's tools and tool_choice, echoed in the response
     echo_choice: Any = "auto"
     resume: str | None = None  # the partial answer it asks the model to go on with (capmon/sim/resume.py)
+    output: Output | None = None  # the JSON it asks for (capmon/sim/structured.py)
+    echo_format: Any = None  # its text.format, echoed in the response
 
 
 # Input items that carry a tool's result back to the model.
@@ -135,7 +138,8 @@ def parse_responses(body: Any) -> ResponsesRequest:
         raise BadRequest(f"Invalid 'stream': expected a boolean, got {stream!r}.", "stream", model)
     try:
         tools = parse_response_tools(body)
-    except ToolError as e:
+        output = structured.parse_responses(body)
+    except (ToolError, OutputError) as e:
         raise BadRequest(str(e), e.param, model) from None
     chars = _text_of(given) + len(instructions or "")
     return ResponsesRequest(
@@ -149,6 +153,8 @@ def parse_responses(body: Any) -> ResponsesRequest:
         tuple(body.get("tools") or ()),
         body.get("tool_choice") or "auto",
         resumed(given)[0] if isinstance(given, list) else None,
+        output,
+        body["text"].get("format") if isinstance(body.get("text"), dict) else None,
     )
 
 
@@ -222,7 +228,7 @@ def response_object(
         "service_tier": "default",
         "store": True,
         "temperature": 1.0,
-        "text": {"format": {"type": "text"}, "verbosity": "medium"},
+        "text": {"format": req.echo_format or {"type": "text"}, "verbosity": "medium"},
         "tool_choice": req.echo_choice,
         "tools": list(req.echo_tools),
         "top_logprobs": 0,
@@ -313,14 +319,12 @@ async def response_stream(
     yield event("response.output_item.added", output_index=0, item=_message(ticket, "in_progress", None))
     at = {"item_id": item_id, "output_index": 0, "content_index": 0}
     yield event("response.content_part.added", **at, part=_part(""))
-    words = answer_text(ticket, req.turn.tool_result if req.turn is not None else None)
-    groups = [words[i : i + STREAM_CHUNK_TOKENS] for i in range(0, len(words), STREAM_CHUNK_TOKENS)]
+    pieces, costs = answer_pieces(ticket, req.turn.tool_result if req.turn is not None else None)
     text = ""
-    for i, group in enumerate(groups):
-        if cut and i >= (cut_after or len(groups) // 2):
+    for i, delta in enumerate(pieces):
+        if cut and i >= (cut_after or len(pieces) // 2):
             return  # the stream just stops: no response.completed
-        await clock.sleep(ticket.per_token * len(group))
-        delta = (" " if i or ticket.resume else "") + " ".join(group)
+        await clock.sleep(ticket.per_token * costs[i])
         text += delta
         yield event("response.output_text.delta", **at, delta=delta, logprobs=[])
         if error_after is not None and i + 1 >= error_after:
@@ -427,7 +431,7 @@ async def serve_response(request: Request, via: Via) -> Response:
         wire=via.wire,
         tools=may_call(req.tools, req.turn),
     )
-    decision = with_resume(decision, req.resume)
+    decision = with_output(with_resume(decision, req.resume), req.output, sim, req.turn)
     created = int(sim.clock.wall())
     refused = rejection(
         decision,

@@ -42,7 +42,10 @@ RESULT_WORDS = 40  # words of a tool's result that an answer quotes
 
 def answer_text(ticket: Ticket, tool_result: str | None = None) -> list[str]:
     """``completion_tokens`` words (one token each), starting somewhere different per request;
-    after a tool's result, they start by quoting it (so a client sees its result was read)."""
+    after a tool's result, they start by quoting it (so a client sees its result was read).
+    A structured answer is its JSON document, as one "word" (joined, it is the document)."""
+    if ticket.structured is not None:
+        return [structured_rest(ticket)]
     if ticket.resume is not None:
         rest = continued_words(ticket.resume, ticket.completion_tokens)
         if rest is not None:
@@ -68,9 +71,32 @@ def continued_words(partial: str, total: int) -> list[str] | None:
     return None
 
 
+def structured_rest(ticket: Ticket) -> str:
+    """A structured answer's JSON document, or the rest of it when the request goes on from
+    its beginning (a broken stream's continuation)."""
+    assert ticket.structured is not None
+    said = ticket.resume
+    if said and ticket.structured.startswith(said):
+        return ticket.structured[len(said) :]
+    return ticket.structured
+
+
+def _document_pieces(text: str, tokens: int) -> tuple[list[str], list[int]]:
+    """A JSON document in as many pieces as prose of ``tokens`` tokens would stream (fewer
+    when it is shorter), their tokens adding up to ``tokens``: usage and pacing stay the same."""
+    count = max(1, min(math.ceil(tokens / STREAM_CHUNK_TOKENS), len(text)))
+    size = max(1, math.ceil(len(text) / count))
+    pieces = [text[i : i + size] for i in range(0, len(text), size)] or [""]
+    share, extra = divmod(tokens, len(pieces))
+    return pieces, [share + (i < extra) for i in range(len(pieces))]
+
+
 def answer_pieces(ticket: Ticket, tool_result: str | None = None) -> tuple[list[str], list[int]]:
     """The answer as stream pieces of ``STREAM_CHUNK_TOKENS`` words, and each piece's tokens
-    (a continuation's first piece too starts with the space after the text it goes on from)."""
+    (a continuation's first piece too starts with the space after the text it goes on from);
+    a structured answer's document in pieces of characters."""
+    if ticket.structured is not None:
+        return _document_pieces(structured_rest(ticket), ticket.completion_tokens)
     words = answer_text(ticket, tool_result)
     groups = [words[i : i + STREAM_CHUNK_TOKENS] for i in range(0, len(words), STREAM_CHUNK_TOKENS)]
     lead = ticket.resume is not None and bool(ticket.resume) and not ticket.resume[-1].isspace()

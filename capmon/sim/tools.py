@@ -301,7 +301,7 @@ def parse_gemini_tools(body: dict[str, Any]) -> ToolRequest | None:
             schema = fn.get("parametersJsonSchema", fn.get("parameters", {"type": "object", "properties": {}}))
             if not isinstance(schema, dict):
                 raise ToolError(f"Invalid value at '{where}.parameters': expected a Schema object.", where)
-            tools.append(Tool(name, _json_schema(schema)))
+            tools.append(Tool(name, gemini_schema(schema)))
     config = body.get("toolConfig")
     calling = config.get("functionCallingConfig") if isinstance(config, dict) else None
     calling = calling if isinstance(calling, dict) else {}
@@ -372,20 +372,31 @@ def parse_converse_tools(body: dict[str, Any]) -> ToolRequest | None:
     return ToolRequest(tuple(tools), "function", name)
 
 
-def _json_schema(schema: Any, depth: int = 0) -> Any:
-    """A Gemini Schema (OpenAPI's subset: ``"type": "OBJECT"``) as JSON Schema (``"object"``)."""
+# Gemini's Schema keeps its integer bounds as int64, which proto JSON writes as strings ("1").
+_COUNTS = ("minItems", "maxItems", "minLength", "maxLength", "minProperties", "maxProperties")
+
+
+def gemini_schema(schema: Any, depth: int = 0) -> Any:
+    """A Gemini Schema (OpenAPI's subset: ``"type": "OBJECT"``, ``nullable``, int64 bounds as
+    strings) as JSON Schema (``"object"``, ``["string", "null"]``, numbers), its fields under
+    their JSON names already (capmon/core/providers/gemini_format.py ``json_names``)."""
     if not isinstance(schema, dict) or depth > MAX_SCHEMA_DEPTH:
         return schema
     out = dict(schema)
     if isinstance(out.get("type"), str):
         out["type"] = out["type"].lower()
+        if out.pop("nullable", False) is True:
+            out["type"] = [out["type"], "null"]
+    for key in _COUNTS:
+        if isinstance(out.get(key), str) and out[key].isdigit():
+            out[key] = int(out[key])
     if isinstance(out.get("properties"), dict):
-        out["properties"] = {n: _json_schema(p, depth + 1) for n, p in out["properties"].items()}
+        out["properties"] = {n: gemini_schema(p, depth + 1) for n, p in out["properties"].items()}
     if "items" in out:
-        out["items"] = _json_schema(out["items"], depth + 1)
+        out["items"] = gemini_schema(out["items"], depth + 1)
     for key in ("anyOf", "oneOf", "allOf"):
         if isinstance(out.get(key), list):
-            out[key] = [_json_schema(b, depth + 1) for b in out[key]]
+            out[key] = [gemini_schema(b, depth + 1) for b in out[key]]
     return out
 
 
@@ -416,34 +427,69 @@ def broken_call(tools: ToolRequest | None, turn: LastTurn | None, prefix: str = 
     return dataclasses.replace(call, arguments=call.arguments[: len(call.arguments) // 2])
 
 
-def example_value(schema: Any, depth: int = 0, name: str | None = None) -> Any:
+# Strings of the common JSON Schema formats (a client's model may parse them: a date, a UUID).
+_FORMATS = {
+    "date-time": "2025-01-01T00:00:00Z",
+    "date": "2025-01-01",
+    "time": "00:00:00Z",
+    "duration": "PT1S",
+    "email": "user@example.com",
+    "hostname": "example.com",
+    "ipv4": "192.0.2.1",
+    "ipv6": "2001:db8::1",
+    "uri": "https://example.com/",
+    "url": "https://example.com/",
+    "uuid": "00000000-0000-4000-8000-000000000000",
+}
+
+
+def example_value(
+    schema: Any, depth: int = 0, name: str | None = None, *, root: Any = None, prefer: str | None = None
+) -> Any:
     """A value that satisfies the common JSON Schema keywords of ``schema``: const, enum,
     default, type (object / array / string / integer / number / boolean / null, with
-    their bounds), and the first branch of anyOf / oneOf / allOf. ``name``, the property
-    that holds the value: a command (:data:`COMMAND_PROPERTIES`) gets one a shell can run."""
+    their bounds, in any case: Gemini's are capitals; a string's common ``format``), the
+    first branch of anyOf / oneOf / allOf, and ``$ref`` into ``root``'s ``$defs`` (``root``:
+    the whole schema, ``schema`` itself at the top). An object has its required properties
+    (all of them when none is required), in ``propertyOrdering``'s order when it has one.
+    ``name``, the property that holds the value: a command (:data:`COMMAND_PROPERTIES`) gets
+    one a shell can run. ``prefer``: a string an ``enum`` answers with when it holds it
+    (a classify prompt's label, capmon/sim/labels.py)."""
+    if root is None:
+        root = schema
     if not isinstance(schema, dict) or depth > MAX_SCHEMA_DEPTH:
         return {}
+
+    def inner(sub: Any, key: str | None = None) -> Any:
+        return example_value(sub, depth + 1, key, root=root, prefer=prefer)
+
+    if isinstance(schema.get("$ref"), str):
+        return inner(_resolve(root, schema["$ref"]), name)
     if "const" in schema:
         return schema["const"]
     if isinstance(schema.get("enum"), list) and schema["enum"]:
-        return schema["enum"][0]
+        return prefer if prefer is not None and prefer in schema["enum"] else schema["enum"][0]
     if "default" in schema:
         return schema["default"]
     for key in ("anyOf", "oneOf", "allOf"):
         branches = schema.get(key)
         if isinstance(branches, list) and branches:
-            return example_value(branches[0], depth + 1, name)
+            return inner(branches[0], name)
     kind = schema.get("type")
     if isinstance(kind, list):
         kind = next((k for k in kind if k != "null"), "null")
     if kind is None:
         kind = "object" if "properties" in schema else "string"
+    kind = kind.lower() if isinstance(kind, str) else kind
     if kind == "object":
         props = schema.get("properties")
         props = props if isinstance(props, dict) else {}
         required = schema.get("required")
         names = [n for n in required if n in props] if isinstance(required, list) and required else list(props)
-        return {str(n): example_value(props[n], depth + 1, str(n)) for n in names}
+        order = schema.get("propertyOrdering")
+        if isinstance(order, list):
+            names.sort(key=lambda n: order.index(n) if n in order else len(order))
+        return {str(n): inner(props[n], str(n)) for n in names}
     command = name in COMMAND_PROPERTIES
     if kind == "array":
         count = schema.get("minItems", 1)
@@ -451,7 +497,7 @@ def example_value(schema: Any, depth: int = 0, name: str | None = None) -> Any:
         items = schema.get("items", {"type": "string"})
         if command and _plain_string(items) and _fits(schema, "maxItems", len(EXAMPLE_COMMAND)):
             return [*EXAMPLE_COMMAND, *[EXAMPLE_COMMAND[-1]] * (count - len(EXAMPLE_COMMAND))]
-        return [example_value(items, depth + 1) for _ in range(count)]
+        return [inner(items) for _ in range(count)]
     if kind == "integer":
         return _bounded(schema, 1, whole=True)
     if kind == "number":
@@ -460,7 +506,7 @@ def example_value(schema: Any, depth: int = 0, name: str | None = None) -> Any:
         return True
     if kind == "null":
         return None
-    text = " ".join(EXAMPLE_COMMAND) if command else "sample"
+    text = " ".join(EXAMPLE_COMMAND) if command else _FORMATS.get(str(schema.get("format")), "sample")
     low = schema.get("minLength")
     if isinstance(low, int) and not isinstance(low, bool) and 0 <= low <= 1024:
         text = text.ljust(low, "x")
@@ -468,6 +514,17 @@ def example_value(schema: Any, depth: int = 0, name: str | None = None) -> Any:
     if isinstance(high, int) and not isinstance(high, bool) and 0 <= high < len(text):
         text = text[:high]
     return text
+
+
+def _resolve(root: Any, ref: str) -> Any:
+    """The schema a local ``$ref`` (``#``, ``#/$defs/Name``, ``#/definitions/Name``) points
+    at in ``root``; None (which answers ``{}``) for any other."""
+    if not ref.startswith("#"):
+        return None
+    node = root
+    for step in (s.replace("~1", "/").replace("~0", "~") for s in ref[1:].split("/") if s):
+        node = node.get(step) if isinstance(node, dict) else None
+    return node
 
 
 def _plain_string(schema: Any) -> bool:
