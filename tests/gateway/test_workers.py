@@ -203,7 +203,10 @@ def test_two_workers_serve_one_port_as_one_client_and_stop_together(
 
 
 CLIENTS = 12  # requests in flight at every moment, each on a connection of its own
-BACK_WITHIN = 2.0  # seconds from a worker's SIGKILL to its replacement serving
+# Seconds from a worker's SIGKILL to its replacement (a spare forked ahead) serving: well under
+# one on a quiet machine; the bound is loose because the suite shares 2 cores with other work
+# (3.7 s was seen at a load of 4), and what is tested is that the spare takes over, not how fast.
+BACK_WITHIN = 5.0
 
 
 @dataclass
@@ -222,7 +225,7 @@ async def _kill_under_load(origin: str, pid: int, number: str) -> tuple[_Load, f
     """CLIENTS requests in flight all along, each on a fresh connection (the kernel picks a
     worker per connection); once both workers have answered, SIGKILL ``pid`` (worker
     ``number``); the load goes on until its replacement has answered and one more second
-    (or 3 x BACK_WITHIN). Returns what the load saw and when the kill was sent."""
+    (or 2 x BACK_WITHIN). Returns what the load saw and when the kill was sent."""
     load = _Load()
     stop = asyncio.Event()
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=0)
@@ -248,7 +251,7 @@ async def _kill_under_load(origin: str, pid: int, number: str) -> tuple[_Load, f
             await until(lambda: {"1", "2"} <= {r[3] for r in load.replies}, 20.0)
             killed_at = time.monotonic()
             os.kill(pid, signal.SIGKILL)
-            await until(lambda: bool(load.served_by(number, killed_at)), 3 * BACK_WITHIN)
+            await until(lambda: bool(load.served_by(number, killed_at)), 2 * BACK_WITHIN)
             await asyncio.sleep(1.0)  # the survivor and the replacement, serving side by side
         finally:
             stop.set()
