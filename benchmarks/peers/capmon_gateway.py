@@ -151,8 +151,13 @@ def start_gateway(
     config = Path(workdir.name) / "gateway.toml"
     config.write_text(config_text(upstream, overrides) + tables, encoding="utf-8")
     key = "sk-bench-" + secrets.token_hex(16)
+    cmd = gateway_command(config, whatif, uvloop, args)
+    if env and "PYTHONPATH" in env:
+        # -P: `-m` would put the working directory (this checkout) first on sys.path, ahead of
+        # PYTHONPATH, and the other checkout's row would run this one's capmon.
+        cmd.insert(1, "-P")
     proc = spawn(
-        gateway_command(config, whatif, uvloop, args),
+        cmd,
         env={**(env or {}), KEY_ENV: key},
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,  # the banner only; never the peer's stdout, where the runner reads READY / DONE
