@@ -13,17 +13,18 @@ from pathlib import Path
 
 import pytest
 
-from capmon.core.base.exceptions import CannotWait, Unavailable
+from capmon.core.base.exceptions import CannotWait, CapmonError, Unavailable
 from capmon.core.control.policy import KeyAction, Next, policy_for
 from capmon.core.providers import capabilities
 from capmon.core.providers.classify import classify_response
+from capmon.core.providers.formats import caller_body
 from capmon.core.providers.hub import FORMATS
 from capmon.core.routing.client import FallbackClient
 from capmon.core.types import events as ev
 from capmon.core.types.capability import Feature, Source
 from capmon.core.types.config import DEFAULT_WINDOW, SIMULATOR_DEMO_KEY, EndpointApi
 from capmon.core.types.failure import UNSUPPORTED_FEATURE, Kind
-from capmon.core.types.result import Decision, Format, Skip, sent
+from capmon.core.types.result import Decision, Format, Request, Skip, sent
 from capmon.sim.scenario import Scenario
 from tests.support.configs import build_config, sim_models
 from tests.support.simulated import StartSim, sim_model
@@ -214,6 +215,46 @@ def test_what_a_request_needs_is_read_from_its_body_in_any_format(fmt: Format, b
     assert capabilities.needs_of(FORMATS[fmt].decode_request(body)) == needed
 
 
+_HI = {"role": "user", "content": "hi"}
+_PARTS = {"role": "user", "content": [{"type": "text", "text": "hi"}, {"type": "input_audio", "input_audio": {}}]}
+# Chat requests as the gateway makes them (Request.of: messages apart, the rest in ``extra``):
+# those that ask for nothing are read without the decode, which must say the same of each.
+CHAT_BODIES = [
+    *[body for fmt, body, _ in NEEDS if fmt is Format.CHAT],
+    {"messages": [_HI], "temperature": 0.2, "top_p": 1, "n": 1, "stop": ["x"], "seed": 3, "user": "u"},
+    {"messages": [_PARTS, {"role": "assistant", "content": [{"type": "text", "text": "a"}]}]},
+    {"messages": [_HI], "tool_choice": "required"},
+    {"messages": [_HI], "tool_choice": "none", "tools": []},
+    {"messages": [_HI], "tools": [{"type": "web_search"}]},
+    {"messages": [_HI], "response_format": {"type": "text"}},
+    {"messages": [_HI], "response_format": None},
+    {"messages": [_HI], "reasoning_effort": None},
+    {"messages": [_HI], "reasoning_effort": False},
+    {"messages": [_HI], "reasoning": {"effort": "low"}},
+    {"messages": [_HI], "text.format": {"type": "json_object"}},
+    {"messages": [_HI], "generationConfig.thinkingConfig": {"thinkingBudget": 1}},
+    {"messages": [_HI], "functions": [{"name": "f"}], "function_call": "auto", "logprobs": True},
+    {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": "https://e.com/a.png"}]}]},
+    {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},  # no decode: needs nothing
+    {"messages": [{"role": "system", "content": [{"type": "image_url", "image_url": {"url": "u"}}]}]},
+    {"messages": ["hi", _HI]},
+    {"messages": [{"content": "no role"}]},
+    {"messages": []},
+]
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("body", CHAT_BODIES)
+def test_a_chat_request_that_asks_for_nothing_is_read_as_the_decode_reads_it(body: dict) -> None:
+    fields = {k: v for k, v in body.items() if k != "messages"}
+    request = Request.of(list(body["messages"]), **fields)
+    try:
+        decoded = capabilities.needs_of(FORMATS[Format.CHAT].decode_request(caller_body(request)))
+    except (CapmonError, ValueError, TypeError, KeyError):
+        decoded = frozenset()
+    assert capabilities.needs(request) == decoded
+
+
 # ---------------------------------------------------------------- the catalogue, offline
 
 OFFLINE = """
@@ -388,3 +429,23 @@ async def test_when_every_provider_says_no_the_request_fails_with_no_capable_mod
     assert info.value.why is Unavailable.NO_CAPABLE and "it needs tools" in str(info.value)
     assert [a.model for a in sent(info.value.attempts)] == ["flagship", "medium"]
     assert again.value.why is Unavailable.NO_CAPABLE and sent(again.value.attempts) == []
+
+
+@pytest.mark.integration
+@pytest.mark.looptime
+async def test_a_request_above_every_models_output_names_what_it_needs_though_every_model_has_it(
+    start_sim: StartSim,
+) -> None:
+    # No model lacks any feature: what the request needs is read only for the message.
+    sim = await start_sim(_scenario())
+    small = {"max_output": 100}
+    async with FallbackClient(_two(sim.base_url, flagship=small, medium=small), environ=ENV) as client:
+        with pytest.raises(CannotWait) as tools:
+            await client.chat("weather?", tools=TOOLS, max_tokens=500)
+        with pytest.raises(CannotWait) as plain:
+            await client.chat("hi", max_tokens=500)
+        served = await client.chat("hi", tools=TOOLS, max_tokens=50)
+    assert tools.value.why is Unavailable.NO_CAPABLE and "it needs tools;" in str(tools.value)
+    assert "largest output of 100 tokens is below the request's cap of 500" in str(tools.value)
+    assert plain.value.why is Unavailable.NO_CAPABLE and "it needs no more output than its cap;" in str(plain.value)
+    assert served.model == "flagship"

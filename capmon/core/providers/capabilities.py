@@ -18,7 +18,7 @@ from capmon.core.providers import hub
 from capmon.core.types import canon, catalogue
 from capmon.core.types.capability import Feature, Lessons, Source
 from capmon.core.types.config import EndpointApi, ModelConfig
-from capmon.core.types.result import Request
+from capmon.core.types.result import Format, Request
 
 if TYPE_CHECKING:
     from capmon.core.routing.targets import Target
@@ -64,9 +64,34 @@ def needs_of(request: canon.Request) -> frozenset[Feature]:
     return frozenset(out)
 
 
+# A chat body's fields that needs_of reads (through chat_format.decode_request): its tools
+# and tool choice, its answer's format, its reasoning settings; and the fields of other
+# formats that _json_mode and _reasons read, were a chat body to carry them. Any other field
+# asks for no feature.
+_CHAT_FEATURE_FIELDS = frozenset({"tools", "tool_choice", "response_format", *_JSON_MODE, *_REASONING})
+
+
+def _chat_needs_nothing(request: Request) -> bool:
+    """Whether a chat request needs no feature, read without decoding it: none of the
+    fields that ask for one, and no image part in its messages (the only place a chat body
+    carries images: decode_request reads an ``image_url`` part of a user message as one).
+    False when it may need one; the whole decode then says which."""
+    if not _CHAT_FEATURE_FIELDS.isdisjoint(request.extra):
+        return False
+    for m in request.messages:
+        content = m.get("content") if isinstance(m, Mapping) else None
+        if isinstance(content, list):
+            for part in content:
+                if isinstance(part, Mapping) and part.get("type") == "image_url":
+                    return False
+    return True
+
+
 def needs(request: Request) -> frozenset[Feature]:
     """The features ``request`` (in its own format) needs; none when its body does not
     decode (the translation then says what is wrong with it)."""
+    if request.format is Format.CHAT and _chat_needs_nothing(request):
+        return frozenset()  # the common request: what the decode below would say, for a fraction of it
     from capmon.core.providers.formats import caller_body
 
     try:
@@ -110,26 +135,45 @@ _WHERE = {
 }
 
 
-def lacking(
-    request: Request, targets: Sequence[Target], learned: Lessons, needed: frozenset[Feature] | None = None
-) -> dict[str, tuple[Feature | None, str]]:
-    """Per target whose model lacks what ``request`` needs: the first feature it lacks (None:
-    the request's own output cap is above its largest output) and why, naming where that
-    was read."""
-    need = needs(request) if needed is None else needed
-    cap = request.max_tokens
-    out: dict[str, tuple[Feature | None, str]] = {}
-    if not need and cap is None:
+class Fits:
+    """The targets' models as :meth:`lacking` reads them, with each target's largest output
+    (the config's, else the catalogue's) read once, when first wanted, as before: the
+    catalogue's data is loaded on its first lookup (capmon/core/types/catalogue.py).
+    Neither changes while the process runs; what providers' 400s teach the process or its
+    fleet (:class:`~capmon.core.types.capability.Lessons`, kept by the state) is read per
+    request."""
+
+    def __init__(self, targets: Sequence[Target]) -> None:
+        self._targets = tuple(targets)
+        self._most: dict[str, int | None] = {}  # per target id: max_output of its model there
+
+    def _max_output(self, t: Target) -> int | None:
+        try:
+            return self._most[t.id]
+        except KeyError:
+            most = self._most[t.id] = max_output(t.model, t.endpoint.api)
+            return most
+
+    def lacking(
+        self, request: Request, learned: Lessons, needed: frozenset[Feature]
+    ) -> dict[str, tuple[Feature | None, str]]:
+        """Per target whose model lacks what ``request`` needs (``needed``: :func:`needs`):
+        the first feature it lacks (None: the request's own output cap is above its largest
+        output) and why, naming where that was read."""
+        cap = request.max_tokens
+        out: dict[str, tuple[Feature | None, str]] = {}
+        if not needed and cap is None:
+            return out
+        wanted = sorted(needed)
+        for t in self._targets:
+            gone = learned.lacks(t.deployment_id) if wanted else ()
+            for feature in wanted:
+                ok, source = has(t.model, t.endpoint.api, feature, gone)
+                if not ok:
+                    out[t.id] = feature, f"it has no {feature.value} ({_WHERE[source]}), which the request needs"
+                    break
+            else:
+                most = self._max_output(t) if cap is not None else None
+                if most is not None and cap is not None and cap > most:
+                    out[t.id] = None, f"its largest output of {most:,} tokens is below the request's cap of {cap:,}"
         return out
-    for t in targets:
-        gone = learned.lacks(t.deployment_id)
-        for feature in sorted(need):
-            ok, source = has(t.model, t.endpoint.api, feature, gone)
-            if not ok:
-                out[t.id] = feature, f"it has no {feature.value} ({_WHERE[source]}), which the request needs"
-                break
-        else:
-            most = max_output(t.model, t.endpoint.api) if cap is not None else None
-            if most is not None and cap is not None and cap > most:
-                out[t.id] = None, f"its largest output of {most:,} tokens is below the request's cap of {cap:,}"
-    return out

@@ -342,6 +342,15 @@ class WireReader:
         return self._assembled.answer()
 
 
+def takes_untouched(caller: Format, t: Target) -> bool:
+    """Whether ``t`` takes every ``caller`` request as it comes (:func:`incapable` says None
+    for any body, without reading it): its endpoint serves the caller's own format to its
+    model and has no rules for bodies. Fixed by the config: a client reads it once."""
+    dialect = dialect_of(t.endpoint)
+    wire = dialect.wire_of(caller, t.model.wire_name)
+    return wire is caller and dialect.unserved(t.endpoint, wire) is None and not dialect.has_body_rules(t.endpoint)
+
+
 def incapable_targets(request: Request, targets: Sequence[Target], client: ClientConfig) -> dict[str, str]:
     """Per target that cannot carry ``request``, why (checked once per endpoint and wire:
     the reason depends on its API, version and the wire the model speaks there (Vertex AI's

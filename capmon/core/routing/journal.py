@@ -16,6 +16,7 @@ from capmon.core.routing.route import Routing
 from capmon.core.routing.targets import Target
 from capmon.core.types import events as ev
 from capmon.core.types.failure import Failure
+from capmon.core.types.prices import Tokens
 from capmon.core.types.result import Attempt, Decision, Request, Skip, sent
 from capmon.core.types.snapshot import ModelSpend, WaitingRetry
 
@@ -165,8 +166,13 @@ class Journal:
         latency: float,
         decision: Decision,
         dropped: tuple[str, ...] = (),
+        *,
+        tokens: Tokens | None = None,
+        cost: float | None = None,
+        continues: int | None = None,
     ) -> Attempt:
-        """One attempt's record (the router puts it on the route, then :meth:`observe`)."""
+        """One attempt's record (the router puts it on the route, then :meth:`observe`):
+        ``tokens`` and ``cost``, an answer's; ``continues``, the offset a continuation went on from."""
         attempt = Attempt(
             number=number,
             model=t.model.name,
@@ -184,6 +190,9 @@ class Journal:
             decision=decision,
             api=t.endpoint.api,
             dropped=dropped,
+            continues=continues,
+            tokens=tokens,
+            cost=cost,
         )
         if log.isEnabledFor(logging.DEBUG):  # the arguments alone cost a request more than the check
             log.debug(
