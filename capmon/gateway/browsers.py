@@ -20,6 +20,7 @@ The SDKs, curl and ``capmon --connect`` send no Origin and are never refused her
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Mapping
 
 from starlette.applications import Starlette
 from starlette.datastructures import Headers
@@ -28,6 +29,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from capmon.gateway.errors import ApiError
 from capmon.gateway.faces import shaped_for
+from capmon.gateway.inbound import read_headers
 from capmon.gateway.replies import error_reply
 from capmon.gateway.settings import GatewaySettings
 
@@ -91,7 +93,7 @@ class BrowserGuard:
         self.open = settings.open
         self.origins = frozenset(settings.cors_origins)
 
-    def denial(self, method: str, headers: Headers) -> ApiError | None:
+    def denial(self, method: str, headers: Mapping[str, str]) -> ApiError | None:
         host = headers.get("host")
         if self.open and host is not None and not loopback_host(host):
             return ApiError(
@@ -124,7 +126,8 @@ class BrowserGuard:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
-            err = self.denial(scope["method"], Headers(scope=scope))
+            headers, lower = read_headers(scope)  # the proxied routes read the same map
+            err = self.denial(scope["method"], headers if lower else Headers(scope=scope))
             if err is not None:
                 await error_reply(shaped_for(scope.get("path", ""), err))(scope, receive, send)
                 return

@@ -124,9 +124,8 @@ class Exchange:
 
     def line(self) -> dict[str, Any]:
         """The access log's line: no key, no prompt or answer text."""
-        at = datetime.datetime.fromtimestamp(self.wall, datetime.UTC)
         return {
-            "time": at.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+            "time": log_time(self.wall),
             "request_id": self.request_id,
             "caller": self.caller,
             "method": self.method,
@@ -155,6 +154,20 @@ class Exchange:
             # character of the answer (capmon/core/routing/continuation.py).
             "continued": [c.as_json() for c in continued(self.records)],
         }
+
+
+_second: tuple[tuple[int, int, int, int, int, int], str] = ((0, 0, 0, 0, 0, 0), "")
+
+
+def log_time(wall: float) -> str:
+    """``wall`` as the access log writes it: ISO 8601 in UTC to the millisecond
+    (``2026-01-01T12:00:00.123Z``), the part up to the second formatted once a second."""
+    global _second
+    at = datetime.datetime.fromtimestamp(wall, datetime.UTC)
+    key = (at.year, at.month, at.day, at.hour, at.minute, at.second)
+    if key != _second[0]:
+        _second = key, at.replace(microsecond=0).isoformat().removesuffix("+00:00")
+    return f"{_second[1]}.{at.microsecond // 1000:03d}Z"
 
 
 def _ms(seconds: float | None) -> float | None:

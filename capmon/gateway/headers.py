@@ -93,6 +93,48 @@ class Served:
             }.items()
         }
 
+    def raw(self, priority: Priority) -> list[tuple[bytes, bytes]]:
+        """:meth:`headers` as an answer's start carries them: the same names and values, in
+        the same order, as latin-1 bytes; the values a target repeats on every answer
+        encoded once (:func:`_encoded`)."""
+        fallbacks = str(self.fallbacks).encode()
+        target = _encoded(self.target)
+        out = [
+            (b"x-capmon-model", _encoded(self.model)),
+            (b"x-capmon-endpoint", _encoded(self.endpoint)),
+            (b"x-capmon-api", _encoded(self.api)),
+            (b"x-capmon-target", target),
+            (b"x-capmon-attempts", str(self.attempts).encode()),
+            (b"x-capmon-fallbacks", fallbacks),
+            (b"x-capmon-request-id", str(self.request_id).encode()),
+            (b"x-capmon-priority", _encoded(priority.value)),
+            (b"x-litellm-model-id", target),
+            (b"x-litellm-attempted-fallbacks", fallbacks),
+        ]
+        if self.dropped:
+            out.append((b"x-capmon-dropped", header_value(",".join(self.dropped)).encode("latin-1")))
+        if self.max_tokens is not None:
+            out.append((b"x-capmon-max-tokens", str(self.max_tokens).encode()))
+        if self.skipped:
+            out.append((b"x-capmon-skipped", header_value(self.skipped).encode("latin-1")))
+        if self.deployment:
+            out.append((b"x-capmon-deployment", _encoded(self.deployment)))
+        return out
+
+
+_ENCODED: dict[str, bytes] = {}
+_ENCODED_MAX = 4096  # names from the config, a few per target: past it the cache starts again
+
+
+def _encoded(text: str) -> bytes:
+    """``header_value(text)`` as latin-1 bytes, worked out once per name."""
+    value = _ENCODED.get(text)
+    if value is None:
+        if len(_ENCODED) >= _ENCODED_MAX:
+            _ENCODED.clear()
+        value = _ENCODED[text] = header_value(text).encode("latin-1")
+    return value
+
 
 def header_value(text: str) -> str:
     """A header value must be printable latin-1; a model named in another script still gets one."""

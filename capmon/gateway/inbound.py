@@ -120,6 +120,27 @@ def header_map(scope: Scope) -> dict[str, str]:
     return out
 
 
+_HEADERS = "capmon.headers"  # the scope's key of read_headers' map
+
+
+def read_headers(scope: Scope) -> tuple[dict[str, str], bool]:
+    """:func:`header_map` of the request, read once for the layers that read it in turn
+    (the browser checks, then the proxied routes, which do not change it), and whether
+    every name came lower-case (as the ASGI spec has servers send them: then a lookup of a
+    lower-case ASCII name in the map finds what Starlette's ``Headers`` finds)."""
+    raw = scope["headers"]
+    cached = scope.get(_HEADERS)
+    if cached is not None and cached[0] is raw:
+        return cached[1], cached[2]
+    out: dict[str, str] = {}
+    lower = True
+    for name, value in raw:
+        lower = lower and name.lower() == name  # no ASCII capital: what a lookup of an ASCII name tells apart
+        out.setdefault(name.decode("latin-1").lower(), value.decode("latin-1"))
+    scope[_HEADERS] = (raw, out, lower)
+    return out, lower
+
+
 async def proxied(
     gw: Gateway,
     scope: Scope,
@@ -173,7 +194,7 @@ class ProxiedRoutes:
             await self.app(scope, receive, send)
             return
         try:
-            reply = await proxied(self.gw, scope, receive, api)
+            reply = await proxied(self.gw, scope, receive, api, headers=read_headers(scope)[0])
         except ApiError as err:
             reply = error_response(scope, err)
         await reply(scope, receive, send)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import traceback
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from starlette.responses import Response
@@ -36,11 +36,20 @@ def _raw(headers: Mapping[str, str]) -> list[tuple[bytes, bytes]]:
     return [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
 
 
-async def send_json(send: Send, status: int, body: Any, headers: Mapping[str, str] | None = None) -> None:
+async def send_json(
+    send: Send,
+    status: int,
+    body: Any,
+    headers: Mapping[str, str] | None = None,
+    *,
+    raw_headers: Sequence[tuple[bytes, bytes]] = (),
+) -> None:
+    """``raw_headers``: more headers, encoded already (after ``headers``)."""
     data = json_bytes(body)
     raw = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
     if headers:
         raw += _raw(headers)
+    raw += raw_headers
     await send({"type": "http.response.start", "status": status, "headers": raw})
     await send({"type": "http.response.body", "body": data})
 
@@ -136,7 +145,7 @@ class PlainReply(_Proxied):
         served = Served.of_result(result)
         self.ex.served(served)
         self.ex.answered(result)
-        await send_json(send, 200, result.response, served.headers(w.priority))
+        await send_json(send, 200, result.response, raw_headers=served.raw(w.priority))
 
 
 class StreamReply(_Proxied):

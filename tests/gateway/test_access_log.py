@@ -4,10 +4,12 @@ a key or prompt text, and a log that cannot be written never fails a request."""
 from __future__ import annotations
 
 import asyncio
+import datetime
 import io
 import json
 import logging
 import os
+import random
 import re
 import time
 from pathlib import Path
@@ -17,6 +19,7 @@ import pytest
 
 from capmon.core.base.exceptions import ConfigError
 from capmon.gateway.access_log import CLOSE_TIMEOUT, AccessLog
+from capmon.gateway.exchange import log_time
 from tests.gateway.helpers import HELLO, running
 
 pytestmark = pytest.mark.looptime
@@ -206,3 +209,14 @@ def test_an_access_log_fifo_is_refused_without_a_reader_and_written_with_one(tmp
         assert os.read(r, 1000) == b'{"n":1}\n' and log.written == 1
     finally:
         os.close(r)
+
+
+@pytest.mark.parametrize(
+    "wall", [0.0, 1.9999994, 1.9999995, 86399.9995, 1767225599.9999996, 1767225600.0005, 253402300790.999]
+)
+def test_a_lines_time_is_iso_8601_in_utc_to_the_millisecond(wall: float) -> None:
+    walls = [wall, *(wall + random.Random(wall).random() * 3 for _ in range(2000))]
+    for w in walls:  # the second's part is formatted once: the same text as formatting it whole
+        assert log_time(w) == datetime.datetime.fromtimestamp(w, datetime.UTC).isoformat(
+            timespec="milliseconds"
+        ).replace("+00:00", "Z")
