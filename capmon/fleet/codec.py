@@ -118,6 +118,7 @@ TARGET_FIELDS: dict[str, tuple[Callable[[str, str, str], Any], Any]] = {
     "epoch": (_int(), 0),
     "hold": (_NONNEG, 1.0),
     "below": (_int(), 0),
+    "ceiling": (_int(), 0),
     "cuts": (_int(), 0),
     "probe_owner": (text, ""),
     "probe_until": (_TIME, 0.0),
@@ -159,6 +160,7 @@ class SharedTarget:
     epoch: int
     hold: float
     below: int
+    ceiling: int
     probe_owner: str
     probe_until: float
     not_before: float
@@ -189,6 +191,7 @@ class SharedTarget:
             epoch=self.epoch,
             hold=self.hold,
             below=self.below,
+            ceiling=self.ceiling,
         )
 
 
@@ -453,6 +456,7 @@ def seed(
         epoch=learned.epoch,
         hold=learned.hold,
         below=learned.below,
+        ceiling=learned.ceiling,
         cuts=0,
         probe_owner="",
         probe_in=probe_in,

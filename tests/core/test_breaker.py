@@ -624,7 +624,7 @@ def test_a_success_sent_before_a_ramp_streak_does_not_end_it() -> None:
 
 
 def test_echoes_transient_and_neutral_outcomes_during_ramp_are_ignored() -> None:
-    h = Harness(ramp_duration=1e6)
+    h = Harness(ramp_start=0.25, ramp_duration=1e6)
     h.trip()
     h.to_ramp()
     h.fail(10, news=False)
@@ -861,7 +861,8 @@ def test_a_raising_publish_callable_does_not_break_the_breaker() -> None:
         raise RuntimeError("boom")
 
     clock = ManualClock()
-    b = CircuitBreaker("t", "m", BreakerConfig(failure_threshold=1, ramp_duration=1e6), clock, publish)
+    cfg = BreakerConfig(failure_threshold=1, ramp_start=0.25, ramp_duration=1e6)
+    b = CircuitBreaker("t", "m", cfg, clock, publish)
     b.record(b.generation, S.CAPACITY, sent_at=clock.now())
     assert b.state is State.OPEN
     clock.advance(2)

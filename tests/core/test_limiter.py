@@ -275,6 +275,108 @@ def test_a_refused_climb_keeps_what_was_in_flight_and_asks_again_after_a_round_t
     drain(lim, held)
 
 
+# ------------------------------------------------------------------ a ceiling remembered from before a drop
+
+
+def dropped(before: int, after: int) -> AdaptiveLimiter:
+    """A limiter that had learned ``before`` when a rejection at ``after + 1`` said the
+    target holds only ``after`` now, with nothing in flight."""
+    lim = learned(before)
+    slots = fill(lim)
+    assert lim.release(slots.pop(after), OVERLOAD) is True  # position after + 1
+    drain(lim, slots)
+    assert (lim.limit, lim.capacity, lim.learned().ceiling) == (after, after, before)
+    return lim
+
+
+def refuse_ask(lim: AdaptiveLimiter) -> int:
+    """Work waits: the limiter asks for one slot more, and the target refuses it. Returns
+    how many clean answers the ask waited for."""
+    n, held = successes_to_grow(lim)
+    ask = lim.take()
+    assert lim.asks(ask)
+    assert lim.release(ask, OVERLOAD) is True
+    drain(lim, held)
+    return n
+
+
+def test_below_a_remembered_ceiling_every_refused_ask_is_followed_by_another_a_round_trip_later() -> None:
+    lim = dropped(24, 12)
+    counts, ceilings = [], []
+    for _ in range(7):
+        counts.append(refuse_ask(lim))
+        ceilings.append(lim.learned().ceiling)
+        assert (lim.limit, lim.capacity) == (12.0, 12)
+    # Each refusal halves the distance to the ceiling; once it is gone the patience
+    # doubles as for any learned capacity (MAX_HOLD): log2(12) + 2 asks a round trip apart.
+    assert ceilings == [18, 15, 13, 0, 0, 0, 0]
+    one, two, four = counts[0], counts[5], counts[6]
+    assert counts[:5] == [one] * 5 and one <= 13  # about one round trip of 12 answers each
+    assert two > 1.8 * one and four > 3.6 * one
+
+
+def test_a_limit_learned_at_12_below_a_remembered_24_climbs_back_once_an_ask_is_served() -> None:
+    lim = dropped(24, 12)
+    refuse_ask(lim)  # still 12
+    n, held = successes_to_grow(lim)  # a round trip later, the next ask ...
+    assert n <= 13
+    ask = lim.take()
+    lim.release(ask, OK, pressed=True)  # ... is served: the target has room again
+    assert lim.capacity == 13
+    rounds = 0
+    while lim.limit < 24:  # round trips of clean answers, work waiting
+        rounds += 1
+        held.extend(lim.take() for _ in range(lim.room()))
+        for _ in range(len(held)):
+            lim.release(held.pop(0), OK, pressed=True)
+            held.extend(lim.take() for _ in range(lim.room()))
+    assert rounds == 1  # the climb triples per round trip: 13 and more, within one
+    drain(lim, held)
+    held = fill(lim)
+    assert lim.release(held.pop(24), OVERLOAD) is True  # the climb's top: the target holds 24
+    assert (lim.limit, lim.capacity, lim.learned().ceiling) == (24.0, 24, 0)  # back: forgotten
+    drain(lim, held)
+
+
+def test_below_a_ceiling_nothing_grows_with_nothing_pressing() -> None:
+    lim = dropped(24, 12)
+    held = fill(lim)
+    for _ in range(200):
+        lim.release(held.pop(0), OK)
+        held.append(lim.take())
+    assert (lim.limit, lim.capacity, lim.learned().ceiling) == (12.0, 12, 24)
+    drain(lim, held)
+
+
+def test_a_permanent_drop_costs_a_bounded_number_of_refused_asks() -> None:
+    # 500 round trips at 6 of a remembered 48, work waiting all along: the asks a round trip
+    # apart are log2(42) + 2, then one per MAX_HOLD round trips as at any learned capacity.
+    lim = dropped(48, 6)
+    answers = refused = 0
+    while answers < 500 * 6:
+        answers += refuse_ask(lim) + 1
+        refused += 1
+    assert lim.learned().ceiling == 0
+    assert refused <= 500 / 4 + 8
+    steady = learned(6)
+    answers = refused_steady = 0
+    while answers < 500 * 6:
+        answers += refuse_ask(steady) + 1
+        refused_steady += 1
+    assert refused - refused_steady <= 8
+
+
+def test_a_ceiling_is_only_what_the_target_held_before_a_drop() -> None:
+    lim = learned(8)
+    refuse_ask(lim)  # a refused ask at the capacity: no drop, no ceiling
+    assert lim.learned().ceiling == 0
+    lim = limiter(initial=8)  # before anything is learned, a first rejection remembers nothing
+    slots = fill(lim)
+    lim.release(slots.pop(3), OVERLOAD)
+    drain(lim, slots)
+    assert (lim.capacity, lim.learned().ceiling) == (3, 0)
+
+
 # ------------------------------------------------------------------ an outage is not a capacity signal
 
 

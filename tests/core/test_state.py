@@ -643,7 +643,7 @@ async def test_the_view_shows_every_gate() -> None:
     v = t.view()
     assert (v.breaker.state, v.ramp_slots, v.key_state, v.key_until) == (
         State.RAMP,
-        2,
+        4,  # half (ramp_start) of the 8 learned
         KeyState.PARKED,
         w.clock.now() + 50,
     )

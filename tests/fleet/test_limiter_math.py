@@ -171,3 +171,47 @@ async def test_a_trip_restores_what_was_learned_before_the_streak_the_same_way(r
             "[breaker]\nfailure_threshold = 3\nratio_min_requests = 100000\nprobe_interval = 60\n",
         )
     assert trips >= 5  # the sequences did trip, and restored, on both sides
+
+
+async def test_a_recovery_in_steps_is_followed_the_same_way_by_the_script(redis_url: str, namespace: str) -> None:
+    # A target that holds 24, then 12, then 24 again, always full of waiting work: each round
+    # sends what both limiters admit (a refusal presses them) and answers it oldest first,
+    # refusing what was sent above what the target holds. Both learn 24, drop to 12 with 24
+    # remembered as a ceiling, ask for it back (refused, the ceiling lowered) and climb back
+    # once it is there, the same way to the last field.
+    cfg = fleet_config(
+        "http://127.0.0.1:9/v1",
+        redis_url,
+        f"{namespace}:steps",
+        breaker=NO_TRIPS,
+        extra="[limiter]\ninitial = 4\nmin = 1\nmax = 32\ndecrease = 0.5\n",
+    )
+    memory = MemoryState(
+        cfg, [TargetSpec(FLAGSHIP, cfg.model("flagship"), ("ep", "a"), "a")], default_clock(), lambda e: None
+    ).target(FLAGSHIP)
+    holds = [24] * 6 + [12] * 6 + [24] * 6
+    ceilings: list[int] = []
+    capacities: list[int | None] = []
+    async with client(cfg) as c:
+        shared = c.state.target(FLAGSHIP)
+        for holds_now in holds:
+            held: list[tuple[Admission, Admission]] = []
+            while True:
+                m_adm, r_adm = await memory.admit(1), await shared.admit(1)
+                assert (m_adm is None) == (r_adm is None)
+                if m_adm is None or r_adm is None:
+                    memory.press()
+                    shared.press()
+                    break
+                assert (m_adm.slot.position, m_adm.slot.epoch) == (r_adm.slot.position, r_adm.slot.epoch)
+                held.append((m_adm, r_adm))
+            for m_adm, r_adm in held:
+                failure = RATE_LIMITED if m_adm.slot.position > holds_now else None
+                assert await memory.settle(m_adm, failure) == await shared.settle(r_adm, failure)
+                assert memory.limiter.learned() == shared.local.limiter.learned()
+            ceilings.append(memory.limiter.learned().ceiling)
+            capacities.append(memory.limiter.capacity)
+    assert capacities[5] == 24 and ceilings[5] == 0
+    assert capacities[6] == 12 and ceilings[6] == 24  # the drop: 24 remembered
+    assert 12 < ceilings[11] < 24  # refused asks lowered it
+    assert capacities[-1] == 24 and ceilings[-1] == 0  # back: forgotten

@@ -49,7 +49,7 @@ from tests.support.configs import ENV, config_toml
 
 T = TypeVar("T")
 
-FAST = settings(max_examples=16, stateful_step_count=60, deadline=None, derandomize=True)
+FAST = settings(max_examples=16, stateful_step_count=120, deadline=None, derandomize=True)
 SLOW = settings(max_examples=300, stateful_step_count=120, deadline=None, derandomize=False)
 
 FLAGSHIP, MEDIUM = "flagship@ep/a", "medium@ep/a"  # two models on one key: auth disables both
@@ -201,6 +201,7 @@ class Equivalence(RuleBasedStateMachine):
 
         self._run(asyncio.wait_for(first_rounds(), 5.0))
         self.open: list[tuple[Admission, Admission]] = []  # (memory's, Redis's), admitted, not settled
+        self._ceilings: dict[str, int] = {}  # the limiter's ceiling at the last compare
         self.compare()
         # The flagship's limiter learns a few slots above its initial one first (slow start,
         # in both stores): a ramp admits no fewer than the initial limit, so a trip of a
@@ -382,6 +383,15 @@ class Equivalence(RuleBasedStateMachine):
             mp, rp = self._m(tid).probe_due_at(), self._r(tid).probe_due_at()
             assert (mp is None) == (rp is None), f"{tid}: probe due: memory {mp}, Redis {rp}"
             assert self._m(tid).usable() == self._r(tid).usable()
+            # what the limiter learned, beyond its view: the patience, the rejections in a row
+            # below the capacity, the ceiling remembered from before a drop
+            ml, rl = self._m(tid).limiter.learned(), self._r(tid).local.limiter.learned()
+            assert ml == rl, f"{tid}: learned: memory {ml}, Redis {rl}"
+            if ml.ceiling:
+                seen["limiter ceiling"] += 1
+                if ml.ceiling < self._ceilings.get(tid, 0):
+                    seen["limiter ceiling lowered"] += 1
+            self._ceilings[tid] = ml.ceiling
             seen[f"state {mv.breaker.state.value}"] += 1
             seen[f"key {mv.key_state.value}"] += 1
 
@@ -422,6 +432,7 @@ COVERED = {
     "state forced-closed",
     "key parked",
     "key disabled",
+    "limiter ceiling",
 }
 
 
@@ -462,6 +473,54 @@ def test_a_ramp_grows_two_slots_per_clean_answer_in_both_stores(redis_url: str) 
         while m.open:
             m._settle(0, "ok", None, None)
             m.compare()
+    finally:
+        m.teardown()
+
+
+def test_a_drop_is_remembered_and_asked_back_the_same_way_in_both_stores(redis_url: str) -> None:
+    # The random runs reach a remembered ceiling now and then; this one walks through a
+    # drop: the capacity learned, a rejection far below it (the ceiling remembered), asks
+    # for the room back a round trip apart, refused (the ceiling lowered) and then served.
+    Equivalence.redis_url = redis_url
+    m = Equivalence()
+    # the flagship's limit is 8; a threshold of 5: the walk's rejections never trip the breaker
+    m.setup(threshold=5, probes=1, interval=2.0, ratio=False, rpm=0, tpm=0)
+    try:
+        flagship = m._m(FLAGSHIP)
+
+        def fill() -> None:
+            while m._admit(FLAGSHIP, 0):  # every slot, in both stores (a refusal presses both)
+                pass
+
+        def answer(index: int, outcome: str) -> None:
+            m._settle(index, outcome, None, None)
+            m.compare()
+
+        def ask(outcome: str) -> None:
+            """Work waits: clean answers, a slot at a time, until a send above the capacity."""
+            fill()
+            while not flagship.limiter.asks(m.open[-1][0].slot):
+                answer(0, "ok")
+                fill()
+            answer(len(m.open) - 1, outcome)
+            while m.open:
+                answer(0, "ok")
+
+        fill()
+        answer(len(m.open) - 1, "capacity")  # at 8: the target holds 7
+        while m.open:
+            answer(0, "ok")
+        fill()
+        answer(3, "capacity")  # at 4: it holds 3 now
+        while m.open:
+            answer(0, "ok")
+        assert (flagship.limiter.capacity, flagship.limiter.learned().ceiling) == (3, 7)
+        ask("capacity")  # refused: half-way down to what it holds
+        assert (flagship.limiter.capacity, flagship.limiter.learned().ceiling) == (3, 5)
+        ask("ok")  # served: a climb, and 4 is still below the ceiling
+        assert (flagship.limiter.capacity, flagship.limiter.learned().ceiling) == (4, 5)
+        ask("ok")  # back at the ceiling: forgotten
+        assert flagship.limiter.capacity >= 5 and flagship.limiter.learned().ceiling == 0
     finally:
         m.teardown()
 

@@ -20,9 +20,10 @@ make a probe due sooner (``begin_probe(early=True)``, capmon/core/control/demand
 never before the hint.
 
 RAMP admits a growing share of the target's learned concurrency, from ``ramp_start``
-of it but never fewer slots than the limiter's initial limit. The share grows by
-evidence, like TCP slow start: each success sent in the ramp adds one slot's worth,
-so a round of answers as large as the share doubles it, and the ramp doubles per
+of it (half by default, as TCP's slow-start threshold after a loss is half the
+window) but never fewer slots than the limiter's initial limit. The share grows by
+evidence, like TCP slow start: each success sent in the ramp adds two slots' worth,
+so a round of answers as large as the share triples it, and the ramp triples per
 round trip while its slots are in use. Time is only a ceiling: after
 ``ramp_duration`` the share is 1.0 however little traffic came.
 
@@ -484,7 +485,7 @@ class CircuitBreaker:
         self._advance(now)  # a ramp that starts at 1.0 (or lasts 0 s) closes at once
 
     def _grow(self, now: float) -> None:
-        """A clean answer: one slot's worth more (decisions.ramp_grown). Each is a change
+        """A clean answer: two slots' worth more (decisions.ramp_grown). Each is a change
         a fleet's store hears (the step rides on the settle that brought the answer); a
         RampStep is published per doubling, not per answer."""
         self._share = ramp_grown(self._share, self._basis)

@@ -26,7 +26,15 @@
     above starts; refused (one rejection, the climb's whole cost), the limit goes back
     to what the target held and the next ask waits twice as long, up to ``MAX_HOLD`` (4)
     round trips. So a rise in capacity is found within a few round trips, and a steady
-    one costs at most one rejection per 4 round trips.
+    one costs at most one rejection per 4 round trips;
+  - below a *ceiling*, the capacity the target held before a rejection below it (a drop:
+    a recovery in steps, someone else taking room), one ask every round trip: the room
+    it had may come back, and the climb above returns there within a round trip of an
+    ask served (as TCP's slow start returns to its threshold). Each refused ask lowers
+    the ceiling half-way to what the target holds, and it is forgotten when nothing is
+    left between them (or the capacity is back at it), so a drop that lasts costs about
+    ``log2(ceiling - capacity) + 2`` asks a round trip apart before the patience doubles
+    as above; a steady target never has a ceiling.
 * :class:`TokenBucket` is an rpm or tpm bucket that charges up front (tpm charges
   ``max_tokens``; :meth:`TokenBucket.refund` gives back what a request did not use).
 * :class:`Budget` bounds transient retries to a share of first attempts, so a flaky
@@ -57,6 +65,13 @@ MAX_HOLD = 4.0
 _CLIMB = 0.0
 
 
+def ceiling_after_refusal(ceiling: int, held: int) -> int:
+    """A remembered ceiling after an ask below it was refused (the target holds ``held``):
+    half-way down to what it holds, and forgotten (0) once that is all that is left."""
+    lowered = held + (ceiling - held) // 2
+    return lowered if lowered > held else 0
+
+
 @dataclass(frozen=True, slots=True)
 class Slot:
     """Where an admitted request stood when it was sent."""
@@ -74,6 +89,7 @@ class Learned:
     epoch: int
     hold: float = _FIRST_HOLD
     below: int = 0
+    ceiling: int = 0  # what the target held before a drop, while still worth asking for (0: none)
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +117,7 @@ class AdaptiveLimiter:
         self._epoch = 0
         self._hold = _FIRST_HOLD
         self._below = 0  # rejections in a row below the learned capacity
+        self._ceiling = 0  # what the target held before a drop, still worth asking for (0: none)
         self._saved: tuple[float, int | None, float] | None = None
         self.cuts = 0
 
@@ -134,7 +151,7 @@ class AdaptiveLimiter:
     # ------------------------------------------------------------ shared with a fleet
 
     def learned(self) -> Learned:
-        return Learned(self._limit, self._capacity, self._epoch, self._hold, self._below)
+        return Learned(self._limit, self._capacity, self._epoch, self._hold, self._below, self._ceiling)
 
     def mirror(self, learned: Learned) -> None:
         """Take what a fleet learned together. A shared store runs this class's learning
@@ -143,7 +160,7 @@ class AdaptiveLimiter:
         keeps counting only this process's own requests in flight."""
         self._limit = max(float(self.min), min(float(learned.limit), float(self.max)))
         self._capacity, self._epoch = learned.capacity, learned.epoch
-        self._hold, self._below = learned.hold, learned.below
+        self._hold, self._below, self._ceiling = learned.hold, learned.below, learned.ceiling
         self._saved = None
 
     # ------------------------------------------------------------ slots
@@ -183,6 +200,8 @@ class AdaptiveLimiter:
             # about the capacity now.
             self._capacity = slot.position
             self._hold = _CLIMB
+            if self._capacity >= self._ceiling:
+                self._ceiling = 0  # back where it was: the climb goes on until a rejection
         if self._capacity is None:
             # Slow start: only a limit that is being used grows, or it would take several
             # rejections to come back down. Before the first rejection the limit is a guess,
@@ -199,17 +218,33 @@ class AdaptiveLimiter:
         held = max(self.min, position - 1)
         if self._capacity is not None and held >= self._capacity:
             # A send above the learned capacity was refused: the target holds what was in
-            # flight when it was sent, and the next ask waits twice as long.
-            self._hold = min(MAX_HOLD, max(_FIRST_HOLD, self._hold * 2.0))
+            # flight when it was sent.
+            if self._ceiling > held:
+                # Below what it held before a drop: ask again next round trip, each refusal
+                # halving the distance to that ceiling, so a drop that lasts costs about
+                # log2(distance) + 2 asks at one per round trip before the patience doubles.
+                self._hold = _FIRST_HOLD
+                self._ceiling = ceiling_after_refusal(self._ceiling, held)
+            else:
+                # The next ask waits twice as long.
+                self._ceiling = 0
+                self._hold = min(MAX_HOLD, max(_FIRST_HOLD, self._hold * 2.0))
             new = float(held)
             self._capacity = held
         else:
             self._below += 1
-            self._hold = max(_FIRST_HOLD, self._hold)  # a climb is over
             # The first rejection below what we knew says exactly what the target holds;
             # more in a row mean someone else is taking room too: cut multiplicatively.
             new = float(held) if self._below == 1 else max(float(self.min), min(held, self._limit * self.decrease))
+            if self._capacity is not None:
+                # What it held before the drop: room that may come back (a recovery in steps).
+                self._ceiling = max(self._ceiling, self._capacity)
             self._capacity = max(self.min, int(new))
+            if self._ceiling > self._capacity:
+                self._hold = _FIRST_HOLD  # ask for it back every round trip (and a climb is over)
+            else:
+                self._ceiling = 0
+                self._hold = max(_FIRST_HOLD, self._hold)  # a climb is over
         self._limit = max(float(self.min), min(new, float(self.max)))
         self._epoch += 1
         self.cuts += 1

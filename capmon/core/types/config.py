@@ -236,7 +236,7 @@ class BreakerConfig:
         doc="seconds a down model stays wanted after the last request that preferred it was served elsewhere or waited",
     )
     half_open_probes: int = _f(1, min=1, doc="probes that must succeed before the ramp starts")
-    ramp_start: float = _f(0.25, min=0.0, max=1.0, doc="share of the learned concurrency admitted when the ramp starts")
+    ramp_start: float = _f(0.5, min=0.0, max=1.0, doc="share of the learned concurrency admitted when the ramp starts")
     ramp_duration: float = _f(60.0, min=0.0, doc="the ramp's ceiling: full traffic after this long however little came")
 
 

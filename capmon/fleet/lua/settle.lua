@@ -36,6 +36,7 @@ local STEP, FIRST_HOLD, MAX_HOLD, CLIMB = 2.0, 1.0, 4.0, 0.0
 local lmin, lmax, decrease = tonumber(ARGV[16]), tonumber(ARGV[17]), tonumber(ARGV[18])
 local limit, capacity = num(h.limit, 1), num(h.capacity, -1)
 local epoch, hold, below = num(h.epoch, 0), num(h.hold, FIRST_HOLD), num(h.below, 0)
+local ceiling = num(h.ceiling, 0)  -- what the target held before a drop, still worth asking for (0: none)
 local position, slot_epoch = tonumber(ARGV[3]), tonumber(ARGV[4])
 local lsig, probe = ARGV[2], ARGV[9] == '1'
 local news = false
@@ -59,6 +60,7 @@ if not probe then
       -- sent above the learned capacity since the last cut, and served: more room, climb
       capacity = position
       hold = CLIMB
+      if capacity >= ceiling then ceiling = 0 end  -- back where it was: climb until a rejection
     end
     local pressed = ARGV[31] == '1'
     if capacity < 0 then
@@ -77,15 +79,32 @@ if not probe then
     local kept = math.max(lmin, position - 1)
     local new
     if capacity >= 0 and kept >= capacity then
-      -- a send above the capacity refused: it holds what was in flight; ask again twice as late
-      hold = math.min(MAX_HOLD, math.max(FIRST_HOLD, hold * 2.0))
+      -- a send above the capacity refused: it holds what was in flight
+      if ceiling > kept then
+        -- below what it held before a drop: ask again next round trip, half-way down to
+        -- that ceiling (limiter.ceiling_after_refusal), forgotten once nothing is left
+        hold = FIRST_HOLD
+        ceiling = kept + math.floor((ceiling - kept) / 2)
+        if ceiling <= kept then ceiling = 0 end
+      else
+        -- ask again twice as late
+        ceiling = 0
+        hold = math.min(MAX_HOLD, math.max(FIRST_HOLD, hold * 2.0))
+      end
       new = kept
       capacity = kept
     else
       below = below + 1
-      hold = math.max(FIRST_HOLD, hold)
       if below == 1 then new = kept else new = math.max(lmin, math.min(kept, limit * decrease)) end
+      -- what it held before the drop: room that may come back (a recovery in steps)
+      if capacity >= 0 then ceiling = math.max(ceiling, capacity) end
       capacity = math.max(lmin, math.floor(new))
+      if ceiling > capacity then
+        hold = FIRST_HOLD  -- ask for it back every round trip
+      else
+        ceiling = 0
+        hold = math.max(FIRST_HOLD, hold)
+      end
     end
     limit = math.max(lmin, math.min(new, lmax))
     epoch = epoch + 1
@@ -93,7 +112,7 @@ if not probe then
     news = true
   end
 end
-w.limit, w.capacity, w.epoch, w.hold, w.below = limit, capacity, epoch, hold, below
+w.limit, w.capacity, w.epoch, w.hold, w.below, w.ceiling = limit, capacity, epoch, hold, below, ceiling
 if keep then w.saved, w.s_limit, w.s_capacity, w.s_hold = 1, limit, capacity, hold end
 -- the move below reads what was just learned (a trip restores the checkpoint)
 for k, v in pairs(w) do h[k] = str(v) end
