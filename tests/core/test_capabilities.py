@@ -139,6 +139,11 @@ def test_any_other_400_still_fails_the_request(body: dict) -> None:
 NEEDS = [
     (Format.CHAT, {"messages": [{"role": "user", "content": "hi"}]}, set()),
     (Format.CHAT, {"messages": [{"role": "user", "content": "hi"}], "tools": TOOLS}, {Feature.TOOLS}),
+    (  # chat's legacy function calling, before tools
+        Format.CHAT,
+        {"messages": [{"role": "user", "content": "hi"}], "functions": [{"name": "f", "parameters": {}}]},
+        {Feature.TOOLS},
+    ),
     (
         Format.CHAT,
         {"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_object"}},
@@ -227,6 +232,8 @@ CHAT_BODIES = [
     {"messages": [_HI], "tool_choice": "none", "tools": []},
     {"messages": [_HI], "tools": [{"type": "web_search"}]},
     {"messages": [_HI], "response_format": {"type": "text"}},
+    {"messages": [_HI], "function_call": "none"},
+    {"messages": [_HI], "functions": [], "function_call": "auto"},
     {"messages": [_HI], "response_format": None},
     {"messages": [_HI], "reasoning_effort": None},
     {"messages": [_HI], "reasoning_effort": False},

@@ -26,6 +26,8 @@ if TYPE_CHECKING:
 # Own fields of a source format that ask for a JSON answer, or set reasoning, and that no
 # canonical slot holds (chat's json_object mode, Gemini's mime type, its thinkingConfig).
 _JSON_MODE = ("response_format", "text.format", "generationConfig.responseMimeType")
+# Chat's legacy function calling (before ``tools``): functions to call need a model with tools.
+_FUNCTIONS = ("functions", "function_call")
 _REASONING = ("reasoning_effort", "reasoning", "generationConfig.thinkingConfig")
 
 
@@ -51,8 +53,10 @@ def _reasons(request: canon.Request) -> bool:
 def needs_of(request: canon.Request) -> frozenset[Feature]:
     """The features a decoded request needs."""
     out = set()
-    if any(not t.builtin for t in request.tools) or (
-        request.tool_choice is not None and request.tool_choice.choice in (canon.Choice.ANY, canon.Choice.TOOL)
+    if (
+        any(not t.builtin for t in request.tools)
+        or (request.tool_choice is not None and request.tool_choice.choice in (canon.Choice.ANY, canon.Choice.TOOL))
+        or request.own.get("functions")
     ):
         out.add(Feature.TOOLS)
     if request.output is not None or _json_mode(request.own):
@@ -68,7 +72,7 @@ def needs_of(request: canon.Request) -> frozenset[Feature]:
 # and tool choice, its answer's format, its reasoning settings; and the fields of other
 # formats that _json_mode and _reasons read, were a chat body to carry them. Any other field
 # asks for no feature.
-_CHAT_FEATURE_FIELDS = frozenset({"tools", "tool_choice", "response_format", *_JSON_MODE, *_REASONING})
+_CHAT_FEATURE_FIELDS = frozenset({"tools", "tool_choice", "response_format", *_FUNCTIONS, *_JSON_MODE, *_REASONING})
 
 
 def _chat_needs_nothing(request: Request) -> bool:
