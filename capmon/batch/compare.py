@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import asyncio
 import difflib
-import json
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from capmon.batch.client import BatchClient
+from capmon.batch.items import request_of
 from capmon.batch.sqlite import Comparison, FallbackItem
 from capmon.batch.states import JobState
 from capmon.batch.store import Db, Store, open_store
@@ -97,16 +97,9 @@ def sample(items: list[FallbackItem], n: int, seed: int) -> list[FallbackItem]:
 
 
 def request_for(item: FallbackItem, preferred: str, job: str) -> Request:
-    return Request(
-        messages=tuple(json.loads(item.messages_json)),
-        model=preferred,
-        max_tokens=item.max_tokens,
-        temperature=item.temperature,
-        item_id=item.id,
-        job=job,
-        priority=Priority.BATCH,
-        deadline=COMPARE_DEADLINE,
-        fallback=False,
+    """The item pinned to its preferred model, at batch priority (never ahead of the work)."""
+    return request_of(
+        item, model=preferred, job=job, priority=Priority.BATCH, deadline=COMPARE_DEADLINE, fallback=False
     )
 
 

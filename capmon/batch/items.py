@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from capmon.core.types.result import Request
+
 _KNOWN_KEYS = ("id", "messages", "model", "max_tokens", "temperature", "metadata")
 
 
@@ -293,3 +295,31 @@ def read_lines(path: Path, offset: int = 0, first_line: int = 1, hasher: Hasher 
                 if text.strip():
                     yield RawLine(number, pos, text, line_hash(data))
             number += 1
+
+
+class Stored(Protocol):
+    """An item as a store holds it for sending (the runner's ``StoredItem``, batch compare's
+    ``FallbackItem``)."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def messages_json(self) -> str: ...
+    @property
+    def max_tokens(self) -> int | None: ...
+    @property
+    def temperature(self) -> float | None: ...
+
+
+def request_of(item: Stored, *, model: str | None, job: str, **more: Any) -> Request:
+    """The request that sends a stored item to ``model`` (None: the config's order) for
+    ``job``; ``more``: what else the caller sets (batch compare's priority, deadline and pin)."""
+    return Request(
+        messages=tuple(json.loads(item.messages_json)),
+        model=model,
+        max_tokens=item.max_tokens,
+        temperature=item.temperature,
+        item_id=item.id,
+        job=job,
+        **more,
+    )

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -42,6 +41,7 @@ from capmon.batch import lease
 from capmon.batch.client import BatchClient
 from capmon.batch.defaults import DEFAULT_LEASE_TTL
 from capmon.batch.ingest import Ingest, Refused
+from capmon.batch.items import request_of
 from capmon.batch.meter import Counts, ProgressMeter, counters
 from capmon.batch.options import OptionError, RunnerOptions
 from capmon.batch.outcomes import Finish, OutcomePolicy, Verdict, back
@@ -538,14 +538,7 @@ class BatchRunner:
 
     def _request(self, item: StoredItem) -> Request:
         model = self._remap.get(item.model, item.model) if item.model else None
-        return Request(
-            messages=tuple(json.loads(item.messages_json)),
-            model=model,
-            max_tokens=item.max_tokens,
-            temperature=item.temperature,
-            item_id=item.id,
-            job=self.job,
-        )
+        return request_of(item, model=model, job=self.job)
 
     async def _answer(self, request: Request) -> ChatResult:
         """An item's whole answer. Streamed when the job asks (``RunnerOptions.stream``,
