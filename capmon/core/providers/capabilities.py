@@ -139,45 +139,28 @@ _WHERE = {
 }
 
 
-class Fits:
-    """The targets' models as :meth:`lacking` reads them, with each target's largest output
-    (the config's, else the catalogue's) read once, when first wanted, as before: the
-    catalogue's data is loaded on its first lookup (capmon/core/types/catalogue.py).
-    Neither changes while the process runs; what providers' 400s teach the process or its
-    fleet (:class:`~capmon.core.types.capability.Lessons`, kept by the state) is read per
-    request."""
-
-    def __init__(self, targets: Sequence[Target]) -> None:
-        self._targets = tuple(targets)
-        self._most: dict[str, int | None] = {}  # per target id: max_output of its model there
-
-    def _max_output(self, t: Target) -> int | None:
-        try:
-            return self._most[t.id]
-        except KeyError:
-            most = self._most[t.id] = max_output(t.model, t.endpoint.api)
-            return most
-
-    def lacking(
-        self, request: Request, learned: Lessons, needed: frozenset[Feature]
-    ) -> dict[str, tuple[Feature | None, str]]:
-        """Per target whose model lacks what ``request`` needs (``needed``: :func:`needs`):
-        the first feature it lacks (None: the request's own output cap is above its largest
-        output) and why, naming where that was read."""
-        cap = request.max_tokens
-        out: dict[str, tuple[Feature | None, str]] = {}
-        if not needed and cap is None:
-            return out
-        wanted = sorted(needed)
-        for t in self._targets:
-            gone = learned.lacks(t.deployment_id) if wanted else ()
-            for feature in wanted:
-                ok, source = has(t.model, t.endpoint.api, feature, gone)
-                if not ok:
-                    out[t.id] = feature, f"it has no {feature.value} ({_WHERE[source]}), which the request needs"
-                    break
-            else:
-                most = self._max_output(t) if cap is not None else None
-                if most is not None and cap is not None and cap > most:
-                    out[t.id] = None, f"its largest output of {most:,} tokens is below the request's cap of {cap:,}"
+def lacking(
+    request: Request, targets: Sequence[Target], learned: Lessons, needed: frozenset[Feature]
+) -> dict[str, tuple[Feature | None, str]]:
+    """Per target whose model lacks what ``request`` needs (``needed``: :func:`needs`): the
+    first feature it lacks (None: the request's own output cap is above its largest output)
+    and why, naming where that was read. The catalogue's lookups are cached
+    (capmon/core/types/catalogue.py); what providers' 400s taught the process or its fleet
+    (``learned``) is read per request."""
+    cap = request.max_tokens
+    out: dict[str, tuple[Feature | None, str]] = {}
+    if not needed and cap is None:
         return out
+    wanted = sorted(needed)
+    for t in targets:
+        gone = learned.lacks(t.deployment_id) if wanted else ()
+        for feature in wanted:
+            ok, source = has(t.model, t.endpoint.api, feature, gone)
+            if not ok:
+                out[t.id] = feature, f"it has no {feature.value} ({_WHERE[source]}), which the request needs"
+                break
+        else:
+            most = max_output(t.model, t.endpoint.api) if cap is not None else None
+            if most is not None and cap is not None and cap > most:
+                out[t.id] = None, f"its largest output of {most:,} tokens is below the request's cap of {cap:,}"
+    return out

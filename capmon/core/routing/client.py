@@ -47,7 +47,7 @@ from capmon.core.routing.waiting import WaitQueue
 from capmon.core.types import events as ev
 from capmon.core.types.config import Config, ResolvedKey, Spread, resolve_keys
 from capmon.core.types.failure import UNSUPPORTED_FEATURE, Failure, Kind
-from capmon.core.types.prices import Prices, Tokens, cost_of, price_of
+from capmon.core.types.prices import Tokens, cost_of, price_of
 from capmon.core.types.result import Attempt, ChatResult, Decision, Format, Request
 from capmon.core.types.snapshot import EngineSnapshot, TargetSnapshot
 
@@ -109,9 +109,7 @@ class FallbackClient(FormatCalls, ManualControls):
         )
         self._by_cost = any(t.model.tpm for t in self.targets)  # a deployment may set its own
         self._no_prefill: set[str] = set()  # models whose 400 said they take no assistant prefill
-        self._fits = capabilities.Fits(self.targets)  # each target's largest output, read once
         self._takes_untouched: dict[Format, bool] = {}  # per caller format: see _untouched
-        self._prices: dict[str, Prices | None] = {}  # per target id: see _price
         self._ids = itertools.count(1)
         self._queue: WaitQueue[Grant] = WaitQueue(
             self.clock,
@@ -314,18 +312,10 @@ class FallbackClient(FormatCalls, ManualControls):
             {} if self._untouched(req.format) else formats.incapable_targets(req, self.targets, self.config.client)
         )
         r.needs = capabilities.needs(req)
-        for tid, (_, why) in self._fits.lacking(req, self.state.lessons, r.needs).items():
+        for tid, (_, why) in capabilities.lacking(req, self.targets, self.state.lessons, r.needs).items():
             r.incapable.setdefault(tid, why)
             r.lacking.add(tid)
         return r
-
-    def _price(self, t: Target) -> Prices | None:
-        """``t``'s prices (prices.price_of: the config's, else the catalogue's), read once."""
-        try:
-            return self._prices[t.id]
-        except KeyError:
-            found = self._prices[t.id] = price_of(t.model, t.endpoint.api)
-            return found
 
     def _untouched(self, caller: Format) -> bool:
         """Whether every target takes a ``caller`` request as it comes (formats.takes_untouched):
@@ -617,7 +607,7 @@ class FallbackClient(FormatCalls, ManualControls):
 
         def record(decision: Decision, wait: float = 0.0, tokens: Tokens | None = None) -> None:
             status, dropped = answer.status, answer.dropped
-            cost = cost_of(self._price(t), tokens) if tokens is not None else None
+            cost = cost_of(price_of(t.model, t.endpoint.api), tokens) if tokens is not None else None
             on = went_on if went_on is not None and (failure is None or answer.output_sent) else None
             a = self.journal.attempt(
                 r,

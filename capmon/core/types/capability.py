@@ -49,7 +49,3 @@ class Lessons:
     def items(self) -> list[tuple[str, Feature, str]]:
         """Every lesson: (deployment, feature, the provider's words)."""
         return [(d, f, why) for d, lacks in sorted(self._lacks.items()) for f, why in lacks.items()]
-
-    def snapshot(self) -> dict[str, dict[str, str]]:
-        """Per deployment, each feature learned missing and the provider's words."""
-        return {d: {f.value: why for f, why in lacks.items()} for d, lacks in sorted(self._lacks.items()) if lacks}

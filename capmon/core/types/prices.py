@@ -10,6 +10,7 @@ could not price rather than counting them as free.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -65,9 +66,16 @@ def price_of(model: ModelConfig, api: EndpointApi | None = None) -> Prices | Non
     ``api`` endpoint; None: nobody says."""
     if model.prices is not None or api is None:
         return model.prices
+    return _listed(api, model.wire_name)
+
+
+@functools.cache
+def _listed(api: EndpointApi, model_id: str) -> Prices | None:
+    """The catalogue's prices of ``model_id`` at an ``api`` endpoint, read once (every answer
+    is priced)."""
     from capmon.core.types import catalogue  # its data is read on the first lookup
 
-    found = catalogue.model(api, model.wire_name)
+    found = catalogue.model(api, model_id)
     cost = found.cost if found is not None else None
     if cost is None or cost.input is None or cost.output is None:
         return None
