@@ -113,19 +113,18 @@ def error_response(scope: Scope, err: ApiError) -> Response:
 
 def header_map(scope: Scope) -> dict[str, str]:
     """A request's headers by lower-case name, the first of each name (as Starlette's
-    ``Headers.get`` reads them), read once: every check after looks one up."""
-    out: dict[str, str] = {}
-    for name, value in scope["headers"]:
-        out.setdefault(name.decode("latin-1").lower(), value.decode("latin-1"))
-    return out
+    ``Headers.get`` reads them): a copy of :func:`read_headers`' map, for a route that
+    changes it (moves a key to where the auth reads one)."""
+    return dict(read_headers(scope)[0])
 
 
 _HEADERS = "capmon.headers"  # the scope's key of read_headers' map
 
 
 def read_headers(scope: Scope) -> tuple[dict[str, str], bool]:
-    """:func:`header_map` of the request, read once for the layers that read it in turn
-    (the browser checks, then the proxied routes, which do not change it), and whether
+    """A request's headers by lower-case name, the first of each name (as Starlette's
+    ``Headers.get`` reads them), read once for the layers that read it in turn (the browser
+    checks, then the proxied routes, which do not change it), and whether
     every name came lower-case (as the ASGI spec has servers send them: then a lookup of a
     lower-case ASCII name in the map finds what Starlette's ``Headers`` finds)."""
     raw = scope["headers"]
