@@ -4,7 +4,8 @@ client (``endpoint_url=`` the gateway) reaches every model of the config through
 InvokeModel's ``/invoke`` and ``/invoke-with-response-stream`` with Anthropic's Messages body
 (``anthropic_version`` in it, the model in the path), what the anthropic SDK's
 ``AnthropicBedrock`` sends, answered in Messages' shapes (a stream's events as the ``chunk``
-events' bytes).
+events' bytes) and failing in Bedrock's, as Bedrock's InvokeModel does (boto3's
+``invoke_model`` raises its own exception classes; AnthropicBedrock reads the status).
 
 A Converse request is routed like any other (the same models, aliases, deadline, priority
 and fallbacks; the model is the path's ``modelId``, URL-decoded) and answered in Converse's
@@ -28,6 +29,7 @@ from starlette.types import Message, Receive
 
 from capmon.core.providers import aws_sigv4
 from capmon.gateway import bodies, shape, sse
+from capmon.gateway.bedrock_errors import BedrockError
 from capmon.gateway.bodies import Asked, Wanted
 from capmon.gateway.context import Gateway, gateway_of
 from capmon.gateway.errors import ApiError
@@ -123,7 +125,7 @@ def _claude(model: str, stream: bool) -> ProxiedApi:
         body.pop("stream", None)
         wanted = bodies.messages(body, asked)
         framing = sse.InvokeStreamFraming if stream else None
-        return Wanted(wanted.request, stream, wanted.priority, framing)
+        return Wanted(wanted.request, stream, wanted.priority, framing, BedrockError.of)
 
     return ProxiedApi(shape.MESSAGES, parse)
 

@@ -19,6 +19,7 @@ from capmon.gateway.auth import Caller
 from capmon.gateway.models import ModelNames
 
 if TYPE_CHECKING:
+    from capmon.gateway.errors import Shaper
     from capmon.gateway.sse import Framing
 
 DEADLINE_HEADER = "x-capmon-deadline"
@@ -39,6 +40,10 @@ class Wanted:
     # A stream framed otherwise than its API's face frames it (Google's stream without
     # ``alt=sse``: one JSON array); None: the face's.
     framing: Callable[[], Framing] | None = None
+    # Its errors shaped otherwise than its API's face shapes them (Anthropic's Messages on
+    # Bedrock's InvokeModel: Bedrock's errors, which boto3 and AnthropicBedrock both read);
+    # None: the face's.
+    errors: Shaper | None = None
 
 
 @dataclass(frozen=True, slots=True)

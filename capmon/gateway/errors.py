@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,6 +65,9 @@ class ApiError(Exception):
 
 # One encoder for every answer (json.dumps with separators builds a new one per call).
 # ASCII escapes (its default) keep a lone surrogate from a provider's JSON encodable.
+# An error in one API's shape (capmon/gateway/faces.py), given the kind of failure it stands for.
+Shaper = Callable[[ApiError, Kind | None], ApiError]
+
 _ENCODER = json.JSONEncoder(separators=(",", ":"))
 
 

@@ -16,7 +16,7 @@ from capmon.core.types.result import Format
 from capmon.gateway import sse
 from capmon.gateway.anthropic_errors import AnthropicError, on_messages_path
 from capmon.gateway.bedrock_errors import BedrockError
-from capmon.gateway.errors import ApiError
+from capmon.gateway.errors import ApiError, Shaper
 from capmon.gateway.gemini_errors import GeminiError
 
 
@@ -61,7 +61,7 @@ class Face:
 
     api: str  # the metrics' and the access log's ``api`` label
     owns: Callable[[str], bool]  # whether a path is this API's
-    shaped: Callable[[ApiError, Kind | None], ApiError]  # an error in this API's shape
+    shaped: Shaper  # an error in this API's shape
     framing: Callable[[], sse.Framing]  # a new stream's framing
 
 

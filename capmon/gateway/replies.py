@@ -19,11 +19,10 @@ from starlette.types import Receive, Scope, Send
 from capmon.core.base.exceptions import CannotWait, RequestFailed
 from capmon.core.base.secrets import redact
 from capmon.core.types.failure import Failure, Kind
-from capmon.core.types.result import Format
 from capmon.gateway.bodies import Wanted
 from capmon.gateway.context import Gateway
 from capmon.gateway.disconnect import ClientGone, until_disconnect
-from capmon.gateway.errors import ApiError, from_failure, json_bytes
+from capmon.gateway.errors import ApiError, Shaper, from_failure, json_bytes
 from capmon.gateway.exchange import Exchange
 from capmon.gateway.faces import FACES
 from capmon.gateway.headers import Served
@@ -54,7 +53,11 @@ async def send_json(
     await send({"type": "http.response.body", "body": data})
 
 
-def _failed(gw: Gateway, e: RequestFailed, caller: Format) -> ApiError:
+def _shaper(w: Wanted) -> Shaper:
+    return w.errors or FACES[w.request.format].shaped
+
+
+def _failed(gw: Gateway, e: RequestFailed, shaped: Shaper) -> ApiError:
     targets = gw.client.targets
     # With every key disabled the core refuses at once ("no model can serve this request"):
     # that is the gateway's own key problem, whatever kind the core gives it.
@@ -64,16 +67,16 @@ def _failed(gw: Gateway, e: RequestFailed, caller: Format) -> ApiError:
         else tuple(dict.fromkeys(f"{t.key.alias!r} at endpoint {t.endpoint.name!r}" for t in targets))
     )
     err = from_failure(e, retry_after=retry_after(gw.client), disabled_keys=disabled)
-    return FACES[caller].shaped(err, e.failure.kind)
+    return shaped(err, e.failure.kind)
 
 
-def _internal(e: BaseException, caller: Format) -> ApiError:
+def _internal(e: BaseException, shaped: Shaper) -> ApiError:
     # Where and what, redacted; not the traceback, whose text no log filter sees.
     tb = traceback.extract_tb(e.__traceback__)[-1:] if e.__traceback__ else []
     where = f" at {tb[0].filename}:{tb[0].lineno}" if tb else ""
     log.error("request failed inside the gateway%s: %s", where, redact(f"{type(e).__name__}: {e}"))
     err = ApiError(500, "the gateway failed to handle the request; see its log", "server_error", "internal_error")
-    return FACES[caller].shaped(err, None)
+    return shaped(err, None)
 
 
 class JsonReply(Response):
@@ -122,11 +125,11 @@ class _Proxied(Response):
         # A request answered at once is logged as what it was refused for, not as the kind of
         # failure the refusal carries (a model tripped by hand is no capacity failure).
         self.ex.failed(e.why.value if isinstance(e, CannotWait) else e.failure.kind.value, e.attempts)
-        return _failed(self.gw, e, self.wanted.request.format)
+        return _failed(self.gw, e, _shaper(self.wanted))
 
     def _internal(self, e: Exception) -> ApiError:
         self.ex.failed("internal_error")
-        return _internal(e, self.wanted.request.format)
+        return _internal(e, _shaper(self.wanted))
 
 
 class PlainReply(_Proxied):

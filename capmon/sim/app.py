@@ -34,9 +34,9 @@ API (OpenAI format; key as ``Authorization: Bearer KEY``, ``api-key`` or ``x-api
 A full model rejects at once in its dialect: an HTTP error (openai-429, openai-503, ...), or
 inside a 200 stream (openrouter-stream, anthropic-stream, gemini-openai-stream, vllm-stream,
 ollama-stream for chat; responses-failed, responses-slow-down, responses-error for the
-Responses API; gemini-stream for Gemini's; bedrock-stream, bedrock-stream-503 and
-bedrock-stream-error for Bedrock's ConverseStream; other requests get the HTTP error such a frame
-stands for).
+Responses API; gemini-stream for Gemini's; bedrock-stream, bedrock-stream-503,
+bedrock-stream-error and bedrock-stream-frame for Bedrock's ConverseStream; other requests
+get the HTTP error such a frame stands for).
 
 Admin (see admin.py: no key on loopback unless one is configured; a non-loopback address
 needs the admin key, sent as ``Authorization: Bearer KEY`` or ``x-admin-key``, or --open-admin):

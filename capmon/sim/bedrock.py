@@ -24,9 +24,11 @@ messageStart, contentBlockStart (a tool call's), contentBlockDelta (text pieces,
 input as pieces of its JSON), contentBlockStop, messageStop{stopReason}, metadata{usage,
 metrics}. Errors are Bedrock's (dialects.bedrock_error: ``x-amzn-ErrorType`` and
 ``{"message"}``); a model whose dialect is ``bedrock-stream`` (throttlingException),
-``bedrock-stream-503`` (serviceUnavailableException) or ``bedrock-stream-error``
-(modelStreamErrorException) says "no" inside the 200 stream, and the ``stream_error`` fault
-sends that exception after ``after`` deltas (0: before any event).
+``bedrock-stream-503`` (serviceUnavailableException), ``bedrock-stream-error``
+(modelStreamErrorException) or ``bedrock-stream-frame`` (an error message of the stream:
+``:message-type: error``, ``:error-code: ThrottlingException``) says "no" inside the 200
+stream, and the ``stream_error`` fault sends that exception after ``after`` deltas (0: before
+any event).
 
 InvokeModel, with Anthropic's body, is capmon/sim/bedrock_invoke.py.
 """

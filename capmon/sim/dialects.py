@@ -81,6 +81,7 @@ GEMINI_STREAM = "gemini-stream"
 BEDROCK_STREAM = "bedrock-stream"
 BEDROCK_STREAM_503 = "bedrock-stream-503"
 BEDROCK_STREAM_ERROR = "bedrock-stream-error"
+BEDROCK_STREAM_FRAME = "bedrock-stream-frame"  # an error message of the stream (:message-type: error)
 
 CHAT_STREAM_DIALECTS: tuple[str, ...] = (
     OPENROUTER_STREAM,
@@ -92,7 +93,12 @@ CHAT_STREAM_DIALECTS: tuple[str, ...] = (
     OLLAMA_STREAM,
 )
 RESPONSES_STREAM_DIALECTS: tuple[str, ...] = (RESPONSES_FAILED, RESPONSES_SLOW_DOWN, RESPONSES_ERROR)
-BEDROCK_STREAM_DIALECTS: tuple[str, ...] = (BEDROCK_STREAM, BEDROCK_STREAM_503, BEDROCK_STREAM_ERROR)
+BEDROCK_STREAM_DIALECTS: tuple[str, ...] = (
+    BEDROCK_STREAM,
+    BEDROCK_STREAM_503,
+    BEDROCK_STREAM_ERROR,
+    BEDROCK_STREAM_FRAME,
+)
 STREAM_DIALECTS: tuple[str, ...] = (
     CHAT_STREAM_DIALECTS + RESPONSES_STREAM_DIALECTS + (GEMINI_STREAM,) + BEDROCK_STREAM_DIALECTS
 )
@@ -839,6 +845,7 @@ BEDROCK_STREAM_EXCEPTIONS: dict[str, tuple[int, str, str]] = {
     BEDROCK_STREAM: (429, THROTTLING, BEDROCK_THROTTLED),
     BEDROCK_STREAM_503: (503, "ServiceUnavailableException", BEDROCK_UNAVAILABLE),
     BEDROCK_STREAM_ERROR: (424, "ModelStreamErrorException", BEDROCK_STREAM_FAILED),
+    BEDROCK_STREAM_FRAME: (429, THROTTLING, BEDROCK_THROTTLED),
 }
 # The `error` fault's statuses as Bedrock's exceptions (it has no 401, 504 or 529: the nearest).
 BEDROCK_STATUS_ERRORS: dict[int, tuple[int, str, str]] = {
@@ -869,8 +876,12 @@ def _lower_camel(name: str) -> str:
 def bedrock_stream_error(dialect: str) -> bytes:
     """The exception message that ends a ConverseStream in ``dialect``: ``:message-type:
     exception`` and the exception's name in lowerCamel case (``throttlingException``); a
-    modelStreamErrorException says what the model itself answered."""
+    modelStreamErrorException says what the model itself answered. ``bedrock-stream-frame``
+    ends it with an error message of the stream instead (``:message-type: error``, the
+    exception's name as ``:error-code``), the other shape AWS's event streams fail in."""
     _status, name, message = BEDROCK_STREAM_EXCEPTIONS[dialect]
+    if dialect == BEDROCK_STREAM_FRAME:
+        return eventstream.error(name, message)
     payload: dict[str, Any] = {"message": message}
     if dialect == BEDROCK_STREAM_ERROR:
         payload.update(originalStatusCode=500, originalMessage="Internal server error")

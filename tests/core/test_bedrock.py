@@ -356,11 +356,13 @@ async def test_a_bedrock_api_key_is_sent_as_a_bearer(aws_env: None) -> None:
 
 
 def _exception_first(kind: str, message: str) -> Callable[[int, str], list[bytes]]:
-    """sonnet's first stream is an exception before any output; every other stream answers."""
+    """sonnet's first stream is an exception before any output (an error message of the
+    stream, ``:message-type: error``, for a name in AWS's PascalCase); every other stream answers."""
+    failed = es.error(kind, message) if kind[0].isupper() else es.exception(kind, message)
 
     def stream(n: int, model: str) -> list[bytes]:
         if "sonnet" in model and n == 1:
-            return [es.event("messageStart", {"role": "assistant"}), es.exception(kind, message)]
+            return [es.event("messageStart", {"role": "assistant"}), failed]
         return es.converse_stream("from " + model.split(".")[2][:12])
 
     return stream
@@ -393,6 +395,9 @@ async def test_a_messages_caller_is_answered_in_messages_plain_streamed_and_with
         ("serviceUnavailableException", "Bedrock is unable to process your request.", Kind.CAPACITY),
         ("internalServerException", "The system encountered an unexpected error during processing.", Kind.TRANSIENT),
         ("modelStreamErrorException", "The model stream failed.", Kind.TRANSIENT),
+        # :message-type: error, :error-code as AWS names it
+        ("ThrottlingException", "Too many requests, please wait before trying again.", Kind.RATE_LIMITED),
+        ("ServiceUnavailableException", "Bedrock is unable to process your request.", Kind.CAPACITY),
     ],
 )
 async def test_an_exception_in_the_stream_before_output_counts_as_the_http_error_it_names(

@@ -13,6 +13,7 @@ boto3 is synchronous: each call runs in a thread while the gateway serves on the
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -227,3 +228,41 @@ async def test_anthropic_bedrock_calls_a_tool_and_reads_its_result_through_invok
         assert use.name == "get_weather" and isinstance(use.input, dict) and isinstance(use.input.get("city"), str)
         text = "".join(b.text for b in answered.content if b.type == "text")
         assert answered.stop_reason == "end_turn" and "12 C" in text, model
+
+
+async def test_invoke_model_fails_in_bedrocks_shape_for_boto3_and_anthropic_bedrock() -> None:
+    """InvokeModel's failures are Bedrock's, as on Bedrock itself: boto3's ``invoke_model``
+    raises its own exception classes, and AnthropicBedrock (which reads the status) its."""
+    say = [{"role": "user", "content": "hi"}]
+    hi = json.dumps({"anthropic_version": "bedrock-2023-05-31", "max_tokens": 8, "messages": say})
+    full = scenario(spec("claude", slots=0, api="anthropic"), spec("flagship", slots=0))
+    async with running(full, **TWO) as gw:
+        client = bedrock(gw, x_capmon_deadline="1")
+        with pytest.raises(client.exceptions.ServiceUnavailableException) as plain:
+            await call(client.invoke_model, modelId="auto", body=hi)
+        with pytest.raises(client.exceptions.ServiceUnavailableException) as streamed:
+            await call(client.invoke_model_with_response_stream, modelId="claude", body=hi)
+        claude = anthropic.AsyncAnthropicBedrock(
+            aws_access_key="team",
+            aws_secret_key=CLIENT,
+            aws_region="us-east-1",
+            base_url=gw.origin,
+            max_retries=0,
+            default_headers={"x-capmon-deadline": "1"},
+        )
+        with pytest.raises(anthropic.InternalServerError) as sdk:
+            await claude.messages.create(model="claude", max_tokens=8, messages=say)
+    for info in (plain, streamed):
+        assert info.value.response["ResponseMetadata"]["HTTPStatusCode"] == 503
+        assert "within its deadline" in info.value.response["Error"]["Message"]
+    assert sdk.value.status_code == 503 and sdk.value.response.headers["x-amzn-errortype"].startswith(
+        "ServiceUnavailableException"
+    )
+    assert isinstance(sdk.value.body, dict) and "within its deadline" in sdk.value.body["message"]
+
+    limited = scenario(spec("claude", slots=0, api="anthropic", dialect="anthropic-429", hint=7.0))
+    async with running(limited, models=("claude",), anthropic=("claude",), gateway=KEYS, environ=ENVIRON) as gw:
+        client = bedrock(gw, x_capmon_deadline="2")
+        with pytest.raises(client.exceptions.ThrottlingException) as throttled:
+            await call(client.invoke_model, modelId="claude", body=hi)
+    assert throttled.value.response["ResponseMetadata"]["HTTPHeaders"]["retry-after"] == "7"

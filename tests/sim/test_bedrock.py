@@ -348,6 +348,7 @@ async def test_in_stream_throttling_before_output(sim: SimHandle, http: httpx.As
         ("bedrock-stream", "throttlingException"),
         ("bedrock-stream-503", "serviceUnavailableException"),
         ("bedrock-stream-error", "modelStreamErrorException"),
+        ("bedrock-stream-frame", "ThrottlingException"),  # :message-type: error
     ],
 )
 async def test_in_stream_exception_after_output(sim: SimHandle, dialect: str, code: str) -> None:

@@ -90,6 +90,7 @@ EXPECTED_HTTP = {
     dialects.BEDROCK_STREAM: 429,
     dialects.BEDROCK_STREAM_503: 503,
     dialects.BEDROCK_STREAM_ERROR: 424,
+    dialects.BEDROCK_STREAM_FRAME: 429,
 }
 
 

@@ -9,7 +9,9 @@ u16][utf-8]``), as Bedrock does. The tests read it back with botocore's own deco
 
 An event carries ``:event-type``, ``:content-type: application/json`` and ``:message-type:
 event``; an error inside the stream ``:message-type: exception`` with ``:exception-type`` (the
-exception's name in lowerCamel case, such as ``throttlingException``). Every payload carries
+exception's name in lowerCamel case, such as ``throttlingException``), or an error of the
+stream itself ``:message-type: error`` with ``:error-code`` and ``:error-message`` headers and
+an empty payload. Every event's payload carries
 a padding field ``p`` of random length, as AWS pads its events so their sizes say nothing
 about their content.
 """
@@ -61,3 +63,9 @@ def exception(exception_type: str, payload: Mapping[str, Any]) -> bytes:
     """An error inside the stream: ``exception_type`` is lowerCamel (``throttlingException``)."""
     headers = {":exception-type": exception_type, ":content-type": "application/json", ":message-type": "exception"}
     return frame(headers, json.dumps(payload).encode())
+
+
+def error(code: str, message: str) -> bytes:
+    """An error of the stream itself: ``code`` as AWS names it (``ThrottlingException``), the
+    words in a header, no payload (botocore raises it as ``EventStreamError`` with that code)."""
+    return frame({":error-code": code, ":error-message": message, ":message-type": "error"}, b"")
