@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anthropic
@@ -70,6 +70,17 @@ def headers(response: Any) -> dict[str, str]:
 
 def two_providers(**kw: Any) -> Any:
     return scenario(spec("claude", api="anthropic", **kw), spec("flagship", **kw))
+
+
+async def throttled(send: Callable[[Any], Awaitable[Any]], *, deadline: str) -> Any:
+    """The ThrottlingException boto3 raises for what ``send`` asks of a gateway whose one
+    model is rate-limited (``Retry-After: 7``) past the request's deadline."""
+    limited = scenario(spec("claude", slots=0, api="anthropic", dialect="anthropic-429", hint=7.0))
+    async with running(limited, models=("claude",), anthropic=("claude",), gateway=KEYS, environ=ENVIRON) as gw:
+        client = bedrock(gw, x_capmon_deadline=deadline)
+        with pytest.raises(client.exceptions.ThrottlingException) as info:
+            await send(client)
+    return info.value
 
 
 async def test_converse_plain_and_streamed_on_either_wire() -> None:
@@ -132,12 +143,8 @@ async def test_every_model_at_capacity_is_service_unavailable_and_a_rate_limit_i
     assert info.value.response["ResponseMetadata"]["HTTPStatusCode"] == 503
     assert "within its deadline" in info.value.response["Error"]["Message"]
 
-    limited = scenario(spec("claude", slots=0, api="anthropic", dialect="anthropic-429", hint=7.0))
-    async with running(limited, models=("claude",), anthropic=("claude",), gateway=KEYS, environ=ENVIRON) as gw:
-        client = bedrock(gw, x_capmon_deadline="3")
-        with pytest.raises(client.exceptions.ThrottlingException) as throttled:
-            await call(client.converse, modelId="claude", messages=HI)
-    assert throttled.value.response["ResponseMetadata"]["HTTPHeaders"]["retry-after"] == "7"
+    limited = await throttled(lambda client: call(client.converse, modelId="claude", messages=HI), deadline="3")
+    assert limited.response["ResponseMetadata"]["HTTPHeaders"]["retry-after"] == "7"
 
 
 async def test_a_stream_broken_after_output_ends_with_an_exception_boto3_raises() -> None:
@@ -260,9 +267,5 @@ async def test_invoke_model_fails_in_bedrocks_shape_for_boto3_and_anthropic_bedr
     )
     assert isinstance(sdk.value.body, dict) and "within its deadline" in sdk.value.body["message"]
 
-    limited = scenario(spec("claude", slots=0, api="anthropic", dialect="anthropic-429", hint=7.0))
-    async with running(limited, models=("claude",), anthropic=("claude",), gateway=KEYS, environ=ENVIRON) as gw:
-        client = bedrock(gw, x_capmon_deadline="2")
-        with pytest.raises(client.exceptions.ThrottlingException) as throttled:
-            await call(client.invoke_model, modelId="claude", body=hi)
-    assert throttled.value.response["ResponseMetadata"]["HTTPHeaders"]["retry-after"] == "7"
+    limited = await throttled(lambda client: call(client.invoke_model, modelId="claude", body=hi), deadline="2")
+    assert limited.response["ResponseMetadata"]["HTTPHeaders"]["retry-after"] == "7"
