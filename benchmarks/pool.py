@@ -42,7 +42,7 @@ from typing import Any
 
 from benchmarks.ideal import ideal, percentile
 from benchmarks.peers.base import KEY, Item, PeerContext, run_peer
-from benchmarks.peers.capmon_client import bench_config
+from benchmarks.peers.capmon_client import apply_whatif, bench_config
 from benchmarks.procs import free_port, get_json, markdown_table, start_simulator, stop
 from capmon.core.routing.client import FallbackClient
 from capmon.core.types.config import Config, Spread
@@ -371,7 +371,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--items", type=int, default=0, help="items per run (default: 1200 for slots, 900 for rpm)")
     p.add_argument("--json", default="", help="also write every figure here")
+    p.add_argument(
+        "--capmon-whatif",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="a benchmarks/whatif/*.py file that patches capmon's core for this run's capmon rows (repeatable)",
+    )
     args = p.parse_args(argv)
+    apply_whatif(args.capmon_whatif)  # capmon runs in this process; LiteLLM's rows do not use its core
     scn = load_scenario(SCENARIO)
     peers = [x for x in args.peers.split(",") if x]
     if "litellm" in peers and not litellm_available():
