@@ -173,7 +173,7 @@ async def test_a_batch_job_leaves_the_key_nowhere(
     monkeypatch.setenv("CANARY_KEY", KEY)  # the command line reads the key from the environment
     caplog.set_level(logging.DEBUG)
     for name in ("capmon", "httpx", "httpcore", "asyncio", "textual"):
-        logging.getLogger(name).setLevel(logging.DEBUG)
+        caplog.set_level(logging.DEBUG, logger=name)  # restored after the test, as the root's is
     texts = Texts()
     db, out = tmp_path / "jobs.db", tmp_path / "out.jsonl"
     src = write_items(tmp_path / "in.jsonl", N)

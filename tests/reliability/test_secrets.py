@@ -113,7 +113,7 @@ class Collected:
 def collected(caplog: pytest.LogCaptureFixture) -> Any:
     caplog.set_level(logging.DEBUG)  # the root logger: every logger that propagates
     for name in ("capmon", "httpx", "httpcore", "uvicorn", "uvicorn.error", "asyncio"):
-        logging.getLogger(name).setLevel(logging.DEBUG)
+        caplog.set_level(logging.DEBUG, logger=name)  # restored after the test, as the root's is
     c = Collected()
     yield c
     records = caplog.get_records("setup") + caplog.get_records("call")
