@@ -18,6 +18,7 @@ from capmon.batch.sqlite import FallbackItem
 from capmon.batch.states import JobState
 from capmon.batch.store import Db, open_store
 from capmon.core.base.exceptions import BatchError
+from capmon.core.routing.client import FallbackClient
 from capmon.report import OutputFormat, ReportOptions, run_report
 from capmon.sim.app import create_app
 from capmon.sim.labels import disagrees, label_for
@@ -54,6 +55,12 @@ N = 80
 
 def prompt(i: int) -> str:
     return f"Classify: review number {i} of the product"
+
+
+async def run_job(client: FallbackClient, tmp_path: Path, db: Db, n: int, width: int = 0) -> None:
+    """Job ``j`` of ``n`` prompts (ids ``it-<i>``, zero-padded to ``width``), run to its end."""
+    rows = [{"id": f"it-{i:0{width}d}", "messages": [{"role": "user", "content": prompt(i)}]} for i in range(n)]
+    await BatchRunner(client, db, "j", RunnerOptions(input_path=write_jsonl(tmp_path / "in.jsonl", rows))).run()
 
 
 def report(db: Db, fmt: OutputFormat) -> str:
@@ -97,9 +104,8 @@ async def test_compare_reports_the_share_the_fallback_changed(tmp_path: Path) ->
 async def compare_reports_the_share_the_fallback_changed(tmp_path: Path, db: Db) -> None:
     """The acceptance test, on either job store (tests/batch/pg/test_compare.py runs it on PostgreSQL)."""
     app = create_app(parse_scenario(SCENARIO))
-    rows = [{"id": f"it-{i:03d}", "messages": [{"role": "user", "content": prompt(i)}]} for i in range(N)]
     async with client_for(app) as client:  # flagship full: every item falls back to medium
-        await BatchRunner(client, db, "j", RunnerOptions(input_path=write_jsonl(tmp_path / "in.jsonl", rows))).run()
+        await run_job(client, tmp_path, db, N, width=3)
     app.state.simulator.configure("flagship", slots=64)  # room again, for the comparison
     async with client_for(app) as client:
         result = await compare_job(client, db, "j", n=N, seed=1)
@@ -132,9 +138,8 @@ async def test_a_comparison_is_pinned_to_the_preferred_model(tmp_path: Path) -> 
     """The preferred model still full: no answer from another model is taken for its own."""
     app = create_app(parse_scenario(SCENARIO))
     db = tmp_path / "db"
-    rows = [{"id": f"it-{i}", "messages": [{"role": "user", "content": prompt(i)}]} for i in range(5)]
     async with client_for(app) as client:
-        await BatchRunner(client, db, "j", RunnerOptions(input_path=write_jsonl(tmp_path / "in.jsonl", rows))).run()
+        await run_job(client, tmp_path, db, 5)
         result = await compare_job(client, db, "j", n=3, seed=0)
     assert (result.compared, result.missing) == (0, 3)
     out = tmp_path / "out.jsonl"
@@ -148,9 +153,8 @@ async def test_a_comparison_is_pinned_to_the_preferred_model(tmp_path: Path) -> 
 async def test_a_job_still_running_is_not_compared_beside_its_own_work(tmp_path: Path) -> None:
     app = create_app(parse_scenario(SCENARIO))
     db = tmp_path / "db"
-    rows = [{"id": f"it-{i}", "messages": [{"role": "user", "content": prompt(i)}]} for i in range(3)]
     async with client_for(app) as client:
-        await BatchRunner(client, db, "j", RunnerOptions(input_path=write_jsonl(tmp_path / "in.jsonl", rows))).run()
+        await run_job(client, tmp_path, db, 3)
         store = open_store(db)
         try:  # a runner holds it again: its lease is fresh
             info = store.require("j")
