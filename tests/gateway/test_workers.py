@@ -212,10 +212,10 @@ BACK_WITHIN = 5.0
 @dataclass
 class _Load:
     """What a steady load saw: each reply's (start, end, status, worker) and each
-    request that got no reply's (start, error), on the monotonic clock."""
+    request that got no reply's (start, error, client), on the monotonic clock."""
 
     replies: list[tuple[float, float, int, str]] = field(default_factory=list)
-    failed: list[tuple[float, str]] = field(default_factory=list)
+    failed: list[tuple[float, str, int]] = field(default_factory=list)
 
     def served_by(self, worker: str, since: float) -> list[tuple[float, float, int, str]]:
         return [r for r in self.replies if r[3] == worker and r[0] > since]
@@ -231,13 +231,13 @@ async def _kill_under_load(origin: str, pid: int, number: str) -> tuple[_Load, f
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=0)
     async with httpx.AsyncClient(base_url=origin, trust_env=False, timeout=20, limits=limits) as http:
 
-        async def client() -> None:
+        async def client(n: int) -> None:
             while not stop.is_set():
                 t0 = time.monotonic()
                 try:
                     r = await http.post("/v1/chat/completions", json=CHAT)
                 except httpx.TransportError as e:
-                    load.failed.append((t0, repr(e)))
+                    load.failed.append((t0, repr(e), n))
                 else:
                     load.replies.append((t0, time.monotonic(), r.status_code, r.headers.get("x-capmon-worker", "")))
 
@@ -246,7 +246,7 @@ async def _kill_under_load(origin: str, pid: int, number: str) -> tuple[_Load, f
             while not done() and time.monotonic() < end:
                 await asyncio.sleep(0.02)
 
-        clients = [asyncio.create_task(client()) for _ in range(CLIENTS)]
+        clients = [asyncio.create_task(client(n)) for n in range(CLIENTS)]
         try:
             await until(lambda: {"1", "2"} <= {r[3] for r in load.replies}, 20.0)
             killed_at = time.monotonic()
@@ -283,9 +283,13 @@ def test_a_worker_killed_under_load_is_restarted_while_the_other_serves_on(
     ok = [r for r in load.replies if r[2] == 200]
     assert len(ok) == len(load.replies), [r for r in load.replies if r[2] != 200][:5]
 
-    # Only what was in flight on the killed worker failed: at most one request per client,
-    # each sent before the kill (or as it landed: a connection the dying socket took).
-    assert len(load.failed) <= CLIENTS, load.failed
+    # Only what was in flight on the killed worker failed, and what landed on its socket as it
+    # died: a client whose request the kill cut sends the next at once, and the kernel can hand
+    # that connection to the dying worker's listening socket before the exit closes it (the
+    # exit closes the accepted connections and the listener one by one). So at most two per
+    # client, none sent later than a moment after the kill.
+    per_client = [sum(1 for f in load.failed if f[2] == n) for n in range(CLIENTS)]
+    assert max(per_client) <= 2, (per_client, load.failed)
     late = [f for f in load.failed if f[0] > killed_at + 1.0]
     assert not late, (late, err[-3000:])
     # Worker 1 served on all along, and worker 2 is back: its replacement (the spare) says it
