@@ -79,6 +79,7 @@ class RedisTarget:
         self._synced_changes = local.breaker.changes
         self._epoch = 0  # the shared limiter's cut count, mirrored
         self._full_until = 0.0
+        self._limit_full = False  # ... and whether what was full was the limit, not a ramp's share of it
         # After ADMIT found a bucket empty: (until, the least cost it holds off). A smaller
         # request may still fit the tpm bucket, and a refund here refills it: both ask again.
         self._bucket_wait = (0.0, 0)
@@ -118,7 +119,7 @@ class RedisTarget:
     def press(self) -> None:
         # passed to SETTLE with each answer: this process's work was turned away by a full
         # target (ADMIT said so fleet-wide, or this process's own requests fill the limit)
-        self.local.press(full=self._shared and self._store.clock.now() < self._full_until)
+        self.local.press(full=self._shared and self._limit_full and self._store.clock.now() < self._full_until)
 
     def probe_due_at(self) -> float | None:
         b = self.local.breaker
@@ -340,13 +341,18 @@ class RedisTarget:
             self._store.mirror_budget(*budget)
         self.apply(h, offset, disabled, force=self._cas_done(cas, pending))
         self._store.link.verdicts[verdict] += 1
+        # Full by the limit itself, not only by a ramp's share of it: what presses the limiter
+        # (MemoryTarget.press's rule, on the fleet's count).
+        self._limit_full = count >= int(h.limit + 1e-9)
         if verdict == "ok":
             if count >= self._cap(h, offset):
                 self._full_until = now + FULL_NAP  # that was the last slot: no call until one frees
             self._local_slots[lease] = self.local.limiter.take()
             self._store.track(self.id, lease)
             slot = Slot(count, h.epoch)
-            return Admission(self.id, h.gen, False, slot, cost, now, lease=lease, ask=self.local.limiter.asks(slot))
+            ramp = h.state is State.RAMP and self.local.breaker.ramp_admitted(h.gen)
+            lim = self.local.limiter
+            return Admission(self.id, h.gen, False, slot, cost, now, lease=lease, ask=lim.asks(slot), ramp=ramp)
         if verdict == "full":
             self._full_until = now + FULL_NAP
         elif verdict == Verdict.RPM and retry_at > 0:
@@ -431,6 +437,26 @@ class RedisTarget:
     def holds(self, adm: Admission) -> bool:
         return self.local.holds(adm)
 
+    def survival_after(self) -> float | None:
+        return self.local.survival_after()  # this process's refusals: its own path to the model
+
+    def survived(self, adm: Admission) -> bool:
+        """The mirror's breaker decides, as for an answer; the step it makes rides on this
+        process's next call (the admission it lets in writes it before it is decided)."""
+        if adm.lease is None or adm.probe:  # admitted by the mirror alone (Redis was away), or a probe
+            return self.local.survived(adm)  # (whose ramp is written as a probe's answer would be)
+        if adm.settled or adm.survived or not adm.ramp:
+            return False
+        adm.survived = True
+        now = self._store.clock.now()
+        # The ramp's free slots as this process knows them: none if the fleet's requests filled
+        # it at this process's last admission (ADMIT said "full", or it took the last slot).
+        free = 0 if now < self._full_until else self.local.ramp_free(now)
+        grew = self.local.breaker.survived(adm.generation, free=free)
+        if grew:
+            self._full_until = 0.0  # the mirror's "full" predates the slot just added
+        return grew
+
     async def settle(
         self,
         adm: Admission,
@@ -452,7 +478,16 @@ class RedisTarget:
         if not self._shared:
             # Redis went away while this attempt was out: settle it on the mirror alone.
             return await self.local.settle(
-                Admission(self.id, adm.generation, adm.probe, local_slot, adm.cost, adm.at),
+                Admission(
+                    self.id,
+                    adm.generation,
+                    adm.probe,
+                    local_slot,
+                    adm.cost,
+                    adm.at,
+                    ramp=adm.ramp,
+                    survived=adm.survived,
+                ),
                 failure,
                 used_tokens=used_tokens,
                 cancelled=cancelled,
@@ -470,6 +505,7 @@ class RedisTarget:
         # The shared limiter decides news in SETTLE; the local breaker counts its own
         # evidence now, from the epoch the mirror knows (fresh as of the last answer).
         news = decisions.overload_is_news(plan.limiter, adm.slot.epoch, self._epoch)
+        self.local.refusals.record(plan.breaker, failure, now - adm.at)
         self.local.breaker.record(
             adm.generation,
             plan.breaker,
@@ -479,6 +515,7 @@ class RedisTarget:
             probe=adm.probe,
             basis=self.local.limiter.limit,
             floor=self.local.limiter.start,
+            young=adm.ramp and not adm.survived,
         )
         key = plan.key
         if key is not None:

@@ -476,19 +476,41 @@ def test_the_growth_table(basis: float, ramp_start: float, answers: int, share: 
     assert (h.breaker.state is State.CLOSED) == (share == 1.0)
 
 
-def test_a_failure_in_the_ramp_adds_nothing_and_failures_in_a_row_reopen_it() -> None:
+def test_failures_in_a_ramp_that_showed_nothing_add_nothing_and_in_a_row_reopen_it() -> None:
     h = Harness(ramp_start=0.25, ramp_duration=1e6, failure_threshold=3)
     h.trip()
     h.to_ramp(basis=16)  # 4 of 16
-    h.succeed()
     h.fail()
-    assert h.breaker.share() == 0.375  # the success counted, the failure adds nothing
+    assert h.breaker.share() == 0.25  # the failure adds nothing
     h.fail(news=False)  # an echo: not a failure
-    h.succeed()
-    assert h.breaker.share() == 0.5 and h.breaker.state is State.RAMP
-    h.fail(3)
+    assert h.breaker.state is State.RAMP and h.breaker.consecutive == 1
+    h.fail(2)
     assert h.breaker.state is State.OPEN
     assert h.changes[-1] == ("ramp", "open")
+
+
+def test_a_model_that_served_in_the_ramp_and_then_refused_closes_it() -> None:
+    # It serves again and is full: the limiter's cut to what was in flight is what it holds,
+    # and a share of that cut would hold back room it just showed.
+    h = Harness(ramp_start=0.25, ramp_duration=1e6, failure_threshold=3)
+    h.trip()
+    h.to_ramp(basis=16)
+    h.succeed()
+    assert h.breaker.share() == 0.375
+    h.fail(news=False)  # an echo of a cut: nothing
+    assert h.breaker.state is State.RAMP
+    h.fail()
+    v = h.breaker.view()
+    assert v.state is State.CLOSED and v.reason == "full in the ramp: the limiter holds what it showed"
+    assert h.changes[-1] == ("ramp", "closed")
+    h2 = Harness(ramp_start=0.25, ramp_duration=1e6, failure_threshold=3)  # a survival shows it too
+    h2.trip()
+    h2.to_ramp(basis=16)
+    gen = h2.breaker.generation
+    assert h2.breaker.ramp_admitted(gen)
+    h2.breaker.survived(gen, free=4)
+    h2.fail()
+    assert h2.breaker.state is State.CLOSED
 
 
 @pytest.mark.parametrize(
@@ -605,10 +627,11 @@ def test_a_success_during_ramp_ends_the_failure_streak() -> None:
     h = Harness(ramp_duration=1e6)
     h.trip()
     h.to_ramp(basis=64)
-    for _ in range(5):
-        h.fail(2)
-        h.succeed()
-    assert h.breaker.state is State.RAMP
+    h.fail(2)
+    h.succeed()
+    assert h.breaker.state is State.RAMP and h.breaker.consecutive == 0
+    h.fail()  # not the third in a row: it served since (and full now, the ramp is done)
+    assert h.breaker.state is State.CLOSED
 
 
 def test_a_success_sent_before_a_ramp_streak_does_not_end_it() -> None:
@@ -942,3 +965,84 @@ async def test_steady_traffic_ramps_up_in_round_trips_an_idle_ramp_in_ramp_durat
         await asyncio.sleep(1)
     assert clock.now() - ramp_from == pytest.approx(60, abs=1.01)
     assert time.perf_counter() - started < 10.0  # fast-forwarded: minutes of loop time, not of ours
+
+
+# ------------------------------------------------------------------ survivals
+
+
+def test_survivals_add_a_slot_each_while_the_ramp_is_fewer_than_ramp_lead_ahead() -> None:
+    # A ramp at 12 of 24 whose 12 requests went out together: a survival adds a slot only
+    # while fewer than ramp_lead of its requests are young (out, not yet survived) and fewer
+    # than ramp_lead of its slots unused, so the ramp runs that far ahead of what the model
+    # showed, however many requests wait.
+    h = Harness(ramp_start=0.5, ramp_duration=1e6, ramp_lead=4)
+    h.trip()
+    h.to_ramp(basis=24)
+    b = h.breaker
+    gen = b.generation
+    assert all(b.ramp_admitted(gen) for _ in range(12)) and not b.ramp_admitted(gen - 1)
+    grew = [b.survived(gen, free=0) for _ in range(12)]
+    assert grew == [False] * 8 + [True] * 4 and b.share() == pytest.approx(16 / 24)
+    assert all(b.ramp_admitted(gen) for _ in range(4))  # the four new slots' requests
+    assert not b.survived(gen, free=4)  # four slots unused (say, the waiting work went elsewhere)
+    assert [b.survived(gen, free=0) for _ in range(3)] == [True] * 3 and b.share() == pytest.approx(19 / 24)
+    # One answered before it survived is young no more; one refused, after the model showed
+    # it serves again, says it is at its room: the ramp is done (the limiter's cut is the limit).
+    assert b.ramp_admitted(gen) and b.ramp_admitted(gen)
+    b.record(gen, S.SUCCESS, sent_at=h.clock.now(), young=True)
+    assert b.share() == pytest.approx(21 / 24)  # two slots by the answer
+    b.record(gen, S.CAPACITY, sent_at=h.clock.now(), young=True)
+    assert b.state is State.CLOSED and not b.survived(gen, free=0)
+    # A ramp whose model showed nothing yet, refused: no growth by survivals after it.
+    h = Harness(ramp_start=0.5, ramp_duration=1e6, ramp_lead=4)
+    h.trip()
+    h.to_ramp(basis=24)
+    b = h.breaker
+    gen = b.generation
+    assert b.ramp_admitted(gen)
+    h.fail()
+    assert b.state is State.RAMP and not b.survived(gen, free=0) and b.share() == 0.5
+
+
+def test_survivals_close_the_ramp_once_its_share_is_whole_and_count_nowhere_else() -> None:
+    h = Harness(ramp_start=0.5, ramp_duration=1e6, ramp_lead=8)
+    h.trip()
+    assert not h.breaker.ramp_admitted(h.breaker.generation)  # open: no ramp to count in
+    assert not h.breaker.survived(h.breaker.generation, free=0)
+    h.to_ramp(basis=8)
+    b = h.breaker
+    gen = b.generation
+    assert not b.survived(gen - 1, free=0)  # admitted before the ramp: stale
+    for _ in range(4):
+        assert b.survived(gen, free=0)
+    assert b.state is State.CLOSED and b.view().reason == "ramp complete"
+    assert not b.survived(gen, free=0) and not b.survived(b.generation, free=0)  # closed
+    assert h.changes[-1] == ("ramp", "closed")
+
+
+def test_a_probe_that_survived_starts_the_ramp_before_its_answer() -> None:
+    h = Harness(ramp_start=0.5, ramp_duration=1e6)
+    h.trip()
+    h.wait_for_probe()
+    b = h.breaker
+    assert not b.probe_survived(b.generation, basis=8, floor=1)  # open: no probe out
+    gen = b.begin_probe()
+    assert gen is not None
+    assert not b.probe_survived(gen - 1, basis=8, floor=1)  # not this probe
+    assert b.probe_survived(gen, basis=8, floor=1)
+    assert b.state is State.RAMP and b.share() == 0.5
+    assert b.view().reason == "1 probe(s) admitted (still out past the time a refusal takes)"
+    h.record((gen, h.clock.now()), S.CAPACITY, probe=True)  # its answer, late: stale
+    assert b.state is State.RAMP and not b.probe_survived(gen, basis=8, floor=1)
+
+
+def test_with_two_probes_needed_a_survival_is_one_of_them() -> None:
+    h = Harness(half_open_probes=2)
+    h.trip()
+    h.wait_for_probe()
+    b = h.breaker
+    gen = b.begin_probe()
+    assert gen is not None and b.probe_survived(gen, basis=8, floor=1)
+    assert b.state is State.OPEN and b.view().reason == "probe succeeded; another is needed"
+    h.probe(basis=8)
+    assert b.state is State.RAMP

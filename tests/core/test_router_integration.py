@@ -11,7 +11,7 @@ from capmon.core.base.exceptions import RequestFailed
 from capmon.core.routing.client import FallbackClient
 from capmon.core.types import events as ev
 from capmon.core.types.failure import Kind
-from tests.support.configs import ENV, three_models
+from tests.support.configs import ENV, build_config, three_models
 from tests.support.scripted import OVERLOADED, Reply, Script, ok, serve
 
 pytestmark = [pytest.mark.integration, pytest.mark.looptime]
@@ -41,7 +41,14 @@ async def test_the_clients_own_probe_finds_the_model_back_and_the_ramp_restores_
     events: list[ev.Event] = []
     bus.subscribe(lambda e: events.append(e) if getattr(e, "model", None) == "flagship" else None)
     async with serve(script) as url:
-        cfg = three_models(url, extra="[limiter]\ninitial = 2\nmax = 8\n")
+        # The ramp by answers alone: growth by survivals (the overloaded replies taught a
+        # refusal time) is tests/core/test_ramp_survival.py's.
+        cfg = build_config(
+            url,
+            keys=(("TEST_KEY_A", "a"),),
+            breaker={"cooldown": 300.0, "ramp_duration": 60.0, "ramp_survival": 0.0},
+            limiter={"initial": 2, "max": 8},
+        )
         async with FallbackClient(cfg, environ=ENV, bus=bus) as client:
             # The limiter learns 8 slots from its initial 2 first: a ramp admits no fewer
             # than the initial limit, so one that learned nothing more has no ramp.

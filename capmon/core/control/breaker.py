@@ -7,6 +7,7 @@ States and how they move (ARCHITECTURE.md, "The breaker")::
     HALF_OPEN --probes_needed probes succeeded--> RAMP
     HALF_OPEN --the probe failed--> OPEN (the next probe waits longer)
     RAMP --the share reached 1.0--> CLOSED (probe interval growth forgotten)
+    RAMP --full (a capacity failure) after it served in the ramp--> CLOSED
     RAMP --N capacity failures in a row--> OPEN
     any --trip()--> FORCED_OPEN;  any --force_close()--> FORCED_CLOSED;  any --reset()--> CLOSED
 
@@ -24,7 +25,17 @@ of it (half by default, as TCP's slow-start threshold after a loss is half the
 window) but never fewer slots than the limiter's initial limit. The share grows by
 evidence, like TCP slow start: each success sent in the ramp adds two slots' worth,
 so a round of answers as large as the share triples it, and the ramp triples per
-round trip while its slots are in use. Time is only a ceiling: after
+round trip while its slots are in use. A request of the ramp still out well past the
+time the model takes to refuse was admitted (capmon/core/control/survival.py): it adds a
+slot before its answer, but only while fewer than ``ramp_lead`` of the ramp's requests
+are out unproven (neither survived nor answered) and fewer than ``ramp_lead`` of its
+slots are unused, so the ramp runs that far ahead of what the model showed, a survival
+time behind it rather than a service time, and a model that came back with less than
+before sees about that many requests too many. A capacity failure once the model has
+served in the ramp (an answer, or a survival) ends the ramp: the limiter's cut to what
+was in flight is what the model holds now, and a share of that cut would hold back room
+it just showed. Before it served, failures add nothing and stop the growth by survivals;
+``failure_threshold`` of them in a row trip it again. Time is only a ceiling: after
 ``ramp_duration`` the share is 1.0 however little traffic came.
 
 There are no timers: time-driven moves are applied lazily from ``clock.now()``
@@ -46,7 +57,7 @@ from dataclasses import dataclass
 from capmon.core.base.clock import Clock
 from capmon.core.control.decisions import OUTAGE as _OUTAGE
 from capmon.core.control.decisions import clean_hint as clean_hint  # its home is decisions.py, which the stores share
-from capmon.core.control.decisions import ramp_grown, ramp_opening
+from capmon.core.control.decisions import ramp_grown, ramp_opening, ramp_survived
 from capmon.core.control.policy import BreakerSignal
 from capmon.core.types.config import BreakerConfig
 from capmon.core.types.events import BreakerChanged, Event, RampStep
@@ -189,6 +200,12 @@ class CircuitBreaker:
         self._share = 1.0
         self._reported = 1.0  # the share the last RampStep named: one is published per doubling
         self._basis = 1.0
+        # The ramp's requests out that have neither survived nor been settled: what the
+        # model has not yet shown it admits. This process's own: a fleet shares the share
+        # survivals raised, not this.
+        self._young = 0
+        self._shown = False  # a request of this ramp survived or answered: the model serves again
+        self._refused = False  # a capacity failure came in this ramp: it is at the model's room
         self._changes = 0  # state moves and ramp steps this breaker decided itself
 
     # ------------------------------------------------------------ reading
@@ -293,6 +310,8 @@ class CircuitBreaker:
         self._ramp_from, self._share, self._basis = rec.ramp_from, share, max(1.0, rec.basis)
         if not same:
             self._reported = share
+            self._young = 0
+            self._shown = self._refused = False
         if stepped:
             self._report(now, f"share raised to {self._share:.0%}" + (f" [{origin}]" if origin else ""))
         if same:
@@ -345,6 +364,7 @@ class CircuitBreaker:
         probe: bool = False,
         basis: float = 1.0,
         floor: float = 1.0,
+        young: bool = False,
         now: float | None = None,
     ) -> None:
         """One attempt's outcome. ``sent_at`` is when the attempt was admitted: failures
@@ -353,13 +373,16 @@ class CircuitBreaker:
         is False for a capacity failure the limiter took as an echo of requests sent
         before it backed off: a model that is merely full is not one that is down.
         ``basis`` is the learned concurrency a ramp starting now is a share of, ``floor``
-        the fewest slots it admits (the limiter's initial limit); ``now``: the reading
+        the fewest slots it admits (the limiter's initial limit); ``young``: the attempt
+        was counted by :meth:`ramp_admitted` and had not survived; ``now``: the reading
         the caller just took, if it did."""
         if now is None:
             now = self._clock.now()
         self._advance(now)
         if generation != self.generation:
             return  # stale: admitted before the last state change
+        if young and self._young:
+            self._young -= 1  # answered or refused before it survived
         hint = clean_hint(hint)
         s = self._state
         failed = signal in _OUTAGE or (signal is BreakerSignal.CAPACITY and news)
@@ -378,15 +401,68 @@ class CircuitBreaker:
                 self._closed_failure(now, hint)
         elif s is State.RAMP:
             if signal is BreakerSignal.SUCCESS:
-                self._success(sent_at)
+                self._shown |= self._success(sent_at)
                 self._grow(now)
             elif failed:
-                # A recovering model that is full for a moment is not sent back at once
-                # (the limiter's cut answers a full one, and the share stops growing);
-                # one still down fails again and trips.
+                if signal is BreakerSignal.CAPACITY and self._shown:
+                    # It serves again and refused one more: the limiter's cut (to what was in
+                    # flight) is what it holds now, and a share of that cut would hold back
+                    # room the model just showed. The ramp's work is done.
+                    self._move(State.CLOSED, "full in the ramp: the limiter holds what it showed", now)
+                    return
+                # One that has shown nothing is not sent back at once either (the limiter's
+                # cut answers a full one, and the share stops growing by survivals); one still
+                # down fails again and trips.
+                self._refused = True
                 self._streak(sent_at, hint)
                 if self._consecutive >= self.config.failure_threshold:
                     self._trip(now, f"{self._consecutive} capacity failures in a row during ramp", self._streak_hint)
+
+    def ramp_admitted(self, generation: int) -> bool:
+        """An attempt was admitted by the ramp (the caller's admission of ``generation``):
+        young until it survives or is settled. Returns whether it counts (the ramp is on)."""
+        if generation != self.generation or self._state is not State.RAMP:
+            return False
+        self._young += 1
+        return True
+
+    def survived(self, generation: int, *, free: int, now: float | None = None) -> bool:
+        """An attempt :meth:`ramp_admitted` counted survived (capmon/core/control/survival.py):
+        a slot more, unless ``ramp_lead`` of the ramp's requests are still young or ``free``
+        (the ramp's slots not in use) is ``ramp_lead`` or more, or a capacity failure came in
+        this ramp. Returns whether the share grew (a waiting request may go now). Like an
+        answer's growth, a change a fleet's store hears by the step this process writes with
+        its next call."""
+        if now is None:
+            now = self._clock.now()
+        self._advance(now)
+        if generation != self.generation or self._state is not State.RAMP:
+            return False
+        self._shown |= self._consecutive == 0  # admitted, and nothing refused since
+        if self._young:
+            self._young -= 1
+        lead = self.config.ramp_lead
+        if self._refused or self._young >= lead or free >= lead:
+            return False  # refused: the model has no more room than the ramp found; answers grow it on
+        self._share = ramp_survived(self._share, self._basis)
+        self._changes += 1
+        self._report(now, f"requests survived: share grown to {self._share:.0%}")
+        self._advance(now)
+        return True
+
+    def probe_survived(self, generation: int, *, basis: float, floor: float, now: float | None = None) -> bool:
+        """The probe of ``generation`` survived (capmon/core/control/survival.py): the model
+        admits again, a service time before the probe's answer can say so. It counts as the
+        probe's success (its answer, when it comes, is stale); ``basis`` and ``floor`` as in
+        :meth:`record`. Returns whether the breaker moved (to RAMP, or open for the next of
+        ``half_open_probes``)."""
+        if now is None:
+            now = self._clock.now()
+        self._advance(now)
+        if generation != self.generation or self._state is not State.HALF_OPEN:
+            return False
+        self._probe_outcome(now, BreakerSignal.SUCCESS, None, basis, floor, admitted=True)
+        return True
 
     def _streak(self, sent_at: float, hint: float | None) -> None:
         if self._consecutive == 0:
@@ -394,18 +470,23 @@ class CircuitBreaker:
         self._consecutive += 1
         self._streak_hint = _max_hint(self._streak_hint, hint)
 
-    def _success(self, sent_at: float) -> None:
+    def _success(self, sent_at: float) -> bool:
+        """Whether it says something about the model now (it ends a failure streak). OPEN:
+        nothing is admitted, so nothing current arrives; FORCED_*: outcomes ignored."""
         if self._consecutive and sent_at < self._streak_from:
-            return  # sent before the streak began: it says nothing about the model now
+            return False  # sent before the streak began: it says nothing about the model now
         self._consecutive = 0
         self._streak_hint = None
-        # OPEN: nothing is admitted, so nothing current arrives; FORCED_*: outcomes ignored.
+        return True
 
-    def _probe_outcome(self, now: float, signal: BreakerSignal, hint: float | None, basis: float, floor: float) -> None:
+    def _probe_outcome(
+        self, now: float, signal: BreakerSignal, hint: float | None, basis: float, floor: float, admitted: bool = False
+    ) -> None:
         if signal is BreakerSignal.SUCCESS:
             self._probe_successes += 1
             if self._probe_successes >= self.config.half_open_probes:
-                self._start_ramp(now, basis, floor)
+                how = "admitted (still out past the time a refusal takes)" if admitted else "succeeded"
+                self._start_ramp(now, basis, floor, f"{self._probe_successes} probe(s) {how}")
             else:
                 self._reopen(now, "probe succeeded; another is needed", hint, grow=False)
         elif signal is BreakerSignal.NEUTRAL:
@@ -477,11 +558,11 @@ class CircuitBreaker:
         until = now + self._wait(now, self._interval, hint)
         self._move(State.OPEN, reason, now, next_probe=until, keep_probe_state=True)
 
-    def _start_ramp(self, now: float, basis: float, floor: float) -> None:
+    def _start_ramp(self, now: float, basis: float, floor: float, reason: str) -> None:
         self._ramp_from = now
         self._basis = max(1.0, basis)
         self._share = self._reported = ramp_opening(self.config.ramp_start, self._basis, floor)
-        self._move(State.RAMP, f"{self._probe_successes} probe(s) succeeded", now)
+        self._move(State.RAMP, reason, now)
         self._advance(now)  # a ramp that starts at 1.0 (or lasts 0 s) closes at once
 
     def _grow(self, now: float) -> None:
@@ -542,6 +623,8 @@ class CircuitBreaker:
         self._streak_hint = None
         self._window.clear()
         self._next_probe = next_probe
+        self._young = 0
+        self._shown = self._refused = False
         if not keep_probe_state:
             self._probes_failed = 0
             self._probe_successes = 0

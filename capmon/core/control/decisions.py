@@ -125,6 +125,18 @@ def ramp_grown(share: float, basis: float) -> float:
     return 1.0 if grown >= 1.0 - _SLOT_EPS else grown
 
 
+def ramp_survived(share: float, basis: float) -> float:
+    """A ramp's share after one of its requests survived (capmon/core/control/survival.py:
+    neither answered nor refused well past the time its model takes to refuse, so it was
+    admitted): one slot of the ``basis`` more. The breaker grants it only while the ramp
+    is fewer than ``[breaker] ramp_lead`` requests and slots ahead of what the model showed
+    (CircuitBreaker.survived), so a ramp that grows faster than its answers come overshoots
+    a model back with less by about that many; a fleet's share is raised by the step that
+    process writes."""
+    grown = share + 1.0 / max(1.0, basis)
+    return 1.0 if grown >= 1.0 - _SLOT_EPS else grown
+
+
 def slots(share: float, limit: float) -> int:
     """How many requests the target admits at once: the limit, or while a ramp admits
     a share of it, ``ceil(share * limit)`` (at least one)."""

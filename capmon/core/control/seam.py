@@ -32,6 +32,7 @@ from capmon.core.control.breaker import BreakerView, CircuitBreaker, State
 from capmon.core.control.decisions import KeyMove, Outcome
 from capmon.core.control.decisions import KeyState as KeyState  # re-exported: the seam's views carry it
 from capmon.core.control.limiter import AdaptiveLimiter, Budget, LimiterView, Slot, TokenBucket
+from capmon.core.control.survival import RefusalTimes
 from capmon.core.types.capability import Feature, Lessons
 from capmon.core.types.config import Config, ModelConfig
 from capmon.core.types.events import Event, KeyParked, ModelPinned
@@ -59,6 +60,10 @@ class Admission:
     # Sent above the learned capacity: the limiter asking for more room (capmon/core/control/limiter.py).
     # A refusal is its own lesson, not the model telling this request to wait for it.
     ask: bool = False
+    # Counted by a ramp (CircuitBreaker.ramp_admitted): still out past the target's survival
+    # time, it may grow the ramp (TargetState.survived).
+    ramp: bool = False
+    survived: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +116,15 @@ class TargetState(Protocol):
         what lets the limiter grow (capmon/core/control/limiter.py)."""
 
     async def admit(self, cost: int) -> Admission | None: ...
+    def survival_after(self) -> float | None:
+        """Seconds after which an attempt a ramp admitted that is still out counts as admitted
+        by the model (capmon/core/control/survival.py); None: not known, or off."""
+
+    def survived(self, adm: Admission) -> bool:
+        """``adm``, admitted by a ramp or the probe of an open breaker, is still out past
+        :meth:`survival_after`: the ramp may grow on it (CircuitBreaker.survived), or start
+        (CircuitBreaker.probe_survived). Returns whether it did. Once per admission."""
+
     async def begin_probe(self, *, early: bool = False) -> Admission | None: ...
     async def settle(
         self,
@@ -189,6 +203,8 @@ class MemoryTarget:
         self.not_before = 0.0
         self._max_hint = config.breaker.cooldown_max  # a server hint holds a target off no longer
         self._pressed_at = -math.inf  # when work that wanted this target last went elsewhere or waited
+        self.refusals = RefusalTimes()
+        self._survival = config.breaker.ramp_survival
 
     # ------------------------------------------------------------ reading
 
@@ -284,7 +300,27 @@ class MemoryTarget:
         if self.tpm is not None:
             self.tpm.try_take(cost)
         slot = lim.take()
-        return Admission(self.id, self.breaker.generation, False, slot, cost, now, ask=lim.asks(slot))
+        gen = self.breaker.generation
+        ramp = gates.share < 1.0 and self.breaker.ramp_admitted(gen)
+        return Admission(self.id, gen, False, slot, cost, now, ask=lim.asks(slot), ramp=ramp)
+
+    def survival_after(self) -> float | None:
+        return self.refusals.survival(self._survival)
+
+    def survived(self, adm: Admission) -> bool:
+        if adm.settled or adm.survived or not (adm.ramp or adm.probe):
+            return False
+        adm.survived = True
+        lim = self.limiter
+        if adm.probe:
+            return self.breaker.probe_survived(adm.generation, basis=lim.limit, floor=lim.start)
+        return self.breaker.survived(adm.generation, free=self.ramp_free(self._clock.now()))
+
+    def ramp_free(self, now: float) -> int:
+        """The slots the breaker admits now that are not in use (for a shared store, as far as
+        this process's own requests show)."""
+        lim = self.limiter
+        return max(0, decisions.slots(self.breaker.share(now), lim.limit) - lim.in_flight)
 
     async def begin_probe(self, *, early: bool = False) -> Admission | None:
         """The one probe of an open breaker, when it is due (``early``: due by the demand
@@ -323,6 +359,7 @@ class MemoryTarget:
             Outcome(failure, cancelled, unused, used_tokens), probe=adm.probe, cost=adm.cost, max_hint=self._max_hint
         )
         b, lim = self.breaker, self.limiter
+        self.refusals.record(plan.breaker, failure, now - adm.at)
         before = b.state_at(now)
         news = decisions.overload_is_news(plan.limiter, adm.slot.epoch, lim.epoch)
         checkpoint = decisions.starts_streak(plan, news=news, admits=before.admits, streak=b.consecutive)
@@ -343,6 +380,7 @@ class MemoryTarget:
             probe=adm.probe,
             basis=lim.limit,
             floor=lim.start,
+            young=adm.ramp and not adm.survived,
             now=now,
         )
         if decisions.trip_restores(before, b.state_at(now)):

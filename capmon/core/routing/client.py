@@ -159,6 +159,7 @@ class FallbackClient(FormatCalls, ManualControls):
     async def aclose(self) -> None:
         await self.prober.aclose()
         await self._queue.aclose()
+        await self.executor.aclose()
         await self._http.aclose()
         await self.state.aclose()
 
@@ -201,7 +202,7 @@ class FallbackClient(FormatCalls, ManualControls):
             while True:
                 t, adm = await self._next(r, grant, now)
                 now = None
-                number, wall, t0, req = self._begin(r, t, False)
+                number, wall, t0, req = self._begin(r, t, adm, False)
                 try:
                     answer = await self.executor.send(t, adm, req, wall=wall)
                 finally:
@@ -486,7 +487,7 @@ class FallbackClient(FormatCalls, ManualControls):
 
     # ------------------------------------------------------------ attempts
 
-    def _begin(self, r: Routing, t: Target, stream: bool) -> tuple[int, float, float, Sending]:
+    def _begin(self, r: Routing, t: Target, adm: Admission, stream: bool) -> tuple[int, float, float, Sending]:
         number = r.sent + 1
         now, wall = self.clock.now(), self.clock.wall()  # the attempt's start, its events' too
         self._skips(r, t, now, wall)
@@ -498,10 +499,11 @@ class FallbackClient(FormatCalls, ManualControls):
         req = self.executor.request(t, r.request, stream=stream, time_left=r.left(now))
         r.sending_dropped, r.sending_lowered = req.dropped, req.lowered
         self.journal.in_flight += 1
+        self.executor.watch(t, adm)
         return number, wall, now, req
 
     async def _stream_attempt(self, r: Routing, t: Target, adm: Admission) -> AsyncIterator[Any]:
-        number, wall, t0, req = self._begin(r, t, True)
+        number, wall, t0, req = self._begin(r, t, adm, True)
         stream = self.executor.stream(req, wall=wall)
         chunks = stream.chunks()
         ended = False

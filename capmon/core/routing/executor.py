@@ -10,10 +10,12 @@ the token-parameter quirk is learned in one place. What an outcome means for the
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from capmon.core.base.clock import Clock
+from capmon.core.base.tasks import cancel_and_wait
 from capmon.core.control.seam import Admission
 from capmon.core.providers import formats
 from capmon.core.providers.token_param import TokenParams
@@ -57,6 +59,7 @@ class Executor:
         self._http = http
         self._params = token_params
         self._settled = settled
+        self._watches: set[asyncio.Task[None]] = set()
 
     # ------------------------------------------------------------ what is sent
 
@@ -89,6 +92,29 @@ class Executor:
         """A streaming attempt: iterate its chunks, then :meth:`finish` with its answer
         (``wall``: as in :meth:`send`)."""
         return Stream(self._http, req, self._clock.now, self._clock.wall() if wall is None else wall)
+
+    def watch(self, t: Target, adm: Admission) -> None:
+        """An attempt a ramp admitted, or the probe of an open breaker, is being sent: once it
+        has been out for the target's survival time (capmon/core/control/survival.py)
+        unanswered, tell the target, whose ramp may grow (or start) on it; a waiting request
+        may then go (the ``settled`` callback)."""
+        if not (adm.ramp or adm.probe):
+            return
+        after = t.state.survival_after()
+        if after is None:
+            return
+        task = asyncio.create_task(self._survive(t, adm, after))
+        self._watches.add(task)
+        task.add_done_callback(self._watches.discard)
+
+    async def _survive(self, t: Target, adm: Admission, after: float) -> None:
+        await self._clock.sleep(after)
+        if not adm.settled and t.state.survived(adm):
+            self._settled(t, adm)
+
+    async def aclose(self) -> None:
+        """Stop the survival timers still out."""
+        await cancel_and_wait(list(self._watches))
 
     # ------------------------------------------------------------ settling
 

@@ -214,6 +214,7 @@ class Prober:
     async def _send(self, t: Target, adm: Admission) -> ProbeResult:
         ex = self._executor
         out: Outcome | None = None
+        ex.watch(t, adm)  # admitted before it answers, it starts the ramp (capmon/core/control/survival.py)
         for relearn in (True, False):  # a refused token parameter is learned, then sent again
             t0 = self._clock.now()
             answer = await ex.send(t, adm, ex.probe_request(t))

@@ -238,6 +238,24 @@ class BreakerConfig:
     half_open_probes: int = _f(1, min=1, doc="probes that must succeed before the ramp starts")
     ramp_start: float = _f(0.5, min=0.0, max=1.0, doc="share of the learned concurrency admitted when the ramp starts")
     ramp_duration: float = _f(60.0, min=0.0, doc="the ramp's ceiling: full traffic after this long however little came")
+    ramp_survival: float = _f(
+        3.0,
+        min=0.0,
+        doc=(
+            "a ramp's request neither answered nor refused this many times the slowest of the model's recent"
+            " refusals after it was sent was admitted: the ramp grows a slot on it, before its answer"
+            " (0: by answers only; none until a refusal was timed)"
+        ),
+    )
+    ramp_lead: int = _f(
+        4,
+        min=1,
+        doc=(
+            "a survival adds a slot only while fewer of the ramp's requests than this are out unproven"
+            " (neither survived nor answered) and fewer of its slots are unused: about the most it sends"
+            " past a model that came back with less than before"
+        ),
+    )
 
 
 @dataclass(frozen=True)

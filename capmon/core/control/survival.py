@@ -1,0 +1,54 @@
+"""When a request of a ramp counts as admitted before it answers.
+
+A model that is full refuses at once: its 429 / 503 / 529 comes back in about the time
+the request took to get there and back. One that admits a request answers it a service
+time later (seconds, or minutes). So a request that has been neither answered nor
+refused well past the time its model takes to refuse was admitted: it *survived*, and a
+recovering model's ramp may grow on it a service time before its answer comes
+(CircuitBreaker.survived). That time is learned per target from its own refusals: the
+slowest of the last few, times ``[breaker] ramp_survival``, and never less than
+:data:`FLOOR`. Until a refusal was timed there is no such time and a ramp grows by its
+answers alone, as before.
+
+A refusal here is a capacity failure the server said with an error status. A request
+that timed out (no headers, no first token) took the timeout, not a refusal's time, and
+an error inside a 200 stream came after the headers: neither is timed.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from capmon.core.control.policy import BreakerSignal
+from capmon.core.types.failure import Failure
+
+# Seconds: a survival time is never shorter, whatever the refusals took (a loopback
+# simulator refuses in a millisecond; a timer's own lateness is of that order).
+FLOOR = 0.05
+# Refusals remembered: one slow refusal keeps the survival time long until this many
+# faster ones came after it.
+KEPT = 16
+
+
+class RefusalTimes:
+    """The latencies of a target's last :data:`KEPT` refusals."""
+
+    __slots__ = ("_times",)
+
+    def __init__(self) -> None:
+        self._times: deque[float] = deque(maxlen=KEPT)
+
+    def record(self, signal: BreakerSignal, failure: Failure | None, latency: float) -> None:
+        """One settled attempt: kept if it was a refusal (the module's docstring)."""
+        if signal is not BreakerSignal.CAPACITY or failure is None:
+            return
+        if failure.status is None or failure.status < 400:
+            return
+        self._times.append(max(0.0, latency))
+
+    def survival(self, factor: float) -> float | None:
+        """Seconds after which a ramp's request still out counts as admitted; None when no
+        refusal was timed yet, or ``factor`` is 0 (off)."""
+        if factor <= 0 or not self._times:
+            return None
+        return max(FLOOR, factor * max(self._times))
