@@ -26,11 +26,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import math
 import time
 import tomllib
 import uuid
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterator
 from typing import Any, ClassVar, TypeVar
 
 import pytest
@@ -302,6 +303,21 @@ class Equivalence(RuleBasedStateMachine):
         self.open.append((m, r))
         return True
 
+    # ------------------------------------------------------------ walks (the tests below)
+
+    def trip_by_outage(self, tid: str, threshold: int) -> None:
+        """Connection failures in a row trip ``tid`` and teach its limiter nothing."""
+        for _ in range(threshold):
+            assert self._admit(tid, 0)
+            self._settle(len(self.open) - 1, "down", None, None)
+        self.compare()
+
+    def answer_all(self) -> None:
+        """Every attempt still out answers, oldest first."""
+        while self.open:
+            self._settle(0, "ok", None, None)
+            self.compare()
+
     def _survive(self, index: int) -> None:
         """An attempt still out past its survival time (the executor's timer, here a step)."""
         m, r = self.open[index]
@@ -451,6 +467,19 @@ COVERED = {
 }
 
 
+@contextlib.contextmanager
+def walk(redis_url: str, *, threshold: int) -> Iterator[Equivalence]:
+    """A machine walked by hand, step by step (the random runs reach these paths only now and
+    then): its flagship learned 8 slots first, ``threshold`` failures in a row trip it."""
+    Equivalence.redis_url = redis_url
+    m = Equivalence()
+    m.setup(threshold=threshold, probes=1, interval=2.0, ratio=False, rpm=0, tpm=0)
+    try:
+        yield m
+    finally:
+        m.teardown()
+
+
 def test_memory_and_redis_decide_the_same(redis_url: str) -> None:
     Equivalence.redis_url = redis_url
     seen.clear()
@@ -468,16 +497,10 @@ def test_memory_and_redis_decide_the_same(redis_url: str) -> None:
 def test_a_ramp_grows_two_slots_per_clean_answer_in_both_stores(redis_url: str) -> None:
     # The random runs reach a ramp now and then; this one walks through one, step by step:
     # a fleet's share grows by the step its process writes with each settle.
-    Equivalence.redis_url = redis_url
-    m = Equivalence()
-    m.setup(threshold=2, probes=1, interval=2.0, ratio=False, rpm=0, tpm=0)  # the flagship learned 8
-    try:
+    with walk(redis_url, threshold=2) as m:
         flagship = m._m(FLAGSHIP)
         assert flagship.limiter.limit == 8
-        for _ in range(2):  # connection failures trip it and teach the limiter nothing
-            assert m._admit(FLAGSHIP, 0)
-            m._settle(len(m.open) - 1, "down", None, None)
-        m.compare()
+        m.trip_by_outage(FLAGSHIP, 2)
         assert flagship.breaker.state.value == "open"
         m._probe(FLAGSHIP, "ok", None, hold=False)
         m.compare()
@@ -492,24 +515,15 @@ def test_a_ramp_grows_two_slots_per_clean_answer_in_both_stores(redis_url: str) 
         # 3: the target holds 2) after it served in the ramp ends the ramp at the limiter's cut.
         assert grown == [3, 5, 7, None] and flagship.limiter.capacity == 2
         assert flagship.breaker.state.value == "closed"
-        while m.open:
-            m._settle(0, "ok", None, None)
-            m.compare()
-    finally:
-        m.teardown()
+        m.answer_all()
 
 
 def test_a_ramp_grows_by_survivals_the_same_way_in_both_stores(redis_url: str) -> None:
     # A fleet's share grows by the step the process whose request survived writes with its
     # next call: here the admission the new slot lets in, decided after the step.
-    Equivalence.redis_url = redis_url
-    m = Equivalence()
-    m.setup(threshold=2, probes=1, interval=2.0, ratio=False, rpm=0, tpm=0)  # the flagship learned 8
-    try:
+    with walk(redis_url, threshold=2) as m:
         flagship = m._m(FLAGSHIP)
-        for _ in range(2):
-            assert m._admit(FLAGSHIP, 0)
-            m._settle(len(m.open) - 1, "down", None, None)
+        m.trip_by_outage(FLAGSHIP, 2)
         m._probe(FLAGSHIP, "ok", None, hold=False)
         assert flagship.breaker.state.value == "ramp"
 
@@ -535,25 +549,16 @@ def test_a_ramp_grows_by_survivals_the_same_way_in_both_stores(redis_url: str) -
         assert flagship.breaker.state.value == "closed" and flagship.limiter.limit == 6
         m._survive(4)
         m.compare()
-        while m.open:
-            m._settle(0, "ok", None, None)
-            m.compare()
-    finally:
-        m.teardown()
+        m.answer_all()
 
 
 def test_a_probe_that_survived_starts_the_ramp_the_same_way_in_both_stores(redis_url: str) -> None:
     # The probe still out past its survival time: the ramp starts before its answer; the
     # fleet's starts with the transition this process writes with its next call (the first
     # admission the ramp lets in), and the probe's answer, stale then, changes nothing.
-    Equivalence.redis_url = redis_url
-    m = Equivalence()
-    m.setup(threshold=2, probes=1, interval=2.0, ratio=False, rpm=0, tpm=0)
-    try:
+    with walk(redis_url, threshold=2) as m:
         flagship = m._m(FLAGSHIP)
-        for _ in range(2):
-            assert m._admit(FLAGSHIP, 0)
-            m._settle(len(m.open) - 1, "down", None, None)
+        m.trip_by_outage(FLAGSHIP, 2)
         m._probe(FLAGSHIP, "ok", None, hold=True)
         assert flagship.breaker.state.value == "half-open" and m.open[-1][0].probe
         m._survive(len(m.open) - 1)
@@ -566,22 +571,15 @@ def test_a_probe_that_survived_starts_the_ramp_the_same_way_in_both_stores(redis
         m._settle(0, "capacity", None, None)  # the probe's own answer, late: stale in both
         m.compare()
         assert flagship.breaker.state.value == "ramp"
-        while m.open:
-            m._settle(0, "ok", None, None)
-            m.compare()
-    finally:
-        m.teardown()
+        m.answer_all()
 
 
 def test_a_drop_is_remembered_and_asked_back_the_same_way_in_both_stores(redis_url: str) -> None:
     # The random runs reach a remembered ceiling now and then; this one walks through a
     # drop: the capacity learned, a rejection far below it (the ceiling remembered), asks
     # for the room back a round trip apart, refused (the ceiling lowered) and then served.
-    Equivalence.redis_url = redis_url
-    m = Equivalence()
     # the flagship's limit is 8; a threshold of 5: the walk's rejections never trip the breaker
-    m.setup(threshold=5, probes=1, interval=2.0, ratio=False, rpm=0, tpm=0)
-    try:
+    with walk(redis_url, threshold=5) as m:
         flagship = m._m(FLAGSHIP)
 
         def fill() -> None:
@@ -617,8 +615,6 @@ def test_a_drop_is_remembered_and_asked_back_the_same_way_in_both_stores(redis_u
         assert (flagship.limiter.capacity, flagship.limiter.learned().ceiling) == (4, 5)
         ask("ok")  # back at the ceiling: forgotten
         assert flagship.limiter.capacity >= 5 and flagship.limiter.learned().ceiling == 0
-    finally:
-        m.teardown()
 
 
 @pytest.mark.slow
