@@ -30,22 +30,42 @@ BUSY = Failure(Kind.CAPACITY, "Selected model is at capacity", 503, "server_is_o
 
 @pytest.mark.unit
 def test_the_survival_time_is_the_slowest_recent_refusal_times_the_factor_and_none_before_one() -> None:
-    times = RefusalTimes()
-    assert times.survival(3.0) is None  # nothing timed: a ramp grows by its answers alone
+    times = RefusalTimes(3.0)
+    assert times.survival() is None  # nothing timed: a ramp grows by its answers alone
     times.record(BreakerSignal.SUCCESS, None, 0.9)  # an answer is no refusal
     times.record(BreakerSignal.CAPACITY, Failure(Kind.CAPACITY, "no headers", None, SILENT), 30.0)  # a timeout
     times.record(BreakerSignal.CAPACITY, Failure(Kind.CAPACITY, "slow", 200, FIRST_TOKEN), 30.0)  # after headers
     times.record(BreakerSignal.NEUTRAL, BUSY, 5.0)  # cancelled: not the model's answer
-    assert times.survival(3.0) is None
+    assert times.survival() is None
     times.record(BreakerSignal.CAPACITY, BUSY, 0.001)
-    assert times.survival(3.0) == FLOOR  # a loopback refusal: the floor
+    assert times.survival() == FLOOR  # a loopback refusal: the floor
     times.record(BreakerSignal.CAPACITY, BUSY, 0.2)
-    assert times.survival(3.0) == pytest.approx(0.6) and times.survival(0.0) is None  # 0: off
+    assert times.survival() == pytest.approx(0.6) and RefusalTimes(0.0).survival() is None  # 0: off
     for _ in range(KEPT - 1):  # a slow refusal counts until KEPT faster ones came after it
         times.record(BreakerSignal.CAPACITY, BUSY, 0.01)
-    assert times.survival(3.0) == pytest.approx(0.6)
+    assert times.survival() == pytest.approx(0.6)
     times.record(BreakerSignal.CAPACITY, BUSY, 0.01)
-    assert times.survival(3.0) == pytest.approx(0.05)
+    assert times.survival() == pytest.approx(0.05)
+
+
+@pytest.mark.unit
+def test_a_failure_later_than_the_survival_time_turns_it_off_until_kept_refusals_came_since() -> None:
+    # A route that hangs: a request out past the survival time was not admitted after all.
+    times = RefusalTimes(3.0)
+    times.record(BreakerSignal.CAPACITY, BUSY, 0.01)
+    times.record(BreakerSignal.TRANSIENT, Failure(Kind.TRANSIENT, "502 bad gateway", 502), 0.02)  # sooner: nothing
+    times.record(BreakerSignal.SILENT, Failure(Kind.CAPACITY, "no headers", None, SILENT), 0.04)
+    assert times.survival() == FLOOR
+    times.record(BreakerSignal.SILENT, Failure(Kind.CAPACITY, "no headers", None, SILENT), 30.0)
+    assert times.survival() is None
+    for _ in range(KEPT - 1):
+        times.record(BreakerSignal.CAPACITY, BUSY, 0.01)
+    assert times.survival() is None
+    times.record(BreakerSignal.CAPACITY, BUSY, 0.01)
+    assert times.survival() == FLOOR
+    # an error inside a 200 stream after a long silence: the same
+    times.record(BreakerSignal.CAPACITY, Failure(Kind.CAPACITY, "overloaded", 200), 2.0)
+    assert times.survival() is None
 
 
 # ------------------------------------------------------------------ against the simulator

@@ -203,8 +203,7 @@ class MemoryTarget:
         self.not_before = 0.0
         self._max_hint = config.breaker.cooldown_max  # a server hint holds a target off no longer
         self._pressed_at = -math.inf  # when work that wanted this target last went elsewhere or waited
-        self.refusals = RefusalTimes()
-        self._survival = config.breaker.ramp_survival
+        self.refusals = RefusalTimes(config.breaker.ramp_survival)
 
     # ------------------------------------------------------------ reading
 
@@ -305,7 +304,7 @@ class MemoryTarget:
         return Admission(self.id, gen, False, slot, cost, now, ask=lim.asks(slot), ramp=ramp)
 
     def survival_after(self) -> float | None:
-        return self.refusals.survival(self._survival)
+        return self.refusals.survival()
 
     def survived(self, adm: Admission) -> bool:
         if adm.settled or adm.survived or not (adm.ramp or adm.probe):

@@ -12,11 +12,15 @@ answers alone, as before.
 
 A refusal here is a capacity failure the server said with an error status. A request
 that timed out (no headers, no first token) took the timeout, not a refusal's time, and
-an error inside a 200 stream came after the headers: neither is timed.
+an error inside a 200 stream came after the headers: neither is timed as a refusal. But
+any failure that came later than the survival time (a hung route timing out, an error
+after a long silence) shows that outliving it did not mean admitted here: survival is
+off for the target until :data:`KEPT` refusals have been timed since.
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
 
 from capmon.core.control.policy import BreakerSignal
@@ -30,25 +34,35 @@ FLOOR = 0.05
 KEPT = 16
 
 
+# What the target's own failures say to the survival time (the module's docstring).
+_FAILED = (BreakerSignal.CAPACITY, BreakerSignal.TRANSIENT, BreakerSignal.DOWN, BreakerSignal.SILENT)
+
+
 class RefusalTimes:
-    """The latencies of a target's last :data:`KEPT` refusals."""
+    """The latencies of a target's last :data:`KEPT` refusals; ``factor``: ``[breaker]
+    ramp_survival`` (0: off)."""
 
-    __slots__ = ("_times",)
+    __slots__ = ("_factor", "_times")
 
-    def __init__(self) -> None:
+    def __init__(self, factor: float) -> None:
+        self._factor = factor
         self._times: deque[float] = deque(maxlen=KEPT)
 
     def record(self, signal: BreakerSignal, failure: Failure | None, latency: float) -> None:
-        """One settled attempt: kept if it was a refusal (the module's docstring)."""
-        if signal is not BreakerSignal.CAPACITY or failure is None:
+        """One settled attempt (the module's docstring)."""
+        if failure is None or signal not in _FAILED:
             return
-        if failure.status is None or failure.status < 400:
+        if signal is BreakerSignal.CAPACITY and failure.status is not None and failure.status >= 400:
+            self._times.append(max(0.0, latency))
             return
-        self._times.append(max(0.0, latency))
+        after = self.survival()
+        if after is not None and latency > after:
+            self._times.append(math.inf)  # out past the survival time, and still not admitted
 
-    def survival(self, factor: float) -> float | None:
-        """Seconds after which a ramp's request still out counts as admitted; None when no
-        refusal was timed yet, or ``factor`` is 0 (off)."""
-        if factor <= 0 or not self._times:
+    def survival(self) -> float | None:
+        """Seconds after which a ramp's request still out counts as admitted; None when off,
+        when no refusal was timed yet, or since a failure came later than that."""
+        if self._factor <= 0 or not self._times:
             return None
-        return max(FLOOR, factor * max(self._times))
+        slowest = max(self._times)
+        return None if math.isinf(slowest) else max(FLOOR, self._factor * slowest)
