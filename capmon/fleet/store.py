@@ -260,6 +260,18 @@ class RedisState:
             self._pending_manual.append((target.id, action, reason))
         self._changed()
 
+    def push_soon(self, target: RedisTarget) -> None:
+        """Write ``target``'s pending breaker move now, in the background, rather than with
+        this process's next call for it (which may be far off when it has no traffic there)."""
+        if self.link.ok:
+            self._spawn(self._push(target))
+
+    async def _push(self, target: RedisTarget) -> None:
+        try:
+            await target.push()
+        except ERRORS as e:
+            self.lost(e)
+
     def _spawn(self, coro: Awaitable[Any]) -> None:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)

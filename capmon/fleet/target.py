@@ -443,8 +443,15 @@ class RedisTarget:
     def survived(self, adm: Admission) -> bool:
         """The mirror's breaker decides, as for an answer; the step it makes rides on this
         process's next call (the admission it lets in writes it before it is decided)."""
-        if adm.lease is None or adm.probe:  # admitted by the mirror alone (Redis was away), or a probe
-            return self.local.survived(adm)  # (whose ramp is written as a probe's answer would be)
+        if adm.lease is None:  # admitted by the mirror alone (Redis was away)
+            return self.local.survived(adm)
+        if adm.probe:
+            # The ramp starts here; the fleet hears of it now, not with this process's next
+            # call (the probe's answer, a service time away, if this process has no traffic).
+            moved = self.local.survived(adm)
+            if moved and self._shared:
+                self._store.push_soon(self)
+            return moved
         if adm.settled or adm.survived or not adm.ramp:
             return False
         adm.survived = True

@@ -10,7 +10,7 @@ import pytest
 import redis
 
 from capmon.core.control.breaker import State
-from tests.fleet.helpers import FLAGSHIP, client, deafen, fleet_config, is_probe, store, until
+from tests.fleet.helpers import FAST_BREAKER, FLAGSHIP, client, deafen, fleet_config, is_probe, store, until
 from tests.support.scripted import OVERLOADED, Reply, Script, ok, serve
 
 
@@ -165,8 +165,8 @@ async def test_a_probe_whose_prober_went_silent_is_taken_over(redis_url: str, na
     async with serve(script) as url:
         cfg = fleet_config(url, redis_url, namespace)  # lease_ttl 0.6 s: an unrenewed probe is over after it
         async with client(cfg) as a, client(cfg) as b:
-            for _ in range(3):
-                await a.chat("hi")
+            for c in (a, b, a):  # the fleet's failures in a row trip it
+                await c.chat("hi")
             ta, tb = a.target(FLAGSHIP).state, b.target(FLAGSHIP).state
             await until(lambda: ta.view().breaker.state is State.HALF_OPEN is tb.view().breaker.state)
             owner = _shared_state(redis_url, namespace)["probe_owner"]
@@ -223,3 +223,29 @@ async def test_sparse_work_in_every_process_probes_a_down_model_every_wanted_int
     assert 3 <= len(sent) <= 8, sent
     gaps = [b2 - b1 for b1, b2 in zip(sent, sent[1:], strict=False)]
     assert min(gaps) >= 0.5 * 0.4, gaps  # as the server saw them arrive (a loaded machine's stall moves one)
+
+
+async def test_a_probe_that_outlives_a_refusals_time_starts_the_ramp_for_the_fleet_before_its_answer(
+    redis_url: str, namespace: str
+) -> None:
+    # Overloaded (refused in milliseconds: each process times the refusals it got), then back,
+    # answering in 2 s. Neither process has traffic for the model when a probe goes: the one
+    # that probed writes the ramp at once, and the other hears of it, long before the answer.
+    script = Script()
+    down = {"on": True}
+    script.set("flagship", lambda n, body: OVERLOADED if down["on"] else Reply(200, ok("flagship").body, delay=2.0))
+    async with serve(script) as url:
+        breaker = FAST_BREAKER.replace("ramp_duration = 0.3", "ramp_duration = 60.0")
+        cfg = fleet_config(url, redis_url, namespace, breaker=breaker)
+        async with client(cfg) as a, client(cfg) as b:
+            for c in (a, b, a):  # the fleet's failures in a row trip it
+                await c.chat("hi")
+            ta, tb = a.target(FLAGSHIP).state, b.target(FLAGSHIP).state
+            await until(lambda: tb.view().breaker.state is State.OPEN)
+            down["on"] = False
+            seen = len(script.seen)
+            await until(lambda: any(is_probe(s.body) for s in script.seen[seen:]), timeout=3.0)
+            # (It learned no more than the limiter's initial 8: the ramp is whole at once, closed.)
+            took = await until(lambda: ta.view().breaker.state.admits and tb.view().breaker.state.admits, timeout=1.5)
+            assert took < 1.0, took  # the probe's answer is 2 s away
+            assert _shared_state(redis_url, namespace)["state"] in ("ramp", "closed")
