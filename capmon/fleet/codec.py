@@ -132,6 +132,8 @@ TARGET_FIELDS: dict[str, tuple[Callable[[str, str, str], Any], Any]] = {
     "s_limit": (_NONNEG, 1.0),
     "s_capacity": (_int(-1), -1),
     "s_hold": (_NONNEG, 1.0),
+    "refused_in": (_NONNEG, 0.0),
+    "refusals": (_int(), 0),
 }
 
 
@@ -166,6 +168,8 @@ class SharedTarget:
     not_before: float
     park_until: float
     park_reason: str
+    refused_in: float  # seconds the fleet's latest refusal took (capmon/core/control/survival.py)
+    refusals: int  # refusals timed so far: a new one when this grows
 
     def record(self, offset: float) -> BreakerRecord:
         """The breaker's record; ``offset`` converts Redis time to this clock."""

@@ -27,6 +27,7 @@ from capmon.core.control.decisions import KeyMove, KeyState, Outcome, Verdict
 from capmon.core.control.limiter import Learned, Slot, TokenBucket
 from capmon.core.control.policy import LimiterSignal
 from capmon.core.control.seam import Admission, MemoryTarget, Standing, TargetSpec, TargetView
+from capmon.core.control.survival import is_refusal
 from capmon.core.types.failure import Failure
 from capmon.fleet import codec
 from capmon.fleet.link import ERRORS
@@ -80,6 +81,10 @@ class RedisTarget:
         self._epoch = 0  # the shared limiter's cut count, mirrored
         self._full_until = 0.0
         self._limit_full = False  # ... and whether what was full was the limit, not a ramp's share of it
+        # When ADMIT last found the target full (said so, or gave its last slot): what a survival
+        # goes by for the fleet's free slots (a slot it adds does not make this older).
+        self._seen_full = -FULL_NAP
+        self._refusals = 0  # the fleet's refusals timed, as far as this process has taken them
         # After ADMIT found a bucket empty: (until, the least cost it holds off). A smaller
         # request may still fit the tpm bucket, and a refund here refills it: both ask again.
         self._bucket_wait = (0.0, 0)
@@ -157,8 +162,16 @@ class RedisTarget:
         run, ver = h.run, h.ver
         if run == self._run and ver < self._ver and not force:
             return False
+        if run != self._run:
+            self._refusals = 0  # a hash rebuilt (Redis restarted, or flushed): its count starts over
         self._run, self._ver = run, ver
         origin = h.origin
+        if h.refusals > self._refusals:
+            # another process's refusal: its time counts toward this process's survival time
+            # too (the process that probes next may have had none of its own)
+            if origin != self._store.id:
+                self.local.refusals.refused(h.refused_in)
+            self._refusals = h.refusals
         label = None if origin == self._store.id else f"fleet: {origin}" if origin else "fleet"
         b = self.local.breaker
         gen = h.gen
@@ -344,6 +357,8 @@ class RedisTarget:
         # Full by the limit itself, not only by a ramp's share of it: what presses the limiter
         # (MemoryTarget.press's rule, on the fleet's count).
         self._limit_full = count >= int(h.limit + 1e-9)
+        if verdict == "full" or (verdict == "ok" and count >= self._cap(h, offset)):
+            self._seen_full = now
         if verdict == "ok":
             if count >= self._cap(h, offset):
                 self._full_until = now + FULL_NAP  # that was the last slot: no call until one frees
@@ -457,8 +472,8 @@ class RedisTarget:
         adm.survived = True
         now = self._store.clock.now()
         # The ramp's free slots as this process knows them: none if the fleet's requests filled
-        # it at this process's last admission (ADMIT said "full", or it took the last slot).
-        free = 0 if now < self._full_until else self.local.ramp_free(now)
+        # it lately (ADMIT said "full", or gave this process the last slot, within FULL_NAP).
+        free = 0 if now - self._seen_full < FULL_NAP else self.local.ramp_free(now)
         grew = self.local.breaker.survived(adm.generation, free=free)
         if grew:
             self._full_until = 0.0  # the mirror's "full" predates the slot just added
@@ -563,6 +578,7 @@ class RedisTarget:
                         store.config.shared.lease_ttl,
                         self.local.limiter.start,
                         int(self.local.pressed_since(adm.at)),
+                        max(0.0, now - adm.at) if is_refusal(plan.breaker, failure) else -1,
                     ],
                     hot=True,
                 )

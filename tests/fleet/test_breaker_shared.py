@@ -249,3 +249,22 @@ async def test_a_probe_that_outlives_a_refusals_time_starts_the_ramp_for_the_fle
             took = await until(lambda: ta.view().breaker.state.admits and tb.view().breaker.state.admits, timeout=1.5)
             assert took < 1.0, took  # the probe's answer is 2 s away
             assert _shared_state(redis_url, namespace)["state"] in ("ramp", "closed")
+
+
+async def test_a_refusals_time_is_the_fleets_so_a_process_that_had_none_can_go_by_it(
+    redis_url: str, namespace: str
+) -> None:
+    # The process that probes next may never have been refused itself: it takes the times of
+    # the refusals the others got, as it hears of them (SETTLE keeps the latest in the hash).
+    script = Script()
+    script.set("flagship", lambda n, body: OVERLOADED)
+    async with serve(script) as url:
+        cfg = fleet_config(url, redis_url, namespace)
+        async with client(cfg) as a, client(cfg) as b:
+            ta, tb = a.target(FLAGSHIP).state, b.target(FLAGSHIP).state
+            assert ta.survival_after() is None and tb.survival_after() is None
+            assert (await a.chat("hi")).model == "medium"  # refused in milliseconds: A times it
+            assert ta.survival_after() is not None
+            await until(lambda: tb.survival_after() is not None)
+            assert tb.survival_after() == ta.survival_after()
+            assert int(_shared_state(redis_url, namespace)["refusals"]) == 1

@@ -38,6 +38,16 @@ KEPT = 16
 _FAILED = (BreakerSignal.CAPACITY, BreakerSignal.TRANSIENT, BreakerSignal.DOWN, BreakerSignal.SILENT)
 
 
+def is_refusal(signal: BreakerSignal, failure: Failure | None) -> bool:
+    """A capacity failure the server said with an error status (the module's docstring)."""
+    return (
+        signal is BreakerSignal.CAPACITY
+        and failure is not None
+        and failure.status is not None
+        and failure.status >= 400
+    )
+
+
 class RefusalTimes:
     """The latencies of a target's last :data:`KEPT` refusals; ``factor``: ``[breaker]
     ramp_survival`` (0: off)."""
@@ -52,12 +62,16 @@ class RefusalTimes:
         """One settled attempt (the module's docstring)."""
         if failure is None or signal not in _FAILED:
             return
-        if signal is BreakerSignal.CAPACITY and failure.status is not None and failure.status >= 400:
-            self._times.append(max(0.0, latency))
+        if is_refusal(signal, failure):
+            self.refused(latency)
             return
         after = self.survival()
         if after is not None and latency > after:
             self._times.append(math.inf)  # out past the survival time, and still not admitted
+
+    def refused(self, latency: float) -> None:
+        """A refusal's time: this process's own, or another's of the fleet (capmon/fleet)."""
+        self._times.append(max(0.0, latency))
 
     def survival(self) -> float | None:
         """Seconds after which a ramp's request still out counts as admitted; None when off,

@@ -15,7 +15,8 @@
 --       21 cooldown_multiplier, 22 cooldown, 23 cooldown_max, 24 origin, 25 a pending transition (JSON) or '',
 --       26 the registry's key prefix (namespace .. ':proc:'), 27 rpm, 28 refund the rpm token (1: given
 --       back before anything was sent), 29 lease ttl, 30 the limiter's initial limit, 31 pressed (1: the
---       sender's work was turned away for want of room while this was out)
+--       sender's work was turned away for want of room while this was out), 32 seconds a refusal took
+--       (-1: not a refusal; capmon/core/control/survival.py, is_refusal)
 -- Returns {status, now, news (0/1), cas, key state (lib.lua, key_state), hash...}; status: ok | missing.
 local now = now_s()
 if redis.call('EXISTS', KEYS[1]) == 0 then return {'missing', f6(now)} end
@@ -173,6 +174,10 @@ if not probe and tonumber(ARGV[6]) == num(h.gen, 0) and (state == 'closed' or st
     end
   end
 end
+
+-- a refusal's time, which every process's survival time goes by (RefusalTimes.refused)
+local refused_in = tonumber(ARGV[32])
+if refused_in >= 0 then w.refused_in, w.refusals = f6(refused_in), num(h.refusals, 0) + 1 end
 
 -- ------------------------------------------------------------ key, hint, buckets
 -- the key's move as decisions.plan_settle decided it (MemoryTarget.move_key)
