@@ -357,10 +357,11 @@ class RedisTarget:
         # Full by the limit itself, not only by a ramp's share of it: what presses the limiter
         # (MemoryTarget.press's rule, on the fleet's count).
         self._limit_full = count >= int(h.limit + 1e-9)
-        if verdict == "full" or (verdict == "ok" and count >= self._cap(h, offset)):
+        last = verdict == "ok" and count >= self._cap(h, offset)
+        if last or verdict == "full":
             self._seen_full = now
         if verdict == "ok":
-            if count >= self._cap(h, offset):
+            if last:
                 self._full_until = now + FULL_NAP  # that was the last slot: no call until one frees
             self._local_slots[lease] = self.local.limiter.take()
             self._store.track(self.id, lease)
@@ -453,29 +454,23 @@ class RedisTarget:
         return self.local.holds(adm)
 
     def survival_after(self) -> float | None:
-        return self.local.survival_after()  # this process's refusals: its own path to the model
+        return self.local.survival_after()  # the fleet's refusals, as this process heard of them
 
     def survived(self, adm: Admission) -> bool:
-        """The mirror's breaker decides, as for an answer; the step it makes rides on this
-        process's next call (the admission it lets in writes it before it is decided)."""
+        """The mirror's breaker decides, as for an answer. A ramp's step rides on this
+        process's next call (the admission it lets in writes it before it is decided); a
+        probe's ramp is written now, not with that call (the probe's answer, a service time
+        away, if this process has no traffic there)."""
         if adm.lease is None:  # admitted by the mirror alone (Redis was away)
             return self.local.survived(adm)
-        if adm.probe:
-            # The ramp starts here; the fleet hears of it now, not with this process's next
-            # call (the probe's answer, a service time away, if this process has no traffic).
-            moved = self.local.survived(adm)
-            if moved and self._shared:
+        # The fleet's requests filled the ramp lately (ADMIT said "full", or gave this process
+        # the last slot, within FULL_NAP): none of its slots is free, whatever this process's own show.
+        full = self._store.clock.now() - self._seen_full < FULL_NAP
+        grew = self.local.survived(adm, full=full)
+        if grew and adm.probe:
+            if self._shared:
                 self._store.push_soon(self)
-            return moved
-        if adm.settled or adm.survived or not adm.ramp:
-            return False
-        adm.survived = True
-        now = self._store.clock.now()
-        # The ramp's free slots as this process knows them: none if the fleet's requests filled
-        # it lately (ADMIT said "full", or gave this process the last slot, within FULL_NAP).
-        free = 0 if now - self._seen_full < FULL_NAP else self.local.ramp_free(now)
-        grew = self.local.breaker.survived(adm.generation, free=free)
-        if grew:
+        elif grew:
             self._full_until = 0.0  # the mirror's "full" predates the slot just added
         return grew
 

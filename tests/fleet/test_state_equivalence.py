@@ -475,13 +475,16 @@ COVERED = {
 
 
 @contextlib.contextmanager
-def walk(redis_url: str, *, threshold: int) -> Iterator[Equivalence]:
+def walk(redis_url: str, *, threshold: int, tripped: bool = False) -> Iterator[Equivalence]:
     """A machine walked by hand, step by step (the random runs reach these paths only now and
-    then): its flagship learned 8 slots first, ``threshold`` failures in a row trip it."""
+    then): its flagship learned 8 slots first, ``threshold`` failures in a row trip it
+    (``tripped``: they did, by connection failures, in both stores)."""
     Equivalence.redis_url = redis_url
     m = Equivalence()
     m.setup(threshold=threshold, probes=1, interval=2.0, ratio=False, rpm=0, tpm=0)
     try:
+        if tripped:
+            m.trip_by_outage(FLAGSHIP, threshold)
         yield m
     finally:
         m.teardown()
@@ -504,11 +507,9 @@ def test_memory_and_redis_decide_the_same(redis_url: str) -> None:
 def test_a_ramp_grows_two_slots_per_clean_answer_in_both_stores(redis_url: str) -> None:
     # The random runs reach a ramp now and then; this one walks through one, step by step:
     # a fleet's share grows by the step its process writes with each settle.
-    with walk(redis_url, threshold=2) as m:
+    with walk(redis_url, threshold=2, tripped=True) as m:
         flagship = m._m(FLAGSHIP)
-        assert flagship.limiter.limit == 8
-        m.trip_by_outage(FLAGSHIP, 2)
-        assert flagship.breaker.state.value == "open"
+        assert flagship.limiter.limit == 8 and flagship.breaker.state.value == "open"
         m._probe(FLAGSHIP, "ok", None, hold=False)
         m.compare()
         grown = []
@@ -528,9 +529,8 @@ def test_a_ramp_grows_two_slots_per_clean_answer_in_both_stores(redis_url: str) 
 def test_a_ramp_grows_by_survivals_the_same_way_in_both_stores(redis_url: str) -> None:
     # A fleet's share grows by the step the process whose request survived writes with its
     # next call: here the admission the new slot lets in, decided after the step.
-    with walk(redis_url, threshold=2) as m:
+    with walk(redis_url, threshold=2, tripped=True) as m:
         flagship = m._m(FLAGSHIP)
-        m.trip_by_outage(FLAGSHIP, 2)
         m._probe(FLAGSHIP, "ok", None, hold=False)
         assert flagship.breaker.state.value == "ramp"
 
@@ -563,9 +563,8 @@ def test_a_probe_that_survived_starts_the_ramp_the_same_way_in_both_stores(redis
     # The probe still out past its survival time: the ramp starts before its answer, in
     # Redis too (the process writes the move at once), and the probe's answer, stale then,
     # changes nothing.
-    with walk(redis_url, threshold=2) as m:
+    with walk(redis_url, threshold=2, tripped=True) as m:
         flagship = m._m(FLAGSHIP)
-        m.trip_by_outage(FLAGSHIP, 2)
         m._probe(FLAGSHIP, "ok", None, hold=True)
         assert flagship.breaker.state.value == "half-open" and m.open[-1][0].probe
         m._survive(len(m.open) - 1)

@@ -57,7 +57,7 @@ from dataclasses import dataclass
 from capmon.core.base.clock import Clock
 from capmon.core.control.decisions import OUTAGE as _OUTAGE
 from capmon.core.control.decisions import clean_hint as clean_hint  # its home is decisions.py, which the stores share
-from capmon.core.control.decisions import ramp_grown, ramp_opening, ramp_survived
+from capmon.core.control.decisions import ramp_grown, ramp_opening
 from capmon.core.control.policy import BreakerSignal
 from capmon.core.types.config import BreakerConfig
 from capmon.core.types.events import BreakerChanged, Event, RampStep
@@ -444,7 +444,7 @@ class CircuitBreaker:
         lead = self.config.ramp_lead
         if self._refused or self._young >= lead or free >= lead:
             return False  # refused: the model has no more room than the ramp found; answers grow it on
-        self._share = ramp_survived(self._share, self._basis)
+        self._share = ramp_grown(self._share, self._basis, slots=1.0)
         self._changes += 1
         self._report(now, f"requests survived: share grown to {self._share:.0%}")
         self._advance(now)

@@ -114,26 +114,18 @@ def ramp_opening(ramp_start: float, basis: float, floor: float) -> float:
     return min(1.0, max(ramp_start, floor / b))
 
 
-def ramp_grown(share: float, basis: float) -> float:
-    """A ramp's share after one clean answer (a success sent in the ramp): two slots of the
-    ``basis`` more (the limiter's SLOW_START_STEP), as TCP's slow start grows its window
-    per ack. A round of clean answers as large as the share triples it, so the ramp
+def ramp_grown(share: float, basis: float, slots: float = SLOW_START_STEP) -> float:
+    """A ramp's share ``slots`` of the ``basis`` more. After one clean answer (a success sent
+    in the ramp) that is two (the limiter's SLOW_START_STEP), as TCP's slow start grows its
+    window per ack: a round of clean answers as large as the share triples it, so the ramp
     triples per round trip while its slots are in use, and every answer counts at once: a
     slow answer holds back its own slot, not its round's (capmon/core/control/breaker.py,
-    CircuitBreaker.record; a fleet's share is raised by the step that process writes)."""
-    grown = share + SLOW_START_STEP / max(1.0, basis)
-    return 1.0 if grown >= 1.0 - _SLOT_EPS else grown
-
-
-def ramp_survived(share: float, basis: float) -> float:
-    """A ramp's share after one of its requests survived (capmon/core/control/survival.py:
+    CircuitBreaker.record). After one of its requests survived (capmon/core/control/survival.py:
     neither answered nor refused well past the time its model takes to refuse, so it was
-    admitted): one slot of the ``basis`` more. The breaker grants it only while the ramp
-    is fewer than ``[breaker] ramp_lead`` requests and slots ahead of what the model showed
-    (CircuitBreaker.survived), so a ramp that grows faster than its answers come overshoots
-    a model back with less by about that many; a fleet's share is raised by the step that
-    process writes."""
-    grown = share + 1.0 / max(1.0, basis)
+    admitted) it is one, granted only while the ramp is fewer than ``[breaker] ramp_lead``
+    requests and slots ahead of what the model showed (CircuitBreaker.survived). A fleet's
+    share is raised by the step that process writes."""
+    grown = share + slots / max(1.0, basis)
     return 1.0 if grown >= 1.0 - _SLOT_EPS else grown
 
 

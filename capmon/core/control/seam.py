@@ -306,20 +306,18 @@ class MemoryTarget:
     def survival_after(self) -> float | None:
         return self.refusals.survival()
 
-    def survived(self, adm: Admission) -> bool:
+    def survived(self, adm: Admission, *, full: bool = False) -> bool:
+        """``full``: a shared store knows the ramp's slots are all in use (the fleet's
+        requests fill it); otherwise this process's own requests in flight say how many are free."""
         if adm.settled or adm.survived or not (adm.ramp or adm.probe):
             return False
         adm.survived = True
         lim = self.limiter
         if adm.probe:
             return self.breaker.probe_survived(adm.generation, basis=lim.limit, floor=lim.start)
-        return self.breaker.survived(adm.generation, free=self.ramp_free(self._clock.now()))
-
-    def ramp_free(self, now: float) -> int:
-        """The slots the breaker admits now that are not in use (for a shared store, as far as
-        this process's own requests show)."""
-        lim = self.limiter
-        return max(0, decisions.slots(self.breaker.share(now), lim.limit) - lim.in_flight)
+        now = self._clock.now()
+        free = 0 if full else max(0, decisions.slots(self.breaker.share(now), lim.limit) - lim.in_flight)
+        return self.breaker.survived(adm.generation, free=free, now=now)
 
     async def begin_probe(self, *, early: bool = False) -> Admission | None:
         """The one probe of an open breaker, when it is due (``early``: due by the demand
