@@ -53,7 +53,7 @@ from __future__ import annotations
 import collections
 import heapq
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from capmon.core.base import text
 from capmon.sim.scenario import ModelSpec, Scenario
@@ -67,6 +67,16 @@ def percentile(values: Sequence[float], q: float) -> float:
     return float("nan") if found is None else found
 
 
+@dataclass(frozen=True, slots=True)
+class Send:
+    """One request the schedule sent: when, where, and when its answer came (scenario clock),
+    so a benchmark can replay the schedule as a simulator's counters over time."""
+
+    at: float
+    model: str
+    until: float
+
+
 @dataclass(frozen=True)
 class Ideal:
     makespan: float  # seconds from the first request to the last answer
@@ -76,6 +86,7 @@ class Ideal:
     # (see the module docstring), in the order the answers came.
     latencies: tuple[float, ...] = ()
     informed: bool = False  # the informed oracle (learns of a rise one round trip late)
+    sends: tuple[Send, ...] = field(default=(), compare=False, repr=False)  # in the order sent
 
     @property
     def preferred_share(self) -> float:
@@ -231,6 +242,7 @@ def ideal(
     done: list[tuple[float, int, str, float]] = []  # heap of (finish time, seq, model, picked up at)
     waiting: collections.deque[float] = collections.deque()  # workers holding an item: when they picked it up
     latencies: list[float] = []
+    sends: list[Send] = []
     boundaries = _wakes(scn, offset, 3600.0, informed)
     if start is not None:  # the first answers: the starting capacity is known from then on
         boundaries = sorted({*boundaries, *(offset + service_time(m, offset, repeat) for m in models)})
@@ -251,10 +263,12 @@ def ideal(
             if m is None:
                 break  # every model is full: wait for an event
             picked = waiting.popleft()
+            until = t + service_time(m, t, repeat)
+            sends.append(Send(t, m.name, until))
             in_flight[m.name] += 1
             served[m.name] += 1
             buckets.take(m.name)
-            heapq.heappush(done, (t + service_time(m, t, repeat), seq, m.name, picked))
+            heapq.heappush(done, (until, seq, m.name, picked))
             seq += 1
         next_done = done[0][0] if done else None
         next_phase = next((b for b in boundaries if b > t), None)
@@ -277,4 +291,5 @@ def ideal(
         preferred=models[0].name,
         latencies=tuple(latencies),
         informed=informed,
+        sends=tuple(sends),
     )

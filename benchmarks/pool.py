@@ -37,13 +37,15 @@ import json
 import tempfile
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from benchmarks.ideal import ideal, percentile
+from benchmarks.ideal import Ideal, ideal, percentile, slots_at
 from benchmarks.peers.base import KEY, Item, PeerContext, run_peer
 from benchmarks.peers.capmon_client import apply_whatif, bench_config
 from benchmarks.procs import free_port, get_json, markdown_table, start_simulator, stop
+from benchmarks.run import INITIAL_LIMIT
 from capmon.core.routing.client import FallbackClient
 from capmon.core.types.config import Config, Spread
 from capmon.core.types.result import Request
@@ -65,6 +67,8 @@ STRATEGIES = ("simple-shuffle", "least-busy", "usage-based-routing-v2")
 # which keeps them (simple-shuffle takes rpm as a weight only and sends past it).
 BEST_STRATEGY = {"slots": "simple-shuffle", "rpm": "usage-based-routing-v2"}
 PEERS = ("capmon-room", "capmon-order", "litellm")
+# The simulator's counters over a run: (its clock, model -> (requests, in flight, slots)).
+Samples = list[tuple[float, dict[str, tuple[int, int, int]]]]
 
 
 def quotas(mode: str) -> dict[str, int]:
@@ -195,7 +199,7 @@ class Counters:
     def __init__(self, origin: str, period: float = 0.1) -> None:
         self.origin = origin
         self.period = period
-        self.samples: list[tuple[float, dict[str, tuple[int, int, int]]]] = []  # (elapsed, model -> counts)
+        self.samples: Samples = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -231,9 +235,7 @@ def had_room(counts: dict[str, tuple[int, int, int]], at: float, offset: float, 
     return False
 
 
-def small_with_room(
-    samples: list[tuple[float, dict[str, tuple[int, int, int]]]], offset: float, mode: str
-) -> tuple[float, dict[int, int]]:
+def small_with_room(samples: Samples, offset: float, mode: str) -> tuple[float, dict[int, int]]:
     """The share of the small model's requests that arrived between two samples at both of
     which a region had room, and how many of those in each second of the run."""
     rpm = quotas(mode)
@@ -247,6 +249,24 @@ def small_with_room(
             second = int(a - offset)
             when[second] = when.get(second, 0) + new
     return (roomy / total if total else 0.0), when
+
+
+def replay(oracle: Ideal, scn: Scenario, offset: float, period: float = 0.1) -> Samples:
+    """An oracle's schedule as :class:`Counters` would have read it from a simulator every
+    ``period`` seconds (the first reading half a period before its first request), so that
+    :func:`small_with_room` measures the oracle and the peers alike."""
+    sends = {m.name: [s for s in oracle.sends if s.model == m.name] for m in scn.models}  # in the order sent
+    end = max((s.until for s in oracle.sends), default=offset)
+    out: Samples = []
+    k = 0
+    while (at := offset + (k - 0.5) * period) <= end + period:
+        counts = {}
+        for m in scn.models:
+            sent = [s for s in sends[m.name] if s.at <= at]
+            counts[m.name] = (len(sent), sum(1 for s in sent if s.until > at), slots_at(m, at, scn.repeat))
+        out.append((at, counts))
+        k += 1
+    return out
 
 
 def over_quota(sent: dict[str, int], wall: float, mode: str) -> int:
@@ -287,7 +307,7 @@ def run(peer: str, mode: str, scn: Scenario, items: int, strategy: str, logs: Pa
 def figures(
     result: dict[str, Any],
     stats: dict[str, Any],
-    samples: list[tuple[float, dict[str, tuple[int, int, int]]]],
+    samples: Samples,
     offset: float,
     scn: Scenario,
     mode: str,
@@ -320,6 +340,45 @@ def figures(
         "over_rpm": over_quota(sent, result["wall"], mode),
         "served": {name: sum(1 for r in ok if r["model"] == name) for name in (*REGIONS.values(), SMALL)},
         "extra": result.get("extra", {}),
+        "offset": offset,
+    }
+
+
+# The yardsticks beside the peers (benchmarks/ideal.py): the ideal knows every region's room the
+# moment it changes; the informed oracle learns of a rise (region b's return) one round trip late;
+# held to [limiter] initial for its first round trip, it is the floor of a client that starts there.
+ORACLES = (
+    ("*ideal*", {}),
+    ("*informed oracle*", {"informed": True}),
+    (f"*informed, from {INITIAL_LIMIT} slots*", {"informed": True, "start": INITIAL_LIMIT}),
+)
+
+
+def oracle_figures(scn: Scenario, mode: str, items: int, offset: float, how: Mapping[str, Any]) -> dict[str, Any]:
+    """An oracle's figures in a peer's columns (it is never refused: one request per item),
+    on the scenario clock from ``offset`` (a peer's measured start, so its seconds line up)."""
+    best = ideal(scn, items, WORKERS, offset, rpm=quotas(mode))
+    o = ideal(scn, items, WORKERS, offset, rpm=quotas(mode), **how)
+    roomy = small_with_room(replay(o, scn, offset), offset, mode)
+    return {
+        "completed": items,
+        "failed": 0,
+        "wall": o.makespan,
+        "ideal": best.makespan,
+        "x_ideal": best.makespan / o.makespan,
+        "req_item": 1.0,
+        "rej_item": 0.0,
+        "p50": o.p50,
+        "p99": o.p99,
+        "ideal_p50": best.p50,
+        "ideal_p99": best.p99,
+        "small": o.served.get(SMALL, 0) / items,
+        "ideal_small": best.served.get(SMALL, 0) / items,
+        "small_room": roomy[0],
+        "small_room_when": roomy[1],
+        "over_rpm": 0,
+        "served": dict(o.served),
+        "extra": {},
     }
 
 
@@ -393,6 +452,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.litellm_strategy, [args.litellm_strategy]
             )
             rows = []
+            offset = 0.0
             for peer in peers:
                 for strategy in strategies if peer == "litellm" else [""]:
                     name = f"litellm {strategy}" if strategy else peer
@@ -403,6 +463,13 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"  {mode} {name}: {time.monotonic() - t0:.0f}s, served {f['served']} {f['extra']}")
                     print(f"    to the small model with room, by second of the run: {when or 'none'}")
                     rows.append(row(name, f))
+                    offset = offset or f["offset"]
+            for name, how in ORACLES:
+                f = oracle_figures(scn, mode, items, offset, how)
+                out[f"{mode}/{name}"] = f
+                when = ", ".join(f"{s}s: {n}" for s, n in sorted(f["small_room_when"].items()))
+                print(f"  {mode} {name}: to the small model with room, by second: {when or 'none'}")
+                rows.append(row(name, f))
             print(f"\n{mode}: {items} items, {WORKERS} workers\n")
             print(markdown_table(HEAD, rows) + "\n", flush=True)
     if args.json:

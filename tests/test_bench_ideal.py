@@ -105,3 +105,12 @@ def test_an_rpm_bucket_holds_a_model_to_a_minute_s_worth_then_its_rate() -> None
     assert tight.served == {"a": 13, "b": 27}
     assert tight.makespan == pytest.approx(7.0)
     assert ideal(scn, 40, 8).makespan == pytest.approx(5.0)
+
+
+def test_every_send_is_recorded_with_its_answer_time() -> None:
+    scn = _scenario(_model("a", 2, 1.0), _model("b", 2, 0.5))
+    o = ideal(scn, 10, 4)
+    assert len(o.sends) == 10 and [s.at for s in o.sends] == sorted(s.at for s in o.sends)
+    assert {m: sum(1 for s in o.sends if s.model == m) for m in "ab"} == o.served
+    assert all(s.until - s.at == pytest.approx(1.0 if s.model == "a" else 0.5) for s in o.sends)
+    assert o.makespan == pytest.approx(max(s.until for s in o.sends))

@@ -78,3 +78,34 @@ def test_room_and_quota_are_read_from_the_simulator_s_counters() -> None:
     assert pool.over_quota({"sim-pool-a": 130, "sim-pool-c": 100}, 6.0, "rpm") == 0
     assert pool.over_quota({"sim-pool-a": 140, "sim-pool-c": 300}, 6.0, "rpm") == (140 - 132) + (300 - 264)
     assert pool.over_quota({"sim-pool-a": 140}, 6.0, "slots") == 0
+
+
+def test_the_oracles_are_measured_as_the_peers_are_the_floor_side_by_side() -> None:
+    # The same counters, replayed from each oracle's schedule, through the same small_with_room:
+    # the ideal knows every region's room and never sends down with one free; the informed oracle
+    # learns of region b's return (9 s) a round trip late and sends down until then; held to
+    # [limiter] initial for its first round trip, it sends down at the start as well.
+    scn = load_scenario(pool.SCENARIO)
+    offset = 0.05
+    seconds = {}
+    for name, how in pool.ORACLES:
+        f = pool.oracle_figures(scn, "slots", pool.ITEMS["slots"], offset, how)
+        assert f["completed"] == sum(f["served"].values()) == pool.ITEMS["slots"]
+        seconds[name] = f["small_room_when"]
+    ideal_, informed, floor = (seconds[name] for name, _ in pool.ORACLES)
+    assert ideal_ == {}
+    assert set(informed) <= {8, 9} and sum(informed.values()) >= 6  # 9 s less the offset: second 8 and 9
+    assert floor[0] >= 6 and {s: n for s, n in floor.items() if s} == informed
+
+
+def test_a_replay_reads_an_oracle_s_schedule_as_the_simulator_s_counters() -> None:
+    scn = load_scenario(pool.SCENARIO)
+    o = ideal(scn, 60, pool.WORKERS)
+    samples = pool.replay(o, scn, 0.0)
+    at, first = samples[0]
+    assert at == pytest.approx(-0.05) and all(c[:2] == (0, 0) for c in first.values())
+    at, counts = samples[1]  # 0.05 s: the first 36 requests out, on the regions by preference
+    assert counts["sim-pool-a"] == (8, 8, 8) and counts["sim-pool-b"] == (12, 12, 12)
+    assert counts["sim-pool-c"] == (16, 16, 16) and counts[pool.SMALL] == (0, 0, 6)
+    assert samples[-1][1]["sim-pool-c"][0] == o.served["sim-pool-c"]  # every request by the end
+    assert all(c[1] == 0 for c in samples[-1][1].values())  # and every answer
