@@ -26,6 +26,12 @@ p99 latency; the share of items on the small model; and ``small w/ room``: the s
 the small model's requests sent while a region had room (two slots free, and in the ``rpm``
 run a request's worth of its quota), read from the simulator's counters every 0.1 s.
 
+Beside the peers, three oracles (``ORACLES``, benchmarks/ideal.py): the ideal, the informed oracle
+(it learns of region b's return one round trip late) and the informed oracle held to ``[limiter]
+initial`` for its first round trip, the floor of a client that starts where capmon does. Their
+schedules are replayed as the simulator's counters (``replay``), so ``small w/ room`` measures them
+exactly as it measures the peers.
+
 The machine running it is shared: the figures are noisy, read ratios within one run.
 """
 
