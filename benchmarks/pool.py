@@ -26,7 +26,7 @@ p99 latency; the share of items on the small model; and ``small w/ room``: the s
 the small model's requests sent while a region had room (two slots free, and in the ``rpm``
 run a request's worth of its quota), read from the simulator's counters every 0.1 s.
 
-Beside the peers, three oracles (``ORACLES``, benchmarks/ideal.py): the ideal, the informed oracle
+Beside the peers, three oracles (``oracles``, benchmarks/ideal.py): the ideal, the informed oracle
 (it learns of region b's return one round trip late) and the informed oracle held to ``[limiter]
 initial`` for its first round trip, the floor of a client that starts where capmon does. Their
 schedules are replayed as the simulator's counters (``replay``), so ``small w/ room`` measures them
@@ -116,9 +116,10 @@ def capmon_head(base_url: str, mode: str, spread: Spread) -> str:
     return "\n".join(lines)
 
 
-def capmon_config(base_url: str, mode: str, spread: Spread) -> Config:
-    """capmon-bench.toml's [client], [backoff], [breaker] and [limiter] on the pool's models."""
-    return bench_config(base_url, head=capmon_head(base_url, mode, spread))
+def capmon_config(base_url: str, mode: str, spread: Spread, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """capmon-bench.toml's [client], [backoff], [breaker] and [limiter] on the pool's models
+    (``overrides``: ``section.key=value``, as ``--capmon-set`` gives them)."""
+    return bench_config(base_url, overrides, head=capmon_head(base_url, mode, spread))
 
 
 def litellm_model_list(base_url: str, mode: str) -> list[dict[str, Any]]:
@@ -282,7 +283,9 @@ def over_quota(sent: dict[str, int], wall: float, mode: str) -> int:
     return sum(max(0, sent.get(sim, 0) - int(r + wall * r / 60.0)) for sim, r in rpm.items())
 
 
-def run(peer: str, mode: str, scn: Scenario, items: int, strategy: str, logs: Path) -> dict[str, Any]:
+def run(
+    peer: str, mode: str, scn: Scenario, items: int, strategy: str, logs: Path, overrides: list[str] | None = None
+) -> dict[str, Any]:
     """One peer on a fresh simulator; its figures."""
     port = free_port()
     origin = f"http://127.0.0.1:{port}"
@@ -292,7 +295,7 @@ def run(peer: str, mode: str, scn: Scenario, items: int, strategy: str, logs: Pa
         made = LiteLLMPool(base_url, mode, strategy)
     else:
         spread = Spread.ROOM if peer == "capmon-room" else Spread.ORDER
-        made = CapmonPool(capmon_config(base_url, mode, spread))
+        made = CapmonPool(capmon_config(base_url, mode, spread, overrides or []))
     ctx = PeerContext(base_url=base_url, models=(MODEL, SMALL), workers=WORKERS, items=items)
     sim = start_simulator(port, SCENARIO, logs / f"{mode}-{peer}-{strategy}.sim.log")
     try:
@@ -353,11 +356,13 @@ def figures(
 # The yardsticks beside the peers (benchmarks/ideal.py): the ideal knows every region's room the
 # moment it changes; the informed oracle learns of a rise (region b's return) one round trip late;
 # held to [limiter] initial for its first round trip, it is the floor of a client that starts there.
-ORACLES = (
-    ("*ideal*", {}),
-    ("*informed oracle*", {"informed": True}),
-    (f"*informed, from {INITIAL_LIMIT} slots*", {"informed": True, "start": INITIAL_LIMIT}),
-)
+def oracles(initial: int = INITIAL_LIMIT) -> tuple[tuple[str, dict[str, Any]], ...]:
+    """The oracle rows' names and how each is held (``initial``: capmon's ``[limiter] initial``)."""
+    return (
+        ("*ideal*", {}),
+        ("*informed oracle*", {"informed": True}),
+        (f"*informed, from {initial} slots*", {"informed": True, "start": initial}),
+    )
 
 
 def oracle_figures(scn: Scenario, mode: str, items: int, offset: float, how: Mapping[str, Any]) -> dict[str, Any]:
@@ -443,6 +448,14 @@ def main(argv: list[str] | None = None) -> int:
         metavar="FILE",
         help="a benchmarks/whatif/*.py file that patches capmon's core for this run's capmon rows (repeatable)",
     )
+    p.add_argument(
+        "--capmon-set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override a value of benchmarks/capmon-bench.toml for capmon's rows (repeatable); "
+        "[limiter] initial also holds the floor oracle",
+    )
     args = p.parse_args(argv)
     apply_whatif(args.capmon_whatif)  # capmon runs in this process; LiteLLM's rows do not use its core
     scn = load_scenario(SCENARIO)
@@ -463,14 +476,15 @@ def main(argv: list[str] | None = None) -> int:
                 for strategy in strategies if peer == "litellm" else [""]:
                     name = f"litellm {strategy}" if strategy else peer
                     t0 = time.monotonic()
-                    f = run(peer, mode, scn, items, strategy, Path(tmp))
+                    f = run(peer, mode, scn, items, strategy, Path(tmp), args.capmon_set)
                     out[f"{mode}/{name}"] = f
                     when = ", ".join(f"{s}s: {n}" for s, n in sorted(f["small_room_when"].items()))
                     print(f"  {mode} {name}: {time.monotonic() - t0:.0f}s, served {f['served']} {f['extra']}")
                     print(f"    to the small model with room, by second of the run: {when or 'none'}")
                     rows.append(row(name, f))
                     offset = offset or f["offset"]
-            for name, how in ORACLES:
+            initial = capmon_config("http://127.0.0.1/v1", mode, Spread.ROOM, args.capmon_set).limiter.initial
+            for name, how in oracles(initial):
                 f = oracle_figures(scn, mode, items, offset, how)
                 out[f"{mode}/{name}"] = f
                 when = ", ".join(f"{s}s: {n}" for s, n in sorted(f["small_room_when"].items()))

@@ -88,11 +88,11 @@ def test_the_oracles_are_measured_as_the_peers_are_the_floor_side_by_side() -> N
     scn = load_scenario(pool.SCENARIO)
     offset = 0.05
     seconds = {}
-    for name, how in pool.ORACLES:
+    for name, how in pool.oracles():
         f = pool.oracle_figures(scn, "slots", pool.ITEMS["slots"], offset, how)
         assert f["completed"] == sum(f["served"].values()) == pool.ITEMS["slots"]
         seconds[name] = f["small_room_when"]
-    ideal_, informed, floor = (seconds[name] for name, _ in pool.ORACLES)
+    ideal_, informed, floor = (seconds[name] for name, _ in pool.oracles())
     assert ideal_ == {}
     assert set(informed) <= {8, 9} and sum(informed.values()) >= 6  # 9 s less the offset: second 8 and 9
     assert floor[0] >= 6 and {s: n for s, n in floor.items() if s} == informed
