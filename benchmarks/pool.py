@@ -324,32 +324,39 @@ def figures(
 ) -> dict[str, Any]:
     rows = result["items"]
     ok = [r for r in rows if r["ok"]]
-    best = ideal(scn, items, WORKERS, offset, rpm=quotas(mode))
     totals = stats["totals"]
     rejected = totals["rejected"]["capacity"] + totals["rejected"]["rate_limited"]
     lat = [r["latency"] for r in ok]
     sent = {name: m["requests"] for name, m in stats["models"].items()}
-    roomy = small_with_room(samples, offset, mode)
     return {
         "completed": len(ok),
         "failed": len(rows) - len(ok),
         "wall": result["wall"],
-        "ideal": best.makespan,
-        "x_ideal": best.makespan / result["wall"] if result["wall"] else 0.0,
         "req_item": totals["requests"] / items,
         "rej_item": rejected / items,
         "p50": percentile(lat, 0.5),
         "p99": percentile(lat, 0.99),
-        "ideal_p50": best.p50,
-        "ideal_p99": best.p99,
         "small": sum(1 for r in ok if r["model"] == SMALL) / len(ok) if ok else 0.0,
-        "ideal_small": best.served.get(SMALL, 0) / items,
-        "small_room": roomy[0],
-        "small_room_when": roomy[1],
         "over_rpm": over_quota(sent, result["wall"], mode),
         "served": {name: sum(1 for r in ok if r["model"] == name) for name in (*REGIONS.values(), SMALL)},
         "extra": result.get("extra", {}),
         "offset": offset,
+        **yardstick(ideal(scn, items, WORKERS, offset, rpm=quotas(mode)), result["wall"], samples, offset, mode),
+    }
+
+
+def yardstick(best: Ideal, wall: float, samples: Samples, offset: float, mode: str) -> dict[str, Any]:
+    """The columns every row reads against the ideal (``best``), and ``small w/ room`` from
+    the counters (the simulator's, or an oracle's replayed), for a row whose run took ``wall``."""
+    roomy = small_with_room(samples, offset, mode)
+    return {
+        "ideal": best.makespan,
+        "x_ideal": best.makespan / wall if wall else 0.0,
+        "ideal_p50": best.p50,
+        "ideal_p99": best.p99,
+        "ideal_small": best.served.get(SMALL, 0) / sum(best.served.values()),
+        "small_room": roomy[0],
+        "small_room_when": roomy[1],
     }
 
 
@@ -365,31 +372,26 @@ def oracles(initial: int = INITIAL_LIMIT) -> tuple[tuple[str, dict[str, Any]], .
     )
 
 
-def oracle_figures(scn: Scenario, mode: str, items: int, offset: float, how: Mapping[str, Any]) -> dict[str, Any]:
+def oracle_figures(
+    scn: Scenario, mode: str, items: int, offset: float, how: Mapping[str, Any], best: Ideal
+) -> dict[str, Any]:
     """An oracle's figures in a peer's columns (it is never refused: one request per item),
-    on the scenario clock from ``offset`` (a peer's measured start, so its seconds line up)."""
-    best = ideal(scn, items, WORKERS, offset, rpm=quotas(mode))
-    o = ideal(scn, items, WORKERS, offset, rpm=quotas(mode), **how)
-    roomy = small_with_room(replay(o, scn, offset), offset, mode)
+    on the scenario clock from ``offset`` (a peer's measured start, so its seconds line up);
+    ``best``: the ideal's schedule from the same ``offset``."""
+    o = ideal(scn, items, WORKERS, offset, rpm=quotas(mode), **how) if how else best
     return {
         "completed": items,
         "failed": 0,
         "wall": o.makespan,
-        "ideal": best.makespan,
-        "x_ideal": best.makespan / o.makespan,
         "req_item": 1.0,
         "rej_item": 0.0,
         "p50": o.p50,
         "p99": o.p99,
-        "ideal_p50": best.p50,
-        "ideal_p99": best.p99,
         "small": o.served.get(SMALL, 0) / items,
-        "ideal_small": best.served.get(SMALL, 0) / items,
-        "small_room": roomy[0],
-        "small_room_when": roomy[1],
         "over_rpm": 0,
         "served": dict(o.served),
         "extra": {},
+        **yardstick(best, o.makespan, replay(o, scn, offset), offset, mode),
     }
 
 
@@ -484,8 +486,9 @@ def main(argv: list[str] | None = None) -> int:
                     rows.append(row(name, f))
                     offset = offset or f["offset"]
             initial = capmon_config("http://127.0.0.1/v1", mode, Spread.ROOM, args.capmon_set).limiter.initial
+            best = ideal(scn, items, WORKERS, offset, rpm=quotas(mode))
             for name, how in oracles(initial):
-                f = oracle_figures(scn, mode, items, offset, how)
+                f = oracle_figures(scn, mode, items, offset, how, best)
                 out[f"{mode}/{name}"] = f
                 when = ", ".join(f"{s}s: {n}" for s, n in sorted(f["small_room_when"].items()))
                 print(f"  {mode} {name}: to the small model with room, by second: {when or 'none'}")

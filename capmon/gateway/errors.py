@@ -63,11 +63,11 @@ class ApiError(Exception):
         return {"error": self.error()}
 
 
-# One encoder for every answer (json.dumps with separators builds a new one per call).
-# ASCII escapes (its default) keep a lone surrogate from a provider's JSON encodable.
 # An error in one API's shape (capmon/gateway/faces.py), given the kind of failure it stands for.
 Shaper = Callable[[ApiError, Kind | None], ApiError]
 
+# One encoder for every answer (json.dumps with separators builds a new one per call).
+# ASCII escapes (its default) keep a lone surrogate from a provider's JSON encodable.
 _ENCODER = json.JSONEncoder(separators=(",", ":"))
 
 

@@ -109,7 +109,7 @@ class Executor:
 
     async def _survive(self, t: Target, adm: Admission, after: float) -> None:
         await self._clock.sleep(after)
-        if not adm.settled and t.state.survived(adm):
+        if t.state.survived(adm):  # False once it was settled (MemoryTarget.survived)
             self._settled(t, adm)
 
     async def aclose(self) -> None:
